@@ -1,0 +1,67 @@
+/* kiln/runtime.h — execution contexts.
+ *
+ * An engine has any number of contexts. A context owns all mutable state of
+ * one inference: input shapes, bound addresses, its activation arena (from
+ * the engine's pool), plugin workspace and cloned plugin instances. A
+ * context is used by one thread at a time; contexts of one engine run
+ * concurrently on different threads or streams.
+ */
+#ifndef KILN_RUNTIME_H
+#define KILN_RUNTIME_H
+
+#include <kiln/engine.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_context kiln_context;
+
+/* Creates a context using profile 0. Its arena is taken from the engine's
+ * pool (reused after a context is destroyed, so create/destroy in a loop
+ * does not grow memory). `engine` must outlive the context. */
+KILN_API kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out);
+
+/* NULL is a no-op. Returns the arena to the engine's pool. */
+KILN_API void kiln_context_destroy(kiln_context *ctx);
+
+/* Selects the optimization profile whose bounds input shapes must respect. */
+KILN_API kiln_status kiln_context_set_profile(kiln_context *ctx, int32_t profile);
+
+/* Sets the shape of a dynamic input. A dim outside the profile's [min, max]
+ * is KILN_ERROR_SHAPE, naming the input, the dim and the bounds. */
+KILN_API kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name,
+                                                  const kiln_dims *dims);
+
+/* Shape of any I/O tensor once all input shapes are set (outputs are
+ * inferred). KILN_ERROR_SHAPE when an input shape is still unset. */
+KILN_API kiln_status kiln_context_tensor_shape(kiln_context *ctx, const char *name,
+                                               kiln_dims *out);
+
+/* Binds caller memory to an I/O tensor (device memory on CUDA). Borrowed
+ * until unbound (NULL) or the context is destroyed. Without a binding the
+ * context's own buffer is used; kiln_context_tensor_address returns it. */
+KILN_API kiln_status kiln_context_set_tensor_address(kiln_context *ctx, const char *name,
+                                                     void *ptr);
+KILN_API kiln_status kiln_context_tensor_address(kiln_context *ctx, const char *name,
+                                                 void **ptr);
+
+/* Runs the engine. On the CPU backend it runs to completion on the calling
+ * thread and the engine's thread pool (`stream` ignored). On CUDA it only
+ * launches work on `stream` (a cudaStream_t, NULL = the context's own). */
+KILN_API kiln_status kiln_context_enqueue(kiln_context *ctx, void *stream);
+
+/* Waits for work enqueued on the context's stream (no-op on the CPU). */
+KILN_API kiln_status kiln_context_synchronize(kiln_context *ctx);
+
+/* Runs the engine layer by layer on the reference path: unfused, single
+ * thread, naive f32 kernels, plugins' CPU enqueue. Host memory for all
+ * I/O. Used by `kiln exec --check`. Inputs are read from, and outputs
+ * written to, the context's CPU-visible buffers. */
+KILN_API kiln_status kiln_context_run_reference(kiln_context *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,31 @@
+/* The CPU backend: one entry point that runs any layer of a graph. Kernels
+ * store f16/bf16 but compute in f32. The same kernels are the numerical
+ * reference for every other backend (reference mode: one thread, naive
+ * matmul with f64 accumulation, fused chains run step by step). */
+#ifndef KILN_BACKEND_CPU_H
+#define KILN_BACKEND_CPU_H
+
+#include "../../core/graph.h"
+#include "../../core/threadpool.h"
+
+typedef struct kiln_exec_tensor {
+    void *data;
+    kiln_dtype dtype;
+    kiln_dims dims;
+} kiln_exec_tensor;
+
+typedef struct kiln_cpu_args {
+    const kiln_graph *graph;
+    const kiln_layer *layer;
+    const kiln_exec_tensor *inputs;   /* layer->n_inputs */
+    const kiln_exec_tensor *outputs;  /* layer->n_outputs, memory allocated */
+    kiln_plugin *plugin;              /* the context's instance for PLUGIN layers */
+    void *workspace;                  /* layer->workspace bytes (plugins) */
+    kiln_threadpool *pool;            /* NULL: run on the calling thread */
+    int32_t reference;                /* 1: the reference path */
+} kiln_cpu_args;
+
+/* Runs one layer. Errors (e.g. a gather index out of range) name the layer. */
+kiln_status kiln_cpu_run_layer(const kiln_cpu_args *args);
+
+#endif
