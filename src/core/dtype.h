@@ -17,7 +17,9 @@ int kiln_dtype_is_integer(kiln_dtype t); /* i8, u8, i32, i64, bool */
 float kiln_load_f32(const void *p, kiln_dtype t, int64_t i);
 void kiln_store_f32(void *p, kiln_dtype t, int64_t i, float v);
 
-/* Converts n elements between dtypes (any pair of supported dtypes). */
+/* Converts n elements between dtypes (any pair of supported dtypes).
+ * The fp8 dtypes are reserved and not supported here: loading one gives
+ * NaN, storing into one does nothing, converting into one writes zeros. */
 void kiln_convert(void *dst, kiln_dtype dst_type, const void *src, kiln_dtype src_type, int64_t n);
 
 #endif

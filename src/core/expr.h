@@ -35,10 +35,14 @@ kiln_status kiln_expr_pool_copy(kiln_expr_pool *dst, const kiln_expr_pool *src);
 
 /* Constructors return -1 on allocation failure or invalid operands.
  * kiln_expr_op folds constants and simplifies x+0, x*1, x*0 (to 0), x-0,
- * x/1, max/min of equal operands. */
+ * x/1, max/min of equal operands. The function is kiln_expr_operation
+ * because plugin.h's enum typedef owns the identifier kiln_expr_op; the
+ * function-like macro below keeps kiln_expr_op(p, op, a, b) working (a
+ * macro only expands before '(', so the type name is untouched). */
 kiln_expr kiln_expr_const(kiln_expr_pool *p, int64_t value);
 kiln_expr kiln_expr_symbol(kiln_expr_pool *p, int32_t symbol);
-kiln_expr kiln_expr_op(kiln_expr_pool *p, kiln_expr_op op, kiln_expr a, kiln_expr b);
+kiln_expr kiln_expr_operation(kiln_expr_pool *p, kiln_expr_op op, kiln_expr a, kiln_expr b);
+#define kiln_expr_op(p, op, a, b) kiln_expr_operation((p), (op), (a), (b))
 
 /* Nonzero with *value when e is constant. */
 int kiln_expr_is_const(const kiln_expr_pool *p, kiln_expr e, int64_t *value);

@@ -28,8 +28,9 @@ kiln_status kiln_npy_read(const char *path, kiln_dtype *dtype, kiln_dims *dims, 
                           size_t *size);
 
 /* Writes `data` (product(dims) elements of `dtype`, borrowed) as a version
- * 1.0 .npy file (2.0 when the header would not fit 1.0's 16-bit length).
- * bf16 is converted to f32; fp8 dtypes fail with KILN_ERROR_UNSUPPORTED. */
+ * 1.0 .npy file, laid out byte for byte as numpy writes it (header padded to
+ * 64 bytes). bf16 is converted to f32; fp8 dtypes fail with
+ * KILN_ERROR_UNSUPPORTED. */
 kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *dims,
                            const void *data);
 

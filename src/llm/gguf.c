@@ -124,7 +124,7 @@ static const char *arena_copy(kiln_gguf *g, size_t *used, const uint8_t *s, uint
 }
 
 static kiln_status parse_value(cursor *c, kiln_gguf_kv *kv, const char *key) {
-    uint32_t t;
+    uint32_t t = 0;
     KILN_TRY(cur_u32(c, &t, "a value type"));
     if (t >= KILN_GGUF_VALUE_TYPE_COUNT)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\" has unknown value type %u", c->what, key, t);
@@ -142,8 +142,8 @@ static kiln_status parse_value(cursor *c, kiln_gguf_kv *kv, const char *key) {
         c->pos += value_size(kv->type);
         return KILN_OK;
     }
-    uint32_t at;
-    uint64_t n;
+    uint32_t at = 0;
+    uint64_t n = 0;
     KILN_TRY(cur_u32(c, &at, "an array type"));
     KILN_TRY(cur_u64(c, &n, "an array length"));
     if (at >= KILN_GGUF_VALUE_TYPE_COUNT || at == KILN_GGUF_ARRAY)
@@ -179,14 +179,14 @@ static kiln_status parse_value(cursor *c, kiln_gguf_kv *kv, const char *key) {
 
 static kiln_status parse(kiln_gguf *g, const char *what) {
     cursor c = {g->map, g->map_size, 0, what};
-    char magic[4];
+    char magic[4] = {0};
     if (cur_read(&c, magic, 4, "the magic") != KILN_OK || memcmp(magic, "GGUF", 4) != 0)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: not a GGUF file (bad magic)", what);
     KILN_TRY(cur_u32(&c, &g->version, "the version"));
     if (g->version != 2 && g->version != 3)
         return kiln_fail(KILN_ERROR_VERSION, "%s: GGUF version %u is not supported (kiln reads 2 and 3)",
                          what, g->version);
-    uint64_t n_tensors, n_kvs;
+    uint64_t n_tensors = 0, n_kvs = 0;
     KILN_TRY(cur_u64(&c, &n_tensors, "the tensor count"));
     KILN_TRY(cur_u64(&c, &n_kvs, "the metadata count"));
     /* A key-value pair takes at least 12 bytes and a tensor info 24: this
@@ -228,7 +228,7 @@ static kiln_status parse(kiln_gguf *g, const char *what) {
         KILN_TRY(cur_string(&c, &s, &len, "a tensor name"));
         t->name = arena_copy(g, &used, s, len);
         g->n_tensors = (int64_t)i + 1;
-        uint32_t nd;
+        uint32_t nd = 0;
         KILN_TRY(cur_u32(&c, &nd, "a tensor rank"));
         if (nd < 1 || nd > 4)
             return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\" has %u dims (1 to 4 allowed)", what, t->name, nd);
@@ -244,7 +244,7 @@ static kiln_status parse(kiln_gguf *g, const char *what) {
         }
         t->n_elements = (int64_t)count;
         KILN_TRY(cur_u32(&c, &t->type, "a tensor type"));
-        uint64_t offset;
+        uint64_t offset = 0;
         KILN_TRY(cur_u64(&c, &offset, "a tensor offset"));
         int64_t block = kiln_ggml_block_elements(t->type);
         if (block == 0)
@@ -408,7 +408,7 @@ kiln_status kiln_gguf_get_string(const kiln_gguf *g, const char *key, const char
         return kiln_fail(KILN_ERROR_NOT_FOUND, "GGUF key \"%s\" is missing", key);
     if (kv->type != KILN_GGUF_STRING)
         return kiln_fail(KILN_ERROR_FORMAT, "GGUF key \"%s\" is not a string", key);
-    uint64_t n;
+    uint64_t n = 0;
     memcpy(&n, kv->value, 8);
     *s = (const char *)kv->value + 8;
     *len = (size_t)n;
@@ -416,7 +416,7 @@ kiln_status kiln_gguf_get_string(const kiln_gguf *g, const char *key, const char
 }
 
 void kiln_gguf_array_string(const kiln_gguf_kv *kv, uint64_t i, const char **s, size_t *len) {
-    uint64_t n;
+    uint64_t n = 0;
     memcpy(&n, kv->strings[i], 8);
     *s = (const char *)kv->strings[i] + 8;
     *len = (size_t)n;

@@ -1,0 +1,316 @@
+/* Paged causal attention (kiln/PagedAttention/1): appends this step's keys
+ * and values to a paged KV cache, then attends every new query token to all
+ * earlier tokens of its own sequence. Prefill and decode are the same call;
+ * sequences of different lengths are packed one after another without
+ * padding; grouped-query and multi-query attention map each query head to
+ * kv head h / (n_heads / n_kv_heads).
+ *
+ * Inputs:
+ *   0 q            [T, n_heads * head_dim]      new tokens of all sequences, packed
+ *   1 k            [T, n_kv_heads * head_dim]
+ *   2 v            [T, n_kv_heads * head_dim]
+ *   3 kv_cache     [n_blocks, 2, n_kv_heads, block_size, head_dim]  written in place:
+ *                  the caller binds it and keeps it across steps
+ *   4 block_table  i32 [S, max_blocks]  cache block of each sequence's j-th block
+ *   5 seq_lens     i32 [S]   tokens in each sequence after this step
+ *   6 query_start  i32 [S+1] offsets of each sequence's new tokens in q (0, ..., T)
+ * Output: [T, n_heads * head_dim], dtype of q.
+ * Fields: n_heads, n_kv_heads, head_dim, block_size (i32, required);
+ *         scale (f32, default 0 = 1/sqrt(head_dim)).
+ * Blob v1: the fields as 4-byte values.
+ *
+ * The new token j of sequence s sits at position seq_lens[s] - n_new + j and
+ * sees positions 0..itself. Softmax runs online in f32 (no scratch memory).
+ */
+#include <math.h>
+
+#include "../plugin_util.h"
+
+#define NAME "PagedAttention"
+#define BLOB_VERSION 1u
+#define ATTN_MAX_HEAD_DIM 512
+
+static const kiln_host_api *host;
+
+typedef struct attn_params {
+    int32_t n_heads, n_kv_heads, head_dim, block_size;
+    float scale;
+} attn_params;
+
+typedef struct attention {
+    kiln_plugin base;
+    attn_params p;
+} attention;
+
+static const kiln_plugin_ops attention_ops;
+
+static kiln_status attention_new(const attn_params *p, kiln_plugin **out) {
+    if (p->n_heads < 1 || p->n_kv_heads < 1 || p->n_heads % p->n_kv_heads)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads %d must be a positive multiple of n_kv_heads %d",
+                          p->n_heads, p->n_kv_heads);
+    if (p->head_dim < 1 || p->head_dim > ATTN_MAX_HEAD_DIM)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": head_dim %d must be in [1, %d]", p->head_dim,
+                          ATTN_MAX_HEAD_DIM);
+    if (p->block_size < 1)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": block_size %d must be >= 1", p->block_size);
+    if (!(p->scale >= 0.0f) || !isfinite(p->scale))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": scale must be >= 0");
+    attention *a = calloc(1, sizeof *a);
+    if (!a)
+        return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
+    a->base.struct_size = sizeof a->base;
+    a->base.abi_version = KILN_PLUGIN_ABI_VERSION;
+    a->base.ops = &attention_ops;
+    a->p = *p;
+    if (a->p.scale == 0.0f)
+        a->p.scale = 1.0f / sqrtf((float)p->head_dim);
+    *out = &a->base;
+    return KILN_OK;
+}
+
+static int32_t attention_num_outputs(const kiln_plugin *self) { return 1; }
+
+static kiln_status attention_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
+                                           kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
+    const attn_params *p = &((const attention *)self)->p;
+    static const int32_t ranks[7] = {2, 2, 2, 5, 2, 1, 1};
+    if (n_in != 7)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": expects 7 inputs (q, k, v, kv_cache, block_table, seq_lens, query_start), got %d",
+                          n_in);
+    for (int i = 0; i < 7; i++)
+        if (in[i].rank != ranks[i])
+            return host->fail(KILN_ERROR_SHAPE, NAME ": input %d has rank %d, expected %d", i, in[i].rank, ranks[i]);
+    int64_t v;
+    const int64_t want[3] = {(int64_t)p->n_heads * p->head_dim, (int64_t)p->n_kv_heads * p->head_dim,
+                             (int64_t)p->n_kv_heads * p->head_dim};
+    for (int i = 0; i < 3; i++)
+        if (host->expr_is_constant(eb, in[i].d[1], &v) && v != want[i])
+            return host->fail(KILN_ERROR_SHAPE, NAME ": input %d has width %lld, expected %lld", i, (long long)v,
+                              (long long)want[i]);
+    const int64_t cache[4] = {2, p->n_kv_heads, p->block_size, p->head_dim};
+    for (int i = 0; i < 4; i++)
+        if (host->expr_is_constant(eb, in[3].d[i + 1], &v) && v != cache[i])
+            return host->fail(KILN_ERROR_SHAPE, NAME ": kv_cache dim %d is %lld, expected %lld", i + 1, (long long)v,
+                              (long long)cache[i]);
+    out[0] = in[0];
+    return KILN_OK;
+}
+
+static kiln_status attention_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
+                                           kiln_dtype *out, int32_t n_out) {
+    out[0] = in[0];
+    return KILN_OK;
+}
+
+static int32_t attention_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d,
+                                  int32_t n_in, int32_t n_out) {
+    if (backend != KILN_BACKEND_CPU || n_in != 7 || n_out != 1)
+        return 0;
+    for (int i = 0; i < 4; i++)
+        if (!plugin_is_float(d[i].dtype))
+            return 0;
+    return d[1].dtype == d[0].dtype && d[2].dtype == d[0].dtype && d[4].dtype == KILN_DTYPE_I32 &&
+           d[5].dtype == KILN_DTYPE_I32 && d[6].dtype == KILN_DTYPE_I32 && d[7].dtype == d[0].dtype;
+}
+
+typedef struct attn_job {
+    const attn_params *p;
+    kiln_dtype t, ct;        /* activation and cache dtypes */
+    const void *q, *k, *v;
+    void *cache, *out;
+    const int32_t *table, *seq_lens, *qstart;
+    int64_t n_seqs, max_blocks;
+} attn_job;
+
+/* Sequence holding packed token t: the last s with qstart[s] <= t. */
+static int64_t seq_of(const attn_job *j, int64_t t) {
+    int64_t lo = 0, hi = j->n_seqs - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (j->qstart[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+static int64_t position_of(const attn_job *j, int64_t s, int64_t t) {
+    int64_t n_new = j->qstart[s + 1] - j->qstart[s];
+    return j->seq_lens[s] - n_new + (t - j->qstart[s]);
+}
+
+/* Element index of (block, kind 0=k/1=v, kv head, slot, dim 0) in the cache. */
+static int64_t cache_index(const attn_job *j, int64_t s, int64_t pos, int kind, int64_t kvh) {
+    const attn_params *p = j->p;
+    int64_t block = j->table[s * j->max_blocks + pos / p->block_size];
+    return (((block * 2 + kind) * p->n_kv_heads + kvh) * p->block_size + pos % p->block_size) * p->head_dim;
+}
+
+static void attn_append(void *arg, int64_t begin, int64_t end) {
+    const attn_job *j = arg;
+    const attn_params *p = j->p;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t s = seq_of(j, t), pos = position_of(j, s, t);
+        for (int64_t h = 0; h < p->n_kv_heads; h++) {
+            int64_t src = (t * p->n_kv_heads + h) * p->head_dim;
+            int64_t kdst = cache_index(j, s, pos, 0, h), vdst = cache_index(j, s, pos, 1, h);
+            for (int64_t d = 0; d < p->head_dim; d++) {
+                plugin_store(host, j->cache, j->ct, kdst + d, plugin_load(host, j->k, j->t, src + d));
+                plugin_store(host, j->cache, j->ct, vdst + d, plugin_load(host, j->v, j->t, src + d));
+            }
+        }
+    }
+}
+
+static void attn_heads(void *arg, int64_t begin, int64_t end) {
+    const attn_job *j = arg;
+    const attn_params *p = j->p;
+    int64_t group = p->n_heads / p->n_kv_heads;
+    float q[ATTN_MAX_HEAD_DIM], acc[ATTN_MAX_HEAD_DIM];
+    for (int64_t task = begin; task < end; task++) {
+        int64_t t = task / p->n_heads, h = task % p->n_heads, kvh = h / group;
+        int64_t s = seq_of(j, t), pos = position_of(j, s, t);
+        int64_t qbase = (t * p->n_heads + h) * p->head_dim;
+        for (int64_t d = 0; d < p->head_dim; d++) {
+            q[d] = plugin_load(host, j->q, j->t, qbase + d);
+            acc[d] = 0.0f;
+        }
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t kp = 0; kp <= pos; kp++) {
+            int64_t kb = cache_index(j, s, kp, 0, kvh), vb = cache_index(j, s, kp, 1, kvh);
+            float dot = 0.0f;
+            for (int64_t d = 0; d < p->head_dim; d++)
+                dot += q[d] * plugin_load(host, j->cache, j->ct, kb + d);
+            float score = dot * p->scale;
+            float m_new = score > m ? score : m;
+            float correction = expf(m - m_new), w = expf(score - m_new);
+            l = l * correction + w;
+            for (int64_t d = 0; d < p->head_dim; d++)
+                acc[d] = acc[d] * correction + w * plugin_load(host, j->cache, j->ct, vb + d);
+            m = m_new;
+        }
+        for (int64_t d = 0; d < p->head_dim; d++)
+            plugin_store(host, j->out, j->t, qbase + d, acc[d] / l);
+    }
+}
+
+/* Checks the batch metadata so the kernels never index out of bounds. */
+static kiln_status attention_check(const attn_job *j, int64_t tokens, int64_t n_blocks) {
+    const attn_params *p = j->p;
+    if (j->qstart[0] != 0 || j->qstart[j->n_seqs] != tokens)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": query_start must run from 0 to %lld tokens, got %d to %d",
+                          (long long)tokens, j->qstart[0], j->qstart[j->n_seqs]);
+    for (int64_t s = 0; s < j->n_seqs; s++) {
+        int64_t n_new = (int64_t)j->qstart[s + 1] - j->qstart[s];
+        if (n_new < 0 || j->seq_lens[s] < n_new || j->seq_lens[s] > j->max_blocks * p->block_size)
+            return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                              NAME ": sequence %lld has %lld new tokens and length %d (max %lld)", (long long)s,
+                              (long long)n_new, j->seq_lens[s], (long long)(j->max_blocks * p->block_size));
+        for (int64_t b = 0; b * p->block_size < j->seq_lens[s]; b++) {
+            int32_t block = j->table[s * j->max_blocks + b];
+            if (block < 0 || block >= n_blocks)
+                return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                                  NAME ": sequence %lld block %lld is %d, outside the cache's %lld blocks", (long long)s,
+                                  (long long)b, block, (long long)n_blocks);
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
+                                     const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
+                                     void *const *out, int32_t n_out, void *workspace, void *stream) {
+    const attn_params *p = &((const attention *)self)->p;
+    int64_t tokens = in_desc[0].dims.d[0];
+    const kiln_dims *cd = &in_desc[3].dims;
+    if (in_desc[0].dims.d[1] != (int64_t)p->n_heads * p->head_dim || in_desc[1].dims.d[0] != tokens ||
+        in_desc[2].dims.d[0] != tokens || in_desc[1].dims.d[1] != (int64_t)p->n_kv_heads * p->head_dim ||
+        in_desc[2].dims.d[1] != in_desc[1].dims.d[1] || cd->d[1] != 2 || cd->d[2] != p->n_kv_heads ||
+        cd->d[3] != p->block_size || cd->d[4] != p->head_dim)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": q, k, v or kv_cache shapes do not match the plugin's fields");
+    int64_t n_seqs = in_desc[4].dims.d[0];
+    if (n_seqs < 1 || in_desc[5].dims.d[0] != n_seqs || in_desc[6].dims.d[0] != n_seqs + 1)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": block_table, seq_lens and query_start disagree on the number of sequences");
+    attn_job job = {p, in_desc[0].dtype, in_desc[3].dtype, in[0], in[1], in[2], (void *)(uintptr_t)in[3], out[0],
+                    in[4], in[5], in[6], n_seqs, in_desc[4].dims.d[1]};
+    kiln_status s = attention_check(&job, tokens, cd->d[0]);
+    if (s != KILN_OK)
+        return s;
+    host->parallel_for(stream, tokens, attn_append, &job);
+    host->parallel_for(stream, tokens * p->n_heads, attn_heads, &job);
+    return KILN_OK;
+}
+
+static kiln_status attention_serialize(const kiln_plugin *self, void *buf, size_t *size) {
+    const attention *a = (const attention *)self;
+    return plugin_pod_serialize(host, NAME, &a->p, sizeof a->p, buf, size);
+}
+
+static kiln_status attention_clone(const kiln_plugin *self, kiln_plugin **out) {
+    return plugin_pod_clone(host, self, sizeof(attention), out);
+}
+
+static void attention_destroy(kiln_plugin *self) { free(self); }
+
+static const kiln_plugin_ops attention_ops = {
+    .struct_size = sizeof(kiln_plugin_ops),
+    .abi_version = KILN_PLUGIN_ABI_VERSION,
+    .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
+    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+    .num_outputs = attention_num_outputs,
+    .output_shapes = attention_output_shapes,
+    .output_dtypes = attention_output_dtypes,
+    .supports = attention_supports,
+    .enqueue = attention_enqueue,
+    .serialize = attention_serialize,
+    .clone = attention_clone,
+    .destroy = attention_destroy,
+};
+
+static kiln_status attention_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n,
+                                    kiln_plugin **out) {
+    attn_params p = {plugin_field_i32(f, n, "n_heads", 0), plugin_field_i32(f, n, "n_kv_heads", 0),
+                     plugin_field_i32(f, n, "head_dim", 0), plugin_field_i32(f, n, "block_size", 0),
+                     plugin_field_f32(f, n, "scale", 0.0f)};
+    return attention_new(&p, out);
+}
+
+static kiln_status attention_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob,
+                                         size_t size, kiln_plugin **out) {
+    attn_params p;
+    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof p);
+    if (s != KILN_OK)
+        return s;
+    memcpy(&p, blob, sizeof p);
+    return attention_new(&p, out);
+}
+
+static const float zero_f32 = 0.0f;
+
+static const kiln_field_spec attention_fields[] = {
+    PLUGIN_FIELD_REQUIRED("n_heads", KILN_FIELD_I32, "query heads"),
+    PLUGIN_FIELD_REQUIRED("n_kv_heads", KILN_FIELD_I32, "key/value heads (divides n_heads)"),
+    PLUGIN_FIELD_REQUIRED("head_dim", KILN_FIELD_I32, "dims per head"),
+    PLUGIN_FIELD_REQUIRED("block_size", KILN_FIELD_I32, "tokens per KV-cache block"),
+    PLUGIN_FIELD_OPTIONAL("scale", KILN_FIELD_F32, &zero_f32, "score scale; 0 = 1/sqrt(head_dim)"),
+};
+
+static const kiln_plugin_creator attention_creator = {
+    .struct_size = sizeof(kiln_plugin_creator),
+    .abi_version = KILN_PLUGIN_ABI_VERSION,
+    .name = NAME,
+    .version = "1",
+    .plugin_namespace = "kiln",
+    .fields = attention_fields,
+    .n_fields = (int32_t)(sizeof attention_fields / sizeof attention_fields[0]),
+    .blob_version = BLOB_VERSION,
+    .create = attention_create,
+    .deserialize = attention_deserialize,
+    .description = "causal attention over a paged KV cache: prefill and decode, GQA/MQA, packed sequences",
+};
+
+kiln_status kiln_attention_register(const kiln_host_api *h, kiln_registry *reg) {
+    host = h;
+    return h->register_creator(reg, &attention_creator);
+}

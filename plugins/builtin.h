@@ -1,0 +1,11 @@
+/* kiln's built-in plugins (RMSNorm, RoPE, SwiGLU, PagedAttention, all in
+ * namespace "kiln"), registered into every registry under the library name
+ * KILN_BUILTIN_LIBRARY. */
+#ifndef KILN_PLUGINS_BUILTIN_H
+#define KILN_PLUGINS_BUILTIN_H
+
+#include <kiln/plugin.h>
+
+kiln_status kiln_register_builtin_plugins(const kiln_host_api *host, kiln_registry *reg);
+
+#endif

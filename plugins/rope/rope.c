@@ -1,0 +1,275 @@
+/* Rotary position embedding (kiln/RoPE/1), applied in place of a copy:
+ * y = x rotated by angle position * inv_freq[i] in each pair of dims.
+ *
+ * Frequencies and angles are computed in f32 whatever the storage dtype
+ * (rounding inv_freq to bf16 was measured to move logits by 3%); as in
+ * Hugging Face, cos and sin are then rounded to the storage dtype.
+ *
+ * Inputs:  x [..., n_heads * head_dim] (f32/f16/bf16), one row per token;
+ *          positions i32 [tokens].
+ * Output:  y, shape and dtype of x.
+ * Fields:  n_heads, head_dim (i32, required); theta (f32, required);
+ *          rotary_dim (i32, default 0 = head_dim: partial rotary rotates
+ *          only the first rotary_dim dims of each head);
+ *          interleaved (i32, default 0: pairs (i, i + rotary_dim/2) as in
+ *          HF's rotate_half; 1: adjacent pairs (2i, 2i+1) as in GGML);
+ *          scaling (string: "none", "linear" or "llama3"), factor,
+ *          low_freq_factor, high_freq_factor (f32), original_max_position
+ *          (i32) — Llama 3.1 style frequency scaling.
+ * Blob v1: the fields above as 4-byte values (scaling as 0/1/2).
+ */
+#include <math.h>
+
+#include "../plugin_util.h"
+
+#define NAME "RoPE"
+#define BLOB_VERSION 1u
+#define ROPE_MAX_PAIRS 256
+
+enum { SCALING_NONE = 0, SCALING_LINEAR, SCALING_LLAMA3 };
+
+static const kiln_host_api *host;
+
+typedef struct rope_params {
+    int32_t n_heads, head_dim, rotary_dim, interleaved, scaling;
+    float theta, factor, low_freq_factor, high_freq_factor;
+    int32_t original_max_position;
+} rope_params;
+
+typedef struct rope {
+    kiln_plugin base;
+    rope_params p;
+    float inv_freq[ROPE_MAX_PAIRS]; /* derived from p */
+} rope;
+
+static const kiln_plugin_ops rope_ops;
+
+/* inv_freq as HF computes it in f32, then the Llama 3 or linear scaling. */
+static void rope_frequencies(rope *r) {
+    const rope_params *p = &r->p;
+    int32_t dim = p->rotary_dim;
+    for (int32_t i = 0; i < dim / 2; i++) {
+        float inv = 1.0f / powf(p->theta, (float)(2 * i) / (float)dim);
+        if (p->scaling == SCALING_LINEAR) {
+            inv /= p->factor;
+        } else if (p->scaling == SCALING_LLAMA3) {
+            float old = (float)p->original_max_position;
+            float low_wavelen = old / p->low_freq_factor, high_wavelen = old / p->high_freq_factor;
+            float wavelen = 2.0f * (float)M_PI / inv;
+            if (wavelen > low_wavelen) {
+                inv /= p->factor;
+            } else if (!(wavelen < high_wavelen)) {
+                float smooth = (old / wavelen - p->low_freq_factor) / (p->high_freq_factor - p->low_freq_factor);
+                inv = (1.0f - smooth) * inv / p->factor + smooth * inv;
+            }
+        }
+        r->inv_freq[i] = inv;
+    }
+}
+
+static kiln_status rope_new(const rope_params *p, kiln_plugin **out) {
+    if (p->n_heads < 1 || p->head_dim < 2 || p->head_dim % 2)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads must be >= 1 and head_dim even, got %d and %d",
+                          p->n_heads, p->head_dim);
+    if (p->rotary_dim < 2 || p->rotary_dim > p->head_dim || p->rotary_dim % 2 || p->rotary_dim / 2 > ROPE_MAX_PAIRS)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"rotary_dim\" %d must be even and in [2, head_dim %d] (at most %d)",
+                          p->rotary_dim, p->head_dim, 2 * ROPE_MAX_PAIRS);
+    if (!(p->theta > 1.0f) || !isfinite(p->theta))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"theta\" must be > 1, got %g", (double)p->theta);
+    if (p->scaling < SCALING_NONE || p->scaling > SCALING_LLAMA3 || (p->interleaved != 0 && p->interleaved != 1))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": bad scaling or interleaved value");
+    if (p->scaling != SCALING_NONE && !(p->factor > 0.0f))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"factor\" must be > 0");
+    if (p->scaling == SCALING_LLAMA3 &&
+        (!(p->high_freq_factor > p->low_freq_factor) || !(p->low_freq_factor > 0.0f) || p->original_max_position < 1))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": llama3 scaling needs high_freq_factor > low_freq_factor > 0 and original_max_position >= 1");
+    rope *r = calloc(1, sizeof *r);
+    if (!r)
+        return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
+    r->base.struct_size = sizeof r->base;
+    r->base.abi_version = KILN_PLUGIN_ABI_VERSION;
+    r->base.ops = &rope_ops;
+    r->p = *p;
+    rope_frequencies(r);
+    *out = &r->base;
+    return KILN_OK;
+}
+
+static int32_t rope_num_outputs(const kiln_plugin *self) { return 1; }
+
+static kiln_status rope_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
+                                      kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
+    const rope *r = (const rope *)self;
+    int64_t last;
+    if (n_in != 2 || in[0].rank < 1 || in[1].rank != 1)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., n_heads*head_dim] and positions [tokens]");
+    if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &last) && last != (int64_t)r->p.n_heads * r->p.head_dim)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": last dim of x is %lld, expected n_heads*head_dim = %d",
+                          (long long)last, r->p.n_heads * r->p.head_dim);
+    out[0] = in[0];
+    return KILN_OK;
+}
+
+static kiln_status rope_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
+                                      kiln_dtype *out, int32_t n_out) {
+    out[0] = in[0];
+    return KILN_OK;
+}
+
+static int32_t rope_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
+                             int32_t n_out) {
+    return backend == KILN_BACKEND_CPU && n_in == 2 && n_out == 1 && plugin_is_float(d[0].dtype) &&
+           d[1].dtype == KILN_DTYPE_I32 && d[2].dtype == d[0].dtype;
+}
+
+typedef struct rope_job {
+    const rope *r;
+    kiln_dtype t;
+    const void *x;
+    const int32_t *pos;
+    void *y;
+} rope_job;
+
+static void rope_tokens(void *arg, int64_t begin, int64_t end) {
+    const rope_job *j = arg;
+    const rope_params *p = &j->r->p;
+    int32_t half = p->rotary_dim / 2, width = p->n_heads * p->head_dim;
+    for (int64_t tok = begin; tok < end; tok++) {
+        float pos = (float)j->pos[tok];
+        for (int32_t i = 0; i < half; i++) {
+            float angle = pos * j->r->inv_freq[i];
+            float c = plugin_round(host, j->t, cosf(angle)), s = plugin_round(host, j->t, sinf(angle));
+            for (int32_t h = 0; h < p->n_heads; h++) {
+                int64_t base = tok * width + (int64_t)h * p->head_dim;
+                int64_t a = base + (p->interleaved ? 2 * i : i), b = base + (p->interleaved ? 2 * i + 1 : i + half);
+                float x0 = plugin_load(host, j->x, j->t, a), x1 = plugin_load(host, j->x, j->t, b);
+                float y0 = plugin_round(host, j->t, x0 * c) - plugin_round(host, j->t, x1 * s);
+                float y1 = plugin_round(host, j->t, x1 * c) + plugin_round(host, j->t, x0 * s);
+                plugin_store(host, j->y, j->t, a, y0);
+                plugin_store(host, j->y, j->t, b, y1);
+            }
+        }
+        /* Dims past rotary_dim pass through unchanged. */
+        if (j->x != j->y)
+            for (int32_t h = 0; h < p->n_heads; h++)
+                for (int32_t d = p->rotary_dim; d < p->head_dim; d++) {
+                    int64_t k = tok * width + (int64_t)h * p->head_dim + d;
+                    plugin_store(host, j->y, j->t, k, plugin_load(host, j->x, j->t, k));
+                }
+    }
+}
+
+static kiln_status rope_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
+                                const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
+                                void *const *out, int32_t n_out, void *workspace, void *stream) {
+    const rope *r = (const rope *)self;
+    int64_t width = (int64_t)r->p.n_heads * r->p.head_dim;
+    int64_t tokens = plugin_desc_count(&in_desc[0]) / width;
+    if (in_desc[0].dims.d[in_desc[0].dims.rank - 1] != width || in_desc[1].dims.d[0] != tokens)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": x holds %lld tokens of width %lld but positions has %lld entries (width %lld expected)",
+                          (long long)tokens, (long long)in_desc[0].dims.d[in_desc[0].dims.rank - 1],
+                          (long long)in_desc[1].dims.d[0], (long long)width);
+    rope_job job = {r, in_desc[0].dtype, in[0], in[1], out[0]};
+    host->parallel_for(stream, tokens, rope_tokens, &job);
+    return KILN_OK;
+}
+
+static kiln_status rope_serialize(const kiln_plugin *self, void *buf, size_t *size) {
+    const rope *r = (const rope *)self;
+    return plugin_pod_serialize(host, NAME, &r->p, sizeof r->p, buf, size);
+}
+
+static kiln_status rope_clone(const kiln_plugin *self, kiln_plugin **out) {
+    return plugin_pod_clone(host, self, sizeof(rope), out);
+}
+
+static void rope_destroy(kiln_plugin *self) { free(self); }
+
+static const kiln_plugin_ops rope_ops = {
+    .struct_size = sizeof(kiln_plugin_ops),
+    .abi_version = KILN_PLUGIN_ABI_VERSION,
+    .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
+    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+    .num_outputs = rope_num_outputs,
+    .output_shapes = rope_output_shapes,
+    .output_dtypes = rope_output_dtypes,
+    .supports = rope_supports,
+    .enqueue = rope_enqueue,
+    .serialize = rope_serialize,
+    .clone = rope_clone,
+    .destroy = rope_destroy,
+};
+
+static kiln_status rope_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out) {
+    rope_params p = {0};
+    p.n_heads = plugin_field_i32(f, n, "n_heads", 0);
+    p.head_dim = plugin_field_i32(f, n, "head_dim", 0);
+    p.rotary_dim = plugin_field_i32(f, n, "rotary_dim", 0);
+    if (p.rotary_dim == 0)
+        p.rotary_dim = p.head_dim;
+    p.interleaved = plugin_field_i32(f, n, "interleaved", 0);
+    p.theta = plugin_field_f32(f, n, "theta", 0.0f);
+    p.factor = plugin_field_f32(f, n, "factor", 1.0f);
+    p.low_freq_factor = plugin_field_f32(f, n, "low_freq_factor", 1.0f);
+    p.high_freq_factor = plugin_field_f32(f, n, "high_freq_factor", 4.0f);
+    p.original_max_position = plugin_field_i32(f, n, "original_max_position", 8192);
+    const kiln_field *scaling = plugin_field(f, n, "scaling");
+    const char *kind = scaling ? scaling->data : "none";
+    if (strcmp(kind, "none") == 0)
+        p.scaling = SCALING_NONE;
+    else if (strcmp(kind, "linear") == 0)
+        p.scaling = SCALING_LINEAR;
+    else if (strcmp(kind, "llama3") == 0)
+        p.scaling = SCALING_LLAMA3;
+    else
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"scaling\" is \"%s\"; expected none, linear or llama3",
+                          kind);
+    return rope_new(&p, out);
+}
+
+static kiln_status rope_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
+                                    kiln_plugin **out) {
+    rope_params p;
+    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof p);
+    if (s != KILN_OK)
+        return s;
+    memcpy(&p, blob, sizeof p);
+    return rope_new(&p, out);
+}
+
+static const int32_t zero_i32 = 0, default_max_position = 8192;
+static const float one_f32 = 1.0f, four_f32 = 4.0f;
+
+static const kiln_field_spec rope_fields[] = {
+    PLUGIN_FIELD_REQUIRED("n_heads", KILN_FIELD_I32, "heads in x"),
+    PLUGIN_FIELD_REQUIRED("head_dim", KILN_FIELD_I32, "dims per head"),
+    PLUGIN_FIELD_REQUIRED("theta", KILN_FIELD_F32, "base of the frequencies (rope_theta)"),
+    PLUGIN_FIELD_OPTIONAL("rotary_dim", KILN_FIELD_I32, &zero_i32, "dims rotated per head; 0 = head_dim"),
+    PLUGIN_FIELD_OPTIONAL("interleaved", KILN_FIELD_I32, &zero_i32, "1: rotate adjacent pairs (GGML); 0: halves (HF)"),
+    PLUGIN_FIELD_OPTIONAL("scaling", KILN_FIELD_STRING, "none", "none, linear or llama3"),
+    PLUGIN_FIELD_OPTIONAL("factor", KILN_FIELD_F32, &one_f32, "scaling factor"),
+    PLUGIN_FIELD_OPTIONAL("low_freq_factor", KILN_FIELD_F32, &one_f32, "llama3 scaling: low frequency factor"),
+    PLUGIN_FIELD_OPTIONAL("high_freq_factor", KILN_FIELD_F32, &four_f32, "llama3 scaling: high frequency factor"),
+    PLUGIN_FIELD_OPTIONAL("original_max_position", KILN_FIELD_I32, &default_max_position,
+         "llama3 scaling: the original context length"),
+};
+
+static const kiln_plugin_creator rope_creator = {
+    .struct_size = sizeof(kiln_plugin_creator),
+    .abi_version = KILN_PLUGIN_ABI_VERSION,
+    .name = NAME,
+    .version = "1",
+    .plugin_namespace = "kiln",
+    .fields = rope_fields,
+    .n_fields = (int32_t)(sizeof rope_fields / sizeof rope_fields[0]),
+    .blob_version = BLOB_VERSION,
+    .create = rope_create,
+    .deserialize = rope_deserialize,
+    .description = "rotary position embedding, with partial rotary and Llama 3 frequency scaling",
+};
+
+kiln_status kiln_rope_register(const kiln_host_api *h, kiln_registry *reg) {
+    host = h;
+    return h->register_creator(reg, &rope_creator);
+}

@@ -1,0 +1,459 @@
+/* The CPU backend's entry point, and the kernels that only move data
+ * (concat, slice, shuffle, gather, cast) plus plugin dispatch. Data
+ * movement works on element sizes, so it serves every dtype. */
+#include "cpu_internal.h"
+
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Bytes below which a copy stays on the calling thread. */
+#define KILN_CPU_COPY_PARALLEL_MIN (1 << 20)
+
+/* ---- strided copies -------------------------------------------------------------------- */
+
+/* n elements of `esize` bytes, source elements `stride` elements apart. */
+static void copy_strided(char *dst, const char *src, int64_t n, int64_t stride, size_t esize)
+{
+    if (stride == 1) {
+        memcpy(dst, src, (size_t)n * esize);
+        return;
+    }
+    switch (esize) {
+    case 1:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = src[i * stride];
+        break;
+    case 2:
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i * stride];
+        break;
+    case 4:
+        for (int64_t i = 0; i < n; i++)
+            ((uint32_t *)dst)[i] = ((const uint32_t *)src)[i * stride];
+        break;
+    case 8:
+        for (int64_t i = 0; i < n; i++)
+            ((uint64_t *)dst)[i] = ((const uint64_t *)src)[i * stride];
+        break;
+    default:
+        for (int64_t i = 0; i < n; i++)
+            memcpy(dst + (size_t)i * esize, src + (size_t)(i * stride) * esize, esize);
+        break;
+    }
+}
+
+/* A gather of the source into a contiguous destination: dst element
+ * (i_0, ..., i_{r-1}) = src[base + sum i_k * st[k]]. Used by slice and
+ * transpose; axes that walk the source contiguously are merged first. */
+typedef struct strided_copy {
+    const char *src;
+    char *dst;
+    size_t esize;
+    int32_t rank;
+    int64_t dims[KILN_MAX_RANK], st[KILN_MAX_RANK];
+    int64_t base, rows, inner;
+} strided_copy;
+
+static void strided_rows(void *p, int64_t begin, int64_t end)
+{
+    const strided_copy *c = p;
+    int64_t inner_stride = c->st[c->rank - 1];
+    for (int64_t r = begin; r < end; r++) {
+        int64_t off = c->base, rem = r;
+        for (int32_t i = c->rank - 2; i >= 0; i--) {
+            off += (rem % c->dims[i]) * c->st[i];
+            rem /= c->dims[i];
+        }
+        copy_strided(c->dst + (size_t)(r * c->inner) * c->esize, c->src + (size_t)off * c->esize,
+                     c->inner, inner_stride, c->esize);
+    }
+}
+
+/* When the source is contiguous along the second-to-last output axis and
+ * strided along the last (a 2-D transpose, possibly batched), row-by-row
+ * copying reads one element per cache line; 32x32 tiles keep both sides in
+ * cache. Units are (outer index, tile row). */
+#define TILE 32
+
+#define TILE_COPY(T)                                                          \
+    do {                                                                      \
+        const T *s_ = (const T *)src;                                         \
+        T *d_ = (T *)dst;                                                     \
+        for (int64_t j0 = 0; j0 < cols; j0 += TILE) {                         \
+            int64_t j1 = j0 + TILE < cols ? j0 + TILE : cols;                 \
+            for (int64_t i = i0; i < i1; i++)                                 \
+                for (int64_t j = j0; j < j1; j++)                             \
+                    d_[i * cols + j] = s_[i + j * sc];                        \
+        }                                                                     \
+    } while (0)
+
+static void tiled_units(void *p, int64_t begin, int64_t end)
+{
+    const strided_copy *c = p;
+    int64_t rows = c->dims[c->rank - 2], cols = c->dims[c->rank - 1], sc = c->st[c->rank - 1];
+    int64_t n_tiles = (rows + TILE - 1) / TILE;
+    for (int64_t u = begin; u < end; u++) {
+        int64_t o = u / n_tiles, i0 = (u % n_tiles) * TILE;
+        int64_t i1 = i0 + TILE < rows ? i0 + TILE : rows;
+        int64_t off = c->base, rem = o;
+        for (int32_t i = c->rank - 3; i >= 0; i--) {
+            off += (rem % c->dims[i]) * c->st[i];
+            rem /= c->dims[i];
+        }
+        const char *src = c->src + (size_t)off * c->esize;
+        char *dst = c->dst + (size_t)(o * rows * cols) * c->esize;
+        switch (c->esize) {
+        case 1: TILE_COPY(uint8_t); break;
+        case 2: TILE_COPY(uint16_t); break;
+        case 4: TILE_COPY(uint32_t); break;
+        default: TILE_COPY(uint64_t); break;
+        }
+    }
+}
+
+static void strided_copy_run(const kiln_cpu_args *a, const void *src, void *dst, size_t esize,
+                             int32_t rank, const int64_t *dims, const int64_t *st, int64_t base)
+{
+    strided_copy c = {.src = src, .dst = dst, .esize = esize, .base = base};
+    int64_t count = 1;
+    for (int32_t i = 0; i < rank; i++) {
+        count *= dims[i];
+        if (dims[i] == 1)
+            continue;
+        if (c.rank && c.st[c.rank - 1] == st[i] * dims[i]) {
+            c.dims[c.rank - 1] *= dims[i];
+            c.st[c.rank - 1] = st[i];
+        } else {
+            c.dims[c.rank] = dims[i];
+            c.st[c.rank++] = st[i];
+        }
+    }
+    if (count == 0)
+        return;
+    if (c.rank == 0) {
+        c.rank = 1;
+        c.dims[0] = 1;
+        c.st[0] = 1;
+    }
+    c.inner = c.dims[c.rank - 1];
+    c.rows = count / c.inner;
+    if (c.rank >= 2 && c.st[c.rank - 1] != 1 && c.st[c.rank - 2] == 1 &&
+        (esize == 1 || esize == 2 || esize == 4 || esize == 8)) {
+        int64_t units = count / (c.dims[c.rank - 2] * c.inner) *
+                        ((c.dims[c.rank - 2] + TILE - 1) / TILE);
+        if ((size_t)count * esize < KILN_CPU_COPY_PARALLEL_MIN)
+            tiled_units(&c, 0, units);
+        else
+            kiln_threadpool_run(cpu_pool(a), units, tiled_units, &c);
+        return;
+    }
+    if ((size_t)count * esize < KILN_CPU_COPY_PARALLEL_MIN)
+        strided_rows(&c, 0, c.rows);
+    else
+        kiln_threadpool_run(cpu_pool(a), c.rows, strided_rows, &c);
+}
+
+static kiln_status check_perm(const kiln_cpu_args *a, const int32_t *perm, int32_t rank,
+                              const char *which)
+{
+    uint32_t seen = 0;
+    for (int32_t i = 0; i < rank; i++) {
+        if (perm[i] < 0 || perm[i] >= rank || (seen & (1u << perm[i])))
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                             "layer \"%s\": %s transpose is not a permutation of %d axes",
+                             cpu_layer_name(a), which, (int)rank);
+        seen |= 1u << perm[i];
+    }
+    return KILN_OK;
+}
+
+static int perm_is_identity(const int32_t *perm, int32_t rank)
+{
+    for (int32_t i = 0; i < rank; i++)
+        if (perm[i] != i)
+            return 0;
+    return 1;
+}
+
+/* dst = src with axes permuted: dst axis i is src axis perm[i]. */
+static void transpose(const kiln_cpu_args *a, const void *src, const int64_t *src_dims, int32_t rank,
+                      const int32_t *perm, void *dst, size_t esize)
+{
+    int64_t st[KILN_MAX_RANK], dims[KILN_MAX_RANK], pst[KILN_MAX_RANK], acc = 1;
+    for (int32_t i = rank - 1; i >= 0; i--) {
+        st[i] = acc;
+        acc *= src_dims[i];
+    }
+    for (int32_t i = 0; i < rank; i++) {
+        dims[i] = src_dims[perm[i]];
+        pst[i] = st[perm[i]];
+    }
+    strided_copy_run(a, src, dst, esize, rank, dims, pst, 0);
+}
+
+/* ---- concat ------------------------------------------------------------------------------ */
+
+kiln_status cpu_run_concat(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    const kiln_exec_tensor *o = &a->outputs[0];
+    int32_t axis = a->layer->p.concat.axis, r = o->dims.rank;
+    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || axis < 0 || axis >= r)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": concat axis %d, %d inputs",
+                         name, (int)axis, (int)a->layer->n_inputs);
+    size_t esize = kiln_dtype_size(o->dtype);
+    int64_t total = 0;
+    for (int32_t k = 0; k < a->layer->n_inputs; k++) {
+        const kiln_exec_tensor *x = &a->inputs[k];
+        if (x->dtype != o->dtype || x->dims.rank != r)
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                             "layer \"%s\": concat input %d is %s rank %d, output %s rank %d", name,
+                             (int)k, kiln_dtype_name(x->dtype), (int)x->dims.rank,
+                             kiln_dtype_name(o->dtype), (int)r);
+        for (int32_t i = 0; i < r; i++)
+            if (i != axis && x->dims.d[i] != o->dims.d[i])
+                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": concat input %d dim %d is %lld, expected %lld",
+                                 name, (int)k, (int)i, (long long)x->dims.d[i], (long long)o->dims.d[i]);
+        total += x->dims.d[axis];
+    }
+    if (total != o->dims.d[axis])
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": concat inputs sum to %lld along axis %d, output has %lld",
+                         name, (long long)total, (int)axis, (long long)o->dims.d[axis]);
+    int64_t outer = 1, inner = 1;
+    for (int32_t i = 0; i < axis; i++)
+        outer *= o->dims.d[i];
+    for (int32_t i = axis + 1; i < r; i++)
+        inner *= o->dims.d[i];
+    /* Each input is a strided copy into its column band of the output. */
+    int64_t col = 0;
+    for (int32_t k = 0; k < a->layer->n_inputs; k++) {
+        const kiln_exec_tensor *x = &a->inputs[k];
+        int64_t w = x->dims.d[axis] * inner;
+        for (int64_t i = 0; i < outer; i++)
+            memcpy((char *)o->data + (size_t)(i * total * inner + col) * esize,
+                   (const char *)x->data + (size_t)(i * w) * esize, (size_t)w * esize);
+        col += w;
+    }
+    return KILN_OK;
+}
+
+/* ---- slice -------------------------------------------------------------------------------- */
+
+kiln_status cpu_run_slice(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
+    int32_t r = x->dims.rank;
+    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || o->dims.rank != r ||
+        x->dtype != o->dtype)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": slice input and output disagree",
+                         name);
+    int64_t st[KILN_MAX_RANK], step[KILN_MAX_RANK], base = 0;
+    cpu_strides(&x->dims, st);
+    int empty = cpu_count(&o->dims) == 0;
+    for (int32_t i = 0; i < r; i++) {
+        int64_t start = a->layer->p.slice.start[i], stride = a->layer->p.slice.stride[i];
+        int64_t size = o->dims.d[i];
+        if (start < 0 || stride < 1 ||
+            (!empty && size > 0 && (start >= x->dims.d[i] || (x->dims.d[i] - 1 - start) / stride < size - 1)))
+            return kiln_fail(KILN_ERROR_SHAPE,
+                             "layer \"%s\": slice axis %d (start %lld, size %lld, stride %lld) exceeds dim %lld",
+                             name, (int)i, (long long)start, (long long)size, (long long)stride,
+                             (long long)x->dims.d[i]);
+        base += start * st[i];
+        step[i] = st[i] * stride;
+    }
+    if (empty)
+        return KILN_OK;
+    strided_copy_run(a, x->data, o->data, kiln_dtype_size(x->dtype), r, o->dims.d, step, base);
+    return KILN_OK;
+}
+
+/* ---- shuffle ------------------------------------------------------------------------------- */
+
+kiln_status cpu_run_shuffle(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
+    const kiln_layer_params *p = &a->layer->p;
+    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || x->dtype != o->dtype)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": shuffle input and output disagree",
+                         name);
+    int64_t count = cpu_count(&x->dims);
+    if (cpu_count(&o->dims) != count)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": shuffle input has %lld elements, output %lld",
+                         name, (long long)count, (long long)cpu_count(&o->dims));
+    size_t esize = kiln_dtype_size(x->dtype);
+    int first = p->shuffle.has_first && !perm_is_identity(p->shuffle.first, x->dims.rank);
+    int second = p->shuffle.has_second && !perm_is_identity(p->shuffle.second, o->dims.rank);
+    if (first)
+        KILN_TRY(check_perm(a, p->shuffle.first, x->dims.rank, "first"));
+    /* The mid shape (after the reshape) is the output permuted back through
+     * the second transpose: out[i] = mid[second[i]]. */
+    int64_t mid[KILN_MAX_RANK];
+    if (second) {
+        KILN_TRY(check_perm(a, p->shuffle.second, o->dims.rank, "second"));
+        for (int32_t i = 0; i < o->dims.rank; i++)
+            mid[p->shuffle.second[i]] = o->dims.d[i];
+    }
+    if (count == 0)
+        return KILN_OK;
+    void *tmp = NULL;
+    const void *src = x->data;
+    if (first) {
+        if (second) {
+            tmp = malloc((size_t)count * esize);
+            if (!tmp)
+                return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory for a shuffle",
+                                 name);
+        }
+        /* The reshape is free: the transposed data, read flat, is the mid tensor. */
+        transpose(a, x->data, x->dims.d, x->dims.rank, p->shuffle.first, second ? tmp : o->data, esize);
+        src = tmp;
+    }
+    if (second)
+        transpose(a, src, mid, o->dims.rank, p->shuffle.second, o->data, esize);
+    else if (!first && o->data != x->data)
+        memcpy(o->data, x->data, (size_t)count * esize);
+    free(tmp);
+    return KILN_OK;
+}
+
+/* ---- gather -------------------------------------------------------------------------------- */
+
+kiln_status cpu_run_gather(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    if (a->layer->n_inputs != 2 || a->layer->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather needs 2 inputs, 1 output",
+                         name);
+    const kiln_exec_tensor *x = &a->inputs[0], *ix = &a->inputs[1], *o = &a->outputs[0];
+    int32_t axis = a->layer->p.gather.axis;
+    if (axis < 0 || axis >= x->dims.rank)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather axis %d outside rank %d",
+                         name, (int)axis, (int)x->dims.rank);
+    if (ix->dtype != KILN_DTYPE_I32 && ix->dtype != KILN_DTYPE_I64)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather indices are %s, need i32 or i64",
+                         name, kiln_dtype_name(ix->dtype));
+    if (x->dtype != o->dtype)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather data is %s, output %s",
+                         name, kiln_dtype_name(x->dtype), kiln_dtype_name(o->dtype));
+    int64_t outer = 1, inner = 1, n_idx = cpu_count(&ix->dims), dim = x->dims.d[axis];
+    for (int32_t i = 0; i < axis; i++)
+        outer *= x->dims.d[i];
+    for (int32_t i = axis + 1; i < x->dims.rank; i++)
+        inner *= x->dims.d[i];
+    if (cpu_count(&o->dims) != outer * n_idx * inner)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": gather output has %lld elements, expected %lld",
+                         name, (long long)cpu_count(&o->dims), (long long)(outer * n_idx * inner));
+    /* Check every index before writing, so a bad one leaves no partial output. */
+    for (int64_t j = 0; j < n_idx; j++) {
+        int64_t v = ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)ix->data)[j]
+                                                : ((const int64_t *)ix->data)[j];
+        if (v < 0 || v >= dim)
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                             "layer \"%s\": gather index %lld at position %lld is outside [0, %lld)",
+                             name, (long long)v, (long long)j, (long long)dim);
+    }
+    size_t row = (size_t)inner * kiln_dtype_size(x->dtype);
+    char *dst = o->data;
+    for (int64_t i = 0; i < outer; i++)
+        for (int64_t j = 0; j < n_idx; j++) {
+            int64_t v = ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)ix->data)[j]
+                                                    : ((const int64_t *)ix->data)[j];
+            memcpy(dst, (const char *)x->data + (size_t)(i * dim + v) * row, row);
+            dst += row;
+        }
+    return KILN_OK;
+}
+
+/* ---- cast ----------------------------------------------------------------------------------- */
+
+static int cast_dtype_ok(kiln_dtype t) { return (unsigned)t <= KILN_DTYPE_BOOL; }
+
+kiln_status cpu_run_cast(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    if (a->layer->n_inputs != 1 || a->layer->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": cast needs 1 input, 1 output", name);
+    const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
+    if (!cast_dtype_ok(x->dtype) || !cast_dtype_ok(o->dtype))
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": cast from %s to %s", name,
+                         kiln_dtype_name(x->dtype), kiln_dtype_name(o->dtype));
+    int64_t n = cpu_count(&x->dims);
+    if (cpu_count(&o->dims) != n)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": cast input and output sizes differ", name);
+    cpu_convert(cpu_pool(a), o->data, o->dtype, x->data, x->dtype, n);
+    return KILN_OK;
+}
+
+/* ---- plugins ---------------------------------------------------------------------------------- */
+
+static kiln_status cpu_run_plugin(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    const kiln_plugin *pl = a->plugin;
+    const kiln_plugin_ops *ops = pl ? pl->ops : NULL;
+    if (!ops || ops->struct_size < offsetof(kiln_plugin_ops, enqueue) + sizeof ops->enqueue ||
+        !ops->enqueue)
+        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": no plugin instance to enqueue", name);
+    if (!(ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CPU)))
+        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": the plugin has no CPU implementation", name);
+    int32_t ni = a->layer->n_inputs, no = a->layer->n_outputs, n = ni + no;
+    kiln_tensor_desc *descs = calloc((size_t)(n > 0 ? n : 1), sizeof *descs);
+    void **ptrs = calloc((size_t)(n > 0 ? n : 1), sizeof *ptrs);
+    if (!descs || !ptrs) {
+        free(descs);
+        free(ptrs);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory", name);
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const kiln_exec_tensor *t = i < ni ? &a->inputs[i] : &a->outputs[i - ni];
+        descs[i].struct_size = sizeof descs[i];
+        descs[i].abi_version = KILN_PLUGIN_ABI_VERSION;
+        descs[i].dtype = t->dtype;
+        descs[i].format = KILN_FORMAT_LINEAR;
+        descs[i].dims = t->dims;
+        ptrs[i] = t->data;
+    }
+    /* The stream of a CPU plugin is the pool; host->parallel_for runs on it
+     * (NULL: inline, as the reference wants one thread). */
+    kiln_status st = ops->enqueue(a->plugin, KILN_BACKEND_CPU, descs, (const void *const *)ptrs, ni,
+                                  descs + ni, ptrs + ni, no, a->workspace, cpu_pool(a));
+    free(descs);
+    free(ptrs);
+    if (st != KILN_OK)
+        return kiln_fail_context(st, "layer \"%s\"", name);
+    return KILN_OK;
+}
+
+/* ---- dispatch ------------------------------------------------------------------------------------ */
+
+kiln_status kiln_cpu_run_layer(const kiln_cpu_args *args)
+{
+    if (!args || !args->layer)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_cpu_run_layer: no layer");
+    const kiln_layer *l = args->layer;
+    if ((l->n_inputs > 0 && !args->inputs) || (l->n_outputs > 0 && !args->outputs) ||
+        l->n_outputs < 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": missing input or output tensors",
+                         cpu_layer_name(args));
+    switch (l->op) {
+    case KILN_OP_MATMUL: return cpu_run_matmul(args);
+    case KILN_OP_BINARY: return cpu_run_binary(args);
+    case KILN_OP_UNARY: return cpu_run_unary(args);
+    case KILN_OP_REDUCE: return cpu_run_reduce(args);
+    case KILN_OP_SOFTMAX: return cpu_run_softmax(args);
+    case KILN_OP_CONCAT: return cpu_run_concat(args);
+    case KILN_OP_SLICE: return cpu_run_slice(args);
+    case KILN_OP_SHUFFLE: return cpu_run_shuffle(args);
+    case KILN_OP_GATHER: return cpu_run_gather(args);
+    case KILN_OP_CAST: return cpu_run_cast(args);
+    case KILN_OP_PLUGIN: return cpu_run_plugin(args);
+    case KILN_OP_FUSED: return cpu_run_fused(args);
+    default:
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": op %d is not executed by the CPU backend",
+                         cpu_layer_name(args), (int)l->op);
+    }
+}

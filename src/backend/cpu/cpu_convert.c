@@ -1,0 +1,99 @@
+/* Bulk dtype conversion for kernels: widening f16/bf16 operands to f32 and
+ * narrowing f32 results back. These loops run over whole weight matrices,
+ * so they avoid the per-element dtype switch of kiln_load_f32/kiln_store_f32. */
+#include "cpu_internal.h"
+
+CPU_SIMD void cpu_widen(float *dst, const uint16_t *src, kiln_dtype t, int64_t n)
+{
+    int64_t i = 0;
+    if (t == KILN_DTYPE_BF16) {
+        for (; i + 8 <= n; i += 8)
+            cpu_st8(dst + i, cpu_bf16x8(src + i));
+        for (; i < n; i++)
+            dst[i] = cpu_bf16_to_f32(src[i]);
+    } else {
+        for (; i + 8 <= n; i += 8)
+            cpu_st8(dst + i, cpu_f16x8(src + i));
+        for (; i < n; i++)
+            dst[i] = cpu_f16_to_f32(src[i]);
+    }
+}
+
+CPU_SIMD void cpu_narrow_bf16(uint16_t *dst, const float *src, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        cpu_u8 x = (cpu_u8)cpu_ld8(src + i);
+        cpu_u8 nan = (cpu_u8)((x & 0x7fffffffu) > 0x7f800000u);
+        cpu_u8 r = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;
+        cpu_u8 q = (x >> 16) | 0x40u;
+        cpu_h8 h = __builtin_convertvector((q & nan) | (r & ~nan), cpu_h8);
+        memcpy(dst + i, &h, sizeof h);
+    }
+    for (; i < n; i++)
+        dst[i] = cpu_f32_to_bf16(src[i]);
+}
+
+/* Normal halves round by integer add (ties to even); values below the
+ * smallest normal half round by a float add that lines the mantissa up
+ * with half's subnormal grid, letting the FPU round to nearest even. */
+CPU_SIMD void cpu_narrow_f16(uint16_t *dst, const float *src, int64_t n)
+{
+    const cpu_u8 zero = {0};
+    const float denorm_magic = cpu_bits_f32(((127 - 15) + (23 - 10) + 1) << 23);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        cpu_u8 x = (cpu_u8)cpu_ld8(src + i);
+        cpu_u8 a = x & 0x7fffffffu;
+        cpu_u8 sign = (x >> 16) & 0x8000u;
+        cpu_u8 normal = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
+        cpu_u8 sub = (cpu_u8)((cpu_v8)a + denorm_magic) - cpu_f32_bits(denorm_magic);
+        cpu_u8 nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+        cpu_u8 m_sub = (cpu_u8)(a < 0x38800000u), m_inf = (cpu_u8)(a >= 0x477ff000u);
+        cpu_u8 m_nan = (cpu_u8)(a > 0x7f800000u);
+        cpu_u8 r = (sub & m_sub) | (normal & ~m_sub);
+        r = ((zero + 0x7c00u) & m_inf) | (r & ~m_inf);
+        r = (nan & m_nan) | (r & ~m_nan);
+        cpu_h8 h = __builtin_convertvector(r | sign, cpu_h8);
+        memcpy(dst + i, &h, sizeof h);
+    }
+    for (; i < n; i++)
+        dst[i] = kiln_float_to_half(src[i]);
+}
+
+static void convert_serial(void *dst, kiln_dtype dt, const void *src, kiln_dtype st, int64_t n)
+{
+    if (dt == KILN_DTYPE_F32 && (st == KILN_DTYPE_BF16 || st == KILN_DTYPE_F16)) {
+        cpu_widen(dst, src, st, n);
+    } else if (dt == KILN_DTYPE_BF16 && st == KILN_DTYPE_F32) {
+        cpu_narrow_bf16(dst, src, n);
+    } else if (dt == KILN_DTYPE_F16 && st == KILN_DTYPE_F32) {
+        cpu_narrow_f16(dst, src, n);
+    } else {
+        kiln_convert(dst, dt, src, st, n);
+    }
+}
+
+typedef struct convert_job {
+    void *dst;
+    const void *src;
+    kiln_dtype dt, st;
+} convert_job;
+
+static void convert_range(void *p, int64_t begin, int64_t end)
+{
+    const convert_job *j = p;
+    convert_serial((char *)j->dst + (size_t)begin * kiln_dtype_size(j->dt), j->dt,
+                   (const char *)j->src + (size_t)begin * kiln_dtype_size(j->st), j->st, end - begin);
+}
+
+void cpu_convert(kiln_threadpool *pool, void *dst, kiln_dtype dst_type, const void *src,
+                 kiln_dtype src_type, int64_t n)
+{
+    if (n < KILN_CPU_PARALLEL_MIN) {
+        convert_serial(dst, dst_type, src, src_type, n);
+        return;
+    }
+    convert_job j = {dst, src, dst_type, src_type};
+    kiln_threadpool_run(pool, n, convert_range, &j);
+}

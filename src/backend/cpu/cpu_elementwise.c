@@ -1,0 +1,558 @@
+/* Elementwise kernels: binary (numpy broadcasting), unary and fused chains.
+ *
+ * All three share one broadcast walk: the output shape with each input's
+ * strides (0 on broadcast axes), with adjacent axes merged wherever every
+ * operand allows it. The innermost merged axis is processed in blocks of
+ * KILN_CPU_BLOCK elements: each input block is loaded into an f32 buffer
+ * (or read in place when it is contiguous f32), the op runs over whole
+ * blocks in tight per-op loops the compiler vectorizes, and the result is
+ * stored (in place when the output is f32). Work is split over
+ * (row, block) units. */
+#include "cpu_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- f32 block primitives ------------------------------------------------------- */
+
+/* One binary op over n elements: 8 lanes at a time, then the tail. */
+#define BINARY_LOOP(vexpr, sexpr)                                        \
+    do {                                                                 \
+        int64_t i = 0;                                                   \
+        for (; i + 8 <= n; i += 8) {                                     \
+            cpu_v8 x = cpu_ld8(a + i), y = cpu_ld8(b + i);               \
+            cpu_st8(out + i, vexpr);                                     \
+        }                                                                \
+        for (; i < n; i++) {                                             \
+            float x = a[i], y = b[i];                                    \
+            out[i] = sexpr;                                              \
+        }                                                                \
+    } while (0)
+
+CPU_SIMD void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n)
+{
+    switch (op) {
+    case KILN_BINARY_ADD: BINARY_LOOP(x + y, x + y); break;
+    case KILN_BINARY_SUB: BINARY_LOOP(x - y, x - y); break;
+    case KILN_BINARY_MUL: BINARY_LOOP(x * y, x * y); break;
+    case KILN_BINARY_DIV: BINARY_LOOP(x / y, x / y); break;
+    case KILN_BINARY_POW: for (int64_t i = 0; i < n; i++) out[i] = powf(a[i], b[i]); break;
+    case KILN_BINARY_MAX: BINARY_LOOP((cpu_v8)(((cpu_u8)(x > y) & (cpu_u8)x) | (~(cpu_u8)(x > y) & (cpu_u8)y)), x > y ? x : y); break;
+    case KILN_BINARY_MIN: BINARY_LOOP((cpu_v8)(((cpu_u8)(x < y) & (cpu_u8)x) | (~(cpu_u8)(x < y) & (cpu_u8)y)), x < y ? x : y); break;
+    default: break;
+    }
+}
+
+/* One unary op over n elements, 8 lanes at a time; the tail goes through
+ * a padded vector too, so every element sees the same arithmetic. */
+#define UNARY_LOOP(fn)                                                    \
+    do {                                                                  \
+        int64_t i = 0;                                                    \
+        for (; i + 8 <= n; i += 8) {                                      \
+            cpu_v8 v = cpu_ld8(x + i);                                    \
+            cpu_st8(out + i, fn(&v));                                     \
+        }                                                                 \
+        if (i < n) {                                                      \
+            float t_[8] = {0};                                            \
+            memcpy(t_, x + i, (size_t)(n - i) * sizeof(float));           \
+            cpu_v8 v = cpu_ld8(t_);                                       \
+            cpu_st8(t_, fn(&v));                                          \
+            memcpy(out + i, t_, (size_t)(n - i) * sizeof(float));         \
+        }                                                                 \
+    } while (0)
+
+static inline cpu_v8 neg8(const cpu_v8 *v) { return -*v; }
+static inline cpu_v8 abs8(const cpu_v8 *v) { return (cpu_v8)((cpu_u8)*v & 0x7fffffffu); }
+
+static inline cpu_v8 relu8(const cpu_v8 *v)
+{
+    const cpu_v8 zero = {0};
+    return cpu_select8((cpu_u8)(*v > zero), *v, zero);
+}
+
+static inline cpu_v8 sigmoid8(const cpu_v8 *v)
+{
+    cpu_v8 m = -*v;
+    return 1.0f / (1.0f + cpu_exp8(&m));
+}
+
+static inline cpu_v8 silu8(const cpu_v8 *v)
+{
+    cpu_v8 m = -*v;
+    return *v / (1.0f + cpu_exp8(&m));
+}
+
+static inline cpu_v8 gelu_tanh8(const cpu_v8 *pv)
+{
+    /* tanh(z) = 1 - 2 / (e^{2z} + 1): exact limits at ±inf through exp */
+    cpu_v8 v = *pv;
+    cpu_v8 z2 = 2.0f * 0.79788456080286536f * (v + 0.044715f * v * v * v);
+    cpu_v8 t = 1.0f - 2.0f / (cpu_exp8(&z2) + 1.0f);
+    return 0.5f * v * (1.0f + t);
+}
+
+CPU_SIMD void cpu_unary_f32(kiln_unary_op op, const float *x, float *out, int64_t n)
+{
+    switch (op) {
+    case KILN_UNARY_NEG: UNARY_LOOP(neg8); break;
+    case KILN_UNARY_ABS: UNARY_LOOP(abs8); break;
+    case KILN_UNARY_EXP: UNARY_LOOP(cpu_exp8); break;
+    case KILN_UNARY_LOG: for (int64_t i = 0; i < n; i++) out[i] = logf(x[i]); break;
+    case KILN_UNARY_SQRT: for (int64_t i = 0; i < n; i++) out[i] = sqrtf(x[i]); break;
+    case KILN_UNARY_RSQRT: for (int64_t i = 0; i < n; i++) out[i] = 1.0f / sqrtf(x[i]); break;
+    case KILN_UNARY_TANH: for (int64_t i = 0; i < n; i++) out[i] = tanhf(x[i]); break;
+    case KILN_UNARY_SIGMOID: UNARY_LOOP(sigmoid8); break;
+    case KILN_UNARY_RELU: UNARY_LOOP(relu8); break;
+    case KILN_UNARY_GELU_ERF:
+        for (int64_t i = 0; i < n; i++)
+            out[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+        break;
+    case KILN_UNARY_GELU_TANH: UNARY_LOOP(gelu_tanh8); break;
+    case KILN_UNARY_SILU: UNARY_LOOP(silu8); break;
+    default: break;
+    }
+}
+
+/* ---- the broadcast walk ------------------------------------------------------------ */
+
+typedef struct bcast {
+    int32_t rank;                   /* merged axes, >= 1 */
+    int32_t n_ops;
+    int64_t dims[KILN_MAX_RANK];
+    int64_t st[KILN_FUSED_MAX_INPUTS][KILN_MAX_RANK]; /* element strides, 0 = broadcast */
+    int64_t rows, inner, n_blocks;  /* rows × blocks of the innermost axis */
+} bcast;
+
+static kiln_status bcast_init(bcast *b, const kiln_cpu_args *a, const kiln_dims *out,
+                              const kiln_exec_tensor *ins, int32_t n_ins)
+{
+    memset(b, 0, sizeof *b);
+    b->n_ops = n_ins;
+    int32_t r = out->rank;
+    int64_t st[KILN_FUSED_MAX_INPUTS][KILN_MAX_RANK];
+    for (int32_t k = 0; k < n_ins; k++) {
+        const kiln_dims *d = &ins[k].dims;
+        if (d->rank > r)
+            return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": input %d has rank %d, output rank %d",
+                             cpu_layer_name(a), (int)k, (int)d->rank, (int)r);
+        int64_t acc = 1;
+        for (int32_t i = r - 1; i >= 0; i--) {
+            int32_t j = i - (r - d->rank);
+            if (j < 0) {
+                st[k][i] = 0;
+                continue;
+            }
+            if (d->d[j] == out->d[i])
+                st[k][i] = out->d[i] == 1 ? 0 : acc;
+            else if (d->d[j] == 1)
+                st[k][i] = 0;
+            else
+                return kiln_fail(KILN_ERROR_SHAPE,
+                                 "layer \"%s\": input %d dim %d is %lld, cannot broadcast to %lld",
+                                 cpu_layer_name(a), (int)k, (int)j, (long long)d->d[j],
+                                 (long long)out->d[i]);
+            acc *= d->d[j];
+        }
+    }
+    /* Drop size-1 axes, then merge an axis into the next one when every
+     * operand steps through both as through one axis. */
+    for (int32_t i = 0; i < r; i++) {
+        if (out->d[i] == 1)
+            continue;
+        int32_t m = b->rank;
+        int mergeable = m > 0;
+        for (int32_t k = 0; k < n_ins && mergeable; k++)
+            mergeable = b->st[k][m - 1] == st[k][i] * out->d[i];
+        if (mergeable) {
+            b->dims[m - 1] *= out->d[i];
+            for (int32_t k = 0; k < n_ins; k++)
+                b->st[k][m - 1] = st[k][i];
+        } else {
+            b->dims[m] = out->d[i];
+            for (int32_t k = 0; k < n_ins; k++)
+                b->st[k][m] = st[k][i];
+            b->rank++;
+        }
+    }
+    if (b->rank == 0) {
+        b->rank = 1;
+        b->dims[0] = cpu_count(out) ? 1 : 0;
+    }
+    b->rows = 1;
+    for (int32_t i = 0; i < b->rank - 1; i++)
+        b->rows *= b->dims[i];
+    b->inner = b->dims[b->rank - 1];
+    b->n_blocks = (b->inner + KILN_CPU_BLOCK - 1) / KILN_CPU_BLOCK;
+    return KILN_OK;
+}
+
+/* Element offsets of operand k and of the output at unit u; *n receives the
+ * block length. */
+static void bcast_unit(const bcast *b, int64_t u, int64_t *offs, int64_t *out_off, int64_t *n)
+{
+    int64_t row = u / b->n_blocks, i0 = (u % b->n_blocks) * KILN_CPU_BLOCK;
+    for (int32_t k = 0; k < b->n_ops; k++)
+        offs[k] = i0 * b->st[k][b->rank - 1];
+    int64_t rem = row;
+    for (int32_t i = b->rank - 2; i >= 0; i--) {
+        int64_t c = rem % b->dims[i];
+        rem /= b->dims[i];
+        for (int32_t k = 0; k < b->n_ops; k++)
+            offs[k] += c * b->st[k][i];
+    }
+    *out_off = row * b->inner + i0;
+    *n = b->inner - i0 < KILN_CPU_BLOCK ? b->inner - i0 : KILN_CPU_BLOCK;
+}
+
+/* A block of an operand as f32: in place when contiguous f32. */
+static const float *load_block(float *buf, const void *base, kiln_dtype t, int64_t off,
+                               int64_t stride, int64_t n)
+{
+    if (stride == 0) {
+        float v = kiln_load_f32(base, t, off);
+        for (int64_t i = 0; i < n; i++)
+            buf[i] = v;
+        return buf;
+    }
+    switch (t) {
+    case KILN_DTYPE_F32: return (const float *)base + off;
+    case KILN_DTYPE_F16:
+    case KILN_DTYPE_BF16: cpu_widen(buf, (const uint16_t *)base + off, t, n); return buf;
+    default:
+        for (int64_t i = 0; i < n; i++)
+            buf[i] = kiln_load_f32(base, t, off + i);
+        return buf;
+    }
+}
+
+/* Where to compute an output block: the output itself when it is f32. */
+static float *out_block(float *buf, void *base, kiln_dtype t, int64_t off)
+{
+    return t == KILN_DTYPE_F32 ? (float *)base + off : buf;
+}
+
+static void store_block(void *base, kiln_dtype t, int64_t off, const float *v, int64_t n)
+{
+    switch (t) {
+    case KILN_DTYPE_F32: break; /* computed in place */
+    case KILN_DTYPE_F16: cpu_narrow_f16((uint16_t *)base + off, v, n); break;
+    case KILN_DTYPE_BF16: cpu_narrow_bf16((uint16_t *)base + off, v, n); break;
+    default:
+        for (int64_t i = 0; i < n; i++)
+            kiln_store_f32(base, t, off + i, v[i]);
+        break;
+    }
+}
+
+static void bcast_run(const kiln_cpu_args *a, const bcast *b, kiln_parallel_fn fn, void *job)
+{
+    int64_t units = b->rows * b->n_blocks;
+    if (b->rows * b->inner < KILN_CPU_PARALLEL_MIN)
+        fn(job, 0, units);
+    else
+        kiln_threadpool_run(cpu_pool(a), units, fn, job);
+}
+
+/* ---- binary ---------------------------------------------------------------------------- */
+
+typedef struct ew_job {
+    const kiln_cpu_args *a;
+    bcast b;
+    int32_t op;
+} ew_job;
+
+static void binary_float_units(void *p, int64_t begin, int64_t end)
+{
+    const ew_job *j = p;
+    const kiln_exec_tensor *x = &j->a->inputs[0], *y = &j->a->inputs[1], *o = &j->a->outputs[0];
+    float ba[KILN_CPU_BLOCK], bb[KILN_CPU_BLOCK], bo[KILN_CPU_BLOCK];
+    for (int64_t u = begin; u < end; u++) {
+        int64_t offs[2], oo, n;
+        bcast_unit(&j->b, u, offs, &oo, &n);
+        const float *pa = load_block(ba, x->data, x->dtype, offs[0], j->b.st[0][j->b.rank - 1], n);
+        const float *pb = load_block(bb, y->data, y->dtype, offs[1], j->b.st[1][j->b.rank - 1], n);
+        float *po = out_block(bo, o->data, o->dtype, oo);
+        cpu_binary_f32((kiln_binary_op)j->op, pa, pb, po, n);
+        store_block(o->data, o->dtype, oo, po, n);
+    }
+}
+
+static int64_t load_int(const void *p, kiln_dtype t, int64_t i)
+{
+    switch (t) {
+    case KILN_DTYPE_I8: return ((const int8_t *)p)[i];
+    case KILN_DTYPE_U8: return ((const uint8_t *)p)[i];
+    case KILN_DTYPE_I32: return ((const int32_t *)p)[i];
+    case KILN_DTYPE_I64: return ((const int64_t *)p)[i];
+    default: return ((const uint8_t *)p)[i] != 0;
+    }
+}
+
+/* Integer results wrap to the storage width, as in C and numpy. */
+static void store_int(void *p, kiln_dtype t, int64_t i, int64_t v)
+{
+    switch (t) {
+    case KILN_DTYPE_I8: ((int8_t *)p)[i] = (int8_t)v; break;
+    case KILN_DTYPE_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
+    case KILN_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+    case KILN_DTYPE_I64: ((int64_t *)p)[i] = v; break;
+    default: ((uint8_t *)p)[i] = v != 0; break;
+    }
+}
+
+/* Unsigned arithmetic so overflow wraps instead of being undefined;
+ * division by zero gives 0 rather than trapping. */
+static int64_t binary_int(kiln_binary_op op, int64_t x, int64_t y)
+{
+    switch (op) {
+    case KILN_BINARY_ADD: return (int64_t)((uint64_t)x + (uint64_t)y);
+    case KILN_BINARY_SUB: return (int64_t)((uint64_t)x - (uint64_t)y);
+    case KILN_BINARY_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
+    case KILN_BINARY_DIV:
+        if (y == 0)
+            return 0;
+        if (y == -1)
+            return (int64_t)(0 - (uint64_t)x);
+        return x / y;
+    case KILN_BINARY_POW: {
+        if (y < 0)
+            return x == 1 ? 1 : x == -1 ? (y % 2 ? -1 : 1) : 0;
+        uint64_t r = 1, base = (uint64_t)x;
+        for (; y; y >>= 1) {
+            if (y & 1)
+                r *= base;
+            base *= base;
+        }
+        return (int64_t)r;
+    }
+    case KILN_BINARY_MAX: return x > y ? x : y;
+    case KILN_BINARY_MIN: return x < y ? x : y;
+    default: return 0;
+    }
+}
+
+static void binary_int_units(void *p, int64_t begin, int64_t end)
+{
+    const ew_job *j = p;
+    const kiln_exec_tensor *x = &j->a->inputs[0], *y = &j->a->inputs[1], *o = &j->a->outputs[0];
+    int64_t sa = j->b.st[0][j->b.rank - 1], sb = j->b.st[1][j->b.rank - 1];
+    for (int64_t u = begin; u < end; u++) {
+        int64_t offs[2], oo, n;
+        bcast_unit(&j->b, u, offs, &oo, &n);
+        for (int64_t i = 0; i < n; i++)
+            store_int(o->data, o->dtype, oo + i,
+                      binary_int((kiln_binary_op)j->op, load_int(x->data, x->dtype, offs[0] + i * sa),
+                                 load_int(y->data, y->dtype, offs[1] + i * sb)));
+    }
+}
+
+static int is_int_dtype(kiln_dtype t)
+{
+    return t == KILN_DTYPE_I8 || t == KILN_DTYPE_U8 || t == KILN_DTYPE_I32 || t == KILN_DTYPE_I64;
+}
+
+kiln_status cpu_run_binary(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    if (a->layer->n_inputs != 2 || a->layer->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": binary needs 2 inputs, 1 output",
+                         name);
+    kiln_binary_op op = a->layer->p.binary.op;
+    if ((unsigned)op >= KILN_BINARY_OP_COUNT)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown binary op %d", name,
+                         (int)op);
+    kiln_dtype t = a->outputs[0].dtype;
+    if (a->inputs[0].dtype != t || a->inputs[1].dtype != t)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "layer \"%s\": binary inputs are %s and %s, output %s", name,
+                         kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(a->inputs[1].dtype),
+                         kiln_dtype_name(t));
+    ew_job j = {.a = a, .op = op};
+    KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, a->inputs, 2));
+    if (kiln_dtype_is_float(t))
+        bcast_run(a, &j.b, binary_float_units, &j);
+    else if (is_int_dtype(t))
+        bcast_run(a, &j.b, binary_int_units, &j);
+    else
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": binary %s on %s is not supported",
+                         name, kiln_binary_op_name(op), kiln_dtype_name(t));
+    return KILN_OK;
+}
+
+/* ---- unary --------------------------------------------------------------------------------- */
+
+static void unary_float_units(void *p, int64_t begin, int64_t end)
+{
+    const ew_job *j = p;
+    const kiln_exec_tensor *x = &j->a->inputs[0], *o = &j->a->outputs[0];
+    float bx[KILN_CPU_BLOCK], bo[KILN_CPU_BLOCK];
+    for (int64_t u = begin; u < end; u++) {
+        int64_t off, oo, n;
+        bcast_unit(&j->b, u, &off, &oo, &n);
+        const float *px = load_block(bx, x->data, x->dtype, off, j->b.st[0][j->b.rank - 1], n);
+        float *po = out_block(bo, o->data, o->dtype, oo);
+        cpu_unary_f32((kiln_unary_op)j->op, px, po, n);
+        store_block(o->data, o->dtype, oo, po, n);
+    }
+}
+
+static void unary_int_units(void *p, int64_t begin, int64_t end)
+{
+    const ew_job *j = p;
+    const kiln_exec_tensor *x = &j->a->inputs[0], *o = &j->a->outputs[0];
+    for (int64_t u = begin; u < end; u++) {
+        int64_t off, oo, n;
+        bcast_unit(&j->b, u, &off, &oo, &n);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t v = load_int(x->data, x->dtype, off + i);
+            uint64_t neg = 0 - (uint64_t)v;
+            switch ((kiln_unary_op)j->op) {
+            case KILN_UNARY_NEG: v = (int64_t)neg; break;
+            case KILN_UNARY_ABS: v = v < 0 ? (int64_t)neg : v; break;
+            default: v = v > 0 ? v : 0; break; /* relu */
+            }
+            store_int(o->data, o->dtype, oo + i, v);
+        }
+    }
+}
+
+kiln_status cpu_run_unary(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    if (a->layer->n_inputs != 1 || a->layer->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unary needs 1 input, 1 output",
+                         name);
+    kiln_unary_op op = a->layer->p.unary.op;
+    if ((unsigned)op >= KILN_UNARY_OP_COUNT)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown unary op %d", name,
+                         (int)op);
+    kiln_dtype t = a->outputs[0].dtype;
+    if (a->inputs[0].dtype != t)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unary input is %s, output %s",
+                         name, kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(t));
+    if (cpu_count(&a->inputs[0].dims) != cpu_count(&a->outputs[0].dims))
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": unary input and output sizes differ", name);
+    ew_job j = {.a = a, .op = op};
+    KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, &a->outputs[0], 1));
+    int int_ok = op == KILN_UNARY_NEG || op == KILN_UNARY_ABS || op == KILN_UNARY_RELU;
+    if (kiln_dtype_is_float(t))
+        bcast_run(a, &j.b, unary_float_units, &j);
+    else if (is_int_dtype(t) && int_ok)
+        bcast_run(a, &j.b, unary_int_units, &j);
+    else
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": unary %s on %s is not supported",
+                         name, kiln_unary_op_name(op), kiln_dtype_name(t));
+    return KILN_OK;
+}
+
+/* ---- fused elementwise chains -------------------------------------------------------------- */
+
+static void fused_step_block(const kiln_fused_step *s, const float *const *ops, float *out, int64_t n)
+{
+    if (s->is_binary)
+        cpu_binary_f32((kiln_binary_op)s->op, ops[s->a], ops[s->b], out, n);
+    else
+        cpu_unary_f32((kiln_unary_op)s->op, ops[s->a], out, n);
+}
+
+static void fused_units(void *p, int64_t begin, int64_t end)
+{
+    const ew_job *j = p;
+    const kiln_cpu_args *a = j->a;
+    const kiln_layer *l = a->layer;
+    const kiln_exec_tensor *o = &a->outputs[0];
+    int32_t n_in = l->n_inputs, n_steps = l->p.fused.n_steps;
+    float in_buf[KILN_FUSED_MAX_INPUTS][KILN_CPU_BLOCK];
+    float regs[KILN_FUSED_MAX_STEPS][KILN_CPU_BLOCK];
+    const float *ops[KILN_FUSED_MAX_INPUTS + KILN_FUSED_MAX_STEPS];
+    for (int32_t s = 0; s < n_steps; s++)
+        ops[n_in + s] = regs[s];
+    for (int64_t u = begin; u < end; u++) {
+        int64_t offs[KILN_FUSED_MAX_INPUTS], oo, n;
+        bcast_unit(&j->b, u, offs, &oo, &n);
+        for (int32_t k = 0; k < n_in; k++)
+            ops[k] = load_block(in_buf[k], a->inputs[k].data, a->inputs[k].dtype, offs[k],
+                                j->b.st[k][j->b.rank - 1], n);
+        for (int32_t s = 0; s < n_steps - 1; s++)
+            fused_step_block(&l->p.fused.steps[s], ops, regs[s], n);
+        float *po = out_block(regs[n_steps - 1], o->data, o->dtype, oo);
+        fused_step_block(&l->p.fused.steps[n_steps - 1], ops, po, n);
+        store_block(o->data, o->dtype, oo, po, n);
+    }
+}
+
+/* Reference: every input broadcast to a full-size f32 array, then each step
+ * over whole arrays, so every intermediate exists as in an unfused graph. */
+static kiln_status fused_reference(const kiln_cpu_args *a, const bcast *b)
+{
+    const kiln_layer *l = a->layer;
+    int32_t n_in = l->n_inputs, n_steps = l->p.fused.n_steps;
+    int64_t count = cpu_count(&a->outputs[0].dims);
+    size_t bytes = (size_t)(count > 0 ? count : 1) * sizeof(float);
+    float *arr[KILN_FUSED_MAX_INPUTS + KILN_FUSED_MAX_STEPS] = {0};
+    kiln_status st = KILN_OK;
+    for (int32_t k = 0; k < n_in + n_steps; k++) {
+        arr[k] = malloc(bytes);
+        if (!arr[k]) {
+            st = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory for %zu bytes",
+                           cpu_layer_name(a), bytes);
+            goto done;
+        }
+    }
+    float buf[KILN_CPU_BLOCK];
+    for (int64_t u = 0; u < b->rows * b->n_blocks; u++) {
+        int64_t offs[KILN_FUSED_MAX_INPUTS], oo, n;
+        bcast_unit(b, u, offs, &oo, &n);
+        for (int32_t k = 0; k < n_in; k++) {
+            const float *v = load_block(buf, a->inputs[k].data, a->inputs[k].dtype, offs[k],
+                                        b->st[k][b->rank - 1], n);
+            memcpy(arr[k] + oo, v, (size_t)n * sizeof(float));
+        }
+    }
+    for (int32_t s = 0; s < n_steps; s++)
+        fused_step_block(&l->p.fused.steps[s], (const float *const *)arr, arr[n_in + s], count);
+    cpu_convert(NULL, a->outputs[0].data, a->outputs[0].dtype, arr[n_in + n_steps - 1],
+                KILN_DTYPE_F32, count);
+done:
+    for (int32_t k = 0; k < n_in + n_steps; k++)
+        free(arr[k]);
+    return st;
+}
+
+kiln_status cpu_run_fused(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    const kiln_layer *l = a->layer;
+    int32_t n_in = l->n_inputs, n_steps = l->p.fused.n_steps;
+    if (n_in < 1 || n_in > KILN_FUSED_MAX_INPUTS || l->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "layer \"%s\": fused chain needs 1..%d inputs and 1 output", name,
+                         KILN_FUSED_MAX_INPUTS);
+    if (n_steps < 1 || n_steps > KILN_FUSED_MAX_STEPS)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": fused chain has %d steps",
+                         name, (int)n_steps);
+    for (int32_t s = 0; s < n_steps; s++) {
+        const kiln_fused_step *st = &l->p.fused.steps[s];
+        int32_t limit = n_in + s; /* inputs and earlier steps only */
+        int bad_op = st->is_binary ? (unsigned)st->op >= KILN_BINARY_OP_COUNT
+                                   : (unsigned)st->op >= KILN_UNARY_OP_COUNT;
+        if (bad_op || st->a < 0 || st->a >= limit ||
+            (st->is_binary && (st->b < 0 || st->b >= limit)))
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                             "layer \"%s\": fused step %d has a bad op or operand", name, (int)s);
+    }
+    for (int32_t k = 0; k < n_in; k++)
+        if (!kiln_dtype_is_float(a->inputs[k].dtype))
+            return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": fused input %d is %s", name,
+                             (int)k, kiln_dtype_name(a->inputs[k].dtype));
+    if (!kiln_dtype_is_float(a->outputs[0].dtype))
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": fused output is %s", name,
+                         kiln_dtype_name(a->outputs[0].dtype));
+    ew_job j = {.a = a};
+    KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, a->inputs, n_in));
+    if (a->reference)
+        return fused_reference(a, &j.b);
+    bcast_run(a, &j.b, fused_units, &j);
+    return KILN_OK;
+}

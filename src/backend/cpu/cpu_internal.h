@@ -1,0 +1,222 @@
+/* Shared pieces of the CPU kernels: element counts, the per-op entry
+ * points that cpu_backend.c dispatches to, and the f32 block primitives the
+ * elementwise kernels are built from. */
+#ifndef KILN_BACKEND_CPU_INTERNAL_H
+#define KILN_BACKEND_CPU_INTERNAL_H
+
+#include "cpu_backend.h"
+
+#include "../../core/dtype.h"
+#include "../../core/error.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Elements processed per inner step of an elementwise kernel: large enough
+ * to vectorize, small enough that the f32 staging buffers stay in L1. */
+#define KILN_CPU_BLOCK 256
+
+/* Below this many elements (or multiply-adds) a kernel runs on the calling
+ * thread: waking workers costs more than the work. */
+#define KILN_CPU_PARALLEL_MIN 32768
+
+/* The pool a kernel should use: none in reference mode. */
+static inline kiln_threadpool *cpu_pool(const kiln_cpu_args *a)
+{
+    return a->reference ? NULL : a->pool;
+}
+
+static inline const char *cpu_layer_name(const kiln_cpu_args *a)
+{
+    return a->layer && a->layer->name ? a->layer->name : "?";
+}
+
+/* Element count of concrete dims (dims are already checked by the caller;
+ * negative dims count as zero). */
+static inline int64_t cpu_count(const kiln_dims *d)
+{
+    int64_t n = 1;
+    for (int32_t i = 0; i < d->rank; i++)
+        n *= d->d[i] > 0 ? d->d[i] : 0;
+    return n;
+}
+
+/* Row-major element strides of dims. */
+static inline void cpu_strides(const kiln_dims *d, int64_t *s)
+{
+    int64_t acc = 1;
+    for (int32_t i = d->rank - 1; i >= 0; i--) {
+        s[i] = acc;
+        acc *= d->d[i];
+    }
+}
+
+/* Inline element conversions for hot loops (the dtype.h functions are out
+ * of line). Bit-exact with kiln_half_to_float / kiln_bf16_to_float /
+ * kiln_float_to_bf16, subnormals and NaN included. */
+static inline float cpu_bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t cpu_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+static inline float cpu_bf16_to_f32(uint16_t b) { return cpu_bits_f32((uint32_t)b << 16); }
+
+static inline uint16_t cpu_f32_to_bf16(float f)
+{
+    uint32_t x = cpu_f32_bits(f);
+    if ((x & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (uint16_t)(x >> 16);
+}
+
+/* Rebias the exponent; Inf/NaN get the rest of the rebias; subnormals are
+ * normalized by a float subtraction of the implicit bit. */
+static inline float cpu_f16_to_f32(uint16_t h)
+{
+    const uint32_t exp_mask = 0x7c00u << 13;
+    uint32_t o = ((uint32_t)h & 0x7fffu) << 13;
+    uint32_t e = o & exp_mask;
+    o += (uint32_t)(127 - 15) << 23;
+    if (e == exp_mask)
+        o += (uint32_t)(128 - 16) << 23;
+    else if (e == 0)
+        o = cpu_f32_bits(cpu_bits_f32(o + (1u << 23)) - cpu_bits_f32(113u << 23));
+    return cpu_bits_f32(o | ((uint32_t)h & 0x8000u) << 16);
+}
+
+/* ---- SIMD ----------------------------------------------------------------------------
+ * Hot loops are written with GCC/Clang vector extensions (8 floats), and
+ * the functions holding them are cloned for AVX2 with a run-time pick, so
+ * the default x86-64 build still uses 256-bit units where they exist.
+ * Loads and stores go through memcpy: the data has no alignment promise. */
+typedef float cpu_v8 __attribute__((vector_size(32)));
+typedef uint32_t cpu_u8 __attribute__((vector_size(32)));
+typedef uint16_t cpu_h8 __attribute__((vector_size(16)));
+
+/* GCC notes that passing 32-byte vectors by value differs with and without
+ * AVX; these helpers are static inline and never cross an ABI boundary. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+#if defined(__x86_64__)
+#define CPU_SIMD __attribute__((target_clones("avx2", "default")))
+#else
+#define CPU_SIMD
+#endif
+
+static inline cpu_v8 cpu_ld8(const float *p)
+{
+    cpu_v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* A macro, as cpu_select8. */
+#define cpu_st8(p, v)                      \
+    do {                                   \
+        cpu_v8 cpu_st8_v_ = (v);           \
+        memcpy((p), &cpu_st8_v_, sizeof cpu_st8_v_); \
+    } while (0)
+
+typedef int32_t cpu_i8 __attribute__((vector_size(32)));
+
+/* Lanes of a where mask is set, else of b. Vector helpers take pointers or
+ * are macros: a by-value vector parameter draws a GCC ABI note that no
+ * pragma silences. */
+#define cpu_select8(mask, a, b) ((cpu_v8)(((mask) & (cpu_u8)(a)) | (~(mask) & (cpu_u8)(b))))
+
+/* e^x for 8 lanes (Cephes expf: range reduction by ln 2 in two parts, then
+ * a degree-6 polynomial; within 2 ulp of the true value). Below ln(FLT_MIN)
+ * it returns 0 (no subnormals), so exp(-inf) is exactly 0 as softmax masks
+ * need; above ln(FLT_MAX) it returns +inf; NaN stays NaN. */
+static inline cpu_v8 cpu_exp8(const cpu_v8 *px)
+{
+    const cpu_v8 zero = {0}, x = *px;
+    const cpu_v8 lo = zero - 87.3365447504f, hi = zero + 88.7228391117f;
+    cpu_u8 under = (cpu_u8)(x < lo), over = (cpu_u8)(x > hi), nan = (cpu_u8)(x != x);
+    cpu_v8 v = cpu_select8(under, lo, cpu_select8(over, hi, x));
+    cpu_v8 fx = v * 1.44269504088896341f + 0.5f;
+    cpu_v8 t = __builtin_convertvector(__builtin_convertvector(fx, cpu_i8), cpu_v8);
+    t -= cpu_select8((cpu_u8)(t > fx), zero + 1.0f, zero); /* floor */
+    v -= t * 0.693359375f;
+    v -= t * -2.12194440e-4f;
+    cpu_v8 y = 1.9875691500e-4f * v + 1.3981999507e-3f;
+    y = y * v + 8.3334519073e-3f;
+    y = y * v + 4.1665795894e-2f;
+    y = y * v + 1.6666665459e-1f;
+    y = y * v + 5.0000001201e-1f;
+    y = y * (v * v) + v + 1.0f;
+    /* 2^n in two factors so n = 128 or -126 never builds a bad exponent */
+    cpu_i8 n = __builtin_convertvector(t, cpu_i8), n1 = n >> 1, n2 = n - n1;
+    y = y * (cpu_v8)((n1 + 127) << 23) * (cpu_v8)((n2 + 127) << 23);
+    y = cpu_select8(under, zero, cpu_select8(over, zero + INFINITY, y));
+    return cpu_select8(nan, x, y);
+}
+
+/* Eight f16 or bf16 values widened to f32 (bit-exact with the scalar ones). */
+static inline cpu_v8 cpu_bf16x8(const uint16_t *p)
+{
+    cpu_h8 h;
+    memcpy(&h, p, sizeof h);
+    cpu_u8 u = __builtin_convertvector(h, cpu_u8) << 16;
+    return (cpu_v8)u;
+}
+
+static inline cpu_v8 cpu_f16x8(const uint16_t *p)
+{
+    cpu_h8 h;
+    memcpy(&h, p, sizeof h);
+    cpu_u8 x = __builtin_convertvector(h, cpu_u8);
+    const cpu_u8 exp_mask = (cpu_u8){0} + (0x7c00u << 13);
+    cpu_u8 o = (x & 0x7fffu) << 13;
+    cpu_u8 e = o & exp_mask;
+    o += (uint32_t)(127 - 15) << 23;
+    o += (cpu_u8)(e == exp_mask) & ((uint32_t)(128 - 16) << 23);
+    cpu_u8 sub = (cpu_u8)((cpu_v8)(o + (1u << 23)) - cpu_bits_f32(113u << 23));
+    cpu_u8 is_sub = (cpu_u8)(e == 0);
+    o = (sub & is_sub) | (o & ~is_sub);
+    return (cpu_v8)(o | (x & 0x8000u) << 16);
+}
+
+/* n f16 (t == KILN_DTYPE_F16) or bf16 values to f32, and f32 to bf16
+ * (cpu_convert.c). */
+void cpu_widen(float *dst, const uint16_t *src, kiln_dtype t, int64_t n);
+void cpu_narrow_bf16(uint16_t *dst, const float *src, int64_t n);
+/* f32 to f16, bit-exact with kiln_float_to_half (NaN payloads included). */
+void cpu_narrow_f16(uint16_t *dst, const float *src, int64_t n);
+
+/* n elements between any two dtypes (cpu_convert.c): fast loops between
+ * f32 and f16/bf16, kiln_convert otherwise. Splits across `pool` when n is
+ * large. */
+void cpu_convert(kiln_threadpool *pool, void *dst, kiln_dtype dst_type, const void *src,
+                 kiln_dtype src_type, int64_t n);
+
+/* f32 block primitives (cpu_elementwise.c). n <= KILN_CPU_BLOCK. */
+void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n);
+void cpu_unary_f32(kiln_unary_op op, const float *x, float *out, int64_t n);
+
+/* Op entry points; each validates what it needs and names the layer. */
+kiln_status cpu_run_matmul(const kiln_cpu_args *a);
+kiln_status cpu_run_binary(const kiln_cpu_args *a);
+kiln_status cpu_run_unary(const kiln_cpu_args *a);
+kiln_status cpu_run_fused(const kiln_cpu_args *a);
+kiln_status cpu_run_reduce(const kiln_cpu_args *a);
+kiln_status cpu_run_softmax(const kiln_cpu_args *a);
+kiln_status cpu_run_concat(const kiln_cpu_args *a);
+kiln_status cpu_run_slice(const kiln_cpu_args *a);
+kiln_status cpu_run_shuffle(const kiln_cpu_args *a);
+kiln_status cpu_run_gather(const kiln_cpu_args *a);
+kiln_status cpu_run_cast(const kiln_cpu_args *a);
+
+#endif

@@ -1,0 +1,279 @@
+/* Reductions and softmax. Both work on "lines": a reduce output element
+ * gathers the input over the reduced axes; a softmax line runs along one
+ * axis. Lines are independent, so they are split across the pool. Sums
+ * accumulate in f64 so the result does not depend on how work is split. */
+#include "cpu_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- reduce -------------------------------------------------------------------------- */
+
+typedef struct reduce_job {
+    const kiln_cpu_args *a;
+    kiln_reduce_op op;
+    int32_t nk, nr;                                  /* kept / reduced axes (merged) */
+    int64_t kd[KILN_MAX_RANK], ks[KILN_MAX_RANK];    /* kept dims, input strides */
+    int64_t rd[KILN_MAX_RANK], rs[KILN_MAX_RANK];    /* reduced dims, input strides */
+    int64_t rcount;                                  /* elements per output */
+} reduce_job;
+
+static void reduce_units(void *p, int64_t begin, int64_t end)
+{
+    const reduce_job *j = p;
+    const kiln_exec_tensor *x = &j->a->inputs[0], *o = &j->a->outputs[0];
+    int f32 = x->dtype == KILN_DTYPE_F32;
+    const float *xf = x->data;
+    int64_t inner = j->nr ? j->rd[j->nr - 1] : 1, istride = j->nr ? j->rs[j->nr - 1] : 0;
+    int64_t outer = inner ? j->rcount / inner : 0;
+    for (int64_t u = begin; u < end; u++) {
+        int64_t base = 0, rem = u;
+        for (int32_t i = j->nk - 1; i >= 0; i--) {
+            base += (rem % j->kd[i]) * j->ks[i];
+            rem /= j->kd[i];
+        }
+        double sum = 0.0;
+        float best = j->op == KILN_REDUCE_MAX ? -INFINITY : INFINITY;
+        int64_t idx[KILN_MAX_RANK] = {0};
+        for (int64_t r = 0; r < outer; r++) {
+            int64_t off = base;
+            for (int32_t i = 0; i < j->nr - 1; i++)
+                off += idx[i] * j->rs[i];
+            switch (j->op) {
+            case KILN_REDUCE_SUM:
+            case KILN_REDUCE_MEAN:
+                if (f32)
+                    for (int64_t i = 0; i < inner; i++)
+                        sum += xf[off + i * istride];
+                else
+                    for (int64_t i = 0; i < inner; i++)
+                        sum += kiln_load_f32(x->data, x->dtype, off + i * istride);
+                break;
+            case KILN_REDUCE_MAX:
+                for (int64_t i = 0; i < inner; i++) {
+                    float v = f32 ? xf[off + i * istride] : kiln_load_f32(x->data, x->dtype, off + i * istride);
+                    best = v > best || v != v ? v : best;
+                }
+                break;
+            default:
+                for (int64_t i = 0; i < inner; i++) {
+                    float v = f32 ? xf[off + i * istride] : kiln_load_f32(x->data, x->dtype, off + i * istride);
+                    best = v < best || v != v ? v : best;
+                }
+                break;
+            }
+            /* odometer over the outer reduced axes */
+            for (int32_t i = j->nr - 2; i >= 0; i--) {
+                if (++idx[i] < j->rd[i])
+                    break;
+                idx[i] = 0;
+            }
+        }
+        float v;
+        if (j->op == KILN_REDUCE_SUM)
+            v = (float)sum;
+        else if (j->op == KILN_REDUCE_MEAN)
+            v = (float)(sum / (double)j->rcount);
+        else
+            v = best;
+        kiln_store_f32(o->data, o->dtype, u, v);
+    }
+}
+
+kiln_status cpu_run_reduce(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    const kiln_layer *l = a->layer;
+    if (l->n_inputs != 1 || l->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": reduce needs 1 input, 1 output",
+                         name);
+    const kiln_dims *d = &a->inputs[0].dims;
+    uint32_t axes = l->p.reduce.axes;
+    if ((unsigned)l->p.reduce.op >= KILN_REDUCE_OP_COUNT)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown reduce op %d", name,
+                         (int)l->p.reduce.op);
+    if (d->rank < 32 && (axes >> d->rank) != 0)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "layer \"%s\": reduce axes 0x%x outside rank %d", name, axes, (int)d->rank);
+    if (a->inputs[0].dtype != a->outputs[0].dtype || a->inputs[0].dtype == KILN_DTYPE_BOOL ||
+        a->inputs[0].dtype >= KILN_DTYPE_FP8_E4M3)
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": reduce from %s to %s", name,
+                         kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(a->outputs[0].dtype));
+    reduce_job j = {.a = a, .op = l->p.reduce.op, .rcount = 1};
+    int64_t st[KILN_MAX_RANK], kept = 1;
+    cpu_strides(d, st);
+    for (int32_t i = 0; i < d->rank; i++) {
+        if (axes & (1u << i)) {
+            j.rcount *= d->d[i];
+            /* merge with the previous reduced axis when they are adjacent in memory */
+            if (j.nr && j.rs[j.nr - 1] == st[i] * d->d[i]) {
+                j.rd[j.nr - 1] *= d->d[i];
+                j.rs[j.nr - 1] = st[i];
+            } else {
+                j.rd[j.nr] = d->d[i];
+                j.rs[j.nr++] = st[i];
+            }
+        } else {
+            kept *= d->d[i];
+            j.kd[j.nk] = d->d[i];
+            j.ks[j.nk++] = st[i];
+        }
+    }
+    if (cpu_count(&a->outputs[0].dims) != kept)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": reduce output has %lld elements, expected %lld",
+                         name, (long long)cpu_count(&a->outputs[0].dims), (long long)kept);
+    if (kept * j.rcount < KILN_CPU_PARALLEL_MIN)
+        reduce_units(&j, 0, kept);
+    else
+        kiln_threadpool_run(cpu_pool(a), kept, reduce_units, &j);
+    return KILN_OK;
+}
+
+/* ---- softmax ------------------------------------------------------------------------------ */
+
+typedef struct softmax_job {
+    const kiln_cpu_args *a;
+    int64_t len, inner;
+} softmax_job;
+
+/* A block of a contiguous line as f32 (in place for f32). */
+static const float *line_block(float *buf, const void *base, kiln_dtype t, int64_t off, int64_t n)
+{
+    if (t == KILN_DTYPE_F32)
+        return (const float *)base + off;
+    if (t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16)
+        cpu_widen(buf, (const uint16_t *)base + off, t, n);
+    else
+        for (int64_t i = 0; i < n; i++)
+            buf[i] = kiln_load_f32(base, t, off + i);
+    return buf;
+}
+
+/* dst = e^(src - m) over n elements; returns their sum. */
+CPU_SIMD static double exp_shifted(float *dst, const float *src, float m, int64_t n)
+{
+    cpu_v8 acc = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        cpu_v8 d = cpu_ld8(src + i) - m;
+        cpu_v8 e = cpu_exp8(&d);
+        cpu_st8(dst + i, e);
+        acc += e;
+    }
+    double sum = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    if (i < n) {
+        float t[8] = {0};
+        memcpy(t, src + i, (size_t)(n - i) * sizeof(float));
+        cpu_v8 d = cpu_ld8(t) - m;
+        cpu_st8(t, cpu_exp8(&d));
+        memcpy(dst + i, t, (size_t)(n - i) * sizeof(float));
+        for (int64_t k = 0; k < n - i; k++)
+            sum += t[k];
+    }
+    return sum;
+}
+
+/* One lane of cpu_exp8, so strided lines match contiguous ones exactly. */
+static float exp1(float x)
+{
+    cpu_v8 v = {x};
+    return cpu_exp8(&v)[0];
+}
+
+CPU_SIMD static void scale_f32(float *p, float s, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        cpu_st8(p + i, cpu_ld8(p + i) * s);
+    for (; i < n; i++)
+        p[i] *= s;
+}
+
+/* max, then sum of exp in f64, then exp(x - max) / sum. Contiguous lines
+ * go block by block (the f32 output keeps exp between passes); strided
+ * lines (softmax over a non-last axis) go element by element. */
+static void softmax_units(void *p, int64_t begin, int64_t end)
+{
+    const softmax_job *j = p;
+    const kiln_exec_tensor *x = &j->a->inputs[0], *o = &j->a->outputs[0];
+    int64_t len = j->len, inner = j->inner;
+    float buf[KILN_CPU_BLOCK], ob[KILN_CPU_BLOCK];
+    for (int64_t u = begin; u < end; u++) {
+        int64_t base = (u / inner) * len * inner + u % inner;
+        if (inner == 1) {
+            float m = -INFINITY;
+            for (int64_t b0 = 0; b0 < len; b0 += KILN_CPU_BLOCK) {
+                int64_t n = len - b0 < KILN_CPU_BLOCK ? len - b0 : KILN_CPU_BLOCK;
+                const float *v = line_block(buf, x->data, x->dtype, base + b0, n);
+                for (int64_t i = 0; i < n; i++)
+                    m = v[i] > m ? v[i] : m;
+            }
+            double sum = 0.0;
+            for (int64_t b0 = 0; b0 < len; b0 += KILN_CPU_BLOCK) {
+                int64_t n = len - b0 < KILN_CPU_BLOCK ? len - b0 : KILN_CPU_BLOCK;
+                const float *v = line_block(buf, x->data, x->dtype, base + b0, n);
+                float *e = o->dtype == KILN_DTYPE_F32 ? (float *)o->data + base + b0 : ob;
+                sum += exp_shifted(e, v, m, n);
+            }
+            float inv = (float)(1.0 / sum);
+            for (int64_t b0 = 0; b0 < len; b0 += KILN_CPU_BLOCK) {
+                int64_t n = len - b0 < KILN_CPU_BLOCK ? len - b0 : KILN_CPU_BLOCK;
+                if (o->dtype == KILN_DTYPE_F32) {
+                    scale_f32((float *)o->data + base + b0, inv, n);
+                    continue;
+                }
+                const float *v = line_block(buf, x->data, x->dtype, base + b0, n);
+                exp_shifted(ob, v, m, n);
+                scale_f32(ob, inv, n);
+                cpu_convert(NULL, (char *)o->data + (size_t)(base + b0) * kiln_dtype_size(o->dtype),
+                            o->dtype, ob, KILN_DTYPE_F32, n);
+            }
+            continue;
+        }
+        float m = -INFINITY;
+        for (int64_t i = 0; i < len; i++) {
+            float v = kiln_load_f32(x->data, x->dtype, base + i * inner);
+            m = v > m ? v : m;
+        }
+        double sum = 0.0;
+        for (int64_t i = 0; i < len; i++)
+            sum += exp1(kiln_load_f32(x->data, x->dtype, base + i * inner) - m);
+        float inv = (float)(1.0 / sum);
+        for (int64_t i = 0; i < len; i++) {
+            float e = exp1(kiln_load_f32(x->data, x->dtype, base + i * inner) - m);
+            kiln_store_f32(o->data, o->dtype, base + i * inner, e * inv);
+        }
+    }
+}
+
+kiln_status cpu_run_softmax(const kiln_cpu_args *a)
+{
+    const char *name = cpu_layer_name(a);
+    const kiln_layer *l = a->layer;
+    if (l->n_inputs != 1 || l->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax needs 1 input, 1 output",
+                         name);
+    const kiln_dims *d = &a->inputs[0].dims;
+    int32_t axis = l->p.softmax.axis;
+    if (axis < 0 || axis >= d->rank)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax axis %d outside rank %d",
+                         name, (int)axis, (int)d->rank);
+    if (!kiln_dtype_is_float(a->inputs[0].dtype) || !kiln_dtype_is_float(a->outputs[0].dtype))
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": softmax on %s", name,
+                         kiln_dtype_name(a->inputs[0].dtype));
+    int64_t count = cpu_count(d);
+    if (cpu_count(&a->outputs[0].dims) != count)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": softmax input and output sizes differ",
+                         name);
+    softmax_job j = {.a = a, .len = d->d[axis], .inner = 1};
+    for (int32_t i = axis + 1; i < d->rank; i++)
+        j.inner *= d->d[i];
+    if (count == 0)
+        return KILN_OK;
+    int64_t lines = count / j.len;
+    if (count < KILN_CPU_PARALLEL_MIN / 8) /* exp makes each element costly */
+        softmax_units(&j, 0, lines);
+    else
+        kiln_threadpool_run(cpu_pool(a), lines, softmax_units, &j);
+    return KILN_OK;
+}

@@ -1,0 +1,240 @@
+/* The builder's entry points: the pass driver and the public kiln_build*. */
+#include "builder_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "../engine/engine_file.h"
+#include "../network/network_internal.h"
+
+void kiln_build_config_init(kiln_build_config *config)
+{
+    if (!config)
+        return;
+    memset(config, 0, sizeof *config);
+    config->struct_size = (uint32_t)sizeof *config;
+    config->abi_version = KILN_PLUGIN_ABI_VERSION;
+    config->backend = KILN_BACKEND_CPU;
+}
+
+void kiln_buffer_free(kiln_buffer *buf)
+{
+    if (!buf)
+        return;
+    free(buf->data);
+    buf->data = NULL;
+    buf->size = 0;
+}
+
+/* ---- helpers shared by the passes --------------------------------------------------- */
+
+void kiln_builder_name_list(char *buf, size_t size, const char *const *names, int32_t n,
+                            int32_t max)
+{
+    if (!buf || size == 0)
+        return;
+    size_t pos = strlen(buf);
+    for (int32_t i = 0; i < n && i < max && pos < size; i++) {
+        int w = snprintf(buf + pos, size - pos, "%s\"%s\"", i ? ", " : "", names[i]);
+        if (w < 0)
+            return;
+        pos += (size_t)w;
+    }
+    if (n > max && pos < size)
+        snprintf(buf + pos, size - pos, " and %d more", n - max);
+}
+
+int kiln_builder_align(size_t bytes, size_t *out)
+{
+    size_t r;
+    if (kiln_add_overflow(bytes, KILN_BUILDER_ALIGN - 1, &r))
+        return 1;
+    *out = r / KILN_BUILDER_ALIGN * KILN_BUILDER_ALIGN;
+    return 0;
+}
+
+/* ---- the pass driver ----------------------------------------------------------------- */
+
+/* The caller's config, read only as far as its struct_size reaches, so a
+ * caller compiled against an older (shorter) kiln_build_config still works. */
+static kiln_status read_config(const kiln_build_config *in, kiln_build_config *cfg)
+{
+    kiln_build_config_init(cfg);
+    if (!in)
+        return KILN_OK;
+    size_t n = in->struct_size < sizeof *cfg ? in->struct_size : sizeof *cfg;
+    if (n < offsetof(kiln_build_config, backend) + sizeof in->backend)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "build config: struct_size %u is too small (set it with "
+                         "kiln_build_config_init)", in->struct_size);
+    memcpy(cfg, in, n);
+    cfg->struct_size = (uint32_t)sizeof *cfg;
+    if ((unsigned)cfg->backend >= KILN_BACKEND_COUNT)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "build config: backend %d is unknown",
+                         (int)cfg->backend);
+    if (cfg->n_gpu_archs < 0 || cfg->n_gpu_archs > 8)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "build config: n_gpu_archs %d is outside 0..8", cfg->n_gpu_archs);
+    for (int32_t i = 0; i < cfg->n_gpu_archs; i++)
+        if (cfg->gpu_archs[i] <= 0)
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                             "build config: gpu_archs[%d] = %d is not an architecture", i,
+                             cfg->gpu_archs[i]);
+    return KILN_OK;
+}
+
+static void report(const kiln_build_config *cfg, double fraction, const char *what)
+{
+    if (cfg->progress)
+        cfg->progress(cfg->progress_user, fraction, what);
+}
+
+/* Shape checks run as their own pass (bound shapes are not kept: later
+ * passes change the tensor set and evaluate again). */
+static kiln_status check_shapes(kiln_graph *g)
+{
+    kiln_bound_shapes b;
+    KILN_TRY(kiln_builder_eval_bounds(g, &b));
+    kiln_log(KILN_LOG_INFO,
+             "shape check: %d tensors at %d shape sets (%d profiles x min/opt/max), "
+             "%d constraints hold",
+             g->n_tensors, b.n_bounds, g->n_profiles, g->n_constraints);
+    kiln_bound_shapes_free(&b);
+    return KILN_OK;
+}
+
+kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *config,
+                             kiln_graph *out)
+{
+    if (!net || !out)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_builder_run: %s is NULL",
+                         !net ? "network graph" : "output graph");
+    kiln_build_config cfg;
+    KILN_TRY(read_config(config, &cfg));
+
+    enum { N_PASSES = 8 };
+    static const char *const names[N_PASSES] = {
+        "validation",    "shape check",   "dead-layer removal", "constant folding",
+        "fusion",        "workspace",     "memory plan",        "tactics",
+    };
+    kiln_graph g;
+    KILN_TRY(kiln_graph_copy(&g, net));
+    kiln_status s = KILN_OK;
+    for (int i = 0; i < N_PASSES && s == KILN_OK; i++) {
+        report(&cfg, (double)i / N_PASSES, names[i]);
+        switch (i) {
+        case 0: s = kiln_builder_validate(&g, &cfg); break;
+        case 1: s = check_shapes(&g); break;
+        case 2: s = kiln_builder_remove_dead(&g); break;
+        case 3:
+            if (cfg.flags & KILN_BUILD_NO_CONSTANT_FOLDING)
+                kiln_log(KILN_LOG_INFO, "constant folding: skipped (turned off)");
+            else
+                s = kiln_builder_fold_constants(&g);
+            break;
+        case 4:
+            if (cfg.flags & KILN_BUILD_NO_FUSION)
+                kiln_log(KILN_LOG_INFO, "fusion: skipped (turned off)");
+            else
+                s = kiln_builder_fuse_elementwise(&g);
+            break;
+        case 5: s = kiln_builder_size_workspace(&g); break;
+        case 6: s = kiln_builder_plan_memory(&g); break;
+        default: s = kiln_builder_select_tactics(&g, &cfg); break;
+        }
+    }
+    if (s != KILN_OK) {
+        kiln_graph_free(&g);
+        return s;
+    }
+    report(&cfg, 1.0, "done");
+    *out = g;
+    return KILN_OK;
+}
+
+/* ---- public API ------------------------------------------------------------------------ */
+
+kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config, kiln_buffer *out)
+{
+    if (!net || !out)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_build: %s is NULL",
+                         !net ? "network" : "output buffer");
+    kiln_graph g;
+    KILN_TRY(kiln_builder_run(&net->graph, config, &g));
+    kiln_buffer buf = {NULL, 0};
+    kiln_status s = kiln_engine_write(&g, &buf);
+    kiln_graph_free(&g);
+    if (s != KILN_OK)
+        return s;
+    kiln_log(KILN_LOG_INFO, "engine: %zu bytes", buf.size);
+    *out = buf;
+    return KILN_OK;
+}
+
+static kiln_status write_all(int fd, const void *data, size_t size, const char *path)
+{
+    const char *p = data;
+    while (size > 0) {
+        ssize_t w = write(fd, p, size);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return kiln_fail(KILN_ERROR_IO, "writing \"%s\": %s", path,
+                             w < 0 ? strerror(errno) : "no progress");
+        p += w;
+        size -= (size_t)w;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
+                               const char *path)
+{
+    if (!path || !*path)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_build_to_file: no path");
+    kiln_buffer buf;
+    KILN_TRY(kiln_build(net, config, &buf));
+
+    /* A temp file beside the target, so rename() is atomic (same file
+     * system) and a reader never sees a half-written engine. O_EXCL with
+     * the pid and a counter avoids clobbering a concurrent build's temp. */
+    static _Atomic unsigned counter;
+    size_t n = strlen(path) + 64;
+    char *tmp = malloc(n);
+    if (!tmp) {
+        kiln_buffer_free(&buf);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "writing \"%s\"", path);
+    }
+    int fd = -1;
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST)
+            break;
+    }
+    kiln_status s = KILN_OK;
+    if (fd < 0) {
+        s = kiln_fail(KILN_ERROR_IO, "creating \"%s\": %s", tmp, strerror(errno));
+    } else {
+        s = write_all(fd, buf.data, buf.size, tmp);
+        if (s == KILN_OK && fsync(fd) != 0)
+            s = kiln_fail(KILN_ERROR_IO, "syncing \"%s\": %s", tmp, strerror(errno));
+        if (close(fd) != 0 && s == KILN_OK)
+            s = kiln_fail(KILN_ERROR_IO, "closing \"%s\": %s", tmp, strerror(errno));
+        if (s == KILN_OK && rename(tmp, path) != 0)
+            s = kiln_fail(KILN_ERROR_IO, "renaming \"%s\" to \"%s\": %s", tmp, path,
+                          strerror(errno));
+        if (s != KILN_OK)
+            unlink(tmp);
+    }
+    if (s == KILN_OK)
+        kiln_log(KILN_LOG_INFO, "engine: wrote %zu bytes to \"%s\"", buf.size, path);
+    free(tmp);
+    kiln_buffer_free(&buf);
+    return s;
+}

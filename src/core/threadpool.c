@@ -1,0 +1,193 @@
+/* A shared pthread pool. Each kiln_threadpool_run call publishes a job on
+ * the pool's list; idle workers join any listed job and take chunks from it
+ * with an atomic counter while the calling thread does the same. The job
+ * lives on the caller's stack, so the caller unlists it and waits until no
+ * worker still holds it before returning. Because the caller always works
+ * on its own job, a job finishes even when every worker is busy elsewhere. */
+#include "threadpool.h"
+
+#include "error.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+typedef struct job {
+    kiln_parallel_fn fn;
+    void *arg;
+    int64_t n, chunk, n_chunks;
+    atomic_llong next;     /* next chunk to take */
+    int32_t holders;       /* workers inside the job (pool mutex) */
+    int32_t listed;        /* on the pool's list (pool mutex) */
+    struct job *prev, *nextjob;
+} job;
+
+struct kiln_threadpool {
+    int32_t size;          /* threads working on a job: workers + the caller */
+    int32_t n_workers;
+    pthread_t *workers;
+    pthread_mutex_t mu;
+    pthread_cond_t work;   /* a job was listed, or stop */
+    pthread_cond_t idle;   /* a worker left a job */
+    job *head;
+    int32_t stop;
+};
+
+static void job_unlist(kiln_threadpool *pool, job *j)
+{
+    if (!j->listed)
+        return;
+    if (j->prev)
+        j->prev->nextjob = j->nextjob;
+    else
+        pool->head = j->nextjob;
+    if (j->nextjob)
+        j->nextjob->prev = j->prev;
+    j->listed = 0;
+}
+
+/* Takes chunks until none are left; returns when the job is exhausted. */
+static void job_work(job *j)
+{
+    for (;;) {
+        int64_t c = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed);
+        if (c >= j->n_chunks)
+            return;
+        int64_t begin = c * j->chunk;
+        int64_t end = begin + j->chunk < j->n ? begin + j->chunk : j->n;
+        j->fn(j->arg, begin, end);
+    }
+}
+
+static void *worker_main(void *p)
+{
+    kiln_threadpool *pool = p;
+    pthread_mutex_lock(&pool->mu);
+    for (;;) {
+        while (!pool->stop && !pool->head)
+            pthread_cond_wait(&pool->work, &pool->mu);
+        if (pool->stop)
+            break;
+        job *j = pool->head;
+        j->holders++;
+        pthread_mutex_unlock(&pool->mu);
+        job_work(j);
+        pthread_mutex_lock(&pool->mu);
+        /* Exhausted: nobody else should join it. */
+        job_unlist(pool, j);
+        if (--j->holders == 0)
+            pthread_cond_broadcast(&pool->idle);
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return NULL;
+}
+
+static int32_t online_cpus(void)
+{
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    if (n < 1)
+        return 1;
+    return n > 1024 ? 1024 : (int32_t)n;
+}
+
+kiln_status kiln_threadpool_create(int32_t n_threads, kiln_threadpool **out)
+{
+    if (n_threads <= 0)
+        n_threads = online_cpus();
+    kiln_threadpool *pool = calloc(1, sizeof *pool);
+    if (!pool)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "thread pool: out of memory");
+    pool->size = n_threads;
+    if (n_threads > 1) {
+        pool->workers = calloc((size_t)(n_threads - 1), sizeof *pool->workers);
+        if (!pool->workers) {
+            free(pool);
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "thread pool: out of memory");
+        }
+    }
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->work, NULL);
+    pthread_cond_init(&pool->idle, NULL);
+    for (int32_t i = 0; i < n_threads - 1; i++) {
+        if (pthread_create(&pool->workers[i], NULL, worker_main, pool) != 0) {
+            kiln_threadpool_destroy(pool);
+            return kiln_fail(KILN_ERROR_INTERNAL, "thread pool: cannot start thread %d of %d",
+                             (int)i + 1, (int)(n_threads - 1));
+        }
+        pool->n_workers++;
+    }
+    *out = pool;
+    return KILN_OK;
+}
+
+void kiln_threadpool_destroy(kiln_threadpool *pool)
+{
+    if (!pool)
+        return;
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->work);
+    pthread_mutex_unlock(&pool->mu);
+    for (int32_t i = 0; i < pool->n_workers; i++)
+        pthread_join(pool->workers[i], NULL);
+    pthread_cond_destroy(&pool->idle);
+    pthread_cond_destroy(&pool->work);
+    pthread_mutex_destroy(&pool->mu);
+    free(pool->workers);
+    free(pool);
+}
+
+int32_t kiln_threadpool_size(const kiln_threadpool *pool) { return pool ? pool->size : 1; }
+
+void kiln_threadpool_run(kiln_threadpool *pool, int64_t n, kiln_parallel_fn fn, void *arg)
+{
+    if (n <= 0)
+        return;
+    if (!pool || pool->n_workers == 0 || n == 1) {
+        fn(arg, 0, n);
+        return;
+    }
+    /* A few chunks per thread balance uneven chunks without making the
+     * shared counter hot. */
+    int64_t want = (int64_t)pool->size * 4;
+    int64_t chunk = (n + want - 1) / want;
+    job j = {.fn = fn, .arg = arg, .n = n, .chunk = chunk, .n_chunks = (n + chunk - 1) / chunk};
+    atomic_init(&j.next, 0);
+
+    pthread_mutex_lock(&pool->mu);
+    j.nextjob = pool->head;
+    if (pool->head)
+        pool->head->prev = &j;
+    pool->head = &j;
+    j.listed = 1;
+    pthread_cond_broadcast(&pool->work);
+    pthread_mutex_unlock(&pool->mu);
+
+    job_work(&j);
+
+    pthread_mutex_lock(&pool->mu);
+    job_unlist(pool, &j);
+    while (j.holders > 0)
+        pthread_cond_wait(&pool->idle, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+}
+
+/* ---- the process-wide pool ------------------------------------------------------ */
+
+/* Kept reachable from this static for the life of the process: destroying
+ * it at exit could race with threads still running kernels. */
+static kiln_threadpool *global_pool;
+static pthread_once_t global_once = PTHREAD_ONCE_INIT;
+
+static void global_create(void)
+{
+    if (kiln_threadpool_create(0, &global_pool) != KILN_OK)
+        global_pool = NULL; /* kiln_threadpool_run(NULL) runs inline */
+}
+
+kiln_threadpool *kiln_threadpool_global(void)
+{
+    pthread_once(&global_once, global_create);
+    return global_pool;
+}

@@ -1,0 +1,170 @@
+/* The tokenizer's internal representation, shared by the loaders
+ * (tokenizer_json.c, tokenizer_vocab.c) and the core (tokenizer.c). Every
+ * loader fills the same pipeline, modelled on Hugging Face tokenizers:
+ * added-token split -> normalizers -> pre-tokenizers -> BPE -> template;
+ * decode: per-token decoders -> post-Fuse strip -> UTF-8 repair. */
+#ifndef KILN_LLM_TOKENIZER_INTERNAL_H
+#define KILN_LLM_TOKENIZER_INTERNAL_H
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/error.h"
+#include "llm/tokenizer.h"
+
+enum {
+    TOK_ATTR_SPECIAL = 1 << 0, /* skipped by SKIP_SPECIAL; matched only with PARSE_SPECIAL */
+    TOK_ATTR_ADDED = 1 << 1,   /* matched in the text before normalization */
+    TOK_ATTR_LSTRIP = 1 << 2,  /* an added token that swallows whitespace on its left */
+    TOK_ATTR_RSTRIP = 1 << 3,
+};
+
+typedef struct tok_entry {
+    uint32_t off, len; /* into kiln_tokenizer.arena; len 0 and off 0: no token */
+    float score;
+    uint8_t attr;
+    bool present;
+} tok_entry;
+
+/* Open-addressing map from a string (in the arena) to an id. */
+typedef struct tok_str_slot {
+    uint32_t off, len;
+    int32_t id; /* -1 empty */
+} tok_str_slot;
+
+typedef struct tok_strmap {
+    tok_str_slot *slots;
+    size_t mask, count;
+} tok_strmap;
+
+/* Open-addressing map from an id pair to its merge. */
+typedef struct tok_merge_slot {
+    uint64_t key; /* (left << 32 | right) + 1; 0 empty */
+    int32_t rank, merged;
+} tok_merge_slot;
+
+typedef struct tok_mergemap {
+    tok_merge_slot *slots;
+    size_t mask, count;
+} tok_mergemap;
+
+typedef enum tok_norm_kind { TOK_NORM_PREPEND, TOK_NORM_REPLACE } tok_norm_kind;
+
+typedef struct tok_normalizer {
+    tok_norm_kind kind;
+    char *a; size_t a_len;  /* PREPEND: the prefix; REPLACE: the literal pattern */
+    char *b; size_t b_len;  /* REPLACE: the replacement */
+    pcre2_code *re;         /* REPLACE with a regex pattern (else NULL) */
+} tok_normalizer;
+
+typedef enum tok_split_behavior {
+    TOK_SPLIT_REMOVED, TOK_SPLIT_ISOLATED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT, TOK_SPLIT_CONTIGUOUS
+} tok_split_behavior;
+
+typedef enum tok_pre_kind { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE } tok_pre_kind;
+
+typedef enum tok_prepend_scheme { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PREPEND_NEVER } tok_prepend_scheme;
+
+typedef struct tok_pretokenizer {
+    tok_pre_kind kind;
+    pcre2_code *re;          /* SPLIT (literal patterns compiled as PCRE2_LITERAL); BYTELEVEL with use_regex */
+    tok_split_behavior behavior;
+    bool invert;
+    bool add_prefix_space;   /* BYTELEVEL */
+    char replacement[8];     /* METASPACE: UTF-8 of the replacement char */
+    size_t replacement_len;
+    tok_prepend_scheme prepend;
+    bool split;              /* METASPACE: split before each replacement char */
+} tok_pretokenizer;
+
+typedef enum tok_dec_kind {
+    TOK_DEC_BYTELEVEL, TOK_DEC_REPLACE, TOK_DEC_BYTEFALLBACK, TOK_DEC_FUSE, TOK_DEC_STRIP, TOK_DEC_METASPACE
+} tok_dec_kind;
+
+typedef struct tok_decoder {
+    tok_dec_kind kind;
+    char *a; size_t a_len;   /* REPLACE: pattern; STRIP: content char; METASPACE: replacement */
+    char *b; size_t b_len;   /* REPLACE: replacement */
+    uint32_t start, stop;    /* STRIP */
+    bool strip_first;        /* METASPACE: prepend scheme is not "never" */
+} tok_decoder;
+
+struct kiln_tokenizer {
+    int32_t n_tokens; /* max id + 1 */
+    tok_entry *tokens;
+    char *arena;
+    size_t arena_len, arena_cap;
+    tok_strmap vocab;     /* model vocabulary (not the added tokens) */
+    tok_strmap added_map; /* added tokens' content */
+
+    /* BPE model */
+    bool use_scores;      /* merge the pair whose merged token scores highest (SentencePiece) */
+    tok_mergemap merges;
+    size_t n_merges;
+    bool byte_fallback, fuse_unk, ignore_merges;
+    int32_t unk_id;
+    int32_t byte_ids[256]; /* <0xXX> ids for byte fallback, -1 absent */
+
+    /* added token ids grouped by first byte, longest first within a group */
+    int32_t *added;
+    size_t n_added;
+    uint32_t added_start[257];
+
+    tok_normalizer *norms;
+    size_t n_norms;
+    tok_pretokenizer *pres;
+    size_t n_pres;
+    tok_decoder *decs;
+    size_t n_decs;
+    bool has_decoder;     /* without one HF joins tokens with spaces */
+    /* a Strip after Fuse acts on the whole text: its start at the beginning,
+     * its stop at the end */
+    char strip_content[8];
+    size_t strip_content_len;
+    uint32_t strip_start, strip_stop;
+
+    /* post-processor, single sequence: prefix ids, $A, suffix ids */
+    int32_t *post_prefix, *post_suffix;
+    size_t n_post_prefix, n_post_suffix;
+
+    int32_t bos_id, eos_id;
+
+    /* serialized form: the JSON text this was built from, tagged */
+    char *source;
+    size_t source_len;
+    bool source_is_vocab; /* source is kiln's vocab JSON, not a tokenizer.json */
+};
+
+/* ---- tokenizer.c: construction helpers the loaders share ---- */
+kiln_status tok_alloc(kiln_tokenizer **out);
+/* Adds a model vocabulary entry: string -> id, and id -> string unless an
+ * added token already holds the id. A repeated string or id fails. */
+kiln_status tok_add_vocab(kiln_tokenizer *t, const char *s, size_t len, int32_t id, float score);
+/* Adds an added token (TOK_ATTR_*); it names its id for decoding. */
+kiln_status tok_add_added(kiln_tokenizer *t, const char *s, size_t len, int32_t id, uint8_t attr);
+/* Builds the added-token groups, byte_ids and the post-Fuse strip; call once
+ * after all tokens and decoders are set. */
+kiln_status tok_finish(kiln_tokenizer *t);
+int32_t tok_map_get(const kiln_tokenizer *t, const tok_strmap *m, const char *s, size_t len);
+/* Adds merge (left, right) at `rank` (a later duplicate replaces an earlier,
+ * as Hugging Face's map does). Both sides and their concatenation must be in
+ * the vocabulary. */
+kiln_status tok_add_merge(kiln_tokenizer *t, const char *left, size_t llen, const char *right, size_t rlen,
+                          int32_t rank);
+kiln_status tok_compile_regex(const char *pattern, size_t len, bool literal, pcre2_code **out, const char *what);
+kiln_status tok_push_id(int32_t **arr, size_t *n, int32_t id);
+/* The offset of the first byte that is not part of valid UTF-8, len when
+ * all of it is valid. */
+size_t tok_utf8_valid_prefix(const char *s, size_t len);
+void tok_free_contents(kiln_tokenizer *t);
+extern const char tok_gpt2_regex[];
+
+/* ---- loaders ---- */
+kiln_status tok_build_from_vocab(const kiln_tokenizer_vocab *v, kiln_tokenizer **out);
+kiln_status tok_build_from_json_text(const char *text, size_t len, kiln_tokenizer **out);
+kiln_status tok_build_from_vocab_json(const char *text, size_t len, kiln_tokenizer **out);
+
+#endif

@@ -1,0 +1,59 @@
+/* The engine and context objects behind include/kiln/engine.h and runtime.h,
+ * and what the CLI and tests reach beyond the public API. */
+#ifndef KILN_RUNTIME_INTERNAL_H
+#define KILN_RUNTIME_INTERNAL_H
+
+#include <kiln/runtime.h>
+#include <pthread.h>
+
+#include "../core/graph.h"
+#include "../engine/engine_file.h"
+
+/* Memory blocks of arena_size + workspace_size bytes, shared by the
+ * contexts of one engine. A destroyed context's block goes back on the free
+ * list, so the number of blocks never exceeds the largest number of
+ * contexts that were alive at once. */
+typedef struct kiln_arena_pool {
+    pthread_mutex_t lock;
+    void **free_list;
+    int32_t n_free, cap_free;
+    int32_t n_allocated;   /* blocks in use plus blocks on the free list */
+    size_t block_bytes;
+} kiln_arena_pool;
+
+struct kiln_engine {
+    kiln_registry *registry;      /* borrowed */
+    kiln_graph graph;             /* plugin records resolved, prototypes created */
+    kiln_engine_header_info info;
+    void *image;                  /* the engine bytes constants point into */
+    size_t image_size;
+    int32_t image_mapped;         /* 1: munmap, 0: free */
+    int32_t max_layer_inputs, max_layer_outputs;
+    /* Byte offset of each tensor in a context's memory block, -1 for
+     * constants. The block is the activation arena, then the plugin
+     * workspace at workspace_offset, then a buffer for every I/O tensor the
+     * builder left outside the arena, so an unbound I/O tensor always has
+     * memory. */
+    int64_t *offsets;
+    /* The I/O tensors: inputs, then outputs that are not also inputs (an
+     * input marked as an output is one tensor with one address). */
+    int32_t *io;
+    int32_t n_io;
+    size_t workspace_offset;
+    kiln_arena_pool pool;
+};
+
+/* Frees the blocks on the free list (at engine destruction). */
+void kiln_arena_pool_release(kiln_arena_pool *pool);
+
+/* Blocks the engine's pool has allocated (in use + free). */
+int32_t kiln_engine_pool_blocks(kiln_engine *engine);
+
+/* The JSON of kiln_engine_describe_json for a graph read with
+ * kiln_engine_read, whether or not its plugins are resolved: `kiln inspect`
+ * uses it on engines whose plugin libraries are not loaded. *out is
+ * malloc'd. */
+kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engine_header_info *info,
+                                            char **out);
+
+#endif

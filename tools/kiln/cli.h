@@ -1,0 +1,61 @@
+/* Shared pieces of the `kiln` subcommands: exit codes, error output, and
+ * option parsing. */
+#ifndef KILN_CLI_H
+#define KILN_CLI_H
+
+#include <kiln/kiln.h>
+
+#include "runtime/runtime_internal.h"
+
+enum { CLI_OK = 0, CLI_FAILURE = 1, CLI_USAGE = 2 };
+
+/* Prints "kiln: error: <message>" as one line on stderr; returns CLI_FAILURE. */
+int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Same for a usage error, pointing at `kiln <cmd> --help`; returns CLI_USAGE. */
+int cli_usage(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* cli_error with kiln_last_error(). */
+int cli_kiln_error(void);
+
+/* Walks argv[1..argc) of a subcommand. Each call returns the next option
+ * name ("--plugins") with *value set when it takes one (from "--x=v" or
+ * the next argument), or NULL at the end. Positionals are collected in
+ * order. On a usage error it prints it and sets *status to CLI_USAGE. */
+typedef struct cli_args {
+    const char *cmd;
+    int argc, i;
+    char **argv;
+    const char **positional;
+    int n_positional;
+    int status;
+} cli_args;
+
+void cli_args_init(cli_args *a, const char *cmd, int argc, char **argv);
+void cli_args_free(cli_args *a);
+/* `valued`: names of the options that take a value, NULL-terminated. */
+const char *cli_args_next(cli_args *a, const char *const *valued, const char **value);
+
+/* Parses a non-negative integer option; CLI_USAGE message on failure. */
+int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out);
+
+/* Creates a registry and loads each library into it. Returns CLI_OK or
+ * prints the error and returns CLI_FAILURE. */
+int cli_registry(const char *const *libs, int n_libs, kiln_registry **out);
+
+/* An engine file mapped and parsed without resolving its plugins: what
+ * `inspect` shows when plugins are missing, and `build` summarizes. */
+typedef struct cli_engine_image {
+    void *data;
+    size_t size;
+    kiln_graph graph;
+    kiln_engine_header_info info;
+} cli_engine_image;
+
+kiln_status cli_engine_map(const char *path, cli_engine_image *img);
+void cli_engine_unmap(cli_engine_image *img);
+
+int cli_build(int argc, char **argv);
+int cli_exec(int argc, char **argv);
+int cli_inspect(int argc, char **argv);
+int cli_plugins(int argc, char **argv);
+
+#endif

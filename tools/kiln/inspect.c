@@ -1,0 +1,326 @@
+/* kiln inspect ENGINE: what an engine holds, from kiln_engine_describe_json. */
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "core/error.h"
+
+static const char inspect_help[] =
+    "usage: kiln inspect ENGINE [options]\n"
+    "\n"
+    "Describes an engine: target, inputs and profiles, tensors, layers (with\n"
+    "fused steps), memory plan, plugin records and extra sections. Works without\n"
+    "the plugin libraries: their records are then shown as not registered.\n"
+    "\n"
+    "options:\n"
+    "  --plugins LIB   load a plugin library first (repeatable)\n"
+    "  --json          print the engine description as JSON\n"
+    "  -h, --help      show this help\n";
+
+/* ---- mapping without resolving plugins ------------------------------------------------ */
+
+kiln_status cli_engine_map(const char *path, cli_engine_image *img)
+{
+    memset(img, 0, sizeof *img);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return kiln_fail(KILN_ERROR_IO, "cannot open engine %s: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+        close(fd);
+        return kiln_fail(KILN_ERROR_FORMAT, "engine %s is empty or not a regular file", path);
+    }
+    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    int err = errno;
+    close(fd);
+    if (map == MAP_FAILED)
+        return kiln_fail(KILN_ERROR_IO, "cannot map engine %s: %s", path, strerror(err));
+    kiln_graph_init(&img->graph);
+    kiln_status s = kiln_engine_read(map, (size_t)st.st_size, 1, &img->graph, &img->info);
+    if (s != KILN_OK) {
+        kiln_graph_free(&img->graph);
+        munmap(map, (size_t)st.st_size);
+        return kiln_fail_context(s, "%s", path);
+    }
+    img->data = map;
+    img->size = (size_t)st.st_size;
+    return KILN_OK;
+}
+
+void cli_engine_unmap(cli_engine_image *img)
+{
+    if (!img->data)
+        return;
+    kiln_graph_free(&img->graph);
+    if (img->data)
+        munmap(img->data, img->size);
+    img->data = NULL;
+}
+
+/* ---- text rendering ------------------------------------------------------------------ */
+
+static const char *jstr(json_t *o, const char *key)
+{
+    const char *s = json_string_value(json_object_get(o, key));
+    return s ? s : "";
+}
+
+static long long jint(json_t *o, const char *key)
+{
+    return (long long)json_integer_value(json_object_get(o, key));
+}
+
+/* "[s0, 1024]" from an array of strings or integers. */
+static void print_list(json_t *a)
+{
+    size_t i;
+    json_t *v;
+    putchar('[');
+    json_array_foreach(a, i, v) {
+        if (i)
+            fputs(", ", stdout);
+        if (json_is_string(v))
+            fputs(json_string_value(v), stdout);
+        else if (json_is_integer(v))
+            printf("%lld", (long long)json_integer_value(v));
+        else {
+            char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            fputs(t ? t : "?", stdout);
+            free(t);
+        }
+    }
+    putchar(']');
+}
+
+static void print_dims(json_t *a)
+{
+    size_t i;
+    json_t *v;
+    json_array_foreach(a, i, v) printf("%s%lld", i ? "x" : "", (long long)json_integer_value(v));
+    if (json_array_size(a) == 0)
+        fputs("scalar", stdout);
+}
+
+static json_t *find_tensor(json_t *root, const char *name)
+{
+    size_t i;
+    json_t *t;
+    json_array_foreach(json_object_get(root, "tensors"), i, t) if (!strcmp(jstr(t, "name"), name)) return t;
+    return NULL;
+}
+
+static void print_io(json_t *root, const char *which)
+{
+    size_t i;
+    json_t *name;
+    json_t *names = json_object_get(root, which);
+    printf("%s (%zu):\n", which, json_array_size(names));
+    json_array_foreach(names, i, name) {
+        json_t *t = find_tensor(root, json_string_value(name));
+        printf("  %-16s %-5s ", json_string_value(name), t ? jstr(t, "dtype") : "?");
+        print_list(t ? json_object_get(t, "dims") : NULL);
+        putchar('\n');
+        if (strcmp(which, "inputs"))
+            continue;
+        size_t p;
+        json_t *prof;
+        json_array_foreach(json_object_get(root, "profiles"), p, prof) {
+            json_t *d = json_object_get(prof, json_string_value(name));
+            if (!d)
+                continue;
+            printf("    profile %zu: min ", p);
+            print_dims(json_object_get(d, "min"));
+            fputs("  opt ", stdout);
+            print_dims(json_object_get(d, "opt"));
+            fputs("  max ", stdout);
+            print_dims(json_object_get(d, "max"));
+            putchar('\n');
+        }
+    }
+}
+
+static void print_text(const char *path, json_t *root, kiln_registry *reg, const char *load_error)
+{
+    json_t *h = json_object_get(root, "header"), *tg = json_object_get(root, "target");
+    printf("engine %s\n", path);
+    printf("  format version %lld, built by kiln %s, %lld bytes, target %s", jint(h, "format_version"),
+           jstr(h, "kiln_version"), jint(h, "file_size"), jstr(tg, "backend"));
+    if (json_array_size(json_object_get(tg, "gpu_archs"))) {
+        fputs(" ", stdout);
+        print_list(json_object_get(tg, "gpu_archs"));
+    }
+    putchar('\n');
+    if (load_error)
+        printf("  cannot run here: %s\n", load_error);
+    size_t i;
+    json_t *v;
+    json_t *syms = json_object_get(root, "symbols");
+    if (json_array_size(syms)) {
+        fputs("symbols:", stdout);
+        json_array_foreach(syms, i, v) printf(" s%zu = %s dim %lld", i, jstr(v, "tensor"), jint(v, "axis"));
+        putchar('\n');
+    }
+    print_io(root, "inputs");
+    print_io(root, "outputs");
+
+    json_t *layers = json_object_get(root, "layers");
+    printf("layers (%zu):\n", json_array_size(layers));
+    json_array_foreach(layers, i, v) {
+        printf("  %3zu %-18s %-20s ", i, jstr(v, "op"), jstr(v, "name"));
+        print_list(json_object_get(v, "inputs"));
+        fputs(" -> ", stdout);
+        print_list(json_object_get(v, "outputs"));
+        json_t *params = json_object_get(v, "params");
+        json_t *steps = json_object_get(params, "steps");
+        if (steps) {
+            putchar('\n');
+            size_t k;
+            json_t *st;
+            /* Operands below the input count are the layer's inputs, the
+             * rest earlier steps' results. */
+            json_t *ins = json_object_get(v, "inputs");
+            long long n_in = (long long)json_array_size(ins);
+            json_array_foreach(steps, k, st) {
+                printf("        step %zu = %s(", k, jstr(st, "op"));
+                size_t q;
+                json_t *operand;
+                json_array_foreach(json_object_get(st, "operands"), q, operand) {
+                    long long o = (long long)json_integer_value(operand);
+                    if (o < n_in)
+                        printf("%s%s", q ? ", " : "", json_string_value(json_array_get(ins, (size_t)o)));
+                    else
+                        printf("%sstep %lld", q ? ", " : "", o - n_in);
+                }
+                puts(")");
+            }
+            continue;
+        }
+        if (json_object_size(params)) {
+            char *t = json_dumps(params, JSON_COMPACT);
+            printf("  %s", t ? t : "");
+            free(t);
+        }
+        if (json_object_get(v, "workspace"))
+            printf("  workspace %lld bytes", jint(v, "workspace"));
+        putchar('\n');
+    }
+
+    long long n_const = 0, const_bytes = 0;
+    json_array_foreach(json_object_get(root, "tensors"), i, v) {
+        if (json_object_get(v, "data_bytes")) {
+            n_const++;
+            const_bytes += jint(v, "data_bytes");
+        }
+    }
+    printf("constants: %lld tensors, %lld bytes\n", n_const, const_bytes);
+    json_t *mem = json_object_get(root, "memory");
+    printf("memory: arena %lld bytes, workspace %lld bytes\n", jint(mem, "arena_bytes"),
+           jint(mem, "workspace_bytes"));
+
+    json_t *plugins = json_object_get(root, "plugins");
+    printf("plugins (%zu):\n", json_array_size(plugins));
+    json_array_foreach(plugins, i, v) {
+        const char *lib = NULL;
+        int found = reg && kiln_registry_find(reg, jstr(v, "name"), jstr(v, "version"),
+                                               jstr(v, "namespace"), &lib);
+        printf("  \"%s\" version \"%s\" namespace \"%s\" from %s, blob version %lld (%lld bytes): %s\n",
+               jstr(v, "name"), jstr(v, "version"), jstr(v, "namespace"), jstr(v, "library"),
+               jint(v, "blob_version"), jint(v, "blob_bytes"),
+               found ? "registered" : "NOT REGISTERED");
+    }
+    json_t *sections = json_object_get(root, "sections");
+    if (json_array_size(sections)) {
+        printf("sections (%zu):\n", json_array_size(sections));
+        json_array_foreach(sections, i, v) printf("  %s %lld bytes\n", jstr(v, "id"), jint(v, "bytes"));
+    }
+}
+
+/* ---- the command ----------------------------------------------------------------------- */
+
+int cli_inspect(int argc, char **argv)
+{
+    static const char *const valued[] = {"--plugins", NULL};
+    cli_args a;
+    cli_args_init(&a, "inspect", argc, argv);
+    const char **libs = calloc((size_t)argc + 1, sizeof *libs);
+    int n_libs = 0, as_json = 0, status = CLI_OK;
+    const char *opt, *val;
+    while ((opt = cli_args_next(&a, valued, &val))) {
+        if (!strcmp(opt, "--help") || !strcmp(opt, "-h")) {
+            fputs(inspect_help, stdout);
+            goto done;
+        } else if (!strcmp(opt, "--plugins")) {
+            libs[n_libs++] = val;
+        } else if (!strcmp(opt, "--json")) {
+            as_json = 1;
+        } else {
+            status = cli_usage("inspect", "unknown option %s", opt);
+            goto done;
+        }
+    }
+    if (a.status) {
+        status = a.status;
+        goto done;
+    }
+    if (a.n_positional != 1) {
+        status = cli_usage("inspect", a.n_positional ? "expected one engine file" : "missing the engine file");
+        goto done;
+    }
+    const char *path = a.positional[0];
+    kiln_registry *reg = NULL;
+    if ((status = cli_registry(libs, n_libs, &reg)) != CLI_OK)
+        goto done;
+
+    /* A full load checks everything; when it fails for a reason other than
+     * a damaged file (a missing plugin, another target), the file itself
+     * is still worth showing, missing plugins included. */
+    kiln_engine *engine = NULL;
+    char *text = NULL, load_error[1024] = "";
+    cli_engine_image img = {0};
+    if (kiln_engine_load(reg, path, &engine) == KILN_OK) {
+        if (kiln_engine_describe_json(engine, &text) != KILN_OK)
+            status = cli_kiln_error();
+    } else {
+        snprintf(load_error, sizeof load_error, "%s", kiln_last_error());
+        if (cli_engine_map(path, &img) != KILN_OK) {
+            status = cli_kiln_error();
+        } else {
+            for (int32_t i = 0; i < img.graph.n_plugins; i++) {
+                kiln_plugin_rec *r = &img.graph.plugins[i];
+                r->creator = kiln_registry_find(reg, r->name, r->version, r->plugin_namespace, NULL);
+            }
+            if (kiln_engine_describe_graph_json(&img.graph, &img.info, &text) != KILN_OK)
+                status = cli_kiln_error();
+        }
+    }
+    if (status == CLI_OK) {
+        json_t *root = json_loads(text, 0, NULL);
+        if (!root) {
+            status = cli_error("cannot parse the engine description");
+        } else if (as_json) {
+            if (load_error[0])
+                json_object_set_new(root, "load_error", json_string(load_error));
+            char *out = json_dumps(root, JSON_INDENT(2));
+            printf("%s\n", out ? out : "{}");
+            free(out);
+        } else {
+            print_text(path, root, reg, load_error[0] ? load_error : NULL);
+        }
+        json_decref(root);
+    }
+    free(text);
+    cli_engine_unmap(&img);
+    kiln_engine_destroy(engine);
+    kiln_registry_destroy(reg);
+done:
+    free(libs);
+    cli_args_free(&a);
+    return status;
+}
