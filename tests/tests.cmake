@@ -48,3 +48,18 @@ if(KILN_FUZZ)
              COMMAND bash -c "mkdir -p ${CMAKE_BINARY_DIR}/fuzz/work-${name} && $<TARGET_FILE:${name}> -max_total_time=${KILN_FUZZ_SECONDS} -timeout=10 -rss_limit_mb=2048 ${CMAKE_BINARY_DIR}/fuzz/work-${name} ${corpus}")
   endforeach()
 endif()
+
+# GPU tests: every tests/ops/test_*.c compares CUDA layers and plugins with
+# the CPU reference. They exit 77 (reported as skipped, with the reason)
+# where no GPU is present, as in CI.
+file(GLOB KILN_OPS_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/ops/test_*.c)
+foreach(src ${KILN_OPS_TESTS})
+  get_filename_component(name ${src} NAME_WE)
+  add_executable(ops_${name} ${src})
+  target_link_libraries(ops_${name} PRIVATE kiln_static)
+  target_include_directories(ops_${name} PRIVATE ${CMAKE_SOURCE_DIR}/tests/unit)
+  set_target_properties(ops_${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  add_test(NAME ops.${name} COMMAND ops_${name} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  set_tests_properties(ops.${name} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77
+    ENVIRONMENT "KILN_BUILD_DIR=${CMAKE_BINARY_DIR};KILN_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+endforeach()
