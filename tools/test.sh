@@ -22,7 +22,7 @@ if bash tools/build.sh build; then
 else
   echo "test: the normal build failed"; failed=$((failed + 1))
 fi
-if bash tools/build.sh build-asan -DCMAKE_C_COMPILER=clang -DKILN_SANITIZE=ON -DKILN_FUZZ=ON; then
+if bash tools/build.sh build-asan -DCMAKE_C_COMPILER=clang -DKILN_SANITIZE=ON -DKILN_FUZZ=ON -DKILN_CUDA=OFF; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 run_suite build-asan
 else
   echo "test: the sanitizer build failed"; failed=$((failed + 1))

@@ -11,7 +11,9 @@
  * Outputs: y, same shape and dtype as x.
  * Fields:  scale (f32, 1 value, required), bias (f32, 1 value, required).
  * Blob:    schema version 1 = scale, bias as little-endian f32 (8 bytes).
- * Backends: CPU (f16/bf16 are computed in f32).
+ * Backends: CPU (f16/bf16 are computed in f32); CUDA too when CMake finds
+ * nvcc and compiles scale_bias_cuda.cu in (KILN_SCALE_BIAS_CUDA), where
+ * enqueue launches a vectorized kernel on the context's stream.
  */
 #include <kiln/plugin.h>
 
@@ -37,6 +39,18 @@
 #endif
 
 #define SCALE_BIAS_BLOB_SIZE 8u
+
+#ifdef KILN_SCALE_BIAS_CUDA
+/* scale_bias_cuda.cu: launches y = scale * x + bias on a cudaStream_t and
+ * returns the cudaError_t of the launch (0 on success). */
+int scale_bias_cuda_launch(const void *x, void *y, int dtype, int64_t n, float scale, float bias, void *stream);
+const char *scale_bias_cuda_error(int code);
+#define SCALE_BIAS_BACKENDS (KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA))
+#define SCALE_BIAS_BACKEND_NAMES "CPU and CUDA backends"
+#else
+#define SCALE_BIAS_BACKENDS KILN_BACKEND_BIT(KILN_BACKEND_CPU)
+#define SCALE_BIAS_BACKEND_NAMES "CPU backend"
+#endif
 
 /* Set once by kiln_plugin_library_init; the host outlives every instance. */
 static const kiln_host_api *host;
@@ -100,7 +114,8 @@ static kiln_status scale_bias_output_dtypes(const kiln_plugin *self, const kiln_
 static int32_t scale_bias_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *descs,
                                    int32_t n_inputs, int32_t n_outputs)
 {
-    return backend == KILN_BACKEND_CPU && n_inputs == 1 && n_outputs == 1 && is_supported_dtype(descs[0].dtype) &&
+    return (unsigned)backend < 32u && (SCALE_BIAS_BACKENDS & KILN_BACKEND_BIT(backend)) && n_inputs == 1 &&
+           n_outputs == 1 && is_supported_dtype(descs[0].dtype) &&
            descs[1].dtype == descs[0].dtype && descs[0].format == KILN_FORMAT_LINEAR &&
            descs[1].format == KILN_FORMAT_LINEAR;
 }
@@ -150,8 +165,8 @@ static kiln_status scale_bias_enqueue(kiln_plugin *self, kiln_backend backend, c
                                       int32_t n_outputs, void *workspace, void *stream)
 {
     const scale_bias *p = (const scale_bias *)self;
-    if (backend != KILN_BACKEND_CPU)
-        return host->fail(KILN_ERROR_UNSUPPORTED, "ScaleBias runs on the CPU backend only");
+    if ((unsigned)backend >= 32u || !(SCALE_BIAS_BACKENDS & KILN_BACKEND_BIT(backend)))
+        return host->fail(KILN_ERROR_UNSUPPORTED, "ScaleBias runs on the %s only", SCALE_BIAS_BACKEND_NAMES);
     if (n_inputs != 1 || n_outputs != 1)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "ScaleBias takes 1 input and gives 1 output, got %d and %d",
                           (int)n_inputs, (int)n_outputs);
@@ -169,6 +184,14 @@ static kiln_status scale_bias_enqueue(kiln_plugin *self, kiln_backend backend, c
             return host->fail(KILN_ERROR_SHAPE, "ScaleBias: dim %d is %lld in the input and %lld in the output",
                               (int)i, (long long)in->dims.d[i], (long long)out->dims.d[i]);
     }
+#ifdef KILN_SCALE_BIAS_CUDA
+    if (backend == KILN_BACKEND_CUDA) {
+        int e = scale_bias_cuda_launch(inputs[0], outputs[0], (int)in->dtype, n, p->scale, p->bias, stream);
+        if (e != 0)
+            return host->fail(KILN_ERROR_BACKEND, "ScaleBias: kernel launch failed: %s", scale_bias_cuda_error(e));
+        return KILN_OK;
+    }
+#endif
     scale_bias_job job = {inputs[0], outputs[0], in->dtype, p->scale, p->bias};
     host->parallel_for(stream, n, scale_bias_chunk, &job);
     return KILN_OK;
@@ -225,7 +248,7 @@ static const kiln_plugin_ops scale_bias_ops = {
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     /* enqueue only computes: no allocation, no synchronization */
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
-    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+    .backends = SCALE_BIAS_BACKENDS,
     .num_outputs = scale_bias_num_outputs,
     .output_shapes = scale_bias_output_shapes,
     .output_dtypes = scale_bias_output_dtypes,
@@ -305,7 +328,11 @@ static const kiln_plugin_creator scale_bias_creator = {
     .blob_version = SCALE_BIAS_BLOB_VERSION,
     .create = scale_bias_create,
     .deserialize = scale_bias_deserialize,
+#ifdef KILN_SCALE_BIAS_CUDA
+    .description = "y = scale * x + bias, elementwise (f32, f16, bf16; CPU and CUDA)",
+#else
     .description = "y = scale * x + bias, elementwise (f32, f16, bf16; CPU)",
+#endif
 };
 
 KILN_PLUGIN_EXPORT kiln_status kiln_plugin_library_init(const kiln_host_api *host_api, kiln_registry *reg)

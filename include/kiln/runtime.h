@@ -40,7 +40,11 @@ KILN_API kiln_status kiln_context_tensor_shape(kiln_context *ctx, const char *na
 
 /* Binds caller memory to an I/O tensor (device memory on CUDA). Borrowed
  * until unbound (NULL) or the context is destroyed. Without a binding the
- * context's own buffer is used; kiln_context_tensor_address returns it. */
+ * context's own buffer is used; kiln_context_tensor_address returns it.
+ * That buffer is sized to the tensor's current shape (allocated when the
+ * shapes are set or the tensor is unbound, never in enqueue), so ask for
+ * its address again after changing shapes: it moves when it has to grow.
+ * A bound tensor has no buffer of the context's. */
 KILN_API kiln_status kiln_context_set_tensor_address(kiln_context *ctx, const char *name,
                                                      void *ptr);
 KILN_API kiln_status kiln_context_tensor_address(kiln_context *ctx, const char *name,
@@ -59,6 +63,53 @@ KILN_API kiln_status kiln_context_synchronize(kiln_context *ctx);
  * I/O. Used by `kiln exec --check`. Inputs are read from, and outputs
  * written to, the context's CPU-visible buffers. */
 KILN_API kiln_status kiln_context_run_reference(kiln_context *ctx);
+
+/* ---- host copies, timing, CUDA graphs ------------------------------------ */
+
+/* Copies `bytes` (exactly the tensor's size at the current shapes) from
+ * host memory into an I/O tensor's memory (bound or the context's own).
+ * On CUDA the copy goes through a pinned staging buffer of the context and
+ * is enqueued on the context's stream: `host` is read before the call
+ * returns, the device copy completes in stream order. Staging buffers are
+ * allocated here or on a shape change, never in enqueue. On the CPU it is
+ * a memcpy. */
+KILN_API kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name,
+                                             const void *host, size_t bytes);
+
+/* Copies an I/O tensor's current contents to host memory. On CUDA it is
+ * enqueued on the context's stream (device to pinned staging, then staging
+ * to `host` from a host callback): `host` must stay valid and is filled
+ * only after kiln_context_synchronize. On the CPU it is a memcpy. */
+KILN_API kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *host,
+                                              size_t bytes);
+
+/* CUDA only: with `enable` nonzero, each enqueue captures its launches into
+ * a CUDA graph the first time it sees a set of input shapes and bound
+ * addresses, and replays that graph afterwards (a few sets are cached).
+ * Fails, naming the plugin and its layer, when a plugin of the engine is
+ * not marked KILN_PLUGIN_FLAG_CAPTURE_SAFE; KILN_ERROR_TARGET on a CPU
+ * engine. */
+KILN_API kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t enable);
+
+/* CUDA only: GPU milliseconds of the last enqueue, measured with CUDA
+ * events around its launches (waits for it to finish). KILN_ERROR_TARGET
+ * on a CPU engine, KILN_ERROR_INVALID_ARGUMENT before any enqueue or when
+ * the last enqueue was captured by the caller. */
+KILN_API kiln_status kiln_context_gpu_time(kiln_context *ctx, float *ms);
+
+/* Per-layer timing: with `enable` nonzero, each later enqueue times every
+ * layer (CPU: host clock; CUDA: events between launches, not in graph
+ * mode). */
+KILN_API kiln_status kiln_context_set_profiling(kiln_context *ctx, int32_t enable);
+
+/* Layers of the engine, in execution order (constants included, with time
+ * 0). */
+KILN_API int32_t kiln_context_num_layers(const kiln_context *ctx);
+
+/* Name (borrowed), op name and milliseconds of layer i in the last profiled
+ * run (waits for it on CUDA). */
+KILN_API kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const char **name,
+                                             const char **op, double *ms);
 
 #ifdef __cplusplus
 }

@@ -39,7 +39,7 @@ typedef enum kiln_status {
     KILN_ERROR_SHAPE,            /* shapes are inconsistent or out of range  */
     KILN_ERROR_PLUGIN,           /* a plugin is missing or failed            */
     KILN_ERROR_NOT_FOUND,        /* a named tensor, input or creator         */
-    KILN_ERROR_UNSUPPORTED,      /* valid, but not implemented for this case */
+    KILN_ERROR_UNSUPPORTED,      /* valid, but outside what kiln handles   */
     KILN_ERROR_TARGET,           /* the engine's target is not available     */
     KILN_ERROR_BACKEND,          /* a backend call (CUDA, BLAS) failed       */
     KILN_ERROR_INTERNAL,

@@ -145,7 +145,11 @@ kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *con
             break;
         case 5: s = kiln_builder_size_workspace(&g); break;
         case 6: s = kiln_builder_plan_memory(&g); break;
-        default: s = kiln_builder_select_tactics(&g, &cfg); break;
+        default:
+            s = kiln_builder_select_tactics(&g, &cfg);
+            if (s == KILN_OK)
+                s = kiln_builder_tune_tactics(&g, &cfg);
+            break;
         }
     }
     if (s != KILN_OK) {

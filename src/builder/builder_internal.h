@@ -64,6 +64,10 @@ kiln_status kiln_builder_plan_memory(kiln_graph *g);
 /* 8. Target and tactics. */
 kiln_status kiln_builder_select_tactics(kiln_graph *g, const kiln_build_config *config);
 
+/* 8b. CUDA: the library's GPU architectures when the config names none,
+ * and matmul tactics timed on the GPU (pass_tactics.c). */
+kiln_status kiln_builder_tune_tactics(kiln_graph *g, const kiln_build_config *config);
+
 /* Appends layer names to buf as "a", "b", ... (at most `max` names, then
  * "and N more"); used by the passes' log lines. */
 void kiln_builder_name_list(char *buf, size_t size, const char *const *names, int32_t n,

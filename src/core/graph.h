@@ -40,6 +40,11 @@ const char *kiln_op_name(kiln_op op); /* "matmul", "fused_elementwise", ... */
 #define KILN_FUSED_MAX_STEPS 16
 #define KILN_FUSED_MAX_INPUTS 8
 
+/* Host limits on a plugin layer's tensors, so that launching one needs no
+ * allocation (enqueue allocates nothing). */
+#define KILN_PLUGIN_MAX_INPUTS 64
+#define KILN_PLUGIN_MAX_OUTPUTS 64
+
 typedef struct kiln_fused_step {
     int32_t is_binary;  /* 1: binary op, 0: unary op */
     int32_t op;         /* kiln_binary_op or kiln_unary_op */

@@ -1064,7 +1064,7 @@ static void op_arity(kiln_op op, int32_t *min_in, int32_t *max_in, int32_t *min_
     case KILN_OP_BINARY:
     case KILN_OP_GATHER: *min_in = *max_in = 2; break;
     case KILN_OP_CONCAT: *min_in = 1; *max_in = -1; break;
-    case KILN_OP_PLUGIN: *min_in = 0; *max_in = -1; *max_out = -1; break;
+    case KILN_OP_PLUGIN: *min_in = 0; *max_in = KILN_PLUGIN_MAX_INPUTS; *max_out = KILN_PLUGIN_MAX_OUTPUTS; break;
     case KILN_OP_FUSED: *min_in = 1; *max_in = KILN_FUSED_MAX_INPUTS; break;
     default: *min_in = *max_in = 1; break;
     }

@@ -418,9 +418,7 @@ kiln_status tok_add_merge(kiln_tokenizer *t, const char *left, size_t llen, cons
     if (m < 0)
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer: merge %d: \"%.*s%.*s\" is not in the vocabulary", (int)rank,
                          (int)(llen > 64 ? 64 : llen), left, (int)(rlen > 64 ? 64 : rlen), right);
-    KILN_TRY(merge_put(&t->merges, a, b, rank, m));
-    t->n_merges++;
-    return KILN_OK;
+    return merge_put(&t->merges, a, b, rank, m);
 }
 
 kiln_status tok_compile_regex(const char *pattern, size_t len, bool literal, pcre2_code **out, const char *what)
@@ -444,38 +442,61 @@ kiln_status tok_compile_regex(const char *pattern, size_t len, bool literal, pcr
 static int cmp_added(const void *pa, const void *pb, void *ctx)
 {
     const kiln_tokenizer *t = ctx;
-    const tok_entry *a = &t->tokens[*(const int32_t *)pa], *b = &t->tokens[*(const int32_t *)pb];
+    const tok_added *a = pa, *b = pb;
     unsigned char fa = (unsigned char)t->arena[a->off], fb = (unsigned char)t->arena[b->off];
     if (fa != fb)
         return fa < fb ? -1 : 1;
     if (a->len != b->len)
         return a->len > b->len ? -1 : 1;
-    return 0;
+    return a->id < b->id ? -1 : a->id > b->id;
+}
+
+static kiln_status normalize_content(kiln_tokenizer *t, const char *s, size_t len, uint32_t *off, uint32_t *out_len);
+
+static kiln_status build_added_set(kiln_tokenizer *t, tok_added_set *set, bool normalized)
+{
+    free(set->v);
+    set->v = NULL;
+    set->n = 0;
+    for (int32_t i = 0; i < t->n_tokens; i++) {
+        const tok_entry *e = &t->tokens[i];
+        if (!(e->attr & TOK_ATTR_ADDED) || !(e->attr & TOK_ATTR_NORMALIZED) != !normalized)
+            continue;
+        tok_added a = {i, e->off, e->len};
+        if (normalized && t->n_norms) {
+            /* HF matches these in normalized text, by normalized content. */
+            KILN_TRY(normalize_content(t, t->arena + e->off, e->len, &a.off, &a.len));
+            if (a.len == 0)
+                continue;
+        }
+        tok_added *p = realloc(set->v, (set->n + 1) * sizeof *p);
+        if (!p)
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory");
+        set->v = p;
+        set->v[set->n++] = a;
+    }
+    if (set->n)
+        qsort_r(set->v, set->n, sizeof *set->v, cmp_added, t);
+    size_t k = 0;
+    for (unsigned b = 0; b <= 256; b++) {
+        set->start[b] = (uint32_t)k;
+        while (b < 256 && k < set->n && (unsigned char)t->arena[set->v[k].off] == b)
+            k++;
+    }
+    return KILN_OK;
 }
 
 kiln_status tok_finish(kiln_tokenizer *t)
 {
-    free(t->added);
-    t->added = NULL;
-    t->n_added = 0;
-    for (int32_t i = 0; i < t->n_tokens; i++)
-        if (t->tokens[i].attr & TOK_ATTR_ADDED)
-            t->n_added++;
-    if (t->n_added) {
-        t->added = malloc(t->n_added * sizeof *t->added);
-        if (!t->added)
-            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory");
-        size_t k = 0;
-        for (int32_t i = 0; i < t->n_tokens; i++)
-            if (t->tokens[i].attr & TOK_ATTR_ADDED)
-                t->added[k++] = i;
-        qsort_r(t->added, t->n_added, sizeof *t->added, cmp_added, t);
-    }
-    size_t k = 0;
-    for (unsigned b = 0; b <= 256; b++) {
-        t->added_start[b] = (uint32_t)k;
-        while (b < 256 && k < t->n_added && (unsigned char)t->arena[t->tokens[t->added[k]].off] == b)
-            k++;
+    KILN_TRY(build_added_set(t, &t->added_raw, false));
+    KILN_TRY(build_added_set(t, &t->added_norm, true));
+    t->split_before_spm_space = true;
+    for (size_t i = 0; t->vocab.slots && i <= t->vocab.mask && t->split_before_spm_space; i++) {
+        const tok_str_slot *sl = &t->vocab.slots[i];
+        const char *p = t->arena + sl->off;
+        for (size_t k = 1; sl->id >= 0 && k + 3 <= sl->len; k++)
+            if (memcmp(p + k, "\xE2\x96\x81", 3) == 0 && !(k >= 3 && memcmp(p + k - 3, "\xE2\x96\x81", 3) == 0))
+                t->split_before_spm_space = false;
     }
     for (int b = 0; b < 256; b++) {
         char name[8];
@@ -516,7 +537,8 @@ void tok_free_contents(kiln_tokenizer *t)
     free(t->vocab.slots);
     free(t->added_map.slots);
     free(t->merges.slots);
-    free(t->added);
+    free(t->added_raw.v);
+    free(t->added_norm.v);
     for (size_t i = 0; i < t->n_norms; i++) {
         free(t->norms[i].a);
         free(t->norms[i].b);
@@ -574,6 +596,7 @@ typedef struct bpe_cand {
 
 typedef struct enc_ctx {
     const kiln_tokenizer *t;
+    uint32_t flags;
     int32_t *ids;
     size_t n_ids, cap_ids;
     piece_list lists[2];
@@ -614,9 +637,10 @@ static kiln_status find_matches(enc_ctx *c, const pcre2_code *re, const char *s,
         if (rc == PCRE2_ERROR_NOMATCH)
             break;
         if (rc < 0) {
+            /* Match or depth limits of a pathological pattern, mostly. */
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
-            return kiln_fail(KILN_ERROR_INTERNAL, "tokenizer: regex match failed: %s", (const char *)msg);
+            return kiln_fail(KILN_ERROR_LIMIT, "tokenizer: regex match failed: %s", (const char *)msg);
         }
         PCRE2_SIZE *ov = pcre2_get_ovector_pointer(c->md);
         size_t ms = ov[0], me = ov[1];
@@ -798,9 +822,114 @@ static kiln_status run_pretokenizer(enc_ctx *c, const tok_pretokenizer *p, const
     return KILN_OK;
 }
 
+/* Hangul syllables decompose and compose by arithmetic (Unicode 3.12). */
+enum { HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7, HANGUL_NV = 21, HANGUL_NT = 28,
+       HANGUL_COUNT = 11172 };
+
+static uint32_t nfc_compose(uint32_t a, uint32_t b)
+{
+    if (a >= HANGUL_L && a < HANGUL_L + 19 && b >= HANGUL_V && b < HANGUL_V + HANGUL_NV)
+        return HANGUL_S + ((a - HANGUL_L) * HANGUL_NV + (b - HANGUL_V)) * HANGUL_NT;
+    if (a >= HANGUL_S && a < HANGUL_S + HANGUL_COUNT && (a - HANGUL_S) % HANGUL_NT == 0 && b > HANGUL_T &&
+        b < HANGUL_T + HANGUL_NT)
+        return a + (b - HANGUL_T);
+    return tok_nfc_compose(a, b);
+}
+
+typedef struct nfc_char {
+    uint32_t cp;
+    unsigned ccc;
+} nfc_char;
+
+/* Unicode NFC: full canonical decomposition, canonical ordering, then
+ * canonical composition. */
+static kiln_status run_nfc(const buf *in, buf *out)
+{
+    /* Below U+0300 (lead bytes under 0xCC) nothing decomposes or combines. */
+    bool simple = true;
+    for (size_t i = 0; i < in->len && simple; i++)
+        simple = (unsigned char)in->p[i] < 0xCC;
+    if (simple)
+        return buf_put(out, in->p, in->len);
+    size_t cap = 0, n = 0;
+    nfc_char *v = NULL;
+    kiln_status st = KILN_OK;
+    for (size_t i = 0; i < in->len && st == KILN_OK;) {
+        size_t k;
+        uint32_t cp = utf8_decode((const unsigned char *)in->p + i, &k);
+        i += k;
+        uint32_t parts[4];
+        const uint32_t *d = parts;
+        size_t nd = 1;
+        parts[0] = cp;
+        if (cp >= HANGUL_S && cp < HANGUL_S + HANGUL_COUNT) {
+            uint32_t si = cp - HANGUL_S;
+            parts[0] = HANGUL_L + si / (HANGUL_NV * HANGUL_NT);
+            parts[1] = HANGUL_V + (si % (HANGUL_NV * HANGUL_NT)) / HANGUL_NT;
+            parts[2] = HANGUL_T + si % HANGUL_NT;
+            nd = parts[2] == HANGUL_T ? 2 : 3;
+        } else {
+            size_t m;
+            const uint32_t *dd = tok_nfc_decomp(cp, &m);
+            if (dd) {
+                d = dd;
+                nd = m;
+            }
+        }
+        for (size_t j = 0; j < nd; j++) {
+            if (n == cap) {
+                size_t ncap = cap ? cap * 2 : 64;
+                nfc_char *p = realloc(v, ncap * sizeof *p);
+                if (!p) {
+                    st = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory in NFC");
+                    break;
+                }
+                v = p;
+                cap = ncap;
+            }
+            v[n++] = (nfc_char){d[j], tok_nfc_ccc(d[j])};
+        }
+    }
+    /* Canonical ordering: a stable sort of each run of non-starters. */
+    for (size_t i = 1; st == KILN_OK && i < n; i++) {
+        for (size_t j = i; j > 0 && v[j].ccc && v[j - 1].ccc > v[j].ccc; j--) {
+            nfc_char tmp = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = tmp;
+        }
+    }
+    /* Composition: each character joins the last starter unless blocked by
+     * a character of the same or higher class in between. */
+    size_t w = 0, starter = 0;
+    unsigned last = 256;
+    for (size_t i = 0; st == KILN_OK && i < n; i++) {
+        if (i > 0 && v[starter].ccc == 0 && (last < v[i].ccc || last == 0)) {
+            uint32_t comp = nfc_compose(v[starter].cp, v[i].cp);
+            if (comp) {
+                v[starter].cp = comp;
+                continue;
+            }
+        }
+        if (v[i].ccc == 0)
+            starter = w;
+        last = v[i].ccc;
+        v[w++] = v[i];
+        if (i == 0 && v[0].ccc)
+            last = 256;
+    }
+    for (size_t i = 0; st == KILN_OK && i < w; i++) {
+        char enc[4];
+        st = buf_put(out, enc, utf8_encode(v[i].cp, enc));
+    }
+    free(v);
+    return st;
+}
+
 static kiln_status run_normalizer(enc_ctx *c, const tok_normalizer *nm, const buf *in, buf *out)
 {
     out->len = 0;
+    if (nm->kind == TOK_NORM_NFC)
+        return run_nfc(in, out);
     if (nm->kind == TOK_NORM_PREPEND) {
         if (in->len)
             KILN_TRY(buf_put(out, nm->a, nm->a_len));
@@ -836,12 +965,15 @@ static bool cand_less(const bpe_cand *a, const bpe_cand *b)
     return a->prio < b->prio || (a->prio == b->prio && a->pos < b->pos);
 }
 
+/* A 4-ary min-heap: half the depth of a binary one, and the children of a
+ * node share cache lines, which matters for one long word (SentencePiece
+ * models without a pre-tokenizer see the whole text as one). */
 static kiln_status heap_push(enc_ctx *c, bpe_cand e)
 {
     VEC_GROW(c->heap, c->n_heap, c->cap_heap, "the merge queue");
     size_t i = c->n_heap++;
     while (i > 0) {
-        size_t p = (i - 1) / 2;
+        size_t p = (i - 1) / 4;
         if (!cand_less(&e, &c->heap[p]))
             break;
         c->heap[i] = c->heap[p];
@@ -856,10 +988,14 @@ static bpe_cand heap_pop(enc_ctx *c)
     bpe_cand top = c->heap[0], last = c->heap[--c->n_heap];
     size_t i = 0, n = c->n_heap;
     for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
+        size_t first = 4 * i + 1, m = i;
         const bpe_cand *best = &last;
-        if (l < n && cand_less(&c->heap[l], best)) { m = l; best = &c->heap[l]; }
-        if (r < n && cand_less(&c->heap[r], best)) { m = r; }
+        for (size_t k = first; k < first + 4 && k < n; k++) {
+            if (cand_less(&c->heap[k], best)) {
+                m = k;
+                best = &c->heap[k];
+            }
+        }
         if (m == i)
             break;
         c->heap[i] = c->heap[m];
@@ -907,7 +1043,7 @@ static kiln_status add_sym(enc_ctx *c, int32_t id)
 /* One pre-tokenized word through the BPE model, as HF's merge_word +
  * merge_all: characters (unknown ones as <0xXX> bytes or unk), then merges
  * by rank (or by score), lowest first and leftmost on ties. */
-static kiln_status bpe_word(enc_ctx *c, const char *w, size_t len)
+static kiln_status bpe_one(enc_ctx *c, const char *w, size_t len)
 {
     const kiln_tokenizer *t = c->t;
     if (len == 0)
@@ -978,24 +1114,32 @@ static kiln_status bpe_word(enc_ctx *c, const char *w, size_t len)
     return KILN_OK;
 }
 
-/* A stretch of text between added tokens: normalize, pre-tokenize, BPE. */
-static kiln_status encode_segment(enc_ctx *c, const char *s, size_t len, bool at_start)
+static const char SPM_SPACE[] = "\xE2\x96\x81"; /* U+2581 */
+
+static bool is_spm_space(const char *s) { return memcmp(s, SPM_SPACE, 3) == 0; }
+
+static kiln_status bpe_word(enc_ctx *c, const char *w, size_t len)
+{
+    if (!c->t->split_before_spm_space)
+        return bpe_one(c, w, len);
+    size_t start = 0;
+    for (size_t i = 1; i + 3 <= len; i++) {
+        if (is_spm_space(w + i) && !(i >= 3 && is_spm_space(w + i - 3))) {
+            KILN_TRY(bpe_one(c, w + start, i - start));
+            start = i;
+        }
+    }
+    return bpe_one(c, w + start, len - start);
+}
+
+/* Normalized text between added tokens: pre-tokenize, BPE. */
+static kiln_status encode_words(enc_ctx *c, const char *s, size_t len, bool at_start)
 {
     const kiln_tokenizer *t = c->t;
-    buf *cur = &c->norm[0];
-    cur->len = 0;
-    KILN_TRY(buf_put(cur, s, len));
-    for (size_t i = 0; i < t->n_norms; i++) {
-        buf *next = cur == &c->norm[0] ? &c->norm[1] : &c->norm[0];
-        KILN_TRY(run_normalizer(c, &t->norms[i], cur, next));
-        cur = next;
-    }
-    if (cur->len == 0)
-        return KILN_OK;
     piece_list *pl = &c->lists[0];
     pl->n = 0;
     pl->text.len = 0;
-    KILN_TRY(add_piece(pl, cur->p, cur->len, at_start));
+    KILN_TRY(add_piece(pl, s, len, at_start));
     for (size_t i = 0; i < t->n_pres; i++) {
         piece_list *next = pl == &c->lists[0] ? &c->lists[1] : &c->lists[0];
         KILN_TRY(run_pretokenizer(c, &t->pres[i], pl, next));
@@ -1006,38 +1150,56 @@ static kiln_status encode_segment(enc_ctx *c, const char *s, size_t len, bool at
     return KILN_OK;
 }
 
-/* The longest added token at s (leftmost-longest, as HF's Aho-Corasick). */
-static int32_t match_added(const kiln_tokenizer *t, const char *s, size_t len, uint32_t flags)
-{
-    unsigned char b = (unsigned char)s[0];
-    for (uint32_t k = t->added_start[b]; k < t->added_start[b + 1]; k++) {
-        int32_t id = t->added[k];
-        const tok_entry *e = &t->tokens[id];
-        if ((e->attr & TOK_ATTR_SPECIAL) && !(flags & KILN_TOKENIZE_PARSE_SPECIAL))
-            continue;
-        if (e->len <= len && memcmp(t->arena + e->off, s, e->len) == 0)
-            return id;
-    }
-    return -1;
-}
-
-static kiln_status encode_all(enc_ctx *c, const char *text, size_t len, uint32_t flags)
+/* Runs the normalizers over s; the result is in the returned buffer. */
+static kiln_status normalize(enc_ctx *c, const char *s, size_t len, buf **result)
 {
     const kiln_tokenizer *t = c->t;
-    if (flags & KILN_TOKENIZE_ADD_SPECIAL)
-        for (size_t i = 0; i < t->n_post_prefix; i++)
-            KILN_TRY(emit_id(c, t->post_prefix[i]));
+    buf *cur = &c->norm[0];
+    cur->len = 0;
+    KILN_TRY(buf_put(cur, s, len));
+    for (size_t i = 0; i < t->n_norms; i++) {
+        buf *next = cur == &c->norm[0] ? &c->norm[1] : &c->norm[0];
+        KILN_TRY(run_normalizer(c, &t->norms[i], cur, next));
+        cur = next;
+    }
+    *result = cur;
+    return KILN_OK;
+}
+
+/* The longest added token at s (leftmost-longest, as HF's Aho-Corasick). */
+static const tok_added *match_added(const kiln_tokenizer *t, const tok_added_set *set, const char *s, size_t len,
+                                    uint32_t flags)
+{
+    unsigned char b = (unsigned char)s[0];
+    for (uint32_t k = set->start[b]; k < set->start[b + 1]; k++) {
+        const tok_added *a = &set->v[k];
+        if ((t->tokens[a->id].attr & TOK_ATTR_SPECIAL) && !(flags & KILN_TOKENIZE_PARSE_SPECIAL))
+            continue;
+        if (a->len <= len && memcmp(t->arena + a->off, s, a->len) == 0)
+            return a;
+    }
+    return NULL;
+}
+
+static kiln_status encode_segment(enc_ctx *c, const char *s, size_t len, bool at_start);
+
+/* Splits text on the set's added tokens; the stretches between go to
+ * encode_segment (raw text) or encode_words (already normalized). */
+static kiln_status split_added(enc_ctx *c, const tok_added_set *set, const char *text, size_t len, bool at_start,
+                               bool normalized)
+{
+    const kiln_tokenizer *t = c->t;
     size_t seg = 0, pos = 0;
     while (pos < len) {
-        int32_t id = t->n_added ? match_added(t, text + pos, len - pos, flags) : -1;
-        if (id < 0) {
+        const tok_added *a = set->n ? match_added(t, set, text + pos, len - pos, c->flags) : NULL;
+        if (!a) {
             pos++;
             continue;
         }
-        const tok_entry *e = &t->tokens[id];
-        size_t start = pos, end = pos + e->len;
-        if (e->attr & TOK_ATTR_LSTRIP) {
-            /* Back over whitespace characters to the segment's start. */
+        uint8_t attr = t->tokens[a->id].attr;
+        size_t start = pos, end = pos + a->len;
+        if (attr & TOK_ATTR_LSTRIP) {
+            /* Back over whitespace characters to the stretch's start. */
             while (start > seg) {
                 size_t p = start - 1;
                 while (p > seg && ((unsigned char)text[p] & 0xC0) == 0x80)
@@ -1048,7 +1210,7 @@ static kiln_status encode_all(enc_ctx *c, const char *text, size_t len, uint32_t
                 start = p;
             }
         }
-        if (e->attr & TOK_ATTR_RSTRIP) {
+        if (attr & TOK_ATTR_RSTRIP) {
             while (end < len) {
                 size_t n;
                 if (!is_unicode_space(utf8_decode((const unsigned char *)text + end, &n)))
@@ -1057,13 +1219,65 @@ static kiln_status encode_all(enc_ctx *c, const char *text, size_t len, uint32_t
             }
         }
         if (start > seg)
-            KILN_TRY(encode_segment(c, text + seg, start - seg, seg == 0));
-        KILN_TRY(emit_id(c, id));
+            KILN_TRY(normalized ? encode_words(c, text + seg, start - seg, at_start && seg == 0)
+                                : encode_segment(c, text + seg, start - seg, seg == 0));
+        KILN_TRY(emit_id(c, a->id));
         seg = pos = end;
     }
     if (len > seg)
-        KILN_TRY(encode_segment(c, text + seg, len - seg, seg == 0));
-    if (flags & KILN_TOKENIZE_ADD_SPECIAL)
+        KILN_TRY(normalized ? encode_words(c, text + seg, len - seg, at_start && seg == 0)
+                            : encode_segment(c, text + seg, len - seg, seg == 0));
+    return KILN_OK;
+}
+
+/* A stretch of raw text between added tokens: normalize, then split on the
+ * normalized added tokens. */
+static kiln_status encode_segment(enc_ctx *c, const char *s, size_t len, bool at_start)
+{
+    buf *norm;
+    KILN_TRY(normalize(c, s, len, &norm));
+    if (norm->len == 0)
+        return KILN_OK;
+    return split_added(c, &c->t->added_norm, norm->p, norm->len, at_start, true);
+}
+
+static void enc_ctx_free(enc_ctx *c)
+{
+    pcre2_match_data_free(c->md);
+    for (int i = 0; i < 2; i++) {
+        free(c->lists[i].text.p);
+        free(c->lists[i].v);
+        free(c->norm[i].p);
+    }
+    free(c->tmp.p);
+    free(c->spans);
+    free(c->syms);
+    free(c->heap);
+    free(c->ids);
+}
+
+static kiln_status normalize_content(kiln_tokenizer *t, const char *s, size_t len, uint32_t *off, uint32_t *out_len)
+{
+    enc_ctx c = {.t = t};
+    c.md = pcre2_match_data_create(4, NULL);
+    buf *norm = NULL;
+    kiln_status st = c.md ? normalize(&c, s, len, &norm) : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory");
+    if (st == KILN_OK && norm->len)
+        st = arena_add(t, norm->p, norm->len, off);
+    if (st == KILN_OK)
+        *out_len = (uint32_t)norm->len;
+    enc_ctx_free(&c);
+    return st;
+}
+
+static kiln_status encode_all(enc_ctx *c, const char *text, size_t len)
+{
+    const kiln_tokenizer *t = c->t;
+    if (c->flags & KILN_TOKENIZE_ADD_SPECIAL)
+        for (size_t i = 0; i < t->n_post_prefix; i++)
+            KILN_TRY(emit_id(c, t->post_prefix[i]));
+    KILN_TRY(split_added(c, &t->added_raw, text, len, true, false));
+    if (c->flags & KILN_TOKENIZE_ADD_SPECIAL)
         for (size_t i = 0; i < t->n_post_suffix; i++)
             KILN_TRY(emit_id(c, t->post_suffix[i]));
     return KILN_OK;
@@ -1080,32 +1294,22 @@ kiln_status kiln_tokenizer_encode(const kiln_tokenizer *tok, const char *text, s
     if (bad != len)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_encode: text is not valid UTF-8 at byte %zu",
                          bad);
-    enc_ctx c = {.t = tok};
+    enc_ctx c = {.t = tok, .flags = flags};
     c.md = pcre2_match_data_create(4, NULL);
     kiln_status st = c.md ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory");
     if (st == KILN_OK)
         st = emit_id(&c, 0); /* so *ids is never NULL */
     if (st == KILN_OK) {
         c.n_ids = 0;
-        st = encode_all(&c, text ? text : "", len, flags);
+        st = encode_all(&c, text ? text : "", len);
     }
-    pcre2_match_data_free(c.md);
-    for (int i = 0; i < 2; i++) {
-        free(c.lists[i].text.p);
-        free(c.lists[i].v);
-        free(c.norm[i].p);
+    if (st == KILN_OK) {
+        *ids = c.ids;
+        *n_ids = c.n_ids;
+        c.ids = NULL;
     }
-    free(c.tmp.p);
-    free(c.spans);
-    free(c.syms);
-    free(c.heap);
-    if (st != KILN_OK) {
-        free(c.ids);
-        return st;
-    }
-    *ids = c.ids;
-    *n_ids = c.n_ids;
-    return KILN_OK;
+    enc_ctx_free(&c);
+    return st;
 }
 
 /* ---- decoding -------------------------------------------------------------------- */
@@ -1154,9 +1358,11 @@ static kiln_status decode_token(kiln_tokenizer_stream *s, bool first)
             /* All characters map back to bytes, or the token stays as is. */
             bool ok = true;
             for (size_t j = 0; j < b->len && ok;) {
+                /* An earlier decoder (ByteFallback) may have left raw bytes. */
+                int r = utf8_seq((const unsigned char *)b->p + j, b->len - j);
                 size_t n;
-                uint32_t cp = utf8_decode((const unsigned char *)b->p + j, &n);
-                if (j + n > b->len || cp >= 324 || bt->dec[cp] < 0) {
+                uint32_t cp = r > 0 ? utf8_decode((const unsigned char *)b->p + j, &n) : 0x110000;
+                if (cp >= 324 || bt->dec[cp] < 0) {
                     ok = false;
                     break;
                 }

@@ -53,8 +53,8 @@ kiln_status kiln_tokenizer_load_llama2c_memory(const void *data, size_t len, int
 /* An in-memory vocabulary, as GGUF's tokenizer.ggml.* keys describe one. */
 typedef enum kiln_tokenizer_kind {
     /* SentencePiece BPE ("llama" in GGUF): "▁" prepended to each text
-     * segment and for every space, merges by score (or by `merges` when
-     * scores is NULL), <0xXX> byte fallback, decoder undoes all that. */
+     * segment and for every space, merges by score (by rank instead when
+     * `merges` are given), <0xXX> byte fallback, decoder undoes all that. */
     KILN_TOKENIZER_SPM = 0,
     /* Byte-level BPE ("gpt2" in GGUF): pre-tokenizer regexes, GPT-2's
      * byte->unicode mapping, merges by rank. */
@@ -76,7 +76,7 @@ typedef struct kiln_tokenizer_vocab {
     int32_t n_tokens;
     const char *const *tokens;   /* n_tokens UTF-8 strings, as in the vocabulary */
     const uint32_t *token_lens;  /* lengths, or NULL for NUL-terminated tokens */
-    const float *scores;         /* n_tokens, or NULL (then merges are used) */
+    const float *scores;         /* n_tokens, or NULL; used for merging when there are no merges */
     const int32_t *types;        /* n_tokens kiln_token_type, or NULL (all normal) */
     int32_t n_merges;
     const char *const *merges;   /* "left right", in rank order */
@@ -116,9 +116,11 @@ kiln_status kiln_tokenizer_decode(const kiln_tokenizer *tok, const int32_t *ids,
 
 /* Streaming decode: each push returns the text that became final, never a
  * partial UTF-8 sequence (an incomplete one is held back until the next
- * token completes it); finish flushes what is held. The concatenation of all
- * pieces equals kiln_tokenizer_decode of all the ids. *text points into the
- * stream, valid until its next call. */
+ * token completes it); finish flushes what is held (an incomplete sequence
+ * becomes U+FFFD) and starts the stream over, as reset does without
+ * flushing. The concatenation of all pieces equals kiln_tokenizer_decode of
+ * all the ids. *text is NUL-terminated and points into the stream, valid
+ * until its next call. */
 kiln_status kiln_tokenizer_stream_create(const kiln_tokenizer *tok, uint32_t flags, kiln_tokenizer_stream **out);
 kiln_status kiln_tokenizer_stream_push(kiln_tokenizer_stream *s, int32_t id, const char **text, size_t *len);
 kiln_status kiln_tokenizer_stream_finish(kiln_tokenizer_stream *s, const char **text, size_t *len);
@@ -129,7 +131,8 @@ void kiln_tokenizer_stream_free(kiln_tokenizer_stream *s);
 
 int32_t kiln_tokenizer_vocab_size(const kiln_tokenizer *tok); /* max id + 1 */
 /* The token's string as the vocabulary spells it ("Ġthe", "▁the", "<0x0A>"),
- * not NUL-terminated-safe for binary: use *len. NULL for an unknown id. */
+ * NUL-terminated, its length in *len when len is not NULL; NULL for an id
+ * outside the vocabulary. Owned by the tokenizer. */
 const char *kiln_tokenizer_token_to_piece(const kiln_tokenizer *tok, int32_t id, size_t *len);
 /* The id of a vocabulary string (model or added token), -1 when absent. */
 int32_t kiln_tokenizer_token_id(const kiln_tokenizer *tok, const char *piece, size_t len);

@@ -20,7 +20,20 @@ enum {
     TOK_ATTR_ADDED = 1 << 1,   /* matched in the text before normalization */
     TOK_ATTR_LSTRIP = 1 << 2,  /* an added token that swallows whitespace on its left */
     TOK_ATTR_RSTRIP = 1 << 3,
+    TOK_ATTR_NORMALIZED = 1 << 4, /* an added token matched after normalization, in normalized form */
 };
+
+/* Added tokens to match, grouped by the first byte of their content. */
+typedef struct tok_added {
+    int32_t id;
+    uint32_t off, len; /* the content to match (normalized for TOK_ATTR_NORMALIZED) */
+} tok_added;
+
+typedef struct tok_added_set {
+    tok_added *v;        /* by first byte, longest first within a byte */
+    size_t n;
+    uint32_t start[257]; /* entries starting with byte b: start[b] .. start[b + 1] */
+} tok_added_set;
 
 typedef struct tok_entry {
     uint32_t off, len; /* into kiln_tokenizer.arena; len 0 and off 0: no token */
@@ -51,7 +64,7 @@ typedef struct tok_mergemap {
     size_t mask, count;
 } tok_mergemap;
 
-typedef enum tok_norm_kind { TOK_NORM_PREPEND, TOK_NORM_REPLACE } tok_norm_kind;
+typedef enum tok_norm_kind { TOK_NORM_PREPEND, TOK_NORM_REPLACE, TOK_NORM_NFC } tok_norm_kind;
 
 typedef struct tok_normalizer {
     tok_norm_kind kind;
@@ -103,15 +116,17 @@ struct kiln_tokenizer {
     /* BPE model */
     bool use_scores;      /* merge the pair whose merged token scores highest (SentencePiece) */
     tok_mergemap merges;
-    size_t n_merges;
     bool byte_fallback, fuse_unk, ignore_merges;
     int32_t unk_id;
     int32_t byte_ids[256]; /* <0xXX> ids for byte fallback, -1 absent */
+    /* No token has "▁" after another character: a word splits before each
+     * such "▁" without changing the result (SentencePiece vocabularies), so
+     * a long text that is one word costs no more than its words. */
+    bool split_before_spm_space;
 
-    /* added token ids grouped by first byte, longest first within a group */
-    int32_t *added;
-    size_t n_added;
-    uint32_t added_start[257];
+    /* As HF: tokens with normalized false split the raw text first; the
+     * others split each normalized stretch between those. */
+    tok_added_set added_raw, added_norm;
 
     tok_normalizer *norms;
     size_t n_norms;
@@ -161,6 +176,13 @@ kiln_status tok_push_id(int32_t **arr, size_t *n, int32_t id);
 size_t tok_utf8_valid_prefix(const char *s, size_t len);
 void tok_free_contents(kiln_tokenizer *t);
 extern const char tok_gpt2_regex[];
+
+/* ---- tokenizer_nfc.c (generated): Unicode data for NFC ---- */
+unsigned tok_nfc_ccc(uint32_t cp);
+/* The full canonical decomposition (Hangul excluded), NULL when none. */
+const uint32_t *tok_nfc_decomp(uint32_t cp, size_t *n);
+/* The primary composite of a + b (Hangul excluded), 0 when none. */
+uint32_t tok_nfc_compose(uint32_t a, uint32_t b);
 
 /* ---- loaders ---- */
 kiln_status tok_build_from_vocab(const kiln_tokenizer_vocab *v, kiln_tokenizer **out);

@@ -14,6 +14,17 @@ static kiln_status unsupported(const char *what, const char *name)
 
 static const char *type_of(json_t *o) { return json_string_value(json_object_get(o, "type")); }
 
+/* Ids may leave gaps, but not so large that a small file could make the
+ * id table huge. */
+static kiln_status check_id_range(json_int_t id, size_t n_declared, const char *what)
+{
+    size_t limit = n_declared * 2 + 65536;
+    if (id < 0 || (size_t)id >= limit || id > INT32_MAX)
+        return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: %s id %lld is out of range for a file of %zu tokens", what,
+                         (long long)id, n_declared);
+    return KILN_OK;
+}
+
 static kiln_status get_bool(json_t *o, const char *key, bool dflt, bool *out, const char *where)
 {
     json_t *v = json_object_get(o, key);
@@ -153,6 +164,8 @@ static kiln_status add_normalizer(kiln_tokenizer *t, json_t *o, int depth)
             free(nm.b);
             return st;
         }
+    } else if (!strcmp(type, "NFC")) {
+        nm.kind = TOK_NORM_NFC;
     } else {
         return unsupported("normalizer", type);
     }
@@ -426,7 +439,7 @@ static kiln_status add_post(kiln_tokenizer *t, json_t *o, bool *have, int depth)
 
 /* ---- the model ---- */
 
-static kiln_status load_model(kiln_tokenizer *t, json_t *m)
+static kiln_status load_model(kiln_tokenizer *t, json_t *m, size_t n_declared)
 {
     const char *type = type_of(m);
     if (!json_is_object(m))
@@ -457,8 +470,9 @@ static kiln_status load_model(kiln_tokenizer *t, json_t *m)
     while (iter) {
         key = json_object_iter_key(iter);
         v = json_object_iter_value(iter);
-        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+        if (!json_is_integer(v))
             return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: vocab entry \"%.64s\" has a bad id", key);
+        KILN_TRY(check_id_range(json_integer_value(v), n_declared, "vocab"));
         KILN_TRY(tok_add_vocab(t, key, strlen(key), (int32_t)json_integer_value(v), 0.0f));
         iter = json_object_iter_next(vocab, iter);
     }
@@ -504,7 +518,7 @@ static kiln_status load_model(kiln_tokenizer *t, json_t *m)
     return KILN_OK;
 }
 
-static kiln_status load_added(kiln_tokenizer *t, json_t *arr)
+static kiln_status load_added(kiln_tokenizer *t, json_t *arr, size_t n_declared)
 {
     if (!arr || json_is_null(arr))
         return KILN_OK;
@@ -514,18 +528,20 @@ static kiln_status load_added(kiln_tokenizer *t, json_t *arr)
     json_t *o;
     json_array_foreach(arr, i, o) {
         json_t *id = json_object_get(o, "id"), *content = json_object_get(o, "content");
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) > INT32_MAX ||
-            !json_is_string(content))
+        if (!json_is_integer(id) || !json_is_string(content))
             return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: added_tokens[%zu] needs an id and a content", i);
-        bool special = false, lstrip = false, rstrip = false, single_word = false;
+        KILN_TRY(check_id_range(json_integer_value(id), n_declared, "added token"));
+        bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
         KILN_TRY(get_bool(o, "special", false, &special, "added token"));
+        /* HF's default: normalized unless special. */
+        KILN_TRY(get_bool(o, "normalized", !special, &normalized, "added token"));
         KILN_TRY(get_bool(o, "lstrip", false, &lstrip, "added token"));
         KILN_TRY(get_bool(o, "rstrip", false, &rstrip, "added token"));
         KILN_TRY(get_bool(o, "single_word", false, &single_word, "added token"));
         if (single_word)
             return unsupported("added token option", "single_word");
         uint8_t attr = (uint8_t)((special ? TOK_ATTR_SPECIAL : 0) | (lstrip ? TOK_ATTR_LSTRIP : 0) |
-                                 (rstrip ? TOK_ATTR_RSTRIP : 0));
+                                 (rstrip ? TOK_ATTR_RSTRIP : 0) | (normalized ? TOK_ATTR_NORMALIZED : 0));
         KILN_TRY(tok_add_added(t, json_string_value(content), json_string_length(content),
                                (int32_t)json_integer_value(id), attr));
     }
@@ -554,9 +570,11 @@ static kiln_status build(kiln_tokenizer *t, json_t *root)
 {
     if (!json_is_object(root))
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: the top level is not an object");
+    json_t *added = json_object_get(root, "added_tokens"), *model = json_object_get(root, "model");
+    size_t n_declared = json_array_size(added) + json_object_size(json_object_get(model, "vocab"));
     /* Added tokens first: they name their ids for decoding. */
-    KILN_TRY(load_added(t, json_object_get(root, "added_tokens")));
-    KILN_TRY(load_model(t, json_object_get(root, "model")));
+    KILN_TRY(load_added(t, added, n_declared));
+    KILN_TRY(load_model(t, model, n_declared));
     KILN_TRY(add_normalizer(t, json_object_get(root, "normalizer"), 0));
     KILN_TRY(add_pretokenizer(t, json_object_get(root, "pre_tokenizer"), 0));
     bool have_template = false;

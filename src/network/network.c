@@ -1186,7 +1186,6 @@ kiln_status kiln_network_add_cast(kiln_network *net, const char *name, kiln_tens
 
 /* Upper bound on a plugin's outputs, so a broken plugin cannot make us
  * allocate without limit. */
-#define PLUGIN_MAX_OUTPUTS 64
 
 kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const char *plugin_name,
                                     const char *version, const char *plugin_namespace,
@@ -1202,6 +1201,9 @@ kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const c
     if (n_inputs < 0 || (n_inputs > 0 && !inputs) || n_fields < 0 || (n_fields > 0 && !fields) ||
         max_outputs < 0 || (max_outputs > 0 && !outputs))
         return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "inconsistent input, field or output arrays");
+    if (n_inputs > KILN_PLUGIN_MAX_INPUTS)
+        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "a plugin layer takes at most %d inputs, got %d",
+                     KILN_PLUGIN_MAX_INPUTS, n_inputs);
     if (!net->registry)
         return lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s (namespace \"%s\"): the network has no registry",
                      plugin_name, version, plugin_namespace);
@@ -1259,15 +1261,15 @@ kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const c
         goto done;
     }
     int32_t n_out = ops->num_outputs(inst);
-    if (n_out < 1 || n_out > PLUGIN_MAX_OUTPUTS) {
+    if (n_out < 1 || n_out > KILN_PLUGIN_MAX_OUTPUTS) {
         st = lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s reports %d outputs (expected 1..%d)", plugin_name,
-                   version, n_out, PLUGIN_MAX_OUTPUTS);
+                   version, n_out, KILN_PLUGIN_MAX_OUTPUTS);
         goto done;
     }
-    kiln_shape_expr out_shapes[PLUGIN_MAX_OUTPUTS];
-    kiln_dtype out_types[PLUGIN_MAX_OUTPUTS];
-    int32_t out_ranks[PLUGIN_MAX_OUTPUTS];
-    kiln_expr out_dims[PLUGIN_MAX_OUTPUTS][KILN_MAX_RANK];
+    kiln_shape_expr out_shapes[KILN_PLUGIN_MAX_OUTPUTS];
+    kiln_dtype out_types[KILN_PLUGIN_MAX_OUTPUTS];
+    int32_t out_ranks[KILN_PLUGIN_MAX_OUTPUTS];
+    kiln_expr out_dims[KILN_PLUGIN_MAX_OUTPUTS][KILN_MAX_RANK];
     memset(out_shapes, 0, sizeof out_shapes);
     for (int32_t o = 0; o < n_out; o++)
         out_types[o] = KILN_DTYPE_COUNT;
@@ -1326,9 +1328,9 @@ kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const c
     kiln_layer_params p;
     memset(&p, 0, sizeof p);
     p.plugin.index = g->n_plugins;
-    kiln_tensor handles[PLUGIN_MAX_OUTPUTS];
+    kiln_tensor handles[KILN_PLUGIN_MAX_OUTPUTS];
     st = commit_layer(&c, KILN_OP_PLUGIN, ins, n_inputs, n_out, out_types, out_ranks,
-                      (const kiln_expr(*)[KILN_MAX_RANK])out_dims, &p, handles, PLUGIN_MAX_OUTPUTS);
+                      (const kiln_expr(*)[KILN_MAX_RANK])out_dims, &p, handles, KILN_PLUGIN_MAX_OUTPUTS);
     if (st != KILN_OK)
         goto done;
     kiln_plugin_rec *r = &g->plugins[g->n_plugins++];

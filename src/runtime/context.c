@@ -2,49 +2,58 @@
  * running the layers on the CPU backend. */
 #include "runtime_internal.h"
 
+#include <kiln/kiln.h>
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "../backend/cpu/cpu_backend.h"
 #include "../core/error.h"
 
-struct kiln_context {
-    kiln_engine *engine;
-    int32_t profile;
-    kiln_plugin **plugins;        /* clones, one per plugin record */
-    int64_t *symbols;             /* graph.n_symbols */
-    int64_t *values;              /* graph.exprs.n, scratch for evaluation */
-    kiln_dims *dims;              /* graph.n_tensors, valid when shapes_ready */
-    int32_t *input_set;           /* graph.n_inputs */
-    int32_t shapes_ready;
-    void **bound;                 /* graph.n_tensors, caller bindings */
-    unsigned char *block;         /* arena + workspace + unplanned I/O */
-    kiln_exec_tensor *in_args, *out_args; /* scratch for one layer */
-};
 
 /* ---- the engine's pool ------------------------------------------------------------ */
 
-/* Blocks are anonymous mappings: page-aligned, and the part of a
+/* Host blocks are anonymous mappings: page-aligned, and the part of a
  * max-profile arena that smaller shapes never touch costs no memory. */
-static void *block_alloc(size_t bytes)
+static void *host_alloc(size_t bytes)
 {
     void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
 }
 
-static void block_free(void *block, size_t bytes) { munmap(block, bytes ? bytes : 1); }
+static void host_free(void *block, size_t bytes) { munmap(block, bytes ? bytes : 1); }
 
-static void *pool_take(kiln_engine *e)
+static void *block_alloc(const kiln_arena_pool *p)
 {
-    kiln_arena_pool *p = &e->pool;
+#ifdef KILN_HAVE_CUDA
+    if (p->device)
+        return kiln_cuda_block_alloc(p->block_bytes);
+#endif
+    return host_alloc(p->block_bytes);
+}
+
+static void block_free(const kiln_arena_pool *p, void *block)
+{
+#ifdef KILN_HAVE_CUDA
+    if (p->device) {
+        kiln_cuda_block_free(block);
+        return;
+    }
+#endif
+    host_free(block, p->block_bytes);
+}
+
+void *kiln_arena_pool_take(kiln_arena_pool *p)
+{
     void *block = NULL;
     pthread_mutex_lock(&p->lock);
     if (p->n_free > 0) {
         block = p->free_list[--p->n_free];
     } else {
-        block = block_alloc(p->block_bytes);
+        block = block_alloc(p);
         if (block)
             p->n_allocated++;
     }
@@ -52,16 +61,15 @@ static void *pool_take(kiln_engine *e)
     return block;
 }
 
-static void pool_give(kiln_engine *e, void *block)
+void kiln_arena_pool_give(kiln_arena_pool *p, void *block)
 {
-    kiln_arena_pool *p = &e->pool;
     pthread_mutex_lock(&p->lock);
     if (p->n_free == p->cap_free) {
         int32_t cap = p->cap_free ? p->cap_free * 2 : 4;
         void **list = realloc(p->free_list, sizeof *list * (size_t)cap);
         if (!list) {
             /* Keeping the invariant matters more than keeping the block. */
-            block_free(block, p->block_bytes);
+            block_free(p, block);
             p->n_allocated--;
             pthread_mutex_unlock(&p->lock);
             return;
@@ -76,10 +84,65 @@ static void pool_give(kiln_engine *e, void *block)
 void kiln_arena_pool_release(kiln_arena_pool *p)
 {
     for (int32_t i = 0; i < p->n_free; i++)
-        block_free(p->free_list[i], p->block_bytes);
+        block_free(p, p->free_list[i]);
     free(p->free_list);
     p->free_list = NULL;
     p->n_free = p->cap_free = 0;
+}
+
+/* ---- I/O buffers ----------------------------------------------------------------------- */
+
+static void io_free(const kiln_context *ctx, void *p)
+{
+    if (!p)
+        return;
+#ifdef KILN_HAVE_CUDA
+    if (ctx->engine->pool.device) {
+        kiln_cuda_block_free(p);
+        return;
+    }
+#endif
+    (void)ctx;
+    free(p);
+}
+
+static void *io_alloc(const kiln_context *ctx, size_t bytes)
+{
+#ifdef KILN_HAVE_CUDA
+    if (ctx->engine->pool.device)
+        return kiln_cuda_block_alloc(bytes);
+#endif
+    (void)ctx;
+    void *p = NULL;
+    return posix_memalign(&p, 256, bytes) == 0 ? p : NULL;
+}
+
+/* Gives every unbound I/O tensor a buffer of at least its current size.
+ * Needs shapes_ready. Buffers only grow, so a step loop whose shapes
+ * shrink and grow again allocates only until the largest shape was seen. */
+static kiln_status ensure_io_buffers(kiln_context *ctx)
+{
+    const kiln_engine *e = ctx->engine;
+    for (int32_t i = 0; i < e->n_io; i++) {
+        int32_t t = e->io[i];
+        const kiln_tensor_rec *r = &e->graph.tensors[t];
+        if ((r->flags & KILN_TENSOR_CONSTANT) || ctx->bound[t])
+            continue;
+        size_t bytes;
+        KILN_TRY(kiln_dims_bytes(&ctx->dims[t], r->dtype, &bytes));
+        if (bytes == 0)
+            bytes = 1;
+        if (ctx->io_buf[t] && ctx->io_cap[t] >= bytes)
+            continue;
+        void *p = io_alloc(ctx, bytes);
+        if (!p)
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %zu bytes of I/O tensor \"%s\"",
+                             bytes, r->name);
+        io_free(ctx, ctx->io_buf[t]);
+        ctx->io_buf[t] = p;
+        ctx->io_cap[t] = bytes;
+    }
+    return KILN_OK;
 }
 
 /* ---- create / destroy --------------------------------------------------------------- */
@@ -126,12 +189,23 @@ void kiln_context_destroy(kiln_context *ctx)
     if (!ctx)
         return;
     const kiln_graph *g = &ctx->engine->graph;
+#ifdef KILN_HAVE_CUDA
+    /* The stream must be idle before the plugins it runs are destroyed and
+     * its block serves another context. */
+    kiln_cuda_context_destroy(ctx);
+#endif
     if (ctx->plugins)
         for (int32_t i = 0; i < g->n_plugins; i++)
             if (ctx->plugins[i])
                 ctx->plugins[i]->ops->destroy(ctx->plugins[i]);
     if (ctx->block)
-        pool_give(ctx->engine, ctx->block);
+        kiln_arena_pool_give(&ctx->engine->pool, ctx->block);
+    if (ctx->io_buf)
+        for (int32_t t = 0; t < g->n_tensors; t++)
+            io_free(ctx, ctx->io_buf[t]);
+    free(ctx->io_buf);
+    free(ctx->io_cap);
+    free(ctx->layer_ms);
     free(ctx->plugins);
     free(ctx->symbols);
     free(ctx->values);
@@ -162,12 +236,14 @@ kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out)
     ctx->bound = calloc(count_or_one(g->n_tensors), sizeof *ctx->bound);
     ctx->in_args = calloc(count_or_one(engine->max_layer_inputs), sizeof *ctx->in_args);
     ctx->out_args = calloc(count_or_one(engine->max_layer_outputs), sizeof *ctx->out_args);
-    if (!ctx->plugins || !ctx->symbols || !ctx->values || !ctx->dims ||
+    ctx->io_buf = calloc(count_or_one(g->n_tensors), sizeof *ctx->io_buf);
+    ctx->io_cap = calloc(count_or_one(g->n_tensors), sizeof *ctx->io_cap);
+    if (!ctx->io_buf || !ctx->io_cap || !ctx->plugins || !ctx->symbols || !ctx->values || !ctx->dims ||
         !ctx->input_set || !ctx->bound || !ctx->in_args || !ctx->out_args) {
         kiln_context_destroy(ctx);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory creating a context");
     }
-    ctx->block = pool_take(engine);
+    ctx->block = kiln_arena_pool_take(&engine->pool);
     if (!ctx->block) {
         kiln_context_destroy(ctx);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a %zu-byte context arena",
@@ -189,6 +265,15 @@ kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out)
                                      g->plugins[i].name);
         }
     }
+#ifdef KILN_HAVE_CUDA
+    if (engine->cuda) {
+        kiln_status s = kiln_cuda_context_create(ctx);
+        if (s != KILN_OK) {
+            kiln_context_destroy(ctx);
+            return s;
+        }
+    }
+#endif
     /* Inputs without dynamic dims have their shape already. */
     int32_t all_set = 1;
     for (int32_t i = 0; i < g->n_inputs; i++) {
@@ -197,6 +282,8 @@ kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out)
     }
     if (all_set) {
         kiln_status s = eval_shapes(ctx);
+        if (s == KILN_OK)
+            s = ensure_io_buffers(ctx);
         if (s != KILN_OK) {
             kiln_context_destroy(ctx);
             return s;
@@ -297,11 +384,22 @@ kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name, co
                                      kiln_dims_format(dims, (char[160]){0}, 160));
         }
     }
+    if (all_set) {
+        kiln_status s = ensure_io_buffers(ctx);
+        if (s != KILN_OK) {
+            ctx->shapes_ready = 0;
+            return s;
+        }
+    }
     ctx->shapes_ready = all_set;
+#ifdef KILN_HAVE_CUDA
+    if (all_set && ctx->cuda)
+        return kiln_cuda_context_shapes_changed(ctx);
+#endif
     return KILN_OK;
 }
 
-static kiln_status require_shapes(const kiln_context *ctx)
+kiln_status kiln_context_require_shapes(const kiln_context *ctx)
 {
     if (ctx->shapes_ready)
         return KILN_OK;
@@ -332,23 +430,30 @@ kiln_status kiln_context_tensor_shape(kiln_context *ctx, const char *name, kiln_
     int32_t t = find_io(ctx, name);
     if (t < 0)
         return KILN_ERROR_NOT_FOUND;
-    KILN_TRY(require_shapes(ctx));
+    KILN_TRY(kiln_context_require_shapes(ctx));
     *out = ctx->dims[t];
     return KILN_OK;
 }
 
 /* ---- memory ---------------------------------------------------------------------- */
 
-/* Where layers read and write tensor t. A constant is always read from
- * the engine, even when it is also an output the caller bound memory to:
- * that memory only receives a copy after the run. */
-static void *tensor_data(const kiln_context *ctx, int32_t t)
+/* A constant is always read from the engine (its device copy on CUDA),
+ * even when it is also an output the caller bound memory to: that memory
+ * only receives a copy after the run. */
+void *kiln_context_tensor_data(const kiln_context *ctx, int32_t t)
 {
     const kiln_engine *e = ctx->engine;
-    if (e->graph.tensors[t].flags & KILN_TENSOR_CONSTANT)
+    if (e->graph.tensors[t].flags & KILN_TENSOR_CONSTANT) {
+#ifdef KILN_HAVE_CUDA
+        if (e->cuda)
+            return kiln_cuda_engine_constant(e, t);
+#endif
         return e->graph.tensors[t].data;
+    }
     if (ctx->bound[t])
         return ctx->bound[t];
+    if (e->offsets[t] < 0)
+        return ctx->io_buf[t];
     return ctx->block + e->offsets[t];
 }
 
@@ -357,7 +462,19 @@ kiln_status kiln_context_set_tensor_address(kiln_context *ctx, const char *name,
     int32_t t = find_io(ctx, name);
     if (t < 0)
         return KILN_ERROR_NOT_FOUND;
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda && ptr)
+        KILN_TRY(kiln_cuda_check_binding(name, ptr));
+#endif
     ctx->bound[t] = ptr;
+    if (ptr) {
+        /* A bound tensor needs no memory of its own. */
+        io_free(ctx, ctx->io_buf[t]);
+        ctx->io_buf[t] = NULL;
+        ctx->io_cap[t] = 0;
+    } else if (ctx->shapes_ready) {
+        KILN_TRY(ensure_io_buffers(ctx));
+    }
     return KILN_OK;
 }
 
@@ -366,29 +483,57 @@ kiln_status kiln_context_tensor_address(kiln_context *ctx, const char *name, voi
     int32_t t = find_io(ctx, name);
     if (t < 0)
         return KILN_ERROR_NOT_FOUND;
-    *ptr = ctx->bound[t] ? ctx->bound[t] : tensor_data(ctx, t);
+    const kiln_engine *e = ctx->engine;
+    if (!ctx->bound[t] && !(e->graph.tensors[t].flags & KILN_TENSOR_CONSTANT) && !ctx->io_buf[t])
+        KILN_TRY(kiln_context_require_shapes(ctx));
+    *ptr = ctx->bound[t] ? ctx->bound[t] : kiln_context_tensor_data(ctx, t);
     return KILN_OK;
 }
 
 /* ---- execution -------------------------------------------------------------------- */
 
-static kiln_status run_layers(kiln_context *ctx, int reference)
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* With host_block, arena tensors live in that block at their engine
+ * offsets, I/O tensors in host_io and constants are the engine's host
+ * copies: how a CUDA context runs the CPU reference on host copies of its
+ * device data. */
+static void *host_data(const kiln_context *ctx, unsigned char *host_block, void **host_io, int32_t t)
+{
+    const kiln_engine *e = ctx->engine;
+    if (!host_block)
+        return kiln_context_tensor_data(ctx, t);
+    if (e->graph.tensors[t].flags & KILN_TENSOR_CONSTANT)
+        return e->graph.tensors[t].data;
+    if (e->offsets[t] < 0)
+        return host_io[t];
+    return host_block + e->offsets[t];
+}
+
+kiln_status kiln_context_run_cpu(kiln_context *ctx, int reference, unsigned char *host_block,
+                                 void **host_io)
 {
     const kiln_engine *e = ctx->engine;
     const kiln_graph *g = &e->graph;
-    KILN_TRY(require_shapes(ctx));
+    KILN_TRY(kiln_context_require_shapes(ctx));
     kiln_threadpool *pool = reference ? NULL : kiln_threadpool_global();
+    unsigned char *block = host_block ? host_block : ctx->block;
     for (int32_t l = 0; l < g->n_layers; l++) {
         const kiln_layer *L = &g->layers[l];
         if (L->op == KILN_OP_CONSTANT)
             continue;
         for (int32_t i = 0; i < L->n_inputs; i++) {
             int32_t t = L->inputs[i];
-            ctx->in_args[i] = (kiln_exec_tensor){tensor_data(ctx, t), g->tensors[t].dtype, ctx->dims[t]};
+            ctx->in_args[i] = (kiln_exec_tensor){host_data(ctx, host_block, host_io, t), g->tensors[t].dtype, ctx->dims[t]};
         }
         for (int32_t i = 0; i < L->n_outputs; i++) {
             int32_t t = L->outputs[i];
-            ctx->out_args[i] = (kiln_exec_tensor){tensor_data(ctx, t), g->tensors[t].dtype, ctx->dims[t]};
+            ctx->out_args[i] = (kiln_exec_tensor){host_data(ctx, host_block, host_io, t), g->tensors[t].dtype, ctx->dims[t]};
         }
         kiln_cpu_args args = {
             .graph = g,
@@ -396,12 +541,17 @@ static kiln_status run_layers(kiln_context *ctx, int reference)
             .inputs = ctx->in_args,
             .outputs = ctx->out_args,
             .plugin = L->op == KILN_OP_PLUGIN ? ctx->plugins[L->p.plugin.index] : NULL,
-            .workspace = ctx->block + e->workspace_offset,
+            .workspace = block + e->workspace_offset,
             .pool = pool,
             .reference = reference,
         };
+        double t0 = ctx->layer_ms ? now_ms() : 0;
         KILN_TRY(kiln_cpu_run_layer(&args));
+        if (ctx->layer_ms)
+            ctx->layer_ms[l] = now_ms() - t0;
     }
+    if (host_block)
+        return KILN_OK;
     /* An output the builder folded to a constant has no producing layer;
      * a caller who bound memory for it still expects the values there. */
     for (int32_t i = 0; i < g->n_outputs; i++) {
@@ -417,14 +567,147 @@ static kiln_status run_layers(kiln_context *ctx, int reference)
 
 kiln_status kiln_context_enqueue(kiln_context *ctx, void *stream)
 {
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_enqueue(ctx, stream);
+#endif
     (void)stream;
-    return run_layers(ctx, 0);
+    return kiln_context_run_cpu(ctx, 0, NULL, NULL);
 }
 
 kiln_status kiln_context_synchronize(kiln_context *ctx)
 {
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_synchronize(ctx);
+#endif
     (void)ctx;
     return KILN_OK;
 }
 
-kiln_status kiln_context_run_reference(kiln_context *ctx) { return run_layers(ctx, 1); }
+kiln_status kiln_context_run_reference(kiln_context *ctx)
+{
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_run_reference(ctx);
+#endif
+    return kiln_context_run_cpu(ctx, 1, NULL, NULL);
+}
+
+/* ---- host copies, timing, CUDA graphs ------------------------------------------------ */
+
+/* The I/O tensor `name` and its bytes at the current shapes, which must be
+ * exactly `bytes`: a short copy would leave stale data in the tensor. */
+static kiln_status io_bytes(kiln_context *ctx, const char *name, const void *host, size_t bytes,
+                            int32_t *t, size_t *need)
+{
+    *t = find_io(ctx, name);
+    if (*t < 0)
+        return KILN_ERROR_NOT_FOUND;
+    KILN_TRY(kiln_context_require_shapes(ctx));
+    const kiln_tensor_rec *r = &ctx->engine->graph.tensors[*t];
+    KILN_TRY(kiln_dims_bytes(&ctx->dims[*t], r->dtype, need));
+    if (bytes != *need)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "tensor \"%s\" holds %zu bytes at these shapes, the copy has %zu", name,
+                         *need, bytes);
+    if (!host && bytes)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\": host pointer is NULL", name);
+    return KILN_OK;
+}
+
+kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name, const void *host,
+                                    size_t bytes)
+{
+    int32_t t;
+    size_t need;
+    KILN_TRY(io_bytes(ctx, name, host, bytes, &t, &need));
+    if (ctx->engine->graph.tensors[t].flags & KILN_TENSOR_CONSTANT)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\" is a constant of the engine",
+                         name);
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_copy(ctx, t, (void *)host, bytes, 1);
+#endif
+    if (bytes)
+        memcpy(ctx->bound[t] ? ctx->bound[t] : kiln_context_tensor_data(ctx, t), host, bytes);
+    return KILN_OK;
+}
+
+kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *host, size_t bytes)
+{
+    int32_t t;
+    size_t need;
+    KILN_TRY(io_bytes(ctx, name, host, bytes, &t, &need));
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_copy(ctx, t, host, bytes, 0);
+#endif
+    if (bytes)
+        memcpy(host, ctx->bound[t] ? ctx->bound[t] : kiln_context_tensor_data(ctx, t), bytes);
+    return KILN_OK;
+}
+
+kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t enable)
+{
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_set_graph(ctx, enable);
+#endif
+    (void)enable;
+    return kiln_fail(KILN_ERROR_TARGET, "CUDA graphs need an engine built for cuda; this one is %s",
+                     kiln_backend_name(ctx->engine->info.backend));
+}
+
+kiln_status kiln_context_gpu_time(kiln_context *ctx, float *ms)
+{
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_gpu_time(ctx, ms);
+#endif
+    (void)ms;
+    return kiln_fail(KILN_ERROR_TARGET, "GPU time needs an engine built for cuda; this one is %s",
+                     kiln_backend_name(ctx->engine->info.backend));
+}
+
+kiln_status kiln_context_set_profiling(kiln_context *ctx, int32_t enable)
+{
+    const kiln_graph *g = &ctx->engine->graph;
+    if (!enable) {
+        free(ctx->layer_ms);
+        ctx->layer_ms = NULL;
+        return KILN_OK;
+    }
+    if (!ctx->layer_ms && !(ctx->layer_ms = calloc(count_or_one(g->n_layers), sizeof *ctx->layer_ms)))
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for layer timings");
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_set_profiling(ctx);
+#endif
+    return KILN_OK;
+}
+
+int32_t kiln_context_num_layers(const kiln_context *ctx) { return ctx->engine->graph.n_layers; }
+
+kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const char **name,
+                                    const char **op, double *ms)
+{
+    const kiln_graph *g = &ctx->engine->graph;
+    if (i < 0 || i >= g->n_layers)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer %d out of range (engine has %d)",
+                         (int)i, (int)g->n_layers);
+    if (!ctx->layer_ms)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "layer times need kiln_context_set_profiling before the run");
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        KILN_TRY(kiln_cuda_context_layer_times(ctx));
+#endif
+    if (name)
+        *name = g->layers[i].name;
+    if (op)
+        *op = kiln_op_name(g->layers[i].op);
+    if (ms)
+        *ms = ctx->layer_ms[i];
+    return KILN_OK;
+}

@@ -1,6 +1,8 @@
 /* Loading an engine: mapping, validation, target check, plugin resolution. */
 #include "runtime_internal.h"
 
+#include <kiln/kiln.h>
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -21,6 +23,9 @@ static kiln_status check_target(const kiln_engine_header_info *info)
     if (info->backend == KILN_BACKEND_CPU)
         return KILN_OK;
     if (info->backend == KILN_BACKEND_CUDA) {
+#ifdef KILN_HAVE_CUDA
+        return kiln_cuda_check_target(info);
+#else
         char archs[128] = "";
         size_t len = 0;
         int32_t n = info->n_gpu_archs;
@@ -30,8 +35,9 @@ static kiln_status check_target(const kiln_engine_header_info *info)
             len += (size_t)snprintf(archs + len, sizeof archs - len, "%ssm_%d", i ? ", " : "",
                                     (int)info->gpu_archs[i]);
         return kiln_fail(KILN_ERROR_TARGET,
-                         "engine targets cuda (%s), but this kiln has no CUDA backend",
+                         "engine targets cuda (%s), but this kiln was built without CUDA",
                          n ? archs : "no GPU architecture recorded");
+#endif
     }
     return kiln_fail(KILN_ERROR_TARGET, "engine targets unknown backend %d", (int)info->backend);
 }
@@ -119,7 +125,7 @@ static kiln_status resolve_plugins(kiln_registry *reg, kiln_graph *g)
 
 /* Recreates each plugin's prototype instance from its blob. Contexts clone
  * these, so the engine itself never runs a plugin. */
-static kiln_status deserialize_plugins(kiln_graph *g)
+static kiln_status deserialize_plugins(kiln_graph *g, kiln_backend backend)
 {
     for (int32_t i = 0; i < g->n_plugins; i++) {
         kiln_plugin_rec *r = &g->plugins[i];
@@ -166,6 +172,9 @@ static kiln_status deserialize_plugins(kiln_graph *g)
         if (!(ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CPU)))
             return kiln_fail(KILN_ERROR_TARGET, "layer \"%s\": plugin \"%s\" has no CPU enqueue",
                              layer, r->name);
+        if (!(ops->backends & KILN_BACKEND_BIT(backend)))
+            return kiln_fail(KILN_ERROR_TARGET, "layer \"%s\": plugin \"%s\" has no %s enqueue",
+                             layer, r->name, kiln_backend_name(backend));
     }
     return KILN_OK;
 }
@@ -185,52 +194,112 @@ static int align_up(size_t v, size_t *out)
     return 0;
 }
 
+static int is_io(const kiln_tensor_rec *r)
+{
+    return !(r->flags & KILN_TENSOR_CONSTANT) && (r->flags & (KILN_TENSOR_INPUT | KILN_TENSOR_OUTPUT));
+}
+
 static kiln_status check_tensor_ref(const kiln_engine *e, const kiln_layer *L, int32_t t)
 {
     const kiln_graph *g = &e->graph;
     if (t < 0 || t >= g->n_tensors)
         return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": tensor index %d out of range", L->name,
                          (int)t);
-    if (!(g->tensors[t].flags & KILN_TENSOR_CONSTANT) && e->offsets[t] < 0)
+    if (!(g->tensors[t].flags & KILN_TENSOR_CONSTANT) && !is_io(&g->tensors[t]) && e->offsets[t] < 0)
         return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": tensor \"%s\" has no arena memory",
                          L->name, g->tensors[t].name);
     return KILN_OK;
 }
 
+typedef struct byte_range {
+    size_t begin, end;
+} byte_range;
+
+static int cmp_range(const void *a, const void *b)
+{
+    const byte_range *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* Bytes of the removed ranges that lie wholly below `at`. */
+static size_t removed_below(const byte_range *r, int32_t n, size_t at)
+{
+    size_t sum = 0;
+    for (int32_t i = 0; i < n && r[i].end <= at; i++)
+        sum += r[i].end - r[i].begin;
+    return sum;
+}
+
+/* I/O tensors live outside the context's block, in buffers the context
+ * sizes to their current shape (context.c), because an I/O tensor's max
+ * shape can be enormous (an LLM's KV cache at n_blocks = 2^24) while the
+ * caller binds its own memory anyway. The builder may still have planned
+ * them inside the arena: an I/O tensor is live for the whole run, so no
+ * other tensor shares its bytes, and cutting the aligned part of its range
+ * out of the arena (shifting what lies above down) keeps every other
+ * tensor's range disjoint and aligned. */
 static kiln_status check_plan(kiln_engine *e)
 {
     const kiln_graph *g = &e->graph;
-    size_t end, total;
+    size_t end, total, arena = g->arena_size;
     e->offsets = malloc(sizeof *e->offsets * (size_t)(g->n_tensors ? g->n_tensors : 1));
-    if (!e->offsets)
+    byte_range *cut = malloc(sizeof *cut * (size_t)(g->n_tensors ? g->n_tensors : 1));
+    int32_t n_cut = 0;
+    if (!e->offsets || !cut) {
+        free(cut);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory loading an engine");
-    if (align_up(g->arena_size, &e->workspace_offset) ||
-        kiln_add_overflow(e->workspace_offset, g->workspace_size, &total))
-        return kiln_fail(KILN_ERROR_FORMAT, "arena plus workspace size overflows");
+    }
     for (int32_t t = 0; t < g->n_tensors; t++) {
         const kiln_tensor_rec *r = &g->tensors[t];
         e->offsets[t] = -1;
         if (r->flags & KILN_TENSOR_CONSTANT) {
-            if (!r->data && r->data_size)
+            if (!r->data && r->data_size) {
+                free(cut);
                 return kiln_fail(KILN_ERROR_FORMAT, "constant \"%s\" has no data", r->name);
+            }
             continue;
         }
-        if (r->arena_offset >= 0) {
-            if (kiln_add_overflow((size_t)r->arena_offset, r->max_bytes, &end) ||
-                end > g->arena_size)
-                return kiln_fail(KILN_ERROR_FORMAT,
-                                 "tensor \"%s\": arena range [%lld, +%zu) exceeds the arena (%zu bytes)",
-                                 r->name, (long long)r->arena_offset, r->max_bytes, g->arena_size);
+        if (r->arena_offset < 0)
+            continue;
+        if (kiln_add_overflow((size_t)r->arena_offset, r->max_bytes, &end) || end > g->arena_size) {
+            free(cut);
+            return kiln_fail(KILN_ERROR_FORMAT,
+                             "tensor \"%s\": arena range [%lld, +%zu) exceeds the arena (%zu bytes)",
+                             r->name, (long long)r->arena_offset, r->max_bytes, g->arena_size);
+        }
+        if (is_io(r)) {
+            size_t b, en = end & ~(size_t)(KILN_BLOCK_ALIGN - 1);
+            if (!align_up((size_t)r->arena_offset, &b) && b < en)
+                cut[n_cut++] = (byte_range){b, en};
+        } else {
             e->offsets[t] = r->arena_offset;
-        } else if (r->flags & (KILN_TENSOR_INPUT | KILN_TENSOR_OUTPUT)) {
-            size_t at;
-            if (align_up(total, &at) || kiln_add_overflow(at, r->max_bytes, &total) ||
-                at > (size_t)INT64_MAX)
-                return kiln_fail(KILN_ERROR_FORMAT, "tensor \"%s\": %zu bytes overflow the arena",
-                                 r->name, r->max_bytes);
-            e->offsets[t] = (int64_t)at;
         }
     }
+    qsort(cut, (size_t)n_cut, sizeof *cut, cmp_range);
+    /* Two I/O tensors never overlap in a valid plan; a corrupt one could
+     * make them, and the cut below must not count bytes twice. */
+    for (int32_t i = 1; i < n_cut; i++)
+        if (cut[i].begin < cut[i - 1].end) {
+            free(cut);
+            return kiln_fail(KILN_ERROR_FORMAT, "the memory plan overlaps two I/O tensors");
+        }
+    arena -= removed_below(cut, n_cut, SIZE_MAX);
+    for (int32_t t = 0; t < g->n_tensors; t++) {
+        if (e->offsets[t] < 0)
+            continue;
+        e->offsets[t] -= (int64_t)removed_below(cut, n_cut, (size_t)e->offsets[t]);
+        /* Only a corrupt plan puts a tensor across an I/O tensor's bytes. */
+        if ((size_t)e->offsets[t] + g->tensors[t].max_bytes > arena) {
+            const char *name = g->tensors[t].name;
+            free(cut);
+            return kiln_fail(KILN_ERROR_FORMAT, "tensor \"%s\" overlaps an I/O tensor in the memory plan",
+                             name);
+        }
+    }
+    free(cut);
+    if (align_up(arena, &e->workspace_offset) ||
+        kiln_add_overflow(e->workspace_offset, g->workspace_size, &total))
+        return kiln_fail(KILN_ERROR_FORMAT, "arena plus workspace size overflows");
     for (int32_t l = 0; l < g->n_layers; l++) {
         const kiln_layer *L = &g->layers[l];
         if (L->workspace > g->workspace_size)
@@ -304,10 +373,19 @@ static kiln_status engine_from_image(kiln_registry *reg, void *image, size_t siz
     if (s == KILN_OK)
         s = resolve_plugins(reg, &e->graph);
     if (s == KILN_OK)
-        s = deserialize_plugins(&e->graph);
+        s = deserialize_plugins(&e->graph, e->info.backend);
     if (s == KILN_OK && pthread_mutex_init(&e->pool.lock, NULL) != 0)
         s = kiln_fail(KILN_ERROR_INTERNAL, "cannot create the engine's pool lock");
+    int lock_made = s == KILN_OK;
+#ifdef KILN_HAVE_CUDA
+    if (s == KILN_OK && e->info.backend == KILN_BACKEND_CUDA) {
+        e->pool.device = 1;
+        s = kiln_cuda_engine_create(e);
+    }
+#endif
     if (s != KILN_OK) {
+        if (lock_made)
+            pthread_mutex_destroy(&e->pool.lock);
         kiln_graph_free(&e->graph);
         release_image(image, size, mapped);
         free(e->offsets);
@@ -373,6 +451,9 @@ void kiln_engine_destroy(kiln_engine *engine)
         return;
     kiln_arena_pool_release(&engine->pool);
     pthread_mutex_destroy(&engine->pool.lock);
+#ifdef KILN_HAVE_CUDA
+    kiln_cuda_engine_destroy(engine);
+#endif
     kiln_graph_free(&engine->graph);
     free(engine->offsets);
     free(engine->io);

@@ -12,6 +12,17 @@ expect_ok "build examples/scale_bias/net.json with the example plugin" \
 expect_stdout "build prints a one-line summary" "1 layers .*arena [0-9]+ bytes.*engine [0-9]+ bytes"
 [ -s "$E" ] || fail "build wrote no engine file"
 
+expect_ok "build --verbose logs each pass" \
+  "$KILN" build "$NET" -o "$TMP/verbose.engine" --plugins "$EXAMPLE_LIB" --verbose
+grep -q '^kiln: info: ' "$ERR" && PASSED=$((PASSED + 1)) || fail "--verbose logged nothing"
+if command -v script >/dev/null 2>&1; then
+  echo "case: build on a terminal draws a progress bar on stderr"
+  script -qec "'$KILN' build '$NET' -o '$TMP/tty.engine' --plugins '$EXAMPLE_LIB'" /dev/null >"$OUT" 2>&1
+  grep -q '100%' "$OUT" && PASSED=$((PASSED + 1)) || fail "no progress bar on a terminal"
+  run "$KILN" build "$NET" -o "$TMP/notty.engine" --plugins "$EXAMPLE_LIB"
+  grep -q '%' "$ERR" && fail "a progress bar was drawn without a terminal" || PASSED=$((PASSED + 1))
+fi
+
 expect_ok "exec --shapes input:4x1024 --check" \
   "$KILN" exec "$E" --plugins "$EXAMPLE_LIB" --shapes input:4x1024 --check
 expect_stdout "exec prints latency figures" \

@@ -1,6 +1,7 @@
 /* Writes the seed corpus of fuzz_engine into tests/fuzz/corpus/fuzz_engine/:
  * two small valid engines, their plans alone (the fuzz target also reads
- * its input as a plan), and hand-made bad engines, each one defect.
+ * its input as a plan), and hand-made bad engines, each one defect. The
+ * engines are named *.bin because the repository ignores *.engine.
  *
  * Build and run from the repository root, against a built libkiln_static:
  *   cc -std=c11 -D_GNU_SOURCE -Iinclude -Isrc tests/fuzz/make_engine_corpus.c \
@@ -205,8 +206,8 @@ int main(void)
     if (kiln_engine_write(&g, &plug) != KILN_OK)
         return 1;
     kiln_graph_free(&g);
-    save("good_small.engine", small.data, small.size);
-    save("good_plugin.engine", plug.data, plug.size);
+    save("good_small.bin", small.data, small.size);
+    save("good_plugin.bin", plug.data, plug.size);
     save_plan("plan_small.json", &small);
     save_plan("plan_plugin.json", &plug);
 
@@ -216,42 +217,42 @@ int main(void)
     uint8_t *pe = b + 96 + 32 * pi, *we = b + 96 + 32 * wi;
 
     b[0] = 'X';
-    save("bad_magic.engine", b, n);
+    save("bad_magic.bin", b, n);
     memcpy(b, small.data, n);
     b[8] = 7;
     reseal(b);
-    save("future_version.engine", b, n);
-    save("truncated_header.engine", small.data, 60);
-    save("truncated_table.engine", small.data, 150);
-    save("truncated_half.engine", small.data, n / 2);
+    save("future_version.bin", b, n);
+    save("truncated_header.bin", small.data, 60);
+    save("truncated_table.bin", small.data, 150);
+    save("truncated_half.bin", small.data, n / 2);
     memcpy(b, small.data, n);
     b[le64(pe + 8) + 5] ^= 4;
-    save("bitflip_plan.engine", b, n);
+    save("bitflip_plan.bin", b, n);
     memcpy(b, small.data, n);
     b[le64(pe + 8) + le64(pe + 16) + 1] = 1;
-    save("nonzero_padding.engine", b, n);
+    save("nonzero_padding.bin", b, n);
     memcpy(b, small.data, n);
     wr64(pe + 8, n - 4);
     reseal(b);
-    save("plan_offset_outside.engine", b, n);
+    save("plan_offset_outside.bin", b, n);
     memcpy(b, small.data, n);
     wr64(we + 16, UINT64_MAX - 100);
     reseal(b);
-    save("weights_size_wraps.engine", b, n);
+    save("weights_size_wraps.bin", b, n);
     memcpy(b, small.data, n);
     memcpy(we + 8, pe + 8, 8);
     reseal(b);
-    save("sections_overlap.engine", b, n);
+    save("sections_overlap.bin", b, n);
     memcpy(b, small.data, n);
     b[80] = 0xff;
     b[81] = 0xff;
     b[82] = 0xff;
     b[83] = 0xff;
-    save("huge_section_count.engine", b, n);
+    save("huge_section_count.bin", b, n);
     memcpy(b, small.data, n);
     wr64(b + 72, n + 1);
     reseal(b);
-    save("size_mismatch.engine", b, n);
+    save("size_mismatch.bin", b, n);
     free(b);
 
     /* Plans that lie, as plan-only inputs. */
@@ -288,7 +289,7 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof plans / sizeof plans[0]; i++)
         save(plans[i][0], plans[i][1], strlen(plans[i][1]));
-    save("empty.engine", "", 0);
+    save("empty.bin", "", 0);
 
     kiln_buffer_free(&small);
     kiln_buffer_free(&plug);

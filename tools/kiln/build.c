@@ -40,8 +40,15 @@ static void progress_bar(void *user, double fraction, const char *what)
     *drawn = 1;
 }
 
+/* A checkpoint (HF directory, .gguf, llama2.c .bin) builds an LLM engine:
+ * tools/kiln/build_llm.c. */
+int cli_build_is_checkpoint(int argc, char **argv);
+int cli_build_llm(int argc, char **argv);
+
 int cli_build(int argc, char **argv)
 {
+    if (cli_build_is_checkpoint(argc, argv))
+        return cli_build_llm(argc, argv);
     static const char *const valued[] = {"-o", "--output", "--plugins", "--backend", NULL};
     cli_args a;
     cli_args_init(&a, "build", argc, argv);

@@ -57,5 +57,9 @@ int cli_build(int argc, char **argv);
 int cli_exec(int argc, char **argv);
 int cli_inspect(int argc, char **argv);
 int cli_plugins(int argc, char **argv);
+int cli_run(int argc, char **argv);
+int cli_chat(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_detokenize(int argc, char **argv);
 
 #endif

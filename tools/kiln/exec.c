@@ -17,7 +17,9 @@ static const char exec_help[] =
     "usage: kiln exec ENGINE [options]\n"
     "\n"
     "Loads an engine, sets input shapes, fills the inputs, runs it and reports\n"
-    "latency (min, median, p99, mean in ms).\n"
+    "latency (min, median, p99, mean in ms). On a cuda engine inputs are copied in\n"
+    "through pinned staging once, and GPU time from CUDA events is reported beside\n"
+    "the host wall time of each enqueue + synchronize.\n"
     "\n"
     "options:\n"
     "  --plugins LIB          load a plugin library first (repeatable)\n"
@@ -34,6 +36,9 @@ static const char exec_help[] =
     "  --atol X, --rtol X     tolerances for --check (default per dtype: f32 1e-5/1e-4,\n"
     "                         f16 1e-2/1e-2, bf16 2e-2/2e-2, integers exact)\n"
     "  --save-outputs DIR     write each output as DIR/NAME.npy\n"
+    "  --cuda-graph           (cuda) capture the engine in a CUDA graph once and replay it\n"
+    "  --profile              per-layer times of one extra run, slowest first (cuda: GPU\n"
+    "                         time from events between layers, without a graph; cpu: host)\n"
     "  --json                 print one JSON object instead of text\n"
     "  -h, --help             show this help\n";
 
@@ -46,6 +51,9 @@ typedef struct io_tensor {
     void *data;        /* bound buffer: inputs, and outputs of the timed runs */
     void *ref;         /* outputs of the reference run (--check) */
     const char *shape_arg, *file_arg;
+    void *npy;         /* the --input file's data, read once */
+    kiln_dtype npy_dtype;
+    kiln_dims npy_dims;
     /* --check results */
     double max_abs, max_rel, atol, rtol;
     int pass;
@@ -55,10 +63,21 @@ typedef struct exec_opts {
     const char *engine, *save_dir;
     const char **libs, **shapes, **inputs;
     int n_libs, n_shapes, n_inputs;
-    long iterations, warmup, profile;
-    int check, json;
+    long iterations, warmup, profile_index;
+    int check, json, cuda_graph, profile;
     double atol, rtol; /* < 0: per dtype */
 } exec_opts;
+
+/* Timing and profile results of one exec. */
+typedef struct exec_result {
+    double lat[4];      /* host wall ms: min, median, p99, mean */
+    double gpu[4];      /* GPU ms from CUDA events (cuda engines) */
+    int has_gpu;
+    int n_layers;
+    int *order;         /* layer indices, slowest first */
+    const char **layer_name, **layer_op;
+    double *layer_ms, layer_total;
+} exec_result;
 
 /* ---- parsing -------------------------------------------------------------------------- */
 
@@ -134,7 +153,7 @@ static int parse_opts(int argc, char **argv, exec_opts *o, int *help)
         } else if (!strcmp(opt, "--warmup")) {
             st = cli_parse_count("exec", opt, val, &o->warmup);
         } else if (!strcmp(opt, "--profile-index")) {
-            st = cli_parse_count("exec", opt, val, &o->profile);
+            st = cli_parse_count("exec", opt, val, &o->profile_index);
         } else if (!strcmp(opt, "--atol")) {
             st = parse_real(opt, val, &o->atol);
         } else if (!strcmp(opt, "--rtol")) {
@@ -145,6 +164,10 @@ static int parse_opts(int argc, char **argv, exec_opts *o, int *help)
             o->check = 1;
         } else if (!strcmp(opt, "--json")) {
             o->json = 1;
+        } else if (!strcmp(opt, "--cuda-graph")) {
+            o->cuda_graph = 1;
+        } else if (!strcmp(opt, "--profile")) {
+            o->profile = 1;
         } else {
             st = cli_usage("exec", "unknown option %s", opt);
         }
@@ -222,14 +245,12 @@ static void fill_random(io_tensor *t, uint64_t seed)
     }
 }
 
+/* Copies the --input file's values into the input buffer. */
 static int load_npy(io_tensor *t)
 {
-    kiln_dtype dtype;
-    kiln_dims dims;
-    void *data = NULL;
-    size_t size = 0;
-    if (kiln_npy_read(t->file_arg, &dtype, &dims, &data, &size) != KILN_OK)
-        return cli_kiln_error();
+    kiln_dtype dtype = t->npy_dtype;
+    kiln_dims dims = t->npy_dims;
+    const void *data = t->npy;
     int64_t n = 0;
     kiln_dims_count(&t->dims, &n);
     int64_t m = -1;
@@ -247,7 +268,6 @@ static int load_npy(io_tensor *t)
         st = cli_error("input \"%s\": %s holds %s, the input is %s", t->name, t->file_arg,
                        kiln_dtype_name(dtype), kiln_dtype_name(t->dtype));
     }
-    free(data);
     return st;
 }
 
@@ -262,12 +282,7 @@ static int input_shape(kiln_engine *e, const exec_opts *o, io_tensor *t)
         return CLI_OK;
     }
     if (t->file_arg) {
-        kiln_dtype dtype;
-        void *data = NULL;
-        size_t size;
-        if (kiln_npy_read(t->file_arg, &dtype, &t->dims, &data, &size) != KILN_OK)
-            return cli_kiln_error();
-        free(data);
+        t->dims = t->npy_dims;
         return CLI_OK;
     }
     int dynamic = 0;
@@ -277,7 +292,7 @@ static int input_shape(kiln_engine *e, const exec_opts *o, io_tensor *t)
         t->dims = declared;
         return CLI_OK;
     }
-    if (kiln_engine_profile_shape(e, (int32_t)o->profile, t->name, NULL, &opt, NULL) != KILN_OK)
+    if (kiln_engine_profile_shape(e, (int32_t)o->profile_index, t->name, NULL, &opt, NULL) != KILN_OK)
         return cli_kiln_error();
     t->dims = opt;
     return CLI_OK;
@@ -296,6 +311,20 @@ static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* min, median, p99, mean of n samples (sorted in place). */
+static void summarize(double *v, long n, double out[4])
+{
+    double sum = 0;
+    for (long i = 0; i < n; i++)
+        sum += v[i];
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    long p99 = (long)ceil(0.99 * (double)n) - 1;
+    out[0] = v[0];
+    out[1] = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    out[2] = v[p99 < 0 ? 0 : p99];
+    out[3] = sum / (double)n;
 }
 
 static void default_tolerance(kiln_dtype t, double *atol, double *rtol)
@@ -365,7 +394,13 @@ static json_t *dims_json(const kiln_dims *d)
     return a;
 }
 
-static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, int n_io, const double *lat)
+static json_t *stats_json(const double *v)
+{
+    return json_pack("{s:f, s:f, s:f, s:f}", "min", v[0], "median", v[1], "p99", v[2], "mean", v[3]);
+}
+
+static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, int n_io,
+                           const exec_result *r)
 {
     json_t *inputs = json_array(), *outputs = json_array();
     for (int i = 0; i < n_io; i++) {
@@ -379,12 +414,27 @@ static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, in
         }
     }
     json_t *root = json_pack("{s:s, s:s, s:i, s:o, s:o, s:i, s:i}", "engine", o->engine, "backend",
-                             kiln_backend_name(kiln_engine_backend(e)), "profile", (int)o->profile,
+                             kiln_backend_name(kiln_engine_backend(e)), "profile", (int)o->profile_index,
                              "inputs", inputs, "outputs", outputs, "warmup", (int)o->warmup,
                              "iterations", (int)o->iterations);
-    json_object_set_new(root, "latency_ms",
-                        json_pack("{s:f, s:f, s:f, s:f}", "min", lat[0], "median", lat[1], "p99",
-                                  lat[2], "mean", lat[3]));
+    json_object_set_new(root, "latency_ms", stats_json(r->lat));
+    if (r->has_gpu) {
+        json_object_set_new(root, "gpu_ms", stats_json(r->gpu));
+        json_object_set_new(root, "cuda_graph", json_boolean(o->cuda_graph));
+    }
+    if (r->n_layers) {
+        json_t *list = json_array();
+        for (int k = 0; k < r->n_layers; k++) {
+            int l = r->order[k];
+            json_array_append_new(
+                list, json_pack("{s:s, s:s, s:f, s:f}", "name", r->layer_name[l], "op", r->layer_op[l],
+                                "ms", r->layer_ms[l],
+                                "percent", r->layer_total > 0 ? 100.0 * r->layer_ms[l] / r->layer_total : 0.0));
+        }
+        json_object_set_new(root, "layer_profile",
+                            json_pack("{s:s, s:f, s:o}", "clock", r->has_gpu ? "gpu" : "host",
+                                      "total_ms", r->layer_total, "layers", list));
+    }
     if (o->check) {
         json_t *list = json_array();
         int all = 1;
@@ -398,24 +448,40 @@ static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, in
                                 "max_rel_error", isinf(io[i].max_rel) ? 1e308 : io[i].max_rel,
                                 "atol", io[i].atol, "rtol", io[i].rtol, "pass", io[i].pass));
         }
-        json_object_set_new(root, "check", json_pack("{s:b, s:o}", "pass", all, "outputs", list));
+        json_object_set_new(root, "check", json_pack("{s:b, s:s, s:o}", "pass", all, "reference",
+                                                     "cpu", "outputs", list));
     }
     if (o->save_dir)
         json_object_set_new(root, "saved_outputs", json_string(o->save_dir));
     return root;
 }
 
-static void report_text(const exec_opts *o, kiln_engine *e, io_tensor *io, int n_io, const double *lat)
+static void report_text(const exec_opts *o, kiln_engine *e, io_tensor *io, int n_io,
+                        const exec_result *r)
 {
     char buf[160];
-    printf("engine %s: %s, profile %ld\n", o->engine, kiln_backend_name(kiln_engine_backend(e)), o->profile);
+    printf("engine %s: %s, profile %ld%s\n", o->engine, kiln_backend_name(kiln_engine_backend(e)),
+           o->profile_index, o->cuda_graph ? ", CUDA graph" : "");
     for (int i = 0; i < n_io; i++)
         printf("%-6s %-16s %-5s %s%s%s\n", io[i].is_input ? "input" : "output", io[i].name,
                kiln_dtype_name(io[i].dtype), kiln_dims_format(&io[i].dims, buf, sizeof buf),
                io[i].is_input ? (io[i].file_arg ? "  from " : "  random") : "",
                io[i].is_input && io[i].file_arg ? io[i].file_arg : "");
     printf("latency over %ld iterations (%ld warm-up): min %.4f ms, median %.4f ms, p99 %.4f ms, mean %.4f ms\n",
-           o->iterations, o->warmup, lat[0], lat[1], lat[2], lat[3]);
+           o->iterations, o->warmup, r->lat[0], r->lat[1], r->lat[2], r->lat[3]);
+    if (r->has_gpu)
+        printf("GPU time (CUDA events):        min %.4f ms, median %.4f ms, p99 %.4f ms, mean %.4f ms\n",
+               r->gpu[0], r->gpu[1], r->gpu[2], r->gpu[3]);
+    if (r->n_layers) {
+        printf("per-layer %s time of one run (%.4f ms in layers):\n", r->has_gpu ? "GPU" : "host",
+               r->layer_total);
+        printf("  %-32s %-18s %10s %7s\n", "layer", "op", "ms", "%");
+        for (int k = 0; k < r->n_layers; k++) {
+            int l = r->order[k];
+            printf("  %-32s %-18s %10.4f %6.1f%%\n", r->layer_name[l], r->layer_op[l], r->layer_ms[l],
+                   r->layer_total > 0 ? 100.0 * r->layer_ms[l] / r->layer_total : 0.0);
+        }
+    }
     if (o->check)
         for (int i = 0; i < n_io; i++)
             if (!io[i].is_input)
@@ -428,9 +494,98 @@ static void report_text(const exec_opts *o, kiln_engine *e, io_tensor *io, int n
 
 /* ---- the command ------------------------------------------------------------------------- */
 
-static int run(const exec_opts *o, kiln_engine *e, kiln_context *ctx, io_tensor *io, int n_io)
+/* On cuda, device outputs to the host buffers (`ref`: the reference's). */
+static int fetch_outputs(kiln_context *ctx, io_tensor *io, int n_io, int ref)
 {
-    if (kiln_context_set_profile(ctx, (int32_t)o->profile) != KILN_OK)
+    for (int i = 0; i < n_io; i++)
+        if (!io[i].is_input &&
+            kiln_context_copy_output(ctx, io[i].name, ref ? io[i].ref : io[i].data, io[i].bytes) != KILN_OK)
+            return cli_kiln_error();
+    if (kiln_context_synchronize(ctx) != KILN_OK)
+        return cli_kiln_error();
+    return CLI_OK;
+}
+
+static const exec_result *sort_layers_by;
+
+static int cmp_layer(const void *a, const void *b)
+{
+    double x = sort_layers_by->layer_ms[*(const int *)a], y = sort_layers_by->layer_ms[*(const int *)b];
+    return (x < y) - (x > y);
+}
+
+/* One extra run with per-layer timing (never in a graph: events between
+ * layers need the plain launches). */
+static int profile_layers(const exec_opts *o, kiln_context *ctx, exec_result *r)
+{
+    int n = kiln_context_num_layers(ctx);
+    if ((o->cuda_graph && kiln_context_set_cuda_graph(ctx, 0) != KILN_OK) ||
+        kiln_context_set_profiling(ctx, 1) != KILN_OK || kiln_context_enqueue(ctx, NULL) != KILN_OK ||
+        kiln_context_synchronize(ctx) != KILN_OK)
+        return cli_kiln_error();
+    r->order = calloc((size_t)(n ? n : 1), sizeof *r->order);
+    r->layer_name = calloc((size_t)(n ? n : 1), sizeof *r->layer_name);
+    r->layer_op = calloc((size_t)(n ? n : 1), sizeof *r->layer_op);
+    r->layer_ms = calloc((size_t)(n ? n : 1), sizeof *r->layer_ms);
+    if (!r->order || !r->layer_name || !r->layer_op || !r->layer_ms)
+        return cli_error("out of memory");
+    r->layer_total = 0;
+    for (int l = 0; l < n; l++) {
+        if (kiln_context_layer_time(ctx, l, &r->layer_name[l], &r->layer_op[l], &r->layer_ms[l]) != KILN_OK)
+            return cli_kiln_error();
+        r->order[l] = l;
+        r->layer_total += r->layer_ms[l];
+    }
+    sort_layers_by = r;
+    qsort(r->order, (size_t)n, sizeof *r->order, cmp_layer);
+    r->n_layers = n;
+    if (kiln_context_set_profiling(ctx, 0) != KILN_OK ||
+        (o->cuda_graph && kiln_context_set_cuda_graph(ctx, 1) != KILN_OK))
+        return cli_kiln_error();
+    return CLI_OK;
+}
+
+static int timed_runs(const exec_opts *o, kiln_context *ctx, int cuda, exec_result *r)
+{
+    for (long i = 0; i < o->warmup; i++)
+        if (kiln_context_enqueue(ctx, NULL) != KILN_OK || kiln_context_synchronize(ctx) != KILN_OK)
+            return cli_kiln_error();
+    double *times = calloc((size_t)o->iterations, sizeof *times);
+    double *gpu = calloc((size_t)o->iterations, sizeof *gpu);
+    if (!times || !gpu) {
+        free(times);
+        free(gpu);
+        return cli_error("out of memory");
+    }
+    int st = CLI_OK;
+    for (long i = 0; i < o->iterations && st == CLI_OK; i++) {
+        double t0 = now_ms();
+        float ms = 0;
+        if (kiln_context_enqueue(ctx, NULL) != KILN_OK || kiln_context_synchronize(ctx) != KILN_OK)
+            st = cli_kiln_error();
+        times[i] = now_ms() - t0;
+        if (st == CLI_OK && cuda && kiln_context_gpu_time(ctx, &ms) != KILN_OK)
+            st = cli_kiln_error();
+        gpu[i] = ms;
+    }
+    if (st == CLI_OK) {
+        summarize(times, o->iterations, r->lat);
+        summarize(gpu, o->iterations, r->gpu);
+        r->has_gpu = cuda;
+    }
+    free(times);
+    free(gpu);
+    return st;
+}
+
+static int run(const exec_opts *o, kiln_engine *e, kiln_context *ctx, io_tensor *io, int n_io,
+               exec_result *r)
+{
+    int cuda = kiln_engine_backend(e) == KILN_BACKEND_CUDA;
+    if (o->cuda_graph && !cuda)
+        return cli_error("--cuda-graph needs an engine built for cuda; %s is built for %s", o->engine,
+                         kiln_backend_name(kiln_engine_backend(e)));
+    if (kiln_context_set_profile(ctx, (int32_t)o->profile_index) != KILN_OK)
         return cli_kiln_error();
     if (check_arg_names(e, o->shapes, o->n_shapes, ':', "--shapes") ||
         check_arg_names(e, o->inputs, o->n_inputs, '=', "--input"))
@@ -444,6 +599,10 @@ static int run(const exec_opts *o, kiln_engine *e, kiln_context *ctx, io_tensor 
             continue;
         t->shape_arg = find_arg(o->shapes, o->n_shapes, t->name, ':');
         t->file_arg = find_arg(o->inputs, o->n_inputs, t->name, '=');
+        size_t npy_bytes;
+        if (t->file_arg &&
+            kiln_npy_read(t->file_arg, &t->npy_dtype, &t->npy_dims, &t->npy, &npy_bytes) != KILN_OK)
+            return cli_kiln_error();
         int st = input_shape(e, o, t);
         if (st)
             return st;
@@ -469,40 +628,35 @@ static int run(const exec_opts *o, kiln_engine *e, kiln_context *ctx, io_tensor 
                 fill_random(t, 0x9E3779B97F4A7C15ULL + (uint64_t)i);
             }
         }
-        if (kiln_context_set_tensor_address(ctx, t->name, t->data) != KILN_OK)
+        /* On cuda the tensors stay in the context's device memory: inputs
+         * are copied in once, outputs fetched after the runs. */
+        if (cuda ? t->is_input && kiln_context_copy_input(ctx, t->name, t->data, t->bytes) != KILN_OK
+                 : kiln_context_set_tensor_address(ctx, t->name, t->data) != KILN_OK)
             return cli_kiln_error();
     }
+    if (o->cuda_graph && kiln_context_set_cuda_graph(ctx, 1) != KILN_OK)
+        return cli_kiln_error();
 
-    for (long i = 0; i < o->warmup; i++)
-        if (kiln_context_enqueue(ctx, NULL) != KILN_OK || kiln_context_synchronize(ctx) != KILN_OK)
-            return cli_kiln_error();
-    double *times = calloc((size_t)o->iterations, sizeof *times);
-    if (!times)
-        return cli_error("out of memory");
-    double sum = 0;
-    for (long i = 0; i < o->iterations; i++) {
-        double t0 = now_ms();
-        if (kiln_context_enqueue(ctx, NULL) != KILN_OK || kiln_context_synchronize(ctx) != KILN_OK) {
-            free(times);
-            return cli_kiln_error();
-        }
-        times[i] = now_ms() - t0;
-        sum += times[i];
-    }
-    qsort(times, (size_t)o->iterations, sizeof *times, cmp_double);
-    long n = o->iterations;
-    long p99 = (long)ceil(0.99 * (double)n) - 1;
-    double lat[4] = {times[0], n % 2 ? times[n / 2] : (times[n / 2 - 1] + times[n / 2]) / 2,
-                     times[p99 < 0 ? 0 : p99], sum / (double)n};
-    free(times);
+    int st = timed_runs(o, ctx, cuda, r);
+    if (st == CLI_OK && cuda)
+        st = fetch_outputs(ctx, io, n_io, 0);
+    if (st == CLI_OK && o->profile)
+        st = profile_layers(o, ctx, r);
+    if (st)
+        return st;
 
     int all_pass = 1;
     if (o->check) {
-        for (int i = 0; i < n_io; i++)
+        /* The reference writes where the outputs are: on cuda the device
+         * tensors (the timed results are on the host already), on the CPU
+         * the reference buffers bound in their place. */
+        for (int i = 0; !cuda && i < n_io; i++)
             if (!io[i].is_input && kiln_context_set_tensor_address(ctx, io[i].name, io[i].ref) != KILN_OK)
                 return cli_kiln_error();
         if (kiln_context_run_reference(ctx) != KILN_OK)
             return cli_kiln_error();
+        if (cuda && (st = fetch_outputs(ctx, io, n_io, 1)) != CLI_OK)
+            return st;
         for (int i = 0; i < n_io; i++)
             if (!io[i].is_input) {
                 compare(&io[i], o);
@@ -517,13 +671,13 @@ static int run(const exec_opts *o, kiln_engine *e, kiln_context *ctx, io_tensor 
                 return CLI_FAILURE;
     }
     if (o->json) {
-        json_t *root = report_json(o, e, io, n_io, lat);
+        json_t *root = report_json(o, e, io, n_io, r);
         char *text = json_dumps(root, JSON_INDENT(2));
         printf("%s\n", text ? text : "{}");
         free(text);
         json_decref(root);
     } else {
-        report_text(o, e, io, n_io, lat);
+        report_text(o, e, io, n_io, r);
     }
     fflush(stdout);
     if (!all_pass) {
@@ -558,6 +712,8 @@ int cli_exec(int argc, char **argv)
     kiln_context *ctx = NULL;
     io_tensor *io = NULL;
     int n_io = 0;
+    exec_result result;
+    memset(&result, 0, sizeof result);
     if ((st = cli_registry(o.libs, o.n_libs, &reg)) != CLI_OK)
         goto done;
     if (kiln_engine_load(reg, o.engine, &engine) != KILN_OK || kiln_context_create(engine, &ctx) != KILN_OK) {
@@ -565,14 +721,19 @@ int cli_exec(int argc, char **argv)
     } else {
         n_io = kiln_engine_num_io_tensors(engine);
         io = calloc((size_t)(n_io ? n_io : 1), sizeof *io);
-        st = io ? run(&o, engine, ctx, io, n_io) : cli_error("out of memory");
+        st = io ? run(&o, engine, ctx, io, n_io, &result) : cli_error("out of memory");
     }
     kiln_context_destroy(ctx);
     for (int i = 0; io && i < n_io; i++) {
         free(io[i].data);
         free(io[i].ref);
+        free(io[i].npy);
     }
     free(io);
+    free(result.order);
+    free(result.layer_name);
+    free(result.layer_op);
+    free(result.layer_ms);
     kiln_engine_destroy(engine);
     kiln_registry_destroy(reg);
 done:

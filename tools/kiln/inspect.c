@@ -152,10 +152,11 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
     printf("engine %s\n", path);
     printf("  format version %lld, built by kiln %s, %lld bytes, target %s", jint(h, "format_version"),
            jstr(h, "kiln_version"), jint(h, "file_size"), jstr(tg, "backend"));
-    if (json_array_size(json_object_get(tg, "gpu_archs"))) {
-        fputs(" ", stdout);
-        print_list(json_object_get(tg, "gpu_archs"));
-    }
+    json_t *archs = json_object_get(tg, "gpu_archs");
+    for (size_t k = 0; k < json_array_size(archs); k++)
+        printf("%ssm_%lld", k ? ", " : " (", (long long)json_integer_value(json_array_get(archs, k)));
+    if (json_array_size(archs))
+        putchar(')');
     putchar('\n');
     if (load_error)
         printf("  cannot run here: %s\n", load_error);
@@ -209,6 +210,12 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
         }
         if (json_object_get(v, "workspace"))
             printf("  workspace %lld bytes", jint(v, "workspace"));
+        /* A matmul of a cuda engine built where no GPU was has no tactic:
+         * the cuBLASLt heuristic's first choice runs. */
+        if (json_object_get(v, "tactic"))
+            printf("  tactic %lld", jint(v, "tactic"));
+        else if (!strcmp(jstr(tg, "backend"), "cuda") && !strcmp(jstr(v, "op"), "matmul"))
+            fputs("  tactic heuristic", stdout);
         putchar('\n');
     }
 
@@ -241,6 +248,9 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
         json_array_foreach(sections, i, v) printf("  %s %lld bytes\n", jstr(v, "id"), jint(v, "bytes"));
     }
 }
+
+/* The LLMC/TOKN sections of an LLM engine: tools/kiln/build_llm.c. */
+void cli_inspect_llm(const char *path, json_t *root, int as_json);
 
 /* ---- the command ----------------------------------------------------------------------- */
 
@@ -302,6 +312,8 @@ int cli_inspect(int argc, char **argv)
     }
     if (status == CLI_OK) {
         json_t *root = json_loads(text, 0, NULL);
+        if (root)
+            cli_inspect_llm(path, root, as_json);
         if (!root) {
             status = cli_error("cannot parse the engine description");
         } else if (as_json) {

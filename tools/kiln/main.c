@@ -15,6 +15,10 @@ static const char top_help[] =
     "  exec      load an engine, run it, time it, optionally check it\n"
     "  inspect   describe what an engine holds\n"
     "  plugins   list registered plugin creators and their fields\n"
+    "  run       generate text with an LLM engine\n"
+    "  chat      chat with an LLM engine (reads messages from stdin)\n"
+    "  tokenize  print the token ids of a text (LLM engines)\n"
+    "  detokenize  print the text of token ids (LLM engines)\n"
     "\n"
     "Run `kiln <command> --help` for a command's options. Errors are one line\n"
     "starting `kiln: error:`; exit status 0 is success, 1 failure, 2 a usage error.\n";
@@ -156,5 +160,13 @@ int main(int argc, char **argv)
         return cli_inspect(argc - 1, argv + 1);
     if (strcmp(cmd, "plugins") == 0)
         return cli_plugins(argc - 1, argv + 1);
+    if (strcmp(cmd, "run") == 0)
+        return cli_run(argc - 1, argv + 1);
+    if (strcmp(cmd, "chat") == 0)
+        return cli_chat(argc - 1, argv + 1);
+    if (strcmp(cmd, "tokenize") == 0)
+        return cli_tokenize(argc - 1, argv + 1);
+    if (strcmp(cmd, "detokenize") == 0)
+        return cli_detokenize(argc - 1, argv + 1);
     return cli_usage(NULL, "unknown command \"%s\"", cmd);
 }

@@ -194,6 +194,29 @@ static void transpose(const kiln_cpu_args *a, const void *src, const int64_t *sr
 
 /* ---- concat ------------------------------------------------------------------------------ */
 
+typedef struct concat_job {
+    const kiln_cpu_args *a;
+    size_t esize;
+    int64_t inner, total; /* elements after the axis; output size along it */
+} concat_job;
+
+/* Outer rows of the output: each input fills its band of the row. */
+static void concat_rows(void *p, int64_t begin, int64_t end)
+{
+    const concat_job *j = p;
+    const kiln_exec_tensor *o = &j->a->outputs[0];
+    for (int64_t i = begin; i < end; i++) {
+        int64_t col = 0;
+        for (int32_t k = 0; k < j->a->layer->n_inputs; k++) {
+            const kiln_exec_tensor *x = &j->a->inputs[k];
+            int64_t w = x->dims.d[j->a->layer->p.concat.axis] * j->inner;
+            memcpy((char *)o->data + (size_t)(i * j->total * j->inner + col) * j->esize,
+                   (const char *)x->data + (size_t)(i * w) * j->esize, (size_t)w * j->esize);
+            col += w;
+        }
+    }
+}
+
 kiln_status cpu_run_concat(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
@@ -225,16 +248,11 @@ kiln_status cpu_run_concat(const kiln_cpu_args *a)
         outer *= o->dims.d[i];
     for (int32_t i = axis + 1; i < r; i++)
         inner *= o->dims.d[i];
-    /* Each input is a strided copy into its column band of the output. */
-    int64_t col = 0;
-    for (int32_t k = 0; k < a->layer->n_inputs; k++) {
-        const kiln_exec_tensor *x = &a->inputs[k];
-        int64_t w = x->dims.d[axis] * inner;
-        for (int64_t i = 0; i < outer; i++)
-            memcpy((char *)o->data + (size_t)(i * total * inner + col) * esize,
-                   (const char *)x->data + (size_t)(i * w) * esize, (size_t)w * esize);
-        col += w;
-    }
+    concat_job j = {.a = a, .esize = esize, .inner = inner, .total = total};
+    if ((size_t)(outer * total * inner) * esize < KILN_CPU_COPY_PARALLEL_MIN)
+        concat_rows(&j, 0, outer);
+    else
+        kiln_threadpool_run(cpu_pool(a), outer, concat_rows, &j);
     return KILN_OK;
 }
 
@@ -322,6 +340,25 @@ kiln_status cpu_run_shuffle(const kiln_cpu_args *a)
 
 /* ---- gather -------------------------------------------------------------------------------- */
 
+typedef struct gather_job {
+    const kiln_exec_tensor *x, *ix, *o;
+    int64_t n_idx, dim;
+    size_t row; /* bytes per gathered slice */
+} gather_job;
+
+/* Output rows r = (outer index, index position), indices already checked. */
+static void gather_rows(void *p, int64_t begin, int64_t end)
+{
+    const gather_job *j = p;
+    for (int64_t r = begin; r < end; r++) {
+        int64_t i = r / j->n_idx, k = r % j->n_idx;
+        int64_t v = j->ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)j->ix->data)[k]
+                                                   : ((const int64_t *)j->ix->data)[k];
+        memcpy((char *)j->o->data + (size_t)r * j->row,
+               (const char *)j->x->data + (size_t)(i * j->dim + v) * j->row, j->row);
+    }
+}
+
 kiln_status cpu_run_gather(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
@@ -356,15 +393,13 @@ kiln_status cpu_run_gather(const kiln_cpu_args *a)
                              "layer \"%s\": gather index %lld at position %lld is outside [0, %lld)",
                              name, (long long)v, (long long)j, (long long)dim);
     }
-    size_t row = (size_t)inner * kiln_dtype_size(x->dtype);
-    char *dst = o->data;
-    for (int64_t i = 0; i < outer; i++)
-        for (int64_t j = 0; j < n_idx; j++) {
-            int64_t v = ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)ix->data)[j]
-                                                    : ((const int64_t *)ix->data)[j];
-            memcpy(dst, (const char *)x->data + (size_t)(i * dim + v) * row, row);
-            dst += row;
-        }
+    gather_job j = {.x = x, .ix = ix, .o = o, .n_idx = n_idx, .dim = dim,
+                    .row = (size_t)inner * kiln_dtype_size(x->dtype)};
+    int64_t rows = outer * n_idx;
+    if ((size_t)rows * j.row < KILN_CPU_COPY_PARALLEL_MIN)
+        gather_rows(&j, 0, rows);
+    else
+        kiln_threadpool_run(cpu_pool(a), rows, gather_rows, &j);
     return KILN_OK;
 }
 
@@ -401,13 +436,13 @@ static kiln_status cpu_run_plugin(const kiln_cpu_args *a)
     if (!(ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CPU)))
         return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": the plugin has no CPU implementation", name);
     int32_t ni = a->layer->n_inputs, no = a->layer->n_outputs, n = ni + no;
-    kiln_tensor_desc *descs = calloc((size_t)(n > 0 ? n : 1), sizeof *descs);
-    void **ptrs = calloc((size_t)(n > 0 ? n : 1), sizeof *ptrs);
-    if (!descs || !ptrs) {
-        free(descs);
-        free(ptrs);
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory", name);
-    }
+    /* On the stack: a decode step allocates nothing. */
+    kiln_tensor_desc descs[KILN_PLUGIN_MAX_INPUTS + KILN_PLUGIN_MAX_OUTPUTS];
+    void *ptrs[KILN_PLUGIN_MAX_INPUTS + KILN_PLUGIN_MAX_OUTPUTS];
+    if (ni > KILN_PLUGIN_MAX_INPUTS || no > KILN_PLUGIN_MAX_OUTPUTS)
+        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": %d inputs and %d outputs exceed the limits (%d, %d)", name,
+                         ni, no, KILN_PLUGIN_MAX_INPUTS, KILN_PLUGIN_MAX_OUTPUTS);
+    memset(descs, 0, sizeof(kiln_tensor_desc) * (size_t)n);
     for (int32_t i = 0; i < n; i++) {
         const kiln_exec_tensor *t = i < ni ? &a->inputs[i] : &a->outputs[i - ni];
         descs[i].struct_size = sizeof descs[i];
@@ -421,14 +456,28 @@ static kiln_status cpu_run_plugin(const kiln_cpu_args *a)
      * (NULL: inline, as the reference wants one thread). */
     kiln_status st = ops->enqueue(a->plugin, KILN_BACKEND_CPU, descs, (const void *const *)ptrs, ni,
                                   descs + ni, ptrs + ni, no, a->workspace, cpu_pool(a));
-    free(descs);
-    free(ptrs);
     if (st != KILN_OK)
         return kiln_fail_context(st, "layer \"%s\"", name);
     return KILN_OK;
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------------ */
+
+static kiln_status check_tensor(const kiln_cpu_args *a, const kiln_exec_tensor *t, const char *kind,
+                                int32_t i)
+{
+    int ok = (unsigned)t->dtype < KILN_DTYPE_COUNT && t->dims.rank >= 0 &&
+             t->dims.rank <= KILN_MAX_RANK;
+    for (int32_t d = 0; ok && d < t->dims.rank; d++)
+        ok = t->dims.d[d] >= 0;
+    if (!ok)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s %d has a bad dtype or shape",
+                         cpu_layer_name(a), kind, (int)i);
+    if (!t->data && cpu_count(&t->dims) > 0)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s %d has no memory",
+                         cpu_layer_name(a), kind, (int)i);
+    return KILN_OK;
+}
 
 kiln_status kiln_cpu_run_layer(const kiln_cpu_args *args)
 {
@@ -439,6 +488,10 @@ kiln_status kiln_cpu_run_layer(const kiln_cpu_args *args)
         l->n_outputs < 1)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": missing input or output tensors",
                          cpu_layer_name(args));
+    for (int32_t i = 0; i < l->n_inputs; i++)
+        KILN_TRY(check_tensor(args, &args->inputs[i], "input", i));
+    for (int32_t i = 0; i < l->n_outputs; i++)
+        KILN_TRY(check_tensor(args, &args->outputs[i], "output", i));
     switch (l->op) {
     case KILN_OP_MATMUL: return cpu_run_matmul(args);
     case KILN_OP_BINARY: return cpu_run_binary(args);

@@ -21,8 +21,11 @@
     do {                                                                 \
         int64_t i = 0;                                                   \
         for (; i + 8 <= n; i += 8) {                                     \
-            cpu_v8 x = cpu_ld8(a + i), y = cpu_ld8(b + i);               \
-            cpu_st8(out + i, vexpr);                                     \
+            cpu_v8 x, y, r;                                              \
+            cpu_ld8(x, a + i);                                           \
+            cpu_ld8(y, b + i);                                           \
+            r = vexpr;                                                   \
+            cpu_st8(out + i, r);                                         \
         }                                                                \
         for (; i < n; i++) {                                             \
             float x = a[i], y = b[i];                                    \
@@ -30,7 +33,7 @@
         }                                                                \
     } while (0)
 
-CPU_SIMD void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n)
+CPU_SIMD static void cpu_binary_f32_simd(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n)
 {
     switch (op) {
     case KILN_BINARY_ADD: BINARY_LOOP(x + y, x + y); break;
@@ -38,10 +41,15 @@ CPU_SIMD void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, 
     case KILN_BINARY_MUL: BINARY_LOOP(x * y, x * y); break;
     case KILN_BINARY_DIV: BINARY_LOOP(x / y, x / y); break;
     case KILN_BINARY_POW: for (int64_t i = 0; i < n; i++) out[i] = powf(a[i], b[i]); break;
-    case KILN_BINARY_MAX: BINARY_LOOP((cpu_v8)(((cpu_u8)(x > y) & (cpu_u8)x) | (~(cpu_u8)(x > y) & (cpu_u8)y)), x > y ? x : y); break;
-    case KILN_BINARY_MIN: BINARY_LOOP((cpu_v8)(((cpu_u8)(x < y) & (cpu_u8)x) | (~(cpu_u8)(x < y) & (cpu_u8)y)), x < y ? x : y); break;
+    case KILN_BINARY_MAX: BINARY_LOOP(cpu_select8((cpu_u8)(x > y), x, y), x > y ? x : y); break;
+    case KILN_BINARY_MIN: BINARY_LOOP(cpu_select8((cpu_u8)(x < y), x, y), x < y ? x : y); break;
     default: break;
     }
+}
+
+void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n)
+{
+    cpu_binary_f32_simd(op, a, b, out, n);
 }
 
 /* One unary op over n elements, 8 lanes at a time; the tail goes through
@@ -49,50 +57,55 @@ CPU_SIMD void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, 
 #define UNARY_LOOP(fn)                                                    \
     do {                                                                  \
         int64_t i = 0;                                                    \
+        cpu_v8 v, r;                                                      \
         for (; i + 8 <= n; i += 8) {                                      \
-            cpu_v8 v = cpu_ld8(x + i);                                    \
-            cpu_st8(out + i, fn(&v));                                     \
+            cpu_ld8(v, x + i);                                            \
+            fn(&r, &v);                                                   \
+            cpu_st8(out + i, r);                                          \
         }                                                                 \
         if (i < n) {                                                      \
             float t_[8] = {0};                                            \
             memcpy(t_, x + i, (size_t)(n - i) * sizeof(float));           \
-            cpu_v8 v = cpu_ld8(t_);                                       \
-            cpu_st8(t_, fn(&v));                                          \
+            cpu_ld8(v, t_);                                               \
+            fn(&r, &v);                                                   \
+            cpu_st8(t_, r);                                               \
             memcpy(out + i, t_, (size_t)(n - i) * sizeof(float));         \
         }                                                                 \
     } while (0)
 
-static inline cpu_v8 neg8(const cpu_v8 *v) { return -*v; }
-static inline cpu_v8 abs8(const cpu_v8 *v) { return (cpu_v8)((cpu_u8)*v & 0x7fffffffu); }
+static inline void neg8(cpu_v8 *r, const cpu_v8 *v) { *r = -*v; }
+static inline void abs8(cpu_v8 *r, const cpu_v8 *v) { *r = (cpu_v8)((cpu_u8)*v & 0x7fffffffu); }
 
-static inline cpu_v8 relu8(const cpu_v8 *v)
+static inline void relu8(cpu_v8 *r, const cpu_v8 *v)
 {
     const cpu_v8 zero = {0};
-    return cpu_select8((cpu_u8)(*v > zero), *v, zero);
+    *r = cpu_select8((cpu_u8)(*v > zero), *v, zero);
 }
 
-static inline cpu_v8 sigmoid8(const cpu_v8 *v)
+static inline void sigmoid8(cpu_v8 *r, const cpu_v8 *v)
 {
-    cpu_v8 m = -*v;
-    return 1.0f / (1.0f + cpu_exp8(&m));
+    cpu_v8 m = -*v, e;
+    cpu_exp8(&e, &m);
+    *r = 1.0f / (1.0f + e);
 }
 
-static inline cpu_v8 silu8(const cpu_v8 *v)
+static inline void silu8(cpu_v8 *r, const cpu_v8 *v)
 {
-    cpu_v8 m = -*v;
-    return *v / (1.0f + cpu_exp8(&m));
+    cpu_v8 m = -*v, e;
+    cpu_exp8(&e, &m);
+    *r = *v / (1.0f + e);
 }
 
-static inline cpu_v8 gelu_tanh8(const cpu_v8 *pv)
+static inline void gelu_tanh8(cpu_v8 *r, const cpu_v8 *pv)
 {
     /* tanh(z) = 1 - 2 / (e^{2z} + 1): exact limits at ±inf through exp */
-    cpu_v8 v = *pv;
+    cpu_v8 v = *pv, e;
     cpu_v8 z2 = 2.0f * 0.79788456080286536f * (v + 0.044715f * v * v * v);
-    cpu_v8 t = 1.0f - 2.0f / (cpu_exp8(&z2) + 1.0f);
-    return 0.5f * v * (1.0f + t);
+    cpu_exp8(&e, &z2);
+    *r = 0.5f * v * (1.0f + (1.0f - 2.0f / (e + 1.0f)));
 }
 
-CPU_SIMD void cpu_unary_f32(kiln_unary_op op, const float *x, float *out, int64_t n)
+CPU_SIMD static void cpu_unary_f32_simd(kiln_unary_op op, const float *x, float *out, int64_t n)
 {
     switch (op) {
     case KILN_UNARY_NEG: UNARY_LOOP(neg8); break;
@@ -112,6 +125,11 @@ CPU_SIMD void cpu_unary_f32(kiln_unary_op op, const float *x, float *out, int64_
     case KILN_UNARY_SILU: UNARY_LOOP(silu8); break;
     default: break;
     }
+}
+
+void cpu_unary_f32(kiln_unary_op op, const float *x, float *out, int64_t n)
+{
+    cpu_unary_f32_simd(op, x, out, n);
 }
 
 /* ---- the broadcast walk ------------------------------------------------------------ */

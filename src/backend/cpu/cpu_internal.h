@@ -1,6 +1,6 @@
-/* Shared pieces of the CPU kernels: element counts, the per-op entry
- * points that cpu_backend.c dispatches to, and the f32 block primitives the
- * elementwise kernels are built from. */
+/* Shared pieces of the CPU kernels: element counts, dtype conversions,
+ * 8-lane SIMD helpers, the f32 elementwise primitives, and the per-op entry
+ * points that cpu_backend.c dispatches to. */
 #ifndef KILN_BACKEND_CPU_INTERNAL_H
 #define KILN_BACKEND_CPU_INTERNAL_H
 
@@ -98,49 +98,43 @@ static inline float cpu_f16_to_f32(uint16_t h)
  * Hot loops are written with GCC/Clang vector extensions (8 floats), and
  * the functions holding them are cloned for AVX2 with a run-time pick, so
  * the default x86-64 build still uses 256-bit units where they exist.
- * Loads and stores go through memcpy: the data has no alignment promise. */
+ * No helper passes or returns a vector by value: that changes with AVX and
+ * both compilers object (clang with a hard error in the default clone), so
+ * helpers are macros or write through pointers. Loads and stores go
+ * through memcpy: the data has no alignment promise. */
 typedef float cpu_v8 __attribute__((vector_size(32)));
 typedef uint32_t cpu_u8 __attribute__((vector_size(32)));
+typedef int32_t cpu_i8 __attribute__((vector_size(32)));
 typedef uint16_t cpu_h8 __attribute__((vector_size(16)));
 
-/* GCC notes that passing 32-byte vectors by value differs with and without
- * AVX; these helpers are static inline and never cross an ABI boundary. */
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wpsabi"
+/* Only on static functions: clang 14 cannot call a cloned function from
+ * another translation unit, so the exported kernels are thin wrappers. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CPU_NO_CLONES 1 /* TSan crashes in ifunc resolvers, which run before it starts */
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define CPU_NO_CLONES 1
 #endif
 
-#if defined(__x86_64__)
+#if defined(__x86_64__) && !defined(CPU_NO_CLONES)
 #define CPU_SIMD __attribute__((target_clones("avx2", "default")))
 #else
 #define CPU_SIMD
 #endif
 
-static inline cpu_v8 cpu_ld8(const float *p)
-{
-    cpu_v8 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
+#define cpu_ld8(v, p) memcpy(&(v), (p), sizeof(cpu_v8))
+#define cpu_st8(p, v) memcpy((p), &(v), sizeof(cpu_v8))
 
-/* A macro, as cpu_select8. */
-#define cpu_st8(p, v)                      \
-    do {                                   \
-        cpu_v8 cpu_st8_v_ = (v);           \
-        memcpy((p), &cpu_st8_v_, sizeof cpu_st8_v_); \
-    } while (0)
-
-typedef int32_t cpu_i8 __attribute__((vector_size(32)));
-
-/* Lanes of a where mask is set, else of b. Vector helpers take pointers or
- * are macros: a by-value vector parameter draws a GCC ABI note that no
- * pragma silences. */
+/* Lanes of a where mask is set, else of b. */
 #define cpu_select8(mask, a, b) ((cpu_v8)(((mask) & (cpu_u8)(a)) | (~(mask) & (cpu_u8)(b))))
 
-/* e^x for 8 lanes (Cephes expf: range reduction by ln 2 in two parts, then
- * a degree-6 polynomial; within 2 ulp of the true value). Below ln(FLT_MIN)
- * it returns 0 (no subnormals), so exp(-inf) is exactly 0 as softmax masks
- * need; above ln(FLT_MAX) it returns +inf; NaN stays NaN. */
-static inline cpu_v8 cpu_exp8(const cpu_v8 *px)
+/* *out = e^x for 8 lanes (Cephes expf: range reduction by ln 2 in two
+ * parts, then a degree-6 polynomial; within 2 ulp of the true value).
+ * Below ln(FLT_MIN) it gives 0 (no subnormals), so exp(-inf) is exactly 0
+ * as softmax masks need; above ln(FLT_MAX) +inf; NaN stays NaN. */
+static inline void cpu_exp8(cpu_v8 *out, const cpu_v8 *px)
 {
     const cpu_v8 zero = {0}, x = *px;
     const cpu_v8 lo = zero - 87.3365447504f, hi = zero + 88.7228391117f;
@@ -161,19 +155,19 @@ static inline cpu_v8 cpu_exp8(const cpu_v8 *px)
     cpu_i8 n = __builtin_convertvector(t, cpu_i8), n1 = n >> 1, n2 = n - n1;
     y = y * (cpu_v8)((n1 + 127) << 23) * (cpu_v8)((n2 + 127) << 23);
     y = cpu_select8(under, zero, cpu_select8(over, zero + INFINITY, y));
-    return cpu_select8(nan, x, y);
+    *out = cpu_select8(nan, x, y);
 }
 
 /* Eight f16 or bf16 values widened to f32 (bit-exact with the scalar ones). */
-static inline cpu_v8 cpu_bf16x8(const uint16_t *p)
+static inline void cpu_bf16x8(float *dst, const uint16_t *p)
 {
     cpu_h8 h;
     memcpy(&h, p, sizeof h);
     cpu_u8 u = __builtin_convertvector(h, cpu_u8) << 16;
-    return (cpu_v8)u;
+    memcpy(dst, &u, sizeof u);
 }
 
-static inline cpu_v8 cpu_f16x8(const uint16_t *p)
+static inline void cpu_f16x8(float *dst, const uint16_t *p)
 {
     cpu_h8 h;
     memcpy(&h, p, sizeof h);
@@ -186,15 +180,22 @@ static inline cpu_v8 cpu_f16x8(const uint16_t *p)
     cpu_u8 sub = (cpu_u8)((cpu_v8)(o + (1u << 23)) - cpu_bits_f32(113u << 23));
     cpu_u8 is_sub = (cpu_u8)(e == 0);
     o = (sub & is_sub) | (o & ~is_sub);
-    return (cpu_v8)(o | (x & 0x8000u) << 16);
+    o |= (x & 0x8000u) << 16;
+    memcpy(dst, &o, sizeof o);
 }
 
 /* n f16 (t == KILN_DTYPE_F16) or bf16 values to f32, and f32 to bf16
- * (cpu_convert.c). */
+ * (cpu_convert.c). Bit-exact with the dtype.h conversions, except that
+ * signalling f16 NaNs may come out quiet. */
 void cpu_widen(float *dst, const uint16_t *src, kiln_dtype t, int64_t n);
 void cpu_narrow_bf16(uint16_t *dst, const float *src, int64_t n);
 /* f32 to f16, bit-exact with kiln_float_to_half (NaN payloads included). */
 void cpu_narrow_f16(uint16_t *dst, const float *src, int64_t n);
+
+#if defined(__x86_64__)
+/* Nonzero when the CPU (and OS) can run AVX2 + F16C code (cpu_convert.c). */
+int cpu_have_f16c(void);
+#endif
 
 /* n elements between any two dtypes (cpu_convert.c): fast loops between
  * f32 and f16/bf16, kiln_convert otherwise. Splits across `pool` when n is
@@ -202,7 +203,7 @@ void cpu_narrow_f16(uint16_t *dst, const float *src, int64_t n);
 void cpu_convert(kiln_threadpool *pool, void *dst, kiln_dtype dst_type, const void *src,
                  kiln_dtype src_type, int64_t n);
 
-/* f32 block primitives (cpu_elementwise.c). n <= KILN_CPU_BLOCK. */
+/* f32 elementwise primitives over n contiguous elements (cpu_elementwise.c). */
 void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n);
 void cpu_unary_f32(kiln_unary_op op, const float *x, float *out, int64_t n);
 

@@ -1,7 +1,8 @@
 /* Reductions and softmax. Both work on "lines": a reduce output element
  * gathers the input over the reduced axes; a softmax line runs along one
  * axis. Lines are independent, so they are split across the pool. Sums
- * accumulate in f64 so the result does not depend on how work is split. */
+ * accumulate in f64 (per block of KILN_CPU_BLOCK in f32 lanes), and the
+ * result does not depend on how lines are split. */
 #include "cpu_internal.h"
 
 #include <math.h>
@@ -18,12 +19,81 @@ typedef struct reduce_job {
     int64_t rcount;                                  /* elements per output */
 } reduce_job;
 
+/* A block of a contiguous line as f32 (in place for f32). */
+static const float *line_block(float *buf, const void *base, kiln_dtype t, int64_t off, int64_t n)
+{
+    if (t == KILN_DTYPE_F32)
+        return (const float *)base + off;
+    if (t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16)
+        cpu_widen(buf, (const uint16_t *)base + off, t, n);
+    else
+        for (int64_t i = 0; i < n; i++)
+            buf[i] = kiln_load_f32(base, t, off + i);
+    return buf;
+}
+
+/* Folds a contiguous f32 block into the running sum or extreme. NaN wins a
+ * max/min, as in numpy. */
+CPU_SIMD static void reduce_block(kiln_reduce_op op, const float *v, int64_t n, double *sum,
+                                  float *best)
+{
+    int64_t i = 0;
+    if (op == KILN_REDUCE_SUM || op == KILN_REDUCE_MEAN) {
+        cpu_v8 acc = {0}, x;
+        for (; i + 8 <= n; i += 8) {
+            cpu_ld8(x, v + i);
+            acc += x;
+        }
+        float t = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (; i < n; i++)
+            t += v[i];
+        *sum += t;
+        return;
+    }
+    int is_max = op == KILN_REDUCE_MAX;
+    float b = *best;
+    if (n >= 8) {
+        cpu_v8 m, x;
+        cpu_ld8(m, v);
+        for (i = 8; i + 8 <= n; i += 8) {
+            cpu_ld8(x, v + i);
+            cpu_u8 take = (cpu_u8)(is_max ? x > m : x < m) | (cpu_u8)(x != x);
+            m = cpu_select8(take, x, m);
+        }
+        for (int k = 0; k < 8; k++)
+            b = (is_max ? m[k] > b : m[k] < b) || m[k] != m[k] ? m[k] : b;
+    }
+    for (; i < n; i++)
+        b = (is_max ? v[i] > b : v[i] < b) || v[i] != v[i] ? v[i] : b;
+    *best = b;
+}
+
+/* One run of `inner` elements, `istride` apart, from element `off`. */
+static void reduce_run(const reduce_job *j, const kiln_exec_tensor *x, int64_t off, int64_t inner,
+                       int64_t istride, double *sum, float *best)
+{
+    if (istride == 1 && kiln_dtype_is_float(x->dtype)) {
+        float buf[KILN_CPU_BLOCK];
+        for (int64_t b0 = 0; b0 < inner; b0 += KILN_CPU_BLOCK) {
+            int64_t n = inner - b0 < KILN_CPU_BLOCK ? inner - b0 : KILN_CPU_BLOCK;
+            reduce_block(j->op, line_block(buf, x->data, x->dtype, off + b0, n), n, sum, best);
+        }
+        return;
+    }
+    int is_max = j->op == KILN_REDUCE_MAX;
+    for (int64_t i = 0; i < inner; i++) {
+        float v = kiln_load_f32(x->data, x->dtype, off + i * istride);
+        if (j->op == KILN_REDUCE_SUM || j->op == KILN_REDUCE_MEAN)
+            *sum += v;
+        else
+            *best = (is_max ? v > *best : v < *best) || v != v ? v : *best;
+    }
+}
+
 static void reduce_units(void *p, int64_t begin, int64_t end)
 {
     const reduce_job *j = p;
     const kiln_exec_tensor *x = &j->a->inputs[0], *o = &j->a->outputs[0];
-    int f32 = x->dtype == KILN_DTYPE_F32;
-    const float *xf = x->data;
     int64_t inner = j->nr ? j->rd[j->nr - 1] : 1, istride = j->nr ? j->rs[j->nr - 1] : 0;
     int64_t outer = inner ? j->rcount / inner : 0;
     for (int64_t u = begin; u < end; u++) {
@@ -39,29 +109,7 @@ static void reduce_units(void *p, int64_t begin, int64_t end)
             int64_t off = base;
             for (int32_t i = 0; i < j->nr - 1; i++)
                 off += idx[i] * j->rs[i];
-            switch (j->op) {
-            case KILN_REDUCE_SUM:
-            case KILN_REDUCE_MEAN:
-                if (f32)
-                    for (int64_t i = 0; i < inner; i++)
-                        sum += xf[off + i * istride];
-                else
-                    for (int64_t i = 0; i < inner; i++)
-                        sum += kiln_load_f32(x->data, x->dtype, off + i * istride);
-                break;
-            case KILN_REDUCE_MAX:
-                for (int64_t i = 0; i < inner; i++) {
-                    float v = f32 ? xf[off + i * istride] : kiln_load_f32(x->data, x->dtype, off + i * istride);
-                    best = v > best || v != v ? v : best;
-                }
-                break;
-            default:
-                for (int64_t i = 0; i < inner; i++) {
-                    float v = f32 ? xf[off + i * istride] : kiln_load_f32(x->data, x->dtype, off + i * istride);
-                    best = v < best || v != v ? v : best;
-                }
-                break;
-            }
+            reduce_run(j, x, off, inner, istride, &sum, &best);
             /* odometer over the outer reduced axes */
             for (int32_t i = j->nr - 2; i >= 0; i--) {
                 if (++idx[i] < j->rd[i])
@@ -136,27 +184,16 @@ typedef struct softmax_job {
     int64_t len, inner;
 } softmax_job;
 
-/* A block of a contiguous line as f32 (in place for f32). */
-static const float *line_block(float *buf, const void *base, kiln_dtype t, int64_t off, int64_t n)
-{
-    if (t == KILN_DTYPE_F32)
-        return (const float *)base + off;
-    if (t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16)
-        cpu_widen(buf, (const uint16_t *)base + off, t, n);
-    else
-        for (int64_t i = 0; i < n; i++)
-            buf[i] = kiln_load_f32(base, t, off + i);
-    return buf;
-}
-
 /* dst = e^(src - m) over n elements; returns their sum. */
 CPU_SIMD static double exp_shifted(float *dst, const float *src, float m, int64_t n)
 {
     cpu_v8 acc = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        cpu_v8 d = cpu_ld8(src + i) - m;
-        cpu_v8 e = cpu_exp8(&d);
+        cpu_v8 d, e;
+        cpu_ld8(d, src + i);
+        d -= m;
+        cpu_exp8(&e, &d);
         cpu_st8(dst + i, e);
         acc += e;
     }
@@ -164,8 +201,11 @@ CPU_SIMD static double exp_shifted(float *dst, const float *src, float m, int64_
     if (i < n) {
         float t[8] = {0};
         memcpy(t, src + i, (size_t)(n - i) * sizeof(float));
-        cpu_v8 d = cpu_ld8(t) - m;
-        cpu_st8(t, cpu_exp8(&d));
+        cpu_v8 d, e;
+        cpu_ld8(d, t);
+        d -= m;
+        cpu_exp8(&e, &d);
+        cpu_st8(t, e);
         memcpy(dst + i, t, (size_t)(n - i) * sizeof(float));
         for (int64_t k = 0; k < n - i; k++)
             sum += t[k];
@@ -176,15 +216,20 @@ CPU_SIMD static double exp_shifted(float *dst, const float *src, float m, int64_
 /* One lane of cpu_exp8, so strided lines match contiguous ones exactly. */
 static float exp1(float x)
 {
-    cpu_v8 v = {x};
-    return cpu_exp8(&v)[0];
+    cpu_v8 v = {x}, e;
+    cpu_exp8(&e, &v);
+    return e[0];
 }
 
 CPU_SIMD static void scale_f32(float *p, float s, int64_t n)
 {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        cpu_st8(p + i, cpu_ld8(p + i) * s);
+    for (; i + 8 <= n; i += 8) {
+        cpu_v8 v;
+        cpu_ld8(v, p + i);
+        v *= s;
+        cpu_st8(p + i, v);
+    }
     for (; i < n; i++)
         p[i] *= s;
 }

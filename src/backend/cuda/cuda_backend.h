@@ -38,4 +38,45 @@ typedef struct kiln_cuda_args {
  * failed CUDA call, the call, file and line. */
 kiln_status kiln_cuda_run_layer(const kiln_cuda_args *args);
 
+/* ---- device-side errors ------------------------------------------------------------
+ * A kernel cannot return a status, so a gather index out of range is
+ * clamped (the launch stays in bounds and writes every output element) and
+ * recorded in an error word the device owns; the first error wins. The
+ * runtime calls this after synchronizing the stream (never inside an
+ * enqueue: it copies from the device): KILN_OK when nothing was recorded,
+ * else KILN_ERROR_INVALID_ARGUMENT naming the layer of `graph` (may be NULL),
+ * the index and its position, and the word is cleared. Shared by every
+ * context of the device, so a report may come from another context's
+ * launch of the same engine. */
+kiln_status kiln_cuda_device_check(kiln_cuda_device *dev, const kiln_graph *graph);
+
+/* ---- matmul tactics -------------------------------------------------------------------
+ * A matmul's tactic is the index of a cuBLASLt heuristic candidate
+ * (cublasLtMatmulAlgoGetHeuristic, at most KILN_CUDA_MATMUL_CANDIDATES).
+ * At run time the heuristic is asked again for the actual shapes and
+ * candidate `tactic` is used when it exists, else candidate 0 (tactic -1
+ * also means 0). f32 matmuls compute in exact f32 (CUBLAS_COMPUTE_32F, no
+ * TF32) so they agree with the CPU reference; f16/bf16 accumulate in f32. */
+#define KILN_CUDA_MATMUL_CANDIDATES 8
+
+/* Nonzero when tactics can be timed here (a GPU is present). Without one
+ * the builder stores -1 and says it used heuristic tactics. */
+int kiln_cuda_can_tune(void);
+
+/* Times every heuristic candidate of matmul layer `layer` for operands of
+ * the given dims and dtypes (`data` is ignored: scratch buffers are
+ * allocated and freed here, so call it at build time only), a few
+ * repetitions each with CUDA events on a private stream, and stores the
+ * index of the fastest in *tactic. Call at the profile's opt shapes. */
+kiln_status kiln_cuda_matmul_tune(kiln_cuda_device *dev, const kiln_layer *layer,
+                                  const kiln_exec_tensor *a, const kiln_exec_tensor *b,
+                                  const kiln_exec_tensor *c, int64_t *tactic);
+
+/* Bytes of cuBLASLt workspace the device preallocates (at create, never in
+ * a launch). A matmul launch uses args->workspace instead when the layer
+ * has a workspace (layer->workspace bytes, 256-byte aligned): give each
+ * context its own, since the device's is shared by every stream and two
+ * contexts running matmuls at once must not share scratch. */
+#define KILN_CUDA_CUBLASLT_WORKSPACE ((size_t)32 << 20)
+
 #endif

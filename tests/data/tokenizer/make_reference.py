@@ -25,7 +25,7 @@ import sys
 import tempfile
 
 import tokenizers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -69,6 +69,10 @@ CORPUS = [
     "  <s>  spaces around special  </s>  ",
     "\u2581already has sentencepiece space \u2581\u2581",
     "\u00a0\u00a0nbsp-led",
+    "NFC: A\u030a \u212b \u2126 \u1e0b\u0323 q\u0307\u0323 \u0958 \u1100\u1161\u11a8 \uac00\u11a8 \u0344",
+    "Tie\u0302\u0301ng Vie\u0323\u0302t \u1ea1\u0302 o\u031b\u0300 \u0065\u0327\u0306 \u0301leading mark",
+    "added: 1999 YEAR x<tool>y  [MASK]  a[MASK]b <tool > [mask]",
+    "\u0f73 \u0f75 \u0f81 \u2adc \U0001d15e \u0345\u0301 a\u0345\u0301\u0316",
 ]
 
 
@@ -81,8 +85,8 @@ def random_corpus(n, seed=1234):
     rng = random.Random(seed)
     atoms = (list("abcXYZ019 ") + [" ", "  ", "\t", "\n", "\r\n", "\u00a0", "\u3000", "\u2581", "'s", "'LL",
              "!", "...", "--", "\u00e9", "e\u0301", "\u00df", "\u65e5\u672c", "\ud55c", "\U0001F600",
-             "\U0001F44D\U0001F3FD", "\u200d", "\u0645", "\u0928\u094d", "<s>", "</s>", "<|endoftext|>",
-             "<|eot_id|>", "<", "|>", "12345", "\u0661\u0662", "\u00bd", "\x00", "\x7f", "\u0085", "\u2028"])
+             "\U0001F44D\U0001F3FD", "\u200d", "\u0645", "\u0928\u094d", "\u0301", "\u0323", "\u0302", "\u1100", "\u1161", "\u11a8", "A\u030a", "\u212b", "<s>", "</s>", "<|endoftext|>",
+             "<|eot_id|>", "<", "|>", "[MASK]", "<tool>", "2024", "12345", "\u0661\u0662", "\u00bd", "\x00", "\x7f", "\u0085", "\u2028"])
     words = ["the", " the", "Hello", " world", "tokenizer", "ing", " un", "believable", "Qu\u00e9"]
     out = []
     for _ in range(n):
@@ -168,6 +172,59 @@ def build_llama3_style(shared):
     return tok
 
 
+def build_gpt2_exotic(shared):
+    # Not a published tokenizer: every Split behavior, Digits, a regex
+    # Replace normalizer and ByteLevel with add_prefix_space, checked against
+    # the same pipeline in HF.
+    tok = gpt2_base(shared)
+    tok.normalizer = normalizers.Sequence([
+        normalizers.Replace(tokenizers.Regex(r"[0-9]{4}"), "YEAR"),
+        normalizers.Replace("  ", " \u2581"),
+    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Split(tokenizers.Regex(r"\s+"), behavior="merged_with_previous"),
+        pre_tokenizers.Split("-", behavior="removed"),
+        pre_tokenizers.Split(tokenizers.Regex(r"[aeiou]+"), behavior="contiguous", invert=True),
+        pre_tokenizers.Split(tokenizers.Regex(r"[A-Z]"), behavior="merged_with_next"),
+        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False),
+    ])
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A <|endoftext|>", special_tokens=[("<|endoftext|>", 50256)])
+    # Added tokens of every kind: one matched after normalization ("1999"
+    # normalizes to "YEAR"), one that swallows spaces, a plain one.
+    tok.add_tokens([AddedToken("YEAR", normalized=True), AddedToken("<tool>", normalized=False)])
+    tok.add_special_tokens([AddedToken("[MASK]", lstrip=True, rstrip=True, normalized=False)])
+    return tok
+
+
+def llama2_metaspace_decoder(tok):
+    # The Metaspace decoder (T5/ALBERT style) instead of Replace+Strip.
+    d = json.loads(tok.to_str())
+    d["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"},
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": True}]}
+    d["pre_tokenizer"]["split"] = True
+    return json.dumps(d, ensure_ascii=False)
+
+
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def build_qwen2_style(shared):
+    # Qwen2's pipeline (NFC normalizer, its regex, ByteLevel without a regex,
+    # no BOS) over the GPT-2 vocabulary.
+    tok = gpt2_base(shared)
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(tokenizers.Regex(QWEN2_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    return tok
+
+
 def build_llama2(shared, legacy):
     from transformers import AutoTokenizer
     with tempfile.TemporaryDirectory() as tmp:
@@ -199,6 +256,8 @@ def main():
     os.makedirs(out_dir, exist_ok=True)
     write_family(out_dir, "gpt2", build_gpt2(shared))
     write_family(out_dir, "llama3-style", build_llama3_style(shared))
+    write_family(out_dir, "gpt2-exotic", build_gpt2_exotic(shared))
+    write_family(out_dir, "qwen2-style", build_qwen2_style(shared))
 
     import sentencepiece as spm
     sp = spm.SentencePieceProcessor(model_file=os.path.join(shared, "llama2-sp", "tokenizer.model"))
@@ -208,6 +267,7 @@ def main():
     llama_first = build_llama2(shared, legacy=False)
     write_family(out_dir, "llama2-first", llama_first)
     write_family(out_dir, "llama2-legacy", legacy_llama2(llama))
+    write_family(out_dir, "llama2-metaspace-decoder", llama2_metaspace_decoder(llama))
     with open(os.path.join(out_dir, "versions.txt"), "w") as f:
         import transformers
         f.write(f"tokenizers {tokenizers.__version__}\ntransformers {transformers.__version__}\n"

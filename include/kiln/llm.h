@@ -1,0 +1,201 @@
+/* kiln/llm.h — text generation with an LLM engine.
+ *
+ * An LLM engine (docs/llm.md) carries its model config (section LLMC) and
+ * its tokenizer (section TOKN), so opening the engine file is all it takes:
+ * kiln_llm_open loads the engine, creates one execution context, allocates
+ * the paged KV cache and every per-step buffer, and kiln_llm_generate runs
+ * any number of requests batched together (continuous batching: prompts are
+ * admitted while the batch, the step's token budget and the free KV blocks
+ * allow; each step packs prefill chunks and decode tokens).
+ *
+ * Threads: a kiln_llm is used by one thread at a time, except
+ * kiln_llm_cancel, which any thread may call while another generates.
+ * Errors: fallible calls return a kiln_status and set kiln_last_error()
+ * (thread-local) to a one-line message; outputs are untouched on failure.
+ */
+#ifndef KILN_LLM_H
+#define KILN_LLM_H
+
+#include <kiln/engine.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kiln_llm kiln_llm;
+
+typedef struct kiln_llm_options {
+    /* Megabytes for the KV cache of all layers together. 0: enough for
+     * max_batch sequences of max_seq_len tokens, capped at a quarter of
+     * physical memory. */
+    size_t kv_cache_mb;
+    /* > 0: exactly this many KV blocks instead (tools that only tokenize
+     * ask for 1; tests ask for a small cache). */
+    int32_t kv_cache_blocks;
+} kiln_llm_options;
+
+/* What an opened engine is and holds. Strings are borrowed from the
+ * kiln_llm and live as long as it. */
+typedef struct kiln_llm_info {
+    const char *architecture;    /* "llama", "qwen2", ... */
+    const char *chat_template;   /* "chatml", "llama3", "llama2", or NULL */
+    kiln_dtype dtype;            /* KV-cache dtype (the engine's) */
+    int32_t vocab_size;
+    int32_t n_layers;
+    int32_t max_seq_len;         /* tokens per sequence, prompt included */
+    int32_t max_batch;           /* sequences per step */
+    int32_t max_tokens;          /* new tokens per step (prefill chunk budget) */
+    int32_t block_size;          /* tokens per KV block */
+    int32_t n_blocks;            /* KV blocks in the cache */
+    int64_t cache_tokens;        /* n_blocks * block_size: tokens the cache holds */
+    size_t cache_bytes;          /* KV-cache memory, all layers */
+    int32_t bos_id;              /* -1 when none */
+    int32_t n_eos;
+    const int32_t *eos_ids;
+} kiln_llm_info;
+
+/* Sampling of one request. Order, as Hugging Face's generate applies it:
+ * penalties, then temperature, top-k, top-p, min-p, then a draw. */
+typedef struct kiln_llm_sampling {
+    float temperature;           /* 0: greedy (argmax after penalties) */
+    int32_t top_k;               /* 0: off; else keep the k most likely */
+    float top_p;                 /* 1: off; keep the smallest set reaching p */
+    float min_p;                 /* 0: off; keep p >= min_p * max p */
+    /* HF RepetitionPenaltyLogitsProcessor over prompt and generated ids:
+     * a logit > 0 is divided by it, else multiplied. 1: off. */
+    float repetition_penalty;
+    /* OpenAI, over the generated ids: logit -= presence * (count > 0) +
+     * frequency * count. 0: off. */
+    float presence_penalty;
+    float frequency_penalty;
+    uint64_t seed;               /* the request's own PRNG (xoshiro256**) */
+} kiln_llm_sampling;
+
+typedef struct kiln_llm_request {
+    /* The prompt as text (tokenized with special-token parsing, BOS as the
+     * engine's config says), or, when prompt is NULL, as ids. Borrowed for
+     * the call. */
+    const char *prompt;
+    size_t prompt_len;
+    const int32_t *prompt_ids;
+    size_t n_prompt_ids;
+    int32_t max_tokens;          /* tokens to generate at most (>= 1) */
+    kiln_llm_sampling sampling;
+    /* Generation ends when the text contains one of these; the stop string
+     * and what follows are not part of the result. Borrowed. */
+    const char *const *stop;
+    int32_t n_stop;
+    int ignore_eos;              /* 1: the config's EOS ids do not end it */
+} kiln_llm_request;
+
+/* Neutral sampling (temperature 1, no top-k/p, min-p or penalties, seed 0)
+ * and max_tokens 128; the prompt is left empty. */
+KILN_API void kiln_llm_request_init(kiln_llm_request *req);
+
+typedef enum kiln_llm_finish {
+    KILN_LLM_FINISH_LENGTH = 0,  /* max_tokens or max_seq_len reached */
+    KILN_LLM_FINISH_EOS,         /* an EOS id was sampled (not in the text) */
+    KILN_LLM_FINISH_STOP,        /* a stop string matched */
+    KILN_LLM_FINISH_CANCELLED,   /* the callback or kiln_llm_cancel ended it */
+    KILN_LLM_FINISH_COUNT
+} kiln_llm_finish;
+
+/* "length", "eos", "stop", "cancelled". */
+KILN_API const char *kiln_llm_finish_name(kiln_llm_finish finish);
+
+/* The outcome of one request. Arrays and text are malloc'd and owned by
+ * the result: free with kiln_llm_result_free. */
+typedef struct kiln_llm_result {
+    int32_t *prompt_ids;
+    size_t n_prompt_ids;
+    int32_t *ids;                /* generated ids (an EOS that ended it included) */
+    size_t n_ids;
+    char *text;                  /* generated text, NUL-terminated */
+    size_t text_len;
+    kiln_llm_finish finish;
+    double prompt_ms;            /* from the call until the first token was sampled */
+    double generate_ms;          /* from the first sampled token to the last */
+    double prompt_tok_s;         /* n_prompt_ids / prompt_ms */
+    double generate_tok_s;       /* (n_ids - 1) / generate_ms; 0 for one token */
+} kiln_llm_result;
+
+/* NULL-safe; zeroes the result. */
+KILN_API void kiln_llm_result_free(kiln_llm_result *result);
+
+/* Called for every generated token: `request` indexes the array passed to
+ * kiln_llm_generate, `text` (len bytes, not NUL-terminated, valid for the
+ * call) is the text that became final with it — whole UTF-8 characters
+ * only, and possibly empty while a character or a possible stop string is
+ * held back. When a request ends, held-back text that turned out not to be
+ * a stop string is delivered in one last call with token -1. Returning
+ * nonzero ends that request (finish CANCELLED). */
+typedef int (*kiln_llm_token_fn)(void *user, int32_t request, int32_t token, const char *text,
+                                 size_t len);
+
+/* Loads an engine and prepares it for generation (see the top of this
+ * file). `registry` is borrowed for the kiln_llm's lifetime; options may be
+ * NULL. Fails naming the missing or bad LLMC/TOKN section, an I/O tensor
+ * the engine lacks, or the memory it could not get. */
+KILN_API kiln_status kiln_llm_open(kiln_registry *registry, const char *path,
+                                   const kiln_llm_options *options, kiln_llm **out);
+
+/* NULL is a no-op. */
+KILN_API void kiln_llm_close(kiln_llm *llm);
+
+KILN_API void kiln_llm_info_get(const kiln_llm *llm, kiln_llm_info *info);
+
+/* Runs n requests to completion, batched together, calling on_token (may be
+ * NULL) as tokens are generated, and fills results[0..n) (caller-provided,
+ * each to be freed with kiln_llm_result_free). Every request is checked
+ * before any work starts: one whose prompt plus max_tokens exceeds the
+ * engine's max sequence length or the whole KV cache fails the call with
+ * KILN_ERROR_LIMIT naming the numbers. The decode step allocates nothing:
+ * all memory is taken at open and at the start of the call. */
+KILN_API kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *reqs, int32_t n,
+                                       kiln_llm_token_fn on_token, void *user,
+                                       kiln_llm_result *results);
+
+/* Ends every running request of the current (or next) kiln_llm_generate
+ * call at its next step, with finish CANCELLED. Safe from any thread; the
+ * flag is cleared when kiln_llm_generate returns. */
+KILN_API void kiln_llm_cancel(kiln_llm *llm);
+
+/* Tokenize flags. */
+enum {
+    KILN_LLM_TOKENIZE_ADD_SPECIAL = 1u << 0,   /* BOS etc. as the tokenizer adds them */
+    KILN_LLM_TOKENIZE_PARSE_SPECIAL = 1u << 1, /* "<|im_start|>" in the text is its id */
+};
+
+/* *ids malloc'd (caller frees). */
+KILN_API kiln_status kiln_llm_tokenize(const kiln_llm *llm, const char *text, size_t len,
+                                       uint32_t flags, int32_t **ids, size_t *n_ids);
+/* A text prompt's ids exactly as kiln_llm_generate makes them: special
+ * tokens parsed, BOS first when the engine's config says prompts start with
+ * it. *ids malloc'd (caller frees). */
+KILN_API kiln_status kiln_llm_prompt_ids(const kiln_llm *llm, const char *text, size_t len, int32_t **ids,
+                                         size_t *n_ids);
+
+/* *text malloc'd, NUL-terminated (caller frees). An id outside the
+ * vocabulary fails naming it. */
+KILN_API kiln_status kiln_llm_detokenize(const kiln_llm *llm, const int32_t *ids, size_t n_ids,
+                                         char **text, size_t *len);
+
+/* One chat turn; role is "system", "user" or "assistant". Borrowed. */
+typedef struct kiln_llm_message {
+    const char *role;
+    const char *content;
+} kiln_llm_message;
+
+/* Renders a conversation with the engine's chat template and tokenizes it
+ * (special tokens parsed, nothing added beyond what the template writes),
+ * ending with the assistant's header so the model answers. Fails with
+ * KILN_ERROR_UNSUPPORTED when the engine has no chat template. *ids
+ * malloc'd (caller frees). */
+KILN_API kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *messages,
+                                            size_t n_messages, int32_t **ids, size_t *n_ids);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,140 @@
+/* The boundary between the host half of the CUDA backend (cuda_backend.c:
+ * validation, shapes, cuBLASLt, plugins) and its kernels (cuda_kernels.cu).
+ * Plain C types only, so nvcc never compiles the graph headers. Every
+ * launcher returns the cudaError_t of the launch (0 on success) and does
+ * nothing but launch on `stream`. */
+#ifndef KILN_BACKEND_CUDA_INTERNAL_H
+#define KILN_BACKEND_CUDA_INTERNAL_H
+
+#include <kiln/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KCU_MAX_INPUTS 8  /* == KILN_FUSED_MAX_INPUTS */
+#define KCU_MAX_STEPS 16  /* == KILN_FUSED_MAX_STEPS */
+#define KCU_FAST_REGS 2   /* registers of the vectorized fused program */
+
+/* Where kernels report a gather index out of range (device memory). */
+typedef struct kcu_error_word {
+    int32_t flag;      /* 0: nothing recorded */
+    int32_t layer;
+    int64_t index;
+    int64_t position;
+} kcu_error_word;
+
+/* A linear index of a row-major shape mapped to an element offset:
+ * off = sum over axes of (coordinate * st). rank 0 maps every index to 0. */
+typedef struct kcu_map {
+    int32_t rank;
+    int64_t dims[KILN_MAX_RANK];
+    int64_t st[KILN_MAX_RANK];
+} kcu_map;
+
+/* ---- elementwise ------------------------------------------------------------------- */
+
+/* One step: operands index the register file r[] of the generic kernel:
+ * r[k] = input k (k < n_in), r[n_in + s] = result of step s. */
+typedef struct kcu_step {
+    int8_t is_binary, op, a, b;
+} kcu_step;
+
+/* The generic path: every operand through its own map (broadcast axes have
+ * stride 0), any float dtype per operand; elements [start, count). */
+typedef struct kcu_ew_args {
+    int32_t n_in, n_steps;
+    kcu_step steps[KCU_MAX_STEPS];
+    const void *in[KCU_MAX_INPUTS];
+    int32_t in_dtype[KCU_MAX_INPUTS];
+    void *out;
+    int32_t out_dtype;
+    int32_t rank;                                 /* of the merged output shape */
+    int64_t dims[KILN_MAX_RANK];
+    int64_t st[KCU_MAX_INPUTS][KILN_MAX_RANK];    /* element strides, 0 = broadcast */
+    int64_t start, count;
+} kcu_ew_args;
+
+/* Fast-path operand codes: registers 0..KCU_FAST_REGS-1, a full-size input
+ * KCU_FAST_VEC + k (read 16 bytes at a time), a one-element input
+ * KCU_FAST_SCALAR + k (broadcast). */
+#define KCU_FAST_VEC 8
+#define KCU_FAST_SCALAR 16
+
+typedef struct kcu_fast_step {
+    int8_t is_binary, op, a, b, dst;
+} kcu_fast_step;
+
+/* The vectorized path: output and inputs share dtype `dtype` (f32, f16,
+ * bf16); full-size inputs and the output are 16-byte aligned; elements
+ * [0, nvec * (16 / size)) are processed. */
+typedef struct kcu_fast_args {
+    int32_t n_steps;
+    kcu_fast_step steps[KCU_MAX_STEPS];
+    const void *in[KCU_MAX_INPUTS];
+    int32_t in_dtype[KCU_MAX_INPUTS];
+    void *out;
+    int32_t dtype;
+    int32_t result;   /* register holding the last step's result */
+    int32_t n_vec_in; /* full-size inputs, prefetched ahead */
+    int32_t vec_in[KCU_MAX_INPUTS];
+    int64_t nvec;
+} kcu_fast_args;
+
+int kcu_launch_ew(const kcu_ew_args *a, int32_t sms, void *stream);
+int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *stream);
+
+/* Integer binary (is_binary) or unary (neg/abs/relu) over int64 compute,
+ * results wrapping to the storage width; the same maps as kcu_ew_args
+ * (n_in 2 or 1, steps unused except steps[0].op). */
+int kcu_launch_ew_int(const kcu_ew_args *a, int32_t is_binary, int32_t op, int32_t sms,
+                      void *stream);
+
+/* ---- reductions ------------------------------------------------------------------ */
+
+typedef struct kcu_reduce_args {
+    const void *in;
+    int32_t in_dtype;
+    void *out;
+    int32_t out_dtype;
+    int32_t op;          /* kiln_reduce_op */
+    kcu_map kept;        /* output index -> input offset of the line's start */
+    kcu_map red;         /* reduced index -> offset within the line */
+    int64_t n_out, rcount;
+} kcu_reduce_args;
+
+int kcu_launch_reduce(const kcu_reduce_args *a, int32_t sms, void *stream);
+
+/* Softmax over lines of `len` elements `inner` apart. */
+int kcu_launch_softmax(const void *in, int32_t in_dtype, void *out, int32_t out_dtype, int64_t lines,
+                       int64_t len, int64_t inner, int32_t sms, void *stream);
+
+/* ---- data movement ---------------------------------------------------------------- */
+
+/* dst[i] = src[base + outer(inner_map(i))]: i's row-major coordinates over
+ * `dst_map` give an offset, which (when `src_map.rank` > 0) is taken as a
+ * linear index of `src_map` and mapped again. Elements of `esize` bytes
+ * (1, 2, 4 or 8). */
+int kcu_launch_copy(const void *src, void *dst, int64_t count, int64_t base, const kcu_map *dst_map,
+                    const kcu_map *src_map, int32_t esize, int32_t sms, void *stream);
+
+/* rows × width elements of a contiguous src into dst at column `col` of
+ * rows `pitch` elements long (one concat input). */
+int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t width, int64_t pitch,
+                    int64_t col, int32_t esize, int32_t sms, void *stream);
+
+/* out[i, j, c] = data[i, idx[j], c] for i < outer, j < n_idx, c < inner;
+ * an index outside [0, dim) is clamped and recorded in *err. */
+int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, void *out,
+                      int64_t outer, int64_t n_idx, int64_t inner, int64_t dim, int32_t esize,
+                      kcu_error_word *err, int32_t layer, int32_t sms, void *stream);
+
+/* n elements converted between dtypes (as kiln_convert). */
+int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t n,
+                    int32_t sms, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,29 @@
+/* Chat templates: a conversation rendered to the text the model was tuned
+ * on, written out by hand from each family's Jinja template (Hugging Face
+ * tokenizer_config.json) for the three formats kiln supports. The text is
+ * then tokenized with special-token parsing and nothing added. */
+#ifndef KILN_LLM_CHAT_TEMPLATE_H
+#define KILN_LLM_CHAT_TEMPLATE_H
+
+#include <kiln/llm.h>
+
+#include "llm_config.h"
+
+typedef struct kiln_chat_tokens {
+    const char *bos;   /* llama2: the BOS token's text ("<s>") */
+    const char *eos;   /* llama2: the EOS token's text ("</s>") */
+} kiln_chat_tokens;
+
+/* Renders messages (roles "system", "user", "assistant"), then the
+ * assistant's header when add_generation_prompt (ChatML, Llama 3; the
+ * [INST] format ends its user turns with " [/INST]" anyway).
+ * default_system (may be NULL) is inserted as the system message when the
+ * conversation has none, as SmolLM2's template does. *out malloc'd,
+ * NUL-terminated. KILN_ERROR_UNSUPPORTED for KILN_LLM_CHAT_NONE,
+ * KILN_ERROR_INVALID_ARGUMENT for an unknown role (or, for llama2, a system
+ * message that is not first, or turns that do not alternate user/assistant). */
+kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_llm_message *msgs, size_t n,
+                             int add_generation_prompt, const char *default_system,
+                             const kiln_chat_tokens *tokens, char **out, size_t *len);
+
+#endif

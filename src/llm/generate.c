@@ -1,0 +1,797 @@
+/* Text generation over an LLM engine (include/kiln/llm.h): opening the
+ * engine with its KV cache and step buffers, the continuous-batching
+ * scheduler, sampling, streaming and stop strings. */
+#include <kiln/kiln.h>
+#include <kiln/llm.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../core/error.h"
+#include "../runtime/runtime_internal.h"
+#include "chat_template.h"
+#include "kv_cache.h"
+#include "llm_config.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+struct kiln_llm {
+    kiln_engine *engine;
+    kiln_context *ctx;
+    kiln_llm_config cfg;
+    kiln_tokenizer *tok;
+    char *default_system;        /* LLMC "default_system", NULL when absent */
+    kiln_dtype kv_dtype;
+    void **kv;                   /* n_layers caches, [n_blocks, 2, n_kv_heads, block_size, head_dim] */
+    size_t kv_layer_bytes;
+    int32_t max_batch, max_tokens, max_blocks;
+    kiln_kv_pool pool;
+    /* Step buffers at their max sizes, bound once at open. */
+    int32_t *tokens, *positions;  /* [max_tokens] */
+    int32_t *block_table;         /* [max_batch, max_blocks] */
+    int32_t *seq_lens, *last_token; /* [max_batch] */
+    int32_t *query_start;         /* [max_batch + 1] */
+    float *logits;                /* [max_batch, vocab] */
+    kiln_candidate *cand;         /* [vocab] sampling scratch */
+    size_t max_piece;             /* longest vocabulary string, bytes */
+    atomic_int cancel;
+};
+
+/* ---- small helpers ---------------------------------------------------------------- */
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static const kiln_section_rec *find_section(const kiln_graph *g, uint32_t id)
+{
+    for (int32_t i = 0; i < g->n_sections; i++)
+        if (g->sections[i].id == id)
+            return &g->sections[i];
+    return NULL;
+}
+
+void kiln_llm_request_init(kiln_llm_request *req)
+{
+    memset(req, 0, sizeof *req);
+    req->max_tokens = 128;
+    req->sampling.temperature = 1.0f;
+    req->sampling.top_p = 1.0f;
+    req->sampling.repetition_penalty = 1.0f;
+}
+
+const char *kiln_llm_finish_name(kiln_llm_finish f)
+{
+    switch (f) {
+    case KILN_LLM_FINISH_LENGTH: return "length";
+    case KILN_LLM_FINISH_EOS: return "eos";
+    case KILN_LLM_FINISH_STOP: return "stop";
+    case KILN_LLM_FINISH_CANCELLED: return "cancelled";
+    default: return "?";
+    }
+}
+
+void kiln_llm_result_free(kiln_llm_result *r)
+{
+    if (!r)
+        return;
+    free(r->prompt_ids);
+    free(r->ids);
+    free(r->text);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- open / close -------------------------------------------------------------------- */
+
+void kiln_llm_close(kiln_llm *llm)
+{
+    if (!llm)
+        return;
+    kiln_context_destroy(llm->ctx);
+    kiln_engine_destroy(llm->engine);
+    kiln_tokenizer_free(llm->tok);
+    if (llm->kv)
+        for (int32_t l = 0; l < llm->cfg.n_layers; l++)
+            free(llm->kv[l]);
+    free(llm->kv);
+    kiln_kv_pool_free(&llm->pool);
+    free(llm->default_system);
+    free(llm->tokens);
+    free(llm->positions);
+    free(llm->block_table);
+    free(llm->seq_lens);
+    free(llm->last_token);
+    free(llm->query_start);
+    free(llm->logits);
+    free(llm->cand);
+    free(llm);
+}
+
+/* The optional "default_system" string of LLMC: the system prompt the
+ * model's own chat template inserts when a conversation has none. */
+static kiln_status read_default_system(kiln_llm *llm, const kiln_section_rec *sec)
+{
+    json_t *root = json_loadb(sec->data, sec->size, 0, NULL);
+    const char *s = root ? json_string_value(json_object_get(root, "default_system")) : NULL;
+    if (s && !(llm->default_system = strdup(s))) {
+        json_decref(root);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory reading LLMC");
+    }
+    json_decref(root);
+    return KILN_OK;
+}
+
+/* An input the step network must have, with its profile's max. */
+static kiln_status io_max(const kiln_llm *llm, const char *name, kiln_dtype want, kiln_dims *max)
+{
+    kiln_dtype dt;
+    int32_t is_input;
+    kiln_dims dims, mn, opt;
+    if (kiln_engine_io_tensor_info(llm->engine, name, &dt, &is_input, &dims) != KILN_OK)
+        return kiln_fail(KILN_ERROR_FORMAT, "LLM engine has no I/O tensor \"%s\" (docs/llm.md)", name);
+    if (dt != want)
+        return kiln_fail(KILN_ERROR_FORMAT, "LLM engine tensor \"%s\" is %s, expected %s", name,
+                         kiln_dtype_name(dt), kiln_dtype_name(want));
+    if (!is_input) {
+        *max = dims;
+        return KILN_OK;
+    }
+    if (kiln_engine_num_profiles(llm->engine) < 1 ||
+        kiln_engine_profile_shape(llm->engine, 0, name, &mn, &opt, max) != KILN_OK)
+        *max = dims;
+    return KILN_OK;
+}
+
+static size_t default_cache_bytes(const kiln_llm *llm, size_t per_token)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    size_t quarter = pages > 0 && page > 0 ? (size_t)pages / 4 * (size_t)page : (size_t)1 << 30;
+    size_t want = (size_t)llm->cfg.max_batch * (size_t)llm->cfg.max_seq_len * per_token;
+    return want < quarter ? want : quarter;
+}
+
+static kiln_status setup_cache(kiln_llm *llm, const kiln_llm_options *opt)
+{
+    const kiln_llm_config *c = &llm->cfg;
+    char name[32];
+    kiln_dims kv_max;
+    snprintf(name, sizeof name, "kv_cache.0");
+    kiln_dtype dt;
+    int32_t is_input;
+    kiln_dims dims;
+    if (kiln_engine_io_tensor_info(llm->engine, name, &dt, &is_input, &dims) != KILN_OK)
+        return kiln_fail(KILN_ERROR_FORMAT, "LLM engine has no I/O tensor \"kv_cache.0\" (docs/llm.md)");
+    llm->kv_dtype = dt;
+    KILN_TRY(io_max(llm, name, dt, &kv_max));
+    if (dims.rank != 5 || dims.d[1] != 2 || dims.d[2] != c->n_kv_heads || dims.d[3] != c->block_size ||
+        dims.d[4] != c->head_dim)
+        return kiln_fail(KILN_ERROR_FORMAT,
+                         "kv_cache.0 is not [n_blocks, 2, n_kv_heads %d, block_size %d, head_dim %d]",
+                         (int)c->n_kv_heads, (int)c->block_size, (int)c->head_dim);
+    size_t block_bytes = 2 * (size_t)c->n_kv_heads * (size_t)c->block_size * (size_t)c->head_dim *
+                         kiln_dtype_size(dt);
+    size_t all_layers = block_bytes * (size_t)c->n_layers;
+    size_t bytes = opt && opt->kv_cache_mb ? opt->kv_cache_mb << 20
+                                           : default_cache_bytes(llm, all_layers / (size_t)c->block_size);
+    size_t n = opt && opt->kv_cache_blocks > 0 ? (size_t)opt->kv_cache_blocks : bytes / all_layers;
+    if (n < 1)
+        return kiln_fail(KILN_ERROR_LIMIT,
+                         "a KV cache of %zu MB holds no block: one block of %d tokens takes %zu bytes over %d layers",
+                         bytes >> 20, (int)c->block_size, all_layers, (int)c->n_layers);
+    if (kv_max.rank == 5 && (int64_t)n > kv_max.d[0])
+        n = (size_t)kv_max.d[0];
+    if (n > INT32_MAX)
+        n = INT32_MAX;
+    KILN_TRY(kiln_kv_pool_init(&llm->pool, (int32_t)n, c->block_size));
+    llm->kv_layer_bytes = n * block_bytes;
+    llm->kv = calloc((size_t)c->n_layers, sizeof *llm->kv);
+    if (!llm->kv)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the KV cache");
+    kiln_dims kd = {.rank = 5, .d = {(int64_t)n, 2, c->n_kv_heads, c->block_size, c->head_dim}};
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        snprintf(name, sizeof name, "kv_cache.%d", (int)l);
+        /* calloc of this size maps fresh zero pages: blocks cost memory
+         * only once a sequence writes them. */
+        llm->kv[l] = calloc(1, llm->kv_layer_bytes);
+        if (!llm->kv[l])
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %zu MB of KV cache (layer %d)",
+                             llm->kv_layer_bytes >> 20, (int)l);
+        KILN_TRY(kiln_context_set_tensor_address(llm->ctx, name, llm->kv[l]));
+        KILN_TRY(kiln_context_set_input_shape(llm->ctx, name, &kd));
+    }
+    return KILN_OK;
+}
+
+static kiln_status setup_buffers(kiln_llm *llm)
+{
+    const kiln_llm_config *c = &llm->cfg;
+    kiln_dims m;
+    KILN_TRY(io_max(llm, "tokens", KILN_DTYPE_I32, &m));
+    llm->max_tokens = m.rank == 1 && m.d[0] > 0 && m.d[0] < c->max_tokens ? (int32_t)m.d[0] : c->max_tokens;
+    KILN_TRY(io_max(llm, "positions", KILN_DTYPE_I32, &m));
+    KILN_TRY(io_max(llm, "block_table", KILN_DTYPE_I32, &m));
+    if (m.rank != 2 || m.d[1] < 1)
+        return kiln_fail(KILN_ERROR_FORMAT, "block_table must be [S, max_blocks] with a static max_blocks");
+    llm->max_batch = m.d[0] > 0 && m.d[0] < c->max_batch ? (int32_t)m.d[0] : c->max_batch;
+    llm->max_blocks = (int32_t)m.d[1];
+    KILN_TRY(io_max(llm, "seq_lens", KILN_DTYPE_I32, &m));
+    KILN_TRY(io_max(llm, "query_start", KILN_DTYPE_I32, &m));
+    KILN_TRY(io_max(llm, "last_token", KILN_DTYPE_I32, &m));
+    KILN_TRY(io_max(llm, "logits", KILN_DTYPE_F32, &m));
+    if (m.rank != 2 || m.d[1] != c->vocab_size)
+        return kiln_fail(KILN_ERROR_FORMAT, "logits must be [S, vocab_size %d]", (int)c->vocab_size);
+    size_t T = (size_t)llm->max_tokens, S = (size_t)llm->max_batch, V = (size_t)c->vocab_size;
+    llm->tokens = calloc(T, sizeof *llm->tokens);
+    llm->positions = calloc(T, sizeof *llm->positions);
+    llm->block_table = calloc(S * (size_t)llm->max_blocks, sizeof *llm->block_table);
+    llm->seq_lens = calloc(S, sizeof *llm->seq_lens);
+    llm->last_token = calloc(S, sizeof *llm->last_token);
+    llm->query_start = calloc(S + 1, sizeof *llm->query_start);
+    llm->logits = calloc(S * V, sizeof *llm->logits);
+    llm->cand = calloc(V, sizeof *llm->cand);
+    if (!llm->tokens || !llm->positions || !llm->block_table || !llm->seq_lens || !llm->last_token ||
+        !llm->query_start || !llm->logits || !llm->cand)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
+    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "tokens", llm->tokens));
+    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "positions", llm->positions));
+    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "block_table", llm->block_table));
+    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "seq_lens", llm->seq_lens));
+    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "last_token", llm->last_token));
+    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "query_start", llm->query_start));
+    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "logits", llm->logits));
+    for (int32_t id = 0; id < c->vocab_size; id++) {
+        size_t len = 0;
+        if (kiln_tokenizer_token_to_piece(llm->tok, id, &len) && len > llm->max_piece)
+            llm->max_piece = len;
+    }
+    return KILN_OK;
+}
+
+static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *path,
+                               const kiln_llm_options *opt)
+{
+    KILN_TRY(kiln_engine_load(reg, path, &llm->engine));
+    const kiln_graph *g = &llm->engine->graph;
+    const kiln_section_rec *cfg = find_section(g, KILN_FOURCC('L', 'L', 'M', 'C'));
+    const kiln_section_rec *tok = find_section(g, KILN_FOURCC('T', 'O', 'K', 'N'));
+    if (!cfg || !tok)
+        return kiln_fail(KILN_ERROR_FORMAT, "%s is not an LLM engine: it has no %s section", path,
+                         cfg ? "TOKN (tokenizer)" : "LLMC (model config)");
+    kiln_status s = kiln_llm_config_from_json(cfg->data, cfg->size, &llm->cfg);
+    if (s != KILN_OK)
+        return kiln_fail_context(s, "%s: section LLMC", path);
+    KILN_TRY(read_default_system(llm, cfg));
+    s = kiln_tokenizer_deserialize(tok->data, tok->size, &llm->tok);
+    if (s != KILN_OK)
+        return kiln_fail_context(s, "%s: section TOKN", path);
+    KILN_TRY(kiln_context_create(llm->engine, &llm->ctx));
+    KILN_TRY(setup_buffers(llm));
+    return setup_cache(llm, opt);
+}
+
+kiln_status kiln_llm_open(kiln_registry *reg, const char *path, const kiln_llm_options *opt, kiln_llm **out)
+{
+    if (!reg || !path || !out)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_open: registry, path and out are required");
+    kiln_llm *llm = calloc(1, sizeof *llm);
+    if (!llm)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory opening %s", path);
+    kiln_status s = open_engine(llm, reg, path, opt);
+    if (s != KILN_OK) {
+        kiln_llm_close(llm);
+        return s;
+    }
+    *out = llm;
+    return KILN_OK;
+}
+
+void kiln_llm_info_get(const kiln_llm *llm, kiln_llm_info *info)
+{
+    const kiln_llm_config *c = &llm->cfg;
+    memset(info, 0, sizeof *info);
+    info->architecture = c->architecture;
+    info->chat_template = kiln_llm_chat_template_name(c->chat_template);
+    info->dtype = llm->kv_dtype;
+    info->vocab_size = c->vocab_size;
+    info->n_layers = c->n_layers;
+    info->max_seq_len = c->max_seq_len;
+    info->max_batch = llm->max_batch;
+    info->max_tokens = llm->max_tokens;
+    info->block_size = c->block_size;
+    info->n_blocks = llm->pool.n_blocks;
+    info->cache_tokens = (int64_t)llm->pool.n_blocks * c->block_size;
+    info->cache_bytes = llm->kv_layer_bytes * (size_t)c->n_layers;
+    info->bos_id = c->bos_id;
+    info->n_eos = c->n_eos;
+    info->eos_ids = c->eos_ids;
+}
+
+void kiln_llm_cancel(kiln_llm *llm) { atomic_store(&llm->cancel, 1); }
+
+/* ---- tokens and text ------------------------------------------------------------------ */
+
+kiln_status kiln_llm_tokenize(const kiln_llm *llm, const char *text, size_t len, uint32_t flags,
+                              int32_t **ids, size_t *n_ids)
+{
+    uint32_t f = 0;
+    if (flags & KILN_LLM_TOKENIZE_ADD_SPECIAL)
+        f |= KILN_TOKENIZE_ADD_SPECIAL;
+    if (flags & KILN_LLM_TOKENIZE_PARSE_SPECIAL)
+        f |= KILN_TOKENIZE_PARSE_SPECIAL;
+    return kiln_tokenizer_encode(llm->tok, text, len, f, ids, n_ids);
+}
+
+kiln_status kiln_llm_detokenize(const kiln_llm *llm, const int32_t *ids, size_t n_ids, char **text, size_t *len)
+{
+    return kiln_tokenizer_decode(llm->tok, ids, n_ids, 0, text, len);
+}
+
+static const char *piece_text(const kiln_llm *llm, int32_t id, char *buf, size_t cap)
+{
+    size_t len = 0;
+    const char *p = id >= 0 ? kiln_tokenizer_token_to_piece(llm->tok, id, &len) : NULL;
+    if (!p || len + 1 > cap)
+        return NULL;
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    return buf;
+}
+
+kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *messages, size_t n,
+                                   int32_t **ids, size_t *n_ids)
+{
+    char bos[64], eos[64];
+    kiln_chat_tokens t = {
+        piece_text(llm, llm->cfg.bos_id, bos, sizeof bos),
+        piece_text(llm, llm->cfg.n_eos > 0 ? llm->cfg.eos_ids[0] : -1, eos, sizeof eos),
+    };
+    char *text = NULL;
+    size_t len = 0;
+    KILN_TRY(kiln_chat_render(llm->cfg.chat_template, messages, n, 1, llm->default_system, &t, &text, &len));
+    kiln_status s = kiln_tokenizer_encode(llm->tok, text, len, KILN_TOKENIZE_PARSE_SPECIAL, ids, n_ids);
+    free(text);
+    return s;
+}
+
+/* ---- per-request state -------------------------------------------------------------------- */
+
+enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
+
+typedef struct gen_seq {
+    const kiln_llm_request *req;
+    kiln_llm_result *res;
+    int32_t *ids;                /* prompt then generated, cap n_prompt + max_tokens */
+    size_t n_prompt, n_ids;
+    size_t n_cached;             /* ids whose keys and values are in the cache */
+    int32_t *blocks;             /* max_blocks */
+    kiln_kv_seq kv;
+    int32_t reserve;             /* blocks it may need in all */
+    uint8_t *seen;               /* [vocab] id occurs in prompt or output */
+    int32_t *count;              /* [vocab] times generated */
+    kiln_rng rng;
+    kiln_tokenizer_stream *stream;
+    char *text;
+    size_t text_len, text_cap, emitted;
+    size_t max_stop;             /* longest stop string */
+    int state;
+    kiln_llm_finish finish;
+    double t_first, t_last;
+} gen_seq;
+
+static void seq_free(gen_seq *q)
+{
+    free(q->ids);
+    free(q->blocks);
+    free(q->seen);
+    free(q->count);
+    free(q->text);
+    kiln_tokenizer_stream_free(q->stream);
+}
+
+static kiln_status prompt_ids(const kiln_llm *llm, const kiln_llm_request *r, int32_t **ids, size_t *n)
+{
+    if (!r->prompt) {
+        int32_t *p = malloc(sizeof *p * (r->n_prompt_ids ? r->n_prompt_ids : 1));
+        if (!p)
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a prompt");
+        for (size_t i = 0; i < r->n_prompt_ids; i++) {
+            if (r->prompt_ids[i] < 0 || r->prompt_ids[i] >= llm->cfg.vocab_size) {
+                free(p);
+                return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "prompt id %d at %zu is outside the vocabulary [0, %d)",
+                                 (int)r->prompt_ids[i], i, (int)llm->cfg.vocab_size);
+            }
+            p[i] = r->prompt_ids[i];
+        }
+        *ids = p;
+        *n = r->n_prompt_ids;
+        return KILN_OK;
+    }
+    return kiln_llm_prompt_ids(llm, r->prompt, r->prompt_len, ids, n);
+}
+
+kiln_status kiln_llm_prompt_ids(const kiln_llm *llm, const char *text, size_t len, int32_t **ids, size_t *n)
+{
+    int32_t *enc = NULL;
+    size_t n_enc = 0;
+    KILN_TRY(kiln_tokenizer_encode(llm->tok, text, len, KILN_TOKENIZE_PARSE_SPECIAL, &enc, &n_enc));
+    int add = llm->cfg.add_bos && llm->cfg.bos_id >= 0 && (n_enc == 0 || enc[0] != llm->cfg.bos_id);
+    int32_t *p = malloc(sizeof *p * (n_enc + 1));
+    if (!p) {
+        free(enc);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a prompt");
+    }
+    if (add)
+        p[0] = llm->cfg.bos_id;
+    memcpy(p + add, enc, sizeof *p * n_enc);
+    free(enc);
+    *ids = p;
+    *n = n_enc + (size_t)add;
+    return KILN_OK;
+}
+
+/* Tokenizes and checks one request and takes all the memory it will use. */
+static kiln_status seq_init(kiln_llm *llm, int32_t i, const kiln_llm_request *r, kiln_llm_result *res, gen_seq *q)
+{
+    const kiln_llm_config *c = &llm->cfg;
+    q->req = r;
+    q->res = res;
+    if (r->max_tokens < 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "request %d: max_tokens %d must be >= 1", (int)i,
+                         (int)r->max_tokens);
+    int32_t *p = NULL;
+    size_t n = 0;
+    KILN_TRY(prompt_ids(llm, r, &p, &n));
+    q->ids = p;
+    q->n_prompt = q->n_ids = n;
+    if (n == 0)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "request %d: the prompt is empty", (int)i);
+    if (n >= (size_t)c->max_seq_len)
+        return kiln_fail(KILN_ERROR_LIMIT, "request %d: prompt of %zu tokens exceeds the engine's max sequence length %d",
+                         (int)i, n, (int)c->max_seq_len);
+    size_t total = n + (size_t)r->max_tokens;
+    if (total > (size_t)c->max_seq_len)
+        return kiln_fail(KILN_ERROR_LIMIT,
+                         "request %d: prompt of %zu tokens plus max_tokens %d exceeds the engine's max sequence length %d",
+                         (int)i, n, (int)r->max_tokens, (int)c->max_seq_len);
+    q->reserve = kiln_kv_blocks_for(&llm->pool, (int64_t)total);
+    if (q->reserve > llm->pool.n_blocks)
+        return kiln_fail(KILN_ERROR_LIMIT,
+                         "request %d: prompt of %zu tokens plus max_tokens %d needs %d KV blocks, the cache holds %d (%lld tokens)",
+                         (int)i, n, (int)r->max_tokens, (int)q->reserve, (int)llm->pool.n_blocks,
+                         (long long)llm->pool.n_blocks * c->block_size);
+    for (int32_t k = 0; k < r->n_stop; k++) {
+        size_t len = r->stop[k] ? strlen(r->stop[k]) : 0;
+        if (len == 0)
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "request %d: stop string %d is empty", (int)i, (int)k);
+        if (len > q->max_stop)
+            q->max_stop = len;
+    }
+    int32_t *grown = realloc(q->ids, sizeof *q->ids * total);
+    if (!grown)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for request %d", (int)i);
+    q->ids = grown;
+    /* A decoded token is at most its vocabulary string, tripled when each
+     * byte of it is invalid UTF-8 and becomes U+FFFD. */
+    q->text_cap = 3 * (llm->max_piece + 4) * (size_t)r->max_tokens + 1;
+    q->text = malloc(q->text_cap);
+    q->blocks = malloc(sizeof *q->blocks * (size_t)llm->max_blocks);
+    q->seen = calloc((size_t)c->vocab_size, 1);
+    q->count = calloc((size_t)c->vocab_size, sizeof *q->count);
+    if (!q->text || !q->blocks || !q->seen || !q->count)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for request %d", (int)i);
+    KILN_TRY(kiln_tokenizer_stream_create(llm->tok, 0, &q->stream));
+    kiln_kv_seq_init(&q->kv, q->blocks, llm->max_blocks);
+    for (size_t k = 0; k < n; k++)
+        q->seen[q->ids[k]] = 1;
+    kiln_rng_seed(&q->rng, r->sampling.seed);
+    q->text[0] = '\0';
+    return KILN_OK;
+}
+
+/* ---- text, stop strings and streaming ------------------------------------------------------ */
+
+static void text_append(gen_seq *q, const char *s, size_t n)
+{
+    if (q->text_len + n + 1 > q->text_cap) {
+        /* Beyond the bound computed at the start; only a tokenizer that
+         * expands more than that gets here. */
+        size_t cap = (q->text_len + n + 1) * 2;
+        char *t = realloc(q->text, cap);
+        if (!t)
+            return;
+        q->text = t;
+        q->text_cap = cap;
+    }
+    memcpy(q->text + q->text_len, s, n);
+    q->text_len += n;
+    q->text[q->text_len] = '\0';
+}
+
+/* Looks for a stop string in the text not yet emitted (and the bytes before
+ * it a stop string could start in); truncates there. Returns 1 on a match. */
+static int stop_match(gen_seq *q)
+{
+    const kiln_llm_request *r = q->req;
+    if (!r->n_stop)
+        return 0;
+    size_t from = q->emitted > q->max_stop ? q->emitted - q->max_stop : 0;
+    size_t best = SIZE_MAX;
+    for (int32_t k = 0; k < r->n_stop; k++) {
+        size_t len = strlen(r->stop[k]);
+        for (size_t at = from; at + len <= q->text_len; at++)
+            if (memcmp(q->text + at, r->stop[k], len) == 0) {
+                if (at < best)
+                    best = at;
+                break;
+            }
+    }
+    if (best == SIZE_MAX)
+        return 0;
+    q->text_len = best;
+    q->text[best] = '\0';
+    return 1;
+}
+
+/* Bytes at the end of the text that could begin a stop string: held back
+ * until the next token decides. A stop string's prefix starts on a UTF-8
+ * character boundary, so what is emitted is always whole characters. */
+static size_t stop_holdback(const gen_seq *q)
+{
+    const kiln_llm_request *r = q->req;
+    size_t hold = 0;
+    for (int32_t k = 0; k < r->n_stop; k++) {
+        size_t len = strlen(r->stop[k]);
+        for (size_t h = len - 1; h > hold; h--)
+            if (h <= q->text_len - q->emitted &&
+                memcmp(q->text + q->text_len - h, r->stop[k], h) == 0) {
+                hold = h;
+                break;
+            }
+    }
+    return hold;
+}
+
+/* Emits the text that became final; returns nonzero when the callback asks
+ * to end the request. */
+static int emit(gen_seq *q, int32_t index, int32_t token, int final, kiln_llm_token_fn fn, void *user)
+{
+    size_t hold = final ? 0 : stop_holdback(q);
+    size_t end = q->text_len - hold;
+    size_t from = q->emitted;
+    if (end < from)
+        end = from;
+    q->emitted = end;
+    if (!fn || (token < 0 && end == from))
+        return 0;
+    return fn(user, index, token, q->text + from, end - from);
+}
+
+/* ---- one request's end ---------------------------------------------------------------------- */
+
+static void seq_finish(kiln_llm *llm, gen_seq *q, int32_t index, kiln_llm_finish why, kiln_llm_token_fn fn,
+                       void *user)
+{
+    if (why != KILN_LLM_FINISH_STOP) {
+        const char *t;
+        size_t n;
+        if (kiln_tokenizer_stream_finish(q->stream, &t, &n) == KILN_OK && n) {
+            text_append(q, t, n);
+            if (stop_match(q))
+                why = KILN_LLM_FINISH_STOP;
+        }
+    }
+    emit(q, index, -1, 1, fn, user);
+    q->finish = why;
+    q->state = SEQ_DONE;
+    kiln_kv_seq_release(&llm->pool, &q->kv);
+}
+
+/* Handles a sampled token. */
+static void seq_accept(kiln_llm *llm, gen_seq *q, int32_t index, int32_t id, kiln_llm_token_fn fn, void *user)
+{
+    const kiln_llm_config *c = &llm->cfg;
+    double t = now_ms();
+    if (q->n_ids == q->n_prompt)
+        q->t_first = t;
+    q->t_last = t;
+    q->ids[q->n_ids++] = id;
+    q->seen[id] = 1;
+    q->count[id]++;
+    if (!q->req->ignore_eos)
+        for (int32_t k = 0; k < c->n_eos; k++)
+            if (c->eos_ids[k] == id) {
+                seq_finish(llm, q, index, KILN_LLM_FINISH_EOS, fn, user);
+                return;
+            }
+    const char *piece = NULL;
+    size_t n = 0;
+    if (kiln_tokenizer_stream_push(q->stream, id, &piece, &n) == KILN_OK && n)
+        text_append(q, piece, n);
+    if (stop_match(q)) {
+        emit(q, index, id, 1, fn, user);
+        seq_finish(llm, q, index, KILN_LLM_FINISH_STOP, fn, user);
+        return;
+    }
+    if (emit(q, index, id, 0, fn, user)) {
+        seq_finish(llm, q, index, KILN_LLM_FINISH_CANCELLED, fn, user);
+        return;
+    }
+    if (q->n_ids - q->n_prompt >= (size_t)q->req->max_tokens || q->n_ids >= (size_t)c->max_seq_len)
+        seq_finish(llm, q, index, KILN_LLM_FINISH_LENGTH, fn, user);
+}
+
+/* ---- the scheduler --------------------------------------------------------------------------- */
+
+/* Admits waiting requests, in order, while the batch has room and the
+ * blocks every running sequence may still need stay available: a running
+ * sequence never waits for a block. */
+static void admit(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *n_running)
+{
+    int64_t promised = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (seqs[i].state == SEQ_RUNNING)
+            promised += seqs[i].reserve - seqs[i].kv.n_blocks;
+    for (int32_t i = 0; i < n && *n_running < llm->max_batch; i++) {
+        gen_seq *q = &seqs[i];
+        if (q->state != SEQ_WAITING)
+            continue;
+        if (llm->pool.n_free - promised < q->reserve)
+            break;
+        q->state = SEQ_RUNNING;
+        promised += q->reserve;
+        (*n_running)++;
+    }
+}
+
+/* Packs one step: decode tokens first (one each), then prefill chunks in
+ * the remaining token budget. step[s] is the sequence of row s. */
+static int32_t pack_step(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *step, int32_t *T_out)
+{
+    int32_t S = 0, T = 0;
+    llm->query_start[0] = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0; i < n && S < llm->max_batch && T < llm->max_tokens; i++) {
+            gen_seq *q = &seqs[i];
+            if (q->state != SEQ_RUNNING)
+                continue;
+            size_t pending = q->n_ids - q->n_cached;
+            if ((pass == 0) != (pending == 1))
+                continue;
+            size_t chunk = pending;
+            if (chunk > (size_t)(llm->max_tokens - T))
+                chunk = (size_t)(llm->max_tokens - T);
+            /* Admission promised these blocks, so growing cannot fail. */
+            if (kiln_kv_seq_grow(&llm->pool, &q->kv, (int64_t)(q->n_cached + chunk)) != KILN_OK)
+                continue;
+            for (size_t j = 0; j < chunk; j++) {
+                llm->tokens[T + (int32_t)j] = q->ids[q->n_cached + j];
+                llm->positions[T + (int32_t)j] = (int32_t)(q->n_cached + j);
+            }
+            T += (int32_t)chunk;
+            int32_t *row = llm->block_table + (size_t)S * (size_t)llm->max_blocks;
+            memcpy(row, q->kv.blocks, sizeof *row * (size_t)q->kv.n_blocks);
+            llm->seq_lens[S] = (int32_t)(q->n_cached + chunk);
+            llm->query_start[S + 1] = T;
+            llm->last_token[S] = T - 1;
+            step[S++] = i;
+        }
+    *T_out = T;
+    return S;
+}
+
+static kiln_status run_step(kiln_llm *llm, int32_t T, int32_t S)
+{
+    kiln_dims d1 = {.rank = 1, .d = {T}};
+    kiln_dims ds = {.rank = 1, .d = {S}};
+    kiln_dims dq = {.rank = 1, .d = {S + 1}};
+    kiln_dims db = {.rank = 2, .d = {S, llm->max_blocks}};
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "tokens", &d1));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "positions", &d1));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "block_table", &db));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "seq_lens", &ds));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "query_start", &dq));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "last_token", &ds));
+    KILN_TRY(kiln_context_enqueue(llm->ctx, NULL));
+    return kiln_context_synchronize(llm->ctx);
+}
+
+static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *step,
+                                 kiln_llm_token_fn fn, void *user)
+{
+    const int32_t V = llm->cfg.vocab_size;
+    int32_t n_running = 0, n_done = 0;
+    while (n_done < n) {
+        if (atomic_load(&llm->cancel)) {
+            for (int32_t i = 0; i < n; i++)
+                if (seqs[i].state != SEQ_DONE)
+                    seq_finish(llm, &seqs[i], i, KILN_LLM_FINISH_CANCELLED, fn, user);
+            return KILN_OK;
+        }
+        admit(llm, seqs, n, &n_running);
+        int32_t T = 0;
+        int32_t S = pack_step(llm, seqs, n, step, &T);
+        if (S == 0)
+            return kiln_fail(KILN_ERROR_INTERNAL, "generation scheduled an empty step");
+        KILN_TRY(run_step(llm, T, S));
+        for (int32_t s = 0; s < S; s++) {
+            gen_seq *q = &seqs[step[s]];
+            q->n_cached = (size_t)llm->seq_lens[s];
+            if (q->n_cached < q->n_ids)
+                continue; /* a prefill chunk short of the prompt's end */
+            float *row = llm->logits + (size_t)s * (size_t)V;
+            kiln_sampler_penalize(row, V, &q->req->sampling, q->seen, q->count);
+            int32_t id = kiln_sampler_sample(row, V, &q->req->sampling, &q->rng, llm->cand);
+            seq_accept(llm, q, step[s], id, fn, user);
+            if (q->state == SEQ_DONE) {
+                n_running--;
+                n_done++;
+            }
+        }
+    }
+    return KILN_OK;
+}
+
+static kiln_status fill_result(gen_seq *q, double t0)
+{
+    kiln_llm_result *r = q->res;
+    size_t n_gen = q->n_ids - q->n_prompt;
+    r->prompt_ids = malloc(sizeof *r->prompt_ids * (q->n_prompt ? q->n_prompt : 1));
+    r->ids = malloc(sizeof *r->ids * (n_gen ? n_gen : 1));
+    r->text = malloc(q->text_len + 1);
+    if (!r->prompt_ids || !r->ids || !r->text) {
+        kiln_llm_result_free(r);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a result");
+    }
+    memcpy(r->prompt_ids, q->ids, sizeof *r->ids * q->n_prompt);
+    r->n_prompt_ids = q->n_prompt;
+    memcpy(r->ids, q->ids + q->n_prompt, sizeof *r->ids * n_gen);
+    r->n_ids = n_gen;
+    memcpy(r->text, q->text, q->text_len + 1);
+    r->text_len = q->text_len;
+    r->finish = q->finish;
+    if (n_gen) {
+        r->prompt_ms = q->t_first - t0;
+        r->generate_ms = q->t_last - q->t_first;
+        r->prompt_tok_s = r->prompt_ms > 0 ? (double)q->n_prompt / (r->prompt_ms / 1e3) : 0;
+        r->generate_tok_s = n_gen > 1 && r->generate_ms > 0 ? (double)(n_gen - 1) / (r->generate_ms / 1e3) : 0;
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *reqs, int32_t n, kiln_llm_token_fn fn,
+                              void *user, kiln_llm_result *results)
+{
+    if (!llm || (n > 0 && (!reqs || !results)) || n < 0)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_generate: llm, requests and results are required");
+    double t0 = now_ms();
+    gen_seq *seqs = calloc(n > 0 ? (size_t)n : 1, sizeof *seqs);
+    int32_t *step = calloc((size_t)llm->max_batch, sizeof *step);
+    kiln_status s = seqs && step ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %d requests", (int)n);
+    for (int32_t i = 0; s == KILN_OK && i < n; i++)
+        s = seq_init(llm, i, &reqs[i], &results[i], &seqs[i]);
+    if (s == KILN_OK)
+        s = generate_loop(llm, seqs, n, step, fn, user);
+    int32_t filled = 0;
+    for (; s == KILN_OK && filled < n; filled++)
+        s = fill_result(&seqs[filled], t0);
+    if (s != KILN_OK)
+        for (int32_t i = 0; i < filled; i++)
+            kiln_llm_result_free(&results[i]);
+    for (int32_t i = 0; seqs && i < n; i++) {
+        kiln_kv_seq_release(&llm->pool, &seqs[i].kv);
+        seq_free(&seqs[i]);
+    }
+    free(seqs);
+    free(step);
+    atomic_store(&llm->cancel, 0);
+    return s;
+}

@@ -1,0 +1,416 @@
+/* The Llama-family step network (docs/llm.md) and the LLM engine build. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/error.h"
+#include "../network/network_internal.h"
+
+void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck) {
+    if (!ck)
+        return;
+    kiln_tokenizer_free(ck->tokenizer);
+    if (ck->free_user)
+        ck->free_user(ck->weight_user);
+    free(ck);
+}
+
+void kiln_llm_build_options_init(kiln_llm_build_options *opt) {
+    memset(opt, 0, sizeof *opt);
+    opt->dtype = KILN_DTYPE_F32;
+    opt->max_batch = 8;
+    opt->block_size = 16;
+}
+
+kiln_status kiln_llm_config_validate(const kiln_llm_config *c) {
+    const struct {
+        const char *name;
+        int32_t v;
+    } pos[] = {{"vocab_size", c->vocab_size},       {"hidden_size", c->hidden_size}, {"n_layers", c->n_layers},
+               {"n_heads", c->n_heads},             {"n_kv_heads", c->n_kv_heads},   {"head_dim", c->head_dim},
+               {"intermediate_size", c->intermediate_size}};
+    for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
+        if (pos[i].v <= 0)
+            return kiln_fail(KILN_ERROR_FORMAT, "model %s = %d must be positive", pos[i].name, pos[i].v);
+    if (c->n_heads % c->n_kv_heads != 0)
+        return kiln_fail(KILN_ERROR_FORMAT, "model n_heads %d is not a multiple of n_kv_heads %d", c->n_heads,
+                         c->n_kv_heads);
+    if (c->head_dim % 2 != 0)
+        return kiln_fail(KILN_ERROR_FORMAT, "model head_dim %d is odd", c->head_dim);
+    if (c->rope.rotary_dim < 0 || c->rope.rotary_dim > c->head_dim || c->rope.rotary_dim % 2 != 0)
+        return kiln_fail(KILN_ERROR_FORMAT, "model rotary_dim %d is not an even number in [0, head_dim %d]",
+                         c->rope.rotary_dim, c->head_dim);
+    if (!(c->rope.theta > 0))
+        return kiln_fail(KILN_ERROR_FORMAT, "model rope theta %g must be positive", c->rope.theta);
+    if (!(c->rms_norm_eps >= 0 && c->rms_norm_eps < 1))
+        return kiln_fail(KILN_ERROR_FORMAT, "model rms_norm_eps %g is outside [0, 1)", c->rms_norm_eps);
+    /* Keep every product the network forms (heads * head_dim, vocab *
+     * hidden) far from int32/size_t limits. */
+    if ((int64_t)c->n_heads * c->head_dim > (1 << 24) || (int64_t)c->vocab_size * c->hidden_size > (1LL << 40) ||
+        (int64_t)c->intermediate_size * c->hidden_size > (1LL << 40))
+        return kiln_fail(KILN_ERROR_FORMAT, "model dims are implausibly large (heads %d x head_dim %d, vocab %d, "
+                         "hidden %d, intermediate %d)", c->n_heads, c->head_dim, c->vocab_size, c->hidden_size,
+                         c->intermediate_size);
+    return KILN_OK;
+}
+
+static size_t dtype_size(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 4 : 2; }
+
+/* Building state: the network, the options, and progress over the weights. */
+typedef struct builder {
+    kiln_network *net;
+    kiln_llm_checkpoint *ck;
+    const kiln_llm_build_options *opt;
+    int64_t n_weights, done_weights;
+    char name[160];
+} builder;
+
+static void progress(builder *b, const char *what) {
+    if (b->opt->progress && b->n_weights > 0)
+        /* weight conversion is the first half of the bar, the build the rest */
+        b->opt->progress(b->opt->progress_user, 0.5 * (double)b->done_weights / (double)b->n_weights, what);
+}
+
+/* Reads weight `hf` (HF name), checks its dims against the expected ones,
+ * and adds it as a constant named like it. */
+static kiln_status add_weight(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, kiln_tensor *out) {
+    kiln_dims dims;
+    memset(&dims, 0, sizeof dims);
+    kiln_status st = b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, NULL, 0);
+    if (st == KILN_ERROR_NOT_FOUND)
+        return kiln_fail(st, "checkpoint has no tensor \"%s\"", hf);
+    KILN_TRY(st);
+    if (dims.rank != rank || dims.d[0] != d0 || (rank == 2 && dims.d[1] != d1)) {
+        char got[96] = "";
+        for (int32_t i = 0; i < dims.rank && i < KILN_MAX_RANK; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)dims.d[i]);
+        if (rank == 2)
+            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" has shape [%s], the config says [%lld, %lld]", hf, got,
+                             (long long)d0, (long long)d1);
+        return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" has shape [%s], the config says [%lld]", hf, got,
+                         (long long)d0);
+    }
+    size_t n = (size_t)d0 * (size_t)(rank == 2 ? d1 : 1); /* bounded by kiln_llm_config_validate */
+    size_t bytes = n * dtype_size(b->opt->dtype);
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", hf, bytes);
+    st = b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, buf, bytes);
+    if (st == KILN_OK)
+        st = kiln_network_add_constant(b->net, hf, b->opt->dtype, &dims, buf, out);
+    free(buf);
+    b->done_weights++;
+    progress(b, "converting weights");
+    return st;
+}
+
+static int has_weight(builder *b, const char *hf) {
+    kiln_dims dims;
+    return b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, NULL, 0) == KILN_OK;
+}
+
+static kiln_dims dims1(int64_t a) {
+    kiln_dims d;
+    memset(&d, 0, sizeof d);
+    d.rank = 1;
+    d.d[0] = a;
+    return d;
+}
+
+static kiln_dims dims2(int64_t a, int64_t b) {
+    kiln_dims d = dims1(a);
+    d.rank = 2;
+    d.d[1] = b;
+    return d;
+}
+
+static kiln_field field_i32(const char *name, const int32_t *v) {
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_I32, 1, v};
+}
+
+static kiln_field field_f32(const char *name, const float *v) {
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_F32, 1, v};
+}
+
+static kiln_status plugin(builder *b, const char *name, const char *plugin_name, const kiln_field *fields,
+                          int32_t nf, const kiln_tensor *in, int32_t n_in, kiln_tensor *out) {
+    int32_t n_out = 0;
+    return kiln_network_add_plugin(b->net, name, plugin_name, "1", "kiln", fields, nf, in, n_in, out, 1, &n_out);
+}
+
+/* y = x·Wᵀ (+ bias) for an HF Linear named `hf` ("model.layers.0.self_attn.q_proj"). */
+static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out_dim, int64_t in_dim, int bias,
+                          kiln_tensor *y) {
+    char wname[160], lname[176];
+    kiln_tensor w;
+    snprintf(wname, sizeof wname, "%s.weight", hf);
+    KILN_TRY(add_weight(b, wname, 2, out_dim, in_dim, &w));
+    snprintf(lname, sizeof lname, "%s.matmul", hf);
+    KILN_TRY(kiln_network_add_matmul(b->net, lname, x, 0, w, 1, y));
+    if (bias) {
+        kiln_tensor bt;
+        snprintf(wname, sizeof wname, "%s.bias", hf);
+        KILN_TRY(add_weight(b, wname, 1, out_dim, 0, &bt));
+        snprintf(lname, sizeof lname, "%s.add_bias", hf);
+        KILN_TRY(kiln_network_add_binary(b->net, lname, KILN_BINARY_ADD, *y, bt, y));
+    }
+    return KILN_OK;
+}
+
+static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor x, kiln_tensor *y) {
+    const kiln_llm_config *c = &b->ck->config;
+    char wname[160];
+    kiln_tensor w;
+    snprintf(wname, sizeof wname, "%s.weight", hf);
+    KILN_TRY(add_weight(b, wname, 1, c->hidden_size, 0, &w));
+    float eps = (float)c->rms_norm_eps;
+    kiln_field f = field_f32("epsilon", &eps);
+    kiln_tensor in[2] = {x, w};
+    return plugin(b, hf, "RMSNorm", &f, 1, in, 2, y);
+}
+
+static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor positions, int32_t n_heads,
+                        kiln_tensor *y) {
+    const kiln_llm_config *c = &b->ck->config;
+    const kiln_llm_rope *r = &c->rope;
+    float theta = (float)r->theta, factor = (float)r->factor, lo = (float)r->low_freq_factor,
+          hi = (float)r->high_freq_factor;
+    int32_t omax = r->original_max_pos > INT32_MAX ? INT32_MAX : (int32_t)r->original_max_pos;
+    int32_t rotary = r->rotary_dim, inter = r->interleaved ? 1 : 0;
+    const char *scaling = r->scaling == KILN_LLM_ROPE_LLAMA3 ? "llama3"
+                          : r->scaling == KILN_LLM_ROPE_LINEAR ? "linear"
+                                                               : "none";
+    kiln_field f[10];
+    int32_t nf = 0;
+    f[nf++] = field_i32("n_heads", &n_heads);
+    f[nf++] = field_i32("head_dim", &c->head_dim);
+    f[nf++] = field_f32("theta", &theta);
+    f[nf++] = field_i32("rotary_dim", &rotary);
+    f[nf++] = field_i32("interleaved", &inter);
+    f[nf++] = (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "scaling", KILN_FIELD_STRING, 1, scaling};
+    if (r->scaling != KILN_LLM_ROPE_NONE)
+        f[nf++] = field_f32("factor", &factor);
+    if (r->scaling == KILN_LLM_ROPE_LLAMA3) {
+        f[nf++] = field_f32("low_freq_factor", &lo);
+        f[nf++] = field_f32("high_freq_factor", &hi);
+        f[nf++] = field_i32("original_max_position", &omax);
+    }
+    kiln_tensor in[2] = {x, positions};
+    return plugin(b, name, "RoPE", f, nf, in, 2, y);
+}
+
+typedef struct step_inputs {
+    kiln_tensor tokens, positions, block_table, seq_lens, query_start, last_token;
+} step_inputs;
+
+static kiln_status add_inputs(builder *b, int32_t max_blocks, step_inputs *in) {
+    kiln_network *net = b->net;
+    const kiln_llm_build_options *o = b->opt;
+    int32_t prof;
+    KILN_TRY(kiln_network_add_profile(net, &prof));
+    kiln_dims d;
+    struct {
+        const char *name;
+        kiln_tensor *t;
+        int two_d;   /* [S, max_blocks] */
+        int64_t add; /* query_start has S + 1 rows */
+        int per_seq; /* S rather than T */
+    } io[] = {{"tokens", &in->tokens, 0, 0, 0},          {"positions", &in->positions, 0, 0, 0},
+              {"block_table", &in->block_table, 1, 0, 1}, {"seq_lens", &in->seq_lens, 0, 0, 1},
+              {"query_start", &in->query_start, 0, 1, 1}, {"last_token", &in->last_token, 0, 0, 1}};
+    for (size_t i = 0; i < sizeof io / sizeof io[0]; i++) {
+        int64_t hi = (io[i].per_seq ? o->max_batch : o->max_tokens) + io[i].add;
+        int64_t lo = 1 + io[i].add;
+        d = io[i].two_d ? dims2(-1, max_blocks) : dims1(-1);
+        KILN_TRY(kiln_network_add_input(net, io[i].name, KILN_DTYPE_I32, &d, io[i].t));
+        kiln_dims mn = io[i].two_d ? dims2(lo, max_blocks) : dims1(lo);
+        kiln_dims mx = io[i].two_d ? dims2(hi, max_blocks) : dims1(hi);
+        KILN_TRY(kiln_network_set_profile_shape(net, prof, io[i].name, &mn, &mn, &mx));
+    }
+    return KILN_OK;
+}
+
+static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_tensor *x) {
+    const kiln_llm_config *c = &b->ck->config;
+    kiln_network *net = b->net;
+    const kiln_llm_build_options *o = b->opt;
+    char p[64], n[128];
+    snprintf(p, sizeof p, "model.layers.%d", l);
+    int64_t H = c->hidden_size, qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+
+    /* the layer's KV cache, bound by the generation runtime */
+    kiln_tensor cache;
+    kiln_dims cd;
+    memset(&cd, 0, sizeof cd);
+    cd.rank = 5;
+    cd.d[0] = -1, cd.d[1] = 2, cd.d[2] = c->n_kv_heads, cd.d[3] = o->block_size, cd.d[4] = c->head_dim;
+    snprintf(n, sizeof n, "kv_cache.%d", l);
+    KILN_TRY(kiln_network_add_input(net, n, o->dtype, &cd, &cache));
+    kiln_dims mn = cd, mx = cd;
+    mn.d[0] = 1;
+    mx.d[0] = 1 << 24;
+    KILN_TRY(kiln_network_set_profile_shape(net, 0, n, &mn, &mn, &mx));
+
+    kiln_tensor h, q, k, v, a;
+    snprintf(n, sizeof n, "%s.input_layernorm", p);
+    KILN_TRY(rmsnorm(b, n, *x, &h));
+    snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
+    KILN_TRY(linear(b, n, h, qd, H, c->qkv_bias, &q));
+    snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
+    KILN_TRY(linear(b, n, h, kvd, H, c->qkv_bias, &k));
+    snprintf(n, sizeof n, "%s.self_attn.v_proj", p);
+    KILN_TRY(linear(b, n, h, kvd, H, c->qkv_bias, &v));
+    snprintf(n, sizeof n, "%s.self_attn.q_rope", p);
+    KILN_TRY(rope(b, n, q, in->positions, c->n_heads, &q));
+    snprintf(n, sizeof n, "%s.self_attn.k_rope", p);
+    KILN_TRY(rope(b, n, k, in->positions, c->n_kv_heads, &k));
+
+    kiln_field f[4] = {field_i32("n_heads", &c->n_heads), field_i32("n_kv_heads", &c->n_kv_heads),
+                       field_i32("head_dim", &c->head_dim), field_i32("block_size", &o->block_size)};
+    kiln_tensor ain[7] = {q, k, v, cache, in->block_table, in->seq_lens, in->query_start};
+    snprintf(n, sizeof n, "%s.self_attn.attention", p);
+    KILN_TRY(plugin(b, n, "PagedAttention", f, 4, ain, 7, &a));
+    snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
+    KILN_TRY(linear(b, n, a, H, qd, 0, &a));
+    snprintf(n, sizeof n, "%s.attn_residual", p);
+    KILN_TRY(kiln_network_add_binary(net, n, KILN_BINARY_ADD, *x, a, x));
+
+    kiln_tensor g, u, m;
+    snprintf(n, sizeof n, "%s.post_attention_layernorm", p);
+    KILN_TRY(rmsnorm(b, n, *x, &h));
+    snprintf(n, sizeof n, "%s.mlp.gate_proj", p);
+    KILN_TRY(linear(b, n, h, c->intermediate_size, H, 0, &g));
+    snprintf(n, sizeof n, "%s.mlp.up_proj", p);
+    KILN_TRY(linear(b, n, h, c->intermediate_size, H, 0, &u));
+    kiln_tensor sin[2] = {g, u};
+    snprintf(n, sizeof n, "%s.mlp.swiglu", p);
+    KILN_TRY(plugin(b, n, "SwiGLU", NULL, 0, sin, 2, &m));
+    snprintf(n, sizeof n, "%s.mlp.down_proj", p);
+    KILN_TRY(linear(b, n, m, H, c->intermediate_size, 0, &m));
+    snprintf(n, sizeof n, "%s.mlp_residual", p);
+    return kiln_network_add_binary(net, n, KILN_BINARY_ADD, *x, m, x);
+}
+
+static kiln_status build(builder *b, int32_t max_blocks) {
+    const kiln_llm_config *c = &b->ck->config;
+    step_inputs in;
+    KILN_TRY(add_inputs(b, max_blocks, &in));
+    kiln_tensor emb, x;
+    KILN_TRY(add_weight(b, "model.embed_tokens.weight", 2, c->vocab_size, c->hidden_size, &emb));
+    KILN_TRY(kiln_network_add_gather(b->net, "embed", emb, in.tokens, 0, &x));
+    for (int32_t l = 0; l < c->n_layers; l++)
+        KILN_TRY(add_layer(b, l, &in, &x));
+    kiln_tensor h, lm, logits;
+    KILN_TRY(rmsnorm(b, "model.norm", x, &h));
+    KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", h, in.last_token, 0, &h));
+    if (c->tied_embeddings)
+        lm = emb;
+    else
+        KILN_TRY(add_weight(b, "lm_head.weight", 2, c->vocab_size, c->hidden_size, &lm));
+    KILN_TRY(kiln_network_add_matmul(b->net, "lm_head", h, 0, lm, 1, &logits));
+    if (b->opt->dtype != KILN_DTYPE_F32)
+        KILN_TRY(kiln_network_add_cast(b->net, "logits_f32", logits, KILN_DTYPE_F32, &logits));
+    return kiln_network_mark_output(b->net, logits, "logits");
+}
+
+kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                   kiln_network **out) {
+    kiln_llm_build_options o = *opt;
+    kiln_llm_config *c = &ck->config;
+    KILN_TRY(kiln_llm_config_validate(c));
+    if (o.dtype != KILN_DTYPE_F32 && o.dtype != KILN_DTYPE_F16 && o.dtype != KILN_DTYPE_BF16)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: dtype must be f32, f16 or bf16");
+    if (o.max_seq_len <= 0) {
+        int64_t m = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
+        o.max_seq_len = (int32_t)(m < 4096 ? m : 4096);
+    }
+    if (c->max_position_embeddings > 0 && o.max_seq_len > c->max_position_embeddings)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: max_seq_len %d exceeds the model's context of %lld "
+                         "tokens", o.max_seq_len, (long long)c->max_position_embeddings);
+    if (o.max_tokens <= 0)
+        o.max_tokens = o.max_seq_len;
+    if (o.max_batch <= 0 || o.block_size <= 0 || o.max_batch > (1 << 20) || o.block_size > (1 << 16) ||
+        o.max_tokens > (1 << 24) || o.max_seq_len > (1 << 24))
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "LLM build: max_batch %d, block_size %d, max_tokens %d or max_seq_len %d out of range",
+                         o.max_batch, o.block_size, o.max_tokens, o.max_seq_len);
+    if (c->rope.rotary_dim == 0)
+        c->rope.rotary_dim = c->head_dim;
+    c->dtype = o.dtype;
+    c->max_seq_len = o.max_seq_len;
+    c->max_batch = o.max_batch;
+    c->max_tokens = o.max_tokens;
+    c->block_size = o.block_size;
+    builder b = {.ck = ck, .opt = &o};
+    if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
+        return kiln_fail(KILN_ERROR_NOT_FOUND, "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");
+    /* embeddings, final norm, maybe lm_head; per layer 2 norms, 7 matrices, maybe 3 biases */
+    b.n_weights = 2 + !c->tied_embeddings + (int64_t)c->n_layers * (9 + (c->qkv_bias ? 3 : 0));
+    KILN_TRY(kiln_network_create(reg, &b.net));
+    int32_t max_blocks = (o.max_seq_len + o.block_size - 1) / o.block_size;
+    kiln_status st = build(&b, max_blocks);
+    if (st != KILN_OK) {
+        kiln_network_destroy(b.net);
+        return st;
+    }
+    *out = b.net;
+    return KILN_OK;
+}
+
+kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const void *data, size_t size) {
+    kiln_graph *g = &net->graph;
+    kiln_section_rec *s = realloc(g->sections, ((size_t)g->n_sections + 1) * sizeof *s);
+    if (!s)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory adding an engine section");
+    g->sections = s;
+    void *copy = malloc(size ? size : 1);
+    if (!copy)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory adding an engine section");
+    if (size)
+        memcpy(copy, data, size);
+    s[g->n_sections++] = (kiln_section_rec){id, copy, size, 1};
+    return KILN_OK;
+}
+
+static void forward_progress(void *user, double fraction, const char *what) {
+    const kiln_llm_build_options *o = user;
+    o->progress(o->progress_user, 0.5 + 0.5 * fraction, what);
+}
+
+kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                  const kiln_build_config *bcfg, kiln_buffer *engine) {
+    if (!ck->tokenizer)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: the checkpoint has no tokenizer");
+    kiln_network *net = NULL;
+    KILN_TRY(kiln_llm_build_network(ck, opt, reg, &net));
+    char *cfg_json = NULL;
+    size_t cfg_len = 0;
+    void *tok = NULL;
+    size_t tok_len = 0;
+    kiln_status st = kiln_llm_config_to_json(&ck->config, &cfg_json, &cfg_len);
+    if (st == KILN_OK)
+        st = kiln_llm_network_add_section(net, KILN_LLM_SECTION_CONFIG, cfg_json, cfg_len);
+    if (st == KILN_OK)
+        st = kiln_tokenizer_serialize(ck->tokenizer, &tok, &tok_len);
+    if (st == KILN_OK)
+        st = kiln_llm_network_add_section(net, KILN_LLM_SECTION_TOKENIZER, tok, tok_len);
+    free(cfg_json);
+    free(tok);
+    if (st == KILN_OK) {
+        kiln_build_config bc;
+        if (bcfg)
+            bc = *bcfg;
+        else
+            kiln_build_config_init(&bc);
+        bc.backend = KILN_BACKEND_CPU;
+        if (opt->progress) {
+            bc.progress = forward_progress;
+            bc.progress_user = (void *)opt;
+        }
+        st = kiln_build(net, &bc, engine);
+    }
+    kiln_network_destroy(net);
+    return st;
+}

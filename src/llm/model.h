@@ -1,0 +1,106 @@
+/* Llama-family models: from a model description (shape + a source of
+ * weights by Hugging Face name) to kiln's LLM step network and engine.
+ *
+ * Every importer (import_hf.c, import_gguf.c, import_llama2c.c) produces a
+ * kiln_llm_checkpoint; kiln_llm_build_network turns it into the step network
+ * of docs/llm.md and kiln_llm_build_engine adds the LLMC and TOKN sections
+ * and builds it. */
+#ifndef KILN_LLM_MODEL_H
+#define KILN_LLM_MODEL_H
+
+#include <kiln/builder.h>
+#include <kiln/network.h>
+
+#include "llm_config.h"
+#include "tokenizer.h"
+
+/* Reads one weight by its Hugging Face name ("model.layers.3.self_attn.q_proj.weight",
+ * "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight").
+ * With dst == NULL: fills *dims (HF layout, [out, in] for matrices) and
+ * returns KILN_ERROR_NOT_FOUND when the checkpoint has no such tensor.
+ * With dst != NULL: writes the tensor converted to dst_type (F32, F16 or
+ * BF16) into dst, which holds dst_size bytes (exactly the element count
+ * times the dtype size). Errors name the file and the tensor. */
+typedef kiln_status (*kiln_llm_weight_fn)(void *user, const char *name, kiln_dims *dims, kiln_dtype dst_type,
+                                          void *dst, size_t dst_size);
+
+/* A model ready to build: its shape (config: architecture through rope,
+ * qkv_bias, tied_embeddings, vocab, special tokens, chat template,
+ * generation defaults; the build limits are set by the build options), its
+ * weights and its tokenizer. */
+typedef struct kiln_llm_checkpoint {
+    kiln_llm_config config;
+    kiln_llm_weight_fn read_weight;
+    void *weight_user;
+    kiln_tokenizer *tokenizer;    /* owned */
+    void (*free_user)(void *user);
+} kiln_llm_checkpoint;
+
+/* Frees the tokenizer, the weight source and the struct. NULL is a no-op. */
+void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck);
+
+typedef struct kiln_llm_build_options {
+    kiln_dtype dtype;        /* F32 (default), F16, BF16: weights, activations, KV cache */
+    int32_t max_batch;       /* sequences per step (default 8) */
+    int32_t max_seq_len;     /* tokens per sequence (default min(4096, max_position_embeddings));
+                              * more than max_position_embeddings is refused */
+    int32_t max_tokens;      /* new tokens per step (default max_seq_len) */
+    int32_t block_size;      /* KV-cache tokens per block (default 16) */
+    /* Called with fraction in [0, 1] while weights are converted and while
+     * the engine is built; may be NULL. */
+    void (*progress)(void *user, double fraction, const char *what);
+    void *progress_user;
+} kiln_llm_build_options;
+
+void kiln_llm_build_options_init(kiln_llm_build_options *opt);
+
+/* Checks the model shape (positive dims, heads * head_dim consistency,
+ * n_heads % n_kv_heads, even rotary_dim). Errors name the field. */
+kiln_status kiln_llm_config_validate(const kiln_llm_config *cfg);
+
+/* The step network of docs/llm.md, weights as constants in opt->dtype.
+ * Fills the build limits (dtype, max_*, block_size) into ck->config, which
+ * is then what the LLMC section records. `reg` must hold the built-in
+ * plugins and outlive the network. */
+kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                   kiln_network **out);
+
+/* Appends an extra engine section (data copied) to a network, which
+ * kiln_build copies into the engine verbatim (graph.sections). */
+kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const void *data, size_t size);
+
+#define KILN_LLM_SECTION_CONFIG KILN_FOURCC('L', 'L', 'M', 'C')
+#define KILN_LLM_SECTION_TOKENIZER KILN_FOURCC('T', 'O', 'K', 'N')
+
+/* kiln_llm_build_network, the LLMC and TOKN sections, then kiln_build on
+ * the CPU backend into *engine. `bcfg` may be NULL (defaults; its progress
+ * is replaced by opt->progress). */
+kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                  const kiln_build_config *bcfg, kiln_buffer *engine);
+
+/* ---- importers (import_*.c) -------------------------------------------- */
+
+/* A Hugging Face model directory: config.json, model.safetensors or
+ * model.safetensors.index.json + shards, tokenizer.json,
+ * tokenizer_config.json and generation_config.json (both optional). */
+kiln_status kiln_llm_import_hf(const char *dir, kiln_llm_checkpoint **out);
+
+/* A GGUF file (architecture llama or qwen2); tensors are dequantized when
+ * read. */
+kiln_status kiln_llm_import_gguf(const char *path, kiln_llm_checkpoint **out);
+
+/* A llama2.c checkpoint and its tokenizer.bin. */
+kiln_status kiln_llm_import_llama2c(const char *path, const char *tokenizer_path, kiln_llm_checkpoint **out);
+
+/* The llama2.c header (7 int32) as the importer validates it against a file
+ * of file_size bytes: shape into *cfg, *shared (classifier tied),
+ * *weights_bytes (bytes of weights after the header). Exposed for the fuzz
+ * target. */
+kiln_status kiln_llm_llama2c_parse_header(const void *data, size_t file_size, const char *what,
+                                          kiln_llm_config *cfg, int *shared, size_t *weights_bytes);
+
+/* Parses a Hugging Face config.json text into the shape part of *cfg.
+ * Errors name `what` (the file) and the key. Exposed for the fuzz target. */
+kiln_status kiln_llm_hf_parse_config(const char *text, size_t len, const char *what, kiln_llm_config *cfg);
+
+#endif

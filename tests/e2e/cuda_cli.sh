@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The CUDA paths of the command line on any machine: `kiln build --backend
+# cuda` records the target and, without a GPU, says it used heuristic
+# tactics; `kiln inspect` shows the architectures and tactics; `kiln exec`
+# of a cuda engine refuses in one line where no GPU is (and where one is,
+# runs it with --cuda-graph --check); --cuda-graph on a CPU engine is an
+# error; --profile reports every layer.
+source "$(dirname "$0")/common.bash"
+
+cat >"$TMP/net.json" <<'JSON'
+{
+  "kiln_network": 1,
+  "inputs": [{"name": "x", "dtype": "f32", "dims": [-1, 8]}],
+  "profiles": [{"x": {"min": [1, 8], "opt": [4, 8], "max": [16, 8]}}],
+  "layers": [
+    {"name": "w", "op": "constant", "dtype": "f32", "dims": [8, 2],
+     "data": [1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1]},
+    {"name": "mm", "op": "matmul", "inputs": ["x", "w"]},
+    {"name": "act", "op": "unary", "kind": "tanh", "inputs": ["mm"]}
+  ],
+  "outputs": ["act"]
+}
+JSON
+
+expect_ok "build for cuda" "$KILN" build "$TMP/net.json" --backend cuda -o "$TMP/cuda.engine"
+expect_stdout "build reports the cuda target" 'target cuda'
+
+gpu=0
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  gpu=1
+fi
+if [ "$gpu" -eq 0 ]; then
+  echo "case: build without a GPU says heuristic tactics"
+  if grep -q "no CUDA GPU here: using heuristic tactics" "$ERR"; then
+    PASSED=$((PASSED + 1))
+  else
+    fail "build without a GPU: stderr lacks the heuristic-tactics line: $(cat "$ERR")"
+  fi
+fi
+
+expect_ok "inspect a cuda engine" "$KILN" inspect "$TMP/cuda.engine"
+expect_stdout "inspect shows the architecture" 'target cuda.*sm_[0-9]+|target cuda.*[0-9]{2}'
+expect_stdout "inspect shows the matmul's tactic" 'mm .*tactic (heuristic|[0-9]+)'
+
+if [ "$gpu" -eq 0 ]; then
+  expect_error 1 "exec of a cuda engine without a GPU" \
+    'engine targets cuda|cuda.engine' "$KILN" exec "$TMP/cuda.engine"
+  if ! grep -qE "no CUDA GPU is available|built without CUDA" "$ERR"; then
+    fail "exec without a GPU: the error does not say why: $(cat "$ERR")"
+  fi
+else
+  expect_ok "exec a cuda engine with --cuda-graph --check" \
+    "$KILN" exec "$TMP/cuda.engine" --shapes x:13x8 --cuda-graph --check --json
+  expect_stdout "exec reports GPU time" '"gpu_ms"'
+  expect_stdout "exec check passes" '"pass": true'
+fi
+
+expect_ok "build for the cpu" "$KILN" build "$TMP/net.json" -o "$TMP/cpu.engine"
+expect_error 1 "--cuda-graph on a cpu engine" '--cuda-graph|cuda' \
+  "$KILN" exec "$TMP/cpu.engine" --cuda-graph
+expect_ok "exec --profile on the cpu" "$KILN" exec "$TMP/cpu.engine" --profile --json
+expect_stdout "profile lists the matmul" '"name": "mm"'
+expect_stdout "profile lists the tanh" '"name": "act"'
+expect_ok "exec --profile text" "$KILN" exec "$TMP/cpu.engine" --profile
+expect_stdout "profile table" 'per-layer host time'
+
+finish

@@ -1,0 +1,657 @@
+/* Generation on a tiny LLM engine: a 2-layer Llama with deterministic
+ * pseudo-random weights and a self-contained SentencePiece-style byte
+ * tokenizer, built with the LLM build (src/llm/model.c) into a temporary
+ * engine file. Checks what the generation runtime promises: batching does
+ * not change greedy tokens, chunked prefill equals whole prefill, limits are
+ * refused with their numbers, cancellation and stop strings work, seeded
+ * sampling is reproducible, and the decode step allocates nothing. */
+#include "test.h"
+
+#include <kiln/llm.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <unistd.h>
+
+#include "core/error.h"
+#include "llm/model.h"
+#include "llm/tokenizer.h"
+
+/* ---- counting allocations -------------------------------------------------------
+ * The test binary's malloc family replaces libc's for the whole process
+ * (every library included), counting calls while `counting` is set. Not
+ * under AddressSanitizer, which owns malloc itself. */
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define NO_MALLOC_HOOK 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define NO_MALLOC_HOOK 1
+#endif
+
+#ifndef NO_MALLOC_HOOK
+static volatile int counting;
+static volatile long n_allocs;
+
+extern void *__libc_malloc(size_t);
+extern void *__libc_calloc(size_t, size_t);
+extern void *__libc_realloc(void *, size_t);
+extern void *__libc_memalign(size_t, size_t);
+
+void *malloc(size_t n)
+{
+    if (counting)
+        __atomic_add_fetch(&n_allocs, 1, __ATOMIC_RELAXED);
+    return __libc_malloc(n);
+}
+
+void *calloc(size_t n, size_t m)
+{
+    if (counting)
+        __atomic_add_fetch(&n_allocs, 1, __ATOMIC_RELAXED);
+    return __libc_calloc(n, m);
+}
+
+void *realloc(void *p, size_t n)
+{
+    if (counting)
+        __atomic_add_fetch(&n_allocs, 1, __ATOMIC_RELAXED);
+    return __libc_realloc(p, n);
+}
+
+int posix_memalign(void **out, size_t align, size_t n)
+{
+    if (counting)
+        __atomic_add_fetch(&n_allocs, 1, __ATOMIC_RELAXED);
+    void *p = __libc_memalign(align, n);
+    if (!p)
+        return 12; /* ENOMEM */
+    *out = p;
+    return 0;
+}
+#endif
+
+/* ---- the tiny model ----------------------------------------------------------------- */
+
+#define VOCAB (3 + 256)
+#define HIDDEN 32
+#define LAYERS 2
+#define HEADS 4
+#define KV_HEADS 2
+#define HEAD_DIM 8
+#define FFN 64
+
+static kiln_status make_tokenizer(kiln_tokenizer **out)
+{
+    static char byte_names[256][8];
+    const char *tokens[VOCAB];
+    float scores[VOCAB];
+    int32_t types[VOCAB];
+    tokens[0] = "<unk>";
+    tokens[1] = "<s>";
+    tokens[2] = "</s>";
+    types[0] = KILN_TOKEN_UNKNOWN;
+    types[1] = types[2] = KILN_TOKEN_CONTROL;
+    scores[0] = scores[1] = scores[2] = 0;
+    for (int b = 0; b < 256; b++) {
+        snprintf(byte_names[b], sizeof byte_names[b], "<0x%02X>", b);
+        tokens[3 + b] = byte_names[b];
+        types[3 + b] = KILN_TOKEN_BYTE;
+        scores[3 + b] = 0;
+    }
+    kiln_tokenizer_vocab v = {
+        .kind = KILN_TOKENIZER_SPM,
+        .n_tokens = VOCAB,
+        .tokens = tokens,
+        .scores = scores,
+        .types = types,
+        .bos_id = 1,
+        .eos_id = 2,
+        .unk_id = 0,
+        .add_bos = 1,
+    };
+    return kiln_tokenizer_create(&v, out);
+}
+
+/* Uniform in [-scale, scale) from a hash of the tensor name and index. */
+static float weight_value(const char *name, int64_t i, float scale)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (uint8_t)*p) * 1099511628211ull;
+    uint64_t z = h + (uint64_t)i * 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return scale * (float)((double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+static kiln_status tiny_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype type, void *dst,
+                               size_t size)
+{
+    (void)user;
+    kiln_dims d = {.rank = 2};
+    int norm = 0;
+    if (!strcmp(name, "model.embed_tokens.weight")) {
+        d.d[0] = VOCAB, d.d[1] = HIDDEN;
+    } else if (ends_with(name, "layernorm.weight") || !strcmp(name, "model.norm.weight")) {
+        d.rank = 1, d.d[0] = HIDDEN, norm = 1;
+    } else if (ends_with(name, "q_proj.weight") || ends_with(name, "o_proj.weight")) {
+        d.d[0] = HIDDEN, d.d[1] = HIDDEN;
+    } else if (ends_with(name, "k_proj.weight") || ends_with(name, "v_proj.weight")) {
+        d.d[0] = KV_HEADS * HEAD_DIM, d.d[1] = HIDDEN;
+    } else if (ends_with(name, "gate_proj.weight") || ends_with(name, "up_proj.weight")) {
+        d.d[0] = FFN, d.d[1] = HIDDEN;
+    } else if (ends_with(name, "down_proj.weight")) {
+        d.d[0] = HIDDEN, d.d[1] = FFN;
+    } else {
+        return kiln_fail(KILN_ERROR_NOT_FOUND, "tiny model has no tensor \"%s\"", name);
+    }
+    if (!dst) {
+        *dims = d;
+        return KILN_OK;
+    }
+    int64_t n = d.rank == 1 ? d.d[0] : d.d[0] * d.d[1];
+    if (type != KILN_DTYPE_F32 || size != (size_t)n * 4)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tiny model writes f32 only");
+    float *f = dst;
+    float scale = norm ? 0.0f : 1.0f / sqrtf((float)(d.rank == 2 ? d.d[1] : 1)) * 2.0f;
+    for (int64_t i = 0; i < n; i++)
+        f[i] = norm ? 1.0f : weight_value(name, i, scale);
+    return KILN_OK;
+}
+
+static char engine_path[256];
+
+/* Builds the engine once per process into a temporary file. */
+static int build_tiny_engine(void)
+{
+    if (engine_path[0])
+        return 1;
+    kiln_llm_checkpoint *ck = calloc(1, sizeof *ck);
+    kiln_llm_config *c = &ck->config;
+    kiln_llm_config_init(c);
+    snprintf(c->architecture, sizeof c->architecture, "llama");
+    c->vocab_size = VOCAB;
+    c->hidden_size = HIDDEN;
+    c->n_layers = LAYERS;
+    c->n_heads = HEADS;
+    c->n_kv_heads = KV_HEADS;
+    c->head_dim = HEAD_DIM;
+    c->intermediate_size = FFN;
+    c->rms_norm_eps = 1e-5;
+    c->rope.theta = 10000;
+    c->rope.rotary_dim = HEAD_DIM;
+    c->tied_embeddings = 1;
+    c->max_position_embeddings = 64;
+    c->bos_id = 1;
+    c->n_eos = 1;
+    c->eos_ids[0] = 2;
+    c->add_bos = 1;
+    c->chat_template = KILN_LLM_CHAT_LLAMA2;
+    ck->read_weight = tiny_weight;
+    CHECK_OK(make_tokenizer(&ck->tokenizer));
+    kiln_llm_build_options opt;
+    kiln_llm_build_options_init(&opt);
+    opt.max_batch = 4;
+    opt.max_seq_len = 64;
+    opt.max_tokens = 16; /* long prompts are prefilled in chunks */
+    opt.block_size = 4;
+    kiln_registry *reg = NULL;
+    kiln_buffer buf = {0};
+    CHECK_OK(kiln_registry_create(&reg));
+    kiln_status s = ck->tokenizer ? kiln_llm_build_engine(ck, &opt, reg, NULL, &buf) : KILN_ERROR_INTERNAL;
+    CHECK_OK(s);
+    kiln_llm_checkpoint_free(ck);
+    kiln_registry_destroy(reg);
+    if (s != KILN_OK)
+        return 0;
+    snprintf(engine_path, sizeof engine_path, "/tmp/kiln-test-generate-%d.engine", (int)getpid());
+    FILE *f = fopen(engine_path, "wb");
+    CHECK(f && fwrite(buf.data, 1, buf.size, f) == buf.size);
+    if (f)
+        fclose(f);
+    kiln_buffer_free(&buf);
+    return f != NULL;
+}
+
+typedef struct tiny {
+    kiln_registry *reg;
+    kiln_llm *llm;
+} tiny;
+
+static int tiny_open(tiny *t, int32_t kv_blocks)
+{
+    memset(t, 0, sizeof *t);
+    if (!build_tiny_engine())
+        return 0;
+    kiln_llm_options opt = {.kv_cache_blocks = kv_blocks};
+    CHECK_OK(kiln_registry_create(&t->reg));
+    CHECK_OK(kiln_llm_open(t->reg, engine_path, &opt, &t->llm));
+    return t->llm != NULL;
+}
+
+static void tiny_close(tiny *t)
+{
+    kiln_llm_close(t->llm);
+    kiln_registry_destroy(t->reg);
+}
+
+static kiln_llm_request greedy(const char *prompt, int32_t n)
+{
+    kiln_llm_request r;
+    kiln_llm_request_init(&r);
+    r.prompt = prompt;
+    r.prompt_len = strlen(prompt);
+    r.max_tokens = n;
+    r.sampling.temperature = 0;
+    r.ignore_eos = 1;
+    return r;
+}
+
+/* ---- tests ---------------------------------------------------------------------------- */
+
+static void test_open_info(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    kiln_llm_info info;
+    kiln_llm_info_get(t.llm, &info);
+    CHECK(info.vocab_size == VOCAB && info.n_layers == LAYERS);
+    CHECK(info.max_seq_len == 64 && info.max_batch == 4 && info.max_tokens == 16 && info.block_size == 4);
+    /* Default cache: max_batch full sequences = 4 * 64 tokens = 64 blocks. */
+    CHECK(info.n_blocks == 64 && info.cache_tokens == 256);
+    /* f32: 2 (k, v) * 2 kv heads * 4 tokens * 8 dims * 4 bytes per block and layer. */
+    CHECK(info.cache_bytes == (size_t)64 * 2 * KV_HEADS * 4 * HEAD_DIM * 4 * LAYERS);
+    CHECK(info.chat_template && !strcmp(info.chat_template, "llama2"));
+    int32_t *ids = NULL;
+    size_t n = 0;
+    CHECK_OK(kiln_llm_prompt_ids(t.llm, "hello", 5, &ids, &n));
+    /* BOS, then the bytes of "\u2581hello". */
+    const int32_t want[9] = {1, 3 + 0xE2, 3 + 0x96, 3 + 0x81, 3 + 'h', 3 + 'e', 3 + 'l', 3 + 'l', 3 + 'o'};
+    CHECK(n == 9 && ids && !memcmp(ids, want, sizeof want));
+    free(ids);
+    tiny_close(&t);
+}
+
+static void test_batched_equals_alone(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    /* The third prompt (27 tokens) is longer than a step's 16-token budget,
+     * so it is prefilled in chunks while the others decode. */
+    const char *prompts[3] = {"hello world", "the", "a quick brown fox"};
+    kiln_llm_request reqs[3];
+    kiln_llm_result alone[3], together[3];
+    memset(alone, 0, sizeof alone);
+    memset(together, 0, sizeof together);
+    for (int i = 0; i < 3; i++) {
+        reqs[i] = greedy(prompts[i], 12 + 4 * i);
+        CHECK_OK(kiln_llm_generate(t.llm, &reqs[i], 1, NULL, NULL, &alone[i]));
+    }
+    CHECK_OK(kiln_llm_generate(t.llm, reqs, 3, NULL, NULL, together));
+    for (int i = 0; i < 3; i++) {
+        CHECK(alone[i].n_ids == (size_t)(12 + 4 * i) && together[i].n_ids == alone[i].n_ids);
+        CHECK(alone[i].finish == KILN_LLM_FINISH_LENGTH && together[i].finish == KILN_LLM_FINISH_LENGTH);
+        CHECK(together[i].n_prompt_ids == alone[i].n_prompt_ids);
+        int same = together[i].ids && alone[i].ids &&
+                   !memcmp(together[i].ids, alone[i].ids, sizeof(int32_t) * alone[i].n_ids);
+        CHECK(same);
+        CHECK(together[i].text && alone[i].text && !strcmp(together[i].text, alone[i].text));
+        kiln_llm_result_free(&alone[i]);
+        kiln_llm_result_free(&together[i]);
+    }
+    tiny_close(&t);
+}
+
+/* Decoding from the cache agrees with prefilling everything: the greedy
+ * token after prompt + the first k generated tokens, computed from scratch,
+ * is generated token k. */
+static void test_decode_matches_prefill(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    kiln_llm_request r = greedy("hello world", 24);
+    kiln_llm_result full = {0};
+    CHECK_OK(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &full));
+    int distinct = 0;
+    for (size_t i = 1; i < full.n_ids; i++)
+        distinct += full.ids[i] != full.ids[0];
+    CHECK(full.n_ids == 24 && distinct > 0);
+    int32_t ids[64];
+    for (size_t k = 1; full.n_ids == 24 && k < 24; k += 5) {
+        memcpy(ids, full.prompt_ids, sizeof *ids * full.n_prompt_ids);
+        memcpy(ids + full.n_prompt_ids, full.ids, sizeof *ids * k);
+        kiln_llm_request q = greedy("", 1);
+        q.prompt = NULL;
+        q.prompt_ids = ids;
+        q.n_prompt_ids = full.n_prompt_ids + k;
+        kiln_llm_result one = {0};
+        CHECK_OK(kiln_llm_generate(t.llm, &q, 1, NULL, NULL, &one));
+        CHECK(one.n_ids == 1 && one.ids && one.ids[0] == full.ids[k]);
+        kiln_llm_result_free(&one);
+    }
+    kiln_llm_result_free(&full);
+    tiny_close(&t);
+}
+
+/* A cache of 12 blocks (48 tokens) serves requests of 17 + 16, 7 + 16 and
+ * 5 + 16 tokens (9, 6 and 6 blocks) only one or two at a time; the tokens
+ * must not change. */
+static void test_small_cache_queues(void)
+{
+    tiny big, small;
+    if (!tiny_open(&big, 0) || !tiny_open(&small, 12)) {
+        tiny_close(&big);
+        return;
+    }
+    const char *prompts[3] = {"hello world", "the", "a"};
+    kiln_llm_request reqs[3];
+    kiln_llm_result a[3], b[3];
+    memset(a, 0, sizeof a);
+    memset(b, 0, sizeof b);
+    for (int i = 0; i < 3; i++)
+        reqs[i] = greedy(prompts[i], 16);
+    CHECK_OK(kiln_llm_generate(big.llm, reqs, 3, NULL, NULL, a));
+    CHECK_OK(kiln_llm_generate(small.llm, reqs, 3, NULL, NULL, b));
+    for (int i = 0; i < 3; i++) {
+        CHECK(a[i].n_ids == 16 && b[i].n_ids == 16 && a[i].ids && b[i].ids &&
+              !memcmp(a[i].ids, b[i].ids, sizeof(int32_t) * 16));
+        kiln_llm_result_free(&a[i]);
+        kiln_llm_result_free(&b[i]);
+    }
+    tiny_close(&big);
+    tiny_close(&small);
+}
+
+static void test_limits_refused(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 8))
+        return;
+    char text[200];
+    memset(text, 'x', 99);
+    text[99] = '\0';
+    kiln_llm_request r = greedy(text, 4);
+    kiln_llm_result res = {0};
+    /* BOS + 3 + 99 bytes = 103 tokens, above 64. */
+    CHECK_FAILS(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &res), KILN_ERROR_LIMIT,
+                "prompt of 103 tokens exceeds the engine's max sequence length 64");
+    r = greedy("hello", 56);
+    CHECK_FAILS(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &res), KILN_ERROR_LIMIT,
+                "prompt of 9 tokens plus max_tokens 56 exceeds the engine's max sequence length 64");
+    /* 9 + 40 tokens need 13 blocks of 4; the cache has 8. */
+    r = greedy("hello", 40);
+    CHECK_FAILS(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &res), KILN_ERROR_LIMIT,
+                "needs 13 KV blocks, the cache holds 8 (32 tokens)");
+    CHECK(res.ids == NULL && res.text == NULL);
+    /* A bad request refuses the whole call before any work. */
+    kiln_llm_request two[2] = {greedy("hello", 4), greedy("hello", 40)};
+    kiln_llm_result two_res[2] = {{0}};
+    CHECK_FAILS(kiln_llm_generate(t.llm, two, 2, NULL, NULL, two_res), KILN_ERROR_LIMIT, "request 1");
+    /* The cache is whole again afterwards: 8 blocks hold 9 + 23 tokens. */
+    r = greedy("hello", 23);
+    CHECK_OK(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &res));
+    CHECK(res.n_ids == 23);
+    kiln_llm_result_free(&res);
+    tiny_close(&t);
+}
+
+typedef struct stream_log {
+    char text[3][4096];
+    size_t len[3];
+    int calls[3];
+    int cancel_after; /* request 0 ends after this many calls; 0: never */
+    kiln_llm *cancel_llm;
+    int cancel_llm_after;
+} stream_log;
+
+static int on_token(void *user, int32_t request, int32_t token, const char *text, size_t len)
+{
+    stream_log *log = user;
+    (void)token;
+    if (request < 0 || request > 2 || log->len[request] + len >= sizeof log->text[0])
+        return 1;
+    memcpy(log->text[request] + log->len[request], text, len);
+    log->len[request] += len;
+    log->calls[request]++;
+    if (log->cancel_llm && log->calls[request] == log->cancel_llm_after)
+        kiln_llm_cancel(log->cancel_llm);
+    return request == 0 && log->cancel_after && log->calls[0] >= log->cancel_after;
+}
+
+static void test_streaming_and_cancel(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    kiln_llm_request reqs[2] = {greedy("hello", 20), greedy("the", 20)};
+    kiln_llm_result res[2] = {{0}};
+    stream_log *log = calloc(1, sizeof *log);
+    /* The streamed pieces add up to the result's text. */
+    CHECK_OK(kiln_llm_generate(t.llm, reqs, 2, on_token, log, res));
+    for (int i = 0; i < 2; i++) {
+        CHECK(log->len[i] == res[i].text_len && !memcmp(log->text[i], res[i].text, res[i].text_len));
+        CHECK(log->calls[i] >= 20);
+        kiln_llm_result_free(&res[i]);
+    }
+    /* The callback ends request 0 after 5 tokens; request 1 runs on. */
+    memset(log, 0, sizeof *log);
+    log->cancel_after = 5;
+    CHECK_OK(kiln_llm_generate(t.llm, reqs, 2, on_token, log, res));
+    CHECK(res[0].finish == KILN_LLM_FINISH_CANCELLED && res[0].n_ids == 5);
+    CHECK(res[1].finish == KILN_LLM_FINISH_LENGTH && res[1].n_ids == 20);
+    kiln_llm_result_free(&res[0]);
+    kiln_llm_result_free(&res[1]);
+    /* kiln_llm_cancel ends every request at the next step. */
+    memset(log, 0, sizeof *log);
+    log->cancel_llm = t.llm;
+    log->cancel_llm_after = 3;
+    CHECK_OK(kiln_llm_generate(t.llm, reqs, 2, on_token, log, res));
+    CHECK(res[0].finish == KILN_LLM_FINISH_CANCELLED && res[1].finish == KILN_LLM_FINISH_CANCELLED);
+    CHECK(res[0].n_ids < 20 && res[1].n_ids < 20);
+    kiln_llm_result_free(&res[0]);
+    kiln_llm_result_free(&res[1]);
+    /* The flag is cleared for the next call. */
+    CHECK_OK(kiln_llm_generate(t.llm, reqs, 1, NULL, NULL, res));
+    CHECK(res[0].finish == KILN_LLM_FINISH_LENGTH);
+    kiln_llm_result_free(&res[0]);
+    free(log);
+    tiny_close(&t);
+}
+
+static void test_stop_strings(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    kiln_llm_request r = greedy("hello world", 40);
+    kiln_llm_result full = {0}, cut = {0};
+    CHECK_OK(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &full));
+    if (!full.text || full.text_len < 8) {
+        CHECK(!"the tiny model produced too little text for a stop-string test");
+        kiln_llm_result_free(&full);
+        tiny_close(&t);
+        return;
+    }
+    /* Stop at the first occurrence of two bytes taken from the middle of
+     * the text (at a UTF-8 character start, so the stop string is valid). */
+    size_t at = full.text_len / 2;
+    while (at > 0 && ((unsigned char)full.text[at] & 0xC0) == 0x80)
+        at--;
+    size_t stop_len = ((unsigned char)full.text[at] & 0x80) ? 3 : 2;
+    if (at + stop_len > full.text_len)
+        stop_len = full.text_len - at;
+    char stop[8] = {0};
+    memcpy(stop, full.text + at, stop_len);
+    const char *stops[1] = {stop};
+    const char *first = strstr(full.text, stop);
+    size_t want = first ? (size_t)(first - full.text) : 0;
+    r.stop = stops;
+    r.n_stop = 1;
+    stream_log *log = calloc(1, sizeof *log);
+    CHECK_OK(kiln_llm_generate(t.llm, &r, 1, on_token, log, &cut));
+    CHECK(cut.finish == KILN_LLM_FINISH_STOP);
+    CHECK(cut.text_len == want && cut.text && !memcmp(cut.text, full.text, want));
+    /* Streaming never emitted the stop string or what followed it. */
+    CHECK(log->len[0] == want && !memcmp(log->text[0], full.text, want));
+    CHECK(cut.n_ids <= full.n_ids && !memcmp(cut.ids, full.ids, sizeof(int32_t) * cut.n_ids));
+    free(log);
+    kiln_llm_result_free(&full);
+    kiln_llm_result_free(&cut);
+    tiny_close(&t);
+}
+
+static void test_eos_and_seeded_sampling(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    kiln_llm_request r = greedy("hello", 24);
+    r.sampling.temperature = 1.5f;
+    r.sampling.seed = 42;
+    kiln_llm_result a = {0}, b = {0}, c = {0};
+    CHECK_OK(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &a));
+    CHECK_OK(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &b));
+    CHECK(a.n_ids == b.n_ids && !memcmp(a.ids, b.ids, sizeof(int32_t) * a.n_ids));
+    r.sampling.seed = 43;
+    CHECK_OK(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &c));
+    CHECK(c.n_ids != a.n_ids || memcmp(c.ids, a.ids, sizeof(int32_t) * a.n_ids) != 0);
+    kiln_llm_result_free(&b);
+    kiln_llm_result_free(&c);
+    /* With EOS honoured, a sampled EOS ends the request; a run whose draws
+     * contain an EOS stops right there. */
+    r.sampling.seed = 42;
+    r.ignore_eos = 0;
+    CHECK_OK(kiln_llm_generate(t.llm, &r, 1, NULL, NULL, &b));
+    size_t eos_at = a.n_ids;
+    for (size_t i = 0; i < a.n_ids; i++)
+        if (a.ids[i] == 2) {
+            eos_at = i;
+            break;
+        }
+    if (eos_at < a.n_ids)
+        CHECK(b.finish == KILN_LLM_FINISH_EOS && b.n_ids == eos_at + 1);
+    else
+        CHECK(b.finish == KILN_LLM_FINISH_LENGTH && b.n_ids == a.n_ids);
+    kiln_llm_result_free(&a);
+    kiln_llm_result_free(&b);
+    tiny_close(&t);
+}
+
+#ifndef NO_MALLOC_HOOK
+typedef struct alloc_watch {
+    int tokens;
+    long during_decode;
+} alloc_watch;
+
+/* Counts allocations between consecutive tokens of one request once its
+ * prompt is done: that span is exactly one decode step (scheduling, the
+ * engine run, sampling, detokenizing). */
+static int watch_token(void *user, int32_t request, int32_t token, const char *text, size_t len)
+{
+    alloc_watch *w = user;
+    (void)request;
+    (void)text;
+    (void)len;
+    if (token < 0)
+        return 0;
+    if (w->tokens >= 1) {
+        counting = 0;
+        w->during_decode += n_allocs;
+    }
+    w->tokens++;
+    n_allocs = 0;
+    counting = 1;
+    return 0;
+}
+#endif
+
+static void test_decode_allocates_nothing(void)
+{
+#ifdef NO_MALLOC_HOOK
+    printf("skip test_decode_allocates_nothing: AddressSanitizer owns malloc\n");
+#else
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    kiln_llm_request r = greedy("hello world", 30);
+    r.sampling.temperature = 0.9f;
+    r.sampling.top_k = 20;
+    r.sampling.top_p = 0.9f;
+    r.sampling.repetition_penalty = 1.2f;
+    r.sampling.frequency_penalty = 0.5f;
+    kiln_llm_result res = {0};
+    alloc_watch w = {0};
+    kiln_status s = kiln_llm_generate(t.llm, &r, 1, watch_token, &w, &res);
+    counting = 0;
+    CHECK_OK(s);
+    CHECK(w.tokens == 30);
+    CHECK(w.during_decode == 0);
+    if (w.during_decode)
+        fprintf(stderr, "decode steps made %ld allocations\n", w.during_decode);
+    kiln_llm_result_free(&res);
+    tiny_close(&t);
+#endif
+}
+
+static void test_chat_tokenize(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    kiln_llm_message m[2] = {{"system", "be brief"}, {"user", "hello"}};
+    int32_t *ids = NULL, *want = NULL;
+    size_t n = 0, n_want = 0;
+    CHECK_OK(kiln_llm_chat_tokenize(t.llm, m, 2, &ids, &n));
+    /* The llama2 template's text, tokenized with special tokens parsed. */
+    const char *text = "<s>[INST] <<SYS>>\nbe brief\n<</SYS>>\n\nhello [/INST]";
+    CHECK_OK(kiln_llm_tokenize(t.llm, text, strlen(text), KILN_LLM_TOKENIZE_PARSE_SPECIAL, &want, &n_want));
+    CHECK(n == n_want && n > 0 && ids && want && !memcmp(ids, want, sizeof *ids * n));
+    CHECK(ids && ids[0] == 1);
+    free(ids);
+    free(want);
+    tiny_close(&t);
+}
+
+static void test_not_an_llm_engine(void)
+{
+    kiln_registry *reg = NULL;
+    kiln_llm *llm = NULL;
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_FAILS(kiln_llm_open(reg, "/nonexistent/x.engine", NULL, &llm), KILN_ERROR_IO, "x.engine");
+    CHECK(llm == NULL);
+    kiln_registry_destroy(reg);
+}
+
+static void cleanup(void)
+{
+    if (engine_path[0])
+        unlink(engine_path);
+}
+
+static const test_case_ tests[] = {
+    TEST(test_open_info),
+    TEST(test_batched_equals_alone),
+    TEST(test_decode_matches_prefill),
+    TEST(test_small_cache_queues),
+    TEST(test_limits_refused),
+    TEST(test_streaming_and_cancel),
+    TEST(test_stop_strings),
+    TEST(test_eos_and_seeded_sampling),
+    TEST(test_decode_allocates_nothing),
+    TEST(test_chat_tokenize),
+    TEST(test_not_an_llm_engine),
+    TEST(cleanup),
+};
+
+TEST_MAIN(tests)

@@ -1,0 +1,253 @@
+/* Sampling: greedy, the exact sets top-k / top-p / min-p keep on hand-made
+ * distributions (by the definitions in Hugging Face's logits warpers), the
+ * penalty formulas, seeded reproducibility and the distribution of draws. */
+#include "test.h"
+
+#include "llm/sampler.h"
+
+static kiln_llm_sampling neutral(float temperature)
+{
+    kiln_llm_sampling p = {0};
+    p.temperature = temperature;
+    p.top_p = 1.0f;
+    p.repetition_penalty = 1.0f;
+    return p;
+}
+
+/* Logits whose softmax is exactly probs (log of each). */
+static void logits_of(const double *probs, int n, float *out)
+{
+    for (int i = 0; i < n; i++)
+        out[i] = probs[i] > 0 ? (float)log(probs[i]) : -INFINITY;
+}
+
+/* Sorted kept ids as a bitmask, and the kept probabilities by id. */
+static unsigned kept_mask(const kiln_candidate *c, int32_t n, double *prob_by_id)
+{
+    unsigned m = 0;
+    for (int32_t i = 0; i < n; i++) {
+        m |= 1u << c[i].id;
+        if (prob_by_id)
+            prob_by_id[c[i].id] = c[i].logit;
+    }
+    return m;
+}
+
+static void test_greedy(void)
+{
+    float l[6] = {0.1f, 2.5f, -1.0f, 2.5f, 2.4f, -INFINITY};
+    /* Argmax, first index on a tie. */
+    CHECK(kiln_sampler_argmax(l, 6) == 1);
+    kiln_llm_sampling p = neutral(0.0f);
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 1);
+    kiln_candidate c[6];
+    CHECK(kiln_sampler_sample(l, 6, &p, &rng, c) == 1);
+    /* top-k etc. do not matter at temperature 0. */
+    p.top_k = 1;
+    p.top_p = 0.1f;
+    CHECK(kiln_sampler_sample(l, 6, &p, &rng, c) == 1);
+}
+
+static void test_top_k(void)
+{
+    const double probs[6] = {0.05, 0.30, 0.10, 0.25, 0.20, 0.10};
+    float l[6];
+    logits_of(probs, 6, l);
+    kiln_llm_sampling p = neutral(1.0f);
+    kiln_candidate c[6];
+    double got[6] = {0};
+    p.top_k = 3;
+    int32_t n = kiln_sampler_filter(l, 6, &p, c);
+    /* The three largest: ids 1 (0.30), 3 (0.25), 4 (0.20), renormalized over 0.75. */
+    CHECK(n == 3 && kept_mask(c, n, got) == ((1u << 1) | (1u << 3) | (1u << 4)));
+    CHECK(c[0].id == 1 && c[1].id == 3 && c[2].id == 4);
+    CHECK_NEAR(got[1], 0.30 / 0.75, 1e-6);
+    CHECK_NEAR(got[3], 0.25 / 0.75, 1e-6);
+    CHECK_NEAR(got[4], 0.20 / 0.75, 1e-6);
+    p.top_k = 1;
+    n = kiln_sampler_filter(l, 6, &p, c);
+    CHECK(n == 1 && c[0].id == 1 && c[0].logit == 1.0f);
+    /* k >= vocab keeps everything. */
+    p.top_k = 10;
+    n = kiln_sampler_filter(l, 6, &p, c);
+    CHECK(n == 6);
+}
+
+static void test_top_k_large_vocab(void)
+{
+    /* A permutation of distinct logits: top-k must be exactly the k largest
+     * whatever the partition steps do. */
+    enum { V = 1000 };
+    static float l[V];
+    static kiln_candidate c[V];
+    for (int i = 0; i < V; i++)
+        l[i] = (float)((i * 7919) % V) / 100.0f; /* 7919 is prime, coprime with 1000 */
+    kiln_llm_sampling p = neutral(1.0f);
+    p.top_k = 37;
+    int32_t n = kiln_sampler_filter(l, V, &p, c);
+    CHECK(n == 37);
+    for (int32_t i = 0; i < n; i++) {
+        /* The i-th kept has logit (V - 1 - i) / 100. */
+        CHECK(l[c[i].id] == (float)(V - 1 - i) / 100.0f);
+    }
+}
+
+static void test_top_p(void)
+{
+    const double probs[5] = {0.4, 0.3, 0.15, 0.1, 0.05};
+    float l[5];
+    logits_of(probs, 5, l);
+    kiln_llm_sampling p = neutral(1.0f);
+    kiln_candidate c[5];
+    double got[5] = {0};
+    /* HF: a token is removed when the mass of it and all less likely ones
+     * is <= 1 - top_p. Cumulative from below: id 4 0.05, id 3 0.15, id 2
+     * 0.30, id 1 0.60, id 0 1.0. top_p 0.65 removes those <= 0.35: 4, 3, 2. */
+    p.top_p = 0.65f;
+    int32_t n = kiln_sampler_filter(l, 5, &p, c);
+    CHECK(n == 2 && kept_mask(c, n, got) == 0x3u);
+    CHECK_NEAR(got[0], 0.4 / 0.7, 1e-6);
+    CHECK_NEAR(got[1], 0.3 / 0.7, 1e-6);
+    /* top_p 0.75 removes those <= 0.25: ids 4 and 3. */
+    p.top_p = 0.75f;
+    n = kiln_sampler_filter(l, 5, &p, c);
+    CHECK(n == 3 && kept_mask(c, n, NULL) == 0x7u);
+    /* A tiny top_p keeps the most likely token only. */
+    p.top_p = 0.01f;
+    n = kiln_sampler_filter(l, 5, &p, c);
+    CHECK(n == 1 && c[0].id == 0);
+    /* After top-k 4 (renormalized over 0.95) from below: id 3 0.105, id 2
+     * 0.263, id 1 0.579; top_p 0.8 removes those <= 0.2: id 3 only. */
+    p.top_k = 4;
+    p.top_p = 0.8f;
+    n = kiln_sampler_filter(l, 5, &p, c);
+    CHECK(n == 3 && kept_mask(c, n, NULL) == 0x7u);
+}
+
+static void test_min_p(void)
+{
+    const double probs[5] = {0.5, 0.2, 0.15, 0.1, 0.05};
+    float l[5];
+    logits_of(probs, 5, l);
+    kiln_llm_sampling p = neutral(1.0f);
+    kiln_candidate c[5];
+    double got[5] = {0};
+    /* Keep p >= 0.25 * 0.5 = 0.125: ids 0, 1, 2. */
+    p.min_p = 0.25f;
+    int32_t n = kiln_sampler_filter(l, 5, &p, c);
+    CHECK(n == 3 && kept_mask(c, n, got) == 0x7u);
+    CHECK_NEAR(got[2], 0.15 / 0.85, 1e-6);
+    /* Threshold 0.095: id 3 (0.1) joins. */
+    p.min_p = 0.19f;
+    n = kiln_sampler_filter(l, 5, &p, c);
+    CHECK(n == 4 && kept_mask(c, n, NULL) == 0xFu);
+}
+
+static void test_temperature(void)
+{
+    const double probs[3] = {0.5, 0.3, 0.2};
+    float l[3];
+    logits_of(probs, 3, l);
+    kiln_llm_sampling p = neutral(2.0f);
+    kiln_candidate c[3];
+    double got[3] = {0};
+    int32_t n = kiln_sampler_filter(l, 3, &p, c);
+    /* softmax(log p / 2) = sqrt(p) / sum sqrt(p). */
+    double z = sqrt(0.5) + sqrt(0.3) + sqrt(0.2);
+    CHECK(n == 3);
+    kept_mask(c, n, got);
+    for (int i = 0; i < 3; i++)
+        CHECK_NEAR(got[i], sqrt(probs[i]) / z, 1e-6);
+    /* As temperature -> 0 the draw is the argmax. */
+    p.temperature = 1e-3f;
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 7);
+    for (int i = 0; i < 100; i++)
+        CHECK(kiln_sampler_sample(l, 3, &p, &rng, c) == 0);
+}
+
+static void test_penalties(void)
+{
+    float l[5] = {2.0f, -2.0f, 1.0f, -1.0f, 0.5f};
+    uint8_t seen[5] = {1, 1, 0, 1, 0};
+    int32_t count[5] = {0, 3, 1, 0, 2};
+    kiln_llm_sampling p = neutral(1.0f);
+    p.repetition_penalty = 2.0f;
+    p.presence_penalty = 0.5f;
+    p.frequency_penalty = 0.25f;
+    kiln_sampler_penalize(l, 5, &p, seen, count);
+    /* HF repetition: seen and > 0 -> / 2, seen and <= 0 -> * 2; then
+     * OpenAI: -= 0.5 * (count > 0) + 0.25 * count. */
+    CHECK_NEAR(l[0], 1.0, 1e-6);                 /* seen, 2/2, count 0 */
+    CHECK_NEAR(l[1], -4.0 - 0.5 - 0.75, 1e-6);   /* seen, -2*2, count 3 */
+    CHECK_NEAR(l[2], 1.0 - 0.5 - 0.25, 1e-6);    /* unseen, count 1 */
+    CHECK_NEAR(l[3], -2.0, 1e-6);                /* seen, -1*2 */
+    CHECK_NEAR(l[4], 0.5 - 0.5 - 0.5, 1e-6);     /* unseen, count 2 */
+    /* Neutral parameters change nothing. */
+    float m[3] = {1.0f, -1.0f, 0.0f};
+    uint8_t all[3] = {1, 1, 1};
+    int32_t many[3] = {4, 4, 4};
+    kiln_llm_sampling q = neutral(1.0f);
+    kiln_sampler_penalize(m, 3, &q, all, many);
+    CHECK(m[0] == 1.0f && m[1] == -1.0f && m[2] == 0.0f);
+}
+
+static void test_seeded_draws(void)
+{
+    const double probs[4] = {0.1, 0.2, 0.3, 0.4};
+    float l[4];
+    logits_of(probs, 4, l);
+    kiln_llm_sampling p = neutral(1.0f);
+    kiln_candidate c[4];
+    kiln_rng a, b;
+    kiln_rng_seed(&a, 1234);
+    kiln_rng_seed(&b, 1234);
+    int same = 1, hist[4] = {0};
+    enum { N = 40000 };
+    for (int i = 0; i < N; i++) {
+        int32_t x = kiln_sampler_sample(l, 4, &p, &a, c), y = kiln_sampler_sample(l, 4, &p, &b, c);
+        same &= x == y;
+        hist[x]++;
+    }
+    CHECK(same);
+    /* Frequencies within 5 standard deviations of the probabilities. */
+    for (int i = 0; i < 4; i++) {
+        double sd = sqrt(probs[i] * (1 - probs[i]) / N);
+        CHECK_NEAR((double)hist[i] / N, probs[i], 5 * sd);
+    }
+    /* Another seed gives another sequence. */
+    kiln_rng_seed(&a, 1234);
+    kiln_rng_seed(&b, 1235);
+    int differ = 0;
+    for (int i = 0; i < 64; i++)
+        differ |= kiln_rng_next(&a) != kiln_rng_next(&b);
+    CHECK(differ);
+    /* uniform stays in [0, 1). */
+    for (int i = 0; i < 1000; i++) {
+        double u = kiln_rng_uniform(&a);
+        CHECK(u >= 0.0 && u < 1.0);
+    }
+}
+
+static void test_xoshiro_reference(void)
+{
+    /* splitmix64 from seed 0 gives 0xe220a8397b1dcdaf first (Vigna's
+     * reference splitmix64.c); it is the generator's first state word. */
+    kiln_rng r;
+    kiln_rng_seed(&r, 0);
+    CHECK(r.s[0] == 0xe220a8397b1dcdafull);
+    /* xoshiro256** output = rotl(s1 * 5, 7) * 9. */
+    uint64_t s1 = r.s[1];
+    uint64_t x = s1 * 5;
+    uint64_t want = ((x << 7) | (x >> 57)) * 9;
+    CHECK(kiln_rng_next(&r) == want);
+}
+
+static const test_case_ tests[] = {
+    TEST(test_greedy),    TEST(test_top_k),     TEST(test_top_k_large_vocab), TEST(test_top_p),
+    TEST(test_min_p),     TEST(test_temperature), TEST(test_penalties),       TEST(test_seeded_draws),
+    TEST(test_xoshiro_reference),
+};
+
+TEST_MAIN(tests)

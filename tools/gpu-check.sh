@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Builds kiln on the GPU machine and runs everything that needs the GPU:
+# the whole CTest suite (CPU and GPU tests), compute-sanitizer memcheck over
+# the GPU op tests, the README commands of the CUDA backend and the
+# benchmarks. Prints a short table of results, the benchmark table last.
+#
+#   bash tools/gpu-check.sh        (from the repository root, with .gpu-deps
+#                                   made by tools/gpu-deps.sh and carried)
+#
+# Logs go under $OUT when it is set (the device tool brings them back),
+# else under build-gpu/logs.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+deps="$root/.gpu-deps"
+build="$root/build-gpu"
+logs="${OUT:-$build}/logs"
+mkdir -p "$logs"
+start=$(date +%s)
+jobs=$(nproc)
+
+if [ ! -d "$deps/lib/pkgconfig" ]; then
+    echo "gpu-check: $deps is missing: run tools/gpu-deps.sh on the CPU machine and carry .gpu-deps" >&2
+    exit 2
+fi
+# Link names, in case the copy that came here dropped symlinks.
+for n in jansson xxhash pcre2-8 openblas; do
+    if [ ! -e "$deps/lib/lib$n.so" ]; then
+        so=$(cd "$deps/lib" && ls "lib$n.so."* 2>/dev/null | head -n1)
+        [ -n "$so" ] && ln -sf "$so" "$deps/lib/lib$n.so"
+    fi
+done
+export PKG_CONFIG_PATH="$deps/lib/pkgconfig"
+export LD_LIBRARY_PATH="$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+declare -a rows=()
+status=0
+row() {
+    rows+=("$(printf '%-44s %s' "$1" "$2")")
+    case "$2" in *FAIL*|*ERRORS*|*TIMEOUT*) status=1 ;; esac
+}
+elapsed() { echo "$(( $(date +%s) - start ))s"; }
+
+# ---- configure and build ------------------------------------------------------------
+echo "gpu-check: configure + build ($jobs jobs), logs in $logs"
+# Release at -O2: the level CI checks -Werror at (GCC's -O3 warns about
+# more, e.g. maybe-uninitialized, and a warning must not stop the check).
+# CMAKE_CUDA_ARCHITECTURES too, so nvcc's own default never applies.
+if ! cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" \
+        -DKILN_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_ARCHITECTURES=90 >"$logs/configure.log" 2>&1; then
+    tail -n 30 "$logs/configure.log"
+    echo "gpu-check: configure FAILED"
+    exit 1
+fi
+grep -q "CUDA backend ON" "$logs/configure.log" || echo "gpu-check: warning: CUDA backend is OFF (no nvcc?)"
+if ! ninja -C "$build" -j "$jobs" >"$logs/build.log" 2>&1; then
+    grep -E "error|FAILED" "$logs/build.log" | head -n 30
+    echo "gpu-check: build FAILED"
+    exit 1
+fi
+row "build (Release, sm_90)" "ok ($(elapsed))"
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader >"$logs/gpu.txt" 2>&1
+else
+    echo "no nvidia-smi" >"$logs/gpu.txt"
+fi
+
+# ---- the test suite ------------------------------------------------------------------
+echo "gpu-check: ctest"
+ctest --test-dir "$build" -j "$jobs" --timeout 300 --output-on-failure >"$logs/ctest.log" 2>&1
+while IFS= read -r line; do
+    name=$(sed -E 's/.*Test +#[0-9]+: ([^ ]+) .*/\1/' <<<"$line")
+    case "$line" in
+        *Passed*) res=pass ;;
+        *Skipped*|*"Not Run"*) res=SKIPPED ;;
+        *) res=FAIL ;;
+    esac
+    # CPU tests passing are summed up below; GPU tests and failures are listed.
+    if [[ "$name" == ops.* || "$res" != pass ]]; then row "$name" "$res"; fi
+done < <(grep -E "Test +#[0-9]+: " "$logs/ctest.log")
+summary=$(grep -E "tests passed|tests failed" "$logs/ctest.log" | tail -n1)
+row "ctest (all)" "${summary:-no summary: see ctest.log} ($(elapsed))"
+
+# ---- compute-sanitizer memcheck over the GPU op tests ---------------------------------
+sanitizer=$(command -v compute-sanitizer || true)
+if [ -z "$sanitizer" ]; then
+    row "memcheck" "skipped: compute-sanitizer not found"
+else
+    # In parallel, each bounded, so the whole check stays within minutes.
+    declare -a names=()
+    for exe in "$build"/tests/ops_test_*; do
+        [ -x "$exe" ] || continue
+        name=$(basename "$exe")
+        names+=("$name")
+        ( KILN_BUILD_DIR="$build" KILN_SOURCE_DIR="$root" timeout 150 "$sanitizer" --tool memcheck \
+              --error-exitcode 99 "$exe" >"$logs/memcheck-$name.log" 2>&1
+          echo $? >"$logs/memcheck-$name.rc" ) &
+    done
+    wait
+    for name in "${names[@]}"; do
+        rc=$(cat "$logs/memcheck-$name.rc" 2>/dev/null || echo 1)
+        case $rc in
+            0) res=clean ;;
+            77) res=SKIPPED ;;
+            99) res="ERRORS (see memcheck-$name.log)" ;;
+            124) res="TIMEOUT (150 s)" ;;
+            *) res="FAIL (exit $rc)" ;;
+        esac
+        row "memcheck $name" "$res"
+    done
+    row "memcheck (all)" "done ($(elapsed))"
+fi
+
+# ---- the README commands ---------------------------------------------------------------
+tmp=$(mktemp -d)
+kiln="$build/bin/kiln"
+if "$kiln" build examples/scale_bias/net.json --backend cuda -o "$tmp/sb-cuda.engine" \
+        --plugins "$build/lib/libkiln_scale_bias.so" >"$logs/readme-build.log" 2>&1 &&
+   "$kiln" exec "$tmp/sb-cuda.engine" --plugins "$build/lib/libkiln_scale_bias.so" \
+        --shapes input:64x1048576 --cuda-graph --check >"$logs/readme-exec.log" 2>&1; then
+    row "README: scale_bias cuda --cuda-graph --check" "pass"
+else
+    row "README: scale_bias cuda --cuda-graph --check" "FAIL (see readme-*.log)"
+fi
+"$kiln" exec "$tmp/sb-cuda.engine" --plugins "$build/lib/libkiln_scale_bias.so" \
+    --shapes input:64x1048576 --profile >"$logs/readme-profile.log" 2>&1 || true
+rm -rf "$tmp"
+
+# ---- benchmarks -------------------------------------------------------------------------
+bench_rc=0
+if [ -x "$build/bin/kiln_bench" ]; then
+    KILN_BUILD_DIR="$build" "$build/bin/kiln_bench" --json "$logs/bench.json" >"$logs/bench.txt" 2>&1
+    bench_rc=$?
+    case $bench_rc in
+        0) row "benchmarks" "all meet their targets" ;;
+        1) row "benchmarks" "FAIL: some below target or not run (table below)" ;;
+        *) row "benchmarks" "FAIL (exit $bench_rc)" ;;
+    esac
+else
+    row "benchmarks" "FAIL: build-gpu/bin/kiln_bench was not built"
+fi
+
+echo
+echo "==== gpu-check results ($(elapsed), $(cat "$logs/gpu.txt" 2>/dev/null | head -n1)) ===="
+printf '%s\n' "${rows[@]}"
+echo
+echo "==== benchmarks ===="
+cat "$logs/bench.txt" 2>/dev/null
+exit $status

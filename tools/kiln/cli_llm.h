@@ -1,0 +1,38 @@
+/* What the LLM subcommands (run, chat, tokenize, detokenize) share. */
+#ifndef KILN_CLI_LLM_H
+#define KILN_CLI_LLM_H
+
+#include <kiln/llm.h>
+
+#define CLI_LLM_SAMPLING_VALUED                                                                  \
+    "--temperature", "--top-k", "--top-p", "--min-p", "--repeat-penalty", "--presence-penalty", \
+        "--frequency-penalty", "--seed"
+
+#define CLI_LLM_SAMPLING_HELP                                                                    \
+    "  --temperature T          0 is greedy (default 0.8)\n"                                    \
+    "  --top-k K                keep the K most likely tokens, 0 = off (default 40)\n"          \
+    "  --top-p P                keep the smallest set with probability >= P (default 0.95)\n"   \
+    "  --min-p P                keep tokens with p >= P * max p (default 0.05)\n"               \
+    "  --repeat-penalty R       HF repetition penalty over prompt and output (default 1 = off)\n" \
+    "  --presence-penalty X     OpenAI presence penalty over the output (default 0)\n"          \
+    "  --frequency-penalty X    OpenAI frequency penalty over the output (default 0)\n"         \
+    "  --seed S                 sampling seed (default: from the clock)\n"                      \
+    "  --stop TEXT              end when the text contains TEXT (repeatable; not printed)\n"    \
+    "  --ignore-eos             keep going past the end-of-sequence token\n"
+
+/* Creates a registry with libs loaded and opens the engine; prints the
+ * error and returns CLI_FAILURE when it cannot. */
+int cli_llm_open(const char *path, const char *const *libs, int n_libs, size_t kv_mb, int32_t kv_blocks,
+                 kiln_registry **reg, kiln_llm **llm);
+void cli_llm_sampling_default(kiln_llm_sampling *s);
+/* Parses a sampling option into s; *handled = 0 when opt is not one. */
+int cli_llm_sampling_option(const char *cmd, const char *opt, const char *value, kiln_llm_sampling *s,
+                            int *handled);
+/* A kiln_llm_token_fn writing the text to stdout. */
+int cli_llm_print_token(void *user, int32_t request, int32_t token, const char *text, size_t len);
+/* "prompt: N tokens, X tok/s; generation: ..." on stderr. */
+void cli_llm_print_speed(const kiln_llm_result *r);
+/* min(want, max_seq_len - n_prompt), or the error when the prompt alone is too long. */
+int cli_llm_fit_max_tokens(const kiln_llm *llm, size_t n_prompt, long want, int32_t *out);
+
+#endif
