@@ -34,6 +34,7 @@ done
 export PKG_CONFIG_PATH="$deps/lib/pkgconfig"
 export LD_LIBRARY_PATH="$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/usr/local/cuda/bin:$PATH"
+command -v pkg-config >/dev/null 2>&1 || export PATH="$PATH:$deps/bin"
 
 declare -a rows=()
 status=0

@@ -44,6 +44,12 @@ copy_lib "$blasdir/libopenblas.so" libopenblas.so
 copy_lib "$libdir/libgfortran.so.5" ""
 copy_lib "$libdir/libquadmath.so.0" ""
 
+# pkg-config itself (pkgconf), for a machine that lacks it: gpu-check.sh
+# puts it on PATH only when none is there.
+mkdir -p "$out/bin"
+cp "$(readlink -f "$(command -v pkg-config)")" "$out/bin/pkg-config"
+copy_lib "$(ldd "$(readlink -f "$(command -v pkg-config)")" | awk '/libpkgconf/ {print $3}')" ""
+
 pc() { # pc NAME VERSION LIBS
     cat > "$out/lib/pkgconfig/$1.pc" <<PC
 prefix=\${pcfiledir}/../..

@@ -10,6 +10,7 @@
 #include <kiln/builder.h>
 #include <kiln/engine.h>
 #include <kiln/runtime.h>
+#include <kiln/llm.h>
 
 #ifdef __cplusplus
 extern "C" {

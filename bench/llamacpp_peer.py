@@ -1,0 +1,45 @@
+"""The llama.cpp peer for bench/llm_cpu.sh: prompt and generation speed of
+llama.cpp itself (through llama-cpp-python, .venv-ref) on the same GGUF,
+the same prompt token ids kiln ran and the same number of greedy tokens,
+with 2 threads. Timed like kiln's --json timings: prompt tok/s = prompt
+tokens / time until the first token is chosen; generation tok/s = tokens
+after the first / time from the first to the last.
+
+usage: llamacpp_peer.py GGUF PROMPT_IDS_JSON N_GEN RUNS THREADS
+prints one JSON object: version, threads, prompt_tokens, prompt_tok_s and
+generate_tok_s (medians of RUNS).
+"""
+import json
+import statistics
+import sys
+import time
+
+import numpy as np
+import llama_cpp
+
+
+def main():
+    gguf, ids_path, n_gen, runs, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    ids = json.load(open(ids_path))
+    # n_batch covers the whole prompt, so prefill is one batch as in kiln
+    llm = llama_cpp.Llama(model_path=gguf, n_ctx=512, n_batch=512, n_threads=threads, n_threads_batch=threads,
+                          logits_all=False, seed=0, verbose=False)
+    pp, tg = [], []
+    for _ in range(runs + 1):  # the first run warms caches and page-ins the weights; not counted
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t1 = time.perf_counter()
+        for _ in range(n_gen - 1):  # EOS ignored, as kiln's --ignore-eos
+            llm.eval([tok])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t2 = time.perf_counter()
+        pp.append(len(ids) / (t1 - t0))
+        tg.append((n_gen - 1) / (t2 - t1))
+    print(json.dumps({"version": llama_cpp.__version__, "threads": threads, "prompt_tokens": len(ids),
+                      "prompt_tok_s": statistics.median(pp[1:]), "generate_tok_s": statistics.median(tg[1:])}))
+
+
+if __name__ == "__main__":
+    main()
