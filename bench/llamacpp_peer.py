@@ -18,6 +18,13 @@ import numpy as np
 import llama_cpp
 
 
+def last_logits(llm):
+    # Llama.eval keeps no logits unless logits_all; read the context's own
+    # (the last token of every batch has its logits computed)
+    ptr = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return np.ctypeslib.as_array(ptr, shape=(llm.n_vocab(),)).copy()
+
+
 def main():
     gguf, ids_path, n_gen, runs, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     ids = json.load(open(ids_path))
@@ -29,11 +36,11 @@ def main():
         llm.reset()
         t0 = time.perf_counter()
         llm.eval(ids)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        tok = int(np.argmax(last_logits(llm)))
         t1 = time.perf_counter()
         for _ in range(n_gen - 1):  # EOS ignored, as kiln's --ignore-eos
             llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            tok = int(np.argmax(last_logits(llm)))
         t2 = time.perf_counter()
         pp.append(len(ids) / (t1 - t0))
         tg.append((n_gen - 1) / (t2 - t1))

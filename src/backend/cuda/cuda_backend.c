@@ -8,9 +8,10 @@
  * Elementwise choice: one generic fused kernel interprets the builder's
  * step program (passed by value as a kernel parameter) rather than code
  * generated with NVRTC: engines stay free of GPU code blobs and NVRTC is
- * not a run-time dependency; a vectorized variant keeps the interpreter's
- * registers in registers (at most KCU_FAST_REGS live values) so chains run
- * at memory speed. */
+ * not a run-time dependency. A vectorized variant runs an
+ * accumulator micro-program (at most two live values, held in registers):
+ * the per-op dispatch is one uniform branch per 16-byte vector, so a chain
+ * costs a few instructions per element and stays memory bound. */
 #ifdef KILN_HAVE_CUDA
 
 #include "cuda_backend.h"
@@ -108,6 +109,10 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
     if (!d)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a CUDA device");
     d->arch = arch;
+    /* KILN_CUDA_PDL=0 launches without programmatic dependent launch: for
+     * timing both ways, and a way out should a driver mishandle it. */
+    const char *pdl = getenv("KILN_CUDA_PDL");
+    kcu_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
     kiln_status st = KILN_OK;
     cudaError_t e = cudaGetDevice(&d->ordinal);
     int sms = 0;
@@ -226,53 +231,74 @@ static kiln_status ew_bcast(const kiln_cuda_args *a, const kiln_dims *out, const
     return KILN_OK;
 }
 
-/* Compiles the step program for the vectorized kernel: operands become
- * registers (a linear scan over KCU_FAST_REGS), 16-byte input reads or
- * broadcast scalars. Returns 0 when the chain needs more live registers. */
+/* Compiles the step program into the vectorized kernel's micro-program
+ * (cuda_internal.h): a step whose operand is the previous result runs in
+ * place on the accumulator; otherwise the accumulator is saved when still
+ * needed and loaded from the operand. Returns 0 when the chain needs more
+ * than the two registers (the generic kernel takes it). */
+static void fast_emit(kcu_fast_args *f, int kind, int op, int src)
+{
+    f->ops[f->n_ops++] = (kcu_fast_step){(int8_t)kind, (int8_t)op, (int8_t)src, 0};
+}
+
 static int fast_compile(const kcu_ew_args *e, const int *scalar, kcu_fast_args *f)
 {
     int32_t n_in = e->n_in, n = e->n_steps;
-    int32_t last_use[KCU_MAX_STEPS], reg_of[KCU_MAX_STEPS];
+    int32_t last_use[KCU_MAX_STEPS];
     for (int32_t s = 0; s < n; s++)
         last_use[s] = s == n - 1 ? n : s;
     for (int32_t s = 0; s < n; s++) {
         const kcu_step *st = &e->steps[s];
-        if (st->a >= n_in)
+        if (st->a >= n_in && last_use[st->a - n_in] < s)
             last_use[st->a - n_in] = s;
         if (st->is_binary && st->b >= n_in && last_use[st->b - n_in] < s)
             last_use[st->b - n_in] = s;
     }
-    int32_t holder[KCU_FAST_REGS];
-    for (int32_t r = 0; r < KCU_FAST_REGS; r++)
-        holder[r] = -1;
-    f->n_steps = n;
+    int32_t acc = -1, sv = -1; /* the step whose value each register holds */
+    f->n_ops = 0;
     for (int32_t s = 0; s < n; s++) {
         const kcu_step *st = &e->steps[s];
-        int8_t code[2];
-        int32_t ops[2] = {st->a, st->b};
-        for (int32_t i = 0; i < (st->is_binary ? 2 : 1); i++) {
+        int32_t ops[2] = {st->a, st->b}, nops = st->is_binary ? 2 : 1;
+        int code[2] = {0, 0};
+        for (int32_t i = 0; i < nops; i++) {
             int32_t o = ops[i];
             if (o < n_in)
-                code[i] = (int8_t)((scalar[o] ? KCU_FAST_SCALAR : KCU_FAST_VEC) + o);
+                code[i] = (scalar[o] ? KCU_FAST_SCALAR : KCU_FAST_VEC) + o;
+            else if (o - n_in == acc)
+                code[i] = KCU_SRC_ACC;
+            else if (o - n_in == sv)
+                code[i] = KCU_SRC_SV;
             else
-                code[i] = (int8_t)reg_of[o - n_in];
+                return 0;
         }
-        /* operands are read before the result is written, so a register
-         * whose value dies here can take the result */
-        for (int32_t r = 0; r < KCU_FAST_REGS; r++)
-            if (holder[r] >= 0 && last_use[holder[r]] <= s)
-                holder[r] = -1;
-        int32_t dst = -1;
-        for (int32_t r = 0; r < KCU_FAST_REGS && dst < 0; r++)
-            if (holder[r] < 0)
-                dst = r;
-        if (dst < 0)
-            return 0;
-        holder[dst] = s;
-        reg_of[s] = dst;
-        f->steps[s] = (kcu_fast_step){st->is_binary, st->op, code[0], st->is_binary ? code[1] : 0, (int8_t)dst};
+        int swapped = 0;
+        if (code[0] != KCU_SRC_ACC && (!st->is_binary || code[1] != KCU_SRC_ACC)) {
+            /* neither operand is in the accumulator: free it and load */
+            if (acc >= 0 && last_use[acc] > s) {
+                if ((sv >= 0 && last_use[sv] >= s) || code[0] == KCU_SRC_SV || code[1] == KCU_SRC_SV)
+                    return 0;
+                fast_emit(f, KCU_UOP_SAVE, 0, 0);
+                sv = acc;
+            }
+            fast_emit(f, KCU_UOP_LOAD, 0, code[0]);
+            code[0] = KCU_SRC_ACC;
+        } else if (st->is_binary && code[0] != KCU_SRC_ACC) {
+            swapped = 1; /* acc is the right operand */
+            code[1] = code[0];
+        }
+        if (!st->is_binary)
+            fast_emit(f, KCU_UOP_UNARY, st->op, 0);
+        else
+            fast_emit(f, code[1] >= KCU_FAST_SCALAR ? KCU_UOP_BINARY_SCALAR : KCU_UOP_BINARY,
+                      st->op | (swapped ? KCU_SWAPPED : 0), code[1]);
+        acc = s;
     }
-    f->result = reg_of[n - 1];
+    f->uses_sv = 0;
+    for (int32_t i = 0; i < f->n_ops; i++)
+        f->uses_sv |= f->ops[i].kind == KCU_UOP_SAVE;
+    /* the first step never finds its operand in a register, so ops[0] is a load */
+    int src0 = f->ops[0].src;
+    f->lead = src0 >= KCU_FAST_VEC && src0 < KCU_FAST_SCALAR ? src0 - KCU_FAST_VEC : -1;
     return 1;
 }
 
@@ -311,7 +337,6 @@ static kiln_status ew_run(const kiln_cuda_args *a, kcu_ew_args *e, const kiln_ex
         f.nvec = n / per;
         for (int32_t k = 0; k < e->n_in; k++) {
             f.in[k] = e->in[k];
-            f.in_dtype[k] = e->in_dtype[k];
             if (!scalar[k])
                 f.vec_in[f.n_vec_in++] = k;
         }

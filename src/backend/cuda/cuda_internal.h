@@ -14,7 +14,6 @@ extern "C" {
 
 #define KCU_MAX_INPUTS 8  /* == KILN_FUSED_MAX_INPUTS */
 #define KCU_MAX_STEPS 16  /* == KILN_FUSED_MAX_STEPS */
-#define KCU_FAST_REGS 2   /* registers of the vectorized fused program */
 
 /* Where kernels report a gather index out of range (device memory). */
 typedef struct kcu_error_word {
@@ -55,31 +54,56 @@ typedef struct kcu_ew_args {
     int64_t start, count;
 } kcu_ew_args;
 
-/* Fast-path operand codes: registers 0..KCU_FAST_REGS-1, a full-size input
- * KCU_FAST_VEC + k (read 16 bytes at a time), a one-element input
+/* The vectorized path runs a micro-program over an accumulator `acc` and
+ * one saved register `sv`, each a 16-byte vector's worth of f32 lanes:
+ * most chains are linear (each step consumes the previous result), so
+ * results stay in place and almost no lane moves are spent on copies.
+ * Operand codes: the accumulator, the saved register, a full-size input
+ * KCU_FAST_VEC + k (read 16 bytes at a time) or a one-element input
  * KCU_FAST_SCALAR + k (broadcast). */
+#define KCU_SRC_ACC 0
+#define KCU_SRC_SV 1
 #define KCU_FAST_VEC 8
 #define KCU_FAST_SCALAR 16
 
+enum {
+    KCU_UOP_LOAD = 0,      /* acc = src (saved register or input) */
+    KCU_UOP_SAVE,          /* sv = acc */
+    KCU_UOP_UNARY,         /* acc = op(acc) */
+    KCU_UOP_BINARY,        /* acc = op(acc, src), src a vector operand */
+    KCU_UOP_BINARY_SCALAR  /* acc = op(acc, src), src a one-element input */
+};
+
+/* A binary op with this bit set takes its operands swapped: op(src, acc). */
+#define KCU_SWAPPED 16
+
+/* Each step becomes at most a save, a load and the op itself. */
+#define KCU_FAST_OPS (3 * KCU_MAX_STEPS)
+
 typedef struct kcu_fast_step {
-    int8_t is_binary, op, a, b, dst;
+    int8_t kind, op, src, pad;
 } kcu_fast_step;
 
 /* The vectorized path: output and inputs share dtype `dtype` (f32, f16,
  * bf16); full-size inputs and the output are 16-byte aligned; elements
  * [0, nvec * (16 / size)) are processed. */
 typedef struct kcu_fast_args {
-    int32_t n_steps;
-    kcu_fast_step steps[KCU_MAX_STEPS];
+    int32_t n_ops;
+    kcu_fast_step ops[KCU_FAST_OPS];
     const void *in[KCU_MAX_INPUTS];
-    int32_t in_dtype[KCU_MAX_INPUTS];
     void *out;
     int32_t dtype;
-    int32_t result;   /* register holding the last step's result */
+    int32_t uses_sv;  /* the program saves to sv (else a leaner kernel runs it) */
+    int32_t lead;     /* full-size input that ops[0] loads, read one pass ahead
+                         into registers; -1 when ops[0] loads something else */
     int32_t n_vec_in; /* full-size inputs, prefetched ahead */
     int32_t vec_in[KCU_MAX_INPUTS];
     int64_t nvec;
 } kcu_fast_args;
+
+/* Whether kernels are launched with programmatic dependent launch (on by
+ * default; process-wide, set before any launch). */
+void kcu_set_pdl(int32_t on);
 
 int kcu_launch_ew(const kcu_ew_args *a, int32_t sms, void *stream);
 int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *stream);

@@ -30,6 +30,42 @@ static unsigned kcu_blocks(int64_t n, int32_t sms, int per_thread)
     return (unsigned)(want > 0 ? want : 1);
 }
 
+/* Programmatic dependent launch (sm_90): a kernel may be launched while
+ * the previous one on the stream still runs (its launch latency hidden),
+ * and waits here until that one has finished and its writes are visible.
+ * Everything a kernel touches comes after this wait, so the overlap is
+ * safe whatever ran before. Without PDL it returns at once. */
+__device__ __forceinline__ void kcu_after_prior()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* Launches with programmatic stream serialization, so the launch overlaps
+ * the previous kernel on the stream (see kcu_after_prior, which every
+ * kernel here calls first). Works inside stream capture as well. */
+static int kcu_pdl = 1;
+
+extern "C" void kcu_set_pdl(int32_t on) { kcu_pdl = on != 0; }
+
+template <typename... P, typename... A>
+static cudaError_t kcu_launch(void (*kernel)(P...), unsigned blocks, cudaStream_t stream, A... args)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(blocks);
+    cfg.blockDim = dim3(KCU_THREADS);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = kcu_pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 /* ---- element conversions (bit-exact with src/core/dtype.c) ------------------------- */
 
 __device__ __forceinline__ float kcu_bf16_f32(uint16_t b) { return __uint_as_float((uint32_t)b << 16); }
@@ -197,6 +233,7 @@ __device__ __forceinline__ float kcu_unary(int op, float x)
  * serves bandwidth. */
 __global__ void kcu_ew_kernel(const kcu_ew_args a)
 {
+    kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = a.start + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.count; i += stride) {
         int64_t off[KCU_MAX_INPUTS] = {0};
@@ -220,6 +257,7 @@ __global__ void kcu_ew_kernel(const kcu_ew_args a)
 
 __global__ void kcu_ew_int_kernel(const kcu_ew_args a, int is_binary, int op)
 {
+    kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = a.start + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.count; i += stride) {
         int64_t off[2] = {0, 0};
@@ -270,155 +308,236 @@ __global__ void kcu_ew_int_kernel(const kcu_ew_args a, int is_binary, int op)
 }
 
 /* ---- elementwise: vectorized path ---------------------------------------------------
- * Memory moves 16 bytes per load and store; the program runs on 4 lanes at
- * a time (one 16-byte vector of f32, half of one of f16/bf16), which keeps
- * the register file small enough for 4 blocks per SM without spilling. */
-
-#define KCU_LANES 4
+ * Memory moves 16 bytes per load and store; the micro-program runs on all
+ * lanes of one 16-byte vector at a time (4 f32 or 8 halves), so each
+ * dispatch is paid once per vector. */
 
 template <typename T> struct kcu_vec;
 template <> struct kcu_vec<float> {
-    enum { parts = 1 };
+    enum { lanes = 4 };
     static __device__ __forceinline__ float one(const void *p) { return __ldg((const float *)p); }
-    static __device__ __forceinline__ void widen(const uint4 &u, int, float *v)
+    static __device__ __forceinline__ void widen(const uint4 &u, float *v)
     {
         v[0] = __uint_as_float(u.x);
         v[1] = __uint_as_float(u.y);
         v[2] = __uint_as_float(u.z);
         v[3] = __uint_as_float(u.w);
     }
-    static __device__ __forceinline__ void narrow(const float *v, int, uint4 &o)
+    static __device__ __forceinline__ uint4 narrow(const float *v)
     {
-        o = make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+        return make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
     }
 };
 
-/* Half `h` of 8 16-bit values in a uint4: words 2h and 2h+1, element 2j in
- * the low half of a word. */
-template <float (*W)(uint16_t), uint16_t (*N)(float)> struct kcu_vec16 {
-    enum { parts = 2 };
-    static __device__ __forceinline__ float one(const void *p) { return W(__ldg((const unsigned short *)p)); }
-    static __device__ __forceinline__ void widen(const uint4 &u, int h, float *v)
-    {
-        uint32_t w0 = h ? u.z : u.x, w1 = h ? u.w : u.y;
-        v[0] = W((uint16_t)(w0 & 0xffffu));
-        v[1] = W((uint16_t)(w0 >> 16));
-        v[2] = W((uint16_t)(w1 & 0xffffu));
-        v[3] = W((uint16_t)(w1 >> 16));
-    }
-    static __device__ __forceinline__ void narrow(const float *v, int h, uint4 &o)
-    {
-        uint32_t w0 = (uint32_t)N(v[0]) | ((uint32_t)N(v[1]) << 16);
-        uint32_t w1 = (uint32_t)N(v[2]) | ((uint32_t)N(v[3]) << 16);
-        if (h) {
-            o.z = w0;
-            o.w = w1;
-        } else {
-            o.x = w0;
-            o.y = w1;
-        }
-    }
-};
-template <> struct kcu_vec<__half> : kcu_vec16<kcu_f16_f32, kcu_f32_f16> {};
-template <> struct kcu_vec<__nv_bfloat16> : kcu_vec16<kcu_bf16_f32, kcu_f32_bf16> {};
-
-#define KCU_COPY(dst, src) _Pragma("unroll") for (int e = 0; e < KCU_LANES; e++) (dst)[e] = (src)[e]
-
-/* One operand for 4 lanes: a register, part h of an input's 16-byte vector,
- * or a broadcast one-element input. The branches are uniform across the
- * grid, so they cost per vector, not per element. */
-template <typename T>
-__device__ __forceinline__ void kcu_fetch(float *x, int code, const kcu_fast_args &a, int64_t i, int h,
-                                          const float *r0, const float *r1)
+/* 8 16-bit values in a uint4, element 2j in the low half of word j. The
+ * store rounds pairs with the hardware's packed conversion (one
+ * instruction per two lanes); it rounds to nearest even exactly as
+ * kcu_f32_f16/kcu_f32_bf16, and differs only in a NaN's payload (the
+ * canonical NaN), which no comparison looks at. */
+__device__ __forceinline__ uint32_t kcu_pack_f16(float lo, float hi)
 {
-    if (code == 0) {
-        KCU_COPY(x, r0);
-        return;
-    }
-    if (code == 1) {
-        KCU_COPY(x, r1);
-        return;
-    }
-    if (code >= KCU_FAST_SCALAR) {
-        float s = kcu_vec<T>::one(a.in[code - KCU_FAST_SCALAR]);
-        _Pragma("unroll") for (int e = 0; e < KCU_LANES; e++) x[e] = s;
-        return;
-    }
-    const uint4 u = __ldg((const uint4 *)a.in[code - KCU_FAST_VEC] + i);
-    kcu_vec<T>::widen(u, h, x);
+    __half2 h = __floats2half2_rn(lo, hi);
+    uint32_t w;
+    memcpy(&w, &h, sizeof w);
+    return w;
+}
+__device__ __forceinline__ uint32_t kcu_pack_bf16(float lo, float hi)
+{
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    uint32_t w;
+    memcpy(&w, &h, sizeof w);
+    return w;
 }
 
-/* Transcendental ops as calls: inlined four times over they would take
- * the registers the memory-bound common case needs. */
+template <float (*W)(uint16_t), uint32_t (*P)(float, float)> struct kcu_vec16 {
+    enum { lanes = 8 };
+    static __device__ __forceinline__ float one(const void *p) { return W(__ldg((const unsigned short *)p)); }
+    static __device__ __forceinline__ void widen(const uint4 &u, float *v)
+    {
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        _Pragma("unroll") for (int j = 0; j < 4; j++)
+        {
+            v[2 * j] = W((uint16_t)(w[j] & 0xffffu));
+            v[2 * j + 1] = W((uint16_t)(w[j] >> 16));
+        }
+    }
+    static __device__ __forceinline__ uint4 narrow(const float *v)
+    {
+        return make_uint4(P(v[0], v[1]), P(v[2], v[3]), P(v[4], v[5]), P(v[6], v[7]));
+    }
+};
+template <> struct kcu_vec<__half> : kcu_vec16<kcu_f16_f32, kcu_pack_f16> {};
+template <> struct kcu_vec<__nv_bfloat16> : kcu_vec16<kcu_bf16_f32, kcu_pack_bf16> {};
+
+/* Rare or long ops as calls: inlined on every lane they would take the
+ * registers the memory-bound common case needs. */
 __device__ __noinline__ float kcu_unary_call(int op, float x) { return kcu_unary(op, x); }
 __device__ __noinline__ float kcu_pow_call(float x, float y) { return powf(x, y); }
 
-#define KCU_UNARY_CASE(OP, expr)                                 \
-    case OP:                                                     \
-        _Pragma("unroll") for (int e = 0; e < KCU_LANES; e++)    \
-        {                                                        \
-            float v = x[e];                                      \
-            x[e] = expr;                                         \
-        }                                                        \
-        break;
-#define KCU_BINARY_CASE(OP, expr)                                \
-    case OP:                                                     \
-        _Pragma("unroll") for (int e = 0; e < KCU_LANES; e++)    \
-        {                                                        \
-            float p = x[e], q = y[e];                            \
-            x[e] = expr;                                         \
-        }                                                        \
-        break;
-
-/* At least 4 blocks of 256 threads per SM: the kernel lives on memory
- * parallelism, and the next iteration's input vectors are prefetched into
- * L2 so more DRAM requests are in flight than registers alone allow. */
-template <typename T> __global__ void __launch_bounds__(KCU_THREADS, 4) kcu_fast_kernel(const kcu_fast_args a)
+/* exp and division for the common activations. 16-bit results use the
+ * hardware approximations: their error (a few f32 ulps) is far below half
+ * an f16/bf16 ulp, so the stored value is the correctly computed one or
+ * its neighbour, inside the op tests' one-ulp tolerance. f32 results keep
+ * the accurate library functions, matching the CPU reference to 1e-5. */
+template <bool FAST> __device__ __forceinline__ float kcu_exp(float x) { return FAST ? __expf(x) : expf(x); }
+template <bool FAST> __device__ __forceinline__ float kcu_div(float x, float y)
 {
-    int64_t stride = (int64_t)gridDim.x * blockDim.x;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.nvec; i += stride) {
-        if (i + stride < a.nvec)
-            for (int k = 0; k < a.n_vec_in; k++)
-                asm volatile("prefetch.global.L2 [%0];" ::"l"((const uint4 *)a.in[a.vec_in[k]] + i + stride));
-        uint4 o = make_uint4(0, 0, 0, 0);
-#pragma unroll 1
-        for (int h = 0; h < kcu_vec<T>::parts; h++) {
-            float r0[KCU_LANES], r1[KCU_LANES], x[KCU_LANES], y[KCU_LANES];
-            _Pragma("unroll") for (int e = 0; e < KCU_LANES; e++) r0[e] = r1[e] = y[e] = 0.0f;
-            for (int s = 0; s < a.n_steps; s++) {
-                const kcu_fast_step st = a.steps[s];
-                kcu_fetch<T>(x, st.a, a, i, h, r0, r1);
-                if (st.is_binary) {
-                    kcu_fetch<T>(y, st.b, a, i, h, r0, r1);
-                    switch (st.op) {
-                        KCU_BINARY_CASE(KILN_BINARY_ADD, p + q)
-                        KCU_BINARY_CASE(KILN_BINARY_SUB, p - q)
-                        KCU_BINARY_CASE(KILN_BINARY_MUL, p * q)
-                        KCU_BINARY_CASE(KILN_BINARY_DIV, p / q)
-                        KCU_BINARY_CASE(KILN_BINARY_POW, kcu_pow_call(p, q))
-                        KCU_BINARY_CASE(KILN_BINARY_MAX, p > q ? p : q)
-                        KCU_BINARY_CASE(KILN_BINARY_MIN, p < q ? p : q)
-                    default: break;
-                    }
-                } else {
-                    switch (st.op) {
-                        KCU_UNARY_CASE(KILN_UNARY_NEG, -v)
-                        KCU_UNARY_CASE(KILN_UNARY_ABS, fabsf(v))
-                        KCU_UNARY_CASE(KILN_UNARY_RELU, v > 0.0f ? v : 0.0f)
-                    default:
-                        _Pragma("unroll") for (int e = 0; e < KCU_LANES; e++) x[e] = kcu_unary_call(st.op, x[e]);
-                        break;
-                    }
-                }
-                if (st.dst == 0) {
-                    KCU_COPY(r0, x);
-                } else {
-                    KCU_COPY(r1, x);
-                }
+    return FAST ? __fdividef(x, y) : x / y;
+}
+
+#define KCU_LANES_DO(expr)                                       \
+    _Pragma("unroll") for (int e = 0; e < L; e++)                \
+    {                                                            \
+        float v = acc[e];                                        \
+        acc[e] = (expr);                                         \
+    }                                                            \
+    break;
+
+template <int L, bool FAST> __device__ __forceinline__ void kcu_unary_lanes(int op, float *acc)
+{
+    switch (op) {
+    case KILN_UNARY_NEG: KCU_LANES_DO(-v)
+    case KILN_UNARY_ABS: KCU_LANES_DO(fabsf(v))
+    case KILN_UNARY_RELU: KCU_LANES_DO(v > 0.0f ? v : 0.0f)
+    case KILN_UNARY_EXP: KCU_LANES_DO(kcu_exp<FAST>(v))
+    case KILN_UNARY_SQRT: KCU_LANES_DO(sqrtf(v))
+    case KILN_UNARY_RSQRT: KCU_LANES_DO(kcu_div<FAST>(1.0f, sqrtf(v)))
+    case KILN_UNARY_SIGMOID: KCU_LANES_DO(kcu_div<FAST>(1.0f, 1.0f + kcu_exp<FAST>(-v)))
+    case KILN_UNARY_SILU: KCU_LANES_DO(kcu_div<FAST>(v, 1.0f + kcu_exp<FAST>(-v)))
+    default: KCU_LANES_DO(kcu_unary_call(op, v))
+    }
+}
+
+/* acc = op(acc, y) for each lane; KCU_SWAPPED ops take op(y, acc). Y is a
+ * lane array or one broadcast value. NaN rules of max/min depend on the
+ * order, so the swapped forms are spelled out. */
+#define KCU_Y(e) kcu_y(y, e)
+__device__ __forceinline__ float kcu_y(const float *y, int e) { return y[e]; }
+__device__ __forceinline__ float kcu_y(float y, int) { return y; }
+
+template <int L, bool FAST, typename Y> __device__ __forceinline__ void kcu_binary_lanes(int op, float *acc, Y y)
+{
+#define KCU_BIN(OP, expr)                                        \
+    case OP:                                                     \
+        _Pragma("unroll") for (int e = 0; e < L; e++)            \
+        {                                                        \
+            float p = acc[e], q = KCU_Y(e);                      \
+            acc[e] = (expr);                                     \
+        }                                                        \
+        break;                                                   \
+    case OP | KCU_SWAPPED:                                       \
+        _Pragma("unroll") for (int e = 0; e < L; e++)            \
+        {                                                        \
+            float p = KCU_Y(e), q = acc[e];                      \
+            acc[e] = (expr);                                     \
+        }                                                        \
+        break;
+    switch (op) {
+        KCU_BIN(KILN_BINARY_ADD, p + q)
+        KCU_BIN(KILN_BINARY_SUB, p - q)
+        KCU_BIN(KILN_BINARY_MUL, p * q)
+        KCU_BIN(KILN_BINARY_DIV, p / q)
+        KCU_BIN(KILN_BINARY_POW, kcu_pow_call(p, q))
+        KCU_BIN(KILN_BINARY_MAX, p > q ? p : q)
+        KCU_BIN(KILN_BINARY_MIN, p < q ? p : q)
+    default: break;
+    }
+#undef KCU_BIN
+}
+
+/* Each thread takes two 16-byte vectors per pass (i and i + stride, both
+ * coalesced), so one dispatch of the micro-program serves 8 f32 or 16
+ * half lanes. Memory latency is hidden three ways: the lead input (the one
+ * ops[0] loads) of the next pass is read into registers while this pass
+ * computes, every full-size input two passes ahead is prefetched into L2,
+ * and as many threads are resident as the registers allow: 4 blocks of
+ * 256 per SM, 3 when the program needs the saved register (SV). */
+template <typename T, bool SV>
+__global__ void __launch_bounds__(KCU_THREADS, SV ? 3 : 4) kcu_fast_kernel(const kcu_fast_args a)
+{
+    constexpr int V = kcu_vec<T>::lanes, L = 2 * V;
+    constexpr bool FAST = sizeof(T) == 2;
+    kcu_after_prior();
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x, n = a.nvec;
+    const uint4 *lead = a.lead >= 0 ? (const uint4 *)a.in[a.lead] : NULL;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
+    if (lead && i < n) {
+        c0 = __ldg(lead + i);
+        c1 = __ldg(lead + (i + stride < n ? i + stride : i));
+    }
+    for (; i < n; i += 2 * stride) {
+        /* the second vector, or the first again when past the end (its
+         * result is then not stored) */
+        const int has2 = i + stride < n;
+        const int64_t j = has2 ? i + stride : i;
+        if (i + 2 * stride < n)
+            for (int k = 0; k < a.n_vec_in; k++) {
+                const uint4 *p = (const uint4 *)a.in[a.vec_in[k]] + i + 2 * stride;
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+                if (i + 3 * stride < n)
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(p + stride));
             }
-            kcu_vec<T>::narrow(a.result == 0 ? r0 : r1, h, o);
+        float acc[L], sv[L];
+        if (SV)
+            _Pragma("unroll") for (int e = 0; e < L; e++) sv[e] = 0.0f;
+        int s = 0;
+        if (lead) {
+            kcu_vec<T>::widen(c0, acc);
+            kcu_vec<T>::widen(c1, acc + V);
+            s = 1;
+            const int64_t ni = i + 2 * stride;
+            if (ni < n) {
+                c0 = __ldg(lead + ni);
+                c1 = __ldg(lead + (ni + stride < n ? ni + stride : ni));
+            }
+        } else {
+            _Pragma("unroll") for (int e = 0; e < L; e++) acc[e] = 0.0f;
         }
-        ((uint4 *)a.out)[i] = o;
+        for (; s < a.n_ops; s++) {
+            const kcu_fast_step st = a.ops[s];
+            switch (st.kind) {
+            case KCU_UOP_LOAD:
+                if (SV && st.src == KCU_SRC_SV) {
+                    _Pragma("unroll") for (int e = 0; e < L; e++) acc[e] = sv[e];
+                } else if (st.src >= KCU_FAST_SCALAR) {
+                    float v = kcu_vec<T>::one(a.in[st.src - KCU_FAST_SCALAR]);
+                    _Pragma("unroll") for (int e = 0; e < L; e++) acc[e] = v;
+                } else {
+                    const uint4 *p = (const uint4 *)a.in[st.src - KCU_FAST_VEC];
+                    kcu_vec<T>::widen(__ldg(p + i), acc);
+                    kcu_vec<T>::widen(__ldg(p + j), acc + V);
+                }
+                break;
+            case KCU_UOP_SAVE:
+                if (SV)
+                    _Pragma("unroll") for (int e = 0; e < L; e++) sv[e] = acc[e];
+                break;
+            case KCU_UOP_UNARY: kcu_unary_lanes<L, FAST>(st.op, acc); break;
+            case KCU_UOP_BINARY_SCALAR:
+                kcu_binary_lanes<L, FAST>(st.op, acc, kcu_vec<T>::one(a.in[st.src - KCU_FAST_SCALAR]));
+                break;
+            default:
+                /* a vector operand, one 16-byte vector's lanes at a time
+                 * (fewer registers live) */
+                _Pragma("unroll") for (int h = 0; h < 2; h++)
+                {
+                    float y[V];
+                    if (st.src == KCU_SRC_ACC) {
+                        _Pragma("unroll") for (int e = 0; e < V; e++) y[e] = acc[h * V + e];
+                    } else if (SV && st.src == KCU_SRC_SV) {
+                        _Pragma("unroll") for (int e = 0; e < V; e++) y[e] = sv[h * V + e];
+                    } else {
+                        kcu_vec<T>::widen(__ldg((const uint4 *)a.in[st.src - KCU_FAST_VEC] + (h ? j : i)), y);
+                    }
+                    kcu_binary_lanes<V, FAST>(st.op, acc + h * V, (const float *)y);
+                }
+                break;
+            }
+        }
+        ((uint4 *)a.out)[i] = kcu_vec<T>::narrow(acc);
+        if (has2)
+            ((uint4 *)a.out)[j] = kcu_vec<T>::narrow(acc + V);
     }
 }
 
@@ -426,8 +545,7 @@ extern "C" int kcu_launch_ew(const kcu_ew_args *a, int32_t sms, void *stream)
 {
     if (a->count <= a->start)
         return cudaSuccess;
-    kcu_ew_kernel<<<kcu_blocks(a->count - a->start, sms, 4), KCU_THREADS, 0, (cudaStream_t)stream>>>(*a);
-    return (int)cudaGetLastError();
+    return (int)kcu_launch(kcu_ew_kernel, kcu_blocks(a->count - a->start, sms, 4), (cudaStream_t)stream, *a);
 }
 
 extern "C" int kcu_launch_ew_int(const kcu_ew_args *a, int32_t is_binary, int32_t op, int32_t sms,
@@ -435,27 +553,29 @@ extern "C" int kcu_launch_ew_int(const kcu_ew_args *a, int32_t is_binary, int32_
 {
     if (a->count <= a->start)
         return cudaSuccess;
-    kcu_ew_int_kernel<<<kcu_blocks(a->count - a->start, sms, 4), KCU_THREADS, 0, (cudaStream_t)stream>>>(
-        *a, is_binary, op);
-    return (int)cudaGetLastError();
+    return (int)kcu_launch(kcu_ew_int_kernel, kcu_blocks(a->count - a->start, sms, 4), (cudaStream_t)stream, *a,
+                           (int)is_binary, (int)op);
 }
 
 extern "C" int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *stream)
 {
     if (a->nvec <= 0)
         return cudaSuccess;
-    /* one wave at the 4 resident blocks per SM that __launch_bounds__ allows */
-    unsigned blocks = kcu_blocks(a->nvec, sms, 1);
-    if (blocks > (unsigned)(sms > 0 ? sms : 132) * 4u)
-        blocks = (unsigned)(sms > 0 ? sms : 132) * 4u;
+    /* one wave at the resident blocks per SM that __launch_bounds__ allows */
+    unsigned per_sm = a->uses_sv ? 3u : 4u, cap = (unsigned)(sms > 0 ? sms : 132) * per_sm;
+    unsigned blocks = kcu_blocks(a->nvec, sms, 2);
+    if (blocks > cap)
+        blocks = cap;
     cudaStream_t s = (cudaStream_t)stream;
+#define KCU_FAST(T) \
+    (a->uses_sv ? kcu_launch(kcu_fast_kernel<T, true>, blocks, s, *a) : kcu_launch(kcu_fast_kernel<T, false>, blocks, s, *a))
     switch (a->dtype) {
-    case KILN_DTYPE_F32: kcu_fast_kernel<float><<<blocks, KCU_THREADS, 0, s>>>(*a); break;
-    case KILN_DTYPE_F16: kcu_fast_kernel<__half><<<blocks, KCU_THREADS, 0, s>>>(*a); break;
-    case KILN_DTYPE_BF16: kcu_fast_kernel<__nv_bfloat16><<<blocks, KCU_THREADS, 0, s>>>(*a); break;
+    case KILN_DTYPE_F32: return (int)KCU_FAST(float);
+    case KILN_DTYPE_F16: return (int)KCU_FAST(__half);
+    case KILN_DTYPE_BF16: return (int)KCU_FAST(__nv_bfloat16);
     default: return (int)cudaErrorInvalidValue;
     }
-    return (int)cudaGetLastError();
+#undef KCU_FAST
 }
 
 /* ---- reduce and softmax -------------------------------------------------------------- */
@@ -480,6 +600,7 @@ __device__ __forceinline__ float kcu_pick(int is_max, float b, float v)
  * result does not depend on the order. */
 __global__ void kcu_reduce_kernel(const kcu_reduce_args a)
 {
+    kcu_after_prior();
     const int lane = threadIdx.x & 31;
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
@@ -513,14 +634,14 @@ extern "C" int kcu_launch_reduce(const kcu_reduce_args *a, int32_t sms, void *st
 {
     if (a->n_out <= 0)
         return cudaSuccess;
-    kcu_reduce_kernel<<<kcu_blocks(a->n_out * 32, sms, 1), KCU_THREADS, 0, (cudaStream_t)stream>>>(*a);
-    return (int)cudaGetLastError();
+    return (int)kcu_launch(kcu_reduce_kernel, kcu_blocks(a->n_out * 32, sms, 1), (cudaStream_t)stream, *a);
 }
 
 /* One warp per line: max, sum of exp (f32), then exp(x - max) / sum. */
 __global__ void kcu_softmax_kernel(const void *in, int in_dtype, void *out, int out_dtype, int64_t lines,
                                    int64_t len, int64_t inner)
 {
+    kcu_after_prior();
     const int lane = threadIdx.x & 31;
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int64_t warps = ((int64_t)gridDim.x * blockDim.x) >> 5;
@@ -551,9 +672,8 @@ extern "C" int kcu_launch_softmax(const void *in, int32_t in_dtype, void *out, i
 {
     if (lines <= 0 || len <= 0)
         return cudaSuccess;
-    kcu_softmax_kernel<<<kcu_blocks(lines * 32, sms, 1), KCU_THREADS, 0, (cudaStream_t)stream>>>(
-        in, in_dtype, out, out_dtype, lines, len, inner);
-    return (int)cudaGetLastError();
+    return (int)kcu_launch(kcu_softmax_kernel, kcu_blocks(lines * 32, sms, 1), (cudaStream_t)stream, in,
+                           (int)in_dtype, out, (int)out_dtype, lines, len, inner);
 }
 
 /* ---- data movement ------------------------------------------------------------------- */
@@ -562,6 +682,7 @@ template <typename E>
 __global__ void kcu_copy_kernel(const E *src, E *dst, int64_t count, int64_t base, const kcu_map dm,
                                 const kcu_map sm)
 {
+    kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
         int64_t off = kcu_map_off(dm, i);
@@ -574,6 +695,7 @@ __global__ void kcu_copy_kernel(const E *src, E *dst, int64_t count, int64_t bas
 template <typename E>
 __global__ void kcu_band_kernel(const E *src, E *dst, int64_t rows, int64_t width, int64_t pitch, int64_t col)
 {
+    kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x, n = rows * width;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         dst[(i / width) * pitch + col + i % width] = src[i];
@@ -583,6 +705,7 @@ template <typename E, typename I>
 __global__ void kcu_gather_kernel(const E *data, const I *idx, E *out, int64_t outer, int64_t n_idx,
                                   int64_t inner, int64_t dim, kcu_error_word *err, int layer)
 {
+    kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x, n = outer * n_idx * inner;
     for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += stride) {
         int64_t c = o % inner, j = (o / inner) % n_idx, i = o / (inner * n_idx);
@@ -616,11 +739,12 @@ extern "C" int kcu_launch_copy(const void *src, void *dst, int64_t count, int64_
         return cudaSuccess;
     unsigned blocks = kcu_blocks(count, sms, 4);
     cudaStream_t s = (cudaStream_t)stream;
+    cudaError_t err = cudaSuccess;
 #define KCU_LAUNCH_COPY(E) \
-    kcu_copy_kernel<E><<<blocks, KCU_THREADS, 0, s>>>((const E *)src, (E *)dst, count, base, *dst_map, *src_map)
+    err = kcu_launch(kcu_copy_kernel<E>, blocks, s, (const E *)src, (E *)dst, count, base, *dst_map, *src_map)
     KCU_BY_ESIZE(esize, KCU_LAUNCH_COPY)
 #undef KCU_LAUNCH_COPY
-    return (int)cudaGetLastError();
+    return (int)err;
 }
 
 extern "C" int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t width, int64_t pitch,
@@ -630,11 +754,11 @@ extern "C" int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t
         return cudaSuccess;
     unsigned blocks = kcu_blocks(rows * width, sms, 4);
     cudaStream_t s = (cudaStream_t)stream;
-#define KCU_LAUNCH_BAND(E) \
-    kcu_band_kernel<E><<<blocks, KCU_THREADS, 0, s>>>((const E *)src, (E *)dst, rows, width, pitch, col)
+    cudaError_t err = cudaSuccess;
+#define KCU_LAUNCH_BAND(E) err = kcu_launch(kcu_band_kernel<E>, blocks, s, (const E *)src, (E *)dst, rows, width, pitch, col)
     KCU_BY_ESIZE(esize, KCU_LAUNCH_BAND)
 #undef KCU_LAUNCH_BAND
-    return (int)cudaGetLastError();
+    return (int)err;
 }
 
 extern "C" int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, void *out,
@@ -667,6 +791,7 @@ __device__ __forceinline__ int kcu_is_int(int t)
  * i32/i64 values); everything else goes through f32, as kiln_convert. */
 __global__ void kcu_cast_kernel(const void *src, int st, void *dst, int dt, int64_t n)
 {
+    kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int ints = kcu_is_int(st) && kcu_is_int(dt);
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -682,7 +807,6 @@ extern "C" int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, in
 {
     if (n <= 0)
         return cudaSuccess;
-    kcu_cast_kernel<<<kcu_blocks(n, sms, 4), KCU_THREADS, 0, (cudaStream_t)stream>>>(src, src_dtype, dst,
-                                                                                      dst_dtype, n);
-    return (int)cudaGetLastError();
+    return (int)kcu_launch(kcu_cast_kernel, kcu_blocks(n, sms, 4), (cudaStream_t)stream, src, (int)src_dtype, dst,
+                           (int)dst_dtype, n);
 }
