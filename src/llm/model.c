@@ -7,6 +7,7 @@
 
 #include "../core/error.h"
 #include "../network/network_internal.h"
+#include "gguf.h"
 
 void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck) {
     if (!ck)
@@ -140,15 +141,70 @@ static kiln_status plugin(builder *b, const char *name, const char *plugin_name,
     return kiln_network_add_plugin(b->net, name, plugin_name, "1", "kiln", fields, nf, in, n_in, out, 1, &n_out);
 }
 
+/* ggml block formats kiln/QuantMatMul reads: type number, name, bytes per 32. */
+static const struct {
+    uint32_t type;
+    const char *name;
+    size_t block_bytes;
+} quant_formats[] = {{KILN_GGML_Q8_0, "Q8_0", 34}, {KILN_GGML_Q4_0, "Q4_0", 18}, {KILN_GGML_Q4_1, "Q4_1", 20}};
+
+/* y = x·Wᵀ through kiln/QuantMatMul named `lname`, with checkpoint weight
+ * `wname` ([out, in]) kept in its stored block format as constant `cname`;
+ * *done = 0 (nothing added) when the build is not native or the weight is
+ * in another format. */
+static kiln_status quant_matmul(builder *b, const char *wname, const char *cname, const char *lname, kiln_tensor x,
+                                int64_t out_dim, int64_t in_dim, kiln_tensor *y, int *done) {
+    *done = 0;
+    uint32_t type;
+    const void *data;
+    size_t size;
+    if (!b->opt->native || !b->ck->read_quantized || in_dim % 32 != 0 ||
+        b->ck->read_quantized(b->ck->weight_user, wname, &type, &data, &size) != KILN_OK)
+        return KILN_OK;
+    size_t f = 0;
+    while (f < sizeof quant_formats / sizeof quant_formats[0] && quant_formats[f].type != type)
+        f++;
+    if (f == sizeof quant_formats / sizeof quant_formats[0])
+        return KILN_OK;
+    kiln_dims dims;
+    KILN_TRY(b->ck->read_weight(b->ck->weight_user, wname, &dims, KILN_DTYPE_F32, NULL, 0));
+    size_t row = (size_t)in_dim / 32 * quant_formats[f].block_bytes; /* dims bounded by config validation */
+    if (dims.rank != 2 || dims.d[0] != out_dim || dims.d[1] != in_dim || size != row * (size_t)out_dim)
+        return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname,
+                         quant_formats[f].name, size, (long long)out_dim, (long long)in_dim);
+    kiln_dims wd = dims2(out_dim, (int64_t)row);
+    kiln_tensor w;
+    KILN_TRY(kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &wd, data, &w));
+    int32_t n = (int32_t)out_dim, k = (int32_t)in_dim;
+    kiln_field fields[3] = {
+        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, quant_formats[f].name},
+        field_i32("n", &n), field_i32("k", &k)};
+    kiln_tensor in[2] = {x, w};
+    KILN_TRY(plugin(b, lname, "QuantMatMul", fields, 3, in, 2, y));
+    /* the LLMC config lists the formats kept, in first-use order */
+    char *q = b->ck->config.quantized;
+    if (!strstr(q, quant_formats[f].name))
+        snprintf(q + strlen(q), sizeof b->ck->config.quantized - strlen(q), "%s%s", q[0] ? "," : "",
+                 quant_formats[f].name);
+    b->done_weights++;
+    progress(b, "converting weights");
+    *done = 1;
+    return KILN_OK;
+}
+
 /* y = x·Wᵀ (+ bias) for an HF Linear named `hf` ("model.layers.0.self_attn.q_proj"). */
 static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out_dim, int64_t in_dim, int bias,
                           kiln_tensor *y) {
     char wname[160], lname[176];
     kiln_tensor w;
+    int done;
     snprintf(wname, sizeof wname, "%s.weight", hf);
-    KILN_TRY(add_weight(b, wname, 2, out_dim, in_dim, &w));
     snprintf(lname, sizeof lname, "%s.matmul", hf);
-    KILN_TRY(kiln_network_add_matmul(b->net, lname, x, 0, w, 1, y));
+    KILN_TRY(quant_matmul(b, wname, wname, lname, x, out_dim, in_dim, y, &done));
+    if (!done) {
+        KILN_TRY(add_weight(b, wname, 2, out_dim, in_dim, &w));
+        KILN_TRY(kiln_network_add_matmul(b->net, lname, x, 0, w, 1, y));
+    }
     if (bias) {
         kiln_tensor bt;
         snprintf(wname, sizeof wname, "%s.bias", hf);
@@ -305,11 +361,20 @@ static kiln_status build(builder *b, int32_t max_blocks) {
     kiln_tensor h, lm, logits;
     KILN_TRY(rmsnorm(b, "model.norm", x, &h));
     KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", h, in.last_token, 0, &h));
-    if (c->tied_embeddings)
-        lm = emb;
-    else
-        KILN_TRY(add_weight(b, "lm_head.weight", 2, c->vocab_size, c->hidden_size, &lm));
-    KILN_TRY(kiln_network_add_matmul(b->net, "lm_head", h, 0, lm, 1, &logits));
+    /* Tied: the gather above reads f32 rows of the embedding; the output
+     * projection reads the whole matrix every step, so it gets its own
+     * quantized copy when the checkpoint stores one. */
+    int done;
+    KILN_TRY(quant_matmul(b, c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", "lm_head.weight",
+                          "lm_head", h,
+                          c->vocab_size, c->hidden_size, &logits, &done));
+    if (!done) {
+        if (c->tied_embeddings)
+            lm = emb;
+        else
+            KILN_TRY(add_weight(b, "lm_head.weight", 2, c->vocab_size, c->hidden_size, &lm));
+        KILN_TRY(kiln_network_add_matmul(b->net, "lm_head", h, 0, lm, 1, &logits));
+    }
     if (b->opt->dtype != KILN_DTYPE_F32)
         KILN_TRY(kiln_network_add_cast(b->net, "logits_f32", logits, KILN_DTYPE_F32, &logits));
     return kiln_network_mark_output(b->net, logits, "logits");
@@ -322,6 +387,8 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     KILN_TRY(kiln_llm_config_validate(c));
     if (o.dtype != KILN_DTYPE_F32 && o.dtype != KILN_DTYPE_F16 && o.dtype != KILN_DTYPE_BF16)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: dtype must be f32, f16 or bf16");
+    if (o.native && o.dtype != KILN_DTYPE_F32)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: native (quantized) weights need dtype f32");
     if (o.max_seq_len <= 0) {
         int64_t m = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
         o.max_seq_len = (int32_t)(m < 4096 ? m : 4096);
@@ -343,11 +410,12 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     c->max_batch = o.max_batch;
     c->max_tokens = o.max_tokens;
     c->block_size = o.block_size;
+    c->quantized[0] = '\0';
     builder b = {.ck = ck, .opt = &o};
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
         return kiln_fail(KILN_ERROR_NOT_FOUND, "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");
     /* embeddings, final norm, maybe lm_head; per layer 2 norms, 7 matrices, maybe 3 biases */
-    b.n_weights = 2 + !c->tied_embeddings + (int64_t)c->n_layers * (9 + (c->qkv_bias ? 3 : 0));
+    b.n_weights = 2 + (!c->tied_embeddings || o.native) + (int64_t)c->n_layers * (9 + (c->qkv_bias ? 3 : 0));
     KILN_TRY(kiln_network_create(reg, &b.net));
     int32_t max_blocks = (o.max_seq_len + o.block_size - 1) / o.block_size;
     kiln_status st = build(&b, max_blocks);

@@ -34,6 +34,12 @@ typedef struct kiln_llm_checkpoint {
     void *weight_user;
     kiln_tokenizer *tokenizer;    /* owned */
     void (*free_user)(void *user);
+    /* Optional (GGUF): a weight's bytes as stored, borrowed from the
+     * checkpoint: its ggml type (kiln_ggml_type), rows of blocks in the HF
+     * [out, in] layout. KILN_ERROR_NOT_FOUND when absent. NULL when the
+     * format has no quantized weights. */
+    kiln_status (*read_quantized)(void *user, const char *name, uint32_t *ggml_type, const void **data,
+                                  size_t *size);
 } kiln_llm_checkpoint;
 
 /* Frees the tokenizer, the weight source and the struct. NULL is a no-op. */
@@ -50,6 +56,9 @@ typedef struct kiln_llm_build_options {
      * the engine is built; may be NULL. */
     void (*progress)(void *user, double fraction, const char *what);
     void *progress_user;
+    /* Nonzero: matmul weights the checkpoint stores as Q8_0, Q4_0 or Q4_1
+     * stay in that format (kiln/QuantMatMul); needs dtype F32. */
+    int native;
 } kiln_llm_build_options;
 
 void kiln_llm_build_options_init(kiln_llm_build_options *opt);

@@ -15,6 +15,11 @@
 #    at least 32 steps, or for as long as llama.cpp's own F32 and Q4_1 runs
 #    agree with each other, whichever is less.
 # The number of agreeing tokens is printed for each prompt.
+# Then the same GGUF built with --dtype native (the GGUF default: Q4_1/Q8_0
+# matmul weights kept quantized, kiln/QuantMatMul) must give the f32
+# engine's greedy tokens for at least 16 steps (or all of them): both
+# multiply the same dequantized weights in f32 and differ only in summation
+# order.
 #
 # Why kiln and llama.cpp-on-Q4_1 may diverge at all: they compute different
 # roundings of the same model. llama.cpp's CPU matmul for Q4_1 (and Q8_0)
@@ -67,10 +72,15 @@ if [ "$have" != "$want" ]; then
   finish
 fi
 
-engine=$KILN_BUILD_DIR/smollm2.engine
+engine=$KILN_BUILD_DIR/smollm2-f32.engine
 if [ ! -f "$engine" ] || [ "$gguf" -nt "$engine" ] || [ "$KILN" -nt "$engine" ]; then
-  expect_ok "build the default model" "$KILN" build "$gguf" -o "$engine" || finish
+  expect_ok "build the default model (f32)" "$KILN" build "$gguf" --dtype f32 -o "$engine" || finish
 fi
+native=$KILN_BUILD_DIR/smollm2-native.engine
+if [ ! -f "$native" ] || [ "$gguf" -nt "$native" ] || [ "$KILN" -nt "$native" ]; then
+  expect_ok "build the default model (native)" "$KILN" build "$gguf" --dtype native -o "$native" || finish
+fi
+min_native=16
 
 n=$(python3 -c 'import json, sys; print(len(json.load(open(sys.argv[1]))["prompts"]))' "$refs")
 for i in $(seq 0 $((n - 1))); do
@@ -119,6 +129,19 @@ need = min_agree if self_complete else min(min_agree, self_n)
 print("  (llama.cpp's own F32 and Q4_1 runs agree for %d tokens%s)" % (self_n, " (all)" if self_complete else ""))
 ok = compare("vs llama.cpp on the Q4_1 GGUF", k, ref["generated_ids"], ref["top2_logit_gaps"], need) and ok
 sys.exit(0 if ok else 1)
+PY
+  expect_ok "run \"$text\" (native)" "$KILN" run "$native" -p "$text" -n 48 --temperature 0 --json || continue
+  python3 - "$TMP/kiln$i.json" "$OUT" "$min_native" <<'PY' && PASSED=$((PASSED + 1)) || fail "\"$text\" native (see above)"
+import json, sys
+f32, nat, need = json.load(open(sys.argv[1]))["generated_ids"], json.load(open(sys.argv[2]))["generated_ids"], int(sys.argv[3])
+n = 0
+while n < min(len(f32), len(nat)) and f32[n] == nat[n]:
+    n += 1
+complete = n == len(f32) == len(nat)
+print("  native engine vs f32 engine: %d of %d tokens agree%s" % (n, len(f32), " (all)" if complete else ""))
+if not complete and n < need:
+    print("    FAIL: at least %d agreeing tokens are required" % need)
+    sys.exit(1)
 PY
 done
 finish

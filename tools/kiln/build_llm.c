@@ -24,7 +24,9 @@ static const char build_llm_help[] =
     "\n"
     "options:\n"
     "  -o, --output FILE     engine file to write (required)\n"
-    "  --dtype T             f32 (default), f16 or bf16: weights, activations, KV cache\n"
+    "  --dtype T             f32, f16 or bf16: weights, activations, KV cache; native: f32,\n"
+    "                        with the GGUF's Q8_0/Q4_0/Q4_1 matmul weights kept quantized\n"
+    "                        (the default for a .gguf; f32 otherwise)\n"
     "  --max-batch N         sequences per step (default 8)\n"
     "  --max-seq-len N       tokens per sequence (default min(4096, the model's context))\n"
     "  --max-tokens N        new tokens per step (default max-seq-len)\n"
@@ -91,7 +93,7 @@ int cli_build_llm(int argc, char **argv) {
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
     const char *out = NULL, *tokenizer = NULL, *o, *val;
-    int status = CLI_OK, verbose = 0;
+    int status = CLI_OK, verbose = 0, dtype_given = 0;
     while ((o = cli_args_next(&a, llm_valued, &val))) {
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             fputs(build_llm_help, stdout);
@@ -99,14 +101,18 @@ int cli_build_llm(int argc, char **argv) {
         } else if (!strcmp(o, "-o") || !strcmp(o, "--output")) {
             out = val;
         } else if (!strcmp(o, "--dtype")) {
-            if (!strcmp(val, "f32"))
+            dtype_given = 1;
+            opt.native = !strcmp(val, "native");
+            if (opt.native)
+                opt.dtype = KILN_DTYPE_F32;
+            else if (!strcmp(val, "f32"))
                 opt.dtype = KILN_DTYPE_F32;
             else if (!strcmp(val, "f16"))
                 opt.dtype = KILN_DTYPE_F16;
             else if (!strcmp(val, "bf16"))
                 opt.dtype = KILN_DTYPE_BF16;
             else {
-                status = cli_usage("build", "unknown --dtype \"%s\" (f32, f16 or bf16)", val);
+                status = cli_usage("build", "unknown --dtype \"%s\" (native, f32, f16 or bf16)", val);
                 goto done;
             }
         } else if (!strcmp(o, "--max-batch")) {
@@ -164,8 +170,10 @@ int cli_build_llm(int argc, char **argv) {
     struct stat sb;
     if (stat(src, &sb) == 0 && S_ISDIR(sb.st_mode))
         s = kiln_llm_import_hf(src, &ck);
-    else if (ends_with(src, ".gguf"))
+    else if (ends_with(src, ".gguf")) {
         s = kiln_llm_import_gguf(src, &ck);
+        opt.native |= !dtype_given;
+    }
     else
         s = kiln_llm_import_llama2c(src, tokenizer, &ck);
     if (s != KILN_OK) {
@@ -198,10 +206,11 @@ int cli_build_llm(int argc, char **argv) {
         } else {
             const kiln_llm_config *c = &ck->config;
             const char *ct = kiln_llm_chat_template_name(c->chat_template);
-            printf("built %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s, max %d tokens x %d sequences, "
-                   "chat template %s, %zu bytes\n",
+            printf("built %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s%s%s, max %d tokens x %d "
+                   "sequences, chat template %s, %zu bytes\n",
                    out, c->architecture, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->vocab_size,
-                   c->dtype == KILN_DTYPE_F32 ? "f32" : c->dtype == KILN_DTYPE_F16 ? "f16" : "bf16", c->max_seq_len,
+                   c->dtype == KILN_DTYPE_F32 ? "f32" : c->dtype == KILN_DTYPE_F16 ? "f16" : "bf16",
+                   c->quantized[0] ? " with matmul weights " : "", c->quantized, c->max_seq_len,
                    c->max_batch, ct ? ct : "none", buf.size);
         }
         free(tmp);
@@ -277,11 +286,13 @@ void cli_inspect_llm(const char *path, json_t *root, int as_json) {
         printf("  %d layers, hidden %d, intermediate %d, %d heads / %d kv heads x %d, vocab %d, %s embeddings\n",
                c.n_layers, c.hidden_size, c.intermediate_size, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
                c.tied_embeddings ? "tied" : "untied");
-        printf("  rms_norm_eps %g, rope theta %g scaling %s%s, qkv bias %s, dtype %s\n", c.rms_norm_eps, c.rope.theta,
+        printf("  rms_norm_eps %g, rope theta %g scaling %s%s, qkv bias %s, dtype %s%s%s\n", c.rms_norm_eps,
+               c.rope.theta,
                c.rope.scaling == KILN_LLM_ROPE_LLAMA3 ? "llama3" : c.rope.scaling == KILN_LLM_ROPE_LINEAR ? "linear"
                                                                                                    : "none",
                c.rope.interleaved ? " (interleaved)" : "", c.qkv_bias ? "yes" : "no",
-               c.dtype == KILN_DTYPE_F32 ? "f32" : c.dtype == KILN_DTYPE_F16 ? "f16" : "bf16");
+               c.dtype == KILN_DTYPE_F32 ? "f32" : c.dtype == KILN_DTYPE_F16 ? "f16" : "bf16",
+               c.quantized[0] ? ", matmul weights " : "", c.quantized);
         printf("  limits: %d tokens per sequence, %d sequences, %d tokens per step, KV block %d\n", c.max_seq_len,
                c.max_batch, c.max_tokens, c.block_size);
         printf("  special tokens: bos %d%s, eos", c.bos_id, c.add_bos ? " (added)" : "");

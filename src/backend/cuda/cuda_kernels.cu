@@ -5,8 +5,10 @@
  * tensor size works with a bounded grid.
  *
  * Template instantiations are kept few (nvcc is slow on CI's two cores):
- * the vectorized fused kernel per float dtype and the copies per element
- * size; everything else switches on dtype at run time. */
+ * the vectorized fused kernel per float dtype (with and without the saved
+ * register) and the copies per element size; everything else switches on
+ * dtype at run time. Every kernel takes part in programmatic dependent
+ * launch (kcu_after_prior, kcu_launch). */
 #include "cuda_internal.h"
 
 #include <kiln/network.h>
@@ -43,13 +45,13 @@ __device__ __forceinline__ void kcu_after_prior()
 #endif
 }
 
-/* Launches with programmatic stream serialization, so the launch overlaps
- * the previous kernel on the stream (see kcu_after_prior, which every
- * kernel here calls first). Works inside stream capture as well. */
 static int kcu_pdl = 1;
 
 extern "C" void kcu_set_pdl(int32_t on) { kcu_pdl = on != 0; }
 
+/* Launches with programmatic stream serialization, so the launch overlaps
+ * the previous kernel on the stream (see kcu_after_prior, which every
+ * kernel here calls first). Works inside stream capture as well. */
 template <typename... P, typename... A>
 static cudaError_t kcu_launch(void (*kernel)(P...), unsigned blocks, cudaStream_t stream, A... args)
 {
@@ -769,16 +771,15 @@ extern "C" int kcu_launch_gather(const void *data, const void *idx, int32_t idx_
         return cudaSuccess;
     unsigned blocks = kcu_blocks(outer * n_idx * inner, sms, 4);
     cudaStream_t s = (cudaStream_t)stream;
-#define KCU_LAUNCH_GATHER(E)                                                                         \
-    if (idx_is_i64)                                                                                  \
-        kcu_gather_kernel<E, int64_t><<<blocks, KCU_THREADS, 0, s>>>(                                 \
-            (const E *)data, (const int64_t *)idx, (E *)out, outer, n_idx, inner, dim, err, layer);  \
-    else                                                                                             \
-        kcu_gather_kernel<E, int32_t><<<blocks, KCU_THREADS, 0, s>>>(                                 \
-            (const E *)data, (const int32_t *)idx, (E *)out, outer, n_idx, inner, dim, err, layer)
+    cudaError_t e = cudaSuccess;
+#define KCU_LAUNCH_GATHER(E)                                                                           \
+    e = idx_is_i64 ? kcu_launch(kcu_gather_kernel<E, int64_t>, blocks, s, (const E *)data, (const int64_t *)idx, \
+                                (E *)out, outer, n_idx, inner, dim, err, (int)layer)                   \
+                   : kcu_launch(kcu_gather_kernel<E, int32_t>, blocks, s, (const E *)data, (const int32_t *)idx, \
+                                (E *)out, outer, n_idx, inner, dim, err, (int)layer)
     KCU_BY_ESIZE(esize, KCU_LAUNCH_GATHER)
 #undef KCU_LAUNCH_GATHER
-    return (int)cudaGetLastError();
+    return (int)e;
 }
 
 __device__ __forceinline__ int kcu_is_int(int t)
