@@ -168,8 +168,10 @@ int cli_chat(int argc, char **argv)
         if (!info.chat_template)
             st = cli_error("%s has no chat template (its config's chat_template is null); use `kiln run`",
                            a.positional[0]);
-        else
+        else {
+            cli_llm_print_cache(llm);
             st = chat_loop(llm, system, max_tokens, samp, stops, n_stops);
+        }
     }
     kiln_llm_close(llm);
     kiln_registry_destroy(reg);

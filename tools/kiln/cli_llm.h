@@ -32,6 +32,8 @@ int cli_llm_sampling_option(const char *cmd, const char *opt, const char *value,
 int cli_llm_print_token(void *user, int32_t request, int32_t token, const char *text, size_t len);
 /* "prompt: N tokens, X tok/s; generation: ..." on stderr. */
 void cli_llm_print_speed(const kiln_llm_result *r);
+/* One stderr line: the KV cache's size and the tokens it holds. */
+void cli_llm_print_cache(const kiln_llm *llm);
 /* min(want, max_seq_len - n_prompt), or the error when the prompt alone is too long. */
 int cli_llm_fit_max_tokens(const kiln_llm *llm, size_t n_prompt, long want, int32_t *out);
 

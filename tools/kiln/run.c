@@ -27,7 +27,7 @@ static const char run_help[] =
     "                           sequences, at most a quarter of physical memory)\n"
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object (prompt_ids, generated_ids, text,\n"
-    "                           finish_reason, timings) instead of streaming\n"
+    "                           finish_reason, timings, kv_cache) instead of streaming\n"
     "  -h, --help               show this help\n";
 
 /* ---- shared with chat and tokenize ------------------------------------------------------ */
@@ -120,6 +120,15 @@ void cli_llm_print_speed(const kiln_llm_result *r)
             r->n_prompt_ids, r->prompt_tok_s, r->n_ids, r->generate_tok_s, kiln_llm_finish_name(r->finish));
 }
 
+void cli_llm_print_cache(const kiln_llm *llm)
+{
+    kiln_llm_info info;
+    kiln_llm_info_get(llm, &info);
+    fprintf(stderr, "kv cache: %.1f MB, %d blocks of %d tokens = %lld tokens (max %d sequences of %d)\n",
+            (double)info.cache_bytes / (1024.0 * 1024.0), (int)info.n_blocks, (int)info.block_size,
+            (long long)info.cache_tokens, (int)info.max_batch, (int)info.max_seq_len);
+}
+
 int cli_llm_fit_max_tokens(const kiln_llm *llm, size_t n_prompt, long want, int32_t *out)
 {
     kiln_llm_info info;
@@ -142,8 +151,10 @@ static json_t *ids_json(const int32_t *ids, size_t n)
     return a;
 }
 
-static int print_json(const kiln_llm_result *r, uint64_t seed)
+static int print_json(const kiln_llm *llm, const kiln_llm_result *r, uint64_t seed)
 {
+    kiln_llm_info info;
+    kiln_llm_info_get(llm, &info);
     json_t *o = json_object();
     json_object_set_new(o, "prompt_ids", ids_json(r->prompt_ids, r->n_prompt_ids));
     json_object_set_new(o, "generated_ids", ids_json(r->ids, r->n_ids));
@@ -158,6 +169,12 @@ static int print_json(const kiln_llm_result *r, uint64_t seed)
     json_object_set_new(t, "prompt_tok_s", json_real(r->prompt_tok_s));
     json_object_set_new(t, "generate_tok_s", json_real(r->generate_tok_s));
     json_object_set_new(o, "timings", t);
+    json_t *kv = json_object();
+    json_object_set_new(kv, "bytes", json_integer((json_int_t)info.cache_bytes));
+    json_object_set_new(kv, "blocks", json_integer(info.n_blocks));
+    json_object_set_new(kv, "block_size", json_integer(info.block_size));
+    json_object_set_new(kv, "tokens", json_integer((json_int_t)info.cache_tokens));
+    json_object_set_new(o, "kv_cache", kv);
     char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
     json_decref(o);
     if (!s)
@@ -247,11 +264,12 @@ int cli_run(int argc, char **argv)
             st = cli_kiln_error();
         } else {
             if (json) {
-                st = print_json(&res, samp.seed);
+                st = print_json(llm, &res, samp.seed);
             } else {
                 putchar('\n');
                 fflush(stdout);
                 cli_llm_print_speed(&res);
+                cli_llm_print_cache(llm);
             }
             kiln_llm_result_free(&res);
         }
