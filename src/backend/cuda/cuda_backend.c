@@ -302,6 +302,25 @@ static int fast_compile(const kcu_ew_args *e, const int *scalar, kcu_fast_args *
     return 1;
 }
 
+/* The value of one-element input k when it is an engine constant: the
+ * device copy a layer reads was uploaded from these host bytes and never
+ * changes, so a kernel can take the value as a parameter and not wait for
+ * the previous kernel before loading it (see kcu_fast_args.scal). */
+static int host_scalar(const kiln_cuda_args *a, int32_t k, kiln_dtype t, float *v)
+{
+    const kiln_layer *l = a->layer;
+    if (!a->graph || !l || !l->inputs || k >= l->n_inputs)
+        return 0;
+    int32_t i = l->inputs[k];
+    if (i < 0 || i >= a->graph->n_tensors)
+        return 0;
+    const kiln_tensor_rec *r = &a->graph->tensors[i];
+    if (!(r->flags & KILN_TENSOR_CONSTANT) || !r->data || r->dtype != t || r->data_size != kiln_dtype_size(t))
+        return 0;
+    *v = kiln_load_f32(r->data, t, 0);
+    return 1;
+}
+
 /* Runs a float elementwise program: the vectorized kernel over the aligned
  * bulk when every input has the output's dtype and is full-size or a
  * single element, the generic kernel over everything else and the tail. */
@@ -339,6 +358,8 @@ static kiln_status ew_run(const kiln_cuda_args *a, kcu_ew_args *e, const kiln_ex
             f.in[k] = e->in[k];
             if (!scalar[k])
                 f.vec_in[f.n_vec_in++] = k;
+            else if (host_scalar(a, k, out->dtype, &f.scal[k]))
+                f.scal_known |= 1 << k;
         }
         f.out = out->data;
         f.dtype = out->dtype;

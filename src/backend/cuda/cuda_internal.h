@@ -88,6 +88,14 @@ typedef struct kcu_fast_step {
  * bf16); full-size inputs and the output are 16-byte aligned; elements
  * [0, nvec * (16 / size)) are processed. */
 typedef struct kcu_fast_args {
+    /* One-element inputs whose value the host knows (engine constants),
+     * widened to f32: bit k of scal_known says scal[k] holds input k, so
+     * the kernel takes it from its parameters instead of a device load
+     * that would wait on the previous kernel. First, beside n_ops and the
+     * first ops, so that one parameter line read before the wait holds
+     * what a short program needs. */
+    float scal[KCU_MAX_INPUTS];
+    int32_t scal_known;
     int32_t n_ops;
     kcu_fast_step ops[KCU_FAST_OPS];
     const void *in[KCU_MAX_INPUTS];

@@ -45,6 +45,24 @@ __device__ __forceinline__ void kcu_after_prior()
 #endif
 }
 
+/* The same, for a kernel whose first loads after the wait use the given
+ * values: they come from the kernel's parameters, which do not depend on
+ * the previous kernel, so naming them as operands makes the parameter
+ * loads (constant-cache misses in a fresh launch) happen while waiting
+ * instead of after it. */
+__device__ __forceinline__ void kcu_after_prior(const void *p, const void *q, int64_t n, int32_t m)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::"l"(p), "l"(q), "l"(n), "r"(m) : "memory");
+#else
+    (void)p;
+    (void)q;
+    (void)n;
+    (void)m;
+#endif
+}
+
 static int kcu_pdl = 1;
 
 extern "C" void kcu_set_pdl(int32_t on) { kcu_pdl = on != 0; }
@@ -447,6 +465,12 @@ template <int L, bool FAST, typename Y> __device__ __forceinline__ void kcu_bina
 #undef KCU_BIN
 }
 
+/* One-element input k: from the parameters when the host knew it. */
+template <typename T> __device__ __forceinline__ float kcu_scalar(const kcu_fast_args &a, int k)
+{
+    return (a.scal_known >> k) & 1 ? a.scal[k] : kcu_vec<T>::one(a.in[k]);
+}
+
 /* Each thread takes two 16-byte vectors per pass (i and i + stride, both
  * coalesced), so one dispatch of the micro-program serves 8 f32 or 16
  * half lanes. Memory latency is hidden three ways: the lead input (the one
@@ -459,9 +483,9 @@ __global__ void __launch_bounds__(KCU_THREADS, SV ? 3 : 4) kcu_fast_kernel(const
 {
     constexpr int V = kcu_vec<T>::lanes, L = 2 * V;
     constexpr bool FAST = sizeof(T) == 2;
-    kcu_after_prior();
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, n = a.nvec;
     const uint4 *lead = a.lead >= 0 ? (const uint4 *)a.in[a.lead] : NULL;
+    kcu_after_prior(lead, a.out, n, a.n_ops);
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     uint4 c0 = make_uint4(0, 0, 0, 0), c1 = c0;
     if (lead && i < n) {
@@ -503,7 +527,7 @@ __global__ void __launch_bounds__(KCU_THREADS, SV ? 3 : 4) kcu_fast_kernel(const
                 if (SV && st.src == KCU_SRC_SV) {
                     _Pragma("unroll") for (int e = 0; e < L; e++) acc[e] = sv[e];
                 } else if (st.src >= KCU_FAST_SCALAR) {
-                    float v = kcu_vec<T>::one(a.in[st.src - KCU_FAST_SCALAR]);
+                    float v = kcu_scalar<T>(a, st.src - KCU_FAST_SCALAR);
                     _Pragma("unroll") for (int e = 0; e < L; e++) acc[e] = v;
                 } else {
                     const uint4 *p = (const uint4 *)a.in[st.src - KCU_FAST_VEC];
@@ -517,7 +541,7 @@ __global__ void __launch_bounds__(KCU_THREADS, SV ? 3 : 4) kcu_fast_kernel(const
                 break;
             case KCU_UOP_UNARY: kcu_unary_lanes<L, FAST>(st.op, acc); break;
             case KCU_UOP_BINARY_SCALAR:
-                kcu_binary_lanes<L, FAST>(st.op, acc, kcu_vec<T>::one(a.in[st.src - KCU_FAST_SCALAR]));
+                kcu_binary_lanes<L, FAST>(st.op, acc, kcu_scalar<T>(a, st.src - KCU_FAST_SCALAR));
                 break;
             default:
                 /* a vector operand, one 16-byte vector's lanes at a time
