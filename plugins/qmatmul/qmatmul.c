@@ -117,6 +117,14 @@ static float dot_scalar(int32_t type, const uint8_t *row, size_t bb, const float
     return acc;
 }
 
+/* f32 dot of n values, in order. */
+static float dotf_scalar(const float *a, const float *b, int32_t n) {
+    float acc = 0;
+    for (int32_t i = 0; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <cpuid.h>
 #include <immintrin.h>
@@ -174,9 +182,27 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_avx2(int32_t type, con
     h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
     return _mm_cvtss_f32(h);
 }
+
+/* n is a multiple of 32. */
+__attribute__((target("avx2,fma,f16c"))) static float dotf_avx2(const float *a, const float *b, int32_t n) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+           acc3 = _mm256_setzero_ps();
+    for (int32_t i = 0; i < n; i += 32) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+    }
+    __m256 s = _mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
 #endif
 
 typedef float (*dot_fn)(int32_t, const uint8_t *, size_t, const float *, int32_t);
+typedef float (*dotf_fn)(const float *, const float *, int32_t);
 
 typedef struct qmm_job {
     int32_t type, nb;
@@ -186,32 +212,50 @@ typedef struct qmm_job {
     const uint8_t *w;
     float *y;
     dot_fn dot;
+    dotf_fn dotf;
 } qmm_job;
+
+/* From this many rows of x on (prefill), a chunk of a weight row is
+ * dequantized once into f32 and reused by every row, instead of being
+ * dequantized again per row. */
+#define QMM_BATCH_ROWS 4
+#define QMM_CHUNK_BLOCKS 8
 
 /* Output columns [begin, end): each weight row is read once and stays in
  * L1 while every row of x passes over it. */
 static void qmm_range(void *arg, int64_t begin, int64_t end) {
     const qmm_job *j = arg;
+    float w[QMM_CHUNK_BLOCKS * QK];
     for (int64_t c = begin; c < end; c++) {
         const uint8_t *wr = j->w + (size_t)c * (size_t)j->nb * j->bb;
+        if (j->rows < QMM_BATCH_ROWS) {
+            for (int64_t r = 0; r < j->rows; r++)
+                j->y[r * j->n + c] = j->dot(j->type, wr, j->bb, j->x + r * j->k, j->nb);
+            continue;
+        }
         for (int64_t r = 0; r < j->rows; r++)
-            j->y[r * j->n + c] = j->dot(j->type, wr, j->bb, j->x + r * j->k, j->nb);
+            j->y[r * j->n + c] = 0;
+        for (int32_t b0 = 0; b0 < j->nb; b0 += QMM_CHUNK_BLOCKS) {
+            int32_t nbk = j->nb - b0 < QMM_CHUNK_BLOCKS ? j->nb - b0 : QMM_CHUNK_BLOCKS;
+            for (int32_t i = 0; i < nbk; i++)
+                dequant_block(j->type, wr + (size_t)(b0 + i) * j->bb, w + i * QK);
+            for (int64_t r = 0; r < j->rows; r++)
+                j->y[r * j->n + c] += j->dotf(w, j->x + r * j->k + (int64_t)b0 * QK, nbk * QK);
+        }
     }
 }
 
-/* KILN_QMATMUL_SCALAR=1 forces the reference kernel (tests compare both). */
-static dot_fn pick_dot(void) {
 #ifdef QMM_AVX2
+/* KILN_QMATMUL_SCALAR=1 forces the reference kernels (tests check both).
+ * F16C through cpuid leaf 1 (ECX bit 29): clang's __builtin_cpu_supports
+ * does not know it. */
+static int use_avx2(void) {
     const char *e = getenv("KILN_QMATMUL_SCALAR");
-    /* F16C through cpuid leaf 1 (ECX bit 29): clang's
-     * __builtin_cpu_supports does not know it */
     unsigned a, b, c, d;
-    if (!(e && e[0] == '1') && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1))
-        return dot_avx2;
-#endif
-    return dot_scalar;
+    return !(e && e[0] == '1') && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
 }
+#endif
 
 static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
                                const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
@@ -223,7 +267,13 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         return host->fail(KILN_ERROR_SHAPE, NAME ": x's last dim must be k = %d and w [%d, %lld]", p->k, p->n,
                           (long long)(nb * bb));
     qmm_job job = {p->type, (int32_t)nb, (size_t)bb, plugin_desc_count(&in_desc[0]) / p->k, p->k, p->n,
-                   in[0], in[1], out[0], pick_dot()};
+                   in[0], in[1], out[0], dot_scalar, dotf_scalar};
+#ifdef QMM_AVX2
+    if (use_avx2()) {
+        job.dot = dot_avx2;
+        job.dotf = dotf_avx2;
+    }
+#endif
     if (job.rows > 0)
         host->parallel_for(stream, p->n, qmm_range, &job);
     return KILN_OK;

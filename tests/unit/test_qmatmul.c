@@ -193,6 +193,11 @@ static void test_blob_round_trip(void) {
     CHECK_OK(p->ops->serialize(p, blob, &size));
     CHECK(blob[0] == 3 && blob[1] == 9 && blob[2] == 96); /* ggml's number for Q4_1 */
     CHECK_OK(c->deserialize(c, c->blob_version, blob, size, &q));
+    int32_t again[3] = {0};
+    size = sizeof again;
+    CHECK(q && q->ops->serialize(q, again, &size) == KILN_OK && memcmp(again, blob, sizeof blob) == 0);
+    if (q)
+        q->ops->destroy(q);
     CHECK_FAILS(c->deserialize(c, c->blob_version, blob, 8, &q), KILN_ERROR_FORMAT, "QuantMatMul blob is 8 bytes");
     CHECK_FAILS(c->deserialize(c, c->blob_version + 1, blob, size, &q), KILN_ERROR_VERSION, "newer");
     blob[0] = 6; /* Q5_0 */
