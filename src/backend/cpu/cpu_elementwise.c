@@ -9,6 +9,7 @@
  * stored (in place when the output is f32). Work is split over
  * (row, block) units. */
 #include "cpu_internal.h"
+#include "../broadcast.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -147,52 +148,11 @@ static kiln_status bcast_init(bcast *b, const kiln_cpu_args *a, const kiln_dims 
 {
     memset(b, 0, sizeof *b);
     b->n_ops = n_ins;
-    int32_t r = out->rank;
-    int64_t st[KILN_FUSED_MAX_INPUTS][KILN_MAX_RANK];
-    for (int32_t k = 0; k < n_ins; k++) {
-        const kiln_dims *d = &ins[k].dims;
-        if (d->rank > r)
-            return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": input %d has rank %d, output rank %d",
-                             cpu_layer_name(a), (int)k, (int)d->rank, (int)r);
-        int64_t acc = 1;
-        for (int32_t i = r - 1; i >= 0; i--) {
-            int32_t j = i - (r - d->rank);
-            if (j < 0) {
-                st[k][i] = 0;
-                continue;
-            }
-            if (d->d[j] == out->d[i])
-                st[k][i] = out->d[i] == 1 ? 0 : acc;
-            else if (d->d[j] == 1)
-                st[k][i] = 0;
-            else
-                return kiln_fail(KILN_ERROR_SHAPE,
-                                 "layer \"%s\": input %d dim %d is %lld, cannot broadcast to %lld",
-                                 cpu_layer_name(a), (int)k, (int)j, (long long)d->d[j],
-                                 (long long)out->d[i]);
-            acc *= d->d[j];
-        }
-    }
-    /* Drop size-1 axes, then merge an axis into the next one when every
-     * operand steps through both as through one axis. */
-    for (int32_t i = 0; i < r; i++) {
-        if (out->d[i] == 1)
-            continue;
-        int32_t m = b->rank;
-        int mergeable = m > 0;
-        for (int32_t k = 0; k < n_ins && mergeable; k++)
-            mergeable = b->st[k][m - 1] == st[k][i] * out->d[i];
-        if (mergeable) {
-            b->dims[m - 1] *= out->d[i];
-            for (int32_t k = 0; k < n_ins; k++)
-                b->st[k][m - 1] = st[k][i];
-        } else {
-            b->dims[m] = out->d[i];
-            for (int32_t k = 0; k < n_ins; k++)
-                b->st[k][m] = st[k][i];
-            b->rank++;
-        }
-    }
+    kiln_broadcast w;
+    KILN_TRY(kiln_broadcast_init(&w, cpu_layer_name(a), out, ins, n_ins));
+    b->rank = w.rank;
+    memcpy(b->dims, w.dims, sizeof b->dims);
+    memcpy(b->st, w.st, sizeof b->st);
     if (b->rank == 0) {
         b->rank = 1;
         b->dims[0] = cpu_count(out) ? 1 : 0;

@@ -16,6 +16,7 @@
 
 #include "cuda_backend.h"
 #include "cuda_internal.h"
+#include "../broadcast.h"
 
 #include "../../core/dtype.h"
 #include "../../core/error.h"
@@ -178,49 +179,12 @@ kiln_status kiln_cuda_device_check(kiln_cuda_device *dev, const kiln_graph *grap
 static kiln_status ew_bcast(const kiln_cuda_args *a, const kiln_dims *out, const kiln_exec_tensor *ins,
                             int32_t n_ins, kcu_ew_args *e)
 {
-    int32_t r = out->rank;
-    int64_t st[KCU_MAX_INPUTS][KILN_MAX_RANK];
-    for (int32_t k = 0; k < n_ins; k++) {
-        const kiln_dims *d = &ins[k].dims;
-        if (d->rank > r)
-            return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": input %d has rank %d, output rank %d",
-                             layer_name(a), (int)k, (int)d->rank, (int)r);
-        int64_t acc = 1;
-        for (int32_t i = r - 1; i >= 0; i--) {
-            int32_t j = i - (r - d->rank);
-            if (j < 0) {
-                st[k][i] = 0;
-                continue;
-            }
-            if (d->d[j] == out->d[i])
-                st[k][i] = out->d[i] == 1 ? 0 : acc;
-            else if (d->d[j] == 1)
-                st[k][i] = 0;
-            else
-                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": input %d dim %d is %lld, cannot broadcast to %lld",
-                                 layer_name(a), (int)k, (int)j, (long long)d->d[j], (long long)out->d[i]);
-            acc *= d->d[j];
-        }
-    }
-    e->rank = 0;
-    for (int32_t i = 0; i < r; i++) {
-        if (out->d[i] == 1)
-            continue;
-        int32_t m = e->rank;
-        int mergeable = m > 0;
-        for (int32_t k = 0; k < n_ins && mergeable; k++)
-            mergeable = e->st[k][m - 1] == st[k][i] * out->d[i];
-        if (mergeable) {
-            e->dims[m - 1] *= out->d[i];
-            for (int32_t k = 0; k < n_ins; k++)
-                e->st[k][m - 1] = st[k][i];
-        } else {
-            e->dims[m] = out->d[i];
-            for (int32_t k = 0; k < n_ins; k++)
-                e->st[k][m] = st[k][i];
-            e->rank++;
-        }
-    }
+    kiln_broadcast w;
+    KILN_TRY(kiln_broadcast_init(&w, layer_name(a), out, ins, n_ins));
+    e->rank = w.rank;
+    memcpy(e->dims, w.dims, sizeof w.dims);
+    for (int32_t k = 0; k < n_ins; k++)
+        memcpy(e->st[k], w.st[k], sizeof w.st[k]);
     e->n_in = n_ins;
     for (int32_t k = 0; k < n_ins; k++) {
         e->in[k] = ins[k].data;
