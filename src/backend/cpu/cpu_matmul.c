@@ -6,6 +6,7 @@
  * linear layer. Many small batches (attention heads) are spread across the
  * pool, one sgemm per batch. Reference path: naive loops, f64 sums. */
 #include "cpu_internal.h"
+#include "../matmul_shape.h"
 
 #include <cblas.h>
 #include <limits.h>
@@ -15,114 +16,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct mm_shape {
-    int64_t m, n, k;
-    int32_t ta, tb;                  /* effective transposes (vectors: none) */
-    int64_t lda, ldb;
-    int32_t nb;                      /* output batch rank */
-    int64_t bd[KILN_MAX_RANK];       /* output batch dims */
-    int64_t as[KILN_MAX_RANK], bs[KILN_MAX_RANK]; /* batch strides in elements, 0 = broadcast */
-    int64_t batches, a_batches, b_batches;
-} mm_shape;
-
-static kiln_status mm_batch_strides(const kiln_cpu_args *a, const kiln_dims *d, int32_t mat_rank,
-                                    int64_t mat_size, const mm_shape *s, int64_t *strides,
-                                    int64_t *count, const char *which)
-{
-    int32_t r = d->rank - mat_rank; /* this operand's batch rank */
-    if (r > s->nb)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul %s has more batch axes than the output",
-                         cpu_layer_name(a), which);
-    int64_t acc = mat_size;
-    *count = 1;
-    for (int32_t i = s->nb - 1; i >= 0; i--) {
-        int32_t j = i - (s->nb - r);
-        if (j < 0) {
-            strides[i] = 0;
-            continue;
-        }
-        if (d->d[j] == s->bd[i])
-            strides[i] = s->bd[i] == 1 ? 0 : acc;
-        else if (d->d[j] == 1)
-            strides[i] = 0;
-        else
-            return kiln_fail(KILN_ERROR_SHAPE,
-                             "layer \"%s\": matmul %s batch dim %d is %lld, output has %lld",
-                             cpu_layer_name(a), which, (int)j, (long long)d->d[j], (long long)s->bd[i]);
-        acc *= d->d[j];
-        *count *= d->d[j];
-    }
-    return KILN_OK;
-}
-
-static kiln_status mm_shape_init(const kiln_cpu_args *a, mm_shape *s)
-{
-    const char *name = cpu_layer_name(a);
-    const kiln_dims *da = &a->inputs[0].dims, *db = &a->inputs[1].dims, *dc = &a->outputs[0].dims;
-    memset(s, 0, sizeof *s);
-    if (da->rank < 1 || db->rank < 1)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul operands must have rank >= 1", name);
-    int a_vec = da->rank == 1, b_vec = db->rank == 1;
-    int64_t k2;
-    if (a_vec) {
-        s->m = 1;
-        s->k = da->d[0];
-        s->lda = s->k;
-    } else {
-        s->ta = a->layer->p.matmul.transpose_a != 0;
-        int64_t r0 = da->d[da->rank - 2], r1 = da->d[da->rank - 1];
-        s->m = s->ta ? r1 : r0;
-        s->k = s->ta ? r0 : r1;
-        s->lda = r1;
-    }
-    if (b_vec) {
-        k2 = db->d[0];
-        s->n = 1;
-        s->ldb = 1;
-    } else {
-        s->tb = a->layer->p.matmul.transpose_b != 0;
-        int64_t r0 = db->d[db->rank - 2], r1 = db->d[db->rank - 1];
-        k2 = s->tb ? r1 : r0;
-        s->n = s->tb ? r0 : r1;
-        s->ldb = r1;
-    }
-    if (k2 != s->k)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul inner dims differ (%lld vs %lld)",
-                         name, (long long)s->k, (long long)k2);
-    s->nb = dc->rank - (a_vec ? 0 : 1) - (b_vec ? 0 : 1);
-    if (s->nb < 0 || (!a_vec && dc->d[s->nb] != s->m) || (!b_vec && dc->d[dc->rank - 1] != s->n))
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul output shape does not match %lldx%lld",
-                         name, (long long)s->m, (long long)s->n);
-    s->batches = 1;
-    for (int32_t i = 0; i < s->nb; i++) {
-        s->bd[i] = dc->d[i];
-        s->batches *= dc->d[i];
-    }
-    KILN_TRY(mm_batch_strides(a, da, a_vec ? 1 : 2, s->m * s->k, s, s->as, &s->a_batches, "A"));
-    KILN_TRY(mm_batch_strides(a, db, b_vec ? 1 : 2, s->k * s->n, s, s->bs, &s->b_batches, "B"));
-    return KILN_OK;
-}
-
-static void mm_batch_offsets(const mm_shape *s, int64_t b, int64_t *ao, int64_t *bo)
-{
-    *ao = 0;
-    *bo = 0;
-    for (int32_t i = s->nb - 1; i >= 0; i--) {
-        int64_t c = b % s->bd[i];
-        b /= s->bd[i];
-        *ao += c * s->as[i];
-        *bo += c * s->bs[i];
-    }
-}
-
 /* ---- reference ------------------------------------------------------------------------ */
 
-static void mm_reference(const kiln_cpu_args *a, const mm_shape *s)
+static void mm_reference(const kiln_cpu_args *a, const kiln_matmul_shape *s)
 {
     const kiln_exec_tensor *A = &a->inputs[0], *B = &a->inputs[1], *C = &a->outputs[0];
     for (int64_t b = 0; b < s->batches; b++) {
         int64_t ao, bo;
-        mm_batch_offsets(s, b, &ao, &bo);
+        kiln_matmul_batch_offsets(s, b, &ao, &bo);
         for (int64_t i = 0; i < s->m; i++)
             for (int64_t j = 0; j < s->n; j++) {
                 double acc = 0.0;
@@ -146,7 +47,7 @@ static void mm_reference(const kiln_cpu_args *a, const mm_shape *s)
 #define MM_FEW_ROWS 8
 
 typedef struct gemv_job {
-    const mm_shape *s;
+    const kiln_matmul_shape *s;
     int64_t m;          /* rows of A, batches folded */
     const float *a;     /* [m, k] */
     const void *b;      /* [k, n], or [n, k] when s->tb */
@@ -304,12 +205,12 @@ static void gemv_cols_of_b(void *p, int64_t begin, int64_t end)
 /* ---- fast path ----------------------------------------------------------------------------- */
 
 typedef struct mm_job {
-    const mm_shape *s;
+    const kiln_matmul_shape *s;
     const float *a, *b;
     float *c;
 } mm_job;
 
-static void mm_gemm(const mm_shape *s, int64_t m, const float *a, const float *b, float *c)
+static void mm_gemm(const kiln_matmul_shape *s, int64_t m, const float *a, const float *b, float *c)
 {
     cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
                 (int)m, (int)s->n, (int)s->k, 1.0f, a, (int)s->lda, b, (int)s->ldb, 0.0f, c,
@@ -321,7 +222,7 @@ static void mm_batches(void *p, int64_t begin, int64_t end)
     const mm_job *j = p;
     for (int64_t b = begin; b < end; b++) {
         int64_t ao, bo;
-        mm_batch_offsets(j->s, b, &ao, &bo);
+        kiln_matmul_batch_offsets(j->s, b, &ao, &bo);
         mm_gemm(j->s, j->s->m, j->a + ao, j->b + bo, j->c + b * j->s->m * j->s->n);
     }
 }
@@ -344,7 +245,7 @@ static kiln_status mm_as_f32(const kiln_cpu_args *a, const kiln_exec_tensor *t, 
     return KILN_OK;
 }
 
-static kiln_status mm_fast(const kiln_cpu_args *a, const mm_shape *s)
+static kiln_status mm_fast(const kiln_cpu_args *a, const kiln_matmul_shape *s)
 {
     const char *name = cpu_layer_name(a);
     if (s->m > INT_MAX || s->n > INT_MAX || s->k > INT_MAX || s->lda > INT_MAX ||
@@ -415,8 +316,8 @@ kiln_status cpu_run_matmul(const kiln_cpu_args *a)
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": matmul of %s and %s into %s", name,
                          kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(a->inputs[1].dtype),
                          kiln_dtype_name(a->outputs[0].dtype));
-    mm_shape s;
-    KILN_TRY(mm_shape_init(a, &s));
+    kiln_matmul_shape s;
+    KILN_TRY(kiln_matmul_shape_init(cpu_layer_name(a), a->layer, &a->inputs[0].dims, &a->inputs[1].dims, &a->outputs[0].dims, &s));
     if (s.batches == 0 || s.m == 0 || s.n == 0)
         return KILN_OK;
     if (a->reference) {

@@ -17,6 +17,7 @@
 #include "cuda_backend.h"
 #include "cuda_internal.h"
 #include "../broadcast.h"
+#include "../matmul_shape.h"
 
 #include "../../core/dtype.h"
 #include "../../core/error.h"
@@ -782,95 +783,9 @@ static kiln_status run_cast(const kiln_cuda_args *a)
 
 /* ---- matmul ------------------------------------------------------------------------------------- */
 
-typedef struct mm_shape {
-    int64_t m, n, k;
-    int32_t ta, tb;
-    int64_t lda, ldb;
-    int32_t nb;
-    int64_t bd[KILN_MAX_RANK];
-    int64_t as[KILN_MAX_RANK], bs[KILN_MAX_RANK];
-    int64_t batches, a_batches, b_batches;
-} mm_shape;
-
-static kiln_status mm_batch_strides(const char *name, const kiln_dims *d, int32_t mat_rank, int64_t mat_size,
-                                    const mm_shape *s, int64_t *strides, int64_t *count, const char *which)
-{
-    int32_t r = d->rank - mat_rank;
-    if (r > s->nb)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul %s has more batch axes than the output", name, which);
-    int64_t acc = mat_size;
-    *count = 1;
-    for (int32_t i = s->nb - 1; i >= 0; i--) {
-        int32_t j = i - (s->nb - r);
-        if (j < 0) {
-            strides[i] = 0;
-            continue;
-        }
-        if (d->d[j] == s->bd[i])
-            strides[i] = s->bd[i] == 1 ? 0 : acc;
-        else if (d->d[j] == 1)
-            strides[i] = 0;
-        else
-            return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul %s batch dim %d is %lld, output has %lld", name,
-                             which, (int)j, (long long)d->d[j], (long long)s->bd[i]);
-        acc *= d->d[j];
-        *count *= d->d[j];
-    }
-    return KILN_OK;
-}
-
-/* The CPU backend's shape rules: rank-1 A is a row, rank-1 B a column, and
- * that axis is dropped from the output; batch axes broadcast. */
-static kiln_status mm_shape_init(const char *name, const kiln_layer *l, const kiln_dims *da, const kiln_dims *db,
-                                 const kiln_dims *dc, mm_shape *s)
-{
-    memset(s, 0, sizeof *s);
-    if (da->rank < 1 || db->rank < 1)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul operands must have rank >= 1", name);
-    int a_vec = da->rank == 1, b_vec = db->rank == 1;
-    int64_t k2;
-    if (a_vec) {
-        s->m = 1;
-        s->k = da->d[0];
-        s->lda = s->k;
-    } else {
-        s->ta = l->p.matmul.transpose_a != 0;
-        int64_t r0 = da->d[da->rank - 2], r1 = da->d[da->rank - 1];
-        s->m = s->ta ? r1 : r0;
-        s->k = s->ta ? r0 : r1;
-        s->lda = r1;
-    }
-    if (b_vec) {
-        k2 = db->d[0];
-        s->n = 1;
-        s->ldb = 1;
-    } else {
-        s->tb = l->p.matmul.transpose_b != 0;
-        int64_t r0 = db->d[db->rank - 2], r1 = db->d[db->rank - 1];
-        k2 = s->tb ? r1 : r0;
-        s->n = s->tb ? r0 : r1;
-        s->ldb = r1;
-    }
-    if (k2 != s->k)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul inner dims differ (%lld vs %lld)", name,
-                         (long long)s->k, (long long)k2);
-    s->nb = dc->rank - (a_vec ? 0 : 1) - (b_vec ? 0 : 1);
-    if (s->nb < 0 || (!a_vec && dc->d[s->nb] != s->m) || (!b_vec && dc->d[dc->rank - 1] != s->n))
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": matmul output shape does not match %lldx%lld", name,
-                         (long long)s->m, (long long)s->n);
-    s->batches = 1;
-    for (int32_t i = 0; i < s->nb; i++) {
-        s->bd[i] = dc->d[i];
-        s->batches *= dc->d[i];
-    }
-    KILN_TRY(mm_batch_strides(name, da, a_vec ? 1 : 2, s->m * s->k, s, s->as, &s->a_batches, "A"));
-    KILN_TRY(mm_batch_strides(name, db, b_vec ? 1 : 2, s->k * s->n, s, s->bs, &s->b_batches, "B"));
-    return KILN_OK;
-}
-
 /* When an operand's batch offset is b * stride for every batch b (fully
  * batched or fully broadcast), *stride receives it. */
-static int mm_uniform(const mm_shape *s, const int64_t *st, int64_t *stride)
+static int mm_uniform(const kiln_matmul_shape *s, const int64_t *st, int64_t *stride)
 {
     int64_t inner = 1, unit = -1;
     for (int32_t i = s->nb - 1; i >= 0; i--) {
@@ -884,18 +799,6 @@ static int mm_uniform(const mm_shape *s, const int64_t *st, int64_t *stride)
     }
     *stride = unit < 0 ? 0 : unit;
     return 1;
-}
-
-static void mm_offsets(const mm_shape *s, int64_t b, int64_t *ao, int64_t *bo)
-{
-    *ao = 0;
-    *bo = 0;
-    for (int32_t i = s->nb - 1; i >= 0; i--) {
-        int64_t c = b % s->bd[i];
-        b /= s->bd[i];
-        *ao += c * s->as[i];
-        *bo += c * s->bs[i];
-    }
 }
 
 static cudaDataType_t mm_type(kiln_dtype t)
@@ -937,7 +840,7 @@ static uint32_t mm_align(uintptr_t a, uintptr_t step)
 /* m rows of A against B, `batch` problems with the given element strides;
  * `align` holds the byte alignment of A, B and C as launched (cuBLASLt's
  * heuristic otherwise assumes 256 and may pick kernels that need it). */
-static kiln_status mm_plan_init(const char *name, kiln_cuda_device *dev, mm_plan *p, const mm_shape *s, int64_t m,
+static kiln_status mm_plan_init(const char *name, kiln_cuda_device *dev, mm_plan *p, const kiln_matmul_shape *s, int64_t m,
                                 kiln_dtype at, kiln_dtype bt, kiln_dtype ct, int64_t batch, int64_t sa, int64_t sb,
                                 const uint32_t *align)
 {
@@ -997,8 +900,8 @@ static kiln_status run_matmul(const kiln_cuda_args *a)
     if (!kiln_dtype_is_float(A->dtype) || !kiln_dtype_is_float(B->dtype) || !kiln_dtype_is_float(C->dtype))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": matmul of %s and %s into %s", name,
                          kiln_dtype_name(A->dtype), kiln_dtype_name(B->dtype), kiln_dtype_name(C->dtype));
-    mm_shape s;
-    KILN_TRY(mm_shape_init(name, a->layer, &A->dims, &B->dims, &C->dims, &s));
+    kiln_matmul_shape s;
+    KILN_TRY(kiln_matmul_shape_init(name, a->layer, &A->dims, &B->dims, &C->dims, &s));
     if (s.batches == 0 || s.m == 0 || s.n == 0)
         return KILN_OK;
     cudaStream_t stream = (cudaStream_t)a->stream;
@@ -1043,7 +946,7 @@ static kiln_status run_matmul(const kiln_cuda_args *a)
     int32_t algo = tactic >= 0 && tactic < p.n_algos ? (int32_t)tactic : 0;
     for (int64_t b = 0; b < s.batches; b++) {
         int64_t ao, bo;
-        mm_offsets(&s, b, &ao, &bo);
+        kiln_matmul_batch_offsets(&s, b, &ao, &bo);
         KILN_TRY(mm_launch(name, a->device, &p, algo, (const char *)A->data + (size_t)ao * ae,
                            (const char *)B->data + (size_t)bo * be, (char *)C->data + (size_t)(b * s.m * s.n) * ce,
                            stream));
@@ -1059,8 +962,8 @@ kiln_status kiln_cuda_matmul_tune(kiln_cuda_device *dev, const kiln_layer *layer
     const char *name = layer && layer->name ? layer->name : "?";
     if (!dev || !layer || !a || !b || !c || !tactic)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_cuda_matmul_tune: missing argument");
-    mm_shape s;
-    KILN_TRY(mm_shape_init(name, layer, &a->dims, &b->dims, &c->dims, &s));
+    kiln_matmul_shape s;
+    KILN_TRY(kiln_matmul_shape_init(name, layer, &a->dims, &b->dims, &c->dims, &s));
     *tactic = -1;
     if (s.batches == 0 || s.m == 0 || s.n == 0 || s.k == 0)
         return KILN_OK;
