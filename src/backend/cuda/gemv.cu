@@ -16,7 +16,7 @@
 namespace {
 
 constexpr int kWarps = 4;  /* warps per block */
-constexpr int kUnroll = 4; /* 16-byte loads per lane and row in flight */
+constexpr int kUnroll = 8; /* 16-byte loads per lane and row in flight */
 
 __device__ __forceinline__ void unpack(const uint4 &v, float *f, const __nv_bfloat16 *)
 {
@@ -69,18 +69,50 @@ __device__ __forceinline__ void pdl_release_and_wait()
 #endif
 }
 
-/* One warp computes ROWS consecutive rows of y for all M rows of x. K is a
- * multiple of the vector width E (checked by the launcher), rows of x, w
- * and the pointers are 16-byte aligned. */
+/* Each warp streams groups of ROWS consecutive rows of w: groups warp,
+ * warp + total warps, ... (the grid is sized to stay resident, so every SM
+ * gets nearly the same bytes and none idles in a last partial wave). The
+ * warp's loads run kUnroll vectors ahead through one flat stream over its
+ * groups, so the pipeline stays full across row boundaries. K is a multiple
+ * of the vector width E; rows of x and w and the pointers are 16-byte
+ * aligned (checked by kcu_gemv_supported). */
 template <typename T, typename TO, int M, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__ x, int64_t ldx,
                                                            const T *__restrict__ w, TO *__restrict__ y,
                                                            int64_t ldy, int32_t n, int32_t k)
 {
-    constexpr int E = 16 / sizeof(T);         /* elements per 16-byte vector */
-    constexpr int STEP = 32 * E;              /* elements one warp covers per load */
+    constexpr int E = 16 / sizeof(T); /* elements per 16-byte vector */
+    constexpr int STEP = 32 * E;      /* elements one warp covers per load */
     const int lane = threadIdx.x & 31;
-    const int64_t row0 = ((int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5)) * ROWS;
+    const int64_t total = (int64_t)gridDim.x * kWarps;
+    const int64_t n_groups = ((int64_t)n + ROWS - 1) / ROWS;
+    const int32_t ksteps = (k + STEP - 1) / STEP;
+    const int64_t first = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
+    const int64_t steps = first < n_groups ? (n_groups - first + total - 1) / total * ksteps : 0;
+
+    /* load cursor: group lg, vector ls of its rows (rows past n read the
+     * last row: loaded, never stored) */
+    int64_t lg = first;
+    int32_t ls = 0;
+    uint4 buf[kUnroll][ROWS];
+    auto load_next = [&](uint4(&b)[ROWS]) {
+        const int64_t kk = (int64_t)ls * STEP + lane * E;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const int64_t row = lg * ROWS + r < n ? lg * ROWS + r : n - 1;
+            b[r] = lg < n_groups && kk < k ? load_stream(w + row * k + kk) : make_uint4(0, 0, 0, 0);
+        }
+        if (++ls == ksteps) {
+            ls = 0;
+            lg += total;
+        }
+    };
+    /* the first vectors of w before the wait: w does not depend on the
+     * previous kernel, x does */
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++)
+        load_next(buf[u]);
+    pdl_release_and_wait();
 
     float acc[M][ROWS];
 #pragma unroll
@@ -88,82 +120,77 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__
 #pragma unroll
         for (int r = 0; r < ROWS; r++)
             acc[m][r] = 0.0f;
-
-    /* The first chunk of w before the wait (rows past n are clamped to the
-     * last row: they are loaded, never stored). */
-    const T *wr[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; r++)
-        wr[r] = w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k;
-    uint4 buf[kUnroll][ROWS];
-#pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
-        const int64_t kk = (int64_t)u * STEP + lane * E;
-#pragma unroll
-        for (int r = 0; r < ROWS; r++)
-            buf[u][r] = kk < k ? load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
-    }
-    pdl_release_and_wait();
-
-    for (int64_t base = 0; base < k; base += (int64_t)kUnroll * STEP) {
+    int64_t cg = first; /* consume cursor */
+    int32_t cs = 0;
+    for (int64_t t = 0; t < steps; t += kUnroll) {
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
-            const int64_t kk = base + (int64_t)u * STEP + lane * E;
-            if (kk < k) {
-                float wf[ROWS][E];
-#pragma unroll
-                for (int r = 0; r < ROWS; r++)
-                    unpack(buf[u][r], wf[r], (const T *)nullptr);
-#pragma unroll
-                for (int m = 0; m < M; m++) {
-                    float xf[E];
-                    unpack(__ldg(reinterpret_cast<const uint4 *>(x + m * ldx + kk)), xf, (const T *)nullptr);
+            if (t + u < steps) {
+                const int64_t kk = (int64_t)cs * STEP + lane * E;
+                if (kk < k) {
+                    float wf[ROWS][E];
 #pragma unroll
                     for (int r = 0; r < ROWS; r++)
+                        unpack(buf[u][r], wf[r], (const T *)nullptr);
 #pragma unroll
-                        for (int e = 0; e < E; e++)
-                            acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
+                    for (int m = 0; m < M; m++) {
+                        float xf[E];
+                        unpack(__ldg(reinterpret_cast<const uint4 *>(x + m * ldx + kk)), xf, (const T *)nullptr);
+#pragma unroll
+                        for (int r = 0; r < ROWS; r++)
+#pragma unroll
+                            for (int e = 0; e < E; e++)
+                                acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
+                    }
+                }
+                load_next(buf[u]);
+                if (++cs == ksteps) {
+                    /* the group is done: reduce across the warp and store */
+#pragma unroll
+                    for (int m = 0; m < M; m++)
+#pragma unroll
+                        for (int r = 0; r < ROWS; r++) {
+                            float v = acc[m][r];
+#pragma unroll
+                            for (int off = 16; off > 0; off >>= 1)
+                                v += __shfl_xor_sync(0xffffffffu, v, off);
+                            if (lane == 0 && cg * ROWS + r < n)
+                                store(v, y + m * ldy + cg * ROWS + r);
+                            acc[m][r] = 0.0f;
+                        }
+                    cs = 0;
+                    cg += total;
                 }
             }
-            /* refill this slot with the chunk kUnroll loads ahead */
-            const int64_t next = kk + (int64_t)kUnroll * STEP;
-#pragma unroll
-            for (int r = 0; r < ROWS; r++)
-                buf[u][r] = next < k ? load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
         }
     }
-
-#pragma unroll
-    for (int m = 0; m < M; m++)
-#pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            float v = acc[m][r];
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1)
-                v += __shfl_xor_sync(0xffffffffu, v, off);
-            acc[m][r] = v;
-        }
-    if (lane == 0)
-#pragma unroll
-        for (int r = 0; r < ROWS; r++)
-            if (row0 + r < n)
-#pragma unroll
-                for (int m = 0; m < M; m++)
-                    store(acc[m][r], y + m * ldy + row0 + r);
 }
 
 int gemv_pdl = 1;
 
+/* Enough blocks to fill every SM at the kernel's occupancy, never more
+ * than there are groups of rows. */
 template <typename T, typename TO, int M, int ROWS>
 cudaError_t launch_rows(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
-                        cudaStream_t stream)
+                        int32_t sms, cudaStream_t stream)
 {
-    const int64_t rows_per_block = (int64_t)kWarps * ROWS;
+    static int per_sm = 0; /* resident blocks per SM, asked once */
+    if (per_sm == 0) {
+        int b = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel<T, TO, M, ROWS>, kWarps * 32, 0) !=
+                cudaSuccess ||
+            b < 1)
+            b = 1;
+        per_sm = b;
+    }
+    const int64_t groups = ((int64_t)n + ROWS - 1) / ROWS;
+    const int64_t need = (groups + kWarps - 1) / kWarps;
+    const int64_t resident = (int64_t)per_sm * (sms > 0 ? sms : 1);
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((n + rows_per_block - 1) / rows_per_block));
+    cfg.gridDim = dim3((unsigned)(need < resident ? need : resident));
     cfg.blockDim = dim3(kWarps * 32);
     cfg.stream = stream;
     cfg.attrs = attr;
@@ -172,16 +199,15 @@ cudaError_t launch_rows(const void *x, int64_t ldx, const void *w, void *y, int6
                               k);
 }
 
-/* Two rows per warp halve the shuffles and x reads per w byte, but leave
- * SMs idle when n is small: one row per warp until there are enough blocks
- * for a few per SM. */
+/* Two rows per warp halve the shuffles and x reads per byte of w, when
+ * there are rows enough to give every resident warp a few. */
 template <typename T, typename TO, int M>
 cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
                      int32_t sms, cudaStream_t stream)
 {
-    if ((int64_t)n >= (int64_t)sms * 4 * kWarps * 2)
-        return launch_rows<T, TO, M, 2>(x, ldx, w, y, ldy, n, k, stream);
-    return launch_rows<T, TO, M, 1>(x, ldx, w, y, ldy, n, k, stream);
+    if ((int64_t)n >= (int64_t)sms * 16 * 2 * 4)
+        return launch_rows<T, TO, M, 2>(x, ldx, w, y, ldy, n, k, sms, stream);
+    return launch_rows<T, TO, M, 1>(x, ldx, w, y, ldy, n, k, sms, stream);
 }
 
 template <typename T, typename TO>
