@@ -104,7 +104,7 @@ CPU_SIMD static float dot_bf16(const float *x, const uint16_t *w, int64_t n)
     s0 += s1;
     float t = ((s0[0] + s0[1]) + (s0[2] + s0[3])) + ((s0[4] + s0[5]) + (s0[6] + s0[7]));
     for (; i < n; i++)
-        t += x[i] * cpu_bf16_to_f32(w[i]);
+        t += x[i] * kiln_bf16_to_f32(w[i]);
     return t;
 }
 
@@ -124,7 +124,7 @@ __attribute__((target("avx2,f16c"))) static float dot_f16_f16c(const float *x, c
     _mm256_storeu_ps(l, _mm256_add_ps(s0, s1));
     float t = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     for (; i < n; i++)
-        t += x[i] * cpu_f16_to_f32(w[i]);
+        t += x[i] * kiln_f16_to_f32(w[i]);
     return t;
 }
 #endif
