@@ -158,7 +158,7 @@ static kiln_status bcast_init(bcast *b, const kiln_cpu_args *a, const kiln_dims 
     memcpy(b->st, w.st, sizeof b->st);
     if (b->rank == 0) {
         b->rank = 1;
-        b->dims[0] = cpu_count(out) ? 1 : 0;
+        b->dims[0] = kiln_exec_count(out) ? 1 : 0;
     }
     b->rows = 1;
     for (int32_t i = 0; i < b->rank - 1; i++)
@@ -274,32 +274,17 @@ static void binary_int_units(void *p, int64_t begin, int64_t end)
     }
 }
 
-static int is_int_dtype(kiln_dtype t)
-{
-    return t == KILN_DTYPE_I8 || t == KILN_DTYPE_U8 || t == KILN_DTYPE_I32 || t == KILN_DTYPE_I64;
-}
-
 kiln_status cpu_run_binary(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
-    if (a->layer->n_inputs != 2 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": binary needs 2 inputs, 1 output",
-                         name);
+    KILN_TRY(kiln_layer_check_binary(name, a->layer, a->inputs, a->outputs));
     kiln_binary_op op = a->layer->p.binary.op;
-    if ((unsigned)op >= KILN_BINARY_OP_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown binary op %d", name,
-                         (int)op);
     kiln_dtype t = a->outputs[0].dtype;
-    if (a->inputs[0].dtype != t || a->inputs[1].dtype != t)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "layer \"%s\": binary inputs are %s and %s, output %s", name,
-                         kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(a->inputs[1].dtype),
-                         kiln_dtype_name(t));
     ew_job j = {.a = a, .op = op};
     KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, a->inputs, 2));
     if (kiln_dtype_is_float(t))
         bcast_run(a, &j.b, binary_float_units, &j);
-    else if (is_int_dtype(t))
+    else if (kiln_exec_is_int(t))
         bcast_run(a, &j.b, binary_int_units, &j);
     else
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": binary %s on %s is not supported",
@@ -340,25 +325,15 @@ static void unary_int_units(void *p, int64_t begin, int64_t end)
 kiln_status cpu_run_unary(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
-    if (a->layer->n_inputs != 1 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unary needs 1 input, 1 output",
-                         name);
+    KILN_TRY(kiln_layer_check_unary(name, a->layer, a->inputs, a->outputs));
     kiln_unary_op op = a->layer->p.unary.op;
-    if ((unsigned)op >= KILN_UNARY_OP_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown unary op %d", name,
-                         (int)op);
     kiln_dtype t = a->outputs[0].dtype;
-    if (a->inputs[0].dtype != t)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unary input is %s, output %s",
-                         name, kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(t));
-    if (cpu_count(&a->inputs[0].dims) != cpu_count(&a->outputs[0].dims))
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": unary input and output sizes differ", name);
     ew_job j = {.a = a, .op = op};
     KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, &a->outputs[0], 1));
     int int_ok = op == KILN_UNARY_NEG || op == KILN_UNARY_ABS || op == KILN_UNARY_RELU;
     if (kiln_dtype_is_float(t))
         bcast_run(a, &j.b, unary_float_units, &j);
-    else if (is_int_dtype(t) && int_ok)
+    else if (kiln_exec_is_int(t) && int_ok)
         bcast_run(a, &j.b, unary_int_units, &j);
     else
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": unary %s on %s is not supported",
@@ -408,7 +383,7 @@ static kiln_status fused_reference(const kiln_cpu_args *a, const bcast *b)
 {
     const kiln_layer *l = a->layer;
     int32_t n_in = l->n_inputs, n_steps = l->p.fused.n_steps;
-    int64_t count = cpu_count(&a->outputs[0].dims);
+    int64_t count = kiln_exec_count(&a->outputs[0].dims);
     size_t bytes = (size_t)(count > 0 ? count : 1) * sizeof(float);
     float *arr[KILN_FUSED_MAX_INPUTS + KILN_FUSED_MAX_STEPS] = {0};
     kiln_status st = KILN_OK;
@@ -442,33 +417,8 @@ done:
 
 kiln_status cpu_run_fused(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
-    const kiln_layer *l = a->layer;
-    int32_t n_in = l->n_inputs, n_steps = l->p.fused.n_steps;
-    if (n_in < 1 || n_in > KILN_FUSED_MAX_INPUTS || l->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "layer \"%s\": fused chain needs 1..%d inputs and 1 output", name,
-                         KILN_FUSED_MAX_INPUTS);
-    if (n_steps < 1 || n_steps > KILN_FUSED_MAX_STEPS)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": fused chain has %d steps",
-                         name, (int)n_steps);
-    for (int32_t s = 0; s < n_steps; s++) {
-        const kiln_fused_step *st = &l->p.fused.steps[s];
-        int32_t limit = n_in + s; /* inputs and earlier steps only */
-        int bad_op = st->is_binary ? (unsigned)st->op >= KILN_BINARY_OP_COUNT
-                                   : (unsigned)st->op >= KILN_UNARY_OP_COUNT;
-        if (bad_op || st->a < 0 || st->a >= limit ||
-            (st->is_binary && (st->b < 0 || st->b >= limit)))
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "layer \"%s\": fused step %d has a bad op or operand", name, (int)s);
-    }
-    for (int32_t k = 0; k < n_in; k++)
-        if (!kiln_dtype_is_float(a->inputs[k].dtype))
-            return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": fused input %d is %s", name,
-                             (int)k, kiln_dtype_name(a->inputs[k].dtype));
-    if (!kiln_dtype_is_float(a->outputs[0].dtype))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": fused output is %s", name,
-                         kiln_dtype_name(a->outputs[0].dtype));
+    KILN_TRY(kiln_layer_check_fused(cpu_layer_name(a), a->layer, a->inputs, a->outputs));
+    int32_t n_in = a->layer->n_inputs;
     ew_job j = {.a = a};
     KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, a->inputs, n_in));
     if (a->reference)

@@ -5,6 +5,7 @@
 #define KILN_BACKEND_CPU_INTERNAL_H
 
 #include "cpu_backend.h"
+#include "../layer_check.h"
 
 #include "../../core/dtype.h"
 #include "../../core/error.h"
@@ -30,26 +31,6 @@ static inline kiln_threadpool *cpu_pool(const kiln_cpu_args *a)
 static inline const char *cpu_layer_name(const kiln_cpu_args *a)
 {
     return a->layer && a->layer->name ? a->layer->name : "?";
-}
-
-/* Element count of concrete dims (dims are already checked by the caller;
- * negative dims count as zero). */
-static inline int64_t cpu_count(const kiln_dims *d)
-{
-    int64_t n = 1;
-    for (int32_t i = 0; i < d->rank; i++)
-        n *= d->d[i] > 0 ? d->d[i] : 0;
-    return n;
-}
-
-/* Row-major element strides of dims. */
-static inline void cpu_strides(const kiln_dims *d, int64_t *s)
-{
-    int64_t acc = 1;
-    for (int32_t i = d->rank - 1; i >= 0; i--) {
-        s[i] = acc;
-        acc *= d->d[i];
-    }
 }
 
 /* ---- SIMD ----------------------------------------------------------------------------

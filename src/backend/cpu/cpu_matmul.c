@@ -235,7 +235,7 @@ static kiln_status mm_as_f32(const kiln_cpu_args *a, const kiln_exec_tensor *t, 
         *out = t->data;
         return KILN_OK;
     }
-    int64_t n = cpu_count(&t->dims);
+    int64_t n = kiln_exec_count(&t->dims);
     *scratch = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!*scratch)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory widening a matmul operand",

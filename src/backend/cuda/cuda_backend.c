@@ -100,39 +100,10 @@ kiln_status kiln_cuda_device_check(kiln_cuda_device *dev, const kiln_graph *grap
 
 /* ---- plugins ---------------------------------------------------------------------------------------- */
 
-/* Descriptors live on the stack: a launch allocates nothing. */
-#define PLUGIN_MAX_TENSORS 64
-
 static kiln_status run_plugin(const kiln_cuda_args *a)
 {
-    const char *name = layer_name(a);
-    const kiln_plugin *pl = a->plugin;
-    const kiln_plugin_ops *ops = pl ? pl->ops : NULL;
-    if (!ops || ops->struct_size < offsetof(kiln_plugin_ops, enqueue) + sizeof ops->enqueue || !ops->enqueue)
-        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": no plugin instance to enqueue", name);
-    if (!(ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CUDA)))
-        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": the plugin has no CUDA implementation", name);
-    int32_t ni = a->layer->n_inputs, no = a->layer->n_outputs, n = ni + no;
-    if (ni < 0 || no < 0 || n > PLUGIN_MAX_TENSORS)
-        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": %d plugin tensors, at most %d are supported", name, (int)n,
-                         PLUGIN_MAX_TENSORS);
-    kiln_tensor_desc descs[PLUGIN_MAX_TENSORS];
-    void *ptrs[PLUGIN_MAX_TENSORS];
-    for (int32_t i = 0; i < n; i++) {
-        const kiln_exec_tensor *t = i < ni ? &a->inputs[i] : &a->outputs[i - ni];
-        memset(&descs[i], 0, sizeof descs[i]);
-        descs[i].struct_size = sizeof descs[i];
-        descs[i].abi_version = KILN_PLUGIN_ABI_VERSION;
-        descs[i].dtype = t->dtype;
-        descs[i].format = KILN_FORMAT_LINEAR;
-        descs[i].dims = t->dims;
-        ptrs[i] = t->data;
-    }
-    kiln_status st = ops->enqueue(a->plugin, KILN_BACKEND_CUDA, descs, (const void *const *)ptrs, ni, descs + ni,
-                                  ptrs + ni, no, a->workspace, a->stream);
-    if (st != KILN_OK)
-        return kiln_fail_context(st, "layer \"%s\"", name);
-    return KILN_OK;
+    return kiln_layer_run_plugin(layer_name(a), a->plugin, KILN_BACKEND_CUDA, a->layer, a->inputs,
+                                 a->outputs, a->workspace, a->stream);
 }
 
 /* ---- dispatch --------------------------------------------------------------------------------------- */

@@ -17,6 +17,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The kernels' fixed-size operand arrays (cuda_internal.h) hold every
+ * input and step of a fused chain the builder can make. */
+_Static_assert(KCU_MAX_INPUTS == KILN_FUSED_MAX_INPUTS, "kcu_ew_args holds a fused chain's inputs");
+_Static_assert(KCU_MAX_STEPS == KILN_FUSED_MAX_STEPS, "kcu_ew_args holds a fused chain's steps");
+/* Operand codes of the vectorized program fit their int8 field without
+ * overlapping, a swapped binary op keeps its op bits, and one bit of
+ * scal_known per input. */
+_Static_assert(KCU_SRC_SV < KCU_FAST_VEC && KCU_FAST_VEC + KCU_MAX_INPUTS <= KCU_FAST_SCALAR &&
+                   KCU_FAST_SCALAR + KCU_MAX_INPUTS <= 127,
+               "vectorized operand codes overlap");
+_Static_assert(KILN_BINARY_OP_COUNT <= KCU_SWAPPED && (KCU_SWAPPED | (KCU_SWAPPED - 1)) <= 127,
+               "KCU_SWAPPED collides with a binary op");
+_Static_assert(KCU_MAX_INPUTS <= 31, "scal_known has a bit per input");
+
 /* ---- broadcast and the vectorized program ---------------------------------------------------------------------------- */
 
 /* Output shape with each operand's strides (0 on broadcast axes), size-1
@@ -37,7 +51,7 @@ static kiln_status ew_bcast(const kiln_cuda_args *a, const kiln_dims *out, const
         e->in_dtype[k] = ins[k].dtype;
     }
     e->start = 0;
-    e->count = count_of(out);
+    e->count = kiln_exec_count(out);
     return KILN_OK;
 }
 
@@ -150,7 +164,7 @@ static kiln_status ew_run(const kiln_cuda_args *a, kcu_ew_args *e, const kiln_ex
                                              out->dtype == KILN_DTYPE_BF16;
     fast = fast && ((uintptr_t)out->data & 15) == 0;
     for (int32_t k = 0; k < e->n_in && fast; k++) {
-        int64_t c = count_of(&a->inputs[k].dims);
+        int64_t c = kiln_exec_count(&a->inputs[k].dims);
         if (a->layer->op == KILN_OP_UNARY)
             c = n; /* the unary input is read flat */
         scalar[k] = c == 1 && n > 1;
@@ -182,24 +196,12 @@ static kiln_status ew_run(const kiln_cuda_args *a, kcu_ew_args *e, const kiln_ex
     return KILN_OK;
 }
 
-static int is_int_dtype(kiln_dtype t)
-{
-    return t == KILN_DTYPE_I8 || t == KILN_DTYPE_U8 || t == KILN_DTYPE_I32 || t == KILN_DTYPE_I64;
-}
-
 kiln_status cuda_run_binary(const kiln_cuda_args *a)
 {
     const char *name = layer_name(a);
-    if (a->layer->n_inputs != 2 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": binary needs 2 inputs, 1 output", name);
+    KILN_TRY(kiln_layer_check_binary(name, a->layer, a->inputs, a->outputs));
     kiln_binary_op op = a->layer->p.binary.op;
-    if ((unsigned)op >= KILN_BINARY_OP_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown binary op %d", name, (int)op);
     kiln_dtype t = a->outputs[0].dtype;
-    if (a->inputs[0].dtype != t || a->inputs[1].dtype != t)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": binary inputs are %s and %s, output %s", name,
-                         kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(a->inputs[1].dtype),
-                         kiln_dtype_name(t));
     kcu_ew_args e;
     memset(&e, 0, sizeof e);
     KILN_TRY(ew_bcast(a, &a->outputs[0].dims, a->inputs, 2, &e));
@@ -207,7 +209,7 @@ kiln_status cuda_run_binary(const kiln_cuda_args *a)
     e.steps[0] = (kcu_step){1, (int8_t)op, 0, 1};
     if (kiln_dtype_is_float(t))
         return ew_run(a, &e, &a->outputs[0]);
-    if (!is_int_dtype(t))
+    if (!kiln_exec_is_int(t))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": binary %s on %s is not supported", name,
                          kiln_binary_op_name(op), kiln_dtype_name(t));
     e.out = a->outputs[0].data;
@@ -223,17 +225,9 @@ kiln_status cuda_run_binary(const kiln_cuda_args *a)
 kiln_status cuda_run_unary(const kiln_cuda_args *a)
 {
     const char *name = layer_name(a);
-    if (a->layer->n_inputs != 1 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unary needs 1 input, 1 output", name);
+    KILN_TRY(kiln_layer_check_unary(name, a->layer, a->inputs, a->outputs));
     kiln_unary_op op = a->layer->p.unary.op;
-    if ((unsigned)op >= KILN_UNARY_OP_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown unary op %d", name, (int)op);
     kiln_dtype t = a->outputs[0].dtype;
-    if (a->inputs[0].dtype != t)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unary input is %s, output %s", name,
-                         kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(t));
-    if (count_of(&a->inputs[0].dims) != count_of(&a->outputs[0].dims))
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": unary input and output sizes differ", name);
     /* the input is read flat, in the output's shape */
     kiln_exec_tensor in = a->inputs[0];
     in.dims = a->outputs[0].dims;
@@ -245,7 +239,7 @@ kiln_status cuda_run_unary(const kiln_cuda_args *a)
     int int_ok = op == KILN_UNARY_NEG || op == KILN_UNARY_ABS || op == KILN_UNARY_RELU;
     if (kiln_dtype_is_float(t))
         return ew_run(a, &e, &a->outputs[0]);
-    if (!is_int_dtype(t) || !int_ok)
+    if (!kiln_exec_is_int(t) || !int_ok)
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": unary %s on %s is not supported", name,
                          kiln_unary_op_name(op), kiln_dtype_name(t));
     e.out = a->outputs[0].data;
@@ -262,34 +256,16 @@ kiln_status cuda_run_unary(const kiln_cuda_args *a)
 
 kiln_status cuda_run_fused(const kiln_cuda_args *a)
 {
-    const char *name = layer_name(a);
     const kiln_layer *l = a->layer;
+    KILN_TRY(kiln_layer_check_fused(layer_name(a), l, a->inputs, a->outputs));
     int32_t n_in = l->n_inputs, n_steps = l->p.fused.n_steps;
-    if (n_in < 1 || n_in > KILN_FUSED_MAX_INPUTS || l->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": fused chain needs 1..%d inputs and 1 output",
-                         name, KILN_FUSED_MAX_INPUTS);
-    if (n_steps < 1 || n_steps > KILN_FUSED_MAX_STEPS)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": fused chain has %d steps", name, (int)n_steps);
     kcu_ew_args e;
     memset(&e, 0, sizeof e);
     for (int32_t s = 0; s < n_steps; s++) {
         const kiln_fused_step *st = &l->p.fused.steps[s];
-        int32_t limit = n_in + s;
-        int bad_op = st->is_binary ? (unsigned)st->op >= KILN_BINARY_OP_COUNT
-                                   : (unsigned)st->op >= KILN_UNARY_OP_COUNT;
-        if (bad_op || st->a < 0 || st->a >= limit || (st->is_binary && (st->b < 0 || st->b >= limit)))
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": fused step %d has a bad op or operand",
-                             name, (int)s);
         e.steps[s] = (kcu_step){(int8_t)(st->is_binary != 0), (int8_t)st->op, (int8_t)st->a,
                                 (int8_t)(st->is_binary ? st->b : 0)};
     }
-    for (int32_t k = 0; k < n_in; k++)
-        if (!kiln_dtype_is_float(a->inputs[k].dtype))
-            return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": fused input %d is %s", name, (int)k,
-                             kiln_dtype_name(a->inputs[k].dtype));
-    if (!kiln_dtype_is_float(a->outputs[0].dtype))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": fused output is %s", name,
-                         kiln_dtype_name(a->outputs[0].dtype));
     KILN_TRY(ew_bcast(a, &a->outputs[0].dims, a->inputs, n_in, &e));
     e.n_steps = n_steps;
     return ew_run(a, &e, &a->outputs[0]);

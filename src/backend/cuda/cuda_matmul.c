@@ -217,8 +217,8 @@ kiln_status kiln_cuda_matmul_tune(kiln_cuda_device *dev, const kiln_layer *layer
         *tactic = 0;
         return KILN_OK;
     }
-    size_t ab = (size_t)count_of(&a->dims) * kiln_dtype_size(a->dtype);
-    size_t bb = (size_t)count_of(&b->dims) * kiln_dtype_size(b->dtype);
+    size_t ab = (size_t)kiln_exec_count(&a->dims) * kiln_dtype_size(a->dtype);
+    size_t bb = (size_t)kiln_exec_count(&b->dims) * kiln_dtype_size(b->dtype);
     size_t cb = (size_t)(batch * m * s.n) * kiln_dtype_size(c->dtype);
     void *da = NULL, *db = NULL, *dc = NULL;
     cudaStream_t stream = NULL;

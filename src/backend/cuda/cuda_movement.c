@@ -80,53 +80,20 @@ kiln_status cuda_run_slice(const kiln_cuda_args *a)
 {
     const char *name = layer_name(a);
     const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
-    int32_t r = x->dims.rank;
-    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || o->dims.rank != r || x->dtype != o->dtype)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": slice input and output disagree", name);
+    int64_t step[KILN_MAX_RANK], base;
+    int empty;
+    KILN_TRY(kiln_layer_plan_slice(name, a->layer, x, o, &base, step, &empty));
     size_t esize = kiln_dtype_size(x->dtype);
     if (!esize_ok(esize))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": slice of %s", name, kiln_dtype_name(x->dtype));
-    int64_t st[KILN_MAX_RANK], step[KILN_MAX_RANK], base = 0;
-    strides_of(&x->dims, st);
-    int empty = count_of(&o->dims) == 0;
-    for (int32_t i = 0; i < r; i++) {
-        int64_t start = a->layer->p.slice.start[i], stride = a->layer->p.slice.stride[i], size = o->dims.d[i];
-        if (start < 0 || stride < 1 ||
-            (!empty && size > 0 && (start >= x->dims.d[i] || (x->dims.d[i] - 1 - start) / stride < size - 1)))
-            return kiln_fail(KILN_ERROR_SHAPE,
-                             "layer \"%s\": slice axis %d (start %lld, size %lld, stride %lld) exceeds dim %lld", name,
-                             (int)i, (long long)start, (long long)size, (long long)stride, (long long)x->dims.d[i]);
-        base += start * st[i];
-        step[i] = st[i] * stride;
-    }
     if (empty)
         return KILN_OK;
     kcu_map dm, sm;
-    map_init(&dm, r, o->dims.d, step);
+    map_init(&dm, x->dims.rank, o->dims.d, step);
     memset(&sm, 0, sizeof sm);
-    KCU_CHECK(a, kcu_launch_copy(x->data, o->data, count_of(&o->dims), base, &dm, &sm, (int32_t)esize,
+    KCU_CHECK(a, kcu_launch_copy(x->data, o->data, kiln_exec_count(&o->dims), base, &dm, &sm, (int32_t)esize,
                                  a->device->sms, a->stream));
     return KILN_OK;
-}
-
-static kiln_status check_perm(const kiln_cuda_args *a, const int32_t *perm, int32_t rank, const char *which)
-{
-    uint32_t seen = 0;
-    for (int32_t i = 0; i < rank; i++) {
-        if (perm[i] < 0 || perm[i] >= rank || (seen & (1u << perm[i])))
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s transpose is not a permutation of %d axes",
-                             layer_name(a), which, (int)rank);
-        seen |= 1u << perm[i];
-    }
-    return KILN_OK;
-}
-
-static int perm_is_identity(const int32_t *perm, int32_t rank)
-{
-    for (int32_t i = 0; i < rank; i++)
-        if (perm[i] != i)
-            return 0;
-    return 1;
 }
 
 /* transpose, reshape, transpose in one pass without a temporary: an output
@@ -138,21 +105,12 @@ kiln_status cuda_run_shuffle(const kiln_cuda_args *a)
     const char *name = layer_name(a);
     const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
     const kiln_layer_params *p = &a->layer->p;
-    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || x->dtype != o->dtype)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": shuffle input and output disagree", name);
-    int64_t count = count_of(&x->dims);
-    if (count_of(&o->dims) != count)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": shuffle input has %lld elements, output %lld", name,
-                         (long long)count, (long long)count_of(&o->dims));
+    int first, second;
+    KILN_TRY(kiln_layer_check_shuffle(name, a->layer, x, o, &first, &second));
+    int64_t count = kiln_exec_count(&x->dims);
     size_t esize = kiln_dtype_size(x->dtype);
     if (!esize_ok(esize))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": shuffle of %s", name, kiln_dtype_name(x->dtype));
-    int first = p->shuffle.has_first && !perm_is_identity(p->shuffle.first, x->dims.rank);
-    int second = p->shuffle.has_second && !perm_is_identity(p->shuffle.second, o->dims.rank);
-    if (first)
-        KILN_TRY(check_perm(a, p->shuffle.first, x->dims.rank, "first"));
-    if (second)
-        KILN_TRY(check_perm(a, p->shuffle.second, o->dims.rank, "second"));
     if (count == 0)
         return KILN_OK;
     if (!first && !second) {
@@ -169,11 +127,11 @@ kiln_status cuda_run_shuffle(const kiln_cuda_args *a)
             mid[p->shuffle.second[i]] = o->dims.d[i];
         kiln_dims md = {.rank = o->dims.rank};
         memcpy(md.d, mid, sizeof(int64_t) * (size_t)o->dims.rank);
-        strides_of(&md, mid_st);
+        kiln_exec_strides(&md, mid_st);
         for (int32_t i = 0; i < o->dims.rank; i++)
             dst_st[i] = mid_st[p->shuffle.second[i]];
     } else {
-        strides_of(&o->dims, dst_st);
+        kiln_exec_strides(&o->dims, dst_st);
     }
     kcu_map dm, sm;
     map_init(&dm, o->dims.rank, o->dims.d, dst_st);
@@ -181,7 +139,7 @@ kiln_status cuda_run_shuffle(const kiln_cuda_args *a)
     if (first) {
         /* mid linear index = linear index of transpose(x, first) */
         int64_t xs[KILN_MAX_RANK], td[KILN_MAX_RANK], ts[KILN_MAX_RANK];
-        strides_of(&x->dims, xs);
+        kiln_exec_strides(&x->dims, xs);
         for (int32_t i = 0; i < x->dims.rank; i++) {
             td[i] = x->dims.d[p->shuffle.first[i]];
             ts[i] = xs[p->shuffle.first[i]];
@@ -211,14 +169,14 @@ kiln_status cuda_run_gather(const kiln_cuda_args *a)
     size_t esize = kiln_dtype_size(x->dtype);
     if (!esize_ok(esize))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": gather of %s", name, kiln_dtype_name(x->dtype));
-    int64_t outer = 1, inner = 1, n_idx = count_of(&ix->dims), dim = x->dims.d[axis];
+    int64_t outer = 1, inner = 1, n_idx = kiln_exec_count(&ix->dims), dim = x->dims.d[axis];
     for (int32_t i = 0; i < axis; i++)
         outer *= x->dims.d[i];
     for (int32_t i = axis + 1; i < x->dims.rank; i++)
         inner *= x->dims.d[i];
-    if (count_of(&o->dims) != outer * n_idx * inner)
+    if (kiln_exec_count(&o->dims) != outer * n_idx * inner)
         return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": gather output has %lld elements, expected %lld", name,
-                         (long long)count_of(&o->dims), (long long)(outer * n_idx * inner));
+                         (long long)kiln_exec_count(&o->dims), (long long)(outer * n_idx * inner));
     if (dim <= 0 && outer * n_idx * inner > 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather from an empty axis %d", name, (int)axis);
     int32_t index = a->graph && a->layer >= a->graph->layers && a->layer < a->graph->layers + a->graph->n_layers
@@ -238,8 +196,8 @@ kiln_status cuda_run_cast(const kiln_cuda_args *a)
     if ((unsigned)x->dtype > KILN_DTYPE_BOOL || (unsigned)o->dtype > KILN_DTYPE_BOOL)
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": cast from %s to %s", name, kiln_dtype_name(x->dtype),
                          kiln_dtype_name(o->dtype));
-    int64_t n = count_of(&x->dims);
-    if (count_of(&o->dims) != n)
+    int64_t n = kiln_exec_count(&x->dims);
+    if (kiln_exec_count(&o->dims) != n)
         return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": cast input and output sizes differ", name);
     if (n == 0)
         return KILN_OK;

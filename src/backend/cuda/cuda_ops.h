@@ -8,6 +8,7 @@
 
 #include "cuda_backend.h"
 #include "cuda_internal.h"
+#include "../layer_check.h"
 
 #include "../../core/dtype.h"
 #include "../../core/error.h"
@@ -45,23 +46,6 @@ static inline kiln_status cuda_fail(cudaError_t e, const char *who, const char *
 
 /* Checks a launcher's returned cudaError_t. */
 #define KCU_CHECK(a, call) CU_CHECK(layer_name(a), (cudaError_t)(call))
-
-static inline int64_t count_of(const kiln_dims *d)
-{
-    int64_t n = 1;
-    for (int32_t i = 0; i < d->rank; i++)
-        n *= d->d[i] > 0 ? d->d[i] : 0;
-    return n;
-}
-
-static inline void strides_of(const kiln_dims *d, int64_t *s)
-{
-    int64_t acc = 1;
-    for (int32_t i = d->rank - 1; i >= 0; i--) {
-        s[i] = acc;
-        acc *= d->d[i];
-    }
-}
 
 /* ---- op entries, one per layer op ---- */
 

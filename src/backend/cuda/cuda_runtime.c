@@ -6,7 +6,7 @@
  * copy. */
 #ifdef KILN_HAVE_CUDA
 
-#include "cuda_backend.h"
+#include "cuda_ops.h"
 
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
@@ -17,18 +17,8 @@
 
 #include "../../core/error.h"
 
-static kiln_status cuda_failed(cudaError_t err, const char *call, const char *file, int line)
-{
-    return kiln_fail(KILN_ERROR_BACKEND, "%s failed: %s (%s:%d)", call, cudaGetErrorString(err),
-                     file, line);
-}
-
-#define CU(call)                                                        \
-    do {                                                                \
-        cudaError_t cu_err_ = (call);                                   \
-        if (cu_err_ != cudaSuccess)                                     \
-            return cuda_failed(cu_err_, #call, __FILE__, __LINE__);     \
-    } while (0)
+/* Failed CUDA calls are reported as "CUDA: <call> failed: <error> (file:line)". */
+#define CU(call) CU_CHECK("CUDA", call)
 
 /* ---- target --------------------------------------------------------------------------- */
 
@@ -303,7 +293,7 @@ static kiln_status cuda_check_binding(const char *name, void *ptr)
     cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        return cuda_failed(err, "cudaPointerGetAttributes", __FILE__, __LINE__);
+        return cuda_fail(err, "CUDA", "cudaPointerGetAttributes", __FILE__, __LINE__);
     }
     if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
@@ -493,7 +483,7 @@ static kiln_status capture(kiln_backend_context *c, cudaStream_t s, graph_entry 
         cudaError_t err = cudaGraphInstantiate(&en->exec, graph, 0);
         if (err != cudaSuccess) {
             en->exec = NULL;
-            st = cuda_failed(err, "cudaGraphInstantiate", __FILE__, __LINE__);
+            st = cuda_fail(err, "CUDA", "cudaGraphInstantiate", __FILE__, __LINE__);
         }
     }
     if (graph)
