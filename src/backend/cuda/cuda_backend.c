@@ -41,6 +41,9 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
      * timing both ways, and a way out should a driver mishandle it. */
     const char *pdl = getenv("KILN_CUDA_PDL");
     kcu_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
+    kcu_gemv_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
+    const char *gemv = getenv("KILN_CUDA_GEMV");
+    d->gemv = !(gemv && strcmp(gemv, "0") == 0);
     kiln_status st = KILN_OK;
     cudaError_t e = cudaGetDevice(&d->ordinal);
     int sms = 0;
