@@ -683,6 +683,37 @@ static void test_struct_size_read(void)
     tiny_close(&t);
 }
 
+/* An LLM engine's sections through the public calls: kiln_engine_find_section
+ * on a loaded engine, and kiln_llm_describe_json on the file; both agree
+ * with what the tiny model was built from. */
+static void test_sections_and_description(void)
+{
+    if (!build_tiny_engine())
+        return;
+    kiln_registry *reg = NULL;
+    kiln_engine *engine = NULL;
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_OK(kiln_engine_load(reg, engine_path, &engine));
+    const void *data = NULL;
+    size_t size = 0;
+    CHECK_OK(kiln_engine_find_section(engine, KILN_FOURCC('L', 'L', 'M', 'C'), &data, &size));
+    CHECK(data && size > 2 && ((const char *)data)[0] == '{');
+    CHECK_OK(kiln_engine_find_section(engine, KILN_FOURCC('T', 'O', 'K', 'N'), &data, &size));
+    CHECK_FAILS(kiln_engine_find_section(engine, KILN_FOURCC('N', 'O', 'N', 'E'), &data, &size),
+                KILN_ERROR_NOT_FOUND, "no section NONE");
+    kiln_engine_destroy(engine);
+    kiln_registry_destroy(reg);
+
+    char *json = NULL;
+    CHECK_OK(kiln_llm_describe_json(engine_path, &json));
+    char want[64];
+    snprintf(want, sizeof want, "\"vocab_size\": %d", VOCAB);
+    CHECK(json && strstr(json, want) && strstr(json, "\"chat_template\": \"llama2\"") &&
+          strstr(json, "\"tokenizer\": {") && !strstr(json, "\"error\""));
+    kiln_free(json);
+    CHECK_FAILS(kiln_llm_describe_json("/nonexistent/x.engine", &json), KILN_ERROR_IO, "x.engine");
+}
+
 static void test_not_an_llm_engine(void)
 {
     kiln_registry *reg = NULL;
@@ -711,6 +742,7 @@ static const test_case_ tests[] = {
     TEST(test_decode_allocates_nothing),
     TEST(test_chat_tokenize),
     TEST(test_struct_size_read),
+    TEST(test_sections_and_description),
     TEST(test_not_an_llm_engine),
     TEST(cleanup),
 };

@@ -507,6 +507,11 @@ static void test_shuffle(void)
     t.first_transpose[1] = 0;
     CHECK_FAILS(kiln_network_add_shuffle(net, "perm", c, &t, &out), KILN_ERROR_INVALID_ARGUMENT, "not a permutation");
     t.first_transpose[0] = 1;
+    /* A desc never set up with kiln_shuffle_desc_init is refused. */
+    t.struct_size = 0;
+    CHECK_FAILS(kiln_network_add_shuffle(net, "perm", c, &t, &out), KILN_ERROR_INVALID_ARGUMENT,
+                "struct_size 0 is too small");
+    t.struct_size = sizeof t;
     CHECK_OK(kiln_network_add_shuffle(net, "perm", c, &t, &out));
     CHECK(dims_eq(eval_at(net, out, sym), DIMS(3, 2)));
     kiln_network_destroy(net);
