@@ -113,6 +113,9 @@ typedef struct kcu_fast_args {
  * default; process-wide, set before any launch). */
 void kcu_set_pdl(int32_t on);
 
+/* Whether kcu_set_pdl left it on (kcu_launch_cfg in kcu_device.cuh reads it). */
+int32_t kcu_pdl_enabled(void);
+
 int kcu_launch_ew(const kcu_ew_args *a, int32_t sms, void *stream);
 int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *stream);
 
