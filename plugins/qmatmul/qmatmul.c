@@ -8,8 +8,9 @@
  *          w: u8, [N, K / 32 * block_bytes]: N rows of ggml blocks, the
  *             bytes of a GGUF tensor with ne = {K, N} as stored.
  * Output:  y: dtype of x, [..., N]. With f16/bf16 the products are still
- *          accumulated in f32 and y is rounded once (the CPU converts x to
- *          f32 in the workspace and y back), as a bf16 linear layer does.
+ *          accumulated in f32 and y is rounded once (the CPU converts up
+ *          to QMM_HALF_ROWS rows of x at a time to f32 in the workspace and
+ *          y back), as a bf16 linear layer does.
  * Fields:  format (string): "Q8_0", "Q4_0" or "Q4_1"; n, k (i32): N and K,
  *          K a multiple of 32.
  * Blob v1: three int32: ggml type number (8, 2, 3), n, k.
@@ -94,12 +95,19 @@ static int32_t qmm_supports(const kiln_plugin *self, kiln_backend backend, const
            d[2].dtype == d[0].dtype;
 }
 
-/* f16/bf16 on the CPU: x and y converted through f32 copies. */
+/* f16/bf16 on the CPU: x and y converted through f32 copies of this many
+ * rows at a time, which keeps the workspace small (the builder reserves it
+ * whatever the backend) while a chunk still shares each dequantized weight
+ * chunk among many rows. */
+#define QMM_HALF_ROWS 16
+
 static size_t qmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
                                  const kiln_tensor_desc *out, int32_t n_out) {
+    const qmm_params *p = &((const qmm *)self)->p;
     if (in[0].dtype == KILN_DTYPE_F32)
         return 0;
-    return (size_t)(plugin_desc_count(&in[0]) + plugin_desc_count(&out[0])) * sizeof(float);
+    int64_t rows = plugin_desc_count(&in[0]) / p->k;
+    return (size_t)(rows < QMM_HALF_ROWS ? rows : QMM_HALF_ROWS) * ((size_t)p->k + (size_t)p->n) * sizeof(float);
 }
 
 /* One block: 32 weights, dequantized with ggml's formulas (the same
@@ -291,27 +299,28 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed (cuda error %d)", e) : KILN_OK;
     }
 #endif
-    const float *x = in[0];
-    float *y = out[0];
-    if (t != KILN_DTYPE_F32) {
-        float *xf = workspace;
-        for (int64_t i = 0; i < rows * p->k; i++)
-            xf[i] = plugin_load(host, in[0], t, i);
-        x = xf;
-        y = xf + rows * p->k;
-    }
-    qmm_job job = {p->type, (int32_t)nb, (size_t)bb, rows, p->k, p->n, x, in[1], y, dot_scalar, dotf_scalar};
+    qmm_job job = {p->type, (int32_t)nb, (size_t)bb, rows, p->k, p->n, in[0], in[1], out[0], dot_scalar, dotf_scalar};
 #ifdef QMM_AVX2
     if (use_avx2()) {
         job.dot = dot_avx2;
         job.dotf = dotf_avx2;
     }
 #endif
-    if (job.rows > 0)
+    if (t == KILN_DTYPE_F32) {
+        if (rows > 0)
+            host->parallel_for(stream, p->n, qmm_range, &job);
+        return KILN_OK;
+    }
+    float *xf = workspace;
+    for (int64_t r0 = 0; r0 < rows; r0 += QMM_HALF_ROWS) {
+        int64_t nr = rows - r0 < QMM_HALF_ROWS ? rows - r0 : QMM_HALF_ROWS;
+        for (int64_t i = 0; i < nr * p->k; i++)
+            xf[i] = plugin_load(host, in[0], t, r0 * p->k + i);
+        job.rows = nr, job.x = xf, job.y = xf + nr * p->k;
         host->parallel_for(stream, p->n, qmm_range, &job);
-    if (t != KILN_DTYPE_F32)
-        for (int64_t i = 0; i < rows * p->n; i++)
-            plugin_store(host, out[0], t, i, y[i]);
+        for (int64_t i = 0; i < nr * p->n; i++)
+            plugin_store(host, out[0], t, r0 * p->n + i, job.y[i]);
+    }
     return KILN_OK;
 }
 

@@ -4,12 +4,15 @@
  * rounded once to its dtype.
  *
  * Few rows of x (decode): a GEMV that reads the weight bytes once. Each
- * warp owns QMM_COLS weight rows; per step it stages 32 blocks of each into
- * shared memory with coalesced 16-byte loads (rows of k / 32 blocks are
- * 16-byte multiples whenever k is a multiple of 256; byte loads otherwise),
- * then lane i dequantizes block i of every row and multiplies it with the
+ * block owns QMM_COLS weight rows and splits k among its warps (so even a
+ * 2048-row matrix gives 512 blocks, enough loads in flight to cover the
+ * memory latency); per step a warp stages 32 blocks of each row into shared
+ * memory with coalesced 16-byte loads (rows of k / 32 blocks are 16-byte
+ * multiples whenever k is a multiple of 256; byte loads otherwise), then
+ * lane i dequantizes block i of every row and multiplies it with the
  * matching 32 values of up to QMM_GROUP rows of x, which are read once for
- * all QMM_COLS weight rows. Warp shuffles sum the lanes.
+ * all QMM_COLS weight rows. Warp shuffles, then shared memory, sum the
+ * partial products.
  *
  * Many rows (prefill): a plain tiled kernel, 64 x-rows by 64 weight rows
  * per block, one quantized block (32 of k) per step dequantized into
@@ -69,23 +72,55 @@ template <int TYPE> __device__ __forceinline__ void qmm_block(const uint8_t *b, 
     }
 }
 
+/* The 32 values of x from element `off` (a multiple of 32) as f32: 16-byte
+ * loads when x is 16-byte aligned (then so is every such run). */
+template <int XT> __device__ __forceinline__ void qmm_load_x(const void *x, int64_t off, bool xvec, float *xv)
+{
+    if (!xvec) {
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+            xv[j] = kcu_load_float(x, XT, off + j);
+    } else if (XT == KILN_DTYPE_F32) {
+        const float4 *p = (const float4 *)((const float *)x + off);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            float4 v = p[i];
+            xv[4 * i] = v.x, xv[4 * i + 1] = v.y, xv[4 * i + 2] = v.z, xv[4 * i + 3] = v.w;
+        }
+    } else {
+        const uint4 *p = (const uint4 *)((const uint16_t *)x + off);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            uint4 v = p[i];
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                uint16_t lo = (uint16_t)(u[e] & 0xffffu), hi = (uint16_t)(u[e] >> 16);
+                xv[8 * i + 2 * e] = XT == KILN_DTYPE_F16 ? kcu_f16_f32(lo) : kcu_bf16_f32(lo);
+                xv[8 * i + 2 * e + 1] = XT == KILN_DTYPE_F16 ? kcu_f16_f32(hi) : kcu_bf16_f32(hi);
+            }
+        }
+    }
+}
+
 template <int TYPE, int XT>
 __global__ void __launch_bounds__(QMM_WARPS * 32) qmm_gemv_kernel(const void *x, const uint8_t *w, void *y,
                                                                     int64_t rows, int n, int k)
 {
     constexpr int BB = qmm_fmt<TYPE>::bytes;
     __shared__ __align__(16) uint8_t stage[QMM_WARPS][QMM_COLS][32 * BB];
+    __shared__ float part[QMM_WARPS][QMM_COLS][QMM_GROUP];
     kcu_after_prior(x, w, rows, n);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nb = k / 32;
     const size_t row_bytes = (size_t)nb * BB;
-    const bool vec = row_bytes % 16 == 0 && (uintptr_t)w % 16 == 0;
-    for (int64_t c0 = ((int64_t)blockIdx.x * QMM_WARPS + warp) * QMM_COLS; c0 < n;
-         c0 += (int64_t)gridDim.x * QMM_WARPS * QMM_COLS) {
+    const bool vec = row_bytes % 16 == 0 && (uintptr_t)w % 16 == 0, xvec = (uintptr_t)x % 16 == 0;
+    for (int64_t c0 = (int64_t)blockIdx.x * QMM_COLS; c0 < n; c0 += (int64_t)gridDim.x * QMM_COLS) {
         const int ncols = n - c0 < QMM_COLS ? (int)(n - c0) : QMM_COLS;
         for (int64_t r0 = 0; r0 < rows; r0 += QMM_GROUP) {
             const int g = rows - r0 < QMM_GROUP ? (int)(rows - r0) : QMM_GROUP;
             float acc[QMM_COLS][QMM_GROUP] = {};
-            for (int b0 = 0; b0 < nb; b0 += 32) {
+            /* split-K: warp i takes chunks i, i + QMM_WARPS, ... of 32 blocks */
+            for (int b0 = warp * 32; b0 < nb; b0 += QMM_WARPS * 32) {
                 const int nbk = nb - b0 < 32 ? nb - b0 : 32, bytes = nbk * BB;
                 __syncwarp();
                 for (int c = 0; c < ncols; c++) {
@@ -106,9 +141,7 @@ __global__ void __launch_bounds__(QMM_WARPS * 32) qmm_gemv_kernel(const void *x,
                     if (r >= g)
                         break;
                     float xv[32];
-#pragma unroll
-                    for (int j = 0; j < 32; j++)
-                        xv[j] = kcu_load_float(x, XT, (r0 + r) * k + kb + j);
+                    qmm_load_x<XT>(x, (r0 + r) * k + kb, xvec, xv);
 #pragma unroll
                     for (int c = 0; c < QMM_COLS; c++) {
                         if (c >= ncols)
@@ -123,14 +156,25 @@ __global__ void __launch_bounds__(QMM_WARPS * 32) qmm_gemv_kernel(const void *x,
                     }
                 }
             }
+            /* lanes, then warps */
 #pragma unroll
             for (int c = 0; c < QMM_COLS; c++)
 #pragma unroll
                 for (int r = 0; r < QMM_GROUP; r++) {
                     float s = kcu_warp_sum(acc[c][r]);
-                    if (lane == 0 && c < ncols && r < g)
-                        kcu_store_float(y, XT, (r0 + r) * n + c0 + c, s);
+                    if (lane == 0)
+                        part[warp][c][r] = s;
                 }
+            __syncthreads();
+            if (threadIdx.x < QMM_COLS * QMM_GROUP) {
+                const int c = threadIdx.x / QMM_GROUP, r = threadIdx.x % QMM_GROUP;
+                float s = 0.0f;
+                for (int i = 0; i < QMM_WARPS; i++)
+                    s += part[i][c][r];
+                if (c < ncols && r < g)
+                    kcu_store_float(y, XT, (r0 + r) * n + c0 + c, s);
+            }
+            __syncthreads(); /* part is reused by the next group */
         }
     }
 }
@@ -188,9 +232,9 @@ static cudaError_t qmm_launch(const void *x, const uint8_t *w, void *y, int64_t 
                               cudaStream_t s)
 {
     if (rows <= QMM_GEMV_MAX_ROWS) {
-        int64_t per_block = QMM_WARPS * QMM_COLS, want = (n + per_block - 1) / per_block;
-        return kcu_launch_cfg(qmm_gemv_kernel<TYPE, XT>, dim3((unsigned)want), dim3(QMM_WARPS * 32), s, x, w, y,
-                              rows, n, k);
+        int64_t want = (n + QMM_COLS - 1) / QMM_COLS;
+        return kcu_launch_cfg(qmm_gemv_kernel<TYPE, XT>, dim3((unsigned)(want < 65535 ? want : 65535)),
+                              dim3(QMM_WARPS * 32), s, x, w, y, rows, n, k);
     }
     int64_t tiles = (rows + QMM_TILE - 1) / QMM_TILE * ((n + QMM_TILE - 1) / QMM_TILE);
     return kcu_launch_cfg(qmm_tiled_kernel<TYPE, XT>, dim3((unsigned)(tiles < 65535 ? tiles : 65535)), dim3(256), s,

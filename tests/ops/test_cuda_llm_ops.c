@@ -6,6 +6,10 @@
  * multiple of 256, where the GEMV loads 16 bytes at a time, and not).
  * f32, f16 and bf16; odd sizes; T = 1 and T = 512.
  *
+ * test_graph_capture runs each plugin again inside a CUDA graph capture
+ * (the plugins are flagged capture-safe: no allocation, no synchronization)
+ * and replays the graph.
+ *
  * GPU outputs are poisoned with NaN (all bits set) before each launch, so
  * an unwritten element fails. Tolerance on ‖gpu − cpu‖ / ‖cpu‖ by dtype:
  * f32 1e-5 (summation order and sin/cos differ in the last bits), f16 1e-3,
@@ -27,6 +31,7 @@
 
 static cudaStream_t stream;
 static kiln_registry *reg;
+static int use_graph; /* run_both enqueues inside a stream capture, then replays it */
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -184,8 +189,28 @@ static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, bu
     }
     /* the poison and uploads went through the legacy default stream */
     cudaDeviceSynchronize();
+    cudaError_t e = cudaSuccess;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    if (use_graph)
+        e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
     kiln_status st = p->ops->enqueue(p, KILN_BACKEND_CUDA, d, din, n_in, d + n_in, dout, n_out, NULL, stream);
-    cudaError_t e = cudaStreamSynchronize(stream);
+    if (use_graph) {
+        cudaError_t end = cudaStreamEndCapture(stream, &graph);
+        if (e == cudaSuccess)
+            e = end;
+        if (e == cudaSuccess)
+            e = cudaGraphInstantiate(&exec, graph, 0);
+        if (e == cudaSuccess)
+            e = cudaGraphLaunch(exec, stream);
+    }
+    cudaError_t sync = cudaStreamSynchronize(stream);
+    if (e == cudaSuccess)
+        e = sync;
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
     if (st != KILN_OK || e != cudaSuccess) {
         test_failures_++;
         fprintf(stderr, "%s: GPU: %s\n", what, st != KILN_OK ? kiln_last_error() : cudaGetErrorString(e));
@@ -418,7 +443,53 @@ static void test_qmatmul(void)
         }
 }
 
-static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul)};
+/* Every plugin once more, each launch captured into a graph and replayed. */
+static void test_graph_capture(void)
+{
+    use_graph = 1;
+    const float eps = 1e-6f;
+    kiln_field f = ff32("epsilon", &eps);
+    kiln_plugin *add = make("AddRMSNorm", &f, 1);
+    if (add) {
+        buf in[3] = {buf_random(KILN_DTYPE_BF16, 1, 2048, -3, 3), buf_random(KILN_DTYPE_BF16, 1, 2048, -3, 3),
+                     buf_random(KILN_DTYPE_BF16, 2048, 0, 0.5f, 1.5f)};
+        buf out[2] = {buf_output(KILN_DTYPE_BF16, 1, 2048), buf_output(KILN_DTYPE_BF16, 1, 2048)};
+        run_both("AddRMSNorm bf16 in a graph", add, in, 3, out, 2, NULL);
+        for (int i = 0; i < 3; i++)
+            buf_free(&in[i]);
+        buf_free(&out[0]);
+        buf_free(&out[1]);
+        add->ops->destroy(add);
+    }
+    check_rope("llama3", 0, 64, 2, KILN_DTYPE_BF16, 1, 0);
+    const int32_t one = 1, n = 257, k = 2048;
+    kiln_field pf = fi32("packed", &one);
+    kiln_plugin *sw = make("SwiGLU", &pf, 1);
+    if (sw) {
+        buf gu = buf_random(KILN_DTYPE_BF16, 1, 2 * 8192, -6, 6), y = buf_output(KILN_DTYPE_BF16, 1, 8192);
+        run_both("SwiGLU packed bf16 in a graph", sw, &gu, 1, &y, 1, NULL);
+        buf_free(&gu);
+        buf_free(&y);
+        sw->ops->destroy(sw);
+    }
+    const qfmt q4 = {"Q4_1", 20, 1};
+    kiln_field qf[3] = {fstr("format", "Q4_1"), fi32("n", &n), fi32("k", &k)};
+    kiln_plugin *qm = make("QuantMatMul", qf, 3);
+    if (qm) {
+        buf in[2] = {buf_random(KILN_DTYPE_BF16, 1, k, -1, 1), random_blocks(&q4, n, k)};
+        buf y = buf_output(KILN_DTYPE_BF16, 1, n);
+        float ws[16 * (2048 + 257)];
+        run_both("QuantMatMul Q4_1 bf16 in a graph", qm, in, 2, &y, 1, ws);
+        buf_free(&in[0]);
+        buf_free(&in[1]);
+        buf_free(&y);
+        qm->ops->destroy(qm);
+    }
+    use_graph = 0;
+}
+
+static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul),
+                                   TEST(test_graph_capture)};
 
 int main(void)
 {

@@ -184,13 +184,13 @@ static void test_half_activations(void) {
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
     const kiln_dtype types[2] = {KILN_DTYPE_F16, KILN_DTYPE_BF16};
-    const int32_t t = 5, k = 96, n = 7;
+    const int32_t t = 21, k = 96, n = 7; /* more rows than one f32 chunk (16) */
     const kiln_host_api *h = kiln_host();
     for (int ti = 0; ti < 2 && c; ti++) {
         kiln_dtype dt = types[ti];
         uint8_t *w = random_blocks(&fmts[2], n, k);
-        float xf[5 * 96], yf[5 * 7], ws[5 * 96 + 5 * 7];
-        uint16_t xh[5 * 96], yh[5 * 7];
+        float xf[21 * 96], yf[21 * 7], ws[16 * 96 + 16 * 7];
+        uint16_t xh[21 * 96], yh[21 * 7];
         for (int i = 0; i < t * k; i++) {
             float v = uniform(-1, 1);
             xh[i] = dt == KILN_DTYPE_F16 ? h->float_to_half(v) : h->float_to_bf16(v);
