@@ -1,5 +1,7 @@
 /* The built-in LLM plugins on the GPU against their CPU reference (the
- * same plugin instance enqueued on KILN_BACKEND_CPU), on random inputs:
+ * same plugin instance enqueued on KILN_BACKEND_CPU; on the GPU it runs as
+ * a plugin layer through the CUDA backend, as an engine runs it), on
+ * random inputs:
  * RMSNorm and AddRMSNorm, RoPE (no/linear/llama3 scaling, half-split and
  * interleaved pairs, partial rotary, the packed qkv row, in place), SwiGLU
  * (apart and packed), QuantMatMul (Q8_0, Q4_0, Q4_1; T = 1 … 512; k a
@@ -21,6 +23,7 @@
 
 #ifdef KILN_HAVE_CUDA
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 
@@ -29,6 +32,7 @@
 #include <kiln/registry.h>
 #include <stdint.h>
 
+static kiln_cuda_device *dev;
 static cudaStream_t stream;
 static kiln_registry *reg;
 static int use_graph; /* run_both enqueues inside a stream capture, then replays it */
@@ -158,23 +162,34 @@ static void compare(const char *what, const buf *o, double tol)
     free(g);
 }
 
-/* Runs the plugin on the CPU (host buffers, `ws` as workspace) and on the
- * GPU (device buffers), then compares every output. */
+/* Runs the plugin on the CPU (host buffers, `ws` as workspace) and as a
+ * plugin layer on the CUDA backend (device buffers), then compares every
+ * output. */
 static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, buf *out, int32_t n_out, void *ws)
 {
     kiln_tensor_desc d[8];
-    const void *hin[6], *din[6];
-    void *hout[2], *dout[2];
+    const void *hin[6];
+    void *hout[2];
+    kiln_exec_tensor din[6], dout[2];
     for (int32_t i = 0; i < n_in; i++) {
         d[i] = in[i].desc;
         hin[i] = in[i].host;
-        din[i] = in[i].dev;
+        din[i] = (kiln_exec_tensor){.data = in[i].dev, .dtype = in[i].desc.dtype, .dims = in[i].desc.dims};
     }
     for (int32_t i = 0; i < n_out; i++) {
         d[n_in + i] = out[i].desc;
         hout[i] = out[i].host;
-        dout[i] = out[i].dev;
+        dout[i] = (kiln_exec_tensor){.data = out[i].dev, .dtype = out[i].desc.dtype, .dims = out[i].desc.dims};
     }
+    kiln_layer layer;
+    memset(&layer, 0, sizeof layer);
+    layer.name = (char *)what;
+    layer.op = KILN_OP_PLUGIN;
+    layer.n_inputs = n_in;
+    layer.n_outputs = n_out;
+    layer.tactic = -1;
+    kiln_cuda_args ga = {.layer = &layer, .inputs = din, .outputs = dout, .plugin = p, .device = dev,
+                         .stream = stream};
     test_checks_ += 3;
     if (!p->ops->supports(p, KILN_BACKEND_CUDA, d, n_in, n_out) ||
         !(p->ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CUDA)) || !(p->ops->flags & KILN_PLUGIN_FLAG_CAPTURE_SAFE)) {
@@ -194,7 +209,7 @@ static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, bu
     cudaGraphExec_t exec = NULL;
     if (use_graph)
         e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
-    kiln_status st = p->ops->enqueue(p, KILN_BACKEND_CUDA, d, din, n_in, d + n_in, dout, n_out, NULL, stream);
+    kiln_status st = kiln_cuda_run_layer(&ga);
     if (use_graph) {
         cudaError_t end = cudaStreamEndCapture(stream, &graph);
         if (e == cudaSuccess)
@@ -498,7 +513,8 @@ int main(void)
         printf("skipped: no CUDA GPU\n");
         return 77;
     }
-    if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess || kiln_registry_create(&reg) != KILN_OK) {
+    if (kiln_cuda_device_create(&dev) != KILN_OK ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess || kiln_registry_create(&reg) != KILN_OK) {
         fprintf(stderr, "cannot set up the GPU or the registry: %s\n", kiln_last_error());
         return 1;
     }
@@ -511,6 +527,7 @@ int main(void)
     printf("%d checks, %d failed\n", test_checks_, test_failures_);
     kiln_registry_destroy(reg);
     cudaStreamDestroy(stream);
+    kiln_cuda_device_destroy(dev);
     return test_failures_ ? 1 : 0;
 }
 
