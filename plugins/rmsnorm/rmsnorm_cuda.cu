@@ -35,10 +35,8 @@ __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_kernel(const void *x, con
         __syncthreads(); /* part is reused by the next row */
         float inv = 1.0f / sqrtf(total / (float)h + eps);
         for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
-            /* recomputed, not read back: the same value the first pass stored */
-            float v = kcu_load_float(x, t, base + i);
-            if (res)
-                v = kcu_round_float(t, __fadd_rn(v, kcu_load_float(res, t, base + i)));
+            /* the sum as this thread stored it (right even when sum is x) */
+            float v = kcu_load_float(res ? sum : x, t, base + i);
             float n = kcu_round_float(t, __fmul_rn(v, inv));
             kcu_store_float(y, t, base + i, __fmul_rn(n, kcu_load_float(w, wt, i)));
         }
