@@ -78,8 +78,8 @@ kiln_status kiln_layer_check_fused(const char *name, const kiln_layer *l, const 
     return KILN_OK;
 }
 
-kiln_status kiln_layer_check_reduce(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
-                                    const kiln_exec_tensor *out)
+kiln_status kiln_layer_plan_reduce(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                   const kiln_exec_tensor *out, kiln_reduce_plan *plan)
 {
     if (l->n_inputs != 1 || l->n_outputs != 1)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": reduce needs 1 input, 1 output",
@@ -96,6 +96,27 @@ kiln_status kiln_layer_check_reduce(const char *name, const kiln_layer *l, const
         in[0].dtype >= KILN_DTYPE_FP8_E4M3)
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": reduce from %s to %s", name,
                          kiln_dtype_name(in[0].dtype), kiln_dtype_name(out[0].dtype));
+    memset(plan, 0, sizeof *plan);
+    plan->kept = plan->rcount = 1;
+    int64_t st[KILN_MAX_RANK];
+    kiln_exec_strides(d, st);
+    for (int32_t i = 0; i < d->rank; i++) {
+        int red = (axes & (1u << i)) != 0;
+        int32_t *n = red ? &plan->n_red : &plan->n_kept;
+        int64_t *dims = red ? plan->red_dims : plan->kept_dims, *s = red ? plan->red_st : plan->kept_st;
+        *(red ? &plan->rcount : &plan->kept) *= d->d[i];
+        /* merge with the previous axis of the same kind when adjacent in memory */
+        if (*n && s[*n - 1] == st[i] * d->d[i]) {
+            dims[*n - 1] *= d->d[i];
+            s[*n - 1] = st[i];
+        } else {
+            dims[*n] = d->d[i];
+            s[(*n)++] = st[i];
+        }
+    }
+    if (kiln_exec_count(&out[0].dims) != plan->kept)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": reduce output has %lld elements, expected %lld",
+                         name, (long long)kiln_exec_count(&out[0].dims), (long long)plan->kept);
     return KILN_OK;
 }
 

@@ -41,10 +41,23 @@ kiln_status kiln_layer_check_unary(const char *name, const kiln_layer *l, const 
  * 1..KILN_FUSED_MAX_STEPS steps each reading inputs or earlier steps. */
 kiln_status kiln_layer_check_fused(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
                                    const kiln_exec_tensor *out);
+/* A reduction's geometry: output element u is the line of input elements
+ * at offset kept(u) + red(j), j < rcount, where kept maps u's row-major
+ * coordinates over kept_dims through kept_st and red maps j over red_dims
+ * through red_st. Adjacent axes of one kind that step through memory as
+ * one are merged. */
+typedef struct kiln_reduce_plan {
+    int32_t n_kept, n_red;
+    int64_t kept_dims[KILN_MAX_RANK], kept_st[KILN_MAX_RANK];
+    int64_t red_dims[KILN_MAX_RANK], red_st[KILN_MAX_RANK];
+    int64_t kept, rcount; /* output elements, elements per line */
+} kiln_reduce_plan;
+
 /* Reduce: 1 input, 1 output, a known op, axes inside the rank, the same
- * numeric (not bool, not fp8) dtype in and out. */
-kiln_status kiln_layer_check_reduce(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
-                                    const kiln_exec_tensor *out);
+ * numeric (not bool, not fp8) dtype in and out, as many output elements as
+ * kept ones; then the geometry into *plan. */
+kiln_status kiln_layer_plan_reduce(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                   const kiln_exec_tensor *out, kiln_reduce_plan *plan);
 
 /* Slice: input and output of one dtype and rank, every axis's window
  * inside the input. *base receives the element offset of the first
