@@ -254,26 +254,10 @@ static void softmax_units(void *p, int64_t begin, int64_t end)
 
 kiln_status cpu_run_softmax(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
-    const kiln_layer *l = a->layer;
-    if (l->n_inputs != 1 || l->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax needs 1 input, 1 output",
-                         name);
-    const kiln_dims *d = &a->inputs[0].dims;
-    int32_t axis = l->p.softmax.axis;
-    if (axis < 0 || axis >= d->rank)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax axis %d outside rank %d",
-                         name, (int)axis, (int)d->rank);
-    if (!kiln_dtype_is_float(a->inputs[0].dtype) || !kiln_dtype_is_float(a->outputs[0].dtype))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": softmax on %s", name,
-                         kiln_dtype_name(a->inputs[0].dtype));
-    int64_t count = kiln_exec_count(d);
-    if (kiln_exec_count(&a->outputs[0].dims) != count)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": softmax input and output sizes differ",
-                         name);
-    softmax_job j = {.a = a, .len = d->d[axis], .inner = 1};
-    for (int32_t i = axis + 1; i < d->rank; i++)
-        j.inner *= d->d[i];
+    softmax_job j = {.a = a};
+    int64_t count;
+    KILN_TRY(kiln_layer_plan_softmax(cpu_layer_name(a), a->layer, a->inputs, a->outputs, &count, &j.len,
+                                     &j.inner));
     if (count == 0)
         return KILN_OK;
     int64_t lines = count / j.len;

@@ -44,26 +44,10 @@ kiln_status cuda_run_reduce(const kiln_cuda_args *a)
 
 kiln_status cuda_run_softmax(const kiln_cuda_args *a)
 {
-    const char *name = layer_name(a);
-    const kiln_layer *l = a->layer;
-    if (l->n_inputs != 1 || l->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax needs 1 input, 1 output", name);
-    const kiln_dims *d = &a->inputs[0].dims;
-    int32_t axis = l->p.softmax.axis;
-    if (axis < 0 || axis >= d->rank)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax axis %d outside rank %d", name,
-                         (int)axis, (int)d->rank);
-    if (!kiln_dtype_is_float(a->inputs[0].dtype) || !kiln_dtype_is_float(a->outputs[0].dtype))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": softmax on %s", name,
-                         kiln_dtype_name(a->inputs[0].dtype));
-    int64_t count = kiln_exec_count(d);
-    if (kiln_exec_count(&a->outputs[0].dims) != count)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": softmax input and output sizes differ", name);
+    int64_t count, len, inner;
+    KILN_TRY(kiln_layer_plan_softmax(layer_name(a), a->layer, a->inputs, a->outputs, &count, &len, &inner));
     if (count == 0)
         return KILN_OK;
-    int64_t len = d->d[axis], inner = 1;
-    for (int32_t i = axis + 1; i < d->rank; i++)
-        inner *= d->d[i];
     KCU_CHECK(a, kcu_launch_softmax(a->inputs[0].data, a->inputs[0].dtype, a->outputs[0].data,
                                     a->outputs[0].dtype, count / len, len, inner, a->device->sms, a->stream));
     return KILN_OK;
