@@ -147,12 +147,12 @@ kiln_status cuda_run_matmul(const kiln_cuda_args *a)
     }
     /* A few rows against a weight stored [N, K]: a pass over the weight,
      * which the GEMV kernel streams closer to the memory's rate than
-     * cuBLASLt's tiles (bench: matmul_gemv). KILN_CUDA_GEMV=0 turns it off. */
+     * cuBLASLt's tiles (bench: decode matmul). KILN_CUDA_GEMV=0 turns it off. */
     if (s.tb && !s.ta && s.batches == 1 && A->dtype == B->dtype && a->device->gemv &&
         kcu_gemv_supported((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda, B->data, C->data,
                            s.n, s.n, s.k)) {
         CU_CHECK(name, (cudaError_t)kcu_gemv((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda,
-                                             B->data, C->data, s.n, s.n, s.k, a->device->sms, stream));
+                                             B->data, C->data, s.n, s.n, s.k, stream));
         return KILN_OK;
     }
     size_t ae = kiln_dtype_size(A->dtype), be = kiln_dtype_size(B->dtype), ce = kiln_dtype_size(C->dtype);

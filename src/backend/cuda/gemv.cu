@@ -1,9 +1,8 @@
 /* Matrix-vector products for small token counts: y[m, n] = sum_k x[m, k] * w[n, k]
  * for m < KCU_GEMV_MAX_M, w row-major [N, K] (a weight stored as Hugging Face
  * lays it out, used with transpose_b). At these shapes a matmul is a pass over
- * w, so the kernel is built to stream w at the memory's rate: each warp owns
- * whole rows of w, every lane reads 16 bytes per load with several loads in
- * flight, and the loads of the first chunk of w are issued before the wait on
+ * w, so the kernel is built to stream w at the memory's rate: every lane
+ * reads 16 bytes per load with several loads in flight, and the loads of the first chunk of w are issued before the wait on
  * the previous kernel (w is a constant: only x depends on it), so with
  * programmatic dependent launch they overlap that kernel's tail.
  * Products accumulate in f32; the output is rounded once. */
@@ -16,7 +15,7 @@
 namespace {
 
 constexpr int kWarps = 4;  /* warps per block */
-constexpr int kUnroll = 8; /* 16-byte loads per lane and row in flight */
+constexpr int kUnroll = 4; /* 16-byte loads per lane and row in flight */
 
 __device__ __forceinline__ void unpack(const uint4 &v, float *f, const __nv_bfloat16 *)
 {
@@ -69,13 +68,13 @@ __device__ __forceinline__ void pdl_release_and_wait()
 #endif
 }
 
-/* Each warp streams groups of ROWS consecutive rows of w: groups warp,
- * warp + total warps, ... (the grid is sized to stay resident, so every SM
- * gets nearly the same bytes and none idles in a last partial wave). The
- * warp's loads run kUnroll vectors ahead through one flat stream over its
- * groups, so the pipeline stays full across row boundaries. K is a multiple
- * of the vector width E; rows of x and w and the pointers are 16-byte
- * aligned (checked by kcu_gemv_supported). */
+/* One block computes ROWS consecutive rows of y for all M rows of x; its
+ * kWarps warps split K into contiguous quarters, so each warp's chain of
+ * dependent loads is short and a block finishes quickly (a long K per warp,
+ * or a few partial waves of large blocks, left the memory idle: measured
+ * 0.76-0.88 of the copy floor at decode shapes against 0.93-1.04 for this
+ * split, bench/README.md). K is a multiple of the vector width E; rows of x
+ * and w and the pointers are 16-byte aligned (kcu_gemv_supported). */
 template <typename T, typename TO, int M, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__ x, int64_t ldx,
                                                            const T *__restrict__ w, TO *__restrict__ y,
@@ -83,35 +82,27 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__
 {
     constexpr int E = 16 / sizeof(T); /* elements per 16-byte vector */
     constexpr int STEP = 32 * E;      /* elements one warp covers per load */
-    const int lane = threadIdx.x & 31;
-    const int64_t total = (int64_t)gridDim.x * kWarps;
-    const int64_t n_groups = ((int64_t)n + ROWS - 1) / ROWS;
-    const int32_t ksteps = (k + STEP - 1) / STEP;
-    const int64_t first = (int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5);
-    const int64_t steps = first < n_groups ? (n_groups - first + total - 1) / total * ksteps : 0;
+    __shared__ float part[kWarps][M][ROWS];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int64_t row0 = (int64_t)blockIdx.x * ROWS;
+    const int64_t kq = ((int64_t)k / E + kWarps - 1) / kWarps * E;
+    const int64_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
 
-    /* load cursor: group lg, vector ls of its rows (rows past n read the
-     * last row: loaded, never stored) */
-    int64_t lg = first;
-    int32_t ls = 0;
-    uint4 buf[kUnroll][ROWS];
-    auto load_next = [&](uint4(&b)[ROWS]) {
-        const int64_t kk = (int64_t)ls * STEP + lane * E;
+    /* rows past n read the last row: loaded, never stored */
+    const T *wr[ROWS];
 #pragma unroll
-        for (int r = 0; r < ROWS; r++) {
-            const int64_t row = lg * ROWS + r < n ? lg * ROWS + r : n - 1;
-            b[r] = lg < n_groups && kk < k ? load_stream(w + row * k + kk) : make_uint4(0, 0, 0, 0);
-        }
-        if (++ls == ksteps) {
-            ls = 0;
-            lg += total;
-        }
-    };
+    for (int r = 0; r < ROWS; r++)
+        wr[r] = w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k;
     /* the first vectors of w before the wait: w does not depend on the
      * previous kernel, x does */
+    uint4 buf[kUnroll][ROWS];
 #pragma unroll
-    for (int u = 0; u < kUnroll; u++)
-        load_next(buf[u]);
+    for (int u = 0; u < kUnroll; u++) {
+        const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            buf[u][r] = kk < k1 ? load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+    }
     pdl_release_and_wait();
 
     float acc[M][ROWS];
@@ -120,77 +111,70 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__
 #pragma unroll
         for (int r = 0; r < ROWS; r++)
             acc[m][r] = 0.0f;
-    int64_t cg = first; /* consume cursor */
-    int32_t cs = 0;
-    for (int64_t t = 0; t < steps; t += kUnroll) {
+    for (int64_t base = k0; base < k1; base += (int64_t)kUnroll * STEP) {
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
-            if (t + u < steps) {
-                const int64_t kk = (int64_t)cs * STEP + lane * E;
-                if (kk < k) {
-                    float wf[ROWS][E];
+            const int64_t kk = base + (int64_t)u * STEP + lane * E;
+            if (kk < k1) {
+                float wf[ROWS][E];
+#pragma unroll
+                for (int r = 0; r < ROWS; r++)
+                    unpack(buf[u][r], wf[r], (const T *)nullptr);
+#pragma unroll
+                for (int m = 0; m < M; m++) {
+                    float xf[E];
+                    unpack(__ldg(reinterpret_cast<const uint4 *>(x + m * ldx + kk)), xf, (const T *)nullptr);
 #pragma unroll
                     for (int r = 0; r < ROWS; r++)
-                        unpack(buf[u][r], wf[r], (const T *)nullptr);
 #pragma unroll
-                    for (int m = 0; m < M; m++) {
-                        float xf[E];
-                        unpack(__ldg(reinterpret_cast<const uint4 *>(x + m * ldx + kk)), xf, (const T *)nullptr);
-#pragma unroll
-                        for (int r = 0; r < ROWS; r++)
-#pragma unroll
-                            for (int e = 0; e < E; e++)
-                                acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
-                    }
-                }
-                load_next(buf[u]);
-                if (++cs == ksteps) {
-                    /* the group is done: reduce across the warp and store */
-#pragma unroll
-                    for (int m = 0; m < M; m++)
-#pragma unroll
-                        for (int r = 0; r < ROWS; r++) {
-                            float v = acc[m][r];
-#pragma unroll
-                            for (int off = 16; off > 0; off >>= 1)
-                                v += __shfl_xor_sync(0xffffffffu, v, off);
-                            if (lane == 0 && cg * ROWS + r < n)
-                                store(v, y + m * ldy + cg * ROWS + r);
-                            acc[m][r] = 0.0f;
-                        }
-                    cs = 0;
-                    cg += total;
+                        for (int e = 0; e < E; e++)
+                            acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
                 }
             }
+            /* refill this slot with the vector kUnroll loads ahead */
+            const int64_t next = kk + (int64_t)kUnroll * STEP;
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                buf[u][r] = next < k1 ? load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
+        }
+    }
+
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            float v = acc[m][r];
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1)
+                v += __shfl_xor_sync(0xffffffffu, v, off);
+            if (lane == 0)
+                part[wid][m][r] = v;
+        }
+    __syncthreads();
+    for (int i = threadIdx.x; i < M * ROWS; i += kWarps * 32) {
+        const int m = i / ROWS, r = i % ROWS;
+        if (row0 + r < n) {
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kWarps; j++)
+                v += part[j][m][r];
+            store(v, y + m * ldy + row0 + r);
         }
     }
 }
 
 int gemv_pdl = 1;
 
-/* Enough blocks to fill every SM at the kernel's occupancy, never more
- * than there are groups of rows. */
-template <typename T, typename TO, int M, int ROWS>
-cudaError_t launch_rows(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
-                        int32_t sms, cudaStream_t stream)
+template <typename T, typename TO, int M>
+cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
+                     cudaStream_t stream)
 {
-    static int per_sm = 0; /* resident blocks per SM, asked once */
-    if (per_sm == 0) {
-        int b = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, gemv_kernel<T, TO, M, ROWS>, kWarps * 32, 0) !=
-                cudaSuccess ||
-            b < 1)
-            b = 1;
-        per_sm = b;
-    }
-    const int64_t groups = ((int64_t)n + ROWS - 1) / ROWS;
-    const int64_t need = (groups + kWarps - 1) / kWarps;
-    const int64_t resident = (int64_t)per_sm * (sms > 0 ? sms : 1);
+    constexpr int ROWS = 2;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)(need < resident ? need : resident));
+    cfg.gridDim = dim3((unsigned)(((int64_t)n + ROWS - 1) / ROWS));
     cfg.blockDim = dim3(kWarps * 32);
     cfg.stream = stream;
     cfg.attrs = attr;
@@ -199,30 +183,19 @@ cudaError_t launch_rows(const void *x, int64_t ldx, const void *w, void *y, int6
                               k);
 }
 
-/* Two rows per warp halve the shuffles and x reads per byte of w, when
- * there are rows enough to give every resident warp a few. */
-template <typename T, typename TO, int M>
-cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
-                     int32_t sms, cudaStream_t stream)
-{
-    if ((int64_t)n >= (int64_t)sms * 16 * 2 * 4)
-        return launch_rows<T, TO, M, 2>(x, ldx, w, y, ldy, n, k, sms, stream);
-    return launch_rows<T, TO, M, 1>(x, ldx, w, y, ldy, n, k, sms, stream);
-}
-
 template <typename T, typename TO>
 cudaError_t launch_t(int32_t m, const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n,
-                     int32_t k, int32_t sms, cudaStream_t stream)
+                     int32_t k, cudaStream_t stream)
 {
     switch (m) {
-    case 1: return launch_m<T, TO, 1>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 2: return launch_m<T, TO, 2>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 3: return launch_m<T, TO, 3>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 4: return launch_m<T, TO, 4>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 5: return launch_m<T, TO, 5>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 6: return launch_m<T, TO, 6>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 7: return launch_m<T, TO, 7>(x, ldx, w, y, ldy, n, k, sms, stream);
-    default: return launch_m<T, TO, 8>(x, ldx, w, y, ldy, n, k, sms, stream);
+    case 1: return launch_m<T, TO, 1>(x, ldx, w, y, ldy, n, k, stream);
+    case 2: return launch_m<T, TO, 2>(x, ldx, w, y, ldy, n, k, stream);
+    case 3: return launch_m<T, TO, 3>(x, ldx, w, y, ldy, n, k, stream);
+    case 4: return launch_m<T, TO, 4>(x, ldx, w, y, ldy, n, k, stream);
+    case 5: return launch_m<T, TO, 5>(x, ldx, w, y, ldy, n, k, stream);
+    case 6: return launch_m<T, TO, 6>(x, ldx, w, y, ldy, n, k, stream);
+    case 7: return launch_m<T, TO, 7>(x, ldx, w, y, ldy, n, k, stream);
+    default: return launch_m<T, TO, 8>(x, ldx, w, y, ldy, n, k, stream);
     }
 }
 
@@ -247,18 +220,18 @@ extern "C" int32_t kcu_gemv_supported(int32_t m, int32_t wdtype, int32_t ydtype,
 }
 
 extern "C" int kcu_gemv(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w, void *y,
-                        int64_t ldy, int64_t n, int64_t k, int32_t sms, void *stream_)
+                        int64_t ldy, int64_t n, int64_t k, void *stream_)
 {
     cudaStream_t stream = (cudaStream_t)stream_;
     const int32_t ni = (int32_t)n, ki = (int32_t)k;
     switch (wdtype) {
     case KILN_DTYPE_BF16:
         return ydtype == KILN_DTYPE_F32
-                   ? launch_t<__nv_bfloat16, float>(m, x, ldx, w, y, ldy, ni, ki, sms, stream)
-                   : launch_t<__nv_bfloat16, __nv_bfloat16>(m, x, ldx, w, y, ldy, ni, ki, sms, stream);
+                   ? launch_t<__nv_bfloat16, float>(m, x, ldx, w, y, ldy, ni, ki, stream)
+                   : launch_t<__nv_bfloat16, __nv_bfloat16>(m, x, ldx, w, y, ldy, ni, ki, stream);
     case KILN_DTYPE_F16:
-        return ydtype == KILN_DTYPE_F32 ? launch_t<__half, float>(m, x, ldx, w, y, ldy, ni, ki, sms, stream)
-                                        : launch_t<__half, __half>(m, x, ldx, w, y, ldy, ni, ki, sms, stream);
-    default: return launch_t<float, float>(m, x, ldx, w, y, ldy, ni, ki, sms, stream);
+        return ydtype == KILN_DTYPE_F32 ? launch_t<__half, float>(m, x, ldx, w, y, ldy, ni, ki, stream)
+                                        : launch_t<__half, __half>(m, x, ldx, w, y, ldy, ni, ki, stream);
+    default: return launch_t<float, float>(m, x, ldx, w, y, ldy, ni, ki, stream);
     }
 }
