@@ -39,7 +39,7 @@
 #include <math.h>
 
 #define KAT_THREADS 128        /* every kernel: 4 warps */
-#define KAT_TARGET_CTAS 528    /* decode CTAs worth launching: 4 per SM of an H200 */
+#define KAT_TARGET_CTAS 1584   /* decode CTAs to aim for: 4 waves of 3 resident per SM on 132 SMs */
 #define KAT_MAX_SPLITS 128     /* == KAT_THREADS: kat_combine gives each split a thread */
 #define KAT_GENERIC_TILE 128   /* keys per tile of kat_generic: one per thread */
 #define KAT_LOG2E 1.4426950408889634f
@@ -871,15 +871,19 @@ static int kat_decode_tile(int32_t dtype, int32_t head_dim)
     return head_dim == 64 ? kat_shape<KILN_DTYPE_BF16, 64>::TILE : kat_shape<KILN_DTYPE_BF16, 128>::TILE;
 }
 
-/* Splits for `ctas` CTAs per token: enough CTAs to fill the GPU, no more
- * splits than tiles of the longest possible sequence. */
+/* Splits for `ctas` CTAs per token: enough CTAs for several waves (equal
+ * CTAs in one wave and a bit leave most of the GPU idle in the bit), no
+ * more splits than tiles of the longest possible sequence, and as even as
+ * the tiles allow. */
 static int32_t kat_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t tile)
 {
     int64_t base = tokens * ctas, g = (KAT_TARGET_CTAS + base - 1) / base, tiles = (max_ctx + tile - 1) / tile;
-    if (g > tiles)
-        g = tiles;
     if (g > KAT_MAX_SPLITS)
         g = KAT_MAX_SPLITS;
+    if (g >= tiles)
+        return (int32_t)(tiles < 1 ? 1 : tiles);
+    int64_t per = (tiles + g - 1) / g; /* tiles per split */
+    g = (tiles + per - 1) / per;
     return (int32_t)(g < 1 ? 1 : g);
 }
 
