@@ -511,14 +511,19 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kat_args a)
         m = m_new;
         int n = (int)min((int64_t)KAT_GENERIC_TILE, nk - tile * KAT_GENERIC_TILE);
 #pragma unroll
-        for (int i = 0; i < KAT_GENERIC_DIMS; i++) {
-            int d = threadIdx.x + i * KAT_THREADS;
-            float o = acc[i] * c;
-            if (d < D)
-                for (int j = 0; j < n; j++)
-                    if (s_off[j] >= 0)
-                        o = fmaf(s_p[j], kat_load(a.cache, dt, s_off[j] + vd + d), o);
-            acc[i] = o;
+        for (int i = 0; i < KAT_GENERIC_DIMS; i++)
+            acc[i] *= c;
+        for (int j = 0; j < n; j++) {
+            int64_t vrow = s_off[j] + vd;
+            float pj = s_p[j];
+            if (s_off[j] < 0)
+                continue;
+#pragma unroll
+            for (int i = 0; i < KAT_GENERIC_DIMS; i++) {
+                int d = threadIdx.x + i * KAT_THREADS;
+                if (d < D)
+                    acc[i] = fmaf(pj, kat_load(a.cache, dt, vrow + d), acc[i]);
+            }
         }
         __syncthreads();
     }
