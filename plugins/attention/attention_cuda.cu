@@ -9,8 +9,9 @@
  *   2. attention, one of
  *      - kat_prefill (f16/bf16, head_dim 64 or 128, more tokens than
  *        sequences): flash attention on tensor cores (mma.sync
- *        m16n8k16), a CTA per 64 query rows of one sequence and one head,
- *        keys in tiles of 64 read from the paged cache into shared memory,
+ *        m16n8k16), a CTA per 64 query rows of one sequence and one kv
+ *        head (a row: a new token and one query head of the group), keys
+ *        in tiles of 64 read from the paged cache into shared memory,
  *        online softmax in registers; the score matrix never exists;
  *      - kat_decode (head_dim 64 or 128, 16-byte aligned rows): a CTA per
  *        (token, kv head, up to 8 query heads of it, split), so the query
@@ -51,14 +52,32 @@ static_assert(KAT_MAX_SPLITS == KAT_THREADS, "kat_combine weighs one split per t
 /* Where packed token t belongs: its sequence and position, and whether the
  * metadata around it is consistent (else the rest is meaningless). */
 struct kat_tok {
-    int64_t s, pos, n_new, first; /* first: packed index of the sequence's first new token */
+    int64_t s, pos;
     int valid;
 };
 
-/* The last s with qstart[s] <= t (the CPU's seq_of), then the checks of
- * attention_check that concern this token. */
+/* Sequence s's token t, checked as attention_check checks it. */
+__device__ __forceinline__ kat_tok kat_token_in(const kat_args &a, int64_t t, int64_t s, int64_t first, int64_t next,
+                                                int64_t len)
+{
+    kat_tok k;
+    const int64_t n_new = next - first, j = t - first;
+    k.s = s;
+    k.valid = j >= 0 && j < n_new && len >= n_new && len <= a.max_blocks * a.block_size;
+    k.pos = len - n_new + j;
+    return k;
+}
+
+/* The last s with qstart[s] <= t (the CPU's seq_of), then the checks that
+ * concern this token. In a decode step token t is sequence t's only one:
+ * that is tried first, with loads that do not wait on each other. */
 __device__ __forceinline__ kat_tok kat_token(const kat_args &a, int64_t t)
 {
+    if (t < a.n_seqs) {
+        int64_t first = a.qstart[t], next = a.qstart[t + 1], len = a.seq_lens[t];
+        if ((first == t) & (next == t + 1))
+            return kat_token_in(a, t, t, first, next, len);
+    }
     int64_t lo = 0, hi = a.n_seqs - 1;
     while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
@@ -67,14 +86,7 @@ __device__ __forceinline__ kat_tok kat_token(const kat_args &a, int64_t t)
         else
             hi = mid - 1;
     }
-    kat_tok k;
-    k.s = lo;
-    k.first = a.qstart[lo];
-    k.n_new = (int64_t)a.qstart[lo + 1] - k.first;
-    int64_t len = a.seq_lens[lo], j = t - k.first;
-    k.valid = j >= 0 && j < k.n_new && len >= k.n_new && len <= a.max_blocks * a.block_size;
-    k.pos = len - k.n_new + j;
-    return k;
+    return kat_token_in(a, t, lo, a.qstart[lo], a.qstart[lo + 1], a.seq_lens[lo]);
 }
 
 /* Element offset of the K row of (sequence s, position pos, kv head) in
@@ -643,9 +655,9 @@ __device__ __forceinline__ void kat_ldmatrix_t(uint32_t *r, const void *smem)
 }
 
 /* Which (sequence, tile) CTA x takes: tiles numbered sequence by sequence
- * (ceil(n_new / KAT_BQ) each), found by a block-wide prefix sum over the
- * sequences. Returns the sequence, or -1 when x is past the last tile. */
-__device__ int64_t kat_find_tile(const kat_args &a, int64_t x, int64_t *tile_out)
+ * (ceil(n_new * gq / KAT_BQ) each), found by a block-wide prefix sum over
+ * the sequences. Returns the sequence, or -1 when x is past the last tile. */
+__device__ int64_t kat_find_tile(const kat_args &a, int64_t x, int64_t gq, int64_t *tile_out)
 {
     __shared__ int64_t s_warp[KAT_THREADS / 32];
     __shared__ int64_t s_found[2];
@@ -655,7 +667,7 @@ __device__ int64_t kat_find_tile(const kat_args &a, int64_t x, int64_t *tile_out
     for (int64_t s = lo; s < hi; s++) {
         int64_t n = (int64_t)a.qstart[s + 1] - a.qstart[s];
         n = n < 0 ? 0 : n > a.tokens ? a.tokens : n;
-        cnt += (n + KAT_BQ - 1) / KAT_BQ;
+        cnt += (n * gq + KAT_BQ - 1) / KAT_BQ;
     }
     if (threadIdx.x == 0)
         s_found[0] = -1;
@@ -677,7 +689,7 @@ __device__ int64_t kat_find_tile(const kat_args &a, int64_t x, int64_t *tile_out
     for (int64_t s = lo; s < hi; s++) {
         int64_t n = (int64_t)a.qstart[s + 1] - a.qstart[s];
         n = n < 0 ? 0 : n > a.tokens ? a.tokens : n;
-        int64_t nt = (n + KAT_BQ - 1) / KAT_BQ;
+        int64_t nt = (n * gq + KAT_BQ - 1) / KAT_BQ;
         if (x >= base && x < base + nt) {
             s_found[0] = s;
             s_found[1] = x - base;
@@ -689,9 +701,12 @@ __device__ int64_t kat_find_tile(const kat_args &a, int64_t x, int64_t *tile_out
     return s_found[0];
 }
 
-/* Grid: x = tile (an upper bound of the tiles over all sequences), y =
- * query head. Warp w owns query rows 16w..16w+15 of the tile; in the mma
- * fragments lane l holds rows l/4 and l/4 + 8 and columns 2(l%4), +1. */
+/* Grid: x = tile (an upper bound of the tiles over all sequences), y = kv
+ * head. The rows of a sequence are its (new token, query head of the kv
+ * head) pairs, token-major, so the query heads of a group share every K/V
+ * tile and a decode sequence in a mixed step costs one K/V pass, not one
+ * per head. Warp w owns rows 16w..16w+15 of the tile; in the mma fragments
+ * lane l holds rows l/4 and l/4 + 8 and columns 2(l%4), +1. */
 template <int DT, int D>
 __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
 {
@@ -707,30 +722,33 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
     if (threadIdx.x == 0)
         s_bad = 0; /* published by kat_find_tile's barriers */
     int64_t tile_in_seq;
-    const int64_t s = kat_find_tile(a, blockIdx.x, &tile_in_seq);
+    const int64_t gq = a.n_heads / a.n_kv_heads, kvh = blockIdx.y;
+    const int64_t s = kat_find_tile(a, blockIdx.x, gq, &tile_in_seq);
     if (s < 0)
         return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tig = lane & 3;
-    const int64_t h = blockIdx.y, kvh = h / (a.n_heads / a.n_kv_heads);
     const int64_t first = a.qstart[s], n_new = (int64_t)a.qstart[s + 1] - first, len = a.seq_lens[s];
-    const int64_t n_qt = (n_new + KAT_BQ - 1) / KAT_BQ;
-    const int64_t j0 = (n_qt - 1 - tile_in_seq) * KAT_BQ; /* the longest tiles of a sequence first */
-    const int64_t rows = min((int64_t)KAT_BQ, n_new - j0);
+    const int64_t n_qt = (n_new * gq + KAT_BQ - 1) / KAT_BQ;
+    const int64_t m0 = (n_qt - 1 - tile_in_seq) * KAT_BQ; /* first row; the longest tiles of a sequence first */
+    const int64_t rows = min((int64_t)KAT_BQ, n_new * gq - m0);
     const int64_t out_ld = (int64_t)a.n_heads * D;
+    /* element offset of row m of the tile in a [tokens, n_heads * head_dim] tensor with rows ld apart */
+#define KAT_ROW(m, ld) ((first + (m0 + (m)) / gq) * (ld) + (kvh * gq + (m0 + (m)) % gq) * D)
     if (first < 0 || first + n_new > a.tokens || len < n_new || len > a.max_blocks * a.block_size) {
         if (first >= 0 && first + n_new <= a.tokens)
             for (int i = threadIdx.x; i < rows * D; i += KAT_THREADS)
-                kat_type<DT>::store(a.out, (first + j0 + i / D) * out_ld + h * D + i % D, kat_nan());
+                kat_type<DT>::store(a.out, KAT_ROW(i / D, out_ld) + i % D, kat_nan());
         return;
     }
-    const int64_t p_first = len - n_new + j0, p_last = p_first + rows - 1;
+    /* positions of the tile's first and last rows' tokens */
+    const int64_t p_first = len - n_new + m0 / gq, p_last = len - n_new + (m0 + rows - 1) / gq;
     const int ra = warp * 16 + gr, rb = ra + 8; /* this thread's two rows of the tile */
 
     uint32_t qa[KC][4];
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
-        const uint32_t *qr_a = (const uint32_t *)((const uint16_t *)a.q + (first + j0 + ra) * a.q_ld + h * D + kc * 16);
-        const uint32_t *qr_b = (const uint32_t *)((const uint16_t *)a.q + (first + j0 + rb) * a.q_ld + h * D + kc * 16);
+        const uint32_t *qr_a = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(ra, a.q_ld) + kc * 16);
+        const uint32_t *qr_b = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(rb, a.q_ld) + kc * 16);
         qa[kc][0] = ra < rows ? qr_a[tig] : 0u;
         qa[kc][1] = rb < rows ? qr_b[tig] : 0u;
         qa[kc][2] = ra < rows ? qr_a[4 + tig] : 0u;
@@ -785,7 +803,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
         }
         /* scale, causal mask where the tile reaches past the first row's position */
         const bool mask = k0 + KAT_BK - 1 > p_first;
-        const int64_t pa = p_first + ra, pb = p_first + rb;
+        const int64_t pa = len - n_new + (m0 + ra) / gq, pb = len - n_new + (m0 + rb) / gq;
         float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
         for (int j = 0; j < KAT_BK / 8; j++)
@@ -852,12 +870,13 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
     uint16_t *out = (uint16_t *)a.out;
 #pragma unroll
     for (int n = 0; n < ND; n++) {
-        int64_t col = h * D + n * 8 + tig * 2;
+        int col = n * 8 + tig * 2;
         if (ra < rows)
-            *(uint32_t *)&out[(first + j0 + ra) * out_ld + col] = kat_mma<DT>::pack(o[n][0] * ia, o[n][1] * ia);
+            *(uint32_t *)&out[KAT_ROW(ra, out_ld) + col] = kat_mma<DT>::pack(o[n][0] * ia, o[n][1] * ia);
         if (rb < rows)
-            *(uint32_t *)&out[(first + j0 + rb) * out_ld + col] = kat_mma<DT>::pack(o[n][2] * ib, o[n][3] * ib);
+            *(uint32_t *)&out[KAT_ROW(rb, out_ld) + col] = kat_mma<DT>::pack(o[n][2] * ib, o[n][3] * ib);
     }
+#undef KAT_ROW
 }
 
 /* ---- host: plans and launches --------------------------------------------------------- */
@@ -959,9 +978,9 @@ extern "C" int kat_launch(const kat_args *ap, void *stream)
     const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) &&
                      ((uintptr_t)a.out & 3) == 0;
     if (fast && a.dtype != KILN_DTYPE_F32 && a.tokens > a.n_seqs) {
-        /* at most sum(ceil(n_new / BQ)) <= (T + (BQ - 1) * min(S, T)) / BQ tiles */
-        int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens;
-        dim3 grid((unsigned)((a.tokens + (KAT_BQ - 1) * busy + KAT_BQ - 1) / KAT_BQ), (unsigned)a.n_heads);
+        /* at most sum(ceil(n_new * gq / BQ)) <= (T * gq + (BQ - 1) * min(S, T)) / BQ tiles */
+        int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
+        dim3 grid((unsigned)((a.tokens * gq + (KAT_BQ - 1) * busy + KAT_BQ - 1) / KAT_BQ), (unsigned)a.n_kv_heads);
         if (a.dtype == KILN_DTYPE_F16)
             e = D == 64 ? kcu_launch_grid(kat_prefill<KILN_DTYPE_F16, 64>, grid, KAT_THREADS, 0, st, a)
                         : kcu_launch_grid(kat_prefill<KILN_DTYPE_F16, 128>, grid, KAT_THREADS, 0, st, a);

@@ -5,7 +5,8 @@
  *   - decode, batch 1..64, lengths mixed from 1 to past 8192 (the split
  *     path and its combine, one split, CTAs past a length);
  *   - prefill of several sequences packed without padding (tensor-core
- *     kernel for f16/bf16), chunked prefill onto a filled cache;
+ *     kernel for f16/bf16), chunked prefill onto a filled cache, decodes
+ *     and a prompt in one step;
  *   - GQA 32/8, MQA, MHA, groups of 2 and 12 query heads per kv head;
  *   - head_dim 64 and 128 (fast kernels), 16, 80 and 256 (generic kernel),
  *     block sizes 16, 7 and 1; packed qkv; a q view off 16-byte alignment;
@@ -363,6 +364,10 @@ static void test_chunked_prefill(void)
     run_all(&(step){"chunked prefill onto a filled cache", 32, 8, 128, 16, 0, 0, 0, 3, n_new, lens});
     run_all(&(step){"chunked prefill, block 7, 12 per kv head", 24, 2, 64, 7, 0, 0, 0, 3, n_new, lens});
     run_all(&(step){"chunked prefill unaligned q", 8, 2, 64, 16, 0, 1, 0, 3, n_new, lens});
+    /* decodes beside a prompt: more tokens than sequences, so the prefill kernel takes them all */
+    static const int32_t mixed_new[5] = {1, 1, 1, 40, 1}, mixed_lens[5] = {1, 5000, 300, 40, 17};
+    run_all(&(step){"mixed step: 4 decodes and a prompt", 32, 8, 128, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
+    run_all(&(step){"mixed step, MQA head_dim 64", 16, 1, 64, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
 }
 
 /* A block outside the cache cannot be reported from the device: the
