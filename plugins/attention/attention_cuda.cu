@@ -3,9 +3,10 @@
  * its sequence's cached and new tokens), f32 softmax statistics and f32
  * accumulation for every storage dtype.
  *
- * One step is two or three launches, all taking part in programmatic
+ * One step is one to three launches, all taking part in programmatic
  * dependent launch (kcu_launch_grid, kcu_after_prior):
- *   1. kat_write: each new token's k and v rows into the paged cache.
+ *   1. kat_write: each new token's k and v rows into the paged cache
+ *      (kat_decode does it itself when the k and v rows are aligned).
  *   2. attention, one of
  *      - kat_prefill (f16/bf16, head_dim 64 or 128, more tokens than
  *        sequences): flash attention on tensor cores (mma.sync
@@ -53,6 +54,7 @@ static_assert(KAT_MAX_SPLITS == KAT_THREADS, "kat_combine weighs one split per t
  * metadata around it is consistent (else the rest is meaningless). */
 struct kat_tok {
     int64_t s, pos;
+    int64_t first, n_old; /* the sequence's first new token in the packing; its cached tokens */
     int valid;
 };
 
@@ -63,8 +65,10 @@ __device__ __forceinline__ kat_tok kat_token_in(const kat_args &a, int64_t t, in
     kat_tok k;
     const int64_t n_new = next - first, j = t - first;
     k.s = s;
+    k.first = first;
+    k.n_old = len - n_new;
     k.valid = j >= 0 && j < n_new && len >= n_new && len <= a.max_blocks * a.block_size;
-    k.pos = len - n_new + j;
+    k.pos = k.n_old + j;
     return k;
 }
 
@@ -276,9 +280,15 @@ template <int DT, int D> struct kat_shape {
 };
 
 /* Grid: x = token, y = kv head * n_hg + group of HG query heads, z =
- * split (G = gridDim.z). */
+ * split (G = gridDim.z).
+ *
+ * With `fused` (k and v rows 16-byte aligned) no kat_write ran before: the
+ * CTA (token, kv head, first group, split 0) writes the token's k and v
+ * rows into the cache, and every CTA reads the step's new positions from
+ * the k and v inputs instead of the cache, so no CTA waits on another's
+ * write. One launch fewer per decode step. */
 template <int DT, int D, int HG>
-__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_args a)
+__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_args a, int32_t fused)
 {
     typedef kat_shape<DT, D> L;
     constexpr int PER = L::PER, LPR = L::LPR, VPL = L::VPL, RPW = L::RPW, RPS = L::RPS, TILE = L::TILE,
@@ -301,6 +311,17 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_a
             for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS)
                 kat_type<DT>::store(a.out, (t * a.n_heads + h0) * D + i, kat_nan());
         return;
+    }
+    const int64_t n_old = fused ? k.n_old : nk; /* keys from here on come from the inputs */
+    if (fused && z == 0 && blockIdx.y % n_hg == 0) {
+        int64_t dst = kat_krow(a, k.s, k.pos, kvh);
+        constexpr int U = D * 16 / PER / 16; /* 16-byte units of a row */
+        if (dst >= 0 && threadIdx.x < 2 * U) {
+            int kind = threadIdx.x / U, u = threadIdx.x % U;
+            const uint4 *src = (const uint4 *)((const char *)(kind ? a.v : a.k) +
+                                               (t * (kind ? a.v_ld : a.k_ld) + (int64_t)kvh * D) * (16 / PER));
+            ((uint4 *)((char *)a.cache + (dst + kind * kat_vdelta(a)) * (16 / PER)))[u] = src[u];
+        }
     }
     if (z >= n_tiles)
         return;
@@ -330,6 +351,11 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_a
     const char *cache = (const char *)a.cache;
     int bad = 0, buf = 0;
 
+    /* off[i], the source of row i: >= 0 its K row's element offset in the
+     * cache (V is vd further), -1 a bad block, -2 past the keys, <= -3 new
+     * token -3 - off of the step's k and v inputs (fused) */
+    const char *kin = (const char *)a.k + (k.first * a.k_ld + (int64_t)kvh * D) * (16 / PER);
+    const char *vin = (const char *)a.v + (k.first * a.v_ld + (int64_t)kvh * D) * (16 / PER);
     for (int64_t tile = z; tile < n_tiles; tile += G, buf ^= 1) {
         const int64_t k0 = tile * TILE;
         uint4 kr[NS][VPL], vr[NS][VPL];
@@ -337,12 +363,16 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_a
 #pragma unroll
         for (int i = 0; i < NS; i++) {
             int64_t kp = k0 + i * RPS + warp * RPW + sub;
-            off[i] = kp < nk ? kat_krow(a, k.s, kp, kvh) : -2;
+            int64_t o = kp < nk ? kat_krow(a, k.s, kp, kvh) : -2;
+            off[i] = o >= 0 && kp >= n_old ? -3 - (kp - n_old) : o;
             bad |= off[i] == -1;
 #pragma unroll
-            for (int v = 0; v < VPL; v++)
-                kr[i][v] = off[i] >= 0 ? __ldg((const uint4 *)(cache + (off[i] + (lv + v * LPR) * PER) * (16 / PER)))
-                                       : make_uint4(0, 0, 0, 0);
+            for (int v = 0; v < VPL; v++) {
+                int64_t e = (lv + v * LPR) * PER;
+                kr[i][v] = off[i] >= 0   ? __ldg((const uint4 *)(cache + (off[i] + e) * (16 / PER)))
+                           : off[i] <= -3 ? *(const uint4 *)(kin + ((-3 - off[i]) * a.k_ld + e) * (16 / PER))
+                                          : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
         for (int i = 0; i < NS; i++) {
@@ -370,7 +400,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_a
                 int r = i * RPS + warp * RPW + sub;
 #pragma unroll
                 for (int g = 0; g < HG; g++)
-                    s_p[buf][g][r] = off[i] >= 0 ? part[g] * sl2 : -INFINITY;
+                    s_p[buf][g][r] = off[i] >= 0 || off[i] <= -3 ? part[g] * sl2 : -INFINITY;
             }
         }
         /* V is read only now, so K's and V's registers are not live at once;
@@ -378,10 +408,12 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_a
 #pragma unroll
         for (int i = 0; i < NS; i++)
 #pragma unroll
-            for (int v = 0; v < VPL; v++)
-                vr[i][v] = off[i] >= 0
-                               ? __ldg((const uint4 *)(cache + (off[i] + vd + (lv + v * LPR) * PER) * (16 / PER)))
-                               : make_uint4(0, 0, 0, 0);
+            for (int v = 0; v < VPL; v++) {
+                int64_t e = (lv + v * LPR) * PER;
+                vr[i][v] = off[i] >= 0   ? __ldg((const uint4 *)(cache + (off[i] + vd + e) * (16 / PER)))
+                           : off[i] <= -3 ? *(const uint4 *)(vin + ((-3 - off[i]) * a.v_ld + e) * (16 / PER))
+                                          : make_uint4(0, 0, 0, 0);
+            }
         __syncthreads();
         /* online softmax: warp w updates heads w, w + 4 */
         for (int g = warp; g < HG; g += KAT_THREADS / 32) {
@@ -943,21 +975,22 @@ static int kat_aligned(const void *p, int64_t ld, size_t es)
 }
 
 template <int DT, int D>
-static cudaError_t kat_launch_decode(const kat_args &a, int hg, int32_t g, cudaStream_t st)
+static cudaError_t kat_launch_decode(const kat_args &a, int hg, int32_t g, int32_t fused, cudaStream_t st)
 {
     int n_hg = (a.n_heads / a.n_kv_heads + hg - 1) / hg;
     dim3 grid((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
     if (hg == 1)
-        return kcu_launch_grid(kat_decode<DT, D, 1>, grid, KAT_THREADS, 0, st, a);
+        return kcu_launch_grid(kat_decode<DT, D, 1>, grid, KAT_THREADS, 0, st, a, fused);
     if (hg == 4)
-        return kcu_launch_grid(kat_decode<DT, D, 4>, grid, KAT_THREADS, 0, st, a);
-    return kcu_launch_grid(kat_decode<DT, D, 8>, grid, KAT_THREADS, 0, st, a);
+        return kcu_launch_grid(kat_decode<DT, D, 4>, grid, KAT_THREADS, 0, st, a, fused);
+    return kcu_launch_grid(kat_decode<DT, D, 8>, grid, KAT_THREADS, 0, st, a, fused);
 }
 
 template <int DT>
-static cudaError_t kat_launch_decode_dt(const kat_args &a, int hg, int32_t g, cudaStream_t st)
+static cudaError_t kat_launch_decode_dt(const kat_args &a, int hg, int32_t g, int32_t fused, cudaStream_t st)
 {
-    return a.head_dim == 64 ? kat_launch_decode<DT, 64>(a, hg, g, st) : kat_launch_decode<DT, 128>(a, hg, g, st);
+    return a.head_dim == 64 ? kat_launch_decode<DT, 64>(a, hg, g, fused, st)
+                            : kat_launch_decode<DT, 128>(a, hg, g, fused, st);
 }
 
 extern "C" int kat_launch(const kat_args *ap, void *stream)
@@ -970,14 +1003,18 @@ extern "C" int kat_launch(const kat_args *ap, void *stream)
     const int64_t D = a.head_dim, max_ctx = a.max_blocks * a.block_size;
     const int cache16 = ((uintptr_t)a.cache & 15) == 0 && (D * es) % 16 == 0;
     const int kv16 = kat_aligned(a.k, a.k_ld, es) && kat_aligned(a.v, a.v_ld, es);
-    cudaError_t e = kcu_launch_grid(kat_write, dim3((unsigned)a.tokens), KAT_THREADS, 0, st, a, (int32_t)es,
-                                    (int32_t)(cache16 && kv16));
+    const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) &&
+                     ((uintptr_t)a.out & 3) == 0;
+    const int prefill = fast && a.dtype != KILN_DTYPE_F32 && a.tokens > a.n_seqs;
+    const int32_t fused = fast && !prefill && kv16; /* kat_decode writes the cache itself */
+    cudaError_t e = cudaSuccess;
+    if (!fused)
+        e = kcu_launch_grid(kat_write, dim3((unsigned)a.tokens), KAT_THREADS, 0, st, a, (int32_t)es,
+                            (int32_t)(cache16 && kv16));
     if (e != cudaSuccess)
         return (int)e;
 
-    const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) &&
-                     ((uintptr_t)a.out & 3) == 0;
-    if (fast && a.dtype != KILN_DTYPE_F32 && a.tokens > a.n_seqs) {
+    if (prefill) {
         /* at most sum(ceil(n_new * gq / BQ)) <= (T * gq + (BQ - 1) * min(S, T)) / BQ tiles */
         int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
         dim3 grid((unsigned)((a.tokens * gq + (KAT_BQ - 1) * busy + KAT_BQ - 1) / KAT_BQ), (unsigned)a.n_kv_heads);
@@ -999,9 +1036,9 @@ extern "C" int kat_launch(const kat_args *ap, void *stream)
         if (g > 1 && !a.workspace)
             return (int)cudaErrorInvalidValue;
         switch (a.dtype) {
-        case KILN_DTYPE_F32: e = kat_launch_decode_dt<KILN_DTYPE_F32>(a, hg, g, st); break;
-        case KILN_DTYPE_F16: e = kat_launch_decode_dt<KILN_DTYPE_F16>(a, hg, g, st); break;
-        default: e = kat_launch_decode_dt<KILN_DTYPE_BF16>(a, hg, g, st); break;
+        case KILN_DTYPE_F32: e = kat_launch_decode_dt<KILN_DTYPE_F32>(a, hg, g, fused, st); break;
+        case KILN_DTYPE_F16: e = kat_launch_decode_dt<KILN_DTYPE_F16>(a, hg, g, fused, st); break;
+        default: e = kat_launch_decode_dt<KILN_DTYPE_BF16>(a, hg, g, fused, st); break;
         }
     } else {
         tile = KAT_GENERIC_TILE;

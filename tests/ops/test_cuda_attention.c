@@ -9,7 +9,8 @@
  *     and a prompt in one step;
  *   - GQA 32/8, MQA, MHA, groups of 2 and 12 query heads per kv head;
  *   - head_dim 64 and 128 (fast kernels), 16, 80 and 256 (generic kernel),
- *     block sizes 16, 7 and 1; packed qkv; a q view off 16-byte alignment;
+ *     block sizes 16, 7 and 1; packed qkv; q or k and v views off 16-byte
+ *     alignment (other kernels, the separate cache write);
  *   - f32, f16, bf16; a decode and a prefill step replayed from a CUDA graph.
  * The GPU output is poisoned with NaN before each launch. Tolerance on the
  * output, ||gpu - cpu|| / ||cpu||: f32 1e-5, f16 2e-3, bf16 1e-2 (the CPU
@@ -86,7 +87,7 @@ typedef struct step {
     const char *name;
     int32_t nh, nkv, hd, bs;
     int32_t packed;    /* one qkv input */
-    int32_t misalign;  /* q (and out) viewed one element in: not 16-byte aligned */
+    int32_t misalign;  /* 1: q and out, 2: k and v viewed one element in (not 16-byte aligned) */
     int32_t graph;     /* replay the launch from a captured CUDA graph */
     int32_t S;
     const int32_t *n_new, *lens;
@@ -125,7 +126,8 @@ static void run_step(const step *c, kiln_dtype dt)
 {
     char what[160];
     snprintf(what, sizeof what, "%s %s (heads %d/%d, head_dim %d, block %d%s%s%s)", c->name, kiln_dtype_name(dt),
-             c->nh, c->nkv, c->hd, c->bs, c->packed ? ", packed" : "", c->misalign ? ", unaligned" : "",
+             c->nh, c->nkv, c->hd, c->bs, c->packed ? ", packed" : "",
+             c->misalign == 1 ? ", q unaligned" : c->misalign == 2 ? ", k v unaligned" : "",
              c->graph ? ", graph" : "");
     kiln_plugin *pl = make_plugin(c->nh, c->nkv, c->hd, c->bs, c->packed);
     if (!pl)
@@ -184,12 +186,12 @@ static void run_step(const step *c, kiln_dtype dt)
     CHECK(cudaMalloc(&d_out, (size_t)out_n * es) == cudaSuccess);
     cudaMemset(d_out, 0xff, (size_t)out_n * es);
 
-    const size_t off = c->misalign ? es : 0;
+    const size_t off = c->misalign == 1 ? es : 0, kv_off = c->misalign == 2 ? es : 0;
     kiln_exec_tensor hin[7], din[7], hout, dout;
     int32_t n_in = 0;
     for (int i = 0; i < n_act; i++, n_in++) {
         kiln_dims d = {.rank = 2, .d = {T, widths[i]}};
-        size_t o = i == 0 ? off : 0;
+        size_t o = i == 0 ? off : kv_off;
         hin[n_in] = (kiln_exec_tensor){(char *)h_act[i] + o, dt, d};
         din[n_in] = (kiln_exec_tensor){(char *)d_act[i] + o, dt, d};
     }
@@ -334,6 +336,7 @@ static void test_decode_heads(void)
     run_all(&(step){"decode 12 per kv head, block 1", 24, 2, 64, 1, 0, 0, 0, 5, ones, lens});
     run_all(&(step){"decode packed qkv", 32, 8, 128, 16, 1, 0, 0, 5, ones, lens});
     run_all(&(step){"decode unaligned q", 8, 2, 128, 16, 0, 1, 0, 5, ones, lens});
+    run_all(&(step){"decode unaligned k, v", 8, 2, 128, 16, 0, 2, 0, 5, ones, lens});
 }
 
 static void test_decode_generic(void)
@@ -364,6 +367,7 @@ static void test_chunked_prefill(void)
     run_all(&(step){"chunked prefill onto a filled cache", 32, 8, 128, 16, 0, 0, 0, 3, n_new, lens});
     run_all(&(step){"chunked prefill, block 7, 12 per kv head", 24, 2, 64, 7, 0, 0, 0, 3, n_new, lens});
     run_all(&(step){"chunked prefill unaligned q", 8, 2, 64, 16, 0, 1, 0, 3, n_new, lens});
+    run_all(&(step){"chunked prefill unaligned k, v", 8, 2, 64, 16, 0, 2, 0, 3, n_new, lens});
     /* decodes beside a prompt: more tokens than sequences, so the prefill kernel takes them all */
     static const int32_t mixed_new[5] = {1, 1, 1, 40, 1}, mixed_lens[5] = {1, 5000, 300, 40, 17};
     run_all(&(step){"mixed step: 4 decodes and a prompt", 32, 8, 128, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
