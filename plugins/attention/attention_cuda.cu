@@ -675,9 +675,18 @@ template <int N> __device__ __forceinline__ void kat_cp_wait()
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-/* Four 8x8 16-bit matrices, transposed: thread l gets, of matrix i (rows
- * at the addresses of threads 8i..8i+7), the elements (2(l%4), l/4) and
- * (2(l%4)+1, l/4) in r[i]. */
+/* Four 8x8 16-bit matrices: thread l gets, of matrix i (rows at the
+ * addresses of threads 8i..8i+7), the elements (l/4, 2(l%4)) and
+ * (l/4, 2(l%4)+1) in r[i]. */
+__device__ __forceinline__ void kat_ldmatrix(uint32_t *r, const void *smem)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+/* The same, transposed: thread l gets (2(l%4), l/4) and (2(l%4)+1, l/4). */
 __device__ __forceinline__ void kat_ldmatrix_t(uint32_t *r, const void *smem)
 {
     uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
@@ -747,7 +756,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
     constexpr int ND = D / 8;  /* n-tiles of the output */
     __shared__ __align__(16) uint16_t sK[KAT_BK * LDS];
     __shared__ __align__(16) uint16_t sV[KAT_BK * LDS];
-    __shared__ int64_t s_off[KAT_BK];
+    __shared__ int64_t s_off[2][KAT_BK]; /* K row offsets of the keys of tiles kt (kt & 1) and kt + 1 */
     __shared__ int s_bad;
 
     kcu_after_prior();
@@ -795,28 +804,40 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
     const int64_t vd = kat_vdelta(a);
     const uint16_t *cache = (const uint16_t *)a.cache;
 
+    /* Pipeline: K of tile kt + 1 loads during P V of tile kt, V of tile kt
+     * during Q K^T of tile kt; one cp.async group each, so wait_group 1
+     * waits for K(kt) while V(kt) may still fly. Rows past p_last and bad
+     * blocks are zero-filled (garbage times a zero probability could be
+     * NaN). */
     const int64_t n_kt = (p_last + KAT_BK) / KAT_BK;
+    if (threadIdx.x < KAT_BK) {
+        int64_t off = threadIdx.x <= p_last ? kat_krow(a, s, threadIdx.x, kvh) : -2;
+        if (off == -1)
+            s_bad = 1;
+        s_off[0][threadIdx.x] = off;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
+        int r = c / (D / 8), col = (c % (D / 8)) * 8;
+        int64_t off = s_off[0][r];
+        kat_cp_async16(&sK[r * LDS + col], off >= 0 ? cache + off + col : cache, off >= 0 ? 16 : 0);
+    }
+    kat_cp_commit();
     for (int64_t kt = 0; kt < n_kt; kt++) {
         const int64_t k0 = kt * KAT_BK;
-        if (threadIdx.x < KAT_BK) {
-            int64_t kp = k0 + threadIdx.x, off = kp <= p_last ? kat_krow(a, s, kp, kvh) : -2;
-            if (off == -1)
-                s_bad = 1;
-            s_off[threadIdx.x] = off;
-        }
-        __syncthreads();
+        const int cur = (int)(kt & 1);
         for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
             int r = c / (D / 8), col = (c % (D / 8)) * 8;
-            int64_t off = s_off[r];
-            kat_cp_async16(&sK[r * LDS + col], off >= 0 ? cache + off + col : cache, off >= 0 ? 16 : 0);
-        }
-        kat_cp_commit();
-        for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
-            int r = c / (D / 8), col = (c % (D / 8)) * 8;
-            int64_t off = s_off[r];
+            int64_t off = s_off[cur][r];
             kat_cp_async16(&sV[r * LDS + col], off >= 0 ? cache + off + vd + col : cache, off >= 0 ? 16 : 0);
         }
         kat_cp_commit();
+        if (kt + 1 < n_kt && threadIdx.x < KAT_BK) {
+            int64_t kp = k0 + KAT_BK + threadIdx.x, off = kp <= p_last ? kat_krow(a, s, kp, kvh) : -2;
+            if (off == -1)
+                s_bad = 1;
+            s_off[cur ^ 1][threadIdx.x] = off;
+        }
         kat_cp_wait<1>();
         __syncthreads();
 
@@ -825,12 +846,14 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
 #pragma unroll
         for (int j = 0; j < KAT_BK / 8; j++) {
             sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-            const uint16_t *kr = &sK[(j * 8 + gr) * LDS];
+            /* keys 8j..8j+7 by dims 16kc..16kc+31: the B fragments of k-steps kc and kc + 1 */
+            const uint16_t *kr = &sK[(j * 8 + (lane & 7)) * LDS + (lane >> 3) * 8];
 #pragma unroll
-            for (int kc = 0; kc < KC; kc++) {
-                uint32_t b0 = *(const uint32_t *)&kr[kc * 16 + tig * 2];
-                uint32_t b1 = *(const uint32_t *)&kr[kc * 16 + 8 + tig * 2];
-                kat_mma<DT>::run(sc[j], qa[kc], b0, b1);
+            for (int kc = 0; kc < KC; kc += 2) {
+                uint32_t b[4];
+                kat_ldmatrix(b, kr + kc * 16);
+                kat_mma<DT>::run(sc[j], qa[kc], b[0], b[1]);
+                kat_mma<DT>::run(sc[j], qa[kc + 1], b[2], b[3]);
             }
         }
         /* scale, causal mask where the tile reaches past the first row's position */
@@ -877,7 +900,15 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
         }
 
         kat_cp_wait<0>();
-        __syncthreads();
+        __syncthreads(); /* V(kt) is in; every warp is done with sK */
+        if (kt + 1 < n_kt) {
+            for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
+                int r = c / (D / 8), col = (c % (D / 8)) * 8;
+                int64_t off = s_off[cur ^ 1][r];
+                kat_cp_async16(&sK[r * LDS + col], off >= 0 ? cache + off + col : cache, off >= 0 ? 16 : 0);
+            }
+            kat_cp_commit();
+        }
         /* O += P V: keys 16kk.. as the k dimension, V read transposed */
 #pragma unroll
         for (int kk = 0; kk < KAT_BK / 16; kk++)
