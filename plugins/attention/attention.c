@@ -40,7 +40,7 @@
 #include "../plugin_util.h"
 
 #ifdef KILN_HAVE_CUDA
-#include "attention_cuda.h"
+#include "../plugin_cuda.h"
 #define ATTN_BACKENDS (KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA))
 #else
 #define ATTN_BACKENDS KILN_BACKEND_BIT(KILN_BACKEND_CPU)
@@ -298,12 +298,12 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
     if (backend == KILN_BACKEND_CUDA) {
         size_t es = plugin_float_size(in_desc[0].dtype);
         const char *q = in[0];
-        kat_args a = {.q = q, .k = in[1], .v = in[2], .q_ld = q_width, .k_ld = kv_width, .v_ld = kv_width,
-                      .cache = cache, .out = out[0], .table = in[meta + 1], .seq_lens = in[meta + 2],
-                      .qstart = in[meta + 3], .workspace = workspace, .tokens = tokens, .n_seqs = n_seqs,
-                      .max_blocks = in_desc[meta + 1].dims.d[1], .n_blocks = cd->d[0], .n_heads = p->n_heads,
-                      .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim, .block_size = p->block_size,
-                      .scale = p->scale, .dtype = in_desc[0].dtype};
+        kiln_attention_cuda_args a = {
+            .q = q, .k = in[1], .v = in[2], .q_ld = q_width, .k_ld = kv_width, .v_ld = kv_width, .cache = cache,
+            .out = out[0], .table = in[meta + 1], .seq_lens = in[meta + 2], .qstart = in[meta + 3],
+            .workspace = workspace, .tokens = tokens, .n_seqs = n_seqs, .max_blocks = in_desc[meta + 1].dims.d[1],
+            .n_blocks = cd->d[0], .n_heads = p->n_heads, .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim,
+            .block_size = p->block_size, .scale = p->scale, .dtype = in_desc[0].dtype};
         if (p->packed_qkv) {
             a.k = q + q_width * es;
             a.v = q + (q_width + kv_width) * es;
@@ -311,9 +311,9 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
         }
         if (in_desc[meta].dtype != in_desc[0].dtype)
             return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q");
-        int e = kat_launch(&a, stream);
+        int e = kiln_attention_cuda(&a, stream);
         if (e != 0)
-            return host->fail(KILN_ERROR_BACKEND, NAME ": CUDA launch failed: %s", kat_error_string(e));
+            return host->fail(KILN_ERROR_BACKEND, NAME ": CUDA launch failed: %s", kiln_attention_cuda_error(e));
         return KILN_OK;
     }
 #endif
@@ -336,7 +336,7 @@ static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tenso
     int32_t meta = p->packed_qkv ? 1 : 3;
     if (n_in != meta + 4 || in[0].dims.rank != 2 || in[meta + 1].dims.rank != 2)
         return 0;
-    return kat_workspace_size(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1], p->n_heads,
+    return kiln_attention_cuda_workspace(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1], p->n_heads,
                               p->n_kv_heads, p->head_dim, p->block_size);
 #else
     return 0;

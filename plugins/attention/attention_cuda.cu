@@ -4,7 +4,7 @@
  * accumulation for every storage dtype.
  *
  * One step is one to three launches, all taking part in programmatic
- * dependent launch (kcu_launch_grid, kcu_after_prior):
+ * dependent launch (kcu_launch_cfg, kcu_after_prior):
  *   1. kat_write: each new token's k and v rows into the paged cache
  *      (kat_decode does it itself when the k and v rows are aligned).
  *   2. attention, one of
@@ -34,9 +34,11 @@
  * and write NaN for their outputs (the CPU path returns an error instead).
  * Scores live in the log2 domain (scale * log2(e) folded in) so the
  * softmax uses exp2. */
-#include "attention_cuda.h"
+#include "../plugin_cuda.h"
 
 #include "backend/cuda/kcu_device.cuh"
+
+#include <cuda_bf16.h>
 
 #include <math.h>
 
@@ -59,8 +61,8 @@ struct kat_tok {
 };
 
 /* Sequence s's token t, checked as attention_check checks it. */
-__device__ __forceinline__ kat_tok kat_token_in(const kat_args &a, int64_t t, int64_t s, int64_t first, int64_t next,
-                                                int64_t len)
+__device__ __forceinline__ kat_tok kat_token_in(const kiln_attention_cuda_args &a, int64_t t, int64_t s,
+                                                int64_t first, int64_t next, int64_t len)
 {
     kat_tok k;
     const int64_t n_new = next - first, j = t - first;
@@ -75,7 +77,7 @@ __device__ __forceinline__ kat_tok kat_token_in(const kat_args &a, int64_t t, in
 /* The last s with qstart[s] <= t (the CPU's seq_of), then the checks that
  * concern this token. In a decode step token t is sequence t's only one:
  * that is tried first, with loads that do not wait on each other. */
-__device__ __forceinline__ kat_tok kat_token(const kat_args &a, int64_t t)
+__device__ __forceinline__ kat_tok kat_token(const kiln_attention_cuda_args &a, int64_t t)
 {
     if (t < a.n_seqs) {
         int64_t first = a.qstart[t], next = a.qstart[t + 1], len = a.seq_lens[t];
@@ -96,7 +98,7 @@ __device__ __forceinline__ kat_tok kat_token(const kat_args &a, int64_t t)
 /* Element offset of the K row of (sequence s, position pos, kv head) in
  * the cache (its V row is n_kv_heads * block_size * head_dim further), or
  * -1 when the table names a block outside the cache. */
-__device__ __forceinline__ int64_t kat_krow(const kat_args &a, int64_t s, int64_t pos, int64_t kvh)
+__device__ __forceinline__ int64_t kat_krow(const kiln_attention_cuda_args &a, int64_t s, int64_t pos, int64_t kvh)
 {
     int64_t block = a.table[s * a.max_blocks + pos / a.block_size];
     if (block < 0 || block >= a.n_blocks)
@@ -104,31 +106,12 @@ __device__ __forceinline__ int64_t kat_krow(const kat_args &a, int64_t s, int64_
     return (((block * 2) * a.n_kv_heads + kvh) * a.block_size + pos % a.block_size) * a.head_dim;
 }
 
-__device__ __forceinline__ int64_t kat_vdelta(const kat_args &a)
+__device__ __forceinline__ int64_t kat_vdelta(const kiln_attention_cuda_args &a)
 {
     return (int64_t)a.n_kv_heads * a.block_size * a.head_dim;
 }
 
 __device__ __forceinline__ float kat_nan() { return __int_as_float(0x7fc00000); }
-
-__device__ __forceinline__ float kat_load(const void *p, int dt, int64_t i)
-{
-    if (dt == KILN_DTYPE_F16)
-        return kcu_f16_f32(((const uint16_t *)p)[i]);
-    if (dt == KILN_DTYPE_BF16)
-        return kcu_bf16_f32(((const uint16_t *)p)[i]);
-    return ((const float *)p)[i];
-}
-
-__device__ __forceinline__ void kat_store(void *p, int dt, int64_t i, float v)
-{
-    if (dt == KILN_DTYPE_F16)
-        ((uint16_t *)p)[i] = kcu_f32_f16(v);
-    else if (dt == KILN_DTYPE_BF16)
-        ((uint16_t *)p)[i] = kcu_f32_bf16(v);
-    else
-        ((float *)p)[i] = v;
-}
 
 /* Split partials in the workspace: for (token, head, split) the f32
  * output row (unnormalized, head_dim), then (max, sum) pairs after all
@@ -137,7 +120,7 @@ struct kat_parts {
     float *o, *ml;
 };
 
-__device__ __forceinline__ kat_parts kat_parts_of(const kat_args &a, int32_t splits)
+__device__ __forceinline__ kat_parts kat_parts_of(const kiln_attention_cuda_args &a, int32_t splits)
 {
     kat_parts p;
     p.o = (float *)a.workspace;
@@ -155,14 +138,6 @@ __device__ __forceinline__ float kat_warp_max(float v)
     return v;
 }
 
-__device__ __forceinline__ float kat_warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* Every thread gets the result; syncs twice so `red` can be reused at once. */
 __device__ __forceinline__ float kat_block_max(float v, float *red)
 {
@@ -177,7 +152,7 @@ __device__ __forceinline__ float kat_block_max(float v, float *red)
 
 __device__ __forceinline__ float kat_block_sum(float v, float *red)
 {
-    v = kat_warp_sum(v);
+    v = kcu_warp_sum(v);
     if ((threadIdx.x & 31) == 0)
         red[threadIdx.x >> 5] = v;
     __syncthreads();
@@ -191,7 +166,7 @@ __device__ __forceinline__ float kat_block_sum(float v, float *red)
 /* A CTA per token: its k and v rows of every kv head into the cache, 16
  * bytes at a time when `vec` (rows and cache 16-byte aligned), else one
  * element of `es` bytes at a time. */
-__global__ void __launch_bounds__(KAT_THREADS) kat_write(kat_args a, int32_t es, int32_t vec)
+__global__ void __launch_bounds__(KAT_THREADS) kat_write(kiln_attention_cuda_args a, int32_t es, int32_t vec)
 {
     kcu_after_prior();
     int64_t t = blockIdx.x;
@@ -288,7 +263,7 @@ template <int DT, int D> struct kat_shape {
  * the k and v inputs instead of the cache, so no CTA waits on another's
  * write. One launch fewer per decode step. */
 template <int DT, int D, int HG>
-__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_args a, int32_t fused)
+__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_attention_cuda_args a, int32_t fused)
 {
     typedef kat_shape<DT, D> L;
     constexpr int PER = L::PER, LPR = L::LPR, VPL = L::VPL, RPW = L::RPW, RPS = L::RPS, TILE = L::TILE,
@@ -315,7 +290,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_a
     const int64_t n_old = fused ? k.n_old : nk; /* keys from here on come from the inputs */
     if (fused && z == 0 && blockIdx.y % n_hg == 0) {
         int64_t dst = kat_krow(a, k.s, k.pos, kvh);
-        constexpr int U = D * 16 / PER / 16; /* 16-byte units of a row */
+        constexpr int U = D / PER; /* 16-byte units of a row */
         if (dst >= 0 && threadIdx.x < 2 * U) {
             int kind = threadIdx.x / U, u = threadIdx.x % U;
             const uint4 *src = (const uint4 *)((const char *)(kind ? a.v : a.k) +
@@ -433,7 +408,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_a
                 s_p[buf][g][lane + 32 * i] = p;
                 sum += p;
             }
-            sum = kat_warp_sum(sum);
+            sum = kcu_warp_sum(sum);
             if (lane == 0) {
                 float c = exp2f(m_old - m_use);
                 s_corr[buf][g] = c;
@@ -507,7 +482,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kat_a
 
 /* Grid: x = token, y = query head, z = split. Thread j scores key j of the
  * tile; thread d accumulates dims d, d + 128, ... */
-__global__ void __launch_bounds__(KAT_THREADS) kat_generic(kat_args a)
+__global__ void __launch_bounds__(KAT_THREADS) kat_generic(kiln_attention_cuda_args a)
 {
     __shared__ float s_q[KAT_GENERIC_DIMS * KAT_THREADS];
     __shared__ float s_p[KAT_GENERIC_TILE];
@@ -522,13 +497,13 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kat_args a)
     if (!k.valid) {
         if (G == 1)
             for (int d = threadIdx.x; d < D; d += KAT_THREADS)
-                kat_store(a.out, (t * a.n_heads + h) * D + d, dt, kat_nan());
+                kcu_store_float(a.out, (t * a.n_heads + h) * D + d, dt, kat_nan());
         return;
     }
     if (z >= n_tiles)
         return;
     for (int d = threadIdx.x; d < D; d += KAT_THREADS)
-        s_q[d] = kat_load(a.q, dt, t * a.q_ld + h * D + d);
+        s_q[d] = kcu_load_float(a.q, dt, t * a.q_ld + h * D + d);
     float acc[KAT_GENERIC_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
     float m = -INFINITY, l = 0.0f;
     const float sl2 = a.scale * KAT_LOG2E;
@@ -543,7 +518,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kat_args a)
         if (off >= 0) {
             float dot = 0.0f;
             for (int d = 0; d < D; d++)
-                dot = fmaf(s_q[d], kat_load(a.cache, dt, off + d), dot);
+                dot = fmaf(s_q[d], kcu_load_float(a.cache, dt, off + d), dot);
             s = dot * sl2;
         }
         s_off[threadIdx.x] = off;
@@ -566,7 +541,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kat_args a)
             for (int i = 0; i < KAT_GENERIC_DIMS; i++) {
                 int d = threadIdx.x + i * KAT_THREADS;
                 if (d < D)
-                    acc[i] = fmaf(pj, kat_load(a.cache, dt, vrow + d), acc[i]);
+                    acc[i] = fmaf(pj, kcu_load_float(a.cache, dt, vrow + d), acc[i]);
             }
         }
         __syncthreads();
@@ -580,7 +555,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kat_args a)
         if (d >= D)
             continue;
         if (G == 1) {
-            kat_store(a.out, dt, row * D + d, bad ? kat_nan() : acc[i] / l);
+            kcu_store_float(a.out, dt, row * D + d, bad ? kat_nan() : acc[i] / l);
         } else {
             parts.o[(row * G + z) * D + d] = acc[i];
             if (d == 0) {
@@ -595,7 +570,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kat_args a)
 
 /* Grid: x = token, y = query head. The splits that ran for a token are the
  * first min(G, tiles) (tiles of `tile` keys); thread i weighs split i. */
-__global__ void __launch_bounds__(KAT_THREADS) kat_combine(kat_args a, int32_t G, int32_t tile)
+__global__ void __launch_bounds__(KAT_THREADS) kat_combine(kiln_attention_cuda_args a, int32_t G, int32_t tile)
 {
     __shared__ float s_w[KAT_MAX_SPLITS];
     __shared__ float s_red[4];
@@ -605,7 +580,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_combine(kat_args a, int32_t G
     kat_tok k = kat_token(a, t);
     if (!k.valid) {
         for (int d = threadIdx.x; d < D; d += KAT_THREADS)
-            kat_store(a.out, a.dtype, row * D + d, kat_nan());
+            kcu_store_float(a.out, a.dtype, row * D + d, kat_nan());
         return;
     }
     const int64_t n_tiles = (k.pos + 1 + tile - 1) / tile;
@@ -622,7 +597,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_combine(kat_args a, int32_t G
         float o = 0.0f;
         for (int j = 0; j < n; j++)
             o = fmaf(s_w[j], parts.o[(row * G + j) * D + d], o);
-        kat_store(a.out, a.dtype, row * D + d, o / total);
+        kcu_store_float(a.out, a.dtype, row * D + d, o / total);
     }
 }
 
@@ -698,7 +673,7 @@ __device__ __forceinline__ void kat_ldmatrix_t(uint32_t *r, const void *smem)
 /* Which (sequence, tile) CTA x takes: tiles numbered sequence by sequence
  * (ceil(n_new * gq / KAT_BQ) each), found by a block-wide prefix sum over
  * the sequences. Returns the sequence, or -1 when x is past the last tile. */
-__device__ int64_t kat_find_tile(const kat_args &a, int64_t x, int64_t gq, int64_t *tile_out)
+__device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, int64_t gq, int64_t *tile_out)
 {
     __shared__ int64_t s_warp[KAT_THREADS / 32];
     __shared__ int64_t s_found[2];
@@ -749,7 +724,7 @@ __device__ int64_t kat_find_tile(const kat_args &a, int64_t x, int64_t gq, int64
  * per head. Warp w owns rows 16w..16w+15 of the tile; in the mma fragments
  * lane l holds rows l/4 and l/4 + 8 and columns 2(l%4), +1. */
 template <int DT, int D>
-__global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kat_args a)
+__global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
 {
     constexpr int LDS = D + 8; /* smem row pitch (elements): 16-byte rows, no bank conflicts */
     constexpr int KC = D / 16; /* k-steps of QK^T */
@@ -979,7 +954,7 @@ static size_t kat_parts_bytes(int64_t tokens, int32_t n_heads, int32_t head_dim,
     return g > 1 ? (size_t)tokens * (size_t)n_heads * (size_t)g * ((size_t)head_dim + 2) * sizeof(float) : 0;
 }
 
-extern "C" size_t kat_workspace_size(int64_t tokens, int64_t n_seqs, int64_t max_blocks, int32_t n_heads,
+extern "C" size_t kiln_attention_cuda_workspace(int64_t tokens, int64_t n_seqs, int64_t max_blocks, int32_t n_heads,
                                      int32_t n_kv_heads, int32_t head_dim, int32_t block_size)
 {
     if (tokens < 1 || n_kv_heads < 1 || n_heads % n_kv_heads)
@@ -1006,27 +981,29 @@ static int kat_aligned(const void *p, int64_t ld, size_t es)
 }
 
 template <int DT, int D>
-static cudaError_t kat_launch_decode(const kat_args &a, int hg, int32_t g, int32_t fused, cudaStream_t st)
+static cudaError_t kat_launch_decode(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
+                                     cudaStream_t st)
 {
     int n_hg = (a.n_heads / a.n_kv_heads + hg - 1) / hg;
     dim3 grid((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
     if (hg == 1)
-        return kcu_launch_grid(kat_decode<DT, D, 1>, grid, KAT_THREADS, 0, st, a, fused);
+        return kcu_launch_cfg(kat_decode<DT, D, 1>, grid, dim3(KAT_THREADS), st, a, fused);
     if (hg == 4)
-        return kcu_launch_grid(kat_decode<DT, D, 4>, grid, KAT_THREADS, 0, st, a, fused);
-    return kcu_launch_grid(kat_decode<DT, D, 8>, grid, KAT_THREADS, 0, st, a, fused);
+        return kcu_launch_cfg(kat_decode<DT, D, 4>, grid, dim3(KAT_THREADS), st, a, fused);
+    return kcu_launch_cfg(kat_decode<DT, D, 8>, grid, dim3(KAT_THREADS), st, a, fused);
 }
 
 template <int DT>
-static cudaError_t kat_launch_decode_dt(const kat_args &a, int hg, int32_t g, int32_t fused, cudaStream_t st)
+static cudaError_t kat_launch_decode_dt(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
+                                        cudaStream_t st)
 {
     return a.head_dim == 64 ? kat_launch_decode<DT, 64>(a, hg, g, fused, st)
                             : kat_launch_decode<DT, 128>(a, hg, g, fused, st);
 }
 
-extern "C" int kat_launch(const kat_args *ap, void *stream)
+extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)
 {
-    const kat_args &a = *ap;
+    const kiln_attention_cuda_args &a = *ap;
     cudaStream_t st = (cudaStream_t)stream;
     if (a.tokens < 1)
         return (int)cudaSuccess;
@@ -1040,7 +1017,7 @@ extern "C" int kat_launch(const kat_args *ap, void *stream)
     const int32_t fused = fast && !prefill && kv16; /* kat_decode writes the cache itself */
     cudaError_t e = cudaSuccess;
     if (!fused)
-        e = kcu_launch_grid(kat_write, dim3((unsigned)a.tokens), KAT_THREADS, 0, st, a, (int32_t)es,
+        e = kcu_launch_cfg(kat_write, dim3((unsigned)a.tokens), dim3(KAT_THREADS), st, a, (int32_t)es,
                             (int32_t)(cache16 && kv16));
     if (e != cudaSuccess)
         return (int)e;
@@ -1050,11 +1027,11 @@ extern "C" int kat_launch(const kat_args *ap, void *stream)
         int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
         dim3 grid((unsigned)((a.tokens * gq + (KAT_BQ - 1) * busy + KAT_BQ - 1) / KAT_BQ), (unsigned)a.n_kv_heads);
         if (a.dtype == KILN_DTYPE_F16)
-            e = D == 64 ? kcu_launch_grid(kat_prefill<KILN_DTYPE_F16, 64>, grid, KAT_THREADS, 0, st, a)
-                        : kcu_launch_grid(kat_prefill<KILN_DTYPE_F16, 128>, grid, KAT_THREADS, 0, st, a);
+            e = D == 64 ? kcu_launch_cfg(kat_prefill<KILN_DTYPE_F16, 64>, grid, dim3(KAT_THREADS), st, a)
+                        : kcu_launch_cfg(kat_prefill<KILN_DTYPE_F16, 128>, grid, dim3(KAT_THREADS), st, a);
         else
-            e = D == 64 ? kcu_launch_grid(kat_prefill<KILN_DTYPE_BF16, 64>, grid, KAT_THREADS, 0, st, a)
-                        : kcu_launch_grid(kat_prefill<KILN_DTYPE_BF16, 128>, grid, KAT_THREADS, 0, st, a);
+            e = D == 64 ? kcu_launch_cfg(kat_prefill<KILN_DTYPE_BF16, 64>, grid, dim3(KAT_THREADS), st, a)
+                        : kcu_launch_cfg(kat_prefill<KILN_DTYPE_BF16, 128>, grid, dim3(KAT_THREADS), st, a);
         return (int)e;
     }
 
@@ -1076,13 +1053,13 @@ extern "C" int kat_launch(const kat_args *ap, void *stream)
         g = kat_splits(a.tokens, a.n_heads, max_ctx, tile);
         if (g > 1 && !a.workspace)
             return (int)cudaErrorInvalidValue;
-        e = kcu_launch_grid(kat_generic, dim3((unsigned)a.tokens, (unsigned)a.n_heads, (unsigned)g), KAT_THREADS, 0,
+        e = kcu_launch_cfg(kat_generic, dim3((unsigned)a.tokens, (unsigned)a.n_heads, (unsigned)g), dim3(KAT_THREADS),
                             st, a);
     }
     if (e != cudaSuccess || g == 1)
         return (int)e;
-    return (int)kcu_launch_grid(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), KAT_THREADS, 0, st, a, g,
+    return (int)kcu_launch_cfg(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), dim3(KAT_THREADS), st, a, g,
                                 tile);
 }
 
-extern "C" const char *kat_error_string(int code) { return cudaGetErrorString((cudaError_t)code); }
+extern "C" const char *kiln_attention_cuda_error(int code) { return cudaGetErrorString((cudaError_t)code); }

@@ -57,7 +57,7 @@ typedef struct kiln_llm_build_options {
     void (*progress)(void *user, double fraction, const char *what);
     void *progress_user;
     /* Nonzero: matmul weights the checkpoint stores as Q8_0, Q4_0 or Q4_1
-     * stay in that format (kiln/QuantMatMul); needs dtype F32. */
+     * stay in that format (kiln/QuantMatMul), with any dtype. */
     int native;
 } kiln_llm_build_options;
 

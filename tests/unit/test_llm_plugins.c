@@ -1,6 +1,9 @@
 /* The fused modes of the built-in LLM plugins on the CPU against a
  * straightforward composition of the unfused plugins (and plain C for the
- * residual add): packed-qkv PagedAttention against q, k, v given apart.
+ * residual add): AddRMSNorm against an add then RMSNorm, RoPE on the
+ * packed qkv row against RoPE on q and k apart, packed SwiGLU against
+ * SwiGLU on gate and up apart, packed-qkv PagedAttention against q, k, v
+ * given apart.
  * Each fused path runs the same f32 arithmetic on the same rounded values,
  * so the results must agree bit for bit. Old (v1) blobs still load. */
 #include "test.h"
@@ -66,6 +69,13 @@ static kiln_field fi32(const char *name, const int32_t *v) {
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_I32, 1, v};
 }
 
+static kiln_field ff32(const char *name, const float *v) {
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_F32, 1, v};
+}
+static kiln_field fstr(const char *name, const char *v) {
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_STRING, 1, v};
+}
+
 static kiln_plugin *make(const char *name, const kiln_field *f, int32_t n) {
     const kiln_plugin_creator *c = kiln_registry_find(reg, name, "1", "kiln", NULL);
     CHECK(c != NULL);
@@ -105,6 +115,162 @@ static void check_blob(kiln_plugin *p, const char *name, uint32_t version, size_
     }
     CHECK_FAILS(c->deserialize(c, version, blob, size, &q), KILN_ERROR_FORMAT, "bytes");
     CHECK_FAILS(c->deserialize(c, c->blob_version + 1, blob, size, &q), KILN_ERROR_VERSION, "newer");
+}
+
+static const kiln_dtype float_types[3] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+
+/* Columns [col, col + width) of a [rows, ld] tensor, as a new buffer. */
+static void *columns(const void *src, kiln_dtype t, int64_t rows, int64_t ld, int64_t col, int64_t width) {
+    size_t es = esize(t);
+    char *out = malloc((size_t)(rows * width) * es);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(out + (size_t)(r * width) * es, (const char *)src + (size_t)(r * ld + col) * es, (size_t)width * es);
+    return out;
+}
+
+/* ---------------------------------------------------------------------------
+ * AddRMSNorm against x + residual (stored in x's dtype) then RMSNorm
+ * ------------------------------------------------------------------------- */
+
+static void test_add_rmsnorm(void) {
+    const float eps = 1e-6f;
+    kiln_field f = ff32("epsilon", &eps);
+    kiln_plugin *norm = make("RMSNorm", &f, 1), *add = make("AddRMSNorm", &f, 1);
+    const int64_t rows = 5, h = 67;
+    for (int ti = 0; ti < 3 && norm && add; ti++) {
+        kiln_dtype t = float_types[ti];
+        size_t bytes = (size_t)(rows * h) * esize(t);
+        void *x = random_buf(t, rows * h), *res = random_buf(t, rows * h), *w = random_buf(t, h);
+        void *sum_ref = malloc(bytes), *y_ref = malloc(bytes), *sum = malloc(bytes), *y = malloc(bytes);
+        for (int64_t i = 0; i < rows * h; i++)
+            store(sum_ref, t, i, load(x, t, i) + load(res, t, i));
+        kiln_tensor_desc dn[3] = {DESC(t, rows, h), DESC(t, h), DESC(t, rows, h)};
+        const void *in_n[2] = {sum_ref, w};
+        void *out_n[1] = {y_ref};
+        CHECK_OK(run(norm, dn, in_n, 2, out_n, 1));
+        kiln_tensor_desc da[5] = {DESC(t, rows, h), DESC(t, rows, h), DESC(t, h), DESC(t, rows, h), DESC(t, rows, h)};
+        const void *in_a[3] = {x, res, w};
+        void *out_a[2] = {sum, y};
+        CHECK_OK(run(add, da, in_a, 3, out_a, 2));
+        CHECK(memcmp(sum, sum_ref, bytes) == 0);
+        CHECK(memcmp(y, y_ref, bytes) == 0);
+        CHECK(load(y, t, 3) != 0.0f);
+        free(x), free(res), free(w), free(sum_ref), free(y_ref), free(sum), free(y);
+    }
+    /* the residual must match x */
+    kiln_tensor_desc bad[5] = {DESC(KILN_DTYPE_F32, 2, 8), DESC(KILN_DTYPE_F32, 1, 8), DESC(KILN_DTYPE_F32, 8),
+                               DESC(KILN_DTYPE_F32, 2, 8), DESC(KILN_DTYPE_F32, 2, 8)};
+    float buf16[16] = {0}, w8[8] = {0}, o1[16], o2[16];
+    const void *in_bad[3] = {buf16, buf16, w8};
+    void *out_bad[2] = {o1, o2};
+    if (add)
+        CHECK_FAILS(run(add, bad, in_bad, 3, out_bad, 2), KILN_ERROR_SHAPE, "residual");
+    if (norm)
+        norm->ops->destroy(norm);
+    if (add)
+        add->ops->destroy(add);
+}
+
+/* ---------------------------------------------------------------------------
+ * RoPE on the packed qkv row against RoPE on q and k apart
+ * ------------------------------------------------------------------------- */
+
+static void check_rope_packed(kiln_dtype t, const char *scaling, int32_t interleaved, int32_t rotary_dim) {
+    const int32_t nh = 4, nkv = 2, hd = 16;
+    const float theta = 10000.0f, factor = 4.0f;
+    const int64_t T = 6, row = (int64_t)(nh + 2 * nkv) * hd;
+    kiln_field fq[7] = {fi32("n_heads", &nh), fi32("head_dim", &hd), ff32("theta", &theta),
+                        fi32("rotary_dim", &rotary_dim), fi32("interleaved", &interleaved), fstr("scaling", scaling),
+                        ff32("factor", &factor)};
+    kiln_field fk[7];
+    memcpy(fk, fq, sizeof fk);
+    fk[0] = fi32("n_heads", &nkv);
+    kiln_field fp[8];
+    memcpy(fp, fq, sizeof fq);
+    fp[7] = fi32("n_kv_heads", &nkv);
+    kiln_plugin *rq = make("RoPE", fq, 7), *rk = make("RoPE", fk, 7), *rp = make("RoPE", fp, 8);
+    void *qkv = random_buf(t, T * row);
+    int32_t pos[6] = {0, 1, 7, 100, 2047, 8191};
+    void *q = columns(qkv, t, T, row, 0, nh * hd), *k = columns(qkv, t, T, row, nh * hd, nkv * hd);
+    void *v = columns(qkv, t, T, row, (nh + nkv) * hd, nkv * hd);
+    size_t es = esize(t);
+    void *qo = malloc((size_t)(T * nh * hd) * es), *ko = malloc((size_t)(T * nkv * hd) * es),
+         *po = malloc((size_t)(T * row) * es);
+    if (rq && rk && rp) {
+        kiln_tensor_desc dq[3] = {DESC(t, T, nh * hd), DESC(KILN_DTYPE_I32, T), DESC(t, T, nh * hd)};
+        kiln_tensor_desc dk[3] = {DESC(t, T, nkv * hd), DESC(KILN_DTYPE_I32, T), DESC(t, T, nkv * hd)};
+        kiln_tensor_desc dp[3] = {DESC(t, T, row), DESC(KILN_DTYPE_I32, T), DESC(t, T, row)};
+        const void *iq[2] = {q, pos}, *ik[2] = {k, pos}, *ip[2] = {qkv, pos};
+        void *oq[1] = {qo}, *ok[1] = {ko}, *op[1] = {po};
+        CHECK_OK(run(rq, dq, iq, 2, oq, 1));
+        CHECK_OK(run(rk, dk, ik, 2, ok, 1));
+        CHECK_OK(run(rp, dp, ip, 2, op, 1));
+        void *pq = columns(po, t, T, row, 0, nh * hd), *pk = columns(po, t, T, row, nh * hd, nkv * hd);
+        void *pv = columns(po, t, T, row, (nh + nkv) * hd, nkv * hd);
+        CHECK(memcmp(pq, qo, (size_t)(T * nh * hd) * es) == 0);
+        CHECK(memcmp(pk, ko, (size_t)(T * nkv * hd) * es) == 0);
+        CHECK(memcmp(pv, v, (size_t)(T * nkv * hd) * es) == 0);
+        CHECK(memcmp(pq, q, (size_t)(T * nh * hd) * es) != 0); /* it did rotate */
+        /* in place: y is x */
+        memcpy(po, qkv, (size_t)(T * row) * es);
+        const void *ipp[2] = {po, pos};
+        CHECK_OK(run(rp, dp, ipp, 2, op, 1));
+        void *iq2 = columns(po, t, T, row, 0, nh * hd), *iv2 = columns(po, t, T, row, (nh + nkv) * hd, nkv * hd);
+        CHECK(memcmp(iq2, qo, (size_t)(T * nh * hd) * es) == 0 && memcmp(iv2, v, (size_t)(T * nkv * hd) * es) == 0);
+        free(pq), free(pk), free(pv), free(iq2), free(iv2);
+        if (t == KILN_DTYPE_F32 && rotary_dim == hd && !interleaved)
+            check_blob(rp, "RoPE", 1, 40);
+        /* the packed plugin refuses an unpacked row */
+        CHECK(run(rp, dq, iq, 2, oq, 1) == KILN_ERROR_SHAPE);
+    }
+    if (rq)
+        rq->ops->destroy(rq);
+    if (rk)
+        rk->ops->destroy(rk);
+    if (rp)
+        rp->ops->destroy(rp);
+    free(qkv), free(q), free(k), free(v), free(qo), free(ko), free(po);
+}
+
+static void test_rope_packed(void) {
+    const char *scalings[3] = {"none", "linear", "llama3"};
+    for (int ti = 0; ti < 3; ti++)
+        for (int s = 0; s < 3; s++) {
+            check_rope_packed(float_types[ti], scalings[s], 0, 16);
+            check_rope_packed(float_types[ti], scalings[s], 1, 8);
+        }
+}
+
+/* ---------------------------------------------------------------------------
+ * Packed SwiGLU against SwiGLU on gate and up apart
+ * ------------------------------------------------------------------------- */
+
+static void test_swiglu_packed(void) {
+    const int32_t one = 1;
+    kiln_field f = fi32("packed", &one);
+    kiln_plugin *apart = make("SwiGLU", NULL, 0), *packed = make("SwiGLU", &f, 1);
+    const int64_t rows = 3, I = 37;
+    for (int ti = 0; ti < 3 && apart && packed; ti++) {
+        kiln_dtype t = float_types[ti];
+        size_t es = esize(t);
+        void *gu = random_buf(t, rows * 2 * I);
+        void *g = columns(gu, t, rows, 2 * I, 0, I), *u = columns(gu, t, rows, 2 * I, I, I);
+        void *ya = malloc((size_t)(rows * I) * es), *yp = malloc((size_t)(rows * I) * es);
+        kiln_tensor_desc da[3] = {DESC(t, rows, I), DESC(t, rows, I), DESC(t, rows, I)};
+        kiln_tensor_desc dp[2] = {DESC(t, rows, 2 * I), DESC(t, rows, I)};
+        const void *ia[2] = {g, u}, *ip[1] = {gu};
+        void *oa[1] = {ya}, *op[1] = {yp};
+        CHECK_OK(run(apart, da, ia, 2, oa, 1));
+        CHECK_OK(run(packed, dp, ip, 1, op, 1));
+        CHECK(memcmp(ya, yp, (size_t)(rows * I) * es) == 0);
+        if (ti == 0)
+            check_blob(packed, "SwiGLU", 1, 0);
+        free(gu), free(g), free(u), free(ya), free(yp);
+    }
+    if (apart)
+        apart->ops->destroy(apart);
+    if (packed)
+        packed->ops->destroy(packed);
 }
 
 /* ---------------------------------------------------------------------------
@@ -174,5 +340,6 @@ static void teardown(void) {
     kiln_registry_destroy(reg);
 }
 
-static const test_case_ tests[] = {TEST(setup), TEST(test_attention_packed), TEST(teardown)};
+static const test_case_ tests[] = {TEST(setup),          TEST(test_add_rmsnorm),      TEST(test_rope_packed),
+                                   TEST(test_swiglu_packed), TEST(test_attention_packed), TEST(teardown)};
 TEST_MAIN(tests)

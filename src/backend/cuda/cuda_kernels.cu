@@ -9,6 +9,7 @@
  * register) and the copies per element size; everything else switches on
  * dtype at run time. Every kernel takes part in programmatic dependent
  * launch (kcu_after_prior, kcu_launch). */
+#include "cuda_internal.h"
 #include "kcu_device.cuh"
 
 #include <kiln/network.h>
@@ -38,11 +39,11 @@ extern "C" void kcu_set_pdl(int32_t on) { kcu_pdl = on != 0; }
 
 extern "C" int32_t kcu_pdl_enabled(void) { return kcu_pdl; }
 
-/* The backend's kernels run KCU_THREADS threads without dynamic shared memory. */
+/* One block size for every kernel here (see kcu_launch_cfg). */
 template <typename... P, typename... A>
 static cudaError_t kcu_launch(void (*kernel)(P...), unsigned blocks, cudaStream_t stream, A... args)
 {
-    return kcu_launch_grid(kernel, dim3(blocks), KCU_THREADS, 0, stream, args...);
+    return kcu_launch_cfg(kernel, dim3(blocks), dim3(KCU_THREADS), stream, args...);
 }
 
 __device__ __forceinline__ float kcu_load(const void *p, int t, int64_t i)

@@ -1,16 +1,16 @@
-/* Device-side pieces every CUDA kernel of kiln shares (the backend's
- * kernels in cuda_kernels.cu and the built-in plugins' .cu files): the
- * programmatic-dependent-launch wait and launcher, and the element
- * conversions that match src/core/dtype.c bit for bit. CUDA C++ only. */
+/* Device helpers shared by the CUDA backend's kernels (cuda_kernels.cu)
+ * and the built-in plugins' kernels (plugins/<name>/<name>_cuda.cu): the
+ * programmatic-dependent-launch wait and launch, and the f16/bf16
+ * conversions that are bit-exact with src/core/dtype.c. Include from .cu
+ * files only. */
 #ifndef KILN_BACKEND_CUDA_KCU_DEVICE_CUH
 #define KILN_BACKEND_CUDA_KCU_DEVICE_CUH
 
-#include "cuda_internal.h"
-
-#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include "cuda_internal.h"
 
 /* Programmatic dependent launch (sm_90): a kernel may be launched while
  * the previous one on the stream still runs (its launch latency hidden),
@@ -43,24 +43,19 @@ __device__ __forceinline__ void kcu_after_prior(const void *p, const void *q, in
 #endif
 }
 
-/* Whether launches use programmatic dependent launch (kcu_set_pdl). */
-extern "C" int32_t kcu_pdl_enabled(void);
-
-/* Launches `kernel` on grid × block threads with `smem` bytes of dynamic
- * shared memory and programmatic stream serialization, so the launch
- * overlaps the previous kernel on the stream (see kcu_after_prior, which
- * every kernel calls first). Works inside stream capture as well. */
+/* Launches with programmatic stream serialization, so the launch overlaps
+ * the previous kernel on the stream (see kcu_after_prior, which every
+ * kernel here calls first). Works inside stream capture as well. */
 template <typename... P, typename... A>
-static cudaError_t kcu_launch_grid(void (*kernel)(P...), dim3 grid, unsigned block, size_t smem, cudaStream_t stream,
-                                   A... args)
+static cudaError_t kcu_launch_cfg(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A... args)
 {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
-    cfg.blockDim = dim3(block);
-    cfg.dynamicSmemBytes = smem;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = kcu_pdl_enabled() ? 1 : 0;
@@ -89,6 +84,45 @@ __device__ __forceinline__ uint16_t kcu_f32_f16(float f)
     if ((x & 0x7fffffffu) > 0x7f800000u)
         return (uint16_t)(((x >> 16) & 0x8000u) | 0x7e00u | ((x >> 13) & 0x3ffu));
     return __half_as_ushort(__float2half_rn(f));
+}
+
+/* Element i of a float tensor (kiln_dtype t: f32, f16 or bf16) as f32, the
+ * reverse, and v rounded to t (plugin_load, plugin_store and plugin_round
+ * of plugins/plugin_util.h on the device). */
+__device__ __forceinline__ float kcu_load_float(const void *p, int t, int64_t i)
+{
+    if (t == KILN_DTYPE_F16)
+        return kcu_f16_f32(((const uint16_t *)p)[i]);
+    if (t == KILN_DTYPE_BF16)
+        return kcu_bf16_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
+}
+
+__device__ __forceinline__ void kcu_store_float(void *p, int t, int64_t i, float v)
+{
+    if (t == KILN_DTYPE_F16)
+        ((uint16_t *)p)[i] = kcu_f32_f16(v);
+    else if (t == KILN_DTYPE_BF16)
+        ((uint16_t *)p)[i] = kcu_f32_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+__device__ __forceinline__ float kcu_round_float(int t, float v)
+{
+    if (t == KILN_DTYPE_F16)
+        return kcu_f16_f32(kcu_f32_f16(v));
+    if (t == KILN_DTYPE_BF16)
+        return kcu_bf16_f32(kcu_f32_bf16(v));
+    return v;
+}
+
+/* Sum of v over the warp, every lane getting it. */
+__device__ __forceinline__ float kcu_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
 }
 
 #endif
