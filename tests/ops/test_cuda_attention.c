@@ -13,9 +13,10 @@
  *     alignment (other kernels, the separate cache write);
  *   - f32, f16, bf16; a decode and a prefill step replayed from a CUDA graph.
  * The GPU output is poisoned with NaN before each launch. Tolerance on the
- * output, ||gpu - cpu|| / ||cpu||: f32 1e-5, f16 2e-3, bf16 1e-2 (the CPU
- * accumulates in f32 in another order; the tensor-core path rounds the
- * probabilities to the storage dtype). Every element must be finite. The
+ * output, ||gpu - cpu|| / ||cpu||: f32 2e-5 (both sum up to 9000 terms in
+ * f32, in different orders: about sqrt(n/2) * 2^-24 apart), f16 2e-3 and
+ * bf16 1e-2 (a few ulps of the output dtype; the tensor-core path also
+ * rounds the probabilities to it). Every element must be finite. The
  * cache after the step must equal the CPU's byte for byte (it is a copy).
  *
  * Without a GPU (or without the CUDA backend) it exits 77: skipped. */
@@ -93,7 +94,7 @@ typedef struct step {
     const int32_t *n_new, *lens;
 } step;
 
-static double rel_norm_tol(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 1e-5 : t == KILN_DTYPE_F16 ? 2e-3 : 1e-2; }
+static double rel_norm_tol(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 2e-5 : t == KILN_DTYPE_F16 ? 2e-3 : 1e-2; }
 
 static kiln_status run_gpu(const kiln_layer *l, const kiln_exec_tensor *din, const kiln_exec_tensor *dout,
                            kiln_plugin *pl, void *ws, int graph)
