@@ -163,6 +163,7 @@ static void attn_setup(attn_job *j, kiln_registry *reg, int64_t S, int64_t n_new
     j->layer.n_inputs = 7;
     j->layer.n_outputs = 1;
     j->layer.tactic = -1;
+    j->layer.workspace = ws;
     free(table);
     free(lens);
     free(qs);

@@ -230,6 +230,7 @@ static void run_step(const step *c, kiln_dtype dt)
     l.n_inputs = n_in;
     l.n_outputs = 1;
     l.tactic = -1;
+    l.workspace = ws_bytes;
     kiln_cpu_args ca = {.layer = &l, .inputs = hin, .outputs = &hout, .plugin = pl, .pool = pool};
     CHECK_OK(kiln_cpu_run_layer(&ca));
     cudaDeviceSynchronize(); /* copies and poison ran on the legacy stream */
