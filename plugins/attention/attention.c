@@ -296,6 +296,8 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
     void *cache = (void *)(uintptr_t)in[meta];
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
+        if (in_desc[meta].dtype != in_desc[0].dtype)
+            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q");
         size_t es = plugin_float_size(in_desc[0].dtype);
         const char *q = in[0];
         kiln_attention_cuda_args a = {
@@ -309,8 +311,6 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
             a.v = q + (q_width + kv_width) * es;
             a.q_ld = a.k_ld = a.v_ld = q_width + 2 * kv_width;
         }
-        if (in_desc[meta].dtype != in_desc[0].dtype)
-            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q");
         int e = kiln_attention_cuda(&a, stream);
         if (e != 0)
             return host->fail(KILN_ERROR_BACKEND, NAME ": CUDA launch failed: %s", kiln_attention_cuda_error(e));
@@ -336,8 +336,8 @@ static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tenso
     int32_t meta = p->packed_qkv ? 1 : 3;
     if (n_in != meta + 4 || in[0].dims.rank != 2 || in[meta + 1].dims.rank != 2)
         return 0;
-    return kiln_attention_cuda_workspace(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1], p->n_heads,
-                              p->n_kv_heads, p->head_dim, p->block_size);
+    return kiln_attention_cuda_workspace(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1],
+                                         p->n_heads, p->n_kv_heads, p->head_dim, p->block_size);
 #else
     return 0;
 #endif
