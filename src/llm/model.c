@@ -387,8 +387,10 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     KILN_TRY(kiln_llm_config_validate(c));
     if (o.dtype != KILN_DTYPE_F32 && o.dtype != KILN_DTYPE_F16 && o.dtype != KILN_DTYPE_BF16)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: dtype must be f32, f16 or bf16");
-    if (o.native && o.dtype != KILN_DTYPE_F32)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: native (quantized) weights need dtype f32");
+    /* The CPU QuantMatMul reads f32 activations; on CUDA it runs in the
+     * engine's dtype. */
+    if (o.native && o.dtype != KILN_DTYPE_F32 && o.backend != KILN_BACKEND_CUDA)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: native (quantized) weights need dtype f32 on the cpu");
     if (o.max_seq_len <= 0) {
         int64_t m = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
         o.max_seq_len = (int32_t)(m < 4096 ? m : 4096);
@@ -457,7 +459,9 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
     size_t cfg_len = 0;
     void *tok = NULL;
     size_t tok_len = 0;
-    kiln_status st = kiln_llm_config_to_json(&ck->config, &cfg_json, &cfg_len);
+    kiln_status st = kiln_llm_add_sampling(net, ck->config.max_batch);
+    if (st == KILN_OK)
+        st = kiln_llm_config_to_json(&ck->config, &cfg_json, &cfg_len);
     if (st == KILN_OK)
         st = kiln_llm_network_add_section(net, KILN_LLM_SECTION_CONFIG, cfg_json, cfg_len);
     if (st == KILN_OK)
@@ -472,7 +476,7 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
             bc = *bcfg;
         else
             kiln_build_config_init(&bc);
-        bc.backend = KILN_BACKEND_CPU;
+        bc.backend = opt->backend;
         if (opt->progress) {
             bc.progress = forward_progress;
             bc.progress_user = (void *)opt;

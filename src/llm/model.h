@@ -46,6 +46,7 @@ typedef struct kiln_llm_checkpoint {
 void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck);
 
 typedef struct kiln_llm_build_options {
+    kiln_backend backend;    /* CPU (default) or CUDA */
     kiln_dtype dtype;        /* F32 (default), F16, BF16: weights, activations, KV cache */
     int32_t max_batch;       /* sequences per step (default 8) */
     int32_t max_seq_len;     /* tokens per sequence (default min(4096, max_position_embeddings));
@@ -57,7 +58,8 @@ typedef struct kiln_llm_build_options {
     void (*progress)(void *user, double fraction, const char *what);
     void *progress_user;
     /* Nonzero: matmul weights the checkpoint stores as Q8_0, Q4_0 or Q4_1
-     * stay in that format (kiln/QuantMatMul); needs dtype F32. */
+     * stay in that format (kiln/QuantMatMul); the rest is in dtype, which
+     * must be F32 on the CPU (F32, F16 or BF16 on CUDA). */
     int native;
 } kiln_llm_build_options;
 
@@ -74,6 +76,13 @@ kiln_status kiln_llm_config_validate(const kiln_llm_config *cfg);
 kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                    kiln_network **out);
 
+/* Appends the sampling layer to a step network (docs/llm.md): kiln/Sample
+ * over the network's "logits" output, with the per-sequence inputs
+ * "sample_params" (f32 [S, 4]: temperature, top_k, top_p, min_p) and
+ * "sample_random" (i32 [S, 2], kiln_sampler_uniform_bits), S in
+ * [1, max_batch], and the output "next_token" (i32 [S]). */
+kiln_status kiln_llm_add_sampling(kiln_network *net, int32_t max_batch);
+
 /* Appends an extra engine section (data copied) to a network, which
  * kiln_build copies into the engine verbatim (graph.sections). */
 kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const void *data, size_t size);
@@ -81,8 +90,9 @@ kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const v
 #define KILN_LLM_SECTION_CONFIG KILN_FOURCC('L', 'L', 'M', 'C')
 #define KILN_LLM_SECTION_TOKENIZER KILN_FOURCC('T', 'O', 'K', 'N')
 
-/* kiln_llm_build_network, the LLMC and TOKN sections, then kiln_build on
- * the CPU backend into *engine. `bcfg` may be NULL (defaults; its progress
+/* kiln_llm_build_network, the sampling layer (kiln_llm_add_sampling), the
+ * LLMC and TOKN sections, then kiln_build for opt->backend into *engine.
+ * `bcfg` may be NULL (defaults; its backend is opt->backend, its progress
  * is replaced by opt->progress). */
 kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                   const kiln_build_config *bcfg, kiln_buffer *engine);

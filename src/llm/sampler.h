@@ -41,9 +41,22 @@ int32_t kiln_sampler_filter(const float *logits, int32_t vocab, const kiln_llm_s
 /* Index of the largest logit (the first on ties). */
 int32_t kiln_sampler_argmax(const float *logits, int32_t vocab);
 
+/* The candidate a uniform u in [0, 1) picks from kiln_sampler_filter's n
+ * candidates: the first whose cumulative probability exceeds u (the last
+ * when rounding leaves u beyond them all). */
+int32_t kiln_sampler_draw(const kiln_candidate *c, int32_t n, double u);
+
 /* The next token: penalties must already be applied; greedy when
  * temperature <= 0, else a draw from kiln_sampler_filter's set. */
 int32_t kiln_sampler_sample(const float *logits, int32_t vocab, const kiln_llm_sampling *p,
                             kiln_rng *rng, kiln_candidate *scratch);
+
+/* The sampling layer (kiln/Sample, docs/llm.md) takes each sequence's
+ * uniform as two i32 (the high 21 and low 32 of 53 random bits), so its
+ * draws are the ones kiln_sampler_sample makes from the same PRNG state:
+ * uniform_bits advances rng exactly as kiln_rng_uniform does, and
+ * uniform_from_bits returns the same double. */
+void kiln_sampler_uniform_bits(kiln_rng *rng, int32_t out[2]);
+double kiln_sampler_uniform_from_bits(const int32_t bits[2]);
 
 #endif

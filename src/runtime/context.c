@@ -648,13 +648,25 @@ kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *
     return KILN_OK;
 }
 
-kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t enable)
+kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t mode)
+{
+    if (mode != KILN_CUDA_GRAPH_OFF && mode != KILN_CUDA_GRAPH_ON && mode != KILN_CUDA_GRAPH_PAUSED)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "CUDA graph mode %d is not OFF, ON or PAUSED", (int)mode);
+#ifdef KILN_HAVE_CUDA
+    if (ctx->cuda)
+        return kiln_cuda_context_set_graph(ctx, mode);
+#endif
+    return kiln_fail(KILN_ERROR_TARGET, "CUDA graphs need an engine built for cuda; this one is %s",
+                     kiln_backend_name(ctx->engine->info.backend));
+}
+
+kiln_status kiln_context_graph_nodes(kiln_context *ctx, size_t *n_nodes)
 {
 #ifdef KILN_HAVE_CUDA
     if (ctx->cuda)
-        return kiln_cuda_context_set_graph(ctx, enable);
+        return kiln_cuda_context_graph_nodes(ctx, n_nodes);
 #endif
-    (void)enable;
+    (void)n_nodes;
     return kiln_fail(KILN_ERROR_TARGET, "CUDA graphs need an engine built for cuda; this one is %s",
                      kiln_backend_name(ctx->engine->info.backend));
 }

@@ -187,12 +187,13 @@ typedef struct graph_entry {
     int64_t *symbols;          /* graph.n_symbols */
     void **addr;               /* engine n_io: device address of each I/O tensor */
     cudaGraphExec_t exec;      /* NULL: slot empty */
+    size_t n_nodes;            /* kernel and copy nodes: launches per replay */
     uint64_t last_use;
 } graph_entry;
 
-/* Shapes a context alternates between (e.g. prefill and decode) stay
- * captured; a fifth evicts the least recently used. */
-#define GRAPH_CACHE 4
+/* Shapes a context alternates between (an LLM's decode batch sizes) stay
+ * captured; a seventeenth evicts the least recently used. */
+#define GRAPH_CACHE 16
 
 /* The arguments of the host callback that finishes a staged output copy. */
 typedef struct staged_output {
@@ -207,8 +208,9 @@ struct kiln_cuda_context {
     int32_t timed;             /* start/stop describe the last enqueue */
     cudaEvent_t *layer_events; /* graph.n_layers + 1 when profiling */
     int32_t profiled;          /* layer_events describe the last enqueue */
-    int32_t graph_mode;
+    int32_t graph_mode;        /* KILN_CUDA_GRAPH_* */
     graph_entry graphs[GRAPH_CACHE];
+    const graph_entry *last_graph; /* what the last enqueue replayed, NULL: none */
     uint64_t uses;
     /* pinned staging per tensor (only I/O tensors get one) */
     void **staging;
@@ -222,6 +224,7 @@ struct kiln_cuda_context {
 
 static void drop_graphs(kiln_cuda_context *c)
 {
+    c->last_graph = NULL;
     /* An executable graph still running is freed when it completes. */
     for (int i = 0; i < GRAPH_CACHE; i++)
         if (c->graphs[i].exec) {
@@ -513,6 +516,11 @@ static kiln_status capture(kiln_context *ctx, cudaStream_t s, graph_entry *en)
             st = cuda_failed(err, "cudaGraphInstantiate", __FILE__, __LINE__);
         }
     }
+    en->n_nodes = 0;
+    if (st == KILN_OK && cudaGraphGetNodes(graph, NULL, &en->n_nodes) != cudaSuccess) {
+        cudaGetLastError();
+        en->n_nodes = 0;
+    }
     if (graph)
         cudaGraphDestroy(graph);
     if (st != KILN_OK)
@@ -520,7 +528,8 @@ static kiln_status capture(kiln_context *ctx, cudaStream_t s, graph_entry *en)
     memcpy(en->symbols, ctx->symbols, sizeof *en->symbols * (size_t)e->graph.n_symbols);
     for (int32_t i = 0; i < e->n_io; i++)
         en->addr[i] = io_address(ctx, e->io[i]);
-    kiln_log(KILN_LOG_INFO, "cuda: captured a graph of %d layers", (int)e->graph.n_layers);
+    kiln_log(KILN_LOG_INFO, "cuda: captured a graph of %d layers, %zu nodes", (int)e->graph.n_layers,
+             en->n_nodes);
     return KILN_OK;
 }
 
@@ -544,6 +553,7 @@ static kiln_status enqueue_graph(kiln_context *ctx, cudaStream_t s)
         KILN_TRY(capture(ctx, s, en));
     }
     en->last_use = ++c->uses;
+    c->last_graph = en;
     CU(cudaEventRecord(c->start, s));
     CU(cudaGraphLaunch(en->exec, s));
     CU(cudaEventRecord(c->stop, s));
@@ -551,11 +561,11 @@ static kiln_status enqueue_graph(kiln_context *ctx, cudaStream_t s)
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_context_set_graph(kiln_context *ctx, int32_t enable)
+kiln_status kiln_cuda_context_set_graph(kiln_context *ctx, int32_t mode)
 {
     kiln_cuda_context *c = ctx->cuda;
     const kiln_graph *g = &ctx->engine->graph;
-    if (enable)
+    if (mode == KILN_CUDA_GRAPH_ON && c->graph_mode != KILN_CUDA_GRAPH_ON)
         for (int32_t l = 0; l < g->n_layers; l++) {
             const kiln_layer *L = &g->layers[l];
             if (L->op != KILN_OP_PLUGIN)
@@ -567,9 +577,27 @@ kiln_status kiln_cuda_context_set_graph(kiln_context *ctx, int32_t enable)
                                  "is not marked capture-safe",
                                  g->plugins[L->p.plugin.index].name, L->name);
         }
-    if (!enable)
+    if (mode == KILN_CUDA_GRAPH_OFF)
         drop_graphs(c);
-    c->graph_mode = enable != 0;
+    c->graph_mode = mode;
+    return KILN_OK;
+}
+
+kiln_status kiln_cuda_context_graph_nodes(kiln_context *ctx, size_t *n_nodes)
+{
+    const kiln_cuda_context *c = ctx->cuda;
+    if (!c->last_graph)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "the last enqueue did not replay a CUDA graph");
+    *n_nodes = c->last_graph->n_nodes;
+    return KILN_OK;
+}
+
+kiln_status kiln_cuda_memory_info(size_t *free_bytes, size_t *total_bytes)
+{
+    size_t f = 0, t = 0;
+    CU(cudaMemGetInfo(&f, &t));
+    *free_bytes = f;
+    *total_bytes = t;
     return KILN_OK;
 }
 
@@ -587,9 +615,10 @@ kiln_status kiln_cuda_context_enqueue(kiln_context *ctx, void *stream)
     int outer = cs != cudaStreamCaptureStatusNone;
     c->timed = 0;
     c->profiled = 0;
+    c->last_graph = NULL;
     if (outer)
         return launch_layers(ctx, s, NULL, 0);
-    if (c->graph_mode)
+    if (c->graph_mode == KILN_CUDA_GRAPH_ON)
         return enqueue_graph(ctx, s);
     int profile = ctx->layer_ms && c->layer_events;
     CU(cudaEventRecord(c->start, s));

@@ -138,7 +138,11 @@ kiln_status kiln_cuda_context_run_reference(kiln_context *ctx);
 /* Copies through tensor t's pinned staging buffer; to_device: host -> t. */
 kiln_status kiln_cuda_context_copy(kiln_context *ctx, int32_t t, void *host, size_t bytes,
                                    int to_device);
-kiln_status kiln_cuda_context_set_graph(kiln_context *ctx, int32_t enable);
+/* mode: KILN_CUDA_GRAPH_* (checked by the caller). */
+kiln_status kiln_cuda_context_set_graph(kiln_context *ctx, int32_t mode);
+kiln_status kiln_cuda_context_graph_nodes(kiln_context *ctx, size_t *n_nodes);
+/* cudaMemGetInfo of the current device. */
+kiln_status kiln_cuda_memory_info(size_t *free_bytes, size_t *total_bytes);
 kiln_status kiln_cuda_context_gpu_time(kiln_context *ctx, float *ms);
 /* Creates the per-layer events (ctx->layer_ms is allocated). */
 kiln_status kiln_cuda_context_set_profiling(kiln_context *ctx);
