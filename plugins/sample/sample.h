@@ -11,6 +11,9 @@ extern "C" {
 
 /* top_k as the params row holds it (a float) to the sampler's int: <= 0
  * or NaN is off, beyond the vocabulary is all of it. */
+#ifdef __CUDACC__
+__host__ __device__
+#endif
 static inline int32_t sample_top_k(float k, int32_t vocab) {
     return k >= 1.0f ? (k < (float)vocab ? (int32_t)k : vocab) : 0;
 }
