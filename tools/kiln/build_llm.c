@@ -24,9 +24,12 @@ static const char build_llm_help[] =
     "\n"
     "options:\n"
     "  -o, --output FILE     engine file to write (required)\n"
-    "  --dtype T             f32, f16 or bf16: weights, activations, KV cache; native: f32,\n"
-    "                        with the GGUF's Q8_0/Q4_0/Q4_1 matmul weights kept quantized\n"
-    "                        (the default for a .gguf; f32 otherwise)\n"
+    "  --backend B           cpu (default) or cuda; a cuda engine builds on a machine\n"
+    "                        without a GPU too (its tactics are then heuristic)\n"
+    "  --dtype T             f32, f16 or bf16: weights, activations, KV cache; native:\n"
+    "                        the GGUF's Q8_0/Q4_0/Q4_1 matmul weights kept quantized, the\n"
+    "                        rest f32 on the cpu, bf16 on cuda (the default for a .gguf;\n"
+    "                        otherwise f32 on the cpu, bf16 on cuda)\n"
     "  --max-batch N         sequences per step (default 8)\n"
     "  --max-seq-len N       tokens per sequence (default min(4096, the model's context))\n"
     "  --max-tokens N        new tokens per step (default max-seq-len)\n"
@@ -93,7 +96,7 @@ int cli_build_llm(int argc, char **argv) {
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
     const char *out = NULL, *tokenizer = NULL, *o, *val;
-    int status = CLI_OK, verbose = 0, dtype_given = 0;
+    int status = CLI_OK, verbose = 0, dtype_given = 0, float_given = 0;
     while ((o = cli_args_next(&a, llm_valued, &val))) {
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             fputs(build_llm_help, stdout);
@@ -103,6 +106,7 @@ int cli_build_llm(int argc, char **argv) {
         } else if (!strcmp(o, "--dtype")) {
             dtype_given = 1;
             opt.native = !strcmp(val, "native");
+            float_given = !opt.native;
             if (opt.native)
                 opt.dtype = KILN_DTYPE_F32;
             else if (!strcmp(val, "f32"))
@@ -130,8 +134,12 @@ int cli_build_llm(int argc, char **argv) {
         } else if (!strcmp(o, "--tokenizer")) {
             tokenizer = val;
         } else if (!strcmp(o, "--backend")) {
-            if (strcmp(val, "cpu") != 0) {
-                status = cli_usage("build", "LLM engines are built for --backend cpu only");
+            if (!strcmp(val, "cpu"))
+                opt.backend = KILN_BACKEND_CPU;
+            else if (!strcmp(val, "cuda"))
+                opt.backend = KILN_BACKEND_CUDA;
+            else {
+                status = cli_usage("build", "unknown --backend \"%s\" (cpu or cuda)", val);
                 goto done;
             }
         } else if (!strcmp(o, "--verbose")) {
@@ -158,6 +166,11 @@ int cli_build_llm(int argc, char **argv) {
         status = cli_usage("build", "a llama2.c checkpoint needs --tokenizer tokenizer.bin");
         goto done;
     }
+    /* On the GPU the weights, activations and KV cache default to bf16
+     * (f32 accumulation and statistics inside the kernels), also beside
+     * quantized GGUF weights. */
+    if (opt.backend == KILN_BACKEND_CUDA && !float_given)
+        opt.dtype = KILN_DTYPE_BF16;
     if (verbose)
         kiln_set_log(log_to_stderr, NULL, KILN_LOG_INFO);
     int drawn = 0;
@@ -206,9 +219,9 @@ int cli_build_llm(int argc, char **argv) {
         } else {
             const kiln_llm_config *c = &ck->config;
             const char *ct = kiln_llm_chat_template_name(c->chat_template);
-            printf("built %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s%s%s, max %d tokens x %d "
+            printf("built %s for %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s%s%s, max %d tokens x %d "
                    "sequences, chat template %s, %zu bytes\n",
-                   out, c->architecture, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->vocab_size,
+                   out, kiln_backend_name(opt.backend), c->architecture, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->vocab_size,
                    c->dtype == KILN_DTYPE_F32 ? "f32" : c->dtype == KILN_DTYPE_F16 ? "f16" : "bf16",
                    c->quantized[0] ? " with matmul weights " : "", c->quantized, c->max_seq_len,
                    c->max_batch, ct ? ct : "none", buf.size);

@@ -30,6 +30,9 @@ static const char detokenize_help[] =
     "  -h, --help       show this help\n";
 
 /* Options both commands take; sets *no_special only for tokenize. */
+/* Tokenizing needs no cache and no decode graphs. */
+static const kiln_llm_options tokenize_only = {.kv_cache_blocks = 1, .no_cuda_graphs = 1};
+
 static int parse(const char *cmd, int argc, char **argv, cli_args *a, const char **libs, int *n_libs,
                  int *no_special, int *help)
 {
@@ -66,7 +69,7 @@ int cli_tokenize(int argc, char **argv)
     kiln_registry *reg = NULL;
     kiln_llm *llm = NULL;
     if (st == CLI_OK && !help)
-        st = cli_llm_open(a.positional[0], libs, n_libs, 0, 1, &reg, &llm);
+        st = cli_llm_open(a.positional[0], libs, n_libs, &tokenize_only, &reg, &llm);
     if (st == CLI_OK && !help) {
         int32_t *ids = NULL;
         size_t n = 0;
@@ -116,7 +119,7 @@ int cli_detokenize(int argc, char **argv)
     kiln_registry *reg = NULL;
     kiln_llm *llm = NULL;
     if (st == CLI_OK && !help)
-        st = cli_llm_open(a.positional[0], libs, n_libs, 0, 1, &reg, &llm);
+        st = cli_llm_open(a.positional[0], libs, n_libs, &tokenize_only, &reg, &llm);
     if (st == CLI_OK && !help) {
         char *text = NULL;
         size_t len = 0;
