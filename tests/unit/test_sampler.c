@@ -4,6 +4,7 @@
 #include "test.h"
 
 #include "llm/sampler.h"
+#include "sample_run.h"
 
 static kiln_llm_sampling neutral(float temperature)
 {
@@ -244,7 +245,100 @@ static void test_xoshiro_reference(void)
     CHECK(kiln_rng_next(&r) == want);
 }
 
+/* The uniform the sampling layer takes as two i32 is kiln_rng_uniform's,
+ * and the PRNG advances the same. */
+static void test_uniform_bits(void)
+{
+    kiln_rng a, b;
+    kiln_rng_seed(&a, 77);
+    kiln_rng_seed(&b, 77);
+    int same = 1;
+    for (int i = 0; i < 1000; i++) {
+        int32_t bits[2];
+        kiln_sampler_uniform_bits(&a, bits);
+        same &= kiln_sampler_uniform_from_bits(bits) == kiln_rng_uniform(&b);
+    }
+    CHECK(same && a.s[0] == b.s[0] && a.s[3] == b.s[3]);
+}
+
+/* Pseudo-random logits with ties and -inf entries, as models produce
+ * (bf16 logits tie often). */
+static void noisy_logits(float *l, int32_t n, uint64_t seed)
+{
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    for (int32_t i = 0; i < n; i++) {
+        double u = kiln_rng_uniform(&r);
+        l[i] = (float)floor(u * 64.0) / 8.0f - 4.0f;
+        if (u < 0.02)
+            l[i] = -INFINITY;
+    }
+}
+
+/* The sampling layer (kiln/Sample) on the CPU draws exactly what
+ * kiln_sampler_sample draws from the same PRNG state, for every mix of
+ * parameters, rows of a batch independent. */
+static void test_sample_layer_matches_sampler(void)
+{
+    enum { S = 4, V = 700, ROUNDS = 40 };
+    sample_runner r;
+    CHECK_OK(sample_runner_open(&r, KILN_BACKEND_CPU, S, V));
+    if (!r.ctx) {
+        sample_runner_close(&r);
+        return;
+    }
+    static const kiln_llm_sampling mixes[] = {
+        {.temperature = 0.0f, .top_p = 1.0f},
+        {.temperature = 1.0f, .top_p = 1.0f},
+        {.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .min_p = 0.05f},
+        {.temperature = 1.3f, .top_p = 0.5f},
+        {.temperature = 0.9f, .top_k = 3, .top_p = 1.0f},
+        {.temperature = 2.0f, .top_p = 1.0f, .min_p = 0.2f},
+        {.temperature = 1.0f, .top_k = 10000, .top_p = 0.95f},
+    };
+    static float logits[S * V];
+    float params[S * 4];
+    int32_t random[S * 2], got[S];
+    kiln_candidate c[V];
+    int same = 1, draws = 0;
+    for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++) {
+        kiln_rng layer_rng[S], ref_rng[S];
+        for (int s = 0; s < S; s++) {
+            kiln_rng_seed(&layer_rng[s], 1000 * m + (uint64_t)s);
+            ref_rng[s] = layer_rng[s];
+        }
+        for (int round = 0; round < ROUNDS; round++) {
+            for (int s = 0; s < S; s++) {
+                const kiln_llm_sampling *p = &mixes[(m + (size_t)s) % (sizeof mixes / sizeof mixes[0])];
+                noisy_logits(logits + s * V, V, 31 * m + 7 * (uint64_t)round + (uint64_t)s);
+                params[4 * s] = p->temperature;
+                params[4 * s + 1] = (float)p->top_k;
+                params[4 * s + 2] = p->top_p;
+                params[4 * s + 3] = p->min_p;
+                random[2 * s] = random[2 * s + 1] = 0;
+                if (p->temperature > 0.0f)
+                    kiln_sampler_uniform_bits(&layer_rng[s], random + 2 * s);
+            }
+            CHECK_OK(sample_runner_run(&r, S, V, logits, params, random, got));
+            for (int s = 0; s < S; s++) {
+                const kiln_llm_sampling *p = &mixes[(m + (size_t)s) % (sizeof mixes / sizeof mixes[0])];
+                same &= got[s] == kiln_sampler_sample(logits + s * V, V, p, &ref_rng[s], c);
+                draws++;
+            }
+        }
+    }
+    CHECK(same && draws == 7 * ROUNDS * S);
+    /* Greedy ties go to the lowest id, also through the layer. */
+    for (int32_t i = 0; i < V; i++)
+        logits[i] = i == 5 || i == 9 ? 3.0f : 0.0f;
+    memset(params, 0, sizeof params);
+    CHECK_OK(sample_runner_run(&r, 1, V, logits, params, random, got));
+    CHECK(got[0] == 5);
+    sample_runner_close(&r);
+}
+
 static const test_case_ tests[] = {
+    TEST(test_uniform_bits), TEST(test_sample_layer_matches_sampler),
     TEST(test_greedy),    TEST(test_top_k),     TEST(test_top_k_large_vocab), TEST(test_top_p),
     TEST(test_min_p),     TEST(test_temperature), TEST(test_penalties),       TEST(test_seeded_draws),
     TEST(test_xoshiro_reference),
