@@ -74,9 +74,11 @@ __device__ __forceinline__ float sample_unordered(uint32_t o)
     return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
+/* s + 0.0f turns -0 into +0: the CPU compares them equal (a tie, broken
+ * by id), so their keys must be equal too. */
 __device__ __forceinline__ unsigned long long sample_key(float s, int32_t id)
 {
-    return (unsigned long long)sample_ordered(s) << 32 | (uint32_t)(0xffffffffu - (uint32_t)id);
+    return (unsigned long long)sample_ordered(s + 0.0f) << 32 | (uint32_t)(0xffffffffu - (uint32_t)id);
 }
 
 __device__ __forceinline__ int32_t sample_key_id(unsigned long long k)

@@ -351,6 +351,14 @@ static kiln_status capture_graphs(kiln_llm *llm)
 {
     int32_t top = llm->max_batch < llm->max_tokens ? llm->max_batch : llm->max_tokens;
     double t0 = now_ms();
+    /* An engine with a plugin that cannot be captured still runs, kernel
+     * by kernel. */
+    kiln_status safe = kiln_context_set_cuda_graph(llm->ctx, KILN_CUDA_GRAPH_ON);
+    if (safe == KILN_ERROR_UNSUPPORTED) {
+        kiln_log(KILN_LOG_WARNING, "llm: decode steps run without CUDA graphs: %s", kiln_last_error());
+        return KILN_OK;
+    }
+    KILN_TRY(safe);
     llm->h.query_start[0] = 0;
     for (int32_t b = 1;; b = b * 2 < top ? b * 2 : top) {
         pad_rows(llm, 0, b);
