@@ -104,11 +104,6 @@ KILN_API kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t mode
  * was not a graph; KILN_ERROR_TARGET on a CPU engine. */
 KILN_API kiln_status kiln_context_graph_nodes(kiln_context *ctx, size_t *n_nodes);
 
-/* Free and total bytes of the memory the engine's contexts allocate from:
- * the GPU's (cudaMemGetInfo) for a cuda engine, physical memory (available
- * and installed) on the CPU. Sizes caches such as an LLM's KV cache. */
-KILN_API kiln_status kiln_engine_memory_info(const kiln_engine *engine, size_t *free_bytes,
-                                             size_t *total_bytes);
 
 /* CUDA only: GPU milliseconds of the last enqueue, measured with CUDA
  * events around its launches (waits for it to finish). KILN_ERROR_TARGET

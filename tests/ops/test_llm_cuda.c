@@ -7,7 +7,8 @@
  * - generation: f32 cuda engines of every tiny checkpoint of tests/data/llm
  *   give the CPU engine's greedy tokens (8 prompts x 32), with CUDA graphs
  *   and without; batch invariance: a prompt decoded in a batch of 8 gives
- *   the tokens it gives alone.
+ *   the tokens it gives alone; the KV cache capped at what max_batch full
+ *   sequences use.
  * Skipped (77) without a GPU. */
 #ifdef KILN_HAVE_CUDA
 
@@ -229,6 +230,9 @@ static void test_generation(void)
             kiln_llm_info info;
             kiln_llm_info_get(gpu.llm, &info);
             CHECK(info.backend == KILN_BACKEND_CUDA && info.n_graphs >= 1);
+            /* 0.9 of an H200's free memory is far more than 8 sequences of
+             * 96 tokens can use: the cache is capped at 8 * 96 / 16 blocks. */
+            CHECK(info.n_blocks == 8 * 96 / 16 && info.cache_tokens == 8 * 96);
             kiln_llm_result ref[8], alone[8], batch[8], nograph[8];
             memset(ref, 0, sizeof ref);
             memset(alone, 0, sizeof alone);

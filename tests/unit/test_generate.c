@@ -271,6 +271,8 @@ static void test_open_info(void)
     /* f32: 2 (k, v) * 2 kv heads * 4 tokens * 8 dims * 4 bytes per block and layer. */
     CHECK(info.cache_bytes == (size_t)64 * 2 * KV_HEADS * 4 * HEAD_DIM * 4 * LAYERS);
     CHECK(info.chat_template && !strcmp(info.chat_template, "llama2"));
+    /* A CPU engine: no CUDA graphs. */
+    CHECK(info.backend == KILN_BACKEND_CPU && info.n_graphs == 0 && info.graph_nodes == 0);
     int32_t *ids = NULL;
     size_t n = 0;
     CHECK_OK(kiln_llm_prompt_ids(t.llm, "hello", 5, &ids, &n));
