@@ -33,6 +33,12 @@ typedef struct step_host {
     float *logits;                /* [max_batch, vocab]: penalties and engines without sampling */
 } step_host;
 
+/* The step's inputs, in the order run_step copies them. */
+enum { IN_TOKENS, IN_POSITIONS, IN_BLOCK_TABLE, IN_SEQ_LENS, IN_QUERY_START, IN_LAST_TOKEN, IN_PARAMS, IN_RANDOM,
+       N_STEP_INPUTS };
+static const char *const step_input_names[N_STEP_INPUTS] = {
+    "tokens", "positions", "block_table", "seq_lens", "query_start", "last_token", "sample_params", "sample_random"};
+
 struct kiln_llm {
     kiln_engine *engine;
     kiln_context *ctx;
@@ -48,6 +54,12 @@ struct kiln_llm {
     int32_t scratch_block;
     int has_sampler;             /* the engine ends with kiln/Sample (next_token) */
     step_host h;
+    /* What each step input's buffer (the context's own, which never moves)
+     * holds: a decode step copies only the inputs that changed (tokens,
+     * positions, seq_lens, random; block_table when a sequence enters a
+     * new block). */
+    void *shadow[N_STEP_INPUTS];
+    size_t shadow_bytes[N_STEP_INPUTS];
     int32_t cur_T, cur_S;        /* shapes set on the context, 0: none */
     /* Decode batch sizes with a captured graph, ascending; 0 buckets when
      * graphs are off. */
@@ -129,6 +141,8 @@ void kiln_llm_close(kiln_llm *llm)
     free(h->random);
     free(h->next);
     free(h->logits);
+    for (int i = 0; i < N_STEP_INPUTS; i++)
+        free(llm->shadow[i]);
     free(llm->cand);
     free(llm);
 }
@@ -325,6 +339,11 @@ static kiln_status setup_buffers(kiln_llm *llm)
     h->next = calloc(S, sizeof *h->next);
     h->logits = calloc(S * V, sizeof *h->logits);
     llm->cand = calloc(V, sizeof *llm->cand);
+    const size_t max_bytes[N_STEP_INPUTS] = {4 * T, 4 * T, 4 * S * (size_t)llm->max_blocks, 4 * S, 4 * (S + 1), 4 * S,
+                                             4 * 4 * S, 4 * 2 * S};
+    for (int i = 0; i < N_STEP_INPUTS; i++)
+        if (!(llm->shadow[i] = malloc(max_bytes[i])))
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
     if (!h->tokens || !h->positions || !h->block_table || !h->seq_lens || !h->last_token || !h->query_start ||
         !h->params || !h->random || !h->next || !h->logits || !llm->cand)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
@@ -859,21 +878,33 @@ static int samples_in_engine(const kiln_llm *llm, const gen_seq *q)
  * samples from: next_token, and the logits only when a row needs them.
  * One synchronization. With `graph` the step is a decode step padded to a
  * captured batch size and replays its graph. */
+/* Copies a step input in unless its buffer holds those bytes already. */
+static kiln_status copy_in(kiln_llm *llm, int which, const void *src, size_t bytes)
+{
+    if (llm->shadow_bytes[which] == bytes && memcmp(llm->shadow[which], src, bytes) == 0)
+        return KILN_OK;
+    llm->shadow_bytes[which] = 0;
+    KILN_TRY(kiln_context_copy_input(llm->ctx, step_input_names[which], src, bytes));
+    memcpy(llm->shadow[which], src, bytes);
+    llm->shadow_bytes[which] = bytes;
+    return KILN_OK;
+}
+
 static kiln_status run_step(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits)
 {
     step_host *h = &llm->h;
     kiln_context *ctx = llm->ctx;
     const size_t i4 = sizeof(int32_t);
     KILN_TRY(set_step_shapes(llm, T, S));
-    KILN_TRY(kiln_context_copy_input(ctx, "tokens", h->tokens, i4 * (size_t)T));
-    KILN_TRY(kiln_context_copy_input(ctx, "positions", h->positions, i4 * (size_t)T));
-    KILN_TRY(kiln_context_copy_input(ctx, "block_table", h->block_table, i4 * (size_t)S * (size_t)llm->max_blocks));
-    KILN_TRY(kiln_context_copy_input(ctx, "seq_lens", h->seq_lens, i4 * (size_t)S));
-    KILN_TRY(kiln_context_copy_input(ctx, "query_start", h->query_start, i4 * ((size_t)S + 1)));
-    KILN_TRY(kiln_context_copy_input(ctx, "last_token", h->last_token, i4 * (size_t)S));
+    KILN_TRY(copy_in(llm, IN_TOKENS, h->tokens, i4 * (size_t)T));
+    KILN_TRY(copy_in(llm, IN_POSITIONS, h->positions, i4 * (size_t)T));
+    KILN_TRY(copy_in(llm, IN_BLOCK_TABLE, h->block_table, i4 * (size_t)S * (size_t)llm->max_blocks));
+    KILN_TRY(copy_in(llm, IN_SEQ_LENS, h->seq_lens, i4 * (size_t)S));
+    KILN_TRY(copy_in(llm, IN_QUERY_START, h->query_start, i4 * ((size_t)S + 1)));
+    KILN_TRY(copy_in(llm, IN_LAST_TOKEN, h->last_token, i4 * (size_t)S));
     if (llm->has_sampler) {
-        KILN_TRY(kiln_context_copy_input(ctx, "sample_params", h->params, sizeof *h->params * 4 * (size_t)S));
-        KILN_TRY(kiln_context_copy_input(ctx, "sample_random", h->random, i4 * 2 * (size_t)S));
+        KILN_TRY(copy_in(llm, IN_PARAMS, h->params, sizeof *h->params * 4 * (size_t)S));
+        KILN_TRY(copy_in(llm, IN_RANDOM, h->random, i4 * 2 * (size_t)S));
     }
     if (llm->n_buckets)
         KILN_TRY(kiln_context_set_cuda_graph(ctx, graph ? KILN_CUDA_GRAPH_ON : KILN_CUDA_GRAPH_PAUSED));
