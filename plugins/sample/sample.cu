@@ -1,5 +1,8 @@
 /* kiln/Sample on the GPU: one block per sequence.
  *
+ * A row with a state slot first updates the slot's history (sample.h)
+ * and, when it has penalties, writes its penalized logits to the workspace
+ * with the CPU's float operations (no contraction), and samples from them.
  * Greedy rows take the argmax (lowest id on ties, as the CPU sampler).
  * Sampled rows order candidates by a 64-bit key, the tempered logit's
  * order-preserving bits then the complemented id, so that key order is the
@@ -123,9 +126,39 @@ __device__ unsigned long long sample_select(const float *row, int32_t V, float i
     return prefix;
 }
 
-__global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_kernel(const float *__restrict__ logits, const float *__restrict__ params,
-                  const int32_t *__restrict__ random, int32_t *__restrict__ ids, int32_t V, float *work)
+/* One logit under the penalties: kiln_sampler_penalty's operations. */
+__device__ __forceinline__ float sample_penalize(float x, int32_t v, float rep, float presence, float frequency)
+{
+    if ((v & 1) && rep > 0.0f && rep != 1.0f)
+        x = x > 0.0f ? __fdiv_rn(x, rep) : __fmul_rn(x, rep);
+    int32_t count = v >> 1;
+    if (count > 0 && (presence != 0.0f || frequency != 0.0f))
+        x = __fsub_rn(x, __fadd_rn(presence, __fmul_rn(frequency, (float)count)));
+    return x;
+}
+
+/* The slot's history: restart at position 0, then mark the fed tokens. */
+__device__ void sample_track_row(const sample_args &a, int32_t s, int32_t *st, int32_t n_prompt)
+{
+    const int32_t t0 = a.qstart[s], t1 = a.qstart[s + 1];
+    if (t0 < 0 || t1 > a.T || t0 >= t1)
+        return;
+    if (a.positions[t0] == 0)
+        for (int32_t i = threadIdx.x; i < a.V; i += blockDim.x)
+            st[i] = 0;
+    __syncthreads();
+    for (int32_t t = t0 + (int32_t)threadIdx.x; t < t1; t += blockDim.x) {
+        int32_t tok = a.tokens[t];
+        if (tok < 0 || tok >= a.V)
+            continue;
+        atomicOr(&st[tok], 1);
+        if (a.positions[t] >= n_prompt)
+            atomicAdd(&st[tok], 2);
+    }
+    __syncthreads();
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_args a)
 {
     __shared__ sample_smem tmp;
     __shared__ int hist[256];
@@ -135,10 +168,27 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     __shared__ double dshare;
     __shared__ unsigned long long keys[SAMPLE_SMALL];
     __shared__ float probs[SAMPLE_SMALL];
-    const int32_t s = blockIdx.x;
-    const float *row = logits + (size_t)s * (size_t)V;
-    float *p = work + (size_t)s * (size_t)V * 2; /* the workspace holds 8 bytes per entry */
-    const float temperature = params[4 * s], top_p = params[4 * s + 2], min_p = params[4 * s + 3];
+    const int32_t s = blockIdx.x, V = a.V;
+    const float *row = a.logits + (size_t)s * (size_t)V;
+    const float *pr = a.params + (size_t)s * SAMPLE_PARAMS;
+    const int32_t *sq = a.seq + (size_t)s * SAMPLE_SEQ;
+    int32_t *ids = a.ids;
+    /* The workspace: 8 bytes per entry for probabilities, then 4 for
+     * penalized logits. */
+    float *p = (float *)a.workspace + (size_t)s * (size_t)V * 2;
+    const float temperature = pr[0], top_p = pr[2], min_p = pr[3];
+    const int32_t slot = sq[2];
+    if (slot >= 0 && slot < a.slots) {
+        int32_t *st = a.state + (size_t)slot * (size_t)V;
+        sample_track_row(a, s, st, sq[3]);
+        if (sample_has_penalty(pr)) {
+            float *pen = (float *)a.workspace + (size_t)a.S * (size_t)V * 2 + (size_t)s * (size_t)V;
+            for (int32_t i = threadIdx.x; i < V; i += blockDim.x)
+                pen[i] = sample_penalize(row[i], st[i], pr[4], pr[5], pr[6]);
+            __syncthreads();
+            row = pen;
+        }
+    }
 
     /* Greedy, and the fallback of a row without candidates. */
     sample_argmax best = {-INFINITY, -1};
@@ -168,10 +218,9 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     m = fshare;
     if (!(temperature > 0.0f) || n == 0)
         return;
-    const int32_t top_k = sample_top_k(params[4 * s + 1], V);
+    const int32_t top_k = sample_top_k(pr[1], V);
     const int32_t k = top_k > 0 && top_k < n ? top_k : n;
-    const double u = (double)((unsigned long long)(uint32_t)random[2 * s] << 32 | (uint32_t)random[2 * s + 1]) *
-                     0x1.0p-53;
+    const double u = (double)((unsigned long long)(uint32_t)sq[0] << 32 | (uint32_t)sq[1]) * 0x1.0p-53;
     __syncthreads();
 
     unsigned long long kth = k < n ? sample_select(row, V, inv_t, k, hist, &found, &need) : 0;
@@ -310,10 +359,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
     }
 }
 
-extern "C" int kiln_sample_cuda(const void *logits, const void *params, const void *random, void *ids, int32_t S,
-                                int32_t V, void *workspace, void *stream)
+extern "C" int kiln_sample_cuda(const sample_args *a, void *stream)
 {
-    sample_kernel<<<S, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(
-        (const float *)logits, (const float *)params, (const int32_t *)random, (int32_t *)ids, V, (float *)workspace);
+    sample_kernel<<<a->S, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(*a);
     return (int)cudaGetLastError();
 }

@@ -15,6 +15,7 @@
 
 #include "../core/error.h"
 #include "../runtime/runtime_internal.h"
+#include "../../plugins/sample/sample.h"
 #include "chat_template.h"
 #include "kv_cache.h"
 #include "llm_config.h"
@@ -27,17 +28,17 @@ typedef struct step_host {
     int32_t *block_table;         /* [max_batch, max_blocks] */
     int32_t *seq_lens, *last_token; /* [max_batch] */
     int32_t *query_start;         /* [max_batch + 1] */
-    float *params;                /* [max_batch, 4] sample_params */
-    int32_t *random;              /* [max_batch, 2] sample_random */
+    float *params;                /* [max_batch, SAMPLE_PARAMS] sample_params */
+    int32_t *seq;                 /* [max_batch, SAMPLE_SEQ] sample_seq */
     int32_t *next;                /* [max_batch] next_token */
     float *logits;                /* [max_batch, vocab]: penalties and engines without sampling */
 } step_host;
 
 /* The step's inputs, in the order run_step copies them. */
-enum { IN_TOKENS, IN_POSITIONS, IN_BLOCK_TABLE, IN_SEQ_LENS, IN_QUERY_START, IN_LAST_TOKEN, IN_PARAMS, IN_RANDOM,
+enum { IN_TOKENS, IN_POSITIONS, IN_BLOCK_TABLE, IN_SEQ_LENS, IN_QUERY_START, IN_LAST_TOKEN, IN_PARAMS, IN_SEQ,
        N_STEP_INPUTS };
 static const char *const step_input_names[N_STEP_INPUTS] = {
-    "tokens", "positions", "block_table", "seq_lens", "query_start", "last_token", "sample_params", "sample_random"};
+    "tokens", "positions", "block_table", "seq_lens", "query_start", "last_token", "sample_params", "sample_seq"};
 
 struct kiln_llm {
     kiln_engine *engine;
@@ -56,11 +57,15 @@ struct kiln_llm {
     step_host h;
     /* What each step input's buffer (the context's own, which never moves)
      * holds: a decode step copies only the inputs that changed (tokens,
-     * positions, seq_lens, random; block_table when a sequence enters a
+     * positions, seq_lens, sample_seq; block_table when a sequence enters a
      * new block). */
     void *shadow[N_STEP_INPUTS];
     size_t shadow_bytes[N_STEP_INPUTS];
     int32_t cur_T, cur_S;        /* shapes set on the context, 0: none */
+    /* Free rows of sample_state, the penalties' history on the engine's
+     * side: a running sequence with a penalty holds one. */
+    int32_t *free_slots;          /* [max_batch] */
+    int32_t n_free_slots;
     /* Decode batch sizes with a captured graph, ascending; 0 buckets when
      * graphs are off. */
     int32_t buckets[32];
@@ -138,7 +143,8 @@ void kiln_llm_close(kiln_llm *llm)
     free(h->last_token);
     free(h->query_start);
     free(h->params);
-    free(h->random);
+    free(h->seq);
+    free(llm->free_slots);
     free(h->next);
     free(h->logits);
     for (int i = 0; i < N_STEP_INPUTS; i++)
@@ -291,10 +297,10 @@ static kiln_status set_step_shapes(kiln_llm *llm, int32_t T, int32_t S)
     KILN_TRY(kiln_context_set_input_shape(llm->ctx, "query_start", &dq));
     KILN_TRY(kiln_context_set_input_shape(llm->ctx, "last_token", &ds));
     if (llm->has_sampler) {
-        kiln_dims dp = {.rank = 2, .d = {S, 4}};
-        kiln_dims dr = {.rank = 2, .d = {S, 2}};
+        kiln_dims dp = {.rank = 2, .d = {S, SAMPLE_PARAMS}};
+        kiln_dims dr = {.rank = 2, .d = {S, SAMPLE_SEQ}};
         KILN_TRY(kiln_context_set_input_shape(llm->ctx, "sample_params", &dp));
-        KILN_TRY(kiln_context_set_input_shape(llm->ctx, "sample_random", &dr));
+        KILN_TRY(kiln_context_set_input_shape(llm->ctx, "sample_seq", &dr));
     }
     llm->cur_T = T;
     llm->cur_S = S;
@@ -324,7 +330,11 @@ static kiln_status setup_buffers(kiln_llm *llm)
     if (llm->has_sampler) {
         KILN_TRY(io_max(llm, "next_token", KILN_DTYPE_I32, &m));
         KILN_TRY(io_max(llm, "sample_params", KILN_DTYPE_F32, &m));
-        KILN_TRY(io_max(llm, "sample_random", KILN_DTYPE_I32, &m));
+        KILN_TRY(io_max(llm, "sample_seq", KILN_DTYPE_I32, &m));
+        KILN_TRY(io_max(llm, "sample_state", KILN_DTYPE_I32, &m));
+        if (m.rank != 2 || m.d[0] < llm->max_batch || m.d[1] != c->vocab_size)
+            return kiln_fail(KILN_ERROR_FORMAT, "sample_state must be [max_batch %d, vocab_size %d]",
+                             (int)llm->max_batch, (int)c->vocab_size);
     }
     size_t T = (size_t)llm->max_tokens, S = (size_t)llm->max_batch, V = (size_t)c->vocab_size;
     step_host *h = &llm->h;
@@ -334,18 +344,22 @@ static kiln_status setup_buffers(kiln_llm *llm)
     h->seq_lens = calloc(S, sizeof *h->seq_lens);
     h->last_token = calloc(S, sizeof *h->last_token);
     h->query_start = calloc(S + 1, sizeof *h->query_start);
-    h->params = calloc(S * 4, sizeof *h->params);
-    h->random = calloc(S * 2, sizeof *h->random);
+    h->params = calloc(S * SAMPLE_PARAMS, sizeof *h->params);
+    h->seq = calloc(S * SAMPLE_SEQ, sizeof *h->seq);
+    llm->free_slots = calloc(S, sizeof *llm->free_slots);
     h->next = calloc(S, sizeof *h->next);
     h->logits = calloc(S * V, sizeof *h->logits);
     llm->cand = calloc(V, sizeof *llm->cand);
     const size_t max_bytes[N_STEP_INPUTS] = {4 * T, 4 * T, 4 * S * (size_t)llm->max_blocks, 4 * S, 4 * (S + 1), 4 * S,
-                                             4 * 4 * S, 4 * 2 * S};
+                                             4 * SAMPLE_PARAMS * S, 4 * SAMPLE_SEQ * S};
+    for (size_t i = 0; i < S; i++)
+        llm->free_slots[i] = (int32_t)(S - 1 - i);
+    llm->n_free_slots = (int32_t)S;
     for (int i = 0; i < N_STEP_INPUTS; i++)
         if (!(llm->shadow[i] = malloc(max_bytes[i])))
             return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
     if (!h->tokens || !h->positions || !h->block_table || !h->seq_lens || !h->last_token || !h->query_start ||
-        !h->params || !h->random || !h->next || !h->logits || !llm->cand)
+        !h->params || !h->seq || !h->next || !h->logits || !llm->cand || !llm->free_slots)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
     /* The context's own buffers, allocated once at the max shapes: later
      * steps' smaller shapes reuse them, so their addresses (which a
@@ -527,6 +541,7 @@ typedef struct gen_seq {
     size_t text_len, text_cap, emitted;
     size_t max_stop;             /* longest stop string */
     int state;
+    int32_t slot;                /* row of sample_state, -1: none */
     kiln_llm_finish finish;
     double t_first, t_last;
 } gen_seq;
@@ -588,6 +603,7 @@ static kiln_status seq_init(kiln_llm *llm, int32_t i, const kiln_llm_request *r,
     const kiln_llm_config *c = &llm->cfg;
     q->req = r;
     q->res = res;
+    q->slot = -1;
     if (r->max_tokens < 1)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "request %d: max_tokens %d must be >= 1", (int)i,
                          (int)r->max_tokens);
@@ -719,6 +735,20 @@ static int emit(gen_seq *q, int32_t index, int32_t token, int final, kiln_llm_to
     return fn(user, index, token, q->text + from, end - from);
 }
 
+static int has_penalty(const kiln_llm_sampling *p)
+{
+    return (p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f) || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
+/* A running sequence holds at most one slot, and there are max_batch. */
+static void slot_release(kiln_llm *llm, gen_seq *q)
+{
+    if (q->slot >= 0)
+        llm->free_slots[llm->n_free_slots++] = q->slot;
+    q->slot = -1;
+}
+
 /* ---- one request's end ---------------------------------------------------------------------- */
 
 static void seq_finish(kiln_llm *llm, gen_seq *q, int32_t index, kiln_llm_finish why, kiln_llm_token_fn fn,
@@ -737,6 +767,7 @@ static void seq_finish(kiln_llm *llm, gen_seq *q, int32_t index, kiln_llm_finish
     q->finish = why;
     q->state = SEQ_DONE;
     kiln_kv_seq_release(&llm->pool, &q->kv);
+    slot_release(llm, q);
 }
 
 /* Handles a sampled token. */
@@ -791,6 +822,8 @@ static void admit(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *n_running)
         if (llm->pool.n_free - promised < q->reserve)
             break;
         q->state = SEQ_RUNNING;
+        if (llm->has_sampler && has_penalty(&q->req->sampling) && llm->n_free_slots > 0)
+            q->slot = llm->free_slots[--llm->n_free_slots];
         promised += q->reserve;
         (*n_running)++;
     }
@@ -846,7 +879,8 @@ static void pad_rows(kiln_llm *llm, int32_t S, int32_t B)
         h->seq_lens[s] = 1;
         h->query_start[s + 1] = s + 1;
         h->last_token[s] = s;
-        memset(h->params + 4 * s, 0, 4 * sizeof *h->params);
+        memset(h->params + SAMPLE_PARAMS * s, 0, SAMPLE_PARAMS * sizeof *h->params);
+        h->seq[SAMPLE_SEQ * s + 2] = -1;
     }
 }
 
@@ -860,22 +894,9 @@ static int32_t bucket_for(const kiln_llm *llm, int32_t S)
     return 0;
 }
 
-static int has_penalty(const kiln_llm_sampling *p)
-{
-    return (p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f) || p->presence_penalty != 0.0f ||
-           p->frequency_penalty != 0.0f;
-}
-
-/* Whether row s samples in the engine: its sequence's prompt is done, and
- * it has no penalty (those need the sequence's history, which stays on the
- * host: such rows copy their logits out and use sampler.c). */
-static int samples_in_engine(const kiln_llm *llm, const gen_seq *q)
-{
-    return llm->has_sampler && !has_penalty(&q->req->sampling);
-}
-
 /* Copies the step's inputs in, runs it, and copies out what the host
- * samples from: next_token, and the logits only when a row needs them.
+ * samples from: next_token, or the logits for an engine without the
+ * sampling layer.
  * One synchronization. With `graph` the step is a decode step padded to a
  * captured batch size and replays its graph. */
 /* Copies a step input in unless its buffer holds those bytes already. */
@@ -903,8 +924,8 @@ static kiln_status run_step(kiln_llm *llm, int32_t T, int32_t S, int graph, int 
     KILN_TRY(copy_in(llm, IN_QUERY_START, h->query_start, i4 * ((size_t)S + 1)));
     KILN_TRY(copy_in(llm, IN_LAST_TOKEN, h->last_token, i4 * (size_t)S));
     if (llm->has_sampler) {
-        KILN_TRY(copy_in(llm, IN_PARAMS, h->params, sizeof *h->params * 4 * (size_t)S));
-        KILN_TRY(copy_in(llm, IN_RANDOM, h->random, i4 * 2 * (size_t)S));
+        KILN_TRY(copy_in(llm, IN_PARAMS, h->params, sizeof *h->params * SAMPLE_PARAMS * (size_t)S));
+        KILN_TRY(copy_in(llm, IN_SEQ, h->seq, i4 * SAMPLE_SEQ * (size_t)S));
     }
     if (llm->n_buckets)
         KILN_TRY(kiln_context_set_cuda_graph(ctx, graph ? KILN_CUDA_GRAPH_ON : KILN_CUDA_GRAPH_PAUSED));
@@ -917,21 +938,29 @@ static kiln_status run_step(kiln_llm *llm, int32_t T, int32_t S, int graph, int 
     return kiln_context_synchronize(ctx);
 }
 
-/* Fills row s's sampling inputs: the request's parameters, and a uniform
- * drawn from its PRNG exactly when sampler.c would draw one. */
+/* Fills row s's sampling inputs: the request's parameters when the row
+ * samples, its state slot (the layer tracks the tokens every row of the
+ * sequence feeds), and a uniform drawn from its PRNG exactly when
+ * sampler.c would draw one. */
 static void set_sampling_row(kiln_llm *llm, int32_t s, gen_seq *q, int sample)
 {
-    float *p = llm->h.params + 4 * s;
+    float *p = llm->h.params + SAMPLE_PARAMS * s;
+    int32_t *sq = llm->h.seq + SAMPLE_SEQ * s;
     const kiln_llm_sampling *sp = &q->req->sampling;
-    memset(p, 0, 4 * sizeof *p);
-    if (!sample || !samples_in_engine(llm, q))
+    memset(p, 0, SAMPLE_PARAMS * sizeof *p);
+    sq[2] = q->slot;
+    sq[3] = (int32_t)q->n_prompt;
+    if (!sample || !llm->has_sampler)
         return;
     p[0] = sp->temperature;
     p[1] = (float)(sp->top_k < llm->cfg.vocab_size ? sp->top_k : llm->cfg.vocab_size);
     p[2] = sp->top_p;
     p[3] = sp->min_p;
+    p[4] = sp->repetition_penalty;
+    p[5] = sp->presence_penalty;
+    p[6] = sp->frequency_penalty;
     if (sp->temperature > 0.0f)
-        kiln_sampler_uniform_bits(&q->rng, llm->h.random + 2 * s);
+        kiln_sampler_uniform_bits(&q->rng, sq);
 }
 
 static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *step,
@@ -957,7 +986,7 @@ static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_
             gen_seq *q = &seqs[step[s]];
             int sample = (size_t)h->seq_lens[s] >= q->n_ids;
             set_sampling_row(llm, s, q, sample);
-            need_logits |= sample && !samples_in_engine(llm, q);
+            need_logits |= sample && !llm->has_sampler;
         }
         int32_t B = T == S ? bucket_for(llm, S) : 0;
         if (B)
@@ -969,9 +998,10 @@ static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_
             if (q->n_cached < q->n_ids)
                 continue; /* a prefill chunk short of the prompt's end */
             int32_t id;
-            if (samples_in_engine(llm, q)) {
+            if (llm->has_sampler) {
                 id = h->next[s];
             } else {
+                /* An engine built without the sampling layer. */
                 float *row = h->logits + (size_t)s * (size_t)V;
                 kiln_sampler_penalize(row, V, &q->req->sampling, q->seen, q->count);
                 id = kiln_sampler_sample(row, V, &q->req->sampling, &q->rng, llm->cand);
@@ -1037,6 +1067,7 @@ kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *reqs, int32
             kiln_llm_result_free(&results[i]);
     for (int32_t i = 0; seqs && i < n; i++) {
         kiln_kv_seq_release(&llm->pool, &seqs[i].kv);
+        slot_release(llm, &seqs[i]);
         seq_free(&seqs[i]);
     }
     free(seqs);

@@ -77,11 +77,12 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
                                    kiln_network **out);
 
 /* Appends the sampling layer to a step network (docs/llm.md): kiln/Sample
- * over the network's "logits" output, with the per-sequence inputs
- * "sample_params" (f32 [S, 4]: temperature, top_k, top_p, min_p) and
- * "sample_random" (i32 [S, 2], kiln_sampler_uniform_bits), S in
- * [1, max_batch], and the output "next_token" (i32 [S]). */
-kiln_status kiln_llm_add_sampling(kiln_network *net, int32_t max_batch);
+ * over the network's "logits" output and step inputs, with the inputs
+ * "sample_params" (f32 [S, 7]), "sample_seq" (i32 [S, 4]), S in
+ * [1, max_batch], and "sample_state" (i32 [max_batch, vocab], the
+ * penalties' history, updated in place), and the output "next_token"
+ * (i32 [S]). plugins/sample/sample.c describes each column. */
+kiln_status kiln_llm_add_sampling(kiln_network *net, int32_t max_batch, int32_t vocab);
 
 /* Appends an extra engine section (data copied) to a network, which
  * kiln_build copies into the engine verbatim (graph.sections). */

@@ -42,15 +42,8 @@ double kiln_rng_uniform(kiln_rng *rng) { return (double)(kiln_rng_next(rng) >> 1
 void kiln_sampler_penalize(float *logits, int32_t vocab, const kiln_llm_sampling *p,
                            const uint8_t *seen, const int32_t *count)
 {
-    float rep = p->repetition_penalty;
-    if (seen && rep > 0.0f && rep != 1.0f)
-        for (int32_t i = 0; i < vocab; i++)
-            if (seen[i])
-                logits[i] = logits[i] > 0.0f ? logits[i] / rep : logits[i] * rep;
-    if (count && (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f))
-        for (int32_t i = 0; i < vocab; i++)
-            if (count[i] > 0)
-                logits[i] -= p->presence_penalty + p->frequency_penalty * (float)count[i];
+    for (int32_t i = 0; i < vocab; i++)
+        logits[i] = kiln_sampler_penalty(logits[i], seen ? seen[i] : 0, count ? count[i] : 0, p);
 }
 
 /* ---- filtering --------------------------------------------------------------------- */

@@ -25,6 +25,19 @@ double kiln_rng_uniform(kiln_rng *rng);
 void kiln_sampler_penalize(float *logits, int32_t vocab, const kiln_llm_sampling *p,
                            const uint8_t *seen, const int32_t *count);
 
+/* One logit under the penalties: the repetition penalty when seen, then
+ * presence and frequency when count > 0. kiln_sampler_penalize applies it
+ * to a row; the sampling layer to each logit it reads. */
+static inline float kiln_sampler_penalty(float x, int seen, int32_t count, const kiln_llm_sampling *p)
+{
+    float rep = p->repetition_penalty;
+    if (seen && rep > 0.0f && rep != 1.0f)
+        x = x > 0.0f ? x / rep : x * rep;
+    if (count > 0 && (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f))
+        x -= p->presence_penalty + p->frequency_penalty * (float)count;
+    return x;
+}
+
 /* One candidate token. */
 typedef struct kiln_candidate {
     float logit;   /* after temperature; then the probability */
