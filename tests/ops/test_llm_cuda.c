@@ -3,7 +3,9 @@
  *   sampled ids always inside the set the CPU sampler keeps, the same id as
  *   the CPU for the same uniform in >= 99% of top-k draws, and frequencies
  *   of the large-set path (no top-k) within 0.05 total variation of the
- *   CPU sampler's probabilities;
+ *   CPU sampler's probabilities; with penalties and their state slots,
+ *   greedy identical to the CPU layer (itself bit-for-bit the host
+ *   sampler, tests/unit/test_sampler.c);
  * - generation: f32 cuda engines of every tiny checkpoint of tests/data/llm
  *   give the CPU engine's greedy tokens (8 prompts x 32), with CUDA graphs
  *   and without; batch invariance: a prompt decoded in a batch of 8 gives
@@ -38,6 +40,27 @@ static int in_kept(const kiln_candidate *c, int32_t n, int32_t id)
     return 0;
 }
 
+/* Runs one step on both runners with the same inputs. */
+static void both(sample_runner *cpu, sample_runner *gpu, const sample_step *st, int32_t *a, int32_t *b)
+{
+    CHECK_OK(sample_runner_step(cpu, st, a));
+    CHECK_OK(sample_runner_step(gpu, st, b));
+}
+
+static void set_row(float *params, int32_t *seq, int s, const kiln_llm_sampling *p, int32_t slot, int32_t n_prompt,
+                    kiln_rng *r)
+{
+    float *q = params + SAMPLE_PARAMS * s;
+    int32_t *sq = seq + SAMPLE_SEQ * s;
+    q[0] = p->temperature, q[1] = (float)p->top_k, q[2] = p->top_p, q[3] = p->min_p;
+    q[4] = p->repetition_penalty, q[5] = p->presence_penalty, q[6] = p->frequency_penalty;
+    sq[0] = sq[1] = 0;
+    sq[2] = slot;
+    sq[3] = n_prompt;
+    if (p->temperature > 0.0f)
+        kiln_sampler_uniform_bits(r, sq);
+}
+
 static void test_sample_layer(void)
 {
     enum { S = 8, V = 32000, ROUNDS = 50 };
@@ -51,8 +74,11 @@ static void test_sample_layer(void)
     }
     static float logits[S * V];
     static kiln_candidate c[V];
-    float params[S * 4];
-    int32_t random[S * 2], a[S], b[S];
+    float params[S * SAMPLE_PARAMS];
+    int32_t seq[S * SAMPLE_SEQ], a[S], b[S];
+    const kiln_llm_sampling greedy = {.top_p = 1.0f}, topk = {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f,
+                                                              .min_p = 0.05f},
+                            large = {.temperature = 0.8f, .top_p = 0.9f};
     kiln_rng r;
     kiln_rng_seed(&r, 5);
     int greedy_same = 1, outside = 0, topk_same = 0, topk_n = 0;
@@ -61,24 +87,17 @@ static void test_sample_layer(void)
             random_logits(logits + s * V, V, &r, 20.0f);
             if (s == 1)
                 logits[s * V + 7] = logits[s * V + 70] = 100.0f; /* a tie: lowest id */
-            /* rows 0-1 greedy, 2-5 top-k 40 + top-p 0.9 + min-p, 6-7 top-p only (large set) */
-            float *p = params + 4 * s;
-            p[0] = s < 2 ? 0.0f : 0.8f;
-            p[1] = s >= 2 && s < 6 ? 40.0f : 0.0f;
-            p[2] = s >= 2 ? 0.9f : 1.0f;
-            p[3] = s >= 2 && s < 6 ? 0.05f : 0.0f;
-            kiln_sampler_uniform_bits(&r, random + 2 * s);
+            /* rows 0-1 greedy, 2-5 top-k + top-p + min-p, 6-7 top-p only (the large-set path) */
+            set_row(params, seq, s, s < 2 ? &greedy : s < 6 ? &topk : &large, -1, 0, &r);
         }
-        CHECK_OK(sample_runner_run(&cpu, S, V, logits, params, random, a));
-        CHECK_OK(sample_runner_run(&gpu, S, V, logits, params, random, b));
+        sample_step st = {.S = S, .logits = logits, .params = params, .seq = seq};
+        both(&cpu, &gpu, &st, a, b);
         for (int s = 0; s < S; s++) {
             if (s < 2) {
                 greedy_same &= a[s] == b[s];
                 continue;
             }
-            kiln_llm_sampling p = {.temperature = params[4 * s], .top_k = (int32_t)params[4 * s + 1],
-                                   .top_p = params[4 * s + 2], .min_p = params[4 * s + 3]};
-            int32_t n = kiln_sampler_filter(logits + s * V, V, &p, c);
+            int32_t n = kiln_sampler_filter(logits + s * V, V, s < 6 ? &topk : &large, c);
             outside += !in_kept(c, n, b[s]);
             if (s < 6) {
                 topk_same += a[s] == b[s];
@@ -97,24 +116,20 @@ static void test_sample_layer(void)
     static double prob[V];
     for (int32_t i = 0; i < V; i++)
         logits[i] = i < 600 ? (float)(i % 13) * 0.2f : -30.0f;
-    kiln_llm_sampling p = {.temperature = 1.0f, .top_p = 0.97f};
+    const kiln_llm_sampling p = {.temperature = 1.0f, .top_p = 0.97f};
     int32_t n = kiln_sampler_filter(logits, V, &p, c);
     memset(prob, 0, sizeof prob);
     for (int32_t i = 0; i < n; i++)
         prob[c[i].id] = c[i].logit;
     static int hist[V];
     memset(hist, 0, sizeof hist);
-    for (int s = 0; s < S; s++) {
+    for (int s = 1; s < S; s++)
         memcpy(logits + s * V, logits, sizeof *logits * V);
-        params[4 * s] = 1.0f;
-        params[4 * s + 1] = 0.0f;
-        params[4 * s + 2] = 0.97f;
-        params[4 * s + 3] = 0.0f;
-    }
     for (int d = 0; d < DRAWS; d++) {
         for (int s = 0; s < S; s++)
-            kiln_sampler_uniform_bits(&r, random + 2 * s);
-        CHECK_OK(sample_runner_run(&gpu, S, V, logits, params, random, b));
+            set_row(params, seq, s, &p, -1, 0, &r);
+        sample_step st = {.S = S, .logits = logits, .params = params, .seq = seq};
+        CHECK_OK(sample_runner_step(&gpu, &st, b));
         for (int s = 0; s < S; s++)
             hist[b[s]]++;
     }
@@ -124,6 +139,44 @@ static void test_sample_layer(void)
     tv *= 0.5;
     printf("sample layer: large-set draws, total variation %.4f from the CPU sampler's distribution\n", tv);
     CHECK(tv < 0.05);
+
+    /* Penalties: two sequences through state slots, their prompts fed in
+     * one step, then one token a step, the CPU's choice fed back to both
+     * sides so the histories stay equal. The greedy one must match
+     * exactly, the sampled one in >= 95% of steps. */
+    const kiln_llm_sampling pg = {.top_p = 1.0f, .repetition_penalty = 1.3f, .frequency_penalty = 0.5f},
+                            ps = {.temperature = 0.9f, .top_k = 30, .top_p = 0.95f, .repetition_penalty = 1.1f,
+                                  .presence_penalty = 0.4f};
+    int32_t tokens[16], positions[16], qs[3], last[2], fed[2] = {0, 0};
+    int pen_greedy_same = 1, pen_sampled_same = 0, steps = 40;
+    for (int step = 0; step < steps; step++) {
+        int32_t T = 0;
+        qs[0] = 0;
+        for (int s = 0; s < 2; s++) {
+            if (step == 0)
+                for (int32_t j = 0; j < 5; j++, T++) {
+                    tokens[T] = (s * 101 + j * 7) % V;
+                    positions[T] = j;
+                }
+            else {
+                tokens[T] = last[s];
+                positions[T++] = 5 + fed[s]++;
+            }
+            qs[s + 1] = T;
+            random_logits(logits + s * V, V, &r, 10.0f);
+            set_row(params, seq, s, s ? &ps : &pg, s ? 3 : 1, 5, &r);
+        }
+        sample_step st = {.S = 2, .T = T, .logits = logits, .params = params, .seq = seq, .tokens = tokens,
+                          .positions = positions, .qstart = qs};
+        both(&cpu, &gpu, &st, a, b);
+        pen_greedy_same &= a[0] == b[0];
+        pen_sampled_same += a[1] == b[1];
+        last[0] = a[0], last[1] = a[1];
+    }
+    CHECK(pen_greedy_same);
+    CHECK(pen_sampled_same * 100 >= steps * 95);
+    printf("sample layer: penalties, greedy %s, %d/%d sampled identical\n", pen_greedy_same ? "identical" : "DIFFER",
+           pen_sampled_same, steps);
     sample_runner_close(&cpu);
     sample_runner_close(&gpu);
 }
