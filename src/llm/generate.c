@@ -31,7 +31,7 @@ typedef struct step_host {
     float *params;                /* [max_batch, SAMPLE_PARAMS] sample_params */
     int32_t *seq;                 /* [max_batch, SAMPLE_SEQ] sample_seq */
     int32_t *next;                /* [max_batch] next_token */
-    float *logits;                /* [max_batch, vocab]: penalties and engines without sampling */
+    float *logits;                /* [max_batch, vocab]: engines without the sampling layer */
 } step_host;
 
 /* The step's inputs, in the order run_step copies them. */
@@ -72,7 +72,7 @@ struct kiln_llm {
     int32_t n_buckets;
     double capture_ms;
     size_t graph_nodes;
-    kiln_candidate *cand;         /* [vocab] sampling scratch */
+    kiln_candidate *cand;         /* [vocab] host sampling scratch */
     size_t max_piece;             /* longest vocabulary string, bytes */
     atomic_int cancel;
 };
@@ -348,8 +348,9 @@ static kiln_status setup_buffers(kiln_llm *llm)
     h->seq = calloc(S * SAMPLE_SEQ, sizeof *h->seq);
     llm->free_slots = calloc(S, sizeof *llm->free_slots);
     h->next = calloc(S, sizeof *h->next);
-    h->logits = calloc(S * V, sizeof *h->logits);
-    llm->cand = calloc(V, sizeof *llm->cand);
+    /* Host sampling only for engines without the sampling layer. */
+    h->logits = calloc(llm->has_sampler ? 1 : S * V, sizeof *h->logits);
+    llm->cand = calloc(llm->has_sampler ? 1 : V, sizeof *llm->cand);
     const size_t max_bytes[N_STEP_INPUTS] = {4 * T, 4 * T, 4 * S * (size_t)llm->max_blocks, 4 * S, 4 * (S + 1), 4 * S,
                                              4 * SAMPLE_PARAMS * S, 4 * SAMPLE_SEQ * S};
     for (size_t i = 0; i < S; i++)
