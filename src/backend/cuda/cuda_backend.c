@@ -921,7 +921,7 @@ static kiln_status run_matmul(const kiln_cuda_args *a)
         kcu_gemv_supported((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda, B->data, C->data,
                            s.n, s.n, s.k)) {
         CU_CHECK(name, (cudaError_t)kcu_gemv((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda,
-                                             B->data, C->data, s.n, s.n, s.k, a->device->sms, stream));
+                                             B->data, C->data, s.n, s.n, s.k, stream));
         return KILN_OK;
     }
     size_t ae = kiln_dtype_size(A->dtype), be = kiln_dtype_size(B->dtype), ce = kiln_dtype_size(C->dtype);

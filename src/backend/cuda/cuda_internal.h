@@ -126,7 +126,7 @@ int kcu_launch_ew(const kcu_ew_args *a, int32_t sms, void *stream);
 int32_t kcu_gemv_supported(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w,
                            const void *y, int64_t ldy, int64_t n, int64_t k);
 int kcu_gemv(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w, void *y,
-             int64_t ldy, int64_t n, int64_t k, int32_t sms, void *stream);
+             int64_t ldy, int64_t n, int64_t k, void *stream);
 void kcu_gemv_set_pdl(int32_t on);
 int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *stream);
 

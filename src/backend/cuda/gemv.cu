@@ -1,9 +1,8 @@
 /* Matrix-vector products for small token counts: y[m, n] = sum_k x[m, k] * w[n, k]
  * for m < KCU_GEMV_MAX_M, w row-major [N, K] (a weight stored as Hugging Face
  * lays it out, used with transpose_b). At these shapes a matmul is a pass over
- * w, so the kernel is built to stream w at the memory's rate: each warp owns
- * whole rows of w, every lane reads 16 bytes per load with several loads in
- * flight, and the loads of the first chunk of w are issued before the wait on
+ * w, so the kernel is built to stream w at the memory's rate: every lane
+ * reads 16 bytes per load with several loads in flight, and the loads of the first chunk of w are issued before the wait on
  * the previous kernel (w is a constant: only x depends on it), so with
  * programmatic dependent launch they overlap that kernel's tail.
  * Products accumulate in f32; the output is rounded once. */
@@ -69,18 +68,42 @@ __device__ __forceinline__ void pdl_release_and_wait()
 #endif
 }
 
-/* One warp computes ROWS consecutive rows of y for all M rows of x. K is a
- * multiple of the vector width E (checked by the launcher), rows of x, w
- * and the pointers are 16-byte aligned. */
+/* One block computes ROWS consecutive rows of y for all M rows of x; its
+ * kWarps warps split K into contiguous quarters, so each warp's chain of
+ * dependent loads is short and a block finishes quickly (a long K per warp,
+ * or a few partial waves of large blocks, left the memory idle: measured
+ * 0.76-0.88 of the copy floor at decode shapes against 0.93-1.04 for this
+ * split, bench/README.md). K is a multiple of the vector width E; rows of x
+ * and w and the pointers are 16-byte aligned (kcu_gemv_supported). */
 template <typename T, typename TO, int M, int ROWS>
 __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__ x, int64_t ldx,
                                                            const T *__restrict__ w, TO *__restrict__ y,
                                                            int64_t ldy, int32_t n, int32_t k)
 {
-    constexpr int E = 16 / sizeof(T);         /* elements per 16-byte vector */
-    constexpr int STEP = 32 * E;              /* elements one warp covers per load */
-    const int lane = threadIdx.x & 31;
-    const int64_t row0 = ((int64_t)blockIdx.x * kWarps + (threadIdx.x >> 5)) * ROWS;
+    constexpr int E = 16 / sizeof(T); /* elements per 16-byte vector */
+    constexpr int STEP = 32 * E;      /* elements one warp covers per load */
+    __shared__ float part[kWarps][M][ROWS];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int64_t row0 = (int64_t)blockIdx.x * ROWS;
+    const int64_t kq = ((int64_t)k / E + kWarps - 1) / kWarps * E;
+    const int64_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
+
+    /* rows past n read the last row: loaded, never stored */
+    const T *wr[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+        wr[r] = w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k;
+    /* the first vectors of w before the wait: w does not depend on the
+     * previous kernel, x does */
+    uint4 buf[kUnroll][ROWS];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+        const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            buf[u][r] = kk < k1 ? load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+    }
+    pdl_release_and_wait();
 
     float acc[M][ROWS];
 #pragma unroll
@@ -88,28 +111,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__
 #pragma unroll
         for (int r = 0; r < ROWS; r++)
             acc[m][r] = 0.0f;
-
-    /* The first chunk of w before the wait (rows past n are clamped to the
-     * last row: they are loaded, never stored). */
-    const T *wr[ROWS];
-#pragma unroll
-    for (int r = 0; r < ROWS; r++)
-        wr[r] = w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k;
-    uint4 buf[kUnroll][ROWS];
-#pragma unroll
-    for (int u = 0; u < kUnroll; u++) {
-        const int64_t kk = (int64_t)u * STEP + lane * E;
-#pragma unroll
-        for (int r = 0; r < ROWS; r++)
-            buf[u][r] = kk < k ? load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
-    }
-    pdl_release_and_wait();
-
-    for (int64_t base = 0; base < k; base += (int64_t)kUnroll * STEP) {
+    for (int64_t base = k0; base < k1; base += (int64_t)kUnroll * STEP) {
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
             const int64_t kk = base + (int64_t)u * STEP + lane * E;
-            if (kk < k) {
+            if (kk < k1) {
                 float wf[ROWS][E];
 #pragma unroll
                 for (int r = 0; r < ROWS; r++)
@@ -125,11 +131,11 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__
                             acc[m][r] = fmaf(xf[e], wf[r][e], acc[m][r]);
                 }
             }
-            /* refill this slot with the chunk kUnroll loads ahead */
+            /* refill this slot with the vector kUnroll loads ahead */
             const int64_t next = kk + (int64_t)kUnroll * STEP;
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
-                buf[u][r] = next < k ? load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
+                buf[u][r] = next < k1 ? load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
         }
     }
 
@@ -141,29 +147,34 @@ __global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__
 #pragma unroll
             for (int off = 16; off > 0; off >>= 1)
                 v += __shfl_xor_sync(0xffffffffu, v, off);
-            acc[m][r] = v;
+            if (lane == 0)
+                part[wid][m][r] = v;
         }
-    if (lane == 0)
+    __syncthreads();
+    for (int i = threadIdx.x; i < M * ROWS; i += kWarps * 32) {
+        const int m = i / ROWS, r = i % ROWS;
+        if (row0 + r < n) {
+            float v = 0.0f;
 #pragma unroll
-        for (int r = 0; r < ROWS; r++)
-            if (row0 + r < n)
-#pragma unroll
-                for (int m = 0; m < M; m++)
-                    store(acc[m][r], y + m * ldy + row0 + r);
+            for (int j = 0; j < kWarps; j++)
+                v += part[j][m][r];
+            store(v, y + m * ldy + row0 + r);
+        }
+    }
 }
 
 int gemv_pdl = 1;
 
-template <typename T, typename TO, int M, int ROWS>
-cudaError_t launch_rows(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
-                        cudaStream_t stream)
+template <typename T, typename TO, int M>
+cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
+                     cudaStream_t stream)
 {
-    const int64_t rows_per_block = (int64_t)kWarps * ROWS;
+    constexpr int ROWS = 2;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)((n + rows_per_block - 1) / rows_per_block));
+    cfg.gridDim = dim3((unsigned)(((int64_t)n + ROWS - 1) / ROWS));
     cfg.blockDim = dim3(kWarps * 32);
     cfg.stream = stream;
     cfg.attrs = attr;
@@ -172,31 +183,19 @@ cudaError_t launch_rows(const void *x, int64_t ldx, const void *w, void *y, int6
                               k);
 }
 
-/* Two rows per warp halve the shuffles and x reads per w byte, but leave
- * SMs idle when n is small: one row per warp until there are enough blocks
- * for a few per SM. */
-template <typename T, typename TO, int M>
-cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
-                     int32_t sms, cudaStream_t stream)
-{
-    if ((int64_t)n >= (int64_t)sms * 4 * kWarps * 2)
-        return launch_rows<T, TO, M, 2>(x, ldx, w, y, ldy, n, k, stream);
-    return launch_rows<T, TO, M, 1>(x, ldx, w, y, ldy, n, k, stream);
-}
-
 template <typename T, typename TO>
 cudaError_t launch_t(int32_t m, const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n,
-                     int32_t k, int32_t sms, cudaStream_t stream)
+                     int32_t k, cudaStream_t stream)
 {
     switch (m) {
-    case 1: return launch_m<T, TO, 1>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 2: return launch_m<T, TO, 2>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 3: return launch_m<T, TO, 3>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 4: return launch_m<T, TO, 4>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 5: return launch_m<T, TO, 5>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 6: return launch_m<T, TO, 6>(x, ldx, w, y, ldy, n, k, sms, stream);
-    case 7: return launch_m<T, TO, 7>(x, ldx, w, y, ldy, n, k, sms, stream);
-    default: return launch_m<T, TO, 8>(x, ldx, w, y, ldy, n, k, sms, stream);
+    case 1: return launch_m<T, TO, 1>(x, ldx, w, y, ldy, n, k, stream);
+    case 2: return launch_m<T, TO, 2>(x, ldx, w, y, ldy, n, k, stream);
+    case 3: return launch_m<T, TO, 3>(x, ldx, w, y, ldy, n, k, stream);
+    case 4: return launch_m<T, TO, 4>(x, ldx, w, y, ldy, n, k, stream);
+    case 5: return launch_m<T, TO, 5>(x, ldx, w, y, ldy, n, k, stream);
+    case 6: return launch_m<T, TO, 6>(x, ldx, w, y, ldy, n, k, stream);
+    case 7: return launch_m<T, TO, 7>(x, ldx, w, y, ldy, n, k, stream);
+    default: return launch_m<T, TO, 8>(x, ldx, w, y, ldy, n, k, stream);
     }
 }
 
@@ -221,18 +220,18 @@ extern "C" int32_t kcu_gemv_supported(int32_t m, int32_t wdtype, int32_t ydtype,
 }
 
 extern "C" int kcu_gemv(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w, void *y,
-                        int64_t ldy, int64_t n, int64_t k, int32_t sms, void *stream_)
+                        int64_t ldy, int64_t n, int64_t k, void *stream_)
 {
     cudaStream_t stream = (cudaStream_t)stream_;
     const int32_t ni = (int32_t)n, ki = (int32_t)k;
     switch (wdtype) {
     case KILN_DTYPE_BF16:
         return ydtype == KILN_DTYPE_F32
-                   ? launch_t<__nv_bfloat16, float>(m, x, ldx, w, y, ldy, ni, ki, sms, stream)
-                   : launch_t<__nv_bfloat16, __nv_bfloat16>(m, x, ldx, w, y, ldy, ni, ki, sms, stream);
+                   ? launch_t<__nv_bfloat16, float>(m, x, ldx, w, y, ldy, ni, ki, stream)
+                   : launch_t<__nv_bfloat16, __nv_bfloat16>(m, x, ldx, w, y, ldy, ni, ki, stream);
     case KILN_DTYPE_F16:
-        return ydtype == KILN_DTYPE_F32 ? launch_t<__half, float>(m, x, ldx, w, y, ldy, ni, ki, sms, stream)
-                                        : launch_t<__half, __half>(m, x, ldx, w, y, ldy, ni, ki, sms, stream);
-    default: return launch_t<float, float>(m, x, ldx, w, y, ldy, ni, ki, sms, stream);
+        return ydtype == KILN_DTYPE_F32 ? launch_t<__half, float>(m, x, ldx, w, y, ldy, ni, ki, stream)
+                                        : launch_t<__half, __half>(m, x, ldx, w, y, ldy, ni, ki, stream);
+    default: return launch_t<float, float>(m, x, ldx, w, y, ldy, ni, ki, stream);
     }
 }
