@@ -20,7 +20,6 @@
 #include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
-#include "llm/model.h"
 #include "llm/sampler.h"
 #include "sample_run.h"
 
@@ -188,28 +187,12 @@ static const char *const prompts[8] = {"Hello", "The capital of France is", "1, 
 
 static kiln_status build_to(const char *dir, kiln_backend backend, const char *path)
 {
-    kiln_llm_checkpoint *ck = NULL;
-    KILN_TRY(kiln_llm_import_hf(dir, &ck));
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
     opt.backend = backend;
     opt.dtype = KILN_DTYPE_F32;
     opt.max_seq_len = 96;
-    kiln_registry *reg = NULL;
-    kiln_buffer buf = {0};
-    kiln_status s = kiln_registry_create(&reg);
-    if (s == KILN_OK)
-        s = kiln_llm_build_engine(ck, &opt, reg, NULL, &buf);
-    if (s == KILN_OK) {
-        FILE *f = fopen(path, "wb");
-        s = f && fwrite(buf.data, 1, buf.size, f) == buf.size ? KILN_OK : KILN_ERROR_IO;
-        if (f)
-            fclose(f);
-    }
-    kiln_buffer_free(&buf);
-    kiln_registry_destroy(reg);
-    kiln_llm_checkpoint_free(ck);
-    return s;
+    return kiln_llm_build(dir, &opt, path);
 }
 
 typedef struct opened {
@@ -220,7 +203,9 @@ typedef struct opened {
 static kiln_status open_llm(opened *o, const char *path, int graphs)
 {
     memset(o, 0, sizeof *o);
-    kiln_llm_options opt = {.no_cuda_graphs = !graphs};
+    kiln_llm_options opt;
+    kiln_llm_options_init(&opt);
+    opt.no_cuda_graphs = !graphs;
     KILN_TRY(kiln_registry_create(&o->reg));
     return kiln_llm_open(o->reg, path, &opt, &o->llm);
 }
@@ -232,37 +217,42 @@ static void close_llm(opened *o)
 }
 
 /* Greedy 32 tokens for each prompt, either all 8 in one call or one by one. */
-static kiln_status greedy_runs(kiln_llm *llm, int together, kiln_llm_result *res)
+static kiln_status greedy_runs(kiln_llm *llm, int together, kiln_llm_result **res)
 {
+    kiln_llm_sampling greedy;
+    kiln_llm_sampling_init(&greedy);
+    greedy.temperature = 0;
     kiln_llm_request reqs[8];
+    const kiln_llm_request *rp[8];
     for (int i = 0; i < 8; i++) {
         kiln_llm_request_init(&reqs[i]);
         reqs[i].prompt = prompts[i];
         reqs[i].prompt_len = strlen(prompts[i]);
         reqs[i].max_tokens = 32;
-        reqs[i].sampling.temperature = 0;
+        reqs[i].sampling = &greedy;
         reqs[i].ignore_eos = 1;
+        rp[i] = &reqs[i];
     }
     if (together)
-        return kiln_llm_generate(llm, reqs, 8, NULL, NULL, res);
+        return kiln_llm_generate(llm, rp, 8, NULL, NULL, res);
     for (int i = 0; i < 8; i++)
-        KILN_TRY(kiln_llm_generate(llm, &reqs[i], 1, NULL, NULL, &res[i]));
+        KILN_TRY(kiln_llm_generate(llm, &rp[i], 1, NULL, NULL, &res[i]));
     return KILN_OK;
 }
 
-static int same_ids(const kiln_llm_result *a, const kiln_llm_result *b)
+static int same_ids(kiln_llm_result *const *a, kiln_llm_result *const *b)
 {
     int same = 1;
     for (int i = 0; i < 8; i++)
-        same &= a[i].n_ids == b[i].n_ids && a[i].ids && b[i].ids &&
-                !memcmp(a[i].ids, b[i].ids, sizeof(int32_t) * a[i].n_ids);
+        same &= a[i] && b[i] && a[i]->n_ids == b[i]->n_ids &&
+                !memcmp(a[i]->ids, b[i]->ids, sizeof(int32_t) * a[i]->n_ids);
     return same;
 }
 
-static void free_results(kiln_llm_result *r)
+static void free_results(kiln_llm_result **r)
 {
     for (int i = 0; i < 8; i++)
-        kiln_llm_result_free(&r[i]);
+        kiln_llm_result_free(r[i]);
 }
 
 static void test_generation(void)
@@ -280,17 +270,12 @@ static void test_generation(void)
         CHECK_OK(open_llm(&gpu, gpu_path, 1));
         CHECK_OK(open_llm(&plain, gpu_path, 0));
         if (cpu.llm && gpu.llm && plain.llm) {
-            kiln_llm_info info;
-            kiln_llm_info_get(gpu.llm, &info);
-            CHECK(info.backend == KILN_BACKEND_CUDA && info.n_graphs >= 1);
+            const kiln_llm_info *info = kiln_llm_info_get(gpu.llm);
+            CHECK(info->backend == KILN_BACKEND_CUDA && info->n_graphs >= 1);
             /* 0.9 of an H200's free memory is far more than 8 sequences of
              * 96 tokens can use: the cache is capped at 8 * 96 / 16 blocks. */
-            CHECK(info.n_blocks == 8 * 96 / 16 && info.cache_tokens == 8 * 96);
-            kiln_llm_result ref[8], alone[8], batch[8], nograph[8];
-            memset(ref, 0, sizeof ref);
-            memset(alone, 0, sizeof alone);
-            memset(batch, 0, sizeof batch);
-            memset(nograph, 0, sizeof nograph);
+            CHECK(info->n_blocks == 8 * 96 / 16 && info->cache_tokens == 8 * 96);
+            kiln_llm_result *ref[8] = {0}, *alone[8] = {0}, *batch[8] = {0}, *nograph[8] = {0};
             CHECK_OK(greedy_runs(cpu.llm, 0, ref));
             CHECK_OK(greedy_runs(gpu.llm, 0, alone));
             CHECK_OK(greedy_runs(gpu.llm, 1, batch));
@@ -303,7 +288,7 @@ static void test_generation(void)
             printf("%-10s f32: cuda = cpu greedy %s, batch of 8 = alone %s, graphs = no graphs %s; %d graphs "
                    "captured in %.1f ms, %zu launches per decode step\n",
                    families[f], cuda_cpu ? "yes" : "NO", invariant ? "yes" : "NO", graphs ? "yes" : "NO",
-                   (int)info.n_graphs, info.graph_capture_ms, info.graph_nodes);
+                   (int)info->n_graphs, info->graph_capture_ms, info->graph_nodes);
             free_results(ref);
             free_results(alone);
             free_results(batch);
