@@ -56,10 +56,8 @@ kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options 
     int is_gguf;
     kiln_llm_checkpoint *ck = NULL;
     KILN_TRY(import_checkpoint(checkpoint, &o, &is_gguf, &ck));
-    /* A GGUF keeps its quantized matmul weights by default: beside f32 on
-     * the CPU, beside any dtype on CUDA (whose QuantMatMul reads it). */
     if (o.native < 0)
-        o.native = is_gguf && (o.dtype == KILN_DTYPE_F32 || o.backend == KILN_BACKEND_CUDA);
+        o.native = is_gguf;
     kiln_registry *reg = NULL;
     kiln_buffer buf = {0};
     kiln_status s = kiln_registry_create(&reg);
