@@ -144,6 +144,10 @@ kiln_status kiln_cuda_context_gpu_time(kiln_context *ctx, float *ms);
 kiln_status kiln_cuda_context_set_profiling(kiln_context *ctx);
 /* Fills ctx->layer_ms from the last profiled enqueue's events. */
 kiln_status kiln_cuda_context_layer_times(kiln_context *ctx);
+/* Median over `reps` (after warm-up) of a device-to-device copy of `bytes`
+ * between two buffers allocated here, as bytes read + written per second.
+ * KILN_ERROR_TARGET without a GPU. */
+kiln_status kiln_cuda_copy_bandwidth(size_t bytes, int32_t reps, double *bytes_per_s);
 #endif
 
 #endif
