@@ -214,6 +214,10 @@ typedef void (*kiln_llm_logits_fn)(void *user, size_t position, const float *log
 KILN_API kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm_logits_fn on_logits,
                                     void *user);
 
+/* The engine the llm runs (kiln_engine_backend etc.); borrowed, lives as
+ * long as the llm. */
+KILN_API const kiln_engine *kiln_llm_engine(const kiln_llm *llm);
+
 /* Bytes of the engine's weights (constants): *total, all of them;
  * *per_token, those a batch-1 decode step reads — all but the tables only
  * a gather reads (an untied embedding, of which a step reads one row per

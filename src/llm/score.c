@@ -1,5 +1,5 @@
-/* Teacher-forced scoring (kiln_llm_score) and the engine's weight bytes
- * (kiln_llm_weight_bytes), include/kiln/llm.h. Scoring runs on a context
+/* Teacher-forced scoring (kiln_llm_score), the engine and its weight bytes
+ * (kiln_llm_engine, kiln_llm_weight_bytes), include/kiln/llm.h. Scoring runs on a context
  * of its own, through the backend-neutral copy calls, so it works the same
  * on CPU and CUDA engines and never touches generation's state. */
 #include <kiln/kiln.h>
@@ -151,7 +151,7 @@ kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm
     return s;
 }
 
-/* ---- weight bytes --------------------------------------------------------------------------- */
+/* ---- the engine and its weights --------------------------------------------------------------------------- */
 
 /* Whether every reader of constant t is a gather taking it as its table. */
 static int gather_only(const kiln_graph *g, int32_t t)
@@ -169,6 +169,8 @@ static int gather_only(const kiln_graph *g, int32_t t)
     }
     return readers > 0;
 }
+
+const kiln_engine *kiln_llm_engine(const kiln_llm *llm) { return llm->engine; }
 
 void kiln_llm_weight_bytes(const kiln_llm *llm, size_t *total, size_t *per_token)
 {
