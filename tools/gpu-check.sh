@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds kiln on the GPU machine and runs everything that needs the GPU:
 # the whole CTest suite (CPU and GPU tests), compute-sanitizer memcheck over
-# the GPU op tests, the README commands of the CUDA backend and the
-# benchmarks. Prints a short table of results, the benchmark table last.
+# the GPU op tests, the README commands of the CUDA backend, the LLM checks
+# and benchmarks (tests/gpu/llm_gpu_check.sh) and the benchmarks. Prints a
+# short table of results, the benchmark tables last.
 #
 #   bash tools/gpu-check.sh        (from the repository root, with .gpu-deps
 #                                   made by tools/gpu-deps.sh and carried)
@@ -130,6 +131,21 @@ fi
     --shapes input:64x1048576 --profile >"$logs/readme-profile.log" 2>&1 || true
 rm -rf "$tmp"
 
+# ---- LLMs on the GPU (issue 8) --------------------------------------------------------------
+# tests/gpu/llm_gpu_check.sh: tiny checkpoints against HF transformers on this GPU, the
+# default model's perplexity ($KILN_DEFAULT_GGUF) and the 8B/1B benchmarks (knobs in its
+# header). Its rows join this table; its benchmark table is printed last.
+KILN_BUILD_DIR="$build" LLM_LOGS="$logs" bash "$root/tests/gpu/llm_gpu_check.sh" >"$logs/llm-summary.txt" 2>&1
+llm_rc=$?
+if [ -s "$logs/llm-rows.tsv" ]; then
+    while IFS=$'\t' read -r name res; do row "$name" "$res"; done <"$logs/llm-rows.tsv"
+fi
+if [ $llm_rc -eq 0 ]; then
+    row "llm (all)" "pass ($(elapsed))"
+else
+    row "llm (all)" "FAIL: a check failed or a benchmark missed its target (llm.log) ($(elapsed))"
+fi
+
 # ---- benchmarks -------------------------------------------------------------------------
 bench_rc=0
 if [ -x "$build/bin/kiln_bench" ]; then
@@ -150,4 +166,7 @@ printf '%s\n' "${rows[@]}"
 echo
 echo "==== benchmarks ===="
 cat "$logs/bench.txt" 2>/dev/null
+echo
+echo "==== LLM benchmarks ===="
+cat "$logs/llm-bench.txt" 2>/dev/null
 exit $status
