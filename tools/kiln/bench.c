@@ -31,7 +31,8 @@ static const char bench_help[] =
     "  --gen-len M              tokens generated per request (default 128)\n"
     "  --batch B                requests run together (default 1)\n"
     "  --reps R                 timed repetitions (default 3)\n"
-    "  --copy-mb N              size of the bandwidth copy (default 1024 on CUDA, 256 on the CPU)\n"
+    "  --copy-mb N              size of the bandwidth copy (default 1024 on CUDA, 256 when\n"
+    "                           the GPU has no room for it, 256 on the CPU)\n"
     "  --kv-cache-mb N          KV-cache memory (as for kiln run)\n"
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object\n"
@@ -268,8 +269,13 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
         r->itl_p99 = quantile(itl, n_itl, 0.99);
         kiln_llm_weight_bytes(llm, &r->weight_bytes, &r->weight_bytes_per_token);
         r->kv_bytes_per_token = info.cache_tokens > 0 ? (double)info.cache_bytes / (double)info.cache_tokens : 0;
+        /* The KV cache may have taken most of the GPU's memory: without an
+         * explicit size, a copy that finds no room is retried at 256 MiB. */
         size_t bytes = copy_mb > 0 ? (size_t)copy_mb << 20 : 0;
-        if (kiln_backend_measure_copy_bandwidth(backend, bytes, 10, &r->copy_bytes_per_s) != KILN_OK)
+        kiln_status s = kiln_backend_measure_copy_bandwidth(backend, bytes, 10, &r->copy_bytes_per_s);
+        if (s != KILN_OK && copy_mb == 0)
+            s = kiln_backend_measure_copy_bandwidth(backend, (size_t)256 << 20, 10, &r->copy_bytes_per_s);
+        if (s != KILN_OK)
             st = cli_kiln_error();
     }
     if (st == CLI_OK) {
