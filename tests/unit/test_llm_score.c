@@ -8,7 +8,8 @@
  * that argmax. Engines are built with max_batch 4 and KV blocks of 4
  * tokens, so every prompt is scored in several steps that attend to blocks
  * cached by earlier ones. The weight bytes are checked against the
- * parameter counts in the checkpoint's safetensors headers. */
+ * parameter counts in the checkpoint's safetensors headers; the copy
+ * bandwidth probe for its argument checks and a plausible result. */
 #include <jansson.h>
 #include <stdint.h>
 #include <unistd.h>
@@ -279,7 +280,28 @@ static void test_weight_bytes(void)
     }
 }
 
+/* ---- copy bandwidth -------------------------------------------------------------------------- */
+
+static void test_copy_bandwidth(void)
+{
+    double bw = -1;
+    CHECK_FAILS(kiln_backend_measure_copy_bandwidth(KILN_BACKEND_CPU, 1 << 20, 0, &bw), KILN_ERROR_INVALID_ARGUMENT,
+                "reps 0");
+    CHECK_FAILS(kiln_backend_measure_copy_bandwidth(KILN_BACKEND_CPU, 1 << 20, 65, &bw), KILN_ERROR_INVALID_ARGUMENT,
+                "1..64");
+    CHECK(bw == -1);
+    CHECK_OK(kiln_backend_measure_copy_bandwidth(KILN_BACKEND_CPU, 4 << 20, 3, &bw));
+    CHECK(bw > 1e6 && bw < 1e13);
+    /* CUDA: a bandwidth where a GPU is present, else a target error. */
+    double gpu = -1;
+    kiln_status s = kiln_backend_measure_copy_bandwidth(KILN_BACKEND_CUDA, 16 << 20, 3, &gpu);
+    if (s == KILN_OK)
+        CHECK(gpu > 1e9);
+    else
+        CHECK(s == KILN_ERROR_TARGET && gpu == -1);
+}
+
 static const test_case_ tests[] = {TEST(test_score_matches_transformers), TEST(test_score_refusals),
-                                   TEST(test_weight_bytes)};
+                                   TEST(test_weight_bytes), TEST(test_copy_bandwidth)};
 
 TEST_MAIN(tests)
