@@ -1,5 +1,6 @@
 /* The builder's entry points: the pass driver and the public kiln_build*. */
 #include "builder_internal.h"
+#include "builder_passes.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -29,33 +30,6 @@ void kiln_buffer_free(kiln_buffer *buf)
     free(buf->data);
     buf->data = NULL;
     buf->size = 0;
-}
-
-/* ---- helpers shared by the passes --------------------------------------------------- */
-
-void kiln_builder_name_list(char *buf, size_t size, const char *const *names, int32_t n,
-                            int32_t max)
-{
-    if (!buf || size == 0)
-        return;
-    size_t pos = strlen(buf);
-    for (int32_t i = 0; i < n && i < max && pos < size; i++) {
-        int w = snprintf(buf + pos, size - pos, "%s\"%s\"", i ? ", " : "", names[i]);
-        if (w < 0)
-            return;
-        pos += (size_t)w;
-    }
-    if (n > max && pos < size)
-        snprintf(buf + pos, size - pos, " and %d more", n - max);
-}
-
-int kiln_builder_align(size_t bytes, size_t *out)
-{
-    size_t r;
-    if (kiln_add_overflow(bytes, KILN_BUILDER_ALIGN - 1, &r))
-        return 1;
-    *out = r / KILN_BUILDER_ALIGN * KILN_BUILDER_ALIGN;
-    return 0;
 }
 
 /* ---- the pass driver ----------------------------------------------------------------- */
@@ -145,11 +119,7 @@ kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *con
             break;
         case 5: s = kiln_builder_size_workspace(&g); break;
         case 6: s = kiln_builder_plan_memory(&g); break;
-        default:
-            s = kiln_builder_select_tactics(&g, &cfg);
-            if (s == KILN_OK)
-                s = kiln_builder_tune_tactics(&g, &cfg);
-            break;
+        default: s = kiln_builder_select_tactics(&g, &cfg); break;
         }
     }
     if (s != KILN_OK) {

@@ -193,6 +193,12 @@ typedef struct kiln_graph {
 void kiln_graph_init(kiln_graph *g);
 /* Frees everything, destroying plugin instances. */
 void kiln_graph_free(kiln_graph *g);
+/* Free what one record owns (not the record itself): a pass that drops
+ * records uses the same cleanup as kiln_graph_free. The plugin record's
+ * instance is destroyed. */
+void kiln_tensor_rec_free(kiln_tensor_rec *t);
+void kiln_layer_free(kiln_layer *l);
+void kiln_plugin_rec_free(kiln_plugin_rec *r);
 /* Deep copy (plugin instances cloned, constants copied). */
 kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src);
 
