@@ -267,6 +267,9 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
         r->ttft_ms = quantile(v, R, 0.5);
         r->itl_p50 = quantile(itl, n_itl, 0.5);
         r->itl_p99 = quantile(itl, n_itl, 0.99);
+        /* Before the copy, whose buffers are not the engine's. */
+        struct rusage ru;
+        r->peak_rss_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : 0;
         kiln_llm_weight_bytes(llm, &r->weight_bytes, &r->weight_bytes_per_token);
         r->kv_bytes_per_token = info.cache_tokens > 0 ? (double)info.cache_bytes / (double)info.cache_tokens : 0;
         /* The KV cache may have taken most of the GPU's memory: without an
@@ -286,8 +289,6 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
         r->floor_step_ms = step_bytes / r->copy_bytes_per_s * 1e3;
         r->floor_tok_s = r->floor_step_ms > 0 ? (double)B / (r->floor_step_ms / 1e3) : 0;
         r->floor_fraction = r->floor_tok_s > 0 ? r->decode_tok_s / r->floor_tok_s : 0;
-        struct rusage ru;
-        r->peak_rss_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : 0;
     }
     free(ids);
     free(reqs);
