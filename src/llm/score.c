@@ -1,7 +1,8 @@
 /* Teacher-forced scoring (kiln_llm_score), the engine and its weight bytes
- * (kiln_llm_engine, kiln_llm_weight_bytes), include/kiln/llm.h. Scoring runs on a context
- * of its own, through the backend-neutral copy calls, so it works the same
- * on CPU and CUDA engines and never touches generation's state. */
+ * (kiln_llm_engine, kiln_llm_weight_bytes), include/kiln/llm.h. Scoring
+ * runs on a context of its own, through the backend-neutral copy calls, so
+ * it works the same on CPU and CUDA engines and never touches generation's
+ * state. */
 #include <kiln/kiln.h>
 #include <kiln/llm.h>
 
