@@ -27,16 +27,18 @@ typedef struct kiln_build_config {
     void *progress_user;
 } kiln_build_config;
 
-/* Fills a config with defaults: CPU backend, all passes on. */
+/* Fills a config with defaults: CPU backend, all passes on; struct_size
+ * and abi_version (KILN_API_VERSION). */
 KILN_API void kiln_build_config_init(kiln_build_config *config);
 
 /* An engine in memory. `data` is owned by the buffer; free with
- * kiln_buffer_free. */
+ * kiln_buffer_free. A fixed-layout value type: it never grows. */
 typedef struct kiln_buffer {
     void *data;
     size_t size;
 } kiln_buffer;
 
+/* Frees buf->data and zeroes the buffer. NULL is a no-op. */
 KILN_API void kiln_buffer_free(kiln_buffer *buf);
 
 /* Runs the build passes (validation, per-profile shape checks, dead-layer

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../core/api_struct.h"
+#include "../core/atomic_write.h"
 #include "../core/error.h"
 #include "../engine/engine_file.h"
 #include "../network/network_internal.h"
@@ -19,7 +21,7 @@ void kiln_build_config_init(kiln_build_config *config)
         return;
     memset(config, 0, sizeof *config);
     config->struct_size = (uint32_t)sizeof *config;
-    config->abi_version = KILN_PLUGIN_ABI_VERSION;
+    config->abi_version = KILN_API_VERSION;
     config->backend = KILN_BACKEND_CPU;
 }
 
@@ -41,13 +43,7 @@ static kiln_status read_config(const kiln_build_config *in, kiln_build_config *c
     kiln_build_config_init(cfg);
     if (!in)
         return KILN_OK;
-    size_t n = in->struct_size < sizeof *cfg ? in->struct_size : sizeof *cfg;
-    if (n < offsetof(kiln_build_config, backend) + sizeof in->backend)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "build config: struct_size %u is too small (set it with "
-                         "kiln_build_config_init)", in->struct_size);
-    memcpy(cfg, in, n);
-    cfg->struct_size = (uint32_t)sizeof *cfg;
+    KILN_TRY(kiln_api_struct_read(cfg, sizeof *cfg, in, "build config"));
     if ((unsigned)cfg->backend >= KILN_BACKEND_COUNT)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "build config: backend %d is unknown",
                          (int)cfg->backend);
@@ -150,22 +146,6 @@ kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
     return KILN_OK;
 }
 
-static kiln_status write_all(int fd, const void *data, size_t size, const char *path)
-{
-    const char *p = data;
-    while (size > 0) {
-        ssize_t w = write(fd, p, size);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return kiln_fail(KILN_ERROR_IO, "writing \"%s\": %s", path,
-                             w < 0 ? strerror(errno) : "no progress");
-        p += w;
-        size -= (size_t)w;
-    }
-    return KILN_OK;
-}
-
 kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
                                const char *path)
 {
@@ -173,42 +153,9 @@ kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config 
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_build_to_file: no path");
     kiln_buffer buf;
     KILN_TRY(kiln_build(net, config, &buf));
-
-    /* A temp file beside the target, so rename() is atomic (same file
-     * system) and a reader never sees a half-written engine. O_EXCL with
-     * the pid and a counter avoids clobbering a concurrent build's temp. */
-    static _Atomic unsigned counter;
-    size_t n = strlen(path) + 64;
-    char *tmp = malloc(n);
-    if (!tmp) {
-        kiln_buffer_free(&buf);
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "writing \"%s\"", path);
-    }
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST)
-            break;
-    }
-    kiln_status s = KILN_OK;
-    if (fd < 0) {
-        s = kiln_fail(KILN_ERROR_IO, "creating \"%s\": %s", tmp, strerror(errno));
-    } else {
-        s = write_all(fd, buf.data, buf.size, tmp);
-        if (s == KILN_OK && fsync(fd) != 0)
-            s = kiln_fail(KILN_ERROR_IO, "syncing \"%s\": %s", tmp, strerror(errno));
-        if (close(fd) != 0 && s == KILN_OK)
-            s = kiln_fail(KILN_ERROR_IO, "closing \"%s\": %s", tmp, strerror(errno));
-        if (s == KILN_OK && rename(tmp, path) != 0)
-            s = kiln_fail(KILN_ERROR_IO, "renaming \"%s\" to \"%s\": %s", tmp, path,
-                          strerror(errno));
-        if (s != KILN_OK)
-            unlink(tmp);
-    }
+    kiln_status s = kiln_write_file_atomic(path, buf.data, buf.size);
     if (s == KILN_OK)
         kiln_log(KILN_LOG_INFO, "engine: wrote %zu bytes to \"%s\"", buf.size, path);
-    free(tmp);
     kiln_buffer_free(&buf);
     return s;
 }

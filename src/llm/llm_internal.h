@@ -16,6 +16,7 @@ struct kiln_llm {
     kiln_engine *engine;
     kiln_context *ctx;
     kiln_llm_config cfg;
+    kiln_llm_info info;           /* what kiln_llm_info_get hands out, filled at open */
     kiln_tokenizer *tok;
     char *default_system;        /* LLMC "default_system", NULL when absent */
     kiln_dtype kv_dtype;

@@ -4,18 +4,15 @@
 
 #include <kiln/kiln.h>
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "../core/error.h"
+#include "engine_image.h"
 
 /* ---- plugin resolution ------------------------------------------------------------- */
 
@@ -374,29 +371,9 @@ kiln_status kiln_engine_load(kiln_registry *reg, const char *path, kiln_engine *
 {
     if (!path || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_load: path and out are required");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_fail(KILN_ERROR_IO, "cannot open engine %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int err = errno;
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "cannot stat engine %s: %s", path, strerror(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "engine %s is not a regular file", path);
-    }
-    if (st.st_size == 0) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_FORMAT, "engine %s is empty (0 bytes)", path);
-    }
-    size_t size = (size_t)st.st_size;
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    close(fd);
-    if (map == MAP_FAILED)
-        return kiln_fail(KILN_ERROR_IO, "cannot map engine %s: %s", path, strerror(err));
+    void *map;
+    size_t size;
+    KILN_TRY(kiln_engine_map_file(path, &map, &size));
     kiln_status s = engine_from_image(reg, map, size, 1, out);
     if (s != KILN_OK)
         return kiln_fail_context(s, "%s", path);

@@ -57,7 +57,9 @@ static int open_family(const char *family, built *b)
         ok = fclose(f) == 0 && ok;
     kiln_buffer_free(&buf);
     CHECK(ok);
-    kiln_llm_options lo = {.kv_cache_blocks = 4};
+    kiln_llm_options lo;
+    kiln_llm_options_init(&lo);
+    lo.kv_cache_blocks = 4;
     CHECK_OK(kiln_llm_open(b->reg, b->path, &lo, &b->llm));
     return b->llm != NULL;
 }
@@ -120,8 +122,7 @@ static void score_family(const char *family)
         json_decref(root);
         return;
     }
-    kiln_llm_info info;
-    kiln_llm_info_get(b.llm, &info);
+    const kiln_llm_info *info = kiln_llm_info_get(b.llm);
     json_t *prompts = json_object_get(root, "prompts");
     CHECK(json_array_size(prompts) == 8);
     for (size_t i = 0; i < json_array_size(prompts); i++) {
@@ -134,17 +135,17 @@ static void score_family(const char *family)
             continue;
         for (size_t j = 0; j < n; j++)
             ids[j] = (int32_t)json_integer_value(j < np ? json_array_get(jids, j) : json_array_get(greedy, j - np));
-        collect c = {info.vocab_size, n, 0, malloc(sizeof(float) * n * (size_t)info.vocab_size), 1};
+        collect c = {info->vocab_size, n, 0, malloc(sizeof(float) * n * (size_t)info->vocab_size), 1};
         CHECK_OK(kiln_llm_score(b.llm, ids, n, on_logits, &c));
         CHECK(c.calls == n && c.in_order);
-        double e = rel_err(c.logits + (np - 1) * (size_t)info.vocab_size, json_object_get(pr, "last_logits"),
-                           info.vocab_size);
+        double e = rel_err(c.logits + (np - 1) * (size_t)info->vocab_size, json_object_get(pr, "last_logits"),
+                           info->vocab_size);
         if (!(e <= 1e-4))
             fprintf(stderr, "%s prompt %zu: last prompt position's logits relative error %g\n", family, i, e);
         CHECK(e <= 1e-4);
         int32_t differ = -1;
         for (size_t k = 0; k < ng && differ < 0; k++)
-            if (argmax(c.logits + (np - 1 + k) * (size_t)info.vocab_size, info.vocab_size) != ids[np + k])
+            if (argmax(c.logits + (np - 1 + k) * (size_t)info->vocab_size, info->vocab_size) != ids[np + k])
                 differ = (int32_t)k;
         if (differ >= 0)
             fprintf(stderr, "%s prompt %zu: teacher-forced argmax differs from HF's greedy token %d\n", family, i,
@@ -176,11 +177,10 @@ static void test_score_refusals(void)
     built b;
     if (!open_family("llama", &b))
         return;
-    kiln_llm_info info;
-    kiln_llm_info_get(b.llm, &info);
+    const kiln_llm_info *info = kiln_llm_info_get(b.llm);
     int32_t ids[97] = {0};
     size_t calls = 0;
-    ids[3] = info.vocab_size;
+    ids[3] = info->vocab_size;
     CHECK_FAILS(kiln_llm_score(b.llm, ids, 5, count_calls, &calls), KILN_ERROR_INVALID_ARGUMENT, "token 3 is id");
     ids[3] = -1;
     CHECK_FAILS(kiln_llm_score(b.llm, ids, 5, count_calls, &calls), KILN_ERROR_INVALID_ARGUMENT, "outside the vocabulary");
@@ -196,10 +196,11 @@ static void test_score_refusals(void)
     req.prompt = "Hello";
     req.prompt_len = 5;
     req.max_tokens = 2;
-    req.sampling.temperature = 0;
-    kiln_llm_result res;
-    CHECK_OK(kiln_llm_generate(b.llm, &req, 1, NULL, NULL, &res));
-    kiln_llm_result_free(&res);
+    const kiln_llm_request *reqs[1] = {&req};
+    kiln_llm_result *res = NULL;
+    CHECK_OK(kiln_llm_generate(b.llm, reqs, 1, NULL, NULL, &res));
+    CHECK(res && res->n_ids == 2);
+    kiln_llm_result_free(res);
     close_family(&b);
 }
 

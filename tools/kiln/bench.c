@@ -94,17 +94,17 @@ typedef struct rep_result {
 } rep_result;
 
 /* Runs the requests once; appends the inter-token latencies to itl. */
-static int run_rep(kiln_llm *llm, const kiln_llm_request *reqs, rep_clock *c, double *itl, size_t *n_itl,
-                   rep_result *out)
+static int run_rep(kiln_llm *llm, const kiln_llm_request *const *reqs, rep_clock *c, double *itl,
+                   size_t *n_itl, rep_result *out)
 {
-    kiln_llm_result *res = calloc((size_t)c->batch, sizeof *res);
+    kiln_llm_result **res = calloc((size_t)c->batch, sizeof *res);
     if (!res)
         return cli_error("out of memory");
     memset(c->count, 0, sizeof *c->count * (size_t)c->batch);
     c->t0 = now_ms();
     kiln_status s = kiln_llm_generate(llm, reqs, c->batch, on_token, c, res);
     for (int32_t i = 0; i < c->batch; i++)
-        kiln_llm_result_free(&res[i]);
+        kiln_llm_result_free(res[i]);
     free(res);
     if (s != KILN_OK)
         return cli_kiln_error();
@@ -128,7 +128,7 @@ static int run_rep(kiln_llm *llm, const kiln_llm_request *reqs, rep_clock *c, do
         for (int32_t k = 0; k < c->gen_len; k++)
             after += c->times[(size_t)i * (size_t)c->gen_len + (size_t)k] > first_all;
     out->ttft_ms = ttft / c->batch;
-    out->prefill_tok_s = first_all > c->t0 ? (double)c->batch * (double)reqs[0].n_prompt_ids / ((first_all - c->t0) / 1e3) : 0;
+    out->prefill_tok_s = first_all > c->t0 ? (double)c->batch * (double)reqs[0]->n_prompt_ids / ((first_all - c->t0) / 1e3) : 0;
     out->decode_tok_s = end > first_all ? (double)after / ((end - first_all) / 1e3) : 0;
     return CLI_OK;
 }
@@ -218,39 +218,43 @@ static void random_ids(int32_t *ids, size_t n, int32_t vocab, uint64_t seed)
 
 static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
 {
-    kiln_llm_info info;
-    kiln_llm_info_get(llm, &info);
+    const kiln_llm_info *info = kiln_llm_info_get(llm);
     kiln_backend backend = kiln_engine_backend(kiln_llm_engine(llm));
     r->backend = kiln_backend_name(backend);
-    r->dtype = kiln_dtype_name(info.dtype);
+    r->dtype = kiln_dtype_name(info->dtype);
     r->open_ms = open_ms;
-    if (r->prompt_len + r->gen_len > info.max_seq_len)
+    if (r->prompt_len + r->gen_len > info->max_seq_len)
         return cli_error("prompt %ld + generated %ld tokens exceed the engine's max sequence length %d", r->prompt_len,
-                         r->gen_len, (int)info.max_seq_len);
+                         r->gen_len, (int)info->max_seq_len);
     size_t B = (size_t)r->batch, N = (size_t)r->prompt_len, M = (size_t)r->gen_len, R = (size_t)r->reps;
     int32_t *ids = malloc(sizeof *ids * B * N);
     kiln_llm_request *reqs = calloc(B, sizeof *reqs);
+    const kiln_llm_request **req_ptrs = calloc(B, sizeof *req_ptrs);
+    kiln_llm_sampling greedy;
+    kiln_llm_sampling_init(&greedy);
+    greedy.temperature = 0;
     rep_clock c = {(int32_t)B, (int32_t)M, 0, malloc(sizeof(double) * B * M), calloc(B, sizeof(int32_t))};
     double *itl = malloc(sizeof *itl * (B * (M > 1 ? M - 1 : 1) * R + 1));
     rep_result *reps = calloc(R, sizeof *reps);
     double *v = malloc(sizeof *v * R);
-    int st = ids && reqs && c.times && c.count && itl && reps && v ? CLI_OK : cli_error("out of memory");
+    int st = ids && reqs && req_ptrs && c.times && c.count && itl && reps && v ? CLI_OK : cli_error("out of memory");
     for (size_t i = 0; st == CLI_OK && i < B; i++) {
-        random_ids(ids + i * N, N, info.vocab_size, 1234 + i);
+        random_ids(ids + i * N, N, info->vocab_size, 1234 + i);
         kiln_llm_request_init(&reqs[i]);
         reqs[i].prompt_ids = ids + i * N;
         reqs[i].n_prompt_ids = N;
         reqs[i].max_tokens = (int32_t)M;
-        reqs[i].sampling.temperature = 0;
+        reqs[i].sampling = &greedy;
         reqs[i].ignore_eos = 1;
+        req_ptrs[i] = &reqs[i];
     }
     size_t n_itl = 0;
     rep_result warm;
     if (st == CLI_OK)
-        st = run_rep(llm, reqs, &c, itl, &n_itl, &warm);
+        st = run_rep(llm, req_ptrs, &c, itl, &n_itl, &warm);
     n_itl = 0;
     for (size_t k = 0; st == CLI_OK && k < R; k++)
-        st = run_rep(llm, reqs, &c, itl, &n_itl, &reps[k]);
+        st = run_rep(llm, req_ptrs, &c, itl, &n_itl, &reps[k]);
     if (st == CLI_OK) {
         for (size_t k = 0; k < R; k++)
             v[k] = reps[k].prefill_tok_s;
@@ -271,7 +275,7 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
         struct rusage ru;
         r->peak_rss_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : 0;
         kiln_llm_weight_bytes(llm, &r->weight_bytes, &r->weight_bytes_per_token);
-        r->kv_bytes_per_token = info.cache_tokens > 0 ? (double)info.cache_bytes / (double)info.cache_tokens : 0;
+        r->kv_bytes_per_token = info->cache_tokens > 0 ? (double)info->cache_bytes / (double)info->cache_tokens : 0;
         /* The KV cache may have taken most of the GPU's memory: without an
          * explicit size, a copy that finds no room is retried at 256 MiB. */
         size_t bytes = copy_mb > 0 ? (size_t)copy_mb << 20 : 0;
@@ -292,6 +296,7 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
     }
     free(ids);
     free(reqs);
+    free(req_ptrs);
     free(c.times);
     free(c.count);
     free(itl);

@@ -1,4 +1,5 @@
 /* kiln build NET.json -o OUT.engine: network JSON to engine file. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -147,17 +148,23 @@ int cli_build(int argc, char **argv)
         status = cli_kiln_error();
     } else {
         /* Reading back what was written gives the planned figures. */
-        cli_engine_image img;
-        if (cli_engine_map(out, &img) != KILN_OK) {
+        char *text = NULL;
+        json_t *d = NULL;
+        if (kiln_engine_describe_file_json(reg, out, &text) != KILN_OK) {
             status = cli_kiln_error();
+        } else if (!(d = json_loads(text, 0, NULL))) {
+            status = cli_error("cannot parse the engine description");
         } else {
-            printf("built %s: %d layers (%d in the network), arena %zu bytes, workspace %zu bytes, "
-                   "engine %zu bytes, target %s\n",
-                   out, (int)img.graph.n_layers, (int)kiln_network_num_layers(net),
-                   img.graph.arena_size, img.graph.workspace_size, img.size,
-                   kiln_backend_name(img.info.backend));
-            cli_engine_unmap(&img);
+            json_t *mem = json_object_get(d, "memory");
+            printf("built %s: %zu layers (%d in the network), arena %lld bytes, workspace %lld bytes, "
+                   "engine %lld bytes, target %s\n",
+                   out, json_array_size(json_object_get(d, "layers")), (int)kiln_network_num_layers(net),
+                   cli_json_int(mem, "arena_bytes"), cli_json_int(mem, "workspace_bytes"),
+                   cli_json_int(json_object_get(d, "header"), "file_size"),
+                   cli_json_str(json_object_get(d, "target"), "backend"));
         }
+        json_decref(d);
+        kiln_free(text);
     }
     kiln_network_destroy(net);
     kiln_registry_destroy(reg);

@@ -150,13 +150,12 @@ static int parse_id_lines(const char *path, const char *text, int32_t vocab, seq
 static int text_windows(const kiln_llm *llm, const char *path, const char *text, size_t len, size_t window,
                         seq_list *out)
 {
-    kiln_llm_info info;
-    kiln_llm_info_get(llm, &info);
+    const kiln_llm_info *info = kiln_llm_info_get(llm);
     int32_t *ids = NULL;
     size_t n = 0;
     if (kiln_llm_prompt_ids(llm, text, len, &ids, &n) != KILN_OK)
         return cli_kiln_error();
-    int bos = info.bos_id >= 0 && n > 0 && ids[0] == info.bos_id;
+    int bos = info->bos_id >= 0 && n > 0 && ids[0] == info->bos_id;
     size_t body = window - (size_t)bos;
     int st = CLI_OK;
     for (size_t at = (size_t)bos; st == CLI_OK && at < n; at += body) {
@@ -169,11 +168,11 @@ static int text_windows(const kiln_llm *llm, const char *path, const char *text,
             break;
         }
         if (bos)
-            w[0] = info.bos_id;
+            w[0] = info->bos_id;
         memcpy(w + bos, ids + at, sizeof *w * take);
         st = seq_list_add(out, w, take + (size_t)bos);
     }
-    free(ids);
+    kiln_free(ids);
     if (st == CLI_OK && out->count == 0)
         st = cli_error("%s has fewer than 2 tokens", path);
     return st;
@@ -349,22 +348,23 @@ int cli_perplexity(int argc, char **argv)
         if (st == CLI_OK && !(text = read_file(a.positional[1], &len)))
             st = CLI_FAILURE;
     }
-    kiln_llm_info info, info2;
+    int32_t vocab = 0;
     if (st == CLI_OK && !help) {
-        kiln_llm_info_get(llm, &info);
-        if (window > info.max_seq_len)
-            window = info.max_seq_len;
+        const kiln_llm_info *info = kiln_llm_info_get(llm);
+        vocab = info->vocab_size;
+        if (window > info->max_seq_len)
+            window = info->max_seq_len;
         if (ref) {
-            kiln_llm_info_get(ref, &info2);
-            if (info2.vocab_size != info.vocab_size)
+            const kiln_llm_info *info2 = kiln_llm_info_get(ref);
+            if (info2->vocab_size != vocab)
                 st = cli_error("%s has a vocabulary of %d tokens, %s of %d: they cannot be compared", compare,
-                               (int)info2.vocab_size, a.positional[0], (int)info.vocab_size);
-            else if (window > info2.max_seq_len)
-                window = info2.max_seq_len;
+                               (int)info2->vocab_size, a.positional[0], (int)vocab);
+            else if (window > info2->max_seq_len)
+                window = info2->max_seq_len;
         }
     }
     if (st == CLI_OK && !help)
-        st = ids_mode ? parse_id_lines(a.positional[1], text, info.vocab_size, &w)
+        st = ids_mode ? parse_id_lines(a.positional[1], text, vocab, &w)
                       : text_windows(llm, a.positional[1], text, len, (size_t)window, &w);
     if (st == CLI_OK && !help && ids_mode)
         for (size_t i = 0; st == CLI_OK && i < w.count; i++)
@@ -372,10 +372,10 @@ int cli_perplexity(int argc, char **argv)
                 st = cli_error("%s line %zu has %zu ids, more than the window of %ld", a.positional[1], i + 1,
                                w.n[i], window);
     if (st == CLI_OK && !help) {
-        s.vocab = info.vocab_size;
-        s.logprobs = malloc(sizeof *s.logprobs * (size_t)window * (size_t)info.vocab_size);
+        s.vocab = vocab;
+        s.logprobs = malloc(sizeof *s.logprobs * (size_t)window * (size_t)vocab);
         if (!s.logprobs)
-            st = cli_error("out of memory for a window of %ld x %d log-probabilities", window, (int)info.vocab_size);
+            st = cli_error("out of memory for a window of %ld x %d log-probabilities", window, (int)vocab);
         if (st == CLI_OK && logits_path && !(s.logits_out = fopen(logits_path, "wb")))
             st = cli_error("cannot create %s: %s", logits_path, strerror(errno));
         if (st == CLI_OK)
