@@ -42,8 +42,8 @@ typedef struct kiln_llm_build_options {
     /* F32 (default), F16 or BF16: weights, activations and KV cache. */
     kiln_dtype dtype;
     /* Matmul weights a GGUF stores as Q8_0, Q4_0 or Q4_1 stay in that
-     * format (kiln/QuantMatMul; needs dtype F32): 1 on, 0 off, -1
-     * (default) on for a .gguf when dtype is F32. */
+     * format (kiln/QuantMatMul, with activations in dtype): 1 on, 0 off,
+     * -1 (default) on for a .gguf. */
     int32_t native;
     int32_t max_batch;           /* sequences per step (default 8) */
     /* Tokens per sequence (default min(4096, the model's context)); more
