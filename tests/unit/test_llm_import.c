@@ -131,6 +131,12 @@ static void test_hf_config_forms(void) {
                      "\"intermediate_size\":128,\"num_hidden_layers\":1,\"num_attention_heads\":4}";
     CHECK_OK(kiln_llm_hf_parse_config(qw, strlen(qw), "q.json", &c));
     CHECK(c.qkv_bias == 1);
+    /* Python writes integers of any size; kiln reads past those it does not use */
+    const char *big = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,\"hidden_size\":64,"
+                      "\"intermediate_size\":128,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+                      "\"model_max_length\":1000000000000000019884624838656,\"x\":[-123456789012345678901234567890]}";
+    CHECK_OK(kiln_llm_hf_parse_config(big, strlen(big), "big.json", &c));
+    CHECK(c.hidden_size == 64 && c.n_layers == 1);
 }
 
 static void test_hf_config_errors(void) {
@@ -158,6 +164,13 @@ static void test_hf_config_errors(void) {
                       "\"intermediate_size\":128,\"num_hidden_layers\":1,\"num_attention_heads\":4}";
     CHECK_FAILS(kiln_llm_hf_parse_config(neg, strlen(neg), "x/config.json", &c), KILN_ERROR_FORMAT,
                 "\"vocab_size\" = -5");
+    const char *huge = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,"
+                       "\"hidden_size\":1000000000000000019884624838656}";
+    CHECK_FAILS(kiln_llm_hf_parse_config(huge, strlen(huge), "x/config.json", &c), KILN_ERROR_FORMAT,
+                "\"hidden_size\": expected an integer");
+    const char *frac = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,\"hidden_size\":64.5}";
+    CHECK_FAILS(kiln_llm_hf_parse_config(frac, strlen(frac), "x/config.json", &c), KILN_ERROR_FORMAT,
+                "\"hidden_size\": expected an integer");
     const char *str = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,\"hidden_size\":\"64\"}";
     CHECK_FAILS(kiln_llm_hf_parse_config(str, strlen(str), "x/config.json", &c), KILN_ERROR_FORMAT,
                 "\"hidden_size\": expected an integer");
