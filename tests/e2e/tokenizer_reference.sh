@@ -1,21 +1,16 @@
 #!/usr/bin/env bash
 # kiln's tokenizer against Hugging Face tokenizers/transformers and
 # sentencepiece: builds tokenizer.json files from the real vocabularies in
-# shared/tokenizers (GPT-2, a Llama-3-style regex variant, Llama 2 in three
+# tests/data/tokenizer (GPT-2, a Llama-3-style regex variant, Llama 2 in three
 # tokenizer.json forms), writes reference ids for a corpus of hard strings,
 # then runs test_tokenizer against them (exact ids, decoded text, streaming).
 set -euo pipefail
 
 src=${KILN_SOURCE_DIR:?KILN_SOURCE_DIR is not set}
 build=${KILN_BUILD_DIR:?KILN_BUILD_DIR is not set}
-shared=$src/../shared/tokenizers
+vocab=$src/tests/data/tokenizer
 venv=$src/.venv
 pins=(tokenizers==0.23.3 transformers==5.24.0 sentencepiece==0.2.3 protobuf==7.36.2)
-
-if [[ ! -f $shared/gpt2-bpe/encoder.json || ! -f $shared/llama2-sp/tokenizer.model ]]; then
-    echo "skipped: the reference vocabularies are not in $shared"
-    exit 77
-fi
 
 have_pins() {
     "$venv/bin/python" - "${pins[@]}" <<'PY' 2>/dev/null
@@ -38,7 +33,7 @@ fi
 
 out=$build/tokref
 rm -rf "$out"
-"$venv/bin/python" "$src/tests/data/tokenizer/make_reference.py" "$shared" "$out" 2>&1 | grep -v "PyTorch was not found" || true
+"$venv/bin/python" "$src/tests/data/tokenizer/make_reference.py" "$vocab" "$out" 2>&1 | grep -v "PyTorch was not found" || true
 [[ -f $out/versions.txt ]] || { echo "make_reference.py did not finish"; exit 1; }
 cat "$out/versions.txt"
 
