@@ -1,8 +1,7 @@
-/* The tokenizer core: vocabulary maps, the encode pipeline (added-token
- * split, normalizers, pre-tokenizers, BPE, template) and decoding. The
+/* The tokenizer core: vocabulary maps, construction, and the encode
+ * pipeline (added-token split, normalizers, pre-tokenizers, BPE, template). The
  * semantics follow Hugging Face tokenizers (the reference the tests compare
  * against, id for id); the loaders fill the pipeline. */
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,194 +11,6 @@
 
 const char tok_gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-
-/* ---- UTF-8 -------------------------------------------------------------- */
-
-/* Length of the longest valid-so-far prefix of the sequence at s (1..4)
- * and whether it is complete: returns the sequence length when complete and
- * valid, 0 when s[0..n) is a valid but incomplete prefix, or -k when the
- * first k bytes are a maximal invalid subpart (one U+FFFD). */
-static int utf8_seq(const unsigned char *s, size_t n)
-{
-    unsigned char b = s[0];
-    if (b < 0x80)
-        return 1;
-    int need;
-    unsigned char lo = 0x80, hi = 0xBF;
-    if (b >= 0xC2 && b <= 0xDF) {
-        need = 2;
-    } else if (b >= 0xE0 && b <= 0xEF) {
-        need = 3;
-        if (b == 0xE0) lo = 0xA0;
-        if (b == 0xED) hi = 0x9F;
-    } else if (b >= 0xF0 && b <= 0xF4) {
-        need = 4;
-        if (b == 0xF0) lo = 0x90;
-        if (b == 0xF4) hi = 0x8F;
-    } else {
-        return -1;
-    }
-    for (int k = 1; k < need; k++) {
-        if ((size_t)k >= n)
-            return 0;
-        unsigned char lim_lo = k == 1 ? lo : 0x80, lim_hi = k == 1 ? hi : 0xBF;
-        if (s[k] < lim_lo || s[k] > lim_hi)
-            return -k;
-    }
-    return need;
-}
-
-size_t tok_utf8_valid_prefix(const char *s, size_t len)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t i = 0;
-    while (i < len) {
-        int r = utf8_seq(u + i, len - i);
-        if (r <= 0)
-            return i;
-        i += (size_t)r;
-    }
-    return len;
-}
-
-/* Decodes one code point of valid UTF-8. */
-static uint32_t utf8_decode(const unsigned char *s, size_t *n)
-{
-    if (s[0] < 0x80) { *n = 1; return s[0]; }
-    if (s[0] < 0xE0) { *n = 2; return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F); }
-    if (s[0] < 0xF0) {
-        *n = 3;
-        return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
-    }
-    *n = 4;
-    return ((uint32_t)(s[0] & 0x07) << 18) | ((uint32_t)(s[1] & 0x3F) << 12) | ((uint32_t)(s[2] & 0x3F) << 6) |
-           (s[3] & 0x3F);
-}
-
-static size_t utf8_encode(uint32_t cp, char *out)
-{
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xE0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
-        out[2] = (char)(0x80 | (cp & 0x3F));
-        return 3;
-    }
-    out[0] = (char)(0xF0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3F));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3F));
-    out[3] = (char)(0x80 | (cp & 0x3F));
-    return 4;
-}
-
-/* Rust's char::is_whitespace (Unicode White_Space), which HF uses for the
- * lstrip/rstrip of added tokens. */
-static bool is_unicode_space(uint32_t c)
-{
-    return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
-}
-
-/* ---- GPT-2's byte <-> unicode mapping ------------------------------------- */
-
-/* Printable Latin-1 bytes map to themselves; the others, in order, to
- * U+0100 onwards, so every byte is a visible character. */
-static uint16_t byte_to_cp(unsigned b)
-{
-    if ((b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255))
-        return (uint16_t)b;
-    unsigned n = 0;
-    for (unsigned x = 0; x < b; x++)
-        if (!((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || (x >= 174 && x <= 255)))
-            n++;
-    return (uint16_t)(256 + n);
-}
-
-typedef struct byte_tables {
-    char enc[256][2]; /* UTF-8 of each byte's character (all are 1 or 2 bytes) */
-    uint8_t enc_len[256];
-    int16_t dec[324];  /* code point -> byte, -1 for none */
-} byte_tables;
-
-static byte_tables g_bytes;
-static pthread_once_t g_bytes_once = PTHREAD_ONCE_INIT;
-
-static void byte_tables_init(void)
-{
-    for (unsigned i = 0; i < 324; i++)
-        g_bytes.dec[i] = -1;
-    for (unsigned b = 0; b < 256; b++) {
-        uint16_t cp = byte_to_cp(b);
-        g_bytes.enc_len[b] = (uint8_t)utf8_encode(cp, g_bytes.enc[b]);
-        g_bytes.dec[cp] = (int16_t)b;
-    }
-}
-
-static const byte_tables *bytes_tables(void)
-{
-    pthread_once(&g_bytes_once, byte_tables_init);
-    return &g_bytes;
-}
-
-/* ---- growable buffers ------------------------------------------------------- */
-
-typedef struct buf {
-    char *p;
-    size_t len, cap;
-} buf;
-
-static kiln_status buf_reserve(buf *b, size_t extra)
-{
-    size_t need;
-    if (kiln_add_overflow(b->len, extra, &need))
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: buffer size overflows");
-    if (need <= b->cap)
-        return KILN_OK;
-    size_t cap = b->cap ? b->cap : 64;
-    while (cap < need) {
-        if (kiln_mul_overflow(cap, 2, &cap))
-            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: buffer size overflows");
-    }
-    char *p = realloc(b->p, cap);
-    if (!p)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory growing a buffer to %zu bytes", cap);
-    b->p = p;
-    b->cap = cap;
-    return KILN_OK;
-}
-
-static kiln_status buf_put(buf *b, const void *s, size_t n)
-{
-    KILN_TRY(buf_reserve(b, n));
-    if (n)
-        memcpy(b->p + b->len, s, n);
-    b->len += n;
-    return KILN_OK;
-}
-
-#define VEC_GROW(ptr, n, cap, what)                                                                   \
-    do {                                                                                              \
-        if ((n) == (cap)) {                                                                           \
-            size_t ncap_ = (cap) ? (cap) * 2 : 16;                                                     \
-            void *np_ = (ncap_ > SIZE_MAX / sizeof *(ptr)) ? NULL : realloc((ptr), ncap_ * sizeof *(ptr)); \
-            if (!np_)                                                                                 \
-                return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory growing %s", what); \
-            (ptr) = np_;                                                                              \
-            (cap) = ncap_;                                                                            \
-        }                                                                                             \
-    } while (0)
-
-kiln_status tok_push_id(int32_t **arr, size_t *n, int32_t id)
-{
-    int32_t *p = realloc(*arr, (*n + 1) * sizeof *p);
-    if (!p)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory");
-    p[(*n)++] = id;
-    *arr = p;
-    return KILN_OK;
-}
 
 /* ---- the arena and maps ------------------------------------------------------ */
 
@@ -408,10 +219,10 @@ kiln_status tok_add_merge(kiln_tokenizer *t, const char *left, size_t llen, cons
     if (a < 0 || b < 0)
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer: merge %d: \"%.*s\" is not in the vocabulary", (int)rank,
                          (int)(a < 0 ? (llen > 64 ? 64 : llen) : (rlen > 64 ? 64 : rlen)), a < 0 ? left : right);
-    buf cat = {0};
-    kiln_status st = buf_put(&cat, left, llen);
+    tok_buf cat = {0};
+    kiln_status st = tok_buf_put(&cat, left, llen);
     if (st == KILN_OK)
-        st = buf_put(&cat, right, rlen);
+        st = tok_buf_put(&cat, right, rlen);
     int32_t m = st == KILN_OK ? tok_map_get(t, &t->vocab, cat.p, cat.len) : -1;
     free(cat.p);
     KILN_TRY(st);
@@ -574,7 +385,7 @@ typedef struct piece {
 } piece;
 
 typedef struct piece_list {
-    buf text;
+    tok_buf text;
     piece *v;
     size_t n, cap;
 } piece_list;
@@ -600,8 +411,8 @@ typedef struct enc_ctx {
     int32_t *ids;
     size_t n_ids, cap_ids;
     piece_list lists[2];
-    buf norm[2];
-    buf tmp;
+    tok_buf norm[2];
+    tok_buf tmp;
     span *spans;
     size_t n_spans, cap_spans;
     bpe_sym *syms;
@@ -624,7 +435,7 @@ static kiln_status add_piece(piece_list *l, const char *s, size_t len, bool at_s
         return KILN_OK;
     VEC_GROW(l->v, l->n, l->cap, "pieces");
     l->v[l->n++] = (piece){l->text.len, len, at_start};
-    return buf_put(&l->text, s, len);
+    return tok_buf_put(&l->text, s, len);
 }
 
 /* Every match of `re` in s as spans covering all of s, as HF's find_matches. */
@@ -658,7 +469,7 @@ static kiln_status find_matches(enc_ctx *c, const pcre2_code *re, const char *s,
             if (me >= len)
                 break;
             size_t n;
-            utf8_decode((const unsigned char *)s + me, &n);
+            tok_utf8_decode((const unsigned char *)s + me, &n);
             at = me + n;
         } else {
             at = me;
@@ -750,7 +561,7 @@ static kiln_status run_pretokenizer(enc_ctx *c, const tok_pretokenizer *p, const
 {
     out->n = 0;
     out->text.len = 0;
-    const byte_tables *bt = bytes_tables();
+    const tok_byte_tables *bt = tok_byte_tables_get();
     for (size_t i = 0; i < in->n; i++) {
         const char *s = in->text.p + in->v[i].off;
         size_t len = in->v[i].len;
@@ -762,8 +573,8 @@ static kiln_status run_pretokenizer(enc_ctx *c, const tok_pretokenizer *p, const
         case TOK_PRE_BYTELEVEL: {
             c->tmp.len = 0;
             if (p->add_prefix_space && (len == 0 || s[0] != ' '))
-                KILN_TRY(buf_put(&c->tmp, " ", 1));
-            KILN_TRY(buf_put(&c->tmp, s, len));
+                KILN_TRY(tok_buf_put(&c->tmp, " ", 1));
+            KILN_TRY(tok_buf_put(&c->tmp, s, len));
             /* Split, then map every byte of each piece to its character. */
             if (p->re) {
                 KILN_TRY(find_matches(c, p->re, c->tmp.p, c->tmp.len));
@@ -778,7 +589,7 @@ static kiln_status run_pretokenizer(enc_ctx *c, const tok_pretokenizer *p, const
                     continue;
                 VEC_GROW(out->v, out->n, out->cap, "pieces");
                 size_t off = out->text.len;
-                KILN_TRY(buf_reserve(&out->text, (b - a) * 2));
+                KILN_TRY(tok_buf_reserve(&out->text, (b - a) * 2));
                 for (size_t j = a; j < b; j++) {
                     unsigned char ch = (unsigned char)c->tmp.p[j];
                     memcpy(out->text.p + out->text.len, bt->enc[ch], bt->enc_len[ch]);
@@ -794,12 +605,12 @@ static kiln_status run_pretokenizer(enc_ctx *c, const tok_pretokenizer *p, const
             if (len > 0 && s[0] == ' ')
                 starts = true; /* the space becomes the replacement */
             if (!starts && (p->prepend == TOK_PREPEND_ALWAYS || (p->prepend == TOK_PREPEND_FIRST && at_start)))
-                KILN_TRY(buf_put(&c->tmp, p->replacement, p->replacement_len));
+                KILN_TRY(tok_buf_put(&c->tmp, p->replacement, p->replacement_len));
             for (size_t j = 0; j < len; j++) {
                 if (s[j] == ' ')
-                    KILN_TRY(buf_put(&c->tmp, p->replacement, p->replacement_len));
+                    KILN_TRY(tok_buf_put(&c->tmp, p->replacement, p->replacement_len));
                 else
-                    KILN_TRY(buf_put(&c->tmp, s + j, 1));
+                    KILN_TRY(tok_buf_put(&c->tmp, s + j, 1));
             }
             if (!p->split) {
                 KILN_TRY(add_piece(out, c->tmp.p, c->tmp.len, at_start));
@@ -821,137 +632,33 @@ static kiln_status run_pretokenizer(enc_ctx *c, const tok_pretokenizer *p, const
     }
     return KILN_OK;
 }
-
-/* Hangul syllables decompose and compose by arithmetic (Unicode 3.12). */
-enum { HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7, HANGUL_NV = 21, HANGUL_NT = 28,
-       HANGUL_COUNT = 11172 };
-
-static uint32_t nfc_compose(uint32_t a, uint32_t b)
-{
-    if (a >= HANGUL_L && a < HANGUL_L + 19 && b >= HANGUL_V && b < HANGUL_V + HANGUL_NV)
-        return HANGUL_S + ((a - HANGUL_L) * HANGUL_NV + (b - HANGUL_V)) * HANGUL_NT;
-    if (a >= HANGUL_S && a < HANGUL_S + HANGUL_COUNT && (a - HANGUL_S) % HANGUL_NT == 0 && b > HANGUL_T &&
-        b < HANGUL_T + HANGUL_NT)
-        return a + (b - HANGUL_T);
-    return tok_nfc_compose(a, b);
-}
-
-typedef struct nfc_char {
-    uint32_t cp;
-    unsigned ccc;
-} nfc_char;
-
-/* Unicode NFC: full canonical decomposition, canonical ordering, then
- * canonical composition. */
-static kiln_status run_nfc(const buf *in, buf *out)
-{
-    /* Below U+0300 (lead bytes under 0xCC) nothing decomposes or combines. */
-    bool simple = true;
-    for (size_t i = 0; i < in->len && simple; i++)
-        simple = (unsigned char)in->p[i] < 0xCC;
-    if (simple)
-        return buf_put(out, in->p, in->len);
-    size_t cap = 0, n = 0;
-    nfc_char *v = NULL;
-    kiln_status st = KILN_OK;
-    for (size_t i = 0; i < in->len && st == KILN_OK;) {
-        size_t k;
-        uint32_t cp = utf8_decode((const unsigned char *)in->p + i, &k);
-        i += k;
-        uint32_t parts[4];
-        const uint32_t *d = parts;
-        size_t nd = 1;
-        parts[0] = cp;
-        if (cp >= HANGUL_S && cp < HANGUL_S + HANGUL_COUNT) {
-            uint32_t si = cp - HANGUL_S;
-            parts[0] = HANGUL_L + si / (HANGUL_NV * HANGUL_NT);
-            parts[1] = HANGUL_V + (si % (HANGUL_NV * HANGUL_NT)) / HANGUL_NT;
-            parts[2] = HANGUL_T + si % HANGUL_NT;
-            nd = parts[2] == HANGUL_T ? 2 : 3;
-        } else {
-            size_t m;
-            const uint32_t *dd = tok_nfc_decomp(cp, &m);
-            if (dd) {
-                d = dd;
-                nd = m;
-            }
-        }
-        for (size_t j = 0; j < nd; j++) {
-            if (n == cap) {
-                size_t ncap = cap ? cap * 2 : 64;
-                nfc_char *p = realloc(v, ncap * sizeof *p);
-                if (!p) {
-                    st = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory in NFC");
-                    break;
-                }
-                v = p;
-                cap = ncap;
-            }
-            v[n++] = (nfc_char){d[j], tok_nfc_ccc(d[j])};
-        }
-    }
-    /* Canonical ordering: a stable sort of each run of non-starters. */
-    for (size_t i = 1; st == KILN_OK && i < n; i++) {
-        for (size_t j = i; j > 0 && v[j].ccc && v[j - 1].ccc > v[j].ccc; j--) {
-            nfc_char tmp = v[j];
-            v[j] = v[j - 1];
-            v[j - 1] = tmp;
-        }
-    }
-    /* Composition: each character joins the last starter unless blocked by
-     * a character of the same or higher class in between. */
-    size_t w = 0, starter = 0;
-    unsigned last = 256;
-    for (size_t i = 0; st == KILN_OK && i < n; i++) {
-        if (i > 0 && v[starter].ccc == 0 && (last < v[i].ccc || last == 0)) {
-            uint32_t comp = nfc_compose(v[starter].cp, v[i].cp);
-            if (comp) {
-                v[starter].cp = comp;
-                continue;
-            }
-        }
-        if (v[i].ccc == 0)
-            starter = w;
-        last = v[i].ccc;
-        v[w++] = v[i];
-        if (i == 0 && v[0].ccc)
-            last = 256;
-    }
-    for (size_t i = 0; st == KILN_OK && i < w; i++) {
-        char enc[4];
-        st = buf_put(out, enc, utf8_encode(v[i].cp, enc));
-    }
-    free(v);
-    return st;
-}
-
-static kiln_status run_normalizer(enc_ctx *c, const tok_normalizer *nm, const buf *in, buf *out)
+static kiln_status run_normalizer(enc_ctx *c, const tok_normalizer *nm, const tok_buf *in, tok_buf *out)
 {
     out->len = 0;
     if (nm->kind == TOK_NORM_NFC)
-        return run_nfc(in, out);
+        return tok_nfc(in, out);
     if (nm->kind == TOK_NORM_PREPEND) {
         if (in->len)
-            KILN_TRY(buf_put(out, nm->a, nm->a_len));
-        return buf_put(out, in->p, in->len);
+            KILN_TRY(tok_buf_put(out, nm->a, nm->a_len));
+        return tok_buf_put(out, in->p, in->len);
     }
     if (nm->re) {
         KILN_TRY(find_matches(c, nm->re, in->p ? in->p : "", in->len));
         for (size_t i = 0; i < c->n_spans; i++) {
             if (c->spans[i].match)
-                KILN_TRY(buf_put(out, nm->b, nm->b_len));
+                KILN_TRY(tok_buf_put(out, nm->b, nm->b_len));
             else
-                KILN_TRY(buf_put(out, in->p + c->spans[i].start, c->spans[i].end - c->spans[i].start));
+                KILN_TRY(tok_buf_put(out, in->p + c->spans[i].start, c->spans[i].end - c->spans[i].start));
         }
         return KILN_OK;
     }
     size_t i = 0;
     while (i < in->len) {
         if (in->len - i >= nm->a_len && memcmp(in->p + i, nm->a, nm->a_len) == 0) {
-            KILN_TRY(buf_put(out, nm->b, nm->b_len));
+            KILN_TRY(tok_buf_put(out, nm->b, nm->b_len));
             i += nm->a_len;
         } else {
-            KILN_TRY(buf_put(out, in->p + i, 1));
+            KILN_TRY(tok_buf_put(out, in->p + i, 1));
             i++;
         }
     }
@@ -1017,8 +724,8 @@ static kiln_status queue_pair(enc_ctx *c, int32_t pos)
     if (t->use_scores) {
         const tok_entry *ea = &t->tokens[a], *eb = &t->tokens[b];
         c->tmp.len = 0;
-        KILN_TRY(buf_put(&c->tmp, t->arena + ea->off, ea->len));
-        KILN_TRY(buf_put(&c->tmp, t->arena + eb->off, eb->len));
+        KILN_TRY(tok_buf_put(&c->tmp, t->arena + ea->off, ea->len));
+        KILN_TRY(tok_buf_put(&c->tmp, t->arena + eb->off, eb->len));
         int32_t m = tok_map_get(t, &t->vocab, c->tmp.p, c->tmp.len);
         if (m < 0)
             return KILN_OK;
@@ -1058,7 +765,7 @@ static kiln_status bpe_one(enc_ctx *c, const char *w, size_t len)
     bool pending_unk = false;
     for (size_t i = 0; i < len;) {
         size_t n;
-        utf8_decode((const unsigned char *)w + i, &n);
+        tok_utf8_decode((const unsigned char *)w + i, &n);
         int32_t id = tok_map_get(t, &t->vocab, w + i, n);
         if (id >= 0) {
             if (pending_unk) {
@@ -1151,14 +858,14 @@ static kiln_status encode_words(enc_ctx *c, const char *s, size_t len, bool at_s
 }
 
 /* Runs the normalizers over s; the result is in the returned buffer. */
-static kiln_status normalize(enc_ctx *c, const char *s, size_t len, buf **result)
+static kiln_status normalize(enc_ctx *c, const char *s, size_t len, tok_buf **result)
 {
     const kiln_tokenizer *t = c->t;
-    buf *cur = &c->norm[0];
+    tok_buf *cur = &c->norm[0];
     cur->len = 0;
-    KILN_TRY(buf_put(cur, s, len));
+    KILN_TRY(tok_buf_put(cur, s, len));
     for (size_t i = 0; i < t->n_norms; i++) {
-        buf *next = cur == &c->norm[0] ? &c->norm[1] : &c->norm[0];
+        tok_buf *next = cur == &c->norm[0] ? &c->norm[1] : &c->norm[0];
         KILN_TRY(run_normalizer(c, &t->norms[i], cur, next));
         cur = next;
     }
@@ -1205,7 +912,7 @@ static kiln_status split_added(enc_ctx *c, const tok_added_set *set, const char 
                 while (p > seg && ((unsigned char)text[p] & 0xC0) == 0x80)
                     p--;
                 size_t n;
-                if (!is_unicode_space(utf8_decode((const unsigned char *)text + p, &n)))
+                if (!tok_is_unicode_space(tok_utf8_decode((const unsigned char *)text + p, &n)))
                     break;
                 start = p;
             }
@@ -1213,7 +920,7 @@ static kiln_status split_added(enc_ctx *c, const tok_added_set *set, const char 
         if (attr & TOK_ATTR_RSTRIP) {
             while (end < len) {
                 size_t n;
-                if (!is_unicode_space(utf8_decode((const unsigned char *)text + end, &n)))
+                if (!tok_is_unicode_space(tok_utf8_decode((const unsigned char *)text + end, &n)))
                     break;
                 end += n;
             }
@@ -1234,7 +941,7 @@ static kiln_status split_added(enc_ctx *c, const tok_added_set *set, const char 
  * normalized added tokens. */
 static kiln_status encode_segment(enc_ctx *c, const char *s, size_t len, bool at_start)
 {
-    buf *norm;
+    tok_buf *norm;
     KILN_TRY(normalize(c, s, len, &norm));
     if (norm->len == 0)
         return KILN_OK;
@@ -1260,7 +967,7 @@ static kiln_status normalize_content(kiln_tokenizer *t, const char *s, size_t le
 {
     enc_ctx c = {.t = t};
     c.md = pcre2_match_data_create(4, NULL);
-    buf *norm = NULL;
+    tok_buf *norm = NULL;
     kiln_status st = c.md ? normalize(&c, s, len, &norm) : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory");
     if (st == KILN_OK && norm->len)
         st = arena_add(t, norm->p, norm->len, off);
@@ -1311,328 +1018,6 @@ kiln_status kiln_tokenizer_encode(const kiln_tokenizer *tok, const char *text, s
     enc_ctx_free(&c);
     return st;
 }
-
-/* ---- decoding -------------------------------------------------------------------- */
-
-struct kiln_tokenizer_stream {
-    const kiln_tokenizer *t;
-    uint32_t flags;
-    size_t n_out;          /* tokens passed to the decoders so far */
-    uint32_t strip_left;   /* leading strip-content chars still to drop */
-    buf held;              /* trailing strip-content chars held for the final strip */
-    uint32_t held_count;
-    buf pending;           /* an incomplete UTF-8 sequence */
-    buf out;
-    buf tok;               /* scratch: one token's bytes */
-    buf tmp;
-};
-
-static bool has_prefix(const char *s, size_t len, const char *p, size_t plen)
-{
-    return plen && len >= plen && memcmp(s, p, plen) == 0;
-}
-
-static int hexval(char ch)
-{
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
-    return -1;
-}
-
-/* Runs the per-token decoders on the token in s->tok. */
-static kiln_status decode_token(kiln_tokenizer_stream *s, bool first)
-{
-    const kiln_tokenizer *t = s->t;
-    const byte_tables *bt = bytes_tables();
-    bool fused = false;
-    for (size_t i = 0; i < t->n_decs; i++) {
-        const tok_decoder *d = &t->decs[i];
-        buf *b = &s->tok;
-        s->tmp.len = 0;
-        switch (d->kind) {
-        case TOK_DEC_FUSE:
-            fused = true;
-            continue;
-        case TOK_DEC_BYTELEVEL: {
-            /* All characters map back to bytes, or the token stays as is. */
-            bool ok = true;
-            for (size_t j = 0; j < b->len && ok;) {
-                /* An earlier decoder (ByteFallback) may have left raw bytes. */
-                int r = utf8_seq((const unsigned char *)b->p + j, b->len - j);
-                size_t n;
-                uint32_t cp = r > 0 ? utf8_decode((const unsigned char *)b->p + j, &n) : 0x110000;
-                if (cp >= 324 || bt->dec[cp] < 0) {
-                    ok = false;
-                    break;
-                }
-                char byte = (char)bt->dec[cp];
-                KILN_TRY(buf_put(&s->tmp, &byte, 1));
-                j += n;
-            }
-            if (!ok)
-                continue;
-            break;
-        }
-        case TOK_DEC_REPLACE:
-            for (size_t j = 0; j < b->len;) {
-                if (has_prefix(b->p + j, b->len - j, d->a, d->a_len)) {
-                    KILN_TRY(buf_put(&s->tmp, d->b, d->b_len));
-                    j += d->a_len;
-                } else {
-                    KILN_TRY(buf_put(&s->tmp, b->p + j, 1));
-                    j++;
-                }
-            }
-            break;
-        case TOK_DEC_BYTEFALLBACK:
-            if (b->len == 6 && memcmp(b->p, "<0x", 3) == 0 && b->p[5] == '>' && hexval(b->p[3]) >= 0 &&
-                hexval(b->p[4]) >= 0) {
-                char byte = (char)(hexval(b->p[3]) * 16 + hexval(b->p[4]));
-                KILN_TRY(buf_put(&s->tmp, &byte, 1));
-                break;
-            }
-            continue;
-        case TOK_DEC_STRIP: {
-            if (fused)
-                continue; /* the whole-text strip, done by the stream */
-            size_t a = 0, e = b->len;
-            for (uint32_t k = 0; k < d->start && has_prefix(b->p + a, e - a, d->a, d->a_len); k++)
-                a += d->a_len;
-            for (uint32_t k = 0; k < d->stop && e - a >= d->a_len && memcmp(b->p + e - d->a_len, d->a, d->a_len) == 0;
-                 k++)
-                e -= d->a_len;
-            KILN_TRY(buf_put(&s->tmp, b->p + a, e - a));
-            break;
-        }
-        case TOK_DEC_METASPACE: {
-            /* HF drops every replacement char of the first token (after Fuse
-             * all tokens are the first). */
-            bool drop = (first || fused) && d->strip_first;
-            for (size_t j = 0; j < b->len;) {
-                if (has_prefix(b->p + j, b->len - j, d->a, d->a_len)) {
-                    if (!drop)
-                        KILN_TRY(buf_put(&s->tmp, " ", 1));
-                    j += d->a_len;
-                } else {
-                    KILN_TRY(buf_put(&s->tmp, b->p + j, 1));
-                    j++;
-                }
-            }
-            break;
-        }
-        }
-        buf swap = s->tok;
-        s->tok = s->tmp;
-        s->tmp = swap;
-    }
-    return KILN_OK;
-}
-
-static const char REPLACEMENT_CHAR[] = "\xEF\xBF\xBD";
-
-/* Appends bytes to the output, repairing UTF-8: complete sequences pass,
- * maximal invalid subparts become U+FFFD, an incomplete tail waits (or, at
- * the end, becomes U+FFFD). */
-static kiln_status emit_utf8(kiln_tokenizer_stream *s, const char *p, size_t n, bool final)
-{
-    KILN_TRY(buf_put(&s->pending, p, n));
-    const unsigned char *u = (const unsigned char *)s->pending.p;
-    size_t i = 0, len = s->pending.len;
-    while (i < len) {
-        int r = utf8_seq(u + i, len - i);
-        if (r > 0) {
-            KILN_TRY(buf_put(&s->out, u + i, (size_t)r));
-            i += (size_t)r;
-        } else if (r < 0) {
-            KILN_TRY(buf_put(&s->out, REPLACEMENT_CHAR, 3));
-            i += (size_t)-r;
-        } else if (final) {
-            KILN_TRY(buf_put(&s->out, REPLACEMENT_CHAR, 3));
-            i = len;
-        } else {
-            break;
-        }
-    }
-    if (i < len)
-        memmove(s->pending.p, s->pending.p + i, len - i);
-    s->pending.len = len - i;
-    return KILN_OK;
-}
-
-/* The whole-text Strip (after Fuse): drop leading content chars, hold
- * trailing ones until more text shows they are not at the end. */
-static kiln_status emit_bytes(kiln_tokenizer_stream *s, const char *p, size_t n)
-{
-    const kiln_tokenizer *t = s->t;
-    const char *c = t->strip_content;
-    size_t cl = t->strip_content_len;
-    while (s->strip_left && n && has_prefix(p, n, c, cl)) {
-        p += cl;
-        n -= cl;
-        s->strip_left--;
-    }
-    if (n)
-        s->strip_left = 0;
-    if (!t->strip_stop || !n)
-        return emit_utf8(s, p, n, false);
-    /* Trailing run of content in the new bytes. */
-    size_t e = n;
-    uint32_t run = 0;
-    while (e >= cl && memcmp(p + e - cl, c, cl) == 0) {
-        e -= cl;
-        run++;
-    }
-    if (e > 0) {
-        /* Non-content arrived: what was held is not at the end. */
-        KILN_TRY(emit_utf8(s, s->held.p, s->held.len, false));
-        s->held.len = 0;
-        s->held_count = 0;
-        KILN_TRY(emit_utf8(s, p, e, false));
-    }
-    for (uint32_t k = 0; k < run; k++) {
-        if (s->held_count == t->strip_stop) {
-            KILN_TRY(emit_utf8(s, c, cl, false));
-            memmove(s->held.p, s->held.p + cl, s->held.len - cl);
-            s->held.len -= cl;
-            s->held_count--;
-        }
-        KILN_TRY(buf_put(&s->held, c, cl));
-        s->held_count++;
-    }
-    return KILN_OK;
-}
-
-kiln_status kiln_tokenizer_stream_create(const kiln_tokenizer *tok, uint32_t flags, kiln_tokenizer_stream **out)
-{
-    if (!tok || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_stream_create: NULL argument");
-    kiln_tokenizer_stream *s = calloc(1, sizeof *s);
-    if (!s)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory for a stream");
-    s->t = tok;
-    s->flags = flags;
-    s->strip_left = tok->strip_start;
-    *out = s;
-    return KILN_OK;
-}
-
-void kiln_tokenizer_stream_reset(kiln_tokenizer_stream *s)
-{
-    if (!s)
-        return;
-    s->n_out = 0;
-    s->strip_left = s->t->strip_start;
-    s->held.len = 0;
-    s->held_count = 0;
-    s->pending.len = 0;
-    s->out.len = 0;
-}
-
-void kiln_tokenizer_stream_free(kiln_tokenizer_stream *s)
-{
-    if (!s)
-        return;
-    free(s->held.p);
-    free(s->pending.p);
-    free(s->out.p);
-    free(s->tok.p);
-    free(s->tmp.p);
-    free(s);
-}
-
-/* Leaves the NUL-terminated text in s->out. */
-static kiln_status out_text(kiln_tokenizer_stream *s, const char **text, size_t *len)
-{
-    KILN_TRY(buf_reserve(&s->out, 1));
-    s->out.p[s->out.len] = '\0';
-    if (text)
-        *text = s->out.p;
-    if (len)
-        *len = s->out.len;
-    return KILN_OK;
-}
-
-static kiln_status stream_token(kiln_tokenizer_stream *s, int32_t id)
-{
-    const kiln_tokenizer *t = s->t;
-    if (id < 0 || id >= t->n_tokens || !t->tokens[id].present)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tokenizer: token id %d is not in the vocabulary (size %d)",
-                         (int)id, (int)t->n_tokens);
-    const tok_entry *e = &t->tokens[id];
-    if ((s->flags & KILN_DETOKENIZE_SKIP_SPECIAL) && (e->attr & TOK_ATTR_SPECIAL))
-        return KILN_OK;
-    s->tok.len = 0;
-    KILN_TRY(buf_put(&s->tok, t->arena + e->off, e->len));
-    bool first = s->n_out == 0;
-    s->n_out++;
-    if (!t->has_decoder) {
-        /* Without a decoder HF joins the tokens with spaces. */
-        if (!first)
-            KILN_TRY(emit_utf8(s, " ", 1, false));
-        return emit_utf8(s, s->tok.p, s->tok.len, false);
-    }
-    KILN_TRY(decode_token(s, first));
-    return emit_bytes(s, s->tok.p, s->tok.len);
-}
-
-kiln_status kiln_tokenizer_stream_push(kiln_tokenizer_stream *s, int32_t id, const char **text, size_t *len)
-{
-    if (!s)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_stream_push: NULL stream");
-    s->out.len = 0;
-    KILN_TRY(stream_token(s, id));
-    return out_text(s, text, len);
-}
-
-kiln_status kiln_tokenizer_stream_finish(kiln_tokenizer_stream *s, const char **text, size_t *len)
-{
-    if (!s)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_stream_finish: NULL stream");
-    s->out.len = 0;
-    /* Held trailing strip chars are at the end: dropped. */
-    s->held.len = 0;
-    s->held_count = 0;
-    KILN_TRY(emit_utf8(s, NULL, 0, true));
-    KILN_TRY(out_text(s, text, len));
-    s->n_out = 0;
-    s->strip_left = s->t->strip_start;
-    return KILN_OK;
-}
-
-kiln_status kiln_tokenizer_decode(const kiln_tokenizer *tok, const int32_t *ids, size_t n_ids, uint32_t flags,
-                                  char **text, size_t *len)
-{
-    if (!tok || !text || (!ids && n_ids))
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_decode: NULL argument");
-    *text = NULL;
-    kiln_tokenizer_stream *s = NULL;
-    KILN_TRY(kiln_tokenizer_stream_create(tok, flags, &s));
-    buf all = {0};
-    kiln_status st = KILN_OK;
-    for (size_t i = 0; i < n_ids && st == KILN_OK; i++) {
-        s->out.len = 0;
-        st = stream_token(s, ids[i]);
-        if (st == KILN_OK)
-            st = buf_put(&all, s->out.p, s->out.len);
-    }
-    const char *tail = NULL;
-    size_t tail_len = 0;
-    if (st == KILN_OK)
-        st = kiln_tokenizer_stream_finish(s, &tail, &tail_len);
-    if (st == KILN_OK)
-        st = buf_put(&all, tail, tail_len + 1);
-    kiln_tokenizer_stream_free(s);
-    if (st != KILN_OK) {
-        free(all.p);
-        return st;
-    }
-    *text = all.p;
-    if (len)
-        *len = all.len - 1;
-    return KILN_OK;
-}
-
 /* ---- vocabulary queries --------------------------------------------------------------- */
 
 int32_t kiln_tokenizer_vocab_size(const kiln_tokenizer *tok) { return tok ? tok->n_tokens : 0; }
@@ -1673,146 +1058,5 @@ kiln_status kiln_tokenizer_set_bos_eos(kiln_tokenizer *tok, int32_t bos_id, int3
                              i ? "eos" : "bos", (int)v[i]);
     tok->bos_id = bos_id;
     tok->eos_id = eos_id;
-    return KILN_OK;
-}
-
-/* ---- serialization -------------------------------------------------------------------- */
-
-/* "kiln-tokenizer 1 <hf|vocab> <bos> <eos>\n" then the JSON it was built from. */
-kiln_status kiln_tokenizer_serialize(const kiln_tokenizer *tok, void **data, size_t *len)
-{
-    if (!tok || !data || !len)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_serialize: NULL argument");
-    char head[96];
-    int hn = snprintf(head, sizeof head, "kiln-tokenizer 1 %s %d %d\n", tok->source_is_vocab ? "vocab" : "hf",
-                      (int)tok->bos_id, (int)tok->eos_id);
-    size_t total = (size_t)hn + tok->source_len;
-    char *p = malloc(total);
-    if (!p)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "kiln_tokenizer_serialize: out of memory for %zu bytes", total);
-    memcpy(p, head, (size_t)hn);
-    memcpy(p + hn, tok->source, tok->source_len);
-    *data = p;
-    *len = total;
-    return KILN_OK;
-}
-
-static bool parse_int(const char **p, const char *end, long *out)
-{
-    const char *s = *p;
-    bool neg = false;
-    if (s < end && *s == '-') {
-        neg = true;
-        s++;
-    }
-    long v = 0;
-    const char *digits = s;
-    while (s < end && *s >= '0' && *s <= '9' && s - digits < 10)
-        v = v * 10 + (*s++ - '0');
-    if (s == digits)
-        return false;
-    *out = neg ? -v : v;
-    *p = s;
-    return true;
-}
-
-kiln_status kiln_tokenizer_deserialize(const void *data, size_t len, kiln_tokenizer **out)
-{
-    if (!data || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_deserialize: NULL argument");
-    const char *p = data, *end = p + len;
-    static const char magic[] = "kiln-tokenizer 1 ";
-    if (len < sizeof magic - 1 || memcmp(p, magic, sizeof magic - 1) != 0)
-        return kiln_fail(KILN_ERROR_FORMAT, "serialized tokenizer: bad header (expected \"kiln-tokenizer 1\")");
-    p += sizeof magic - 1;
-    bool vocab;
-    if (end - p >= 6 && memcmp(p, "vocab ", 6) == 0) {
-        vocab = true;
-        p += 6;
-    } else if (end - p >= 3 && memcmp(p, "hf ", 3) == 0) {
-        vocab = false;
-        p += 3;
-    } else {
-        return kiln_fail(KILN_ERROR_FORMAT, "serialized tokenizer: unknown source kind");
-    }
-    long bos, eos;
-    if (!parse_int(&p, end, &bos) || p >= end || *p++ != ' ' || !parse_int(&p, end, &eos) || p >= end ||
-        *p++ != '\n')
-        return kiln_fail(KILN_ERROR_FORMAT, "serialized tokenizer: bad bos/eos in the header");
-    kiln_tokenizer *t;
-    KILN_TRY(vocab ? tok_build_from_vocab_json(p, (size_t)(end - p), &t)
-                   : tok_build_from_json_text(p, (size_t)(end - p), &t));
-    if (bos < -1 || eos < -1 || bos > INT32_MAX || eos > INT32_MAX) {
-        kiln_tokenizer_free(t);
-        return kiln_fail(KILN_ERROR_FORMAT, "serialized tokenizer: bos/eos out of range");
-    }
-    kiln_status st = kiln_tokenizer_set_bos_eos(t, (int32_t)bos, (int32_t)eos);
-    if (st != KILN_OK) {
-        kiln_tokenizer_free(t);
-        return kiln_fail_context(KILN_ERROR_FORMAT, "serialized tokenizer");
-    }
-    *out = t;
-    return KILN_OK;
-}
-
-/* ---- loading files ------------------------------------------------------------------------ */
-
-static kiln_status read_file(const char *path, char **data, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kiln_fail(KILN_ERROR_IO, "tokenizer: cannot open \"%s\"", path);
-    buf b = {0};
-    char chunk[65536];
-    size_t n;
-    kiln_status st = KILN_OK;
-    while (st == KILN_OK && (n = fread(chunk, 1, sizeof chunk, f)) > 0)
-        st = buf_put(&b, chunk, n);
-    if (st == KILN_OK && ferror(f))
-        st = kiln_fail(KILN_ERROR_IO, "tokenizer: cannot read \"%s\"", path);
-    fclose(f);
-    if (st == KILN_OK)
-        st = buf_put(&b, "", 1);
-    if (st != KILN_OK) {
-        free(b.p);
-        return st;
-    }
-    *data = b.p;
-    *len = b.len - 1;
-    return KILN_OK;
-}
-
-kiln_status kiln_tokenizer_load_json(const char *path, kiln_tokenizer **out)
-{
-    if (!path || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_load_json: NULL argument");
-    char *data;
-    size_t len;
-    KILN_TRY(read_file(path, &data, &len));
-    kiln_status st = tok_build_from_json_text(data, len, out);
-    free(data);
-    if (st != KILN_OK)
-        return kiln_fail_context(st, "%s", path);
-    return KILN_OK;
-}
-
-kiln_status kiln_tokenizer_load_json_memory(const void *data, size_t len, kiln_tokenizer **out)
-{
-    if (!data || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_load_json_memory: NULL argument");
-    return tok_build_from_json_text(data, len, out);
-}
-
-kiln_status kiln_tokenizer_load_llama2c(const char *path, int32_t vocab_size, kiln_tokenizer **out)
-{
-    if (!path || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_load_llama2c: NULL argument");
-    char *data;
-    size_t len;
-    KILN_TRY(read_file(path, &data, &len));
-    kiln_status st = kiln_tokenizer_load_llama2c_memory(data, len, vocab_size, out);
-    free(data);
-    if (st != KILN_OK)
-        return kiln_fail_context(st, "%s", path);
     return KILN_OK;
 }
