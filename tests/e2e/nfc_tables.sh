@@ -8,11 +8,12 @@ build=${KILN_BUILD_DIR:?KILN_BUILD_DIR is not set}
 ucd=/usr/share/unicode
 [[ -f $ucd/UnicodeData.txt && -f $ucd/DerivedNormalizationProps.txt ]] ||
   { echo "FAIL: $ucd has no UnicodeData.txt / DerivedNormalizationProps.txt (tools/setup.sh installs unicode-data)"; exit 1; }
+version() { sed -n 's/^ \* \([0-9][0-9.]*\) (Debian.*/\1/p' "$1"; } # the UCD version a generated file names
 out=$build/tokenizer_nfc_data.c
 python3 "$src/tools/gen_nfc_tables.py" "$ucd" >"$out"
 if ! cmp "$out" "$src/src/llm/tokenizer_nfc_data.c"; then
-  echo "FAIL: the generated tables differ from src/llm/tokenizer_nfc_data.c ($(head -2 "$out" | tail -1 | cut -c4-))"
+  echo "FAIL: the tables generated from the UCD $(version "$out") differ from src/llm/tokenizer_nfc_data.c (UCD $(version "$src/src/llm/tokenizer_nfc_data.c"))"
   diff "$out" "$src/src/llm/tokenizer_nfc_data.c" | head -20
   exit 1
 fi
-echo "ok: src/llm/tokenizer_nfc_data.c equals the tables generated from $ucd ($(sed -n 2p "$out" | cut -c4-12))"
+echo "ok: src/llm/tokenizer_nfc_data.c equals the tables generated from the UCD $(version "$out") in $ucd"
