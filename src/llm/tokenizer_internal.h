@@ -1,9 +1,11 @@
 /* The tokenizer's internal representation. The files, each using only
  * those listed before it: tokenizer_text.c (UTF-8, buffers),
- * tokenizer_nfc_data.c and tokenizer_nfc.c (Unicode NFC), tokenizer.c (the
- * vocabulary, construction, encoding and BPE), tokenizer_decode.c, the
- * loaders tokenizer_vocab.c and tokenizer_json.c, and tokenizer_load.c
- * (files and the serialized form). Every
+ * tokenizer_nfc_data.c and tokenizer_nfc.c (Unicode NFC),
+ * tokenizer_normalize.c (regex spans, normalizers), tokenizer.c (the
+ * vocabulary and its construction), tokenizer_bpe.c (the BPE model),
+ * tokenizer_encode.c (the encode pipeline), tokenizer_decode.c, the loaders
+ * tokenizer_vocab.c and tokenizer_json.c, and tokenizer_load.c (files and
+ * the serialized form). Every
  * loader fills the same pipeline, modelled on Hugging Face tokenizers:
  * added-token split -> normalizers -> pre-tokenizers -> BPE -> template;
  * decode: per-token decoders -> post-Fuse strip -> UTF-8 repair. */
@@ -63,6 +65,13 @@ kiln_status tok_push_id(int32_t **arr, size_t *n, int32_t id);
             (cap) = ncap_;                                                                            \
         }                                                                                             \
     } while (0)
+
+/* A growing list of token ids. */
+typedef struct tok_ids {
+    int32_t *v;
+    size_t n, cap;
+} tok_ids;
+kiln_status tok_ids_push(tok_ids *ids, int32_t id);
 
 enum {
     TOK_ATTR_SPECIAL = 1 << 0, /* skipped by SKIP_SPECIAL; matched only with PARSE_SPECIAL */
@@ -202,26 +211,6 @@ struct kiln_tokenizer {
     bool source_is_vocab; /* source is kiln's vocab JSON, not a tokenizer.json */
 };
 
-/* ---- tokenizer.c: construction helpers the loaders share ---- */
-kiln_status tok_alloc(kiln_tokenizer **out);
-/* Adds a model vocabulary entry: string -> id, and id -> string unless an
- * added token already holds the id. A repeated string or id fails. */
-kiln_status tok_add_vocab(kiln_tokenizer *t, const char *s, size_t len, int32_t id, float score);
-/* Adds an added token (TOK_ATTR_*); it names its id for decoding. */
-kiln_status tok_add_added(kiln_tokenizer *t, const char *s, size_t len, int32_t id, uint8_t attr);
-/* Builds the added-token groups, byte_ids and the post-Fuse strip; call once
- * after all tokens and decoders are set. */
-kiln_status tok_finish(kiln_tokenizer *t);
-int32_t tok_map_get(const kiln_tokenizer *t, const tok_strmap *m, const char *s, size_t len);
-/* Adds merge (left, right) at `rank` (a later duplicate replaces an earlier,
- * as Hugging Face's map does). Both sides and their concatenation must be in
- * the vocabulary. */
-kiln_status tok_add_merge(kiln_tokenizer *t, const char *left, size_t llen, const char *right, size_t rlen,
-                          int32_t rank);
-kiln_status tok_compile_regex(const char *pattern, size_t len, bool literal, pcre2_code **out, const char *what);
-void tok_free_contents(kiln_tokenizer *t);
-extern const char tok_gpt2_regex[];
-
 /* ---- tokenizer_nfc.c: Unicode NFC ---- */
 kiln_status tok_nfc(const tok_buf *in, tok_buf *out);
 
@@ -234,6 +223,75 @@ extern const uint32_t tok_nfc_decomp_pool[];
 extern const uint64_t tok_nfc_comp_keys[];     /* first << 21 | second, ascending */
 extern const size_t tok_nfc_n_comp;
 extern const uint32_t tok_nfc_comp_values[];   /* the primary composite of each key */
+
+/* ---- tokenizer_normalize.c: regex spans and the normalizers ---- */
+typedef struct tok_span {
+    size_t start, end;
+    bool match;
+} tok_span;
+
+/* Scratch for matching and normalizing: the spans of the last match, PCRE2
+ * match data, the normalizers' two buffers. Zero it, then
+ * tok_matcher_init; tok_matcher_free when done. */
+typedef struct tok_matcher {
+    tok_span *spans;
+    size_t n_spans, cap_spans;
+    pcre2_match_data *md;
+    tok_buf norm[2];
+} tok_matcher;
+kiln_status tok_matcher_init(tok_matcher *m);
+void tok_matcher_free(tok_matcher *m);
+/* Every match of re in s as spans covering all of s, as HF's find_matches. */
+kiln_status tok_find_matches(tok_matcher *m, const pcre2_code *re, const char *s, size_t len);
+/* Runs t's normalizers over s; *result is the buffer (of m) holding the result. */
+kiln_status tok_normalize(const kiln_tokenizer *t, tok_matcher *m, const char *s, size_t len, tok_buf **result);
+
+/* ---- tokenizer.c: the vocabulary and construction (what the loaders call) ---- */
+kiln_status tok_alloc(kiln_tokenizer **out);
+/* Adds a model vocabulary entry: string -> id, and id -> string unless an
+ * added token already holds the id. A repeated string or id fails. */
+kiln_status tok_add_vocab(kiln_tokenizer *t, const char *s, size_t len, int32_t id, float score);
+/* Adds an added token (TOK_ATTR_*); it names its id for decoding. */
+kiln_status tok_add_added(kiln_tokenizer *t, const char *s, size_t len, int32_t id, uint8_t attr);
+/* Builds the added-token groups, byte_ids and the post-Fuse strip; call once
+ * after all tokens and decoders are set. */
+kiln_status tok_finish(kiln_tokenizer *t);
+int32_t tok_map_get(const kiln_tokenizer *t, const tok_strmap *m, const char *s, size_t len);
+/* The merge of ids (a, b), NULL when none. */
+const tok_merge_slot *tok_merge_get(const tok_mergemap *m, int32_t a, int32_t b);
+/* Adds merge (left, right) at `rank` (a later duplicate replaces an earlier,
+ * as Hugging Face's map does). Both sides and their concatenation must be in
+ * the vocabulary. */
+kiln_status tok_add_merge(kiln_tokenizer *t, const char *left, size_t llen, const char *right, size_t rlen,
+                          int32_t rank);
+kiln_status tok_compile_regex(const char *pattern, size_t len, bool literal, pcre2_code **out, const char *what);
+void tok_free_contents(kiln_tokenizer *t);
+extern const char tok_gpt2_regex[];
+
+/* ---- tokenizer_bpe.c: the BPE model ---- */
+typedef struct tok_bpe_sym {
+    int32_t id, prev, next;
+    bool alive;
+} tok_bpe_sym;
+
+typedef struct tok_bpe_cand {
+    double prio; /* lower merges first */
+    int32_t pos, left, right, merged;
+} tok_bpe_cand;
+
+/* Scratch for the model; set t and out (where ids go), zero the rest. */
+typedef struct tok_bpe {
+    const kiln_tokenizer *t;
+    tok_ids *out;
+    tok_bpe_sym *syms;
+    size_t n_syms, cap_syms;
+    tok_bpe_cand *heap;
+    size_t n_heap, cap_heap;
+    tok_buf tmp;
+} tok_bpe;
+/* One pre-tokenized word through the model: its ids appended to *b->out. */
+kiln_status tok_bpe_word(tok_bpe *b, const char *w, size_t len);
+void tok_bpe_free(tok_bpe *b);
 
 /* ---- loaders: tokenizer_vocab.c (kiln_tokenizer_vocab, its JSON form,
  * llama2.c) and tokenizer_json.c (tokenizer.json); tokenizer_load.c reads

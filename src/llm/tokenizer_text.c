@@ -162,6 +162,13 @@ kiln_status tok_buf_put(tok_buf *b, const void *s, size_t n)
 }
 
 
+kiln_status tok_ids_push(tok_ids *ids, int32_t id)
+{
+    VEC_GROW(ids->v, ids->n, ids->cap, "token ids");
+    ids->v[ids->n++] = id;
+    return KILN_OK;
+}
+
 kiln_status tok_push_id(int32_t **arr, size_t *n, int32_t id)
 {
     int32_t *p = realloc(*arr, (*n + 1) * sizeof *p);
