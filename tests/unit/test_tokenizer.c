@@ -394,6 +394,15 @@ static void test_errors(void)
     CHECK_FAILS(kiln_tokenizer_load_json_memory(merge, strlen(merge), &t), KILN_ERROR_FORMAT, "\"b\" is not in");
     const char *dup = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0,\"b\":0}}}";
     CHECK_FAILS(kiln_tokenizer_load_json_memory(dup, strlen(dup), &t), KILN_ERROR_FORMAT, "token id 0");
+    /* integers beyond 64 bits read (Python writes them); as an id, one is out of range */
+    const char *big = "{\"truncation\":{\"max_length\":1000000000000000019884624838656},"
+                      "\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0}}}";
+    CHECK_OK(kiln_tokenizer_load_json_memory(big, strlen(big), &t));
+    CHECK(t && kiln_tokenizer_vocab_size(t) == 1);
+    kiln_tokenizer_free(t);
+    t = NULL;
+    const char *bigid = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":100000000000000000000000}}}";
+    CHECK_FAILS(kiln_tokenizer_load_json_memory(bigid, strlen(bigid), &t), KILN_ERROR_FORMAT, "bad id");
     const char *far = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":42994566}}}";
     CHECK_FAILS(kiln_tokenizer_load_json_memory(far, strlen(far), &t), KILN_ERROR_FORMAT, "id 42994566 is out of range");
     const char *badre = "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":"
