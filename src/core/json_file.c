@@ -1,5 +1,5 @@
 /* Reading JSON that kiln did not write: every number as a real. */
-#include "json_file.h"
+#include "core/json_file.h"
 
 #include <math.h>
 
