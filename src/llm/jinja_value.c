@@ -73,8 +73,14 @@ int jv_truthy(jv v)
 static int numeric(jv v) { return v.t == JV_INT || v.t == JV_FLOAT || v.t == JV_BOOL; }
 static double as_double(jv v) { return v.t == JV_FLOAT ? v.u.f : v.t == JV_INT ? (double)v.u.i : (double)v.u.b; }
 
-int jv_equal(jv a, jv b)
+/* Values nested deeper than this (a template can build any depth) compare
+ * unequal rather than recurse without bound. */
+#define J_MAX_COMPARE_DEPTH 256
+
+static int equal(jv a, jv b, int depth)
 {
+    if (depth > J_MAX_COMPARE_DEPTH)
+        return 0;
     if (numeric(a) && numeric(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT)
             return (a.t == JV_INT ? a.u.i : a.u.b) == (b.t == JV_INT ? b.u.i : b.u.b);
@@ -89,7 +95,7 @@ int jv_equal(jv a, jv b)
         if (a.u.l->n != b.u.l->n)
             return 0;
         for (size_t i = 0; i < a.u.l->n; i++)
-            if (!jv_equal(a.u.l->v[i], b.u.l->v[i]))
+            if (!equal(a.u.l->v[i], b.u.l->v[i], depth + 1))
                 return 0;
         return 1;
     case JV_DICT:
@@ -97,13 +103,15 @@ int jv_equal(jv a, jv b)
             return 0;
         for (size_t i = 0; i < a.u.d->n; i++) {
             jv *o = jdict_get(b.u.d, a.u.d->k[i].u.s.p, a.u.d->k[i].u.s.n);
-            if (!o || !jv_equal(a.u.d->v[i], *o))
+            if (!o || !equal(a.u.d->v[i], *o, depth + 1))
                 return 0;
         }
         return 1;
     default: return a.u.d == b.u.d;
     }
 }
+
+int jv_equal(jv a, jv b) { return equal(a, b, 0); }
 
 jv *jdict_get(const jdict *d, const char *k, size_t n)
 {
