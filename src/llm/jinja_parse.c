@@ -9,7 +9,7 @@
 #include "../core/error.h"
 #include "jinja_internal.h"
 
-#define J_MAX_TOKENS (1u << 22)
+#define J_MAX_TOKENS (1u << 20)
 #define J_MAX_NEST 128 /* blocks and parentheses deep */
 
 typedef enum { T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STR, T_INT, T_FLOAT, T_OP, T_EOF } ttype;
@@ -1097,8 +1097,12 @@ static jnode *body(parser *p, const char *const *ends, const char *opener, int o
         jnode *nd = NULL;
         if (t->t == T_EOF) {
             if (ends) {
+                const char *closer = ends[0];
+                for (size_t i = 0; ends[i]; i++)
+                    if (!strncmp(ends[i], "end", 3))
+                        closer = ends[i];
                 fail(p, t->line, "'%s' opened at line %d is never closed (expected '{%% %s %%}')", opener, open_line,
-                     ends[0][0] == 'e' && ends[1] ? ends[1] : ends[0]);
+                     closer);
                 return NULL;
             }
             break;

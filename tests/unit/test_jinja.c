@@ -44,7 +44,7 @@ static void test_parse_errors(void)
     CHECK_FAILS(parse("{{ x | frobnicate }}"), KILN_ERROR_FORMAT, "unsupported filter 'frobnicate'");
     CHECK_FAILS(parse("{% if x is frob %}{% endif %}"), KILN_ERROR_FORMAT, "unsupported test 'frob'");
     CHECK_FAILS(parse("a\nb\n{% for m in messages %}\n{{ m }}"), KILN_ERROR_FORMAT,
-                "line 4: 'for' opened at line 3 is never closed");
+                "line 4: 'for' opened at line 3 is never closed (expected '{% endfor %}')");
     CHECK_FAILS(parse("{% if x %}{% endfor %}"), KILN_ERROR_FORMAT, "unexpected 'endfor' inside 'if'");
     CHECK_FAILS(parse("{% endif %}"), KILN_ERROR_FORMAT, "unexpected 'endif' with no open block");
     CHECK_FAILS(parse("{{ 'abc }}"), KILN_ERROR_FORMAT, "unterminated string literal");
