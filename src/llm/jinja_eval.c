@@ -13,7 +13,7 @@
 
 #define J_MAX_OUTPUT ((size_t)16 << 20) /* rendered text */
 #define J_MAX_MEMORY ((size_t)256 << 20) /* values made while rendering */
-#define J_MAX_STEPS 5000000u            /* nodes evaluated and loop iterations */
+#define J_MAX_STEPS 1000000u            /* nodes evaluated and loop iterations */
 #define J_MAX_DEPTH 1000                /* expression nesting while evaluating */
 #define J_MAX_RANGE 100000              /* range()'s length, as Jinja's sandbox */
 
