@@ -48,7 +48,7 @@ struct kiln_llm {
     kiln_tokenizer *tok;
     char *default_system;        /* LLMC "default_system", NULL when absent */
     kiln_jinja *chat;            /* the CHAT section's template, NULL when absent */
-    char *chat_bos, *chat_eos;   /* its bos_token / eos_token, NULL for None */
+    char *chat_bos, *chat_eos;   /* its bos_token / eos_token, NULL when the tokenizer has none */
     kiln_dtype kv_dtype;
     size_t block_bytes;          /* one KV block of every layer */
     int32_t max_batch, max_tokens, max_blocks;
