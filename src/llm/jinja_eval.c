@@ -376,12 +376,13 @@ static int contains(R *r, jv hay, jv needle, int *out)
 
 static int repeat(R *r, jv s, int64_t k, jv *out)
 {
-    if (k <= 0) {
+    size_t items = s.t == JV_STR ? s.u.s.n : s.u.l->n;
+    if (k <= 0 || items == 0) { /* also '' * 10**18: no loop over k */
         *out = s.t == JV_STR ? jv_str("", 0) : list_val(new_list(r, 0));
         return out->t == JV_STR || out->u.l ? OK : oom(r);
     }
-    size_t unit = s.t == JV_STR ? s.u.s.n : s.u.l->n * sizeof(jv);
-    if (unit && (uint64_t)k > J_MAX_MEMORY / unit)
+    size_t unit = s.t == JV_STR ? items : items * sizeof(jv);
+    if ((uint64_t)k > J_MAX_MEMORY / unit)
         return oom(r);
     if (s.t == JV_STR) {
         char *p = jarena_alloc(r->a, s.u.s.n * (size_t)k + 1);
@@ -873,9 +874,12 @@ static int namespace_of(R *r, const args *a, jv *out, int ns)
         if (!a->kw[i]) {
             if (a->pos[i].t != JV_DICT && a->pos[i].t != JV_NS)
                 return rfail(r, "%s() takes keyword arguments or a dict", ns ? "namespace" : "dict");
-            for (size_t k = 0; k < a->pos[i].u.d->n; k++)
+            for (size_t k = 0; k < a->pos[i].u.d->n; k++) {
+                if ((r->steps += d->n) > J_MAX_STEPS)
+                    return rfail(r, "more than %u steps", J_MAX_STEPS);
                 if (!jdict_set(r->a, d, a->pos[i].u.d->k[k], a->pos[i].u.d->v[k]))
                     return oom(r);
+            }
         } else if (!jdict_set(r->a, d, jv_str(a->kw[i], strlen(a->kw[i])), a->pos[i])) {
             return oom(r);
         }
@@ -1236,6 +1240,8 @@ static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv 
             jlist *l = out->u.l;
             for (size_t i = 1; i < l->n; i++)
                 for (size_t j = i; j > 0; j--) {
+                    if (++r->steps > J_MAX_STEPS)
+                        return rfail(r, "more than %u steps", J_MAX_STEPS);
                     jv ka, kb;
                     if (case_map(r, l->v[j - 1].u.l->v[0], 0, &ka) != OK ||
                         case_map(r, l->v[j].u.l->v[0], 0, &kb) != OK)
@@ -1390,6 +1396,8 @@ static int ev(R *r, const jnode *n, jv *out)
                 break;
             if (a.t != JV_STR)
                 st = rfail(r, "dict keys must be strings here, not %s", type_name(a));
+            else if ((r->steps += d->n) > J_MAX_STEPS) /* jdict_set scans the keys */
+                st = rfail(r, "more than %u steps", J_MAX_STEPS);
             else if (!jdict_set(r->a, d, a, b))
                 st = oom(r);
         }
