@@ -400,8 +400,9 @@ static const char *token_name(json_t *v) {
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-static kiln_status read_tokenizer_config(const char *dir, kiln_llm_config *c, kiln_tokenizer *tok, int *bos,
+static kiln_status read_tokenizer_config(const char *dir, kiln_llm_checkpoint *ck, kiln_tokenizer *tok, int *bos,
                                          int *eos) {
+    kiln_llm_config *c = &ck->config;
     char *path = kiln_llm_path_join(dir, "tokenizer_config.json"), *text = NULL;
     size_t len;
     if (!path)
@@ -429,6 +430,7 @@ static kiln_status read_tokenizer_config(const char *dir, kiln_llm_config *c, ki
         c->chat_template = kiln_llm_chat_template_detect(tmpl);
         const char *b = token_name(json_object_get(f.root, "bos_token"));
         const char *e = token_name(json_object_get(f.root, "eos_token"));
+        st = kiln_llm_checkpoint_set_chat(ck, tmpl, tmpl ? strlen(tmpl) : 0, b, e);
         int32_t id;
         if (b && (id = kiln_tokenizer_token_id(tok, b, strlen(b))) >= 0)
             *bos = id;
@@ -436,6 +438,25 @@ static kiln_status read_tokenizer_config(const char *dir, kiln_llm_config *c, ki
             *eos = id;
     }
     json_decref(f.root);
+    free(text);
+    free(path);
+    return st;
+}
+
+/* Newer checkpoints keep the template in its own file, chat_template.jinja. */
+static kiln_status read_chat_template_file(const char *dir, kiln_llm_checkpoint *ck) {
+    char *path = kiln_llm_path_join(dir, "chat_template.jinja"), *text = NULL;
+    size_t len;
+    if (!path)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory");
+    kiln_status st = kiln_llm_read_file(path, &text, &len);
+    if (st == KILN_OK) {
+        ck->config.chat_template = kiln_llm_chat_template_detect(text);
+        ck->chat_template = text; /* NUL-terminated by kiln_llm_read_file */
+        text = NULL;
+    } else if (st == KILN_ERROR_NOT_FOUND) {
+        st = KILN_OK;
+    }
     free(text);
     free(path);
     return st;
@@ -543,7 +564,9 @@ kiln_status kiln_llm_import_hf(const char *dir, kiln_llm_checkpoint **out) {
     /* Special tokens: generation_config.json over config.json over
      * tokenizer_config.json's names over what tokenizer.json implies. */
     int bos = kiln_tokenizer_bos_id(ck->tokenizer), eos = kiln_tokenizer_eos_id(ck->tokenizer);
-    st = read_tokenizer_config(dir, &ck->config, ck->tokenizer, &bos, &eos);
+    st = read_tokenizer_config(dir, ck, ck->tokenizer, &bos, &eos);
+    if (st == KILN_OK && !ck->chat_template)
+        st = read_chat_template_file(dir, ck);
     if (st == KILN_OK)
         st = read_generation_config(dir, &ck->config);
     if (st != KILN_OK)
