@@ -197,7 +197,25 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_arg
     int n_local = 0;
     float m_local = -INFINITY;
     const float inv_t = temperature > 0.0f ? 1.0f / temperature : 1.0f;
-    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+    /* Eight loads in flight per thread, in increasing id order (a plain
+     * strided loop waited on each: 108 us for a 128k vocabulary). */
+    constexpr int U = 8;
+    int32_t i = threadIdx.x;
+    for (; i + (U - 1) * (int32_t)blockDim.x < V; i += U * (int32_t)blockDim.x) {
+        float xs[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            xs[u] = row[i + u * (int32_t)blockDim.x];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            best = sample_argmax_op()(best, sample_argmax{xs[u], i + u * (int32_t)blockDim.x});
+            if (xs[u] != -INFINITY) {
+                n_local++;
+                m_local = fmaxf(m_local, xs[u] * inv_t);
+            }
+        }
+    }
+    for (; i < V; i += blockDim.x) {
         float x = row[i];
         best = sample_argmax_op()(best, sample_argmax{x, i});
         if (x != -INFINITY) {
