@@ -9,20 +9,6 @@
 #include "dtype.h"
 #include "error.h"
 
-const char *kiln_op_name(kiln_op op)
-{
-    static const char *const names[KILN_OP_COUNT] = {
-        [KILN_OP_CONSTANT] = "constant", [KILN_OP_MATMUL] = "matmul",
-        [KILN_OP_BINARY] = "binary",     [KILN_OP_UNARY] = "unary",
-        [KILN_OP_REDUCE] = "reduce",     [KILN_OP_SOFTMAX] = "softmax",
-        [KILN_OP_CONCAT] = "concat",     [KILN_OP_SLICE] = "slice",
-        [KILN_OP_SHUFFLE] = "shuffle",   [KILN_OP_GATHER] = "gather",
-        [KILN_OP_CAST] = "cast",         [KILN_OP_PLUGIN] = "plugin",
-        [KILN_OP_FUSED] = "fused_elementwise",
-    };
-    return (unsigned)op < KILN_OP_COUNT ? names[op] : "?";
-}
-
 /* ---- lifetime ---------------------------------------------------------------- */
 
 void kiln_graph_init(kiln_graph *g)

@@ -31,7 +31,9 @@ typedef enum kiln_op {
     KILN_OP_COUNT
 } kiln_op;
 
-const char *kiln_op_name(kiln_op op); /* "matmul", "fused_elementwise", ... */
+/* "matmul", "fused_elementwise", ...; "?" for a value that is not an op
+ * (core/op_table.c, from the op table). */
+const char *kiln_op_name(kiln_op op);
 
 /* A fused elementwise chain: a tiny register program evaluated per output
  * element in f32. Operand o < n_inputs of the layer reads input o
