@@ -8,6 +8,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "../plugin/plugin_internal.h"
 
 /* ---- lifetime ---------------------------------------------------------------- */
 
@@ -92,7 +93,7 @@ static char *dup_str(const char *s, int *ok)
 kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
 {
     kiln_graph t;
-    int ok = 1;
+    int ok = 1, plugin_failed = 0;
     kiln_graph_init(&t);
     /* Scalars and plan fields first; every pointer is replaced below. */
     t = *src;
@@ -206,27 +207,24 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
             if (ok && s->instance) {
                 kiln_status cs = KILN_ERROR_PLUGIN;
                 if (s->instance->ops && s->instance->ops->clone)
-                    cs = s->instance->ops->clone(s->instance, &d->instance);
+                    cs = kiln_plugin_clone(s->creator, s->instance, &d->instance);
                 else
                     kiln_fail(cs, "plugin %s %s (namespace \"%s\") has no clone function",
                               s->name ? s->name : "?", s->version ? s->version : "?",
                               s->plugin_namespace ? s->plugin_namespace : "");
-                if (cs != KILN_OK || !d->instance) {
+                if (cs != KILN_OK) {
                     d->instance = NULL;
-                    if (cs == KILN_OK) {
-                        cs = KILN_ERROR_PLUGIN;
-                        kiln_fail(cs, "clone returned no instance");
-                    }
                     kiln_fail_context(cs, "cloning plugin %s %s", s->name ? s->name : "?",
                                       s->version ? s->version : "?");
                     st = cs;
+                    plugin_failed = 1;
                     ok = 0;
                 }
             }
         }
     }
     if (!ok) {
-        if (st == KILN_ERROR_OUT_OF_MEMORY)
+        if (st == KILN_ERROR_OUT_OF_MEMORY && !plugin_failed)
             kiln_fail(st, "out of memory copying a graph of %d tensors and %d layers",
                       src->n_tensors, src->n_layers);
         kiln_graph_free(&t);
@@ -405,6 +403,37 @@ kiln_status kiln_graph_check_constraints(const kiln_graph *g, const int64_t *val
             break;
         default:
             return kiln_fail(KILN_ERROR_SHAPE, "constraint %d has unknown kind %d", i, (int)c->kind);
+        }
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_check_profiles(const kiln_graph *g)
+{
+    for (int32_t i = 0; i < g->n_inputs; i++) {
+        int32_t t = g->inputs[i];
+        if (t < 0 || t >= g->n_tensors)
+            return kiln_fail(KILN_ERROR_INTERNAL, "network input %d refers to tensor %d of %d", i,
+                             t, g->n_tensors);
+        const kiln_tensor_rec *r = &g->tensors[t];
+        for (int32_t a = 0; a < r->rank; a++) {
+            int64_t v;
+            if (kiln_expr_is_const(&g->exprs, r->dims[a], &v))
+                continue;
+            if (g->n_profiles == 0)
+                return kiln_fail(KILN_ERROR_SHAPE,
+                                 "input \"%s\" dim %d is dynamic but there is no optimization "
+                                 "profile", r->name, a);
+            for (int32_t p = 0; p < g->n_profiles; p++) {
+                const kiln_profile_dims *pd = &g->profiles[(size_t)p * (size_t)g->n_inputs + (size_t)i];
+                int set = pd->min.rank == r->rank && pd->opt.rank == r->rank &&
+                          pd->max.rank == r->rank && pd->min.d[a] >= 0 && pd->opt.d[a] >= 0 &&
+                          pd->max.d[a] >= 0;
+                if (!set)
+                    return kiln_fail(KILN_ERROR_SHAPE,
+                                     "profile %d: input \"%s\" dim %d is dynamic but has no bounds",
+                                     p, r->name, a);
+            }
         }
     }
     return KILN_OK;

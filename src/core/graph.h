@@ -217,6 +217,11 @@ kiln_status kiln_graph_eval_shapes(const kiln_graph *g, const int64_t *symbols, 
  * names the layer and the values. */
 kiln_status kiln_graph_check_constraints(const kiln_graph *g, const int64_t *values);
 
+/* Every dynamic dim of every input has min/opt/max in every profile, and
+ * there is a profile when any dim is dynamic. The builder checks this on
+ * the network, the engine reader on the plan, with the same message. */
+kiln_status kiln_graph_check_profiles(const kiln_graph *g);
+
 /* Symbol values at a profile's min, opt or max (which: 0, 1, 2). */
 void kiln_graph_profile_symbols(const kiln_graph *g, int32_t profile, int which, int64_t *symbols);
 

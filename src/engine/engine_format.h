@@ -90,4 +90,11 @@ typedef struct kiln_engine_sections {
 kiln_status kiln_engine_parse_plan(const uint8_t *text, size_t size,
                                    const kiln_engine_sections *secs, int borrow, kiln_graph *g);
 
+/* The plan checks beyond syntax (engine_check.c): every tensor's role
+ * (outputs are activations written by one earlier layer), native layers'
+ * dtypes and ranks by their rules, profiles present for dynamic inputs,
+ * arena ranges aligned to KILN_ENGINE_ARENA_ALIGN, and every tensor's size
+ * at every profile bound within what the plan gives it. */
+kiln_status kiln_engine_check_plan(const kiln_graph *g);
+
 #endif

@@ -828,6 +828,8 @@ static kiln_status parse_plan(plan_reader *r, const uint8_t *text, size_t size)
     if (s == KILN_OK)
         s = rd_constraints(r, a_constraints);
     json_decref(root);
+    if (s == KILN_OK)
+        s = kiln_engine_check_plan(g);
     return s;
 }
 

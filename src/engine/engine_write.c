@@ -13,6 +13,7 @@
 
 #include "../core/error.h"
 #include "../core/op_table.h"
+#include "../plugin/plugin_internal.h"
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 
@@ -358,18 +359,20 @@ static kiln_status collect_blobs(const kiln_graph *g, write_layout *w)
             if (!ops || !ops->serialize)
                 return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" has no serialize()", name);
             size_t size = 0;
+            unsigned long fails = kiln_host_fail_count();
             kiln_status s = ops->serialize(r->instance, NULL, &size);
             if (s != KILN_OK)
-                return kiln_fail_context(s, "serializing plugin \"%s\"", name);
+                return kiln_plugin_error(name, "serialize (asking the size)", s, fails);
             uint8_t *buf = malloc(size ? size : 1);
             if (!buf)
                 return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "serializing plugin \"%s\": %zu bytes", name, size);
             w->blob_data[i] = buf;
             w->blob_owned[i] = 1;
             size_t cap = size;
+            fails = kiln_host_fail_count();
             s = ops->serialize(r->instance, buf, &cap);
             if (s != KILN_OK)
-                return kiln_fail_context(s, "serializing plugin \"%s\"", name);
+                return kiln_plugin_error(name, "serialize", s, fails);
             if (cap > size)
                 return kiln_fail(KILN_ERROR_PLUGIN,
                                  "plugin \"%s\" wrote %zu bytes into a %zu-byte serialize buffer", name,

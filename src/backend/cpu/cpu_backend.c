@@ -3,6 +3,8 @@
  * movement works on element sizes, so it serves every dtype. */
 #include "cpu_internal.h"
 
+#include "../../plugin/plugin_internal.h"
+
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -454,10 +456,11 @@ static kiln_status cpu_run_plugin(const kiln_cpu_args *a)
     }
     /* The stream of a CPU plugin is the pool; host->parallel_for runs on it
      * (NULL: inline, as the reference wants one thread). */
+    unsigned long fails = kiln_host_fail_count();
     kiln_status st = ops->enqueue(a->plugin, KILN_BACKEND_CPU, descs, (const void *const *)ptrs, ni,
                                   descs + ni, ptrs + ni, no, a->workspace, cpu_pool(a));
     if (st != KILN_OK)
-        return kiln_fail_context(st, "layer \"%s\"", name);
+        return kiln_plugin_enqueue_error(name, st, fails);
     return KILN_OK;
 }
 

@@ -21,6 +21,7 @@
 
 #include "../../core/dtype.h"
 #include "../../core/error.h"
+#include "../../plugin/plugin_internal.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -1081,10 +1082,11 @@ static kiln_status run_plugin(const kiln_cuda_args *a)
         descs[i].dims = t->dims;
         ptrs[i] = t->data;
     }
+    unsigned long fails = kiln_host_fail_count();
     kiln_status st = ops->enqueue(a->plugin, KILN_BACKEND_CUDA, descs, (const void *const *)ptrs, ni, descs + ni,
                                   ptrs + ni, no, a->workspace, a->stream);
     if (st != KILN_OK)
-        return kiln_fail_context(st, "layer \"%s\"", name);
+        return kiln_plugin_enqueue_error(name, st, fails);
     return KILN_OK;
 }
 
