@@ -39,6 +39,11 @@ typedef struct kiln_buffer {
 
 KILN_API void kiln_buffer_free(kiln_buffer *buf);
 
+/* Writes buf to path atomically (a unique temporary file beside it, then
+ * rename). path must be new or a regular file: a FIFO, device or directory
+ * is refused, never replaced. Errors give the system's reason. */
+KILN_API kiln_status kiln_buffer_write_file(const kiln_buffer *buf, const char *path);
+
 /* Runs the build passes (validation, per-profile shape checks, dead-layer
  * removal, constant folding, fusion, memory planning, workspace sizing,
  * tactic selection) and serializes the engine into *out. Each pass logs
@@ -46,7 +51,7 @@ KILN_API void kiln_buffer_free(kiln_buffer *buf);
 KILN_API kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
                                 kiln_buffer *out);
 
-/* kiln_build, then writes the engine to `path` atomically (temp + rename). */
+/* kiln_build, then kiln_buffer_write_file. */
 KILN_API kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
                                         const char *path);
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
+#include "../core/file.h"
 #include "../engine/engine_file.h"
 #include "../network/network_internal.h"
 
@@ -180,65 +181,24 @@ kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
     return KILN_OK;
 }
 
-static kiln_status write_all(int fd, const void *data, size_t size, const char *path)
-{
-    const char *p = data;
-    while (size > 0) {
-        ssize_t w = write(fd, p, size);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return kiln_fail(KILN_ERROR_IO, "writing \"%s\": %s", path,
-                             w < 0 ? strerror(errno) : "no progress");
-        p += w;
-        size -= (size_t)w;
-    }
-    return KILN_OK;
-}
-
 kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
                                const char *path)
 {
-    if (!path || !*path)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_build_to_file: no path");
+    /* Refused before the build, which may take long. */
+    KILN_TRY(kiln_file_check_output(path));
     kiln_buffer buf;
     KILN_TRY(kiln_build(net, config, &buf));
 
-    /* A temp file beside the target, so rename() is atomic (same file
-     * system) and a reader never sees a half-written engine. O_EXCL with
-     * the pid and a counter avoids clobbering a concurrent build's temp. */
-    static _Atomic unsigned counter;
-    size_t n = strlen(path) + 64;
-    char *tmp = malloc(n);
-    if (!tmp) {
-        kiln_buffer_free(&buf);
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "writing \"%s\"", path);
-    }
-    int fd = -1;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
-        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST)
-            break;
-    }
-    kiln_status s = KILN_OK;
-    if (fd < 0) {
-        s = kiln_fail(KILN_ERROR_IO, "creating \"%s\": %s", tmp, strerror(errno));
-    } else {
-        s = write_all(fd, buf.data, buf.size, tmp);
-        if (s == KILN_OK && fsync(fd) != 0)
-            s = kiln_fail(KILN_ERROR_IO, "syncing \"%s\": %s", tmp, strerror(errno));
-        if (close(fd) != 0 && s == KILN_OK)
-            s = kiln_fail(KILN_ERROR_IO, "closing \"%s\": %s", tmp, strerror(errno));
-        if (s == KILN_OK && rename(tmp, path) != 0)
-            s = kiln_fail(KILN_ERROR_IO, "renaming \"%s\" to \"%s\": %s", tmp, path,
-                          strerror(errno));
-        if (s != KILN_OK)
-            unlink(tmp);
-    }
+    kiln_status s = kiln_file_write_atomic(path, buf.data, buf.size);
     if (s == KILN_OK)
         kiln_log(KILN_LOG_INFO, "engine: wrote %zu bytes to \"%s\"", buf.size, path);
-    free(tmp);
     kiln_buffer_free(&buf);
     return s;
+}
+
+kiln_status kiln_buffer_write_file(const kiln_buffer *buf, const char *path)
+{
+    if (!buf || (buf->size && !buf->data))
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_buffer_write_file: no buffer");
+    return kiln_file_write_atomic(path, buf->data, buf->size);
 }

@@ -10,6 +10,7 @@
 
 #include "../core/dtype.h"
 #include "../core/error.h"
+#include "../core/file.h"
 
 /* ---- a bounds-checked cursor over the file ------------------------------------ */
 
@@ -294,20 +295,17 @@ kiln_status kiln_gguf_parse(const void *data, size_t size, const char *what, kil
 }
 
 kiln_status kiln_gguf_open(const char *path, kiln_gguf **out) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_fail(KILN_ERROR_IO, "%s: cannot open: %m", path);
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "%s: not a regular file", path);
-    }
+    int fd;
+    size_t file_size;
+    kiln_status fs = kiln_file_open_read(path, &fd, &file_size);
+    if (fs != KILN_OK)
+        return fs == KILN_ERROR_NOT_FOUND ? KILN_ERROR_IO : fs;
     kiln_gguf *g = calloc(1, sizeof *g);
     if (!g) {
         close(fd);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory", path);
     }
-    g->map_size = (size_t)st.st_size;
+    g->map_size = file_size;
     if (g->map_size > 0) {
         void *m = mmap(NULL, g->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {

@@ -9,6 +9,7 @@
 #include <xxhash.h>
 
 #include "llm/tokenizer_internal.h"
+#include "core/file.h"
 
 const char tok_gpt2_regex[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -1759,9 +1760,10 @@ kiln_status kiln_tokenizer_deserialize(const void *data, size_t len, kiln_tokeni
 
 static kiln_status read_file(const char *path, char **data, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kiln_fail(KILN_ERROR_IO, "tokenizer: cannot open \"%s\"", path);
+    FILE *f;
+    size_t size;
+    if (kiln_file_fopen_read(path, &f, &size) != KILN_OK)
+        return kiln_fail_context(KILN_ERROR_IO, "tokenizer");
     buf b = {0};
     char chunk[65536];
     size_t n;

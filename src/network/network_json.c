@@ -20,6 +20,7 @@
 
 #include "../core/dtype.h"
 #include "../core/error.h"
+#include "../core/file.h"
 #include "../core/npy.h"
 #include "../core/op_table.h"
 #include "../core/safetensors.h"
@@ -1199,17 +1200,13 @@ kiln_status kiln_network_load_json(kiln_registry *reg, const char *path, kiln_ne
 {
     if (!path || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_network_load_json: NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kiln_fail(KILN_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
+    FILE *f;
     char *text = NULL;
     size_t size = 0;
+    if (kiln_file_fopen_read(path, &f, &size) != KILN_OK)
+        return KILN_ERROR_IO;
     kiln_status s = KILN_OK;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode))
-        s = kiln_fail(KILN_ERROR_IO, "%s: not a regular file", path);
-    if (!s) {
-        size = (size_t)sb.st_size;
+    {
         text = malloc(size ? size : 1);
         if (!text)
             s = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", path, size);

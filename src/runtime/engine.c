@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
+#include "../core/file.h"
 #include "../plugin/plugin_internal.h"
 
 /* ---- target ------------------------------------------------------------------ */
@@ -455,24 +456,15 @@ kiln_status kiln_engine_load(kiln_registry *reg, const char *path, kiln_engine *
 {
     if (!path || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_load: path and out are required");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_fail(KILN_ERROR_IO, "cannot open engine %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int err = errno;
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "cannot stat engine %s: %s", path, strerror(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "engine %s is not a regular file", path);
-    }
-    if (st.st_size == 0) {
+    int fd;
+    size_t size;
+    kiln_status opened = kiln_file_open_read(path, &fd, &size);
+    if (opened != KILN_OK)
+        return kiln_fail_context(KILN_ERROR_IO, "cannot open engine");
+    if (size == 0) {
         close(fd);
         return kiln_fail(KILN_ERROR_FORMAT, "engine %s is empty (0 bytes)", path);
     }
-    size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
     close(fd);

@@ -153,6 +153,8 @@ int cli_build_llm(int argc, char **argv) {
         status = cli_usage("build", "missing -o OUT.engine");
         goto done;
     }
+    if ((status = cli_check_output("build", out)) != CLI_OK)
+        goto done;
     const char *src = a.positional[0];
     if (ends_with(src, ".bin") && !tokenizer) {
         status = cli_usage("build", "a llama2.c checkpoint needs --tokenizer tokenizer.bin");
@@ -190,19 +192,8 @@ int cli_build_llm(int argc, char **argv) {
     if (drawn)
         fputc('\n', stderr);
     if (s == KILN_OK) {
-        /* temp + rename, so a failed write never leaves half an engine */
-        size_t n = strlen(out) + 8;
-        char *tmp = malloc(n);
-        FILE *f = tmp ? (snprintf(tmp, n, "%s.tmp", out), fopen(tmp, "wb")) : NULL;
-        int ok = f && fwrite(buf.data, 1, buf.size, f) == buf.size;
-        if (f && fclose(f) != 0)
-            ok = 0;
-        if (ok && rename(tmp, out) != 0)
-            ok = 0;
-        if (!ok) {
-            if (tmp)
-                remove(tmp);
-            status = cli_error("%s: cannot write the engine", out);
+        if (kiln_buffer_write_file(&buf, out) != KILN_OK) {
+            status = cli_kiln_error();
         } else {
             const kiln_llm_config *c = &ck->config;
             const char *ct = kiln_llm_chat_template_name(c->chat_template);
@@ -213,7 +204,6 @@ int cli_build_llm(int argc, char **argv) {
                    c->quantized[0] ? " with matmul weights " : "", c->quantized, c->max_seq_len,
                    c->max_batch, ct ? ct : "none", buf.size);
         }
-        free(tmp);
     } else {
         status = cli_kiln_error();
     }

@@ -37,6 +37,21 @@ const char *cli_args_next(cli_args *a, const char *const *valued, const char **v
 /* Parses a non-negative integer option; CLI_USAGE message on failure. */
 int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out);
 
+/* ---- cli_io.c: files and standard output --------------------------------------- */
+
+/* Once, at start: writes past the file-size limit fail instead of killing
+ * the process. */
+void cli_io_init(void);
+
+/* The path -o names can be written: not empty, new or a regular file (a
+ * FIFO, device or directory is refused, never replaced). CLI_OK, or the
+ * error printed and CLI_USAGE/CLI_FAILURE. */
+int cli_check_output(const char *cmd, const char *path);
+
+/* Flushes and closes stdout; a write error there turns `status` into a
+ * failure with one line naming the reason. main's last call. */
+int cli_finish_stdout(int status);
+
 /* Creates a registry and loads each library into it. Returns CLI_OK or
  * prints the error and returns CLI_FAILURE. */
 int cli_registry(const char *const *libs, int n_libs, kiln_registry **out);

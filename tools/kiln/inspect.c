@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "core/error.h"
+#include "core/file.h"
 
 static const char inspect_help[] =
     "usage: kiln inspect ENGINE [options]\n"
@@ -29,28 +30,28 @@ static const char inspect_help[] =
 kiln_status cli_engine_map(const char *path, cli_engine_image *img)
 {
     memset(img, 0, sizeof *img);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_fail(KILN_ERROR_IO, "cannot open engine %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0) {
+    int fd;
+    size_t size;
+    if (kiln_file_open_read(path, &fd, &size) != KILN_OK)
+        return kiln_fail_context(KILN_ERROR_IO, "cannot open engine");
+    if (size == 0) {
         close(fd);
-        return kiln_fail(KILN_ERROR_FORMAT, "engine %s is empty or not a regular file", path);
+        return kiln_fail(KILN_ERROR_FORMAT, "engine %s is empty (0 bytes)", path);
     }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
     close(fd);
     if (map == MAP_FAILED)
         return kiln_fail(KILN_ERROR_IO, "cannot map engine %s: %s", path, strerror(err));
     kiln_graph_init(&img->graph);
-    kiln_status s = kiln_engine_read(map, (size_t)st.st_size, 1, &img->graph, &img->info);
+    kiln_status s = kiln_engine_read(map, size, 1, &img->graph, &img->info);
     if (s != KILN_OK) {
         kiln_graph_free(&img->graph);
-        munmap(map, (size_t)st.st_size);
+        munmap(map, size);
         return kiln_fail_context(s, "%s", path);
     }
     img->data = map;
-    img->size = (size_t)st.st_size;
+    img->size = size;
     return KILN_OK;
 }
 

@@ -139,7 +139,7 @@ int cli_registry(const char *const *libs, int n_libs, kiln_registry **out)
 
 /* ---- dispatch ------------------------------------------------------------------------- */
 
-int main(int argc, char **argv)
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2)
         return cli_usage(NULL, "missing command");
@@ -169,4 +169,10 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "detokenize") == 0)
         return cli_detokenize(argc - 1, argv + 1);
     return cli_usage(NULL, "unknown command \"%s\"", cmd);
+}
+
+int main(int argc, char **argv)
+{
+    cli_io_init();
+    return cli_finish_stdout(dispatch(argc, argv));
 }
