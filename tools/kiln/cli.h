@@ -34,7 +34,14 @@ void cli_args_free(cli_args *a);
 /* `valued`: names of the options that take a value, NULL-terminated. */
 const char *cli_args_next(cli_args *a, const char *const *valued, const char **value);
 
-/* Parses a non-negative integer option; CLI_USAGE message on failure. */
+/* Parses an integer option in lo..hi. On failure prints a usage error that
+ * names the limits when the number is out of range (or past 64 bits), and
+ * returns CLI_USAGE. */
+int cli_parse_range(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
+                    long long *out);
+
+/* cli_parse_range for counts: 0..CLI_COUNT_MAX. */
+#define CLI_COUNT_MAX 100000000LL
 int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out);
 
 /* ---- cli_io.c: files and standard output --------------------------------------- */

@@ -1,5 +1,6 @@
 /* kiln: build, run, inspect engines and list plugins. Dispatches to one
  * file per subcommand. Exit status: 0 success, 1 failure, 2 usage. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,14 +112,27 @@ const char *cli_args_next(cli_args *a, const char *const *valued, const char **v
     return NULL;
 }
 
-int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out)
+int cli_parse_range(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
+                    long long *out)
 {
     char *end;
-    long v = strtol(text, &end, 10);
-    if (end == text || *end || v < 0 || v > 100000000)
-        return cli_usage(cmd, "%s expects a non-negative integer, got \"%s\"", opt, text);
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end)
+        return cli_usage(cmd, "%s expects an integer, got \"%s\"", opt, text);
+    if (errno == ERANGE || v < lo || v > hi)
+        return cli_usage(cmd, "%s %s is outside its limits %lld..%lld", opt, text, lo, hi);
     *out = v;
     return CLI_OK;
+}
+
+int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out)
+{
+    long long v;
+    int st = cli_parse_range(cmd, opt, text, 0, CLI_COUNT_MAX, &v);
+    if (st == CLI_OK)
+        *out = (long)v;
+    return st;
 }
 
 int cli_registry(const char *const *libs, int n_libs, kiln_registry **out)
