@@ -425,6 +425,13 @@ static const mshape matmul_shapes[] = {
     {1, 2, 1, 0, 0, {45}, {45, 11}, {11}},                   /* row vector A */
     {2, 1, 1, 0, 0, {11, 45}, {45}, {11}},                   /* column vector B */
     {2, 2, 2, 0, 0, {256, 1024}, {1024, 512}, {256, 512}},
+    /* few rows against a [N, K] weight: the GEMV path (gemv.cu), with N
+     * not a multiple of its rows per block, and K past its unrolled chunk */
+    {2, 2, 2, 0, 1, {1, 4096}, {1001, 4096}, {1, 1001}},
+    {2, 2, 2, 0, 1, {3, 264}, {77, 264}, {3, 77}},
+    {2, 2, 2, 0, 1, {8, 1032}, {2500, 1032}, {8, 2500}},
+    {3, 2, 3, 0, 1, {1, 5, 2056}, {33, 2056}, {1, 5, 33}},
+    {2, 2, 2, 0, 1, {2, 13}, {9, 13}, {2, 9}}, /* K too short for 16-byte rows: cuBLASLt */
 };
 
 static void test_matmul(void)

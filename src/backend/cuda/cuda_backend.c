@@ -32,6 +32,7 @@
 struct kiln_cuda_device {
     int ordinal;
     int32_t arch, sms;
+    int32_t gemv; /* small-m matmuls through kcu_gemv */
     cublasLtHandle_t lt;
     void *lt_workspace;          /* KILN_CUDA_CUBLASLT_WORKSPACE bytes */
     kcu_error_word *err;         /* device memory */
@@ -116,6 +117,9 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
      * timing both ways, and a way out should a driver mishandle it. */
     const char *pdl = getenv("KILN_CUDA_PDL");
     kcu_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
+    kcu_gemv_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
+    const char *gemv = getenv("KILN_CUDA_GEMV");
+    d->gemv = !(gemv && strcmp(gemv, "0") == 0);
     kiln_status st = KILN_OK;
     cudaError_t e = cudaGetDevice(&d->ordinal);
     int sms = 0;
@@ -909,6 +913,16 @@ static kiln_status run_matmul(const kiln_cuda_args *a)
     if (s.k == 0) {
         CU_CHECK(name, cudaMemsetAsync(C->data, 0, (size_t)(s.batches * s.m * s.n) * kiln_dtype_size(C->dtype),
                                        stream));
+        return KILN_OK;
+    }
+    /* A few rows against a weight stored [N, K]: a pass over the weight,
+     * which the GEMV kernel streams closer to the memory's rate than
+     * cuBLASLt's tiles (bench: matmul_gemv). KILN_CUDA_GEMV=0 turns it off. */
+    if (s.tb && !s.ta && s.batches == 1 && A->dtype == B->dtype && a->device->gemv &&
+        kcu_gemv_supported((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda, B->data, C->data,
+                           s.n, s.n, s.k)) {
+        CU_CHECK(name, (cudaError_t)kcu_gemv((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda,
+                                             B->data, C->data, s.n, s.n, s.k, stream));
         return KILN_OK;
     }
     size_t ae = kiln_dtype_size(A->dtype), be = kiln_dtype_size(B->dtype), ce = kiln_dtype_size(C->dtype);

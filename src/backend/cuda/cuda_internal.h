@@ -114,6 +114,20 @@ typedef struct kcu_fast_args {
 void kcu_set_pdl(int32_t on);
 
 int kcu_launch_ew(const kcu_ew_args *a, int32_t sms, void *stream);
+
+/* ---- small-m matmul (gemv.cu) ---------------------------------------------------- */
+
+/* Rows of x up to which kcu_gemv runs: past that cuBLASLt's tiles reuse w. */
+#define KCU_GEMV_MAX_M 8
+
+/* Whether kcu_gemv handles y[m, n] = x[m, k] . w[n, k]^T with these dtypes
+ * (x and w share wdtype; y is wdtype or f32), strides (elements) and
+ * addresses: 16-byte aligned rows of x and w. */
+int32_t kcu_gemv_supported(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w,
+                           const void *y, int64_t ldy, int64_t n, int64_t k);
+int kcu_gemv(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w, void *y,
+             int64_t ldy, int64_t n, int64_t k, void *stream);
+void kcu_gemv_set_pdl(int32_t on);
 int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *stream);
 
 /* Integer binary (is_binary) or unary (neg/abs/relu) over int64 compute,
