@@ -193,6 +193,112 @@ static kiln_status check_arena(const kiln_graph *g)
     return KILN_OK;
 }
 
+/* Activations live at the same time never share arena bytes, as the
+ * builder's liveness plan guarantees: a tensor is live from the layer that
+ * writes it through the last layer that reads it (so a layer's inputs and
+ * outputs are disjoint). I/O tensors are left out: the runtime gives them
+ * buffers of their own. Layers are visited in order, keeping the live
+ * activations sorted by offset; a newcomer only has to miss its two
+ * neighbours, since those already live are disjoint. */
+#define KILN_ENGINE_MAX_LIVE 4096
+
+typedef struct live_range {
+    uint64_t begin, end;
+    int32_t tensor;
+} live_range;
+
+static size_t live_find(const live_range *v, size_t n, uint64_t begin)
+{
+    size_t lo = 0, hi = n;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (v[mid].begin < begin)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int is_activation(const kiln_tensor_rec *r)
+{
+    return !(r->flags & (KILN_TENSOR_CONSTANT | KILN_TENSOR_INPUT | KILN_TENSOR_OUTPUT)) && r->max_bytes > 0;
+}
+
+static kiln_status check_liveness(const kiln_graph *g)
+{
+    int32_t nt = g->n_tensors, nl = g->n_layers;
+    size_t n1 = (size_t)(nt > 0 ? nt : 1), l1 = (size_t)nl + 1;
+    int32_t *last = malloc(n1 * sizeof *last);
+    /* Tensors by the layer after which they die: a counting sort. */
+    int32_t *die_count = calloc(l1 + 1, sizeof *die_count), *die = malloc(n1 * sizeof *die);
+    live_range *live = malloc(sizeof *live * KILN_ENGINE_MAX_LIVE);
+    kiln_status s = KILN_OK;
+    if (!last || !die_count || !die || !live) {
+        s = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "checking the engine plan");
+        goto done;
+    }
+    for (int32_t t = 0; t < nt; t++)
+        last[t] = g->tensors[t].producer;
+    for (int32_t i = 0; i < nl; i++)
+        for (int32_t k = 0; k < g->layers[i].n_inputs; k++) {
+            int32_t t = g->layers[i].inputs[k];
+            if (last[t] < i)
+                last[t] = i;
+        }
+    for (int32_t t = 0; t < nt; t++)
+        if (is_activation(&g->tensors[t]))
+            die_count[last[t] + 1]++;
+    for (size_t i = 1; i <= l1; i++)
+        die_count[i] += die_count[i - 1];
+    for (int32_t t = 0; t < nt; t++)
+        if (is_activation(&g->tensors[t]))
+            die[die_count[last[t]]++] = t;
+    /* die_count[i] is now the end of layer i's group; layer i's group
+     * starts at die_count[i - 1] (0 for the first). */
+    size_t n_live = 0, next_death = 0;
+    for (int32_t i = 0; i < nl && s == KILN_OK; i++) {
+        const kiln_layer *l = &g->layers[i];
+        for (int32_t k = 0; k < l->n_outputs && s == KILN_OK; k++) {
+            int32_t t = l->outputs[k];
+            const kiln_tensor_rec *r = &g->tensors[t];
+            if (!is_activation(r))
+                continue;
+            live_range nr = {(uint64_t)r->arena_offset, (uint64_t)r->arena_offset + r->max_bytes, t};
+            size_t at = live_find(live, n_live, nr.begin);
+            const live_range *clash = at > 0 && live[at - 1].end > nr.begin ? &live[at - 1]
+                                      : at < n_live && live[at].begin < nr.end ? &live[at]
+                                                                               : NULL;
+            if (clash)
+                s = plan_fail("tensors \"%s\" and \"%s\" share arena bytes while both are live (layer \"%s\")",
+                              g->tensors[clash->tensor].name, r->name, l->name);
+            else if (n_live == KILN_ENGINE_MAX_LIVE)
+                s = plan_fail("more than %d activations are live at layer \"%s\"", KILN_ENGINE_MAX_LIVE,
+                              l->name);
+            else {
+                memmove(live + at + 1, live + at, sizeof *live * (n_live - at));
+                live[at] = nr;
+                n_live++;
+            }
+        }
+        /* Those last read by this layer (or never read) die after it. */
+        for (; s == KILN_OK && next_death < (size_t)die_count[i]; next_death++) {
+            const kiln_tensor_rec *r = &g->tensors[die[next_death]];
+            size_t at = live_find(live, n_live, (uint64_t)r->arena_offset);
+            if (at < n_live && live[at].tensor == die[next_death]) {
+                memmove(live + at, live + at + 1, sizeof *live * (n_live - at - 1));
+                n_live--;
+            }
+        }
+    }
+done:
+    free(last);
+    free(die_count);
+    free(die);
+    free(live);
+    return s;
+}
+
 static const char *const bound_names[3] = {"min", "opt", "max"};
 
 static kiln_status check_bound(const kiln_graph *g, int32_t p, int which, int64_t *symbols,
@@ -251,5 +357,6 @@ kiln_status kiln_engine_check_plan(const kiln_graph *g)
     for (int32_t i = 0; i < g->n_layers; i++)
         KILN_TRY(check_layer_types(g, &g->layers[i]));
     KILN_TRY(check_arena(g));
+    KILN_TRY(check_liveness(g));
     return check_bounds(g);
 }

@@ -57,6 +57,10 @@ t = next(t for t in plan["tensors"] if t["producer"] == 3)
 t["producer"] = 4' 'whose producer is layer 4'
 rewrite flags '
 plan["tensors"][plan["outputs"][0]]["flags"] = 0' 'input/output flags disagree'
+rewrite overlap '
+l = next(l for l in plan["layers"] if l["name"].endswith("q_proj.matmul"))
+x, y = plan["tensors"][l["inputs"][0]], plan["tensors"][l["outputs"][0]]
+y["arena_offset"] = x["arena_offset"]' 'share arena bytes while both are live'
 rewrite workspace 'plan["workspace_size"] = 100' 'workspace_size 100 is not a multiple of 256'
 
 finish
