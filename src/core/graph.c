@@ -8,7 +8,6 @@
 
 #include "dtype.h"
 #include "error.h"
-#include "../plugin/plugin_internal.h"
 
 /* ---- lifetime ---------------------------------------------------------------- */
 
@@ -206,14 +205,21 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
             }
             if (ok && s->instance) {
                 kiln_status cs = KILN_ERROR_PLUGIN;
+                unsigned long fails = kiln_fail_count();
                 if (s->instance->ops && s->instance->ops->clone)
-                    cs = kiln_plugin_clone(s->creator, s->instance, &d->instance);
+                    cs = s->instance->ops->clone(s->instance, &d->instance);
                 else
                     kiln_fail(cs, "plugin %s %s (namespace \"%s\") has no clone function",
                               s->name ? s->name : "?", s->version ? s->version : "?",
                               s->plugin_namespace ? s->plugin_namespace : "");
-                if (cs != KILN_OK) {
+                if (cs != KILN_OK || !d->instance) {
                     d->instance = NULL;
+                    if (cs == KILN_OK) {
+                        cs = KILN_ERROR_PLUGIN;
+                        kiln_fail(cs, "clone returned no instance");
+                    } else if (kiln_fail_count() == fails) {
+                        kiln_fail(cs, "clone failed with %s and gave no message", kiln_status_name(cs));
+                    }
                     kiln_fail_context(cs, "cloning plugin %s %s", s->name ? s->name : "?",
                                       s->version ? s->version : "?");
                     st = cs;

@@ -21,8 +21,9 @@
 /* The host's register_creator (kiln_host()->register_creator). */
 kiln_status kiln_registry_register(kiln_registry *reg, const kiln_plugin_creator *creator);
 
-/* Counts host->fail calls made on the calling thread, so the host can tell
- * whether a plugin that returned an error also left a message. */
+/* Counts the messages recorded on the calling thread (host->fail and
+ * kiln_fail alike), so the host can tell whether a plugin that returned an
+ * error also left a message. */
 unsigned long kiln_host_fail_count(void);
 
 /* "f32", "i64", "string", ... */
