@@ -27,22 +27,19 @@ typedef struct kiln_build_config {
     void *progress_user;
 } kiln_build_config;
 
-/* Fills a config with defaults: CPU backend, all passes on. */
+/* Fills a config with defaults: CPU backend, all passes on; struct_size
+ * and abi_version (KILN_API_VERSION). */
 KILN_API void kiln_build_config_init(kiln_build_config *config);
 
 /* An engine in memory. `data` is owned by the buffer; free with
- * kiln_buffer_free. */
+ * kiln_buffer_free. A fixed-layout value type: it never grows. */
 typedef struct kiln_buffer {
     void *data;
     size_t size;
 } kiln_buffer;
 
+/* Frees buf->data and zeroes the buffer. NULL is a no-op. */
 KILN_API void kiln_buffer_free(kiln_buffer *buf);
-
-/* Writes buf to path atomically (a unique temporary file beside it, then
- * rename). path must be new or a regular file: a FIFO, device or directory
- * is refused, never replaced. Errors give the system's reason. */
-KILN_API kiln_status kiln_buffer_write_file(const kiln_buffer *buf, const char *path);
 
 /* Runs the build passes (validation, per-profile shape checks, dead-layer
  * removal, constant folding, fusion, memory planning, workspace sizing,
@@ -51,7 +48,10 @@ KILN_API kiln_status kiln_buffer_write_file(const kiln_buffer *buf, const char *
 KILN_API kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
                                 kiln_buffer *out);
 
-/* kiln_build, then kiln_buffer_write_file. */
+/* kiln_build, then writes the engine to `path` atomically (a unique temp
+ * file beside it, then rename). path must be new or a regular file: a
+ * FIFO, device or directory is refused before the build, never replaced.
+ * Write errors give the system's reason. */
 KILN_API kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
                                         const char *path);
 

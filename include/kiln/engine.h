@@ -47,9 +47,24 @@ KILN_API kiln_status kiln_engine_profile_shape(const kiln_engine *engine, int32_
                                                kiln_dims *max);
 
 /* Writes a JSON description of the whole engine (header, target, profiles,
- * tensors, layers and fused groups, memory plan, plugin records) to *out
- * (malloc'd, NUL-terminated; free with free()). Used by `kiln inspect`. */
+ * tensors, layers and fused groups, memory plan, plugin records, extra
+ * sections) to *out (malloc'd, NUL-terminated; free with kiln_free). Used
+ * by `kiln inspect`. */
 KILN_API kiln_status kiln_engine_describe_json(const kiln_engine *engine, char **out);
+
+/* The same description of an engine file that may not load here: the file
+ * is mapped and checked (magic, format version, bounds, checksums) but its
+ * target is not checked and its plugins are not resolved; a plugin record
+ * whose triple `reg` (may be NULL) lacks is described as not registered.
+ * For `kiln inspect` on engines whose plugin libraries are missing. *out
+ * malloc'd, NUL-terminated: free with kiln_free. */
+KILN_API kiln_status kiln_engine_describe_file_json(kiln_registry *reg, const char *path, char **out);
+
+/* An extra section of the engine (an LLM engine's LLMC and TOKN, ids made
+ * with KILN_FOURCC): its bytes, borrowed from the engine and valid as long
+ * as it. KILN_ERROR_NOT_FOUND when the engine has no such section. */
+KILN_API kiln_status kiln_engine_find_section(const kiln_engine *engine, uint32_t id, const void **data,
+                                              size_t *size);
 
 #ifdef __cplusplus
 }

@@ -24,19 +24,88 @@ extern "C" {
 
 typedef struct kiln_llm kiln_llm;
 
+/* Every struct below that a caller fills begins with struct_size and
+ * abi_version and has an _init function that sets both and the defaults:
+ * the library reads a member only when struct_size covers it, so a program
+ * compiled against an older, shorter struct keeps working. Structs the
+ * library hands out (info, result) carry its own struct_size: a caller
+ * compiled against a newer header reads a member only when struct_size
+ * covers it. Arrays of these structs are passed as arrays of pointers,
+ * never by stride. Members are only ever appended (tests/unit/test_abi_layout.c
+ * pins every offset). */
+
+/* ---- building an engine from a checkpoint ------------------------------------ */
+
+typedef struct kiln_llm_build_options {
+    uint32_t struct_size;
+    uint32_t abi_version;
+    /* F32 (default), F16 or BF16: weights, activations and KV cache. */
+    kiln_dtype dtype;
+    /* Matmul weights a GGUF stores as Q8_0, Q4_0 or Q4_1 stay in that
+     * format (kiln/QuantMatMul; needs dtype F32): 1 on, 0 off, -1
+     * (default) on for a .gguf when dtype is F32. */
+    int32_t native;
+    int32_t max_batch;           /* sequences per step (default 8) */
+    /* Tokens per sequence (default min(4096, the model's context)); more
+     * than the model's max_position_embeddings is refused. */
+    int32_t max_seq_len;
+    int32_t max_tokens;          /* new tokens per step (default max_seq_len) */
+    int32_t block_size;          /* KV-cache tokens per block (default 16) */
+    /* llama2.c tokenizer.bin, required for a llama2.c .bin checkpoint;
+     * NULL otherwise. Borrowed for the call. */
+    const char *tokenizer;
+    /* Called with fraction in [0, 1] and what is being done while weights
+     * are converted and the engine is built; may be NULL. */
+    void (*progress)(void *user, double fraction, const char *what);
+    void *progress_user;
+    kiln_backend backend;        /* where the engine runs (default CPU) */
+    int32_t reserved;
+} kiln_llm_build_options;
+
+/* Defaults as written above. */
+KILN_API void kiln_llm_build_options_init(kiln_llm_build_options *options);
+
+/* Builds an LLM engine (docs/llm.md) from a checkpoint and writes it to
+ * `output` atomically (temp + rename). `checkpoint` is a Hugging Face model
+ * directory (config.json, safetensors, tokenizer.json), a .gguf file, or a
+ * llama2.c .bin (with options->tokenizer). The engine holds the weights,
+ * the tokenizer, the chat template and the special tokens, so kiln_llm_open
+ * needs nothing else. `options` may be NULL (defaults). Errors name the
+ * file and the field or tensor at fault. */
+KILN_API kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options *options,
+                                    const char *output);
+
+/* The LLM part of an engine file as one JSON object: the LLMC section's
+ * model config (docs/llm.md "Engine sections") with "tokenizer": {"kind",
+ * "vocab_size", "bos", "eos"} added, and "error" (a string) when a section
+ * does not read. Reads the file without its plugins and without a KV
+ * cache, for `kiln inspect` and build summaries. KILN_ERROR_NOT_FOUND
+ * when the engine has no LLMC section. *json is malloc'd, NUL-terminated:
+ * free it with kiln_free. */
+KILN_API kiln_status kiln_llm_describe_json(const char *path, char **json);
+
+/* ---- opening an engine -------------------------------------------------------- */
+
 typedef struct kiln_llm_options {
-    /* Megabytes for the KV cache of all layers together. 0: enough for
-     * max_batch sequences of max_seq_len tokens, capped at a quarter of
-     * physical memory. */
+    uint32_t struct_size;
+    uint32_t abi_version;
+    /* Megabytes for the KV cache of all layers together. 0 (default):
+     * enough for max_batch sequences of max_seq_len tokens, capped at a
+     * quarter of physical memory. */
     size_t kv_cache_mb;
     /* > 0: exactly this many KV blocks instead (tools that only tokenize
-     * ask for 1; tests ask for a small cache). */
+     * ask for 1; tests ask for a small cache). Default 0. */
     int32_t kv_cache_blocks;
+    int32_t reserved;
 } kiln_llm_options;
 
-/* What an opened engine is and holds. Strings are borrowed from the
- * kiln_llm and live as long as it. */
+KILN_API void kiln_llm_options_init(kiln_llm_options *options);
+
+/* What an opened engine is and holds. Owned by the kiln_llm (strings and
+ * arrays too) and valid as long as it. */
 typedef struct kiln_llm_info {
+    uint32_t struct_size;        /* sizeof the library's kiln_llm_info */
+    uint32_t abi_version;
     const char *architecture;    /* "llama", "qwen2", ... */
     const char *chat_template;   /* "chatml", "llama3", "llama2", or NULL */
     kiln_dtype dtype;            /* KV-cache dtype (the engine's) */
@@ -57,6 +126,8 @@ typedef struct kiln_llm_info {
 /* Sampling of one request. Order, as Hugging Face's generate applies it:
  * penalties, then temperature, top-k, top-p, min-p, then a draw. */
 typedef struct kiln_llm_sampling {
+    uint32_t struct_size;
+    uint32_t abi_version;
     float temperature;           /* 0: greedy (argmax after penalties) */
     int32_t top_k;               /* 0: off; else keep the k most likely */
     float top_p;                 /* 1: off; keep the smallest set reaching p */
@@ -68,10 +139,16 @@ typedef struct kiln_llm_sampling {
      * frequency * count. 0: off. */
     float presence_penalty;
     float frequency_penalty;
+    int32_t reserved;
     uint64_t seed;               /* the request's own PRNG (xoshiro256**) */
 } kiln_llm_sampling;
 
+/* Neutral sampling: temperature 1, no top-k/p, min-p or penalties, seed 0. */
+KILN_API void kiln_llm_sampling_init(kiln_llm_sampling *sampling);
+
 typedef struct kiln_llm_request {
+    uint32_t struct_size;
+    uint32_t abi_version;
     /* The prompt as text (tokenized with special-token parsing, BOS as the
      * engine's config says), or, when prompt is NULL, as ids. Borrowed for
      * the call. */
@@ -80,16 +157,19 @@ typedef struct kiln_llm_request {
     const int32_t *prompt_ids;
     size_t n_prompt_ids;
     int32_t max_tokens;          /* tokens to generate at most (>= 1) */
-    kiln_llm_sampling sampling;
+    int32_t ignore_eos;          /* 1: the config's EOS ids do not end it */
+    /* NULL: kiln_llm_sampling_init's neutral sampling. Borrowed for the
+     * call. */
+    const kiln_llm_sampling *sampling;
     /* Generation ends when the text contains one of these; the stop string
      * and what follows are not part of the result. Borrowed. */
     const char *const *stop;
     int32_t n_stop;
-    int ignore_eos;              /* 1: the config's EOS ids do not end it */
+    int32_t reserved;
 } kiln_llm_request;
 
-/* Neutral sampling (temperature 1, no top-k/p, min-p or penalties, seed 0)
- * and max_tokens 128; the prompt is left empty. */
+/* No prompt, max_tokens 128, neutral sampling (sampling NULL), no stop
+ * strings. */
 KILN_API void kiln_llm_request_init(kiln_llm_request *req);
 
 typedef enum kiln_llm_finish {
@@ -103,9 +183,11 @@ typedef enum kiln_llm_finish {
 /* "length", "eos", "stop", "cancelled". */
 KILN_API const char *kiln_llm_finish_name(kiln_llm_finish finish);
 
-/* The outcome of one request. Arrays and text are malloc'd and owned by
- * the result: free with kiln_llm_result_free. */
+/* The outcome of one request, allocated by kiln_llm_generate together with
+ * its arrays and text: free the whole with kiln_llm_result_free. */
 typedef struct kiln_llm_result {
+    uint32_t struct_size;        /* sizeof the library's kiln_llm_result */
+    uint32_t abi_version;
     int32_t *prompt_ids;
     size_t n_prompt_ids;
     int32_t *ids;                /* generated ids (an EOS that ended it included) */
@@ -113,13 +195,14 @@ typedef struct kiln_llm_result {
     char *text;                  /* generated text, NUL-terminated */
     size_t text_len;
     kiln_llm_finish finish;
+    int32_t reserved;
     double prompt_ms;            /* from the call until the first token was sampled */
     double generate_ms;          /* from the first sampled token to the last */
     double prompt_tok_s;         /* n_prompt_ids / prompt_ms */
     double generate_tok_s;       /* (n_ids - 1) / generate_ms; 0 for one token */
 } kiln_llm_result;
 
-/* NULL-safe; zeroes the result. */
+/* Frees a result and everything it holds. NULL is a no-op. */
 KILN_API void kiln_llm_result_free(kiln_llm_result *result);
 
 /* Called for every generated token: `request` indexes the array passed to
@@ -134,31 +217,37 @@ typedef int (*kiln_llm_token_fn)(void *user, int32_t request, int32_t token, con
 
 /* Loads an engine and prepares it for generation (see the top of this
  * file). `registry` is borrowed for the kiln_llm's lifetime; options may be
- * NULL. Fails naming the missing or bad LLMC/TOKN section, an I/O tensor
- * the engine lacks, or the memory it could not get. */
+ * NULL (defaults). Fails naming the missing or bad LLMC/TOKN section, an
+ * I/O tensor the engine lacks, or the memory it could not get. */
 KILN_API kiln_status kiln_llm_open(kiln_registry *registry, const char *path,
                                    const kiln_llm_options *options, kiln_llm **out);
 
 /* NULL is a no-op. */
 KILN_API void kiln_llm_close(kiln_llm *llm);
 
-KILN_API void kiln_llm_info_get(const kiln_llm *llm, kiln_llm_info *info);
+/* The engine's description; borrowed from the kiln_llm, valid as long as
+ * it. */
+KILN_API const kiln_llm_info *kiln_llm_info_get(const kiln_llm *llm);
 
 /* Runs n requests to completion, batched together, calling on_token (may be
- * NULL) as tokens are generated, and fills results[0..n) (caller-provided,
- * each to be freed with kiln_llm_result_free). Every request is checked
- * before any work starts: one whose prompt plus max_tokens exceeds the
- * engine's max sequence length or the whole KV cache fails the call with
+ * NULL) as tokens are generated. reqs[0..n) point at the requests (each
+ * set up with kiln_llm_request_init); results[0..n) receive a result each,
+ * allocated by the library (free each with kiln_llm_result_free); on
+ * failure no result is stored. Every request is checked before any work
+ * starts: one whose prompt plus max_tokens exceeds the engine's max
+ * sequence length or the whole KV cache fails the call with
  * KILN_ERROR_LIMIT naming the numbers. The decode step allocates nothing:
  * all memory is taken at open and at the start of the call. */
-KILN_API kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *reqs, int32_t n,
+KILN_API kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs, int32_t n,
                                        kiln_llm_token_fn on_token, void *user,
-                                       kiln_llm_result *results);
+                                       kiln_llm_result **results);
 
 /* Ends every running request of the current (or next) kiln_llm_generate
  * call at its next step, with finish CANCELLED. Safe from any thread; the
  * flag is cleared when kiln_llm_generate returns. */
 KILN_API void kiln_llm_cancel(kiln_llm *llm);
+
+/* ---- tokens and text ------------------------------------------------------------ */
 
 /* Tokenize flags. */
 enum {
@@ -166,32 +255,39 @@ enum {
     KILN_LLM_TOKENIZE_PARSE_SPECIAL = 1u << 1, /* "<|im_start|>" in the text is its id */
 };
 
-/* *ids malloc'd (caller frees). */
+/* *ids malloc'd: free with kiln_free. */
 KILN_API kiln_status kiln_llm_tokenize(const kiln_llm *llm, const char *text, size_t len,
                                        uint32_t flags, int32_t **ids, size_t *n_ids);
 /* A text prompt's ids exactly as kiln_llm_generate makes them: special
  * tokens parsed, BOS first when the engine's config says prompts start with
- * it. *ids malloc'd (caller frees). */
+ * it. *ids malloc'd: free with kiln_free. */
 KILN_API kiln_status kiln_llm_prompt_ids(const kiln_llm *llm, const char *text, size_t len, int32_t **ids,
                                          size_t *n_ids);
 
-/* *text malloc'd, NUL-terminated (caller frees). An id outside the
+/* *text malloc'd, NUL-terminated: free with kiln_free. An id outside the
  * vocabulary fails naming it. */
 KILN_API kiln_status kiln_llm_detokenize(const kiln_llm *llm, const int32_t *ids, size_t n_ids,
                                          char **text, size_t *len);
 
-/* One chat turn; role is "system", "user" or "assistant". Borrowed. */
+/* One chat turn; role is "system", "user" or "assistant". Strings
+ * borrowed for the call. */
 typedef struct kiln_llm_message {
+    uint32_t struct_size;
+    uint32_t abi_version;
     const char *role;
     const char *content;
 } kiln_llm_message;
 
-/* Renders a conversation with the engine's chat template and tokenizes it
- * (special tokens parsed, nothing added beyond what the template writes),
- * ending with the assistant's header so the model answers. Fails with
+/* Role and content NULL. */
+KILN_API void kiln_llm_message_init(kiln_llm_message *message);
+
+/* Renders a conversation (messages[0..n_messages) point at its turns) with
+ * the engine's chat template and tokenizes it (special tokens parsed,
+ * nothing added beyond what the template writes), ending with the
+ * assistant's header so the model answers. Fails with
  * KILN_ERROR_UNSUPPORTED when the engine has no chat template. *ids
- * malloc'd (caller frees). */
-KILN_API kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *messages,
+ * malloc'd: free with kiln_free. */
+KILN_API kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *const *messages,
                                             size_t n_messages, int32_t **ids, size_t *n_ids);
 
 #ifdef __cplusplus

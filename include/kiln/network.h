@@ -19,7 +19,8 @@ extern "C" {
 
 typedef struct kiln_network kiln_network;
 
-/* Handle of a tensor inside one network. id < 0 is invalid. */
+/* Handle of a tensor inside one network. id < 0 is invalid. A
+ * fixed-layout value type: it never grows. */
 typedef struct kiln_tensor {
     int32_t id;
 } kiln_tensor;
@@ -150,13 +151,19 @@ KILN_API kiln_status kiln_network_add_slice(kiln_network *net, const char *name,
  * is inferred from the element count. perm[i] names the input axis that
  * becomes output axis i. */
 typedef struct kiln_shuffle_desc {
+    uint32_t struct_size;
+    uint32_t abi_version;
     int32_t has_first_transpose;
     int32_t first_transpose[KILN_MAX_RANK];
     int32_t has_reshape;
     kiln_dims reshape;
     int32_t has_second_transpose;
     int32_t second_transpose[KILN_MAX_RANK];
+    int32_t reserved;
 } kiln_shuffle_desc;
+
+/* No transpose, no reshape: the identity. */
+KILN_API void kiln_shuffle_desc_init(kiln_shuffle_desc *desc);
 
 KILN_API kiln_status kiln_network_add_shuffle(kiln_network *net, const char *name, kiln_tensor x,
                                               const kiln_shuffle_desc *desc, kiln_tensor *out);

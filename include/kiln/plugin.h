@@ -14,6 +14,9 @@
  *   `uint32_t struct_size; uint32_t abi_version;`. A reader reads a member
  *   only if struct_size covers it.
  * - Members are only ever appended; existing offsets never move.
+ * - kiln_field, kiln_field_spec and kiln_tensor_desc travel in arrays, read
+ *   at this header's sizeof: their size is fixed for ABI version 1 (a new
+ *   member for them means a new struct and a new ABI version).
  * - Enum values are append-only.
  *
  * Threads: creators may be called from any thread, one call at a time per

@@ -22,6 +22,17 @@ extern "C" {
 #define KILN_API
 #endif
 
+/* Version of the public structs that begin with struct_size and
+ * abi_version (outside the plugin ABI, which has KILN_PLUGIN_ABI_VERSION):
+ * their _init functions store it. Bumped when members are appended; the
+ * library reads a member only when the caller's struct_size covers it. */
+#define KILN_API_VERSION 1u
+
+/* A four-character code: engine section ids (KILN_FOURCC('L','L','M','C')). */
+#define KILN_FOURCC(a, b, c, d) \
+    ((uint32_t)(uint8_t)(a) | ((uint32_t)(uint8_t)(b) << 8) | ((uint32_t)(uint8_t)(c) << 16) | \
+     ((uint32_t)(uint8_t)(d) << 24))
+
 /* Highest tensor rank any layer or plugin sees. */
 #define KILN_MAX_RANK 8
 
@@ -77,7 +88,8 @@ typedef enum kiln_backend {
     KILN_BACKEND_COUNT
 } kiln_backend;
 
-/* A concrete shape. In a network definition a dim of -1 is dynamic. */
+/* A concrete shape. In a network definition a dim of -1 is dynamic. A
+ * fixed-layout value type: it never grows (a larger rank is a new type). */
 typedef struct kiln_dims {
     int32_t rank;
     int32_t reserved;

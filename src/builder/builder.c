@@ -1,5 +1,6 @@
 /* The builder's entry points: the pass driver and the public kiln_build*. */
 #include "builder_internal.h"
+#include "builder_passes.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -8,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "../core/api_struct.h"
+#include "../core/atomic_write.h"
 #include "../core/error.h"
 #include "../core/file.h"
 #include "../engine/engine_file.h"
@@ -19,7 +22,7 @@ void kiln_build_config_init(kiln_build_config *config)
         return;
     memset(config, 0, sizeof *config);
     config->struct_size = (uint32_t)sizeof *config;
-    config->abi_version = KILN_PLUGIN_ABI_VERSION;
+    config->abi_version = KILN_API_VERSION;
     config->backend = KILN_BACKEND_CPU;
 }
 
@@ -32,33 +35,6 @@ void kiln_buffer_free(kiln_buffer *buf)
     buf->size = 0;
 }
 
-/* ---- helpers shared by the passes --------------------------------------------------- */
-
-void kiln_builder_name_list(char *buf, size_t size, const char *const *names, int32_t n,
-                            int32_t max)
-{
-    if (!buf || size == 0)
-        return;
-    size_t pos = strlen(buf);
-    for (int32_t i = 0; i < n && i < max && pos < size; i++) {
-        int w = snprintf(buf + pos, size - pos, "%s\"%s\"", i ? ", " : "", names[i]);
-        if (w < 0)
-            return;
-        pos += (size_t)w;
-    }
-    if (n > max && pos < size)
-        snprintf(buf + pos, size - pos, " and %d more", n - max);
-}
-
-int kiln_builder_align(size_t bytes, size_t *out)
-{
-    size_t r;
-    if (kiln_add_overflow(bytes, KILN_BUILDER_ALIGN - 1, &r))
-        return 1;
-    *out = r / KILN_BUILDER_ALIGN * KILN_BUILDER_ALIGN;
-    return 0;
-}
-
 /* ---- the pass driver ----------------------------------------------------------------- */
 
 /* The caller's config, read only as far as its struct_size reaches, so a
@@ -68,13 +44,7 @@ static kiln_status read_config(const kiln_build_config *in, kiln_build_config *c
     kiln_build_config_init(cfg);
     if (!in)
         return KILN_OK;
-    size_t n = in->struct_size < sizeof *cfg ? in->struct_size : sizeof *cfg;
-    if (n < offsetof(kiln_build_config, backend) + sizeof in->backend)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "build config: struct_size %u is too small (set it with "
-                         "kiln_build_config_init)", in->struct_size);
-    memcpy(cfg, in, n);
-    cfg->struct_size = (uint32_t)sizeof *cfg;
+    KILN_TRY(kiln_api_struct_read(cfg, sizeof *cfg, in, "build config"));
     if ((unsigned)cfg->backend >= KILN_BACKEND_COUNT)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "build config: backend %d is unknown",
                          (int)cfg->backend);
@@ -146,11 +116,7 @@ kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *con
             break;
         case 5: s = kiln_builder_size_workspace(&g); break;
         case 6: s = kiln_builder_plan_memory(&g); break;
-        default:
-            s = kiln_builder_select_tactics(&g, &cfg);
-            if (s == KILN_OK)
-                s = kiln_builder_tune_tactics(&g, &cfg);
-            break;
+        default: s = kiln_builder_select_tactics(&g, &cfg); break;
         }
     }
     if (s != KILN_OK) {
@@ -188,17 +154,9 @@ kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config 
     KILN_TRY(kiln_file_check_output(path));
     kiln_buffer buf;
     KILN_TRY(kiln_build(net, config, &buf));
-
-    kiln_status s = kiln_file_write_atomic(path, buf.data, buf.size);
+    kiln_status s = kiln_write_file_atomic(path, buf.data, buf.size);
     if (s == KILN_OK)
         kiln_log(KILN_LOG_INFO, "engine: wrote %zu bytes to \"%s\"", buf.size, path);
     kiln_buffer_free(&buf);
     return s;
-}
-
-kiln_status kiln_buffer_write_file(const kiln_buffer *buf, const char *path)
-{
-    if (!buf || (buf->size && !buf->data))
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_buffer_write_file: no buffer");
-    return kiln_file_write_atomic(path, buf->data, buf->size);
 }

@@ -1,13 +1,17 @@
 /* The builder's passes, one function each, run in this order by
- * kiln_builder_run (builder.c). Every pass works on the builder's private
- * copy of the network graph, logs what it did at KILN_LOG_INFO and fails
- * with a one-line message naming the layer, tensor or profile. */
+ * kiln_builder_run (builder.c), and the helpers they share
+ * (builder_shared.c). Every pass works on the builder's private copy of the
+ * network graph, logs what it did at KILN_LOG_INFO and fails with a
+ * one-line message naming the layer, tensor or profile. Passes call the
+ * shared helpers and kiln_builder_sweep, never the driver. */
 #ifndef KILN_BUILDER_INTERNAL_H
 #define KILN_BUILDER_INTERNAL_H
 
 #include <stddef.h>
 
-#include "builder_passes.h"
+#include <kiln/builder.h>
+
+#include "../core/graph.h"
 
 #include "../engine/engine_file.h"
 
@@ -19,6 +23,8 @@
  * dynamic input dim bounded by every profile, plugin layers resolved and
  * accepting their dtypes on the backend. */
 kiln_status kiln_builder_validate(const kiln_graph *g, const kiln_build_config *config);
+
+/* ---- shared helpers (builder_shared.c) ---- */
 
 /* Concrete shapes of every tensor at every bound: for each profile its min,
  * opt and max (or one set when the network has no profile). Evaluating also
@@ -64,12 +70,10 @@ kiln_status kiln_builder_size_workspace(kiln_graph *g);
 /* 7. Activation arena offsets by liveness. */
 kiln_status kiln_builder_plan_memory(kiln_graph *g);
 
-/* 8. Target and tactics. */
+/* 8. Target and tactics (pass_tactics.c): the backend and its GPU
+ * architectures, each layer's tactic (timed on the device where the
+ * backend has one here), GPU matmul scratch in the workspace. */
 kiln_status kiln_builder_select_tactics(kiln_graph *g, const kiln_build_config *config);
-
-/* 8b. CUDA: the library's GPU architectures when the config names none,
- * and matmul tactics timed on the GPU (pass_tactics.c). */
-kiln_status kiln_builder_tune_tactics(kiln_graph *g, const kiln_build_config *config);
 
 /* Appends layer names to buf as "a", "b", ... (at most `max` names, then
  * "and N more"); used by the passes' log lines. */

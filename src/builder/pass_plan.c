@@ -1,5 +1,4 @@
-/* Passes 6-8: plugin workspace, the activation memory plan, and the
- * target/tactics record. */
+/* Passes 6-7: plugin workspace and the activation memory plan. */
 #include "builder_internal.h"
 
 #include <stdint.h>
@@ -252,38 +251,4 @@ kiln_status kiln_builder_plan_memory(kiln_graph *g)
     free(start);
     free(end);
     return s;
-}
-
-/* ---- pass 8: target and tactics ------------------------------------------------------------------ */
-
-kiln_status kiln_builder_select_tactics(kiln_graph *g, const kiln_build_config *config)
-{
-    for (int32_t i = 0; i < g->n_layers; i++)
-        g->layers[i].tactic = -1;
-    g->backend = config->backend;
-    g->n_gpu_archs = 0;
-    memset(g->gpu_archs, 0, sizeof g->gpu_archs);
-    if (config->backend == KILN_BACKEND_CUDA) {
-        if (config->n_gpu_archs > 0) {
-            g->n_gpu_archs = config->n_gpu_archs;
-            memcpy(g->gpu_archs, config->gpu_archs,
-                   (size_t)config->n_gpu_archs * sizeof g->gpu_archs[0]);
-        } else {
-            /* The default set: sm_90, the H200 this project targets. */
-            g->n_gpu_archs = 1;
-            g->gpu_archs[0] = 90;
-        }
-    }
-    char archs[64] = "";
-    size_t pos = 0;
-    for (int32_t i = 0; i < g->n_gpu_archs && pos < sizeof archs; i++) {
-        int w = snprintf(archs + pos, sizeof archs - pos, "%ssm_%d", i ? "," : " for ",
-                         g->gpu_archs[i]);
-        if (w < 0)
-            break;
-        pos += (size_t)w;
-    }
-    kiln_log(KILN_LOG_INFO, "tactics: backend %s%s, default kernel for all %d layers",
-             kiln_backend_name(g->backend), archs, g->n_layers);
-    return KILN_OK;
 }

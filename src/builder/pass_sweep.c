@@ -8,31 +8,6 @@
 
 #include "../core/error.h"
 
-static void free_layer(kiln_layer *l)
-{
-    free(l->name);
-    free(l->inputs);
-    free(l->outputs);
-}
-
-static void free_tensor(kiln_tensor_rec *t)
-{
-    free(t->name);
-    if (t->data_owned)
-        free(t->data);
-}
-
-static void free_plugin_rec(kiln_plugin_rec *r)
-{
-    free(r->name);
-    free(r->version);
-    free(r->plugin_namespace);
-    free(r->library);
-    if (r->instance && r->instance->ops && r->instance->ops->destroy)
-        r->instance->ops->destroy(r->instance);
-    free(r->blob);
-}
-
 /* Follows redirects to the layer that finally holds layer i (-1: none). A
  * chain longer than the layer count would be a cycle: treat it as removed. */
 static int32_t final_layer(const int32_t *redirect, int32_t n, int32_t i)
@@ -139,7 +114,7 @@ kiln_status kiln_builder_sweep(kiln_graph *g, const int32_t *redirect, int32_t *
     for (int32_t i = 0; i < nl; i++) {
         kiln_layer *l = &g->layers[i];
         if (layer_map[i] < 0) {
-            free_layer(l);
+            kiln_layer_free(l);
             continue;
         }
         for (int32_t k = 0; k < l->n_inputs; k++)
@@ -156,7 +131,7 @@ kiln_status kiln_builder_sweep(kiln_graph *g, const int32_t *redirect, int32_t *
     for (int32_t i = 0; i < nt; i++) {
         kiln_tensor_rec *t = &g->tensors[i];
         if (tensor_map[i] < 0) {
-            free_tensor(t);
+            kiln_tensor_rec_free(t);
             continue;
         }
         if (t->producer >= 0)
@@ -168,7 +143,7 @@ kiln_status kiln_builder_sweep(kiln_graph *g, const int32_t *redirect, int32_t *
     /* Plugins. */
     for (int32_t i = 0; i < np; i++) {
         if (plugin_map[i] < 0)
-            free_plugin_rec(&g->plugins[i]);
+            kiln_plugin_rec_free(&g->plugins[i]);
         else
             g->plugins[plugin_map[i]] = g->plugins[i];
     }

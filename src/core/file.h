@@ -28,9 +28,4 @@ kiln_status kiln_file_fopen_read(const char *path, FILE **f, size_t *size);
  * would block on or replace). */
 kiln_status kiln_file_check_output(const char *path);
 
-/* Writes data to path atomically: a unique temporary file beside it,
- * fsync, rename. Nothing is left behind on failure; errors give the
- * system's reason. */
-kiln_status kiln_file_write_atomic(const char *path, const void *data, size_t size);
-
 #endif

@@ -17,7 +17,21 @@ void kiln_graph_init(kiln_graph *g)
     kiln_expr_pool_init(&g->exprs);
 }
 
-static void plugin_rec_free(kiln_plugin_rec *r)
+void kiln_tensor_rec_free(kiln_tensor_rec *t)
+{
+    free(t->name);
+    if (t->data_owned)
+        free(t->data);
+}
+
+void kiln_layer_free(kiln_layer *l)
+{
+    free(l->name);
+    free(l->inputs);
+    free(l->outputs);
+}
+
+void kiln_plugin_rec_free(kiln_plugin_rec *r)
 {
     free(r->name);
     free(r->version);
@@ -32,17 +46,11 @@ void kiln_graph_free(kiln_graph *g)
 {
     if (!g)
         return;
-    for (int32_t i = 0; i < g->n_tensors; i++) {
-        free(g->tensors[i].name);
-        if (g->tensors[i].data_owned)
-            free(g->tensors[i].data);
-    }
+    for (int32_t i = 0; i < g->n_tensors; i++)
+        kiln_tensor_rec_free(&g->tensors[i]);
     free(g->tensors);
-    for (int32_t i = 0; i < g->n_layers; i++) {
-        free(g->layers[i].name);
-        free(g->layers[i].inputs);
-        free(g->layers[i].outputs);
-    }
+    for (int32_t i = 0; i < g->n_layers; i++)
+        kiln_layer_free(&g->layers[i]);
     free(g->layers);
     free(g->inputs);
     free(g->outputs);
@@ -52,7 +60,7 @@ void kiln_graph_free(kiln_graph *g)
         free(g->constraints[i].what);
     free(g->constraints);
     for (int32_t i = 0; i < g->n_plugins; i++)
-        plugin_rec_free(&g->plugins[i]);
+        kiln_plugin_rec_free(&g->plugins[i]);
     free(g->plugins);
     for (int32_t i = 0; i < g->n_sections; i++)
         if (g->sections[i].data_owned)

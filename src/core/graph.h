@@ -9,7 +9,7 @@
 #ifndef KILN_CORE_GRAPH_H
 #define KILN_CORE_GRAPH_H
 
-#include <kiln/network.h>
+#include <kiln/kiln.h>
 #include "expr.h"
 
 /* ---- operations ------------------------------------------------------------ */
@@ -158,10 +158,6 @@ typedef struct kiln_section_rec {
     int32_t data_owned;
 } kiln_section_rec;
 
-#define KILN_FOURCC(a, b, c, d) \
-    ((uint32_t)(uint8_t)(a) | ((uint32_t)(uint8_t)(b) << 8) | ((uint32_t)(uint8_t)(c) << 16) | \
-     ((uint32_t)(uint8_t)(d) << 24))
-
 /* ---- the graph ---------------------------------------------------------------- */
 
 typedef struct kiln_graph {
@@ -195,6 +191,12 @@ typedef struct kiln_graph {
 void kiln_graph_init(kiln_graph *g);
 /* Frees everything, destroying plugin instances. */
 void kiln_graph_free(kiln_graph *g);
+/* Free what one record owns (not the record itself): a pass that drops
+ * records uses the same cleanup as kiln_graph_free. The plugin record's
+ * instance is destroyed. */
+void kiln_tensor_rec_free(kiln_tensor_rec *t);
+void kiln_layer_free(kiln_layer *l);
+void kiln_plugin_rec_free(kiln_plugin_rec *r);
 /* Deep copy (plugin instances cloned, constants copied). */
 kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src);
 
@@ -225,12 +227,7 @@ kiln_status kiln_graph_check_profiles(const kiln_graph *g);
 /* Symbol values at a profile's min, opt or max (which: 0, 1, 2). */
 void kiln_graph_profile_symbols(const kiln_graph *g, int32_t profile, int which, int64_t *symbols);
 
-/* Element count and bytes of a concrete shape, overflow-checked (return
- * KILN_ERROR_SHAPE on overflow). */
-kiln_status kiln_dims_count(const kiln_dims *d, int64_t *count);
-kiln_status kiln_dims_bytes(const kiln_dims *d, kiln_dtype dtype, size_t *bytes);
-
-/* "4x1024" */
-char *kiln_dims_format(const kiln_dims *d, char *buf, size_t size);
+/* kiln_dims_count, kiln_dims_bytes and kiln_dims_format are public
+ * (kiln/kiln.h). */
 
 #endif

@@ -21,17 +21,6 @@
 kiln_status kiln_npy_parse(const void *buf, size_t len, kiln_dtype *dtype, kiln_dims *dims,
                            const void **data, size_t *size);
 
-/* Reads a .npy file. *data is malloc'd (transferred: free() it) and holds
- * *size bytes; a zero-element array still gets a non-NULL pointer. Errors
- * name the file. */
-kiln_status kiln_npy_read(const char *path, kiln_dtype *dtype, kiln_dims *dims, void **data,
-                          size_t *size);
-
-/* Writes `data` (product(dims) elements of `dtype`, borrowed) as a version
- * 1.0 .npy file, laid out byte for byte as numpy writes it (header padded to
- * 64 bytes). bf16 is converted to f32; fp8 dtypes fail with
- * KILN_ERROR_UNSUPPORTED. */
-kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *dims,
-                           const void *data);
+/* kiln_npy_read and kiln_npy_write are public (kiln/kiln.h). */
 
 #endif

@@ -58,7 +58,7 @@ static int known_role(const char *r)
 /* SmolLM2-Instruct's template (ChatML):
  * <|im_start|>{role}\n{content}<|im_end|>\n per message, a default system
  * message first when the conversation has none, <|im_start|>assistant\n. */
-static void render_chatml(sbuf *b, const kiln_llm_message *m, size_t n, int gen, const char *def_sys)
+static void render_chatml(sbuf *b, const kiln_chat_message *m, size_t n, int gen, const char *def_sys)
 {
     if (def_sys && (n == 0 || strcmp(m[0].role, "system") != 0)) {
         puts_(b, "<|im_start|>system\n");
@@ -79,7 +79,7 @@ static void render_chatml(sbuf *b, const kiln_llm_message *m, size_t n, int gen,
 /* Meta-Llama-3-Instruct's template: <|begin_of_text|>, then per message
  * <|start_header_id|>{role}<|end_header_id|>\n\n{content | trim}<|eot_id|>,
  * then the assistant header. */
-static void render_llama3(sbuf *b, const kiln_llm_message *m, size_t n, int gen, const char *def_sys)
+static void render_llama3(sbuf *b, const kiln_chat_message *m, size_t n, int gen, const char *def_sys)
 {
     puts_(b, "<|begin_of_text|>");
     if (def_sys && (n == 0 || strcmp(m[0].role, "system") != 0)) {
@@ -102,7 +102,7 @@ static void render_llama3(sbuf *b, const kiln_llm_message *m, size_t n, int gen,
  * the first user turn as <<SYS>>\n{system}\n<</SYS>>\n\n; user turns are
  * {bos}[INST] {content.strip()} [/INST], assistant turns
  * ' ' + {content.strip()} + ' ' + {eos}. */
-static kiln_status render_llama2(sbuf *b, const kiln_llm_message *m, size_t n, const char *def_sys,
+static kiln_status render_llama2(sbuf *b, const kiln_chat_message *m, size_t n, const char *def_sys,
                                  const kiln_chat_tokens *tok)
 {
     const char *sys = def_sys;
@@ -146,7 +146,7 @@ static kiln_status render_llama2(sbuf *b, const kiln_llm_message *m, size_t n, c
     return KILN_OK;
 }
 
-kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_llm_message *msgs, size_t n,
+kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_message *msgs, size_t n,
                              int add_generation_prompt, const char *default_system,
                              const kiln_chat_tokens *tokens, char **out, size_t *len)
 {

@@ -9,6 +9,13 @@
 
 #include "llm_config.h"
 
+/* One turn, as kiln_llm_chat_tokenize reads it from the caller's
+ * kiln_llm_message. */
+typedef struct kiln_chat_message {
+    const char *role;
+    const char *content;
+} kiln_chat_message;
+
 typedef struct kiln_chat_tokens {
     const char *bos;   /* llama2: the BOS token's text ("<s>") */
     const char *eos;   /* llama2: the EOS token's text ("</s>") */
@@ -22,7 +29,7 @@ typedef struct kiln_chat_tokens {
  * NUL-terminated. KILN_ERROR_UNSUPPORTED for KILN_LLM_CHAT_NONE,
  * KILN_ERROR_INVALID_ARGUMENT for an unknown role (or, for llama2, a system
  * message that is not first, or turns that do not alternate user/assistant). */
-kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_llm_message *msgs, size_t n,
+kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_message *msgs, size_t n,
                              int add_generation_prompt, const char *default_system,
                              const kiln_chat_tokens *tokens, char **out, size_t *len);
 

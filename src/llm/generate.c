@@ -13,8 +13,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "../core/api_struct.h"
 #include "../core/error.h"
-#include "../runtime/runtime_internal.h"
 #include "chat_template.h"
 #include "kv_cache.h"
 #include "llm_config.h"
@@ -25,6 +25,7 @@ struct kiln_llm {
     kiln_engine *engine;
     kiln_context *ctx;
     kiln_llm_config cfg;
+    kiln_llm_info info;           /* what kiln_llm_info_get hands out, filled at open */
     kiln_tokenizer *tok;
     char *default_system;        /* LLMC "default_system", NULL when absent */
     kiln_dtype kv_dtype;
@@ -52,21 +53,46 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static const kiln_section_rec *find_section(const kiln_graph *g, uint32_t id)
+/* ---- the versioned structs ------------------------------------------------------------- */
+
+void kiln_llm_options_init(kiln_llm_options *options)
 {
-    for (int32_t i = 0; i < g->n_sections; i++)
-        if (g->sections[i].id == id)
-            return &g->sections[i];
-    return NULL;
+    if (!options)
+        return;
+    memset(options, 0, sizeof *options);
+    options->struct_size = (uint32_t)sizeof *options;
+    options->abi_version = KILN_API_VERSION;
+}
+
+void kiln_llm_sampling_init(kiln_llm_sampling *s)
+{
+    if (!s)
+        return;
+    memset(s, 0, sizeof *s);
+    s->struct_size = (uint32_t)sizeof *s;
+    s->abi_version = KILN_API_VERSION;
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->repetition_penalty = 1.0f;
 }
 
 void kiln_llm_request_init(kiln_llm_request *req)
 {
+    if (!req)
+        return;
     memset(req, 0, sizeof *req);
+    req->struct_size = (uint32_t)sizeof *req;
+    req->abi_version = KILN_API_VERSION;
     req->max_tokens = 128;
-    req->sampling.temperature = 1.0f;
-    req->sampling.top_p = 1.0f;
-    req->sampling.repetition_penalty = 1.0f;
+}
+
+void kiln_llm_message_init(kiln_llm_message *m)
+{
+    if (!m)
+        return;
+    memset(m, 0, sizeof *m);
+    m->struct_size = (uint32_t)sizeof *m;
+    m->abi_version = KILN_API_VERSION;
 }
 
 const char *kiln_llm_finish_name(kiln_llm_finish f)
@@ -87,7 +113,7 @@ void kiln_llm_result_free(kiln_llm_result *r)
     free(r->prompt_ids);
     free(r->ids);
     free(r->text);
-    memset(r, 0, sizeof *r);
+    free(r);
 }
 
 /* ---- open / close -------------------------------------------------------------------- */
@@ -118,9 +144,9 @@ void kiln_llm_close(kiln_llm *llm)
 
 /* The optional "default_system" string of LLMC: the system prompt the
  * model's own chat template inserts when a conversation has none. */
-static kiln_status read_default_system(kiln_llm *llm, const kiln_section_rec *sec)
+static kiln_status read_default_system(kiln_llm *llm, const void *data, size_t size)
 {
-    json_t *root = json_loadb(sec->data, sec->size, 0, NULL);
+    json_t *root = json_loadb(data, size, 0, NULL);
     const char *s = root ? json_string_value(json_object_get(root, "default_system")) : NULL;
     if (s && !(llm->default_system = strdup(s))) {
         json_decref(root);
@@ -187,9 +213,8 @@ static kiln_status setup_cache(kiln_llm *llm, const kiln_llm_options *opt)
     size_t block_bytes = 2 * (size_t)c->n_kv_heads * (size_t)c->block_size * (size_t)c->head_dim *
                          kiln_dtype_size(dt);
     size_t all_layers = block_bytes * (size_t)c->n_layers;
-    size_t bytes = opt && opt->kv_cache_mb ? opt->kv_cache_mb << 20
-                                           : default_cache_bytes(llm, all_layers);
-    size_t n = opt && opt->kv_cache_blocks > 0 ? (size_t)opt->kv_cache_blocks : bytes / all_layers;
+    size_t bytes = opt->kv_cache_mb ? opt->kv_cache_mb << 20 : default_cache_bytes(llm, all_layers);
+    size_t n = opt->kv_cache_blocks > 0 ? (size_t)opt->kv_cache_blocks : bytes / all_layers;
     if (n < 1)
         return kiln_fail(KILN_ERROR_LIMIT,
                          "a KV cache of %zu MB holds no block: one block of %d tokens takes %zu bytes over %d layers",
@@ -263,48 +288,14 @@ static kiln_status setup_buffers(kiln_llm *llm)
     return KILN_OK;
 }
 
-static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *path,
-                               const kiln_llm_options *opt)
-{
-    KILN_TRY(kiln_engine_load(reg, path, &llm->engine));
-    const kiln_graph *g = &llm->engine->graph;
-    const kiln_section_rec *cfg = find_section(g, KILN_FOURCC('L', 'L', 'M', 'C'));
-    const kiln_section_rec *tok = find_section(g, KILN_FOURCC('T', 'O', 'K', 'N'));
-    if (!cfg || !tok)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s is not an LLM engine: it has no %s section", path,
-                         cfg ? "TOKN (tokenizer)" : "LLMC (model config)");
-    kiln_status s = kiln_llm_config_from_json(cfg->data, cfg->size, &llm->cfg);
-    if (s != KILN_OK)
-        return kiln_fail_context(s, "%s: section LLMC", path);
-    KILN_TRY(read_default_system(llm, cfg));
-    s = kiln_tokenizer_deserialize(tok->data, tok->size, &llm->tok);
-    if (s != KILN_OK)
-        return kiln_fail_context(s, "%s: section TOKN", path);
-    KILN_TRY(kiln_context_create(llm->engine, &llm->ctx));
-    KILN_TRY(setup_buffers(llm));
-    return setup_cache(llm, opt);
-}
+const kiln_llm_info *kiln_llm_info_get(const kiln_llm *llm) { return llm ? &llm->info : NULL; }
 
-kiln_status kiln_llm_open(kiln_registry *reg, const char *path, const kiln_llm_options *opt, kiln_llm **out)
-{
-    if (!reg || !path || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_open: registry, path and out are required");
-    kiln_llm *llm = calloc(1, sizeof *llm);
-    if (!llm)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory opening %s", path);
-    kiln_status s = open_engine(llm, reg, path, opt);
-    if (s != KILN_OK) {
-        kiln_llm_close(llm);
-        return s;
-    }
-    *out = llm;
-    return KILN_OK;
-}
-
-void kiln_llm_info_get(const kiln_llm *llm, kiln_llm_info *info)
+static void fill_info(kiln_llm *llm)
 {
     const kiln_llm_config *c = &llm->cfg;
-    memset(info, 0, sizeof *info);
+    kiln_llm_info *info = &llm->info;
+    info->struct_size = (uint32_t)sizeof *info;
+    info->abi_version = KILN_API_VERSION;
     info->architecture = c->architecture;
     info->chat_template = kiln_llm_chat_template_name(c->chat_template);
     info->dtype = llm->kv_dtype;
@@ -320,6 +311,51 @@ void kiln_llm_info_get(const kiln_llm *llm, kiln_llm_info *info)
     info->bos_id = c->bos_id;
     info->n_eos = c->n_eos;
     info->eos_ids = c->eos_ids;
+}
+
+static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *path,
+                               const kiln_llm_options *opt)
+{
+    KILN_TRY(kiln_engine_load(reg, path, &llm->engine));
+    const void *cfg = NULL, *tok = NULL;
+    size_t cfg_size = 0, tok_size = 0;
+    int has_cfg = kiln_engine_find_section(llm->engine, KILN_FOURCC('L', 'L', 'M', 'C'), &cfg, &cfg_size) == KILN_OK;
+    int has_tok = kiln_engine_find_section(llm->engine, KILN_FOURCC('T', 'O', 'K', 'N'), &tok, &tok_size) == KILN_OK;
+    if (!has_cfg || !has_tok)
+        return kiln_fail(KILN_ERROR_FORMAT, "%s is not an LLM engine: it has no %s section", path,
+                         has_cfg ? "TOKN (tokenizer)" : "LLMC (model config)");
+    kiln_status s = kiln_llm_config_from_json(cfg, cfg_size, &llm->cfg);
+    if (s != KILN_OK)
+        return kiln_fail_context(s, "%s: section LLMC", path);
+    KILN_TRY(read_default_system(llm, cfg, cfg_size));
+    s = kiln_tokenizer_deserialize(tok, tok_size, &llm->tok);
+    if (s != KILN_OK)
+        return kiln_fail_context(s, "%s: section TOKN", path);
+    KILN_TRY(kiln_context_create(llm->engine, &llm->ctx));
+    KILN_TRY(setup_buffers(llm));
+    KILN_TRY(setup_cache(llm, opt));
+    fill_info(llm);
+    return KILN_OK;
+}
+
+kiln_status kiln_llm_open(kiln_registry *reg, const char *path, const kiln_llm_options *opt, kiln_llm **out)
+{
+    if (!reg || !path || !out)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_open: registry, path and out are required");
+    kiln_llm_options o;
+    kiln_llm_options_init(&o);
+    if (opt)
+        KILN_TRY(kiln_api_struct_read(&o, sizeof o, opt, "LLM options"));
+    kiln_llm *llm = calloc(1, sizeof *llm);
+    if (!llm)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory opening %s", path);
+    kiln_status s = open_engine(llm, reg, path, &o);
+    if (s != KILN_OK) {
+        kiln_llm_close(llm);
+        return s;
+    }
+    *out = llm;
+    return KILN_OK;
 }
 
 void kiln_llm_cancel(kiln_llm *llm) { atomic_store(&llm->cancel, 1); }
@@ -353,8 +389,8 @@ static const char *piece_text(const kiln_llm *llm, int32_t id, char *buf, size_t
     return buf;
 }
 
-kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *messages, size_t n,
-                                   int32_t **ids, size_t *n_ids)
+static kiln_status chat_render_tokenize(const kiln_llm *llm, const kiln_chat_message *messages, size_t n,
+                                        int32_t **ids, size_t *n_ids)
 {
     char bos[64], eos[64];
     kiln_chat_tokens t = {
@@ -369,13 +405,43 @@ kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *
     return s;
 }
 
+kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *const *messages, size_t n,
+                                   int32_t **ids, size_t *n_ids)
+{
+    if (!llm || (n && !messages) || !ids || !n_ids)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "kiln_llm_chat_tokenize: llm, messages, ids and n_ids are required");
+    kiln_chat_message *turns = malloc(sizeof *turns * (n ? n : 1));
+    if (!turns)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %zu chat messages", n);
+    for (size_t i = 0; i < n; i++) {
+        kiln_llm_message m;
+        kiln_llm_message_init(&m);
+        char what[32];
+        snprintf(what, sizeof what, "message %zu", i);
+        kiln_status s = messages[i] ? kiln_api_struct_read(&m, sizeof m, messages[i], what)
+                                    : kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s is NULL", what);
+        if (s != KILN_OK) {
+            free(turns);
+            return s;
+        }
+        turns[i].role = m.role;
+        turns[i].content = m.content;
+    }
+    kiln_status s = chat_render_tokenize(llm, turns, n, ids, n_ids);
+    free(turns);
+    return s;
+}
+
 /* ---- per-request state -------------------------------------------------------------------- */
 
 enum { SEQ_WAITING, SEQ_RUNNING, SEQ_DONE };
 
 typedef struct gen_seq {
-    const kiln_llm_request *req;
-    kiln_llm_result *res;
+    const kiln_llm_request *req; /* &req_copy */
+    kiln_llm_request req_copy;   /* the caller's, read as far as its struct_size reaches */
+    kiln_llm_sampling sampling;  /* req_copy.sampling points here */
+    kiln_llm_result *res;        /* allocated by fill_result */
     int32_t *ids;                /* prompt then generated, cap n_prompt + max_tokens */
     size_t n_prompt, n_ids;
     size_t n_cached;             /* ids whose keys and values are in the cache */
@@ -446,11 +512,23 @@ kiln_status kiln_llm_prompt_ids(const kiln_llm *llm, const char *text, size_t le
 }
 
 /* Tokenizes and checks one request and takes all the memory it will use. */
-static kiln_status seq_init(kiln_llm *llm, int32_t i, const kiln_llm_request *r, kiln_llm_result *res, gen_seq *q)
+static kiln_status seq_init(kiln_llm *llm, int32_t i, const kiln_llm_request *user_req, gen_seq *q)
 {
     const kiln_llm_config *c = &llm->cfg;
-    q->req = r;
-    q->res = res;
+    char what[32];
+    snprintf(what, sizeof what, "request %d", (int)i);
+    if (!user_req)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s is NULL", what);
+    kiln_llm_request_init(&q->req_copy);
+    KILN_TRY(kiln_api_struct_read(&q->req_copy, sizeof q->req_copy, user_req, what));
+    kiln_llm_sampling_init(&q->sampling);
+    if (q->req_copy.sampling) {
+        snprintf(what, sizeof what, "request %d: sampling", (int)i);
+        KILN_TRY(kiln_api_struct_read(&q->sampling, sizeof q->sampling, q->req_copy.sampling, what));
+    }
+    q->req_copy.sampling = &q->sampling;
+    q->req = &q->req_copy;
+    const kiln_llm_request *r = q->req;
     if (r->max_tokens < 1)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "request %d: max_tokens %d must be >= 1", (int)i,
                          (int)r->max_tokens);
@@ -499,7 +577,7 @@ static kiln_status seq_init(kiln_llm *llm, int32_t i, const kiln_llm_request *r,
     kiln_kv_seq_init(&q->kv, q->blocks, llm->max_blocks);
     for (size_t k = 0; k < n; k++)
         q->seen[q->ids[k]] = 1;
-    kiln_rng_seed(&q->rng, r->sampling.seed);
+    kiln_rng_seed(&q->rng, r->sampling->seed);
     q->text[0] = '\0';
     return KILN_OK;
 }
@@ -735,8 +813,8 @@ static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_
             if (q->n_cached < q->n_ids)
                 continue; /* a prefill chunk short of the prompt's end */
             float *row = llm->logits + (size_t)s * (size_t)V;
-            kiln_sampler_penalize(row, V, &q->req->sampling, q->seen, q->count);
-            int32_t id = kiln_sampler_sample(row, V, &q->req->sampling, &q->rng, llm->cand);
+            kiln_sampler_penalize(row, V, q->req->sampling, q->seen, q->count);
+            int32_t id = kiln_sampler_sample(row, V, q->req->sampling, &q->rng, llm->cand);
             seq_accept(llm, q, step[s], id, fn, user);
             if (q->state == SEQ_DONE) {
                 n_running--;
@@ -749,13 +827,19 @@ static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_
 
 static kiln_status fill_result(gen_seq *q, double t0)
 {
-    kiln_llm_result *r = q->res;
+    kiln_llm_result *r = calloc(1, sizeof *r);
+    if (!r)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a result");
+    q->res = r;
+    r->struct_size = (uint32_t)sizeof *r;
+    r->abi_version = KILN_API_VERSION;
     size_t n_gen = q->n_ids - q->n_prompt;
     r->prompt_ids = malloc(sizeof *r->prompt_ids * (q->n_prompt ? q->n_prompt : 1));
     r->ids = malloc(sizeof *r->ids * (n_gen ? n_gen : 1));
     r->text = malloc(q->text_len + 1);
     if (!r->prompt_ids || !r->ids || !r->text) {
         kiln_llm_result_free(r);
+        q->res = NULL;
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a result");
     }
     memcpy(r->prompt_ids, q->ids, sizeof *r->ids * q->n_prompt);
@@ -774,8 +858,8 @@ static kiln_status fill_result(gen_seq *q, double t0)
     return KILN_OK;
 }
 
-kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *reqs, int32_t n, kiln_llm_token_fn fn,
-                              void *user, kiln_llm_result *results)
+kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs, int32_t n,
+                              kiln_llm_token_fn fn, void *user, kiln_llm_result **results)
 {
     if (!llm || (n > 0 && (!reqs || !results)) || n < 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_generate: llm, requests and results are required");
@@ -784,15 +868,17 @@ kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *reqs, int32
     int32_t *step = calloc((size_t)llm->max_batch, sizeof *step);
     kiln_status s = seqs && step ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %d requests", (int)n);
     for (int32_t i = 0; s == KILN_OK && i < n; i++)
-        s = seq_init(llm, i, &reqs[i], &results[i], &seqs[i]);
+        s = seq_init(llm, i, reqs[i], &seqs[i]);
     if (s == KILN_OK)
         s = generate_loop(llm, seqs, n, step, fn, user);
-    int32_t filled = 0;
-    for (; s == KILN_OK && filled < n; filled++)
-        s = fill_result(&seqs[filled], t0);
-    if (s != KILN_OK)
-        for (int32_t i = 0; i < filled; i++)
-            kiln_llm_result_free(&results[i]);
+    for (int32_t i = 0; s == KILN_OK && i < n; i++)
+        s = fill_result(&seqs[i], t0);
+    for (int32_t i = 0; seqs && i < n; i++) {
+        if (s == KILN_OK)
+            results[i] = seqs[i].res;
+        else
+            kiln_llm_result_free(seqs[i].res);
+    }
     for (int32_t i = 0; seqs && i < n; i++) {
         kiln_kv_seq_release(&llm->pool, &seqs[i].kv);
         seq_free(&seqs[i]);

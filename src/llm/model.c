@@ -19,10 +19,16 @@ void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck) {
 }
 
 void kiln_llm_build_options_init(kiln_llm_build_options *opt) {
+    if (!opt)
+        return;
     memset(opt, 0, sizeof *opt);
+    opt->struct_size = (uint32_t)sizeof *opt;
+    opt->abi_version = KILN_API_VERSION;
     opt->dtype = KILN_DTYPE_F32;
+    opt->native = -1;
     opt->max_batch = 8;
     opt->block_size = 16;
+    opt->backend = KILN_BACKEND_CPU;
 }
 
 kiln_status kiln_llm_config_validate(const kiln_llm_config *c) {
@@ -409,6 +415,7 @@ static kiln_status check_limits(const kiln_llm_config *c, const kiln_llm_build_o
 kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                    kiln_network **out) {
     kiln_llm_build_options o = *opt;
+    o.native = o.native > 0;
     kiln_llm_config *c = &ck->config;
     KILN_TRY(kiln_llm_config_validate(c));
     if (o.dtype != KILN_DTYPE_F32 && o.dtype != KILN_DTYPE_F16 && o.dtype != KILN_DTYPE_BF16)
@@ -519,7 +526,7 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
             bc = *bcfg;
         else
             kiln_build_config_init(&bc);
-        bc.backend = KILN_BACKEND_CPU;
+        bc.backend = opt->backend;
         if (opt->progress) {
             bc.progress = forward_progress;
             bc.progress_user = (void *)opt;

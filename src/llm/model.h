@@ -9,6 +9,7 @@
 #define KILN_LLM_MODEL_H
 
 #include <kiln/builder.h>
+#include <kiln/llm.h>
 #include <kiln/network.h>
 
 #include "llm_config.h"
@@ -45,23 +46,10 @@ typedef struct kiln_llm_checkpoint {
 /* Frees the tokenizer, the weight source and the struct. NULL is a no-op. */
 void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck);
 
-typedef struct kiln_llm_build_options {
-    kiln_dtype dtype;        /* F32 (default), F16, BF16: weights, activations, KV cache */
-    int32_t max_batch;       /* sequences per step (default 8) */
-    int32_t max_seq_len;     /* tokens per sequence (default min(4096, max_position_embeddings));
-                              * more than max_position_embeddings is refused */
-    int32_t max_tokens;      /* new tokens per step (default max_seq_len) */
-    int32_t block_size;      /* KV-cache tokens per block (default 16) */
-    /* Called with fraction in [0, 1] while weights are converted and while
-     * the engine is built; may be NULL. */
-    void (*progress)(void *user, double fraction, const char *what);
-    void *progress_user;
-    /* Nonzero: matmul weights the checkpoint stores as Q8_0, Q4_0 or Q4_1
-     * stay in that format (kiln/QuantMatMul); needs dtype F32. */
-    int native;
-} kiln_llm_build_options;
-
-void kiln_llm_build_options_init(kiln_llm_build_options *opt);
+/* The build options are the public kiln_llm_build_options (kiln/llm.h),
+ * taken here at the library's own size. Its `native` -1 ("on for a GGUF")
+ * is resolved by kiln_llm_build; below, only 1 keeps weights quantized,
+ * and the tokenizer member is not read (the checkpoint has one). */
 
 /* Checks the model shape (positive dims, heads * head_dim consistency,
  * n_heads % n_kv_heads, even rotary_dim). Errors name the field. */

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../core/api_struct.h"
 #include "../core/dtype.h"
 #include "../plugin/plugin_internal.h"
 #include "../core/error.h"
@@ -1021,14 +1022,31 @@ static kiln_status check_perm(layer_ctx *c, const char *which, const int32_t *pe
     return KILN_OK;
 }
 
+void kiln_shuffle_desc_init(kiln_shuffle_desc *desc)
+{
+    if (!desc)
+        return;
+    memset(desc, 0, sizeof *desc);
+    desc->struct_size = (uint32_t)sizeof *desc;
+    desc->abi_version = KILN_API_VERSION;
+}
+
 kiln_status kiln_network_add_shuffle(kiln_network *net, const char *name, kiln_tensor x,
-                                     const kiln_shuffle_desc *desc, kiln_tensor *out)
+                                     const kiln_shuffle_desc *user_desc, kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
     KILN_TRY(begin_layer(net, name, "shuffle", &c));
-    if (!out || !desc)
+    if (!out || !user_desc)
         return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "desc and out must not be NULL");
+    if (user_desc->struct_size < 2 * sizeof(uint32_t))
+        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT,
+                     "desc: struct_size %u is too small (set it up with kiln_shuffle_desc_init)",
+                     (unsigned)user_desc->struct_size);
+    kiln_shuffle_desc full;
+    kiln_shuffle_desc_init(&full);
+    KILN_TRY(kiln_api_struct_read(&full, sizeof full, user_desc, "shuffle desc"));
+    const kiln_shuffle_desc *desc = &full;
     const kiln_tensor_rec *tx = get_tensor(&c, x, "input", &st);
     if (!tx)
         return st;

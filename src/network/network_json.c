@@ -764,7 +764,7 @@ static kiln_status layer_shuffle(jctx *c, json_t *l, const char *name)
                                        "second_transpose", NULL};
     KILN_TRY(check_keys(c, l, keys));
     kiln_shuffle_desc d;
-    memset(&d, 0, sizeof d);
+    kiln_shuffle_desc_init(&d);
     json_t *jr = json_object_get(l, "reshape");
     if (jr)
         KILN_TRY(as_dims(c, jr, "reshape", -1, &d.reshape));

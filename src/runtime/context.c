@@ -1,5 +1,5 @@
 /* Execution contexts: shapes, bindings, memory from the engine's pool, and
- * running the layers on the CPU backend. */
+ * everything else through the engine's backend table (src/backend/backend.h). */
 #include "runtime_internal.h"
 
 #include <kiln/kiln.h>
@@ -7,43 +7,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <time.h>
 
-#include "../backend/cpu/cpu_backend.h"
 #include "../core/error.h"
 
 
 /* ---- the engine's pool ------------------------------------------------------------ */
 
-/* Host blocks are anonymous mappings: page-aligned, and the part of a
- * max-profile arena that smaller shapes never touch costs no memory. */
-static void *host_alloc(size_t bytes)
-{
-    void *p = mmap(NULL, bytes ? bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    return p == MAP_FAILED ? NULL : p;
-}
-
-static void host_free(void *block, size_t bytes) { munmap(block, bytes ? bytes : 1); }
-
-static void *block_alloc(const kiln_arena_pool *p)
-{
-#ifdef KILN_HAVE_CUDA
-    if (p->device)
-        return kiln_cuda_block_alloc(p->block_bytes);
-#endif
-    return host_alloc(p->block_bytes);
-}
+static void *block_alloc(const kiln_arena_pool *p) { return p->backend->mem_alloc(p->block_bytes, 1); }
 
 static void block_free(const kiln_arena_pool *p, void *block)
 {
-#ifdef KILN_HAVE_CUDA
-    if (p->device) {
-        kiln_cuda_block_free(block);
-        return;
-    }
-#endif
-    host_free(block, p->block_bytes);
+    p->backend->mem_free(block, p->block_bytes, 1);
 }
 
 void *kiln_arena_pool_take(kiln_arena_pool *p)
@@ -92,29 +66,12 @@ void kiln_arena_pool_release(kiln_arena_pool *p)
 
 /* ---- I/O buffers ----------------------------------------------------------------------- */
 
-static void io_free(const kiln_context *ctx, void *p)
+static void io_free(const kiln_context *ctx, int32_t t)
 {
-    if (!p)
-        return;
-#ifdef KILN_HAVE_CUDA
-    if (ctx->engine->pool.device) {
-        kiln_cuda_block_free(p);
-        return;
-    }
-#endif
-    (void)ctx;
-    free(p);
-}
-
-static void *io_alloc(const kiln_context *ctx, size_t bytes)
-{
-#ifdef KILN_HAVE_CUDA
-    if (ctx->engine->pool.device)
-        return kiln_cuda_block_alloc(bytes);
-#endif
-    (void)ctx;
-    void *p = NULL;
-    return posix_memalign(&p, 256, bytes) == 0 ? p : NULL;
+    if (ctx->plan.io_buf[t])
+        ctx->engine->backend->mem_free(ctx->plan.io_buf[t], ctx->io_cap[t], 0);
+    ctx->plan.io_buf[t] = NULL;
+    ctx->io_cap[t] = 0;
 }
 
 /* Gives every unbound I/O tensor a buffer of at least its current size.
@@ -126,20 +83,20 @@ static kiln_status ensure_io_buffers(kiln_context *ctx)
     for (int32_t i = 0; i < e->n_io; i++) {
         int32_t t = e->io[i];
         const kiln_tensor_rec *r = &e->graph.tensors[t];
-        if ((r->flags & KILN_TENSOR_CONSTANT) || ctx->bound[t])
+        if ((r->flags & KILN_TENSOR_CONSTANT) || ctx->plan.bound[t])
             continue;
         size_t bytes;
-        KILN_TRY(kiln_dims_bytes(&ctx->dims[t], r->dtype, &bytes));
+        KILN_TRY(kiln_dims_bytes(&ctx->plan.dims[t], r->dtype, &bytes));
         if (bytes == 0)
             bytes = 1;
-        if (ctx->io_buf[t] && ctx->io_cap[t] >= bytes)
+        if (ctx->plan.io_buf[t] && ctx->io_cap[t] >= bytes)
             continue;
-        void *p = io_alloc(ctx, bytes);
+        void *p = e->backend->mem_alloc(bytes, 0);
         if (!p)
             return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %zu bytes of I/O tensor \"%s\"",
                              bytes, r->name);
-        io_free(ctx, ctx->io_buf[t]);
-        ctx->io_buf[t] = p;
+        io_free(ctx, t);
+        ctx->plan.io_buf[t] = p;
         ctx->io_cap[t] = bytes;
     }
     return KILN_OK;
@@ -169,12 +126,12 @@ static int input_has_symbols(const kiln_graph *g, int32_t tensor)
 static kiln_status eval_shapes(kiln_context *ctx)
 {
     const kiln_graph *g = &ctx->engine->graph;
-    KILN_TRY(kiln_graph_eval_shapes(g, ctx->symbols, ctx->values, ctx->dims));
+    KILN_TRY(kiln_graph_eval_shapes(g, ctx->plan.symbols, ctx->values, ctx->plan.dims));
     KILN_TRY(kiln_graph_check_constraints(g, ctx->values));
     for (int32_t t = 0; t < g->n_tensors; t++) {
         const kiln_tensor_rec *r = &g->tensors[t];
         size_t bytes;
-        KILN_TRY(kiln_dims_bytes(&ctx->dims[t], r->dtype, &bytes));
+        KILN_TRY(kiln_dims_bytes(&ctx->plan.dims[t], r->dtype, &bytes));
         size_t cap = (r->flags & KILN_TENSOR_CONSTANT) ? r->data_size : r->max_bytes;
         if (bytes > cap)
             return kiln_fail(KILN_ERROR_SHAPE,
@@ -189,31 +146,29 @@ void kiln_context_destroy(kiln_context *ctx)
     if (!ctx)
         return;
     const kiln_graph *g = &ctx->engine->graph;
-#ifdef KILN_HAVE_CUDA
-    /* The stream must be idle before the plugins it runs are destroyed and
-     * its block serves another context. */
-    kiln_cuda_context_destroy(ctx);
-#endif
-    if (ctx->plugins)
+    /* The backend's work must be done before the plugins it runs are
+     * destroyed and its block serves another context. */
+    ctx->engine->backend->context_destroy(ctx->backend_context);
+    if (ctx->plan.plugins)
         for (int32_t i = 0; i < g->n_plugins; i++)
-            if (ctx->plugins[i])
-                ctx->plugins[i]->ops->destroy(ctx->plugins[i]);
-    if (ctx->block)
-        kiln_arena_pool_give(&ctx->engine->pool, ctx->block);
-    if (ctx->io_buf)
+            if (ctx->plan.plugins[i])
+                ctx->plan.plugins[i]->ops->destroy(ctx->plan.plugins[i]);
+    if (ctx->plan.block)
+        kiln_arena_pool_give(&ctx->engine->pool, ctx->plan.block);
+    if (ctx->plan.io_buf && ctx->io_cap)
         for (int32_t t = 0; t < g->n_tensors; t++)
-            io_free(ctx, ctx->io_buf[t]);
-    free(ctx->io_buf);
+            io_free(ctx, t);
+    free(ctx->plan.io_buf);
     free(ctx->io_cap);
-    free(ctx->layer_ms);
-    free(ctx->plugins);
-    free(ctx->symbols);
+    free(ctx->plan.layer_ms);
+    free(ctx->plan.plugins);
+    free(ctx->plan.symbols);
     free(ctx->values);
-    free(ctx->dims);
+    free(ctx->plan.dims);
     free(ctx->input_set);
-    free(ctx->bound);
-    free(ctx->in_args);
-    free(ctx->out_args);
+    free(ctx->plan.bound);
+    free(ctx->plan.in_args);
+    free(ctx->plan.out_args);
     free(ctx);
 }
 
@@ -228,23 +183,31 @@ kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out)
     if (!ctx)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory creating a context");
     ctx->engine = engine;
-    ctx->plugins = calloc(count_or_one(g->n_plugins), sizeof *ctx->plugins);
-    ctx->symbols = calloc(count_or_one(g->n_symbols), sizeof *ctx->symbols);
+    ctx->plan.graph = g;
+    ctx->plan.offsets = engine->offsets;
+    ctx->plan.io = engine->io;
+    ctx->plan.n_io = engine->n_io;
+    ctx->plan.block_bytes = engine->pool.block_bytes;
+    ctx->plan.workspace_offset = engine->workspace_offset;
+    ctx->plan.constants = engine->constants;
+    ctx->plan.plugins = calloc(count_or_one(g->n_plugins), sizeof *ctx->plan.plugins);
+    ctx->plan.symbols = calloc(count_or_one(g->n_symbols), sizeof *ctx->plan.symbols);
     ctx->values = calloc(count_or_one(g->exprs.n), sizeof *ctx->values);
-    ctx->dims = calloc(count_or_one(g->n_tensors), sizeof *ctx->dims);
+    ctx->plan.dims = calloc(count_or_one(g->n_tensors), sizeof *ctx->plan.dims);
     ctx->input_set = calloc(count_or_one(g->n_inputs), sizeof *ctx->input_set);
-    ctx->bound = calloc(count_or_one(g->n_tensors), sizeof *ctx->bound);
-    ctx->in_args = calloc(count_or_one(engine->max_layer_inputs), sizeof *ctx->in_args);
-    ctx->out_args = calloc(count_or_one(engine->max_layer_outputs), sizeof *ctx->out_args);
-    ctx->io_buf = calloc(count_or_one(g->n_tensors), sizeof *ctx->io_buf);
+    ctx->plan.bound = calloc(count_or_one(g->n_tensors), sizeof *ctx->plan.bound);
+    ctx->plan.in_args = calloc(count_or_one(engine->max_layer_inputs), sizeof *ctx->plan.in_args);
+    ctx->plan.out_args = calloc(count_or_one(engine->max_layer_outputs), sizeof *ctx->plan.out_args);
+    ctx->plan.io_buf = calloc(count_or_one(g->n_tensors), sizeof *ctx->plan.io_buf);
     ctx->io_cap = calloc(count_or_one(g->n_tensors), sizeof *ctx->io_cap);
-    if (!ctx->io_buf || !ctx->io_cap || !ctx->plugins || !ctx->symbols || !ctx->values || !ctx->dims ||
-        !ctx->input_set || !ctx->bound || !ctx->in_args || !ctx->out_args) {
+    if (!ctx->plan.io_buf || !ctx->io_cap || !ctx->plan.plugins || !ctx->plan.symbols || !ctx->values ||
+        !ctx->plan.dims || !ctx->input_set || !ctx->plan.bound || !ctx->plan.in_args ||
+        !ctx->plan.out_args) {
         kiln_context_destroy(ctx);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory creating a context");
     }
-    ctx->block = kiln_arena_pool_take(&engine->pool);
-    if (!ctx->block) {
+    ctx->plan.block = kiln_arena_pool_take(&engine->pool);
+    if (!ctx->plan.block) {
         kiln_context_destroy(ctx);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a %zu-byte context arena",
                          engine->pool.block_bytes);
@@ -253,9 +216,9 @@ kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out)
         const kiln_plugin *proto = g->plugins[i].instance;
         char before[256];
         snprintf(before, sizeof before, "%s", kiln_last_error());
-        kiln_status s = proto->ops->clone(proto, &ctx->plugins[i]);
-        if (s != KILN_OK || !ctx->plugins[i]) {
-            ctx->plugins[i] = NULL;
+        kiln_status s = proto->ops->clone(proto, &ctx->plan.plugins[i]);
+        if (s != KILN_OK || !ctx->plan.plugins[i]) {
+            ctx->plan.plugins[i] = NULL;
             kiln_context_destroy(ctx);
             if (s == KILN_OK)
                 s = kiln_fail(KILN_ERROR_PLUGIN, "clone returned no instance");
@@ -265,15 +228,12 @@ kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out)
                                      g->plugins[i].name);
         }
     }
-#ifdef KILN_HAVE_CUDA
-    if (engine->cuda) {
-        kiln_status s = kiln_cuda_context_create(ctx);
-        if (s != KILN_OK) {
-            kiln_context_destroy(ctx);
-            return s;
-        }
+    kiln_status bs = engine->backend->context_create(engine->backend_engine, &ctx->plan,
+                                                      &ctx->backend_context);
+    if (bs != KILN_OK) {
+        kiln_context_destroy(ctx);
+        return bs;
     }
-#endif
     /* Inputs without dynamic dims have their shape already. */
     int32_t all_set = 1;
     for (int32_t i = 0; i < g->n_inputs; i++) {
@@ -361,8 +321,8 @@ kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name, co
     int64_t old[KILN_MAX_RANK];
     for (int32_t s = 0; s < g->n_symbols; s++)
         if (g->symbols[s].tensor == t && g->symbols[s].axis >= 0 && g->symbols[s].axis < dims->rank) {
-            old[g->symbols[s].axis] = ctx->symbols[s];
-            ctx->symbols[s] = dims->d[g->symbols[s].axis];
+            old[g->symbols[s].axis] = ctx->plan.symbols[s];
+            ctx->plan.symbols[s] = dims->d[g->symbols[s].axis];
         }
     int32_t was_set = ctx->input_set[in], was_ready = ctx->shapes_ready;
     ctx->input_set[in] = 1;
@@ -375,7 +335,7 @@ kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name, co
             for (int32_t k = 0; k < g->n_symbols; k++)
                 if (g->symbols[k].tensor == t && g->symbols[k].axis >= 0 &&
                     g->symbols[k].axis < dims->rank)
-                    ctx->symbols[k] = old[g->symbols[k].axis];
+                    ctx->plan.symbols[k] = old[g->symbols[k].axis];
             ctx->input_set[in] = was_set;
             /* The dims array was overwritten; re-evaluate the old shapes. */
             if (was_ready)
@@ -392,10 +352,8 @@ kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name, co
         }
     }
     ctx->shapes_ready = all_set;
-#ifdef KILN_HAVE_CUDA
-    if (all_set && ctx->cuda)
-        return kiln_cuda_context_shapes_changed(ctx);
-#endif
+    if (all_set && ctx->engine->backend->shapes_changed)
+        return ctx->engine->backend->shapes_changed(ctx->backend_context);
     return KILN_OK;
 }
 
@@ -431,47 +389,23 @@ kiln_status kiln_context_tensor_shape(kiln_context *ctx, const char *name, kiln_
     if (t < 0)
         return KILN_ERROR_NOT_FOUND;
     KILN_TRY(kiln_context_require_shapes(ctx));
-    *out = ctx->dims[t];
+    *out = ctx->plan.dims[t];
     return KILN_OK;
 }
 
 /* ---- memory ---------------------------------------------------------------------- */
-
-/* A constant is always read from the engine (its device copy on CUDA),
- * even when it is also an output the caller bound memory to: that memory
- * only receives a copy after the run. */
-void *kiln_context_tensor_data(const kiln_context *ctx, int32_t t)
-{
-    const kiln_engine *e = ctx->engine;
-    if (e->graph.tensors[t].flags & KILN_TENSOR_CONSTANT) {
-#ifdef KILN_HAVE_CUDA
-        if (e->cuda)
-            return kiln_cuda_engine_constant(e, t);
-#endif
-        return e->graph.tensors[t].data;
-    }
-    if (ctx->bound[t])
-        return ctx->bound[t];
-    if (e->offsets[t] < 0)
-        return ctx->io_buf[t];
-    return ctx->block + e->offsets[t];
-}
 
 kiln_status kiln_context_set_tensor_address(kiln_context *ctx, const char *name, void *ptr)
 {
     int32_t t = find_io(ctx, name);
     if (t < 0)
         return KILN_ERROR_NOT_FOUND;
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda && ptr)
-        KILN_TRY(kiln_cuda_check_binding(name, ptr));
-#endif
-    ctx->bound[t] = ptr;
+    if (ptr && ctx->engine->backend->check_binding)
+        KILN_TRY(ctx->engine->backend->check_binding(name, ptr));
+    ctx->plan.bound[t] = ptr;
     if (ptr) {
         /* A bound tensor needs no memory of its own. */
-        io_free(ctx, ctx->io_buf[t]);
-        ctx->io_buf[t] = NULL;
-        ctx->io_cap[t] = 0;
+        io_free(ctx, t);
     } else if (ctx->shapes_ready) {
         KILN_TRY(ensure_io_buffers(ctx));
     }
@@ -484,117 +418,32 @@ kiln_status kiln_context_tensor_address(kiln_context *ctx, const char *name, voi
     if (t < 0)
         return KILN_ERROR_NOT_FOUND;
     const kiln_engine *e = ctx->engine;
-    if (!ctx->bound[t] && !(e->graph.tensors[t].flags & KILN_TENSOR_CONSTANT) && !ctx->io_buf[t])
+    if (!ctx->plan.bound[t] && !(e->graph.tensors[t].flags & KILN_TENSOR_CONSTANT) && !ctx->plan.io_buf[t])
         KILN_TRY(kiln_context_require_shapes(ctx));
-    *ptr = ctx->bound[t] ? ctx->bound[t] : kiln_context_tensor_data(ctx, t);
+    *ptr = kiln_exec_io_address(&ctx->plan, t);
     return KILN_OK;
 }
 
 /* ---- execution -------------------------------------------------------------------- */
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* With host_block, arena tensors live in that block at their engine
- * offsets, I/O tensors in host_io and constants are the engine's host
- * copies: how a CUDA context runs the CPU reference on host copies of its
- * device data. */
-static void *host_data(const kiln_context *ctx, unsigned char *host_block, void **host_io, int32_t t)
-{
-    const kiln_engine *e = ctx->engine;
-    if (!host_block)
-        return kiln_context_tensor_data(ctx, t);
-    if (e->graph.tensors[t].flags & KILN_TENSOR_CONSTANT)
-        return e->graph.tensors[t].data;
-    if (e->offsets[t] < 0)
-        return host_io[t];
-    return host_block + e->offsets[t];
-}
-
-kiln_status kiln_context_run_cpu(kiln_context *ctx, int reference, unsigned char *host_block,
-                                 void **host_io)
-{
-    const kiln_engine *e = ctx->engine;
-    const kiln_graph *g = &e->graph;
-    KILN_TRY(kiln_context_require_shapes(ctx));
-    kiln_threadpool *pool = reference ? NULL : kiln_threadpool_global();
-    unsigned char *block = host_block ? host_block : ctx->block;
-    for (int32_t l = 0; l < g->n_layers; l++) {
-        const kiln_layer *L = &g->layers[l];
-        if (L->op == KILN_OP_CONSTANT)
-            continue;
-        for (int32_t i = 0; i < L->n_inputs; i++) {
-            int32_t t = L->inputs[i];
-            ctx->in_args[i] = (kiln_exec_tensor){host_data(ctx, host_block, host_io, t), g->tensors[t].dtype, ctx->dims[t]};
-        }
-        for (int32_t i = 0; i < L->n_outputs; i++) {
-            int32_t t = L->outputs[i];
-            ctx->out_args[i] = (kiln_exec_tensor){host_data(ctx, host_block, host_io, t), g->tensors[t].dtype, ctx->dims[t]};
-        }
-        kiln_cpu_args args = {
-            .graph = g,
-            .layer = L,
-            .inputs = ctx->in_args,
-            .outputs = ctx->out_args,
-            .plugin = L->op == KILN_OP_PLUGIN ? ctx->plugins[L->p.plugin.index] : NULL,
-            .workspace = block + e->workspace_offset,
-            .pool = pool,
-            .reference = reference,
-        };
-        double t0 = ctx->layer_ms ? now_ms() : 0;
-        KILN_TRY(kiln_cpu_run_layer(&args));
-        if (ctx->layer_ms)
-            ctx->layer_ms[l] = now_ms() - t0;
-    }
-    if (host_block)
-        return KILN_OK;
-    /* An output the builder folded to a constant has no producing layer;
-     * a caller who bound memory for it still expects the values there. */
-    for (int32_t i = 0; i < g->n_outputs; i++) {
-        int32_t t = g->outputs[i];
-        const kiln_tensor_rec *r = &g->tensors[t];
-        size_t bytes;
-        if ((r->flags & KILN_TENSOR_CONSTANT) && ctx->bound[t] && ctx->bound[t] != r->data &&
-            kiln_dims_bytes(&ctx->dims[t], r->dtype, &bytes) == KILN_OK)
-            memcpy(ctx->bound[t], r->data, bytes);
-    }
-    return KILN_OK;
-}
-
 kiln_status kiln_context_enqueue(kiln_context *ctx, void *stream)
 {
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        return kiln_cuda_context_enqueue(ctx, stream);
-#endif
-    (void)stream;
-    return kiln_context_run_cpu(ctx, 0, NULL, NULL);
+    KILN_TRY(kiln_context_require_shapes(ctx));
+    return ctx->engine->backend->enqueue(ctx->backend_context, stream);
 }
 
 kiln_status kiln_context_synchronize(kiln_context *ctx)
 {
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        return kiln_cuda_context_synchronize(ctx);
-#endif
-    (void)ctx;
-    return KILN_OK;
+    return ctx->engine->backend->synchronize(ctx->backend_context);
 }
 
 kiln_status kiln_context_run_reference(kiln_context *ctx)
 {
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        return kiln_cuda_context_run_reference(ctx);
-#endif
-    return kiln_context_run_cpu(ctx, 1, NULL, NULL);
+    KILN_TRY(kiln_context_require_shapes(ctx));
+    return ctx->engine->backend->run_reference(ctx->backend_context);
 }
 
-/* ---- host copies, timing, CUDA graphs ------------------------------------------------ */
+/* ---- host copies, timing, graph mode ------------------------------------------------ */
 
 /* The I/O tensor `name` and its bytes at the current shapes, which must be
  * exactly `bytes`: a short copy would leave stale data in the tensor. */
@@ -606,7 +455,7 @@ static kiln_status io_bytes(kiln_context *ctx, const char *name, const void *hos
         return KILN_ERROR_NOT_FOUND;
     KILN_TRY(kiln_context_require_shapes(ctx));
     const kiln_tensor_rec *r = &ctx->engine->graph.tensors[*t];
-    KILN_TRY(kiln_dims_bytes(&ctx->dims[*t], r->dtype, need));
+    KILN_TRY(kiln_dims_bytes(&ctx->plan.dims[*t], r->dtype, need));
     if (bytes != *need)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
                          "tensor \"%s\" holds %zu bytes at these shapes, the copy has %zu", name,
@@ -625,13 +474,9 @@ kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name, const v
     if (ctx->engine->graph.tensors[t].flags & KILN_TENSOR_CONSTANT)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\" is a constant of the engine",
                          name);
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        return kiln_cuda_context_copy(ctx, t, (void *)host, bytes, 1);
-#endif
-    if (bytes)
-        memcpy(ctx->bound[t] ? ctx->bound[t] : kiln_context_tensor_data(ctx, t), host, bytes);
-    return KILN_OK;
+    if (!bytes)
+        return KILN_OK;
+    return ctx->engine->backend->copy(ctx->backend_context, t, (void *)host, bytes, 1);
 }
 
 kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *host, size_t bytes)
@@ -639,51 +484,43 @@ kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *
     int32_t t;
     size_t need;
     KILN_TRY(io_bytes(ctx, name, host, bytes, &t, &need));
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        return kiln_cuda_context_copy(ctx, t, host, bytes, 0);
-#endif
-    if (bytes)
-        memcpy(host, ctx->bound[t] ? ctx->bound[t] : kiln_context_tensor_data(ctx, t), bytes);
-    return KILN_OK;
+    if (!bytes)
+        return KILN_OK;
+    return ctx->engine->backend->copy(ctx->backend_context, t, host, bytes, 0);
+}
+
+/* What a backend without graph mode or device timing answers: `what`
+ * ("CUDA graphs need", "GPU time needs") an engine of the GPU backend. */
+static kiln_status lacks(const kiln_context *ctx, const char *what)
+{
+    return kiln_fail(KILN_ERROR_TARGET, "%s an engine built for %s; this one is %s", what,
+                     kiln_backend_name(KILN_BACKEND_CUDA), kiln_backend_name(ctx->engine->info.backend));
 }
 
 kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t enable)
 {
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        return kiln_cuda_context_set_graph(ctx, enable);
-#endif
-    (void)enable;
-    return kiln_fail(KILN_ERROR_TARGET, "CUDA graphs need an engine built for cuda; this one is %s",
-                     kiln_backend_name(ctx->engine->info.backend));
+    const kiln_backend_i *b = ctx->engine->backend;
+    return b->set_graph_mode ? b->set_graph_mode(ctx->backend_context, enable) : lacks(ctx, "CUDA graphs need");
 }
 
 kiln_status kiln_context_gpu_time(kiln_context *ctx, float *ms)
 {
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        return kiln_cuda_context_gpu_time(ctx, ms);
-#endif
-    (void)ms;
-    return kiln_fail(KILN_ERROR_TARGET, "GPU time needs an engine built for cuda; this one is %s",
-                     kiln_backend_name(ctx->engine->info.backend));
+    const kiln_backend_i *b = ctx->engine->backend;
+    return b->gpu_time ? b->gpu_time(ctx->backend_context, ms) : lacks(ctx, "GPU time needs");
 }
 
 kiln_status kiln_context_set_profiling(kiln_context *ctx, int32_t enable)
 {
     const kiln_graph *g = &ctx->engine->graph;
     if (!enable) {
-        free(ctx->layer_ms);
-        ctx->layer_ms = NULL;
+        free(ctx->plan.layer_ms);
+        ctx->plan.layer_ms = NULL;
         return KILN_OK;
     }
-    if (!ctx->layer_ms && !(ctx->layer_ms = calloc(count_or_one(g->n_layers), sizeof *ctx->layer_ms)))
+    if (!ctx->plan.layer_ms && !(ctx->plan.layer_ms = calloc(count_or_one(g->n_layers), sizeof *ctx->plan.layer_ms)))
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for layer timings");
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        return kiln_cuda_context_set_profiling(ctx);
-#endif
+    if (ctx->engine->backend->set_profiling)
+        return ctx->engine->backend->set_profiling(ctx->backend_context);
     return KILN_OK;
 }
 
@@ -696,18 +533,16 @@ kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const char **n
     if (i < 0 || i >= g->n_layers)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer %d out of range (engine has %d)",
                          (int)i, (int)g->n_layers);
-    if (!ctx->layer_ms)
+    if (!ctx->plan.layer_ms)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
                          "layer times need kiln_context_set_profiling before the run");
-#ifdef KILN_HAVE_CUDA
-    if (ctx->cuda)
-        KILN_TRY(kiln_cuda_context_layer_times(ctx));
-#endif
+    if (ctx->engine->backend->layer_times)
+        KILN_TRY(ctx->engine->backend->layer_times(ctx->backend_context));
     if (name)
         *name = g->layers[i].name;
     if (op)
         *op = kiln_op_name(g->layers[i].op);
     if (ms)
-        *ms = ctx->layer_ms[i];
+        *ms = ctx->plan.layer_ms[i];
     return KILN_OK;
 }

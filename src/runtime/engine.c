@@ -1,48 +1,19 @@
-/* Loading an engine: mapping, validation, target check, plugin resolution. */
+/* Loading an engine: mapping, validation, target check (the backend table
+ * of the engine's target), plugin resolution. */
 #include "runtime_internal.h"
 
 #include <kiln/kiln.h>
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "../core/error.h"
-#include "../core/file.h"
 #include "../plugin/plugin_internal.h"
-
-/* ---- target ------------------------------------------------------------------ */
-
-static kiln_status check_target(const kiln_engine_header_info *info)
-{
-    if (info->backend == KILN_BACKEND_CPU)
-        return KILN_OK;
-    if (info->backend == KILN_BACKEND_CUDA) {
-#ifdef KILN_HAVE_CUDA
-        return kiln_cuda_check_target(info);
-#else
-        char archs[128] = "";
-        size_t len = 0;
-        int32_t n = info->n_gpu_archs;
-        if (n < 0 || n > 8)
-            n = 0;
-        for (int32_t i = 0; i < n && len < sizeof archs; i++)
-            len += (size_t)snprintf(archs + len, sizeof archs - len, "%ssm_%d", i ? ", " : "",
-                                    (int)info->gpu_archs[i]);
-        return kiln_fail(KILN_ERROR_TARGET,
-                         "engine targets cuda (%s), but this kiln was built without CUDA",
-                         n ? archs : "no GPU architecture recorded");
-#endif
-    }
-    return kiln_fail(KILN_ERROR_TARGET, "engine targets unknown backend %d", (int)info->backend);
-}
+#include "engine_image.h"
 
 /* ---- plugin resolution ------------------------------------------------------------- */
 
@@ -422,7 +393,7 @@ static kiln_status engine_from_image(kiln_registry *reg, void *image, size_t siz
     kiln_graph_init(&e->graph);
     kiln_status s = kiln_engine_read(image, size, 1, &e->graph, &e->info);
     if (s == KILN_OK)
-        s = check_target(&e->info);
+        s = kiln_backend_for_target(&e->info, &e->backend);
     if (s == KILN_OK)
         s = check_plan(e);
     if (s == KILN_OK)
@@ -432,12 +403,10 @@ static kiln_status engine_from_image(kiln_registry *reg, void *image, size_t siz
     if (s == KILN_OK && pthread_mutex_init(&e->pool.lock, NULL) != 0)
         s = kiln_fail(KILN_ERROR_INTERNAL, "cannot create the engine's pool lock");
     int lock_made = s == KILN_OK;
-#ifdef KILN_HAVE_CUDA
-    if (s == KILN_OK && e->info.backend == KILN_BACKEND_CUDA) {
-        e->pool.device = 1;
-        s = kiln_cuda_engine_create(e);
+    if (s == KILN_OK) {
+        e->pool.backend = e->backend;
+        s = e->backend->engine_create(&e->graph, &e->backend_engine, &e->constants);
     }
-#endif
     if (s != KILN_OK) {
         if (lock_made)
             pthread_mutex_destroy(&e->pool.lock);
@@ -456,20 +425,9 @@ kiln_status kiln_engine_load(kiln_registry *reg, const char *path, kiln_engine *
 {
     if (!path || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_load: path and out are required");
-    int fd;
+    void *map;
     size_t size;
-    kiln_status opened = kiln_file_open_read(path, &fd, &size);
-    if (opened != KILN_OK)
-        return kiln_fail_context(KILN_ERROR_IO, "cannot open engine");
-    if (size == 0) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_FORMAT, "engine %s is empty (0 bytes)", path);
-    }
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    close(fd);
-    if (map == MAP_FAILED)
-        return kiln_fail(KILN_ERROR_IO, "cannot map engine %s: %s", path, strerror(err));
+    KILN_TRY(kiln_engine_map_file(path, &map, &size));
     kiln_status s = engine_from_image(reg, map, size, 1, out);
     if (s != KILN_OK)
         return kiln_fail_context(s, "%s", path);
@@ -497,9 +455,7 @@ void kiln_engine_destroy(kiln_engine *engine)
         return;
     kiln_arena_pool_release(&engine->pool);
     pthread_mutex_destroy(&engine->pool.lock);
-#ifdef KILN_HAVE_CUDA
-    kiln_cuda_engine_destroy(engine);
-#endif
+    engine->backend->engine_destroy(engine->backend_engine);
     kiln_graph_free(&engine->graph);
     free(engine->offsets);
     free(engine->io);

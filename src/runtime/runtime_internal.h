@@ -6,8 +6,8 @@
 #include <kiln/runtime.h>
 #include <pthread.h>
 
+#include "../backend/backend.h"
 #include "../core/graph.h"
-#include "../backend/cpu/cpu_backend.h"
 #include "../engine/engine_file.h"
 
 /* Memory blocks of arena_size + workspace_size bytes, shared by the
@@ -20,14 +20,8 @@ typedef struct kiln_arena_pool {
     int32_t n_free, cap_free;
     int32_t n_allocated;   /* blocks in use plus blocks on the free list */
     size_t block_bytes;
-    int32_t device;        /* 1: blocks are CUDA device memory */
+    const kiln_backend_i *backend; /* whose memory the blocks are */
 } kiln_arena_pool;
-
-#ifdef KILN_HAVE_CUDA
-/* What a CUDA engine holds on the GPU (cuda_runtime.c). */
-typedef struct kiln_cuda_engine kiln_cuda_engine;
-typedef struct kiln_cuda_context kiln_cuda_context;
-#endif
 
 struct kiln_engine {
     kiln_registry *registry;      /* borrowed */
@@ -47,18 +41,18 @@ struct kiln_engine {
     int32_t *io;
     int32_t n_io;
     size_t workspace_offset;
-    /* Context blocks: host memory on the CPU, device memory on CUDA. */
+    /* Context blocks, in the backend's memory. */
     kiln_arena_pool pool;
-#ifdef KILN_HAVE_CUDA
-    kiln_cuda_engine *cuda;       /* NULL for a CPU engine */
-#endif
+    const kiln_backend_i *backend;    /* the table of info.backend */
+    kiln_backend_engine *backend_engine; /* the backend's state (may be NULL) */
+    void *const *constants;           /* the backend's constant copies, NULL: graph data */
 };
 
 /* Frees the blocks on the free list (at engine destruction). */
 void kiln_arena_pool_release(kiln_arena_pool *pool);
 
 /* A block of pool->block_bytes (a free one when there is one) and back.
- * Device memory when pool->device. take returns NULL when out of memory. */
+ * take returns NULL when out of memory. */
 void *kiln_arena_pool_take(kiln_arena_pool *pool);
 void kiln_arena_pool_give(kiln_arena_pool *pool, void *block);
 
@@ -75,75 +69,20 @@ kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engi
 struct kiln_context {
     kiln_engine *engine;
     int32_t profile;
-    kiln_plugin **plugins;        /* clones, one per plugin record */
-    int64_t *symbols;             /* graph.n_symbols */
+    /* What the backend sees: bindings, buffers, block, shapes, plugin
+     * clones, scratch and layer times (src/backend/backend.h). */
+    kiln_exec_plan plan;
     int64_t *values;              /* graph.exprs.n, scratch for evaluation */
-    kiln_dims *dims;              /* graph.n_tensors, valid when shapes_ready */
     int32_t *input_set;           /* graph.n_inputs */
-    int32_t shapes_ready;
-    void **bound;                 /* graph.n_tensors, caller bindings */
-    unsigned char *block;         /* arena + workspace (device memory on CUDA) */
-    /* Buffers of the unbound I/O tensors (graph.n_tensors, NULL for the
-     * rest), grown to the current shape when shapes are set or a tensor is
-     * unbound, never in enqueue; io_cap holds their byte sizes. Device
-     * memory on CUDA. */
-    void **io_buf;
+    int32_t shapes_ready;         /* plan.dims are valid */
+    /* Byte sizes of plan.io_buf: the buffers of the unbound I/O tensors,
+     * grown to the current shape when shapes are set or a tensor is
+     * unbound, never in enqueue. */
     size_t *io_cap;
-    kiln_exec_tensor *in_args, *out_args; /* scratch for one layer */
-    /* Per-layer timing (kiln_context_set_profiling): milliseconds of the
-     * last profiled run, graph.n_layers entries, NULL when off. */
-    double *layer_ms;
-#ifdef KILN_HAVE_CUDA
-    kiln_cuda_context *cuda;      /* NULL for a CPU engine */
-#endif
+    kiln_backend_context *backend_context;
 };
 
-/* Where layers read and write tensor t (host or device memory as the
- * backend has it). */
-void *kiln_context_tensor_data(const kiln_context *ctx, int32_t t);
 /* KILN_OK once every input shape is set. */
 kiln_status kiln_context_require_shapes(const kiln_context *ctx);
-/* Runs every layer on the CPU backend. With host_block, arena tensors live
- * in it at their engine offsets and I/O tensor t at host_io[t]
- * (graph.n_tensors entries); NULL: the context's bindings, buffers and
- * block. */
-kiln_status kiln_context_run_cpu(kiln_context *ctx, int reference, unsigned char *host_block,
-                                 void **host_io);
-
-#ifdef KILN_HAVE_CUDA
-/* ---- the CUDA side of engines and contexts (cuda_runtime.c) ---- */
-
-/* Checks that a GPU is present and that the engine holds code for it. */
-kiln_status kiln_cuda_check_target(const kiln_engine_header_info *info);
-/* Creates the device state and uploads every constant, once per engine. */
-kiln_status kiln_cuda_engine_create(kiln_engine *e);
-/* NULL-safe (e->cuda NULL). */
-void kiln_cuda_engine_destroy(kiln_engine *e);
-/* Device pointer of constant tensor t. */
-void *kiln_cuda_engine_constant(const kiln_engine *e, int32_t t);
-void *kiln_cuda_block_alloc(size_t bytes);
-void kiln_cuda_block_free(void *block);
-
-/* KILN_OK when ptr is device (or managed) memory. */
-kiln_status kiln_cuda_check_binding(const char *name, void *ptr);
-
-kiln_status kiln_cuda_context_create(kiln_context *ctx);
-/* NULL-safe (ctx->cuda NULL); waits for the context's stream first. */
-void kiln_cuda_context_destroy(kiln_context *ctx);
-/* Called when the input shapes change: staging buffers grow here. */
-kiln_status kiln_cuda_context_shapes_changed(kiln_context *ctx);
-kiln_status kiln_cuda_context_enqueue(kiln_context *ctx, void *stream);
-kiln_status kiln_cuda_context_synchronize(kiln_context *ctx);
-kiln_status kiln_cuda_context_run_reference(kiln_context *ctx);
-/* Copies through tensor t's pinned staging buffer; to_device: host -> t. */
-kiln_status kiln_cuda_context_copy(kiln_context *ctx, int32_t t, void *host, size_t bytes,
-                                   int to_device);
-kiln_status kiln_cuda_context_set_graph(kiln_context *ctx, int32_t enable);
-kiln_status kiln_cuda_context_gpu_time(kiln_context *ctx, float *ms);
-/* Creates the per-layer events (ctx->layer_ms is allocated). */
-kiln_status kiln_cuda_context_set_profiling(kiln_context *ctx);
-/* Fills ctx->layer_ms from the last profiled enqueue's events. */
-kiln_status kiln_cuda_context_layer_times(kiln_context *ctx);
-#endif
 
 #endif

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA paths of the command line on any machine: `kiln build --backend
-# cuda` records the target and, without a GPU, says it used heuristic
-# tactics; `kiln inspect` shows the architectures and tactics; `kiln exec`
+# cuda` records the target (the architectures --gpu-arch names) and,
+# without a GPU, says it used heuristic tactics; `kiln inspect` shows the architectures and tactics; `kiln exec`
 # of a cuda engine refuses in one line where no GPU is (and where one is,
 # runs it with --cuda-graph --check); --cuda-graph on a CPU engine is an
 # error; --profile reports every layer.
@@ -37,6 +37,13 @@ if [ "$gpu" -eq 0 ]; then
     fail "build without a GPU: stderr lacks the heuristic-tactics line: $(cat "$ERR")"
   fi
 fi
+
+expect_ok "build for named GPU architectures" "$KILN" build "$TMP/net.json" --backend cuda \
+  --gpu-arch sm_80,90 -o "$TMP/cuda_archs.engine"
+expect_ok "inspect the named architectures" "$KILN" inspect "$TMP/cuda_archs.engine"
+expect_stdout "inspect shows both architectures" 'target cuda \(sm_80, sm_90\)'
+expect_error 2 "a bad --gpu-arch" '--gpu-arch|sm_90' \
+  "$KILN" build "$TMP/net.json" --backend cuda --gpu-arch ampere -o "$TMP/bad.engine"
 
 expect_ok "inspect a cuda engine" "$KILN" inspect "$TMP/cuda.engine"
 expect_stdout "inspect shows the architecture" 'target cuda.*sm_[0-9]+|target cuda.*[0-9]{2}'

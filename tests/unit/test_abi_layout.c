@@ -1,17 +1,31 @@
-/* Pins the layout of every struct of the plugin ABI (plugin.h, types.h) on
- * x86-64 (LP64: pointers and int64_t 8 bytes, aligned to 8; enums 4 bytes).
- * The numbers were worked out by hand from the C layout rules, member by
- * member: plugins built against an older header rely on them, so a change
- * here is an ABI break, never a test to update. Members may only be
- * appended (which grows a sizeof and adds a line here). */
+/* Pins the layout of every public struct: the plugin ABI (plugin.h,
+ * types.h) and the API (builder.h, network.h, llm.h) on x86-64 (LP64:
+ * pointers, size_t and int64_t 8 bytes, aligned to 8; enums 4 bytes). The
+ * numbers were worked out by hand from the C layout rules, member by
+ * member: plugins and programs built against an older header rely on them,
+ * so a change here is an ABI break, never a test to update. Members may
+ * only be appended (which grows a sizeof and adds a line here). */
 #include "test.h"
 
-#include <kiln/plugin.h>
+#include <kiln/kiln.h>
 
 #include <stddef.h>
 
 #define CHECK_OFFSET(type, member, expected) CHECK(offsetof(type, member) == (expected))
 #define CHECK_SIZE(type, expected) CHECK(sizeof(type) == (expected))
+/* A growable struct ends exactly at its last member: no tail padding, so a
+ * member appended later never falls inside the struct_size an older caller
+ * reports (which would make the library read the old caller's padding). */
+#define CHECK_ENDS_AT(type, member) \
+    CHECK(sizeof(type) == offsetof(type, member) + sizeof(((type *)0)->member))
+/* An _init function stores the library's size and KILN_API_VERSION. */
+#define CHECK_INIT(type, init)                                                        \
+    do {                                                                              \
+        type v_;                                                                      \
+        memset(&v_, 0xA5, sizeof v_);                                                 \
+        init(&v_);                                                                    \
+        CHECK(v_.struct_size == sizeof(type) && v_.abi_version == KILN_API_VERSION); \
+    } while (0)
 
 static void test_dims_and_desc(void)
 {
@@ -122,6 +136,146 @@ static void test_host_api(void)
     CHECK(h->abi_version == KILN_PLUGIN_ABI_VERSION);
 }
 
+static void test_builder_and_network(void)
+{
+    CHECK_OFFSET(kiln_build_config, struct_size, 0);
+    CHECK_OFFSET(kiln_build_config, abi_version, 4);
+    CHECK_OFFSET(kiln_build_config, backend, 8);
+    CHECK_OFFSET(kiln_build_config, flags, 12);
+    CHECK_OFFSET(kiln_build_config, n_gpu_archs, 16);
+    CHECK_OFFSET(kiln_build_config, gpu_archs, 20);      /* 8 x 4 bytes, to 52 */
+    CHECK_OFFSET(kiln_build_config, progress, 56);       /* 4 bytes of padding before it */
+    CHECK_OFFSET(kiln_build_config, progress_user, 64);
+    CHECK_SIZE(kiln_build_config, 72);
+    CHECK_ENDS_AT(kiln_build_config, progress_user);
+    CHECK_INIT(kiln_build_config, kiln_build_config_init);
+
+    /* Fixed-layout value types: they never grow. */
+    CHECK_OFFSET(kiln_buffer, data, 0);
+    CHECK_OFFSET(kiln_buffer, size, 8);
+    CHECK_SIZE(kiln_buffer, 16);
+    CHECK_OFFSET(kiln_tensor, id, 0);
+    CHECK_SIZE(kiln_tensor, 4);
+
+    CHECK_OFFSET(kiln_shuffle_desc, struct_size, 0);
+    CHECK_OFFSET(kiln_shuffle_desc, abi_version, 4);
+    CHECK_OFFSET(kiln_shuffle_desc, has_first_transpose, 8);
+    CHECK_OFFSET(kiln_shuffle_desc, first_transpose, 12);     /* 8 x 4 bytes, to 44 */
+    CHECK_OFFSET(kiln_shuffle_desc, has_reshape, 44);
+    CHECK_OFFSET(kiln_shuffle_desc, reshape, 48);             /* kiln_dims, 72 bytes */
+    CHECK_OFFSET(kiln_shuffle_desc, has_second_transpose, 120);
+    CHECK_OFFSET(kiln_shuffle_desc, second_transpose, 124);   /* to 156 */
+    CHECK_OFFSET(kiln_shuffle_desc, reserved, 156);
+    CHECK_SIZE(kiln_shuffle_desc, 160);
+    CHECK_ENDS_AT(kiln_shuffle_desc, reserved);
+    CHECK_INIT(kiln_shuffle_desc, kiln_shuffle_desc_init);
+}
+
+static void test_llm(void)
+{
+    CHECK_OFFSET(kiln_llm_build_options, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_build_options, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_build_options, dtype, 8);
+    CHECK_OFFSET(kiln_llm_build_options, native, 12);
+    CHECK_OFFSET(kiln_llm_build_options, max_batch, 16);
+    CHECK_OFFSET(kiln_llm_build_options, max_seq_len, 20);
+    CHECK_OFFSET(kiln_llm_build_options, max_tokens, 24);
+    CHECK_OFFSET(kiln_llm_build_options, block_size, 28);
+    CHECK_OFFSET(kiln_llm_build_options, tokenizer, 32);
+    CHECK_OFFSET(kiln_llm_build_options, progress, 40);
+    CHECK_OFFSET(kiln_llm_build_options, progress_user, 48);
+    CHECK_OFFSET(kiln_llm_build_options, backend, 56);
+    CHECK_OFFSET(kiln_llm_build_options, reserved, 60);
+    CHECK_SIZE(kiln_llm_build_options, 64);
+    CHECK_ENDS_AT(kiln_llm_build_options, reserved);
+    CHECK_INIT(kiln_llm_build_options, kiln_llm_build_options_init);
+
+    CHECK_OFFSET(kiln_llm_options, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_options, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_options, kv_cache_mb, 8);
+    CHECK_OFFSET(kiln_llm_options, kv_cache_blocks, 16);
+    CHECK_OFFSET(kiln_llm_options, reserved, 20);
+    CHECK_SIZE(kiln_llm_options, 24);
+    CHECK_ENDS_AT(kiln_llm_options, reserved);
+    CHECK_INIT(kiln_llm_options, kiln_llm_options_init);
+
+    CHECK_OFFSET(kiln_llm_info, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_info, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_info, architecture, 8);
+    CHECK_OFFSET(kiln_llm_info, chat_template, 16);
+    CHECK_OFFSET(kiln_llm_info, dtype, 24);
+    CHECK_OFFSET(kiln_llm_info, vocab_size, 28);
+    CHECK_OFFSET(kiln_llm_info, n_layers, 32);
+    CHECK_OFFSET(kiln_llm_info, max_seq_len, 36);
+    CHECK_OFFSET(kiln_llm_info, max_batch, 40);
+    CHECK_OFFSET(kiln_llm_info, max_tokens, 44);
+    CHECK_OFFSET(kiln_llm_info, block_size, 48);
+    CHECK_OFFSET(kiln_llm_info, n_blocks, 52);
+    CHECK_OFFSET(kiln_llm_info, cache_tokens, 56);
+    CHECK_OFFSET(kiln_llm_info, cache_bytes, 64);
+    CHECK_OFFSET(kiln_llm_info, bos_id, 72);
+    CHECK_OFFSET(kiln_llm_info, n_eos, 76);
+    CHECK_OFFSET(kiln_llm_info, eos_ids, 80);
+    CHECK_SIZE(kiln_llm_info, 88);
+    CHECK_ENDS_AT(kiln_llm_info, eos_ids);
+
+    CHECK_OFFSET(kiln_llm_sampling, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_sampling, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_sampling, temperature, 8);
+    CHECK_OFFSET(kiln_llm_sampling, top_k, 12);
+    CHECK_OFFSET(kiln_llm_sampling, top_p, 16);
+    CHECK_OFFSET(kiln_llm_sampling, min_p, 20);
+    CHECK_OFFSET(kiln_llm_sampling, repetition_penalty, 24);
+    CHECK_OFFSET(kiln_llm_sampling, presence_penalty, 28);
+    CHECK_OFFSET(kiln_llm_sampling, frequency_penalty, 32);
+    CHECK_OFFSET(kiln_llm_sampling, reserved, 36);
+    CHECK_OFFSET(kiln_llm_sampling, seed, 40);
+    CHECK_SIZE(kiln_llm_sampling, 48);
+    CHECK_ENDS_AT(kiln_llm_sampling, seed);
+    CHECK_INIT(kiln_llm_sampling, kiln_llm_sampling_init);
+
+    CHECK_OFFSET(kiln_llm_request, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_request, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_request, prompt, 8);
+    CHECK_OFFSET(kiln_llm_request, prompt_len, 16);
+    CHECK_OFFSET(kiln_llm_request, prompt_ids, 24);
+    CHECK_OFFSET(kiln_llm_request, n_prompt_ids, 32);
+    CHECK_OFFSET(kiln_llm_request, max_tokens, 40);
+    CHECK_OFFSET(kiln_llm_request, ignore_eos, 44);
+    CHECK_OFFSET(kiln_llm_request, sampling, 48);
+    CHECK_OFFSET(kiln_llm_request, stop, 56);
+    CHECK_OFFSET(kiln_llm_request, n_stop, 64);
+    CHECK_OFFSET(kiln_llm_request, reserved, 68);
+    CHECK_SIZE(kiln_llm_request, 72);
+    CHECK_ENDS_AT(kiln_llm_request, reserved);
+    CHECK_INIT(kiln_llm_request, kiln_llm_request_init);
+
+    CHECK_OFFSET(kiln_llm_result, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_result, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_result, prompt_ids, 8);
+    CHECK_OFFSET(kiln_llm_result, n_prompt_ids, 16);
+    CHECK_OFFSET(kiln_llm_result, ids, 24);
+    CHECK_OFFSET(kiln_llm_result, n_ids, 32);
+    CHECK_OFFSET(kiln_llm_result, text, 40);
+    CHECK_OFFSET(kiln_llm_result, text_len, 48);
+    CHECK_OFFSET(kiln_llm_result, finish, 56);
+    CHECK_OFFSET(kiln_llm_result, reserved, 60);
+    CHECK_OFFSET(kiln_llm_result, prompt_ms, 64);
+    CHECK_OFFSET(kiln_llm_result, generate_ms, 72);
+    CHECK_OFFSET(kiln_llm_result, prompt_tok_s, 80);
+    CHECK_OFFSET(kiln_llm_result, generate_tok_s, 88);
+    CHECK_SIZE(kiln_llm_result, 96);
+    CHECK_ENDS_AT(kiln_llm_result, generate_tok_s);
+
+    CHECK_OFFSET(kiln_llm_message, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_message, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_message, role, 8);
+    CHECK_OFFSET(kiln_llm_message, content, 16);
+    CHECK_SIZE(kiln_llm_message, 24);
+    CHECK_ENDS_AT(kiln_llm_message, content);
+    CHECK_INIT(kiln_llm_message, kiln_llm_message_init);
+}
+
 /* Enum values cross the boundary too (and are stored in engine files). */
 static void test_enum_values(void)
 {
@@ -142,11 +296,19 @@ static void test_enum_values(void)
     CHECK(KILN_PLUGIN_FLAG_CAPTURE_SAFE == 1u);
     CHECK(KILN_BACKEND_BIT(KILN_BACKEND_CUDA) == 2u);
     CHECK(KILN_MAX_RANK == 8);
+    CHECK(KILN_API_VERSION == 1u);
+    CHECK(KILN_FOURCC('L', 'L', 'M', 'C') == 0x434d4c4cu); /* bytes 'L' 'L' 'M' 'C' in file order */
+    CHECK(KILN_BUILD_NO_FUSION == 1u && KILN_BUILD_NO_CONSTANT_FOLDING == 2u);
+    CHECK(KILN_LOG_ERROR == 0 && KILN_LOG_WARNING == 1 && KILN_LOG_INFO == 2 && KILN_LOG_DEBUG == 3);
+    CHECK(KILN_LLM_FINISH_LENGTH == 0 && KILN_LLM_FINISH_EOS == 1 && KILN_LLM_FINISH_STOP == 2 &&
+          KILN_LLM_FINISH_CANCELLED == 3);
+    CHECK(KILN_LLM_TOKENIZE_ADD_SPECIAL == 1u && KILN_LLM_TOKENIZE_PARSE_SPECIAL == 2u);
 }
 
 static const test_case_ tests[] = {
-    TEST(test_dims_and_desc), TEST(test_shape_expr), TEST(test_fields),     TEST(test_plugin_ops),
-    TEST(test_creator),       TEST(test_host_api),   TEST(test_enum_values),
+    TEST(test_dims_and_desc), TEST(test_shape_expr), TEST(test_fields),
+    TEST(test_plugin_ops),    TEST(test_creator),    TEST(test_host_api),
+    TEST(test_builder_and_network), TEST(test_llm),  TEST(test_enum_values),
 };
 
 TEST_MAIN(tests)

@@ -4,7 +4,7 @@
 
 #include "llm/chat_template.h"
 
-static int renders(kiln_llm_chat_template t, const kiln_llm_message *m, size_t n, int gen, const char *sys,
+static int renders(kiln_llm_chat_template t, const kiln_chat_message *m, size_t n, int gen, const char *sys,
                    const char *want)
 {
     char *out = NULL;
@@ -18,7 +18,7 @@ static int renders(kiln_llm_chat_template t, const kiln_llm_message *m, size_t n
     return ok;
 }
 
-static const kiln_llm_message convo[3] = {
+static const kiln_chat_message convo[3] = {
     {"user", "Hi there"},
     {"assistant", "Hello! How can I help?"},
     {"user", "What is 2+2?"},
@@ -37,14 +37,14 @@ static void test_chatml(void)
                   "<|im_start|>assistant\nHello! How can I help?<|im_end|>\n"
                   "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"));
     /* A given system message replaces the default. */
-    kiln_llm_message m[2] = {{"system", "Be terse."}, {"user", "Hi"}};
+    kiln_chat_message m[2] = {{"system", "Be terse."}, {"user", "Hi"}};
     CHECK(renders(KILN_LLM_CHAT_CHATML, m, 2, 0, "default",
                   "<|im_start|>system\nBe terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"));
 }
 
 static void test_llama3(void)
 {
-    kiln_llm_message m[2] = {{"system", "Be terse. "}, {"user", "  Hi\n"}};
+    kiln_chat_message m[2] = {{"system", "Be terse. "}, {"user", "  Hi\n"}};
     /* Contents are trimmed ({{ message['content'] | trim }}). */
     CHECK(renders(KILN_LLM_CHAT_LLAMA3, m, 2, 1, NULL,
                   "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe terse.<|eot_id|>"
@@ -61,16 +61,16 @@ static void test_llama2(void)
 {
     CHECK(renders(KILN_LLM_CHAT_LLAMA2, convo, 3, 1, NULL,
                   "<s>[INST] Hi there [/INST] Hello! How can I help? </s><s>[INST] What is 2+2? [/INST]"));
-    kiln_llm_message m[2] = {{"system", "Be terse."}, {"user", "Hi"}};
+    kiln_chat_message m[2] = {{"system", "Be terse."}, {"user", "Hi"}};
     CHECK(renders(KILN_LLM_CHAT_LLAMA2, m, 2, 1, NULL,
                   "<s>[INST] <<SYS>>\nBe terse.\n<</SYS>>\n\nHi [/INST]"));
     /* Turns must alternate; a late system message is refused. */
-    kiln_llm_message bad[2] = {{"user", "a"}, {"user", "b"}};
+    kiln_chat_message bad[2] = {{"user", "a"}, {"user", "b"}};
     char *out = NULL;
     size_t len = 0;
     CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_LLAMA2, bad, 2, 1, NULL, NULL, &out, &len),
                 KILN_ERROR_INVALID_ARGUMENT, "alternate");
-    kiln_llm_message late[2] = {{"user", "a"}, {"system", "b"}};
+    kiln_chat_message late[2] = {{"user", "a"}, {"system", "b"}};
     CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_LLAMA2, late, 2, 1, NULL, NULL, &out, &len),
                 KILN_ERROR_INVALID_ARGUMENT, "only the first");
 }
@@ -81,7 +81,7 @@ static void test_errors(void)
     size_t len = 0;
     CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_NONE, convo, 1, 1, NULL, NULL, &out, &len), KILN_ERROR_UNSUPPORTED,
                 "no chat template");
-    kiln_llm_message m[1] = {{"tool", "x"}};
+    kiln_chat_message m[1] = {{"tool", "x"}};
     CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_CHATML, m, 1, 1, NULL, NULL, &out, &len),
                 KILN_ERROR_INVALID_ARGUMENT, "unknown role \"tool\"");
     CHECK(out == NULL);

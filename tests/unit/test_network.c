@@ -411,7 +411,7 @@ static void test_concat_slice_gather(void)
 static kiln_shuffle_desc reshape_desc(kiln_dims r)
 {
     kiln_shuffle_desc d;
-    memset(&d, 0, sizeof d);
+    kiln_shuffle_desc_init(&d);
     d.has_reshape = 1;
     d.reshape = r;
     return d;
@@ -501,12 +501,17 @@ static void test_shuffle(void)
     CHECK(net->graph.n_constraints == ncs);
     CHECK(dims_eq(eval_at(net, c, (int64_t[]){2, 3, 12, 5}), DIMS(2, 3)));
     kiln_shuffle_desc t;
-    memset(&t, 0, sizeof t);
+    kiln_shuffle_desc_init(&t);
     t.has_first_transpose = 1;
     t.first_transpose[0] = 0;
     t.first_transpose[1] = 0;
     CHECK_FAILS(kiln_network_add_shuffle(net, "perm", c, &t, &out), KILN_ERROR_INVALID_ARGUMENT, "not a permutation");
     t.first_transpose[0] = 1;
+    /* A desc never set up with kiln_shuffle_desc_init is refused. */
+    t.struct_size = 0;
+    CHECK_FAILS(kiln_network_add_shuffle(net, "perm", c, &t, &out), KILN_ERROR_INVALID_ARGUMENT,
+                "struct_size 0 is too small");
+    t.struct_size = sizeof t;
     CHECK_OK(kiln_network_add_shuffle(net, "perm", c, &t, &out));
     CHECK(dims_eq(eval_at(net, out, sym), DIMS(3, 2)));
     kiln_network_destroy(net);

@@ -1,4 +1,5 @@
 /* kiln build NET.json -o OUT.engine: network JSON to engine file. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,9 @@ static const char build_help[] =
     "  -o, --output FILE   engine file to write (required)\n"
     "  --plugins LIB       load a plugin library first (repeatable)\n"
     "  --backend NAME      cpu (default) or cuda\n"
+    "  --gpu-arch LIST     cuda: the GPU architectures the engine is for, e.g. 90 or\n"
+    "                      sm_80,sm_90 (default: this machine's GPU, else the ones\n"
+    "                      kiln's CUDA kernels were built for)\n"
     "  --no-fusion         skip elementwise fusion\n"
     "  --verbose           log what each build pass did\n"
     "  -h, --help          show this help\n";
@@ -40,6 +44,28 @@ static void progress_bar(void *user, double fraction, const char *what)
     *drawn = 1;
 }
 
+/* "90", "sm_90" or a comma-separated list of them into config->gpu_archs. */
+static int parse_gpu_archs(const char *list, kiln_build_config *config)
+{
+    int32_t n = 0;
+    const char *p = list;
+    for (;;) {
+        if (!strncmp(p, "sm_", 3))
+            p += 3;
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v <= 0 || v > 1000 || (*end && *end != ',') || n == 8)
+            return cli_usage("build", "--gpu-arch \"%s\": expected up to 8 architectures like 90 or sm_90, "
+                             "comma-separated", list);
+        config->gpu_archs[n++] = (int32_t)v;
+        if (!*end)
+            break;
+        p = end + 1;
+    }
+    config->n_gpu_archs = n;
+    return CLI_OK;
+}
+
 /* A checkpoint (HF directory, .gguf, llama2.c .bin) builds an LLM engine:
  * tools/kiln/build_llm.c. */
 int cli_build_is_checkpoint(int argc, char **argv);
@@ -49,7 +75,7 @@ int cli_build(int argc, char **argv)
 {
     if (cli_build_is_checkpoint(argc, argv))
         return cli_build_llm(argc, argv);
-    static const char *const valued[] = {"-o", "--output", "--plugins", "--backend", NULL};
+    static const char *const valued[] = {"-o", "--output", "--plugins", "--backend", "--gpu-arch", NULL};
     cli_args a;
     cli_args_init(&a, "build", argc, argv);
     const char **libs = calloc((size_t)argc + 1, sizeof *libs);
@@ -74,6 +100,9 @@ int cli_build(int argc, char **argv)
                 status = cli_usage("build", "unknown backend \"%s\" (cpu or cuda)", val);
                 goto done;
             }
+        } else if (!strcmp(opt, "--gpu-arch")) {
+            if ((status = parse_gpu_archs(val, &config)) != CLI_OK)
+                goto done;
         } else if (!strcmp(opt, "--no-fusion")) {
             config.flags |= KILN_BUILD_NO_FUSION;
         } else if (!strcmp(opt, "--verbose")) {
@@ -121,17 +150,23 @@ int cli_build(int argc, char **argv)
         status = cli_kiln_error();
     } else {
         /* Reading back what was written gives the planned figures. */
-        cli_engine_image img;
-        if (cli_engine_map(out, &img) != KILN_OK) {
+        char *text = NULL;
+        json_t *d = NULL;
+        if (kiln_engine_describe_file_json(reg, out, &text) != KILN_OK) {
             status = cli_kiln_error();
+        } else if (!(d = json_loads(text, 0, NULL))) {
+            status = cli_error("cannot parse the engine description");
         } else {
-            printf("built %s: %d layers (%d in the network), arena %zu bytes, workspace %zu bytes, "
-                   "engine %zu bytes, target %s\n",
-                   out, (int)img.graph.n_layers, (int)kiln_network_num_layers(net),
-                   img.graph.arena_size, img.graph.workspace_size, img.size,
-                   kiln_backend_name(img.info.backend));
-            cli_engine_unmap(&img);
+            json_t *mem = json_object_get(d, "memory");
+            printf("built %s: %zu layers (%d in the network), arena %lld bytes, workspace %lld bytes, "
+                   "engine %lld bytes, target %s\n",
+                   out, json_array_size(json_object_get(d, "layers")), (int)kiln_network_num_layers(net),
+                   cli_json_int(mem, "arena_bytes"), cli_json_int(mem, "workspace_bytes"),
+                   cli_json_int(json_object_get(d, "header"), "file_size"),
+                   cli_json_str(json_object_get(d, "target"), "backend"));
         }
+        json_decref(d);
+        kiln_free(text);
     }
     kiln_network_destroy(net);
     kiln_registry_destroy(reg);

@@ -8,7 +8,6 @@
 #include <unistd.h>
 
 #include "cli.h"
-#include "llm/model.h"
 
 int cli_build_is_checkpoint(int argc, char **argv);
 int cli_build_llm(int argc, char **argv);
@@ -85,13 +84,35 @@ static int parse_i32(const char *opt, const char *val, int32_t *out) {
     return CLI_OK;
 }
 
+/* One line on what was built, from the engine's own LLM description. */
+static void print_summary(const char *out)
+{
+    char *text = NULL;
+    if (kiln_llm_describe_json(out, &text) != KILN_OK) {
+        printf("built %s\n", out);
+        return;
+    }
+    json_t *c = json_loads(text, 0, NULL);
+    kiln_free(text);
+    const char *quantized = json_string_value(json_object_get(c, "quantized_weights"));
+    const char *ct = json_string_value(json_object_get(c, "chat_template"));
+    struct stat sb;
+    long long bytes = stat(out, &sb) == 0 ? (long long)sb.st_size : -1;
+    printf("built %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %s%s%s, max %lld tokens x %lld "
+           "sequences, chat template %s, %lld bytes\n",
+           out, cli_json_str(c, "architecture"), cli_json_int(c, "n_layers"), cli_json_int(c, "hidden_size"), cli_json_int(c, "n_heads"),
+           cli_json_int(c, "n_kv_heads"), cli_json_int(c, "vocab_size"), cli_json_str(c, "dtype"), quantized ? " with matmul weights " : "",
+           quantized ? quantized : "", cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"), ct ? ct : "none", bytes);
+    json_decref(c);
+}
+
 int cli_build_llm(int argc, char **argv) {
     cli_args a;
     cli_args_init(&a, "build", argc, argv);
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
-    const char *out = NULL, *tokenizer = NULL, *o, *val;
-    int status = CLI_OK, verbose = 0, dtype_given = 0;
+    const char *out = NULL, *o, *val;
+    int status = CLI_OK, verbose = 0;
     while ((o = cli_args_next(&a, llm_valued, &val))) {
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             fputs(build_llm_help, stdout);
@@ -99,7 +120,6 @@ int cli_build_llm(int argc, char **argv) {
         } else if (!strcmp(o, "-o") || !strcmp(o, "--output")) {
             out = val;
         } else if (!strcmp(o, "--dtype")) {
-            dtype_given = 1;
             opt.native = !strcmp(val, "native");
             if (opt.native)
                 opt.dtype = KILN_DTYPE_F32;
@@ -126,7 +146,7 @@ int cli_build_llm(int argc, char **argv) {
             if ((status = parse_i32(o, val, &opt.block_size)) != CLI_OK)
                 goto done;
         } else if (!strcmp(o, "--tokenizer")) {
-            tokenizer = val;
+            opt.tokenizer = val;
         } else if (!strcmp(o, "--backend")) {
             if (strcmp(val, "cpu") != 0) {
                 status = cli_usage("build", "LLM engines are built for --backend cpu only");
@@ -154,7 +174,7 @@ int cli_build_llm(int argc, char **argv) {
     if ((status = cli_check_output("build", out)) != CLI_OK)
         goto done;
     const char *src = a.positional[0];
-    if (ends_with(src, ".bin") && !tokenizer) {
+    if (ends_with(src, ".bin") && !opt.tokenizer) {
         status = cli_usage("build", "a llama2.c checkpoint needs --tokenizer tokenizer.bin");
         goto done;
     }
@@ -165,49 +185,13 @@ int cli_build_llm(int argc, char **argv) {
         opt.progress = progress_bar;
         opt.progress_user = &drawn;
     }
-    kiln_llm_checkpoint *ck = NULL;
-    kiln_status s;
-    struct stat sb;
-    if (stat(src, &sb) == 0 && S_ISDIR(sb.st_mode))
-        s = kiln_llm_import_hf(src, &ck);
-    else if (ends_with(src, ".gguf")) {
-        s = kiln_llm_import_gguf(src, &ck);
-        opt.native |= !dtype_given;
-    }
-    else
-        s = kiln_llm_import_llama2c(src, tokenizer, &ck);
-    if (s != KILN_OK) {
-        status = cli_kiln_error();
-        goto done;
-    }
-    kiln_registry *reg = NULL;
-    if ((status = cli_registry(NULL, 0, &reg)) != CLI_OK) {
-        kiln_llm_checkpoint_free(ck);
-        goto done;
-    }
-    kiln_buffer buf = {0};
-    s = kiln_llm_build_engine(ck, &opt, reg, NULL, &buf);
+    kiln_status s = kiln_llm_build(src, &opt, out);
     if (drawn)
         fputc('\n', stderr);
-    if (s == KILN_OK) {
-        if (kiln_buffer_write_file(&buf, out) != KILN_OK) {
-            status = cli_kiln_error();
-        } else {
-            const kiln_llm_config *c = &ck->config;
-            const char *ct = kiln_llm_chat_template_name(c->chat_template);
-            printf("built %s: %s, %d layers, hidden %d, %d/%d heads, vocab %d, %s%s%s, max %d tokens x %d "
-                   "sequences, chat template %s, %zu bytes\n",
-                   out, c->architecture, c->n_layers, c->hidden_size, c->n_heads, c->n_kv_heads, c->vocab_size,
-                   c->dtype == KILN_DTYPE_F32 ? "f32" : c->dtype == KILN_DTYPE_F16 ? "f16" : "bf16",
-                   c->quantized[0] ? " with matmul weights " : "", c->quantized, c->max_seq_len,
-                   c->max_batch, ct ? ct : "none", buf.size);
-        }
-    } else {
+    if (s != KILN_OK)
         status = cli_kiln_error();
-    }
-    kiln_buffer_free(&buf);
-    kiln_registry_destroy(reg);
-    kiln_llm_checkpoint_free(ck);
+    else
+        print_summary(out);
 done:
     cli_args_free(&a);
     return status;
@@ -215,91 +199,51 @@ done:
 
 /* ---- inspect ------------------------------------------------------------ */
 
-/* kind, vocabulary size, BOS and EOS of a TOKN section. */
-static json_t *tokenizer_summary(const void *data, size_t size) {
-    kiln_tokenizer *tok = NULL;
-    if (kiln_tokenizer_deserialize(data, size, &tok) != KILN_OK)
-        return json_pack("{s:s}", "error", kiln_last_error());
-    const char *kind = "unknown";
-    const char *body = memchr(data, '\n', size);
-    if (size > 22 && memcmp((const char *)data + 17, "vocab", 5) == 0 && body) {
-        json_t *v = json_loadb(body + 1, size - (size_t)(body + 1 - (const char *)data), 0, NULL);
-        const char *k = json_string_value(json_object_get(v, "kind"));
-        kind = k && !strcmp(k, "spm") ? "spm" : k ? "byte_bpe" : kind;
-        json_decref(v);
-    } else if (body) {
-        /* tokenizer.json: byte fallback marks the SentencePiece style */
-        kind = memmem(body, size - (size_t)(body - (const char *)data), "\"byte_fallback\": true", 21) ||
-                       memmem(body, size - (size_t)(body - (const char *)data), "\"byte_fallback\":true", 20)
-                   ? "spm (tokenizer.json)"
-                   : "byte_bpe (tokenizer.json)";
-    }
-    json_t *o = json_pack("{s:s,s:i,s:i,s:i}", "kind", kind, "vocab_size", (json_int_t)kiln_tokenizer_vocab_size(tok),
-                          "bos", (json_int_t)kiln_tokenizer_bos_id(tok), "eos", (json_int_t)kiln_tokenizer_eos_id(tok));
-    kiln_tokenizer_free(tok);
-    return o;
-}
-
 void cli_inspect_llm(const char *path, json_t *root, int as_json) {
-    cli_engine_image img = {0};
-    if (cli_engine_map(path, &img) != KILN_OK)
+    char *text = NULL;
+    if (kiln_llm_describe_json(path, &text) != KILN_OK)
         return;
-    json_t *llm = NULL, *tok = NULL;
-    for (int32_t i = 0; i < img.graph.n_sections; i++) {
-        const kiln_section_rec *s = &img.graph.sections[i];
-        if (s->id == KILN_LLM_SECTION_CONFIG) {
-            llm = json_loadb(s->data, s->size, 0, NULL);
-            if (!llm)
-                llm = json_pack("{s:s}", "error", "LLMC section is not valid JSON");
-        } else if (s->id == KILN_LLM_SECTION_TOKENIZER) {
-            tok = tokenizer_summary(s->data, s->size);
-        }
-    }
-    cli_engine_unmap(&img);
-    if (!llm) {
-        json_decref(tok);
+    json_t *c = json_loads(text, 0, NULL);
+    kiln_free(text);
+    if (!c)
         return;
-    }
-    if (tok)
-        json_object_set_new(llm, "tokenizer", tok);
     if (as_json) {
-        json_object_set_new(root, "llm", llm);
+        json_object_set_new(root, "llm", c);
         return;
     }
-    kiln_llm_config c;
-    char *text = json_dumps(llm, JSON_COMPACT);
-    if (text && kiln_llm_config_from_json(text, strlen(text), &c) == KILN_OK) {
-        const char *ct = kiln_llm_chat_template_name(c.chat_template);
-        printf("LLM engine: %s from %s\n", c.architecture, c.source);
-        printf("  %d layers, hidden %d, intermediate %d, %d heads / %d kv heads x %d, vocab %d, %s embeddings\n",
-               c.n_layers, c.hidden_size, c.intermediate_size, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size,
-               c.tied_embeddings ? "tied" : "untied");
-        printf("  rms_norm_eps %g, rope theta %g scaling %s%s, qkv bias %s, dtype %s%s%s\n", c.rms_norm_eps,
-               c.rope.theta,
-               c.rope.scaling == KILN_LLM_ROPE_LLAMA3 ? "llama3" : c.rope.scaling == KILN_LLM_ROPE_LINEAR ? "linear"
-                                                                                                   : "none",
-               c.rope.interleaved ? " (interleaved)" : "", c.qkv_bias ? "yes" : "no",
-               c.dtype == KILN_DTYPE_F32 ? "f32" : c.dtype == KILN_DTYPE_F16 ? "f16" : "bf16",
-               c.quantized[0] ? ", matmul weights " : "", c.quantized);
-        printf("  limits: %d tokens per sequence, %d sequences, %d tokens per step, KV block %d\n", c.max_seq_len,
-               c.max_batch, c.max_tokens, c.block_size);
-        printf("  special tokens: bos %d%s, eos", c.bos_id, c.add_bos ? " (added)" : "");
-        for (int32_t i = 0; i < c.n_eos; i++)
-            printf(" %d", c.eos_ids[i]);
-        printf("%s; chat template %s\n", c.n_eos ? "" : " none", ct ? ct : "none");
+    json_t *err = json_object_get(c, "error");
+    if (err) {
+        printf("LLM engine: LLMC section does not parse: %s\n", json_string_value(err));
     } else {
-        printf("LLM engine: LLMC section does not parse: %s\n", text ? kiln_last_error() : "out of memory");
+        json_t *rope = json_object_get(c, "rope");
+        const char *quantized = json_string_value(json_object_get(c, "quantized_weights"));
+        const char *ct = json_string_value(json_object_get(c, "chat_template"));
+        printf("LLM engine: %s from %s\n", cli_json_str(c, "architecture"), cli_json_str(c, "source"));
+        printf("  %lld layers, hidden %lld, intermediate %lld, %lld heads / %lld kv heads x %lld, vocab %lld, %s "
+               "embeddings\n",
+               cli_json_int(c, "n_layers"), cli_json_int(c, "hidden_size"), cli_json_int(c, "intermediate_size"), cli_json_int(c, "n_heads"),
+               cli_json_int(c, "n_kv_heads"), cli_json_int(c, "head_dim"), cli_json_int(c, "vocab_size"),
+               json_is_true(json_object_get(c, "tied_embeddings")) ? "tied" : "untied");
+        printf("  rms_norm_eps %g, rope theta %g scaling %s%s, qkv bias %s, dtype %s%s%s\n",
+               json_number_value(json_object_get(c, "rms_norm_eps")), json_number_value(json_object_get(rope, "theta")),
+               cli_json_str(rope, "scaling"), json_is_true(json_object_get(rope, "interleaved")) ? " (interleaved)" : "",
+               json_is_true(json_object_get(c, "qkv_bias")) ? "yes" : "no", cli_json_str(c, "dtype"),
+               quantized ? ", matmul weights " : "", quantized ? quantized : "");
+        printf("  limits: %lld tokens per sequence, %lld sequences, %lld tokens per step, KV block %lld\n",
+               cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"), cli_json_int(c, "max_tokens"), cli_json_int(c, "block_size"));
+        json_t *bos = json_object_get(c, "bos_id"), *eos = json_object_get(c, "eos_ids");
+        printf("  special tokens: bos %lld%s, eos", json_is_integer(bos) ? (long long)json_integer_value(bos) : -1LL,
+               json_is_true(json_object_get(c, "add_bos")) ? " (added)" : "");
+        for (size_t i = 0; i < json_array_size(eos); i++)
+            printf(" %lld", (long long)json_integer_value(json_array_get(eos, i)));
+        printf("%s; chat template %s\n", json_array_size(eos) ? "" : " none", ct ? ct : "none");
     }
-    free(text);
-    if (tok) {
-        json_t *e = json_object_get(tok, "error");
-        if (e)
-            printf("  tokenizer: does not load: %s\n", json_string_value(e));
-        else
-            printf("  tokenizer: %s, %lld tokens, bos %lld, eos %lld\n", json_string_value(json_object_get(tok, "kind")),
-                   (long long)json_integer_value(json_object_get(tok, "vocab_size")),
-                   (long long)json_integer_value(json_object_get(tok, "bos")),
-                   (long long)json_integer_value(json_object_get(tok, "eos")));
-    }
-    json_decref(llm);
+    json_t *tok = json_object_get(c, "tokenizer");
+    json_t *e = json_object_get(tok, "error");
+    if (e)
+        printf("  tokenizer: does not load: %s\n", json_string_value(e));
+    else if (tok)
+        printf("  tokenizer: %s, %lld tokens, bos %lld, eos %lld\n", cli_json_str(tok, "kind"), cli_json_int(tok, "vocab_size"),
+               cli_json_int(tok, "bos"), cli_json_int(tok, "eos"));
+    json_decref(c);
 }

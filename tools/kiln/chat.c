@@ -28,7 +28,7 @@ static const char chat_help[] =
     "  -h, --help               show this help\n";
 
 typedef struct conversation {
-    kiln_llm_message *msgs;
+    kiln_llm_message **msgs;
     char **owned;          /* the contents this side copied */
     size_t n, cap;
 } conversation;
@@ -37,7 +37,7 @@ static int conv_add(conversation *c, const char *role, const char *content, size
 {
     if (c->n == c->cap) {
         size_t cap = c->cap ? c->cap * 2 : 16;
-        kiln_llm_message *m = realloc(c->msgs, sizeof *m * cap);
+        kiln_llm_message **m = realloc(c->msgs, sizeof *m * cap);
         if (m)
             c->msgs = m;
         char **o = realloc(c->owned, sizeof *o * cap);
@@ -48,26 +48,38 @@ static int conv_add(conversation *c, const char *role, const char *content, size
         c->cap = cap;
     }
     char *copy = malloc(len + 1);
-    if (!copy)
+    kiln_llm_message *m = malloc(sizeof *m);
+    if (!copy || !m) {
+        free(copy);
+        free(m);
         return cli_error("out of memory");
+    }
     memcpy(copy, content, len);
     copy[len] = '\0';
+    kiln_llm_message_init(m);
+    m->role = role;
+    m->content = copy;
     c->owned[c->n] = copy;
-    c->msgs[c->n++] = (kiln_llm_message){role, copy};
+    c->msgs[c->n++] = m;
     return CLI_OK;
 }
 
 static void conv_truncate(conversation *c, size_t n)
 {
-    while (c->n > n)
-        free(c->owned[--c->n]);
+    while (c->n > n) {
+        c->n--;
+        free(c->owned[c->n]);
+        free(c->msgs[c->n]);
+    }
 }
 
 /* Removes messages [at, at + k). */
 static void conv_remove(conversation *c, size_t at, size_t k)
 {
-    for (size_t i = at; i < at + k; i++)
+    for (size_t i = at; i < at + k; i++) {
         free(c->owned[i]);
+        free(c->msgs[i]);
+    }
     memmove(c->msgs + at, c->msgs + at + k, sizeof *c->msgs * (c->n - at - k));
     memmove(c->owned + at, c->owned + at + k, sizeof *c->owned * (c->n - at - k));
     c->n -= k;
@@ -152,11 +164,10 @@ static void chat_skip(size_t line_no, const char *why)
 static int fit_conversation(kiln_llm *llm, conversation *c, size_t base, size_t room, size_t line_no,
                             int32_t **ids, size_t *n_ids)
 {
-    kiln_llm_info info;
-    kiln_llm_info_get(llm, &info);
-    size_t max = (size_t)info.max_seq_len, dropped = 0;
+    size_t max = (size_t)kiln_llm_info_get(llm)->max_seq_len, dropped = 0;
     for (;;) {
-        if (kiln_llm_chat_tokenize(llm, c->msgs, c->n, ids, n_ids) != KILN_OK) {
+        if (kiln_llm_chat_tokenize(llm, (const kiln_llm_message *const *)c->msgs, c->n, ids, n_ids) !=
+            KILN_OK) {
             chat_skip(line_no, kiln_last_error());
             conv_truncate(c, c->n - 1);
             return CLI_FAILURE;
@@ -164,7 +175,7 @@ static int fit_conversation(kiln_llm *llm, conversation *c, size_t base, size_t 
         int only_newest = c->n - base <= 1;
         if (*n_ids + (only_newest ? 1 : room) <= max)
             break;
-        free(*ids);
+        kiln_free(*ids);
         *ids = NULL;
         if (only_newest) {
             char why[160];
@@ -196,12 +207,10 @@ static int chat_loop(kiln_llm *llm, const char *system, long max_tokens, kiln_ll
     char *line = NULL;
     size_t line_cap = 0;
     int too_long, got;
-    kiln_llm_info info;
-    kiln_llm_info_get(llm, &info);
+    size_t max_seq = (size_t)kiln_llm_info_get(llm)->max_seq_len;
     /* Room kept for an answer when old turns must go: the answer's limit,
      * but never more than half the context. */
-    size_t room = (size_t)max_tokens < (size_t)info.max_seq_len / 2 ? (size_t)max_tokens
-                                                                     : (size_t)info.max_seq_len / 2;
+    size_t room = (size_t)max_tokens < max_seq / 2 ? (size_t)max_tokens : max_seq / 2;
     while (st == CLI_OK && (got = read_line(&line, &line_cap, &len, &too_long)) != 0) {
         if (got < 0) {
             st = cli_error("out of memory reading a message");
@@ -238,27 +247,28 @@ static int chat_loop(kiln_llm *llm, const char *system, long max_tokens, kiln_ll
         kiln_llm_request req;
         kiln_llm_request_init(&req);
         if ((st = cli_llm_fit_max_tokens(llm, n_ids, max_tokens, &req.max_tokens)) != CLI_OK) {
-            free(ids);
+            kiln_free(ids);
             break;
         }
         req.prompt_ids = ids;
         req.n_prompt_ids = n_ids;
-        req.sampling = samp;
-        samp.seed++; /* a fresh draw each turn, reproducible from --seed */
+        req.sampling = &samp;
         req.stop = stops;
         req.n_stop = n_stops;
-        kiln_llm_result res = {0};
-        kiln_status s = kiln_llm_generate(llm, &req, 1, cli_llm_print_token, NULL, &res);
-        free(ids);
+        const kiln_llm_request *reqs[1] = {&req};
+        kiln_llm_result *res = NULL;
+        kiln_status s = kiln_llm_generate(llm, reqs, 1, cli_llm_print_token, NULL, &res);
+        samp.seed++; /* a fresh draw each turn, reproducible from --seed */
+        kiln_free(ids);
         if (s != KILN_OK) {
             st = cli_kiln_error();
             break;
         }
         putchar('\n');
         fflush(stdout);
-        cli_llm_print_speed(&res);
-        st = conv_add(&c, "assistant", res.text, res.text_len);
-        kiln_llm_result_free(&res);
+        cli_llm_print_speed(res);
+        st = conv_add(&c, "assistant", res->text, res->text_len);
+        kiln_llm_result_free(res);
     }
     free(line);
     conv_truncate(&c, 0);
@@ -311,9 +321,7 @@ int cli_chat(int argc, char **argv)
     if (st == CLI_OK && !help)
         st = cli_llm_open(a.positional[0], libs, n_libs, (size_t)kv_mb, 0, &reg, &llm);
     if (st == CLI_OK && !help) {
-        kiln_llm_info info;
-        kiln_llm_info_get(llm, &info);
-        if (!info.chat_template)
+        if (!kiln_llm_info_get(llm)->chat_template)
             st = cli_error("%s has no chat template (its config's chat_template is null); use `kiln run`",
                            a.positional[0]);
         else {

@@ -3,9 +3,8 @@
 #ifndef KILN_CLI_H
 #define KILN_CLI_H
 
+#include <jansson.h>
 #include <kiln/kiln.h>
-
-#include "runtime/runtime_internal.h"
 
 enum { CLI_OK = 0, CLI_FAILURE = 1, CLI_USAGE = 2 };
 
@@ -50,9 +49,9 @@ int cli_parse_count(const char *cmd, const char *opt, const char *text, long *ou
  * the process. */
 void cli_io_init(void);
 
-/* The path -o names can be written: not empty, new or a regular file (a
- * FIFO, device or directory is refused, never replaced). CLI_OK, or the
- * error printed and CLI_USAGE/CLI_FAILURE. */
+/* The path -o names is not empty (a usage error otherwise). Whether it can
+ * be written (new or a regular file, never a FIFO, device or directory) is
+ * checked by the library before it builds. */
 int cli_check_output(const char *cmd, const char *path);
 
 /* Flushes and closes stdout; a write error there turns `status` into a
@@ -63,17 +62,10 @@ int cli_finish_stdout(int status);
  * prints the error and returns CLI_FAILURE. */
 int cli_registry(const char *const *libs, int n_libs, kiln_registry **out);
 
-/* An engine file mapped and parsed without resolving its plugins: what
- * `inspect` shows when plugins are missing, and `build` summarizes. */
-typedef struct cli_engine_image {
-    void *data;
-    size_t size;
-    kiln_graph graph;
-    kiln_engine_header_info info;
-} cli_engine_image;
-
-kiln_status cli_engine_map(const char *path, cli_engine_image *img);
-void cli_engine_unmap(cli_engine_image *img);
+/* A string or integer member of a JSON object ("" or 0 when absent), for
+ * printing the library's JSON descriptions. */
+const char *cli_json_str(json_t *o, const char *key);
+long long cli_json_int(json_t *o, const char *key);
 
 int cli_build(int argc, char **argv);
 int cli_exec(int argc, char **argv);

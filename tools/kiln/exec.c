@@ -10,8 +10,6 @@
 #include <time.h>
 
 #include "cli.h"
-#include "core/dtype.h"
-#include "core/npy.h"
 
 static const char exec_help[] =
     "usage: kiln exec ENGINE [options]\n"
@@ -727,7 +725,7 @@ int cli_exec(int argc, char **argv)
     for (int i = 0; io && i < n_io; i++) {
         free(io[i].data);
         free(io[i].ref);
-        free(io[i].npy);
+        kiln_free(io[i].npy);
     }
     free(io);
     free(result.order);

@@ -1,17 +1,10 @@
 /* kiln inspect ENGINE: what an engine holds, from kiln_engine_describe_json. */
-#include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "cli.h"
-#include "core/error.h"
-#include "core/file.h"
 
 static const char inspect_help[] =
     "usage: kiln inspect ENGINE [options]\n"
@@ -25,55 +18,15 @@ static const char inspect_help[] =
     "  --json          print the engine description as JSON\n"
     "  -h, --help      show this help\n";
 
-/* ---- mapping without resolving plugins ------------------------------------------------ */
-
-kiln_status cli_engine_map(const char *path, cli_engine_image *img)
-{
-    memset(img, 0, sizeof *img);
-    int fd;
-    size_t size;
-    if (kiln_file_open_read(path, &fd, &size) != KILN_OK)
-        return kiln_fail_context(KILN_ERROR_IO, "cannot open engine");
-    if (size == 0) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_FORMAT, "engine %s is empty (0 bytes)", path);
-    }
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int err = errno;
-    close(fd);
-    if (map == MAP_FAILED)
-        return kiln_fail(KILN_ERROR_IO, "cannot map engine %s: %s", path, strerror(err));
-    kiln_graph_init(&img->graph);
-    kiln_status s = kiln_engine_read(map, size, 1, &img->graph, &img->info);
-    if (s != KILN_OK) {
-        kiln_graph_free(&img->graph);
-        munmap(map, size);
-        return kiln_fail_context(s, "%s", path);
-    }
-    img->data = map;
-    img->size = size;
-    return KILN_OK;
-}
-
-void cli_engine_unmap(cli_engine_image *img)
-{
-    if (!img->data)
-        return;
-    kiln_graph_free(&img->graph);
-    if (img->data)
-        munmap(img->data, img->size);
-    img->data = NULL;
-}
-
 /* ---- text rendering ------------------------------------------------------------------ */
 
-static const char *jstr(json_t *o, const char *key)
+const char *cli_json_str(json_t *o, const char *key)
 {
     const char *s = json_string_value(json_object_get(o, key));
     return s ? s : "";
 }
 
-static long long jint(json_t *o, const char *key)
+long long cli_json_int(json_t *o, const char *key)
 {
     return (long long)json_integer_value(json_object_get(o, key));
 }
@@ -113,7 +66,7 @@ static json_t *find_tensor(json_t *root, const char *name)
 {
     size_t i;
     json_t *t;
-    json_array_foreach(json_object_get(root, "tensors"), i, t) if (!strcmp(jstr(t, "name"), name)) return t;
+    json_array_foreach(json_object_get(root, "tensors"), i, t) if (!strcmp(cli_json_str(t, "name"), name)) return t;
     return NULL;
 }
 
@@ -125,7 +78,7 @@ static void print_io(json_t *root, const char *which)
     printf("%s (%zu):\n", which, json_array_size(names));
     json_array_foreach(names, i, name) {
         json_t *t = find_tensor(root, json_string_value(name));
-        printf("  %-16s %-5s ", json_string_value(name), t ? jstr(t, "dtype") : "?");
+        printf("  %-16s %-5s ", json_string_value(name), t ? cli_json_str(t, "dtype") : "?");
         print_list(t ? json_object_get(t, "dims") : NULL);
         putchar('\n');
         if (strcmp(which, "inputs"))
@@ -151,8 +104,8 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
 {
     json_t *h = json_object_get(root, "header"), *tg = json_object_get(root, "target");
     printf("engine %s\n", path);
-    printf("  format version %lld, built by kiln %s, %lld bytes, target %s", jint(h, "format_version"),
-           jstr(h, "kiln_version"), jint(h, "file_size"), jstr(tg, "backend"));
+    printf("  format version %lld, built by kiln %s, %lld bytes, target %s", cli_json_int(h, "format_version"),
+           cli_json_str(h, "kiln_version"), cli_json_int(h, "file_size"), cli_json_str(tg, "backend"));
     json_t *archs = json_object_get(tg, "gpu_archs");
     for (size_t k = 0; k < json_array_size(archs); k++)
         printf("%ssm_%lld", k ? ", " : " (", (long long)json_integer_value(json_array_get(archs, k)));
@@ -166,7 +119,7 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
     json_t *syms = json_object_get(root, "symbols");
     if (json_array_size(syms)) {
         fputs("symbols:", stdout);
-        json_array_foreach(syms, i, v) printf(" s%zu = %s dim %lld", i, jstr(v, "tensor"), jint(v, "axis"));
+        json_array_foreach(syms, i, v) printf(" s%zu = %s dim %lld", i, cli_json_str(v, "tensor"), cli_json_int(v, "axis"));
         putchar('\n');
     }
     print_io(root, "inputs");
@@ -175,7 +128,7 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
     json_t *layers = json_object_get(root, "layers");
     printf("layers (%zu):\n", json_array_size(layers));
     json_array_foreach(layers, i, v) {
-        printf("  %3zu %-18s %-20s ", i, jstr(v, "op"), jstr(v, "name"));
+        printf("  %3zu %-18s %-20s ", i, cli_json_str(v, "op"), cli_json_str(v, "name"));
         print_list(json_object_get(v, "inputs"));
         fputs(" -> ", stdout);
         print_list(json_object_get(v, "outputs"));
@@ -190,7 +143,7 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
             json_t *ins = json_object_get(v, "inputs");
             long long n_in = (long long)json_array_size(ins);
             json_array_foreach(steps, k, st) {
-                printf("        step %zu = %s(", k, jstr(st, "op"));
+                printf("        step %zu = %s(", k, cli_json_str(st, "op"));
                 size_t q;
                 json_t *operand;
                 json_array_foreach(json_object_get(st, "operands"), q, operand) {
@@ -210,12 +163,12 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
             free(t);
         }
         if (json_object_get(v, "workspace"))
-            printf("  workspace %lld bytes", jint(v, "workspace"));
+            printf("  workspace %lld bytes", cli_json_int(v, "workspace"));
         /* A matmul of a cuda engine built where no GPU was has no tactic:
          * the cuBLASLt heuristic's first choice runs. */
         if (json_object_get(v, "tactic"))
-            printf("  tactic %lld", jint(v, "tactic"));
-        else if (!strcmp(jstr(tg, "backend"), "cuda") && !strcmp(jstr(v, "op"), "matmul"))
+            printf("  tactic %lld", cli_json_int(v, "tactic"));
+        else if (!strcmp(cli_json_str(tg, "backend"), "cuda") && !strcmp(cli_json_str(v, "op"), "matmul"))
             fputs("  tactic heuristic", stdout);
         putchar('\n');
     }
@@ -224,29 +177,29 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
     json_array_foreach(json_object_get(root, "tensors"), i, v) {
         if (json_object_get(v, "data_bytes")) {
             n_const++;
-            const_bytes += jint(v, "data_bytes");
+            const_bytes += cli_json_int(v, "data_bytes");
         }
     }
     printf("constants: %lld tensors, %lld bytes\n", n_const, const_bytes);
     json_t *mem = json_object_get(root, "memory");
-    printf("memory: arena %lld bytes, workspace %lld bytes\n", jint(mem, "arena_bytes"),
-           jint(mem, "workspace_bytes"));
+    printf("memory: arena %lld bytes, workspace %lld bytes\n", cli_json_int(mem, "arena_bytes"),
+           cli_json_int(mem, "workspace_bytes"));
 
     json_t *plugins = json_object_get(root, "plugins");
     printf("plugins (%zu):\n", json_array_size(plugins));
     json_array_foreach(plugins, i, v) {
         const char *lib = NULL;
-        int found = reg && kiln_registry_find(reg, jstr(v, "name"), jstr(v, "version"),
-                                               jstr(v, "namespace"), &lib);
+        int found = reg && kiln_registry_find(reg, cli_json_str(v, "name"), cli_json_str(v, "version"),
+                                               cli_json_str(v, "namespace"), &lib);
         printf("  \"%s\" version \"%s\" namespace \"%s\" from %s, blob version %lld (%lld bytes): %s\n",
-               jstr(v, "name"), jstr(v, "version"), jstr(v, "namespace"), jstr(v, "library"),
-               jint(v, "blob_version"), jint(v, "blob_bytes"),
+               cli_json_str(v, "name"), cli_json_str(v, "version"), cli_json_str(v, "namespace"), cli_json_str(v, "library"),
+               cli_json_int(v, "blob_version"), cli_json_int(v, "blob_bytes"),
                found ? "registered" : "NOT REGISTERED");
     }
     json_t *sections = json_object_get(root, "sections");
     if (json_array_size(sections)) {
         printf("sections (%zu):\n", json_array_size(sections));
-        json_array_foreach(sections, i, v) printf("  %s %lld bytes\n", jstr(v, "id"), jint(v, "bytes"));
+        json_array_foreach(sections, i, v) printf("  %s %lld bytes\n", cli_json_str(v, "id"), cli_json_int(v, "bytes"));
     }
 }
 
@@ -294,22 +247,13 @@ int cli_inspect(int argc, char **argv)
      * is still worth showing, missing plugins included. */
     kiln_engine *engine = NULL;
     char *text = NULL, load_error[1024] = "";
-    cli_engine_image img = {0};
     if (kiln_engine_load(reg, path, &engine) == KILN_OK) {
         if (kiln_engine_describe_json(engine, &text) != KILN_OK)
             status = cli_kiln_error();
     } else {
         snprintf(load_error, sizeof load_error, "%s", kiln_last_error());
-        if (cli_engine_map(path, &img) != KILN_OK) {
+        if (kiln_engine_describe_file_json(reg, path, &text) != KILN_OK)
             status = cli_kiln_error();
-        } else {
-            for (int32_t i = 0; i < img.graph.n_plugins; i++) {
-                kiln_plugin_rec *r = &img.graph.plugins[i];
-                r->creator = kiln_registry_find(reg, r->name, r->version, r->plugin_namespace, NULL);
-            }
-            if (kiln_engine_describe_graph_json(&img.graph, &img.info, &text) != KILN_OK)
-                status = cli_kiln_error();
-        }
     }
     if (status == CLI_OK) {
         json_t *root = json_loads(text, 0, NULL);
@@ -328,8 +272,7 @@ int cli_inspect(int argc, char **argv)
         }
         json_decref(root);
     }
-    free(text);
-    cli_engine_unmap(&img);
+    kiln_free(text);
     kiln_engine_destroy(engine);
     kiln_registry_destroy(reg);
 done:

@@ -39,7 +39,10 @@ int cli_llm_open(const char *path, const char *const *libs, int n_libs, size_t k
     int st = cli_registry(libs, n_libs, reg);
     if (st != CLI_OK)
         return st;
-    kiln_llm_options opt = {.kv_cache_mb = kv_mb, .kv_cache_blocks = kv_blocks};
+    kiln_llm_options opt;
+    kiln_llm_options_init(&opt);
+    opt.kv_cache_mb = kv_mb;
+    opt.kv_cache_blocks = kv_blocks;
     if (kiln_llm_open(*reg, path, &opt, llm) != KILN_OK) {
         cli_kiln_error();
         kiln_registry_destroy(*reg);
@@ -52,7 +55,7 @@ int cli_llm_open(const char *path, const char *const *libs, int n_libs, size_t k
 void cli_llm_sampling_default(kiln_llm_sampling *s)
 {
     /* llama.cpp's defaults. */
-    memset(s, 0, sizeof *s);
+    kiln_llm_sampling_init(s);
     s->temperature = 0.8f;
     s->top_k = 40;
     s->top_p = 0.95f;
@@ -128,21 +131,19 @@ void cli_llm_print_speed(const kiln_llm_result *r)
 
 void cli_llm_print_cache(const kiln_llm *llm)
 {
-    kiln_llm_info info;
-    kiln_llm_info_get(llm, &info);
+    const kiln_llm_info *info = kiln_llm_info_get(llm);
     fprintf(stderr, "kv cache: %.1f MB, %d blocks of %d tokens = %lld tokens (max %d sequences of %d)\n",
-            (double)info.cache_bytes / (1024.0 * 1024.0), (int)info.n_blocks, (int)info.block_size,
-            (long long)info.cache_tokens, (int)info.max_batch, (int)info.max_seq_len);
+            (double)info->cache_bytes / (1024.0 * 1024.0), (int)info->n_blocks, (int)info->block_size,
+            (long long)info->cache_tokens, (int)info->max_batch, (int)info->max_seq_len);
 }
 
 int cli_llm_fit_max_tokens(const kiln_llm *llm, size_t n_prompt, long want, int32_t *out)
 {
-    kiln_llm_info info;
-    kiln_llm_info_get(llm, &info);
-    if (n_prompt >= (size_t)info.max_seq_len)
+    const kiln_llm_info *info = kiln_llm_info_get(llm);
+    if (n_prompt >= (size_t)info->max_seq_len)
         return cli_error("prompt of %zu tokens exceeds the engine's max sequence length %d", n_prompt,
-                         (int)info.max_seq_len);
-    long room = (long)info.max_seq_len - (long)n_prompt;
+                         (int)info->max_seq_len);
+    long room = (long)info->max_seq_len - (long)n_prompt;
     *out = (int32_t)(want < room ? want : room);
     return CLI_OK;
 }
@@ -159,8 +160,7 @@ static json_t *ids_json(const int32_t *ids, size_t n)
 
 static int print_json(const kiln_llm *llm, const kiln_llm_result *r, uint64_t seed)
 {
-    kiln_llm_info info;
-    kiln_llm_info_get(llm, &info);
+    const kiln_llm_info *info = kiln_llm_info_get(llm);
     json_t *o = json_object();
     json_object_set_new(o, "prompt_ids", ids_json(r->prompt_ids, r->n_prompt_ids));
     json_object_set_new(o, "generated_ids", ids_json(r->ids, r->n_ids));
@@ -176,10 +176,10 @@ static int print_json(const kiln_llm *llm, const kiln_llm_result *r, uint64_t se
     json_object_set_new(t, "generate_tok_s", json_real(r->generate_tok_s));
     json_object_set_new(o, "timings", t);
     json_t *kv = json_object();
-    json_object_set_new(kv, "bytes", json_integer((json_int_t)info.cache_bytes));
-    json_object_set_new(kv, "blocks", json_integer(info.n_blocks));
-    json_object_set_new(kv, "block_size", json_integer(info.block_size));
-    json_object_set_new(kv, "tokens", json_integer((json_int_t)info.cache_tokens));
+    json_object_set_new(kv, "bytes", json_integer((json_int_t)info->cache_bytes));
+    json_object_set_new(kv, "blocks", json_integer(info->n_blocks));
+    json_object_set_new(kv, "block_size", json_integer(info->block_size));
+    json_object_set_new(kv, "tokens", json_integer((json_int_t)info->cache_tokens));
     json_object_set_new(o, "kv_cache", kv);
     char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
     json_decref(o);
@@ -248,7 +248,14 @@ int cli_run(int argc, char **argv)
     if (st == CLI_OK && !help)
         st = cli_llm_open(a.positional[0], libs, n_libs, (size_t)kv_mb, 0, &reg, &llm);
     if (st == CLI_OK && !help) {
-        kiln_llm_message msgs[2] = {{"system", system}, {"user", prompt}};
+        kiln_llm_message sys_msg, user_msg;
+        kiln_llm_message_init(&sys_msg);
+        kiln_llm_message_init(&user_msg);
+        sys_msg.role = "system";
+        sys_msg.content = system;
+        user_msg.role = "user";
+        user_msg.content = prompt;
+        const kiln_llm_message *msgs[2] = {&sys_msg, &user_msg};
         kiln_status s = chat ? kiln_llm_chat_tokenize(llm, system ? msgs : msgs + 1, system ? 2 : 1, &ids, &n_ids)
                              : kiln_llm_prompt_ids(llm, prompt, strlen(prompt), &ids, &n_ids);
         if (s != KILN_OK)
@@ -261,26 +268,27 @@ int cli_run(int argc, char **argv)
     if (st == CLI_OK && !help) {
         req.prompt_ids = ids;
         req.n_prompt_ids = n_ids;
-        req.sampling = samp;
+        req.sampling = &samp;
         req.stop = stops;
         req.n_stop = n_stops;
         req.ignore_eos = ignore_eos;
-        kiln_llm_result res = {0};
-        if (kiln_llm_generate(llm, &req, 1, json ? NULL : cli_llm_print_token, NULL, &res) != KILN_OK) {
+        const kiln_llm_request *reqs[1] = {&req};
+        kiln_llm_result *res = NULL;
+        if (kiln_llm_generate(llm, reqs, 1, json ? NULL : cli_llm_print_token, NULL, &res) != KILN_OK) {
             st = cli_kiln_error();
         } else {
             if (json) {
-                st = print_json(llm, &res, samp.seed);
+                st = print_json(llm, res, samp.seed);
             } else {
                 putchar('\n');
                 fflush(stdout);
-                cli_llm_print_speed(&res);
+                cli_llm_print_speed(res);
                 cli_llm_print_cache(llm);
             }
-            kiln_llm_result_free(&res);
+            kiln_llm_result_free(res);
         }
     }
-    free(ids);
+    kiln_free(ids);
     kiln_llm_close(llm);
     kiln_registry_destroy(reg);
     free(libs);

@@ -80,7 +80,7 @@ int cli_tokenize(int argc, char **argv)
                 printf(i ? ", %d" : "%d", (int)ids[i]);
             puts("]");
         }
-        free(ids);
+        kiln_free(ids);
     }
     kiln_llm_close(llm);
     kiln_registry_destroy(reg);
@@ -123,7 +123,7 @@ int cli_detokenize(int argc, char **argv)
             fwrite(text, 1, len, stdout);
             putchar('\n');
         }
-        free(text);
+        kiln_free(text);
     }
     kiln_llm_close(llm);
     kiln_registry_destroy(reg);

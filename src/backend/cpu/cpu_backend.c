@@ -3,8 +3,6 @@
  * movement works on element sizes, so it serves every dtype. */
 #include "cpu_internal.h"
 
-#include "../../plugin/plugin_internal.h"
-
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,28 +154,6 @@ static void strided_copy_run(const kiln_cpu_args *a, const void *src, void *dst,
         kiln_threadpool_run(cpu_pool(a), c.rows, strided_rows, &c);
 }
 
-static kiln_status check_perm(const kiln_cpu_args *a, const int32_t *perm, int32_t rank,
-                              const char *which)
-{
-    uint32_t seen = 0;
-    for (int32_t i = 0; i < rank; i++) {
-        if (perm[i] < 0 || perm[i] >= rank || (seen & (1u << perm[i])))
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "layer \"%s\": %s transpose is not a permutation of %d axes",
-                             cpu_layer_name(a), which, (int)rank);
-        seen |= 1u << perm[i];
-    }
-    return KILN_OK;
-}
-
-static int perm_is_identity(const int32_t *perm, int32_t rank)
-{
-    for (int32_t i = 0; i < rank; i++)
-        if (perm[i] != i)
-            return 0;
-    return 1;
-}
-
 /* dst = src with axes permuted: dst axis i is src axis perm[i]. */
 static void transpose(const kiln_cpu_args *a, const void *src, const int64_t *src_dims, int32_t rank,
                       const int32_t *perm, void *dst, size_t esize)
@@ -262,31 +238,13 @@ kiln_status cpu_run_concat(const kiln_cpu_args *a)
 
 kiln_status cpu_run_slice(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
     const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
-    int32_t r = x->dims.rank;
-    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || o->dims.rank != r ||
-        x->dtype != o->dtype)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": slice input and output disagree",
-                         name);
-    int64_t st[KILN_MAX_RANK], step[KILN_MAX_RANK], base = 0;
-    cpu_strides(&x->dims, st);
-    int empty = cpu_count(&o->dims) == 0;
-    for (int32_t i = 0; i < r; i++) {
-        int64_t start = a->layer->p.slice.start[i], stride = a->layer->p.slice.stride[i];
-        int64_t size = o->dims.d[i];
-        if (start < 0 || stride < 1 ||
-            (!empty && size > 0 && (start >= x->dims.d[i] || (x->dims.d[i] - 1 - start) / stride < size - 1)))
-            return kiln_fail(KILN_ERROR_SHAPE,
-                             "layer \"%s\": slice axis %d (start %lld, size %lld, stride %lld) exceeds dim %lld",
-                             name, (int)i, (long long)start, (long long)size, (long long)stride,
-                             (long long)x->dims.d[i]);
-        base += start * st[i];
-        step[i] = st[i] * stride;
-    }
+    int64_t step[KILN_MAX_RANK], base;
+    int empty;
+    KILN_TRY(kiln_layer_plan_slice(cpu_layer_name(a), a->layer, x, o, &base, step, &empty));
     if (empty)
         return KILN_OK;
-    strided_copy_run(a, x->data, o->data, kiln_dtype_size(x->dtype), r, o->dims.d, step, base);
+    strided_copy_run(a, x->data, o->data, kiln_dtype_size(x->dtype), x->dims.rank, o->dims.d, step, base);
     return KILN_OK;
 }
 
@@ -297,23 +255,14 @@ kiln_status cpu_run_shuffle(const kiln_cpu_args *a)
     const char *name = cpu_layer_name(a);
     const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
     const kiln_layer_params *p = &a->layer->p;
-    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || x->dtype != o->dtype)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": shuffle input and output disagree",
-                         name);
-    int64_t count = cpu_count(&x->dims);
-    if (cpu_count(&o->dims) != count)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": shuffle input has %lld elements, output %lld",
-                         name, (long long)count, (long long)cpu_count(&o->dims));
+    int first, second;
+    KILN_TRY(kiln_layer_check_shuffle(name, a->layer, x, o, &first, &second));
+    int64_t count = kiln_exec_count(&x->dims);
     size_t esize = kiln_dtype_size(x->dtype);
-    int first = p->shuffle.has_first && !perm_is_identity(p->shuffle.first, x->dims.rank);
-    int second = p->shuffle.has_second && !perm_is_identity(p->shuffle.second, o->dims.rank);
-    if (first)
-        KILN_TRY(check_perm(a, p->shuffle.first, x->dims.rank, "first"));
     /* The mid shape (after the reshape) is the output permuted back through
      * the second transpose: out[i] = mid[second[i]]. */
     int64_t mid[KILN_MAX_RANK];
     if (second) {
-        KILN_TRY(check_perm(a, p->shuffle.second, o->dims.rank, "second"));
         for (int32_t i = 0; i < o->dims.rank; i++)
             mid[p->shuffle.second[i]] = o->dims.d[i];
     }
@@ -378,14 +327,14 @@ kiln_status cpu_run_gather(const kiln_cpu_args *a)
     if (x->dtype != o->dtype)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather data is %s, output %s",
                          name, kiln_dtype_name(x->dtype), kiln_dtype_name(o->dtype));
-    int64_t outer = 1, inner = 1, n_idx = cpu_count(&ix->dims), dim = x->dims.d[axis];
+    int64_t outer = 1, inner = 1, n_idx = kiln_exec_count(&ix->dims), dim = x->dims.d[axis];
     for (int32_t i = 0; i < axis; i++)
         outer *= x->dims.d[i];
     for (int32_t i = axis + 1; i < x->dims.rank; i++)
         inner *= x->dims.d[i];
-    if (cpu_count(&o->dims) != outer * n_idx * inner)
+    if (kiln_exec_count(&o->dims) != outer * n_idx * inner)
         return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": gather output has %lld elements, expected %lld",
-                         name, (long long)cpu_count(&o->dims), (long long)(outer * n_idx * inner));
+                         name, (long long)kiln_exec_count(&o->dims), (long long)(outer * n_idx * inner));
     /* Check every index before writing, so a bad one leaves no partial output. */
     for (int64_t j = 0; j < n_idx; j++) {
         int64_t v = ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)ix->data)[j]
@@ -418,8 +367,8 @@ kiln_status cpu_run_cast(const kiln_cpu_args *a)
     if (!cast_dtype_ok(x->dtype) || !cast_dtype_ok(o->dtype))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": cast from %s to %s", name,
                          kiln_dtype_name(x->dtype), kiln_dtype_name(o->dtype));
-    int64_t n = cpu_count(&x->dims);
-    if (cpu_count(&o->dims) != n)
+    int64_t n = kiln_exec_count(&x->dims);
+    if (kiln_exec_count(&o->dims) != n)
         return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": cast input and output sizes differ", name);
     cpu_convert(cpu_pool(a), o->data, o->dtype, x->data, x->dtype, n);
     return KILN_OK;
@@ -427,41 +376,12 @@ kiln_status cpu_run_cast(const kiln_cpu_args *a)
 
 /* ---- plugins ---------------------------------------------------------------------------------- */
 
+/* The stream of a CPU plugin is the pool; host->parallel_for runs on it
+ * (NULL: inline, as the reference wants one thread). */
 static kiln_status cpu_run_plugin(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
-    const kiln_plugin *pl = a->plugin;
-    const kiln_plugin_ops *ops = pl ? pl->ops : NULL;
-    if (!ops || ops->struct_size < offsetof(kiln_plugin_ops, enqueue) + sizeof ops->enqueue ||
-        !ops->enqueue)
-        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": no plugin instance to enqueue", name);
-    if (!(ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CPU)))
-        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": the plugin has no CPU implementation", name);
-    int32_t ni = a->layer->n_inputs, no = a->layer->n_outputs, n = ni + no;
-    /* On the stack: a decode step allocates nothing. */
-    kiln_tensor_desc descs[KILN_PLUGIN_MAX_INPUTS + KILN_PLUGIN_MAX_OUTPUTS];
-    void *ptrs[KILN_PLUGIN_MAX_INPUTS + KILN_PLUGIN_MAX_OUTPUTS];
-    if (ni > KILN_PLUGIN_MAX_INPUTS || no > KILN_PLUGIN_MAX_OUTPUTS)
-        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": %d inputs and %d outputs exceed the limits (%d, %d)", name,
-                         ni, no, KILN_PLUGIN_MAX_INPUTS, KILN_PLUGIN_MAX_OUTPUTS);
-    memset(descs, 0, sizeof(kiln_tensor_desc) * (size_t)n);
-    for (int32_t i = 0; i < n; i++) {
-        const kiln_exec_tensor *t = i < ni ? &a->inputs[i] : &a->outputs[i - ni];
-        descs[i].struct_size = sizeof descs[i];
-        descs[i].abi_version = KILN_PLUGIN_ABI_VERSION;
-        descs[i].dtype = t->dtype;
-        descs[i].format = KILN_FORMAT_LINEAR;
-        descs[i].dims = t->dims;
-        ptrs[i] = t->data;
-    }
-    /* The stream of a CPU plugin is the pool; host->parallel_for runs on it
-     * (NULL: inline, as the reference wants one thread). */
-    unsigned long fails = kiln_host_fail_count();
-    kiln_status st = ops->enqueue(a->plugin, KILN_BACKEND_CPU, descs, (const void *const *)ptrs, ni,
-                                  descs + ni, ptrs + ni, no, a->workspace, cpu_pool(a));
-    if (st != KILN_OK)
-        return kiln_plugin_enqueue_error(name, st, fails);
-    return KILN_OK;
+    return kiln_layer_run_plugin(cpu_layer_name(a), a->plugin, KILN_BACKEND_CPU, a->layer, a->inputs,
+                                 a->outputs, a->workspace, cpu_pool(a));
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------------ */
@@ -476,7 +396,7 @@ static kiln_status check_tensor(const kiln_cpu_args *a, const kiln_exec_tensor *
     if (!ok)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s %d has a bad dtype or shape",
                          cpu_layer_name(a), kind, (int)i);
-    if (!t->data && cpu_count(&t->dims) > 0)
+    if (!t->data && kiln_exec_count(&t->dims) > 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s %d has no memory",
                          cpu_layer_name(a), kind, (int)i);
     return KILN_OK;

@@ -5,14 +5,8 @@
 #ifndef KILN_BACKEND_CPU_H
 #define KILN_BACKEND_CPU_H
 
-#include "../../core/graph.h"
+#include "../backend.h"
 #include "../../core/threadpool.h"
-
-typedef struct kiln_exec_tensor {
-    void *data;
-    kiln_dtype dtype;
-    kiln_dims dims;
-} kiln_exec_tensor;
 
 typedef struct kiln_cpu_args {
     const kiln_graph *graph;
@@ -27,5 +21,13 @@ typedef struct kiln_cpu_args {
 
 /* Runs one layer. Errors (e.g. a gather index out of range) name the layer. */
 kiln_status kiln_cpu_run_layer(const kiln_cpu_args *args);
+
+/* The CPU backend's table (cpu_runtime.c). */
+extern const kiln_backend_i kiln_backend_cpu;
+
+/* Runs every layer of the plan with the CPU kernels (the reference path
+ * when `reference`), in the plan's memory or in `host` (see kiln_exec_run).
+ * With plan->layer_ms, each layer's host time goes there. */
+kiln_status kiln_cpu_exec(kiln_exec_plan *plan, const kiln_exec_host *host, int reference);
 
 #endif

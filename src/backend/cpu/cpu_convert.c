@@ -18,7 +18,7 @@ __attribute__((target("avx2,f16c"))) static void widen_f16_f16c(float *dst, cons
     for (; i + 8 <= n; i += 8)
         _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
     for (; i < n; i++)
-        dst[i] = cpu_f16_to_f32(src[i]);
+        dst[i] = kiln_f16_to_f32(src[i]);
 }
 
 static int f16c_ok;
@@ -44,12 +44,12 @@ CPU_SIMD static void cpu_widen_simd(float *dst, const uint16_t *src, kiln_dtype 
         for (; i + 8 <= n; i += 8)
             cpu_bf16x8(dst + i, src + i);
         for (; i < n; i++)
-            dst[i] = cpu_bf16_to_f32(src[i]);
+            dst[i] = kiln_bf16_to_f32(src[i]);
     } else {
         for (; i + 8 <= n; i += 8)
             cpu_f16x8(dst + i, src + i);
         for (; i < n; i++)
-            dst[i] = cpu_f16_to_f32(src[i]);
+            dst[i] = kiln_f16_to_f32(src[i]);
     }
 }
 
@@ -77,7 +77,7 @@ CPU_SIMD static void cpu_narrow_bf16_simd(uint16_t *dst, const float *src, int64
         memcpy(dst + i, &h, sizeof h);
     }
     for (; i < n; i++)
-        dst[i] = cpu_f32_to_bf16(src[i]);
+        dst[i] = kiln_f32_to_bf16(src[i]);
 }
 
 void cpu_narrow_bf16(uint16_t *dst, const float *src, int64_t n)
@@ -91,7 +91,7 @@ void cpu_narrow_bf16(uint16_t *dst, const float *src, int64_t n)
 CPU_SIMD static void cpu_narrow_f16_simd(uint16_t *dst, const float *src, int64_t n)
 {
     const cpu_u8 zero = {0};
-    const float denorm_magic = cpu_bits_f32(((127 - 15) + (23 - 10) + 1) << 23);
+    const float denorm_magic = kiln_f32_from_bits(((127 - 15) + (23 - 10) + 1) << 23);
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
         cpu_u8 x;
@@ -99,7 +99,7 @@ CPU_SIMD static void cpu_narrow_f16_simd(uint16_t *dst, const float *src, int64_
         cpu_u8 a = x & 0x7fffffffu;
         cpu_u8 sign = (x >> 16) & 0x8000u;
         cpu_u8 normal = (a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u) >> 13;
-        cpu_u8 sub = (cpu_u8)((cpu_v8)a + denorm_magic) - cpu_f32_bits(denorm_magic);
+        cpu_u8 sub = (cpu_u8)((cpu_v8)a + denorm_magic) - kiln_f32_to_bits(denorm_magic);
         cpu_u8 nan = 0x7e00u | ((a >> 13) & 0x3ffu);
         cpu_u8 m_sub = (cpu_u8)(a < 0x38800000u), m_inf = (cpu_u8)(a >= 0x477ff000u);
         cpu_u8 m_nan = (cpu_u8)(a > 0x7f800000u);

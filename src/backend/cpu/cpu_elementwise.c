@@ -17,8 +17,9 @@
 
 /* ---- f32 block primitives ------------------------------------------------------- */
 
-/* One binary op over n elements: 8 lanes at a time, then the tail. */
-#define BINARY_LOOP(vexpr, sexpr)                                        \
+/* One binary op over n elements: 8 lanes at a time (vexpr, the same
+ * arithmetic as the scalar formula), then the tail by the formula. */
+#define BINARY_LOOP(OP, vexpr)                                           \
     do {                                                                 \
         int64_t i = 0;                                                   \
         for (; i + 8 <= n; i += 8) {                                     \
@@ -28,22 +29,27 @@
             r = vexpr;                                                   \
             cpu_st8(out + i, r);                                         \
         }                                                                \
-        for (; i < n; i++) {                                             \
-            float x = a[i], y = b[i];                                    \
-            out[i] = sexpr;                                              \
-        }                                                                \
+        for (; i < n; i++)                                               \
+            out[i] = kiln_binary_f32(OP, a[i], b[i]);                    \
+    } while (0)
+
+/* Ops with no vector form: the scalar formula element by element. */
+#define SCALAR_LOOP(expr)                                                \
+    do {                                                                 \
+        for (int64_t i = 0; i < n; i++)                                  \
+            out[i] = expr;                                               \
     } while (0)
 
 CPU_SIMD static void cpu_binary_f32_simd(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n)
 {
     switch (op) {
-    case KILN_BINARY_ADD: BINARY_LOOP(x + y, x + y); break;
-    case KILN_BINARY_SUB: BINARY_LOOP(x - y, x - y); break;
-    case KILN_BINARY_MUL: BINARY_LOOP(x * y, x * y); break;
-    case KILN_BINARY_DIV: BINARY_LOOP(x / y, x / y); break;
-    case KILN_BINARY_POW: for (int64_t i = 0; i < n; i++) out[i] = powf(a[i], b[i]); break;
-    case KILN_BINARY_MAX: BINARY_LOOP(cpu_select8((cpu_u8)(x > y), x, y), x > y ? x : y); break;
-    case KILN_BINARY_MIN: BINARY_LOOP(cpu_select8((cpu_u8)(x < y), x, y), x < y ? x : y); break;
+    case KILN_BINARY_ADD: BINARY_LOOP(KILN_BINARY_ADD, x + y); break;
+    case KILN_BINARY_SUB: BINARY_LOOP(KILN_BINARY_SUB, x - y); break;
+    case KILN_BINARY_MUL: BINARY_LOOP(KILN_BINARY_MUL, x * y); break;
+    case KILN_BINARY_DIV: BINARY_LOOP(KILN_BINARY_DIV, x / y); break;
+    case KILN_BINARY_POW: SCALAR_LOOP(kiln_binary_f32(KILN_BINARY_POW, a[i], b[i])); break;
+    case KILN_BINARY_MAX: BINARY_LOOP(KILN_BINARY_MAX, cpu_select8((cpu_u8)(x > y), x, y)); break;
+    case KILN_BINARY_MIN: BINARY_LOOP(KILN_BINARY_MIN, cpu_select8((cpu_u8)(x < y), x, y)); break;
     default: break;
     }
 }
@@ -101,7 +107,7 @@ static inline void gelu_tanh8(cpu_v8 *r, const cpu_v8 *pv)
 {
     /* tanh(z) = 1 - 2 / (e^{2z} + 1): exact limits at ±inf through exp */
     cpu_v8 v = *pv, e;
-    cpu_v8 z2 = 2.0f * 0.79788456080286536f * (v + 0.044715f * v * v * v);
+    cpu_v8 z2 = 2.0f * KILN_GELU_TANH_K * (v + KILN_GELU_TANH_C * v * v * v);
     cpu_exp8(&e, &z2);
     *r = 0.5f * v * (1.0f + (1.0f - 2.0f / (e + 1.0f)));
 }
@@ -112,16 +118,13 @@ CPU_SIMD static void cpu_unary_f32_simd(kiln_unary_op op, const float *x, float 
     case KILN_UNARY_NEG: UNARY_LOOP(neg8); break;
     case KILN_UNARY_ABS: UNARY_LOOP(abs8); break;
     case KILN_UNARY_EXP: UNARY_LOOP(cpu_exp8); break;
-    case KILN_UNARY_LOG: for (int64_t i = 0; i < n; i++) out[i] = logf(x[i]); break;
-    case KILN_UNARY_SQRT: for (int64_t i = 0; i < n; i++) out[i] = sqrtf(x[i]); break;
-    case KILN_UNARY_RSQRT: for (int64_t i = 0; i < n; i++) out[i] = 1.0f / sqrtf(x[i]); break;
-    case KILN_UNARY_TANH: for (int64_t i = 0; i < n; i++) out[i] = tanhf(x[i]); break;
+    case KILN_UNARY_LOG: SCALAR_LOOP(kiln_unary_f32(KILN_UNARY_LOG, x[i])); break;
+    case KILN_UNARY_SQRT: SCALAR_LOOP(kiln_unary_f32(KILN_UNARY_SQRT, x[i])); break;
+    case KILN_UNARY_RSQRT: SCALAR_LOOP(kiln_unary_f32(KILN_UNARY_RSQRT, x[i])); break;
+    case KILN_UNARY_TANH: SCALAR_LOOP(kiln_unary_f32(KILN_UNARY_TANH, x[i])); break;
     case KILN_UNARY_SIGMOID: UNARY_LOOP(sigmoid8); break;
     case KILN_UNARY_RELU: UNARY_LOOP(relu8); break;
-    case KILN_UNARY_GELU_ERF:
-        for (int64_t i = 0; i < n; i++)
-            out[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
-        break;
+    case KILN_UNARY_GELU_ERF: SCALAR_LOOP(kiln_unary_f32(KILN_UNARY_GELU_ERF, x[i])); break;
     case KILN_UNARY_GELU_TANH: UNARY_LOOP(gelu_tanh8); break;
     case KILN_UNARY_SILU: UNARY_LOOP(silu8); break;
     default: break;
@@ -155,7 +158,7 @@ static kiln_status bcast_init(bcast *b, const kiln_cpu_args *a, const kiln_dims 
     memcpy(b->st, w.st, sizeof b->st);
     if (b->rank == 0) {
         b->rank = 1;
-        b->dims[0] = cpu_count(out) ? 1 : 0;
+        b->dims[0] = kiln_exec_count(out) ? 1 : 0;
     }
     b->rows = 1;
     for (int32_t i = 0; i < b->rank - 1; i++)
@@ -256,60 +259,6 @@ static void binary_float_units(void *p, int64_t begin, int64_t end)
     }
 }
 
-static int64_t load_int(const void *p, kiln_dtype t, int64_t i)
-{
-    switch (t) {
-    case KILN_DTYPE_I8: return ((const int8_t *)p)[i];
-    case KILN_DTYPE_U8: return ((const uint8_t *)p)[i];
-    case KILN_DTYPE_I32: return ((const int32_t *)p)[i];
-    case KILN_DTYPE_I64: return ((const int64_t *)p)[i];
-    default: return ((const uint8_t *)p)[i] != 0;
-    }
-}
-
-/* Integer results wrap to the storage width, as in C and numpy. */
-static void store_int(void *p, kiln_dtype t, int64_t i, int64_t v)
-{
-    switch (t) {
-    case KILN_DTYPE_I8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case KILN_DTYPE_U8: ((uint8_t *)p)[i] = (uint8_t)v; break;
-    case KILN_DTYPE_I32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case KILN_DTYPE_I64: ((int64_t *)p)[i] = v; break;
-    default: ((uint8_t *)p)[i] = v != 0; break;
-    }
-}
-
-/* Unsigned arithmetic so overflow wraps instead of being undefined;
- * division by zero gives 0 rather than trapping. */
-static int64_t binary_int(kiln_binary_op op, int64_t x, int64_t y)
-{
-    switch (op) {
-    case KILN_BINARY_ADD: return (int64_t)((uint64_t)x + (uint64_t)y);
-    case KILN_BINARY_SUB: return (int64_t)((uint64_t)x - (uint64_t)y);
-    case KILN_BINARY_MUL: return (int64_t)((uint64_t)x * (uint64_t)y);
-    case KILN_BINARY_DIV:
-        if (y == 0)
-            return 0;
-        if (y == -1)
-            return (int64_t)(0 - (uint64_t)x);
-        return x / y;
-    case KILN_BINARY_POW: {
-        if (y < 0)
-            return x == 1 ? 1 : x == -1 ? (y % 2 ? -1 : 1) : 0;
-        uint64_t r = 1, base = (uint64_t)x;
-        for (; y; y >>= 1) {
-            if (y & 1)
-                r *= base;
-            base *= base;
-        }
-        return (int64_t)r;
-    }
-    case KILN_BINARY_MAX: return x > y ? x : y;
-    case KILN_BINARY_MIN: return x < y ? x : y;
-    default: return 0;
-    }
-}
-
 static void binary_int_units(void *p, int64_t begin, int64_t end)
 {
     const ew_job *j = p;
@@ -319,38 +268,23 @@ static void binary_int_units(void *p, int64_t begin, int64_t end)
         int64_t offs[2], oo, n;
         bcast_unit(&j->b, u, offs, &oo, &n);
         for (int64_t i = 0; i < n; i++)
-            store_int(o->data, o->dtype, oo + i,
-                      binary_int((kiln_binary_op)j->op, load_int(x->data, x->dtype, offs[0] + i * sa),
-                                 load_int(y->data, y->dtype, offs[1] + i * sb)));
+            kiln_elem_store_wrap(o->data, o->dtype, oo + i,
+                                 kiln_binary_int(j->op, kiln_elem_load_int(x->data, x->dtype, offs[0] + i * sa),
+                                                 kiln_elem_load_int(y->data, y->dtype, offs[1] + i * sb)));
     }
-}
-
-static int is_int_dtype(kiln_dtype t)
-{
-    return t == KILN_DTYPE_I8 || t == KILN_DTYPE_U8 || t == KILN_DTYPE_I32 || t == KILN_DTYPE_I64;
 }
 
 kiln_status cpu_run_binary(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
-    if (a->layer->n_inputs != 2 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": binary needs 2 inputs, 1 output",
-                         name);
+    KILN_TRY(kiln_layer_check_binary(name, a->layer, a->inputs, a->outputs));
     kiln_binary_op op = a->layer->p.binary.op;
-    if ((unsigned)op >= KILN_BINARY_OP_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown binary op %d", name,
-                         (int)op);
     kiln_dtype t = a->outputs[0].dtype;
-    if (a->inputs[0].dtype != t || a->inputs[1].dtype != t)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "layer \"%s\": binary inputs are %s and %s, output %s", name,
-                         kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(a->inputs[1].dtype),
-                         kiln_dtype_name(t));
     ew_job j = {.a = a, .op = op};
     KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, a->inputs, 2));
     if (kiln_dtype_is_float(t))
         bcast_run(a, &j.b, binary_float_units, &j);
-    else if (is_int_dtype(t))
+    else if (kiln_exec_is_int(t))
         bcast_run(a, &j.b, binary_int_units, &j);
     else
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": binary %s on %s is not supported",
@@ -382,41 +316,24 @@ static void unary_int_units(void *p, int64_t begin, int64_t end)
     for (int64_t u = begin; u < end; u++) {
         int64_t off, oo, n;
         bcast_unit(&j->b, u, &off, &oo, &n);
-        for (int64_t i = 0; i < n; i++) {
-            int64_t v = load_int(x->data, x->dtype, off + i);
-            uint64_t neg = 0 - (uint64_t)v;
-            switch ((kiln_unary_op)j->op) {
-            case KILN_UNARY_NEG: v = (int64_t)neg; break;
-            case KILN_UNARY_ABS: v = v < 0 ? (int64_t)neg : v; break;
-            default: v = v > 0 ? v : 0; break; /* relu */
-            }
-            store_int(o->data, o->dtype, oo + i, v);
-        }
+        for (int64_t i = 0; i < n; i++)
+            kiln_elem_store_wrap(o->data, o->dtype, oo + i,
+                                 kiln_unary_int(j->op, kiln_elem_load_int(x->data, x->dtype, off + i)));
     }
 }
 
 kiln_status cpu_run_unary(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
-    if (a->layer->n_inputs != 1 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unary needs 1 input, 1 output",
-                         name);
+    KILN_TRY(kiln_layer_check_unary(name, a->layer, a->inputs, a->outputs));
     kiln_unary_op op = a->layer->p.unary.op;
-    if ((unsigned)op >= KILN_UNARY_OP_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown unary op %d", name,
-                         (int)op);
     kiln_dtype t = a->outputs[0].dtype;
-    if (a->inputs[0].dtype != t)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unary input is %s, output %s",
-                         name, kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(t));
-    if (cpu_count(&a->inputs[0].dims) != cpu_count(&a->outputs[0].dims))
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": unary input and output sizes differ", name);
     ew_job j = {.a = a, .op = op};
     KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, &a->outputs[0], 1));
     int int_ok = op == KILN_UNARY_NEG || op == KILN_UNARY_ABS || op == KILN_UNARY_RELU;
     if (kiln_dtype_is_float(t))
         bcast_run(a, &j.b, unary_float_units, &j);
-    else if (is_int_dtype(t) && int_ok)
+    else if (kiln_exec_is_int(t) && int_ok)
         bcast_run(a, &j.b, unary_int_units, &j);
     else
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": unary %s on %s is not supported",
@@ -466,7 +383,7 @@ static kiln_status fused_reference(const kiln_cpu_args *a, const bcast *b)
 {
     const kiln_layer *l = a->layer;
     int32_t n_in = l->n_inputs, n_steps = l->p.fused.n_steps;
-    int64_t count = cpu_count(&a->outputs[0].dims);
+    int64_t count = kiln_exec_count(&a->outputs[0].dims);
     size_t bytes = (size_t)(count > 0 ? count : 1) * sizeof(float);
     float *arr[KILN_FUSED_MAX_INPUTS + KILN_FUSED_MAX_STEPS] = {0};
     kiln_status st = KILN_OK;
@@ -500,33 +417,8 @@ done:
 
 kiln_status cpu_run_fused(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
-    const kiln_layer *l = a->layer;
-    int32_t n_in = l->n_inputs, n_steps = l->p.fused.n_steps;
-    if (n_in < 1 || n_in > KILN_FUSED_MAX_INPUTS || l->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "layer \"%s\": fused chain needs 1..%d inputs and 1 output", name,
-                         KILN_FUSED_MAX_INPUTS);
-    if (n_steps < 1 || n_steps > KILN_FUSED_MAX_STEPS)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": fused chain has %d steps",
-                         name, (int)n_steps);
-    for (int32_t s = 0; s < n_steps; s++) {
-        const kiln_fused_step *st = &l->p.fused.steps[s];
-        int32_t limit = n_in + s; /* inputs and earlier steps only */
-        int bad_op = st->is_binary ? (unsigned)st->op >= KILN_BINARY_OP_COUNT
-                                   : (unsigned)st->op >= KILN_UNARY_OP_COUNT;
-        if (bad_op || st->a < 0 || st->a >= limit ||
-            (st->is_binary && (st->b < 0 || st->b >= limit)))
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "layer \"%s\": fused step %d has a bad op or operand", name, (int)s);
-    }
-    for (int32_t k = 0; k < n_in; k++)
-        if (!kiln_dtype_is_float(a->inputs[k].dtype))
-            return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": fused input %d is %s", name,
-                             (int)k, kiln_dtype_name(a->inputs[k].dtype));
-    if (!kiln_dtype_is_float(a->outputs[0].dtype))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": fused output is %s", name,
-                         kiln_dtype_name(a->outputs[0].dtype));
+    KILN_TRY(kiln_layer_check_fused(cpu_layer_name(a), a->layer, a->inputs, a->outputs));
+    int32_t n_in = a->layer->n_inputs;
     ew_job j = {.a = a};
     KILN_TRY(bcast_init(&j.b, a, &a->outputs[0].dims, a->inputs, n_in));
     if (a->reference)

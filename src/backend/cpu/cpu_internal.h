@@ -5,9 +5,11 @@
 #define KILN_BACKEND_CPU_INTERNAL_H
 
 #include "cpu_backend.h"
+#include "../layer_check.h"
 
 #include "../../core/dtype.h"
 #include "../../core/error.h"
+#include "../../core/scalar.h"
 
 #include <math.h>
 #include <string.h>
@@ -29,69 +31,6 @@ static inline kiln_threadpool *cpu_pool(const kiln_cpu_args *a)
 static inline const char *cpu_layer_name(const kiln_cpu_args *a)
 {
     return a->layer && a->layer->name ? a->layer->name : "?";
-}
-
-/* Element count of concrete dims (dims are already checked by the caller;
- * negative dims count as zero). */
-static inline int64_t cpu_count(const kiln_dims *d)
-{
-    int64_t n = 1;
-    for (int32_t i = 0; i < d->rank; i++)
-        n *= d->d[i] > 0 ? d->d[i] : 0;
-    return n;
-}
-
-/* Row-major element strides of dims. */
-static inline void cpu_strides(const kiln_dims *d, int64_t *s)
-{
-    int64_t acc = 1;
-    for (int32_t i = d->rank - 1; i >= 0; i--) {
-        s[i] = acc;
-        acc *= d->d[i];
-    }
-}
-
-/* Inline element conversions for hot loops (the dtype.h functions are out
- * of line). Bit-exact with kiln_half_to_float / kiln_bf16_to_float /
- * kiln_float_to_bf16, subnormals and NaN included. */
-static inline float cpu_bits_f32(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-static inline uint32_t cpu_f32_bits(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static inline float cpu_bf16_to_f32(uint16_t b) { return cpu_bits_f32((uint32_t)b << 16); }
-
-static inline uint16_t cpu_f32_to_bf16(float f)
-{
-    uint32_t x = cpu_f32_bits(f);
-    if ((x & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((x >> 16) | 0x40u);
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-/* Rebias the exponent; Inf/NaN get the rest of the rebias; subnormals are
- * normalized by a float subtraction of the implicit bit. */
-static inline float cpu_f16_to_f32(uint16_t h)
-{
-    const uint32_t exp_mask = 0x7c00u << 13;
-    uint32_t o = ((uint32_t)h & 0x7fffu) << 13;
-    uint32_t e = o & exp_mask;
-    o += (uint32_t)(127 - 15) << 23;
-    if (e == exp_mask)
-        o += (uint32_t)(128 - 16) << 23;
-    else if (e == 0)
-        o = cpu_f32_bits(cpu_bits_f32(o + (1u << 23)) - cpu_bits_f32(113u << 23));
-    return cpu_bits_f32(o | ((uint32_t)h & 0x8000u) << 16);
 }
 
 /* ---- SIMD ----------------------------------------------------------------------------
@@ -177,7 +116,7 @@ static inline void cpu_f16x8(float *dst, const uint16_t *p)
     cpu_u8 e = o & exp_mask;
     o += (uint32_t)(127 - 15) << 23;
     o += (cpu_u8)(e == exp_mask) & ((uint32_t)(128 - 16) << 23);
-    cpu_u8 sub = (cpu_u8)((cpu_v8)(o + (1u << 23)) - cpu_bits_f32(113u << 23));
+    cpu_u8 sub = (cpu_u8)((cpu_v8)(o + (1u << 23)) - kiln_f32_from_bits(113u << 23));
     cpu_u8 is_sub = (cpu_u8)(e == 0);
     o = (sub & is_sub) | (o & ~is_sub);
     o |= (x & 0x8000u) << 16;

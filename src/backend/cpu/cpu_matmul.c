@@ -104,7 +104,7 @@ CPU_SIMD static float dot_bf16(const float *x, const uint16_t *w, int64_t n)
     s0 += s1;
     float t = ((s0[0] + s0[1]) + (s0[2] + s0[3])) + ((s0[4] + s0[5]) + (s0[6] + s0[7]));
     for (; i < n; i++)
-        t += x[i] * cpu_bf16_to_f32(w[i]);
+        t += x[i] * kiln_bf16_to_f32(w[i]);
     return t;
 }
 
@@ -124,7 +124,7 @@ __attribute__((target("avx2,f16c"))) static float dot_f16_f16c(const float *x, c
     _mm256_storeu_ps(l, _mm256_add_ps(s0, s1));
     float t = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     for (; i < n; i++)
-        t += x[i] * cpu_f16_to_f32(w[i]);
+        t += x[i] * kiln_f16_to_f32(w[i]);
     return t;
 }
 #endif
@@ -235,7 +235,7 @@ static kiln_status mm_as_f32(const kiln_cpu_args *a, const kiln_exec_tensor *t, 
         *out = t->data;
         return KILN_OK;
     }
-    int64_t n = cpu_count(&t->dims);
+    int64_t n = kiln_exec_count(&t->dims);
     *scratch = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
     if (!*scratch)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory widening a matmul operand",

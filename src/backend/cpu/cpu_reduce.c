@@ -132,24 +132,12 @@ kiln_status cpu_run_reduce(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
     const kiln_layer *l = a->layer;
-    if (l->n_inputs != 1 || l->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": reduce needs 1 input, 1 output",
-                         name);
+    KILN_TRY(kiln_layer_check_reduce(name, l, a->inputs, a->outputs));
     const kiln_dims *d = &a->inputs[0].dims;
     uint32_t axes = l->p.reduce.axes;
-    if ((unsigned)l->p.reduce.op >= KILN_REDUCE_OP_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": unknown reduce op %d", name,
-                         (int)l->p.reduce.op);
-    if (d->rank < 32 && (axes >> d->rank) != 0)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "layer \"%s\": reduce axes 0x%x outside rank %d", name, axes, (int)d->rank);
-    if (a->inputs[0].dtype != a->outputs[0].dtype || a->inputs[0].dtype == KILN_DTYPE_BOOL ||
-        a->inputs[0].dtype >= KILN_DTYPE_FP8_E4M3)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": reduce from %s to %s", name,
-                         kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(a->outputs[0].dtype));
     reduce_job j = {.a = a, .op = l->p.reduce.op, .rcount = 1};
     int64_t st[KILN_MAX_RANK], kept = 1;
-    cpu_strides(d, st);
+    kiln_exec_strides(d, st);
     for (int32_t i = 0; i < d->rank; i++) {
         if (axes & (1u << i)) {
             j.rcount *= d->d[i];
@@ -167,9 +155,9 @@ kiln_status cpu_run_reduce(const kiln_cpu_args *a)
             j.ks[j.nk++] = st[i];
         }
     }
-    if (cpu_count(&a->outputs[0].dims) != kept)
+    if (kiln_exec_count(&a->outputs[0].dims) != kept)
         return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": reduce output has %lld elements, expected %lld",
-                         name, (long long)cpu_count(&a->outputs[0].dims), (long long)kept);
+                         name, (long long)kiln_exec_count(&a->outputs[0].dims), (long long)kept);
     if (kept * j.rcount < KILN_CPU_PARALLEL_MIN)
         reduce_units(&j, 0, kept);
     else
@@ -306,8 +294,8 @@ kiln_status cpu_run_softmax(const kiln_cpu_args *a)
     if (!kiln_dtype_is_float(a->inputs[0].dtype) || !kiln_dtype_is_float(a->outputs[0].dtype))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": softmax on %s", name,
                          kiln_dtype_name(a->inputs[0].dtype));
-    int64_t count = cpu_count(d);
-    if (cpu_count(&a->outputs[0].dims) != count)
+    int64_t count = kiln_exec_count(d);
+    if (kiln_exec_count(&a->outputs[0].dims) != count)
         return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": softmax input and output sizes differ",
                          name);
     softmax_job j = {.a = a, .len = d->d[axis], .inner = 1};

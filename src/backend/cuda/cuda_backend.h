@@ -1,8 +1,17 @@
-/* The CUDA backend: device state shared by an engine's contexts, and one
+/* The CUDA backend: its table for the runtime (kiln_backend_cuda,
+ * cuda_runtime.c), device state shared by an engine's contexts, and one
  * entry point that launches any layer of a graph on a stream. It mirrors
  * the CPU backend (src/backend/cpu/cpu_backend.h), whose kernels are its
  * numerical reference. Only launches work: no allocation, no
  * synchronization, so a whole enqueue can be captured in a CUDA graph.
+ *
+ * Files: cuda_runtime.c (the table: engines, contexts, streams, staging,
+ * graphs, timing), cuda_backend.c (the device, layer dispatch, plugins),
+ * and per op family a .cu of kernels and launchers beside a .c of op
+ * entries: cuda_elementwise (binary, unary, fused chains), cuda_reduce
+ * (reductions, softmax), cuda_movement (concat, slice, shuffle, gather,
+ * cast), cuda_matmul.c (cuBLASLt). cuda_common.cuh is what every kernel
+ * shares (launch, PDL, element access).
  *
  * Compiled only when CMake finds nvcc (KILN_HAVE_CUDA); everything here
  * fails with KILN_ERROR_TARGET at run time when no GPU is present. */
@@ -15,6 +24,9 @@
  * workspace, device properties. Shared read-only by all contexts of the
  * engine; each launch passes its own stream. */
 typedef struct kiln_cuda_device kiln_cuda_device;
+
+/* The CUDA backend's table (cuda_runtime.c). */
+extern const kiln_backend_i kiln_backend_cuda;
 
 /* Nonzero when a usable GPU is present; *arch receives its compute
  * capability as 10*major + minor (e.g. 90). Never fails: no GPU is 0. */
@@ -59,10 +71,6 @@ kiln_status kiln_cuda_device_check(kiln_cuda_device *dev, const kiln_graph *grap
  * TF32) so they agree with the CPU reference; f16/bf16 accumulate in f32. */
 #define KILN_CUDA_MATMUL_CANDIDATES 8
 
-/* Nonzero when tactics can be timed here (a GPU is present). Without one
- * the builder stores -1 and says it used heuristic tactics. */
-int kiln_cuda_can_tune(void);
-
 /* Times every heuristic candidate of matmul layer `layer` for operands of
  * the given dims and dtypes (`data` is ignored: scratch buffers are
  * allocated and freed here, so call it at build time only), a few
@@ -77,6 +85,6 @@ kiln_status kiln_cuda_matmul_tune(kiln_cuda_device *dev, const kiln_layer *layer
  * has a workspace (layer->workspace bytes, 256-byte aligned): give each
  * context its own, since the device's is shared by every stream and two
  * contexts running matmuls at once must not share scratch. */
-#define KILN_CUDA_CUBLASLT_WORKSPACE ((size_t)32 << 20)
+#define KILN_CUDA_CUBLASLT_WORKSPACE KILN_GPU_MATMUL_WORKSPACE
 
 #endif

@@ -12,8 +12,10 @@
 extern "C" {
 #endif
 
-#define KCU_MAX_INPUTS 8  /* == KILN_FUSED_MAX_INPUTS */
-#define KCU_MAX_STEPS 16  /* == KILN_FUSED_MAX_STEPS */
+/* The graph's limits (KILN_FUSED_MAX_INPUTS/STEPS), which nvcc does not
+ * see; cuda_elementwise.c asserts they agree. */
+#define KCU_MAX_INPUTS 8
+#define KCU_MAX_STEPS 16
 
 /* Where kernels report a gather index out of range (device memory). */
 typedef struct kcu_error_word {

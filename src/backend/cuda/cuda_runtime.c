@@ -1,11 +1,12 @@
-/* The CUDA side of engines and contexts: the target check, constants on the
- * device once per engine, device blocks for the engine's pool, and per
- * context a stream, pinned staging, CUDA-graph capture and replay, and
- * event timing. enqueue only launches: every allocation happens at engine
- * load, context creation, a shape change or a staging copy. */
+/* The CUDA backend's table (src/backend/backend.h): the target check,
+ * constants on the device once per engine, device memory for the engine's
+ * pool, and per context a stream, pinned staging, CUDA-graph capture and
+ * replay, and event timing. enqueue only launches: every allocation
+ * happens at engine load, context creation, a shape change or a staging
+ * copy. */
 #ifdef KILN_HAVE_CUDA
 
-#include "runtime_internal.h"
+#include "cuda_ops.h"
 
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
@@ -14,69 +15,30 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "../backend/cuda/cuda_backend.h"
-#include "../core/error.h"
+#include "../../core/error.h"
 
-static kiln_status cuda_failed(cudaError_t err, const char *call, const char *file, int line)
-{
-    return kiln_fail(KILN_ERROR_BACKEND, "%s failed: %s (%s:%d)", call, cudaGetErrorString(err),
-                     file, line);
-}
-
-#define CU(call)                                                        \
-    do {                                                                \
-        cudaError_t cu_err_ = (call);                                   \
-        if (cu_err_ != cudaSuccess)                                     \
-            return cuda_failed(cu_err_, #call, __FILE__, __LINE__);     \
-    } while (0)
-
-#define CONST_ALIGN 256u
+/* Failed CUDA calls are reported as "CUDA: <call> failed: <error> (file:line)". */
+#define CU(call) CU_CHECK("CUDA", call)
 
 /* ---- target --------------------------------------------------------------------------- */
 
-static void format_archs(const kiln_engine_header_info *info, char *buf, size_t size)
-{
-    size_t len = 0;
-    int32_t n = info->n_gpu_archs < 0 || info->n_gpu_archs > 8 ? 0 : info->n_gpu_archs;
-    buf[0] = '\0';
-    for (int32_t i = 0; i < n && len < size; i++) {
-        int w = snprintf(buf + len, size - len, "%ssm_%d", i ? ", " : "", (int)info->gpu_archs[i]);
-        if (w < 0)
-            break;
-        len += (size_t)w;
-    }
-    if (n == 0)
-        snprintf(buf, size, "no GPU architecture recorded");
-}
-
-/* Whether this library carries PTX for `arch`: KILN_CUDA_ARCHITECTURES is
- * CMake's list, where "90" means sm_90 code plus compute_90 PTX,
- * "90-real" code only and "90-virtual" PTX only. */
+/* Whether this library carries PTX for `arch` (KILN_CUDA_ARCHITECTURES,
+ * CMake's list: "90" is sm_90 code plus compute_90 PTX, "90-real" code
+ * only, "90-virtual" PTX only). */
 static int library_has_ptx(int32_t arch)
 {
-    const char *p = KILN_CUDA_ARCHITECTURES;
-    while (*p) {
-        while (*p == ';' || *p == ',' || *p == ' ')
-            p++;
-        char *end;
-        long v = strtol(p, &end, 10);
-        const char *stop = end;
-        while (*stop && *stop != ';' && *stop != ',' && *stop != ' ')
-            stop++;
-        int real_only = (size_t)(stop - end) == 5 && strncmp(end, "-real", 5) == 0;
-        if (end != p && v == arch && !real_only)
-            return 1;
-        if (stop == p)
-            break;
-        p = stop;
-    }
+    int32_t archs[16], ptx[16];
+    int32_t n = kiln_gpu_archs_parse(KILN_CUDA_ARCHITECTURES, archs, ptx, 16);
+    for (int32_t i = 0; i < n; i++)
+        if (archs[i] == arch)
+            return ptx[i];
     return 0;
 }
 
-kiln_status kiln_cuda_check_target(const kiln_engine_header_info *info)
+static kiln_status cuda_check_target(const kiln_engine_header_info *info)
 {
     char archs[128];
-    format_archs(info, archs, sizeof archs);
+    kiln_gpu_archs_format(info->n_gpu_archs, info->gpu_archs, archs, sizeof archs);
     int32_t gpu = 0;
     if (!kiln_cuda_available(&gpu))
         return kiln_fail(KILN_ERROR_TARGET, "engine targets cuda (%s), but no CUDA GPU is available",
@@ -97,15 +59,15 @@ kiln_status kiln_cuda_check_target(const kiln_engine_header_info *info)
 
 /* ---- engine ------------------------------------------------------------------------------ */
 
-struct kiln_cuda_engine {
+/* What an engine holds on the GPU. */
+struct kiln_backend_engine {
     kiln_cuda_device *device;
     void *constants;       /* one device allocation holding every constant */
     void **constant_ptr;   /* graph.n_tensors; device address of each constant */
 };
 
-void kiln_cuda_engine_destroy(kiln_engine *e)
+static void cuda_engine_destroy(kiln_backend_engine *c)
 {
-    kiln_cuda_engine *c = e->cuda;
     if (!c)
         return;
     if (c->constants)
@@ -113,13 +75,12 @@ void kiln_cuda_engine_destroy(kiln_engine *e)
     kiln_cuda_device_destroy(c->device);
     free(c->constant_ptr);
     free(c);
-    e->cuda = NULL;
 }
 
-static kiln_status upload_constants(kiln_engine *e)
+#define CONST_ALIGN 256u
+
+static kiln_status upload_constants(kiln_backend_engine *c, const kiln_graph *g)
 {
-    kiln_cuda_engine *c = e->cuda;
-    const kiln_graph *g = &e->graph;
     size_t total = 0;
     for (int32_t t = 0; t < g->n_tensors; t++) {
         const kiln_tensor_rec *r = &g->tensors[t];
@@ -146,30 +107,31 @@ static kiln_status upload_constants(kiln_engine *e)
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_engine_create(kiln_engine *e)
+static kiln_status cuda_engine_create(const kiln_graph *g, kiln_backend_engine **out, void *const **constants)
 {
-    kiln_cuda_engine *c = calloc(1, sizeof *c);
+    kiln_backend_engine *c = calloc(1, sizeof *c);
     if (!c)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory loading a cuda engine");
-    e->cuda = c;
-    c->constant_ptr = calloc(e->graph.n_tensors > 0 ? (size_t)e->graph.n_tensors : 1,
-                             sizeof *c->constant_ptr);
+    c->constant_ptr = calloc(g->n_tensors > 0 ? (size_t)g->n_tensors : 1, sizeof *c->constant_ptr);
     kiln_status s = c->constant_ptr ? KILN_OK
                                     : kiln_fail(KILN_ERROR_OUT_OF_MEMORY,
                                                 "out of memory loading a cuda engine");
     if (s == KILN_OK)
         s = kiln_cuda_device_create(&c->device);
     if (s == KILN_OK)
-        s = upload_constants(e);
-    if (s != KILN_OK)
-        kiln_cuda_engine_destroy(e);
-    return s;
+        s = upload_constants(c, g);
+    if (s != KILN_OK) {
+        cuda_engine_destroy(c);
+        return s;
+    }
+    *out = c;
+    *constants = c->constant_ptr;
+    return KILN_OK;
 }
 
-void *kiln_cuda_engine_constant(const kiln_engine *e, int32_t t) { return e->cuda->constant_ptr[t]; }
-
-void *kiln_cuda_block_alloc(size_t bytes)
+static void *cuda_mem_alloc(size_t bytes, int block)
 {
+    (void)block;
     void *p = NULL;
     if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
         cudaGetLastError();
@@ -178,7 +140,12 @@ void *kiln_cuda_block_alloc(size_t bytes)
     return p;
 }
 
-void kiln_cuda_block_free(void *block) { cudaFree(block); }
+static void cuda_mem_free(void *p, size_t bytes, int block)
+{
+    (void)bytes;
+    (void)block;
+    cudaFree(p);
+}
 
 /* ---- context ------------------------------------------------------------------------------ */
 
@@ -201,7 +168,9 @@ typedef struct staged_output {
     size_t bytes;
 } staged_output;
 
-struct kiln_cuda_context {
+struct kiln_backend_context {
+    kiln_exec_plan *plan;      /* the runtime's context, borrowed */
+    kiln_backend_engine *engine;
     cudaStream_t stream;
     cudaEvent_t start, stop;   /* around the last enqueue's launches */
     int32_t timed;             /* start/stop describe the last enqueue */
@@ -220,7 +189,7 @@ struct kiln_cuda_context {
     size_t *host_io_bytes;
 };
 
-static void drop_graphs(kiln_cuda_context *c)
+static void drop_graphs(kiln_backend_context *c)
 {
     /* An executable graph still running is freed when it completes. */
     for (int i = 0; i < GRAPH_CACHE; i++)
@@ -230,12 +199,11 @@ static void drop_graphs(kiln_cuda_context *c)
         }
 }
 
-void kiln_cuda_context_destroy(kiln_context *ctx)
+static void cuda_context_destroy(kiln_backend_context *c)
 {
-    kiln_cuda_context *c = ctx->cuda;
     if (!c)
         return;
-    const kiln_graph *g = &ctx->engine->graph;
+    const kiln_graph *g = c->plan->graph;
     if (c->stream)
         cudaStreamSynchronize(c->stream);
     drop_graphs(c);
@@ -265,22 +233,20 @@ void kiln_cuda_context_destroy(kiln_context *ctx)
     if (c->stream)
         cudaStreamDestroy(c->stream);
     if (c->host_block)
-        munmap(c->host_block, ctx->engine->pool.block_bytes ? ctx->engine->pool.block_bytes : 1);
+        munmap(c->host_block, c->plan->block_bytes ? c->plan->block_bytes : 1);
     for (int32_t t = 0; c->host_io && t < g->n_tensors; t++)
         free(c->host_io[t]);
     free(c->host_io);
     free(c->host_io_bytes);
     free(c);
-    ctx->cuda = NULL;
 }
 
-static kiln_status context_init(kiln_context *ctx)
+static kiln_status context_init(kiln_backend_context *c)
 {
-    kiln_cuda_context *c = ctx->cuda;
-    const kiln_engine *e = ctx->engine;
-    size_t nt = e->graph.n_tensors > 0 ? (size_t)e->graph.n_tensors : 1;
-    size_t ns = e->graph.n_symbols > 0 ? (size_t)e->graph.n_symbols : 1;
-    size_t nio = e->n_io > 0 ? (size_t)e->n_io : 1;
+    const kiln_exec_plan *p = c->plan;
+    size_t nt = p->graph->n_tensors > 0 ? (size_t)p->graph->n_tensors : 1;
+    size_t ns = p->graph->n_symbols > 0 ? (size_t)p->graph->n_symbols : 1;
+    size_t nio = p->n_io > 0 ? (size_t)p->n_io : 1;
     c->staging = calloc(nt, sizeof *c->staging);
     c->staging_bytes = calloc(nt, sizeof *c->staging_bytes);
     c->staging_done = calloc(nt, sizeof *c->staging_done);
@@ -302,25 +268,32 @@ static kiln_status context_init(kiln_context *ctx)
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_context_create(kiln_context *ctx)
+static kiln_status cuda_context_create(kiln_backend_engine *e, kiln_exec_plan *plan,
+                                       kiln_backend_context **out)
 {
-    if (!(ctx->cuda = calloc(1, sizeof *ctx->cuda)))
+    kiln_backend_context *c = calloc(1, sizeof *c);
+    if (!c)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory creating a cuda context");
-    kiln_status s = context_init(ctx);
-    if (s != KILN_OK)
-        kiln_cuda_context_destroy(ctx);
-    return s;
+    c->plan = plan;
+    c->engine = e;
+    kiln_status s = context_init(c);
+    if (s != KILN_OK) {
+        cuda_context_destroy(c);
+        return s;
+    }
+    *out = c;
+    return KILN_OK;
 }
 
 /* A host pointer bound on a cuda engine would fault inside a kernel; say
  * so here, naming the tensor. */
-kiln_status kiln_cuda_check_binding(const char *name, void *ptr)
+static kiln_status cuda_check_binding(const char *name, void *ptr)
 {
     struct cudaPointerAttributes attr;
     cudaError_t err = cudaPointerGetAttributes(&attr, ptr);
     if (err != cudaSuccess) {
         cudaGetLastError();
-        return cuda_failed(err, "cudaPointerGetAttributes", __FILE__, __LINE__);
+        return cuda_fail(err, "CUDA", "cudaPointerGetAttributes", __FILE__, __LINE__);
     }
     if (attr.type != cudaMemoryTypeDevice && attr.type != cudaMemoryTypeManaged)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
@@ -332,16 +305,10 @@ kiln_status kiln_cuda_check_binding(const char *name, void *ptr)
 
 /* ---- staging ------------------------------------------------------------------------------ */
 
-static void *io_address(const kiln_context *ctx, int32_t t)
-{
-    return ctx->bound[t] ? ctx->bound[t] : kiln_context_tensor_data(ctx, t);
-}
-
 /* Replaces tensor t's staging buffer with one of `bytes`, once the last
  * copy through the old one has finished. */
-static kiln_status grow_staging(kiln_context *ctx, int32_t t, size_t bytes)
+static kiln_status grow_staging(kiln_backend_context *c, int32_t t, size_t bytes)
 {
-    kiln_cuda_context *c = ctx->cuda;
     if (!c->staging_done[t])
         CU(cudaEventCreateWithFlags(&c->staging_done[t], cudaEventDisableTiming));
     CU(cudaEventSynchronize(c->staging_done[t]));
@@ -355,16 +322,16 @@ static kiln_status grow_staging(kiln_context *ctx, int32_t t, size_t bytes)
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_context_shapes_changed(kiln_context *ctx)
+static kiln_status cuda_shapes_changed(kiln_backend_context *c)
 {
-    kiln_cuda_context *c = ctx->cuda;
-    const kiln_graph *g = &ctx->engine->graph;
+    const kiln_exec_plan *p = c->plan;
+    const kiln_graph *g = p->graph;
     for (int32_t t = 0; t < g->n_tensors; t++) {
         size_t bytes;
-        if (!c->staging[t] || kiln_dims_bytes(&ctx->dims[t], g->tensors[t].dtype, &bytes) != KILN_OK)
+        if (!c->staging[t] || kiln_dims_bytes(&p->dims[t], g->tensors[t].dtype, &bytes) != KILN_OK)
             continue;
         if (bytes > c->staging_bytes[t])
-            KILN_TRY(grow_staging(ctx, t, bytes));
+            KILN_TRY(grow_staging(c, t, bytes));
     }
     return KILN_OK;
 }
@@ -375,17 +342,15 @@ static void CUDART_CB finish_output(void *arg)
     memcpy(o->host, o->staging, o->bytes);
 }
 
-kiln_status kiln_cuda_context_copy(kiln_context *ctx, int32_t t, void *host, size_t bytes,
-                                   int to_device)
+static kiln_status cuda_copy(kiln_backend_context *c, int32_t t, void *host, size_t bytes, int to_device)
 {
-    kiln_cuda_context *c = ctx->cuda;
     if (!bytes)
         return KILN_OK;
     if (bytes > c->staging_bytes[t])
-        KILN_TRY(grow_staging(ctx, t, bytes));
+        KILN_TRY(grow_staging(c, t, bytes));
     /* The staging buffer is reused only after the last copy through it. */
     CU(cudaEventSynchronize(c->staging_done[t]));
-    void *dev = io_address(ctx, t);
+    void *dev = kiln_exec_io_address(c->plan, t);
     if (to_device) {
         memcpy(c->staging[t], host, bytes);
         CU(cudaMemcpyAsync(dev, c->staging[t], bytes, cudaMemcpyHostToDevice, c->stream));
@@ -405,101 +370,109 @@ static const char *layer_what(const kiln_graph *g, const kiln_layer *L)
     return L->op == KILN_OP_PLUGIN ? g->plugins[L->p.plugin.index].name : kiln_op_name(L->op);
 }
 
-/* Launches every layer on s. While capturing, a launch that invalidates the
- * capture is reported with the layer that made it. */
-static kiln_status launch_layers(kiln_context *ctx, cudaStream_t s, cudaEvent_t *events,
-                                 int capturing)
+/* One launch of the layer loop on `stream`, with per-layer events when
+ * profiling. While capturing, a launch that invalidates the capture is
+ * reported with the layer that made it. */
+typedef struct launch {
+    kiln_backend_context *c;
+    cudaStream_t stream;
+    cudaEvent_t *events;
+    int capturing;
+} launch;
+
+static kiln_status launch_layer(void *user, const kiln_exec_call *call)
 {
-    const kiln_engine *e = ctx->engine;
-    const kiln_graph *g = &e->graph;
-    if (events)
-        CU(cudaEventRecord(events[0], s));
-    for (int32_t l = 0; l < g->n_layers; l++) {
-        const kiln_layer *L = &g->layers[l];
-        if (L->op != KILN_OP_CONSTANT) {
-            for (int32_t i = 0; i < L->n_inputs; i++) {
-                int32_t t = L->inputs[i];
-                ctx->in_args[i] = (kiln_exec_tensor){kiln_context_tensor_data(ctx, t),
-                                                     g->tensors[t].dtype, ctx->dims[t]};
-            }
-            for (int32_t i = 0; i < L->n_outputs; i++) {
-                int32_t t = L->outputs[i];
-                ctx->out_args[i] = (kiln_exec_tensor){kiln_context_tensor_data(ctx, t),
-                                                      g->tensors[t].dtype, ctx->dims[t]};
-            }
-            kiln_cuda_args args = {
-                .graph = g,
-                .layer = L,
-                .inputs = ctx->in_args,
-                .outputs = ctx->out_args,
-                .plugin = L->op == KILN_OP_PLUGIN ? ctx->plugins[L->p.plugin.index] : NULL,
-                .workspace = ctx->block + e->workspace_offset,
-                .device = e->cuda->device,
-                .stream = s,
-            };
-            nvtxRangePushA(L->name);
-            kiln_status st = kiln_cuda_run_layer(&args);
-            nvtxRangePop();
-            cudaError_t err = cudaGetLastError();
-            if (st != KILN_OK)
-                return capturing ? kiln_fail_context(st, "CUDA graph capture broke at layer \"%s\" (%s)",
-                                                     L->name, layer_what(g, L))
-                                 : st;
-            if (capturing) {
-                enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-                cudaError_t qerr = cudaStreamIsCapturing(s, &cs);
-                if (err != cudaSuccess || qerr != cudaSuccess || cs != cudaStreamCaptureStatusActive)
-                    return kiln_fail(KILN_ERROR_BACKEND,
-                                     "CUDA graph capture broke at layer \"%s\" (%s): %s", L->name,
-                                     layer_what(g, L),
-                                     cudaGetErrorString(err != cudaSuccess ? err
-                                                        : qerr != cudaSuccess ? qerr
-                                                        : cudaErrorStreamCaptureInvalidated));
-            } else if (err != cudaSuccess) {
-                return kiln_fail(KILN_ERROR_BACKEND, "layer \"%s\" (%s): launch failed: %s",
-                                 L->name, layer_what(g, L), cudaGetErrorString(err));
-            }
-        }
-        if (events)
-            CU(cudaEventRecord(events[l + 1], s));
-    }
-    /* An output the builder folded to a constant has no producing layer;
-     * memory bound for it still receives the values. */
-    for (int32_t i = 0; i < g->n_outputs; i++) {
-        int32_t t = g->outputs[i];
-        const kiln_tensor_rec *r = &g->tensors[t];
-        size_t bytes;
-        void *src = kiln_context_tensor_data(ctx, t);
-        if ((r->flags & KILN_TENSOR_CONSTANT) && ctx->bound[t] && ctx->bound[t] != src &&
-            kiln_dims_bytes(&ctx->dims[t], r->dtype, &bytes) == KILN_OK && bytes)
-            CU(cudaMemcpyAsync(ctx->bound[t], src, bytes, cudaMemcpyDeviceToDevice, s));
+    const launch *ln = user;
+    const kiln_graph *g = call->graph;
+    const kiln_layer *L = call->layer;
+    kiln_cuda_args args = {
+        .graph = g,
+        .layer = L,
+        .inputs = call->inputs,
+        .outputs = call->outputs,
+        .plugin = call->plugin,
+        .workspace = call->workspace,
+        .device = ln->c->engine->device,
+        .stream = ln->stream,
+    };
+    nvtxRangePushA(L->name);
+    kiln_status st = kiln_cuda_run_layer(&args);
+    nvtxRangePop();
+    cudaError_t err = cudaGetLastError();
+    if (st != KILN_OK)
+        return ln->capturing ? kiln_fail_context(st, "CUDA graph capture broke at layer \"%s\" (%s)",
+                                                 L->name, layer_what(g, L))
+                             : st;
+    if (ln->capturing) {
+        enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+        cudaError_t qerr = cudaStreamIsCapturing(ln->stream, &cs);
+        if (err != cudaSuccess || qerr != cudaSuccess || cs != cudaStreamCaptureStatusActive)
+            return kiln_fail(KILN_ERROR_BACKEND, "CUDA graph capture broke at layer \"%s\" (%s): %s",
+                             L->name, layer_what(g, L),
+                             cudaGetErrorString(err != cudaSuccess    ? err
+                                                : qerr != cudaSuccess ? qerr
+                                                                      : cudaErrorStreamCaptureInvalidated));
+    } else if (err != cudaSuccess) {
+        return kiln_fail(KILN_ERROR_BACKEND, "layer \"%s\" (%s): launch failed: %s", L->name,
+                         layer_what(g, L), cudaGetErrorString(err));
     }
     return KILN_OK;
 }
 
+static kiln_status record_layer_event(void *user, int32_t layer)
+{
+    const launch *ln = user;
+    CU(cudaEventRecord(ln->events[layer + 1], ln->stream));
+    return KILN_OK;
+}
+
+static kiln_status copy_on_stream(void *user, void *dst, const void *src, size_t bytes)
+{
+    const launch *ln = user;
+    CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ln->stream));
+    return KILN_OK;
+}
+
+/* Launches every layer on s (kiln_exec_run), recording events[0] before
+ * the first and events[l + 1] after layer l when `events` is given. */
+static kiln_status launch_layers(kiln_backend_context *c, cudaStream_t s, cudaEvent_t *events,
+                                 int capturing)
+{
+    launch ln = {c, s, events, capturing};
+    kiln_exec_hooks hooks = {
+        .run = launch_layer,
+        .after = events ? record_layer_event : NULL,
+        .copy = copy_on_stream,
+        .user = &ln,
+    };
+    if (events)
+        CU(cudaEventRecord(events[0], s));
+    return kiln_exec_run(c->plan, NULL, &hooks);
+}
+
 /* ---- CUDA graphs -------------------------------------------------------------------------- */
 
-static int entry_matches(const kiln_context *ctx, const graph_entry *en)
+static int entry_matches(const kiln_backend_context *c, const graph_entry *en)
 {
-    const kiln_engine *e = ctx->engine;
+    const kiln_exec_plan *p = c->plan;
     if (!en->exec)
         return 0;
-    for (int32_t s = 0; s < e->graph.n_symbols; s++)
-        if (en->symbols[s] != ctx->symbols[s])
+    for (int32_t s = 0; s < p->graph->n_symbols; s++)
+        if (en->symbols[s] != p->symbols[s])
             return 0;
-    for (int32_t i = 0; i < e->n_io; i++)
-        if (en->addr[i] != io_address(ctx, e->io[i]))
+    for (int32_t i = 0; i < p->n_io; i++)
+        if (en->addr[i] != kiln_exec_io_address(p, p->io[i]))
             return 0;
     return 1;
 }
 
-static kiln_status capture(kiln_context *ctx, cudaStream_t s, graph_entry *en)
+static kiln_status capture(kiln_backend_context *c, cudaStream_t s, graph_entry *en)
 {
-    const kiln_engine *e = ctx->engine;
+    const kiln_exec_plan *p = c->plan;
     /* Thread-local: another thread creating a context (cudaMalloc) while
      * this one captures must not break either. */
     CU(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    kiln_status st = launch_layers(ctx, s, NULL, 1);
+    kiln_status st = launch_layers(c, s, NULL, 1);
     cudaGraph_t graph = NULL;
     cudaError_t end = cudaStreamEndCapture(s, &graph);
     if (st == KILN_OK && end != cudaSuccess)
@@ -510,26 +483,25 @@ static kiln_status capture(kiln_context *ctx, cudaStream_t s, graph_entry *en)
         cudaError_t err = cudaGraphInstantiate(&en->exec, graph, 0);
         if (err != cudaSuccess) {
             en->exec = NULL;
-            st = cuda_failed(err, "cudaGraphInstantiate", __FILE__, __LINE__);
+            st = cuda_fail(err, "CUDA", "cudaGraphInstantiate", __FILE__, __LINE__);
         }
     }
     if (graph)
         cudaGraphDestroy(graph);
     if (st != KILN_OK)
         return st;
-    memcpy(en->symbols, ctx->symbols, sizeof *en->symbols * (size_t)e->graph.n_symbols);
-    for (int32_t i = 0; i < e->n_io; i++)
-        en->addr[i] = io_address(ctx, e->io[i]);
-    kiln_log(KILN_LOG_INFO, "cuda: captured a graph of %d layers", (int)e->graph.n_layers);
+    memcpy(en->symbols, p->symbols, sizeof *en->symbols * (size_t)p->graph->n_symbols);
+    for (int32_t i = 0; i < p->n_io; i++)
+        en->addr[i] = kiln_exec_io_address(p, p->io[i]);
+    kiln_log(KILN_LOG_INFO, "cuda: captured a graph of %d layers", (int)p->graph->n_layers);
     return KILN_OK;
 }
 
-static kiln_status enqueue_graph(kiln_context *ctx, cudaStream_t s)
+static kiln_status enqueue_graph(kiln_backend_context *c, cudaStream_t s)
 {
-    kiln_cuda_context *c = ctx->cuda;
     graph_entry *en = NULL;
     for (int i = 0; i < GRAPH_CACHE && !en; i++)
-        if (entry_matches(ctx, &c->graphs[i]))
+        if (entry_matches(c, &c->graphs[i]))
             en = &c->graphs[i];
     if (!en) {
         /* An empty slot, else the least recently used. */
@@ -541,7 +513,7 @@ static kiln_status enqueue_graph(kiln_context *ctx, cudaStream_t s)
             cudaGraphExecDestroy(en->exec);
             en->exec = NULL;
         }
-        KILN_TRY(capture(ctx, s, en));
+        KILN_TRY(capture(c, s, en));
     }
     en->last_use = ++c->uses;
     CU(cudaEventRecord(c->start, s));
@@ -551,17 +523,17 @@ static kiln_status enqueue_graph(kiln_context *ctx, cudaStream_t s)
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_context_set_graph(kiln_context *ctx, int32_t enable)
+static kiln_status cuda_set_graph_mode(kiln_backend_context *c, int32_t enable)
 {
-    kiln_cuda_context *c = ctx->cuda;
-    const kiln_graph *g = &ctx->engine->graph;
+    const kiln_exec_plan *p = c->plan;
+    const kiln_graph *g = p->graph;
     if (enable)
         for (int32_t l = 0; l < g->n_layers; l++) {
             const kiln_layer *L = &g->layers[l];
             if (L->op != KILN_OP_PLUGIN)
                 continue;
-            const kiln_plugin *p = ctx->plugins[L->p.plugin.index];
-            if (!(p->ops->flags & KILN_PLUGIN_FLAG_CAPTURE_SAFE))
+            const kiln_plugin *pl = p->plugins[L->p.plugin.index];
+            if (!(pl->ops->flags & KILN_PLUGIN_FLAG_CAPTURE_SAFE))
                 return kiln_fail(KILN_ERROR_UNSUPPORTED,
                                  "CUDA graphs are off for this engine: plugin \"%s\" (layer \"%s\") "
                                  "is not marked capture-safe",
@@ -575,10 +547,8 @@ kiln_status kiln_cuda_context_set_graph(kiln_context *ctx, int32_t enable)
 
 /* ---- enqueue, synchronize, timing --------------------------------------------------------- */
 
-kiln_status kiln_cuda_context_enqueue(kiln_context *ctx, void *stream)
+static kiln_status cuda_enqueue(kiln_backend_context *c, void *stream)
 {
-    kiln_cuda_context *c = ctx->cuda;
-    KILN_TRY(kiln_context_require_shapes(ctx));
     cudaStream_t s = stream ? (cudaStream_t)stream : c->stream;
     /* A caller capturing this enqueue into its own graph gets the bare
      * launches: no events, no graph of ours inside theirs. */
@@ -588,29 +558,28 @@ kiln_status kiln_cuda_context_enqueue(kiln_context *ctx, void *stream)
     c->timed = 0;
     c->profiled = 0;
     if (outer)
-        return launch_layers(ctx, s, NULL, 0);
+        return launch_layers(c, s, NULL, 0);
     if (c->graph_mode)
-        return enqueue_graph(ctx, s);
-    int profile = ctx->layer_ms && c->layer_events;
+        return enqueue_graph(c, s);
+    int profile = c->plan->layer_ms && c->layer_events;
     CU(cudaEventRecord(c->start, s));
-    KILN_TRY(launch_layers(ctx, s, profile ? c->layer_events : NULL, 0));
+    KILN_TRY(launch_layers(c, s, profile ? c->layer_events : NULL, 0));
     CU(cudaEventRecord(c->stop, s));
     c->timed = 1;
     c->profiled = profile;
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_context_synchronize(kiln_context *ctx)
+static kiln_status cuda_synchronize(kiln_backend_context *c)
 {
-    CU(cudaStreamSynchronize(ctx->cuda->stream));
+    CU(cudaStreamSynchronize(c->stream));
     /* Errors kernels recorded on the device (a gather index out of range)
      * can only be read once the work is done. */
-    return kiln_cuda_device_check(ctx->engine->cuda->device, &ctx->engine->graph);
+    return kiln_cuda_device_check(c->engine->device, c->plan->graph);
 }
 
-kiln_status kiln_cuda_context_gpu_time(kiln_context *ctx, float *ms)
+static kiln_status cuda_gpu_time(kiln_backend_context *c, float *ms)
 {
-    kiln_cuda_context *c = ctx->cuda;
     if (!c->timed)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
                          "no timed enqueue yet (none ran, or the caller captured the last one)");
@@ -619,10 +588,9 @@ kiln_status kiln_cuda_context_gpu_time(kiln_context *ctx, float *ms)
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_context_set_profiling(kiln_context *ctx)
+static kiln_status cuda_set_profiling(kiln_backend_context *c)
 {
-    kiln_cuda_context *c = ctx->cuda;
-    int32_t n = ctx->engine->graph.n_layers;
+    int32_t n = c->plan->graph->n_layers;
     if (c->layer_events)
         return KILN_OK;
     if (!(c->layer_events = calloc((size_t)n + 1, sizeof *c->layer_events)))
@@ -632,17 +600,16 @@ kiln_status kiln_cuda_context_set_profiling(kiln_context *ctx)
     return KILN_OK;
 }
 
-kiln_status kiln_cuda_context_layer_times(kiln_context *ctx)
+static kiln_status cuda_layer_times(kiln_backend_context *c)
 {
-    kiln_cuda_context *c = ctx->cuda;
-    int32_t n = ctx->engine->graph.n_layers;
+    int32_t n = c->plan->graph->n_layers;
     if (!c->profiled)
         return KILN_OK;
     CU(cudaEventSynchronize(c->layer_events[n]));
     for (int32_t l = 0; l < n; l++) {
         float ms = 0;
         CU(cudaEventElapsedTime(&ms, c->layer_events[l], c->layer_events[l + 1]));
-        ctx->layer_ms[l] = ms;
+        c->plan->layer_ms[l] = ms;
     }
     c->profiled = 0;
     return KILN_OK;
@@ -653,84 +620,128 @@ kiln_status kiln_cuda_context_layer_times(kiln_context *ctx)
 /* Host memory for the reference run: a copy of the block (arena and
  * workspace) and one buffer per I/O tensor at its current size. Allocated
  * on the first reference run and grown with the shapes. */
-static kiln_status reference_memory(kiln_context *ctx)
+static kiln_status reference_memory(kiln_backend_context *c)
 {
-    kiln_cuda_context *c = ctx->cuda;
-    const kiln_engine *e = ctx->engine;
-    const kiln_graph *g = &e->graph;
+    const kiln_exec_plan *p = c->plan;
+    const kiln_graph *g = p->graph;
     if (!c->host_block) {
-        void *p = mmap(NULL, e->pool.block_bytes ? e->pool.block_bytes : 1, PROT_READ | PROT_WRITE,
+        void *m = mmap(NULL, p->block_bytes ? p->block_bytes : 1, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED)
+        if (m == MAP_FAILED)
             return kiln_fail(KILN_ERROR_OUT_OF_MEMORY,
-                             "out of memory for a %zu-byte host copy of the context",
-                             e->pool.block_bytes);
-        c->host_block = p;
+                             "out of memory for a %zu-byte host copy of the context", p->block_bytes);
+        c->host_block = m;
     }
-    for (int32_t i = 0; i < e->n_io; i++) {
-        int32_t t = e->io[i];
+    for (int32_t i = 0; i < p->n_io; i++) {
+        int32_t t = p->io[i];
         size_t bytes;
-        if ((g->tensors[t].flags & KILN_TENSOR_CONSTANT) || e->offsets[t] >= 0)
+        if ((g->tensors[t].flags & KILN_TENSOR_CONSTANT) || p->offsets[t] >= 0)
             continue;
-        KILN_TRY(kiln_dims_bytes(&ctx->dims[t], g->tensors[t].dtype, &bytes));
+        KILN_TRY(kiln_dims_bytes(&p->dims[t], g->tensors[t].dtype, &bytes));
         if (bytes <= c->host_io_bytes[t] && c->host_io[t])
             continue;
-        void *p = malloc(bytes ? bytes : 1);
-        if (!p)
+        void *m = malloc(bytes ? bytes : 1);
+        if (!m)
             return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a host copy of \"%s\"",
                              g->tensors[t].name);
         free(c->host_io[t]);
-        c->host_io[t] = p;
+        c->host_io[t] = m;
         c->host_io_bytes[t] = bytes;
     }
     return KILN_OK;
 }
 
 /* Host address of non-constant tensor t in the reference run. */
-static void *reference_data(const kiln_context *ctx, int32_t t)
+static void *reference_data(const kiln_backend_context *c, int32_t t)
 {
-    const kiln_cuda_context *c = ctx->cuda;
-    int64_t off = ctx->engine->offsets[t];
+    int64_t off = c->plan->offsets[t];
     return off >= 0 ? (void *)(c->host_block + off) : c->host_io[t];
 }
 
 /* Inputs come from the device, the layers run on host copies with the
  * engine's host constants, and the outputs go back where enqueue would
  * have written them: the caller reads both runs the same way. */
-kiln_status kiln_cuda_context_run_reference(kiln_context *ctx)
+static kiln_status cuda_run_reference(kiln_backend_context *c)
 {
-    kiln_cuda_context *c = ctx->cuda;
-    const kiln_engine *e = ctx->engine;
-    const kiln_graph *g = &e->graph;
-    KILN_TRY(kiln_context_require_shapes(ctx));
-    KILN_TRY(reference_memory(ctx));
+    kiln_exec_plan *p = c->plan;
+    const kiln_graph *g = p->graph;
+    KILN_TRY(reference_memory(c));
     CU(cudaStreamSynchronize(c->stream));
     for (int32_t i = 0; i < g->n_inputs; i++) {
         int32_t t = g->inputs[i];
         size_t bytes;
         if (g->tensors[t].flags & KILN_TENSOR_CONSTANT)
             continue;
-        KILN_TRY(kiln_dims_bytes(&ctx->dims[t], g->tensors[t].dtype, &bytes));
+        KILN_TRY(kiln_dims_bytes(&p->dims[t], g->tensors[t].dtype, &bytes));
         if (bytes)
-            CU(cudaMemcpyAsync(reference_data(ctx, t), io_address(ctx, t), bytes,
+            CU(cudaMemcpyAsync(reference_data(c, t), kiln_exec_io_address(p, t), bytes,
                                cudaMemcpyDeviceToHost, c->stream));
     }
     CU(cudaStreamSynchronize(c->stream));
-    KILN_TRY(kiln_context_run_cpu(ctx, 1, c->host_block, c->host_io));
+    kiln_exec_host host = {c->host_block, c->host_io};
+    KILN_TRY(kiln_cpu_exec(p, &host, 1));
     for (int32_t i = 0; i < g->n_outputs; i++) {
         int32_t t = g->outputs[i];
         const kiln_tensor_rec *r = &g->tensors[t];
         size_t bytes;
-        KILN_TRY(kiln_dims_bytes(&ctx->dims[t], r->dtype, &bytes));
+        KILN_TRY(kiln_dims_bytes(&p->dims[t], r->dtype, &bytes));
         /* An unbound constant output is the engine's shared copy: it
          * already holds the values and must not be written. */
-        if (!bytes || ((r->flags & KILN_TENSOR_CONSTANT) && !ctx->bound[t]))
+        if (!bytes || ((r->flags & KILN_TENSOR_CONSTANT) && !p->bound[t]))
             continue;
-        const void *src = (r->flags & KILN_TENSOR_CONSTANT) ? r->data : reference_data(ctx, t);
-        CU(cudaMemcpyAsync(io_address(ctx, t), src, bytes, cudaMemcpyHostToDevice, c->stream));
+        const void *src = (r->flags & KILN_TENSOR_CONSTANT) ? r->data : reference_data(c, t);
+        CU(cudaMemcpyAsync(kiln_exec_io_address(p, t), src, bytes, cudaMemcpyHostToDevice, c->stream));
     }
     CU(cudaStreamSynchronize(c->stream));
     return KILN_OK;
 }
+
+/* ---- build time ------------------------------------------------------------------------------ */
+
+static int cuda_device_arch(int32_t *arch) { return kiln_cuda_available(arch); }
+
+static kiln_status cuda_tuner_create(void **tuner)
+{
+    kiln_cuda_device *dev = NULL;
+    KILN_TRY(kiln_cuda_device_create(&dev));
+    *tuner = dev;
+    return KILN_OK;
+}
+
+static void cuda_tuner_destroy(void *tuner) { kiln_cuda_device_destroy(tuner); }
+
+static kiln_status cuda_tune_layer(void *tuner, const kiln_layer *L, const kiln_exec_tensor *inputs,
+                                   const kiln_exec_tensor *outputs, int64_t *tactic)
+{
+    *tactic = -1;
+    if (L->op != KILN_OP_MATMUL)
+        return KILN_OK;
+    return kiln_cuda_matmul_tune(tuner, L, &inputs[0], &inputs[1], &outputs[0], tactic);
+}
+
+const kiln_backend_i kiln_backend_cuda = {
+    .kind = KILN_BACKEND_CUDA,
+    .check_target = cuda_check_target,
+    .engine_create = cuda_engine_create,
+    .engine_destroy = cuda_engine_destroy,
+    .mem_alloc = cuda_mem_alloc,
+    .mem_free = cuda_mem_free,
+    .check_binding = cuda_check_binding,
+    .context_create = cuda_context_create,
+    .context_destroy = cuda_context_destroy,
+    .shapes_changed = cuda_shapes_changed,
+    .enqueue = cuda_enqueue,
+    .synchronize = cuda_synchronize,
+    .run_reference = cuda_run_reference,
+    .copy = cuda_copy,
+    .set_graph_mode = cuda_set_graph_mode,
+    .gpu_time = cuda_gpu_time,
+    .set_profiling = cuda_set_profiling,
+    .layer_times = cuda_layer_times,
+    .device_arch = cuda_device_arch,
+    .tuner_create = cuda_tuner_create,
+    .tuner_destroy = cuda_tuner_destroy,
+    .tune_layer = cuda_tune_layer,
+};
 
 #endif
