@@ -193,13 +193,15 @@ static kiln_status check_arena(const kiln_graph *g)
     return KILN_OK;
 }
 
-/* Activations live at the same time never share arena bytes, as the
- * builder's liveness plan guarantees: a tensor is live from the layer that
+/* Tensors live at the same time never share arena bytes, as the builder's
+ * liveness plan guarantees: an activation is live from the layer that
  * writes it through the last layer that reads it (so a layer's inputs and
- * outputs are disjoint). I/O tensors are left out: the runtime gives them
- * buffers of their own. Layers are visited in order, keeping the live
- * activations sorted by offset; a newcomer only has to miss its two
- * neighbours, since those already live are disjoint. */
+ * outputs are disjoint); a network input or output is live for the whole
+ * run (the runtime cuts I/O ranges out of the arena, which is safe only
+ * because nothing else lies in them). Layers are visited in order, keeping
+ * the live activations sorted by offset; a newcomer only has to miss its
+ * two neighbours there and among the I/O ranges, since those already live
+ * are disjoint. */
 #define KILN_ENGINE_MAX_LIVE 4096
 
 typedef struct live_range {
@@ -225,6 +227,29 @@ static int is_activation(const kiln_tensor_rec *r)
     return !(r->flags & (KILN_TENSOR_CONSTANT | KILN_TENSOR_INPUT | KILN_TENSOR_OUTPUT)) && r->max_bytes > 0;
 }
 
+static int is_io(const kiln_tensor_rec *r)
+{
+    return !(r->flags & KILN_TENSOR_CONSTANT) && (r->flags & (KILN_TENSOR_INPUT | KILN_TENSOR_OUTPUT)) &&
+           r->max_bytes > 0;
+}
+
+static int cmp_range(const void *a, const void *b)
+{
+    const live_range *x = a, *y = b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+/* The range among v[0..n) (sorted, disjoint) that r overlaps, or NULL. */
+static const live_range *clash_with(const live_range *v, size_t n, const live_range *r)
+{
+    size_t at = live_find(v, n, r->begin);
+    if (at > 0 && v[at - 1].end > r->begin)
+        return &v[at - 1];
+    if (at < n && v[at].begin < r->end)
+        return &v[at];
+    return NULL;
+}
+
 static kiln_status check_liveness(const kiln_graph *g)
 {
     int32_t nt = g->n_tensors, nl = g->n_layers;
@@ -232,12 +257,25 @@ static kiln_status check_liveness(const kiln_graph *g)
     int32_t *last = malloc(n1 * sizeof *last);
     /* Tensors by the layer after which they die: a counting sort. */
     int32_t *die_count = calloc(l1 + 1, sizeof *die_count), *die = malloc(n1 * sizeof *die);
-    live_range *live = malloc(sizeof *live * KILN_ENGINE_MAX_LIVE);
+    live_range *live = malloc(sizeof *live * KILN_ENGINE_MAX_LIVE), *io = malloc(n1 * sizeof *io);
     kiln_status s = KILN_OK;
-    if (!last || !die_count || !die || !live) {
+    size_t n_io = 0;
+    if (!last || !die_count || !die || !live || !io) {
         s = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "checking the engine plan");
         goto done;
     }
+    for (int32_t t = 0; t < nt; t++) {
+        const kiln_tensor_rec *r = &g->tensors[t];
+        if (is_io(r))
+            io[n_io++] = (live_range){(uint64_t)r->arena_offset, (uint64_t)r->arena_offset + r->max_bytes, t};
+    }
+    qsort(io, n_io, sizeof *io, cmp_range);
+    for (size_t i = 1; i < n_io; i++)
+        if (io[i].begin < io[i - 1].end) {
+            s = plan_fail("tensors \"%s\" and \"%s\" share arena bytes while both are live (the whole run)",
+                          g->tensors[io[i - 1].tensor].name, g->tensors[io[i].tensor].name);
+            goto done;
+        }
     for (int32_t t = 0; t < nt; t++)
         last[t] = g->tensors[t].producer;
     for (int32_t i = 0; i < nl; i++)
@@ -266,9 +304,9 @@ static kiln_status check_liveness(const kiln_graph *g)
                 continue;
             live_range nr = {(uint64_t)r->arena_offset, (uint64_t)r->arena_offset + r->max_bytes, t};
             size_t at = live_find(live, n_live, nr.begin);
-            const live_range *clash = at > 0 && live[at - 1].end > nr.begin ? &live[at - 1]
-                                      : at < n_live && live[at].begin < nr.end ? &live[at]
-                                                                               : NULL;
+            const live_range *clash = clash_with(live, n_live, &nr);
+            if (!clash)
+                clash = clash_with(io, n_io, &nr);
             if (clash)
                 s = plan_fail("tensors \"%s\" and \"%s\" share arena bytes while both are live (layer \"%s\")",
                               g->tensors[clash->tensor].name, r->name, l->name);
@@ -296,6 +334,7 @@ done:
     free(die_count);
     free(die);
     free(live);
+    free(io);
     return s;
 }
 
