@@ -64,7 +64,8 @@ y["arena_offset"] = x["arena_offset"]' 'share arena bytes while both are live'
 rewrite io-overlap '
 l = next(l for l in plan["layers"] if l["name"].endswith("q_proj.matmul"))
 y = plan["tensors"][l["outputs"][0]]
-y["arena_offset"] = plan["tensors"][plan["outputs"][0]]["arena_offset"]' 'share arena bytes while both are live'
+io = max(plan["inputs"] + plan["outputs"], key=lambda t: plan["tensors"][t]["max_bytes"])
+y["arena_offset"] = plan["tensors"][io]["arena_offset"]' 'share arena bytes while both are live'
 rewrite workspace 'plan["workspace_size"] = 100' 'workspace_size 100 is not a multiple of 256'
 
 finish
