@@ -109,11 +109,31 @@ static inline kiln_status plugin_pod_check_blob(const kiln_host_api *h, const ch
     return KILN_OK;
 }
 
+/* Reads a blob of any schema version 1..want_version into params. Version v
+ * holds the first sizes[v-1] bytes of params (fields are only ever appended);
+ * the bytes an older blob lacks keep the caller's defaults. */
+static inline kiln_status plugin_pod_read_blob(const kiln_host_api *h, const char *plugin, uint32_t want_version,
+                                               const size_t *sizes, uint32_t version, const void *blob,
+                                               size_t size, void *params) {
+    if (version < 1 || version > want_version)
+        return h->fail(KILN_ERROR_VERSION, "%s blob schema version %u is %s than this kiln reads (1 to %u)", plugin,
+                       version, version > want_version ? "newer" : "older", want_version);
+    if (size != sizes[version - 1])
+        return h->fail(KILN_ERROR_FORMAT, "%s blob v%u is %zu bytes, expected %zu", plugin, version, size,
+                       sizes[version - 1]);
+    memcpy(params, blob, size);
+    return KILN_OK;
+}
+
+/* Bytes per element of a float dtype. */
+static inline size_t plugin_float_size(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 4 : 2; }
+
 /* Registration of the built-ins (plugins/builtin.c). */
 kiln_status kiln_rmsnorm_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_rope_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_swiglu_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_attention_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_qmatmul_register(const kiln_host_api *host, kiln_registry *reg);
+kiln_status kiln_sample_register(const kiln_host_api *host, kiln_registry *reg);
 
 #endif

@@ -16,18 +16,38 @@
  *   6 query_start  i32 [S+1] offsets of each sequence's new tokens in q (0, ..., T)
  * Output: [T, n_heads * head_dim], dtype of q.
  * Fields: n_heads, n_kv_heads, head_dim, block_size (i32, required);
- *         scale (f32, default 0 = 1/sqrt(head_dim)).
- * Blob v1: the fields as 4-byte values.
+ *         scale (f32, default 0 = 1/sqrt(head_dim));
+ *         packed_qkv (i32, default 0): 1 = q, k and v come as one packed input
+ *         qkv [T, (n_heads + 2 * n_kv_heads) * head_dim] (q heads, then k
+ *         heads, then v heads of each token, as one fused QKV matmul writes
+ *         them), so the inputs are (qkv, kv_cache, block_table, seq_lens,
+ *         query_start).
+ * Blob v2: the fields as 4-byte values in that order; v1 (without
+ * packed_qkv) is still read.
  *
  * The new token j of sequence s sits at position seq_lens[s] - n_new + j and
  * sees positions 0..itself. Softmax runs online in f32 (no scratch memory).
+ *
+ * CUDA (attention_cuda.cu, when built with nvcc): the same semantics for
+ * f32, f16 and bf16 with the cache in the dtype of q; decode splits long
+ * sequences over the workspace (workspace_size). The metadata lives on the
+ * device, so it is not checked on the host there: inconsistent metadata
+ * gives NaN outputs instead of an error (never an access out of bounds).
  */
 #include <math.h>
+#include <stddef.h>
 
 #include "../plugin_util.h"
 
+#ifdef KILN_HAVE_CUDA
+#include "../plugin_cuda.h"
+#define ATTN_BACKENDS (KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA))
+#else
+#define ATTN_BACKENDS KILN_BACKEND_BIT(KILN_BACKEND_CPU)
+#endif
+
 #define NAME "PagedAttention"
-#define BLOB_VERSION 1u
+#define BLOB_VERSION 2u
 #define ATTN_MAX_HEAD_DIM 512
 
 static const kiln_host_api *host;
@@ -35,7 +55,11 @@ static const kiln_host_api *host;
 typedef struct attn_params {
     int32_t n_heads, n_kv_heads, head_dim, block_size;
     float scale;
+    int32_t packed_qkv;
 } attn_params;
+
+/* Blob bytes of each schema version (v1 lacks packed_qkv). */
+static const size_t blob_sizes[BLOB_VERSION] = {offsetof(attn_params, packed_qkv), sizeof(attn_params)};
 
 typedef struct attention {
     kiln_plugin base;
@@ -55,6 +79,8 @@ static kiln_status attention_new(const attn_params *p, kiln_plugin **out) {
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": block_size %d must be >= 1", p->block_size);
     if (!(p->scale >= 0.0f) || !isfinite(p->scale))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": scale must be >= 0");
+    if (p->packed_qkv != 0 && p->packed_qkv != 1)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": packed_qkv %d must be 0 or 1", p->packed_qkv);
     attention *a = calloc(1, sizeof *a);
     if (!a)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -73,26 +99,30 @@ static int32_t attention_num_outputs(const kiln_plugin *self) { return 1; }
 static kiln_status attention_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
                                            kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
     const attn_params *p = &((const attention *)self)->p;
-    static const int32_t ranks[7] = {2, 2, 2, 5, 2, 1, 1};
-    if (n_in != 7)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": expects 7 inputs (q, k, v, kv_cache, block_table, seq_lens, query_start), got %d",
+    static const int32_t ranks[7] = {2, 2, 2, 5, 2, 1, 1}, packed_ranks[5] = {2, 5, 2, 1, 1};
+    int32_t want_in = p->packed_qkv ? 5 : 7, meta = p->packed_qkv ? 1 : 3; /* meta: index of kv_cache */
+    if (n_in != want_in)
+        return host->fail(KILN_ERROR_SHAPE,
+                          p->packed_qkv ? NAME ": expects 5 inputs (qkv, kv_cache, block_table, seq_lens, query_start), got %d"
+                                        : NAME ": expects 7 inputs (q, k, v, kv_cache, block_table, seq_lens, query_start), got %d",
                           n_in);
-    for (int i = 0; i < 7; i++)
-        if (in[i].rank != ranks[i])
-            return host->fail(KILN_ERROR_SHAPE, NAME ": input %d has rank %d, expected %d", i, in[i].rank, ranks[i]);
-    int64_t v;
-    const int64_t want[3] = {(int64_t)p->n_heads * p->head_dim, (int64_t)p->n_kv_heads * p->head_dim,
-                             (int64_t)p->n_kv_heads * p->head_dim};
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < n_in; i++)
+        if (in[i].rank != (p->packed_qkv ? packed_ranks[i] : ranks[i]))
+            return host->fail(KILN_ERROR_SHAPE, NAME ": input %d has rank %d, expected %d", i, in[i].rank,
+                              p->packed_qkv ? packed_ranks[i] : ranks[i]);
+    int64_t v, q_width = (int64_t)p->n_heads * p->head_dim, kv_width = (int64_t)p->n_kv_heads * p->head_dim;
+    const int64_t want[3] = {p->packed_qkv ? q_width + 2 * kv_width : q_width, kv_width, kv_width};
+    for (int i = 0; i < meta; i++)
         if (host->expr_is_constant(eb, in[i].d[1], &v) && v != want[i])
             return host->fail(KILN_ERROR_SHAPE, NAME ": input %d has width %lld, expected %lld", i, (long long)v,
                               (long long)want[i]);
     const int64_t cache[4] = {2, p->n_kv_heads, p->block_size, p->head_dim};
     for (int i = 0; i < 4; i++)
-        if (host->expr_is_constant(eb, in[3].d[i + 1], &v) && v != cache[i])
+        if (host->expr_is_constant(eb, in[meta].d[i + 1], &v) && v != cache[i])
             return host->fail(KILN_ERROR_SHAPE, NAME ": kv_cache dim %d is %lld, expected %lld", i + 1, (long long)v,
                               (long long)cache[i]);
     out[0] = in[0];
+    out[0].d[1] = host->expr_constant(eb, q_width);
     return KILN_OK;
 }
 
@@ -104,19 +134,27 @@ static kiln_status attention_output_dtypes(const kiln_plugin *self, const kiln_d
 
 static int32_t attention_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d,
                                   int32_t n_in, int32_t n_out) {
-    if (backend != KILN_BACKEND_CPU || n_in != 7 || n_out != 1)
+    const attn_params *p = &((const attention *)self)->p;
+    int32_t meta = p->packed_qkv ? 1 : 3; /* index of kv_cache */
+    if (!(ATTN_BACKENDS & KILN_BACKEND_BIT(backend)) || n_in != meta + 4 || n_out != 1)
         return 0;
-    for (int i = 0; i < 4; i++)
+    if (backend != KILN_BACKEND_CPU && d[meta].dtype != d[0].dtype)
+        return 0; /* the CUDA kernels keep the cache in the activations' dtype */
+    for (int i = 0; i <= meta; i++)
         if (!plugin_is_float(d[i].dtype))
             return 0;
-    return d[1].dtype == d[0].dtype && d[2].dtype == d[0].dtype && d[4].dtype == KILN_DTYPE_I32 &&
-           d[5].dtype == KILN_DTYPE_I32 && d[6].dtype == KILN_DTYPE_I32 && d[7].dtype == d[0].dtype;
+    for (int i = 1; i < meta; i++)
+        if (d[i].dtype != d[0].dtype)
+            return 0;
+    return d[meta + 1].dtype == KILN_DTYPE_I32 && d[meta + 2].dtype == KILN_DTYPE_I32 &&
+           d[meta + 3].dtype == KILN_DTYPE_I32 && d[n_in].dtype == d[0].dtype;
 }
 
 typedef struct attn_job {
     const attn_params *p;
     kiln_dtype t, ct;        /* activation and cache dtypes */
-    const void *q, *k, *v;
+    const void *q, *k, *v;   /* head 0 of token 0 */
+    int64_t q_ld, kv_ld;     /* elements from one token's row to the next */
     void *cache, *out;
     const int32_t *table, *seq_lens, *qstart;
     int64_t n_seqs, max_blocks;
@@ -153,7 +191,7 @@ static void attn_append(void *arg, int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; t++) {
         int64_t s = seq_of(j, t), pos = position_of(j, s, t);
         for (int64_t h = 0; h < p->n_kv_heads; h++) {
-            int64_t src = (t * p->n_kv_heads + h) * p->head_dim;
+            int64_t src = t * j->kv_ld + h * p->head_dim;
             int64_t kdst = cache_index(j, s, pos, 0, h), vdst = cache_index(j, s, pos, 1, h);
             for (int64_t d = 0; d < p->head_dim; d++) {
                 plugin_store(host, j->cache, j->ct, kdst + d, plugin_load(host, j->k, j->t, src + d));
@@ -171,7 +209,7 @@ static void attn_heads(void *arg, int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end; task++) {
         int64_t t = task / p->n_heads, h = task % p->n_heads, kvh = h / group;
         int64_t s = seq_of(j, t), pos = position_of(j, s, t);
-        int64_t qbase = (t * p->n_heads + h) * p->head_dim;
+        int64_t qbase = t * j->q_ld + h * p->head_dim, obase = (t * p->n_heads + h) * p->head_dim;
         for (int64_t d = 0; d < p->head_dim; d++) {
             q[d] = plugin_load(host, j->q, j->t, qbase + d);
             acc[d] = 0.0f;
@@ -191,7 +229,7 @@ static void attn_heads(void *arg, int64_t begin, int64_t end) {
             m = m_new;
         }
         for (int64_t d = 0; d < p->head_dim; d++)
-            plugin_store(host, j->out, j->t, qbase + d, acc[d] / l);
+            plugin_store(host, j->out, j->t, obase + d, acc[d] / l);
     }
 }
 
@@ -218,28 +256,91 @@ static kiln_status attention_check(const attn_job *j, int64_t tokens, int64_t n_
     return KILN_OK;
 }
 
-static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
-                                     const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
-                                     void *const *out, int32_t n_out, void *workspace, void *stream) {
-    const attn_params *p = &((const attention *)self)->p;
-    int64_t tokens = in_desc[0].dims.d[0];
-    const kiln_dims *cd = &in_desc[3].dims;
-    if (in_desc[0].dims.d[1] != (int64_t)p->n_heads * p->head_dim || in_desc[1].dims.d[0] != tokens ||
-        in_desc[2].dims.d[0] != tokens || in_desc[1].dims.d[1] != (int64_t)p->n_kv_heads * p->head_dim ||
-        in_desc[2].dims.d[1] != in_desc[1].dims.d[1] || cd->d[1] != 2 || cd->d[2] != p->n_kv_heads ||
-        cd->d[3] != p->block_size || cd->d[4] != p->head_dim)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": q, k, v or kv_cache shapes do not match the plugin's fields");
-    int64_t n_seqs = in_desc[4].dims.d[0];
-    if (n_seqs < 1 || in_desc[5].dims.d[0] != n_seqs || in_desc[6].dims.d[0] != n_seqs + 1)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": block_table, seq_lens and query_start disagree on the number of sequences");
-    attn_job job = {p, in_desc[0].dtype, in_desc[3].dtype, in[0], in[1], in[2], (void *)(uintptr_t)in[3], out[0],
-                    in[4], in[5], in[6], n_seqs, in_desc[4].dims.d[1]};
-    kiln_status s = attention_check(&job, tokens, cd->d[0]);
+/* The CPU attention of T tokens whose q, k and v rows start at q, k and v and
+ * are q_ld and kv_ld elements apart: separate tensors and the packed qkv
+ * row are the same call. */
+static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void *q, const void *k, const void *v,
+                                 int64_t q_ld, int64_t kv_ld, int64_t tokens, const kiln_tensor_desc *cache_desc,
+                                 void *cache, const kiln_tensor_desc *table_desc, const int32_t *table,
+                                 const int32_t *seq_lens, const int32_t *qstart, void *out, void *stream) {
+    attn_job job = {p, t, cache_desc->dtype, q, k, v, q_ld, kv_ld, cache, out,
+                    table, seq_lens, qstart, table_desc->dims.d[0], table_desc->dims.d[1]};
+    kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
     if (s != KILN_OK)
         return s;
     host->parallel_for(stream, tokens, attn_append, &job);
     host->parallel_for(stream, tokens * p->n_heads, attn_heads, &job);
     return KILN_OK;
+}
+
+static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
+                                     const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
+                                     void *const *out, int32_t n_out, void *workspace, void *stream) {
+    const attn_params *p = &((const attention *)self)->p;
+    int32_t meta = p->packed_qkv ? 1 : 3; /* index of kv_cache */
+    int64_t tokens = in_desc[0].dims.d[0];
+    int64_t q_width = (int64_t)p->n_heads * p->head_dim, kv_width = (int64_t)p->n_kv_heads * p->head_dim;
+    const kiln_dims *cd = &in_desc[meta].dims;
+    int shapes_ok = cd->d[1] == 2 && cd->d[2] == p->n_kv_heads && cd->d[3] == p->block_size && cd->d[4] == p->head_dim;
+    if (p->packed_qkv)
+        shapes_ok = shapes_ok && in_desc[0].dims.d[1] == q_width + 2 * kv_width;
+    else
+        shapes_ok = shapes_ok && in_desc[0].dims.d[1] == q_width && in_desc[1].dims.d[0] == tokens &&
+                    in_desc[2].dims.d[0] == tokens && in_desc[1].dims.d[1] == kv_width &&
+                    in_desc[2].dims.d[1] == kv_width;
+    if (!shapes_ok)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": q, k, v or kv_cache shapes do not match the plugin's fields");
+    int64_t n_seqs = in_desc[meta + 1].dims.d[0];
+    if (n_seqs < 1 || in_desc[meta + 2].dims.d[0] != n_seqs || in_desc[meta + 3].dims.d[0] != n_seqs + 1)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": block_table, seq_lens and query_start disagree on the number of sequences");
+    void *cache = (void *)(uintptr_t)in[meta];
+#ifdef KILN_HAVE_CUDA
+    if (backend == KILN_BACKEND_CUDA) {
+        if (in_desc[meta].dtype != in_desc[0].dtype)
+            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q");
+        size_t es = plugin_float_size(in_desc[0].dtype);
+        const char *q = in[0];
+        kiln_attention_cuda_args a = {
+            .q = q, .k = in[1], .v = in[2], .q_ld = q_width, .k_ld = kv_width, .v_ld = kv_width, .cache = cache,
+            .out = out[0], .table = in[meta + 1], .seq_lens = in[meta + 2], .qstart = in[meta + 3],
+            .workspace = workspace, .tokens = tokens, .n_seqs = n_seqs, .max_blocks = in_desc[meta + 1].dims.d[1],
+            .n_blocks = cd->d[0], .n_heads = p->n_heads, .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim,
+            .block_size = p->block_size, .scale = p->scale, .dtype = in_desc[0].dtype};
+        if (p->packed_qkv) {
+            a.k = q + q_width * es;
+            a.v = q + (q_width + kv_width) * es;
+            a.q_ld = a.k_ld = a.v_ld = q_width + 2 * kv_width;
+        }
+        int e = kiln_attention_cuda(&a, stream);
+        if (e != 0)
+            return host->fail(KILN_ERROR_BACKEND, NAME ": CUDA launch failed: %s", kiln_attention_cuda_error(e));
+        return KILN_OK;
+    }
+#endif
+    if (p->packed_qkv) {
+        const char *qkv = in[0];
+        size_t es = plugin_float_size(in_desc[0].dtype);
+        return attention_run(p, in_desc[0].dtype, qkv, qkv + q_width * es, qkv + (q_width + kv_width) * es,
+                             q_width + 2 * kv_width, q_width + 2 * kv_width, tokens, &in_desc[1], cache, &in_desc[2],
+                             in[2], in[3], in[4], out[0], stream);
+    }
+    return attention_run(p, in_desc[0].dtype, in[0], in[1], in[2], q_width, kv_width, tokens, &in_desc[3], cache,
+                         &in_desc[4], in[4], in[5], in[6], out[0], stream);
+}
+
+/* The CUDA decode keeps split partial results here; the CPU needs none. */
+static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
+                                       const kiln_tensor_desc *out, int32_t n_out) {
+#ifdef KILN_HAVE_CUDA
+    const attn_params *p = &((const attention *)self)->p;
+    int32_t meta = p->packed_qkv ? 1 : 3;
+    if (n_in != meta + 4 || in[0].dims.rank != 2 || in[meta + 1].dims.rank != 2)
+        return 0;
+    return kiln_attention_cuda_workspace(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1],
+                                         p->n_heads, p->n_kv_heads, p->head_dim, p->block_size);
+#else
+    return 0;
+#endif
 }
 
 static kiln_status attention_serialize(const kiln_plugin *self, void *buf, size_t *size) {
@@ -257,11 +358,12 @@ static const kiln_plugin_ops attention_ops = {
     .struct_size = sizeof(kiln_plugin_ops),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
-    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+    .backends = ATTN_BACKENDS,
     .num_outputs = attention_num_outputs,
     .output_shapes = attention_output_shapes,
     .output_dtypes = attention_output_dtypes,
     .supports = attention_supports,
+    .workspace_size = attention_workspace_size,
     .enqueue = attention_enqueue,
     .serialize = attention_serialize,
     .clone = attention_clone,
@@ -272,21 +374,21 @@ static kiln_status attention_create(const kiln_plugin_creator *c, const kiln_fie
                                     kiln_plugin **out) {
     attn_params p = {plugin_field_i32(f, n, "n_heads", 0), plugin_field_i32(f, n, "n_kv_heads", 0),
                      plugin_field_i32(f, n, "head_dim", 0), plugin_field_i32(f, n, "block_size", 0),
-                     plugin_field_f32(f, n, "scale", 0.0f)};
+                     plugin_field_f32(f, n, "scale", 0.0f), plugin_field_i32(f, n, "packed_qkv", 0)};
     return attention_new(&p, out);
 }
 
 static kiln_status attention_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob,
                                          size_t size, kiln_plugin **out) {
-    attn_params p;
-    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof p);
+    attn_params p = {0};
+    kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, blob_sizes, version, blob, size, &p);
     if (s != KILN_OK)
         return s;
-    memcpy(&p, blob, sizeof p);
     return attention_new(&p, out);
 }
 
 static const float zero_f32 = 0.0f;
+static const int32_t zero_i32 = 0;
 
 static const kiln_field_spec attention_fields[] = {
     PLUGIN_FIELD_REQUIRED("n_heads", KILN_FIELD_I32, "query heads"),
@@ -294,6 +396,8 @@ static const kiln_field_spec attention_fields[] = {
     PLUGIN_FIELD_REQUIRED("head_dim", KILN_FIELD_I32, "dims per head"),
     PLUGIN_FIELD_REQUIRED("block_size", KILN_FIELD_I32, "tokens per KV-cache block"),
     PLUGIN_FIELD_OPTIONAL("scale", KILN_FIELD_F32, &zero_f32, "score scale; 0 = 1/sqrt(head_dim)"),
+    PLUGIN_FIELD_OPTIONAL("packed_qkv", KILN_FIELD_I32, &zero_i32,
+                          "1 = one packed qkv input [T, (n_heads + 2*n_kv_heads)*head_dim] instead of q, k, v"),
 };
 
 static const kiln_plugin_creator attention_creator = {

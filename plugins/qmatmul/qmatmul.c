@@ -4,16 +4,22 @@
  * exactly as ggml defines the block (and as kiln_ggml_dequantize does);
  * products are accumulated in f32.
  *
- * Inputs:  x: f32, [..., K].
+ * Inputs:  x: f32, f16 or bf16, [..., K].
  *          w: u8, [N, K / 32 * block_bytes]: N rows of ggml blocks, the
  *             bytes of a GGUF tensor with ne = {K, N} as stored.
- * Output:  y: f32, [..., N].
+ * Output:  y: dtype of x, [..., N]. With f16/bf16 the products are still
+ *          accumulated in f32 and y is rounded once (the CPU converts up
+ *          to QMM_HALF_ROWS rows of x at a time to f32 in the workspace and
+ *          y back), as a bf16 linear layer does.
  * Fields:  format (string): "Q8_0", "Q4_0" or "Q4_1"; n, k (i32): N and K,
  *          K a multiple of 32.
  * Blob v1: three int32: ggml type number (8, 2, 3), n, k.
+ *
+ * The CUDA kernels are in qmatmul_cuda.cu.
  */
 #include <stdint.h>
 
+#include "../plugin_cuda.h"
 #include "../plugin_util.h"
 
 #define NAME "QuantMatMul"
@@ -81,8 +87,27 @@ static kiln_status qmm_output_dtypes(const kiln_plugin *self, const kiln_dtype *
 
 static int32_t qmm_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
                             int32_t n_out) {
-    return backend == KILN_BACKEND_CPU && n_in == 2 && n_out == 1 && d[0].dtype == KILN_DTYPE_F32 &&
-           d[1].dtype == KILN_DTYPE_U8 && d[2].dtype == KILN_DTYPE_F32;
+    int backend_ok = backend == KILN_BACKEND_CPU;
+#ifdef KILN_HAVE_CUDA
+    backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
+#endif
+    return backend_ok && n_in == 2 && n_out == 1 && plugin_is_float(d[0].dtype) && d[1].dtype == KILN_DTYPE_U8 &&
+           d[2].dtype == d[0].dtype;
+}
+
+/* f16/bf16 on the CPU: x and y converted through f32 copies of this many
+ * rows at a time, which keeps the workspace small (the builder reserves it
+ * whatever the backend) while a chunk still shares each dequantized weight
+ * chunk among many rows. */
+#define QMM_HALF_ROWS 16
+
+static size_t qmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
+                                 const kiln_tensor_desc *out, int32_t n_out) {
+    const qmm_params *p = &((const qmm *)self)->p;
+    if (in[0].dtype == KILN_DTYPE_F32)
+        return 0;
+    int64_t rows = plugin_desc_count(&in[0]) / p->k;
+    return (size_t)(rows < QMM_HALF_ROWS ? rows : QMM_HALF_ROWS) * ((size_t)p->k + (size_t)p->n) * sizeof(float);
 }
 
 /* One block: 32 weights, dequantized with ggml's formulas (the same
@@ -266,16 +291,36 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
     if (xd->rank < 1 || xd->d[xd->rank - 1] != p->k || wd->rank != 2 || wd->d[0] != p->n || wd->d[1] != nb * bb)
         return host->fail(KILN_ERROR_SHAPE, NAME ": x's last dim must be k = %d and w [%d, %lld]", p->k, p->n,
                           (long long)(nb * bb));
-    qmm_job job = {p->type, (int32_t)nb, (size_t)bb, plugin_desc_count(&in_desc[0]) / p->k, p->k, p->n,
-                   in[0], in[1], out[0], dot_scalar, dotf_scalar};
+    kiln_dtype t = in_desc[0].dtype;
+    int64_t rows = plugin_desc_count(&in_desc[0]) / p->k;
+#ifdef KILN_HAVE_CUDA
+    if (backend == KILN_BACKEND_CUDA) {
+        int e = rows > 0 ? kiln_qmatmul_cuda(p->type, in[0], in[1], out[0], (int32_t)t, rows, p->n, p->k, stream) : 0;
+        return e ? host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed (cuda error %d)", e) : KILN_OK;
+    }
+#endif
+    qmm_job job = {p->type, (int32_t)nb, (size_t)bb, rows, p->k, p->n, in[0], in[1], out[0], dot_scalar, dotf_scalar};
 #ifdef QMM_AVX2
     if (use_avx2()) {
         job.dot = dot_avx2;
         job.dotf = dotf_avx2;
     }
 #endif
-    if (job.rows > 0)
+    if (t == KILN_DTYPE_F32) {
+        if (rows > 0)
+            host->parallel_for(stream, p->n, qmm_range, &job);
+        return KILN_OK;
+    }
+    float *xf = workspace;
+    for (int64_t r0 = 0; r0 < rows; r0 += QMM_HALF_ROWS) {
+        int64_t nr = rows - r0 < QMM_HALF_ROWS ? rows - r0 : QMM_HALF_ROWS;
+        for (int64_t i = 0; i < nr * p->k; i++)
+            xf[i] = plugin_load(host, in[0], t, r0 * p->k + i);
+        job.rows = nr, job.x = xf, job.y = xf + nr * p->k;
         host->parallel_for(stream, p->n, qmm_range, &job);
+        for (int64_t i = 0; i < nr * p->n; i++)
+            plugin_store(host, out[0], t, r0 * p->n + i, job.y[i]);
+    }
     return KILN_OK;
 }
 
@@ -293,11 +338,16 @@ static const kiln_plugin_ops qmm_ops = {
     .struct_size = sizeof(kiln_plugin_ops),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
+#ifdef KILN_HAVE_CUDA
+    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA),
+#else
     .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+#endif
     .num_outputs = qmm_num_outputs,
     .output_shapes = qmm_output_shapes,
     .output_dtypes = qmm_output_dtypes,
     .supports = qmm_supports,
+    .workspace_size = qmm_workspace_size,
     .enqueue = qmm_enqueue,
     .serialize = qmm_serialize,
     .clone = qmm_clone,

@@ -7,12 +7,25 @@
  * Output:  y, shape and dtype of x.
  * Fields:  epsilon (f32, required).
  * Blob v1: epsilon as f32.
+ *
+ * AddRMSNorm (kiln/AddRMSNorm/1): the residual add fused with the norm
+ * that follows it, so the sum is read once instead of written and read
+ * again: sum = x + residual (rounded to x's dtype, as the separate add
+ * stores it), y = RMSNorm(sum).
+ *
+ * Inputs:  x, residual [..., H] (same shape and dtype), weight [H].
+ * Outputs: sum, y: shape and dtype of x.
+ * Fields and blob: as RMSNorm.
+ *
+ * The CUDA kernels (rmsnorm_cuda.cu) follow the same arithmetic.
  */
 #include <math.h>
 
 #include "../plugin_util.h"
+#include "../plugin_cuda.h"
 
 #define NAME "RMSNorm"
+#define ADD_NAME "AddRMSNorm"
 #define BLOB_VERSION 1u
 
 static const kiln_host_api *host;
@@ -20,14 +33,15 @@ static const kiln_host_api *host;
 typedef struct rmsnorm {
     kiln_plugin base;
     struct { float epsilon; } p;
+    int32_t add; /* AddRMSNorm: inputs x, residual, weight; outputs sum, y */
 } rmsnorm;
 
 static const kiln_plugin_ops rmsnorm_ops;
 
-static kiln_status rmsnorm_new(float epsilon, kiln_plugin **out) {
+static kiln_status rmsnorm_new(float epsilon, int32_t add, kiln_plugin **out) {
     if (!(epsilon > 0.0f) || !isfinite(epsilon))
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"epsilon\" must be a positive number, got %g",
-                          (double)epsilon);
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: field \"epsilon\" must be a positive number, got %g",
+                          add ? ADD_NAME : NAME, (double)epsilon);
     rmsnorm *r = calloc(1, sizeof *r);
     if (!r)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -35,59 +49,88 @@ static kiln_status rmsnorm_new(float epsilon, kiln_plugin **out) {
     r->base.abi_version = KILN_PLUGIN_ABI_VERSION;
     r->base.ops = &rmsnorm_ops;
     r->p.epsilon = epsilon;
+    r->add = add;
     *out = &r->base;
     return KILN_OK;
 }
 
-static int32_t rmsnorm_num_outputs(const kiln_plugin *self) { return 1; }
+static int32_t rmsnorm_num_outputs(const kiln_plugin *self) { return ((const rmsnorm *)self)->add ? 2 : 1; }
 
 static kiln_status rmsnorm_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
                                          kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
-    if (n_in != 2 || in[0].rank < 1 || in[1].rank != 1)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": expects inputs x [..., H] and weight [H]");
+    int32_t add = ((const rmsnorm *)self)->add;
+    if (n_in != 2 + add || in[0].rank < 1 || in[1 + add].rank != 1 || (add && in[1].rank != in[0].rank))
+        return host->fail(KILN_ERROR_SHAPE, add ? ADD_NAME ": expects inputs x [..., H], residual [..., H] and weight [H]"
+                                                : NAME ": expects inputs x [..., H] and weight [H]");
     int64_t h, w;
-    if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &h) && host->expr_is_constant(eb, in[1].d[0], &w) &&
+    if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &h) && host->expr_is_constant(eb, in[1 + add].d[0], &w) &&
         h != w)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": x has %lld features but weight has %lld", (long long)h,
-                          (long long)w);
+        return host->fail(KILN_ERROR_SHAPE, "%s: x has %lld features but weight has %lld", add ? ADD_NAME : NAME,
+                          (long long)h, (long long)w);
+    for (int32_t i = 0; add && i < in[0].rank; i++) {
+        int64_t a, b;
+        if (host->expr_is_constant(eb, in[0].d[i], &a) && host->expr_is_constant(eb, in[1].d[i], &b) && a != b)
+            return host->fail(KILN_ERROR_SHAPE, ADD_NAME ": x and residual differ in dim %d (%lld vs %lld)", i,
+                              (long long)a, (long long)b);
+    }
     out[0] = in[0];
+    if (add)
+        out[1] = in[0];
     return KILN_OK;
 }
 
 static kiln_status rmsnorm_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
                                          kiln_dtype *out, int32_t n_out) {
     out[0] = in[0];
+    if (((const rmsnorm *)self)->add)
+        out[1] = in[0];
     return KILN_OK;
 }
 
 static int32_t rmsnorm_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d,
                                 int32_t n_in, int32_t n_out) {
-    return backend == KILN_BACKEND_CPU && n_in == 2 && n_out == 1 && plugin_is_float(d[0].dtype) &&
-           plugin_is_float(d[1].dtype) && d[2].dtype == d[0].dtype;
+    int32_t add = ((const rmsnorm *)self)->add;
+    int backend_ok = backend == KILN_BACKEND_CPU;
+#ifdef KILN_HAVE_CUDA
+    backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
+#endif
+    if (!backend_ok || n_in != 2 + add || n_out != 1 + add || !plugin_is_float(d[0].dtype) ||
+        !plugin_is_float(d[1 + add].dtype))
+        return 0;
+    for (int32_t i = 1; i < n_in + n_out; i++)
+        if (i != 1 + add && d[i].dtype != d[0].dtype)
+            return 0;
+    return 1;
 }
 
 typedef struct rmsnorm_job {
     const rmsnorm *r;
-    const kiln_tensor_desc *x_desc, *w_desc;
-    const void *x, *w;
-    void *y;
+    kiln_dtype xt, wt;
+    const void *x, *res, *w; /* res: NULL without the add */
+    void *sum, *y;
     int64_t h;
 } rmsnorm_job;
 
 static void rmsnorm_rows(void *arg, int64_t begin, int64_t end) {
     const rmsnorm_job *j = arg;
-    kiln_dtype xt = j->x_desc->dtype, wt = j->w_desc->dtype;
+    kiln_dtype xt = j->xt, wt = j->wt;
+    /* with the add, the rounded sum is stored first and every later read
+     * takes it from there, exactly as a separate add then RMSNorm would */
+    const void *src = j->res ? j->sum : j->x;
     for (int64_t row = begin; row < end; row++) {
         int64_t base = row * j->h;
         float ss = 0.0f;
         for (int64_t i = 0; i < j->h; i++) {
-            float v = plugin_load(host, j->x, xt, base + i);
+            if (j->res)
+                plugin_store(host, j->sum, xt, base + i,
+                             plugin_load(host, j->x, xt, base + i) + plugin_load(host, j->res, xt, base + i));
+            float v = plugin_load(host, src, xt, base + i);
             ss += v * v;
         }
         float inv = 1.0f / sqrtf(ss / (float)j->h + j->r->p.epsilon);
         for (int64_t i = 0; i < j->h; i++) {
             /* Round the normalized value to the storage dtype first, as HF does. */
-            float n = plugin_load(host, j->x, xt, base + i) * inv;
+            float n = plugin_load(host, src, xt, base + i) * inv;
             n = plugin_round(host, xt, n);
             plugin_store(host, j->y, xt, base + i, n * plugin_load(host, j->w, wt, i));
         }
@@ -97,13 +140,26 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end) {
 static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
                                    const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
                                    void *const *out, int32_t n_out, void *workspace, void *stream) {
-    const kiln_tensor_desc *x = &in_desc[0];
+    const rmsnorm *r = (const rmsnorm *)self;
+    int32_t add = r->add;
+    const kiln_tensor_desc *x = &in_desc[0], *w = &in_desc[1 + add];
     int64_t h = x->dims.d[x->dims.rank - 1];
-    if (in_desc[1].dims.d[0] != h)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": x has %lld features but weight has %lld", (long long)h,
-                          (long long)in_desc[1].dims.d[0]);
-    rmsnorm_job job = {(const rmsnorm *)self, x, &in_desc[1], in[0], in[1], out[0], h};
+    if (w->dims.d[0] != h)
+        return host->fail(KILN_ERROR_SHAPE, "%s: x has %lld features but weight has %lld", add ? ADD_NAME : NAME,
+                          (long long)h, (long long)w->dims.d[0]);
     int64_t rows = h ? plugin_desc_count(x) / h : 0;
+    if (add && plugin_desc_count(&in_desc[1]) != rows * h)
+        return host->fail(KILN_ERROR_SHAPE, ADD_NAME ": x has %lld elements but residual has %lld",
+                          (long long)(rows * h), (long long)plugin_desc_count(&in_desc[1]));
+#ifdef KILN_HAVE_CUDA
+    if (backend == KILN_BACKEND_CUDA) {
+        int e = kiln_rmsnorm_cuda(in[0], add ? in[1] : NULL, in[1 + add], add ? out[0] : NULL, out[add], x->dtype,
+                                  w->dtype, rows, h, r->p.epsilon, stream);
+        return e ? host->fail(KILN_ERROR_BACKEND, "%s: kernel launch failed (cuda error %d)", add ? ADD_NAME : NAME, e)
+                 : KILN_OK;
+    }
+#endif
+    rmsnorm_job job = {r, x->dtype, w->dtype, in[0], add ? in[1] : NULL, in[1 + add], add ? out[0] : NULL, out[add], h};
     host->parallel_for(stream, rows, rmsnorm_rows, &job);
     return KILN_OK;
 }
@@ -123,7 +179,11 @@ static const kiln_plugin_ops rmsnorm_ops = {
     .struct_size = sizeof(kiln_plugin_ops),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
+#ifdef KILN_HAVE_CUDA
+    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA),
+#else
     .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+#endif
     .num_outputs = rmsnorm_num_outputs,
     .output_shapes = rmsnorm_output_shapes,
     .output_dtypes = rmsnorm_output_dtypes,
@@ -134,19 +194,20 @@ static const kiln_plugin_ops rmsnorm_ops = {
     .destroy = rmsnorm_destroy,
 };
 
+/* user_data of the AddRMSNorm creator is non-NULL. */
 static kiln_status rmsnorm_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n,
                                   kiln_plugin **out) {
-    return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), out);
+    return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), c->user_data != NULL, out);
 }
 
 static kiln_status rmsnorm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob,
                                        size_t size, kiln_plugin **out) {
     float eps;
-    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof eps);
+    kiln_status s = plugin_pod_check_blob(host, c->name, BLOB_VERSION, version, size, sizeof eps);
     if (s != KILN_OK)
         return s;
     memcpy(&eps, blob, sizeof eps);
-    return rmsnorm_new(eps, out);
+    return rmsnorm_new(eps, c->user_data != NULL, out);
 }
 
 static const kiln_field_spec rmsnorm_fields[] = {
@@ -167,7 +228,23 @@ static const kiln_plugin_creator rmsnorm_creator = {
     .description = "root-mean-square normalization over the last axis, times a weight",
 };
 
+static const kiln_plugin_creator add_rmsnorm_creator = {
+    .struct_size = sizeof(kiln_plugin_creator),
+    .abi_version = KILN_PLUGIN_ABI_VERSION,
+    .name = ADD_NAME,
+    .version = "1",
+    .plugin_namespace = "kiln",
+    .fields = rmsnorm_fields,
+    .n_fields = 1,
+    .blob_version = BLOB_VERSION,
+    .create = rmsnorm_create,
+    .deserialize = rmsnorm_deserialize,
+    .description = "residual add fused with the RMSNorm after it: outputs the sum and its norm",
+    .user_data = (void *)&add_rmsnorm_creator,
+};
+
 kiln_status kiln_rmsnorm_register(const kiln_host_api *h, kiln_registry *reg) {
     host = h;
-    return h->register_creator(reg, &rmsnorm_creator);
+    kiln_status s = h->register_creator(reg, &rmsnorm_creator);
+    return s != KILN_OK ? s : h->register_creator(reg, &add_rmsnorm_creator);
 }

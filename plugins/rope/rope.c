@@ -15,16 +15,25 @@
  *          HF's rotate_half; 1: adjacent pairs (2i, 2i+1) as in GGML);
  *          scaling (string: "none", "linear" or "llama3"), factor,
  *          low_freq_factor, high_freq_factor (f32), original_max_position
- *          (i32) — Llama 3.1 style frequency scaling.
- * Blob v1: the fields above as 4-byte values (scaling as 0/1/2).
+ *          (i32) — Llama 3.1 style frequency scaling;
+ *          n_kv_heads (i32, default 0): > 0 means x is the packed row of a
+ *          fused QKV matmul, [..., (n_heads + 2 * n_kv_heads) * head_dim]:
+ *          the n_heads q heads and the n_kv_heads k heads are rotated, the
+ *          v heads copied through.
+ * Blob v2: the fields above as 4-byte values (scaling as 0/1/2) in the
+ * order of rope_params; v1 (without n_kv_heads) is still read.
+ *
+ * The CUDA kernel (rope_cuda.cu) follows the same arithmetic.
  */
 #include <math.h>
 
+#include <stddef.h>
+
+#include "../plugin_cuda.h"
 #include "../plugin_util.h"
 
 #define NAME "RoPE"
-#define BLOB_VERSION 1u
-#define ROPE_MAX_PAIRS 256
+#define BLOB_VERSION 2u
 
 enum { SCALING_NONE = 0, SCALING_LINEAR, SCALING_LLAMA3 };
 
@@ -34,7 +43,11 @@ typedef struct rope_params {
     int32_t n_heads, head_dim, rotary_dim, interleaved, scaling;
     float theta, factor, low_freq_factor, high_freq_factor;
     int32_t original_max_position;
+    int32_t n_kv_heads;
 } rope_params;
+
+/* Blob bytes of each schema version (v1 lacks n_kv_heads). */
+static const size_t blob_sizes[BLOB_VERSION] = {offsetof(rope_params, n_kv_heads), sizeof(rope_params)};
 
 typedef struct rope {
     kiln_plugin base;
@@ -71,6 +84,9 @@ static kiln_status rope_new(const rope_params *p, kiln_plugin **out) {
     if (p->n_heads < 1 || p->head_dim < 2 || p->head_dim % 2)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads must be >= 1 and head_dim even, got %d and %d",
                           p->n_heads, p->head_dim);
+    if (p->n_kv_heads < 0 || p->n_kv_heads > (1 << 20) || p->n_heads > (1 << 20) || p->head_dim > (1 << 16))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads %d, n_kv_heads %d or head_dim %d out of range",
+                          p->n_heads, p->n_kv_heads, p->head_dim);
     if (p->rotary_dim < 2 || p->rotary_dim > p->head_dim || p->rotary_dim % 2 || p->rotary_dim / 2 > ROPE_MAX_PAIRS)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"rotary_dim\" %d must be even and in [2, head_dim %d] (at most %d)",
                           p->rotary_dim, p->head_dim, 2 * ROPE_MAX_PAIRS);
@@ -98,15 +114,20 @@ static kiln_status rope_new(const rope_params *p, kiln_plugin **out) {
 
 static int32_t rope_num_outputs(const kiln_plugin *self) { return 1; }
 
+/* Heads in one row of x, and how many of them (the first) are rotated. */
+static int64_t rope_row_heads(const rope_params *p) { return p->n_heads + 2 * (int64_t)p->n_kv_heads; }
+static int64_t rope_rotated_heads(const rope_params *p) { return p->n_heads + (int64_t)p->n_kv_heads; }
+
 static kiln_status rope_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
                                       kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
     const rope *r = (const rope *)self;
     int64_t last;
     if (n_in != 2 || in[0].rank < 1 || in[1].rank != 1)
         return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., n_heads*head_dim] and positions [tokens]");
-    if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &last) && last != (int64_t)r->p.n_heads * r->p.head_dim)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": last dim of x is %lld, expected n_heads*head_dim = %d",
-                          (long long)last, r->p.n_heads * r->p.head_dim);
+    int64_t width = rope_row_heads(&r->p) * r->p.head_dim;
+    if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &last) && last != width)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": last dim of x is %lld, expected (n_heads + 2*n_kv_heads)*head_dim = %lld",
+                          (long long)last, (long long)width);
     out[0] = in[0];
     return KILN_OK;
 }
@@ -119,8 +140,12 @@ static kiln_status rope_output_dtypes(const kiln_plugin *self, const kiln_dtype 
 
 static int32_t rope_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
                              int32_t n_out) {
-    return backend == KILN_BACKEND_CPU && n_in == 2 && n_out == 1 && plugin_is_float(d[0].dtype) &&
-           d[1].dtype == KILN_DTYPE_I32 && d[2].dtype == d[0].dtype;
+    int backend_ok = backend == KILN_BACKEND_CPU;
+#ifdef KILN_HAVE_CUDA
+    backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
+#endif
+    return backend_ok && n_in == 2 && n_out == 1 && plugin_is_float(d[0].dtype) && d[1].dtype == KILN_DTYPE_I32 &&
+           d[2].dtype == d[0].dtype;
 }
 
 typedef struct rope_job {
@@ -134,13 +159,14 @@ typedef struct rope_job {
 static void rope_tokens(void *arg, int64_t begin, int64_t end) {
     const rope_job *j = arg;
     const rope_params *p = &j->r->p;
-    int32_t half = p->rotary_dim / 2, width = p->n_heads * p->head_dim;
+    int32_t half = p->rotary_dim / 2;
+    int64_t width = rope_row_heads(p) * p->head_dim, rotated = rope_rotated_heads(p);
     for (int64_t tok = begin; tok < end; tok++) {
         float pos = (float)j->pos[tok];
         for (int32_t i = 0; i < half; i++) {
             float angle = pos * j->r->inv_freq[i];
             float c = plugin_round(host, j->t, cosf(angle)), s = plugin_round(host, j->t, sinf(angle));
-            for (int32_t h = 0; h < p->n_heads; h++) {
+            for (int64_t h = 0; h < rotated; h++) {
                 int64_t base = tok * width + (int64_t)h * p->head_dim;
                 int64_t a = base + (p->interleaved ? 2 * i : i), b = base + (p->interleaved ? 2 * i + 1 : i + half);
                 float x0 = plugin_load(host, j->x, j->t, a), x1 = plugin_load(host, j->x, j->t, b);
@@ -150,11 +176,12 @@ static void rope_tokens(void *arg, int64_t begin, int64_t end) {
                 plugin_store(host, j->y, j->t, b, y1);
             }
         }
-        /* Dims past rotary_dim pass through unchanged. */
+        /* Dims past rotary_dim, and the v heads of a packed row, pass
+         * through unchanged. */
         if (j->x != j->y)
-            for (int32_t h = 0; h < p->n_heads; h++)
-                for (int32_t d = p->rotary_dim; d < p->head_dim; d++) {
-                    int64_t k = tok * width + (int64_t)h * p->head_dim + d;
+            for (int64_t h = 0; h < rope_row_heads(p); h++)
+                for (int32_t d = h < rotated ? p->rotary_dim : 0; d < p->head_dim; d++) {
+                    int64_t k = tok * width + h * p->head_dim + d;
                     plugin_store(host, j->y, j->t, k, plugin_load(host, j->x, j->t, k));
                 }
     }
@@ -164,12 +191,24 @@ static kiln_status rope_enqueue(kiln_plugin *self, kiln_backend backend, const k
                                 const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
                                 void *const *out, int32_t n_out, void *workspace, void *stream) {
     const rope *r = (const rope *)self;
-    int64_t width = (int64_t)r->p.n_heads * r->p.head_dim;
+    int64_t width = rope_row_heads(&r->p) * r->p.head_dim;
     int64_t tokens = plugin_desc_count(&in_desc[0]) / width;
     if (in_desc[0].dims.d[in_desc[0].dims.rank - 1] != width || in_desc[1].dims.d[0] != tokens)
         return host->fail(KILN_ERROR_SHAPE, NAME ": x holds %lld tokens of width %lld but positions has %lld entries (width %lld expected)",
                           (long long)tokens, (long long)in_desc[0].dims.d[in_desc[0].dims.rank - 1],
                           (long long)in_desc[1].dims.d[0], (long long)width);
+#ifdef KILN_HAVE_CUDA
+    if (backend == KILN_BACKEND_CUDA) {
+        kiln_rope_cuda_args a;
+        memset(&a, 0, sizeof a);
+        a.x = in[0], a.pos = in[1], a.y = out[0], a.dtype = (int32_t)in_desc[0].dtype, a.tokens = tokens;
+        a.row_heads = (int32_t)rope_row_heads(&r->p), a.rotated_heads = (int32_t)rope_rotated_heads(&r->p);
+        a.head_dim = r->p.head_dim, a.rotary_dim = r->p.rotary_dim, a.interleaved = r->p.interleaved;
+        memcpy(a.inv_freq, r->inv_freq, sizeof(float) * (size_t)(r->p.rotary_dim / 2));
+        int e = kiln_rope_cuda(&a, stream);
+        return e ? host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed (cuda error %d)", e) : KILN_OK;
+    }
+#endif
     rope_job job = {r, in_desc[0].dtype, in[0], in[1], out[0]};
     host->parallel_for(stream, tokens, rope_tokens, &job);
     return KILN_OK;
@@ -190,7 +229,11 @@ static const kiln_plugin_ops rope_ops = {
     .struct_size = sizeof(kiln_plugin_ops),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
+#ifdef KILN_HAVE_CUDA
+    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA),
+#else
     .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+#endif
     .num_outputs = rope_num_outputs,
     .output_shapes = rope_output_shapes,
     .output_dtypes = rope_output_dtypes,
@@ -214,6 +257,7 @@ static kiln_status rope_create(const kiln_plugin_creator *c, const kiln_field *f
     p.low_freq_factor = plugin_field_f32(f, n, "low_freq_factor", 1.0f);
     p.high_freq_factor = plugin_field_f32(f, n, "high_freq_factor", 4.0f);
     p.original_max_position = plugin_field_i32(f, n, "original_max_position", 8192);
+    p.n_kv_heads = plugin_field_i32(f, n, "n_kv_heads", 0);
     const kiln_field *scaling = plugin_field(f, n, "scaling");
     const char *kind = scaling ? scaling->data : "none";
     if (strcmp(kind, "none") == 0)
@@ -230,11 +274,10 @@ static kiln_status rope_create(const kiln_plugin_creator *c, const kiln_field *f
 
 static kiln_status rope_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                     kiln_plugin **out) {
-    rope_params p;
-    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof p);
+    rope_params p = {0};
+    kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, blob_sizes, version, blob, size, &p);
     if (s != KILN_OK)
         return s;
-    memcpy(&p, blob, sizeof p);
     return rope_new(&p, out);
 }
 
@@ -253,6 +296,8 @@ static const kiln_field_spec rope_fields[] = {
     PLUGIN_FIELD_OPTIONAL("high_freq_factor", KILN_FIELD_F32, &four_f32, "llama3 scaling: high frequency factor"),
     PLUGIN_FIELD_OPTIONAL("original_max_position", KILN_FIELD_I32, &default_max_position,
          "llama3 scaling: the original context length"),
+    PLUGIN_FIELD_OPTIONAL("n_kv_heads", KILN_FIELD_I32, &zero_i32,
+                          "> 0: x is a packed qkv row; rotate the q and k heads, copy the v heads"),
 };
 
 static const kiln_plugin_creator rope_creator = {

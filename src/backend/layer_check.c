@@ -79,8 +79,8 @@ kiln_status kiln_layer_check_fused(const char *name, const kiln_layer *l, const 
     return KILN_OK;
 }
 
-kiln_status kiln_layer_check_reduce(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
-                                    const kiln_exec_tensor *out)
+kiln_status kiln_layer_plan_reduce(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                   const kiln_exec_tensor *out, kiln_reduce_plan *plan)
 {
     if (l->n_inputs != 1 || l->n_outputs != 1)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": reduce needs 1 input, 1 output",
@@ -97,6 +97,27 @@ kiln_status kiln_layer_check_reduce(const char *name, const kiln_layer *l, const
         in[0].dtype >= KILN_DTYPE_FP8_E4M3)
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": reduce from %s to %s", name,
                          kiln_dtype_name(in[0].dtype), kiln_dtype_name(out[0].dtype));
+    memset(plan, 0, sizeof *plan);
+    plan->kept = plan->rcount = 1;
+    int64_t st[KILN_MAX_RANK];
+    kiln_exec_strides(d, st);
+    for (int32_t i = 0; i < d->rank; i++) {
+        int red = (axes & (1u << i)) != 0;
+        int32_t *n = red ? &plan->n_red : &plan->n_kept;
+        int64_t *dims = red ? plan->red_dims : plan->kept_dims, *s = red ? plan->red_st : plan->kept_st;
+        *(red ? &plan->rcount : &plan->kept) *= d->d[i];
+        /* merge with the previous axis of the same kind when adjacent in memory */
+        if (*n && s[*n - 1] == st[i] * d->d[i]) {
+            dims[*n - 1] *= d->d[i];
+            s[*n - 1] = st[i];
+        } else {
+            dims[*n] = d->d[i];
+            s[(*n)++] = st[i];
+        }
+    }
+    if (kiln_exec_count(&out[0].dims) != plan->kept)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": reduce output has %lld elements, expected %lld",
+                         name, (long long)kiln_exec_count(&out[0].dims), (long long)plan->kept);
     return KILN_OK;
 }
 
@@ -156,6 +177,115 @@ kiln_status kiln_layer_check_shuffle(const char *name, const kiln_layer *l, cons
         KILN_TRY(kiln_layer_check_perm(name, p->shuffle.first, x->dims.rank, "first"));
     if (*second)
         KILN_TRY(kiln_layer_check_perm(name, p->shuffle.second, o->dims.rank, "second"));
+    return KILN_OK;
+}
+
+kiln_status kiln_layer_plan_concat(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                   const kiln_exec_tensor *out, int64_t *outer, int64_t *inner,
+                                   int64_t *total)
+{
+    const kiln_exec_tensor *o = &out[0];
+    int32_t axis = l->p.concat.axis, r = o->dims.rank;
+    if (l->n_inputs < 1 || l->n_outputs != 1 || axis < 0 || axis >= r)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": concat axis %d, %d inputs",
+                         name, (int)axis, (int)l->n_inputs);
+    *total = 0;
+    for (int32_t k = 0; k < l->n_inputs; k++) {
+        const kiln_exec_tensor *x = &in[k];
+        if (x->dtype != o->dtype || x->dims.rank != r)
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                             "layer \"%s\": concat input %d is %s rank %d, output %s rank %d", name,
+                             (int)k, kiln_dtype_name(x->dtype), (int)x->dims.rank,
+                             kiln_dtype_name(o->dtype), (int)r);
+        for (int32_t i = 0; i < r; i++)
+            if (i != axis && x->dims.d[i] != o->dims.d[i])
+                return kiln_fail(KILN_ERROR_SHAPE,
+                                 "layer \"%s\": concat input %d dim %d is %lld, expected %lld", name,
+                                 (int)k, (int)i, (long long)x->dims.d[i], (long long)o->dims.d[i]);
+        *total += x->dims.d[axis];
+    }
+    if (*total != o->dims.d[axis])
+        return kiln_fail(KILN_ERROR_SHAPE,
+                         "layer \"%s\": concat inputs sum to %lld along axis %d, output has %lld", name,
+                         (long long)*total, (int)axis, (long long)o->dims.d[axis]);
+    *outer = *inner = 1;
+    for (int32_t i = 0; i < axis; i++)
+        *outer *= o->dims.d[i];
+    for (int32_t i = axis + 1; i < r; i++)
+        *inner *= o->dims.d[i];
+    return KILN_OK;
+}
+
+kiln_status kiln_layer_plan_gather(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                   const kiln_exec_tensor *out, int64_t *outer, int64_t *n_idx,
+                                   int64_t *inner, int64_t *dim)
+{
+    if (l->n_inputs != 2 || l->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather needs 2 inputs, 1 output",
+                         name);
+    const kiln_exec_tensor *x = &in[0], *ix = &in[1], *o = &out[0];
+    int32_t axis = l->p.gather.axis;
+    if (axis < 0 || axis >= x->dims.rank)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather axis %d outside rank %d",
+                         name, (int)axis, (int)x->dims.rank);
+    if (ix->dtype != KILN_DTYPE_I32 && ix->dtype != KILN_DTYPE_I64)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "layer \"%s\": gather indices are %s, need i32 or i64", name,
+                         kiln_dtype_name(ix->dtype));
+    if (x->dtype != o->dtype)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather data is %s, output %s",
+                         name, kiln_dtype_name(x->dtype), kiln_dtype_name(o->dtype));
+    *outer = *inner = 1;
+    *n_idx = kiln_exec_count(&ix->dims);
+    *dim = x->dims.d[axis];
+    for (int32_t i = 0; i < axis; i++)
+        *outer *= x->dims.d[i];
+    for (int32_t i = axis + 1; i < x->dims.rank; i++)
+        *inner *= x->dims.d[i];
+    int64_t want = *outer * *n_idx * *inner;
+    if (kiln_exec_count(&o->dims) != want)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": gather output has %lld elements, expected %lld",
+                         name, (long long)kiln_exec_count(&o->dims), (long long)want);
+    return KILN_OK;
+}
+
+kiln_status kiln_layer_plan_softmax(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                    const kiln_exec_tensor *out, int64_t *count, int64_t *len,
+                                    int64_t *inner)
+{
+    if (l->n_inputs != 1 || l->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax needs 1 input, 1 output",
+                         name);
+    const kiln_dims *d = &in[0].dims;
+    int32_t axis = l->p.softmax.axis;
+    if (axis < 0 || axis >= d->rank)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax axis %d outside rank %d",
+                         name, (int)axis, (int)d->rank);
+    if (!kiln_dtype_is_float(in[0].dtype) || !kiln_dtype_is_float(out[0].dtype))
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": softmax on %s", name,
+                         kiln_dtype_name(in[0].dtype));
+    *count = kiln_exec_count(d);
+    if (kiln_exec_count(&out[0].dims) != *count)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": softmax input and output sizes differ",
+                         name);
+    *len = d->d[axis];
+    *inner = 1;
+    for (int32_t i = axis + 1; i < d->rank; i++)
+        *inner *= d->d[i];
+    return KILN_OK;
+}
+
+kiln_status kiln_layer_check_cast(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                  const kiln_exec_tensor *out, int64_t *count)
+{
+    if (l->n_inputs != 1 || l->n_outputs != 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": cast needs 1 input, 1 output", name);
+    if ((unsigned)in[0].dtype > KILN_DTYPE_BOOL || (unsigned)out[0].dtype > KILN_DTYPE_BOOL)
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": cast from %s to %s", name,
+                         kiln_dtype_name(in[0].dtype), kiln_dtype_name(out[0].dtype));
+    *count = kiln_exec_count(&in[0].dims);
+    if (kiln_exec_count(&out[0].dims) != *count)
+        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": cast input and output sizes differ", name);
     return KILN_OK;
 }
 

@@ -41,10 +41,23 @@ kiln_status kiln_layer_check_unary(const char *name, const kiln_layer *l, const 
  * 1..KILN_FUSED_MAX_STEPS steps each reading inputs or earlier steps. */
 kiln_status kiln_layer_check_fused(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
                                    const kiln_exec_tensor *out);
+/* A reduction's geometry: output element u is the line of input elements
+ * at offset kept(u) + red(j), j < rcount, where kept maps u's row-major
+ * coordinates over kept_dims through kept_st and red maps j over red_dims
+ * through red_st. Adjacent axes of one kind that step through memory as
+ * one are merged. */
+typedef struct kiln_reduce_plan {
+    int32_t n_kept, n_red;
+    int64_t kept_dims[KILN_MAX_RANK], kept_st[KILN_MAX_RANK];
+    int64_t red_dims[KILN_MAX_RANK], red_st[KILN_MAX_RANK];
+    int64_t kept, rcount; /* output elements, elements per line */
+} kiln_reduce_plan;
+
 /* Reduce: 1 input, 1 output, a known op, axes inside the rank, the same
- * numeric (not bool, not fp8) dtype in and out. */
-kiln_status kiln_layer_check_reduce(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
-                                    const kiln_exec_tensor *out);
+ * numeric (not bool, not fp8) dtype in and out, as many output elements as
+ * kept ones; then the geometry into *plan. */
+kiln_status kiln_layer_plan_reduce(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                   const kiln_exec_tensor *out, kiln_reduce_plan *plan);
 
 /* Slice: input and output of one dtype and rank, every axis's window
  * inside the input. *base receives the element offset of the first
@@ -57,6 +70,28 @@ kiln_status kiln_layer_plan_slice(const char *name, const kiln_layer *l, const k
  * present and not the identity. */
 kiln_status kiln_layer_check_shuffle(const char *name, const kiln_layer *l, const kiln_exec_tensor *x,
                                      const kiln_exec_tensor *o, int *first, int *second);
+
+/* Concat: 1+ inputs of the output's dtype and rank, equal but along
+ * `axis`, their sizes along it summing to the output's. The output is
+ * *outer rows of *total * *inner elements (per row, input k's band is its
+ * dims[axis] * inner elements). */
+kiln_status kiln_layer_plan_concat(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                   const kiln_exec_tensor *out, int64_t *outer, int64_t *inner,
+                                   int64_t *total);
+/* Gather: data, i32/i64 indices, output of data's dtype with outer * n_idx
+ * * inner elements; *dim is data's size along the axis. */
+kiln_status kiln_layer_plan_gather(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                   const kiln_exec_tensor *out, int64_t *outer, int64_t *n_idx,
+                                   int64_t *inner, int64_t *dim);
+/* Softmax: float in and out of one element count, the axis inside the
+ * rank; lines of *len elements *inner apart; *count elements in all. */
+kiln_status kiln_layer_plan_softmax(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                    const kiln_exec_tensor *out, int64_t *count, int64_t *len,
+                                    int64_t *inner);
+/* Cast: 1 input, 1 output of equal element count (*count), dtypes up to
+ * bool (not fp8). */
+kiln_status kiln_layer_check_cast(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
+                                  const kiln_exec_tensor *out, int64_t *count);
 
 /* perm is a permutation of rank axes; `which` says which transpose of a
  * shuffle ("first", "second"). */

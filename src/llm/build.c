@@ -60,7 +60,7 @@ kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options 
     kiln_llm_checkpoint *ck = NULL;
     KILN_TRY(import_checkpoint(checkpoint, &o, &is_gguf, &ck));
     if (o.native < 0)
-        o.native = is_gguf && o.dtype == KILN_DTYPE_F32;
+        o.native = is_gguf;
     kiln_registry *reg = NULL;
     kiln_buffer buf = {0};
     kiln_status s = kiln_registry_create(&reg);

@@ -80,9 +80,25 @@ static void progress(builder *b, const char *what) {
         b->opt->progress(b->opt->progress_user, 0.5 * (double)b->done_weights / (double)b->n_weights, what);
 }
 
-/* Reads weight `hf` (HF name), checks its dims against the expected ones,
- * and adds it as a constant named like it. */
-static kiln_status add_weight(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, kiln_tensor *out) {
+static kiln_dims dims1(int64_t a) {
+    kiln_dims d;
+    memset(&d, 0, sizeof d);
+    d.rank = 1;
+    d.d[0] = a;
+    return d;
+}
+
+static kiln_dims dims2(int64_t a, int64_t b) {
+    kiln_dims d = dims1(a);
+    d.rank = 2;
+    d.d[1] = b;
+    return d;
+}
+
+/* Reads weight `hf` (HF name), converted to the build dtype, into buf
+ * (`bytes` long), after checking its dims against the expected ones. */
+static kiln_status read_weight_into(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, void *buf,
+                                    size_t bytes) {
     kiln_dims dims;
     memset(&dims, 0, sizeof dims);
     kiln_status st = b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, NULL, 0);
@@ -99,38 +115,44 @@ static kiln_status add_weight(builder *b, const char *hf, int32_t rank, int64_t 
         return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" has shape [%s], the config says [%lld]", hf, got,
                          (long long)d0);
     }
-    size_t n = (size_t)d0 * (size_t)(rank == 2 ? d1 : 1); /* bounded by kiln_llm_config_validate */
-    size_t bytes = n * dtype_size(b->opt->dtype);
-    void *buf = malloc(bytes ? bytes : 1);
-    if (!buf)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", hf, bytes);
-    st = b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, buf, bytes);
-    if (st == KILN_OK)
-        st = kiln_network_add_constant(b->net, hf, b->opt->dtype, &dims, buf, out);
-    free(buf);
+    KILN_TRY(b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, buf, bytes));
     b->done_weights++;
     progress(b, "converting weights");
+    return KILN_OK;
+}
+
+/* Weights `hf[0..n)`, each [rows[i], d1] (or [rows[i]] when d1 is 0),
+ * stacked along their first axis into one constant `cname`: the fused
+ * projections' [Nq + Nk + Nv, K] and [2 * I, K] weights and their biases. */
+static kiln_status add_weights(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
+                               const char *cname, kiln_tensor *out) {
+    int64_t total = 0;
+    for (int32_t i = 0; i < n; i++)
+        total += rows[i];
+    size_t es = dtype_size(b->opt->dtype), row = (size_t)(d1 ? d1 : 1) * es; /* dims bounded by validation */
+    size_t bytes = (size_t)total * row;
+    void *buf = malloc(bytes > 0 ? bytes : 1);
+    if (!buf)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", cname, bytes);
+    kiln_status st = KILN_OK;
+    for (int32_t i = 0, at = 0; i < n && st == KILN_OK; at += (int32_t)rows[i], i++)
+        st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, (char *)buf + (size_t)at * row,
+                              (size_t)rows[i] * row);
+    kiln_dims dims = d1 ? dims2(total, d1) : dims1(total);
+    if (st == KILN_OK)
+        st = kiln_network_add_constant(b->net, cname, b->opt->dtype, &dims, buf, out);
+    free(buf);
     return st;
+}
+
+/* Reads weight `hf` and adds it as a constant named like it. */
+static kiln_status add_weight(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, kiln_tensor *out) {
+    return add_weights(b, &hf, &d0, 1, rank == 2 ? d1 : 0, hf, out);
 }
 
 static int has_weight(builder *b, const char *hf) {
     kiln_dims dims;
     return b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, NULL, 0) == KILN_OK;
-}
-
-static kiln_dims dims1(int64_t a) {
-    kiln_dims d;
-    memset(&d, 0, sizeof d);
-    d.rank = 1;
-    d.d[0] = a;
-    return d;
-}
-
-static kiln_dims dims2(int64_t a, int64_t b) {
-    kiln_dims d = dims1(a);
-    d.rank = 2;
-    d.d[1] = b;
-    return d;
 }
 
 static kiln_field field_i32(const char *name, const int32_t *v) {
@@ -141,10 +163,16 @@ static kiln_field field_f32(const char *name, const float *v) {
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_F32, 1, v};
 }
 
+/* A built-in plugin layer with n_out outputs. */
+static kiln_status plugin_n(builder *b, const char *name, const char *plugin_name, const kiln_field *fields,
+                            int32_t nf, const kiln_tensor *in, int32_t n_in, kiln_tensor *out, int32_t n_out) {
+    int32_t got = 0;
+    return kiln_network_add_plugin(b->net, name, plugin_name, "1", "kiln", fields, nf, in, n_in, out, n_out, &got);
+}
+
 static kiln_status plugin(builder *b, const char *name, const char *plugin_name, const kiln_field *fields,
                           int32_t nf, const kiln_tensor *in, int32_t n_in, kiln_tensor *out) {
-    int32_t n_out = 0;
-    return kiln_network_add_plugin(b->net, name, plugin_name, "1", "kiln", fields, nf, in, n_in, out, 1, &n_out);
+    return plugin_n(b, name, plugin_name, fields, nf, in, n_in, out, 1);
 }
 
 /* ggml block formats kiln/QuantMatMul reads: type number, name, bytes per 32. */
@@ -154,37 +182,68 @@ static const struct {
     size_t block_bytes;
 } quant_formats[] = {{KILN_GGML_Q8_0, "Q8_0", 34}, {KILN_GGML_Q4_0, "Q4_0", 18}, {KILN_GGML_Q4_1, "Q4_1", 20}};
 
-/* y = x·Wᵀ through kiln/QuantMatMul named `lname`, with checkpoint weight
- * `wname` ([out, in]) kept in its stored block format as constant `cname`;
- * *done = 0 (nothing added) when the build is not native or the weight is
- * in another format. */
-static kiln_status quant_matmul(builder *b, const char *wname, const char *cname, const char *lname, kiln_tensor x,
-                                int64_t out_dim, int64_t in_dim, kiln_tensor *y, int *done) {
-    *done = 0;
+/* The format index in quant_formats of checkpoint weight `wname` when it
+ * is stored in one QuantMatMul reads, else -1. */
+static int quant_format(builder *b, const char *wname, const void **data, size_t *size) {
     uint32_t type;
-    const void *data;
-    size_t size;
-    if (!b->opt->native || !b->ck->read_quantized || in_dim % 32 != 0 ||
-        b->ck->read_quantized(b->ck->weight_user, wname, &type, &data, &size) != KILN_OK)
+    if (!b->opt->native || !b->ck->read_quantized ||
+        b->ck->read_quantized(b->ck->weight_user, wname, &type, data, size) != KILN_OK)
+        return -1;
+    for (size_t f = 0; f < sizeof quant_formats / sizeof quant_formats[0]; f++)
+        if (quant_formats[f].type == type)
+            return (int)f;
+    return -1;
+}
+
+/* y = x·Wᵀ through kiln/QuantMatMul named `lname`, with W the checkpoint
+ * weights `wname[0..n)` ([out_dim[i], in_dim] each) stacked along their
+ * rows in their stored block format as constant `cname` (rows of blocks
+ * stack as bytes); *done = 0 (nothing added) when the build is not native
+ * or any part is in another format than the first. */
+static kiln_status quant_matmul(builder *b, const char *const *wname, const int64_t *out_dim, int32_t n_parts,
+                                const char *cname, const char *lname, kiln_tensor x, int64_t in_dim, kiln_tensor *y,
+                                int *done) {
+    *done = 0;
+    const void *data[3];
+    size_t size[3], total = 0;
+    int f = -1;
+    if (in_dim % 32 != 0 || n_parts > 3)
         return KILN_OK;
-    size_t f = 0;
-    while (f < sizeof quant_formats / sizeof quant_formats[0] && quant_formats[f].type != type)
-        f++;
-    if (f == sizeof quant_formats / sizeof quant_formats[0])
-        return KILN_OK;
-    kiln_dims dims;
-    KILN_TRY(b->ck->read_weight(b->ck->weight_user, wname, &dims, KILN_DTYPE_F32, NULL, 0));
+    for (int32_t i = 0; i < n_parts; i++) {
+        int fi = quant_format(b, wname[i], &data[i], &size[i]);
+        if (fi < 0 || (i > 0 && fi != f))
+            return KILN_OK;
+        f = fi;
+    }
     size_t row = (size_t)in_dim / 32 * quant_formats[f].block_bytes; /* dims bounded by config validation */
-    if (dims.rank != 2 || dims.d[0] != out_dim || dims.d[1] != in_dim || size != row * (size_t)out_dim)
-        return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname,
-                         quant_formats[f].name, size, (long long)out_dim, (long long)in_dim);
-    kiln_dims wd = dims2(out_dim, (int64_t)row);
+    int64_t rows = 0;
+    for (int32_t i = 0; i < n_parts; i++) {
+        kiln_dims dims;
+        KILN_TRY(b->ck->read_weight(b->ck->weight_user, wname[i], &dims, KILN_DTYPE_F32, NULL, 0));
+        if (dims.rank != 2 || dims.d[0] != out_dim[i] || dims.d[1] != in_dim || size[i] != row * (size_t)out_dim[i])
+            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname[i],
+                             quant_formats[f].name, size[i], (long long)out_dim[i], (long long)in_dim);
+        rows += out_dim[i];
+        total += size[i];
+    }
+    kiln_dims wd = dims2(rows, (int64_t)row);
     kiln_tensor w;
-    KILN_TRY(kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &wd, data, &w));
-    int32_t n = (int32_t)out_dim, k = (int32_t)in_dim;
+    if (n_parts == 1) {
+        KILN_TRY(kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &wd, data[0], &w));
+    } else {
+        unsigned char *cat = malloc(total);
+        if (!cat)
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", cname, total);
+        for (int32_t i = 0, at = 0; i < n_parts; at += (int)size[i], i++)
+            memcpy(cat + at, data[i], size[i]);
+        kiln_status st = kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &wd, cat, &w);
+        free(cat);
+        KILN_TRY(st);
+    }
+    int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
     kiln_field fields[3] = {
         {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, quant_formats[f].name},
-        field_i32("n", &n), field_i32("k", &k)};
+        field_i32("n", &nn), field_i32("k", &k)};
     kiln_tensor in[2] = {x, w};
     KILN_TRY(plugin(b, lname, "QuantMatMul", fields, 3, in, 2, y));
     /* the LLMC config lists the formats kept, in first-use order */
@@ -192,7 +251,7 @@ static kiln_status quant_matmul(builder *b, const char *wname, const char *cname
     if (!strstr(q, quant_formats[f].name))
         snprintf(q + strlen(q), sizeof b->ck->config.quantized - strlen(q), "%s%s", q[0] ? "," : "",
                  quant_formats[f].name);
-    b->done_weights++;
+    b->done_weights += n_parts;
     progress(b, "converting weights");
     *done = 1;
     return KILN_OK;
@@ -206,7 +265,8 @@ static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out
     int done;
     snprintf(wname, sizeof wname, "%s.weight", hf);
     snprintf(lname, sizeof lname, "%s.matmul", hf);
-    KILN_TRY(quant_matmul(b, wname, wname, lname, x, out_dim, in_dim, y, &done));
+    const char *wn = wname;
+    KILN_TRY(quant_matmul(b, &wn, &out_dim, 1, wname, lname, x, in_dim, y, &done));
     if (!done) {
         KILN_TRY(add_weight(b, wname, 2, out_dim, in_dim, &w));
         KILN_TRY(kiln_network_add_matmul(b->net, lname, x, 0, w, 1, y));
@@ -221,7 +281,50 @@ static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out
     return KILN_OK;
 }
 
-static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor x, kiln_tensor *y) {
+/* The HF Linears `hf[0..n)` of one input x as one matmul over their
+ * weights stacked by rows (`fused`: the stacked weight's name without
+ * ".weight", e.g. "model.layers.0.self_attn.qkv_proj"): y holds their
+ * outputs side by side in each row. *done = 0 (nothing added) when a
+ * native build keeps some parts quantized in different formats (or some
+ * quantized and some not): those stay separate matmuls. */
+static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t *out_dim, int32_t n,
+                                const char *fused, kiln_tensor x, int64_t in_dim, int bias, kiln_tensor *y,
+                                int *done) {
+    char wnames[3][160], bnames[3][160], cname[176], lname[176];
+    const char *wn[3], *bn[3];
+    for (int32_t i = 0; i < n; i++) {
+        snprintf(wnames[i], sizeof wnames[i], "%s.weight", hf[i]);
+        snprintf(bnames[i], sizeof bnames[i], "%s.bias", hf[i]);
+        wn[i] = wnames[i], bn[i] = bnames[i];
+    }
+    snprintf(cname, sizeof cname, "%s.weight", fused);
+    snprintf(lname, sizeof lname, "%s.matmul", fused);
+    KILN_TRY(quant_matmul(b, wn, out_dim, n, cname, lname, x, in_dim, y, done));
+    if (!*done) {
+        const void *data;
+        size_t size;
+        for (int32_t i = 0; i < n; i++)
+            if (quant_format(b, wn[i], &data, &size) >= 0)
+                return KILN_OK;
+        kiln_tensor w;
+        KILN_TRY(add_weights(b, wn, out_dim, n, in_dim, cname, &w));
+        KILN_TRY(kiln_network_add_matmul(b->net, lname, x, 0, w, 1, y));
+        *done = 1;
+    }
+    if (bias) {
+        kiln_tensor bt;
+        snprintf(cname, sizeof cname, "%s.bias", fused);
+        KILN_TRY(add_weights(b, bn, out_dim, n, 0, cname, &bt));
+        snprintf(lname, sizeof lname, "%s.add_bias", fused);
+        KILN_TRY(kiln_network_add_binary(b->net, lname, KILN_BINARY_ADD, *y, bt, y));
+    }
+    return KILN_OK;
+}
+
+/* y = RMSNorm(x) with HF weight `hf`.weight; with residual non-NULL the
+ * residual add before it is fused in (kiln/AddRMSNorm): *x becomes x +
+ * residual and y its norm. */
+static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kiln_tensor *residual, kiln_tensor *y) {
     const kiln_llm_config *c = &b->ck->config;
     char wname[160];
     kiln_tensor w;
@@ -229,12 +332,21 @@ static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor x, kiln_tenso
     KILN_TRY(add_weight(b, wname, 1, c->hidden_size, 0, &w));
     float eps = (float)c->rms_norm_eps;
     kiln_field f = field_f32("epsilon", &eps);
-    kiln_tensor in[2] = {x, w};
-    return plugin(b, hf, "RMSNorm", &f, 1, in, 2, y);
+    if (!residual) {
+        kiln_tensor in[2] = {*x, w};
+        return plugin(b, hf, "RMSNorm", &f, 1, in, 2, y);
+    }
+    kiln_tensor in[3] = {*x, *residual, w}, out[2];
+    KILN_TRY(plugin_n(b, hf, "AddRMSNorm", &f, 1, in, 3, out, 2));
+    *x = out[0];
+    *y = out[1];
+    return KILN_OK;
 }
 
+/* RoPE over x of n_heads heads, or with n_kv_heads > 0 over the packed
+ * qkv row (n_heads q heads, then the k and v heads). */
 static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor positions, int32_t n_heads,
-                        kiln_tensor *y) {
+                        int32_t n_kv_heads, kiln_tensor *y) {
     const kiln_llm_config *c = &b->ck->config;
     const kiln_llm_rope *r = &c->rope;
     float theta = (float)r->theta, factor = (float)r->factor, lo = (float)r->low_freq_factor,
@@ -244,9 +356,11 @@ static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor
     const char *scaling = r->scaling == KILN_LLM_ROPE_LLAMA3 ? "llama3"
                           : r->scaling == KILN_LLM_ROPE_LINEAR ? "linear"
                                                                : "none";
-    kiln_field f[10];
+    kiln_field f[11];
     int32_t nf = 0;
     f[nf++] = field_i32("n_heads", &n_heads);
+    if (n_kv_heads > 0)
+        f[nf++] = field_i32("n_kv_heads", &n_kv_heads);
     f[nf++] = field_i32("head_dim", &c->head_dim);
     f[nf++] = field_f32("theta", &theta);
     f[nf++] = field_i32("rotary_dim", &rotary);
@@ -294,7 +408,13 @@ static kiln_status add_inputs(builder *b, int32_t max_blocks, step_inputs *in) {
     return KILN_OK;
 }
 
-static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_tensor *x) {
+/* One decoder layer. *x is the residual stream; *pending, when has_pending,
+ * is the previous layer's MLP output not yet added to it: that add is
+ * fused with this layer's first norm, and this layer leaves its own MLP
+ * output in *pending for the next norm (a layer's two residual adds each
+ * ride on the norm that follows them). */
+static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_tensor *x, kiln_tensor *pending,
+                             int has_pending) {
     const kiln_llm_config *c = &b->ck->config;
     kiln_network *net = b->net;
     const kiln_llm_build_options *o = b->opt;
@@ -315,44 +435,65 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     mx.d[0] = KILN_LLM_MAX_KV_BLOCKS;
     KILN_TRY(kiln_network_set_profile_shape(net, 0, n, &mn, &mn, &mx));
 
-    kiln_tensor h, q, k, v, a;
+    kiln_tensor h, qkv, a;
     snprintf(n, sizeof n, "%s.input_layernorm", p);
-    KILN_TRY(rmsnorm(b, n, *x, &h));
-    snprintf(n, sizeof n, "%s.self_attn.q_proj", p);
-    KILN_TRY(linear(b, n, h, qd, H, c->qkv_bias, &q));
-    snprintf(n, sizeof n, "%s.self_attn.k_proj", p);
-    KILN_TRY(linear(b, n, h, kvd, H, c->qkv_bias, &k));
-    snprintf(n, sizeof n, "%s.self_attn.v_proj", p);
-    KILN_TRY(linear(b, n, h, kvd, H, c->qkv_bias, &v));
-    snprintf(n, sizeof n, "%s.self_attn.q_rope", p);
-    KILN_TRY(rope(b, n, q, in->positions, c->n_heads, &q));
-    snprintf(n, sizeof n, "%s.self_attn.k_rope", p);
-    KILN_TRY(rope(b, n, k, in->positions, c->n_kv_heads, &k));
-
-    kiln_field f[4] = {field_i32("n_heads", &c->n_heads), field_i32("n_kv_heads", &c->n_kv_heads),
+    KILN_TRY(rmsnorm(b, n, x, has_pending ? pending : NULL, &h));
+    char qn[160], kn[160], vn[160], fused[160];
+    snprintf(qn, sizeof qn, "%s.self_attn.q_proj", p);
+    snprintf(kn, sizeof kn, "%s.self_attn.k_proj", p);
+    snprintf(vn, sizeof vn, "%s.self_attn.v_proj", p);
+    snprintf(fused, sizeof fused, "%s.self_attn.qkv_proj", p);
+    const char *parts[3] = {qn, kn, vn};
+    const int64_t widths[3] = {qd, kvd, kvd};
+    int done;
+    KILN_TRY(fused_linear(b, parts, widths, 3, fused, h, H, c->qkv_bias, &qkv, &done));
+    kiln_field f[5] = {field_i32("n_heads", &c->n_heads), field_i32("n_kv_heads", &c->n_kv_heads),
                        field_i32("head_dim", &c->head_dim), field_i32("block_size", &o->block_size)};
-    kiln_tensor ain[7] = {q, k, v, cache, in->block_table, in->seq_lens, in->query_start};
+    const int32_t one = 1;
     snprintf(n, sizeof n, "%s.self_attn.attention", p);
-    KILN_TRY(plugin(b, n, "PagedAttention", f, 4, ain, 7, &a));
+    if (done) {
+        snprintf(fused, sizeof fused, "%s.self_attn.qkv_rope", p);
+        KILN_TRY(rope(b, fused, qkv, in->positions, c->n_heads, c->n_kv_heads, &qkv));
+        f[4] = field_i32("packed_qkv", &one);
+        kiln_tensor ain[5] = {qkv, cache, in->block_table, in->seq_lens, in->query_start};
+        KILN_TRY(plugin(b, n, "PagedAttention", f, 5, ain, 5, &a));
+    } else {
+        kiln_tensor q, k, v;
+        KILN_TRY(linear(b, qn, h, qd, H, c->qkv_bias, &q));
+        KILN_TRY(linear(b, kn, h, kvd, H, c->qkv_bias, &k));
+        KILN_TRY(linear(b, vn, h, kvd, H, c->qkv_bias, &v));
+        snprintf(fused, sizeof fused, "%s.self_attn.q_rope", p);
+        KILN_TRY(rope(b, fused, q, in->positions, c->n_heads, 0, &q));
+        snprintf(fused, sizeof fused, "%s.self_attn.k_rope", p);
+        KILN_TRY(rope(b, fused, k, in->positions, c->n_kv_heads, 0, &k));
+        kiln_tensor ain[7] = {q, k, v, cache, in->block_table, in->seq_lens, in->query_start};
+        KILN_TRY(plugin(b, n, "PagedAttention", f, 4, ain, 7, &a));
+    }
     snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
     KILN_TRY(linear(b, n, a, H, qd, 0, &a));
-    snprintf(n, sizeof n, "%s.attn_residual", p);
-    KILN_TRY(kiln_network_add_binary(net, n, KILN_BINARY_ADD, *x, a, x));
 
-    kiln_tensor g, u, m;
+    kiln_tensor gu, m;
     snprintf(n, sizeof n, "%s.post_attention_layernorm", p);
-    KILN_TRY(rmsnorm(b, n, *x, &h));
-    snprintf(n, sizeof n, "%s.mlp.gate_proj", p);
-    KILN_TRY(linear(b, n, h, c->intermediate_size, H, 0, &g));
-    snprintf(n, sizeof n, "%s.mlp.up_proj", p);
-    KILN_TRY(linear(b, n, h, c->intermediate_size, H, 0, &u));
-    kiln_tensor sin[2] = {g, u};
+    KILN_TRY(rmsnorm(b, n, x, &a, &h));
+    char gn[160], un[160];
+    snprintf(gn, sizeof gn, "%s.mlp.gate_proj", p);
+    snprintf(un, sizeof un, "%s.mlp.up_proj", p);
+    snprintf(fused, sizeof fused, "%s.mlp.gate_up_proj", p);
+    const char *mlp_parts[2] = {gn, un};
+    const int64_t mlp_widths[2] = {c->intermediate_size, c->intermediate_size};
+    KILN_TRY(fused_linear(b, mlp_parts, mlp_widths, 2, fused, h, H, 0, &gu, &done));
     snprintf(n, sizeof n, "%s.mlp.swiglu", p);
-    KILN_TRY(plugin(b, n, "SwiGLU", NULL, 0, sin, 2, &m));
+    if (done) {
+        kiln_field packed = field_i32("packed", &one);
+        KILN_TRY(plugin(b, n, "SwiGLU", &packed, 1, &gu, 1, &m));
+    } else {
+        kiln_tensor sin[2];
+        KILN_TRY(linear(b, gn, h, c->intermediate_size, H, 0, &sin[0]));
+        KILN_TRY(linear(b, un, h, c->intermediate_size, H, 0, &sin[1]));
+        KILN_TRY(plugin(b, n, "SwiGLU", NULL, 0, sin, 2, &m));
+    }
     snprintf(n, sizeof n, "%s.mlp.down_proj", p);
-    KILN_TRY(linear(b, n, m, H, c->intermediate_size, 0, &m));
-    snprintf(n, sizeof n, "%s.mlp_residual", p);
-    return kiln_network_add_binary(net, n, KILN_BINARY_ADD, *x, m, x);
+    return linear(b, n, m, H, c->intermediate_size, 0, pending);
 }
 
 static kiln_status build(builder *b, int32_t max_blocks) {
@@ -362,18 +503,19 @@ static kiln_status build(builder *b, int32_t max_blocks) {
     kiln_tensor emb, x;
     KILN_TRY(add_weight(b, "model.embed_tokens.weight", 2, c->vocab_size, c->hidden_size, &emb));
     KILN_TRY(kiln_network_add_gather(b->net, "embed", emb, in.tokens, 0, &x));
+    kiln_tensor pending;
     for (int32_t l = 0; l < c->n_layers; l++)
-        KILN_TRY(add_layer(b, l, &in, &x));
+        KILN_TRY(add_layer(b, l, &in, &x, &pending, l > 0));
     kiln_tensor h, lm, logits;
-    KILN_TRY(rmsnorm(b, "model.norm", x, &h));
+    KILN_TRY(rmsnorm(b, "model.norm", &x, &pending, &h));
     KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", h, in.last_token, 0, &h));
     /* Tied: the gather above reads f32 rows of the embedding; the output
      * projection reads the whole matrix every step, so it gets its own
      * quantized copy when the checkpoint stores one. */
     int done;
-    KILN_TRY(quant_matmul(b, c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight", "lm_head.weight",
-                          "lm_head", h,
-                          c->vocab_size, c->hidden_size, &logits, &done));
+    const char *lm_src = c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    const int64_t vocab = c->vocab_size;
+    KILN_TRY(quant_matmul(b, &lm_src, &vocab, 1, "lm_head.weight", "lm_head", h, c->hidden_size, &logits, &done));
     if (!done) {
         if (c->tied_embeddings)
             lm = emb;
@@ -420,8 +562,6 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     KILN_TRY(kiln_llm_config_validate(c));
     if (o.dtype != KILN_DTYPE_F32 && o.dtype != KILN_DTYPE_F16 && o.dtype != KILN_DTYPE_BF16)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: dtype must be f32, f16 or bf16");
-    if (o.native && o.dtype != KILN_DTYPE_F32)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: native (quantized) weights need dtype f32");
     if (o.max_seq_len <= 0) {
         int64_t m = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
         o.max_seq_len = (int32_t)(m < 4096 ? m : 4096);
@@ -507,7 +647,9 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
     size_t cfg_len = 0;
     void *tok = NULL;
     size_t tok_len = 0;
-    kiln_status st = kiln_llm_config_to_json(&ck->config, &cfg_json, &cfg_len);
+    kiln_status st = kiln_llm_add_sampling(net, ck->config.max_batch, ck->config.vocab_size);
+    if (st == KILN_OK)
+        st = kiln_llm_config_to_json(&ck->config, &cfg_json, &cfg_len);
     if (st == KILN_OK)
         st = check_section_config(cfg_json, cfg_len);
     if (st == KILN_OK)

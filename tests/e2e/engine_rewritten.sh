@@ -43,9 +43,9 @@ t["max_bytes"] = 256' 'mlp.swiglu|needs|bytes but the plan gives it 256'
 rewrite matmul-dtype '
 l = next(l for l in plan["layers"] if l["op"] == 1)
 plan["tensors"][l["outputs"][0]]["dtype"] = 2' 'matmul output|is bf16, its rules give f32'
-rewrite binary-rank '
-l = next(l for l in plan["layers"] if l["op"] == 2)
-plan["tensors"][l["outputs"][0]]["dims"].pop()' 'binary output|has rank 1, its rules give 2'
+rewrite gather-rank '
+l = next(l for l in plan["layers"] if l["op"] == 9)
+plan["tensors"][l["outputs"][0]]["dims"].pop()' 'gather output|has rank 1, its rules give 2'
 rewrite order '
 L = plan["layers"]
 L[1], L[2] = L[2], L[1]
@@ -58,11 +58,12 @@ t["producer"] = 4' 'whose producer is layer 4'
 rewrite flags '
 plan["tensors"][plan["outputs"][0]]["flags"] = 0' 'input/output flags disagree'
 rewrite overlap '
-l = next(l for l in plan["layers"] if l["name"].endswith("q_proj.matmul"))
-x, y = plan["tensors"][l["inputs"][0]], plan["tensors"][l["outputs"][0]]
+T = plan["tensors"]
+l = next(l for l in plan["layers"] if l["op"] == 1 and T[l["inputs"][0]]["flags"] == 0)
+x, y = T[l["inputs"][0]], T[l["outputs"][0]]
 y["arena_offset"] = x["arena_offset"]' 'share arena bytes while both are live'
 rewrite io-overlap '
-l = next(l for l in plan["layers"] if l["name"].endswith("q_proj.matmul"))
+l = next(l for l in plan["layers"] if l["op"] == 1)
 y = plan["tensors"][l["outputs"][0]]
 io = max(plan["inputs"] + plan["outputs"], key=lambda t: plan["tensors"][t]["max_bytes"])
 y["arena_offset"] = plan["tensors"][io]["arena_offset"]' 'share arena bytes while both are live'

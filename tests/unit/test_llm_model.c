@@ -36,11 +36,15 @@ static void runner_free(runner *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* Nonzero: runners build with quantized GGUF weights kept (opt.native). */
+static int native_build;
+
 static kiln_status runner_open_ck(runner *r, kiln_llm_checkpoint *ck, kiln_dtype dtype) {
     memset(r, 0, sizeof *r);
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
     opt.dtype = dtype;
+    opt.native = native_build;
     opt.max_seq_len = 64;
     opt.max_batch = 4;
     opt.block_size = 8;
@@ -131,6 +135,10 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     STEP_TRY(set_shape(ctx, "seq_lens", S, 0));
     STEP_TRY(set_shape(ctx, "query_start", S + 1, 0));
     STEP_TRY(set_shape(ctx, "last_token", S, 0));
+    /* The sampling layer's inputs: greedy rows (its ids are not checked
+     * here; tests/unit/test_sampler.c checks the layer). */
+    STEP_TRY(set_shape(ctx, "sample_params", S, 7));
+    STEP_TRY(set_shape(ctx, "sample_seq", S, 4));
     for (int32_t l = 0; l < r->cfg.n_layers; l++) {
         char name[32];
         snprintf(name, sizeof name, "kv_cache.%d", l);
@@ -147,6 +155,12 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     STEP_TRY(copy_i32(ctx, "seq_lens", seq_lens, (size_t)S));
     STEP_TRY(copy_i32(ctx, "query_start", qs, (size_t)S + 1));
     STEP_TRY(copy_i32(ctx, "last_token", last, (size_t)S));
+    void *sp;
+    STEP_TRY(kiln_context_tensor_address(ctx, "sample_params", &sp));
+    memset(sp, 0, sizeof(float) * 7 * (size_t)S);
+    /* all -1: no penalty state slot */
+    STEP_TRY(kiln_context_tensor_address(ctx, "sample_seq", &sp));
+    memset(sp, 0xff, sizeof(int32_t) * 4 * (size_t)S);
     kiln_dims od;
     STEP_TRY(kiln_context_tensor_shape(ctx, "logits", &od));
     if (od.rank != 2 || od.d[0] != S || od.d[1] != r->cfg.vocab_size) {
@@ -469,9 +483,65 @@ static void test_gguf_quantized_close(void) {
     }
 }
 
+/* The checkpoint's own read_quantized, and a wrapper that hides k_proj and
+ * up_proj (they are then dequantized): the native build must fall back to
+ * separate matmuls for q/k/v and gate/up. */
+static kiln_status (*own_read_quantized)(void *, const char *, uint32_t *, const void **, size_t *);
+static kiln_status read_quantized_mixed(void *user, const char *name, uint32_t *type, const void **data,
+                                        size_t *size) {
+    if (strstr(name, "k_proj") || strstr(name, "up_proj"))
+        return KILN_ERROR_NOT_FOUND;
+    return own_read_quantized(user, name, type, data, size);
+}
+
+/* Native builds of Q8_0 GGUFs (one stacked QuantMatMul for q/k/v and one
+ * for gate/up; Qwen2's biases stacked too) against the same file
+ * dequantized to f32 (identical weight values, so only the order of the
+ * sums differs); with some parts unquantized (the unfused fallback); and
+ * in bf16 (QuantMatMul with bf16 activations). */
+static void test_native_builds(void) {
+    const char *files[] = {DATA "smollm/model-q8_0.gguf", DATA "qwen2/model-q8_0.gguf"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        runner ref, nat, mixed, half;
+        float lr[320], ln[320], lm[320], lh[320];
+        CHECK_OK(runner_open(&ref, "gguf", files[i], KILN_DTYPE_F32));
+        native_build = 1;
+        CHECK_OK(runner_open(&nat, "gguf", files[i], KILN_DTYPE_F32));
+        CHECK_OK(runner_open(&half, "gguf", files[i], KILN_DTYPE_BF16));
+        kiln_llm_checkpoint *ck = NULL;
+        CHECK_OK(kiln_llm_import_gguf(files[i], &ck));
+        memset(&mixed, 0, sizeof mixed);
+        if (ck) {
+            own_read_quantized = ck->read_quantized;
+            ck->read_quantized = read_quantized_mixed;
+            CHECK_OK(runner_open_ck(&mixed, ck, KILN_DTYPE_F32));
+            kiln_llm_checkpoint_free(ck);
+        }
+        native_build = 0;
+        CHECK(strcmp(ref.cfg.quantized, "") == 0 && strcmp(nat.cfg.quantized, "Q8_0") == 0 &&
+              strcmp(mixed.cfg.quantized, "Q8_0") == 0);
+        if (ref.ctx && nat.ctx && mixed.ctx && half.ctx) {
+            CHECK_OK(prefill(&ref, prompt, PROMPT_LEN, lr));
+            CHECK_OK(prefill(&nat, prompt, PROMPT_LEN, ln));
+            CHECK_OK(prefill(&mixed, prompt, PROMPT_LEN, lm));
+            CHECK_OK(prefill(&half, prompt, PROMPT_LEN, lh));
+            double en = rel_err(ln, lr, 320), em = rel_err(lm, lr, 320), eh = rel_err(lh, lr, 320);
+            if (!(en < 1e-5 && em < 1e-5 && eh < 5e-2 && eh > 0))
+                fprintf(stderr, "%s: native %g, mixed %g, native bf16 %g relative to the dequantized f32 build\n",
+                        files[i], en, em, eh);
+            CHECK(en < 1e-5 && em < 1e-5 && eh < 5e-2 && eh > 0);
+        }
+        runner_free(&ref);
+        runner_free(&nat);
+        runner_free(&mixed);
+        runner_free(&half);
+    }
+}
+
 static const test_case_ tests[] = {TEST(test_network_shape_and_finite), TEST(test_batched_and_incremental_agree),
                                    TEST(test_half_dtypes), TEST(test_engine_sections), TEST(test_refs_hf),
-                                   TEST(test_refs_gguf_and_llama2c), TEST(test_gguf_quantized_close)};
+                                   TEST(test_refs_gguf_and_llama2c), TEST(test_gguf_quantized_close),
+                                   TEST(test_native_builds)};
 
 int main(void) {
     if (kiln_registry_create(&reg) != KILN_OK) {

@@ -178,6 +178,44 @@ static void products_body(const kiln_plugin_creator *c, void *pool) {
     }
 }
 
+/* f16/bf16 activations: y equals the f32 product of the widened x,
+ * rounded once to the activation dtype. */
+static void test_half_activations(void) {
+    kiln_registry *reg = NULL;
+    const kiln_plugin_creator *c = creator(&reg);
+    const kiln_dtype types[2] = {KILN_DTYPE_F16, KILN_DTYPE_BF16};
+    const int32_t t = 21, k = 96, n = 7; /* more rows than one f32 chunk (16) */
+    const kiln_host_api *h = kiln_host();
+    for (int ti = 0; ti < 2 && c; ti++) {
+        kiln_dtype dt = types[ti];
+        uint8_t *w = random_blocks(&fmts[2], n, k);
+        float xf[21 * 96], yf[21 * 7], ws[16 * 96 + 16 * 7];
+        uint16_t xh[21 * 96], yh[21 * 7];
+        for (int i = 0; i < t * k; i++) {
+            float v = uniform(-1, 1);
+            xh[i] = dt == KILN_DTYPE_F16 ? h->float_to_half(v) : h->float_to_bf16(v);
+            xf[i] = dt == KILN_DTYPE_F16 ? h->half_to_float(xh[i]) : h->bf16_to_float(xh[i]);
+        }
+        kiln_plugin *p = NULL;
+        CHECK_OK(make(c, "Q4_1", n, k, &p));
+        CHECK_OK(run(p, &fmts[2], xf, t, k, w, n, yf, NULL));
+        kiln_tensor_desc d[3] = {desc(dt, t, k), desc(KILN_DTYPE_U8, n, (int64_t)(k / 32) * 20), desc(dt, t, n)};
+        CHECK(p && p->ops->workspace_size(p, d, 2, d + 2, 1) == sizeof ws);
+        const void *in[2] = {xh, w};
+        void *out[1] = {yh};
+        if (p)
+            CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 2, d + 2, out, 1, ws, NULL));
+        int same = 1;
+        for (int i = 0; i < t * n; i++)
+            same &= yh[i] == (dt == KILN_DTYPE_F16 ? h->float_to_half(yf[i]) : h->float_to_bf16(yf[i]));
+        CHECK(same);
+        if (p)
+            p->ops->destroy(p);
+        free(w);
+    }
+    kiln_registry_destroy(reg);
+}
+
 static void test_formulas(void) { each_kernel(formulas_body); }
 static void test_products(void) { each_kernel(products_body); }
 
@@ -231,8 +269,13 @@ static void test_bad_fields_and_shapes(void) {
                     KILN_ERROR_SHAPE, "QuantMatMul: x's last dim must be k = 64 and w [4, 68]");
     kiln_tensor_desc f16x[3] = {desc(KILN_DTYPE_F16, 2, 64), desc(KILN_DTYPE_U8, 4, 68),
                                 desc(KILN_DTYPE_F16, 2, 4)};
-    CHECK(!p->ops->supports(p, KILN_BACKEND_CPU, f16x, 2, 1));
+    kiln_tensor_desc mixed[3] = {desc(KILN_DTYPE_F16, 2, 64), desc(KILN_DTYPE_U8, 4, 68),
+                                 desc(KILN_DTYPE_F32, 2, 4)};
+    CHECK(p->ops->supports(p, KILN_BACKEND_CPU, f16x, 2, 1));
+    CHECK(!p->ops->supports(p, KILN_BACKEND_CPU, mixed, 2, 1));
+#ifndef KILN_HAVE_CUDA
     CHECK(!p->ops->supports(p, KILN_BACKEND_CUDA, bad[0], 2, 1));
+#endif
     CHECK(p->ops->supports(p, KILN_BACKEND_CPU, bad[0], 2, 1));
     p->ops->destroy(p);
     kiln_registry_destroy(reg);
@@ -263,6 +306,6 @@ static void test_llmc_quantized_weights(void) {
     free(json);
 }
 
-static const test_case_ tests[] = {TEST(test_formulas), TEST(test_products), TEST(test_blob_round_trip),
+static const test_case_ tests[] = {TEST(test_formulas), TEST(test_products), TEST(test_half_activations), TEST(test_blob_round_trip),
                                    TEST(test_bad_fields_and_shapes), TEST(test_llmc_quantized_weights)};
 TEST_MAIN(tests)

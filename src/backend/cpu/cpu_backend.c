@@ -197,35 +197,9 @@ static void concat_rows(void *p, int64_t begin, int64_t end)
 
 kiln_status cpu_run_concat(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
-    const kiln_exec_tensor *o = &a->outputs[0];
-    int32_t axis = a->layer->p.concat.axis, r = o->dims.rank;
-    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || axis < 0 || axis >= r)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": concat axis %d, %d inputs",
-                         name, (int)axis, (int)a->layer->n_inputs);
-    size_t esize = kiln_dtype_size(o->dtype);
-    int64_t total = 0;
-    for (int32_t k = 0; k < a->layer->n_inputs; k++) {
-        const kiln_exec_tensor *x = &a->inputs[k];
-        if (x->dtype != o->dtype || x->dims.rank != r)
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "layer \"%s\": concat input %d is %s rank %d, output %s rank %d", name,
-                             (int)k, kiln_dtype_name(x->dtype), (int)x->dims.rank,
-                             kiln_dtype_name(o->dtype), (int)r);
-        for (int32_t i = 0; i < r; i++)
-            if (i != axis && x->dims.d[i] != o->dims.d[i])
-                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": concat input %d dim %d is %lld, expected %lld",
-                                 name, (int)k, (int)i, (long long)x->dims.d[i], (long long)o->dims.d[i]);
-        total += x->dims.d[axis];
-    }
-    if (total != o->dims.d[axis])
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": concat inputs sum to %lld along axis %d, output has %lld",
-                         name, (long long)total, (int)axis, (long long)o->dims.d[axis]);
-    int64_t outer = 1, inner = 1;
-    for (int32_t i = 0; i < axis; i++)
-        outer *= o->dims.d[i];
-    for (int32_t i = axis + 1; i < r; i++)
-        inner *= o->dims.d[i];
+    int64_t outer, inner, total;
+    KILN_TRY(kiln_layer_plan_concat(cpu_layer_name(a), a->layer, a->inputs, a->outputs, &outer, &inner, &total));
+    size_t esize = kiln_dtype_size(a->outputs[0].dtype);
     concat_job j = {.a = a, .esize = esize, .inner = inner, .total = total};
     if ((size_t)(outer * total * inner) * esize < KILN_CPU_COPY_PARALLEL_MIN)
         concat_rows(&j, 0, outer);
@@ -252,11 +226,10 @@ kiln_status cpu_run_slice(const kiln_cpu_args *a)
 
 kiln_status cpu_run_shuffle(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
     const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
-    const kiln_layer_params *p = &a->layer->p;
+    const int32_t *perm1 = a->layer->p.shuffle.first, *perm2 = a->layer->p.shuffle.second;
     int first, second;
-    KILN_TRY(kiln_layer_check_shuffle(name, a->layer, x, o, &first, &second));
+    KILN_TRY(kiln_layer_check_shuffle(cpu_layer_name(a), a->layer, x, o, &first, &second));
     int64_t count = kiln_exec_count(&x->dims);
     size_t esize = kiln_dtype_size(x->dtype);
     /* The mid shape (after the reshape) is the output permuted back through
@@ -264,7 +237,7 @@ kiln_status cpu_run_shuffle(const kiln_cpu_args *a)
     int64_t mid[KILN_MAX_RANK];
     if (second) {
         for (int32_t i = 0; i < o->dims.rank; i++)
-            mid[p->shuffle.second[i]] = o->dims.d[i];
+            mid[perm2[i]] = o->dims.d[i];
     }
     if (count == 0)
         return KILN_OK;
@@ -275,14 +248,14 @@ kiln_status cpu_run_shuffle(const kiln_cpu_args *a)
             tmp = malloc((size_t)count * esize);
             if (!tmp)
                 return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory for a shuffle",
-                                 name);
+                                 cpu_layer_name(a));
         }
         /* The reshape is free: the transposed data, read flat, is the mid tensor. */
-        transpose(a, x->data, x->dims.d, x->dims.rank, p->shuffle.first, second ? tmp : o->data, esize);
+        transpose(a, x->data, x->dims.d, x->dims.rank, perm1, second ? tmp : o->data, esize);
         src = tmp;
     }
     if (second)
-        transpose(a, src, mid, o->dims.rank, p->shuffle.second, o->data, esize);
+        transpose(a, src, mid, o->dims.rank, perm2, o->data, esize);
     else if (!first && o->data != x->data)
         memcpy(o->data, x->data, (size_t)count * esize);
     free(tmp);
@@ -313,28 +286,9 @@ static void gather_rows(void *p, int64_t begin, int64_t end)
 kiln_status cpu_run_gather(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
-    if (a->layer->n_inputs != 2 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather needs 2 inputs, 1 output",
-                         name);
     const kiln_exec_tensor *x = &a->inputs[0], *ix = &a->inputs[1], *o = &a->outputs[0];
-    int32_t axis = a->layer->p.gather.axis;
-    if (axis < 0 || axis >= x->dims.rank)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather axis %d outside rank %d",
-                         name, (int)axis, (int)x->dims.rank);
-    if (ix->dtype != KILN_DTYPE_I32 && ix->dtype != KILN_DTYPE_I64)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather indices are %s, need i32 or i64",
-                         name, kiln_dtype_name(ix->dtype));
-    if (x->dtype != o->dtype)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather data is %s, output %s",
-                         name, kiln_dtype_name(x->dtype), kiln_dtype_name(o->dtype));
-    int64_t outer = 1, inner = 1, n_idx = kiln_exec_count(&ix->dims), dim = x->dims.d[axis];
-    for (int32_t i = 0; i < axis; i++)
-        outer *= x->dims.d[i];
-    for (int32_t i = axis + 1; i < x->dims.rank; i++)
-        inner *= x->dims.d[i];
-    if (kiln_exec_count(&o->dims) != outer * n_idx * inner)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": gather output has %lld elements, expected %lld",
-                         name, (long long)kiln_exec_count(&o->dims), (long long)(outer * n_idx * inner));
+    int64_t outer, n_idx, inner, dim;
+    KILN_TRY(kiln_layer_plan_gather(name, a->layer, a->inputs, a->outputs, &outer, &n_idx, &inner, &dim));
     /* Check every index before writing, so a bad one leaves no partial output. */
     for (int64_t j = 0; j < n_idx; j++) {
         int64_t v = ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)ix->data)[j]
@@ -356,20 +310,11 @@ kiln_status cpu_run_gather(const kiln_cpu_args *a)
 
 /* ---- cast ----------------------------------------------------------------------------------- */
 
-static int cast_dtype_ok(kiln_dtype t) { return (unsigned)t <= KILN_DTYPE_BOOL; }
-
 kiln_status cpu_run_cast(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
-    if (a->layer->n_inputs != 1 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": cast needs 1 input, 1 output", name);
     const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
-    if (!cast_dtype_ok(x->dtype) || !cast_dtype_ok(o->dtype))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": cast from %s to %s", name,
-                         kiln_dtype_name(x->dtype), kiln_dtype_name(o->dtype));
-    int64_t n = kiln_exec_count(&x->dims);
-    if (kiln_exec_count(&o->dims) != n)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": cast input and output sizes differ", name);
+    int64_t n;
+    KILN_TRY(kiln_layer_check_cast(cpu_layer_name(a), a->layer, a->inputs, a->outputs, &n));
     cpu_convert(cpu_pool(a), o->data, o->dtype, x->data, x->dtype, n);
     return KILN_OK;
 }

@@ -1,6 +1,8 @@
-/* Shared pieces of the CPU kernels: element counts, dtype conversions,
- * 8-lane SIMD helpers, the f32 elementwise primitives, and the per-op entry
- * points that cpu_backend.c dispatches to. */
+/* Shared pieces of the CPU kernels: 8-lane SIMD helpers, bulk dtype
+ * conversions, the f32 elementwise primitives, and the per-op entry points
+ * that cpu_backend.c dispatches to. Element counts and layer checks come
+ * from src/backend/layer_check.h, scalar conversions and formulas from
+ * src/core/scalar.h (both shared with the CUDA backend). */
 #ifndef KILN_BACKEND_CPU_INTERNAL_H
 #define KILN_BACKEND_CPU_INTERNAL_H
 

@@ -13,10 +13,7 @@
 typedef struct reduce_job {
     const kiln_cpu_args *a;
     kiln_reduce_op op;
-    int32_t nk, nr;                                  /* kept / reduced axes (merged) */
-    int64_t kd[KILN_MAX_RANK], ks[KILN_MAX_RANK];    /* kept dims, input strides */
-    int64_t rd[KILN_MAX_RANK], rs[KILN_MAX_RANK];    /* reduced dims, input strides */
-    int64_t rcount;                                  /* elements per output */
+    kiln_reduce_plan g;                              /* the geometry */
 } reduce_job;
 
 /* A block of a contiguous line as f32 (in place for f32). */
@@ -94,25 +91,27 @@ static void reduce_units(void *p, int64_t begin, int64_t end)
 {
     const reduce_job *j = p;
     const kiln_exec_tensor *x = &j->a->inputs[0], *o = &j->a->outputs[0];
-    int64_t inner = j->nr ? j->rd[j->nr - 1] : 1, istride = j->nr ? j->rs[j->nr - 1] : 0;
-    int64_t outer = inner ? j->rcount / inner : 0;
+    const kiln_reduce_plan *g = &j->g;
+    int64_t inner = g->n_red ? g->red_dims[g->n_red - 1] : 1;
+    int64_t istride = g->n_red ? g->red_st[g->n_red - 1] : 0;
+    int64_t outer = inner ? j->g.rcount / inner : 0;
     for (int64_t u = begin; u < end; u++) {
         int64_t base = 0, rem = u;
-        for (int32_t i = j->nk - 1; i >= 0; i--) {
-            base += (rem % j->kd[i]) * j->ks[i];
-            rem /= j->kd[i];
+        for (int32_t i = j->g.n_kept - 1; i >= 0; i--) {
+            base += (rem % j->g.kept_dims[i]) * j->g.kept_st[i];
+            rem /= j->g.kept_dims[i];
         }
         double sum = 0.0;
         float best = j->op == KILN_REDUCE_MAX ? -INFINITY : INFINITY;
         int64_t idx[KILN_MAX_RANK] = {0};
         for (int64_t r = 0; r < outer; r++) {
             int64_t off = base;
-            for (int32_t i = 0; i < j->nr - 1; i++)
-                off += idx[i] * j->rs[i];
+            for (int32_t i = 0; i < j->g.n_red - 1; i++)
+                off += idx[i] * j->g.red_st[i];
             reduce_run(j, x, off, inner, istride, &sum, &best);
             /* odometer over the outer reduced axes */
-            for (int32_t i = j->nr - 2; i >= 0; i--) {
-                if (++idx[i] < j->rd[i])
+            for (int32_t i = j->g.n_red - 2; i >= 0; i--) {
+                if (++idx[i] < j->g.red_dims[i])
                     break;
                 idx[i] = 0;
             }
@@ -121,7 +120,7 @@ static void reduce_units(void *p, int64_t begin, int64_t end)
         if (j->op == KILN_REDUCE_SUM)
             v = (float)sum;
         else if (j->op == KILN_REDUCE_MEAN)
-            v = (float)(sum / (double)j->rcount);
+            v = (float)(sum / (double)j->g.rcount);
         else
             v = best;
         kiln_store_f32(o->data, o->dtype, u, v);
@@ -130,38 +129,12 @@ static void reduce_units(void *p, int64_t begin, int64_t end)
 
 kiln_status cpu_run_reduce(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
-    const kiln_layer *l = a->layer;
-    KILN_TRY(kiln_layer_check_reduce(name, l, a->inputs, a->outputs));
-    const kiln_dims *d = &a->inputs[0].dims;
-    uint32_t axes = l->p.reduce.axes;
-    reduce_job j = {.a = a, .op = l->p.reduce.op, .rcount = 1};
-    int64_t st[KILN_MAX_RANK], kept = 1;
-    kiln_exec_strides(d, st);
-    for (int32_t i = 0; i < d->rank; i++) {
-        if (axes & (1u << i)) {
-            j.rcount *= d->d[i];
-            /* merge with the previous reduced axis when they are adjacent in memory */
-            if (j.nr && j.rs[j.nr - 1] == st[i] * d->d[i]) {
-                j.rd[j.nr - 1] *= d->d[i];
-                j.rs[j.nr - 1] = st[i];
-            } else {
-                j.rd[j.nr] = d->d[i];
-                j.rs[j.nr++] = st[i];
-            }
-        } else {
-            kept *= d->d[i];
-            j.kd[j.nk] = d->d[i];
-            j.ks[j.nk++] = st[i];
-        }
-    }
-    if (kiln_exec_count(&a->outputs[0].dims) != kept)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": reduce output has %lld elements, expected %lld",
-                         name, (long long)kiln_exec_count(&a->outputs[0].dims), (long long)kept);
-    if (kept * j.rcount < KILN_CPU_PARALLEL_MIN)
-        reduce_units(&j, 0, kept);
+    reduce_job j = {.a = a, .op = a->layer->p.reduce.op};
+    KILN_TRY(kiln_layer_plan_reduce(cpu_layer_name(a), a->layer, a->inputs, a->outputs, &j.g));
+    if (j.g.kept * j.g.rcount < KILN_CPU_PARALLEL_MIN)
+        reduce_units(&j, 0, j.g.kept);
     else
-        kiln_threadpool_run(cpu_pool(a), kept, reduce_units, &j);
+        kiln_threadpool_run(cpu_pool(a), j.g.kept, reduce_units, &j);
     return KILN_OK;
 }
 
@@ -281,26 +254,10 @@ static void softmax_units(void *p, int64_t begin, int64_t end)
 
 kiln_status cpu_run_softmax(const kiln_cpu_args *a)
 {
-    const char *name = cpu_layer_name(a);
-    const kiln_layer *l = a->layer;
-    if (l->n_inputs != 1 || l->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax needs 1 input, 1 output",
-                         name);
-    const kiln_dims *d = &a->inputs[0].dims;
-    int32_t axis = l->p.softmax.axis;
-    if (axis < 0 || axis >= d->rank)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": softmax axis %d outside rank %d",
-                         name, (int)axis, (int)d->rank);
-    if (!kiln_dtype_is_float(a->inputs[0].dtype) || !kiln_dtype_is_float(a->outputs[0].dtype))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": softmax on %s", name,
-                         kiln_dtype_name(a->inputs[0].dtype));
-    int64_t count = kiln_exec_count(d);
-    if (kiln_exec_count(&a->outputs[0].dims) != count)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": softmax input and output sizes differ",
-                         name);
-    softmax_job j = {.a = a, .len = d->d[axis], .inner = 1};
-    for (int32_t i = axis + 1; i < d->rank; i++)
-        j.inner *= d->d[i];
+    softmax_job j = {.a = a};
+    int64_t count;
+    KILN_TRY(kiln_layer_plan_softmax(cpu_layer_name(a), a->layer, a->inputs, a->outputs, &count, &j.len,
+                                     &j.inner));
     if (count == 0)
         return KILN_OK;
     int64_t lines = count / j.len;

@@ -86,11 +86,57 @@ static inline cudaError_t kcu_launch(void (*kernel)(P...), unsigned blocks, cuda
     return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
+/* kcu_launch with any grid and block shape (plugin kernels). */
+template <typename... P, typename... A>
+static inline cudaError_t kcu_launch_cfg(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A... args)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = attr;
+    cfg.numAttrs = kcu_pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
 /* ---- element access (src/core/scalar.h) ---------------------------------------------- */
 
 __device__ __forceinline__ float kcu_load(const void *p, int t, int64_t i) { return kiln_elem_load_f32(p, t, i); }
 
 __device__ __forceinline__ void kcu_store(void *p, int t, int64_t i, float v) { kiln_elem_store_f32(p, t, i, v); }
+
+/* The plugins' names for the same (plugin_load / plugin_store of
+ * plugins/plugin_util.h on the device), and v rounded to dtype t. */
+__device__ __forceinline__ float kcu_load_float(const void *p, int t, int64_t i) { return kiln_elem_load_f32(p, t, i); }
+
+__device__ __forceinline__ void kcu_store_float(void *p, int t, int64_t i, float v)
+{
+    kiln_elem_store_f32(p, t, i, v);
+}
+
+__device__ __forceinline__ float kcu_round_float(int t, float v)
+{
+    if (t == KILN_DTYPE_F16)
+        return kiln_f16_to_f32(kiln_f32_to_f16(v));
+    if (t == KILN_DTYPE_BF16)
+        return kiln_bf16_to_f32(kiln_f32_to_bf16(v));
+    return v;
+}
+
+__device__ __forceinline__ float kcu_bf16_f32(uint16_t b) { return kiln_bf16_to_f32(b); }
+__device__ __forceinline__ float kcu_f16_f32(uint16_t h) { return kiln_f16_to_f32(h); }
+
+/* Sum of v over the warp, every lane getting it. */
+__device__ __forceinline__ float kcu_warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
 
 /* ---- reduce and softmax -------------------------------------------------------------- */
 

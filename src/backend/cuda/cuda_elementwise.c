@@ -31,7 +31,7 @@ _Static_assert(KILN_BINARY_OP_COUNT <= KCU_SWAPPED && (KCU_SWAPPED | (KCU_SWAPPE
                "KCU_SWAPPED collides with a binary op");
 _Static_assert(KCU_MAX_INPUTS <= 31, "scal_known has a bit per input");
 
-/* ---- broadcast and the vectorized program ---------------------------------------------------------------------------- */
+/* ---- broadcast and the vectorized program ------------------------------------------------ */
 
 /* Output shape with each operand's strides (0 on broadcast axes), size-1
  * axes dropped and adjacent axes merged where every operand allows (the

@@ -38,34 +38,12 @@ kiln_status cuda_run_concat(const kiln_cuda_args *a)
 {
     const char *name = layer_name(a);
     const kiln_exec_tensor *o = &a->outputs[0];
-    int32_t axis = a->layer->p.concat.axis, r = o->dims.rank;
-    if (a->layer->n_inputs < 1 || a->layer->n_outputs != 1 || axis < 0 || axis >= r)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": concat axis %d, %d inputs", name, (int)axis,
-                         (int)a->layer->n_inputs);
+    int64_t outer, inner, total;
+    KILN_TRY(kiln_layer_plan_concat(name, a->layer, a->inputs, a->outputs, &outer, &inner, &total));
+    int32_t axis = a->layer->p.concat.axis;
     size_t esize = kiln_dtype_size(o->dtype);
     if (!esize_ok(esize))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": concat of %s", name, kiln_dtype_name(o->dtype));
-    int64_t total = 0;
-    for (int32_t k = 0; k < a->layer->n_inputs; k++) {
-        const kiln_exec_tensor *x = &a->inputs[k];
-        if (x->dtype != o->dtype || x->dims.rank != r)
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": concat input %d is %s rank %d, output %s rank %d",
-                             name, (int)k, kiln_dtype_name(x->dtype), (int)x->dims.rank, kiln_dtype_name(o->dtype),
-                             (int)r);
-        for (int32_t i = 0; i < r; i++)
-            if (i != axis && x->dims.d[i] != o->dims.d[i])
-                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": concat input %d dim %d is %lld, expected %lld", name,
-                                 (int)k, (int)i, (long long)x->dims.d[i], (long long)o->dims.d[i]);
-        total += x->dims.d[axis];
-    }
-    if (total != o->dims.d[axis])
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": concat inputs sum to %lld along axis %d, output has %lld",
-                         name, (long long)total, (int)axis, (long long)o->dims.d[axis]);
-    int64_t outer = 1, inner = 1;
-    for (int32_t i = 0; i < axis; i++)
-        outer *= o->dims.d[i];
-    for (int32_t i = axis + 1; i < r; i++)
-        inner *= o->dims.d[i];
     int64_t col = 0;
     for (int32_t k = 0; k < a->layer->n_inputs; k++) {
         int64_t w = a->inputs[k].dims.d[axis] * inner;
@@ -153,30 +131,13 @@ kiln_status cuda_run_shuffle(const kiln_cuda_args *a)
 kiln_status cuda_run_gather(const kiln_cuda_args *a)
 {
     const char *name = layer_name(a);
-    if (a->layer->n_inputs != 2 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather needs 2 inputs, 1 output", name);
     const kiln_exec_tensor *x = &a->inputs[0], *ix = &a->inputs[1], *o = &a->outputs[0];
     int32_t axis = a->layer->p.gather.axis;
-    if (axis < 0 || axis >= x->dims.rank)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather axis %d outside rank %d", name, (int)axis,
-                         (int)x->dims.rank);
-    if (ix->dtype != KILN_DTYPE_I32 && ix->dtype != KILN_DTYPE_I64)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather indices are %s, need i32 or i64", name,
-                         kiln_dtype_name(ix->dtype));
-    if (x->dtype != o->dtype)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather data is %s, output %s", name,
-                         kiln_dtype_name(x->dtype), kiln_dtype_name(o->dtype));
+    int64_t outer, n_idx, inner, dim;
+    KILN_TRY(kiln_layer_plan_gather(name, a->layer, a->inputs, a->outputs, &outer, &n_idx, &inner, &dim));
     size_t esize = kiln_dtype_size(x->dtype);
     if (!esize_ok(esize))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": gather of %s", name, kiln_dtype_name(x->dtype));
-    int64_t outer = 1, inner = 1, n_idx = kiln_exec_count(&ix->dims), dim = x->dims.d[axis];
-    for (int32_t i = 0; i < axis; i++)
-        outer *= x->dims.d[i];
-    for (int32_t i = axis + 1; i < x->dims.rank; i++)
-        inner *= x->dims.d[i];
-    if (kiln_exec_count(&o->dims) != outer * n_idx * inner)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": gather output has %lld elements, expected %lld", name,
-                         (long long)kiln_exec_count(&o->dims), (long long)(outer * n_idx * inner));
     if (dim <= 0 && outer * n_idx * inner > 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": gather from an empty axis %d", name, (int)axis);
     int32_t index = a->graph && a->layer >= a->graph->layers && a->layer < a->graph->layers + a->graph->n_layers
@@ -190,15 +151,9 @@ kiln_status cuda_run_gather(const kiln_cuda_args *a)
 kiln_status cuda_run_cast(const kiln_cuda_args *a)
 {
     const char *name = layer_name(a);
-    if (a->layer->n_inputs != 1 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": cast needs 1 input, 1 output", name);
     const kiln_exec_tensor *x = &a->inputs[0], *o = &a->outputs[0];
-    if ((unsigned)x->dtype > KILN_DTYPE_BOOL || (unsigned)o->dtype > KILN_DTYPE_BOOL)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": cast from %s to %s", name, kiln_dtype_name(x->dtype),
-                         kiln_dtype_name(o->dtype));
-    int64_t n = kiln_exec_count(&x->dims);
-    if (kiln_exec_count(&o->dims) != n)
-        return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": cast input and output sizes differ", name);
+    int64_t n;
+    KILN_TRY(kiln_layer_check_cast(name, a->layer, a->inputs, a->outputs, &n));
     if (n == 0)
         return KILN_OK;
     if (x->dtype == o->dtype) {

@@ -1,0 +1,542 @@
+/* The built-in LLM plugins on the GPU against their CPU reference (the
+ * same plugin instance enqueued on KILN_BACKEND_CPU; on the GPU it runs as
+ * a plugin layer through the CUDA backend, as an engine runs it), on
+ * random inputs:
+ * RMSNorm and AddRMSNorm, RoPE (no/linear/llama3 scaling, half-split and
+ * interleaved pairs, partial rotary, the packed qkv row, in place), SwiGLU
+ * (apart and packed), QuantMatMul (Q8_0, Q4_0, Q4_1; T = 1 … 512; k a
+ * multiple of 256, where the GEMV loads 16 bytes at a time, and not).
+ * f32, f16 and bf16; odd sizes; T = 1 and T = 512.
+ *
+ * test_graph_capture runs each plugin again inside a CUDA graph capture
+ * (the plugins are flagged capture-safe: no allocation, no synchronization)
+ * and replays the graph.
+ *
+ * GPU outputs are poisoned with NaN (all bits set) before each launch, so
+ * an unwritten element fails. Tolerance on ‖gpu − cpu‖ / ‖cpu‖ by dtype:
+ * f32 1e-5 (summation order and sin/cos differ in the last bits), f16 1e-3,
+ * bf16 1e-2 (an element may round to the neighbouring value); any NaN or
+ * infinity on one side only fails.
+ *
+ * Without a GPU (or without the CUDA backend) it exits 77: skipped. */
+#include "test.h"
+
+#ifdef KILN_HAVE_CUDA
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+
+#include <cuda_runtime.h>
+#include <kiln/plugin.h>
+#include <kiln/registry.h>
+#include <stdint.h>
+
+static kiln_cuda_device *dev;
+static cudaStream_t stream;
+static kiln_registry *reg;
+static int use_graph; /* run_both enqueues inside a stream capture, then replays it */
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static float rng_float(float lo, float hi)
+{
+    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
+}
+
+static double tol_for(kiln_dtype t) { return t == KILN_DTYPE_F16 ? 1e-3 : t == KILN_DTYPE_BF16 ? 1e-2 : 1e-5; }
+
+static const char *dtype_name(kiln_dtype t)
+{
+    return t == KILN_DTYPE_F16 ? "f16" : t == KILN_DTYPE_BF16 ? "bf16" : t == KILN_DTYPE_F32 ? "f32" : "int";
+}
+
+/* ---- tensors on both sides --------------------------------------------------------------- */
+
+typedef struct buf {
+    kiln_tensor_desc desc;
+    void *host, *dev;
+    size_t bytes;
+} buf;
+
+static kiln_tensor_desc make_desc(kiln_dtype t, int64_t d0, int64_t d1)
+{
+    kiln_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.abi_version = KILN_PLUGIN_ABI_VERSION;
+    d.dtype = t;
+    d.dims.rank = d1 ? 2 : 1;
+    d.dims.d[0] = d0;
+    d.dims.d[1] = d1;
+    return d;
+}
+
+static int64_t count(const buf *b) { return b->desc.dims.d[0] * (b->desc.dims.rank == 2 ? b->desc.dims.d[1] : 1); }
+
+static buf buf_new(kiln_dtype t, int64_t d0, int64_t d1)
+{
+    buf b = {.desc = make_desc(t, d0, d1)};
+    b.bytes = (size_t)count(&b) * kiln_dtype_size(t);
+    b.host = calloc(1, b.bytes ? b.bytes : 1);
+    if (cudaMalloc(&b.dev, b.bytes ? b.bytes : 1) != cudaSuccess) {
+        fprintf(stderr, "cannot allocate %zu bytes on the GPU\n", b.bytes);
+        exit(1);
+    }
+    return b;
+}
+
+static void buf_upload(buf *b)
+{
+    if (cudaMemcpy(b->dev, b->host, b->bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        fprintf(stderr, "cannot copy %zu bytes to the GPU\n", b->bytes);
+        exit(1);
+    }
+}
+
+/* Random floats in [lo, hi), on both sides. */
+static buf buf_random(kiln_dtype t, int64_t d0, int64_t d1, float lo, float hi)
+{
+    buf b = buf_new(t, d0, d1);
+    for (int64_t i = 0; i < count(&b); i++)
+        kiln_store_f32(b.host, t, i, rng_float(lo, hi));
+    buf_upload(&b);
+    return b;
+}
+
+/* An output: zeros on the host, NaN (all bits set) on the device. */
+static buf buf_output(kiln_dtype t, int64_t d0, int64_t d1)
+{
+    buf b = buf_new(t, d0, d1);
+    cudaMemset(b.dev, 0xff, b.bytes);
+    return b;
+}
+
+static void buf_free(buf *b)
+{
+    free(b->host);
+    cudaFree(b->dev);
+}
+
+/* ‖gpu − cpu‖ / ‖cpu‖ over a float output, failing on NaN or infinity on
+ * one side only. */
+static void compare(const char *what, const buf *o, double tol)
+{
+    int64_t n = count(o);
+    void *g = malloc(o->bytes ? o->bytes : 1);
+    test_checks_++;
+    if (cudaMemcpy(g, o->dev, o->bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        test_failures_++;
+        fprintf(stderr, "%s: copying the result back failed\n", what);
+        free(g);
+        return;
+    }
+    double diff = 0, ref = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double c = kiln_load_f32(o->host, o->desc.dtype, i), v = kiln_load_f32(g, o->desc.dtype, i);
+        if (!isfinite(c) || !isfinite(v)) {
+            if (!(isnan(c) && isnan(v)) && c != v) {
+                test_failures_++;
+                fprintf(stderr, "%s: element %lld of %lld: gpu %g, cpu %g\n", what, (long long)i, (long long)n, v, c);
+                free(g);
+                return;
+            }
+            continue;
+        }
+        diff += (v - c) * (v - c);
+        ref += c * c;
+    }
+    double rel = ref > 0 ? sqrt(diff / ref) : sqrt(diff);
+    if (!(rel <= tol)) {
+        test_failures_++;
+        fprintf(stderr, "%s: relative error %.3g > %g\n", what, rel, tol);
+    }
+    free(g);
+}
+
+/* Runs the plugin on the CPU (host buffers, `ws` as workspace) and as a
+ * plugin layer on the CUDA backend (device buffers), then compares every
+ * output. */
+static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, buf *out, int32_t n_out, void *ws)
+{
+    kiln_tensor_desc d[8];
+    const void *hin[6];
+    void *hout[2];
+    kiln_exec_tensor din[6], dout[2];
+    for (int32_t i = 0; i < n_in; i++) {
+        d[i] = in[i].desc;
+        hin[i] = in[i].host;
+        din[i] = (kiln_exec_tensor){.data = in[i].dev, .dtype = in[i].desc.dtype, .dims = in[i].desc.dims};
+    }
+    for (int32_t i = 0; i < n_out; i++) {
+        d[n_in + i] = out[i].desc;
+        hout[i] = out[i].host;
+        dout[i] = (kiln_exec_tensor){.data = out[i].dev, .dtype = out[i].desc.dtype, .dims = out[i].desc.dims};
+    }
+    kiln_layer layer;
+    memset(&layer, 0, sizeof layer);
+    layer.name = (char *)what;
+    layer.op = KILN_OP_PLUGIN;
+    layer.n_inputs = n_in;
+    layer.n_outputs = n_out;
+    layer.tactic = -1;
+    kiln_cuda_args ga = {.layer = &layer, .inputs = din, .outputs = dout, .plugin = p, .device = dev,
+                         .stream = stream};
+    test_checks_ += 3;
+    if (!p->ops->supports(p, KILN_BACKEND_CUDA, d, n_in, n_out) ||
+        !(p->ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CUDA)) || !(p->ops->flags & KILN_PLUGIN_FLAG_CAPTURE_SAFE)) {
+        test_failures_++;
+        fprintf(stderr, "%s: the plugin does not take this case on CUDA\n", what);
+        return;
+    }
+    if (p->ops->enqueue(p, KILN_BACKEND_CPU, d, hin, n_in, d + n_in, hout, n_out, ws, NULL) != KILN_OK) {
+        test_failures_++;
+        fprintf(stderr, "%s: CPU: %s\n", what, kiln_last_error());
+        return;
+    }
+    /* the poison and uploads went through the legacy default stream */
+    cudaDeviceSynchronize();
+    cudaError_t e = cudaSuccess;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    if (use_graph)
+        e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    kiln_status st = kiln_cuda_run_layer(&ga);
+    if (use_graph) {
+        cudaError_t end = cudaStreamEndCapture(stream, &graph);
+        if (e == cudaSuccess)
+            e = end;
+        if (e == cudaSuccess)
+            e = cudaGraphInstantiate(&exec, graph, 0);
+        if (e == cudaSuccess)
+            e = cudaGraphLaunch(exec, stream);
+    }
+    cudaError_t sync = cudaStreamSynchronize(stream);
+    if (e == cudaSuccess)
+        e = sync;
+    if (exec)
+        cudaGraphExecDestroy(exec);
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (st != KILN_OK || e != cudaSuccess) {
+        test_failures_++;
+        fprintf(stderr, "%s: GPU: %s\n", what, st != KILN_OK ? kiln_last_error() : cudaGetErrorString(e));
+        return;
+    }
+    for (int32_t i = 0; i < n_out; i++)
+        compare(what, &out[i], tol_for(out[i].desc.dtype));
+}
+
+static kiln_field fi32(const char *name, const int32_t *v)
+{
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_I32, 1, v};
+}
+static kiln_field ff32(const char *name, const float *v)
+{
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_F32, 1, v};
+}
+static kiln_field fstr(const char *name, const char *v)
+{
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_STRING, 1, v};
+}
+
+static kiln_plugin *make(const char *name, const kiln_field *f, int32_t n)
+{
+    const kiln_plugin_creator *c = kiln_registry_find(reg, name, "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    test_checks_++;
+    if (!c || kiln_plugin_create(c, f, n, &p) != KILN_OK) {
+        test_failures_++;
+        fprintf(stderr, "cannot create %s: %s\n", name, kiln_last_error());
+        return NULL;
+    }
+    return p;
+}
+
+static const kiln_dtype float_types[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+static const int64_t token_counts[] = {1, 512};
+
+/* ---- RMSNorm, AddRMSNorm ------------------------------------------------------------------ */
+
+static void test_rmsnorm(void)
+{
+    const int64_t hs[] = {7, 2048, 4099};
+    const float eps = 1e-5f;
+    kiln_field f = ff32("epsilon", &eps);
+    kiln_plugin *norm = make("RMSNorm", &f, 1), *add = make("AddRMSNorm", &f, 1);
+    if (!norm || !add)
+        return;
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t hi = 0; hi < 3; hi++)
+            for (size_t ri = 0; ri < 2; ri++) {
+                kiln_dtype t = float_types[ti];
+                int64_t h = hs[hi], rows = token_counts[ri];
+                /* weight in the activation dtype, and once in f32 */
+                kiln_dtype wt = hi == 0 ? KILN_DTYPE_F32 : t;
+                buf in[3] = {buf_random(t, rows, h, -3, 3), buf_random(t, rows, h, -3, 3),
+                             buf_random(wt, h, 0, 0.5f, 1.5f)};
+                buf out[2] = {buf_output(t, rows, h), buf_output(t, rows, h)};
+                char what[96];
+                snprintf(what, sizeof what, "RMSNorm %s rows %lld h %lld", dtype_name(t), (long long)rows, (long long)h);
+                buf nin[2] = {in[0], in[2]};
+                run_both(what, norm, nin, 2, &out[1], 1, NULL);
+                cudaMemset(out[1].dev, 0xff, out[1].bytes);
+                snprintf(what, sizeof what, "AddRMSNorm %s rows %lld h %lld", dtype_name(t), (long long)rows,
+                         (long long)h);
+                run_both(what, add, in, 3, out, 2, NULL);
+                for (int i = 0; i < 3; i++)
+                    buf_free(&in[i]);
+                buf_free(&out[0]);
+                buf_free(&out[1]);
+            }
+    norm->ops->destroy(norm);
+    add->ops->destroy(add);
+}
+
+/* ---- RoPE ----------------------------------------------------------------------------------- */
+
+static void check_rope(const char *scaling, int32_t interleaved, int32_t rotary_dim, int32_t n_kv_heads, kiln_dtype t,
+                       int64_t tokens, int in_place)
+{
+    const int32_t n_heads = 6, head_dim = 64;
+    const float theta = 500000.0f, factor = 8.0f;
+    kiln_field f[8] = {fi32("n_heads", &n_heads),       fi32("head_dim", &head_dim),
+                       ff32("theta", &theta),           fi32("rotary_dim", &rotary_dim),
+                       fi32("interleaved", &interleaved), fstr("scaling", scaling),
+                       ff32("factor", &factor),         fi32("n_kv_heads", &n_kv_heads)};
+    kiln_plugin *p = make("RoPE", f, 8);
+    if (!p)
+        return;
+    int64_t width = (int64_t)(n_heads + 2 * n_kv_heads) * head_dim;
+    buf in[2] = {buf_random(t, tokens, width, -2, 2), buf_new(KILN_DTYPE_I32, tokens, 0)};
+    for (int64_t i = 0; i < tokens; i++)
+        ((int32_t *)in[1].host)[i] = tokens == 1 ? 4093 : (int32_t)(rng_next() % 8192);
+    buf_upload(&in[1]);
+    buf out = buf_output(t, tokens, width);
+    char what[128];
+    snprintf(what, sizeof what, "RoPE %s interleaved %d rotary %d n_kv_heads %d %s T %lld%s", scaling, interleaved,
+             rotary_dim, n_kv_heads, dtype_name(t), (long long)tokens, in_place ? " in place" : "");
+    if (in_place) {
+        /* y is x: the device output is a copy of the input */
+        memcpy(out.host, in[0].host, in[0].bytes);
+        buf x = {.desc = in[0].desc, .host = out.host, .dev = out.dev, .bytes = out.bytes};
+        cudaMemcpy(out.dev, in[0].host, in[0].bytes, cudaMemcpyHostToDevice);
+        buf xin[2] = {x, in[1]};
+        run_both(what, p, xin, 2, &out, 1, NULL);
+    } else {
+        run_both(what, p, in, 2, &out, 1, NULL);
+    }
+    buf_free(&in[0]);
+    buf_free(&in[1]);
+    buf_free(&out);
+    p->ops->destroy(p);
+}
+
+static void test_rope(void)
+{
+    const char *scalings[] = {"none", "linear", "llama3"};
+    for (int s = 0; s < 3; s++)
+        for (int32_t inter = 0; inter < 2; inter++)
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t ri = 0; ri < 2; ri++) {
+                    check_rope(scalings[s], inter, 64, 0, float_types[ti], token_counts[ri], 0);
+                    check_rope(scalings[s], inter, 32, 2, float_types[ti], token_counts[ri], 0);
+                }
+    check_rope("llama3", 0, 64, 2, KILN_DTYPE_BF16, 7, 1);
+    check_rope("none", 1, 48, 0, KILN_DTYPE_F32, 5, 1);
+}
+
+/* ---- SwiGLU --------------------------------------------------------------------------------- */
+
+static void test_swiglu(void)
+{
+    const int64_t widths[] = {1, 333, 8192};
+    const int32_t one = 1;
+    kiln_field f = fi32("packed", &one);
+    kiln_plugin *apart = make("SwiGLU", NULL, 0), *packed = make("SwiGLU", &f, 1);
+    if (!apart || !packed)
+        return;
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t wi = 0; wi < 3; wi++)
+            for (size_t ri = 0; ri < 2; ri++) {
+                kiln_dtype t = float_types[ti];
+                int64_t w = widths[wi], rows = token_counts[ri];
+                char what[96];
+                buf in[2] = {buf_random(t, rows, w, -6, 6), buf_random(t, rows, w, -3, 3)};
+                buf out = buf_output(t, rows, w);
+                snprintf(what, sizeof what, "SwiGLU %s rows %lld width %lld", dtype_name(t), (long long)rows,
+                         (long long)w);
+                run_both(what, apart, in, 2, &out, 1, NULL);
+                buf gu = buf_random(t, rows, 2 * w, -6, 6), pout = buf_output(t, rows, w);
+                snprintf(what, sizeof what, "SwiGLU packed %s rows %lld width %lld", dtype_name(t), (long long)rows,
+                         (long long)w);
+                run_both(what, packed, &gu, 1, &pout, 1, NULL);
+                buf_free(&in[0]);
+                buf_free(&in[1]);
+                buf_free(&out);
+                buf_free(&gu);
+                buf_free(&pout);
+            }
+    apart->ops->destroy(apart);
+    packed->ops->destroy(packed);
+}
+
+/* ---- QuantMatMul ---------------------------------------------------------------------------- */
+
+typedef struct qfmt {
+    const char *name;
+    size_t block_bytes;
+    int has_min;
+} qfmt;
+
+/* n rows of k / 32 blocks: random quants, f16 scales as trained weights
+ * have them (Q4_1's min negative). */
+static buf random_blocks(const qfmt *f, int32_t n, int32_t k)
+{
+    const kiln_host_api *h = kiln_host();
+    int64_t row = (int64_t)(k / 32) * (int64_t)f->block_bytes;
+    buf b = buf_new(KILN_DTYPE_U8, n, row);
+    uint8_t *p = b.host;
+    for (int64_t i = 0; i < (int64_t)n * (k / 32); i++) {
+        uint8_t *blk = p + i * (int64_t)f->block_bytes;
+        for (size_t j = 0; j < f->block_bytes; j++)
+            blk[j] = (uint8_t)rng_next();
+        uint16_t d = h->float_to_half(rng_float(0.001f, 0.05f));
+        blk[0] = (uint8_t)d, blk[1] = (uint8_t)(d >> 8);
+        if (f->has_min) {
+            uint16_t m = h->float_to_half(rng_float(-0.4f, 0.0f));
+            blk[2] = (uint8_t)m, blk[3] = (uint8_t)(m >> 8);
+        }
+    }
+    buf_upload(&b);
+    return b;
+}
+
+static void test_qmatmul(void)
+{
+    const qfmt fmts[] = {{"Q8_0", 34, 0}, {"Q4_0", 18, 0}, {"Q4_1", 20, 1}};
+    /* k = 2048 (rows of 16-byte multiples: the GEMV's vector loads), k = 96
+     * and 4128 (not a multiple of 256: byte loads); n odd and not a
+     * multiple of the rows per warp or block */
+    const int32_t shapes[][2] = {{7, 96}, {257, 2048}, {130, 4128}};
+    const int64_t ts[] = {1, 3, 16, 17, 512};
+    for (size_t fi = 0; fi < 3; fi++)
+        for (size_t si = 0; si < 3; si++) {
+            int32_t n = shapes[si][0], k = shapes[si][1];
+            kiln_field f[3] = {fstr("format", fmts[fi].name), fi32("n", &n), fi32("k", &k)};
+            kiln_plugin *p = make("QuantMatMul", f, 3);
+            if (!p)
+                continue;
+            buf w = random_blocks(&fmts[fi], n, k);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+                    kiln_dtype t = float_types[ti];
+                    int64_t rows = ts[ri];
+                    buf in[2] = {buf_random(t, rows, k, -1, 1), w};
+                    buf out = buf_output(t, rows, n);
+                    kiln_tensor_desc d[3] = {in[0].desc, w.desc, out.desc};
+                    size_t wsz = p->ops->workspace_size ? p->ops->workspace_size(p, d, 2, d + 2, 1) : 0;
+                    void *ws = malloc(wsz ? wsz : 1);
+                    char what[96];
+                    snprintf(what, sizeof what, "QuantMatMul %s %s T %lld n %d k %d", fmts[fi].name, dtype_name(t),
+                             (long long)rows, n, k);
+                    run_both(what, p, in, 2, &out, 1, ws);
+                    free(ws);
+                    buf_free(&in[0]);
+                    buf_free(&out);
+                }
+            buf_free(&w);
+            p->ops->destroy(p);
+        }
+}
+
+/* Every plugin once more, each launch captured into a graph and replayed. */
+static void test_graph_capture(void)
+{
+    use_graph = 1;
+    const float eps = 1e-6f;
+    kiln_field f = ff32("epsilon", &eps);
+    kiln_plugin *add = make("AddRMSNorm", &f, 1);
+    if (add) {
+        buf in[3] = {buf_random(KILN_DTYPE_BF16, 1, 2048, -3, 3), buf_random(KILN_DTYPE_BF16, 1, 2048, -3, 3),
+                     buf_random(KILN_DTYPE_BF16, 2048, 0, 0.5f, 1.5f)};
+        buf out[2] = {buf_output(KILN_DTYPE_BF16, 1, 2048), buf_output(KILN_DTYPE_BF16, 1, 2048)};
+        run_both("AddRMSNorm bf16 in a graph", add, in, 3, out, 2, NULL);
+        for (int i = 0; i < 3; i++)
+            buf_free(&in[i]);
+        buf_free(&out[0]);
+        buf_free(&out[1]);
+        add->ops->destroy(add);
+    }
+    check_rope("llama3", 0, 64, 2, KILN_DTYPE_BF16, 1, 0);
+    const int32_t one = 1, n = 257, k = 2048;
+    kiln_field pf = fi32("packed", &one);
+    kiln_plugin *sw = make("SwiGLU", &pf, 1);
+    if (sw) {
+        buf gu = buf_random(KILN_DTYPE_BF16, 1, 2 * 8192, -6, 6), y = buf_output(KILN_DTYPE_BF16, 1, 8192);
+        run_both("SwiGLU packed bf16 in a graph", sw, &gu, 1, &y, 1, NULL);
+        buf_free(&gu);
+        buf_free(&y);
+        sw->ops->destroy(sw);
+    }
+    const qfmt q4 = {"Q4_1", 20, 1};
+    kiln_field qf[3] = {fstr("format", "Q4_1"), fi32("n", &n), fi32("k", &k)};
+    kiln_plugin *qm = make("QuantMatMul", qf, 3);
+    if (qm) {
+        buf in[2] = {buf_random(KILN_DTYPE_BF16, 1, k, -1, 1), random_blocks(&q4, n, k)};
+        buf y = buf_output(KILN_DTYPE_BF16, 1, n);
+        float ws[16 * (2048 + 257)];
+        run_both("QuantMatMul Q4_1 bf16 in a graph", qm, in, 2, &y, 1, ws);
+        buf_free(&in[0]);
+        buf_free(&in[1]);
+        buf_free(&y);
+        qm->ops->destroy(qm);
+    }
+    use_graph = 0;
+}
+
+static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul),
+                                   TEST(test_graph_capture)};
+
+int main(void)
+{
+    int32_t arch = 0;
+    if (!kiln_cuda_available(&arch)) {
+        printf("skipped: no CUDA GPU\n");
+        return 77;
+    }
+    if (kiln_cuda_device_create(&dev) != KILN_OK ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess || kiln_registry_create(&reg) != KILN_OK) {
+        fprintf(stderr, "cannot set up the GPU or the registry: %s\n", kiln_last_error());
+        return 1;
+    }
+    printf("GPU sm_%d\n", (int)arch);
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        int before = test_failures_;
+        tests[i].fn();
+        printf("%s %s\n", test_failures_ == before ? "ok  " : "FAIL", tests[i].name);
+    }
+    printf("%d checks, %d failed\n", test_checks_, test_failures_);
+    kiln_registry_destroy(reg);
+    cudaStreamDestroy(stream);
+    kiln_cuda_device_destroy(dev);
+    return test_failures_ ? 1 : 0;
+}
+
+#else
+
+int main(void)
+{
+    printf("skipped: no CUDA GPU (built without the CUDA backend)\n");
+    return 77 + test_failures_ + test_checks_; /* both 0: the harness is unused here */
+}
+
+#endif

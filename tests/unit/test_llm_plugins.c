@@ -1,0 +1,345 @@
+/* The fused modes of the built-in LLM plugins on the CPU against a
+ * straightforward composition of the unfused plugins (and plain C for the
+ * residual add): AddRMSNorm against an add then RMSNorm, RoPE on the
+ * packed qkv row against RoPE on q and k apart, packed SwiGLU against
+ * SwiGLU on gate and up apart, packed-qkv PagedAttention against q, k, v
+ * given apart.
+ * Each fused path runs the same f32 arithmetic on the same rounded values,
+ * so the results must agree bit for bit. Old (v1) blobs still load. */
+#include "test.h"
+
+#include <kiln/plugin.h>
+
+#include "core/threadpool.h"
+
+static kiln_registry *reg;
+static kiln_threadpool *pool;
+
+static uint32_t rng = 2024;
+static float uniform(float lo, float hi) {
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return lo + (hi - lo) * (float)(rng >> 8) / 16777216.0f;
+}
+
+static size_t esize(kiln_dtype t) { return t == KILN_DTYPE_F32 || t == KILN_DTYPE_I32 ? 4 : 2; }
+
+static void store(void *p, kiln_dtype t, int64_t i, float v) {
+    const kiln_host_api *h = kiln_host();
+    if (t == KILN_DTYPE_F32)
+        ((float *)p)[i] = v;
+    else if (t == KILN_DTYPE_F16)
+        ((uint16_t *)p)[i] = h->float_to_half(v);
+    else
+        ((uint16_t *)p)[i] = h->float_to_bf16(v);
+}
+
+static float load(const void *p, kiln_dtype t, int64_t i) {
+    const kiln_host_api *h = kiln_host();
+    if (t == KILN_DTYPE_F32)
+        return ((const float *)p)[i];
+    if (t == KILN_DTYPE_F16)
+        return h->half_to_float(((const uint16_t *)p)[i]);
+    return h->bf16_to_float(((const uint16_t *)p)[i]);
+}
+
+/* n random values in [-1, 1) stored as t. */
+static void *random_buf(kiln_dtype t, int64_t n) {
+    void *p = malloc((size_t)n * esize(t));
+    for (int64_t i = 0; i < n; i++)
+        store(p, t, i, uniform(-1.0f, 1.0f));
+    return p;
+}
+
+static kiln_tensor_desc desc(kiln_dtype t, int32_t rank, const int64_t *dims) {
+    kiln_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.abi_version = KILN_PLUGIN_ABI_VERSION;
+    d.dtype = t;
+    d.dims.rank = rank;
+    for (int32_t i = 0; i < rank; i++)
+        d.dims.d[i] = dims[i];
+    return d;
+}
+#define DESC(t, ...) desc(t, (int32_t)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
+
+static kiln_field fi32(const char *name, const int32_t *v) {
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_I32, 1, v};
+}
+
+static kiln_field ff32(const char *name, const float *v) {
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_F32, 1, v};
+}
+static kiln_field fstr(const char *name, const char *v) {
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_STRING, 1, v};
+}
+
+static kiln_plugin *make(const char *name, const kiln_field *f, int32_t n) {
+    const kiln_plugin_creator *c = kiln_registry_find(reg, name, "1", "kiln", NULL);
+    CHECK(c != NULL);
+    kiln_plugin *p = NULL;
+    if (c)
+        CHECK_OK(kiln_plugin_create(c, f, n, &p));
+    return p;
+}
+
+/* Runs p on the CPU; d holds the n_in input then the n_out output descs. */
+static kiln_status run(kiln_plugin *p, const kiln_tensor_desc *d, const void *const *in, int32_t n_in,
+                       void *const *out, int32_t n_out) {
+    if (!p->ops->supports(p, KILN_BACKEND_CPU, d, n_in, n_out))
+        return KILN_ERROR_UNSUPPORTED;
+    return p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, n_in, d + n_in, out, n_out, NULL, pool);
+}
+
+/* Serializes p, checks the blob's size, and loads it back as schema
+ * version `version` (older blobs are prefixes of newer ones). */
+static void check_blob(kiln_plugin *p, const char *name, uint32_t version, size_t old_size) {
+    const kiln_plugin_creator *c = kiln_registry_find(reg, name, "1", "kiln", NULL);
+    size_t size = 0;
+    CHECK_OK(p->ops->serialize(p, NULL, &size));
+    unsigned char blob[256];
+    CHECK(size <= sizeof blob && old_size < size);
+    CHECK_OK(p->ops->serialize(p, blob, &size));
+    kiln_plugin *q = NULL;
+    CHECK_OK(c->deserialize(c, c->blob_version, blob, size, &q));
+    if (q)
+        q->ops->destroy(q);
+    CHECK_OK(c->deserialize(c, version, blob, old_size, &q));
+    if (q) {
+        size_t again = 0;
+        CHECK_OK(q->ops->serialize(q, NULL, &again));
+        CHECK(again == size);
+        q->ops->destroy(q);
+    }
+    CHECK_FAILS(c->deserialize(c, version, blob, size, &q), KILN_ERROR_FORMAT, "bytes");
+    CHECK_FAILS(c->deserialize(c, c->blob_version + 1, blob, size, &q), KILN_ERROR_VERSION, "newer");
+}
+
+static const kiln_dtype float_types[3] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+
+/* Columns [col, col + width) of a [rows, ld] tensor, as a new buffer. */
+static void *columns(const void *src, kiln_dtype t, int64_t rows, int64_t ld, int64_t col, int64_t width) {
+    size_t es = esize(t);
+    char *out = malloc((size_t)(rows * width) * es);
+    for (int64_t r = 0; r < rows; r++)
+        memcpy(out + (size_t)(r * width) * es, (const char *)src + (size_t)(r * ld + col) * es, (size_t)width * es);
+    return out;
+}
+
+/* ---------------------------------------------------------------------------
+ * AddRMSNorm against x + residual (stored in x's dtype) then RMSNorm
+ * ------------------------------------------------------------------------- */
+
+static void test_add_rmsnorm(void) {
+    const float eps = 1e-6f;
+    kiln_field f = ff32("epsilon", &eps);
+    kiln_plugin *norm = make("RMSNorm", &f, 1), *add = make("AddRMSNorm", &f, 1);
+    const int64_t rows = 5, h = 67;
+    for (int ti = 0; ti < 3 && norm && add; ti++) {
+        kiln_dtype t = float_types[ti];
+        size_t bytes = (size_t)(rows * h) * esize(t);
+        void *x = random_buf(t, rows * h), *res = random_buf(t, rows * h), *w = random_buf(t, h);
+        void *sum_ref = malloc(bytes), *y_ref = malloc(bytes), *sum = malloc(bytes), *y = malloc(bytes);
+        for (int64_t i = 0; i < rows * h; i++)
+            store(sum_ref, t, i, load(x, t, i) + load(res, t, i));
+        kiln_tensor_desc dn[3] = {DESC(t, rows, h), DESC(t, h), DESC(t, rows, h)};
+        const void *in_n[2] = {sum_ref, w};
+        void *out_n[1] = {y_ref};
+        CHECK_OK(run(norm, dn, in_n, 2, out_n, 1));
+        kiln_tensor_desc da[5] = {DESC(t, rows, h), DESC(t, rows, h), DESC(t, h), DESC(t, rows, h), DESC(t, rows, h)};
+        const void *in_a[3] = {x, res, w};
+        void *out_a[2] = {sum, y};
+        CHECK_OK(run(add, da, in_a, 3, out_a, 2));
+        CHECK(memcmp(sum, sum_ref, bytes) == 0);
+        CHECK(memcmp(y, y_ref, bytes) == 0);
+        CHECK(load(y, t, 3) != 0.0f);
+        free(x), free(res), free(w), free(sum_ref), free(y_ref), free(sum), free(y);
+    }
+    /* the residual must match x */
+    kiln_tensor_desc bad[5] = {DESC(KILN_DTYPE_F32, 2, 8), DESC(KILN_DTYPE_F32, 1, 8), DESC(KILN_DTYPE_F32, 8),
+                               DESC(KILN_DTYPE_F32, 2, 8), DESC(KILN_DTYPE_F32, 2, 8)};
+    float buf16[16] = {0}, w8[8] = {0}, o1[16], o2[16];
+    const void *in_bad[3] = {buf16, buf16, w8};
+    void *out_bad[2] = {o1, o2};
+    if (add)
+        CHECK_FAILS(run(add, bad, in_bad, 3, out_bad, 2), KILN_ERROR_SHAPE, "residual");
+    if (norm)
+        norm->ops->destroy(norm);
+    if (add)
+        add->ops->destroy(add);
+}
+
+/* ---------------------------------------------------------------------------
+ * RoPE on the packed qkv row against RoPE on q and k apart
+ * ------------------------------------------------------------------------- */
+
+static void check_rope_packed(kiln_dtype t, const char *scaling, int32_t interleaved, int32_t rotary_dim) {
+    const int32_t nh = 4, nkv = 2, hd = 16;
+    const float theta = 10000.0f, factor = 4.0f;
+    const int64_t T = 6, row = (int64_t)(nh + 2 * nkv) * hd;
+    kiln_field fq[7] = {fi32("n_heads", &nh), fi32("head_dim", &hd), ff32("theta", &theta),
+                        fi32("rotary_dim", &rotary_dim), fi32("interleaved", &interleaved), fstr("scaling", scaling),
+                        ff32("factor", &factor)};
+    kiln_field fk[7];
+    memcpy(fk, fq, sizeof fk);
+    fk[0] = fi32("n_heads", &nkv);
+    kiln_field fp[8];
+    memcpy(fp, fq, sizeof fq);
+    fp[7] = fi32("n_kv_heads", &nkv);
+    kiln_plugin *rq = make("RoPE", fq, 7), *rk = make("RoPE", fk, 7), *rp = make("RoPE", fp, 8);
+    void *qkv = random_buf(t, T * row);
+    int32_t pos[6] = {0, 1, 7, 100, 2047, 8191};
+    void *q = columns(qkv, t, T, row, 0, nh * hd), *k = columns(qkv, t, T, row, nh * hd, nkv * hd);
+    void *v = columns(qkv, t, T, row, (nh + nkv) * hd, nkv * hd);
+    size_t es = esize(t);
+    void *qo = malloc((size_t)(T * nh * hd) * es), *ko = malloc((size_t)(T * nkv * hd) * es),
+         *po = malloc((size_t)(T * row) * es);
+    if (rq && rk && rp) {
+        kiln_tensor_desc dq[3] = {DESC(t, T, nh * hd), DESC(KILN_DTYPE_I32, T), DESC(t, T, nh * hd)};
+        kiln_tensor_desc dk[3] = {DESC(t, T, nkv * hd), DESC(KILN_DTYPE_I32, T), DESC(t, T, nkv * hd)};
+        kiln_tensor_desc dp[3] = {DESC(t, T, row), DESC(KILN_DTYPE_I32, T), DESC(t, T, row)};
+        const void *iq[2] = {q, pos}, *ik[2] = {k, pos}, *ip[2] = {qkv, pos};
+        void *oq[1] = {qo}, *ok[1] = {ko}, *op[1] = {po};
+        CHECK_OK(run(rq, dq, iq, 2, oq, 1));
+        CHECK_OK(run(rk, dk, ik, 2, ok, 1));
+        CHECK_OK(run(rp, dp, ip, 2, op, 1));
+        void *pq = columns(po, t, T, row, 0, nh * hd), *pk = columns(po, t, T, row, nh * hd, nkv * hd);
+        void *pv = columns(po, t, T, row, (nh + nkv) * hd, nkv * hd);
+        CHECK(memcmp(pq, qo, (size_t)(T * nh * hd) * es) == 0);
+        CHECK(memcmp(pk, ko, (size_t)(T * nkv * hd) * es) == 0);
+        CHECK(memcmp(pv, v, (size_t)(T * nkv * hd) * es) == 0);
+        CHECK(memcmp(pq, q, (size_t)(T * nh * hd) * es) != 0); /* it did rotate */
+        /* in place: y is x */
+        memcpy(po, qkv, (size_t)(T * row) * es);
+        const void *ipp[2] = {po, pos};
+        CHECK_OK(run(rp, dp, ipp, 2, op, 1));
+        void *iq2 = columns(po, t, T, row, 0, nh * hd), *iv2 = columns(po, t, T, row, (nh + nkv) * hd, nkv * hd);
+        CHECK(memcmp(iq2, qo, (size_t)(T * nh * hd) * es) == 0 && memcmp(iv2, v, (size_t)(T * nkv * hd) * es) == 0);
+        free(pq), free(pk), free(pv), free(iq2), free(iv2);
+        if (t == KILN_DTYPE_F32 && rotary_dim == hd && !interleaved)
+            check_blob(rp, "RoPE", 1, 40);
+        /* the packed plugin refuses an unpacked row */
+        CHECK(run(rp, dq, iq, 2, oq, 1) == KILN_ERROR_SHAPE);
+    }
+    if (rq)
+        rq->ops->destroy(rq);
+    if (rk)
+        rk->ops->destroy(rk);
+    if (rp)
+        rp->ops->destroy(rp);
+    free(qkv), free(q), free(k), free(v), free(qo), free(ko), free(po);
+}
+
+static void test_rope_packed(void) {
+    const char *scalings[3] = {"none", "linear", "llama3"};
+    for (int ti = 0; ti < 3; ti++)
+        for (int s = 0; s < 3; s++) {
+            check_rope_packed(float_types[ti], scalings[s], 0, 16);
+            check_rope_packed(float_types[ti], scalings[s], 1, 8);
+        }
+}
+
+/* ---------------------------------------------------------------------------
+ * Packed SwiGLU against SwiGLU on gate and up apart
+ * ------------------------------------------------------------------------- */
+
+static void test_swiglu_packed(void) {
+    const int32_t one = 1;
+    kiln_field f = fi32("packed", &one);
+    kiln_plugin *apart = make("SwiGLU", NULL, 0), *packed = make("SwiGLU", &f, 1);
+    const int64_t rows = 3, I = 37;
+    for (int ti = 0; ti < 3 && apart && packed; ti++) {
+        kiln_dtype t = float_types[ti];
+        size_t es = esize(t);
+        void *gu = random_buf(t, rows * 2 * I);
+        void *g = columns(gu, t, rows, 2 * I, 0, I), *u = columns(gu, t, rows, 2 * I, I, I);
+        void *ya = malloc((size_t)(rows * I) * es), *yp = malloc((size_t)(rows * I) * es);
+        kiln_tensor_desc da[3] = {DESC(t, rows, I), DESC(t, rows, I), DESC(t, rows, I)};
+        kiln_tensor_desc dp[2] = {DESC(t, rows, 2 * I), DESC(t, rows, I)};
+        const void *ia[2] = {g, u}, *ip[1] = {gu};
+        void *oa[1] = {ya}, *op[1] = {yp};
+        CHECK_OK(run(apart, da, ia, 2, oa, 1));
+        CHECK_OK(run(packed, dp, ip, 1, op, 1));
+        CHECK(memcmp(ya, yp, (size_t)(rows * I) * es) == 0);
+        if (ti == 0)
+            check_blob(packed, "SwiGLU", 1, 0);
+        free(gu), free(g), free(u), free(ya), free(yp);
+    }
+    if (apart)
+        apart->ops->destroy(apart);
+    if (packed)
+        packed->ops->destroy(packed);
+}
+
+/* ---------------------------------------------------------------------------
+ * PagedAttention: packed qkv against q, k, v apart
+ * ------------------------------------------------------------------------- */
+
+static void check_attention_packed(kiln_dtype t) {
+    const int32_t nh = 4, nkv = 2, hd = 8, bs = 4, one = 1;
+    const int64_t S = 2, max_blocks = 4, n_blocks = S * max_blocks, T = 7;
+    const int64_t qw = nh * hd, kw = nkv * hd, row = qw + 2 * kw;
+    kiln_field f[5] = {fi32("n_heads", &nh), fi32("n_kv_heads", &nkv), fi32("head_dim", &hd),
+                       fi32("block_size", &bs), fi32("packed_qkv", &one)};
+    kiln_plugin *apart = make("PagedAttention", f, 4), *packed = make("PagedAttention", f, 5);
+    /* sequence 0: 3 cached tokens + 5 new; sequence 1: 2 new (prefill) */
+    int32_t table[8] = {5, 2, 7, 0, 1, 3, 4, 6}, seq_lens[2] = {8, 2}, qstart[3] = {0, 5, 7};
+    int64_t cache_n = n_blocks * 2 * kw * bs;
+    void *qkv = random_buf(t, T * row), *cache0 = random_buf(t, cache_n);
+    void *q = malloc((size_t)(T * qw) * esize(t)), *k = malloc((size_t)(T * kw) * esize(t)),
+         *v = malloc((size_t)(T * kw) * esize(t));
+    size_t es = esize(t);
+    for (int64_t i = 0; i < T; i++) {
+        memcpy((char *)q + i * qw * es, (char *)qkv + i * row * es, (size_t)qw * es);
+        memcpy((char *)k + i * kw * es, (char *)qkv + (i * row + qw) * es, (size_t)kw * es);
+        memcpy((char *)v + i * kw * es, (char *)qkv + (i * row + qw + kw) * es, (size_t)kw * es);
+    }
+    void *cache_a = malloc((size_t)cache_n * es), *cache_p = malloc((size_t)cache_n * es);
+    memcpy(cache_a, cache0, (size_t)cache_n * es);
+    memcpy(cache_p, cache0, (size_t)cache_n * es);
+    void *out_a = malloc((size_t)(T * qw) * es), *out_p = malloc((size_t)(T * qw) * es);
+    kiln_tensor_desc cd = DESC(t, n_blocks, 2, nkv, bs, hd), btd = DESC(KILN_DTYPE_I32, S, max_blocks),
+                     sd = DESC(KILN_DTYPE_I32, S), qsd = DESC(KILN_DTYPE_I32, S + 1), od = DESC(t, T, qw);
+    kiln_tensor_desc da[8] = {DESC(t, T, qw), DESC(t, T, kw), DESC(t, T, kw), cd, btd, sd, qsd, od};
+    kiln_tensor_desc dp[6] = {DESC(t, T, row), cd, btd, sd, qsd, od};
+    const void *ia[7] = {q, k, v, cache_a, table, seq_lens, qstart}, *ip[5] = {qkv, cache_p, table, seq_lens, qstart};
+    void *oa[1] = {out_a}, *op[1] = {out_p};
+    if (apart && packed) {
+        CHECK_OK(run(apart, da, ia, 7, oa, 1));
+        CHECK_OK(run(packed, dp, ip, 5, op, 1));
+        CHECK(memcmp(out_a, out_p, (size_t)(T * qw) * es) == 0);
+        CHECK(memcmp(cache_a, cache_p, (size_t)cache_n * es) == 0);
+        /* the new tokens did land in the cache: token 0 of sequence 1 is at block 1 slot 0 */
+        CHECK(memcmp(cache0, cache_p, (size_t)cache_n * es) != 0);
+        CHECK(load(cache_p, t, 1 * 2 * kw * bs) == load(qkv, t, 5 * row + qw));
+        /* packed: q, k or v alone is refused */
+        CHECK(run(packed, da, ia, 7, oa, 1) == KILN_ERROR_UNSUPPORTED);
+        check_blob(packed, "PagedAttention", 1, 20);
+    }
+    if (apart)
+        apart->ops->destroy(apart);
+    if (packed)
+        packed->ops->destroy(packed);
+    free(qkv), free(cache0), free(q), free(k), free(v), free(cache_a), free(cache_p), free(out_a), free(out_p);
+}
+
+static void test_attention_packed(void) {
+    check_attention_packed(KILN_DTYPE_F32);
+    check_attention_packed(KILN_DTYPE_BF16);
+}
+
+static void setup(void) {
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_OK(kiln_threadpool_create(2, &pool));
+}
+
+static void teardown(void) {
+    kiln_threadpool_destroy(pool);
+    kiln_registry_destroy(reg);
+}
+
+static const test_case_ tests[] = {TEST(setup),          TEST(test_add_rmsnorm),      TEST(test_rope_packed),
+                                   TEST(test_swiglu_packed), TEST(test_attention_packed), TEST(teardown)};
+TEST_MAIN(tests)
