@@ -48,7 +48,10 @@ KILN_API void kiln_buffer_free(kiln_buffer *buf);
 KILN_API kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
                                 kiln_buffer *out);
 
-/* kiln_build, then writes the engine to `path` atomically (temp + rename). */
+/* kiln_build, then writes the engine to `path` atomically (a unique temp
+ * file beside it, then rename). path must be new or a regular file: a
+ * FIFO, device or directory is refused before the build, never replaced.
+ * Write errors give the system's reason. */
 KILN_API kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
                                         const char *path);
 

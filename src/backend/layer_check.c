@@ -8,6 +8,7 @@
 
 #include "../core/dtype.h"
 #include "../core/error.h"
+#include "../plugin/plugin_internal.h"
 
 kiln_status kiln_layer_check_binary(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
                                     const kiln_exec_tensor *out)
@@ -324,9 +325,10 @@ kiln_status kiln_layer_run_plugin(const char *name, kiln_plugin *plugin, kiln_ba
         descs[i].dims = t->dims;
         ptrs[i] = t->data;
     }
+    unsigned long fails = kiln_host_fail_count();
     kiln_status st = ops->enqueue(plugin, backend, descs, (const void *const *)ptrs, ni, descs + ni,
                                   ptrs + ni, no, workspace, stream);
     if (st != KILN_OK)
-        return kiln_fail_context(st, "layer \"%s\"", name);
+        return kiln_plugin_enqueue_error(name, st, fails);
     return KILN_OK;
 }

@@ -12,6 +12,7 @@
 #include "../core/api_struct.h"
 #include "../core/atomic_write.h"
 #include "../core/error.h"
+#include "../core/file.h"
 #include "../engine/engine_file.h"
 #include "../network/network_internal.h"
 
@@ -149,8 +150,8 @@ kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
 kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
                                const char *path)
 {
-    if (!path || !*path)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_build_to_file: no path");
+    /* Refused before the build, which may take long. */
+    KILN_TRY(kiln_file_check_output(path));
     kiln_buffer buf;
     KILN_TRY(kiln_build(net, config, &buf));
     kiln_status s = kiln_write_file_atomic(path, buf.data, buf.size);

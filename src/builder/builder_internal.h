@@ -13,8 +13,11 @@
 
 #include "../core/graph.h"
 
-/* Arena offsets and the shared workspace are aligned to this many bytes. */
-#define KILN_BUILDER_ALIGN 256u
+#include "../engine/engine_file.h"
+
+/* Arena offsets and the shared workspace are aligned to this many bytes:
+ * the alignment the engine reader requires. */
+#define KILN_BUILDER_ALIGN KILN_ENGINE_ARENA_ALIGN
 
 /* 1. The graph can be built for config->backend: at least one output, every
  * dynamic input dim bounded by every profile, plugin layers resolved and

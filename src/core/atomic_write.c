@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "file.h"
 
 static kiln_status write_all(int fd, const void *data, size_t size, const char *path)
 {
@@ -18,7 +19,7 @@ static kiln_status write_all(int fd, const void *data, size_t size, const char *
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
-            return kiln_fail(KILN_ERROR_IO, "writing \"%s\": %s", path,
+            return kiln_fail(KILN_ERROR_IO, "cannot write %s: %s", path,
                              w < 0 ? strerror(errno) : "no progress");
         p += w;
         size -= (size_t)w;
@@ -28,6 +29,7 @@ static kiln_status write_all(int fd, const void *data, size_t size, const char *
 
 kiln_status kiln_write_file_atomic(const char *path, const void *data, size_t size)
 {
+    KILN_TRY(kiln_file_check_output(path));
     /* A temp file beside the target, so rename() is atomic (same file
      * system) and a reader never sees a half-written file. O_EXCL with
      * the pid and a counter avoids clobbering a concurrent writer's temp. */
@@ -45,16 +47,17 @@ kiln_status kiln_write_file_atomic(const char *path, const void *data, size_t si
     }
     kiln_status s = KILN_OK;
     if (fd < 0) {
-        s = kiln_fail(KILN_ERROR_IO, "creating \"%s\": %s", tmp, strerror(errno));
+        s = kiln_fail(KILN_ERROR_IO, "cannot write %s: %s", path, strerror(errno));
     } else {
-        s = write_all(fd, data, size, tmp);
+        /* Errors name the target, which is what the user asked for; the
+         * temporary file is gone by the time they read it. */
+        s = write_all(fd, data, size, path);
         if (s == KILN_OK && fsync(fd) != 0)
-            s = kiln_fail(KILN_ERROR_IO, "syncing \"%s\": %s", tmp, strerror(errno));
+            s = kiln_fail(KILN_ERROR_IO, "cannot write %s: %s", path, strerror(errno));
         if (close(fd) != 0 && s == KILN_OK)
-            s = kiln_fail(KILN_ERROR_IO, "closing \"%s\": %s", tmp, strerror(errno));
+            s = kiln_fail(KILN_ERROR_IO, "cannot write %s: %s", path, strerror(errno));
         if (s == KILN_OK && rename(tmp, path) != 0)
-            s = kiln_fail(KILN_ERROR_IO, "renaming \"%s\" to \"%s\": %s", tmp, path,
-                          strerror(errno));
+            s = kiln_fail(KILN_ERROR_IO, "cannot write %s: %s", path, strerror(errno));
         if (s != KILN_OK)
             unlink(tmp);
     }

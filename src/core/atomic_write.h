@@ -6,9 +6,10 @@
 
 #include <stddef.h>
 
-/* Writes size bytes to a temp file beside `path`, syncs it and renames it
- * over `path`. On failure the temp file is removed and `path` is left as it
- * was; errors name the file and the call that failed. */
+/* Writes size bytes to a temp file beside `path` (a unique name), syncs
+ * it and renames it over `path`. `path` must be new or a regular file
+ * (kiln_file_check_output). On failure the temp file is removed and `path`
+ * is left as it was; errors name `path` and give the system's reason. */
 kiln_status kiln_write_file_atomic(const char *path, const void *data, size_t size);
 
 #endif

@@ -10,6 +10,9 @@
 #define KILN_ERROR_MAX 1024
 
 static _Thread_local char kiln_error_buf[KILN_ERROR_MAX];
+static _Thread_local unsigned long kiln_fail_calls;
+
+unsigned long kiln_fail_count(void) { return kiln_fail_calls; }
 
 const char *kiln_status_name(kiln_status status)
 {
@@ -56,6 +59,7 @@ kiln_status kiln_fail(kiln_status status, const char *fmt, ...)
     vsnprintf(kiln_error_buf, sizeof kiln_error_buf, fmt, ap);
     va_end(ap);
     flatten_lines(kiln_error_buf);
+    kiln_fail_calls++;
     return status;
 }
 

@@ -14,6 +14,10 @@ kiln_status kiln_fail(kiln_status status, const char *fmt, ...) __attribute__((f
 kiln_status kiln_fail_context(kiln_status status, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* How many messages kiln_fail has recorded on the calling thread: a call
+ * that fails without this changing left no message of its own. */
+unsigned long kiln_fail_count(void);
+
 void kiln_log(kiln_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Return the status if an expression fails. */

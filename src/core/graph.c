@@ -9,20 +9,6 @@
 #include "dtype.h"
 #include "error.h"
 
-const char *kiln_op_name(kiln_op op)
-{
-    static const char *const names[KILN_OP_COUNT] = {
-        [KILN_OP_CONSTANT] = "constant", [KILN_OP_MATMUL] = "matmul",
-        [KILN_OP_BINARY] = "binary",     [KILN_OP_UNARY] = "unary",
-        [KILN_OP_REDUCE] = "reduce",     [KILN_OP_SOFTMAX] = "softmax",
-        [KILN_OP_CONCAT] = "concat",     [KILN_OP_SLICE] = "slice",
-        [KILN_OP_SHUFFLE] = "shuffle",   [KILN_OP_GATHER] = "gather",
-        [KILN_OP_CAST] = "cast",         [KILN_OP_PLUGIN] = "plugin",
-        [KILN_OP_FUSED] = "fused_elementwise",
-    };
-    return (unsigned)op < KILN_OP_COUNT ? names[op] : "?";
-}
-
 /* ---- lifetime ---------------------------------------------------------------- */
 
 void kiln_graph_init(kiln_graph *g)
@@ -114,7 +100,7 @@ static char *dup_str(const char *s, int *ok)
 kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
 {
     kiln_graph t;
-    int ok = 1;
+    int ok = 1, plugin_failed = 0;
     kiln_graph_init(&t);
     /* Scalars and plan fields first; every pointer is replaced below. */
     t = *src;
@@ -227,6 +213,7 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
             }
             if (ok && s->instance) {
                 kiln_status cs = KILN_ERROR_PLUGIN;
+                unsigned long fails = kiln_fail_count();
                 if (s->instance->ops && s->instance->ops->clone)
                     cs = s->instance->ops->clone(s->instance, &d->instance);
                 else
@@ -238,17 +225,20 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
                     if (cs == KILN_OK) {
                         cs = KILN_ERROR_PLUGIN;
                         kiln_fail(cs, "clone returned no instance");
+                    } else if (kiln_fail_count() == fails) {
+                        kiln_fail(cs, "clone failed with %s and gave no message", kiln_status_name(cs));
                     }
                     kiln_fail_context(cs, "cloning plugin %s %s", s->name ? s->name : "?",
                                       s->version ? s->version : "?");
                     st = cs;
+                    plugin_failed = 1;
                     ok = 0;
                 }
             }
         }
     }
     if (!ok) {
-        if (st == KILN_ERROR_OUT_OF_MEMORY)
+        if (st == KILN_ERROR_OUT_OF_MEMORY && !plugin_failed)
             kiln_fail(st, "out of memory copying a graph of %d tensors and %d layers",
                       src->n_tensors, src->n_layers);
         kiln_graph_free(&t);
@@ -427,6 +417,37 @@ kiln_status kiln_graph_check_constraints(const kiln_graph *g, const int64_t *val
             break;
         default:
             return kiln_fail(KILN_ERROR_SHAPE, "constraint %d has unknown kind %d", i, (int)c->kind);
+        }
+    }
+    return KILN_OK;
+}
+
+kiln_status kiln_graph_check_profiles(const kiln_graph *g)
+{
+    for (int32_t i = 0; i < g->n_inputs; i++) {
+        int32_t t = g->inputs[i];
+        if (t < 0 || t >= g->n_tensors)
+            return kiln_fail(KILN_ERROR_INTERNAL, "network input %d refers to tensor %d of %d", i,
+                             t, g->n_tensors);
+        const kiln_tensor_rec *r = &g->tensors[t];
+        for (int32_t a = 0; a < r->rank; a++) {
+            int64_t v;
+            if (kiln_expr_is_const(&g->exprs, r->dims[a], &v))
+                continue;
+            if (g->n_profiles == 0)
+                return kiln_fail(KILN_ERROR_SHAPE,
+                                 "input \"%s\" dim %d is dynamic but there is no optimization "
+                                 "profile", r->name, a);
+            for (int32_t p = 0; p < g->n_profiles; p++) {
+                const kiln_profile_dims *pd = &g->profiles[(size_t)p * (size_t)g->n_inputs + (size_t)i];
+                int set = pd->min.rank == r->rank && pd->opt.rank == r->rank &&
+                          pd->max.rank == r->rank && pd->min.d[a] >= 0 && pd->opt.d[a] >= 0 &&
+                          pd->max.d[a] >= 0;
+                if (!set)
+                    return kiln_fail(KILN_ERROR_SHAPE,
+                                     "profile %d: input \"%s\" dim %d is dynamic but has no bounds",
+                                     p, r->name, a);
+            }
         }
     }
     return KILN_OK;

@@ -31,7 +31,9 @@ typedef enum kiln_op {
     KILN_OP_COUNT
 } kiln_op;
 
-const char *kiln_op_name(kiln_op op); /* "matmul", "fused_elementwise", ... */
+/* "matmul", "fused_elementwise", ...; "?" for a value that is not an op
+ * (core/op_table.c, from the op table). */
+const char *kiln_op_name(kiln_op op);
 
 /* A fused elementwise chain: a tiny register program evaluated per output
  * element in f32. Operand o < n_inputs of the layer reads input o
@@ -216,6 +218,11 @@ kiln_status kiln_graph_eval_shapes(const kiln_graph *g, const int64_t *symbols, 
 /* Checks every constraint for the evaluated expression values; the error
  * names the layer and the values. */
 kiln_status kiln_graph_check_constraints(const kiln_graph *g, const int64_t *values);
+
+/* Every dynamic dim of every input has min/opt/max in every profile, and
+ * there is a profile when any dim is dynamic. The builder checks this on
+ * the network, the engine reader on the plan, with the same message. */
+kiln_status kiln_graph_check_profiles(const kiln_graph *g);
 
 /* Symbol values at a profile's min, opt or max (which: 0, 1, 2). */
 void kiln_graph_profile_symbols(const kiln_graph *g, int32_t profile, int which, int64_t *symbols);

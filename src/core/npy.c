@@ -15,6 +15,7 @@
 
 #include "dtype.h"
 #include "error.h"
+#include "file.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "npy.c reads and writes little-endian data in place: port it for big-endian hosts"
@@ -378,9 +379,10 @@ kiln_status kiln_npy_read(const char *path, kiln_dtype *dtype, kiln_dims *dims, 
 {
     if (!path || !dtype || !dims || !data || !size)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_npy_read: NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kiln_fail(KILN_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    size_t file_size;
+    if (kiln_file_fopen_read(path, &f, &file_size) != KILN_OK)
+        return KILN_ERROR_IO;
     npy_header h = {0};
     void *buf = NULL;
     kiln_status s = npy_read_file(f, path, &h, &buf);
@@ -461,6 +463,7 @@ kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *
     memset(header + n, ' ', hlen - (size_t)n - 1);
     header[hlen - 1] = '\n';
 
+    KILN_TRY(kiln_file_check_output(path));
     FILE *f = fopen(path, "wb");
     if (!f)
         return kiln_fail(KILN_ERROR_IO, "%s: cannot create: %s", path, strerror(errno));

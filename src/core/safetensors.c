@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "file.h"
 #include "json_file.h"
 
 /* The reference implementation's limit; it keeps a hostile length field
@@ -290,15 +291,10 @@ kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out)
 {
     if (!path || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_safetensors_open: NULL argument");
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_fail(KILN_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "%s: not a regular file", path);
-    }
-    size_t size = (size_t)sb.st_size;
+    int fd;
+    size_t size;
+    if (kiln_file_open_read(path, &fd, &size) != KILN_OK)
+        return KILN_ERROR_IO;
     if (size < 8) {
         close(fd);
         return kiln_fail(KILN_ERROR_FORMAT, "%s: %zu bytes is too short for a safetensors file",

@@ -9,6 +9,10 @@
 #define KILN_ENGINE_MAGIC "KILNENG\0"
 #define KILN_ENGINE_FORMAT_VERSION 1u
 #define KILN_ENGINE_WEIGHT_ALIGN 256u
+/* Every activation's arena offset and size, and the workspace size, are
+ * multiples of this (the builder's memory plan guarantees it; the reader
+ * requires it, so kernels may load any dtype, vectorized, from them). */
+#define KILN_ENGINE_ARENA_ALIGN 256u
 
 /* What the fixed header says, readable before the rest is validated. */
 typedef struct kiln_engine_header_info {

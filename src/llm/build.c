@@ -11,6 +11,7 @@
 #include "../core/api_struct.h"
 #include "../core/atomic_write.h"
 #include "../core/error.h"
+#include "../core/file.h"
 #include "../runtime/engine_image.h"
 #include "llm_config.h"
 #include "model.h"
@@ -49,6 +50,8 @@ kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options 
 {
     if (!checkpoint || !output || !*output)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_build: checkpoint and output are required");
+    /* Refused before the build, which may take long. */
+    KILN_TRY(kiln_file_check_output(output));
     kiln_llm_build_options o;
     kiln_llm_build_options_init(&o);
     if (options)

@@ -191,11 +191,18 @@ static kiln_status io_max(const kiln_llm *llm, const char *name, kiln_dtype want
     return KILN_OK;
 }
 
-static size_t default_cache_bytes(const kiln_llm *llm, size_t per_token)
+/* Enough for max_batch sequences at max_seq_len, counted in whole blocks
+ * (a sequence shorter than a block still takes one), capped at a quarter
+ * of the memory. */
+static size_t default_cache_bytes(const kiln_llm *llm, size_t block_bytes)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     size_t quarter = pages > 0 && page > 0 ? (size_t)pages / 4 * (size_t)page : (size_t)1 << 30;
-    size_t want = (size_t)llm->cfg.max_batch * (size_t)llm->cfg.max_seq_len * per_token;
+    const kiln_llm_config *c = &llm->cfg;
+    size_t per_seq = ((size_t)c->max_seq_len + (size_t)c->block_size - 1) / (size_t)c->block_size;
+    size_t want;
+    if (kiln_mul_overflow((size_t)c->max_batch, per_seq, &want) || kiln_mul_overflow(want, block_bytes, &want))
+        return quarter;
     return want < quarter ? want : quarter;
 }
 
@@ -262,7 +269,7 @@ static kiln_status setup_cache(kiln_llm *llm, const kiln_llm_options *opt)
     else if (on_gpu(llm))
         KILN_TRY(gpu_cache_blocks(llm, opt, &n));
     else
-        n = default_cache_bytes(llm, llm->block_bytes / (size_t)c->block_size) / llm->block_bytes;
+        n = default_cache_bytes(llm, llm->block_bytes) / llm->block_bytes;
     if (n < 1)
         return kiln_fail(KILN_ERROR_LIMIT,
                          "the KV cache's memory holds no block: one block of %d tokens takes %zu bytes over %d layers",

@@ -1,6 +1,9 @@
 /* GGUF reader and ggml block dequantization. */
 #include "gguf.h"
 
+#include <float.h>
+#include <math.h>
+
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +13,7 @@
 
 #include "../core/dtype.h"
 #include "../core/error.h"
+#include "../core/file.h"
 
 /* ---- a bounds-checked cursor over the file ------------------------------------ */
 
@@ -294,20 +298,17 @@ kiln_status kiln_gguf_parse(const void *data, size_t size, const char *what, kil
 }
 
 kiln_status kiln_gguf_open(const char *path, kiln_gguf **out) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_fail(KILN_ERROR_IO, "%s: cannot open: %m", path);
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "%s: not a regular file", path);
-    }
+    int fd;
+    size_t file_size;
+    kiln_status fs = kiln_file_open_read(path, &fd, &file_size);
+    if (fs != KILN_OK)
+        return fs == KILN_ERROR_NOT_FOUND ? KILN_ERROR_IO : fs;
     kiln_gguf *g = calloc(1, sizeof *g);
     if (!g) {
         close(fd);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory", path);
     }
-    g->map_size = (size_t)st.st_size;
+    g->map_size = file_size;
     if (g->map_size > 0) {
         void *m = mmap(NULL, g->map_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
@@ -394,12 +395,25 @@ kiln_status kiln_gguf_get_i64(const kiln_gguf *g, const char *key, int64_t *out)
     return KILN_OK;
 }
 
+/* A number from the file as f32: converting a double outside float's
+ * range is undefined behaviour, so it is refused instead. NaN and
+ * infinities pass through for the caller's range checks. */
+static kiln_status to_f32(double v, const char *key, uint64_t index, int is_array, float *out) {
+    if (isfinite(v) && fabs(v) > FLT_MAX) {
+        if (is_array)
+            return kiln_fail(KILN_ERROR_FORMAT, "GGUF key \"%s\"[%llu] = %g is outside the f32 range", key,
+                             (unsigned long long)index, v);
+        return kiln_fail(KILN_ERROR_FORMAT, "GGUF key \"%s\" = %g is outside the f32 range", key, v);
+    }
+    *out = (float)v;
+    return KILN_OK;
+}
+
 kiln_status kiln_gguf_get_f32(const kiln_gguf *g, const char *key, float *out) {
     const kiln_gguf_kv *kv;
     KILN_TRY(find_scalar(g, key, &kv));
     int is_int;
-    *out = (float)read_number(kv->type, kv->value, &is_int);
-    return KILN_OK;
+    return to_f32(read_number(kv->type, kv->value, &is_int), key, 0, 0, out);
 }
 
 kiln_status kiln_gguf_get_string(const kiln_gguf *g, const char *key, const char **s, size_t *len) {
@@ -422,9 +436,36 @@ void kiln_gguf_array_string(const kiln_gguf_kv *kv, uint64_t i, const char **s, 
     *len = (size_t)n;
 }
 
-double kiln_gguf_array_number(const kiln_gguf_kv *kv, uint64_t i) {
+kiln_status kiln_gguf_array_int(const kiln_gguf_kv *kv, uint64_t i, int64_t lo, int64_t hi, int64_t *out) {
+    const uint8_t *p = kv->value + i * value_size(kv->array_type);
+    int64_t v;
+    int ok = 1;
+    if (kv->array_type == KILN_GGUF_I64) {
+        memcpy(&v, p, 8);
+    } else if (kv->array_type == KILN_GGUF_U64) {
+        uint64_t u;
+        memcpy(&u, p, 8);
+        ok = u <= (uint64_t)INT64_MAX;
+        v = ok ? (int64_t)u : 0;
+    } else {
+        /* Every other integer type is exact in a double. */
+        int is_int;
+        double d = read_number(kv->array_type, p, &is_int);
+        if (!is_int)
+            return kiln_fail(KILN_ERROR_FORMAT, "GGUF key \"%s\" holds floats, expected integers", kv->key);
+        v = (int64_t)d;
+    }
+    if (!ok || v < lo || v > hi)
+        return kiln_fail(KILN_ERROR_FORMAT, "GGUF key \"%s\"[%llu] is outside %lld..%lld", kv->key,
+                         (unsigned long long)i, (long long)lo, (long long)hi);
+    *out = v;
+    return KILN_OK;
+}
+
+kiln_status kiln_gguf_array_f32(const kiln_gguf_kv *kv, uint64_t i, float *out) {
     int is_int;
-    return read_number(kv->array_type, kv->value + i * value_size(kv->array_type), &is_int);
+    return to_f32(read_number(kv->array_type, kv->value + i * value_size(kv->array_type), &is_int), kv->key, i,
+                  1, out);
 }
 
 /* ---- dequantization ------------------------------------------------------------

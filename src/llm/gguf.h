@@ -104,8 +104,12 @@ kiln_status kiln_gguf_get_string(const kiln_gguf *g, const char *key, const char
 
 /* Element i of an array of strings (borrowed, not NUL-terminated). */
 void kiln_gguf_array_string(const kiln_gguf_kv *kv, uint64_t i, const char **s, size_t *len);
-/* Element i of a numeric array as double (any numeric element type). */
-double kiln_gguf_array_number(const kiln_gguf_kv *kv, uint64_t i);
+/* Element i of a numeric array, range-checked before any conversion: an
+ * integer in lo..hi (float elements are refused), or an f32 (any numeric
+ * type; a value outside the f32 range is refused). Errors name the key and
+ * the index. */
+kiln_status kiln_gguf_array_int(const kiln_gguf_kv *kv, uint64_t i, int64_t lo, int64_t hi, int64_t *out);
+kiln_status kiln_gguf_array_f32(const kiln_gguf_kv *kv, uint64_t i, float *out);
 
 /* Name of a ggml type ("Q4_K"), or NULL when kiln does not know it. */
 const char *kiln_ggml_type_name(uint32_t type);

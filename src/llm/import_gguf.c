@@ -380,10 +380,15 @@ static kiln_status read_vocab(const kiln_gguf *g, const char *path, kiln_llm_con
             goto done;
         }
         tok_lens[i] = (uint32_t)len;
+        int64_t type = 0;
         if (sc)
-            sc[i] = (float)kiln_gguf_array_number(scores, i);
-        if (ty)
-            ty[i] = (int32_t)kiln_gguf_array_number(types, i);
+            st = kiln_gguf_array_f32(scores, i, &sc[i]);
+        if (st == KILN_OK && ty && (st = kiln_gguf_array_int(types, i, 0, KILN_TOKEN_BYTE, &type)) == KILN_OK)
+            ty[i] = (int32_t)type;
+        if (st != KILN_OK) {
+            st = kiln_fail_context(st, "%s", path);
+            goto done;
+        }
     }
     for (size_t i = 0; i < nm; i++) {
         const char *s;

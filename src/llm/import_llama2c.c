@@ -17,6 +17,7 @@
 
 #include "../core/dtype.h"
 #include "../core/error.h"
+#include "../core/file.h"
 #include "model.h"
 
 enum { W_EMB, W_RMS_ATT, W_Q, W_K, W_V, W_O, W_RMS_FFN, W_1, W_2, W_3, W_RMS_FINAL, W_FREQ_RE, W_FREQ_IM, W_CLS, W_N };
@@ -188,12 +189,10 @@ kiln_status kiln_llm_import_llama2c(const char *path, const char *tokenizer_path
     if (!tokenizer_path)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s: a llama2.c checkpoint needs its tokenizer.bin "
                          "(--tokenizer)", path);
-    int fd = open(path, O_RDONLY);
-    if (fd < 0)
-        return kiln_fail(errno == ENOENT ? KILN_ERROR_NOT_FOUND : KILN_ERROR_IO, "%s: cannot open: %s", path,
-                         strerror(errno));
-    struct stat sb;
-    if (fstat(fd, &sb) != 0 || sb.st_size < 28) {
+    int fd;
+    size_t file_size;
+    KILN_TRY(kiln_file_open_read(path, &fd, &file_size));
+    if (file_size < 28) {
         close(fd);
         return kiln_fail(KILN_ERROR_FORMAT, "%s: too short for the llama2.c header (28 bytes)", path);
     }
@@ -205,7 +204,7 @@ kiln_status kiln_llm_import_llama2c(const char *path, const char *tokenizer_path
         free(ck);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory");
     }
-    m->size = (size_t)sb.st_size;
+    m->size = file_size;
     m->map = mmap(NULL, m->size, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     ck->read_weight = l2c_read;

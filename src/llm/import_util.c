@@ -6,12 +6,12 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "../core/file.h"
 
 kiln_status kiln_llm_read_file(const char *path, char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kiln_fail(errno == ENOENT ? KILN_ERROR_NOT_FOUND : KILN_ERROR_IO, "%s: cannot open: %s", path,
-                         strerror(errno));
+    FILE *f;
+    size_t size;
+    KILN_TRY(kiln_file_fopen_read(path, &f, &size));
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {

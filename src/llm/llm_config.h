@@ -11,6 +11,10 @@
 #include <stdint.h>
 
 #define KILN_LLM_MAX_EOS 8
+/* Build limits (model.c): the KV cache's block count (its profile max),
+ * and the values of the logits buffer (max_batch x vocab_size). */
+#define KILN_LLM_MAX_KV_BLOCKS (1 << 24)
+#define KILN_LLM_MAX_LOGITS (1LL << 31)
 
 typedef enum kiln_llm_chat_template {
     KILN_LLM_CHAT_NONE = 0,   /* JSON null */

@@ -454,7 +454,7 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     KILN_TRY(kiln_network_add_input(net, n, o->dtype, &cd, &cache));
     kiln_dims mn = cd, mx = cd;
     mn.d[0] = 1;
-    mx.d[0] = 1 << 24;
+    mx.d[0] = KILN_LLM_MAX_KV_BLOCKS;
     KILN_TRY(kiln_network_set_profile_shape(net, 0, n, &mn, &mn, &mx));
 
     kiln_tensor h, qkv, a;
@@ -550,6 +550,32 @@ static kiln_status build(builder *b, int32_t max_blocks) {
     return kiln_network_mark_output(b->net, logits, "logits");
 }
 
+/* What an engine must satisfy to run at all, refused here, at build, with
+ * the limits named, instead of when the engine is first opened: a
+ * sequence can hold a prompt token and generate one, a block fits in a
+ * sequence, and the buffers the runtime sizes from these limits (block
+ * table, logits, the KV cache's block count) can exist. */
+static kiln_status check_limits(const kiln_llm_config *c, const kiln_llm_build_options *o) {
+    if (o->max_seq_len < 2)
+        return kiln_fail(KILN_ERROR_LIMIT,
+                         "LLM build: max_seq_len %d (the model's context: %lld) leaves no room to generate; "
+                         "at least 2 tokens are needed", o->max_seq_len, (long long)c->max_position_embeddings);
+    if (o->block_size > o->max_seq_len)
+        return kiln_fail(KILN_ERROR_LIMIT, "LLM build: block_size %d exceeds max_seq_len %d", o->block_size,
+                         o->max_seq_len);
+    int64_t blocks = (int64_t)o->max_batch * ((o->max_seq_len + o->block_size - 1) / o->block_size);
+    if (blocks > KILN_LLM_MAX_KV_BLOCKS)
+        return kiln_fail(KILN_ERROR_LIMIT,
+                         "LLM build: max_batch %d sequences of max_seq_len %d in blocks of %d need %lld KV "
+                         "blocks; a KV cache holds at most %d", o->max_batch, o->max_seq_len, o->block_size,
+                         (long long)blocks, KILN_LLM_MAX_KV_BLOCKS);
+    if ((int64_t)o->max_batch * c->vocab_size > KILN_LLM_MAX_LOGITS)
+        return kiln_fail(KILN_ERROR_LIMIT,
+                         "LLM build: logits of max_batch %d x vocab_size %d exceed %lld values", o->max_batch,
+                         c->vocab_size, (long long)KILN_LLM_MAX_LOGITS);
+    return KILN_OK;
+}
+
 kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                    kiln_network **out) {
     kiln_llm_build_options o = *opt;
@@ -572,6 +598,7 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
                          "LLM build: max_batch %d, block_size %d, max_tokens %d or max_seq_len %d out of range",
                          o.max_batch, o.block_size, o.max_tokens, o.max_seq_len);
+    KILN_TRY(check_limits(c, &o));
     if (c->rope.rotary_dim == 0)
         c->rope.rotary_dim = c->head_dim;
     c->dtype = o.dtype;
@@ -638,6 +665,22 @@ static kiln_status add_chat_section(kiln_network *net, const kiln_llm_checkpoint
     return st;
 }
 
+/* The LLMC and TOKN sections are read back by the readers `kiln run`
+ * uses, so that whatever they would refuse the build refuses first, with
+ * their message. */
+static kiln_status check_section_config(const char *json, size_t len) {
+    kiln_llm_config back;
+    kiln_status st = kiln_llm_config_from_json(json, len, &back);
+    return st == KILN_OK ? st : kiln_fail_context(st, "LLM build: section LLMC");
+}
+
+static kiln_status check_section_tokenizer(const void *data, size_t len) {
+    kiln_tokenizer *back = NULL;
+    kiln_status st = kiln_tokenizer_deserialize(data, len, &back);
+    kiln_tokenizer_free(back);
+    return st == KILN_OK ? st : kiln_fail_context(st, "LLM build: section TOKN");
+}
+
 kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                   const kiln_build_config *bcfg, kiln_buffer *engine) {
     if (!ck->tokenizer)
@@ -654,9 +697,13 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
     if (st == KILN_OK)
         st = kiln_llm_config_to_json(&ck->config, &cfg_json, &cfg_len);
     if (st == KILN_OK)
+        st = check_section_config(cfg_json, cfg_len);
+    if (st == KILN_OK)
         st = kiln_llm_network_add_section(net, KILN_LLM_SECTION_CONFIG, cfg_json, cfg_len);
     if (st == KILN_OK)
         st = kiln_tokenizer_serialize(ck->tokenizer, &tok, &tok_len);
+    if (st == KILN_OK)
+        st = check_section_tokenizer(tok, tok_len);
     if (st == KILN_OK)
         st = kiln_llm_network_add_section(net, KILN_LLM_SECTION_TOKENIZER, tok, tok_len);
     if (st == KILN_OK && ck->chat_template)

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/file.h"
 #include "llm/tokenizer_internal.h"
 
 /* ---- serialization -------------------------------------------------------------------- */
@@ -89,9 +90,10 @@ kiln_status kiln_tokenizer_deserialize(const void *data, size_t len, kiln_tokeni
 
 static kiln_status read_file(const char *path, char **data, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kiln_fail(KILN_ERROR_IO, "tokenizer: cannot open \"%s\"", path);
+    FILE *f;
+    size_t size;
+    if (kiln_file_fopen_read(path, &f, &size) != KILN_OK)
+        return kiln_fail_context(KILN_ERROR_IO, "tokenizer");
     tok_buf b = {0};
     char chunk[65536];
     size_t n;

@@ -1,6 +1,8 @@
 /* Tokenizers from an in-memory vocabulary (GGUF's tokenizer.ggml.* keys, or
  * llama2.c's tokenizer.bin), and that vocabulary's JSON form, which is how
  * such a tokenizer serializes. */
+#include <float.h>
+#include <math.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -276,8 +278,16 @@ static kiln_status from_json(json_t *o, kiln_tokenizer **out)
         }
         tokens[i] = json_string_value(s);
         lens[i] = (uint32_t)json_string_length(s);
-        if (sc)
-            sc[i] = (float)json_number_value(json_array_get(scores, i));
+        if (sc) {
+            /* Converting a double outside float's range is undefined. */
+            double x = json_number_value(json_array_get(scores, i));
+            if (!(fabs(x) <= FLT_MAX)) {
+                st = kiln_fail(KILN_ERROR_FORMAT, "tokenizer vocabulary JSON: score of token %zu (%g) is not "
+                               "a finite f32", i, x);
+                break;
+            }
+            sc[i] = (float)x;
+        }
         if (ty) {
             json_int_t tv = json_integer_value(json_array_get(types, i));
             ty[i] = tv < 0 || tv > 100 ? -1 : (int32_t)tv;

@@ -15,6 +15,7 @@
 
 #include "../core/api_struct.h"
 #include "../core/dtype.h"
+#include "../plugin/plugin_internal.h"
 #include "../core/error.h"
 
 /* ---- op names ------------------------------------------------------------------- */
@@ -1286,23 +1287,28 @@ kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const c
     }
     kiln_shape_expr out_shapes[KILN_PLUGIN_MAX_OUTPUTS];
     kiln_dtype out_types[KILN_PLUGIN_MAX_OUTPUTS];
+    char who[256];
+    snprintf(who, sizeof who, "%s %s", plugin_name, version);
+    unsigned long fails;
     int32_t out_ranks[KILN_PLUGIN_MAX_OUTPUTS];
     kiln_expr out_dims[KILN_PLUGIN_MAX_OUTPUTS][KILN_MAX_RANK];
     memset(out_shapes, 0, sizeof out_shapes);
     for (int32_t o = 0; o < n_out; o++)
         out_types[o] = KILN_DTYPE_COUNT;
-    kiln_clear_error();
+    fails = kiln_host_fail_count();
     st = ops->output_shapes(inst, in_shapes, n_inputs, out_shapes, n_out, &g->exprs);
     if (st != KILN_OK) {
         rollback_constraints(&c);
-        st = kiln_fail_context(st, "layer \"%s\": plugin %s %s: output shapes", c.name, plugin_name, version);
+        st = kiln_plugin_error(who, "output_shapes", st, fails);
+        st = kiln_fail_context(st, "layer \"%s\"", c.name);
         goto done;
     }
-    kiln_clear_error();
+    fails = kiln_host_fail_count();
     st = ops->output_dtypes(inst, in_types, n_inputs, out_types, n_out);
     if (st != KILN_OK) {
         rollback_constraints(&c);
-        st = kiln_fail_context(st, "layer \"%s\": plugin %s %s: output dtypes", c.name, plugin_name, version);
+        st = kiln_plugin_error(who, "output_dtypes", st, fails);
+        st = kiln_fail_context(st, "layer \"%s\"", c.name);
         goto done;
     }
     for (int32_t o = 0; o < n_out; o++) {

@@ -20,7 +20,9 @@
 
 #include "../core/dtype.h"
 #include "../core/error.h"
+#include "../core/file.h"
 #include "../core/npy.h"
+#include "../core/op_table.h"
 #include "../core/safetensors.h"
 
 #define FORMAT_VERSION 1
@@ -41,6 +43,7 @@ typedef struct jctx {
     const char *base_dir; /* side files resolve here; NULL: none allowed */
     char where[320];      /* "layer \"fc\" (index 3)", "input 0", ... */
     const char *layer_name; /* the layer being read, when it has a name */
+    const kiln_op_info *op; /* its op's row of the op table */
     st_file *files;       /* safetensors files opened so far, shared by layers */
     int32_t n_files;
 } jctx;
@@ -244,9 +247,11 @@ static kiln_status find_tensor(jctx *c, json_t *v, const char *key, size_t i, ki
 }
 
 /* The layer's "inputs": between lo and hi names. *out is malloc'd. */
-static kiln_status get_inputs(jctx *c, json_t *obj, size_t lo, size_t hi, kiln_tensor **out,
-                              int32_t *n)
+/* The layer's "inputs", as many as its op takes (core/op_table.h). */
+static kiln_status get_inputs(jctx *c, json_t *obj, kiln_tensor **out, int32_t *n)
 {
+    size_t lo = (size_t)c->op->min_inputs;
+    size_t hi = c->op->max_inputs < 0 ? SIZE_MAX : (size_t)c->op->max_inputs;
     json_t *v = json_object_get(obj, "inputs");
     if (!v)
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "missing");
@@ -257,6 +262,9 @@ static kiln_status get_inputs(jctx *c, json_t *obj, size_t lo, size_t hi, kiln_t
         if (lo == hi)
             return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected %zu tensor%s, got %zu",
                          lo, lo == 1 ? "" : "s", k);
+        if (k > hi)
+            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected at most %zu tensors, got %zu",
+                         hi, k);
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected at least %zu tensor%s",
                      lo, lo == 1 ? "" : "s");
     }
@@ -591,7 +599,7 @@ static kiln_status layer_matmul(jctx *c, json_t *l, const char *name)
     KILN_TRY(get_bool(c, l, "transpose_a", 0, &ta));
     KILN_TRY(get_bool(c, l, "transpose_b", 0, &tb));
     kiln_tensor *in = NULL, out;
-    KILN_TRY(get_inputs(c, l, 2, 2, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     kiln_status s = kiln_network_add_matmul(c->net, name, in[0], ta, in[1], tb, &out);
     free(in);
     return s ? jwrap(c, s) : KILN_OK;
@@ -608,7 +616,7 @@ static kiln_status layer_binary(jctx *c, json_t *l, const char *name)
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "kind", "%s", kiln_last_error());
     kiln_tensor *in = NULL, out;
     int32_t n = 0;
-    KILN_TRY(get_inputs(c, l, 2, 2, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     kiln_status s = kiln_network_add_binary(c->net, name, op, in[0], in[1], &out);
     free(in);
     return s ? jwrap(c, s) : KILN_OK;
@@ -625,7 +633,7 @@ static kiln_status layer_unary(jctx *c, json_t *l, const char *name)
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "kind", "%s", kiln_last_error());
     kiln_tensor *in = NULL, out;
     int32_t n = 0;
-    KILN_TRY(get_inputs(c, l, 1, 1, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     kiln_status s = kiln_network_add_unary(c->net, name, op, in[0], &out);
     free(in);
     return s ? jwrap(c, s) : KILN_OK;
@@ -649,7 +657,7 @@ static kiln_status layer_reduce(jctx *c, json_t *l, const char *name)
     int64_t axes[KILN_MAX_RANK];
     KILN_TRY(as_int_list(c, ja, "axes", -KILN_MAX_RANK, KILN_MAX_RANK - 1, axes, &n_axes));
     kiln_tensor *in = NULL, out;
-    KILN_TRY(get_inputs(c, l, 1, 1, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     int32_t rank = rank_of(c, in[0]);
     uint32_t mask = 0;
     for (int32_t i = 0; i < n_axes && !s; i++) {
@@ -677,7 +685,7 @@ static kiln_status layer_softmax(jctx *c, json_t *l, const char *name)
     int32_t axis = 0, n = 0;
     KILN_TRY(get_axis(c, l, "axis", -1, &axis));
     kiln_tensor *in = NULL, out;
-    KILN_TRY(get_inputs(c, l, 1, 1, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     kiln_status s = kiln_network_add_softmax(c->net, name, in[0], axis, &out);
     free(in);
     return s ? jwrap(c, s) : KILN_OK;
@@ -692,7 +700,7 @@ static kiln_status layer_concat(jctx *c, json_t *l, const char *name)
     int32_t axis = 0, n = 0;
     KILN_TRY(get_axis(c, l, "axis", 0, &axis));
     kiln_tensor *in = NULL, out;
-    KILN_TRY(get_inputs(c, l, 1, SIZE_MAX, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     kiln_status s = kiln_network_add_concat(c->net, name, in, n, axis, &out);
     free(in);
     return s ? jwrap(c, s) : KILN_OK;
@@ -715,7 +723,7 @@ static kiln_status layer_slice(jctx *c, json_t *l, const char *name)
     if ((v = json_object_get(l, "stride")))
         KILN_TRY(as_int_list(c, v, "stride", 1, INT64_MAX, stride, &n_stride));
     kiln_tensor *in = NULL, out;
-    KILN_TRY(get_inputs(c, l, 1, 1, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     int32_t rank = rank_of(c, in[0]);
     if (n_stride < 0) {
         n_stride = rank;
@@ -763,7 +771,7 @@ static kiln_status layer_shuffle(jctx *c, json_t *l, const char *name)
     d.has_reshape = jr != NULL;
     kiln_tensor *in = NULL, out;
     int32_t n = 0;
-    KILN_TRY(get_inputs(c, l, 1, 1, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     int32_t rank = rank_of(c, in[0]);
     kiln_status s = get_perm(c, l, "first_transpose", &d.has_first_transpose, d.first_transpose,
                              rank);
@@ -783,7 +791,7 @@ static kiln_status layer_gather(jctx *c, json_t *l, const char *name)
     int32_t axis = 0, n = 0;
     KILN_TRY(get_axis(c, l, "axis", 0, &axis));
     kiln_tensor *in = NULL, out;
-    KILN_TRY(get_inputs(c, l, 2, 2, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     kiln_status s = kiln_network_add_gather(c->net, name, in[0], in[1], axis, &out);
     free(in);
     return s ? jwrap(c, s) : KILN_OK;
@@ -797,7 +805,7 @@ static kiln_status layer_cast(jctx *c, json_t *l, const char *name)
     int given = 0, n = 0;
     KILN_TRY(get_dtype(c, l, "dtype", 1, &given, &dtype));
     kiln_tensor *in = NULL, out;
-    KILN_TRY(get_inputs(c, l, 1, 1, &in, &n));
+    KILN_TRY(get_inputs(c, l, &in, &n));
     kiln_status s = kiln_network_add_cast(c->net, name, in[0], dtype, &out);
     free(in);
     return s ? jwrap(c, s) : KILN_OK;
@@ -944,7 +952,7 @@ static kiln_status layer_plugin(jctx *c, json_t *l, const char *name)
         }
     }
     if (!s)
-        s = get_inputs(c, l, 0, SIZE_MAX, &in, &n_in);
+        s = get_inputs(c, l, &in, &n_in);
     if (!s) {
         kiln_tensor outs[MAX_PLUGIN_OUTPUTS];
         int32_t n_out = 0;
@@ -965,15 +973,33 @@ static kiln_status layer_plugin(jctx *c, json_t *l, const char *name)
 
 typedef kiln_status (*layer_fn)(jctx *c, json_t *l, const char *name);
 
-static const struct {
-    const char *op;
-    layer_fn fn;
-} layer_ops[] = {
-    {"constant", layer_constant}, {"matmul", layer_matmul},   {"binary", layer_binary},
-    {"unary", layer_unary},       {"reduce", layer_reduce},   {"softmax", layer_softmax},
-    {"concat", layer_concat},     {"slice", layer_slice},     {"shuffle", layer_shuffle},
-    {"gather", layer_gather},     {"cast", layer_cast},       {"plugin", layer_plugin},
+/* The reader of each op a network file may declare (op table: declarable). */
+static const layer_fn layer_ops[KILN_OP_COUNT] = {
+    [KILN_OP_CONSTANT] = layer_constant, [KILN_OP_MATMUL] = layer_matmul,
+    [KILN_OP_BINARY] = layer_binary,     [KILN_OP_UNARY] = layer_unary,
+    [KILN_OP_REDUCE] = layer_reduce,     [KILN_OP_SOFTMAX] = layer_softmax,
+    [KILN_OP_CONCAT] = layer_concat,     [KILN_OP_SLICE] = layer_slice,
+    [KILN_OP_SHUFFLE] = layer_shuffle,   [KILN_OP_GATHER] = layer_gather,
+    [KILN_OP_CAST] = layer_cast,         [KILN_OP_PLUGIN] = layer_plugin,
 };
+
+static kiln_status unknown_op(jctx *c, const char *op)
+{
+    char list[256];
+    size_t n = 0;
+    int32_t count = 0, k = 0;
+    for (int32_t i = 0; i < KILN_OP_COUNT; i++)
+        count += kiln_op_info_get((kiln_op)i)->declarable;
+    for (int32_t i = 0; i < KILN_OP_COUNT && n < sizeof list; i++) {
+        const kiln_op_info *info = kiln_op_info_get((kiln_op)i);
+        if (!info->declarable)
+            continue;
+        k++;
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s",
+                              k == 1 ? "" : k == count ? " or " : ", ", info->name);
+    }
+    return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "op", "unknown op \"%s\" (expected %s)", op, list);
+}
 
 static kiln_status parse_layer(jctx *c, json_t *l, size_t index)
 {
@@ -987,12 +1013,11 @@ static kiln_status parse_layer(jctx *c, json_t *l, size_t index)
         set_where(c, "layer \"%s\" (index %zu)", name, index);
     c->layer_name = name;
     KILN_TRY(get_string(c, l, "op", 1, &op));
-    for (size_t i = 0; i < sizeof layer_ops / sizeof layer_ops[0]; i++)
-        if (strcmp(op, layer_ops[i].op) == 0)
-            return layer_ops[i].fn(c, l, name);
-    return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "op",
-                 "unknown op \"%s\" (expected constant, matmul, binary, unary, reduce, softmax, "
-                 "concat, slice, shuffle, gather, cast or plugin)", op);
+    int32_t k = kiln_op_find(op);
+    c->op = k >= 0 ? kiln_op_info_get((kiln_op)k) : NULL;
+    if (!c->op || !c->op->declarable || !layer_ops[k])
+        return unknown_op(c, op);
+    return layer_ops[k](c, l, name);
 }
 
 static kiln_status parse_inputs(jctx *c, json_t *inputs)
@@ -1175,17 +1200,13 @@ kiln_status kiln_network_load_json(kiln_registry *reg, const char *path, kiln_ne
 {
     if (!path || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_network_load_json: NULL argument");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return kiln_fail(KILN_ERROR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
+    FILE *f;
     char *text = NULL;
     size_t size = 0;
+    if (kiln_file_fopen_read(path, &f, &size) != KILN_OK)
+        return KILN_ERROR_IO;
     kiln_status s = KILN_OK;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode))
-        s = kiln_fail(KILN_ERROR_IO, "%s: not a regular file", path);
-    if (!s) {
-        size = (size_t)sb.st_size;
+    {
         text = malloc(size ? size : 1);
         if (!text)
             s = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", path, size);

@@ -3,7 +3,10 @@
  * the rest of kiln touches it. */
 #include "plugin_internal.h"
 
+#include <kiln/kiln.h>
+
 #include "../core/error.h"
+#include "../core/graph.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +27,17 @@ const char *kiln_field_type_name(kiln_field_type type)
 
 /* ---- checking what a plugin returns ------------------------------------- */
 
+kiln_status kiln_plugin_error(const char *plugin, const char *call, kiln_status s,
+                              unsigned long fails_before)
+{
+    if ((unsigned)s >= KILN_STATUS_COUNT || s == KILN_OK)
+        s = KILN_ERROR_PLUGIN;
+    if (kiln_host_fail_count() != fails_before)
+        return kiln_fail_context(s, "plugin %s", plugin);
+    return kiln_fail(s, "plugin %s: %s failed with %s and gave no message", plugin, call,
+                     kiln_status_name(s));
+}
+
 /* An error from a plugin must leave a message: if the plugin did not call
  * host->fail, say which plugin failed and how. */
 static kiln_status plugin_error(const kiln_plugin_creator *c, const char *call, kiln_status s,
@@ -40,6 +54,16 @@ static kiln_status plugin_error(const kiln_plugin_creator *c, const char *call, 
         return kiln_fail(s, "plugin " TRIPLE_FMT ": %s failed with %s and gave no message", TRIPLE_ARGS(c),
                          call, kiln_status_name(s));
     return kiln_fail(s, "plugin: %s failed with %s and gave no message", call, kiln_status_name(s));
+}
+
+kiln_status kiln_plugin_enqueue_error(const char *layer, kiln_status s, unsigned long fails_before)
+{
+    if ((unsigned)s >= KILN_STATUS_COUNT || s == KILN_OK)
+        s = KILN_ERROR_PLUGIN;
+    if (kiln_host_fail_count() != fails_before)
+        return kiln_fail_context(s, "layer \"%s\"", layer);
+    return kiln_fail(s, "layer \"%s\": the plugin's enqueue failed with %s and gave no message", layer,
+                     kiln_status_name(s));
 }
 
 static kiln_status check_instance(const kiln_plugin_creator *c, const char *call, kiln_plugin *p)
@@ -237,4 +261,57 @@ kiln_status kiln_plugin_clone(const kiln_plugin_creator *creator, const kiln_plu
     KILN_TRY(check_instance(creator, "clone", p));
     *out = p;
     return KILN_OK;
+}
+
+/* ---- plugin layers ------------------------------------------------------- */
+
+kiln_status kiln_plugin_check_layer(const kiln_graph *g, const kiln_layer *l, kiln_backend backend)
+{
+    int32_t pi = l->p.plugin.index;
+    if (pi < 0 || pi >= g->n_plugins)
+        return kiln_fail(KILN_ERROR_INTERNAL, "layer \"%s\": plugin record %d of %d", l->name, pi,
+                         g->n_plugins);
+    const kiln_plugin_rec *rec = &g->plugins[pi];
+    if (!rec->instance || !rec->instance->ops)
+        return kiln_fail(KILN_ERROR_PLUGIN,
+                         "layer \"%s\": plugin %s %s (namespace \"%s\") is not resolved", l->name,
+                         rec->name, rec->version, rec->plugin_namespace ? rec->plugin_namespace : "");
+    const kiln_plugin_ops *ops = rec->instance->ops;
+    if (!(ops->backends & KILN_BACKEND_BIT(backend)))
+        return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                         "layer \"%s\": plugin %s %s (namespace \"%s\") has no %s implementation",
+                         l->name, rec->name, rec->version,
+                         rec->plugin_namespace ? rec->plugin_namespace : "", kiln_backend_name(backend));
+    int32_t n = l->n_inputs + l->n_outputs;
+    kiln_tensor_desc *descs = calloc(n > 0 ? (size_t)n : 1, sizeof *descs);
+    if (!descs)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": checking dtypes", l->name);
+    for (int32_t k = 0; k < n; k++) {
+        const kiln_tensor_rec *t =
+            &g->tensors[k < l->n_inputs ? l->inputs[k] : l->outputs[k - l->n_inputs]];
+        descs[k].struct_size = (uint32_t)sizeof descs[k];
+        descs[k].abi_version = KILN_PLUGIN_ABI_VERSION;
+        descs[k].dtype = t->dtype;
+        descs[k].format = KILN_FORMAT_LINEAR;
+        descs[k].dims.rank = t->rank;
+    }
+    int ok = ops->struct_size >= offsetof(kiln_plugin_ops, supports) + sizeof ops->supports && ops->supports &&
+             ops->supports(rec->instance, backend, descs, l->n_inputs, l->n_outputs);
+    kiln_status s = KILN_OK;
+    if (!ok) {
+        char list[256] = "";
+        size_t pos = 0;
+        for (int32_t k = 0; k < n && pos < sizeof list; k++) {
+            int w = snprintf(list + pos, sizeof list - pos, "%s%s", k == 0 ? "" :
+                             k == l->n_inputs ? " -> " : ", ", kiln_dtype_name(descs[k].dtype));
+            if (w < 0)
+                break;
+            pos += (size_t)w;
+        }
+        s = kiln_fail(KILN_ERROR_UNSUPPORTED,
+                      "layer \"%s\": plugin %s %s does not support dtypes (%s) on %s", l->name,
+                      rec->name, rec->version, list, kiln_backend_name(backend));
+    }
+    free(descs);
+    return s;
 }

@@ -21,12 +21,32 @@
 /* The host's register_creator (kiln_host()->register_creator). */
 kiln_status kiln_registry_register(kiln_registry *reg, const kiln_plugin_creator *creator);
 
-/* Counts host->fail calls made on the calling thread, so the host can tell
- * whether a plugin that returned an error also left a message. */
+/* Counts the messages recorded on the calling thread (host->fail and
+ * kiln_fail alike), so the host can tell whether a plugin that returned an
+ * error also left a message. */
 unsigned long kiln_host_fail_count(void);
 
 /* "f32", "i64", "string", ... */
 const char *kiln_field_type_name(kiln_field_type type);
+
+/* The error of a plugin call `call` that returned s: when the plugin
+ * called host->fail since kiln_host_fail_count() was fails_before, its
+ * message prefixed with the plugin's name; otherwise "... failed with
+ * KILN_ERROR_... and gave no message". */
+kiln_status kiln_plugin_error(const char *plugin, const char *call, kiln_status s,
+                              unsigned long fails_before);
+
+/* The error of a plugin layer `layer` whose enqueue returned s, in the
+ * same two forms. */
+kiln_status kiln_plugin_enqueue_error(const char *layer, kiln_status s, unsigned long fails_before);
+
+/* A plugin layer of g can run on `backend`: its record is resolved, the
+ * plugin has that backend and supports() the layer's dtypes. Used by the
+ * builder and by the runtime at load, with the same messages. */
+struct kiln_graph;
+struct kiln_layer;
+kiln_status kiln_plugin_check_layer(const struct kiln_graph *g, const struct kiln_layer *l,
+                                    kiln_backend backend);
 
 /* Calls creator->deserialize and checks what comes back exactly as
  * kiln_plugin_create checks create(): an error always carries a message

@@ -69,9 +69,15 @@ void kiln_registry_destroy(kiln_registry *reg)
     free(reg);
 }
 
+/* An entry made by the library being loaded has the index that library
+ * will get, which is not in reg->libraries yet. */
 static const char *entry_library(const kiln_registry *reg, const registry_entry *e)
 {
-    return e->library < 0 ? KILN_BUILTIN_LIBRARY : reg->libraries[e->library].path;
+    if (e->library < 0)
+        return KILN_BUILTIN_LIBRARY;
+    if (e->library >= reg->n_libraries)
+        return reg->loading_path ? reg->loading_path : "a library being loaded";
+    return reg->libraries[e->library].path;
 }
 
 static const char *current_library(const kiln_registry *reg)
@@ -161,6 +167,10 @@ static kiln_status register_checked(kiln_registry *reg, const kiln_plugin_creato
 {
     KILN_TRY(check_creator(reg, c));
     const registry_entry *old = find_entry(reg, c->name, c->version, c->plugin_namespace);
+    if (old && old->library >= 0 && old->library >= reg->n_libraries)
+        return kiln_fail(KILN_ERROR_PLUGIN,
+                         "plugin \"%s\" version \"%s\" namespace \"%s\" is registered twice by %s",
+                         c->name, c->version, c->plugin_namespace, current_library(reg));
     if (old)
         return kiln_fail(KILN_ERROR_PLUGIN,
                          "plugin \"%s\" version \"%s\" namespace \"%s\" from %s is already registered by %s",

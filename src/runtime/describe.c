@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "../core/error.h"
+#include "../core/op_table.h"
 
 static json_t *dims_json(const kiln_dims *d)
 {
@@ -57,86 +58,98 @@ static const char *unary_name(int32_t op)
     return op >= 0 && op < KILN_UNARY_OP_COUNT ? kiln_unary_op_name((kiln_unary_op)op) : "?";
 }
 
-static json_t *params_json(const kiln_graph *g, const kiln_layer *L)
+static json_t *steps_json(const kiln_layer_params *p)
+{
+    json_t *steps = json_array();
+    for (int32_t i = 0; i < p->fused.n_steps && i < KILN_FUSED_MAX_STEPS; i++) {
+        const kiln_fused_step *s = &p->fused.steps[i];
+        json_t *ops = json_array();
+        json_array_append_new(ops, json_integer(s->a));
+        if (s->is_binary)
+            json_array_append_new(ops, json_integer(s->b));
+        json_array_append_new(steps, json_pack("{s:s, s:o, s:i}", "op",
+                                               s->is_binary ? binary_name(s->op) : unary_name(s->op),
+                                               "operands", ops, "src_layer", s->src_layer));
+    }
+    return steps;
+}
+
+/* One attribute of the op table (core/op_table.h), readable: enum values
+ * by name, axis masks as lists, expressions as text. */
+static json_t *attr_json(const kiln_graph *g, const kiln_layer *L, const kiln_op_attr *a,
+                         int32_t in_rank)
 {
     const kiln_layer_params *p = &L->p;
+    const uint8_t *field = (const uint8_t *)p + a->offset;
+    int32_t n = 0;
+    switch (a->type) {
+    case KILN_ATTR_I32: {
+        int32_t v;
+        memcpy(&v, field, sizeof v);
+        if (a->value_name)
+            return json_string(v >= a->lo && v <= a->hi ? a->value_name(v) : "?");
+        return json_integer(v);
+    }
+    case KILN_ATTR_AXES: {
+        uint32_t v;
+        memcpy(&v, field, sizeof v);
+        json_t *axes = json_array();
+        for (int32_t i = 0; i < 32; i++)
+            if (v & (1u << i))
+                json_array_append_new(axes, json_integer(i));
+        return axes;
+    }
+    case KILN_ATTR_I64_RANK: {
+        json_t *arr = json_array();
+        for (int32_t i = 0; i < in_rank && i < KILN_MAX_RANK; i++) {
+            int64_t v;
+            memcpy(&v, field + sizeof v * (size_t)i, sizeof v);
+            json_array_append_new(arr, json_integer(v));
+        }
+        return arr;
+    }
+    case KILN_ATTR_PERM:
+        memcpy(&n, (const uint8_t *)p + a->aux, sizeof n);
+        if (!n)
+            return NULL;
+        n = (int32_t)kiln_op_attr_hi(a, in_rank, p->shuffle.mid_rank, g->n_plugins) + 1;
+        return perm_json((const int32_t *)(const void *)field, n);
+    case KILN_ATTR_EXPRS: {
+        memcpy(&n, (const uint8_t *)p + a->aux, sizeof n);
+        json_t *arr = json_array();
+        for (int32_t i = 0; i < n && i < KILN_MAX_RANK; i++) {
+            int32_t e;
+            memcpy(&e, field + sizeof e * (size_t)i, sizeof e);
+            json_array_append_new(arr, expr_json(g, e));
+        }
+        return arr;
+    }
+    case KILN_ATTR_STEPS: return steps_json(p);
+    case KILN_ATTR_TYPE_COUNT: break;
+    }
+    return NULL;
+}
+
+static json_t *params_json(const kiln_graph *g, const kiln_layer *L)
+{
     int32_t in_rank = L->n_inputs > 0 && L->inputs[0] >= 0 && L->inputs[0] < g->n_tensors
                           ? g->tensors[L->inputs[0]].rank
                           : 0;
-    switch (L->op) {
-    case KILN_OP_MATMUL:
-        return json_pack("{s:b, s:b}", "transpose_a", p->matmul.transpose_a, "transpose_b",
-                         p->matmul.transpose_b);
-    case KILN_OP_BINARY:
-        return json_pack("{s:s}", "op", binary_name((int32_t)p->binary.op));
-    case KILN_OP_UNARY:
-        return json_pack("{s:s}", "op", unary_name((int32_t)p->unary.op));
-    case KILN_OP_REDUCE: {
-        json_t *axes = json_array();
-        for (int32_t i = 0; i < 32; i++)
-            if (p->reduce.axes & (1u << i))
-                json_array_append_new(axes, json_integer(i));
-        const char *op = p->reduce.op >= 0 && p->reduce.op < KILN_REDUCE_OP_COUNT
-                             ? kiln_reduce_op_name(p->reduce.op)
-                             : "?";
-        return json_pack("{s:s, s:o, s:b}", "op", op, "axes", axes, "keep_dims",
-                         p->reduce.keep_dims);
+    json_t *o = json_object();
+    const kiln_op_info *op = kiln_op_info_get(L->op);
+    for (int32_t i = 0; op && i < op->n_attrs; i++) {
+        json_t *v = attr_json(g, L, &op->attrs[i], in_rank);
+        if (v)
+            json_object_set_new(o, op->attrs[i].key, v);
     }
-    case KILN_OP_SOFTMAX:
-        return json_pack("{s:i}", "axis", p->softmax.axis);
-    case KILN_OP_CONCAT:
-        return json_pack("{s:i}", "axis", p->concat.axis);
-    case KILN_OP_GATHER:
-        return json_pack("{s:i}", "axis", p->gather.axis);
-    case KILN_OP_CAST:
-        return json_pack("{s:s}", "to", kiln_dtype_name(p->cast.to));
-    case KILN_OP_SLICE: {
-        json_t *start = json_array(), *stride = json_array();
-        for (int32_t i = 0; i < in_rank && i < KILN_MAX_RANK; i++) {
-            json_array_append_new(start, json_integer(p->slice.start[i]));
-            json_array_append_new(stride, json_integer(p->slice.stride[i]));
-        }
-        return json_pack("{s:o, s:o}", "start", start, "stride", stride);
+    /* A plugin layer also shows which plugin its index names. */
+    if (L->op == KILN_OP_PLUGIN && L->p.plugin.index >= 0 && L->p.plugin.index < g->n_plugins) {
+        const kiln_plugin_rec *r = &g->plugins[L->p.plugin.index];
+        json_object_set_new(o, "name", json_string(r->name ? r->name : ""));
+        json_object_set_new(o, "version", json_string(r->version ? r->version : ""));
+        json_object_set_new(o, "namespace", json_string(r->plugin_namespace ? r->plugin_namespace : ""));
     }
-    case KILN_OP_SHUFFLE: {
-        json_t *o = json_object();
-        if (p->shuffle.has_first)
-            json_object_set_new(o, "first_transpose", perm_json(p->shuffle.first, in_rank));
-        json_t *mid = json_array();
-        for (int32_t i = 0; i < p->shuffle.mid_rank && i < KILN_MAX_RANK; i++)
-            json_array_append_new(mid, expr_json(g, p->shuffle.mid[i]));
-        json_object_set_new(o, "reshape", mid);
-        if (p->shuffle.has_second)
-            json_object_set_new(o, "second_transpose",
-                                perm_json(p->shuffle.second, p->shuffle.mid_rank));
-        return o;
-    }
-    case KILN_OP_PLUGIN: {
-        int32_t i = p->plugin.index;
-        if (i < 0 || i >= g->n_plugins)
-            return json_pack("{s:i}", "plugin", i);
-        const kiln_plugin_rec *r = &g->plugins[i];
-        return json_pack("{s:i, s:s, s:s, s:s}", "plugin", i, "name", r->name, "version",
-                         r->version, "namespace", r->plugin_namespace);
-    }
-    case KILN_OP_FUSED: {
-        json_t *steps = json_array();
-        for (int32_t i = 0; i < p->fused.n_steps && i < KILN_FUSED_MAX_STEPS; i++) {
-            const kiln_fused_step *s = &p->fused.steps[i];
-            json_t *ops = json_array();
-            json_array_append_new(ops, json_integer(s->a));
-            if (s->is_binary)
-                json_array_append_new(ops, json_integer(s->b));
-            json_array_append_new(
-                steps, json_pack("{s:s, s:o, s:i}", "op",
-                                 s->is_binary ? binary_name(s->op) : unary_name(s->op),
-                                 "operands", ops, "src_layer", s->src_layer));
-        }
-        return json_pack("{s:o}", "steps", steps);
-    }
-    default:
-        return json_object();
-    }
+    return o;
 }
 
 static json_t *flags_json(uint32_t flags)
@@ -215,7 +228,7 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
     for (int32_t l = 0; l < g->n_layers; l++) {
         const kiln_layer *L = &g->layers[l];
         json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o}", "name", L->name, "op",
-                              (unsigned)L->op < KILN_OP_COUNT ? kiln_op_name(L->op) : "?",
+                              kiln_op_name(L->op),
                               "inputs", tensor_names(g, L->inputs, L->n_inputs), "outputs",
                               tensor_names(g, L->outputs, L->n_outputs), "params",
                               params_json(g, L));

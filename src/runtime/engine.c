@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "../core/error.h"
+#include "../plugin/plugin_internal.h"
 #include "engine_image.h"
 
 /* ---- plugin resolution ------------------------------------------------------------- */
@@ -98,6 +99,56 @@ static kiln_status resolve_plugins(kiln_registry *reg, kiln_graph *g)
 
 /* Recreates each plugin's prototype instance from its blob. Contexts clone
  * these, so the engine itself never runs a plugin. */
+/* The engine's record of a plugin layer's outputs must be what the plugin
+ * says for its inputs, and the plugin must accept those dtypes: a plan that
+ * shrank an output or changed a dtype would otherwise have the plugin write
+ * past the memory planned for it. Same checks and messages as at build
+ * (kiln_plugin_check_layer). */
+static kiln_status check_plugin_outputs(kiln_graph *g, const kiln_layer *L, const kiln_plugin_rec *r,
+                                        kiln_backend backend)
+{
+    const kiln_plugin_ops *ops = r->instance->ops;
+    int32_t ni = L->n_inputs, no = L->n_outputs;
+    if (ni > KILN_PLUGIN_MAX_INPUTS || no > KILN_PLUGIN_MAX_OUTPUTS)
+        return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": %d inputs and %d outputs exceed the limits", L->name,
+                         ni, no);
+    kiln_shape_expr in_shapes[KILN_PLUGIN_MAX_INPUTS], out_shapes[KILN_PLUGIN_MAX_OUTPUTS];
+    kiln_dtype in_types[KILN_PLUGIN_MAX_INPUTS], out_types[KILN_PLUGIN_MAX_OUTPUTS];
+    memset(in_shapes, 0, sizeof in_shapes);
+    memset(out_shapes, 0, sizeof out_shapes);
+    for (int32_t i = 0; i < ni; i++) {
+        const kiln_tensor_rec *t = &g->tensors[L->inputs[i]];
+        in_types[i] = t->dtype;
+        in_shapes[i].rank = t->rank;
+        memcpy(in_shapes[i].d, t->dims, sizeof t->dims);
+    }
+    for (int32_t o = 0; o < no; o++)
+        out_types[o] = KILN_DTYPE_COUNT;
+    char who[256];
+    snprintf(who, sizeof who, "%s %s", r->name, r->version);
+    unsigned long fails = kiln_host_fail_count();
+    kiln_status s = ops->output_dtypes(r->instance, in_types, ni, out_types, no);
+    if (s != KILN_OK)
+        return kiln_fail_context(kiln_plugin_error(who, "output_dtypes", s, fails), "layer \"%s\"", L->name);
+    fails = kiln_host_fail_count();
+    /* Equal expressions are the same node of the pool (it hash-conses), so
+     * the plugin's answer is compared by index. */
+    s = ops->output_shapes(r->instance, in_shapes, ni, out_shapes, no, &g->exprs);
+    if (s != KILN_OK)
+        return kiln_fail_context(kiln_plugin_error(who, "output_shapes", s, fails), "layer \"%s\"", L->name);
+    for (int32_t o = 0; o < no; o++) {
+        const kiln_tensor_rec *t = &g->tensors[L->outputs[o]];
+        int same = out_types[o] == t->dtype && out_shapes[o].rank == t->rank;
+        for (int32_t k = 0; same && k < t->rank; k++)
+            same = out_shapes[o].d[k] == t->dims[k];
+        if (!same)
+            return kiln_fail(KILN_ERROR_FORMAT,
+                             "layer \"%s\": output \"%s\" (%s, rank %d) is not what plugin %s gives for "
+                             "its inputs", L->name, t->name, kiln_dtype_name(t->dtype), t->rank, who);
+    }
+    return kiln_plugin_check_layer(g, L, backend);
+}
+
 static kiln_status deserialize_plugins(kiln_graph *g, kiln_backend backend)
 {
     for (int32_t i = 0; i < g->n_plugins; i++) {
@@ -109,13 +160,14 @@ static kiln_status deserialize_plugins(kiln_graph *g, kiln_backend backend)
                              layer, r->name);
         /* A plugin that fails without a message must not leave an older,
          * unrelated one to be reported. */
-        char before[256];
-        snprintf(before, sizeof before, "%s", kiln_last_error());
+        unsigned long fails = kiln_host_fail_count();
         kiln_status s =
             r->creator->deserialize(r->creator, r->blob_version, r->blob, r->blob_size, &inst);
-        if (s != KILN_OK && strncmp(before, kiln_last_error(), sizeof before - 1) == 0)
-            kiln_fail(s, "plugin \"%s\" refused its blob (version %u, %zu bytes) with %s", r->name,
-                      (unsigned)r->blob_version, r->blob_size, kiln_status_name(s));
+        if ((unsigned)s >= KILN_STATUS_COUNT)
+            s = KILN_ERROR_PLUGIN;
+        if (s != KILN_OK && kiln_host_fail_count() == fails)
+            kiln_fail(s, "plugin \"%s\" refused its blob (version %u, %zu bytes) with %s and gave no message",
+                      r->name, (unsigned)r->blob_version, r->blob_size, kiln_status_name(s));
         if (s != KILN_OK)
             return kiln_fail_context(s, "layer \"%s\"", layer);
         if (!inst)
@@ -148,6 +200,8 @@ static kiln_status deserialize_plugins(kiln_graph *g, kiln_backend backend)
         if (!(ops->backends & KILN_BACKEND_BIT(backend)))
             return kiln_fail(KILN_ERROR_TARGET, "layer \"%s\": plugin \"%s\" has no %s enqueue",
                              layer, r->name, kiln_backend_name(backend));
+        if (L)
+            KILN_TRY(check_plugin_outputs(g, L, r, backend));
     }
     return KILN_OK;
 }

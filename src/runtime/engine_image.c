@@ -12,34 +12,26 @@
 #include <unistd.h>
 
 #include "../core/error.h"
+#include "../core/file.h"
 #include "runtime_internal.h"
 
 kiln_status kiln_engine_map_file(const char *path, void **data, size_t *size)
 {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return kiln_fail(KILN_ERROR_IO, "cannot open engine %s: %s", path, strerror(errno));
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-        int err = errno;
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "cannot stat engine %s: %s", path, strerror(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        close(fd);
-        return kiln_fail(KILN_ERROR_IO, "engine %s is not a regular file", path);
-    }
-    if (st.st_size == 0) {
+    int fd;
+    size_t n;
+    if (kiln_file_open_read(path, &fd, &n) != KILN_OK)
+        return kiln_fail_context(KILN_ERROR_IO, "cannot open engine");
+    if (n == 0) {
         close(fd);
         return kiln_fail(KILN_ERROR_FORMAT, "engine %s is empty (0 bytes)", path);
     }
-    void *map = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void *map = mmap(NULL, n, PROT_READ, MAP_PRIVATE, fd, 0);
     int err = errno;
     close(fd);
     if (map == MAP_FAILED)
         return kiln_fail(KILN_ERROR_IO, "cannot map engine %s: %s", path, strerror(err));
     *data = map;
-    *size = (size_t)st.st_size;
+    *size = n;
     return KILN_OK;
 }
 

@@ -27,7 +27,7 @@ expect_error 2 "exec --shapes with bad dims" '--shapes expects NAME:DIMS' "$KILN
 expect_error 2 "exec --shapes with a negative dim" '--shapes expects NAME:DIMS' "$KILN" exec x.engine --shapes input:-4x2
 expect_error 2 "exec --input without a file" '--input expects NAME=FILE.npy' "$KILN" exec x.engine --input input
 expect_error 2 "exec --iterations 0" '--iterations must be at least 1' "$KILN" exec x.engine --iterations 0
-expect_error 2 "exec --iterations not a number" '--iterations expects a non-negative integer' "$KILN" exec x.engine --iterations ten
+expect_error 2 "exec --iterations not a number" '--iterations expects an integer' "$KILN" exec x.engine --iterations ten
 expect_error 2 "exec --atol negative" '--atol expects a non-negative number' "$KILN" exec x.engine --atol -1
 expect_error 2 "inspect without an engine" 'inspect|missing the engine file' "$KILN" inspect
 expect_error 2 "inspect with an unknown option" 'unknown option --yaml' "$KILN" inspect x.engine --yaml

@@ -103,7 +103,7 @@ expect_error 1 "chat without a chat template" "no chat template" \
 expect_error 2 "run without -p" "missing -p PROMPT" "$KILN" run "$E"
 expect_error 2 "run with a bad --temperature" "--temperature expects a number" \
   "$KILN" run "$E" -p hi --temperature hot
-expect_error 2 "detokenize a non-number" "not a non-negative integer" "$KILN" detokenize "$E" abc
+expect_error 2 "detokenize a non-number" "token id expects an integer" "$KILN" detokenize "$E" abc
 expect_error 1 "detokenize an id outside the vocabulary" "259" "$KILN" detokenize "$E" 259
 if [ -f "$EXAMPLE_LIB" ] && "$KILN" build "$NET" -o "$TMP/sb.engine" --plugins "$EXAMPLE_LIB" >/dev/null 2>&1; then
   expect_error 1 "run a non-LLM engine" "not an LLM engine|no LLMC" \

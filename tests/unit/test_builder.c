@@ -796,7 +796,7 @@ static void test_profile_without_bounds(void)
     kiln_build_config cfg = config_with(0);
     kiln_graph g;
     CHECK_FAILS(kiln_builder_run(&net->graph, &cfg, &g), KILN_ERROR_SHAPE,
-                "input \"x\" dim 1 is dynamic but the network has no optimization profile");
+                "input \"x\" dim 1 is dynamic but there is no optimization profile");
     int32_t p = -1;
     CHECK_OK(kiln_network_add_profile(net, &p));
     CHECK_FAILS(kiln_builder_run(&net->graph, &cfg, &g), KILN_ERROR_SHAPE,

@@ -115,33 +115,33 @@ static void build_graph(kiln_graph *g)
     kiln_expr d_x[2] = {s0, c16}, d_ids[1] = {s1}, d_s8[2] = {s0, c8}, d_s1[2] = {s0, c1};
     kiln_expr d_cat[2] = {s0, kiln_expr_const(p, 24)}, d_slice[2] = {s0, c8};
     kiln_expr d_shuf[3] = {c4, c2, s0}, d_gat[2] = {s1, c4}, d_plug[1] = {half};
-    int32_t x = add_tensor(g, "x", KILN_DTYPE_F32, 2, d_x, 0, 4096);
-    int32_t ids = add_tensor(g, "ids", KILN_DTYPE_I32, 1, d_ids, 4096, 256);
+    int32_t x = add_tensor(g, "x", KILN_DTYPE_F32, 2, d_x, 0, 8192);
+    int32_t ids = add_tensor(g, "ids", KILN_DTYPE_I32, 1, d_ids, 8192, 512);
     g->tensors[x].flags = KILN_TENSOR_INPUT;
     g->tensors[ids].flags = KILN_TENSOR_INPUT;
     int64_t sh_w[2] = {16, 8}, sh_b[1] = {8}, sh_t[2] = {10, 4}, sh_q[3] = {3, 1, 5}, sh_l[1] = {2};
     int32_t w = add_const(g, "w", KILN_DTYPE_F32, 2, sh_w, 1);
-    int32_t bias = add_const(g, "bias", KILN_DTYPE_F16, 1, sh_b, 2);
+    int32_t bias = add_const(g, "bias", KILN_DTYPE_F32, 1, sh_b, 2);
     int32_t table = add_const(g, "table", KILN_DTYPE_BF16, 2, sh_t, 3);
     add_const(g, "q", KILN_DTYPE_I8, 3, sh_q, 4);
     add_const(g, "pos", KILN_DTYPE_I64, 1, sh_l, 5);
     add_const(g, "scalar", KILN_DTYPE_U8, 0, NULL, 6);
 
-    int32_t mm = add_tensor(g, "mm", KILN_DTYPE_F32, 2, d_s8, 8192, 1024);
-    int32_t bin = add_tensor(g, "bin", KILN_DTYPE_F32, 2, d_s8, 9216, 1024);
-    int32_t un = add_tensor(g, "un", KILN_DTYPE_F32, 2, d_s8, 10240, 1024);
-    int32_t red = add_tensor(g, "red", KILN_DTYPE_F32, 2, d_s1, 11264, 128);
-    int32_t sm = add_tensor(g, "sm", KILN_DTYPE_F32, 2, d_s8, 12288, 1024);
-    int32_t cat = add_tensor(g, "cat", KILN_DTYPE_F32, 2, d_cat, 13312, 3072);
-    int32_t sl = add_tensor(g, "sl", KILN_DTYPE_F32, 2, d_slice, 16384, 1024);
-    int32_t shuf = add_tensor(g, "shuf", KILN_DTYPE_F32, 3, d_shuf, 17408, 1024);
-    int32_t gat = add_tensor(g, "gat", KILN_DTYPE_BF16, 2, d_gat, 18432, 512);
-    int32_t cst = add_tensor(g, "cst", KILN_DTYPE_BF16, 2, d_s8, -1, 512);
-    int32_t pl0 = add_tensor(g, "plug:0", KILN_DTYPE_F16, 1, d_plug, 19456, 512);
-    int32_t pl1 = add_tensor(g, "plug:1", KILN_DTYPE_F16, 1, d_plug, 19968, 512);
-    int32_t fu = add_tensor(g, "fused", KILN_DTYPE_F32, 2, d_s8, 20480, 1024);
-    g->arena_size = 21504;
-    g->workspace_size = 12345;
+    int32_t mm = add_tensor(g, "mm", KILN_DTYPE_F32, 2, d_s8, 8704, 4096);
+    int32_t bin = add_tensor(g, "bin", KILN_DTYPE_F32, 2, d_s8, 12800, 4096);
+    int32_t un = add_tensor(g, "un", KILN_DTYPE_F32, 2, d_s8, 16896, 4096);
+    int32_t red = add_tensor(g, "red", KILN_DTYPE_F32, 2, d_s1, 20992, 512);
+    int32_t sm = add_tensor(g, "sm", KILN_DTYPE_F32, 2, d_s8, 21504, 4096);
+    int32_t cat = add_tensor(g, "cat", KILN_DTYPE_F32, 2, d_cat, 25600, 12288);
+    int32_t sl = add_tensor(g, "sl", KILN_DTYPE_F32, 2, d_slice, 37888, 4096);
+    int32_t shuf = add_tensor(g, "shuf", KILN_DTYPE_F32, 3, d_shuf, 41984, 4096);
+    int32_t gat = add_tensor(g, "gat", KILN_DTYPE_BF16, 2, d_gat, 46080, 1024);
+    int32_t cst = add_tensor(g, "cst", KILN_DTYPE_BF16, 2, d_s8, 47104, 2048);
+    int32_t pl0 = add_tensor(g, "plug:0", KILN_DTYPE_F16, 1, d_plug, 49152, 2048);
+    int32_t pl1 = add_tensor(g, "plug:1", KILN_DTYPE_F16, 1, d_plug, 51200, 2048);
+    int32_t fu = add_tensor(g, "fused", KILN_DTYPE_F32, 2, d_s8, 53248, 4096);
+    g->arena_size = 57344;
+    g->workspace_size = 12544;
 
     int32_t in2[3];
     int32_t l;
@@ -207,6 +207,8 @@ static void build_graph(kiln_graph *g)
     g->outputs[1] = pl1;
     g->outputs[2] = gat;
     g->tensors[fu].flags |= KILN_TENSOR_OUTPUT;
+    g->tensors[pl1].flags |= KILN_TENSOR_OUTPUT;
+    g->tensors[gat].flags |= KILN_TENSOR_OUTPUT;
 
     g->n_symbols = 2;
     g->symbols = malloc(2 * sizeof *g->symbols);
@@ -220,9 +222,9 @@ static void build_graph(kiln_graph *g)
         px->min = (kiln_dims){2, 0, {1, 16}};
         px->opt = (kiln_dims){2, 0, {8 * (pi + 1), 16}};
         px->max = (kiln_dims){2, 0, {64 * (pi + 1), 16}};
-        pid->min = (kiln_dims){1, 0, {0}};
-        pid->opt = (kiln_dims){1, 0, {5 + pi}};
-        pid->max = (kiln_dims){1, 0, {100 + pi}};
+        pid->min = (kiln_dims){1, 0, {1}};
+        pid->opt = (kiln_dims){1, 0, {8 * (pi + 1)}};
+        pid->max = (kiln_dims){1, 0, {64 * (pi + 1)}};
     }
 
     g->n_constraints = 2;

@@ -59,8 +59,12 @@ static void test_metadata(void) {
     }
     kv = kiln_gguf_find_kv(g, "test.ints");
     CHECK(kv && kv->count == 3);
-    if (kv && kv->count == 3)
-        CHECK(kiln_gguf_array_number(kv, 1) == -1.0);
+    int64_t iv = 0;
+    if (kv && kv->count == 3) {
+        CHECK_OK(kiln_gguf_array_int(kv, 1, -10, 10, &iv));
+        CHECK(iv == -1);
+        CHECK_FAILS(kiln_gguf_array_int(kv, 1, 0, 10, &iv), KILN_ERROR_FORMAT, "\"test.ints\"[1] is outside 0..10");
+    }
     kiln_gguf_close(g);
 }
 

@@ -124,6 +124,8 @@ int cli_build(int argc, char **argv)
         status = cli_usage("build", "missing -o OUT.engine");
         goto done;
     }
+    if ((status = cli_check_output("build", out)) != CLI_OK)
+        goto done;
     if (verbose)
         kiln_set_log(log_to_stderr, NULL, KILN_LOG_INFO);
     int drawn = 0;

@@ -79,12 +79,10 @@ static void log_to_stderr(void *user, kiln_log_level level, const char *message)
 }
 
 static int parse_i32(const char *opt, const char *val, int32_t *out) {
-    long v;
-    int st = cli_parse_count("build", opt, val, &v);
+    long long v;
+    int st = cli_parse_range("build", opt, val, 1, 1LL << 24, &v);
     if (st != CLI_OK)
         return st;
-    if (v < 1 || v > (1L << 24))
-        return cli_usage("build", "%s %ld is outside [1, %ld]", opt, v, 1L << 24);
     *out = (int32_t)v;
     return CLI_OK;
 }
@@ -181,6 +179,8 @@ int cli_build_llm(int argc, char **argv) {
         status = cli_usage("build", "missing -o OUT.engine");
         goto done;
     }
+    if ((status = cli_check_output("build", out)) != CLI_OK)
+        goto done;
     const char *src = a.positional[0];
     if (ends_with(src, ".bin") && !opt.tokenizer) {
         status = cli_usage("build", "a llama2.c checkpoint needs --tokenizer tokenizer.bin");

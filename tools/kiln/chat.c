@@ -1,6 +1,7 @@
 /* kiln chat ENGINE: an interactive chat. Reads one user message per line
  * from stdin (a terminal or a pipe), answers with the engine's chat
  * template, and keeps the conversation; /exit or end of input ends it. */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,7 +14,10 @@ static const char chat_help[] =
     "\n"
     "Chats with an LLM engine through its chat template: each line read from\n"
     "stdin is a user message, the answer streams to stdout; the conversation is\n"
-    "kept until /exit or the end of input. /reset starts over.\n"
+    "kept until /exit or the end of input. /reset starts over. When the\n"
+    "conversation outgrows the engine's context the oldest turns are dropped\n"
+    "(with a warning); a message that cannot be used (not UTF-8, longer than\n"
+    "1 MiB, or alone too long for the context) is skipped with a warning.\n"
     "\n"
     "options:\n"
     "  --system TEXT            system message\n"
@@ -69,36 +73,179 @@ static void conv_truncate(conversation *c, size_t n)
     }
 }
 
+/* Removes messages [at, at + k). */
+static void conv_remove(conversation *c, size_t at, size_t k)
+{
+    for (size_t i = at; i < at + k; i++) {
+        free(c->owned[i]);
+        free(c->msgs[i]);
+    }
+    memmove(c->msgs + at, c->msgs + at + k, sizeof *c->msgs * (c->n - at - k));
+    memmove(c->owned + at, c->owned + at + k, sizeof *c->owned * (c->n - at - k));
+    c->n -= k;
+}
+
+/* A message longer than this is skipped unread, so one huge line cannot
+ * take the memory of the session. */
+#define CHAT_MAX_LINE (1u << 20)
+
+/* Reads one line without its end of line into *line (at most
+ * CHAT_MAX_LINE bytes kept; *too_long set when more were discarded).
+ * Returns 0 at the end of input. */
+static int read_line(char **line, size_t *cap, size_t *len, int *too_long)
+{
+    int ch, any = 0;
+    *len = 0;
+    *too_long = 0;
+    while ((ch = getchar()) != EOF) {
+        any = 1;
+        if (ch == '\n')
+            break;
+        if (*len == CHAT_MAX_LINE) {
+            *too_long = 1;
+            continue;
+        }
+        if (*len + 1 >= *cap) {
+            size_t ncap = *cap ? *cap * 2 : 256;
+            char *n = realloc(*line, ncap);
+            if (!n)
+                return -1;
+            *line = n;
+            *cap = ncap;
+        }
+        (*line)[(*len)++] = (char)ch;
+    }
+    if (!any)
+        return 0;
+    while (*len > 0 && (*line)[*len - 1] == '\r')
+        (*len)--;
+    if (*line)
+        (*line)[*len] = '\0';
+    return 1;
+}
+
+/* Offset of the first byte of s that is not well-formed UTF-8 (RFC 3629:
+ * no overlong forms, surrogates or code points past U+10FFFF), or len. */
+static size_t utf8_invalid_at(const unsigned char *s, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        unsigned c = s[i];
+        size_t n = c < 0x80 ? 1 : (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+        if (n == 0 || i + n > len)
+            return i;
+        uint32_t cp = n == 1 ? c : c & (0x7fu >> n);
+        for (size_t k = 1; k < n; k++) {
+            if ((s[i + k] & 0xc0) != 0x80)
+                return i;
+            cp = cp << 6 | (s[i + k] & 0x3fu);
+        }
+        static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
+        if (cp < least[n] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+            return i;
+        i += n;
+    }
+    return len;
+}
+
+/* A message that cannot be answered is reported in one line and the
+ * session goes on. */
+static void chat_skip(size_t line_no, const char *why)
+{
+    fprintf(stderr, "kiln: warning: line %zu skipped: %s\n", line_no, why);
+}
+
+/* Tokenizes the conversation, dropping the oldest turns (after the system
+ * message, from `base`) until the prompt leaves room to answer: at least
+ * `room` tokens or, with only the newest message left, at least one.
+ * Returns CLI_OK with *ids set, CLI_USAGE when the newest message alone
+ * does not fit (it is then removed), CLI_FAILURE on other errors (printed
+ * as a warning and the message removed). */
+static int fit_conversation(kiln_llm *llm, conversation *c, size_t base, size_t room, size_t line_no,
+                            int32_t **ids, size_t *n_ids)
+{
+    size_t max = (size_t)kiln_llm_info_get(llm)->max_seq_len, dropped = 0;
+    for (;;) {
+        if (kiln_llm_chat_tokenize(llm, (const kiln_llm_message *const *)c->msgs, c->n, ids, n_ids) !=
+            KILN_OK) {
+            chat_skip(line_no, kiln_last_error());
+            conv_truncate(c, c->n - 1);
+            return CLI_FAILURE;
+        }
+        int only_newest = c->n - base <= 1;
+        if (*n_ids + (only_newest ? 1 : room) <= max)
+            break;
+        kiln_free(*ids);
+        *ids = NULL;
+        if (only_newest) {
+            char why[160];
+            snprintf(why, sizeof why, "the message takes %zu tokens; the engine's max sequence length is %zu",
+                     *n_ids, max);
+            chat_skip(line_no, why);
+            conv_truncate(c, c->n - 1);
+            return CLI_USAGE;
+        }
+        /* The oldest exchange: a user message and its answer. */
+        conv_remove(c, base, c->n - base >= 3 ? 2 : 1);
+        dropped++;
+    }
+    if (dropped == 1)
+        fprintf(stderr, "kiln: warning: the conversation no longer fit in %zu tokens: dropped the oldest turn\n",
+                max);
+    else if (dropped)
+        fprintf(stderr, "kiln: warning: the conversation no longer fit in %zu tokens: dropped the %zu oldest "
+                "turns\n", max, dropped);
+    return CLI_OK;
+}
+
 static int chat_loop(kiln_llm *llm, const char *system, long max_tokens, kiln_llm_sampling samp,
                      const char *const *stops, int n_stops)
 {
     conversation c = {0};
     int st = system ? conv_add(&c, "system", system, strlen(system)) : CLI_OK;
-    size_t base = c.n;
+    size_t base = c.n, line_no = 0, len;
     char *line = NULL;
     size_t line_cap = 0;
-    ssize_t len;
-    while (st == CLI_OK && (len = getline(&line, &line_cap, stdin)) >= 0) {
-        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
-            line[--len] = '\0';
+    int too_long, got;
+    size_t max_seq = (size_t)kiln_llm_info_get(llm)->max_seq_len;
+    /* Room kept for an answer when old turns must go: the answer's limit,
+     * but never more than half the context. */
+    size_t room = (size_t)max_tokens < max_seq / 2 ? (size_t)max_tokens : max_seq / 2;
+    while (st == CLI_OK && (got = read_line(&line, &line_cap, &len, &too_long)) != 0) {
+        if (got < 0) {
+            st = cli_error("out of memory reading a message");
+            break;
+        }
+        line_no++;
+        if (too_long) {
+            char why[96];
+            snprintf(why, sizeof why, "longer than %u bytes", CHAT_MAX_LINE);
+            chat_skip(line_no, why);
+            continue;
+        }
+        if (len == 0)
+            continue;
+        size_t bad = utf8_invalid_at((const unsigned char *)line, len);
+        if (bad < len) {
+            char why[96];
+            snprintf(why, sizeof why, "not valid UTF-8 at byte %zu", bad);
+            chat_skip(line_no, why);
+            continue;
+        }
         if (!strcmp(line, "/exit") || !strcmp(line, "/quit"))
             break;
         if (!strcmp(line, "/reset")) {
             conv_truncate(&c, base);
             continue;
         }
-        if (len == 0)
-            continue;
-        if ((st = conv_add(&c, "user", line, (size_t)len)) != CLI_OK)
+        if ((st = conv_add(&c, "user", line, len)) != CLI_OK)
             break;
         int32_t *ids = NULL;
         size_t n_ids = 0;
+        if (fit_conversation(llm, &c, base, room, line_no, &ids, &n_ids) != CLI_OK)
+            continue;
         kiln_llm_request req;
         kiln_llm_request_init(&req);
-        if (kiln_llm_chat_tokenize(llm, (const kiln_llm_message *const *)c.msgs, c.n, &ids, &n_ids) != KILN_OK) {
-            st = cli_kiln_error();
-            break;
-        }
         if ((st = cli_llm_fit_max_tokens(llm, n_ids, max_tokens, &req.max_tokens)) != CLI_OK) {
             kiln_free(ids);
             break;

@@ -33,8 +33,30 @@ void cli_args_free(cli_args *a);
 /* `valued`: names of the options that take a value, NULL-terminated. */
 const char *cli_args_next(cli_args *a, const char *const *valued, const char **value);
 
-/* Parses a non-negative integer option; CLI_USAGE message on failure. */
+/* Parses an integer option in lo..hi. On failure prints a usage error that
+ * names the limits when the number is out of range (or past 64 bits), and
+ * returns CLI_USAGE. */
+int cli_parse_range(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
+                    long long *out);
+
+/* cli_parse_range for counts: 0..CLI_COUNT_MAX. */
+#define CLI_COUNT_MAX 100000000LL
 int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out);
+
+/* ---- cli_io.c: files and standard output --------------------------------------- */
+
+/* Once, at start: writes past the file-size limit fail instead of killing
+ * the process. */
+void cli_io_init(void);
+
+/* The path -o names is not empty (a usage error otherwise). Whether it can
+ * be written (new or a regular file, never a FIFO, device or directory) is
+ * checked by the library before it builds. */
+int cli_check_output(const char *cmd, const char *path);
+
+/* Flushes and closes stdout; a write error there turns `status` into a
+ * failure with one line naming the reason. main's last call. */
+int cli_finish_stdout(int status);
 
 /* Creates a registry and loads each library into it. Returns CLI_OK or
  * prints the error and returns CLI_FAILURE. */

@@ -1,5 +1,6 @@
 /* kiln: build, run, inspect engines and list plugins. Dispatches to one
  * file per subcommand. Exit status: 0 success, 1 failure, 2 usage. */
+#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,14 +114,27 @@ const char *cli_args_next(cli_args *a, const char *const *valued, const char **v
     return NULL;
 }
 
-int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out)
+int cli_parse_range(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
+                    long long *out)
 {
     char *end;
-    long v = strtol(text, &end, 10);
-    if (end == text || *end || v < 0 || v > 100000000)
-        return cli_usage(cmd, "%s expects a non-negative integer, got \"%s\"", opt, text);
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end)
+        return cli_usage(cmd, "%s expects an integer, got \"%s\"", opt, text);
+    if (errno == ERANGE || v < lo || v > hi)
+        return cli_usage(cmd, "%s %s is outside its limits %lld..%lld", opt, text, lo, hi);
     *out = v;
     return CLI_OK;
+}
+
+int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out)
+{
+    long long v;
+    int st = cli_parse_range(cmd, opt, text, 0, CLI_COUNT_MAX, &v);
+    if (st == CLI_OK)
+        *out = (long)v;
+    return st;
 }
 
 int cli_registry(const char *const *libs, int n_libs, kiln_registry **out)
@@ -141,7 +155,7 @@ int cli_registry(const char *const *libs, int n_libs, kiln_registry **out)
 
 /* ---- dispatch ------------------------------------------------------------------------- */
 
-int main(int argc, char **argv)
+static int dispatch(int argc, char **argv)
 {
     if (argc < 2)
         return cli_usage(NULL, "missing command");
@@ -175,4 +189,10 @@ int main(int argc, char **argv)
     if (strcmp(cmd, "perplexity") == 0)
         return cli_perplexity(argc - 1, argv + 1);
     return cli_usage(NULL, "unknown command \"%s\"", cmd);
+}
+
+int main(int argc, char **argv)
+{
+    cli_io_init();
+    return cli_finish_stdout(dispatch(argc, argv));
 }

@@ -1,6 +1,7 @@
 /* kiln run ENGINE -p PROMPT: generate text with an LLM engine, streaming it
  * to stdout (or one JSON object with --json). Also the pieces `chat` and
  * `tokenize` share: opening an LLM engine and the sampling options. */
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,7 +99,6 @@ static int parse_float(const char *cmd, const char *opt, const char *text, doubl
 int cli_llm_sampling_option(const char *cmd, const char *opt, const char *value, kiln_llm_sampling *s,
                             int *handled)
 {
-    long v;
     *handled = 1;
     if (!strcmp(opt, "--temperature"))
         return parse_float(cmd, opt, value, 0, 100, &s->temperature);
@@ -113,15 +113,21 @@ int cli_llm_sampling_option(const char *cmd, const char *opt, const char *value,
     if (!strcmp(opt, "--frequency-penalty"))
         return parse_float(cmd, opt, value, -100, 100, &s->frequency_penalty);
     if (!strcmp(opt, "--top-k")) {
-        int st = cli_parse_count(cmd, opt, value, &v);
-        s->top_k = (int32_t)v;
+        long long k;
+        int st = cli_parse_range(cmd, opt, value, 0, INT32_MAX, &k);
+        if (st == CLI_OK)
+            s->top_k = (int32_t)k;
         return st;
     }
     if (!strcmp(opt, "--seed")) {
+        /* Every 64-bit seed, none clamped: strtoull saturates silently. */
         char *end;
+        errno = 0;
         unsigned long long u = strtoull(value, &end, 10);
-        if (end == value || *end || value[0] == '-')
-            return cli_usage(cmd, "--seed expects a non-negative integer, got \"%s\"", value);
+        if (end == value || *end || value[0] == '-' || value[0] == '+')
+            return cli_usage(cmd, "--seed expects an integer, got \"%s\"", value);
+        if (errno == ERANGE)
+            return cli_usage(cmd, "--seed %s is outside its limits 0..%llu", value, (unsigned long long)UINT64_MAX);
         s->seed = (uint64_t)u;
         return CLI_OK;
     }

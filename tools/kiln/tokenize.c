@@ -123,11 +123,8 @@ int cli_detokenize(int argc, char **argv)
     else if (st == CLI_OK && a.n_positional < 1)
         st = cli_usage("detokenize", "expected ENGINE ID...");
     for (int i = 1; st == CLI_OK && !help && i < a.n_positional; i++) {
-        char *end;
-        errno = 0;
-        long v = strtol(a.positional[i], &end, 10);
-        if (end == a.positional[i] || *end || errno || v < 0 || v > INT32_MAX)
-            st = cli_usage("detokenize", "token id \"%s\" is not a non-negative integer", a.positional[i]);
+        long long v = 0;
+        st = cli_parse_range("detokenize", "token id", a.positional[i], 0, INT32_MAX, &v);
         ids[i - 1] = (int32_t)v;
     }
     kiln_registry *reg = NULL;
