@@ -27,6 +27,7 @@
  * The CUDA kernels are in qmatmul_cuda.cu.
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "../plugin_cuda.h"
@@ -306,41 +307,52 @@ __attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 s) {
     return _mm_cvtss_f32(h);
 }
 
-/* The dot loop shared by both ISAs; PRODUCT turns (|w| or w as u8, x as
- * s8) into 8 int32 partial sums of the block. maddubs adds pairs into
- * int16 without overflow here: |w| <= 128 and |q| <= 127. */
-#define QDOT_BODY(PRODUCT)                                                                                        \
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                                \
-    float accm = 0;                                                                                               \
-    const int has_min = type == GGML_Q4_1;                                                                        \
-    for (int32_t i = 0; i < nb; i++, row += bb, x++) {                                                            \
-        _mm_prefetch((const char *)row + 1024, _MM_HINT_T0);                                                      \
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)row[0] | (uint32_t)row[1] << 8 |             \
-                                                         (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24)));    \
-        __m256i w = weight_bytes(type, row), q = _mm256_loadu_si256((const __m256i *)x->q);                      \
-        __m256i u = has_min ? w : _mm256_sign_epi8(w, w), v = has_min ? q : _mm256_sign_epi8(q, w);              \
-        __m256 p = _mm256_cvtepi32_ps(PRODUCT);                                                                   \
-        __m256 scale = _mm256_set1_ps(_mm_cvtss_f32(dm) * x->d);                                                  \
-        if (i & 1)                                                                                                \
-            acc1 = _mm256_fmadd_ps(p, scale, acc1);                                                               \
-        else                                                                                                      \
-            acc0 = _mm256_fmadd_ps(p, scale, acc0);                                                               \
-        if (has_min)                                                                                              \
-            accm += _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * x->ds;                                             \
-    }                                                                                                             \
-    return hsum8(_mm256_add_ps(acc0, acc1)) + accm;
+/* The dot loop of one ISA and one format (TYPE a constant, so each
+ * kernel has no format branches); PRODUCT turns (|w| or w as u8, x as s8)
+ * into 8 int32 partial sums of a block. maddubs adds pairs into int16
+ * without overflow here: |w| <= 128 and |q| <= 127. Two blocks per
+ * iteration on two accumulators. */
+#define QDOT_BLOCK(TYPE, PRODUCT, ACC, R, X)                                                                      \
+    do {                                                                                                          \
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)(R)[0] | (uint32_t)(R)[1] << 8 |             \
+                                                         (uint32_t)(R)[2] << 16 | (uint32_t)(R)[3] << 24)));    \
+        __m256i w = weight_bytes(TYPE, R), q = _mm256_loadu_si256((const __m256i *)(X)->q);                      \
+        __m256i u = TYPE == GGML_Q4_1 ? w : _mm256_sign_epi8(w, w);                                              \
+        __m256i v = TYPE == GGML_Q4_1 ? q : _mm256_sign_epi8(q, w);                                              \
+        ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PRODUCT), _mm256_set1_ps(_mm_cvtss_f32(dm) * (X)->d), ACC);      \
+        if (TYPE == GGML_Q4_1)                                                                                    \
+            accm += _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * (X)->ds;                                           \
+    } while (0)
 
-__attribute__((target("avx2,fma,f16c"))) static float qdot_avx2(int32_t type, const uint8_t *row, size_t bb,
-                                                            const q8x *x, int32_t nb) {
-    QDOT_BODY(_mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1)))
-}
+#define QDOT_FN(NAME, TARGET, TYPE, PRODUCT)                                                                      \
+    __attribute__((target(TARGET))) static float NAME(int32_t type, const uint8_t *row, size_t bb, const q8x *x, \
+                                                      int32_t nb) {                                               \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                            \
+        float accm = 0;                                                                                           \
+        int32_t i = 0;                                                                                            \
+        for (; i + 1 < nb; i += 2, row += 2 * bb, x += 2) {                                                       \
+            _mm_prefetch((const char *)row + 1024, _MM_HINT_T0);                                                  \
+            QDOT_BLOCK(TYPE, PRODUCT, acc0, row, x);                                                              \
+            QDOT_BLOCK(TYPE, PRODUCT, acc1, row + bb, x + 1);                                                     \
+        }                                                                                                         \
+        if (i < nb)                                                                                               \
+            QDOT_BLOCK(TYPE, PRODUCT, acc0, row, x);                                                              \
+        return hsum8(_mm256_add_ps(acc0, acc1)) + accm;                                                           \
+    }
 
+#define AVX2_TARGET "avx2,fma,f16c"
+#define AVX2_PRODUCT _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1))
 /* VNNI: one instruction for the u8 · s8 products summed by fours. */
-__attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512vnni"))) static float
-qdot_vnni(int32_t type, const uint8_t *row, size_t bb, const q8x *x, int32_t nb) {
-    QDOT_BODY(_mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v))
-}
-#undef QDOT_BODY
+#define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512vnni"
+#define VNNI_PRODUCT _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v)
+QDOT_FN(qdot_avx2_q8_0, AVX2_TARGET, GGML_Q8_0, AVX2_PRODUCT)
+QDOT_FN(qdot_avx2_q4_0, AVX2_TARGET, GGML_Q4_0, AVX2_PRODUCT)
+QDOT_FN(qdot_avx2_q4_1, AVX2_TARGET, GGML_Q4_1, AVX2_PRODUCT)
+QDOT_FN(qdot_vnni_q8_0, VNNI_TARGET, GGML_Q8_0, VNNI_PRODUCT)
+QDOT_FN(qdot_vnni_q4_0, VNNI_TARGET, GGML_Q4_0, VNNI_PRODUCT)
+QDOT_FN(qdot_vnni_q4_1, VNNI_TARGET, GGML_Q4_1, VNNI_PRODUCT)
+#undef QDOT_FN
+#undef QDOT_BLOCK
 #endif
 
 typedef float (*dot_fn)(int32_t, const uint8_t *, size_t, const float *, int32_t);
@@ -416,16 +428,24 @@ static int use_f32_activations(void) {
 }
 
 #ifdef QMM_AVX2
-static int use_avx2(void) {
-    unsigned a, b, c, d;
-    return strcmp(isa(), "c") != 0 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1);
+/* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
+ * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+VNNI. */
+static int cpu_features(void) {
+    static _Atomic int cached = -1;
+    int f = cached;
+    if (f < 0) {
+        unsigned a, b, c, d;
+        int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __get_cpuid(1, &a, &b, &c, &d) &&
+                   (c >> 29 & 1);
+        f = avx2 | (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) << 1;
+        cached = f;
+    }
+    return f;
 }
 
-static int use_vnni(void) {
-    return use_avx2() && strcmp(isa(), "avx2") != 0 && __builtin_cpu_supports("avx512vl") &&
-           __builtin_cpu_supports("avx512vnni");
-}
+static int use_avx2(void) { return strcmp(isa(), "c") != 0 && (cpu_features() & 1); }
+
+static int use_vnni(void) { return use_avx2() && strcmp(isa(), "avx2") != 0 && (cpu_features() & 2); }
 #endif
 
 static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
@@ -451,7 +471,10 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
     if (use_avx2()) {
         job.dot = dot_avx2;
         job.dotf = dotf_avx2;
-        job.qdot = use_vnni() ? qdot_vnni : qdot_avx2;
+        int vnni = use_vnni();
+        job.qdot = p->type == GGML_Q8_0   ? (vnni ? qdot_vnni_q8_0 : qdot_avx2_q8_0)
+                   : p->type == GGML_Q4_0 ? (vnni ? qdot_vnni_q4_0 : qdot_avx2_q4_0)
+                                          : (vnni ? qdot_vnni_q4_1 : qdot_avx2_q4_1);
     }
 #endif
     if (rows == 0)
