@@ -340,6 +340,32 @@ __attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 s) {
         return hsum8(_mm256_add_ps(acc0, acc1)) + accm;                                                           \
     }
 
+/* Four rows of x against one weight row (prefill): each block's weights
+ * are unpacked once for the four. The rows of x are nb blocks apart. */
+#define QDOT4_FN(NAME, TARGET, TYPE, PRODUCT)                                                                     \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *row, size_t bb, const q8x *x, int32_t nb,    \
+                                                     float *out) {                                                \
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};    \
+        float accm[4] = {0, 0, 0, 0};                                                                             \
+        for (int32_t i = 0; i < nb; i++, row += bb) {                                                             \
+            __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)row[0] | (uint32_t)row[1] << 8 |         \
+                                                             (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24)));\
+            float dw = _mm_cvtss_f32(dm), mw = _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1));                          \
+            __m256i w = weight_bytes(TYPE, row);                                                                  \
+            __m256i u = TYPE == GGML_Q4_1 ? w : _mm256_sign_epi8(w, w);                                          \
+            for (int r = 0; r < 4; r++) {                                                                         \
+                const q8x *xr = x + (int64_t)r * nb + i;                                                          \
+                __m256i q = _mm256_loadu_si256((const __m256i *)xr->q);                                           \
+                __m256i v = TYPE == GGML_Q4_1 ? q : _mm256_sign_epi8(q, w);                                      \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PRODUCT), _mm256_set1_ps(dw * xr->d), acc[r]);        \
+                if (TYPE == GGML_Q4_1)                                                                            \
+                    accm[r] += mw * xr->ds;                                                                       \
+            }                                                                                                     \
+        }                                                                                                         \
+        for (int r = 0; r < 4; r++)                                                                               \
+            out[r] = hsum8(acc[r]) + accm[r];                                                                     \
+    }
+
 #define AVX2_TARGET "avx2,fma,f16c"
 #define AVX2_PRODUCT _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1))
 /* VNNI: one instruction for the u8 · s8 products summed by fours. */
@@ -351,6 +377,13 @@ QDOT_FN(qdot_avx2_q4_1, AVX2_TARGET, GGML_Q4_1, AVX2_PRODUCT)
 QDOT_FN(qdot_vnni_q8_0, VNNI_TARGET, GGML_Q8_0, VNNI_PRODUCT)
 QDOT_FN(qdot_vnni_q4_0, VNNI_TARGET, GGML_Q4_0, VNNI_PRODUCT)
 QDOT_FN(qdot_vnni_q4_1, VNNI_TARGET, GGML_Q4_1, VNNI_PRODUCT)
+QDOT4_FN(qdot4_avx2_q8_0, AVX2_TARGET, GGML_Q8_0, AVX2_PRODUCT)
+QDOT4_FN(qdot4_avx2_q4_0, AVX2_TARGET, GGML_Q4_0, AVX2_PRODUCT)
+QDOT4_FN(qdot4_avx2_q4_1, AVX2_TARGET, GGML_Q4_1, AVX2_PRODUCT)
+QDOT4_FN(qdot4_vnni_q8_0, VNNI_TARGET, GGML_Q8_0, VNNI_PRODUCT)
+QDOT4_FN(qdot4_vnni_q4_0, VNNI_TARGET, GGML_Q4_0, VNNI_PRODUCT)
+QDOT4_FN(qdot4_vnni_q4_1, VNNI_TARGET, GGML_Q4_1, VNNI_PRODUCT)
+#undef QDOT4_FN
 #undef QDOT_FN
 #undef QDOT_BLOCK
 #endif
@@ -358,6 +391,7 @@ QDOT_FN(qdot_vnni_q4_1, VNNI_TARGET, GGML_Q4_1, VNNI_PRODUCT)
 typedef float (*dot_fn)(int32_t, const uint8_t *, size_t, const float *, int32_t);
 typedef float (*dotf_fn)(const float *, const float *, int32_t);
 typedef float (*qdot_fn)(int32_t, const uint8_t *, size_t, const q8x *, int32_t);
+typedef void (*qdot4_fn)(const uint8_t *, size_t, const q8x *, int32_t, float *);
 
 typedef struct qmm_job {
     int32_t type, nb;
@@ -370,6 +404,7 @@ typedef struct qmm_job {
     dot_fn dot;
     dotf_fn dotf;
     qdot_fn qdot;
+    qdot4_fn qdot4; /* NULL: rows one at a time */
 } qmm_job;
 
 /* From this many rows of x on (prefill), a chunk of a weight row is
@@ -408,7 +443,14 @@ static void qmm_range_q8(void *arg, int64_t begin, int64_t end) {
     const qmm_job *j = arg;
     for (int64_t c = begin; c < end; c++) {
         const uint8_t *wr = j->w + (size_t)c * (size_t)j->nb * j->bb;
-        for (int64_t r = 0; r < j->rows; r++)
+        int64_t r = 0;
+        float y4[4];
+        for (; j->qdot4 && r + 4 <= j->rows; r += 4) {
+            j->qdot4(wr, j->bb, j->xq + r * j->nb, j->nb, y4);
+            for (int i = 0; i < 4; i++)
+                j->y[(r + i) * j->n + c] = y4[i];
+        }
+        for (; r < j->rows; r++)
             j->y[r * j->n + c] = j->qdot(j->type, wr, j->bb, j->xq + r * j->nb, j->nb);
     }
 }
@@ -466,7 +508,7 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
     }
 #endif
     qmm_job job = {p->type, (int32_t)nb, (size_t)bb, rows, p->k, p->n, in[0], NULL, in[1], out[0],
-                   dot_scalar, dotf_scalar, qdot_scalar};
+                   dot_scalar, dotf_scalar, qdot_scalar, NULL};
 #ifdef QMM_AVX2
     if (use_avx2()) {
         job.dot = dot_avx2;
@@ -475,6 +517,9 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         job.qdot = p->type == GGML_Q8_0   ? (vnni ? qdot_vnni_q8_0 : qdot_avx2_q8_0)
                    : p->type == GGML_Q4_0 ? (vnni ? qdot_vnni_q4_0 : qdot_avx2_q4_0)
                                           : (vnni ? qdot_vnni_q4_1 : qdot_avx2_q4_1);
+        job.qdot4 = p->type == GGML_Q8_0   ? (vnni ? qdot4_vnni_q8_0 : qdot4_avx2_q8_0)
+                    : p->type == GGML_Q4_0 ? (vnni ? qdot4_vnni_q4_0 : qdot4_avx2_q4_0)
+                                           : (vnni ? qdot4_vnni_q4_1 : qdot4_avx2_q4_1);
     }
 #endif
     if (rows == 0)
