@@ -224,12 +224,18 @@ static void attn_heads(void *arg, int64_t begin, int64_t end) {
             }
             float score = dot * p->scale;
             float m_new = score > m ? score : m;
-            float correction = expf(m - m_new), w = expf(score - m_new);
+            /* the max rarely moves: then the correction is exp(0) = 1 and
+             * rescaling by it changes nothing, so neither is computed */
+            float correction = m_new == m ? 1.0f : expf(m - m_new), w = expf(score - m_new);
             l = l * correction + w;
             if (j->ct == KILN_DTYPE_F32) {
                 const float *vr = (const float *)j->cache + vb;
-                for (int64_t d = 0; d < p->head_dim; d++)
-                    acc[d] = acc[d] * correction + w * vr[d];
+                if (correction == 1.0f)
+                    for (int64_t d = 0; d < p->head_dim; d++)
+                        acc[d] += w * vr[d];
+                else
+                    for (int64_t d = 0; d < p->head_dim; d++)
+                        acc[d] = acc[d] * correction + w * vr[d];
             } else {
                 for (int64_t d = 0; d < p->head_dim; d++)
                     acc[d] = acc[d] * correction + w * plugin_load(host, j->cache, j->ct, vb + d);
