@@ -8,6 +8,7 @@
 #ifndef KILN_PLUGINS_CUDA_H
 #define KILN_PLUGINS_CUDA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -44,6 +45,40 @@ int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, i
  * (8 Q8_0, 2 Q4_0, 3 Q4_1), rows of k / 32 blocks; x and y of `dtype`. */
 int kiln_qmatmul_cuda(int32_t type, const void *x, const uint8_t *w, void *y, int32_t dtype, int64_t rows,
                       int32_t n, int32_t k, void *stream);
+
+/* PagedAttention (plugins/attention/attention_cuda.cu): one step's cache
+ * write and attention. q, k and v point at head 0 of token 0 and their
+ * rows are q_ld, k_ld and v_ld elements apart (separate tensors, or the
+ * three parts of one packed qkv row). Pointers are device memory. */
+typedef struct kiln_attention_cuda_args {
+    const void *q, *k, *v;
+    int64_t q_ld, k_ld, v_ld;
+    void *cache;                   /* [n_blocks, 2, n_kv_heads, block_size, head_dim] */
+    void *out;                     /* [tokens, n_heads * head_dim] */
+    const int32_t *table;          /* [n_seqs, max_blocks] */
+    const int32_t *seq_lens;       /* [n_seqs] */
+    const int32_t *qstart;         /* [n_seqs + 1] */
+    void *workspace;               /* kiln_attention_cuda_workspace() bytes for the max shapes */
+    int64_t tokens, n_seqs, max_blocks, n_blocks;
+    int32_t n_heads, n_kv_heads, head_dim, block_size;
+    float scale;
+    int32_t dtype;                 /* of q, k, v, the cache and out (f32, f16, bf16) */
+} kiln_attention_cuda_args;
+
+/* Device scratch bytes a step of at most `tokens` tokens, `n_seqs`
+ * sequences and `max_blocks` blocks per sequence needs (the split partial
+ * results of decode). Depends on shapes alone. */
+size_t kiln_attention_cuda_workspace(int64_t tokens, int64_t n_seqs, int64_t max_blocks, int32_t n_heads,
+                                     int32_t n_kv_heads, int32_t head_dim, int32_t block_size);
+
+/* Launches the cache write and the attention on `stream` (a cudaStream_t):
+ * only launches, no allocation, no synchronization, no reads of device
+ * data on the host. Returns a cudaError_t (0 on success); a step that needs
+ * a workspace but got none is cudaErrorInvalidValue. */
+int kiln_attention_cuda(const kiln_attention_cuda_args *a, void *stream);
+
+/* Text of a code kiln_attention_cuda returned. */
+const char *kiln_attention_cuda_error(int code);
 
 #ifdef __cplusplus
 }

@@ -27,11 +27,24 @@
  *
  * The new token j of sequence s sits at position seq_lens[s] - n_new + j and
  * sees positions 0..itself. Softmax runs online in f32 (no scratch memory).
+ *
+ * CUDA (attention_cuda.cu, when built with nvcc): the same semantics for
+ * f32, f16 and bf16 with the cache in the dtype of q; decode splits long
+ * sequences over the workspace (workspace_size). The metadata lives on the
+ * device, so it is not checked on the host there: inconsistent metadata
+ * gives NaN outputs instead of an error (never an access out of bounds).
  */
 #include <math.h>
 #include <stddef.h>
 
 #include "../plugin_util.h"
+
+#ifdef KILN_HAVE_CUDA
+#include "../plugin_cuda.h"
+#define ATTN_BACKENDS (KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA))
+#else
+#define ATTN_BACKENDS KILN_BACKEND_BIT(KILN_BACKEND_CPU)
+#endif
 
 #define NAME "PagedAttention"
 #define BLOB_VERSION 2u
@@ -123,8 +136,10 @@ static int32_t attention_supports(const kiln_plugin *self, kiln_backend backend,
                                   int32_t n_in, int32_t n_out) {
     const attn_params *p = &((const attention *)self)->p;
     int32_t meta = p->packed_qkv ? 1 : 3; /* index of kv_cache */
-    if (backend != KILN_BACKEND_CPU || n_in != meta + 4 || n_out != 1)
+    if (!(ATTN_BACKENDS & KILN_BACKEND_BIT(backend)) || n_in != meta + 4 || n_out != 1)
         return 0;
+    if (backend != KILN_BACKEND_CPU && d[meta].dtype != d[0].dtype)
+        return 0; /* the CUDA kernels keep the cache in the activations' dtype */
     for (int i = 0; i <= meta; i++)
         if (!plugin_is_float(d[i].dtype))
             return 0;
@@ -308,6 +323,29 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
     if (n_seqs < 1 || in_desc[meta + 2].dims.d[0] != n_seqs || in_desc[meta + 3].dims.d[0] != n_seqs + 1)
         return host->fail(KILN_ERROR_SHAPE, NAME ": block_table, seq_lens and query_start disagree on the number of sequences");
     void *cache = (void *)(uintptr_t)in[meta];
+#ifdef KILN_HAVE_CUDA
+    if (backend == KILN_BACKEND_CUDA) {
+        if (in_desc[meta].dtype != in_desc[0].dtype)
+            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q");
+        size_t es = plugin_float_size(in_desc[0].dtype);
+        const char *q = in[0];
+        kiln_attention_cuda_args a = {
+            .q = q, .k = in[1], .v = in[2], .q_ld = q_width, .k_ld = kv_width, .v_ld = kv_width, .cache = cache,
+            .out = out[0], .table = in[meta + 1], .seq_lens = in[meta + 2], .qstart = in[meta + 3],
+            .workspace = workspace, .tokens = tokens, .n_seqs = n_seqs, .max_blocks = in_desc[meta + 1].dims.d[1],
+            .n_blocks = cd->d[0], .n_heads = p->n_heads, .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim,
+            .block_size = p->block_size, .scale = p->scale, .dtype = in_desc[0].dtype};
+        if (p->packed_qkv) {
+            a.k = q + q_width * es;
+            a.v = q + (q_width + kv_width) * es;
+            a.q_ld = a.k_ld = a.v_ld = q_width + 2 * kv_width;
+        }
+        int e = kiln_attention_cuda(&a, stream);
+        if (e != 0)
+            return host->fail(KILN_ERROR_BACKEND, NAME ": CUDA launch failed: %s", kiln_attention_cuda_error(e));
+        return KILN_OK;
+    }
+#endif
     if (p->packed_qkv) {
         const char *qkv = in[0];
         size_t es = plugin_float_size(in_desc[0].dtype);
@@ -317,6 +355,21 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
     }
     return attention_run(p, in_desc[0].dtype, in[0], in[1], in[2], q_width, kv_width, tokens, &in_desc[3], cache,
                          &in_desc[4], in[4], in[5], in[6], out[0], stream);
+}
+
+/* The CUDA decode keeps split partial results here; the CPU needs none. */
+static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
+                                       const kiln_tensor_desc *out, int32_t n_out) {
+#ifdef KILN_HAVE_CUDA
+    const attn_params *p = &((const attention *)self)->p;
+    int32_t meta = p->packed_qkv ? 1 : 3;
+    if (n_in != meta + 4 || in[0].dims.rank != 2 || in[meta + 1].dims.rank != 2)
+        return 0;
+    return kiln_attention_cuda_workspace(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1],
+                                         p->n_heads, p->n_kv_heads, p->head_dim, p->block_size);
+#else
+    return 0;
+#endif
 }
 
 static kiln_status attention_serialize(const kiln_plugin *self, void *buf, size_t *size) {
@@ -334,11 +387,12 @@ static const kiln_plugin_ops attention_ops = {
     .struct_size = sizeof(kiln_plugin_ops),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
-    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+    .backends = ATTN_BACKENDS,
     .num_outputs = attention_num_outputs,
     .output_shapes = attention_output_shapes,
     .output_dtypes = attention_output_dtypes,
     .supports = attention_supports,
+    .workspace_size = attention_workspace_size,
     .enqueue = attention_enqueue,
     .serialize = attention_serialize,
     .clone = attention_clone,

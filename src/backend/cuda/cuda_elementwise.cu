@@ -341,3 +341,4 @@ extern "C" int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *str
     }
 #undef KCU_FAST
 }
+

@@ -1,0 +1,1065 @@
+/* PagedAttention on the GPU: the same semantics as the CPU reference in
+ * attention.c (cache write, then causal attention of each new token to
+ * its sequence's cached and new tokens), f32 softmax statistics and f32
+ * accumulation for every storage dtype.
+ *
+ * One step is one to three launches, all taking part in programmatic
+ * dependent launch (kcu_launch_cfg, kcu_after_prior):
+ *   1. kat_write: each new token's k and v rows into the paged cache
+ *      (kat_decode does it itself when the k and v rows are aligned).
+ *   2. attention, one of
+ *      - kat_prefill (f16/bf16, head_dim 64 or 128, more tokens than
+ *        sequences): flash attention on tensor cores (mma.sync
+ *        m16n8k16), a CTA per 64 query rows of one sequence and one kv
+ *        head (a row: a new token and one query head of the group), keys
+ *        in tiles of 64 read from the paged cache into shared memory,
+ *        online softmax in registers; the score matrix never exists;
+ *      - kat_decode (head_dim 64 or 128, 16-byte aligned rows): a CTA per
+ *        (token, kv head, up to 8 query heads of it, split), so the query
+ *        heads of one KV head share every K/V load; the keys are cut into
+ *        tiles and split z takes tiles z, z + G, z + 2G, ... (flash
+ *        decoding), so one long sequence still fills the GPU;
+ *      - kat_generic: any head_dim, dtype or alignment, a CTA per (token,
+ *        head, split), one key per thread: slow, for what the fast kernels
+ *        do not take (e.g. the tiny test models' head_dim 16).
+ *   3. kat_combine, when G > 1 splits ran: merges the per-split partial
+ *      (max, sum, output) from the workspace.
+ * G is chosen on the host from shapes alone (tokens, max_blocks, heads),
+ * never from seq_lens or query_start, so a step can be captured in a CUDA
+ * graph; CTAs past a sequence's length leave at once.
+ *
+ * Inconsistent metadata (query_start not running 0..T, a length past the
+ * table, a block outside the cache) cannot be reported from the device: the
+ * kernels never index out of bounds, skip the cache write of such tokens
+ * and write NaN for their outputs (the CPU path returns an error instead).
+ * Scores live in the log2 domain (scale * log2(e) folded in) so the
+ * softmax uses exp2. */
+#include "../plugin_cuda.h"
+
+#include "backend/cuda/cuda_common.cuh"
+
+#include <cuda_bf16.h>
+
+#include <math.h>
+
+#define KAT_THREADS 128        /* every kernel: 4 warps */
+#define KAT_TARGET_CTAS 1584   /* decode CTAs to aim for: 4 waves of 3 resident per SM on 132 SMs */
+#define KAT_MAX_SPLITS 128     /* == KAT_THREADS: kat_combine gives each split a thread */
+#define KAT_GENERIC_TILE 128   /* keys per tile of kat_generic: one per thread */
+#define KAT_LOG2E 1.4426950408889634f
+
+static_assert(KAT_MAX_SPLITS == KAT_THREADS, "kat_combine weighs one split per thread");
+
+/* ---- metadata ----------------------------------------------------------------------- */
+
+/* Where packed token t belongs: its sequence and position, and whether the
+ * metadata around it is consistent (else the rest is meaningless). */
+struct kat_tok {
+    int64_t s, pos;
+    int64_t first, n_old; /* the sequence's first new token in the packing; its cached tokens */
+    int valid;
+};
+
+/* Sequence s's token t, checked as attention_check checks it. */
+__device__ __forceinline__ kat_tok kat_token_in(const kiln_attention_cuda_args &a, int64_t t, int64_t s,
+                                                int64_t first, int64_t next, int64_t len)
+{
+    kat_tok k;
+    const int64_t n_new = next - first, j = t - first;
+    k.s = s;
+    k.first = first;
+    k.n_old = len - n_new;
+    k.valid = j >= 0 && j < n_new && len >= n_new && len <= a.max_blocks * a.block_size;
+    k.pos = k.n_old + j;
+    return k;
+}
+
+/* The last s with qstart[s] <= t (the CPU's seq_of), then the checks that
+ * concern this token. In a decode step token t is sequence t's only one:
+ * that is tried first, with loads that do not wait on each other. */
+__device__ __forceinline__ kat_tok kat_token(const kiln_attention_cuda_args &a, int64_t t)
+{
+    if (t < a.n_seqs) {
+        int64_t first = a.qstart[t], next = a.qstart[t + 1], len = a.seq_lens[t];
+        if ((first == t) & (next == t + 1))
+            return kat_token_in(a, t, t, first, next, len);
+    }
+    int64_t lo = 0, hi = a.n_seqs - 1;
+    while (lo < hi) {
+        int64_t mid = (lo + hi + 1) / 2;
+        if (a.qstart[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return kat_token_in(a, t, lo, a.qstart[lo], a.qstart[lo + 1], a.seq_lens[lo]);
+}
+
+/* Element offset of the K row of (sequence s, position pos, kv head) in
+ * the cache (its V row is n_kv_heads * block_size * head_dim further), or
+ * -1 when the table names a block outside the cache. */
+__device__ __forceinline__ int64_t kat_krow(const kiln_attention_cuda_args &a, int64_t s, int64_t pos, int64_t kvh)
+{
+    int64_t block = a.table[s * a.max_blocks + pos / a.block_size];
+    if (block < 0 || block >= a.n_blocks)
+        return -1;
+    return (((block * 2) * a.n_kv_heads + kvh) * a.block_size + pos % a.block_size) * a.head_dim;
+}
+
+__device__ __forceinline__ int64_t kat_vdelta(const kiln_attention_cuda_args &a)
+{
+    return (int64_t)a.n_kv_heads * a.block_size * a.head_dim;
+}
+
+__device__ __forceinline__ float kat_nan() { return __int_as_float(0x7fc00000); }
+
+/* Split partials in the workspace: for (token, head, split) the f32
+ * output row (unnormalized, head_dim), then (max, sum) pairs after all
+ * rows. */
+struct kat_parts {
+    float *o, *ml;
+};
+
+__device__ __forceinline__ kat_parts kat_parts_of(const kiln_attention_cuda_args &a, int32_t splits)
+{
+    kat_parts p;
+    p.o = (float *)a.workspace;
+    p.ml = p.o + a.tokens * a.n_heads * splits * a.head_dim;
+    return p;
+}
+
+/* ---- block reductions (KAT_THREADS threads; scratch of 4 floats) ------------------ */
+
+__device__ __forceinline__ float kat_warp_max(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Every thread gets the result; syncs twice so `red` can be reused at once. */
+__device__ __forceinline__ float kat_block_max(float v, float *red)
+{
+    v = kat_warp_max(v);
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+    __syncthreads();
+    return r;
+}
+
+__device__ __forceinline__ float kat_block_sum(float v, float *red)
+{
+    v = kcu_warp_sum(v);
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float r = (red[0] + red[1]) + (red[2] + red[3]);
+    __syncthreads();
+    return r;
+}
+
+/* ---- 1. cache write ------------------------------------------------------------------- */
+
+/* A CTA per token: its k and v rows of every kv head into the cache, 16
+ * bytes at a time when `vec` (rows and cache 16-byte aligned), else one
+ * element of `es` bytes at a time. */
+__global__ void __launch_bounds__(KAT_THREADS) kat_write(kiln_attention_cuda_args a, int32_t es, int32_t vec)
+{
+    kcu_after_prior();
+    int64_t t = blockIdx.x;
+    kat_tok k = kat_token(a, t);
+    if (!k.valid)
+        return;
+    const int64_t D = a.head_dim, vd = kat_vdelta(a);
+    const int64_t units = vec ? D * es / 16 : D, total = units * a.n_kv_heads;
+    for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
+        int64_t h = i / units, u = i % units;
+        int64_t dst = kat_krow(a, k.s, k.pos, h);
+        if (dst < 0)
+            return;
+        const char *ks = (const char *)a.k + (t * a.k_ld + h * D) * es;
+        const char *vs = (const char *)a.v + (t * a.v_ld + h * D) * es;
+        char *kd = (char *)a.cache + dst * es, *vdst = (char *)a.cache + (dst + vd) * es;
+        if (vec) {
+            ((uint4 *)kd)[u] = ((const uint4 *)ks)[u];
+            ((uint4 *)vdst)[u] = ((const uint4 *)vs)[u];
+        } else if (es == 2) {
+            ((uint16_t *)kd)[u] = ((const uint16_t *)ks)[u];
+            ((uint16_t *)vdst)[u] = ((const uint16_t *)vs)[u];
+        } else {
+            ((uint32_t *)kd)[u] = ((const uint32_t *)ks)[u];
+            ((uint32_t *)vdst)[u] = ((const uint32_t *)vs)[u];
+        }
+    }
+}
+
+/* ---- storage types ------------------------------------------------------------------- */
+
+template <int DT> struct kat_type;
+template <> struct kat_type<KILN_DTYPE_F32> {
+    static constexpr int per = 4; /* elements per 16 bytes */
+    static __device__ __forceinline__ void unpack(const uint4 &u, float *f)
+    {
+        f[0] = __uint_as_float(u.x), f[1] = __uint_as_float(u.y), f[2] = __uint_as_float(u.z),
+        f[3] = __uint_as_float(u.w);
+    }
+    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((float *)p)[i] = v; }
+};
+template <> struct kat_type<KILN_DTYPE_F16> {
+    static constexpr int per = 8;
+    static __device__ __forceinline__ void unpack(const uint4 &u, float *f)
+    {
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float2 x = __half22float2(*(const __half2 *)&w[i]);
+            f[2 * i] = x.x, f[2 * i + 1] = x.y;
+        }
+    }
+    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((uint16_t *)p)[i] = kiln_f32_to_f16(v); }
+};
+template <> struct kat_type<KILN_DTYPE_BF16> {
+    static constexpr int per = 8;
+    static __device__ __forceinline__ void unpack(const uint4 &u, float *f)
+    {
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((uint16_t *)p)[i] = kiln_f32_to_bf16(v); }
+};
+
+/* ---- 2b. decode: split paged attention, query heads of a kv head together ----------- */
+
+/* Thread layout of kat_decode for storage DT and head_dim D: a row of D
+ * elements is NV 16-byte vectors, read by LPR lanes (VPL vectors each, lane
+ * l taking vectors l, l + LPR, ...: coalesced); a warp reads RPW rows at a
+ * time, the CTA RPS; a tile is TILE keys, NS rows per thread, so that at
+ * most 8 vectors of K (and of V) per thread are in flight. */
+template <int DT, int D> struct kat_shape {
+    static constexpr int PER = kat_type<DT>::per;
+    static constexpr int NV = D / PER;
+    static constexpr int LPR = NV < 32 ? NV : 32;
+    static constexpr int VPL = NV / LPR;
+    static constexpr int RPW = 32 / LPR;
+    static constexpr int RPS = RPW * (KAT_THREADS / 32);
+    static constexpr int TILE = 8 * RPS / VPL < 64 ? 8 * RPS / VPL : 64;
+    static constexpr int NS = TILE / RPS;
+    static_assert(NV % LPR == 0 && TILE % RPS == 0 && TILE % 32 == 0, "kat_decode layout");
+};
+
+/* Grid: x = token, y = kv head * n_hg + group of HG query heads, z =
+ * split (G = gridDim.z).
+ *
+ * With `fused` (k and v rows 16-byte aligned) no kat_write ran before: the
+ * CTA (token, kv head, first group, split 0) writes the token's k and v
+ * rows into the cache, and every CTA reads the step's new positions from
+ * the k and v inputs instead of the cache, so no CTA waits on another's
+ * write. One launch fewer per decode step. */
+template <int DT, int D, int HG>
+__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_attention_cuda_args a, int32_t fused)
+{
+    typedef kat_shape<DT, D> L;
+    constexpr int PER = L::PER, LPR = L::LPR, VPL = L::VPL, RPW = L::RPW, RPS = L::RPS, TILE = L::TILE,
+                  NS = L::NS;
+    __shared__ float s_p[2][HG][TILE];      /* scores, then probabilities; double-buffered by tile */
+    __shared__ float s_corr[2][HG];
+    __shared__ float s_m[HG], s_l[HG];
+    __shared__ float s_red[KAT_THREADS / 32][HG][D];
+
+    kcu_after_prior();
+    const int G = gridDim.z, z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gq = a.n_heads / a.n_kv_heads, n_hg = (gq + HG - 1) / HG;
+    const int kvh = blockIdx.y / n_hg, h0 = kvh * gq + (blockIdx.y % n_hg) * HG;
+    const int ng = min(HG, kvh * gq + gq - h0);
+    const int64_t t = blockIdx.x;
+    kat_tok k = kat_token(a, t);
+    const int64_t nk = k.pos + 1, n_tiles = (nk + TILE - 1) / TILE;
+    if (!k.valid) {
+        if (G == 1)
+            for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS)
+                kat_type<DT>::store(a.out, (t * a.n_heads + h0) * D + i, kat_nan());
+        return;
+    }
+    const int64_t n_old = fused ? k.n_old : nk; /* keys from here on come from the inputs */
+    if (fused && z == 0 && blockIdx.y % n_hg == 0) {
+        int64_t dst = kat_krow(a, k.s, k.pos, kvh);
+        constexpr int U = D / PER; /* 16-byte units of a row */
+        if (dst >= 0 && threadIdx.x < 2 * U) {
+            int kind = threadIdx.x / U, u = threadIdx.x % U;
+            const uint4 *src = (const uint4 *)((const char *)(kind ? a.v : a.k) +
+                                               (t * (kind ? a.v_ld : a.k_ld) + (int64_t)kvh * D) * (16 / PER));
+            ((uint4 *)((char *)a.cache + (dst + kind * kat_vdelta(a)) * (16 / PER)))[u] = src[u];
+        }
+    }
+    if (z >= n_tiles)
+        return;
+
+    /* this lane's dims: vectors (lane % LPR) + v * LPR of the row */
+    const int sub = lane / LPR, lv = lane % LPR;
+    float q[HG][VPL * PER], acc[HG][VPL * PER];
+#pragma unroll
+    for (int g = 0; g < HG; g++)
+#pragma unroll
+        for (int v = 0; v < VPL; v++) {
+            uint4 u = make_uint4(0, 0, 0, 0);
+            if (g < ng)
+                u = *(const uint4 *)((const char *)a.q +
+                                     ((t * a.q_ld + (int64_t)(h0 + g) * D) + (lv + v * LPR) * PER) * (16 / PER));
+            kat_type<DT>::unpack(u, &q[g][v * PER]);
+#pragma unroll
+            for (int e = 0; e < PER; e++)
+                acc[g][v * PER + e] = 0.0f;
+        }
+    if (threadIdx.x < HG) {
+        s_m[threadIdx.x] = -INFINITY;
+        s_l[threadIdx.x] = 0.0f;
+    }
+    const float sl2 = a.scale * KAT_LOG2E;
+    const int64_t vd = kat_vdelta(a);
+    const char *cache = (const char *)a.cache;
+    int bad = 0, buf = 0;
+
+    /* off[i], the source of row i: >= 0 its K row's element offset in the
+     * cache (V is vd further), -1 a bad block, -2 past the keys, <= -3 new
+     * token -3 - off of the step's k and v inputs (fused) */
+    const char *kin = (const char *)a.k + (k.first * a.k_ld + (int64_t)kvh * D) * (16 / PER);
+    const char *vin = (const char *)a.v + (k.first * a.v_ld + (int64_t)kvh * D) * (16 / PER);
+    for (int64_t tile = z; tile < n_tiles; tile += G, buf ^= 1) {
+        const int64_t k0 = tile * TILE;
+        uint4 kr[NS][VPL], vr[NS][VPL];
+        int64_t off[NS];
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            int64_t kp = k0 + i * RPS + warp * RPW + sub;
+            int64_t o = kp < nk ? kat_krow(a, k.s, kp, kvh) : -2;
+            off[i] = o >= 0 && kp >= n_old ? -3 - (kp - n_old) : o;
+            bad |= off[i] == -1;
+#pragma unroll
+            for (int v = 0; v < VPL; v++) {
+                int64_t e = (lv + v * LPR) * PER;
+                kr[i][v] = off[i] >= 0   ? __ldg((const uint4 *)(cache + (off[i] + e) * (16 / PER)))
+                           : off[i] <= -3 ? *(const uint4 *)(kin + ((-3 - off[i]) * a.k_ld + e) * (16 / PER))
+                                          : make_uint4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            float part[HG];
+#pragma unroll
+            for (int g = 0; g < HG; g++)
+                part[g] = 0.0f;
+#pragma unroll
+            for (int v = 0; v < VPL; v++) {
+                float kf[PER];
+                kat_type<DT>::unpack(kr[i][v], kf);
+#pragma unroll
+                for (int g = 0; g < HG; g++)
+#pragma unroll
+                    for (int e = 0; e < PER; e++)
+                        part[g] = fmaf(q[g][v * PER + e], kf[e], part[g]);
+            }
+#pragma unroll
+            for (int g = 0; g < HG; g++) {
+#pragma unroll
+                for (int o = LPR / 2; o > 0; o >>= 1)
+                    part[g] += __shfl_xor_sync(0xffffffffu, part[g], o);
+            }
+            if (lv == 0) {
+                int r = i * RPS + warp * RPW + sub;
+#pragma unroll
+                for (int g = 0; g < HG; g++)
+                    s_p[buf][g][r] = off[i] >= 0 || off[i] <= -3 ? part[g] * sl2 : -INFINITY;
+            }
+        }
+        /* V is read only now, so K's and V's registers are not live at once;
+         * its latency hides behind the softmax */
+#pragma unroll
+        for (int i = 0; i < NS; i++)
+#pragma unroll
+            for (int v = 0; v < VPL; v++) {
+                int64_t e = (lv + v * LPR) * PER;
+                vr[i][v] = off[i] >= 0   ? __ldg((const uint4 *)(cache + (off[i] + vd + e) * (16 / PER)))
+                           : off[i] <= -3 ? *(const uint4 *)(vin + ((-3 - off[i]) * a.v_ld + e) * (16 / PER))
+                                          : make_uint4(0, 0, 0, 0);
+            }
+        __syncthreads();
+        /* online softmax: warp w updates heads w, w + 4 */
+        for (int g = warp; g < HG; g += KAT_THREADS / 32) {
+            float sv[TILE / 32], mt = -INFINITY;
+#pragma unroll
+            for (int i = 0; i < TILE / 32; i++) {
+                sv[i] = s_p[buf][g][lane + 32 * i];
+                mt = fmaxf(mt, sv[i]);
+            }
+            mt = kat_warp_max(mt);
+            float m_old = s_m[g], m_new = fmaxf(m_old, mt);
+            /* a tile whose keys all sit in bad blocks: keep the state finite */
+            float m_use = m_new == -INFINITY ? 0.0f : m_new, sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < TILE / 32; i++) {
+                float p = exp2f(sv[i] - m_use);
+                s_p[buf][g][lane + 32 * i] = p;
+                sum += p;
+            }
+            sum = kcu_warp_sum(sum);
+            if (lane == 0) {
+                float c = exp2f(m_old - m_use);
+                s_corr[buf][g] = c;
+                s_l[g] = s_l[g] * c + sum;
+                s_m[g] = m_new;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            float c = s_corr[buf][g];
+#pragma unroll
+            for (int e = 0; e < VPL * PER; e++)
+                acc[g][e] *= c;
+        }
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            int r = i * RPS + warp * RPW + sub;
+#pragma unroll
+            for (int v = 0; v < VPL; v++) {
+                float vf[PER];
+                kat_type<DT>::unpack(vr[i][v], vf);
+#pragma unroll
+                for (int g = 0; g < HG; g++) {
+                    float p = s_p[buf][g][r];
+#pragma unroll
+                    for (int e = 0; e < PER; e++)
+                        acc[g][v * PER + e] = fmaf(p, vf[e], acc[g][v * PER + e]);
+                }
+            }
+        }
+    }
+
+    /* sum the rows each lane group accumulated: within the warp, then across warps */
+#pragma unroll
+    for (int g = 0; g < HG; g++)
+#pragma unroll
+        for (int e = 0; e < VPL * PER; e++)
+#pragma unroll
+            for (int o = LPR; o < 32; o <<= 1)
+                acc[g][e] += __shfl_xor_sync(0xffffffffu, acc[g][e], o);
+    if (sub == 0)
+#pragma unroll
+        for (int g = 0; g < HG; g++)
+#pragma unroll
+            for (int v = 0; v < VPL; v++)
+#pragma unroll
+                for (int e = 0; e < PER; e++)
+                    s_red[warp][g][(lv + v * LPR) * PER + e] = acc[g][v * PER + e];
+    bad = __syncthreads_or(bad);
+    kat_parts parts = kat_parts_of(a, G);
+    for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
+        int g = i / D, d = i % D;
+        float o = (s_red[0][g][d] + s_red[1][g][d]) + (s_red[2][g][d] + s_red[3][g][d]);
+        int64_t row = t * a.n_heads + h0 + g;
+        if (G == 1) {
+            kat_type<DT>::store(a.out, row * D + d, bad ? kat_nan() : o / s_l[g]);
+        } else {
+            parts.o[(row * G + z) * D + d] = o;
+            if (d == 0) {
+                parts.ml[(row * G + z) * 2] = s_m[g];
+                parts.ml[(row * G + z) * 2 + 1] = bad ? kat_nan() : s_l[g];
+            }
+        }
+    }
+}
+
+/* ---- 2c. generic: any head_dim, dtype and alignment --------------------------------- */
+
+#define KAT_GENERIC_DIMS 4 /* dims per thread: head_dim <= 4 * KAT_THREADS (512) */
+
+/* Grid: x = token, y = query head, z = split. Thread j scores key j of the
+ * tile; thread d accumulates dims d, d + 128, ... */
+__global__ void __launch_bounds__(KAT_THREADS) kat_generic(kiln_attention_cuda_args a)
+{
+    __shared__ float s_q[KAT_GENERIC_DIMS * KAT_THREADS];
+    __shared__ float s_p[KAT_GENERIC_TILE];
+    __shared__ int64_t s_off[KAT_GENERIC_TILE];
+    __shared__ float s_red[4];
+
+    kcu_after_prior();
+    const int G = gridDim.z, z = blockIdx.z, D = a.head_dim, dt = a.dtype;
+    const int64_t t = blockIdx.x, h = blockIdx.y, kvh = h / (a.n_heads / a.n_kv_heads);
+    kat_tok k = kat_token(a, t);
+    const int64_t nk = k.pos + 1, n_tiles = (nk + KAT_GENERIC_TILE - 1) / KAT_GENERIC_TILE;
+    if (!k.valid) {
+        if (G == 1)
+            for (int d = threadIdx.x; d < D; d += KAT_THREADS)
+                kcu_store_float(a.out, (t * a.n_heads + h) * D + d, dt, kat_nan());
+        return;
+    }
+    if (z >= n_tiles)
+        return;
+    for (int d = threadIdx.x; d < D; d += KAT_THREADS)
+        s_q[d] = kcu_load_float(a.q, dt, t * a.q_ld + h * D + d);
+    float acc[KAT_GENERIC_DIMS] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float m = -INFINITY, l = 0.0f;
+    const float sl2 = a.scale * KAT_LOG2E;
+    const int64_t vd = kat_vdelta(a);
+    int bad = 0;
+    __syncthreads();
+    for (int64_t tile = z; tile < n_tiles; tile += G) {
+        int64_t kp = tile * KAT_GENERIC_TILE + threadIdx.x;
+        int64_t off = kp < nk ? kat_krow(a, k.s, kp, kvh) : -2;
+        bad |= off == -1;
+        float s = -INFINITY;
+        if (off >= 0) {
+            float dot = 0.0f;
+            for (int d = 0; d < D; d++)
+                dot = fmaf(s_q[d], kcu_load_float(a.cache, dt, off + d), dot);
+            s = dot * sl2;
+        }
+        s_off[threadIdx.x] = off;
+        float m_new = fmaxf(m, kat_block_max(s, s_red));
+        float m_use = m_new == -INFINITY ? 0.0f : m_new;
+        float p = exp2f(s - m_use), c = exp2f(m - m_use);
+        s_p[threadIdx.x] = p;
+        l = l * c + kat_block_sum(p, s_red); /* its syncs also publish s_p and s_off */
+        m = m_new;
+        int n = (int)min((int64_t)KAT_GENERIC_TILE, nk - tile * KAT_GENERIC_TILE);
+#pragma unroll
+        for (int i = 0; i < KAT_GENERIC_DIMS; i++)
+            acc[i] *= c;
+        for (int j = 0; j < n; j++) {
+            int64_t vrow = s_off[j] + vd;
+            float pj = s_p[j];
+            if (s_off[j] < 0)
+                continue;
+#pragma unroll
+            for (int i = 0; i < KAT_GENERIC_DIMS; i++) {
+                int d = threadIdx.x + i * KAT_THREADS;
+                if (d < D)
+                    acc[i] = fmaf(pj, kcu_load_float(a.cache, dt, vrow + d), acc[i]);
+            }
+        }
+        __syncthreads();
+    }
+    bad = __syncthreads_or(bad);
+    int64_t row = t * a.n_heads + h;
+    kat_parts parts = kat_parts_of(a, G);
+#pragma unroll
+    for (int i = 0; i < KAT_GENERIC_DIMS; i++) {
+        int d = threadIdx.x + i * KAT_THREADS;
+        if (d >= D)
+            continue;
+        if (G == 1) {
+            kcu_store_float(a.out, dt, row * D + d, bad ? kat_nan() : acc[i] / l);
+        } else {
+            parts.o[(row * G + z) * D + d] = acc[i];
+            if (d == 0) {
+                parts.ml[(row * G + z) * 2] = m;
+                parts.ml[(row * G + z) * 2 + 1] = bad ? kat_nan() : l;
+            }
+        }
+    }
+}
+
+/* ---- 3. combine the splits --------------------------------------------------------- */
+
+/* Grid: x = token, y = query head. The splits that ran for a token are the
+ * first min(G, tiles) (tiles of `tile` keys); thread i weighs split i. */
+__global__ void __launch_bounds__(KAT_THREADS) kat_combine(kiln_attention_cuda_args a, int32_t G, int32_t tile)
+{
+    __shared__ float s_w[KAT_MAX_SPLITS];
+    __shared__ float s_red[4];
+    kcu_after_prior();
+    const int D = a.head_dim;
+    const int64_t t = blockIdx.x, row = t * a.n_heads + blockIdx.y;
+    kat_tok k = kat_token(a, t);
+    if (!k.valid) {
+        for (int d = threadIdx.x; d < D; d += KAT_THREADS)
+            kcu_store_float(a.out, a.dtype, row * D + d, kat_nan());
+        return;
+    }
+    const int64_t n_tiles = (k.pos + 1 + tile - 1) / tile;
+    const int n = (int)min((int64_t)G, n_tiles);
+    kat_parts parts = kat_parts_of(a, G);
+    const int i = threadIdx.x;
+    float mi = i < n ? parts.ml[(row * G + i) * 2] : -INFINITY;
+    float li = i < n ? parts.ml[(row * G + i) * 2 + 1] : 0.0f;
+    float M = kat_block_max(mi, s_red);
+    float w = i < n ? exp2f(mi - M) : 0.0f;
+    s_w[i] = w;
+    float total = kat_block_sum(li * w, s_red);
+    for (int d = threadIdx.x; d < D; d += KAT_THREADS) {
+        float o = 0.0f;
+        for (int j = 0; j < n; j++)
+            o = fmaf(s_w[j], parts.o[(row * G + j) * D + d], o);
+        kcu_store_float(a.out, a.dtype, row * D + d, o / total);
+    }
+}
+
+/* ---- 2a. prefill: flash attention on tensor cores ----------------------------------- */
+
+#define KAT_BQ 64 /* query rows per CTA: 16 per warp */
+#define KAT_BK 64 /* keys per tile */
+
+template <int DT> struct kat_mma;
+template <> struct kat_mma<KILN_DTYPE_F16> {
+    static __device__ __forceinline__ void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    /* lo goes to the lower half: the element of the smaller column */
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
+    {
+        __half2 h = __floats2half2_rn(lo, hi);
+        return *(uint32_t *)&h;
+    }
+};
+template <> struct kat_mma<KILN_DTYPE_BF16> {
+    static __device__ __forceinline__ void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi)
+    {
+        __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+        return *(uint32_t *)&h;
+    }
+};
+
+__device__ __forceinline__ void kat_cp_async16(void *smem, const void *src, int bytes)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(s), "l"(src), "r"(bytes) : "memory");
+}
+
+__device__ __forceinline__ void kat_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+template <int N> __device__ __forceinline__ void kat_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* Four 8x8 16-bit matrices: thread l gets, of matrix i (rows at the
+ * addresses of threads 8i..8i+7), the elements (l/4, 2(l%4)) and
+ * (l/4, 2(l%4)+1) in r[i]. */
+__device__ __forceinline__ void kat_ldmatrix(uint32_t *r, const void *smem)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+/* The same, transposed: thread l gets (2(l%4), l/4) and (2(l%4)+1, l/4). */
+__device__ __forceinline__ void kat_ldmatrix_t(uint32_t *r, const void *smem)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+/* Which (sequence, tile) CTA x takes: tiles numbered sequence by sequence
+ * (ceil(n_new * gq / KAT_BQ) each), found by a block-wide prefix sum over
+ * the sequences. Returns the sequence, or -1 when x is past the last tile. */
+__device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, int64_t gq, int64_t *tile_out)
+{
+    __shared__ int64_t s_warp[KAT_THREADS / 32];
+    __shared__ int64_t s_found[2];
+    const int64_t S = a.n_seqs, per = (S + KAT_THREADS - 1) / KAT_THREADS;
+    const int64_t lo = threadIdx.x * per, hi = min(lo + per, S);
+    int64_t cnt = 0;
+    for (int64_t s = lo; s < hi; s++) {
+        int64_t n = (int64_t)a.qstart[s + 1] - a.qstart[s];
+        n = n < 0 ? 0 : n > a.tokens ? a.tokens : n;
+        cnt += (n * gq + KAT_BQ - 1) / KAT_BQ;
+    }
+    if (threadIdx.x == 0)
+        s_found[0] = -1;
+    /* inclusive scan within the warp, then warp totals */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int64_t inc = cnt;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        int64_t y = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o)
+            inc += y;
+    }
+    if (lane == 31)
+        s_warp[warp] = inc;
+    __syncthreads();
+    int64_t base = inc - cnt;
+    for (int w = 0; w < warp; w++)
+        base += s_warp[w];
+    for (int64_t s = lo; s < hi; s++) {
+        int64_t n = (int64_t)a.qstart[s + 1] - a.qstart[s];
+        n = n < 0 ? 0 : n > a.tokens ? a.tokens : n;
+        int64_t nt = (n * gq + KAT_BQ - 1) / KAT_BQ;
+        if (x >= base && x < base + nt) {
+            s_found[0] = s;
+            s_found[1] = x - base;
+        }
+        base += nt;
+    }
+    __syncthreads();
+    *tile_out = s_found[1];
+    return s_found[0];
+}
+
+/* Grid: x = tile (an upper bound of the tiles over all sequences), y = kv
+ * head. The rows of a sequence are its (new token, query head of the kv
+ * head) pairs, token-major, so the query heads of a group share every K/V
+ * tile and a decode sequence in a mixed step costs one K/V pass, not one
+ * per head. Warp w owns rows 16w..16w+15 of the tile; in the mma fragments
+ * lane l holds rows l/4 and l/4 + 8 and columns 2(l%4), +1. */
+template <int DT, int D>
+__global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
+{
+    constexpr int LDS = D + 8; /* smem row pitch (elements): 16-byte rows, no bank conflicts */
+    constexpr int KC = D / 16; /* k-steps of QK^T */
+    constexpr int ND = D / 8;  /* n-tiles of the output */
+    __shared__ __align__(16) uint16_t sK[KAT_BK * LDS];
+    __shared__ __align__(16) uint16_t sV[KAT_BK * LDS];
+    __shared__ int64_t s_off[2][KAT_BK]; /* K row offsets of the keys of tiles kt (kt & 1) and kt + 1 */
+    __shared__ int s_bad;
+
+    kcu_after_prior();
+    if (threadIdx.x == 0)
+        s_bad = 0; /* published by kat_find_tile's barriers */
+    int64_t tile_in_seq;
+    const int64_t gq = a.n_heads / a.n_kv_heads, kvh = blockIdx.y;
+    const int64_t s = kat_find_tile(a, blockIdx.x, gq, &tile_in_seq);
+    if (s < 0)
+        return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tig = lane & 3;
+    const int64_t first = a.qstart[s], n_new = (int64_t)a.qstart[s + 1] - first, len = a.seq_lens[s];
+    const int64_t n_qt = (n_new * gq + KAT_BQ - 1) / KAT_BQ;
+    const int64_t m0 = (n_qt - 1 - tile_in_seq) * KAT_BQ; /* first row; the longest tiles of a sequence first */
+    const int64_t rows = min((int64_t)KAT_BQ, n_new * gq - m0);
+    const int64_t out_ld = (int64_t)a.n_heads * D;
+    /* element offset of row m of the tile in a [tokens, n_heads * head_dim] tensor with rows ld apart */
+#define KAT_ROW(m, ld) ((first + (m0 + (m)) / gq) * (ld) + (kvh * gq + (m0 + (m)) % gq) * D)
+    if (first < 0 || first + n_new > a.tokens || len < n_new || len > a.max_blocks * a.block_size) {
+        if (first >= 0 && first + n_new <= a.tokens)
+            for (int i = threadIdx.x; i < rows * D; i += KAT_THREADS)
+                kat_type<DT>::store(a.out, KAT_ROW(i / D, out_ld) + i % D, kat_nan());
+        return;
+    }
+    /* positions of the tile's first and last rows' tokens */
+    const int64_t p_first = len - n_new + m0 / gq, p_last = len - n_new + (m0 + rows - 1) / gq;
+    const int ra = warp * 16 + gr, rb = ra + 8; /* this thread's two rows of the tile */
+
+    uint32_t qa[KC][4];
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        const uint32_t *qr_a = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(ra, a.q_ld) + kc * 16);
+        const uint32_t *qr_b = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(rb, a.q_ld) + kc * 16);
+        qa[kc][0] = ra < rows ? qr_a[tig] : 0u;
+        qa[kc][1] = rb < rows ? qr_b[tig] : 0u;
+        qa[kc][2] = ra < rows ? qr_a[4 + tig] : 0u;
+        qa[kc][3] = rb < rows ? qr_b[4 + tig] : 0u;
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+    const float sl2 = a.scale * KAT_LOG2E;
+    const int64_t vd = kat_vdelta(a);
+    const uint16_t *cache = (const uint16_t *)a.cache;
+
+    /* Pipeline: K of tile kt + 1 loads during P V of tile kt, V of tile kt
+     * during Q K^T of tile kt; one cp.async group each, so wait_group 1
+     * waits for K(kt) while V(kt) may still fly. Rows past p_last and bad
+     * blocks are zero-filled (garbage times a zero probability could be
+     * NaN). */
+    const int64_t n_kt = (p_last + KAT_BK) / KAT_BK;
+    if (threadIdx.x < KAT_BK) {
+        int64_t off = threadIdx.x <= p_last ? kat_krow(a, s, threadIdx.x, kvh) : -2;
+        if (off == -1)
+            s_bad = 1;
+        s_off[0][threadIdx.x] = off;
+    }
+    __syncthreads();
+    for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
+        int r = c / (D / 8), col = (c % (D / 8)) * 8;
+        int64_t off = s_off[0][r];
+        kat_cp_async16(&sK[r * LDS + col], off >= 0 ? cache + off + col : cache, off >= 0 ? 16 : 0);
+    }
+    kat_cp_commit();
+    for (int64_t kt = 0; kt < n_kt; kt++) {
+        const int64_t k0 = kt * KAT_BK;
+        const int cur = (int)(kt & 1);
+        for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
+            int r = c / (D / 8), col = (c % (D / 8)) * 8;
+            int64_t off = s_off[cur][r];
+            kat_cp_async16(&sV[r * LDS + col], off >= 0 ? cache + off + vd + col : cache, off >= 0 ? 16 : 0);
+        }
+        kat_cp_commit();
+        if (kt + 1 < n_kt && threadIdx.x < KAT_BK) {
+            int64_t kp = k0 + KAT_BK + threadIdx.x, off = kp <= p_last ? kat_krow(a, s, kp, kvh) : -2;
+            if (off == -1)
+                s_bad = 1;
+            s_off[cur ^ 1][threadIdx.x] = off;
+        }
+        kat_cp_wait<1>();
+        __syncthreads();
+
+        /* S = Q K^T for this warp's 16 rows and the tile's 64 keys */
+        float sc[KAT_BK / 8][4];
+#pragma unroll
+        for (int j = 0; j < KAT_BK / 8; j++) {
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
+            /* keys 8j..8j+7 by dims 16kc..16kc+31: the B fragments of k-steps kc and kc + 1 */
+            const uint16_t *kr = &sK[(j * 8 + (lane & 7)) * LDS + (lane >> 3) * 8];
+#pragma unroll
+            for (int kc = 0; kc < KC; kc += 2) {
+                uint32_t b[4];
+                kat_ldmatrix(b, kr + kc * 16);
+                kat_mma<DT>::run(sc[j], qa[kc], b[0], b[1]);
+                kat_mma<DT>::run(sc[j], qa[kc + 1], b[2], b[3]);
+            }
+        }
+        /* scale, causal mask where the tile reaches past the first row's position */
+        const bool mask = k0 + KAT_BK - 1 > p_first;
+        const int64_t pa = len - n_new + (m0 + ra) / gq, pb = len - n_new + (m0 + rb) / gq;
+        float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < KAT_BK / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int64_t key = k0 + j * 8 + tig * 2 + (e & 1);
+                float v = sc[j][e] * sl2;
+                if (mask && key > (e < 2 ? pa : pb))
+                    v = -INFINITY;
+                sc[j][e] = v;
+                if (e < 2)
+                    mx_a = fmaxf(mx_a, v);
+                else
+                    mx_b = fmaxf(mx_b, v);
+            }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+        }
+        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+        const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a, mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
+        const float c_a = exp2f(m_a - mu_a), c_b = exp2f(m_b - mu_b);
+        m_a = mn_a, m_b = mn_b;
+        l_a *= c_a, l_b *= c_b;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            o[n][0] *= c_a, o[n][1] *= c_a;
+            o[n][2] *= c_b, o[n][3] *= c_b;
+        }
+        uint32_t pf[KAT_BK / 16][4];
+#pragma unroll
+        for (int j = 0; j < KAT_BK / 8; j++) {
+            float p0 = exp2f(sc[j][0] - mu_a), p1 = exp2f(sc[j][1] - mu_a);
+            float p2 = exp2f(sc[j][2] - mu_b), p3 = exp2f(sc[j][3] - mu_b);
+            l_a += p0 + p1, l_b += p2 + p3;
+            pf[j / 2][(j & 1) * 2] = kat_mma<DT>::pack(p0, p1);
+            pf[j / 2][(j & 1) * 2 + 1] = kat_mma<DT>::pack(p2, p3);
+        }
+
+        kat_cp_wait<0>();
+        __syncthreads(); /* V(kt) is in; every warp is done with sK */
+        if (kt + 1 < n_kt) {
+            for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
+                int r = c / (D / 8), col = (c % (D / 8)) * 8;
+                int64_t off = s_off[cur ^ 1][r];
+                kat_cp_async16(&sK[r * LDS + col], off >= 0 ? cache + off + col : cache, off >= 0 ? 16 : 0);
+            }
+            kat_cp_commit();
+        }
+        /* O += P V: keys 16kk.. as the k dimension, V read transposed */
+#pragma unroll
+        for (int kk = 0; kk < KAT_BK / 16; kk++)
+#pragma unroll
+            for (int np = 0; np < D / 16; np++) {
+                uint32_t b[4];
+                int mi = lane >> 3, ri = lane & 7;
+                kat_ldmatrix_t(b, &sV[(kk * 16 + ri + (mi & 1) * 8) * LDS + np * 16 + (mi >> 1) * 8]);
+                kat_mma<DT>::run(o[2 * np], pf[kk], b[0], b[1]);
+                kat_mma<DT>::run(o[2 * np + 1], pf[kk], b[2], b[3]);
+            }
+        __syncthreads();
+    }
+
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+    }
+    const bool bad = s_bad != 0;
+    const float ia = bad ? kat_nan() : 1.0f / l_a, ib = bad ? kat_nan() : 1.0f / l_b;
+    uint16_t *out = (uint16_t *)a.out;
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        int col = n * 8 + tig * 2;
+        if (ra < rows)
+            *(uint32_t *)&out[KAT_ROW(ra, out_ld) + col] = kat_mma<DT>::pack(o[n][0] * ia, o[n][1] * ia);
+        if (rb < rows)
+            *(uint32_t *)&out[KAT_ROW(rb, out_ld) + col] = kat_mma<DT>::pack(o[n][2] * ib, o[n][3] * ib);
+    }
+#undef KAT_ROW
+}
+
+/* ---- host: plans and launches --------------------------------------------------------- */
+
+/* Query heads a kat_decode CTA takes. */
+static int kat_hg(int32_t n_heads, int32_t n_kv_heads)
+{
+    int gq = n_heads / n_kv_heads;
+    return gq == 1 ? 1 : gq <= 4 ? 4 : 8;
+}
+
+static int kat_decode_tile(int32_t dtype, int32_t head_dim)
+{
+    if (dtype == KILN_DTYPE_F32)
+        return head_dim == 64 ? kat_shape<KILN_DTYPE_F32, 64>::TILE : kat_shape<KILN_DTYPE_F32, 128>::TILE;
+    return head_dim == 64 ? kat_shape<KILN_DTYPE_BF16, 64>::TILE : kat_shape<KILN_DTYPE_BF16, 128>::TILE;
+}
+
+/* Splits for `ctas` CTAs per token: enough CTAs for several waves (equal
+ * CTAs in one wave and a bit leave most of the GPU idle in the bit), no
+ * more splits than tiles of the longest possible sequence, and as even as
+ * the tiles allow. */
+static int32_t kat_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t tile)
+{
+    int64_t base = tokens * ctas, g = (KAT_TARGET_CTAS + base - 1) / base, tiles = (max_ctx + tile - 1) / tile;
+    if (g > KAT_MAX_SPLITS)
+        g = KAT_MAX_SPLITS;
+    if (g >= tiles)
+        return (int32_t)(tiles < 1 ? 1 : tiles);
+    int64_t per = (tiles + g - 1) / g; /* tiles per split */
+    g = (tiles + per - 1) / per;
+    return (int32_t)(g < 1 ? 1 : g);
+}
+
+static size_t kat_parts_bytes(int64_t tokens, int32_t n_heads, int32_t head_dim, int32_t g)
+{
+    return g > 1 ? (size_t)tokens * (size_t)n_heads * (size_t)g * ((size_t)head_dim + 2) * sizeof(float) : 0;
+}
+
+extern "C" size_t kiln_attention_cuda_workspace(int64_t tokens, int64_t n_seqs, int64_t max_blocks, int32_t n_heads,
+                                     int32_t n_kv_heads, int32_t head_dim, int32_t block_size)
+{
+    if (tokens < 1 || n_kv_heads < 1 || n_heads % n_kv_heads)
+        return 0;
+    const int64_t max_ctx = max_blocks * block_size, hg = kat_hg(n_heads, n_kv_heads);
+    const int64_t fast_ctas = (int64_t)n_kv_heads * ((n_heads / n_kv_heads + hg - 1) / hg);
+    /* G * t only grows while G > 1, i.e. while t * ctas < KAT_TARGET_CTAS */
+    size_t most = 0;
+    for (int64_t t = 1; t <= tokens && t <= KAT_TARGET_CTAS; t++) {
+        size_t b = kat_parts_bytes(t, n_heads, head_dim, kat_splits(t, n_heads, max_ctx, KAT_GENERIC_TILE));
+        most = b > most ? b : most;
+        for (int dt = 0; dt < 2; dt++) { /* the f32 tiles are the smaller: more splits */
+            int tile = kat_decode_tile(dt ? KILN_DTYPE_F32 : KILN_DTYPE_BF16, head_dim == 64 ? 64 : 128);
+            b = kat_parts_bytes(t, n_heads, head_dim, kat_splits(t, fast_ctas, max_ctx, tile));
+            most = b > most ? b : most;
+        }
+    }
+    return most;
+}
+
+static int kat_aligned(const void *p, int64_t ld, size_t es)
+{
+    return ((uintptr_t)p & 15) == 0 && ((size_t)ld * es) % 16 == 0;
+}
+
+template <int DT, int D>
+static cudaError_t kat_launch_decode(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
+                                     cudaStream_t st)
+{
+    int n_hg = (a.n_heads / a.n_kv_heads + hg - 1) / hg;
+    dim3 grid((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
+    if (hg == 1)
+        return kcu_launch_cfg(kat_decode<DT, D, 1>, grid, dim3(KAT_THREADS), st, a, fused);
+    if (hg == 4)
+        return kcu_launch_cfg(kat_decode<DT, D, 4>, grid, dim3(KAT_THREADS), st, a, fused);
+    return kcu_launch_cfg(kat_decode<DT, D, 8>, grid, dim3(KAT_THREADS), st, a, fused);
+}
+
+template <int DT>
+static cudaError_t kat_launch_decode_dt(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
+                                        cudaStream_t st)
+{
+    return a.head_dim == 64 ? kat_launch_decode<DT, 64>(a, hg, g, fused, st)
+                            : kat_launch_decode<DT, 128>(a, hg, g, fused, st);
+}
+
+extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)
+{
+    const kiln_attention_cuda_args &a = *ap;
+    cudaStream_t st = (cudaStream_t)stream;
+    if (a.tokens < 1)
+        return (int)cudaSuccess;
+    const size_t es = a.dtype == KILN_DTYPE_F32 ? 4 : 2;
+    const int64_t D = a.head_dim, max_ctx = a.max_blocks * a.block_size;
+    const int cache16 = ((uintptr_t)a.cache & 15) == 0 && (D * es) % 16 == 0;
+    const int kv16 = kat_aligned(a.k, a.k_ld, es) && kat_aligned(a.v, a.v_ld, es);
+    const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) &&
+                     ((uintptr_t)a.out & 3) == 0;
+    const int prefill = fast && a.dtype != KILN_DTYPE_F32 && a.tokens > a.n_seqs;
+    const int32_t fused = fast && !prefill && kv16; /* kat_decode writes the cache itself */
+    cudaError_t e = cudaSuccess;
+    if (!fused)
+        e = kcu_launch_cfg(kat_write, dim3((unsigned)a.tokens), dim3(KAT_THREADS), st, a, (int32_t)es,
+                            (int32_t)(cache16 && kv16));
+    if (e != cudaSuccess)
+        return (int)e;
+
+    if (prefill) {
+        /* at most sum(ceil(n_new * gq / BQ)) <= (T * gq + (BQ - 1) * min(S, T)) / BQ tiles */
+        int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
+        dim3 grid((unsigned)((a.tokens * gq + (KAT_BQ - 1) * busy + KAT_BQ - 1) / KAT_BQ), (unsigned)a.n_kv_heads);
+        if (a.dtype == KILN_DTYPE_F16)
+            e = D == 64 ? kcu_launch_cfg(kat_prefill<KILN_DTYPE_F16, 64>, grid, dim3(KAT_THREADS), st, a)
+                        : kcu_launch_cfg(kat_prefill<KILN_DTYPE_F16, 128>, grid, dim3(KAT_THREADS), st, a);
+        else
+            e = D == 64 ? kcu_launch_cfg(kat_prefill<KILN_DTYPE_BF16, 64>, grid, dim3(KAT_THREADS), st, a)
+                        : kcu_launch_cfg(kat_prefill<KILN_DTYPE_BF16, 128>, grid, dim3(KAT_THREADS), st, a);
+        return (int)e;
+    }
+
+    int32_t g, tile;
+    if (fast) {
+        int hg = kat_hg(a.n_heads, a.n_kv_heads);
+        int64_t ctas = (int64_t)a.n_kv_heads * ((a.n_heads / a.n_kv_heads + hg - 1) / hg);
+        tile = kat_decode_tile(a.dtype, a.head_dim);
+        g = kat_splits(a.tokens, ctas, max_ctx, tile);
+        if (g > 1 && !a.workspace)
+            return (int)cudaErrorInvalidValue;
+        switch (a.dtype) {
+        case KILN_DTYPE_F32: e = kat_launch_decode_dt<KILN_DTYPE_F32>(a, hg, g, fused, st); break;
+        case KILN_DTYPE_F16: e = kat_launch_decode_dt<KILN_DTYPE_F16>(a, hg, g, fused, st); break;
+        default: e = kat_launch_decode_dt<KILN_DTYPE_BF16>(a, hg, g, fused, st); break;
+        }
+    } else {
+        tile = KAT_GENERIC_TILE;
+        g = kat_splits(a.tokens, a.n_heads, max_ctx, tile);
+        if (g > 1 && !a.workspace)
+            return (int)cudaErrorInvalidValue;
+        e = kcu_launch_cfg(kat_generic, dim3((unsigned)a.tokens, (unsigned)a.n_heads, (unsigned)g), dim3(KAT_THREADS),
+                            st, a);
+    }
+    if (e != cudaSuccess || g == 1)
+        return (int)e;
+    return (int)kcu_launch_cfg(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), dim3(KAT_THREADS), st, a, g,
+                                tile);
+}
+
+extern "C" const char *kiln_attention_cuda_error(int code) { return cudaGetErrorString((cudaError_t)code); }

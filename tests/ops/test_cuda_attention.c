@@ -1,0 +1,481 @@
+/* kiln/PagedAttention on the GPU against its CPU reference (attention.c) on
+ * the same random q, k, v and the same randomly filled paged cache, with a
+ * shuffled block table whose unused entries are out of range (a kernel
+ * that reads past a sequence's length gets NaN and fails):
+ *   - decode, batch 1..64, lengths mixed from 1 to past 8192 (the split
+ *     path and its combine, one split, CTAs past a length);
+ *   - prefill of several sequences packed without padding (tensor-core
+ *     kernel for f16/bf16), chunked prefill onto a filled cache, decodes
+ *     and a prompt in one step;
+ *   - GQA 32/8, MQA, MHA, groups of 2 and 12 query heads per kv head;
+ *   - head_dim 64 and 128 (fast kernels), 16, 80 and 256 (generic kernel),
+ *     block sizes 16, 7 and 1; packed qkv; q or k and v views off 16-byte
+ *     alignment (other kernels, the separate cache write);
+ *   - f32, f16, bf16; a decode and a prefill step replayed from a CUDA graph.
+ * The GPU output is poisoned with NaN before each launch. Tolerance on the
+ * output, ||gpu - cpu|| / ||cpu||: f32 2e-5 (both sum up to 9000 terms in
+ * f32, in different orders: about sqrt(n/2) * 2^-24 apart), f16 2e-3 and
+ * bf16 1e-2 (a few ulps of the output dtype; the tensor-core path also
+ * rounds the probabilities to it). Every element must be finite. The
+ * cache after the step must equal the CPU's byte for byte (it is a copy).
+ *
+ * Without a GPU (or without the CUDA backend) it exits 77: skipped. */
+#include "test.h"
+
+#ifdef KILN_HAVE_CUDA
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+
+#include <cuda_runtime.h>
+#include <kiln/registry.h>
+#include <stdint.h>
+
+static kiln_cuda_device *dev;
+static cudaStream_t stream;
+static kiln_threadpool *pool;
+static kiln_registry *reg;
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+static uint64_t rng_next(void)
+{
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static float rng_float(float lo, float hi) { return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
+
+static void *dev_copy(const void *h, size_t bytes)
+{
+    void *d = NULL;
+    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess || cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+        fprintf(stderr, "cannot place %zu bytes on the GPU\n", bytes);
+        exit(1);
+    }
+    return d;
+}
+
+static void fill(void *p, kiln_dtype t, int64_t n, float lo, float hi)
+{
+    for (int64_t i = 0; i < n; i++)
+        kiln_store_f32(p, t, i, rng_float(lo, hi));
+}
+
+static kiln_plugin *make_plugin(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, int32_t packed)
+{
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "PagedAttention", "1", "kiln", NULL);
+    CHECK(c != NULL);
+    if (!c)
+        return NULL;
+    const char *names[5] = {"n_heads", "n_kv_heads", "head_dim", "block_size", "packed_qkv"};
+    const int32_t vals[5] = {nh, nkv, hd, bs, packed};
+    kiln_field f[5];
+    for (int i = 0; i < 5; i++)
+        f[i] = (kiln_field){.struct_size = sizeof(kiln_field), .abi_version = KILN_PLUGIN_ABI_VERSION,
+                            .name = names[i], .type = KILN_FIELD_I32, .count = 1, .data = &vals[i]};
+    kiln_plugin *pl = NULL;
+    CHECK_OK(kiln_plugin_create(c, f, 5, &pl));
+    return pl;
+}
+
+/* One step's shapes: S sequences with n_new[s] new tokens each and
+ * lens[s] tokens after the step. */
+typedef struct step {
+    const char *name;
+    int32_t nh, nkv, hd, bs;
+    int32_t packed;    /* one qkv input */
+    int32_t misalign;  /* 1: q and out, 2: k and v viewed one element in (not 16-byte aligned) */
+    int32_t graph;     /* replay the launch from a captured CUDA graph */
+    int32_t S;
+    const int32_t *n_new, *lens;
+} step;
+
+static double rel_norm_tol(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 2e-5 : t == KILN_DTYPE_F16 ? 2e-3 : 1e-2; }
+
+static kiln_status run_gpu(const kiln_layer *l, const kiln_exec_tensor *din, const kiln_exec_tensor *dout,
+                           kiln_plugin *pl, void *ws, int graph)
+{
+    kiln_cuda_args ga = {.layer = l, .inputs = din, .outputs = dout, .plugin = pl, .workspace = ws, .device = dev,
+                         .stream = stream};
+    if (!graph)
+        return kiln_cuda_run_layer(&ga);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) != cudaSuccess)
+        return KILN_ERROR_BACKEND;
+    kiln_status st = kiln_cuda_run_layer(&ga);
+    cudaError_t e = cudaStreamEndCapture(stream, &g);
+    if (st != KILN_OK)
+        return st;
+    if (e != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess || cudaGraphLaunch(ge, stream) != cudaSuccess) {
+        fprintf(stderr, "graph capture or replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+        st = KILN_ERROR_BACKEND;
+    }
+    cudaStreamSynchronize(stream);
+    if (ge)
+        cudaGraphExecDestroy(ge);
+    if (g)
+        cudaGraphDestroy(g);
+    return st;
+}
+
+static void run_step(const step *c, kiln_dtype dt)
+{
+    char what[160];
+    snprintf(what, sizeof what, "%s %s (heads %d/%d, head_dim %d, block %d%s%s%s)", c->name, kiln_dtype_name(dt),
+             c->nh, c->nkv, c->hd, c->bs, c->packed ? ", packed" : "",
+             c->misalign == 1 ? ", q unaligned" : c->misalign == 2 ? ", k v unaligned" : "",
+             c->graph ? ", graph" : "");
+    kiln_plugin *pl = make_plugin(c->nh, c->nkv, c->hd, c->bs, c->packed);
+    if (!pl)
+        return;
+    const size_t es = kiln_dtype_size(dt);
+    int64_t T = 0, need = 0, max_blocks = 1;
+    for (int32_t s = 0; s < c->S; s++) {
+        int64_t b = (c->lens[s] + c->bs - 1) / c->bs;
+        T += c->n_new[s];
+        need += b;
+        max_blocks = b > max_blocks ? b : max_blocks;
+    }
+    max_blocks += 2; /* table entries past every length: out of range */
+    const int64_t n_blocks = need + 3, qw = (int64_t)c->nh * c->hd, kvw = (int64_t)c->nkv * c->hd;
+
+    /* block table: a shuffled assignment of the cache's blocks */
+    int32_t *perm = malloc((size_t)n_blocks * sizeof *perm), *table = malloc((size_t)(c->S * max_blocks) * sizeof *table);
+    int32_t *qstart = malloc((size_t)(c->S + 1) * sizeof *qstart);
+    for (int64_t i = 0; i < n_blocks; i++)
+        perm[i] = (int32_t)i;
+    for (int64_t i = n_blocks - 1; i > 0; i--) {
+        int64_t j = (int64_t)(rng_next() % (uint64_t)(i + 1));
+        int32_t x = perm[i];
+        perm[i] = perm[j];
+        perm[j] = x;
+    }
+    int64_t used = 0;
+    qstart[0] = 0;
+    for (int32_t s = 0; s < c->S; s++) {
+        int64_t b = (c->lens[s] + c->bs - 1) / c->bs;
+        for (int64_t j = 0; j < max_blocks; j++)
+            table[s * max_blocks + j] = j < b ? perm[used++] : (int32_t)(n_blocks + 1000 + j);
+        qstart[s + 1] = qstart[s] + c->n_new[s];
+    }
+
+    /* inputs: q, k, v apart or one packed row; tensors one element longer
+     * so a misaligned view still has T rows */
+    const int32_t n_act = c->packed ? 1 : 3;
+    const int64_t widths[3] = {c->packed ? qw + 2 * kvw : qw, kvw, kvw};
+    void *h_act[3], *d_act[3];
+    for (int i = 0; i < n_act; i++) {
+        int64_t n = T * widths[i] + 1;
+        h_act[i] = malloc((size_t)n * es);
+        fill(h_act[i], dt, n, -2.0f, 2.0f);
+        d_act[i] = dev_copy(h_act[i], (size_t)n * es);
+    }
+    const int64_t cache_n = n_blocks * 2 * kvw * c->bs;
+    void *h_cache = malloc((size_t)cache_n * es), *g_cache = malloc((size_t)cache_n * es);
+    fill(h_cache, dt, cache_n, -1.0f, 1.0f);
+    void *d_cache = dev_copy(h_cache, (size_t)cache_n * es);
+    void *d_table = dev_copy(table, (size_t)(c->S * max_blocks) * sizeof *table);
+    void *d_lens = dev_copy(c->lens, (size_t)c->S * sizeof(int32_t));
+    void *d_qstart = dev_copy(qstart, (size_t)(c->S + 1) * sizeof *qstart);
+    const int64_t out_n = T * qw + 1;
+    void *h_out = malloc((size_t)out_n * es), *g_out = malloc((size_t)out_n * es), *d_out = NULL;
+    CHECK(cudaMalloc(&d_out, (size_t)out_n * es) == cudaSuccess);
+    cudaMemset(d_out, 0xff, (size_t)out_n * es);
+
+    const size_t off = c->misalign == 1 ? es : 0, kv_off = c->misalign == 2 ? es : 0;
+    kiln_exec_tensor hin[7], din[7], hout, dout;
+    int32_t n_in = 0;
+    for (int i = 0; i < n_act; i++, n_in++) {
+        kiln_dims d = {.rank = 2, .d = {T, widths[i]}};
+        size_t o = i == 0 ? off : kv_off;
+        hin[n_in] = (kiln_exec_tensor){(char *)h_act[i] + o, dt, d};
+        din[n_in] = (kiln_exec_tensor){(char *)d_act[i] + o, dt, d};
+    }
+    kiln_dims cd = {.rank = 5, .d = {n_blocks, 2, c->nkv, c->bs, c->hd}};
+    hin[n_in] = (kiln_exec_tensor){h_cache, dt, cd};
+    din[n_in++] = (kiln_exec_tensor){d_cache, dt, cd};
+    kiln_dims td = {.rank = 2, .d = {c->S, max_blocks}}, sd = {.rank = 1, .d = {c->S}}, qd = {.rank = 1, .d = {c->S + 1}};
+    hin[n_in] = (kiln_exec_tensor){table, KILN_DTYPE_I32, td};
+    din[n_in++] = (kiln_exec_tensor){d_table, KILN_DTYPE_I32, td};
+    hin[n_in] = (kiln_exec_tensor){(void *)c->lens, KILN_DTYPE_I32, sd};
+    din[n_in++] = (kiln_exec_tensor){d_lens, KILN_DTYPE_I32, sd};
+    hin[n_in] = (kiln_exec_tensor){qstart, KILN_DTYPE_I32, qd};
+    din[n_in++] = (kiln_exec_tensor){d_qstart, KILN_DTYPE_I32, qd};
+    kiln_dims od = {.rank = 2, .d = {T, qw}};
+    hout = (kiln_exec_tensor){(char *)h_out + off, dt, od};
+    dout = (kiln_exec_tensor){(char *)d_out + off, dt, od};
+
+    /* the workspace at these shapes (the builder asks at the max shapes) */
+    kiln_tensor_desc descs[8];
+    for (int32_t i = 0; i <= n_in; i++) {
+        const kiln_exec_tensor *t = i < n_in ? &hin[i] : &hout;
+        descs[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc), .abi_version = KILN_PLUGIN_ABI_VERSION,
+                                      .dtype = t->dtype, .format = KILN_FORMAT_LINEAR, .dims = t->dims};
+    }
+    CHECK(pl->ops->supports(pl, KILN_BACKEND_CUDA, descs, n_in, 1));
+    size_t ws_bytes = pl->ops->workspace_size(pl, descs, n_in, descs + n_in, 1);
+    void *ws = NULL;
+    if (ws_bytes)
+        CHECK(cudaMalloc(&ws, ws_bytes) == cudaSuccess);
+
+    kiln_layer l;
+    memset(&l, 0, sizeof l);
+    l.name = (char *)"attention";
+    l.op = KILN_OP_PLUGIN;
+    l.n_inputs = n_in;
+    l.n_outputs = 1;
+    l.tactic = -1;
+    l.workspace = ws_bytes;
+    kiln_cpu_args ca = {.layer = &l, .inputs = hin, .outputs = &hout, .plugin = pl, .pool = pool};
+    CHECK_OK(kiln_cpu_run_layer(&ca));
+    cudaDeviceSynchronize(); /* copies and poison ran on the legacy stream */
+    kiln_status st = run_gpu(&l, din, &dout, pl, ws, c->graph);
+    cudaError_t e = cudaStreamSynchronize(stream);
+    test_checks_ += 2;
+    if (st != KILN_OK || e != cudaSuccess) {
+        test_failures_++;
+        fprintf(stderr, "%s: %s %s\n", what, st != KILN_OK ? kiln_last_error() : "", cudaGetErrorString(e));
+    } else if (cudaMemcpy(g_out, d_out, (size_t)out_n * es, cudaMemcpyDeviceToHost) != cudaSuccess ||
+               cudaMemcpy(g_cache, d_cache, (size_t)cache_n * es, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        test_failures_++;
+        fprintf(stderr, "%s: copying results back failed\n", what);
+    } else {
+        double num = 0, den = 0;
+        int64_t bad = -1;
+        for (int64_t i = 0; i < T * qw; i++) {
+            double r = kiln_load_f32((char *)h_out + off, dt, i), g = kiln_load_f32((char *)g_out + off, dt, i);
+            if (!isfinite(g) && bad < 0)
+                bad = i;
+            num += (g - r) * (g - r);
+            den += r * r;
+        }
+        double rel = sqrt(num / (den > 0 ? den : 1));
+        if (bad >= 0 || !(rel <= rel_norm_tol(dt))) {
+            test_failures_++;
+            fprintf(stderr, "%s: relative norm of the difference %.3g (tol %.0e)", what, rel, rel_norm_tol(dt));
+            if (bad >= 0)
+                fprintf(stderr, "; element %lld (token %lld, head %lld) is %g", (long long)bad,
+                        (long long)(bad / qw), (long long)(bad % qw / c->hd),
+                        kiln_load_f32((char *)g_out + off, dt, bad));
+            fprintf(stderr, "\n");
+        }
+        if (memcmp(g_cache, h_cache, (size_t)cache_n * es) != 0) {
+            test_failures_++;
+            int64_t i = 0;
+            while (memcmp((char *)g_cache + i * es, (char *)h_cache + i * es, es) == 0)
+                i++;
+            fprintf(stderr, "%s: cache element %lld differs: gpu %g, cpu %g\n", what, (long long)i,
+                    kiln_load_f32(g_cache, dt, i), kiln_load_f32(h_cache, dt, i));
+        }
+        printf("  %-60s rel %.2e\n", what, rel);
+    }
+
+    for (int i = 0; i < n_act; i++) {
+        free(h_act[i]);
+        cudaFree(d_act[i]);
+    }
+    free(h_cache);
+    free(g_cache);
+    free(h_out);
+    free(g_out);
+    free(perm);
+    free(table);
+    free(qstart);
+    cudaFree(d_cache);
+    cudaFree(d_table);
+    cudaFree(d_lens);
+    cudaFree(d_qstart);
+    cudaFree(d_out);
+    cudaFree(ws);
+    pl->ops->destroy(pl);
+}
+
+static const kiln_dtype dtypes[3] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+
+static void run_all(const step *c)
+{
+    for (int i = 0; i < 3; i++)
+        run_step(c, dtypes[i]);
+}
+
+/* ---- decode ----------------------------------------------------------------------- */
+
+static const int32_t ones[64] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,
+                                 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+
+static void test_decode_long(void)
+{
+    static const int32_t len1[1] = {8300}, len3[3] = {1, 9001, 77};
+    run_all(&(step){"decode batch 1, 8300 tokens", 32, 8, 128, 16, 0, 0, 0, 1, ones, len1});
+    run_all(&(step){"decode batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    run_step(&(step){"decode batch 1 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len1}, KILN_DTYPE_BF16);
+}
+
+static void test_decode_batch(void)
+{
+    int32_t lens[64];
+    for (int i = 0; i < 64; i++)
+        lens[i] = 1 + (int32_t)(rng_next() % 1500);
+    lens[5] = 1;
+    lens[17] = 8193;
+    lens[40] = 64;
+    run_all(&(step){"decode batch 64, lengths 1..8193", 32, 8, 128, 16, 0, 0, 0, 64, ones, lens});
+    run_all(&(step){"decode batch 8, head_dim 64", 16, 4, 64, 16, 0, 0, 0, 8, ones, lens});
+}
+
+static void test_decode_heads(void)
+{
+    static const int32_t lens[5] = {1, 700, 129, 3000, 64};
+    run_all(&(step){"decode MQA", 8, 1, 64, 16, 0, 0, 0, 5, ones, lens});
+    run_all(&(step){"decode MHA", 4, 4, 128, 16, 0, 0, 0, 5, ones, lens});
+    run_all(&(step){"decode 2 per kv head, block 7", 8, 4, 128, 7, 0, 0, 0, 5, ones, lens});
+    run_all(&(step){"decode 12 per kv head, block 1", 24, 2, 64, 1, 0, 0, 0, 5, ones, lens});
+    run_all(&(step){"decode packed qkv", 32, 8, 128, 16, 1, 0, 0, 5, ones, lens});
+    run_all(&(step){"decode unaligned q", 8, 2, 128, 16, 0, 1, 0, 5, ones, lens});
+    run_all(&(step){"decode unaligned k, v", 8, 2, 128, 16, 0, 2, 0, 5, ones, lens});
+}
+
+static void test_decode_generic(void)
+{
+    static const int32_t lens[4] = {1, 300, 2100, 17};
+    run_all(&(step){"decode head_dim 16", 4, 2, 16, 16, 0, 0, 0, 4, ones, lens});
+    run_all(&(step){"decode head_dim 80", 8, 2, 80, 16, 0, 0, 0, 4, ones, lens});
+    run_all(&(step){"decode head_dim 256", 4, 1, 256, 16, 0, 0, 0, 4, ones, lens});
+}
+
+/* ---- prefill ---------------------------------------------------------------------- */
+
+static void test_prefill(void)
+{
+    static const int32_t n_new[4] = {100, 1, 64, 250}, fresh[4] = {100, 1, 64, 250};
+    run_all(&(step){"prefill 4 sequences", 32, 8, 128, 16, 0, 0, 0, 4, n_new, fresh});
+    run_all(&(step){"prefill 4 sequences, head_dim 64 MQA", 8, 1, 64, 16, 0, 0, 0, 4, n_new, fresh});
+    run_all(&(step){"prefill packed qkv", 32, 8, 128, 16, 1, 0, 0, 4, n_new, fresh});
+    run_all(&(step){"prefill head_dim 16", 4, 2, 16, 16, 0, 0, 0, 4, n_new, fresh});
+    static const int32_t one_new[1] = {1000}, one_len[1] = {1000};
+    run_all(&(step){"prefill 1000 tokens", 32, 8, 128, 16, 0, 0, 0, 1, one_new, one_len});
+    run_step(&(step){"prefill (graph)", 32, 8, 128, 16, 0, 0, 1, 4, n_new, fresh}, KILN_DTYPE_F16);
+}
+
+static void test_chunked_prefill(void)
+{
+    static const int32_t n_new[3] = {50, 130, 1}, lens[3] = {350, 207, 4000};
+    run_all(&(step){"chunked prefill onto a filled cache", 32, 8, 128, 16, 0, 0, 0, 3, n_new, lens});
+    run_all(&(step){"chunked prefill, block 7, 12 per kv head", 24, 2, 64, 7, 0, 0, 0, 3, n_new, lens});
+    run_all(&(step){"chunked prefill unaligned q", 8, 2, 64, 16, 0, 1, 0, 3, n_new, lens});
+    run_all(&(step){"chunked prefill unaligned k, v", 8, 2, 64, 16, 0, 2, 0, 3, n_new, lens});
+    /* decodes beside a prompt: more tokens than sequences, so the prefill kernel takes them all */
+    static const int32_t mixed_new[5] = {1, 1, 1, 40, 1}, mixed_lens[5] = {1, 5000, 300, 40, 17};
+    run_all(&(step){"mixed step: 4 decodes and a prompt", 32, 8, 128, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
+    run_all(&(step){"mixed step, MQA head_dim 64", 16, 1, 64, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
+}
+
+/* A block outside the cache cannot be reported from the device: the
+ * sequence's outputs turn NaN, the rest of the batch stays right, nothing
+ * is written out of bounds (the run must not fault). */
+static void test_bad_block(void)
+{
+    kiln_plugin *pl = make_plugin(4, 2, 64, 16, 0);
+    if (!pl)
+        return;
+    const int64_t T = 2, qw = 4 * 64, kvw = 2 * 64, n_blocks = 4, cache_n = n_blocks * 2 * kvw * 16;
+    int32_t table[2 * 2] = {0, 1000000, 2, 3}, lens[2] = {20, 20}, qstart[3] = {0, 1, 2};
+    float *q = malloc((size_t)(T * qw) * sizeof *q), *k = malloc((size_t)(T * kvw) * sizeof *k);
+    float *cache = malloc((size_t)cache_n * sizeof *cache), out[2 * 256];
+    fill(q, KILN_DTYPE_F32, T * qw, -1, 1);
+    fill(k, KILN_DTYPE_F32, T * kvw, -1, 1);
+    fill(cache, KILN_DTYPE_F32, cache_n, -1, 1);
+    void *d[7] = {dev_copy(q, (size_t)(T * qw) * 4), dev_copy(k, (size_t)(T * kvw) * 4), dev_copy(k, (size_t)(T * kvw) * 4),
+                  dev_copy(cache, (size_t)cache_n * 4), dev_copy(table, sizeof table), dev_copy(lens, sizeof lens),
+                  dev_copy(qstart, sizeof qstart)};
+    void *d_out = NULL;
+    CHECK(cudaMalloc(&d_out, sizeof out) == cudaSuccess);
+    kiln_exec_tensor din[7] = {
+        {d[0], KILN_DTYPE_F32, {.rank = 2, .d = {T, qw}}},       {d[1], KILN_DTYPE_F32, {.rank = 2, .d = {T, kvw}}},
+        {d[2], KILN_DTYPE_F32, {.rank = 2, .d = {T, kvw}}},      {d[3], KILN_DTYPE_F32, {.rank = 5, .d = {n_blocks, 2, 2, 16, 64}}},
+        {d[4], KILN_DTYPE_I32, {.rank = 2, .d = {2, 2}}},        {d[5], KILN_DTYPE_I32, {.rank = 1, .d = {2}}},
+        {d[6], KILN_DTYPE_I32, {.rank = 1, .d = {3}}}};
+    kiln_exec_tensor dout = {d_out, KILN_DTYPE_F32, {.rank = 2, .d = {T, qw}}};
+    kiln_tensor_desc descs[8];
+    for (int i = 0; i < 8; i++)
+        descs[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc), .abi_version = KILN_PLUGIN_ABI_VERSION,
+                                      .dtype = i < 7 ? din[i].dtype : dout.dtype, .format = KILN_FORMAT_LINEAR,
+                                      .dims = i < 7 ? din[i].dims : dout.dims};
+    void *ws = NULL;
+    size_t ws_bytes = pl->ops->workspace_size(pl, descs, 7, descs + 7, 1);
+    if (ws_bytes)
+        cudaMalloc(&ws, ws_bytes);
+    kiln_layer l;
+    memset(&l, 0, sizeof l);
+    l.name = (char *)"attention";
+    l.op = KILN_OP_PLUGIN;
+    l.n_inputs = 7;
+    l.n_outputs = 1;
+    cudaDeviceSynchronize();
+    CHECK_OK(run_gpu(&l, din, &dout, pl, ws, 0));
+    CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(cudaMemcpy(out, d_out, sizeof out, cudaMemcpyDeviceToHost) == cudaSuccess);
+    int nan0 = 1, fin1 = 1;
+    for (int i = 0; i < qw; i++) {
+        nan0 &= isnan(out[i]);
+        fin1 &= isfinite(out[qw + i]);
+    }
+    CHECK(nan0);
+    CHECK(fin1);
+    for (int i = 0; i < 7; i++)
+        cudaFree(d[i]);
+    cudaFree(d_out);
+    cudaFree(ws);
+    free(q);
+    free(k);
+    free(cache);
+    pl->ops->destroy(pl);
+}
+
+static const test_case_ tests[] = {
+    TEST(test_decode_long), TEST(test_decode_batch),    TEST(test_decode_heads), TEST(test_decode_generic),
+    TEST(test_prefill),     TEST(test_chunked_prefill), TEST(test_bad_block),
+};
+
+int main(void)
+{
+    int32_t arch = 0;
+    if (!kiln_cuda_available(&arch)) {
+        printf("skipped: no CUDA GPU\n");
+        return 77;
+    }
+    if (kiln_cuda_device_create(&dev) != KILN_OK ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        kiln_threadpool_create(0, &pool) != KILN_OK || kiln_registry_create(&reg) != KILN_OK) {
+        fprintf(stderr, "cannot set up the GPU test: %s\n", kiln_last_error());
+        return 1;
+    }
+    printf("GPU sm_%d\n", (int)arch);
+    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
+        int before = test_failures_;
+        tests[i].fn();
+        printf("%s %s\n", test_failures_ == before ? "ok  " : "FAIL", tests[i].name);
+    }
+    printf("%d checks, %d failed\n", test_checks_, test_failures_);
+    kiln_registry_destroy(reg);
+    kiln_threadpool_destroy(pool);
+    cudaStreamDestroy(stream);
+    kiln_cuda_device_destroy(dev);
+    return test_failures_ ? 1 : 0;
+}
+
+#else
+
+int main(void)
+{
+    printf("skipped: no CUDA GPU (built without the CUDA backend)\n");
+    return 77 + test_failures_ + test_checks_; /* both 0: the harness is unused here */
+}
+
+#endif
