@@ -311,6 +311,37 @@ KILN_API void kiln_llm_message_init(kiln_llm_message *message);
 KILN_API kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *const *messages,
                                             size_t n_messages, int32_t **ids, size_t *n_ids);
 
+/* ---- teacher forcing and the engine's weights ---------------------------------------- */
+
+/* Receives the f32 logits (vocab_size of them, borrowed for the call) of
+ * the token that follows position `position` of a scored sequence. */
+typedef void (*kiln_llm_logits_fn)(void *user, size_t position, const float *logits);
+
+/* Runs ids[0..n) through the model as one sequence, teacher-forced, and
+ * calls on_logits for every position i = 0 .. n-1, in order, with the
+ * logits of the token after ids[0..i] (what perplexity and engine
+ * comparisons need). Independent of kiln_llm_generate: the call creates its
+ * own execution context of the engine with a KV cache of ceil(n /
+ * block_size) blocks (so an llm opened with kv_cache_blocks = 1 scores
+ * fine) and frees it before returning. The tokens go in steps of up to
+ * max_batch (the step network returns logits for at most max_batch rows:
+ * docs/llm.md), each a prefill chunk attending to the cache. n must be in
+ * [1, max_seq_len] and every id inside the vocabulary (KILN_ERROR_LIMIT /
+ * KILN_ERROR_INVALID_ARGUMENT naming it otherwise). */
+KILN_API kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm_logits_fn on_logits,
+                                    void *user);
+
+/* The engine the llm runs (kiln_engine_backend etc.); borrowed, lives as
+ * long as the llm. */
+KILN_API const kiln_engine *kiln_llm_engine(const kiln_llm *llm);
+
+/* Bytes of the engine's weights (constants): *total, all of them;
+ * *per_token, those a batch-1 decode step reads — all but the tables only
+ * a gather reads (an untied embedding, of which a step reads one row per
+ * token). The weights' bytes over the memory bandwidth are decode's floor.
+ * Either pointer may be NULL. */
+KILN_API void kiln_llm_weight_bytes(const kiln_llm *llm, size_t *total, size_t *per_token);
+
 #ifdef __cplusplus
 }
 #endif

@@ -125,6 +125,18 @@ KILN_API int32_t kiln_context_num_layers(const kiln_context *ctx);
 KILN_API kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const char **name,
                                              const char **op, double *ms);
 
+/* ---- memory bandwidth ---------------------------------------------------- */
+
+/* Measures the memory bandwidth of a backend, the ceiling a memory-bound
+ * step (LLM decode) is judged against: a copy of `bytes` (0: 1 GiB on
+ * CUDA, 256 MiB on the CPU) between two buffers allocated for the call —
+ * device to device on CUDA, memcpy split over one thread per online CPU on
+ * the CPU — timed `reps` times (1..64) after warm-up. *bytes_per_s is the
+ * median run's bytes read plus bytes written per second (STREAM's
+ * convention). KILN_ERROR_TARGET when the backend is not available here. */
+KILN_API kiln_status kiln_backend_measure_copy_bandwidth(kiln_backend backend, size_t bytes,
+                                                         int32_t reps, double *bytes_per_s);
+
 #ifdef __cplusplus
 }
 #endif

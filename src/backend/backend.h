@@ -176,6 +176,11 @@ typedef struct kiln_backend_i {
     /* Fills plan->layer_ms from the last profiled enqueue, if the backend
      * times layers itself. */
     kiln_status (*layer_times)(kiln_backend_context *c);
+    /* Bytes read + written per second by a copy of `bytes` (0: the
+     * backend's default size) between two buffers of its memory allocated
+     * for the call, the median of `reps` (1..64) timed runs after warm-up:
+     * the ceiling kiln_backend_measure_copy_bandwidth reports. */
+    kiln_status (*copy_bandwidth)(size_t bytes, int32_t reps, double *bytes_per_s);
 
     /* ---- build time (optional) ---- */
     /* Nonzero when a device is present; *arch receives its architecture

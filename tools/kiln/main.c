@@ -19,6 +19,8 @@ static const char top_help[] =
     "  chat      chat with an LLM engine (reads messages from stdin)\n"
     "  tokenize  print the token ids of a text (LLM engines)\n"
     "  detokenize  print the text of token ids (LLM engines)\n"
+    "  bench     time prefill and decode of an LLM engine against its bandwidth floor\n"
+    "  perplexity  perplexity of an LLM engine on a text, or two engines compared\n"
     "\n"
     "Run `kiln <command> --help` for a command's options. Errors are one line\n"
     "starting `kiln: error:`; exit status 0 is success, 1 failure, 2 a usage error.\n";
@@ -168,5 +170,9 @@ int main(int argc, char **argv)
         return cli_tokenize(argc - 1, argv + 1);
     if (strcmp(cmd, "detokenize") == 0)
         return cli_detokenize(argc - 1, argv + 1);
+    if (strcmp(cmd, "bench") == 0)
+        return cli_bench(argc - 1, argv + 1);
+    if (strcmp(cmd, "perplexity") == 0)
+        return cli_perplexity(argc - 1, argv + 1);
     return cli_usage(NULL, "unknown command \"%s\"", cmd);
 }

@@ -30,4 +30,8 @@ extern const kiln_backend_i kiln_backend_cpu;
  * With plan->layer_ms, each layer's host time goes there. */
 kiln_status kiln_cpu_exec(kiln_exec_plan *plan, const kiln_exec_host *host, int reference);
 
+/* The table's copy_bandwidth (cpu_bandwidth.c): memcpy split over one
+ * thread per online CPU; 256 MiB when bytes is 0. */
+kiln_status kiln_cpu_copy_bandwidth(size_t bytes, int32_t reps, double *bytes_per_s);
+
 #endif

@@ -147,4 +147,5 @@ const kiln_backend_i kiln_backend_cpu = {
     .synchronize = cpu_synchronize,
     .run_reference = cpu_run_reference,
     .copy = cpu_copy,
+    .copy_bandwidth = kiln_cpu_copy_bandwidth,
 };

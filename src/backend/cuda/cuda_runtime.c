@@ -748,6 +748,68 @@ static kiln_status cuda_tune_layer(void *tuner, const kiln_layer *L, const kiln_
     return kiln_cuda_matmul_tune(tuner, L, &inputs[0], &inputs[1], &outputs[0], tactic);
 }
 
+/* ---- device copy bandwidth ---------------------------------------------------------------- */
+
+typedef struct copy_probe {
+    void *src, *dst;
+    cudaStream_t stream;
+    cudaEvent_t start, stop;
+} copy_probe;
+
+static int cmp_float(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+static kiln_status copy_probe_run(copy_probe *p, size_t bytes, int32_t reps, double *bytes_per_s)
+{
+    enum { WARMUP = 3, MAX_REPS = 64 };
+    float ms[MAX_REPS];
+    CU(cudaMalloc(&p->src, bytes));
+    CU(cudaMalloc(&p->dst, bytes));
+    CU(cudaStreamCreateWithFlags(&p->stream, cudaStreamNonBlocking));
+    CU(cudaEventCreate(&p->start));
+    CU(cudaEventCreate(&p->stop));
+    CU(cudaMemsetAsync(p->src, 1, bytes, p->stream));
+    if (reps > MAX_REPS)
+        reps = MAX_REPS;
+    for (int32_t i = 0; i < WARMUP + reps; i++) {
+        CU(cudaEventRecord(p->start, p->stream));
+        CU(cudaMemcpyAsync(p->dst, p->src, bytes, cudaMemcpyDeviceToDevice, p->stream));
+        CU(cudaEventRecord(p->stop, p->stream));
+        CU(cudaEventSynchronize(p->stop));
+        if (i >= WARMUP)
+            CU(cudaEventElapsedTime(&ms[i - WARMUP], p->start, p->stop));
+    }
+    qsort(ms, (size_t)reps, sizeof *ms, cmp_float);
+    float median = ms[reps / 2];
+    if (!(median > 0))
+        return kiln_fail(KILN_ERROR_BACKEND, "a device copy of %zu bytes took no measurable time", bytes);
+    *bytes_per_s = 2.0 * (double)bytes / ((double)median * 1e-3);
+    return KILN_OK;
+}
+
+/* 1 GiB when bytes is 0, as bench/kiln_bench.c's device copy. */
+static kiln_status cuda_copy_bandwidth(size_t bytes, int32_t reps, double *bytes_per_s)
+{
+    if (!kiln_cuda_available(NULL))
+        return kiln_fail(KILN_ERROR_TARGET, "no usable GPU to measure a device copy on");
+    copy_probe p = {0};
+    kiln_status s = copy_probe_run(&p, bytes ? bytes : (size_t)1 << 30, reps, bytes_per_s);
+    if (p.stream)
+        cudaStreamSynchronize(p.stream);
+    if (p.start)
+        cudaEventDestroy(p.start);
+    if (p.stop)
+        cudaEventDestroy(p.stop);
+    if (p.stream)
+        cudaStreamDestroy(p.stream);
+    cudaFree(p.src);
+    cudaFree(p.dst);
+    return s;
+}
+
 const kiln_backend_i kiln_backend_cuda = {
     .kind = KILN_BACKEND_CUDA,
     .check_target = cuda_check_target,
@@ -769,6 +831,7 @@ const kiln_backend_i kiln_backend_cuda = {
     .gpu_time = cuda_gpu_time,
     .set_profiling = cuda_set_profiling,
     .layer_times = cuda_layer_times,
+    .copy_bandwidth = cuda_copy_bandwidth,
     .device_arch = cuda_device_arch,
     .tuner_create = cuda_tuner_create,
     .tuner_destroy = cuda_tuner_destroy,

@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# The LLM section of the GPU check (issue 8): run by tools/gpu-check.sh on
+# the lent GPU machine, after the build and the test suite.
+#
+#  (a) every tiny checkpoint of tests/data/llm, built into CUDA engines (f32
+#      and bf16), against HF transformers on the same GPU
+#      (tests/gpu/hf_reference.py): logits at every position, teacher-forced
+#      greedy, and `kiln run` greedy on KILN_LLM_RUN_PROMPTS prompts;
+#  (b) the default model (SmolLM2 GGUF at $KILN_DEFAULT_GGUF, carried by the
+#      lead; skipped and said so when unset): a bf16 CUDA engine's
+#      perplexity on tests/data/text within 1% of the f32 CPU engine's,
+#      argmax agreement >= 97%;
+#  (c) benchmarks on random-weight checkpoints of the Llama-3.1-8B and
+#      Llama-3.2-1B shapes (tools/make_random_checkpoint.py): build time and
+#      peak host RSS, engine open, decode and prefill (`kiln bench`), each
+#      beside its issue-8 target, the floor measured in the same run and HF
+#      transformers' own decode speed on the same checkpoint.
+#
+#   KILN_BUILD_DIR=build-gpu LLM_LOGS=DIR bash tests/gpu/llm_gpu_check.sh
+#
+# Writes DIR/llm-rows.tsv (rows for gpu-check's results table, "name<TAB>
+# result"), DIR/llm-bench.txt (the benchmark table) and DIR/llm.log (every
+# command's output). Exit status 1 when a check fails or a benchmark misses
+# its target. Knobs (environment):
+#   KILN_LLM_RUN_PROMPTS   prompts per engine checked through `kiln run` (default 4 of 8)
+#   KILN_LLM_BENCH_MODELS  "8b 1b" (default), a subset, or "" to skip (c)
+#   KILN_LLM_BENCH_8K      1 (default): the 8,192-token-context decode at 8B
+#   KILN_HF_PEER           1 (default): time HF transformers on each checkpoint
+#   KILN_HF_PEER_COMPILE   1: the peer uses a static cache + torch.compile (default eager)
+#   KILN_LLM_WORK          scratch folder (default $KILN_BUILD_DIR/llm-work; needs ~40 GB for 8B)
+#   KILN_LLM_BACKEND       cuda (default); cpu tries the script's logic on a machine without a GPU
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+build=${KILN_BUILD_DIR:-build-gpu}
+case $build in /*) ;; *) build=$root/$build ;; esac
+logs=${LLM_LOGS:-$build/logs}
+mkdir -p "$logs"
+kiln=$build/bin/kiln
+work=${KILN_LLM_WORK:-$build/llm-work}
+rm -rf "$work"
+mkdir -p "$work"
+rows=$logs/llm-rows.tsv
+table=$logs/llm-bench.txt
+log=$logs/llm.log
+: >"$rows"
+: >"$table"
+: >"$log"
+status=0
+hf=tests/gpu/hf_reference.py
+backend=${KILN_LLM_BACKEND:-cuda}
+text=tests/data/text/declaration_of_independence.txt
+start=$(date +%s)
+
+row() {
+    printf '%s\t%s\n' "$1" "$2" >>"$rows"
+    printf '%-44s %s\n' "$1" "$2"
+    case "$2" in *FAIL*) status=1 ;; esac
+}
+elapsed() { echo "$(($(date +%s) - start))s"; }
+# measure CMD...: runs it with output appended to the log; prints "rc
+# seconds peak_rss_mb" (the peak RSS of the command's process tree as
+# getrusage sees its children).
+measure() {
+    python3 - "$log" "$@" <<'PY'
+import resource, subprocess, sys, time
+t = time.time()
+with open(sys.argv[1], "a") as f:
+    rc = subprocess.call(sys.argv[2:], stdout=f, stderr=subprocess.STDOUT)
+print(rc, "%.2f" % (time.time() - t), "%.0f" % (resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024))
+PY
+}
+say() { echo "== $*" >>"$log"; }
+
+if [ ! -x "$kiln" ]; then
+    row "llm: kiln" "FAIL ($kiln was not built)"
+    exit 1
+fi
+have_torch=0
+if python3 -c 'import torch, transformers, numpy; assert torch.cuda.is_available()' >>"$log" 2>&1; then
+    have_torch=1
+fi
+
+# ---- (a) tiny checkpoints against transformers ------------------------------------------
+refs=$work/refs
+if [ $have_torch -eq 0 ]; then
+    row "llm: HF references" "SKIPPED: no torch/transformers/numpy with CUDA here"
+else
+    say "HF references"
+    if ! python3 "$hf" refs --data tests/data/llm --out "$refs" >>"$log" 2>&1; then
+        row "llm: HF references" "FAIL (see llm.log)"
+    else
+        for json in "$refs"/*-f32.json; do
+            fam=$(basename "$json" -f32.json)
+            for dtype in f32 bf16; do
+                e=$work/$fam-$dtype.engine
+                say "build $fam $dtype"
+                if ! "$kiln" build "tests/data/llm/$fam" --backend "$backend" --dtype "$dtype" -o "$e" >>"$log" 2>&1; then
+                    row "llm $fam $dtype: build --backend $backend" "FAIL ($(tail -n1 "$log" | cut -c1-120))"
+                    continue
+                fi
+                say "compare $fam $dtype"
+                python3 "$hf" compare --refs "$refs" --family "$fam" --dtype "$dtype" --kiln "$kiln" --engine "$e" \
+                    --rows "$rows" --run-prompts "${KILN_LLM_RUN_PROMPTS:-4}" >>"$log" 2>&1 ||
+                    row "llm $fam $dtype: compare" "FAIL (hf_reference.py compare, see llm.log)"
+            done
+        done
+        grep -q FAIL "$rows" && status=1
+    fi
+fi
+echo "llm: (a) done ($(elapsed))" >>"$log"
+
+# ---- (b) the default model: bf16 CUDA against f32 CPU -----------------------------------
+gguf=${KILN_DEFAULT_GGUF:-}
+if [ -z "$gguf" ] || [ ! -f "$gguf" ]; then
+    row "llm default model: perplexity" "SKIPPED: KILN_DEFAULT_GGUF is not set to a GGUF file"
+else
+    say "default model"
+    # max-batch 32: scoring feeds up to max_batch tokens per step
+    if "$kiln" build "$gguf" --backend "$backend" --dtype bf16 --max-batch 32 -o "$work/default-bf16.engine" >>"$log" 2>&1 &&
+       "$kiln" build "$gguf" --dtype f32 --max-batch 32 -o "$work/default-f32-cpu.engine" >>"$log" 2>&1 &&
+       "$kiln" perplexity "$work/default-bf16.engine" "$text" --compare "$work/default-f32-cpu.engine" --json \
+           >"$work/default-ppl.json" 2>>"$log"; then
+        cat "$work/default-ppl.json" >>"$log"
+        while IFS=$'\t' read -r name res; do row "$name" "$res"; done < <(python3 - "$work/default-ppl.json" "$backend" <<'PY'
+import json, sys
+o = json.load(open(sys.argv[1]))
+c = o["compare"]
+ratio = o["perplexity"] / c["perplexity"]
+print("llm default model: perplexity bf16 %s\t%s (%.4f vs f32 cpu %.4f: %+.2f%%, limit 1%%; %d tokens)"
+      % (sys.argv[2], "pass" if abs(ratio - 1) <= 0.01 else "FAIL", o["perplexity"], c["perplexity"], (ratio - 1) * 100, o["tokens"]))
+print("llm default model: argmax agreement\t%s (%.4f, limit 0.97; mean KL %.5f nats)"
+      % ("pass" if c["argmax_agreement"] >= 0.97 else "FAIL", c["argmax_agreement"], c["kl_mean"]))
+PY
+        )
+    else
+        row "llm default model: perplexity" "FAIL (build or kiln perplexity failed, see llm.log)"
+    fi
+fi
+echo "llm: (b) done ($(elapsed))" >>"$log"
+
+# ---- (c) benchmarks ----------------------------------------------------------------------
+# bench_line NAME MEASURED TARGET FLOOR_OR_PEER VERDICT
+printf '%-34s %-26s %-22s %-44s %s\n' "benchmark" "kiln" "target" "floor / peer (same run)" "result" >>"$table"
+bench_line() {
+    printf '%-34s %-26s %-22s %-44s %s\n' "$1" "$2" "$3" "$4" "$5" >>"$table"
+    case "$5" in *FAIL*) status=1 ;; esac
+}
+verdict() { python3 -c "import sys; print('pass' if $1 else 'FAIL')"; }
+jget() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))$2)" "$1" 2>/dev/null; }
+
+bench_json() { # bench_json OUT ENGINE ARGS...: kiln bench --json into OUT; stderr to the log
+    local out=$1
+    shift
+    say "kiln bench $*"
+    "$kiln" bench "$@" --json >"$out" 2>"$out.err"
+    local rc=$?
+    cat "$out.err" "$out" >>"$log"
+    return $rc
+}
+
+for m in ${KILN_LLM_BENCH_MODELS-8b 1b}; do
+    case $m in
+        8b) model=llama-3.1-8b; label="8B"; decode_target=0.91; prefill_target=35000; extra="--max-seq-len 8448 --max-tokens 2048" ;;
+        1b) model=llama-3.2-1b; label="1B"; decode_target=0.80; prefill_target=120000; extra="--max-tokens 2048" ;;
+        *) row "llm bench $m" "FAIL (unknown model; use 8b or 1b)"; continue ;;
+    esac
+    ck=$work/ckpt-$m
+    e=$work/$m-bf16.engine
+    if [ $have_torch -eq 0 ]; then
+        bench_line "$label" "-" "-" "-" "SKIPPED: no torch with CUDA to write the checkpoint"
+        continue
+    fi
+    say "checkpoint $model"
+    read -r rc secs rss < <(measure python3 tools/make_random_checkpoint.py "$ck" --model "$model")
+    if [ "$rc" != 0 ]; then
+        bench_line "$label checkpoint" "-" "-" "-" "FAIL (make_random_checkpoint.py, see llm.log)"
+        continue
+    fi
+    wbytes=$(du -cb "$ck"/*.safetensors | tail -n1 | cut -f1)
+    read -r rc secs rss < <(measure "$kiln" build "$ck" --backend "$backend" --dtype bf16 $extra -o "$e")
+    if [ "$rc" != 0 ]; then
+        bench_line "$label build" "-" "-" "-" "FAIL (kiln build, see llm.log)"
+        rm -rf "$ck"
+        continue
+    fi
+    rss_limit=$(python3 -c "print('%.0f' % (1.3 * $wbytes / 2**20))")
+    bench_line "$label build time" "${secs} s" "< 60 s" "" "$(verdict "$secs < 60")"
+    bench_line "$label build peak host RSS" "${rss} MB" "<= ${rss_limit} MB" "1.3 x $((wbytes / 1000000)) MB of weights" \
+        "$(verdict "$rss <= $rss_limit")"
+
+    peer="-"
+    if [ "${KILN_HF_PEER:-1}" = 1 ]; then
+        say "HF peer $model"
+        if python3 "$hf" peer --ckpt "$ck" --prompt-len 128 --gen-len 256 ${KILN_HF_PEER_COMPILE:+--compile} \
+               >"$work/peer-$m.json" 2>>"$log"; then
+            cat "$work/peer-$m.json" >>"$log"
+            peer=$(python3 -c "import json,sys; o=json.load(open(sys.argv[1])); print('HF %.1f tok/s (%s)' % (o['decode_tok_s'], o['mode']))" "$work/peer-$m.json")
+        else
+            peer="HF peer failed (see llm.log)"
+        fi
+    fi
+
+    j=$work/bench-$m-decode.json
+    if bench_json "$j" "$e" --prompt-len 128 --gen-len 256 --reps 3; then
+        frac=$(jget "$j" '["floor_fraction"]')
+        bench_line "$label decode 128+256, batch 1" "$(jget "$j" '["decode_tok_s"]' | xargs printf '%.1f') tok/s = $(printf '%.3f' "$frac") floor" \
+            ">= $decode_target of floor" \
+            "floor $(jget "$j" '["decode_floor_tok_s"]' | xargs printf '%.0f') tok/s @ $(jget "$j" '["copy_bandwidth_gb_s"]' | xargs printf '%.0f') GB/s; $peer" \
+            "$(verdict "$frac >= $decode_target")"
+        open_ms=$(jget "$j" '["open_ms"]')
+        bench_line "$label engine open" "$(printf '%.0f' "$open_ms") ms" "<= 10000 ms" "" \
+            "$(if [ "$m" = 8b ]; then verdict "$open_ms <= 10000"; else echo "(target is for 8B)"; fi)"
+        bench_line "$label time to first token / ITL" \
+            "$(jget "$j" '["ttft_ms"]' | xargs printf '%.2f') ms / $(jget "$j" '["itl_ms_p50"]' | xargs printf '%.3f')-$(jget "$j" '["itl_ms_p99"]' | xargs printf '%.3f') ms" \
+            "(reported)" "ITL p50-p99" ""
+        # Graph capture time: reported by the engine's open, when it says so.
+        cap=$(grep -i -m1 'captur' "$j.err" || true)
+        bench_line "$label graph capture (all buckets)" "${cap:-not reported on stderr}" "<= 2 s" "" \
+            "$(if [ -n "$cap" ]; then echo "(read the line)"; else echo "FAIL (not reported)"; fi)"
+    else
+        bench_line "$label decode 128+256" "-" ">= $decode_target of floor" "$peer" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
+    fi
+
+    lens="512"
+    [ "$m" = 8b ] && lens="512 2048"
+    for n in $lens; do
+        j=$work/bench-$m-prefill-$n.json
+        if bench_json "$j" "$e" --prompt-len "$n" --gen-len 2 --reps 3; then
+            p=$(jget "$j" '["prefill_tok_s"]')
+            bench_line "$label prefill $n" "$(printf '%.0f' "$p") tok/s" ">= $prefill_target tok/s" \
+                "ttft $(jget "$j" '["ttft_ms"]' | xargs printf '%.2f') ms" "$(verdict "$p >= $prefill_target")"
+        else
+            bench_line "$label prefill $n" "-" ">= $prefill_target tok/s" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
+        fi
+    done
+
+    if [ "$m" = 8b ] && [ "${KILN_LLM_BENCH_8K:-1}" = 1 ]; then
+        j=$work/bench-$m-ctx8k.json
+        if bench_json "$j" "$e" --prompt-len 8192 --gen-len 64 --reps 1; then
+            frac=$(jget "$j" '["floor_fraction"]')
+            bench_line "$label decode at 8192 context" \
+                "$(jget "$j" '["decode_tok_s"]' | xargs printf '%.1f') tok/s = $(printf '%.3f' "$frac") floor" \
+                ">= 0.80 of floor (KV)" \
+                "floor $(jget "$j" '["decode_floor_tok_s"]' | xargs printf '%.0f') tok/s incl. KV" \
+                "$(verdict "$frac >= 0.80")"
+        else
+            bench_line "$label decode at 8192 context" "-" ">= 0.80 of floor (KV)" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
+        fi
+    fi
+    rm -rf "$ck" "$e"
+done
+echo "llm: (c) done ($(elapsed))" >>"$log"
+rm -rf "$work"
+
+echo
+echo "==== LLM benchmarks ($(elapsed)) ===="
+cat "$table"
+exit $status
