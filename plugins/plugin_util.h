@@ -121,7 +121,9 @@ static inline kiln_status plugin_pod_read_blob(const kiln_host_api *h, const cha
     if (size != sizes[version - 1])
         return h->fail(KILN_ERROR_FORMAT, "%s blob v%u is %zu bytes, expected %zu", plugin, version, size,
                        sizes[version - 1]);
-    memcpy(params, blob, size);
+    /* A schema with no fields has an empty blob, possibly NULL. */
+    if (size)
+        memcpy(params, blob, size);
     return KILN_OK;
 }
 

@@ -1132,6 +1132,10 @@ kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs
     gen_seq *seqs = calloc(n > 0 ? (size_t)n : 1, sizeof *seqs);
     int32_t *step = calloc((size_t)llm->max_batch, sizeof *step);
     kiln_status s = seqs && step ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %d requests", (int)n);
+    /* A request after one that fails seq_init is never initialized, and the
+     * cleanup below must not release slot 0 for it. */
+    for (int32_t i = 0; seqs && i < n; i++)
+        seqs[i].slot = -1;
     for (int32_t i = 0; s == KILN_OK && i < n; i++)
         s = seq_init(llm, i, reqs[i], &seqs[i]);
     if (s == KILN_OK)
