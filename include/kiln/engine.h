@@ -31,6 +31,12 @@ KILN_API void kiln_engine_destroy(kiln_engine *engine);
 
 KILN_API kiln_backend kiln_engine_backend(const kiln_engine *engine);
 
+/* Free and total bytes of the memory the engine's contexts allocate from:
+ * the GPU's (cudaMemGetInfo) for a cuda engine, physical memory (available
+ * and installed) on the CPU. Sizes caches such as an LLM's KV cache. */
+KILN_API kiln_status kiln_engine_memory_info(const kiln_engine *engine, size_t *free_bytes,
+                                             size_t *total_bytes);
+
 /* Input and output tensors ("I/O tensors"), inputs first. */
 KILN_API int32_t kiln_engine_num_io_tensors(const kiln_engine *engine);
 /* Borrowed name of the i-th I/O tensor; NULL out of range. */

@@ -8,6 +8,11 @@
  * admitted while the batch, the step's token budget and the free KV blocks
  * allow; each step packs prefill chunks and decode tokens).
  *
+ * On a GPU engine the KV cache and every per-step buffer are device memory;
+ * the host exchanges only the step's small inputs and the sampled ids with
+ * it (sampling runs in the engine, docs/llm.md), and decode steps replay
+ * CUDA graphs captured at open.
+ *
  * Threads: a kiln_llm is used by one thread at a time, except
  * kiln_llm_cancel, which any thread may call while another generates.
  * Errors: fallible calls return a kiln_status and set kiln_last_error()
@@ -89,14 +94,22 @@ KILN_API kiln_status kiln_llm_describe_json(const char *path, char **json);
 typedef struct kiln_llm_options {
     uint32_t struct_size;
     uint32_t abi_version;
-    /* Megabytes for the KV cache of all layers together. 0 (default):
-     * enough for max_batch sequences of max_seq_len tokens, capped at a
-     * quarter of physical memory. */
+    /* Megabytes for the KV cache of all layers together. 0 (default): on
+     * the CPU, enough for max_batch sequences of max_seq_len tokens, capped
+     * at a quarter of physical memory; on a GPU, kv_cache_fraction of the
+     * GPU memory free once the weights and the step's buffers are there,
+     * capped at what max_batch sequences of max_seq_len tokens can use. */
     size_t kv_cache_mb;
     /* > 0: exactly this many KV blocks instead (tools that only tokenize
      * ask for 1; tests ask for a small cache). Default 0. */
     int32_t kv_cache_blocks;
     int32_t reserved;
+    /* GPU engines: the fraction of free GPU memory the KV cache may take
+     * (TensorRT-LLM's free_gpu_memory_fraction). Default 0.9. */
+    float kv_cache_fraction;
+    /* GPU engines: nonzero skips capturing the decode steps' CUDA graphs
+     * (every step is launched kernel by kernel). Default 0. */
+    int32_t no_cuda_graphs;
 } kiln_llm_options;
 
 KILN_API void kiln_llm_options_init(kiln_llm_options *options);
@@ -121,6 +134,14 @@ typedef struct kiln_llm_info {
     int32_t bos_id;              /* -1 when none */
     int32_t n_eos;
     const int32_t *eos_ids;
+    kiln_backend backend;        /* where the engine runs */
+    /* CUDA graphs captured at open, one per decode batch size bucket
+     * (1, 2, 4, ... max_batch): their number, the time capturing them took,
+     * and the launches (graph nodes) one decode step of the largest bucket
+     * replays. 0 when graphs are off or the engine is a CPU one. */
+    int32_t n_graphs;
+    double graph_capture_ms;
+    size_t graph_nodes;
 } kiln_llm_info;
 
 /* Sampling of one request. Order, as Hugging Face's generate applies it:

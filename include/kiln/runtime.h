@@ -83,13 +83,27 @@ KILN_API kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name
 KILN_API kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *host,
                                               size_t bytes);
 
-/* CUDA only: with `enable` nonzero, each enqueue captures its launches into
- * a CUDA graph the first time it sees a set of input shapes and bound
- * addresses, and replays that graph afterwards (a few sets are cached).
- * Fails, naming the plugin and its layer, when a plugin of the engine is
- * not marked KILN_PLUGIN_FLAG_CAPTURE_SAFE; KILN_ERROR_TARGET on a CPU
- * engine. */
-KILN_API kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t enable);
+/* Modes of kiln_context_set_cuda_graph. */
+enum {
+    KILN_CUDA_GRAPH_OFF = 0,    /* launch directly; captured graphs are dropped */
+    KILN_CUDA_GRAPH_ON = 1,     /* capture each new set of shapes, replay known ones */
+    KILN_CUDA_GRAPH_PAUSED = 2, /* launch directly, keeping the captured graphs for ON */
+};
+
+/* CUDA only: in mode ON, each enqueue captures its launches into a CUDA
+ * graph the first time it sees a set of input shapes and bound addresses,
+ * and replays that graph afterwards (16 sets are cached, the least
+ * recently used evicted). PAUSED lets a caller run shapes it does not want
+ * captured (an LLM's prefill steps) between replays. Turning ON fails,
+ * naming the plugin and its layer, when a plugin of the engine is not
+ * marked KILN_PLUGIN_FLAG_CAPTURE_SAFE; KILN_ERROR_TARGET on a CPU engine. */
+KILN_API kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t mode);
+
+/* CUDA only: kernel launches (graph nodes) of the graph the last enqueue
+ * replayed or captured. KILN_ERROR_INVALID_ARGUMENT when the last enqueue
+ * was not a graph; KILN_ERROR_TARGET on a CPU engine. */
+KILN_API kiln_status kiln_context_graph_nodes(kiln_context *ctx, size_t *n_nodes);
+
 
 /* CUDA only: GPU milliseconds of the last enqueue, measured with CUDA
  * events around its launches (waits for it to finish). KILN_ERROR_TARGET

@@ -36,7 +36,7 @@
  * softmax uses exp2. */
 #include "../plugin_cuda.h"
 
-#include "backend/cuda/kcu_device.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #include <cuda_bf16.h>
 
@@ -219,7 +219,7 @@ template <> struct kat_type<KILN_DTYPE_F16> {
             f[2 * i] = x.x, f[2 * i + 1] = x.y;
         }
     }
-    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((uint16_t *)p)[i] = kcu_f32_f16(v); }
+    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((uint16_t *)p)[i] = kiln_f32_to_f16(v); }
 };
 template <> struct kat_type<KILN_DTYPE_BF16> {
     static constexpr int per = 8;
@@ -232,7 +232,7 @@ template <> struct kat_type<KILN_DTYPE_BF16> {
             f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
         }
     }
-    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((uint16_t *)p)[i] = kcu_f32_bf16(v); }
+    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((uint16_t *)p)[i] = kiln_f32_to_bf16(v); }
 };
 
 /* ---- 2b. decode: split paged attention, query heads of a kv head together ----------- */

@@ -135,6 +135,10 @@ typedef struct kiln_backend_i {
     /* Optional. KILN_OK when ptr is memory this backend's layers can
      * address; the message names the tensor. */
     kiln_status (*check_binding)(const char *tensor, void *ptr);
+    /* Optional. Free and total bytes of the memory mem_alloc takes from
+     * (CUDA: the device's); without it the runtime reports physical
+     * memory. */
+    kiln_status (*memory_info)(size_t *free_bytes, size_t *total_bytes);
 
     /* ---- contexts ---- */
     /* The plan is the context's and outlives the backend context. */
@@ -159,8 +163,12 @@ typedef struct kiln_backend_i {
                         int to_device);
 
     /* ---- graph mode and timing (optional) ---- */
-    /* Captures enqueues into graphs and replays them (CUDA graphs). */
-    kiln_status (*set_graph_mode)(kiln_backend_context *c, int32_t enable);
+    /* Captures enqueues into graphs and replays them (CUDA graphs); mode
+     * is KILN_CUDA_GRAPH_OFF, ON or PAUSED (include/kiln/runtime.h),
+     * checked by the runtime. */
+    kiln_status (*set_graph_mode)(kiln_backend_context *c, int32_t mode);
+    /* Launches (graph nodes) of the graph the last enqueue replayed. */
+    kiln_status (*graph_nodes)(kiln_backend_context *c, size_t *n_nodes);
     /* Device milliseconds of the last enqueue. */
     kiln_status (*gpu_time)(kiln_backend_context *c, float *ms);
     /* Profiling turned on (plan->layer_ms exists): prepare per-layer timing. */

@@ -15,12 +15,16 @@
 
 #include "../core/api_struct.h"
 #include "../core/error.h"
+#include "../../plugins/sample/sample.h"
 #include "chat_template.h"
 #include "kv_cache.h"
 #include "llm_config.h"
 #include "llm_internal.h"
 #include "sampler.h"
 #include "tokenizer.h"
+
+static const char *const step_input_names[N_STEP_INPUTS] = {
+    "tokens", "positions", "block_table", "seq_lens", "query_start", "last_token", "sample_params", "sample_seq"};
 
 /* ---- small helpers ---------------------------------------------------------------- */
 
@@ -40,6 +44,7 @@ void kiln_llm_options_init(kiln_llm_options *options)
     memset(options, 0, sizeof *options);
     options->struct_size = (uint32_t)sizeof *options;
     options->abi_version = KILN_API_VERSION;
+    options->kv_cache_fraction = 0.9f;
 }
 
 void kiln_llm_sampling_init(kiln_llm_sampling *s)
@@ -103,19 +108,22 @@ void kiln_llm_close(kiln_llm *llm)
     kiln_context_destroy(llm->ctx);
     kiln_engine_destroy(llm->engine);
     kiln_tokenizer_free(llm->tok);
-    if (llm->kv)
-        for (int32_t l = 0; l < llm->cfg.n_layers; l++)
-            free(llm->kv[l]);
-    free(llm->kv);
     kiln_kv_pool_free(&llm->pool);
     free(llm->default_system);
-    free(llm->tokens);
-    free(llm->positions);
-    free(llm->block_table);
-    free(llm->seq_lens);
-    free(llm->last_token);
-    free(llm->query_start);
-    free(llm->logits);
+    step_host *h = &llm->h;
+    free(h->tokens);
+    free(h->positions);
+    free(h->block_table);
+    free(h->seq_lens);
+    free(h->last_token);
+    free(h->query_start);
+    free(h->params);
+    free(h->seq);
+    free(llm->free_slots);
+    free(h->next);
+    free(h->logits);
+    for (int i = 0; i < N_STEP_INPUTS; i++)
+        free(llm->shadow[i]);
     free(llm->cand);
     free(llm);
 }
@@ -163,55 +171,114 @@ static size_t default_cache_bytes(const kiln_llm *llm, size_t per_token)
     return want < quarter ? want : quarter;
 }
 
-static kiln_status setup_cache(kiln_llm *llm, const kiln_llm_options *opt)
+static int on_gpu(const kiln_llm *llm) { return kiln_engine_backend(llm->engine) != KILN_BACKEND_CPU; }
+
+static kiln_status set_cache_shapes(kiln_llm *llm, int64_t n_blocks)
 {
     const kiln_llm_config *c = &llm->cfg;
     char name[32];
-    kiln_dims kv_max;
-    snprintf(name, sizeof name, "kv_cache.0");
+    kiln_dims kd = {.rank = 5, .d = {n_blocks, 2, c->n_kv_heads, c->block_size, c->head_dim}};
+    for (int32_t l = 0; l < c->n_layers; l++) {
+        snprintf(name, sizeof name, "kv_cache.%d", (int)l);
+        KILN_TRY(kiln_context_set_input_shape(llm->ctx, name, &kd));
+    }
+    return KILN_OK;
+}
+
+/* Blocks of a GPU cache: a fraction of the memory free now that the
+ * weights, the activations and the step's buffers (at their max shapes,
+ * with a one-block cache) are allocated, but no more than max_batch
+ * sequences of max_seq_len tokens can hold at once. */
+static kiln_status gpu_cache_blocks(kiln_llm *llm, const kiln_llm_options *opt, size_t *n)
+{
+    float fraction = opt->kv_cache_fraction;
+    if (!(fraction > 0.0f && fraction <= 1.0f))
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kv_cache_fraction %g is not in (0, 1]", (double)fraction);
+    size_t free_b = 0, total = 0;
+    KILN_TRY(kiln_engine_memory_info(llm->engine, &free_b, &total));
+    size_t budget = (size_t)((double)free_b * (double)fraction);
+    size_t cap = (size_t)llm->max_batch * (size_t)llm->max_blocks;
+    *n = budget / llm->block_bytes;
+    if (*n > cap)
+        *n = cap;
+    kiln_log(KILN_LOG_INFO, "llm: %zu of %zu MB of GPU memory free; %.2f of it allows %zu KV blocks, %zu used",
+             free_b >> 20, total >> 20, (double)fraction, budget / llm->block_bytes, *n);
+    return KILN_OK;
+}
+
+static kiln_status setup_cache(kiln_llm *llm, const kiln_llm_options *opt)
+{
+    const kiln_llm_config *c = &llm->cfg;
+    kiln_dims kv_max, dims;
     kiln_dtype dt;
     int32_t is_input;
-    kiln_dims dims;
-    if (kiln_engine_io_tensor_info(llm->engine, name, &dt, &is_input, &dims) != KILN_OK)
+    if (kiln_engine_io_tensor_info(llm->engine, "kv_cache.0", &dt, &is_input, &dims) != KILN_OK)
         return kiln_fail(KILN_ERROR_FORMAT, "LLM engine has no I/O tensor \"kv_cache.0\" (docs/llm.md)");
     llm->kv_dtype = dt;
-    KILN_TRY(io_max(llm, name, dt, &kv_max));
+    KILN_TRY(io_max(llm, "kv_cache.0", dt, &kv_max));
     if (dims.rank != 5 || dims.d[1] != 2 || dims.d[2] != c->n_kv_heads || dims.d[3] != c->block_size ||
         dims.d[4] != c->head_dim)
         return kiln_fail(KILN_ERROR_FORMAT,
                          "kv_cache.0 is not [n_blocks, 2, n_kv_heads %d, block_size %d, head_dim %d]",
                          (int)c->n_kv_heads, (int)c->block_size, (int)c->head_dim);
-    size_t block_bytes = 2 * (size_t)c->n_kv_heads * (size_t)c->block_size * (size_t)c->head_dim *
-                         kiln_dtype_size(dt);
-    size_t all_layers = block_bytes * (size_t)c->n_layers;
-    size_t bytes = opt->kv_cache_mb ? opt->kv_cache_mb << 20
-                                    : default_cache_bytes(llm, all_layers / (size_t)c->block_size);
-    size_t n = opt->kv_cache_blocks > 0 ? (size_t)opt->kv_cache_blocks : bytes / all_layers;
+    llm->block_bytes = 2 * (size_t)c->n_kv_heads * (size_t)c->block_size * (size_t)c->head_dim *
+                       kiln_dtype_size(dt) * (size_t)c->n_layers;
+    /* Every other input is set at its max already: this allocates the
+     * step's buffers, so what is left is what the cache may take. */
+    KILN_TRY(set_cache_shapes(llm, 1));
+    size_t n = 0;
+    if (opt->kv_cache_blocks > 0)
+        n = (size_t)opt->kv_cache_blocks;
+    else if (opt->kv_cache_mb)
+        n = (opt->kv_cache_mb << 20) / llm->block_bytes;
+    else if (on_gpu(llm))
+        KILN_TRY(gpu_cache_blocks(llm, opt, &n));
+    else
+        n = default_cache_bytes(llm, llm->block_bytes / (size_t)c->block_size) / llm->block_bytes;
     if (n < 1)
         return kiln_fail(KILN_ERROR_LIMIT,
-                         "a KV cache of %zu MB holds no block: one block of %d tokens takes %zu bytes over %d layers",
-                         bytes >> 20, (int)c->block_size, all_layers, (int)c->n_layers);
-    if (kv_max.rank == 5 && (int64_t)n > kv_max.d[0])
-        n = (size_t)kv_max.d[0];
-    if (n > INT32_MAX)
-        n = INT32_MAX;
+                         "the KV cache's memory holds no block: one block of %d tokens takes %zu bytes over %d layers",
+                         (int)c->block_size, llm->block_bytes, (int)c->n_layers);
+    int graphs = on_gpu(llm) && !opt->no_cuda_graphs;
+    int64_t limit = kv_max.rank == 5 ? kv_max.d[0] - graphs : INT32_MAX;
+    if ((int64_t)n > limit)
+        n = (size_t)limit;
+    if (n > INT32_MAX - 1)
+        n = INT32_MAX - 1;
     KILN_TRY(kiln_kv_pool_init(&llm->pool, (int32_t)n, c->block_size));
-    llm->kv_layer_bytes = n * block_bytes;
-    llm->kv = calloc((size_t)c->n_layers, sizeof *llm->kv);
-    if (!llm->kv)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the KV cache");
-    kiln_dims kd = {.rank = 5, .d = {(int64_t)n, 2, c->n_kv_heads, c->block_size, c->head_dim}};
-    for (int32_t l = 0; l < c->n_layers; l++) {
-        snprintf(name, sizeof name, "kv_cache.%d", (int)l);
-        /* calloc of this size maps fresh zero pages: blocks cost memory
-         * only once a sequence writes them. */
-        llm->kv[l] = calloc(1, llm->kv_layer_bytes);
-        if (!llm->kv[l])
-            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %zu MB of KV cache (layer %d)",
-                             llm->kv_layer_bytes >> 20, (int)l);
-        KILN_TRY(kiln_context_set_tensor_address(llm->ctx, name, llm->kv[l]));
-        KILN_TRY(kiln_context_set_input_shape(llm->ctx, name, &kd));
+    llm->scratch_block = graphs ? (int32_t)n : -1;
+    kiln_status s = set_cache_shapes(llm, (int64_t)n + graphs);
+    if (s != KILN_OK)
+        return kiln_fail_context(s, "a KV cache of %zu blocks (%zu MB)", n + (size_t)graphs,
+                                 ((n + (size_t)graphs) * llm->block_bytes) >> 20);
+    return KILN_OK;
+}
+
+/* Sets the step inputs' shapes for T tokens of S sequences (skipped when
+ * they are those of the last step). */
+static kiln_status set_step_shapes(kiln_llm *llm, int32_t T, int32_t S)
+{
+    if (T == llm->cur_T && S == llm->cur_S)
+        return KILN_OK;
+    llm->cur_T = llm->cur_S = 0;
+    kiln_dims d1 = {.rank = 1, .d = {T}};
+    kiln_dims ds = {.rank = 1, .d = {S}};
+    kiln_dims dq = {.rank = 1, .d = {S + 1}};
+    kiln_dims db = {.rank = 2, .d = {S, llm->max_blocks}};
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "tokens", &d1));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "positions", &d1));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "block_table", &db));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "seq_lens", &ds));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "query_start", &dq));
+    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "last_token", &ds));
+    if (llm->has_sampler) {
+        kiln_dims dp = {.rank = 2, .d = {S, SAMPLE_PARAMS}};
+        kiln_dims dr = {.rank = 2, .d = {S, SAMPLE_SEQ}};
+        KILN_TRY(kiln_context_set_input_shape(llm->ctx, "sample_params", &dp));
+        KILN_TRY(kiln_context_set_input_shape(llm->ctx, "sample_seq", &dr));
     }
+    llm->cur_T = T;
+    llm->cur_S = S;
     return KILN_OK;
 }
 
@@ -233,31 +300,89 @@ static kiln_status setup_buffers(kiln_llm *llm)
     KILN_TRY(io_max(llm, "logits", KILN_DTYPE_F32, &m));
     if (m.rank != 2 || m.d[1] != c->vocab_size)
         return kiln_fail(KILN_ERROR_FORMAT, "logits must be [S, vocab_size %d]", (int)c->vocab_size);
+    llm->has_sampler = kiln_engine_io_tensor_info(llm->engine, "next_token", &(kiln_dtype){0}, &(int32_t){0}, &m) ==
+                       KILN_OK;
+    if (llm->has_sampler) {
+        KILN_TRY(io_max(llm, "next_token", KILN_DTYPE_I32, &m));
+        KILN_TRY(io_max(llm, "sample_params", KILN_DTYPE_F32, &m));
+        KILN_TRY(io_max(llm, "sample_seq", KILN_DTYPE_I32, &m));
+        KILN_TRY(io_max(llm, "sample_state", KILN_DTYPE_I32, &m));
+        if (m.rank != 2 || m.d[0] < llm->max_batch || m.d[1] != c->vocab_size)
+            return kiln_fail(KILN_ERROR_FORMAT, "sample_state must be [max_batch %d, vocab_size %d]",
+                             (int)llm->max_batch, (int)c->vocab_size);
+    }
     size_t T = (size_t)llm->max_tokens, S = (size_t)llm->max_batch, V = (size_t)c->vocab_size;
-    llm->tokens = calloc(T, sizeof *llm->tokens);
-    llm->positions = calloc(T, sizeof *llm->positions);
-    llm->block_table = calloc(S * (size_t)llm->max_blocks, sizeof *llm->block_table);
-    llm->seq_lens = calloc(S, sizeof *llm->seq_lens);
-    llm->last_token = calloc(S, sizeof *llm->last_token);
-    llm->query_start = calloc(S + 1, sizeof *llm->query_start);
-    llm->logits = calloc(S * V, sizeof *llm->logits);
-    llm->cand = calloc(V, sizeof *llm->cand);
-    if (!llm->tokens || !llm->positions || !llm->block_table || !llm->seq_lens || !llm->last_token ||
-        !llm->query_start || !llm->logits || !llm->cand)
+    step_host *h = &llm->h;
+    h->tokens = calloc(T, sizeof *h->tokens);
+    h->positions = calloc(T, sizeof *h->positions);
+    h->block_table = calloc(S * (size_t)llm->max_blocks, sizeof *h->block_table);
+    h->seq_lens = calloc(S, sizeof *h->seq_lens);
+    h->last_token = calloc(S, sizeof *h->last_token);
+    h->query_start = calloc(S + 1, sizeof *h->query_start);
+    h->params = calloc(S * SAMPLE_PARAMS, sizeof *h->params);
+    h->seq = calloc(S * SAMPLE_SEQ, sizeof *h->seq);
+    llm->free_slots = calloc(S, sizeof *llm->free_slots);
+    h->next = calloc(S, sizeof *h->next);
+    /* Host sampling only for engines without the sampling layer. */
+    h->logits = calloc(llm->has_sampler ? 1 : S * V, sizeof *h->logits);
+    llm->cand = calloc(llm->has_sampler ? 1 : V, sizeof *llm->cand);
+    const size_t max_bytes[N_STEP_INPUTS] = {4 * T, 4 * T, 4 * S * (size_t)llm->max_blocks, 4 * S, 4 * (S + 1), 4 * S,
+                                             4 * SAMPLE_PARAMS * S, 4 * SAMPLE_SEQ * S};
+    for (size_t i = 0; i < S; i++)
+        llm->free_slots[i] = (int32_t)(S - 1 - i);
+    llm->n_free_slots = (int32_t)S;
+    for (int i = 0; i < N_STEP_INPUTS; i++)
+        if (!(llm->shadow[i] = malloc(max_bytes[i])))
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
+    if (!h->tokens || !h->positions || !h->block_table || !h->seq_lens || !h->last_token || !h->query_start ||
+        !h->params || !h->seq || !h->next || !h->logits || !llm->cand || !llm->free_slots)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
-    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "tokens", llm->tokens));
-    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "positions", llm->positions));
-    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "block_table", llm->block_table));
-    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "seq_lens", llm->seq_lens));
-    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "last_token", llm->last_token));
-    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "query_start", llm->query_start));
-    KILN_TRY(kiln_context_set_tensor_address(llm->ctx, "logits", llm->logits));
+    /* The context's own buffers, allocated once at the max shapes: later
+     * steps' smaller shapes reuse them, so their addresses (which a
+     * captured graph holds) never change. */
+    KILN_TRY(set_step_shapes(llm, llm->max_tokens, llm->max_batch));
     for (int32_t id = 0; id < c->vocab_size; id++) {
         size_t len = 0;
         if (kiln_tokenizer_token_to_piece(llm->tok, id, &len) && len > llm->max_piece)
             llm->max_piece = len;
     }
     return KILN_OK;
+}
+
+static void pad_rows(kiln_llm *llm, int32_t S, int32_t B);
+static kiln_status run_step(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits);
+
+/* Captures one CUDA graph per decode batch size bucket (1, 2, 4, ...,
+ * max_batch) by running a step of padding rows at each, so that decode
+ * steps only replay. Nothing else is captured: prefill steps vary in T and
+ * launch directly (PAUSED). */
+static kiln_status capture_graphs(kiln_llm *llm)
+{
+    int32_t top = llm->max_batch < llm->max_tokens ? llm->max_batch : llm->max_tokens;
+    double t0 = now_ms();
+    /* An engine with a plugin that cannot be captured still runs, kernel
+     * by kernel. */
+    kiln_status safe = kiln_context_set_cuda_graph(llm->ctx, KILN_CUDA_GRAPH_ON);
+    if (safe == KILN_ERROR_UNSUPPORTED) {
+        kiln_log(KILN_LOG_WARNING, "llm: decode steps run without CUDA graphs: %s", kiln_last_error());
+        return KILN_OK;
+    }
+    KILN_TRY(safe);
+    llm->h.query_start[0] = 0;
+    for (int32_t b = 1;; b = b * 2 < top ? b * 2 : top) {
+        pad_rows(llm, 0, b);
+        llm->buckets[llm->n_buckets++] = b;
+        kiln_status s = run_step(llm, b, b, 1, 0);
+        if (s != KILN_OK)
+            return kiln_fail_context(s, "capturing the decode step's CUDA graph for %d sequences", (int)b);
+        KILN_TRY(kiln_context_graph_nodes(llm->ctx, &llm->graph_nodes));
+        if (b == top || llm->n_buckets == (int32_t)(sizeof llm->buckets / sizeof llm->buckets[0]))
+            break;
+    }
+    llm->capture_ms = now_ms() - t0;
+    kiln_log(KILN_LOG_INFO, "llm: captured %d decode graphs in %.1f ms, %zu launches per step at %d sequences",
+             (int)llm->n_buckets, llm->capture_ms, llm->graph_nodes, (int)top);
+    return kiln_context_set_cuda_graph(llm->ctx, KILN_CUDA_GRAPH_PAUSED);
 }
 
 const kiln_llm_info *kiln_llm_info_get(const kiln_llm *llm) { return llm ? &llm->info : NULL; }
@@ -279,10 +404,14 @@ static void fill_info(kiln_llm *llm)
     info->block_size = c->block_size;
     info->n_blocks = llm->pool.n_blocks;
     info->cache_tokens = (int64_t)llm->pool.n_blocks * c->block_size;
-    info->cache_bytes = llm->kv_layer_bytes * (size_t)c->n_layers;
+    info->cache_bytes = (size_t)llm->pool.n_blocks * llm->block_bytes;
     info->bos_id = c->bos_id;
     info->n_eos = c->n_eos;
     info->eos_ids = c->eos_ids;
+    info->backend = kiln_engine_backend(llm->engine);
+    info->n_graphs = llm->n_buckets;
+    info->graph_capture_ms = llm->capture_ms;
+    info->graph_nodes = llm->graph_nodes;
 }
 
 static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *path,
@@ -306,6 +435,8 @@ static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *pa
     KILN_TRY(kiln_context_create(llm->engine, &llm->ctx));
     KILN_TRY(setup_buffers(llm));
     KILN_TRY(setup_cache(llm, opt));
+    if (llm->scratch_block >= 0)
+        KILN_TRY(capture_graphs(llm));
     fill_info(llm);
     return KILN_OK;
 }
@@ -428,6 +559,7 @@ typedef struct gen_seq {
     size_t text_len, text_cap, emitted;
     size_t max_stop;             /* longest stop string */
     int state;
+    int32_t slot;                /* row of sample_state, -1: none */
     kiln_llm_finish finish;
     double t_first, t_last;
 } gen_seq;
@@ -501,6 +633,7 @@ static kiln_status seq_init(kiln_llm *llm, int32_t i, const kiln_llm_request *us
     q->req_copy.sampling = &q->sampling;
     q->req = &q->req_copy;
     const kiln_llm_request *r = q->req;
+    q->slot = -1;
     if (r->max_tokens < 1)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "request %d: max_tokens %d must be >= 1", (int)i,
                          (int)r->max_tokens);
@@ -632,6 +765,20 @@ static int emit(gen_seq *q, int32_t index, int32_t token, int final, kiln_llm_to
     return fn(user, index, token, q->text + from, end - from);
 }
 
+static int has_penalty(const kiln_llm_sampling *p)
+{
+    return (p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f) || p->presence_penalty != 0.0f ||
+           p->frequency_penalty != 0.0f;
+}
+
+/* A running sequence holds at most one slot, and there are max_batch. */
+static void slot_release(kiln_llm *llm, gen_seq *q)
+{
+    if (q->slot >= 0)
+        llm->free_slots[llm->n_free_slots++] = q->slot;
+    q->slot = -1;
+}
+
 /* ---- one request's end ---------------------------------------------------------------------- */
 
 static void seq_finish(kiln_llm *llm, gen_seq *q, int32_t index, kiln_llm_finish why, kiln_llm_token_fn fn,
@@ -650,6 +797,7 @@ static void seq_finish(kiln_llm *llm, gen_seq *q, int32_t index, kiln_llm_finish
     q->finish = why;
     q->state = SEQ_DONE;
     kiln_kv_seq_release(&llm->pool, &q->kv);
+    slot_release(llm, q);
 }
 
 /* Handles a sampled token. */
@@ -704,6 +852,8 @@ static void admit(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *n_running)
         if (llm->pool.n_free - promised < q->reserve)
             break;
         q->state = SEQ_RUNNING;
+        if (llm->has_sampler && has_penalty(q->req->sampling) && llm->n_free_slots > 0)
+            q->slot = llm->free_slots[--llm->n_free_slots];
         promised += q->reserve;
         (*n_running)++;
     }
@@ -713,8 +863,9 @@ static void admit(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *n_running)
  * the remaining token budget. step[s] is the sequence of row s. */
 static int32_t pack_step(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *step, int32_t *T_out)
 {
+    step_host *h = &llm->h;
     int32_t S = 0, T = 0;
-    llm->query_start[0] = 0;
+    h->query_start[0] = 0;
     for (int pass = 0; pass < 2; pass++)
         for (int32_t i = 0; i < n && S < llm->max_batch && T < llm->max_tokens; i++) {
             gen_seq *q = &seqs[i];
@@ -730,41 +881,123 @@ static int32_t pack_step(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *step,
             if (kiln_kv_seq_grow(&llm->pool, &q->kv, (int64_t)(q->n_cached + chunk)) != KILN_OK)
                 continue;
             for (size_t j = 0; j < chunk; j++) {
-                llm->tokens[T + (int32_t)j] = q->ids[q->n_cached + j];
-                llm->positions[T + (int32_t)j] = (int32_t)(q->n_cached + j);
+                h->tokens[T + (int32_t)j] = q->ids[q->n_cached + j];
+                h->positions[T + (int32_t)j] = (int32_t)(q->n_cached + j);
             }
             T += (int32_t)chunk;
-            int32_t *row = llm->block_table + (size_t)S * (size_t)llm->max_blocks;
+            int32_t *row = h->block_table + (size_t)S * (size_t)llm->max_blocks;
             memcpy(row, q->kv.blocks, sizeof *row * (size_t)q->kv.n_blocks);
-            llm->seq_lens[S] = (int32_t)(q->n_cached + chunk);
-            llm->query_start[S + 1] = T;
-            llm->last_token[S] = T - 1;
+            h->seq_lens[S] = (int32_t)(q->n_cached + chunk);
+            h->query_start[S + 1] = T;
+            h->last_token[S] = T - 1;
             step[S++] = i;
         }
     *T_out = T;
     return S;
 }
 
-static kiln_status run_step(kiln_llm *llm, int32_t T, int32_t S)
+/* Rows [S, B) of a decode step padded up to a graph's batch size B: each a
+ * one-token sequence at position 0 of the scratch block, sampled greedily
+ * and ignored. */
+static void pad_rows(kiln_llm *llm, int32_t S, int32_t B)
 {
-    kiln_dims d1 = {.rank = 1, .d = {T}};
-    kiln_dims ds = {.rank = 1, .d = {S}};
-    kiln_dims dq = {.rank = 1, .d = {S + 1}};
-    kiln_dims db = {.rank = 2, .d = {S, llm->max_blocks}};
-    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "tokens", &d1));
-    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "positions", &d1));
-    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "block_table", &db));
-    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "seq_lens", &ds));
-    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "query_start", &dq));
-    KILN_TRY(kiln_context_set_input_shape(llm->ctx, "last_token", &ds));
-    KILN_TRY(kiln_context_enqueue(llm->ctx, NULL));
-    return kiln_context_synchronize(llm->ctx);
+    step_host *h = &llm->h;
+    for (int32_t s = S; s < B; s++) {
+        h->tokens[s] = 0;
+        h->positions[s] = 0;
+        h->block_table[(size_t)s * (size_t)llm->max_blocks] = llm->scratch_block;
+        h->seq_lens[s] = 1;
+        h->query_start[s + 1] = s + 1;
+        h->last_token[s] = s;
+        memset(h->params + SAMPLE_PARAMS * s, 0, SAMPLE_PARAMS * sizeof *h->params);
+        h->seq[SAMPLE_SEQ * s + 2] = -1;
+    }
+}
+
+/* The smallest captured batch size that holds a decode step of S
+ * sequences, 0 when none does (or graphs are off). */
+static int32_t bucket_for(const kiln_llm *llm, int32_t S)
+{
+    for (int32_t i = 0; i < llm->n_buckets; i++)
+        if (llm->buckets[i] >= S)
+            return llm->buckets[i];
+    return 0;
+}
+
+/* Copies the step's inputs in, runs it, and copies out what the host
+ * samples from: next_token, or the logits for an engine without the
+ * sampling layer.
+ * One synchronization. With `graph` the step is a decode step padded to a
+ * captured batch size and replays its graph. */
+/* Copies a step input in unless its buffer holds those bytes already. */
+static kiln_status copy_in(kiln_llm *llm, int which, const void *src, size_t bytes)
+{
+    if (llm->shadow_bytes[which] == bytes && memcmp(llm->shadow[which], src, bytes) == 0)
+        return KILN_OK;
+    llm->shadow_bytes[which] = 0;
+    KILN_TRY(kiln_context_copy_input(llm->ctx, step_input_names[which], src, bytes));
+    memcpy(llm->shadow[which], src, bytes);
+    llm->shadow_bytes[which] = bytes;
+    return KILN_OK;
+}
+
+static kiln_status run_step(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits)
+{
+    step_host *h = &llm->h;
+    kiln_context *ctx = llm->ctx;
+    const size_t i4 = sizeof(int32_t);
+    KILN_TRY(set_step_shapes(llm, T, S));
+    KILN_TRY(copy_in(llm, IN_TOKENS, h->tokens, i4 * (size_t)T));
+    KILN_TRY(copy_in(llm, IN_POSITIONS, h->positions, i4 * (size_t)T));
+    KILN_TRY(copy_in(llm, IN_BLOCK_TABLE, h->block_table, i4 * (size_t)S * (size_t)llm->max_blocks));
+    KILN_TRY(copy_in(llm, IN_SEQ_LENS, h->seq_lens, i4 * (size_t)S));
+    KILN_TRY(copy_in(llm, IN_QUERY_START, h->query_start, i4 * ((size_t)S + 1)));
+    KILN_TRY(copy_in(llm, IN_LAST_TOKEN, h->last_token, i4 * (size_t)S));
+    if (llm->has_sampler) {
+        KILN_TRY(copy_in(llm, IN_PARAMS, h->params, sizeof *h->params * SAMPLE_PARAMS * (size_t)S));
+        KILN_TRY(copy_in(llm, IN_SEQ, h->seq, i4 * SAMPLE_SEQ * (size_t)S));
+    }
+    if (llm->n_buckets)
+        KILN_TRY(kiln_context_set_cuda_graph(ctx, graph ? KILN_CUDA_GRAPH_ON : KILN_CUDA_GRAPH_PAUSED));
+    KILN_TRY(kiln_context_enqueue(ctx, NULL));
+    if (llm->has_sampler)
+        KILN_TRY(kiln_context_copy_output(ctx, "next_token", h->next, i4 * (size_t)S));
+    if (need_logits)
+        KILN_TRY(kiln_context_copy_output(ctx, "logits", h->logits,
+                                          sizeof *h->logits * (size_t)S * (size_t)llm->cfg.vocab_size));
+    return kiln_context_synchronize(ctx);
+}
+
+/* Fills row s's sampling inputs: the request's parameters when the row
+ * samples, its state slot (the layer tracks the tokens every row of the
+ * sequence feeds), and a uniform drawn from its PRNG exactly when
+ * sampler.c would draw one. */
+static void set_sampling_row(kiln_llm *llm, int32_t s, gen_seq *q, int sample)
+{
+    float *p = llm->h.params + SAMPLE_PARAMS * s;
+    int32_t *sq = llm->h.seq + SAMPLE_SEQ * s;
+    const kiln_llm_sampling *sp = q->req->sampling;
+    memset(p, 0, SAMPLE_PARAMS * sizeof *p);
+    sq[2] = q->slot;
+    sq[3] = (int32_t)q->n_prompt;
+    if (!sample || !llm->has_sampler)
+        return;
+    p[0] = sp->temperature;
+    p[1] = (float)(sp->top_k < llm->cfg.vocab_size ? sp->top_k : llm->cfg.vocab_size);
+    p[2] = sp->top_p;
+    p[3] = sp->min_p;
+    p[4] = sp->repetition_penalty;
+    p[5] = sp->presence_penalty;
+    p[6] = sp->frequency_penalty;
+    if (sp->temperature > 0.0f)
+        kiln_sampler_uniform_bits(&q->rng, sq);
 }
 
 static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *step,
                                  kiln_llm_token_fn fn, void *user)
 {
     const int32_t V = llm->cfg.vocab_size;
+    step_host *h = &llm->h;
     int32_t n_running = 0, n_done = 0;
     while (n_done < n) {
         if (atomic_load(&llm->cancel)) {
@@ -778,15 +1011,34 @@ static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_
         int32_t S = pack_step(llm, seqs, n, step, &T);
         if (S == 0)
             return kiln_fail(KILN_ERROR_INTERNAL, "generation scheduled an empty step");
-        KILN_TRY(run_step(llm, T, S));
+        int need_logits = 0;
         for (int32_t s = 0; s < S; s++) {
             gen_seq *q = &seqs[step[s]];
-            q->n_cached = (size_t)llm->seq_lens[s];
+            int sample = (size_t)h->seq_lens[s] >= q->n_ids;
+            set_sampling_row(llm, s, q, sample);
+            need_logits |= sample && !llm->has_sampler;
+        }
+        int32_t B = T == S ? bucket_for(llm, S) : 0;
+        if (B)
+            pad_rows(llm, S, B);
+        KILN_TRY(run_step(llm, B ? B : T, B ? B : S, B != 0, need_logits));
+        for (int32_t s = 0; s < S; s++) {
+            gen_seq *q = &seqs[step[s]];
+            q->n_cached = (size_t)h->seq_lens[s];
             if (q->n_cached < q->n_ids)
                 continue; /* a prefill chunk short of the prompt's end */
-            float *row = llm->logits + (size_t)s * (size_t)V;
-            kiln_sampler_penalize(row, V, q->req->sampling, q->seen, q->count);
-            int32_t id = kiln_sampler_sample(row, V, q->req->sampling, &q->rng, llm->cand);
+            int32_t id;
+            if (llm->has_sampler) {
+                id = h->next[s];
+            } else {
+                /* An engine built without the sampling layer. */
+                float *row = h->logits + (size_t)s * (size_t)V;
+                kiln_sampler_penalize(row, V, q->req->sampling, q->seen, q->count);
+                id = kiln_sampler_sample(row, V, q->req->sampling, &q->rng, llm->cand);
+            }
+            if (id < 0 || id >= V)
+                return kiln_fail(KILN_ERROR_INTERNAL, "the engine sampled id %d outside the vocabulary [0, %d)",
+                                 (int)id, (int)V);
             seq_accept(llm, q, step[s], id, fn, user);
             if (q->state == SEQ_DONE) {
                 n_running--;
@@ -853,6 +1105,7 @@ kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs
     }
     for (int32_t i = 0; seqs && i < n; i++) {
         kiln_kv_seq_release(&llm->pool, &seqs[i].kv);
+        slot_release(llm, &seqs[i]);
         seq_free(&seqs[i]);
     }
     free(seqs);

@@ -604,7 +604,9 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
     size_t cfg_len = 0;
     void *tok = NULL;
     size_t tok_len = 0;
-    kiln_status st = kiln_llm_config_to_json(&ck->config, &cfg_json, &cfg_len);
+    kiln_status st = kiln_llm_add_sampling(net, ck->config.max_batch, ck->config.vocab_size);
+    if (st == KILN_OK)
+        st = kiln_llm_config_to_json(&ck->config, &cfg_json, &cfg_len);
     if (st == KILN_OK)
         st = kiln_llm_network_add_section(net, KILN_LLM_SECTION_CONFIG, cfg_json, cfg_len);
     if (st == KILN_OK)

@@ -62,6 +62,14 @@ kiln_status kiln_llm_config_validate(const kiln_llm_config *cfg);
 kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                    kiln_network **out);
 
+/* Appends the sampling layer to a step network (docs/llm.md): kiln/Sample
+ * over the network's "logits" output and step inputs, with the inputs
+ * "sample_params" (f32 [S, 7]), "sample_seq" (i32 [S, 4]), S in
+ * [1, max_batch], and "sample_state" (i32 [max_batch, vocab], the
+ * penalties' history, updated in place), and the output "next_token"
+ * (i32 [S]). plugins/sample/sample.c describes each column. */
+kiln_status kiln_llm_add_sampling(kiln_network *net, int32_t max_batch, int32_t vocab);
+
 /* Appends an extra engine section (data copied) to a network, which
  * kiln_build copies into the engine verbatim (graph.sections). */
 kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const void *data, size_t size);
@@ -69,8 +77,9 @@ kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const v
 #define KILN_LLM_SECTION_CONFIG KILN_FOURCC('L', 'L', 'M', 'C')
 #define KILN_LLM_SECTION_TOKENIZER KILN_FOURCC('T', 'O', 'K', 'N')
 
-/* kiln_llm_build_network, the LLMC and TOKN sections, then kiln_build on
- * the CPU backend into *engine. `bcfg` may be NULL (defaults; its progress
+/* kiln_llm_build_network, the sampling layer (kiln_llm_add_sampling), the
+ * LLMC and TOKN sections, then kiln_build for opt->backend into *engine.
+ * `bcfg` may be NULL (defaults; its backend is opt->backend, its progress
  * is replaced by opt->progress). */
 kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                   const kiln_build_config *bcfg, kiln_buffer *engine);

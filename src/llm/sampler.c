@@ -42,15 +42,8 @@ double kiln_rng_uniform(kiln_rng *rng) { return (double)(kiln_rng_next(rng) >> 1
 void kiln_sampler_penalize(float *logits, int32_t vocab, const kiln_llm_sampling *p,
                            const uint8_t *seen, const int32_t *count)
 {
-    float rep = p->repetition_penalty;
-    if (seen && rep > 0.0f && rep != 1.0f)
-        for (int32_t i = 0; i < vocab; i++)
-            if (seen[i])
-                logits[i] = logits[i] > 0.0f ? logits[i] / rep : logits[i] * rep;
-    if (count && (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f))
-        for (int32_t i = 0; i < vocab; i++)
-            if (count[i] > 0)
-                logits[i] -= p->presence_penalty + p->frequency_penalty * (float)count[i];
+    for (int32_t i = 0; i < vocab; i++)
+        logits[i] = kiln_sampler_penalty(logits[i], seen ? seen[i] : 0, count ? count[i] : 0, p);
 }
 
 /* ---- filtering --------------------------------------------------------------------- */
@@ -178,17 +171,37 @@ int32_t kiln_sampler_filter(const float *logits, int32_t vocab, const kiln_llm_s
     return n;
 }
 
+int32_t kiln_sampler_draw(const kiln_candidate *c, int32_t n, double u)
+{
+    double cum = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        cum += c[i].logit;
+        if (u < cum)
+            return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
 int32_t kiln_sampler_sample(const float *logits, int32_t vocab, const kiln_llm_sampling *p,
                             kiln_rng *rng, kiln_candidate *scratch)
 {
     if (!(p->temperature > 0.0f))
         return kiln_sampler_argmax(logits, vocab);
     int32_t n = kiln_sampler_filter(logits, vocab, p, scratch);
-    double u = kiln_rng_uniform(rng), cum = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        cum += scratch[i].logit;
-        if (u < cum)
-            return scratch[i].id;
-    }
-    return scratch[n - 1].id;
+    return kiln_sampler_draw(scratch, n, kiln_rng_uniform(rng));
+}
+
+/* ---- the uniform as a step input ------------------------------------------------------ */
+
+void kiln_sampler_uniform_bits(kiln_rng *rng, int32_t out[2])
+{
+    uint64_t r = kiln_rng_next(rng) >> 11;
+    out[0] = (int32_t)(uint32_t)(r >> 32);
+    out[1] = (int32_t)(uint32_t)r;
+}
+
+double kiln_sampler_uniform_from_bits(const int32_t bits[2])
+{
+    uint64_t r = (uint64_t)(uint32_t)bits[0] << 32 | (uint32_t)bits[1];
+    return (double)r * 0x1.0p-53;
 }

@@ -25,6 +25,19 @@ double kiln_rng_uniform(kiln_rng *rng);
 void kiln_sampler_penalize(float *logits, int32_t vocab, const kiln_llm_sampling *p,
                            const uint8_t *seen, const int32_t *count);
 
+/* One logit under the penalties: the repetition penalty when seen, then
+ * presence and frequency when count > 0. kiln_sampler_penalize applies it
+ * to a row; the sampling layer to each logit it reads. */
+static inline float kiln_sampler_penalty(float x, int seen, int32_t count, const kiln_llm_sampling *p)
+{
+    float rep = p->repetition_penalty;
+    if (seen && rep > 0.0f && rep != 1.0f)
+        x = x > 0.0f ? x / rep : x * rep;
+    if (count > 0 && (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f))
+        x -= p->presence_penalty + p->frequency_penalty * (float)count;
+    return x;
+}
+
 /* One candidate token. */
 typedef struct kiln_candidate {
     float logit;   /* after temperature; then the probability */
@@ -41,9 +54,22 @@ int32_t kiln_sampler_filter(const float *logits, int32_t vocab, const kiln_llm_s
 /* Index of the largest logit (the first on ties). */
 int32_t kiln_sampler_argmax(const float *logits, int32_t vocab);
 
+/* The candidate a uniform u in [0, 1) picks from kiln_sampler_filter's n
+ * candidates: the first whose cumulative probability exceeds u (the last
+ * when rounding leaves u beyond them all). */
+int32_t kiln_sampler_draw(const kiln_candidate *c, int32_t n, double u);
+
 /* The next token: penalties must already be applied; greedy when
  * temperature <= 0, else a draw from kiln_sampler_filter's set. */
 int32_t kiln_sampler_sample(const float *logits, int32_t vocab, const kiln_llm_sampling *p,
                             kiln_rng *rng, kiln_candidate *scratch);
+
+/* The sampling layer (kiln/Sample, docs/llm.md) takes each sequence's
+ * uniform as two i32 (the high 21 and low 32 of 53 random bits), so its
+ * draws are the ones kiln_sampler_sample makes from the same PRNG state:
+ * uniform_bits advances rng exactly as kiln_rng_uniform does, and
+ * uniform_from_bits returns the same double. */
+void kiln_sampler_uniform_bits(kiln_rng *rng, int32_t out[2]);
+double kiln_sampler_uniform_from_bits(const int32_t bits[2]);
 
 #endif

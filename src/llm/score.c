@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../../plugins/sample/sample.h"
 #include "../core/error.h"
 #include "../runtime/runtime_internal.h"
 #include "llm_internal.h"
@@ -37,13 +38,19 @@ static void score_state_free(score_state *st)
     free(st->zeros);
 }
 
-/* The step's inputs: shapes first (a copy needs every input's shape), then
- * the values. */
+/* The step's inputs (i32 or f32, 4 bytes each): shapes first (a copy
+ * needs every input's shape), then the values. */
 typedef struct step_io {
     const char *name;
-    const int32_t *v;
+    const void *v;
     int32_t rows, cols; /* cols 0: one-dimensional */
 } step_io;
+
+/* An engine ending with the sampling layer (docs/llm.md, kiln/Sample) takes
+ * its per-sequence rows too: greedy, no penalty state, as many rows as
+ * there are logits. */
+static const float no_sampling[SAMPLE_PARAMS];
+static const int32_t no_sample_seq[SAMPLE_SEQ] = {0, 0, -1, 0};
 
 static kiln_status set_inputs(kiln_context *ctx, const step_io *io, int n)
 {
@@ -53,7 +60,7 @@ static kiln_status set_inputs(kiln_context *ctx, const step_io *io, int n)
     }
     for (int i = 0; i < n; i++) {
         size_t count = (size_t)io[i].rows * (size_t)(io[i].cols ? io[i].cols : 1);
-        KILN_TRY(kiln_context_copy_input(ctx, io[i].name, io[i].v, sizeof *io[i].v * count));
+        KILN_TRY(kiln_context_copy_input(ctx, io[i].name, io[i].v, 4 * count));
     }
     return KILN_OK;
 }
@@ -66,7 +73,9 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     const kiln_llm_config *c = &llm->cfg;
     kiln_dims mn, opt, mx;
     KILN_TRY(kiln_engine_profile_shape(llm->engine, 0, "last_token", &mn, &opt, &mx));
-    int64_t chunk = mx.d[0] < llm->max_tokens ? mx.d[0] : llm->max_tokens;
+    /* The sampling layer wants one query_start entry per logits row beyond
+     * the first, so with it a step is one token of one sequence. */
+    int64_t chunk = llm->has_sampler ? 1 : mx.d[0] < llm->max_tokens ? mx.d[0] : llm->max_tokens;
     if (chunk < 1)
         return kiln_fail(KILN_ERROR_FORMAT, "the engine's last_token input allows no rows");
     st->chunk = (int32_t)chunk;
@@ -96,8 +105,9 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     step_io io[] = {{"tokens", &zero, 1, 0},      {"positions", &zero, 1, 0},
                     {"block_table", st->block_table, 1, llm->max_blocks},
                     {"seq_lens", query_start + 1, 1, 0}, {"query_start", query_start, 2, 0},
-                    {"last_token", &zero, 1, 0}};
-    KILN_TRY(set_inputs(st->ctx, io, (int)(sizeof io / sizeof io[0])));
+                    {"last_token", &zero, 1, 0},
+                    {"sample_params", no_sampling, 1, SAMPLE_PARAMS}, {"sample_seq", no_sample_seq, 1, SAMPLE_SEQ}};
+    KILN_TRY(set_inputs(st->ctx, io, llm->has_sampler ? 8 : 6));
     for (int32_t l = 0; l < c->n_layers; l++) {
         snprintf(name, sizeof name, "kv_cache.%d", (int)l);
         KILN_TRY(kiln_context_copy_input(st->ctx, name, st->zeros, layer_bytes));
@@ -117,8 +127,9 @@ static kiln_status score_step(kiln_llm *llm, score_state *st, const int32_t *ids
     step_io io[] = {{"tokens", st->tokens, c, 0},           {"positions", st->positions, c, 0},
                     {"block_table", st->block_table, 1, llm->max_blocks},
                     {"seq_lens", &seq_len, 1, 0},            {"query_start", query_start, 2, 0},
-                    {"last_token", st->last, c, 0}};
-    KILN_TRY(set_inputs(st->ctx, io, (int)(sizeof io / sizeof io[0])));
+                    {"last_token", st->last, c, 0},
+                    {"sample_params", no_sampling, 1, SAMPLE_PARAMS}, {"sample_seq", no_sample_seq, 1, SAMPLE_SEQ}};
+    KILN_TRY(set_inputs(st->ctx, io, llm->has_sampler ? 8 : 6));
     KILN_TRY(kiln_context_enqueue(st->ctx, NULL));
     KILN_TRY(kiln_context_copy_output(st->ctx, "logits", st->logits,
                                       (size_t)c * (size_t)llm->cfg.vocab_size * sizeof *st->logits));

@@ -497,10 +497,18 @@ static kiln_status lacks(const kiln_context *ctx, const char *what)
                      kiln_backend_name(KILN_BACKEND_CUDA), kiln_backend_name(ctx->engine->info.backend));
 }
 
-kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t enable)
+kiln_status kiln_context_set_cuda_graph(kiln_context *ctx, int32_t mode)
 {
     const kiln_backend_i *b = ctx->engine->backend;
-    return b->set_graph_mode ? b->set_graph_mode(ctx->backend_context, enable) : lacks(ctx, "CUDA graphs need");
+    if (mode != KILN_CUDA_GRAPH_OFF && mode != KILN_CUDA_GRAPH_ON && mode != KILN_CUDA_GRAPH_PAUSED)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "CUDA graph mode %d is not OFF, ON or PAUSED", (int)mode);
+    return b->set_graph_mode ? b->set_graph_mode(ctx->backend_context, mode) : lacks(ctx, "CUDA graphs need");
+}
+
+kiln_status kiln_context_graph_nodes(kiln_context *ctx, size_t *n_nodes)
+{
+    const kiln_backend_i *b = ctx->engine->backend;
+    return b->graph_nodes ? b->graph_nodes(ctx->backend_context, n_nodes) : lacks(ctx, "CUDA graphs need");
 }
 
 kiln_status kiln_context_gpu_time(kiln_context *ctx, float *ms)

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "../core/error.h"
 #include "engine_image.h"
@@ -420,6 +421,18 @@ int32_t kiln_engine_pool_blocks(kiln_engine *engine)
 /* ---- queries ----------------------------------------------------------------------- */
 
 kiln_backend kiln_engine_backend(const kiln_engine *engine) { return engine->info.backend; }
+
+kiln_status kiln_engine_memory_info(const kiln_engine *engine, size_t *free_bytes, size_t *total_bytes)
+{
+    if (engine->backend->memory_info)
+        return engine->backend->memory_info(free_bytes, total_bytes);
+    long pages = sysconf(_SC_PHYS_PAGES), avail = sysconf(_SC_AVPHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || avail < 0 || page <= 0)
+        return kiln_fail(KILN_ERROR_BACKEND, "cannot read the size of physical memory (sysconf)");
+    *free_bytes = (size_t)avail * (size_t)page;
+    *total_bytes = (size_t)pages * (size_t)page;
+    return KILN_OK;
+}
 
 int32_t kiln_engine_num_io_tensors(const kiln_engine *engine) { return engine->n_io; }
 

@@ -63,7 +63,14 @@ assert len(o["generated_ids"]) == 12 and o["finish_reason"] == "length", o
 assert isinstance(o["text"], str)
 for k in ("prompt_tok_s", "generate_tok_s", "prompt_ms", "generate_ms"):
     assert o["timings"][k] >= 0, k
+assert o["backend"] == "cpu" and "cuda_graphs" not in o, o
 PY
+# The GPU memory options are accepted (and change nothing) on a CPU engine.
+expect_ok "--kv-cache-fraction and --no-cuda-graphs on the cpu" "$KILN" run "$E" -p "hello" -n 12 --temperature 0 \
+  --kv-cache-fraction 0.5 --no-cuda-graphs --json
+python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); sys.exit(a["generated_ids"] != b["generated_ids"] or a["kv_cache"] != b["kv_cache"])' \
+  "$TMP/a.json" "$OUT" && PASSED=$((PASSED + 1)) || fail "memory options changed a cpu run"
+expect_error 2 "--kv-cache-fraction out of range" "--kv-cache-fraction expects a number in (0, 1]" "$KILN" run "$E" -p "hello" --kv-cache-fraction 1.5
 expect_ok "greedy again gives the same tokens" "$KILN" run "$E" -p "hello" -n 12 --temperature 0 --json
 python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); sys.exit(a["generated_ids"] != b["generated_ids"])' \
   "$TMP/a.json" "$OUT" && PASSED=$((PASSED + 1)) || fail "greedy runs differ"

@@ -195,8 +195,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_options, kv_cache_mb, 8);
     CHECK_OFFSET(kiln_llm_options, kv_cache_blocks, 16);
     CHECK_OFFSET(kiln_llm_options, reserved, 20);
-    CHECK_SIZE(kiln_llm_options, 24);
-    CHECK_ENDS_AT(kiln_llm_options, reserved);
+    CHECK_OFFSET(kiln_llm_options, kv_cache_fraction, 24);
+    CHECK_OFFSET(kiln_llm_options, no_cuda_graphs, 28);
+    CHECK_SIZE(kiln_llm_options, 32);
+    CHECK_ENDS_AT(kiln_llm_options, no_cuda_graphs);
     CHECK_INIT(kiln_llm_options, kiln_llm_options_init);
 
     CHECK_OFFSET(kiln_llm_info, struct_size, 0);
@@ -216,8 +218,12 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_info, bos_id, 72);
     CHECK_OFFSET(kiln_llm_info, n_eos, 76);
     CHECK_OFFSET(kiln_llm_info, eos_ids, 80);
-    CHECK_SIZE(kiln_llm_info, 88);
-    CHECK_ENDS_AT(kiln_llm_info, eos_ids);
+    CHECK_OFFSET(kiln_llm_info, backend, 88);
+    CHECK_OFFSET(kiln_llm_info, n_graphs, 92);
+    CHECK_OFFSET(kiln_llm_info, graph_capture_ms, 96);
+    CHECK_OFFSET(kiln_llm_info, graph_nodes, 104);
+    CHECK_SIZE(kiln_llm_info, 112);
+    CHECK_ENDS_AT(kiln_llm_info, graph_nodes);
 
     CHECK_OFFSET(kiln_llm_sampling, struct_size, 0);
     CHECK_OFFSET(kiln_llm_sampling, abi_version, 4);

@@ -4,7 +4,8 @@
  * engine file. Checks what the generation runtime promises: batching does
  * not change greedy tokens, chunked prefill equals whole prefill, limits are
  * refused with their numbers, cancellation and stop strings work, seeded
- * sampling is reproducible, and the decode step allocates nothing. */
+ * sampling is reproducible, the decode step allocates nothing, and the
+ * sampling layer chooses what host sampling chooses. */
 #include "test.h"
 
 #include <kiln/llm.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "core/graph.h"
 #include "llm/model.h"
 #include "llm/tokenizer.h"
 
@@ -167,7 +169,44 @@ static kiln_status tiny_weight(void *user, const char *name, kiln_dims *dims, ki
     return KILN_OK;
 }
 
-static char engine_path[256];
+static char engine_path[256], host_engine_path[256];
+
+static int write_engine(const char *path, const kiln_buffer *buf)
+{
+    FILE *f = fopen(path, "wb");
+    int ok = f && fwrite(buf->data, 1, buf->size, f) == buf->size;
+    if (f && fclose(f) != 0)
+        ok = 0;
+    CHECK(ok);
+    return ok;
+}
+
+/* The step network without the sampling layer, as engines built before
+ * it were: generation samples on the host from copied-out logits. */
+static kiln_status build_host_sampled(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                      kiln_buffer *buf)
+{
+    kiln_network *net = NULL;
+    KILN_TRY(kiln_llm_build_network(ck, opt, reg, &net));
+    char *cfg = NULL;
+    void *tok = NULL;
+    size_t cfg_len = 0, tok_len = 0;
+    kiln_status s = kiln_llm_config_to_json(&ck->config, &cfg, &cfg_len);
+    if (s == KILN_OK)
+        s = kiln_llm_network_add_section(net, KILN_LLM_SECTION_CONFIG, cfg, cfg_len);
+    if (s == KILN_OK)
+        s = kiln_tokenizer_serialize(ck->tokenizer, &tok, &tok_len);
+    if (s == KILN_OK)
+        s = kiln_llm_network_add_section(net, KILN_LLM_SECTION_TOKENIZER, tok, tok_len);
+    kiln_build_config bc;
+    kiln_build_config_init(&bc);
+    if (s == KILN_OK)
+        s = kiln_build(net, &bc, buf);
+    free(cfg);
+    free(tok);
+    kiln_network_destroy(net);
+    return s;
+}
 
 /* Builds the engine once per process into a temporary file. */
 static int build_tiny_engine(void)
@@ -206,19 +245,22 @@ static int build_tiny_engine(void)
     kiln_registry *reg = NULL;
     kiln_buffer buf = {0};
     CHECK_OK(kiln_registry_create(&reg));
+    kiln_buffer host_buf = {0};
     kiln_status s = ck->tokenizer ? kiln_llm_build_engine(ck, &opt, reg, NULL, &buf) : KILN_ERROR_INTERNAL;
     CHECK_OK(s);
+    if (s == KILN_OK)
+        CHECK_OK(s = build_host_sampled(ck, &opt, reg, &host_buf));
     kiln_llm_checkpoint_free(ck);
     kiln_registry_destroy(reg);
-    if (s != KILN_OK)
-        return 0;
+    int ok = s == KILN_OK;
     snprintf(engine_path, sizeof engine_path, "/tmp/kiln-test-generate-%d.engine", (int)getpid());
-    FILE *f = fopen(engine_path, "wb");
-    CHECK(f && fwrite(buf.data, 1, buf.size, f) == buf.size);
-    if (f)
-        fclose(f);
+    snprintf(host_engine_path, sizeof host_engine_path, "/tmp/kiln-test-generate-host-%d.engine", (int)getpid());
+    ok = ok && write_engine(engine_path, &buf) && write_engine(host_engine_path, &host_buf);
     kiln_buffer_free(&buf);
-    return f != NULL;
+    kiln_buffer_free(&host_buf);
+    if (!ok)
+        engine_path[0] = '\0';
+    return ok;
 }
 
 typedef struct tiny {
@@ -283,6 +325,8 @@ static void test_open_info(void)
     /* f32: 2 (k, v) * 2 kv heads * 4 tokens * 8 dims * 4 bytes per block and layer. */
     CHECK(info->cache_bytes == (size_t)64 * 2 * KV_HEADS * 4 * HEAD_DIM * 4 * LAYERS);
     CHECK(info->chat_template && !strcmp(info->chat_template, "llama2"));
+    /* A CPU engine: no CUDA graphs. */
+    CHECK(info->backend == KILN_BACKEND_CPU && info->n_graphs == 0 && info->graph_nodes == 0);
     int32_t *ids = NULL;
     size_t n = 0;
     CHECK_OK(kiln_llm_prompt_ids(t.llm, "hello", 5, &ids, &n));
@@ -623,6 +667,56 @@ static void test_decode_allocates_nothing(void)
 #endif
 }
 
+/* The sampling layer chooses what host sampling chose: an engine without
+ * it (logits copied out, src/llm/sampler.c) and one with it give the same
+ * ids for greedy, seeded sampling and every penalty, batched together. */
+static void test_layer_equals_host_sampling(void)
+{
+    tiny t, h;
+    if (!tiny_open(&t, 0))
+        return;
+    memset(&h, 0, sizeof h);
+    CHECK_OK(kiln_registry_create(&h.reg));
+    CHECK_OK(kiln_llm_open(h.reg, host_engine_path, NULL, &h.llm));
+    if (!h.llm) {
+        tiny_close(&t);
+        tiny_close(&h);
+        return;
+    }
+    const char *prompts[4] = {"hello world", "the", "a quick brown fox", "hi"};
+    kiln_llm_request reqs[4];
+    kiln_llm_sampling samp[4];
+    const kiln_llm_request *rp[4];
+    kiln_llm_result *a[4] = {0}, *b[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        reqs[i] = greedy(prompts[i], 20);
+        kiln_llm_sampling_init(&samp[i]);
+        samp[i].temperature = 0;
+        samp[i].seed = 7 + (uint64_t)i;
+        reqs[i].sampling = &samp[i];
+        rp[i] = &reqs[i];
+    }
+    samp[0].repetition_penalty = 1.3f;
+    samp[1].temperature = 1.2f;
+    samp[1].top_k = 30;
+    samp[1].top_p = 0.9f;
+    samp[1].presence_penalty = 0.5f;
+    samp[2].temperature = 0.9f;
+    samp[2].min_p = 0.05f;
+    samp[2].frequency_penalty = 0.7f;
+    samp[2].repetition_penalty = 1.1f;
+    samp[3].temperature = 1.5f;
+    CHECK_OK(kiln_llm_generate(t.llm, rp, 4, NULL, NULL, a));
+    CHECK_OK(kiln_llm_generate(h.llm, rp, 4, NULL, NULL, b));
+    for (int i = 0; i < 4; i++) {
+        CHECK(a[i] && b[i] && a[i]->n_ids == 20 && b[i]->n_ids == 20 && !memcmp(a[i]->ids, b[i]->ids, sizeof(int32_t) * 20));
+        kiln_llm_result_free(a[i]);
+        kiln_llm_result_free(b[i]);
+    }
+    tiny_close(&t);
+    tiny_close(&h);
+}
+
 static void test_chat_tokenize(void)
 {
     tiny t;
@@ -726,8 +820,10 @@ static void test_not_an_llm_engine(void)
 
 static void cleanup(void)
 {
-    if (engine_path[0])
+    if (engine_path[0]) {
         unlink(engine_path);
+        unlink(host_engine_path);
+    }
 }
 
 static const test_case_ tests[] = {
@@ -740,6 +836,7 @@ static const test_case_ tests[] = {
     TEST(test_stop_strings),
     TEST(test_eos_and_seeded_sampling),
     TEST(test_decode_allocates_nothing),
+    TEST(test_layer_equals_host_sampling),
     TEST(test_chat_tokenize),
     TEST(test_struct_size_read),
     TEST(test_sections_and_description),

@@ -135,6 +135,10 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     STEP_TRY(set_shape(ctx, "seq_lens", S, 0));
     STEP_TRY(set_shape(ctx, "query_start", S + 1, 0));
     STEP_TRY(set_shape(ctx, "last_token", S, 0));
+    /* The sampling layer's inputs: greedy rows (its ids are not checked
+     * here; tests/unit/test_sampler.c checks the layer). */
+    STEP_TRY(set_shape(ctx, "sample_params", S, 7));
+    STEP_TRY(set_shape(ctx, "sample_seq", S, 4));
     for (int32_t l = 0; l < r->cfg.n_layers; l++) {
         char name[32];
         snprintf(name, sizeof name, "kv_cache.%d", l);
@@ -151,6 +155,12 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     STEP_TRY(copy_i32(ctx, "seq_lens", seq_lens, (size_t)S));
     STEP_TRY(copy_i32(ctx, "query_start", qs, (size_t)S + 1));
     STEP_TRY(copy_i32(ctx, "last_token", last, (size_t)S));
+    void *sp;
+    STEP_TRY(kiln_context_tensor_address(ctx, "sample_params", &sp));
+    memset(sp, 0, sizeof(float) * 7 * (size_t)S);
+    /* all -1: no penalty state slot */
+    STEP_TRY(kiln_context_tensor_address(ctx, "sample_seq", &sp));
+    memset(sp, 0xff, sizeof(int32_t) * 4 * (size_t)S);
     kiln_dims od;
     STEP_TRY(kiln_context_tensor_shape(ctx, "logits", &od));
     if (od.rank != 2 || od.d[0] != S || od.d[1] != r->cfg.vocab_size) {

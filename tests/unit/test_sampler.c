@@ -4,6 +4,7 @@
 #include "test.h"
 
 #include "llm/sampler.h"
+#include "sample_run.h"
 
 static kiln_llm_sampling neutral(float temperature)
 {
@@ -244,7 +245,207 @@ static void test_xoshiro_reference(void)
     CHECK(kiln_rng_next(&r) == want);
 }
 
+/* The uniform the sampling layer takes as two i32 is kiln_rng_uniform's,
+ * and the PRNG advances the same. */
+static void test_uniform_bits(void)
+{
+    kiln_rng a, b;
+    kiln_rng_seed(&a, 77);
+    kiln_rng_seed(&b, 77);
+    int same = 1;
+    for (int i = 0; i < 1000; i++) {
+        int32_t bits[2];
+        kiln_sampler_uniform_bits(&a, bits);
+        same &= kiln_sampler_uniform_from_bits(bits) == kiln_rng_uniform(&b);
+    }
+    CHECK(same && a.s[0] == b.s[0] && a.s[3] == b.s[3]);
+}
+
+/* Pseudo-random logits with ties and -inf entries, as models produce
+ * (bf16 logits tie often). */
+static void noisy_logits(float *l, int32_t n, uint64_t seed)
+{
+    kiln_rng r;
+    kiln_rng_seed(&r, seed);
+    for (int32_t i = 0; i < n; i++) {
+        double u = kiln_rng_uniform(&r);
+        l[i] = (float)floor(u * 64.0) / 8.0f - 4.0f;
+        if (u < 0.02)
+            l[i] = -INFINITY;
+    }
+}
+
+/* The sampling layer (kiln/Sample) on the CPU draws exactly what
+ * kiln_sampler_sample draws from the same PRNG state, for every mix of
+ * parameters, rows of a batch independent. */
+static void test_sample_layer_matches_sampler(void)
+{
+    enum { S = 4, V = 700, ROUNDS = 40 };
+    sample_runner r;
+    CHECK_OK(sample_runner_open(&r, KILN_BACKEND_CPU, S, V));
+    if (!r.ctx) {
+        sample_runner_close(&r);
+        return;
+    }
+    static const kiln_llm_sampling mixes[] = {
+        {.temperature = 0.0f, .top_p = 1.0f},
+        {.temperature = 1.0f, .top_p = 1.0f},
+        {.temperature = 0.7f, .top_k = 40, .top_p = 0.9f, .min_p = 0.05f},
+        {.temperature = 1.3f, .top_p = 0.5f},
+        {.temperature = 0.9f, .top_k = 3, .top_p = 1.0f},
+        {.temperature = 2.0f, .top_p = 1.0f, .min_p = 0.2f},
+        {.temperature = 1.0f, .top_k = 10000, .top_p = 0.95f},
+    };
+    static float logits[S * V];
+    float params[S * SAMPLE_PARAMS];
+    int32_t seq[S * SAMPLE_SEQ], got[S];
+    kiln_candidate c[V];
+    int same = 1, draws = 0;
+    for (size_t m = 0; m < sizeof mixes / sizeof mixes[0]; m++) {
+        kiln_rng layer_rng[S], ref_rng[S];
+        for (int s = 0; s < S; s++) {
+            kiln_rng_seed(&layer_rng[s], 1000 * m + (uint64_t)s);
+            ref_rng[s] = layer_rng[s];
+        }
+        for (int round = 0; round < ROUNDS; round++) {
+            memset(params, 0, sizeof params);
+            for (int s = 0; s < S; s++) {
+                const kiln_llm_sampling *p = &mixes[(m + (size_t)s) % (sizeof mixes / sizeof mixes[0])];
+                noisy_logits(logits + s * V, V, 31 * m + 7 * (uint64_t)round + (uint64_t)s);
+                params[SAMPLE_PARAMS * s] = p->temperature;
+                params[SAMPLE_PARAMS * s + 1] = (float)p->top_k;
+                params[SAMPLE_PARAMS * s + 2] = p->top_p;
+                params[SAMPLE_PARAMS * s + 3] = p->min_p;
+                int32_t *sq = seq + SAMPLE_SEQ * s;
+                sq[0] = sq[1] = 0;
+                sq[2] = -1;
+                sq[3] = 0;
+                if (p->temperature > 0.0f)
+                    kiln_sampler_uniform_bits(&layer_rng[s], sq);
+            }
+            sample_step st = {.S = S, .logits = logits, .params = params, .seq = seq};
+            CHECK_OK(sample_runner_step(&r, &st, got));
+            for (int s = 0; s < S; s++) {
+                const kiln_llm_sampling *p = &mixes[(m + (size_t)s) % (sizeof mixes / sizeof mixes[0])];
+                same &= got[s] == kiln_sampler_sample(logits + s * V, V, p, &ref_rng[s], c);
+                draws++;
+            }
+        }
+    }
+    CHECK(same && draws == 7 * ROUNDS * S);
+    /* Greedy ties go to the lowest id, also through the layer. */
+    for (int32_t i = 0; i < V; i++)
+        logits[i] = i == 5 || i == 9 ? 3.0f : 0.0f;
+    memset(params, 0, sizeof params);
+    seq[2] = -1;
+    sample_step st = {.S = 1, .logits = logits, .params = params, .seq = seq};
+    CHECK_OK(sample_runner_step(&r, &st, got));
+    CHECK(got[0] == 5);
+    sample_runner_close(&r);
+}
+
+/* One sequence as generation feeds it to the layer, beside the host's
+ * reference: its prompt, its generated ids (seen; count), its PRNG. */
+typedef struct pen_seq {
+    kiln_llm_sampling p;
+    int32_t ids[48];
+    int32_t n_prompt, n_ids, n_fed, slot;
+    uint8_t seen[300];
+    int32_t count[300];
+    kiln_rng layer_rng, ref_rng;
+} pen_seq;
+
+/* Penalties in the layer: two sequences with different penalties decoded
+ * together through a state slot each, the prompt fed in two chunks, then a
+ * third sequence reusing a slot. Every sampled id equals what the host
+ * path (kiln_sampler_penalize over the sequence's history, then
+ * kiln_sampler_sample) chooses from the same logits and PRNG state. */
+static void test_sample_layer_penalties(void)
+{
+    enum { V = 300, STEPS = 24 };
+    sample_runner r;
+    CHECK_OK(sample_runner_open(&r, KILN_BACKEND_CPU, 4, V));
+    if (!r.ctx) {
+        sample_runner_close(&r);
+        return;
+    }
+    static pen_seq q[3];
+    memset(q, 0, sizeof q);
+    q[0].p = (kiln_llm_sampling){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.5f};
+    q[1].p = (kiln_llm_sampling){.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.2f,
+                                 .presence_penalty = 0.5f, .frequency_penalty = 0.3f};
+    q[2].p = (kiln_llm_sampling){.temperature = 1.0f, .top_p = 1.0f, .frequency_penalty = 1.0f};
+    q[0].slot = 2, q[1].slot = 0, q[2].slot = 2;
+    for (int k = 0; k < 3; k++) {
+        q[k].n_prompt = q[k].n_ids = 6;
+        for (int i = 0; i < 6; i++) {
+            q[k].ids[i] = (int32_t)((k * 37 + i * 11) % V);
+            q[k].seen[q[k].ids[i]] = 1;
+        }
+        kiln_rng_seed(&q[k].layer_rng, 50 + (uint64_t)k);
+        q[k].ref_rng = q[k].layer_rng;
+    }
+    static float logits[2 * V], ref[V];
+    float params[2 * SAMPLE_PARAMS];
+    int32_t seq[2 * SAMPLE_SEQ], tokens[16], positions[16], qs[3], got[2];
+    kiln_candidate c[V];
+    int same = 1, sampled = 0;
+    /* sequences 0 and 1 together, then 2 alone in 0's slot */
+    for (int phase = 0; phase < 2; phase++) {
+        pen_seq *rows[2] = {phase ? &q[2] : &q[1], phase ? NULL : &q[0]};
+        int S = phase ? 1 : 2;
+        for (int step = 0; step < STEPS; step++) {
+            int32_t T = 0;
+            qs[0] = 0;
+            for (int s = 0; s < S; s++) {
+                pen_seq *x = rows[s];
+                /* the prompt in chunks of 4 and 2, then one token a step */
+                int32_t chunk = x->n_fed == 0 ? 4 : x->n_ids - x->n_fed;
+                for (int32_t j = 0; j < chunk; j++, T++) {
+                    tokens[T] = x->ids[x->n_fed + j];
+                    positions[T] = x->n_fed + j;
+                }
+                x->n_fed += chunk;
+                qs[s + 1] = T;
+                int sample = x->n_fed == x->n_ids;
+                float *p = params + SAMPLE_PARAMS * s;
+                int32_t *sq = seq + SAMPLE_SEQ * s;
+                memset(p, 0, sizeof *p * SAMPLE_PARAMS);
+                sq[2] = x->slot;
+                sq[3] = x->n_prompt;
+                noisy_logits(logits + s * V, V, 1000 * (uint64_t)phase + 10 * (uint64_t)step + (uint64_t)s);
+                if (sample) {
+                    p[0] = x->p.temperature, p[1] = (float)x->p.top_k, p[2] = x->p.top_p, p[3] = x->p.min_p;
+                    p[4] = x->p.repetition_penalty, p[5] = x->p.presence_penalty, p[6] = x->p.frequency_penalty;
+                    if (x->p.temperature > 0.0f)
+                        kiln_sampler_uniform_bits(&x->layer_rng, sq);
+                }
+            }
+            sample_step st = {.S = S, .T = T, .logits = logits, .params = params, .seq = seq, .tokens = tokens,
+                              .positions = positions, .qstart = qs};
+            CHECK_OK(sample_runner_step(&r, &st, got));
+            for (int s = 0; s < S; s++) {
+                pen_seq *x = rows[s];
+                if (x->n_fed != x->n_ids)
+                    continue;
+                memcpy(ref, logits + s * V, sizeof ref);
+                kiln_sampler_penalize(ref, V, &x->p, x->seen, x->count);
+                int32_t want = kiln_sampler_sample(ref, V, &x->p, &x->ref_rng, c);
+                same &= got[s] == want;
+                sampled++;
+                x->ids[x->n_ids++] = want;
+                x->seen[want] = 1;
+                x->count[want]++;
+            }
+        }
+    }
+    CHECK(same);
+    CHECK(sampled == 3 * (STEPS - 1));
+    sample_runner_close(&r);
+}
+
 static const test_case_ tests[] = {
+    TEST(test_uniform_bits), TEST(test_sample_layer_matches_sampler), TEST(test_sample_layer_penalties),
     TEST(test_greedy),    TEST(test_top_k),     TEST(test_top_k_large_vocab), TEST(test_top_p),
     TEST(test_min_p),     TEST(test_temperature), TEST(test_penalties),       TEST(test_seeded_draws),
     TEST(test_xoshiro_reference),

@@ -33,7 +33,7 @@ static const char bench_help[] =
     "  --reps R                 timed repetitions (default 3)\n"
     "  --copy-mb N              size of the bandwidth copy (default 1024 on CUDA, 256 when\n"
     "                           the GPU has no room for it, 256 on the CPU)\n"
-    "  --kv-cache-mb N          KV-cache memory (as for kiln run)\n"
+    CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object\n"
     "  -h, --help               show this help\n"
@@ -141,6 +141,8 @@ typedef struct bench_report {
     const char *dtype;
     long batch, prompt_len, gen_len, reps;
     double open_ms;
+    double graph_capture_ms;     /* CUDA graphs captured at open (0: none) */
+    int32_t n_graphs;
     double prefill_tok_s, decode_tok_s, ttft_ms, itl_p50, itl_p99;
     double prefill_min, prefill_max, decode_min, decode_max;
     size_t weight_bytes, weight_bytes_per_token;
@@ -156,7 +158,8 @@ static int print_report(const bench_report *r, int json)
         printf("engine: %s (%s, %s)\n", r->engine, r->backend, r->dtype);
         printf("batch %ld, prompt %ld tokens, %ld generated, %ld reps (medians; min-max)\n", r->batch, r->prompt_len,
                r->gen_len, r->reps);
-        printf("  open:              %.0f ms\n", r->open_ms);
+        printf("  open:              %.0f ms (%d CUDA graphs captured in %.1f ms)\n", r->open_ms, (int)r->n_graphs,
+               r->graph_capture_ms);
         printf("  prefill:           %.1f tok/s (%.1f-%.1f)\n", r->prefill_tok_s, r->prefill_min, r->prefill_max);
         printf("  time to 1st token: %.2f ms\n", r->ttft_ms);
         printf("  decode:            %.1f tok/s (%.1f-%.1f)\n", r->decode_tok_s, r->decode_min, r->decode_max);
@@ -178,6 +181,8 @@ static int print_report(const bench_report *r, int json)
     json_object_set_new(o, "gen_len", json_integer(r->gen_len));
     json_object_set_new(o, "reps", json_integer(r->reps));
     json_object_set_new(o, "open_ms", json_real(r->open_ms));
+    json_object_set_new(o, "graphs", json_integer(r->n_graphs));
+    json_object_set_new(o, "graph_capture_ms", json_real(r->graph_capture_ms));
     json_object_set_new(o, "prefill_tok_s", json_real(r->prefill_tok_s));
     json_object_set_new(o, "prefill_tok_s_range", json_pack("[f, f]", r->prefill_min, r->prefill_max));
     json_object_set_new(o, "decode_tok_s", json_real(r->decode_tok_s));
@@ -223,6 +228,8 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
     r->backend = kiln_backend_name(backend);
     r->dtype = kiln_dtype_name(info->dtype);
     r->open_ms = open_ms;
+    r->n_graphs = info->n_graphs;
+    r->graph_capture_ms = info->graph_capture_ms;
     if (r->prompt_len + r->gen_len > info->max_seq_len)
         return cli_error("prompt %ld + generated %ld tokens exceed the engine's max sequence length %d", r->prompt_len,
                          r->gen_len, (int)info->max_seq_len);
@@ -308,13 +315,15 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
 int cli_bench(int argc, char **argv)
 {
     static const char *const valued[] = {"--prompt-len", "--gen-len", "--batch", "--reps", "--copy-mb",
-                                         "--kv-cache-mb", "--plugins", NULL};
+                                         CLI_LLM_MEMORY_VALUED, "--plugins", NULL};
     cli_args a;
     cli_args_init(&a, "bench", argc, argv);
     const char *opt, *val;
     const char **libs = calloc((size_t)argc + 1, sizeof *libs);
     int n_libs = 0, json = 0, help = 0;
-    long kv_mb = 0, copy_mb = 0;
+    long copy_mb = 0;
+    kiln_llm_options lo;
+    kiln_llm_options_init(&lo);
     bench_report r;
     memset(&r, 0, sizeof r);
     r.prompt_len = 128;
@@ -323,6 +332,7 @@ int cli_bench(int argc, char **argv)
     r.reps = 3;
     int st = libs ? CLI_OK : cli_error("out of memory");
     while (st == CLI_OK && (opt = cli_args_next(&a, valued, &val))) {
+        int handled = 0;
         if (!strcmp(opt, "-h") || !strcmp(opt, "--help"))
             help = 1;
         else if (!strcmp(opt, "--prompt-len"))
@@ -335,13 +345,11 @@ int cli_bench(int argc, char **argv)
             st = cli_parse_count("bench", opt, val, &r.reps);
         else if (!strcmp(opt, "--copy-mb"))
             st = cli_parse_count("bench", opt, val, &copy_mb);
-        else if (!strcmp(opt, "--kv-cache-mb"))
-            st = cli_parse_count("bench", opt, val, &kv_mb);
         else if (!strcmp(opt, "--plugins"))
             libs[n_libs++] = val;
         else if (!strcmp(opt, "--json"))
             json = 1;
-        else
+        else if ((st = cli_llm_memory_option("bench", opt, val, &lo, &handled)) == CLI_OK && !handled)
             st = cli_usage("bench", "unknown option %s", opt);
     }
     if (st == CLI_OK && a.status)
@@ -361,7 +369,7 @@ int cli_bench(int argc, char **argv)
     if (st == CLI_OK && !help) {
         r.engine = a.positional[0];
         double t0 = now_ms();
-        st = cli_llm_open(r.engine, libs, n_libs, (size_t)kv_mb, 0, &reg, &llm);
+        st = cli_llm_open(r.engine, libs, n_libs, &lo, &reg, &llm);
         if (st == CLI_OK)
             st = bench(llm, now_ms() - t0, copy_mb, &r);
         if (st == CLI_OK)

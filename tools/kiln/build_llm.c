@@ -23,9 +23,12 @@ static const char build_llm_help[] =
     "\n"
     "options:\n"
     "  -o, --output FILE     engine file to write (required)\n"
-    "  --dtype T             f32, f16 or bf16: weights, activations, KV cache; native: f32,\n"
-    "                        with the GGUF's Q8_0/Q4_0/Q4_1 matmul weights kept quantized\n"
-    "                        (the default for a .gguf; f32 otherwise)\n"
+    "  --backend B           cpu (default) or cuda; a cuda engine builds on a machine\n"
+    "                        without a GPU too (its tactics are then heuristic)\n"
+    "  --dtype T             f32, f16 or bf16: weights, activations, KV cache; native:\n"
+    "                        the GGUF's Q8_0/Q4_0/Q4_1 matmul weights kept quantized, the\n"
+    "                        rest f32 on the cpu, bf16 on cuda (the default for a .gguf;\n"
+    "                        otherwise f32 on the cpu, bf16 on cuda)\n"
     "  --max-batch N         sequences per step (default 8)\n"
     "  --max-seq-len N       tokens per sequence (default min(4096, the model's context))\n"
     "  --max-tokens N        new tokens per step (default max-seq-len)\n"
@@ -87,11 +90,11 @@ static int parse_i32(const char *opt, const char *val, int32_t *out) {
 }
 
 /* One line on what was built, from the engine's own LLM description. */
-static void print_summary(const char *out)
+static void print_summary(const char *out, kiln_backend backend)
 {
     char *text = NULL;
     if (kiln_llm_describe_json(out, &text) != KILN_OK) {
-        printf("built %s\n", out);
+        printf("built %s for %s\n", out, kiln_backend_name(backend));
         return;
     }
     json_t *c = json_loads(text, 0, NULL);
@@ -100,9 +103,9 @@ static void print_summary(const char *out)
     const char *ct = json_string_value(json_object_get(c, "chat_template"));
     struct stat sb;
     long long bytes = stat(out, &sb) == 0 ? (long long)sb.st_size : -1;
-    printf("built %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %s%s%s, max %lld tokens x %lld "
+    printf("built %s for %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %s%s%s, max %lld tokens x %lld "
            "sequences, chat template %s, %lld bytes\n",
-           out, cli_json_str(c, "architecture"), cli_json_int(c, "n_layers"), cli_json_int(c, "hidden_size"), cli_json_int(c, "n_heads"),
+           out, kiln_backend_name(backend), cli_json_str(c, "architecture"), cli_json_int(c, "n_layers"), cli_json_int(c, "hidden_size"), cli_json_int(c, "n_heads"),
            cli_json_int(c, "n_kv_heads"), cli_json_int(c, "vocab_size"), cli_json_str(c, "dtype"), quantized ? " with matmul weights " : "",
            quantized ? quantized : "", cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"), ct ? ct : "none", bytes);
     json_decref(c);
@@ -114,7 +117,7 @@ int cli_build_llm(int argc, char **argv) {
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
     const char *out = NULL, *o, *val;
-    int status = CLI_OK, verbose = 0;
+    int status = CLI_OK, verbose = 0, float_given = 0;
     while ((o = cli_args_next(&a, llm_valued, &val))) {
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
             fputs(build_llm_help, stdout);
@@ -123,6 +126,7 @@ int cli_build_llm(int argc, char **argv) {
             out = val;
         } else if (!strcmp(o, "--dtype")) {
             opt.native = !strcmp(val, "native");
+            float_given = !opt.native;
             if (opt.native)
                 opt.dtype = KILN_DTYPE_F32;
             else if (!strcmp(val, "f32"))
@@ -150,8 +154,12 @@ int cli_build_llm(int argc, char **argv) {
         } else if (!strcmp(o, "--tokenizer")) {
             opt.tokenizer = val;
         } else if (!strcmp(o, "--backend")) {
-            if (strcmp(val, "cpu") != 0) {
-                status = cli_usage("build", "LLM engines are built for --backend cpu only");
+            if (!strcmp(val, "cpu"))
+                opt.backend = KILN_BACKEND_CPU;
+            else if (!strcmp(val, "cuda"))
+                opt.backend = KILN_BACKEND_CUDA;
+            else {
+                status = cli_usage("build", "unknown --backend \"%s\" (cpu or cuda)", val);
                 goto done;
             }
         } else if (!strcmp(o, "--verbose")) {
@@ -178,6 +186,11 @@ int cli_build_llm(int argc, char **argv) {
         status = cli_usage("build", "a llama2.c checkpoint needs --tokenizer tokenizer.bin");
         goto done;
     }
+    /* On the GPU the weights, activations and KV cache default to bf16
+     * (f32 accumulation and statistics inside the kernels), also beside
+     * quantized GGUF weights. */
+    if (opt.backend == KILN_BACKEND_CUDA && !float_given)
+        opt.dtype = KILN_DTYPE_BF16;
     if (verbose)
         kiln_set_log(log_to_stderr, NULL, KILN_LOG_INFO);
     int drawn = 0;
@@ -191,7 +204,7 @@ int cli_build_llm(int argc, char **argv) {
     if (s != KILN_OK)
         status = cli_kiln_error();
     else
-        print_summary(out);
+        print_summary(out, opt.backend);
 done:
     cli_args_free(&a);
     return status;

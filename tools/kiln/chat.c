@@ -19,7 +19,7 @@ static const char chat_help[] =
     "  --system TEXT            system message\n"
     "  -n, --max-tokens N       tokens per answer at most (default 512)\n"
     CLI_LLM_SAMPLING_HELP
-    "  --kv-cache-mb N          KV-cache memory (see `kiln run --help`)\n"
+    CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  -h, --help               show this help\n";
 
@@ -132,15 +132,17 @@ static int chat_loop(kiln_llm *llm, const char *system, long max_tokens, kiln_ll
 
 int cli_chat(int argc, char **argv)
 {
-    static const char *const valued[] = {"-n", "--max-tokens", "--system", "--kv-cache-mb", "--plugins",
-                                         "--stop", CLI_LLM_SAMPLING_VALUED, NULL};
+    static const char *const valued[] = {"-n", "--max-tokens", "--system", "--plugins", "--stop",
+                                         CLI_LLM_MEMORY_VALUED, CLI_LLM_SAMPLING_VALUED, NULL};
     cli_args a;
     cli_args_init(&a, "chat", argc, argv);
     const char *opt, *val, *system = NULL;
     const char **libs = calloc((size_t)argc + 1, sizeof *libs);
     const char **stops = calloc((size_t)argc + 1, sizeof *stops);
     int n_libs = 0, n_stops = 0, help = 0;
-    long max_tokens = 512, kv_mb = 0;
+    long max_tokens = 512;
+    kiln_llm_options lo;
+    kiln_llm_options_init(&lo);
     kiln_llm_sampling samp;
     cli_llm_sampling_default(&samp);
     int st = libs && stops ? CLI_OK : cli_error("out of memory");
@@ -152,13 +154,12 @@ int cli_chat(int argc, char **argv)
             st = cli_parse_count("chat", opt, val, &max_tokens);
         else if (!strcmp(opt, "--system"))
             system = val;
-        else if (!strcmp(opt, "--kv-cache-mb"))
-            st = cli_parse_count("chat", opt, val, &kv_mb);
         else if (!strcmp(opt, "--plugins"))
             libs[n_libs++] = val;
         else if (!strcmp(opt, "--stop"))
             stops[n_stops++] = val;
-        else if ((st = cli_llm_sampling_option("chat", opt, val, &samp, &handled)) == CLI_OK && !handled)
+        else if ((st = cli_llm_memory_option("chat", opt, val, &lo, &handled)) == CLI_OK && !handled &&
+                 (st = cli_llm_sampling_option("chat", opt, val, &samp, &handled)) == CLI_OK && !handled)
             st = cli_usage("chat", "unknown option %s", opt);
     }
     if (st == CLI_OK && a.status)
@@ -172,7 +173,7 @@ int cli_chat(int argc, char **argv)
     kiln_registry *reg = NULL;
     kiln_llm *llm = NULL;
     if (st == CLI_OK && !help)
-        st = cli_llm_open(a.positional[0], libs, n_libs, (size_t)kv_mb, 0, &reg, &llm);
+        st = cli_llm_open(a.positional[0], libs, n_libs, &lo, &reg, &llm);
     if (st == CLI_OK && !help) {
         if (!kiln_llm_info_get(llm)->chat_template)
             st = cli_error("%s has no chat template (its config's chat_template is null); use `kiln run`",

@@ -20,9 +20,24 @@
     "  --stop TEXT              end when the text contains TEXT (repeatable; not printed)\n"    \
     "  --ignore-eos             keep going past the end-of-sequence token\n"
 
-/* Creates a registry with libs loaded and opens the engine; prints the
- * error and returns CLI_FAILURE when it cannot. */
-int cli_llm_open(const char *path, const char *const *libs, int n_libs, size_t kv_mb, int32_t kv_blocks,
+/* The KV-cache and CUDA-graph options of run and chat. */
+#define CLI_LLM_MEMORY_VALUED "--kv-cache-mb", "--kv-cache-fraction"
+
+#define CLI_LLM_MEMORY_HELP                                                                      \
+    "  --kv-cache-mb N          KV-cache memory (default: on the CPU enough for max_batch\n"      \
+    "                           full sequences, at most a quarter of physical memory; on\n"     \
+    "                           a GPU --kv-cache-fraction of the free memory, capped at that)\n" \
+    "  --kv-cache-fraction F    GPU: fraction of the free GPU memory the KV cache may take\n"   \
+    "                           once the weights are loaded (default 0.9)\n"                     \
+    "  --no-cuda-graphs         GPU: launch decode steps kernel by kernel\n"
+
+/* Parses a memory option into o; *handled = 0 when opt is not one. */
+int cli_llm_memory_option(const char *cmd, const char *opt, const char *value, kiln_llm_options *o,
+                          int *handled);
+
+/* Creates a registry with libs loaded and opens the engine (opt may be
+ * NULL); prints the error and returns CLI_FAILURE when it cannot. */
+int cli_llm_open(const char *path, const char *const *libs, int n_libs, const kiln_llm_options *opt,
                  kiln_registry **reg, kiln_llm **llm);
 void cli_llm_sampling_default(kiln_llm_sampling *s);
 /* Parses a sampling option into s; *handled = 0 when opt is not one. */
@@ -32,7 +47,8 @@ int cli_llm_sampling_option(const char *cmd, const char *opt, const char *value,
 int cli_llm_print_token(void *user, int32_t request, int32_t token, const char *text, size_t len);
 /* "prompt: N tokens, X tok/s; generation: ..." on stderr. */
 void cli_llm_print_speed(const kiln_llm_result *r);
-/* One stderr line: the KV cache's size and the tokens it holds. */
+/* One stderr line: the KV cache's size and the tokens it holds, and on a
+ * GPU the decode graphs captured at open. */
 void cli_llm_print_cache(const kiln_llm *llm);
 /* min(want, max_seq_len - n_prompt), or the error when the prompt alone is too long. */
 int cli_llm_fit_max_tokens(const kiln_llm *llm, size_t n_prompt, long want, int32_t *out);

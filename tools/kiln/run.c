@@ -23,26 +23,48 @@ static const char run_help[] =
     "  --chat                   wrap the prompt in the engine's chat template as a user turn\n"
     "  --system TEXT            system message for --chat\n"
     CLI_LLM_SAMPLING_HELP
-    "  --kv-cache-mb N          KV-cache memory (default: enough for max_batch full\n"
-    "                           sequences, at most a quarter of physical memory)\n"
+    CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object (prompt_ids, generated_ids, text,\n"
-    "                           finish_reason, timings, kv_cache) instead of streaming\n"
+    "                           finish_reason, timings, kv_cache, backend, cuda_graphs)\n"
+    "                           instead of streaming\n"
     "  -h, --help               show this help\n";
 
 /* ---- shared with chat and tokenize ------------------------------------------------------ */
 
-int cli_llm_open(const char *path, const char *const *libs, int n_libs, size_t kv_mb, int32_t kv_blocks,
+int cli_llm_memory_option(const char *cmd, const char *opt, const char *value, kiln_llm_options *o,
+                          int *handled)
+{
+    *handled = 1;
+    if (!strcmp(opt, "--kv-cache-mb")) {
+        long mb;
+        int st = cli_parse_count(cmd, opt, value, &mb);
+        o->kv_cache_mb = (size_t)mb;
+        return st;
+    }
+    if (!strcmp(opt, "--kv-cache-fraction")) {
+        char *end;
+        double f = strtod(value, &end);
+        if (end == value || *end || !(f > 0 && f <= 1))
+            return cli_usage(cmd, "--kv-cache-fraction expects a number in (0, 1], got \"%s\"", value);
+        o->kv_cache_fraction = (float)f;
+        return CLI_OK;
+    }
+    if (!strcmp(opt, "--no-cuda-graphs")) {
+        o->no_cuda_graphs = 1;
+        return CLI_OK;
+    }
+    *handled = 0;
+    return CLI_OK;
+}
+
+int cli_llm_open(const char *path, const char *const *libs, int n_libs, const kiln_llm_options *opt,
                  kiln_registry **reg, kiln_llm **llm)
 {
     int st = cli_registry(libs, n_libs, reg);
     if (st != CLI_OK)
         return st;
-    kiln_llm_options opt;
-    kiln_llm_options_init(&opt);
-    opt.kv_cache_mb = kv_mb;
-    opt.kv_cache_blocks = kv_blocks;
-    if (kiln_llm_open(*reg, path, &opt, llm) != KILN_OK) {
+    if (kiln_llm_open(*reg, path, opt, llm) != KILN_OK) {
         cli_kiln_error();
         kiln_registry_destroy(*reg);
         *reg = NULL;
@@ -126,9 +148,13 @@ void cli_llm_print_speed(const kiln_llm_result *r)
 void cli_llm_print_cache(const kiln_llm *llm)
 {
     const kiln_llm_info *info = kiln_llm_info_get(llm);
-    fprintf(stderr, "kv cache: %.1f MB, %d blocks of %d tokens = %lld tokens (max %d sequences of %d)\n",
+    fprintf(stderr, "kv cache: %.1f MB, %d blocks of %d tokens = %lld tokens (max %d sequences of %d)",
             (double)info->cache_bytes / (1024.0 * 1024.0), (int)info->n_blocks, (int)info->block_size,
             (long long)info->cache_tokens, (int)info->max_batch, (int)info->max_seq_len);
+    if (info->n_graphs)
+        fprintf(stderr, "; cuda graphs: %d batch sizes captured in %.1f ms, %zu launches per decode step",
+                (int)info->n_graphs, info->graph_capture_ms, info->graph_nodes);
+    fputc('\n', stderr);
 }
 
 int cli_llm_fit_max_tokens(const kiln_llm *llm, size_t n_prompt, long want, int32_t *out)
@@ -175,6 +201,14 @@ static int print_json(const kiln_llm *llm, const kiln_llm_result *r, uint64_t se
     json_object_set_new(kv, "block_size", json_integer(info->block_size));
     json_object_set_new(kv, "tokens", json_integer((json_int_t)info->cache_tokens));
     json_object_set_new(o, "kv_cache", kv);
+    json_object_set_new(o, "backend", json_string(kiln_backend_name(info->backend)));
+    if (info->n_graphs) {
+        json_t *g = json_object();
+        json_object_set_new(g, "batch_sizes", json_integer(info->n_graphs));
+        json_object_set_new(g, "capture_ms", json_real(info->graph_capture_ms));
+        json_object_set_new(g, "launches_per_step", json_integer((json_int_t)info->graph_nodes));
+        json_object_set_new(o, "cuda_graphs", g);
+    }
     char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
     json_decref(o);
     if (!s)
@@ -186,15 +220,17 @@ static int print_json(const kiln_llm *llm, const kiln_llm_result *r, uint64_t se
 
 int cli_run(int argc, char **argv)
 {
-    static const char *const valued[] = {"-p", "--prompt", "-n", "--max-tokens", "--system", "--kv-cache-mb",
-                                         "--plugins", "--stop", CLI_LLM_SAMPLING_VALUED, NULL};
+    static const char *const valued[] = {"-p", "--prompt", "-n", "--max-tokens", "--system", "--plugins", "--stop",
+                                         CLI_LLM_MEMORY_VALUED, CLI_LLM_SAMPLING_VALUED, NULL};
     cli_args a;
     cli_args_init(&a, "run", argc, argv);
     const char *opt, *val, *prompt = NULL, *system = NULL;
     const char **libs = calloc((size_t)argc + 1, sizeof *libs);
     const char **stops = calloc((size_t)argc + 1, sizeof *stops);
     int n_libs = 0, n_stops = 0, chat = 0, json = 0, help = 0, ignore_eos = 0;
-    long max_tokens = 128, kv_mb = 0;
+    long max_tokens = 128;
+    kiln_llm_options lo;
+    kiln_llm_options_init(&lo);
     kiln_llm_sampling samp;
     cli_llm_sampling_default(&samp);
     int st = libs && stops ? CLI_OK : cli_error("out of memory");
@@ -208,8 +244,6 @@ int cli_run(int argc, char **argv)
             st = cli_parse_count("run", opt, val, &max_tokens);
         else if (!strcmp(opt, "--system"))
             system = val;
-        else if (!strcmp(opt, "--kv-cache-mb"))
-            st = cli_parse_count("run", opt, val, &kv_mb);
         else if (!strcmp(opt, "--plugins"))
             libs[n_libs++] = val;
         else if (!strcmp(opt, "--stop"))
@@ -220,7 +254,8 @@ int cli_run(int argc, char **argv)
             json = 1;
         else if (!strcmp(opt, "--ignore-eos"))
             ignore_eos = 1;
-        else if ((st = cli_llm_sampling_option("run", opt, val, &samp, &handled)) == CLI_OK && !handled)
+        else if ((st = cli_llm_memory_option("run", opt, val, &lo, &handled)) == CLI_OK && !handled &&
+                 (st = cli_llm_sampling_option("run", opt, val, &samp, &handled)) == CLI_OK && !handled)
             st = cli_usage("run", "unknown option %s", opt);
     }
     if (st == CLI_OK && a.status)
@@ -240,7 +275,7 @@ int cli_run(int argc, char **argv)
     int32_t *ids = NULL;
     size_t n_ids = 0;
     if (st == CLI_OK && !help)
-        st = cli_llm_open(a.positional[0], libs, n_libs, (size_t)kv_mb, 0, &reg, &llm);
+        st = cli_llm_open(a.positional[0], libs, n_libs, &lo, &reg, &llm);
     if (st == CLI_OK && !help) {
         kiln_llm_message sys_msg, user_msg;
         kiln_llm_message_init(&sys_msg);

@@ -30,6 +30,16 @@ static const char detokenize_help[] =
     "  -h, --help       show this help\n";
 
 /* Options both commands take; sets *no_special only for tokenize. */
+/* Tokenizing needs no cache and no decode graphs. */
+static kiln_llm_options tokenize_only(void)
+{
+    kiln_llm_options o;
+    kiln_llm_options_init(&o);
+    o.kv_cache_blocks = 1;
+    o.no_cuda_graphs = 1;
+    return o;
+}
+
 static int parse(const char *cmd, int argc, char **argv, cli_args *a, const char **libs, int *n_libs,
                  int *no_special, int *help)
 {
@@ -65,8 +75,9 @@ int cli_tokenize(int argc, char **argv)
         st = cli_usage("tokenize", "expected ENGINE TEXT, got %d arguments", a.n_positional);
     kiln_registry *reg = NULL;
     kiln_llm *llm = NULL;
+    kiln_llm_options lo = tokenize_only();
     if (st == CLI_OK && !help)
-        st = cli_llm_open(a.positional[0], libs, n_libs, 0, 1, &reg, &llm);
+        st = cli_llm_open(a.positional[0], libs, n_libs, &lo, &reg, &llm);
     if (st == CLI_OK && !help) {
         int32_t *ids = NULL;
         size_t n = 0;
@@ -115,8 +126,9 @@ int cli_detokenize(int argc, char **argv)
     }
     kiln_registry *reg = NULL;
     kiln_llm *llm = NULL;
+    kiln_llm_options lo = tokenize_only();
     if (st == CLI_OK && !help)
-        st = cli_llm_open(a.positional[0], libs, n_libs, 0, 1, &reg, &llm);
+        st = cli_llm_open(a.positional[0], libs, n_libs, &lo, &reg, &llm);
     if (st == CLI_OK && !help) {
         char *text = NULL;
         size_t len = 0;

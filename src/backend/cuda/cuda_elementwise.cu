@@ -342,4 +342,3 @@ extern "C" int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *str
 #undef KCU_FAST
 }
 
-extern "C" int32_t kcu_pdl_enabled(void) { return kcu_pdl; }

@@ -9,6 +9,7 @@
 #include "cuda_ops.h"
 
 #include <cuda_runtime_api.h>
+#include <kiln/runtime.h>
 #include <nvtx3/nvToolsExt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,12 +155,13 @@ typedef struct graph_entry {
     int64_t *symbols;          /* graph.n_symbols */
     void **addr;               /* engine n_io: device address of each I/O tensor */
     cudaGraphExec_t exec;      /* NULL: slot empty */
+    size_t n_nodes;            /* kernel and copy nodes: launches per replay */
     uint64_t last_use;
 } graph_entry;
 
-/* Shapes a context alternates between (e.g. prefill and decode) stay
- * captured; a fifth evicts the least recently used. */
-#define GRAPH_CACHE 4
+/* Shapes a context alternates between (an LLM's decode batch sizes) stay
+ * captured; a seventeenth evicts the least recently used. */
+#define GRAPH_CACHE 16
 
 /* The arguments of the host callback that finishes a staged output copy. */
 typedef struct staged_output {
@@ -176,8 +178,9 @@ struct kiln_backend_context {
     int32_t timed;             /* start/stop describe the last enqueue */
     cudaEvent_t *layer_events; /* graph.n_layers + 1 when profiling */
     int32_t profiled;          /* layer_events describe the last enqueue */
-    int32_t graph_mode;
+    int32_t graph_mode;        /* KILN_CUDA_GRAPH_* */
     graph_entry graphs[GRAPH_CACHE];
+    const graph_entry *last_graph; /* what the last enqueue replayed, NULL: none */
     uint64_t uses;
     /* pinned staging per tensor (only I/O tensors get one) */
     void **staging;
@@ -191,6 +194,7 @@ struct kiln_backend_context {
 
 static void drop_graphs(kiln_backend_context *c)
 {
+    c->last_graph = NULL;
     /* An executable graph still running is freed when it completes. */
     for (int i = 0; i < GRAPH_CACHE; i++)
         if (c->graphs[i].exec) {
@@ -486,6 +490,11 @@ static kiln_status capture(kiln_backend_context *c, cudaStream_t s, graph_entry 
             st = cuda_fail(err, "CUDA", "cudaGraphInstantiate", __FILE__, __LINE__);
         }
     }
+    en->n_nodes = 0;
+    if (st == KILN_OK && cudaGraphGetNodes(graph, NULL, &en->n_nodes) != cudaSuccess) {
+        cudaGetLastError();
+        en->n_nodes = 0;
+    }
     if (graph)
         cudaGraphDestroy(graph);
     if (st != KILN_OK)
@@ -493,7 +502,8 @@ static kiln_status capture(kiln_backend_context *c, cudaStream_t s, graph_entry 
     memcpy(en->symbols, p->symbols, sizeof *en->symbols * (size_t)p->graph->n_symbols);
     for (int32_t i = 0; i < p->n_io; i++)
         en->addr[i] = kiln_exec_io_address(p, p->io[i]);
-    kiln_log(KILN_LOG_INFO, "cuda: captured a graph of %d layers", (int)p->graph->n_layers);
+    kiln_log(KILN_LOG_INFO, "cuda: captured a graph of %d layers, %zu nodes", (int)p->graph->n_layers,
+             en->n_nodes);
     return KILN_OK;
 }
 
@@ -516,6 +526,7 @@ static kiln_status enqueue_graph(kiln_backend_context *c, cudaStream_t s)
         KILN_TRY(capture(c, s, en));
     }
     en->last_use = ++c->uses;
+    c->last_graph = en;
     CU(cudaEventRecord(c->start, s));
     CU(cudaGraphLaunch(en->exec, s));
     CU(cudaEventRecord(c->stop, s));
@@ -523,11 +534,11 @@ static kiln_status enqueue_graph(kiln_backend_context *c, cudaStream_t s)
     return KILN_OK;
 }
 
-static kiln_status cuda_set_graph_mode(kiln_backend_context *c, int32_t enable)
+static kiln_status cuda_set_graph_mode(kiln_backend_context *c, int32_t mode)
 {
     const kiln_exec_plan *p = c->plan;
     const kiln_graph *g = p->graph;
-    if (enable)
+    if (mode == KILN_CUDA_GRAPH_ON && c->graph_mode != KILN_CUDA_GRAPH_ON)
         for (int32_t l = 0; l < g->n_layers; l++) {
             const kiln_layer *L = &g->layers[l];
             if (L->op != KILN_OP_PLUGIN)
@@ -539,9 +550,26 @@ static kiln_status cuda_set_graph_mode(kiln_backend_context *c, int32_t enable)
                                  "is not marked capture-safe",
                                  g->plugins[L->p.plugin.index].name, L->name);
         }
-    if (!enable)
+    if (mode == KILN_CUDA_GRAPH_OFF)
         drop_graphs(c);
-    c->graph_mode = enable != 0;
+    c->graph_mode = mode;
+    return KILN_OK;
+}
+
+static kiln_status cuda_graph_nodes(kiln_backend_context *c, size_t *n_nodes)
+{
+    if (!c->last_graph)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "the last enqueue did not replay a CUDA graph");
+    *n_nodes = c->last_graph->n_nodes;
+    return KILN_OK;
+}
+
+static kiln_status cuda_memory_info(size_t *free_bytes, size_t *total_bytes)
+{
+    size_t f = 0, t = 0;
+    CU(cudaMemGetInfo(&f, &t));
+    *free_bytes = f;
+    *total_bytes = t;
     return KILN_OK;
 }
 
@@ -557,9 +585,10 @@ static kiln_status cuda_enqueue(kiln_backend_context *c, void *stream)
     int outer = cs != cudaStreamCaptureStatusNone;
     c->timed = 0;
     c->profiled = 0;
+    c->last_graph = NULL;
     if (outer)
         return launch_layers(c, s, NULL, 0);
-    if (c->graph_mode)
+    if (c->graph_mode == KILN_CUDA_GRAPH_ON)
         return enqueue_graph(c, s);
     int profile = c->plan->layer_ms && c->layer_events;
     CU(cudaEventRecord(c->start, s));
@@ -789,6 +818,7 @@ const kiln_backend_i kiln_backend_cuda = {
     .mem_alloc = cuda_mem_alloc,
     .mem_free = cuda_mem_free,
     .check_binding = cuda_check_binding,
+    .memory_info = cuda_memory_info,
     .context_create = cuda_context_create,
     .context_destroy = cuda_context_destroy,
     .shapes_changed = cuda_shapes_changed,
@@ -797,6 +827,7 @@ const kiln_backend_i kiln_backend_cuda = {
     .run_reference = cuda_run_reference,
     .copy = cuda_copy,
     .set_graph_mode = cuda_set_graph_mode,
+    .graph_nodes = cuda_graph_nodes,
     .gpu_time = cuda_gpu_time,
     .set_profiling = cuda_set_profiling,
     .layer_times = cuda_layer_times,
