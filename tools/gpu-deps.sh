@@ -68,4 +68,6 @@ pc libxxhash "$(pkg-config --modversion libxxhash)" -lxxhash
 pc libpcre2-8 "$(pkg-config --modversion libpcre2-8)" -lpcre2-8
 pc openblas "$(pkg-config --modversion openblas)" -lopenblas
 
-du -sh "$out" | awk '{print "gpu-deps: " $1 " in .gpu-deps/ (carry it with carry [\".gpu-deps\"])"}'
+tar cJf "$root/.gpu-deps.tar.xz" -C "$root" .gpu-deps
+du -sh "$out" | awk '{print "gpu-deps: " $1 " in .gpu-deps/"}'
+echo "gpu-deps: packed as .gpu-deps.tar.xz (carry it with carry [\".gpu-deps.tar.xz\"]: gpu-check.sh unpacks it)"

@@ -26,7 +26,6 @@ Needs torch, transformers, tokenizers and safetensors.
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -64,10 +63,7 @@ def config_json(model, layers):
 
 def gpt2_dir(arg):
     cands = [arg] if arg else []
-    if os.environ.get("KILN_SHARED_DIR"):
-        cands.append(os.path.join(os.environ["KILN_SHARED_DIR"], "tokenizers", "gpt2-bpe"))
-    cands += [os.path.join(ROOT, "..", "shared", "tokenizers", "gpt2-bpe"),
-              os.path.join(ROOT, "shared", "tokenizers", "gpt2-bpe")]
+    cands.append(os.path.join(ROOT, "tests", "data", "tokenizer", "gpt2-bpe"))
     for d in cands:
         if os.path.isfile(os.path.join(d, "encoder.json")) and os.path.isfile(os.path.join(d, "vocab.bpe")):
             return d
@@ -77,10 +73,8 @@ def gpt2_dir(arg):
 def write_tokenizer(out, tok_dir):
     d = gpt2_dir(tok_dir)
     if d is None:
-        src = os.path.join(ROOT, "tests", "data", "llm", "smollm", "tokenizer.json")
-        shutil.copy(src, os.path.join(out, "tokenizer.json"))
-        print("tokenizer: GPT-2 BPE files not found; copied %s (320 tokens)" % src)
-        return
+        sys.exit("make_random_checkpoint: GPT-2 BPE files (encoder.json, vocab.bpe) not found in "
+                 "tests/data/tokenizer/gpt2-bpe or --tokenizer-dir")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     tok = Tokenizer(models.BPE.from_file(os.path.join(d, "encoder.json"), os.path.join(d, "vocab.bpe")))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -325,8 +325,7 @@ typedef void (*kiln_llm_logits_fn)(void *user, size_t position, const float *log
  * block_size) blocks (so an llm opened with kv_cache_blocks = 1 scores
  * fine) and frees it before returning. The tokens go in steps of up to
  * max_batch (the step network returns logits for at most max_batch rows:
- * docs/llm.md), each a prefill chunk attending to the cache; one token a
- * step when the engine ends with the sampling layer. n must be in
+ * docs/llm.md), each a prefill chunk attending to the cache. n must be in
  * [1, max_seq_len] and every id inside the vocabulary (KILN_ERROR_LIMIT /
  * KILN_ERROR_INVALID_ARGUMENT naming it otherwise). */
 KILN_API kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm_logits_fn on_logits,

@@ -19,7 +19,9 @@
  *          (53 random bits, high 21 then low 32, as kiln_sampler_uniform_bits
  *          makes them; the state slot, -1 for none; the prompt's length);
  *          tokens i32 [T], positions i32 [T], query_start i32 [S + 1] (the
- *          step's, docs/llm.md); state i32 [slots, V], updated in place.
+ *          step's, docs/llm.md; scoring, which takes every position's logits
+ *          as rows of one sequence, passes fewer, and rows past them must have
+ *          no slot); state i32 [slots, V], updated in place.
  * Output:  ids i32 [S].
  * Fields:  none.
  * Blob v1: empty.
@@ -139,10 +141,11 @@ static kiln_status sample_enqueue(kiln_plugin *self, kiln_backend backend, const
                                   const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
                                   void *const *out, int32_t n_out, void *workspace, void *stream) {
     int64_t S = in_desc[0].dims.d[0], V = in_desc[0].dims.d[1], T = in_desc[3].dims.d[0];
-    if (in_desc[1].dims.d[0] != S || in_desc[2].dims.d[0] != S || in_desc[5].dims.d[0] != S + 1)
+    int64_t Q = in_desc[5].dims.d[0];
+    if (in_desc[1].dims.d[0] != S || in_desc[2].dims.d[0] != S || Q < 1 || Q > S + 1)
         return host->fail(KILN_ERROR_SHAPE, NAME ": %lld rows of logits but %lld of params, %lld of seq and %lld "
                                             "query_start entries", (long long)S, (long long)in_desc[1].dims.d[0],
-                          (long long)in_desc[2].dims.d[0], (long long)in_desc[5].dims.d[0]);
+                          (long long)in_desc[2].dims.d[0], (long long)Q);
     if (V < 1 || V > INT32_MAX || in_desc[6].dims.d[1] != V || in_desc[4].dims.d[0] != T)
         return host->fail(KILN_ERROR_SHAPE, NAME ": vocabulary of %lld entries, state rows of %lld, %lld tokens and "
                                             "%lld positions", (long long)V, (long long)in_desc[6].dims.d[1],
@@ -150,7 +153,7 @@ static kiln_status sample_enqueue(kiln_plugin *self, kiln_backend backend, const
     if (S == 0)
         return KILN_OK;
     sample_args a = {in[0], in[1], in[2], in[3], in[4], in[5], (int32_t *)in[6], out[0], (int32_t)S, (int32_t)V,
-                     (int32_t)T, (int32_t)in_desc[6].dims.d[0], workspace};
+                     (int32_t)T, (int32_t)in_desc[6].dims.d[0], workspace, (int32_t)Q};
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA)
         return kiln_sample_cuda(&a, stream) == 0 ? KILN_OK : host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed");
@@ -158,10 +161,14 @@ static kiln_status sample_enqueue(kiln_plugin *self, kiln_backend backend, const
     /* The metadata is the caller's: check what the tracking indexes with. */
     for (int64_t s = 0; s < S; s++) {
         const int32_t *sq = a.seq + s * SAMPLE_SEQ;
-        if (sq[2] >= a.slots || a.qstart[s] < 0 || a.qstart[s] > a.qstart[s + 1] || a.qstart[s + 1] > T)
+        if (sq[2] < 0)
+            continue;
+        if (sq[2] >= a.slots || s + 1 >= Q || a.qstart[s] < 0 || a.qstart[s] > a.qstart[s + 1] ||
+            a.qstart[s + 1] > T)
             return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": row %lld: slot %d of %d, query_start %d..%d of %lld",
-                              (long long)s, sq[2], a.slots, a.qstart[s], a.qstart[s + 1], (long long)T);
-        for (int32_t t = a.qstart[s]; sq[2] >= 0 && t < a.qstart[s + 1]; t++)
+                              (long long)s, sq[2], a.slots, s + 1 < Q ? a.qstart[s] : -1,
+                              s + 1 < Q ? a.qstart[s + 1] : -1, (long long)T);
+        for (int32_t t = a.qstart[s]; t < a.qstart[s + 1]; t++)
             if (a.tokens[t] < 0 || a.tokens[t] >= V)
                 return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": token %d outside the vocabulary", a.tokens[t]);
     }

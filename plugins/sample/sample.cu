@@ -140,6 +140,8 @@ __device__ __forceinline__ float sample_penalize(float x, int32_t v, float rep, 
 /* The slot's history: restart at position 0, then mark the fed tokens. */
 __device__ void sample_track_row(const sample_args &a, int32_t s, int32_t *st, int32_t n_prompt)
 {
+    if (s + 1 >= a.Q)
+        return;
     const int32_t t0 = a.qstart[s], t1 = a.qstart[s + 1];
     if (t0 < 0 || t1 > a.T || t0 >= t1)
         return;

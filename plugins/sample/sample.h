@@ -33,6 +33,10 @@ typedef struct sample_args {
     int32_t *ids;             /* [S] */
     int32_t S, V, T, slots;
     void *workspace;          /* S * V * SAMPLE_WORKSPACE_PER_ENTRY bytes */
+    /* Entries of qstart: S + 1 in a generation step; scoring feeds the
+     * logits of one sequence's every position as rows, with 2, and a row s
+     * with s + 1 >= Q keeps no history (its slot must be -1). */
+    int32_t Q;
 } sample_args;
 
 /* top_k as the params row holds it (a float) to the sampler's int: <= 0

@@ -24,7 +24,8 @@ typedef struct step_host {
     float *logits;                /* [max_batch, vocab]: engines without the sampling layer */
 } step_host;
 
-/* The step's inputs, in the order run_step copies them. */
+/* The step's inputs, in the order run_step copies them (names in
+ * generate.c). */
 enum { IN_TOKENS, IN_POSITIONS, IN_BLOCK_TABLE, IN_SEQ_LENS, IN_QUERY_START, IN_LAST_TOKEN, IN_PARAMS, IN_SEQ,
        N_STEP_INPUTS };
 
@@ -65,5 +66,6 @@ struct kiln_llm {
     size_t max_piece;             /* longest vocabulary string, bytes */
     atomic_int cancel;
 };
+
 
 #endif

@@ -23,6 +23,11 @@ typedef struct score_state {
     int32_t n_blocks;          /* KV blocks of the scored sequence */
     int32_t *tokens, *positions, *last; /* [chunk] */
     int32_t *block_table;      /* [max_blocks] */
+    /* An engine that ends with the sampling layer samples every row too:
+     * greedy, no penalty slot (kiln/Sample takes rows of one sequence
+     * then), its next_token unread. */
+    float *params;             /* [chunk, SAMPLE_PARAMS] zeros */
+    int32_t *seq;              /* [chunk, SAMPLE_SEQ] */
     float *logits;             /* [chunk, vocab] */
     void *zeros;               /* one layer's KV cache of zeros */
 } score_state;
@@ -34,23 +39,19 @@ static void score_state_free(score_state *st)
     free(st->positions);
     free(st->last);
     free(st->block_table);
+    free(st->params);
+    free(st->seq);
     free(st->logits);
     free(st->zeros);
 }
 
-/* The step's inputs (i32 or f32, 4 bytes each): shapes first (a copy
- * needs every input's shape), then the values. */
+/* The step's inputs (4-byte elements): shapes first (a copy needs every
+ * input's shape), then the values. */
 typedef struct step_io {
     const char *name;
     const void *v;
     int32_t rows, cols; /* cols 0: one-dimensional */
 } step_io;
-
-/* An engine ending with the sampling layer (docs/llm.md, kiln/Sample) takes
- * its per-sequence rows too: greedy, no penalty state, as many rows as
- * there are logits. */
-static const float no_sampling[SAMPLE_PARAMS];
-static const int32_t no_sample_seq[SAMPLE_SEQ] = {0, 0, -1, 0};
 
 static kiln_status set_inputs(kiln_context *ctx, const step_io *io, int n)
 {
@@ -73,9 +74,12 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     const kiln_llm_config *c = &llm->cfg;
     kiln_dims mn, opt, mx;
     KILN_TRY(kiln_engine_profile_shape(llm->engine, 0, "last_token", &mn, &opt, &mx));
-    /* The sampling layer wants one query_start entry per logits row beyond
-     * the first, so with it a step is one token of one sequence. */
-    int64_t chunk = llm->has_sampler ? 1 : mx.d[0] < llm->max_tokens ? mx.d[0] : llm->max_tokens;
+    int64_t chunk = mx.d[0] < llm->max_tokens ? mx.d[0] : llm->max_tokens;
+    if (llm->has_sampler) {
+        KILN_TRY(kiln_engine_profile_shape(llm->engine, 0, "sample_params", &mn, &opt, &mx));
+        if (mx.d[0] < chunk)
+            chunk = mx.d[0];
+    }
     if (chunk < 1)
         return kiln_fail(KILN_ERROR_FORMAT, "the engine's last_token input allows no rows");
     st->chunk = (int32_t)chunk;
@@ -89,8 +93,13 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     st->block_table = calloc((size_t)llm->max_blocks, sizeof *st->block_table);
     st->logits = malloc((size_t)chunk * V * sizeof *st->logits);
     st->zeros = calloc(1, layer_bytes);
-    if (!st->tokens || !st->positions || !st->last || !st->block_table || !st->logits || !st->zeros)
+    st->params = calloc((size_t)chunk * SAMPLE_PARAMS, sizeof *st->params);
+    st->seq = calloc((size_t)chunk * SAMPLE_SEQ, sizeof *st->seq);
+    if (!st->tokens || !st->positions || !st->last || !st->block_table || !st->logits || !st->zeros || !st->params ||
+        !st->seq)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory scoring %zu tokens", n);
+    for (int64_t r = 0; r < chunk; r++)
+        st->seq[r * SAMPLE_SEQ + 2] = -1;
     for (int32_t b = 0; b < st->n_blocks; b++)
         st->block_table[b] = b;
     KILN_TRY(kiln_context_create(llm->engine, &st->ctx));
@@ -106,8 +115,8 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
                     {"block_table", st->block_table, 1, llm->max_blocks},
                     {"seq_lens", query_start + 1, 1, 0}, {"query_start", query_start, 2, 0},
                     {"last_token", &zero, 1, 0},
-                    {"sample_params", no_sampling, 1, SAMPLE_PARAMS}, {"sample_seq", no_sample_seq, 1, SAMPLE_SEQ}};
-    KILN_TRY(set_inputs(st->ctx, io, llm->has_sampler ? 8 : 6));
+                    {"sample_params", st->params, 1, SAMPLE_PARAMS}, {"sample_seq", st->seq, 1, SAMPLE_SEQ}};
+    KILN_TRY(set_inputs(st->ctx, io, (int)(sizeof io / sizeof io[0]) - (llm->has_sampler ? 0 : 2)));
     for (int32_t l = 0; l < c->n_layers; l++) {
         snprintf(name, sizeof name, "kv_cache.%d", (int)l);
         KILN_TRY(kiln_context_copy_input(st->ctx, name, st->zeros, layer_bytes));
@@ -128,8 +137,8 @@ static kiln_status score_step(kiln_llm *llm, score_state *st, const int32_t *ids
                     {"block_table", st->block_table, 1, llm->max_blocks},
                     {"seq_lens", &seq_len, 1, 0},            {"query_start", query_start, 2, 0},
                     {"last_token", st->last, c, 0},
-                    {"sample_params", no_sampling, 1, SAMPLE_PARAMS}, {"sample_seq", no_sample_seq, 1, SAMPLE_SEQ}};
-    KILN_TRY(set_inputs(st->ctx, io, llm->has_sampler ? 8 : 6));
+                    {"sample_params", st->params, c, SAMPLE_PARAMS}, {"sample_seq", st->seq, c, SAMPLE_SEQ}};
+    KILN_TRY(set_inputs(st->ctx, io, (int)(sizeof io / sizeof io[0]) - (llm->has_sampler ? 0 : 2)));
     KILN_TRY(kiln_context_enqueue(st->ctx, NULL));
     KILN_TRY(kiln_context_copy_output(st->ctx, "logits", st->logits,
                                       (size_t)c * (size_t)llm->cfg.vocab_size * sizeof *st->logits));

@@ -132,12 +132,20 @@ static void test_sample_layer(void)
         for (int s = 0; s < S; s++)
             hist[b[s]]++;
     }
-    double tv = 0.0;
-    for (int32_t i = 0; i < V; i++)
+    /* Sampling noise alone gives an empirical total variation of about
+     * sum_i sqrt(p_i (1 - p_i) / (2 pi N)) (E|p^ - p| of a binomial
+     * proportion, halved): ~0.07 here, with ~580 tokens of mass and N =
+     * 20,000 draws. A sampler drawing from another distribution lands
+     * well above it. */
+    double tv = 0.0, noise = 0.0;
+    for (int32_t i = 0; i < V; i++) {
         tv += fabs((double)hist[i] / (DRAWS * S) - prob[i]);
+        noise += sqrt(prob[i] * (1.0 - prob[i]) / (2.0 * M_PI * DRAWS * S));
+    }
     tv *= 0.5;
-    printf("sample layer: large-set draws, total variation %.4f from the CPU sampler's distribution\n", tv);
-    CHECK(tv < 0.05);
+    printf("sample layer: large-set draws, total variation %.4f from the CPU sampler's distribution "
+           "(sampling noise alone: %.4f)\n", tv, noise);
+    CHECK(tv < 1.3 * noise);
 
     /* Penalties: two sequences through state slots, their prompts fed in
      * one step, then one token a step, the CPU's choice fed back to both

@@ -315,7 +315,7 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
 int cli_bench(int argc, char **argv)
 {
     static const char *const valued[] = {"--prompt-len", "--gen-len", "--batch", "--reps", "--copy-mb",
-                                         CLI_LLM_MEMORY_VALUED, "--plugins", NULL};
+                                         "--kv-cache-mb", "--kv-cache-fraction", "--plugins", NULL};
     cli_args a;
     cli_args_init(&a, "bench", argc, argv);
     const char *opt, *val;
@@ -324,6 +324,7 @@ int cli_bench(int argc, char **argv)
     long copy_mb = 0;
     kiln_llm_options lo;
     kiln_llm_options_init(&lo);
+    int handled = 0;
     bench_report r;
     memset(&r, 0, sizeof r);
     r.prompt_len = 128;
@@ -332,7 +333,6 @@ int cli_bench(int argc, char **argv)
     r.reps = 3;
     int st = libs ? CLI_OK : cli_error("out of memory");
     while (st == CLI_OK && (opt = cli_args_next(&a, valued, &val))) {
-        int handled = 0;
         if (!strcmp(opt, "-h") || !strcmp(opt, "--help"))
             help = 1;
         else if (!strcmp(opt, "--prompt-len"))

@@ -342,9 +342,12 @@ int cli_perplexity(int argc, char **argv)
     memset(&s, 0, sizeof s);
     if (st == CLI_OK && !help) {
         /* Scoring brings its own KV cache: generation's can be one block. */
+        /* scoring runs on a context of its own: generation's cache and
+         * decode graphs would only hold memory */
         kiln_llm_options lo;
         kiln_llm_options_init(&lo);
         lo.kv_cache_blocks = 1;
+        lo.no_cuda_graphs = 1;
         st = cli_llm_open(a.positional[0], libs, n_libs, &lo, &reg, &llm);
         if (st == CLI_OK && compare)
             st = cli_llm_open(compare, libs, n_libs, &lo, &reg2, &ref);
