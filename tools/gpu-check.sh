@@ -168,12 +168,23 @@ else
     row "benchmarks" "FAIL: build-gpu/bin/kiln_bench was not built"
 fi
 
+if [ -x "$build/bin/attention_bench" ]; then
+    if "$build/bin/attention_bench" >"$logs/attention-bench.txt" 2>&1; then
+        row "attention benchmark" "ran (table below)"
+    else
+        row "attention benchmark" "FAIL (exit $?, attention-bench.txt)"
+    fi
+fi
+
 echo
 echo "==== gpu-check results ($(elapsed), $(cat "$logs/gpu.txt" 2>/dev/null | head -n1)) ===="
 printf '%s\n' "${rows[@]}"
 echo
 echo "==== benchmarks ===="
 cat "$logs/bench.txt" 2>/dev/null
+echo
+echo "==== attention benchmark ===="
+cat "$logs/attention-bench.txt" 2>/dev/null
 echo
 echo "==== LLM benchmarks ===="
 cat "$logs/llm-bench.txt" 2>/dev/null

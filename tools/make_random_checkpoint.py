@@ -14,12 +14,10 @@ about 30 s to build and save) and saved with save_pretrained as safetensors.
 
 The tokenizer is NOT the model's: the Llama 3 tokenizer is not public
 domain, and random weights make any tokenizer as good as another for a
-benchmark. It is GPT-2's byte-level BPE (50257 tokens, ../shared/tokenizers/
-gpt2-bpe, or --tokenizer-dir, or $KILN_SHARED_DIR/tokenizers/gpt2-bpe) built
-into a tokenizer.json with `tokenizers`; the model's vocabulary stays 128256
-(ids past the tokenizer's decode to nothing), and BOS/EOS are GPT-2's
-<|endoftext|> (50256). Without the GPT-2 files the small byte-level BPE of
-tests/data/llm/smollm is copied instead, and the script says so.
+benchmark. It is GPT-2's byte-level BPE (50257 tokens, tests/data/tokenizer/
+gpt2-bpe or --tokenizer-dir) built into a tokenizer.json with `tokenizers`;
+the model's vocabulary stays 128256 (ids past the tokenizer's decode to
+nothing), and BOS/EOS are GPT-2's <|endoftext|> (50256).
 
 Needs torch, transformers, tokenizers and safetensors.
 """

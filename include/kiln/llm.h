@@ -120,7 +120,8 @@ typedef struct kiln_llm_info {
     uint32_t struct_size;        /* sizeof the library's kiln_llm_info */
     uint32_t abi_version;
     const char *architecture;    /* "llama", "qwen2", ... */
-    const char *chat_template;   /* "chatml", "llama3", "llama2", or NULL */
+    const char *chat_template;   /* "jinja" (the checkpoint's own template), or the
+                                    built-in "chatml", "llama3", "llama2", or NULL */
     kiln_dtype dtype;            /* KV-cache dtype (the engine's) */
     int32_t vocab_size;
     int32_t n_layers;
@@ -290,8 +291,9 @@ KILN_API kiln_status kiln_llm_prompt_ids(const kiln_llm *llm, const char *text, 
 KILN_API kiln_status kiln_llm_detokenize(const kiln_llm *llm, const int32_t *ids, size_t n_ids,
                                          char **text, size_t *len);
 
-/* One chat turn; role is "system", "user" or "assistant". Strings
- * borrowed for the call. */
+/* One chat turn; role is "system", "user" or "assistant" (any role the
+ * engine's own Jinja template accepts, when it has one). Strings borrowed
+ * for the call. */
 typedef struct kiln_llm_message {
     uint32_t struct_size;
     uint32_t abi_version;
@@ -303,11 +305,14 @@ typedef struct kiln_llm_message {
 KILN_API void kiln_llm_message_init(kiln_llm_message *message);
 
 /* Renders a conversation (messages[0..n_messages) point at its turns) with
- * the engine's chat template and tokenizes it (special tokens parsed,
- * nothing added beyond what the template writes), ending with the
- * assistant's header so the model answers. Fails with
- * KILN_ERROR_UNSUPPORTED when the engine has no chat template. *ids
- * malloc'd: free with kiln_free. */
+ * the engine's chat template (the checkpoint's own Jinja template, rendered
+ * as transformers' apply_chat_template with add_generation_prompt; else the
+ * built-in one) and tokenizes it (special tokens parsed, nothing added
+ * beyond what the template writes), ending with the assistant's header so
+ * the model answers. Fails with KILN_ERROR_UNSUPPORTED when the engine has
+ * no chat template, KILN_ERROR_INVALID_ARGUMENT when the template refuses
+ * the conversation (its raise_exception message). *ids malloc'd: free with
+ * kiln_free. */
 KILN_API kiln_status kiln_llm_chat_tokenize(const kiln_llm *llm, const kiln_llm_message *const *messages,
                                             size_t n_messages, int32_t **ids, size_t *n_ids);
 

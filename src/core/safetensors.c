@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "error.h"
+#include "json_file.h"
 
 /* The reference implementation's limit; it keeps a hostile length field
  * from making us parse gigabytes of JSON. */
@@ -56,9 +57,10 @@ static const struct {
 /* Reads a non-negative JSON integer. */
 static int get_size(const json_t *v, size_t *out)
 {
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
+    int64_t x;
+    if (!kiln_json_int(v, &x) || x < 0)
         return -1;
-    *out = (size_t)json_integer_value(v);
+    *out = (size_t)x;
     return 0;
 }
 
@@ -201,7 +203,7 @@ static kiln_status parse_header(kiln_safetensors *st, const uint8_t *p, size_t l
         return kiln_fail(KILN_ERROR_FORMAT, "%s: header does not start with '{'", what);
 
     json_error_t jerr;
-    st->root = json_loadb((const char *)p + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
+    st->root = kiln_json_load_file_text((const char *)p + 8, (size_t)n, JSON_REJECT_DUPLICATES, &jerr);
     if (!st->root)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: header JSON: %s (line %d, column %d)", what,
                          jerr.text, jerr.line, jerr.column);

@@ -188,3 +188,31 @@ kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_messag
     *len = b.len;
     return KILN_OK;
 }
+
+kiln_status kiln_chat_render_jinja(const kiln_jinja *tmpl, const kiln_chat_message *msgs, size_t n,
+                                   int add_generation_prompt, const kiln_chat_tokens *tokens, char **out,
+                                   size_t *len)
+{
+    json_t *list = json_array();
+    for (size_t i = 0; list && i < n; i++) {
+        if (!msgs[i].role || !msgs[i].content) {
+            json_decref(list);
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "chat message %zu has no %s", i,
+                             msgs[i].role ? "content" : "role");
+        }
+        json_t *m = json_pack("{s:s,s:s}", "role", msgs[i].role, "content", msgs[i].content);
+        if (!m || json_array_append_new(list, m) != 0) {
+            json_decref(list);
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "chat message %zu is not valid UTF-8", i);
+        }
+    }
+    json_t *vars = list ? json_pack("{s:o,s:b,s:s*,s:s*,s:n,s:n}", "messages", list, "add_generation_prompt",
+                                    add_generation_prompt, "bos_token", tokens ? tokens->bos : NULL, "eos_token",
+                                    tokens ? tokens->eos : NULL, "tools", "documents")
+                       : NULL;
+    if (!vars)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory rendering a chat");
+    kiln_status s = kiln_jinja_render(tmpl, vars, out, len);
+    json_decref(vars);
+    return s;
+}

@@ -1,12 +1,14 @@
 /* Chat templates: a conversation rendered to the text the model was tuned
- * on, written out by hand from each family's Jinja template (Hugging Face
- * tokenizer_config.json) for the three formats kiln supports. The text is
+ * on, by the checkpoint's own Jinja template when the engine carries one
+ * (jinja.h), else by one of three built-in formats written out by hand from
+ * each family's template (Hugging Face tokenizer_config.json). The text is
  * then tokenized with special-token parsing and nothing added. */
 #ifndef KILN_LLM_CHAT_TEMPLATE_H
 #define KILN_LLM_CHAT_TEMPLATE_H
 
 #include <kiln/llm.h>
 
+#include "jinja.h"
 #include "llm_config.h"
 
 /* One turn, as kiln_llm_chat_tokenize reads it from the caller's
@@ -32,5 +34,16 @@ typedef struct kiln_chat_tokens {
 kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_message *msgs, size_t n,
                              int add_generation_prompt, const char *default_system,
                              const kiln_chat_tokens *tokens, char **out, size_t *len);
+
+/* The checkpoint's own template (the engine's CHAT section): renders
+ * messages (any roles; the template decides) as transformers'
+ * apply_chat_template does, with add_generation_prompt, bos_token and
+ * eos_token (NULL: left undefined, as a tokenizer without that token
+ * leaves it) and tools / documents None. *out malloc'd.
+ * KILN_ERROR_INVALID_ARGUMENT when the template raises or fails, with its
+ * message and line. */
+kiln_status kiln_chat_render_jinja(const kiln_jinja *tmpl, const kiln_chat_message *msgs, size_t n,
+                                   int add_generation_prompt, const kiln_chat_tokens *tokens, char **out,
+                                   size_t *len);
 
 #endif

@@ -110,6 +110,9 @@ void kiln_llm_close(kiln_llm *llm)
     kiln_tokenizer_free(llm->tok);
     kiln_kv_pool_free(&llm->pool);
     free(llm->default_system);
+    kiln_jinja_free(llm->chat);
+    free(llm->chat_bos);
+    free(llm->chat_eos);
     step_host *h = &llm->h;
     free(h->tokens);
     free(h->positions);
@@ -140,6 +143,31 @@ static kiln_status read_default_system(kiln_llm *llm, const void *data, size_t s
     }
     json_decref(root);
     return KILN_OK;
+}
+
+/* The optional CHAT section: the checkpoint's own chat template, parsed
+ * once here, and the token texts it is rendered with. */
+static kiln_status read_chat_section(kiln_llm *llm, const char *path)
+{
+    const void *data = NULL;
+    size_t size = 0;
+    if (kiln_engine_find_section(llm->engine, KILN_FOURCC('C', 'H', 'A', 'T'), &data, &size) != KILN_OK)
+        return KILN_OK;
+    json_error_t e;
+    json_t *root = json_loadb(data, size, 0, &e);
+    json_t *t = json_object_get(root, "template"), *b = json_object_get(root, "bos_token"),
+           *eos = json_object_get(root, "eos_token");
+    kiln_status s = KILN_OK;
+    if (!json_is_string(t) || !(json_is_string(b) || json_is_null(b)) || !(json_is_string(eos) || json_is_null(eos)))
+        s = kiln_fail(KILN_ERROR_FORMAT, "%s: section CHAT: expected {\"template\": string, \"bos_token\", "
+                      "\"eos_token\": string or null}", path);
+    else if ((s = kiln_jinja_parse(json_string_value(t), json_string_length(t), &llm->chat)) != KILN_OK)
+        kiln_fail_context(s, "%s: section CHAT", path);
+    else if ((json_is_string(b) && !(llm->chat_bos = strdup(json_string_value(b)))) ||
+             (json_is_string(eos) && !(llm->chat_eos = strdup(json_string_value(eos)))))
+        s = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory reading section CHAT");
+    json_decref(root);
+    return s;
 }
 
 /* An input the step network must have, with its profile's max. */
@@ -394,7 +422,7 @@ static void fill_info(kiln_llm *llm)
     info->struct_size = (uint32_t)sizeof *info;
     info->abi_version = KILN_API_VERSION;
     info->architecture = c->architecture;
-    info->chat_template = kiln_llm_chat_template_name(c->chat_template);
+    info->chat_template = llm->chat ? "jinja" : kiln_llm_chat_template_name(c->chat_template);
     info->dtype = llm->kv_dtype;
     info->vocab_size = c->vocab_size;
     info->n_layers = c->n_layers;
@@ -429,6 +457,7 @@ static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *pa
     if (s != KILN_OK)
         return kiln_fail_context(s, "%s: section LLMC", path);
     KILN_TRY(read_default_system(llm, cfg, cfg_size));
+    KILN_TRY(read_chat_section(llm, path));
     s = kiln_tokenizer_deserialize(tok, tok_size, &llm->tok);
     if (s != KILN_OK)
         return kiln_fail_context(s, "%s: section TOKN", path);
@@ -502,7 +531,12 @@ static kiln_status chat_render_tokenize(const kiln_llm *llm, const kiln_chat_mes
     };
     char *text = NULL;
     size_t len = 0;
-    KILN_TRY(kiln_chat_render(llm->cfg.chat_template, messages, n, 1, llm->default_system, &t, &text, &len));
+    if (llm->chat) {
+        kiln_chat_tokens own = {llm->chat_bos, llm->chat_eos};
+        KILN_TRY(kiln_chat_render_jinja(llm->chat, messages, n, 1, &own, &text, &len));
+    } else {
+        KILN_TRY(kiln_chat_render(llm->cfg.chat_template, messages, n, 1, llm->default_system, &t, &text, &len));
+    }
     kiln_status s = kiln_tokenizer_encode(llm->tok, text, len, KILN_TOKENIZE_PARSE_SPECIAL, ids, n_ids);
     free(text);
     return s;

@@ -448,6 +448,29 @@ done:
     return st;
 }
 
+/* A special token's text, NUL-terminated in buf; NULL when id is -1 or the text does not fit. */
+static const char *piece(const kiln_tokenizer *tok, int32_t id, char *buf, size_t cap) {
+    size_t len = 0;
+    const char *p = id >= 0 ? kiln_tokenizer_token_to_piece(tok, id, &len) : NULL;
+    if (!p || len >= cap)
+        return NULL;
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    return buf;
+}
+
+/* tokenizer.chat_template, rendered with the vocabulary's BOS and EOS texts. */
+static kiln_status read_chat(const kiln_gguf *g, kiln_llm_checkpoint *ck) {
+    const char *tmpl;
+    size_t tlen;
+    char bos[256], eos[256];
+    if (kiln_gguf_get_string(g, "tokenizer.chat_template", &tmpl, &tlen) != KILN_OK)
+        return KILN_OK;
+    const kiln_llm_config *c = &ck->config;
+    return kiln_llm_checkpoint_set_chat(ck, tmpl, tlen, piece(ck->tokenizer, c->bos_id, bos, sizeof bos),
+                                        piece(ck->tokenizer, c->n_eos > 0 ? c->eos_ids[0] : -1, eos, sizeof eos));
+}
+
 kiln_status kiln_llm_import_gguf(const char *path, kiln_llm_checkpoint **out) {
     kiln_llm_checkpoint *ck = calloc(1, sizeof *ck);
     gguf_src *s = calloc(1, sizeof *s);
@@ -467,6 +490,8 @@ kiln_status kiln_llm_import_gguf(const char *path, kiln_llm_checkpoint **out) {
         st = read_shape(s->g, path, &ck->config);
     if (st == KILN_OK)
         st = read_vocab(s->g, path, &ck->config, &ck->tokenizer);
+    if (st == KILN_OK)
+        st = read_chat(s->g, ck);
     if (st != KILN_OK) {
         kiln_llm_checkpoint_free(ck);
         return st;

@@ -9,6 +9,7 @@
 
 #include "../core/dtype.h"
 #include "../core/error.h"
+#include "../core/json_file.h"
 #include "../core/safetensors.h"
 #include "import_util.h"
 #include "model.h"
@@ -32,9 +33,9 @@ static kiln_status j_int(const jfile *f, json_t *obj, const char *key, int64_t l
         }
         return kiln_fail(KILN_ERROR_FORMAT, "%s: missing key \"%s\"", f->what, key);
     }
-    if (!json_is_integer(v))
+    int64_t x;
+    if (!kiln_json_int(v, &x))
         return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\": expected an integer", f->what, key);
-    json_int_t x = json_integer_value(v);
     if (x < lo || x > hi)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\" = %lld is outside [%lld, %lld]", f->what, key,
                          (long long)x, (long long)lo, (long long)hi);
@@ -221,7 +222,7 @@ static kiln_status parse_config(const jfile *f, kiln_llm_config *c) {
 static kiln_status load_json(const char *text, size_t len, const char *what, jfile *f) {
     json_error_t err;
     f->what = what;
-    f->root = json_loadb(text, len, 0, &err);
+    f->root = kiln_json_load_file_text(text, len, 0, &err);
     if (!f->root)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: invalid JSON at line %d column %d: %s", what, err.line, err.column,
                          err.text);
@@ -238,19 +239,19 @@ kiln_status kiln_llm_hf_parse_config(const char *text, size_t len, const char *w
         /* special tokens from config.json: the fallback when
          * generation_config.json is absent */
         json_t *e = json_object_get(f.root, "eos_token_id");
-        if (json_is_integer(e) && json_integer_value(e) >= 0 && json_integer_value(e) < c.vocab_size) {
-            c.eos_ids[0] = (int32_t)json_integer_value(e);
-            c.n_eos = 1;
-        } else if (json_is_array(e)) {
-            for (size_t i = 0; i < json_array_size(e) && c.n_eos < KILN_LLM_MAX_EOS; i++) {
-                json_t *x = json_array_get(e, i);
-                if (json_is_integer(x) && json_integer_value(x) >= 0 && json_integer_value(x) < c.vocab_size)
-                    c.eos_ids[c.n_eos++] = (int32_t)json_integer_value(x);
+        int64_t id;
+        if (kiln_json_int(e, &id)) {
+            if (id >= 0 && id < c.vocab_size) {
+                c.eos_ids[0] = (int32_t)id;
+                c.n_eos = 1;
             }
+        } else if (json_is_array(e)) {
+            for (size_t i = 0; i < json_array_size(e) && c.n_eos < KILN_LLM_MAX_EOS; i++)
+                if (kiln_json_int(json_array_get(e, i), &id) && id >= 0 && id < c.vocab_size)
+                    c.eos_ids[c.n_eos++] = (int32_t)id;
         }
-        json_t *b = json_object_get(f.root, "bos_token_id");
-        if (json_is_integer(b) && json_integer_value(b) >= 0 && json_integer_value(b) < c.vocab_size)
-            c.bos_id = (int32_t)json_integer_value(b);
+        if (kiln_json_int(json_object_get(f.root, "bos_token_id"), &id) && id >= 0 && id < c.vocab_size)
+            c.bos_id = (int32_t)id;
     }
     if (st == KILN_OK)
         st = kiln_llm_config_validate(&c);
@@ -399,8 +400,9 @@ static const char *token_name(json_t *v) {
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
-static kiln_status read_tokenizer_config(const char *dir, kiln_llm_config *c, kiln_tokenizer *tok, int *bos,
+static kiln_status read_tokenizer_config(const char *dir, kiln_llm_checkpoint *ck, kiln_tokenizer *tok, int *bos,
                                          int *eos) {
+    kiln_llm_config *c = &ck->config;
     char *path = kiln_llm_path_join(dir, "tokenizer_config.json"), *text = NULL;
     size_t len;
     if (!path)
@@ -428,6 +430,7 @@ static kiln_status read_tokenizer_config(const char *dir, kiln_llm_config *c, ki
         c->chat_template = kiln_llm_chat_template_detect(tmpl);
         const char *b = token_name(json_object_get(f.root, "bos_token"));
         const char *e = token_name(json_object_get(f.root, "eos_token"));
+        st = kiln_llm_checkpoint_set_chat(ck, tmpl, tmpl ? strlen(tmpl) : 0, b, e);
         int32_t id;
         if (b && (id = kiln_tokenizer_token_id(tok, b, strlen(b))) >= 0)
             *bos = id;
@@ -435,6 +438,25 @@ static kiln_status read_tokenizer_config(const char *dir, kiln_llm_config *c, ki
             *eos = id;
     }
     json_decref(f.root);
+    free(text);
+    free(path);
+    return st;
+}
+
+/* Newer checkpoints keep the template in its own file, chat_template.jinja. */
+static kiln_status read_chat_template_file(const char *dir, kiln_llm_checkpoint *ck) {
+    char *path = kiln_llm_path_join(dir, "chat_template.jinja"), *text = NULL;
+    size_t len;
+    if (!path)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory");
+    kiln_status st = kiln_llm_read_file(path, &text, &len);
+    if (st == KILN_OK) {
+        ck->config.chat_template = kiln_llm_chat_template_detect(text);
+        ck->chat_template = text; /* NUL-terminated by kiln_llm_read_file */
+        text = NULL;
+    } else if (st == KILN_ERROR_NOT_FOUND) {
+        st = KILN_OK;
+    }
     free(text);
     free(path);
     return st;
@@ -457,16 +479,17 @@ static kiln_status read_generation_config(const char *dir, kiln_llm_config *c) {
         st = kiln_fail(KILN_ERROR_FORMAT, "%s: expected a JSON object", path);
     if (st == KILN_OK) {
         json_t *e = json_object_get(f.root, "eos_token_id");
-        if (json_is_integer(e) || json_is_array(e)) {
+        if (json_is_number(e) || json_is_array(e)) {
             int32_t n = 0;
             size_t count = json_is_array(e) ? json_array_size(e) : 1;
             for (size_t i = 0; i < count && st == KILN_OK; i++) {
                 json_t *x = json_is_array(e) ? json_array_get(e, i) : e;
-                if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= c->vocab_size)
+                int64_t id;
+                if (!kiln_json_int(x, &id) || id < 0 || id >= c->vocab_size)
                     st = kiln_fail(KILN_ERROR_FORMAT, "%s: key \"eos_token_id\": not a token id below vocab_size %d",
                                    path, c->vocab_size);
                 else if (n < KILN_LLM_MAX_EOS)
-                    c->eos_ids[n++] = (int32_t)json_integer_value(x);
+                    c->eos_ids[n++] = (int32_t)id;
             }
             if (st == KILN_OK && n > 0)
                 c->n_eos = n;
@@ -541,7 +564,9 @@ kiln_status kiln_llm_import_hf(const char *dir, kiln_llm_checkpoint **out) {
     /* Special tokens: generation_config.json over config.json over
      * tokenizer_config.json's names over what tokenizer.json implies. */
     int bos = kiln_tokenizer_bos_id(ck->tokenizer), eos = kiln_tokenizer_eos_id(ck->tokenizer);
-    st = read_tokenizer_config(dir, &ck->config, ck->tokenizer, &bos, &eos);
+    st = read_tokenizer_config(dir, ck, ck->tokenizer, &bos, &eos);
+    if (st == KILN_OK && !ck->chat_template)
+        st = read_chat_template_file(dir, ck);
     if (st == KILN_OK)
         st = read_generation_config(dir, &ck->config);
     if (st != KILN_OK)

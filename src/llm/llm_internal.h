@@ -7,6 +7,7 @@
 #include <kiln/runtime.h>
 #include <stdatomic.h>
 
+#include "jinja.h"
 #include "kv_cache.h"
 #include "llm_config.h"
 #include "sampler.h"
@@ -36,6 +37,8 @@ struct kiln_llm {
     kiln_llm_info info;           /* what kiln_llm_info_get hands out, filled at open */
     kiln_tokenizer *tok;
     char *default_system;        /* LLMC "default_system", NULL when absent */
+    kiln_jinja *chat;            /* the CHAT section's template, NULL when absent */
+    char *chat_bos, *chat_eos;   /* its bos_token / eos_token, NULL when the tokenizer has none */
     kiln_dtype kv_dtype;
     size_t block_bytes;          /* one KV block of every layer */
     int32_t max_batch, max_tokens, max_blocks;

@@ -8,6 +8,7 @@
 #include "../core/error.h"
 #include "../network/network_internal.h"
 #include "gguf.h"
+#include "jinja.h"
 
 void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck) {
     if (!ck)
@@ -15,7 +16,28 @@ void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck) {
     kiln_tokenizer_free(ck->tokenizer);
     if (ck->free_user)
         ck->free_user(ck->weight_user);
+    free(ck->chat_template);
+    free(ck->bos_token);
+    free(ck->eos_token);
     free(ck);
+}
+
+kiln_status kiln_llm_checkpoint_set_chat(kiln_llm_checkpoint *ck, const char *tmpl, size_t len, const char *bos,
+                                         const char *eos) {
+    char *t = tmpl ? malloc(len + 1) : NULL, *b = bos ? strdup(bos) : NULL, *e = eos ? strdup(eos) : NULL;
+    if ((tmpl && !t) || (bos && !b) || (eos && !e)) {
+        free(t), free(b), free(e);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the chat template");
+    }
+    if (t) {
+        memcpy(t, tmpl, len);
+        t[len] = '\0';
+    }
+    free(ck->chat_template), free(ck->bos_token), free(ck->eos_token);
+    ck->chat_template = t;
+    ck->bos_token = b;
+    ck->eos_token = e;
+    return KILN_OK;
 }
 
 void kiln_llm_build_options_init(kiln_llm_build_options *opt) {
@@ -594,10 +616,34 @@ static void forward_progress(void *user, double fraction, const char *what) {
     o->progress(o->progress_user, 0.5 + 0.5 * fraction, what);
 }
 
+/* A template kiln cannot render fails the build, before any weight is read. */
+static kiln_status check_chat_template(const kiln_llm_checkpoint *ck) {
+    kiln_jinja *t = NULL;
+    kiln_status st = kiln_jinja_parse(ck->chat_template, strlen(ck->chat_template), &t);
+    kiln_jinja_free(t);
+    return st == KILN_OK ? st : kiln_fail_context(st, "the checkpoint's chat_template cannot be used");
+}
+
+/* The CHAT section (docs/llm.md): the template and the token texts it is
+ * rendered with. */
+static kiln_status add_chat_section(kiln_network *net, const kiln_llm_checkpoint *ck) {
+    json_t *o = json_pack("{s:s,s:s?,s:s?}", "template", ck->chat_template, "bos_token", ck->bos_token, "eos_token",
+                          ck->eos_token);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!text)
+        return kiln_fail(KILN_ERROR_FORMAT, "the checkpoint's chat_template or its special tokens are not valid UTF-8");
+    kiln_status st = kiln_llm_network_add_section(net, KILN_LLM_SECTION_CHAT, text, strlen(text));
+    free(text);
+    return st;
+}
+
 kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                   const kiln_build_config *bcfg, kiln_buffer *engine) {
     if (!ck->tokenizer)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: the checkpoint has no tokenizer");
+    if (ck->chat_template)
+        KILN_TRY(check_chat_template(ck));
     kiln_network *net = NULL;
     KILN_TRY(kiln_llm_build_network(ck, opt, reg, &net));
     char *cfg_json = NULL;
@@ -613,6 +659,8 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
         st = kiln_tokenizer_serialize(ck->tokenizer, &tok, &tok_len);
     if (st == KILN_OK)
         st = kiln_llm_network_add_section(net, KILN_LLM_SECTION_TOKENIZER, tok, tok_len);
+    if (st == KILN_OK && ck->chat_template)
+        st = add_chat_section(net, ck);
     free(cfg_json);
     free(tok);
     if (st == KILN_OK) {

@@ -41,7 +41,17 @@ typedef struct kiln_llm_checkpoint {
      * format has no quantized weights. */
     kiln_status (*read_quantized)(void *user, const char *name, uint32_t *ggml_type, const void **data,
                                   size_t *size);
+    /* The checkpoint's own chat template (Jinja source) and the BOS / EOS
+     * token texts it is rendered with; owned, NULL when absent. */
+    char *chat_template;
+    char *bos_token;
+    char *eos_token;
 } kiln_llm_checkpoint;
+
+/* Copies the chat template (len bytes) and the token texts (NUL-terminated;
+ * each may be NULL: absent) into ck, replacing what it had. */
+kiln_status kiln_llm_checkpoint_set_chat(kiln_llm_checkpoint *ck, const char *tmpl, size_t len, const char *bos,
+                                         const char *eos);
 
 /* Frees the tokenizer, the weight source and the struct. NULL is a no-op. */
 void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck);
@@ -76,9 +86,12 @@ kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const v
 
 #define KILN_LLM_SECTION_CONFIG KILN_FOURCC('L', 'L', 'M', 'C')
 #define KILN_LLM_SECTION_TOKENIZER KILN_FOURCC('T', 'O', 'K', 'N')
+#define KILN_LLM_SECTION_CHAT KILN_FOURCC('C', 'H', 'A', 'T')
 
 /* kiln_llm_build_network, the sampling layer (kiln_llm_add_sampling), the
- * LLMC and TOKN sections, then kiln_build for opt->backend into *engine.
+ * LLMC and TOKN sections (and CHAT when the checkpoint has a chat template,
+ * which must parse: the error names the construct and line), then
+ * kiln_build for opt->backend into *engine.
  * `bcfg` may be NULL (defaults; its backend is opt->backend, its progress
  * is replaced by opt->progress). */
 kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/json_file.h"
 #include "llm/tokenizer_internal.h"
 
 static kiln_status unsupported(const char *what, const char *name)
@@ -16,7 +17,7 @@ static const char *type_of(json_t *o) { return json_string_value(json_object_get
 
 /* Ids may leave gaps, but not so large that a small file could make the
  * id table huge. */
-static kiln_status check_id_range(json_int_t id, size_t n_declared, const char *what)
+static kiln_status check_id_range(int64_t id, size_t n_declared, const char *what)
 {
     size_t limit = n_declared * 2 + 65536;
     if (id < 0 || (size_t)id >= limit || id > INT32_MAX)
@@ -75,9 +76,10 @@ static kiln_status get_char(json_t *o, const char *key, char out[8], size_t *len
 static kiln_status get_u32(json_t *o, const char *key, uint32_t *out, const char *where)
 {
     json_t *v = json_object_get(o, key);
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > UINT32_MAX)
+    int64_t x;
+    if (!kiln_json_int(v, &x) || x < 0 || x > UINT32_MAX)
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: %s.%s is missing or not a count", where, key);
-    *out = (uint32_t)json_integer_value(v);
+    *out = (uint32_t)x;
     return KILN_OK;
 }
 
@@ -360,9 +362,10 @@ static kiln_status set_template(kiln_tokenizer *t, bool *have)
 static kiln_status pair_id(json_t *o, const char *key, int32_t *id, const char *where)
 {
     json_t *v = json_array_get(json_object_get(o, key), 1);
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > INT32_MAX)
+    int64_t x;
+    if (!kiln_json_int(v, &x) || x < 0 || x > INT32_MAX)
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: %s.%s is not a [token, id] pair", where, key);
-    *id = (int32_t)json_integer_value(v);
+    *id = (int32_t)x;
     return KILN_OK;
 }
 
@@ -425,9 +428,10 @@ static kiln_status add_post(kiln_tokenizer *t, json_t *o, bool *have, int depth)
         size_t k;
         json_t *idv;
         json_array_foreach(ids, k, idv) {
-            if (!json_is_integer(idv) || json_integer_value(idv) < 0 || json_integer_value(idv) > INT32_MAX)
+            int64_t x;
+            if (!kiln_json_int(idv, &x) || x < 0 || x > INT32_MAX)
                 return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: special token \"%s\" has a bad id", name);
-            int32_t id = (int32_t)json_integer_value(idv);
+            int32_t id = (int32_t)x;
             KILN_TRY(seen_seq ? tok_push_id(&t->post_suffix, &t->n_post_suffix, id)
                               : tok_push_id(&t->post_prefix, &t->n_post_prefix, id));
         }
@@ -470,10 +474,11 @@ static kiln_status load_model(kiln_tokenizer *t, json_t *m, size_t n_declared)
     while (iter) {
         key = json_object_iter_key(iter);
         v = json_object_iter_value(iter);
-        if (!json_is_integer(v))
+        int64_t id;
+        if (!kiln_json_int(v, &id))
             return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: vocab entry \"%.64s\" has a bad id", key);
-        KILN_TRY(check_id_range(json_integer_value(v), n_declared, "vocab"));
-        KILN_TRY(tok_add_vocab(t, key, strlen(key), (int32_t)json_integer_value(v), 0.0f));
+        KILN_TRY(check_id_range(id, n_declared, "vocab"));
+        KILN_TRY(tok_add_vocab(t, key, strlen(key), (int32_t)id, 0.0f));
         iter = json_object_iter_next(vocab, iter);
     }
     json_t *unk = json_object_get(m, "unk_token");
@@ -527,10 +532,11 @@ static kiln_status load_added(kiln_tokenizer *t, json_t *arr, size_t n_declared)
     size_t i;
     json_t *o;
     json_array_foreach(arr, i, o) {
-        json_t *id = json_object_get(o, "id"), *content = json_object_get(o, "content");
-        if (!json_is_integer(id) || !json_is_string(content))
+        json_t *content = json_object_get(o, "content");
+        int64_t id;
+        if (!kiln_json_int(json_object_get(o, "id"), &id) || !json_is_string(content))
             return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: added_tokens[%zu] needs an id and a content", i);
-        KILN_TRY(check_id_range(json_integer_value(id), n_declared, "added token"));
+        KILN_TRY(check_id_range(id, n_declared, "added token"));
         bool special = false, lstrip = false, rstrip = false, single_word = false, normalized = false;
         KILN_TRY(get_bool(o, "special", false, &special, "added token"));
         /* HF's default: normalized unless special. */
@@ -543,7 +549,7 @@ static kiln_status load_added(kiln_tokenizer *t, json_t *arr, size_t n_declared)
         uint8_t attr = (uint8_t)((special ? TOK_ATTR_SPECIAL : 0) | (lstrip ? TOK_ATTR_LSTRIP : 0) |
                                  (rstrip ? TOK_ATTR_RSTRIP : 0) | (normalized ? TOK_ATTR_NORMALIZED : 0));
         KILN_TRY(tok_add_added(t, json_string_value(content), json_string_length(content),
-                               (int32_t)json_integer_value(id), attr));
+                               (int32_t)id, attr));
     }
     return KILN_OK;
 }
@@ -588,7 +594,7 @@ static kiln_status build(kiln_tokenizer *t, json_t *root)
 kiln_status tok_build_from_json_text(const char *text, size_t len, kiln_tokenizer **out)
 {
     json_error_t err;
-    json_t *root = json_loadb(text, len, JSON_ALLOW_NUL, &err);
+    json_t *root = kiln_json_load_file_text(text, len, JSON_ALLOW_NUL, &err);
     if (!root)
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: line %d: %s", err.line, err.text);
     kiln_tokenizer *t = NULL;

@@ -7,6 +7,16 @@ source "$(dirname "$0")/common.bash"
 D="$KILN_SOURCE_DIR/tests/data/llm"
 need_file "$D/llama/config.json"
 
+# tests/data/llm/llama is saved by transformers itself: its default
+# tokenizer_config.json says model_max_length = int(1e30), a JSON integer
+# beyond 64 bits; the build below and the greedy check at the end read it.
+echo "case: llama's tokenizer_config.json is transformers' default"
+if grep -q '"model_max_length": 1000000000000000019884624838656' "$D/llama/tokenizer_config.json"; then
+  PASSED=$((PASSED + 1))
+else
+  fail "$D/llama/tokenizer_config.json lost transformers' model_max_length = int(1e30)"
+fi
+
 for fam in llama llama3 mistral qwen2 smollm tinyllama; do
   expect_ok "build hf $fam" "$KILN" build "$D/$fam" -o "$TMP/$fam.engine" --max-seq-len 96
   expect_stdout "build hf $fam summary" "^built .*: (llama|mistral|qwen2), 2 layers, hidden 64, 4/2 heads, vocab 320, f32, max 96 tokens"

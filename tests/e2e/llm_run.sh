@@ -48,7 +48,7 @@ expect_ok "build a llama2.c checkpoint" "$KILN" build "$TMP/tiny.bin" --tokenize
 # Byte fallback: BOS (1), then 3 + each byte of "\u2581hi" (e2 96 81 68 69).
 expect_ok "tokenize" "$KILN" tokenize "$E" "hi"
 expect_stdout "BOS and the bytes of \\u2581hi" '^\[1, 229, 153, 132, 107, 108\]$'
-expect_ok "tokenize --no-special" "$KILN" tokenize "$E" "hi" --no-special
+expect_ok "tokenize --no-add-special --split-special" "$KILN" tokenize "$E" "hi" --no-add-special --split-special
 expect_stdout "no BOS" '^\[229, 153, 132, 107, 108\]$'
 expect_ok "detokenize" "$KILN" detokenize "$E" 107 108 35 3
 expect_stdout "the bytes back" '^hi '

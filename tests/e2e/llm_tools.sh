@@ -111,7 +111,7 @@ PY
   # ---- perplexity on a text: windows of the engine's own tokens ----
   expect_ok "$fam: tokenize the text" "$KILN" tokenize "$TMP/$fam.engine" "$(cat "$TEXT")"
   cp "$OUT" "$TMP/$fam-text-ids.json"
-  expect_ok "$fam: tokenize the text, nothing added" "$KILN" tokenize "$TMP/$fam.engine" "$(cat "$TEXT")" --no-special
+  expect_ok "$fam: tokenize the text, nothing added" "$KILN" tokenize "$TMP/$fam.engine" "$(cat "$TEXT")" --no-add-special
   cp "$OUT" "$TMP/$fam-text-plain.json"
   expect_ok "$fam: perplexity on the text" "$KILN" perplexity "$TMP/$fam.engine" "$TEXT" --window 100 --json
   python3 - "$TMP/$fam-text-ids.json" "$TMP/$fam-text-plain.json" "$OUT" <<'PY' && PASSED=$((PASSED + 1)) || fail "$fam: text windows"

@@ -65,11 +65,19 @@ static void test_hf_reads_families(void) {
         CHECK(strcmp(c->architecture, "qwen2") == 0 && c->qkv_bias == 1 && c->tied_embeddings == 0);
         CHECK(c->hidden_size == 64 && c->n_layers == 2 && c->n_heads == 4 && c->n_kv_heads == 2 && c->head_dim == 16);
         CHECK(c->intermediate_size == 96 && c->vocab_size == 320 && c->rope.theta == 1000000.0);
-        CHECK(c->chat_template == KILN_LLM_CHAT_CHATML && c->bos_id == -1 && c->add_bos == 0);
-        /* generation_config.json: do_sample, temperature 0.7, top_p 0.9 */
+        /* Qwen2.5's files: bos_token_id is <|endoftext|>, which its
+         * tokenizer never adds; generation_config.json stops at <|im_end|>
+         * or <|endoftext|> and samples with temperature 0.7, top_p 0.8,
+         * top_k 20, repetition_penalty 1.05 */
+        int32_t endoftext = kiln_tokenizer_token_id(ck->tokenizer, "<|endoftext|>", 13);
+        CHECK(c->chat_template == KILN_LLM_CHAT_CHATML && c->bos_id == endoftext && c->add_bos == 0);
         CHECK(c->generation.has_temperature && fabs(c->generation.temperature - 0.7) < 1e-12);
-        CHECK(c->generation.has_top_p && c->generation.has_do_sample && c->generation.do_sample == 1);
-        CHECK(c->n_eos == 1 && c->eos_ids[0] == kiln_tokenizer_token_id(ck->tokenizer, "<|im_end|>", 10));
+        CHECK(c->generation.has_top_p && fabs(c->generation.top_p - 0.8) < 1e-12);
+        CHECK(c->generation.has_top_k && c->generation.top_k == 20);
+        CHECK(c->generation.has_repetition_penalty && fabs(c->generation.repetition_penalty - 1.05) < 1e-12);
+        CHECK(c->generation.has_do_sample && c->generation.do_sample == 1);
+        CHECK(c->n_eos == 2 && c->eos_ids[0] == kiln_tokenizer_token_id(ck->tokenizer, "<|im_end|>", 10) &&
+              c->eos_ids[1] == endoftext);
         /* bf16 tensors: 1.0 + 0.2 randn norm weights read back as floats near 1 */
         kiln_dims d;
         float w[64];
@@ -98,6 +106,13 @@ static void test_hf_reads_families(void) {
     ck = NULL;
     CHECK_OK(kiln_llm_import_hf(DATA "tinyllama", &ck));
     CHECK(ck && ck->config.bos_id == 1 && ck->config.add_bos == 1 && ck->config.eos_ids[0] == 2);
+    kiln_llm_checkpoint_free(ck);
+    ck = NULL;
+    /* saved by transformers: tokenizer_config.json has model_max_length
+     * int(1e30) and names BOS/EOS, config.json has no chat template */
+    CHECK_OK(kiln_llm_import_hf(DATA "llama", &ck));
+    CHECK(ck && ck->config.bos_id == 0 && ck->config.add_bos == 1 && ck->config.n_eos == 1 &&
+          ck->config.eos_ids[0] == 1);
     kiln_llm_checkpoint_free(ck);
 }
 
@@ -131,6 +146,12 @@ static void test_hf_config_forms(void) {
                      "\"intermediate_size\":128,\"num_hidden_layers\":1,\"num_attention_heads\":4}";
     CHECK_OK(kiln_llm_hf_parse_config(qw, strlen(qw), "q.json", &c));
     CHECK(c.qkv_bias == 1);
+    /* Python writes integers of any size; kiln reads past those it does not use */
+    const char *big = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,\"hidden_size\":64,"
+                      "\"intermediate_size\":128,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+                      "\"model_max_length\":1000000000000000019884624838656,\"x\":[-123456789012345678901234567890]}";
+    CHECK_OK(kiln_llm_hf_parse_config(big, strlen(big), "big.json", &c));
+    CHECK(c.hidden_size == 64 && c.n_layers == 1);
 }
 
 static void test_hf_config_errors(void) {
@@ -158,6 +179,13 @@ static void test_hf_config_errors(void) {
                       "\"intermediate_size\":128,\"num_hidden_layers\":1,\"num_attention_heads\":4}";
     CHECK_FAILS(kiln_llm_hf_parse_config(neg, strlen(neg), "x/config.json", &c), KILN_ERROR_FORMAT,
                 "\"vocab_size\" = -5");
+    const char *huge = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,"
+                       "\"hidden_size\":1000000000000000019884624838656}";
+    CHECK_FAILS(kiln_llm_hf_parse_config(huge, strlen(huge), "x/config.json", &c), KILN_ERROR_FORMAT,
+                "\"hidden_size\": expected an integer");
+    const char *frac = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,\"hidden_size\":64.5}";
+    CHECK_FAILS(kiln_llm_hf_parse_config(frac, strlen(frac), "x/config.json", &c), KILN_ERROR_FORMAT,
+                "\"hidden_size\": expected an integer");
     const char *str = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,\"hidden_size\":\"64\"}";
     CHECK_FAILS(kiln_llm_hf_parse_config(str, strlen(str), "x/config.json", &c), KILN_ERROR_FORMAT,
                 "\"hidden_size\": expected an integer");

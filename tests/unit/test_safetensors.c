@@ -148,6 +148,11 @@ static void test_parse_malformed(void)
         "dim 0 is not a non-negative integer");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT,
         "dim 0");
+    /* integers beyond int64 read (as reals) and are refused by range */
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[100000000000000000000000],\"data_offsets\":[0,4]}}", 4,
+        KILN_ERROR_FORMAT, "dim 0");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1000000000000000019884624838656]}}", 4,
+        KILN_ERROR_FORMAT, "data_offsets");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT,
         "field \"shape\"");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,

@@ -9,14 +9,17 @@
 #include "cli_llm.h"
 
 static const char tokenize_help[] =
-    "usage: kiln tokenize ENGINE TEXT [--no-special]\n"
+    "usage: kiln tokenize ENGINE TEXT [--no-add-special] [--split-special]\n"
     "\n"
     "Prints the token ids of TEXT as a JSON array, as Hugging Face's\n"
     "tokenizer.encode(TEXT) gives them: added tokens such as BOS included and\n"
     "special tokens written in the text parsed.\n"
     "\n"
     "options:\n"
-    "  --no-special     no BOS or other added tokens, special tokens as plain text\n"
+    "  --no-add-special  add no BOS/EOS (HF add_special_tokens=False); special\n"
+    "                    tokens written in the text are still parsed\n"
+    "  --split-special   special tokens written in the text are plain text\n"
+    "                    (HF split_special_tokens=True)\n"
     "  --plugins LIB    load a plugin library first (repeatable)\n"
     "  -h, --help       show this help\n";
 
@@ -29,7 +32,6 @@ static const char detokenize_help[] =
     "  --plugins LIB    load a plugin library first (repeatable)\n"
     "  -h, --help       show this help\n";
 
-/* Options both commands take; sets *no_special only for tokenize. */
 /* Tokenizing needs no cache and no decode graphs. */
 static kiln_llm_options tokenize_only(void)
 {
@@ -40,8 +42,10 @@ static kiln_llm_options tokenize_only(void)
     return o;
 }
 
+/* Options both commands take; *flags (the tokenize flags, NULL for
+ * detokenize) starts at the defaults and loses what the switches turn off. */
 static int parse(const char *cmd, int argc, char **argv, cli_args *a, const char **libs, int *n_libs,
-                 int *no_special, int *help)
+                 uint32_t *flags, int *help)
 {
     static const char *const valued[] = {"--plugins", NULL};
     const char *opt, *val;
@@ -51,9 +55,11 @@ static int parse(const char *cmd, int argc, char **argv, cli_args *a, const char
             *help = 1;
         else if (!strcmp(opt, "--plugins"))
             libs[(*n_libs)++] = val;
-        else if (no_special && !strcmp(opt, "--no-special"))
-            *no_special = 1;
-        else if (opt[1] >= '0' && opt[1] <= '9' && !no_special)
+        else if (flags && !strcmp(opt, "--no-add-special"))
+            *flags &= ~(uint32_t)KILN_LLM_TOKENIZE_ADD_SPECIAL;
+        else if (flags && !strcmp(opt, "--split-special"))
+            *flags &= ~(uint32_t)KILN_LLM_TOKENIZE_PARSE_SPECIAL;
+        else if (opt[1] >= '0' && opt[1] <= '9' && !flags)
             a->positional[a->n_positional++] = opt; /* a negative id: refused below */
         else
             return cli_usage(cmd, "unknown option %s", opt);
@@ -65,10 +71,11 @@ int cli_tokenize(int argc, char **argv)
 {
     cli_args a;
     const char **libs = calloc((size_t)argc + 1, sizeof *libs);
-    int n_libs = 0, no_special = 0, help = 0;
+    int n_libs = 0, help = 0;
+    uint32_t flags = KILN_LLM_TOKENIZE_ADD_SPECIAL | KILN_LLM_TOKENIZE_PARSE_SPECIAL;
     if (!libs)
         return cli_error("out of memory");
-    int st = parse("tokenize", argc, argv, &a, libs, &n_libs, &no_special, &help);
+    int st = parse("tokenize", argc, argv, &a, libs, &n_libs, &flags, &help);
     if (st == CLI_OK && help)
         fputs(tokenize_help, stdout);
     else if (st == CLI_OK && a.n_positional != 2)
@@ -82,7 +89,6 @@ int cli_tokenize(int argc, char **argv)
         int32_t *ids = NULL;
         size_t n = 0;
         const char *text = a.positional[1];
-        uint32_t flags = no_special ? 0 : KILN_LLM_TOKENIZE_ADD_SPECIAL | KILN_LLM_TOKENIZE_PARSE_SPECIAL;
         if (kiln_llm_tokenize(llm, text, strlen(text), flags, &ids, &n) != KILN_OK) {
             st = cli_kiln_error();
         } else {

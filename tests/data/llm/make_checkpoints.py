@@ -2,15 +2,18 @@
 """Writes tiny random-weight Hugging Face checkpoints of each Llama-family
 flavour kiln supports, for the importer and logits tests.
 
-Needs numpy, safetensors, tokenizers and transformers (for config.json as
-transformers writes it; PyTorch is not needed). Deterministic: rerunning it
-rewrites identical files.
+Needs numpy, safetensors, tokenizers and transformers (PyTorch is not
+needed). Deterministic: rerunning it rewrites identical files.
 
     .venv/bin/python tests/data/llm/make_checkpoints.py [OUT_DIR]
 
 Each family directory holds config.json, model.safetensors (or shards +
 model.safetensors.index.json), tokenizer.json, tokenizer_config.json and
-generation_config.json. Shapes: hidden 64, 2 layers, 4 heads / 2 kv heads
+generation_config.json. The JSON files carry the keys and values of the
+model each family stands for, as published (see write_json_files): llama3
+Llama 3.1 8B Instruct, mistral Mistral 7B Instruct v0.2, qwen2 Qwen2.5 7B
+Instruct, smollm SmolLM2 135M Instruct, tinyllama TinyLlama 1.1B Chat
+(Llama 2's layout); llama is saved by transformers itself. Shapes: hidden 64, 2 layers, 4 heads / 2 kv heads
 (GQA), head_dim 16, intermediate 96, vocab 320.
 """
 import json
@@ -162,49 +165,141 @@ def save_bf16(tensors, path):
             f.write(b)
 
 
-def write_family(name, fam, seed):
+def dump(d, fname, obj):
+    with open(os.path.join(d, fname), "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, ensure_ascii=False)
+        f.write("\n")
+
+
+def added_tokens_decoder(tok, names):
+    """tokenizer_config.json's "added_tokens_decoder", as transformers 4 writes it."""
+    return {str(tok.token_to_id(n)): {"content": n, "lstrip": False, "normalized": False, "rstrip": False,
+                                      "single_word": False, "special": True} for n in names}
+
+
+def write_json_files(d, name, fam, tok):
+    """config.json, generation_config.json and tokenizer_config.json with
+    the keys and values the model each family stands for was published
+    with, shrunk to the tiny sizes. What the weights and refs.json were made
+    with stays: sizes, rms_norm_eps, rope_theta and rope scaling, tied
+    embeddings, and the token ids of the tiny tokenizer. "llama" is saved
+    by transformers itself (config.json, generation_config.json and its
+    default tokenizer_config.json, whose model_max_length is int(1e30))."""
     import transformers
 
+    bos_id = tok.token_to_id(fam["bos"]) if fam["bos"] else None
+    eos_id = tok.token_to_id(fam["eos"])
+    eos_ids = [eos_id] + [tok.token_to_id(t) for t in fam.get("extra_eos", [])]
+    tid = tok.token_to_id
+    sizes = {"hidden_size": HIDDEN, "intermediate_size": INTER, "num_hidden_layers": LAYERS,
+             "num_attention_heads": HEADS, "num_key_value_heads": KV_HEADS, "max_position_embeddings": 256,
+             "vocab_size": VOCAB, "rms_norm_eps": fam.get("eps", 1e-6), "tie_word_embeddings": fam["tied"]}
+    if name == "llama":
+        kw = dict(sizes, head_dim=HEAD_DIM, bos_token_id=bos_id, eos_token_id=eos_id, architectures=[fam["arch"]],
+                  dtype="float32", rope_parameters={"rope_type": "default", "rope_theta": fam["theta"]})
+        transformers.LlamaConfig(**kw).save_pretrained(d)
+        # transformers 4.x reads only rope_theta / rope_scaling: write them too
+        # so a reference made with either major version sees the same model.
+        with open(os.path.join(d, "config.json")) as f:
+            j = json.load(f)
+        j["rope_theta"], j["rope_scaling"] = fam["theta"], None
+        dump(d, "config.json", j)
+        transformers.GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, do_sample=True, temperature=0.7,
+                                      top_p=0.9).save_pretrained(d)
+        hf = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=fam["bos"], eos_token=fam["eos"])
+        hf.save_pretrained(d)
+        return
+    if name == "llama3":
+        # Llama 3.1 8B Instruct
+        config = dict(sizes, architectures=["LlamaForCausalLM"], attention_bias=False, attention_dropout=0.0,
+                      bos_token_id=bos_id, eos_token_id=eos_ids, hidden_act="silu", initializer_range=0.02,
+                      mlp_bias=False, model_type="llama", pretraining_tp=1, rope_scaling=dict(fam["rope_scaling"]),
+                      rope_theta=fam["theta"], torch_dtype="bfloat16", transformers_version="4.42.3",
+                      use_cache=True)
+        gen = {"bos_token_id": bos_id, "do_sample": True, "eos_token_id": eos_ids, "temperature": 0.6,
+               "top_p": 0.9, "transformers_version": "4.42.3"}
+        tc = {"added_tokens_decoder": added_tokens_decoder(tok, fam["specials"]), "bos_token": fam["bos"],
+              "chat_template": fam["template"], "clean_up_tokenization_spaces": True, "eos_token": "<|eot_id|>",
+              "model_input_names": ["input_ids", "attention_mask"], "model_max_length": 131072,
+              "tokenizer_class": "PreTrainedTokenizerFast"}
+    elif name == "mistral":
+        # Mistral 7B Instruct v0.2
+        config = dict(sizes, architectures=["MistralForCausalLM"], attention_dropout=0.0, bos_token_id=bos_id,
+                      eos_token_id=eos_id, hidden_act="silu", initializer_range=0.02, model_type="mistral",
+                      rope_theta=fam["theta"], sliding_window=None, torch_dtype="bfloat16",
+                      transformers_version="4.36.0", use_cache=True)
+        gen = {"_from_model_config": True, "bos_token_id": bos_id, "eos_token_id": eos_id,
+               "transformers_version": "4.36.0"}
+        tc = {"add_bos_token": True, "add_eos_token": False,
+              "added_tokens_decoder": added_tokens_decoder(tok, ["<unk>", "<s>", "</s>"]),
+              "additional_special_tokens": [], "bos_token": "<s>", "chat_template": fam["template"],
+              "clean_up_tokenization_spaces": False, "eos_token": "</s>", "legacy": True,
+              "model_max_length": 1000000000000000019884624838656, "pad_token": None, "sp_model_kwargs": {},
+              "spaces_between_special_tokens": False, "tokenizer_class": "LlamaTokenizer", "unk_token": "<unk>",
+              "use_default_system_prompt": False}
+    elif name == "qwen2":
+        # Qwen2.5 7B Instruct: <|endoftext|> is both bos_token_id and pad,
+        # never added to a prompt
+        endoftext = tid("<|endoftext|>")
+        config = dict(sizes, architectures=["Qwen2ForCausalLM"], attention_dropout=0.0, bos_token_id=endoftext,
+                      eos_token_id=eos_id, hidden_act="silu", initializer_range=0.02, max_window_layers=28,
+                      model_type="qwen2", rope_scaling=None, rope_theta=fam["theta"], sliding_window=131072,
+                      torch_dtype="bfloat16", transformers_version="4.43.1", use_cache=True,
+                      use_sliding_window=False)
+        gen = {"bos_token_id": endoftext, "do_sample": True, "eos_token_id": [eos_id, endoftext],
+               "pad_token_id": endoftext, "repetition_penalty": 1.05, "temperature": 0.7, "top_k": 20,
+               "top_p": 0.8, "transformers_version": "4.37.0"}
+        tc = {"add_bos_token": False, "add_prefix_space": False,
+              "added_tokens_decoder": added_tokens_decoder(tok, fam["specials"]),
+              "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": None,
+              "chat_template": fam["template"], "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>",
+              "errors": "replace", "model_max_length": 131072, "pad_token": "<|endoftext|>",
+              "split_special_tokens": False, "tokenizer_class": "Qwen2Tokenizer", "unk_token": None}
+    elif name == "smollm":
+        # SmolLM2 135M Instruct: bos_token_id names <|im_start|>, which no
+        # prompt gets added
+        im_start = tid("<|im_start|>")
+        config = dict(sizes, architectures=["LlamaForCausalLM"], attention_bias=False, attention_dropout=0.0,
+                      bos_token_id=im_start, eos_token_id=eos_id, head_dim=HEAD_DIM, hidden_act="silu",
+                      initializer_range=0.041666666666666664, is_llama_config=True, mlp_bias=False,
+                      model_type="llama", pad_token_id=eos_id, pretraining_tp=1, rope_interleaved=False,
+                      rope_scaling=None, rope_theta=fam["theta"], torch_dtype="bfloat16",
+                      transformers_version="4.42.3", use_cache=True,
+                      **{"transformers.js_config": {"kv_cache_dtype": {"q4f16": "float16", "fp16": "float16"}}})
+        gen = {"_from_model_config": True, "bos_token_id": im_start, "eos_token_id": eos_id, "pad_token_id": eos_id,
+               "transformers_version": "4.42.3"}
+        tc = {"add_prefix_space": False, "added_tokens_decoder": added_tokens_decoder(tok, fam["specials"]),
+              "additional_special_tokens": ["<|im_start|>", "<|im_end|>"], "bos_token": "<|im_start|>",
+              "chat_template": fam["template"], "clean_up_tokenization_spaces": False, "eos_token": "<|im_end|>",
+              "model_max_length": 8192, "pad_token": "<|im_end|>", "tokenizer_class": "GPT2Tokenizer",
+              "unk_token": "<|endoftext|>", "vocab_size": VOCAB}
+    else:
+        # TinyLlama 1.1B Chat v1.0 (Llama 2's layout and tokenizer); its
+        # Zephyr-style chat template is swapped for Llama 2's
+        config = dict(sizes, architectures=["LlamaForCausalLM"], attention_bias=False, bos_token_id=bos_id,
+                      eos_token_id=eos_id, hidden_act="silu", initializer_range=0.02, model_type="llama",
+                      pretraining_tp=1, rope_scaling=None, rope_theta=fam["theta"], torch_dtype="bfloat16",
+                      transformers_version="4.35.0", use_cache=True)
+        gen = {"bos_token_id": bos_id, "eos_token_id": eos_id, "max_length": 2048, "pad_token_id": tid("<unk>"),
+               "transformers_version": "4.35.0"}
+        tc = {"add_bos_token": True, "add_eos_token": False,
+              "added_tokens_decoder": added_tokens_decoder(tok, ["<unk>", "<s>", "</s>"]), "bos_token": "<s>",
+              "chat_template": fam["template"], "clean_up_tokenization_spaces": False, "eos_token": "</s>",
+              "legacy": False, "model_max_length": 2048, "pad_token": "</s>", "padding_side": "right",
+              "sp_model_kwargs": {}, "tokenizer_class": "LlamaTokenizer", "unk_token": "<unk>",
+              "use_default_system_prompt": False}
+    dump(d, "config.json", config)
+    dump(d, "generation_config.json", gen)
+    dump(d, "tokenizer_config.json", tc)
+
+
+def write_family(name, fam, seed):
     d = os.path.join(OUT, name)
     os.makedirs(d, exist_ok=True)
     tok = spm_tokenizer() if fam["tok"] == "spm" else byte_bpe_tokenizer(fam["specials"], fam["bos"])
     assert tok.get_vocab_size() <= VOCAB, tok.get_vocab_size()
     tok.save(os.path.join(d, "tokenizer.json"))
-    bos_id = tok.token_to_id(fam["bos"]) if fam["bos"] else None
-    eos_id = tok.token_to_id(fam["eos"])
-    eos_ids = [eos_id] + [tok.token_to_id(t) for t in fam.get("extra_eos", [])]
-
-    kw = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=LAYERS,
-              num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-              max_position_embeddings=256, rms_norm_eps=fam.get("eps", 1e-6), tie_word_embeddings=fam["tied"],
-              bos_token_id=bos_id, eos_token_id=eos_ids if len(eos_ids) > 1 else eos_id,
-              architectures=[fam["arch"]], dtype="bfloat16" if fam["storage"] == "bf16" else "float32")
-    rope = {"rope_type": "default", "rope_theta": fam["theta"]}
-    if "rope_scaling" in fam:
-        rope = dict(fam["rope_scaling"], rope_theta=fam["theta"])
-    kw["rope_parameters"] = rope
-    cfg = getattr(transformers, fam["cls"])(**kw)
-    cfg.save_pretrained(d)
-    # transformers 4.x reads only rope_theta / rope_scaling: write them too so
-    # a reference made with either major version sees the same model.
-    with open(os.path.join(d, "config.json")) as f:
-        j = json.load(f)
-    j["rope_theta"] = fam["theta"]
-    j["rope_scaling"] = dict(fam["rope_scaling"]) if "rope_scaling" in fam else None
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump(j, f, indent=2, sort_keys=True)
-        f.write("\n")
-
-    tc = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 256, "eos_token": fam["eos"],
-          "bos_token": fam["bos"], "add_bos_token": fam["bos"] is not None, "clean_up_tokenization_spaces": False}
-    if fam["template"]:
-        tc["chat_template"] = fam["template"]
-    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-        json.dump(tc, f, indent=2)
-    gen = {"bos_token_id": bos_id, "eos_token_id": eos_ids if len(eos_ids) > 1 else eos_id,
-           "do_sample": True, "temperature": 0.7, "top_p": 0.9}
-    with open(os.path.join(d, "generation_config.json"), "w") as f:
-        json.dump(gen, f, indent=2)
+    write_json_files(d, name, fam, tok)
 
     w = weights(np.random.default_rng(seed), fam)
     for f_ in ("model.safetensors", "model.safetensors.index.json", "model-00001-of-00002.safetensors",

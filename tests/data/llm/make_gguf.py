@@ -92,9 +92,21 @@ def spm_scores(tokens, merges):
     return [-float(rank[t]) if t in rank else 0.0 for t in tokens]
 
 
+def hf_config(d):
+    """config.json as published (rope_theta / rope_scaling, head_dim often
+    absent) or as transformers 5 writes it (rope_parameters): both as the
+    latter."""
+    cfg = json.load(open(os.path.join(d, "config.json")))
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope.setdefault("rope_theta", cfg.get("rope_theta", 10000.0))
+    cfg["rope_parameters"] = rope
+    cfg.setdefault("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+    return cfg
+
+
 def write_gguf(name, out, qtype, pre):
     d = os.path.join(DATA, name)
-    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg = hf_config(d)
     tcfg = json.load(open(os.path.join(d, "tokenizer_config.json")))
     w = load_weights(d)
     arch = "qwen2" if cfg["model_type"] == "qwen2" else "llama"
@@ -130,7 +142,9 @@ def write_gguf(name, out, qtype, pre):
     if tcfg.get("bos_token"):
         wr.add_bos_token_id(tokens.index(tcfg["bos_token"]))
     wr.add_eos_token_id(tokens.index(tcfg["eos_token"]))
-    wr.add_add_bos_token(bool(tcfg.get("add_bos_token")))
+    # BOS is added when the tokenizer's post-processor adds it (a template)
+    post = json.load(open(os.path.join(d, "tokenizer.json")))["post_processor"]
+    wr.add_add_bos_token(post["type"] == "TemplateProcessing")
     if tcfg.get("chat_template"):
         wr.add_chat_template(tcfg["chat_template"])
 
@@ -187,7 +201,7 @@ def write_gguf(name, out, qtype, pre):
 
 def write_llama2c(name):
     d = os.path.join(DATA, name)
-    cfg = json.load(open(os.path.join(d, "config.json")))
+    cfg = hf_config(d)
     w = load_weights(d)
     L, nh, nkv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
     dim, hid, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Builds tokenizer.json files from the real vocabularies in /work/shared/tokenizers
+"""Builds tokenizer.json files from the real vocabularies in tests/data/tokenizer
 with Hugging Face `tokenizers`/`transformers`, and writes reference encodings of a
 corpus of hard strings, so the C tokenizer can be checked against code nobody here
 wrote.
 
-usage: make_reference.py SHARED_TOKENIZERS_DIR OUT_DIR
+usage: make_reference.py VOCAB_DIR OUT_DIR   (VOCAB_DIR: tests/data/tokenizer)
 
 OUT_DIR/<family>/tokenizer.json and OUT_DIR/<family>/reference.json, where the
 reference is a list of {"text", "ids_special", "ids_plain", "ids_literal",
@@ -132,28 +132,28 @@ def write_family(out_dir, name, tok, extra=None):
         json.dump(refs, f, ensure_ascii=False, indent=0)
 
 
-def gpt2_base(shared):
-    bpe = models.BPE.from_file(os.path.join(shared, "gpt2-bpe", "encoder.json"),
-                               os.path.join(shared, "gpt2-bpe", "vocab.bpe"))
+def gpt2_base(vocab):
+    bpe = models.BPE.from_file(os.path.join(vocab, "gpt2-bpe", "encoder.json"),
+                               os.path.join(vocab, "gpt2-bpe", "vocab.bpe"))
     tok = Tokenizer(bpe)
     tok.decoder = decoders.ByteLevel()
     tok.add_special_tokens(["<|endoftext|>"])
     return tok
 
 
-def build_gpt2(shared):
-    tok = gpt2_base(shared)
+def build_gpt2(vocab):
+    tok = gpt2_base(vocab)
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     return tok
 
 
-def build_llama3_style(shared):
+def build_llama3_style(vocab):
     # The GPT-2 vocabulary behind Llama 3's pre-tokenizer: a Split on the Llama 3
     # regex, then ByteLevel without its own regex, ignore_merges, and a BOS
     # template, as in Meta-Llama-3's tokenizer.json.
-    bpe = models.BPE.from_file(os.path.join(shared, "gpt2-bpe", "encoder.json"),
-                               os.path.join(shared, "gpt2-bpe", "vocab.bpe"),
+    bpe = models.BPE.from_file(os.path.join(vocab, "gpt2-bpe", "encoder.json"),
+                               os.path.join(vocab, "gpt2-bpe", "vocab.bpe"),
                                ignore_merges=True)
     tok = Tokenizer(bpe)
     tok.pre_tokenizer = pre_tokenizers.Sequence([
@@ -172,11 +172,11 @@ def build_llama3_style(shared):
     return tok
 
 
-def build_gpt2_exotic(shared):
+def build_gpt2_exotic(vocab):
     # Not a published tokenizer: every Split behavior, Digits, a regex
     # Replace normalizer and ByteLevel with add_prefix_space, checked against
     # the same pipeline in HF.
-    tok = gpt2_base(shared)
+    tok = gpt2_base(vocab)
     tok.normalizer = normalizers.Sequence([
         normalizers.Replace(tokenizers.Regex(r"[0-9]{4}"), "YEAR"),
         normalizers.Replace("  ", " \u2581"),
@@ -212,10 +212,10 @@ QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
                r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def build_qwen2_style(shared):
+def build_qwen2_style(vocab):
     # Qwen2's pipeline (NFC normalizer, its regex, ByteLevel without a regex,
     # no BOS) over the GPT-2 vocabulary.
-    tok = gpt2_base(shared)
+    tok = gpt2_base(vocab)
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Split(tokenizers.Regex(QWEN2_REGEX), behavior="isolated", invert=False),
@@ -225,10 +225,10 @@ def build_qwen2_style(shared):
     return tok
 
 
-def build_llama2(shared, legacy):
+def build_llama2(vocab, legacy):
     from transformers import AutoTokenizer
     with tempfile.TemporaryDirectory() as tmp:
-        shutil.copy(os.path.join(shared, "llama2-sp", "tokenizer.model"), tmp)
+        shutil.copy(os.path.join(vocab, "llama2-sp", "tokenizer.model"), tmp)
         cfg = {"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>", "eos_token": "</s>",
                "unk_token": "<unk>", "add_bos_token": True, "add_eos_token": False,
                "legacy": legacy}
@@ -252,19 +252,19 @@ def legacy_llama2(tok):
 
 
 def main():
-    shared, out_dir = sys.argv[1], sys.argv[2]
+    vocab, out_dir = sys.argv[1], sys.argv[2]
     os.makedirs(out_dir, exist_ok=True)
-    write_family(out_dir, "gpt2", build_gpt2(shared))
-    write_family(out_dir, "llama3-style", build_llama3_style(shared))
-    write_family(out_dir, "gpt2-exotic", build_gpt2_exotic(shared))
-    write_family(out_dir, "qwen2-style", build_qwen2_style(shared))
+    write_family(out_dir, "gpt2", build_gpt2(vocab))
+    write_family(out_dir, "llama3-style", build_llama3_style(vocab))
+    write_family(out_dir, "gpt2-exotic", build_gpt2_exotic(vocab))
+    write_family(out_dir, "qwen2-style", build_qwen2_style(vocab))
 
     import sentencepiece as spm
-    sp = spm.SentencePieceProcessor(model_file=os.path.join(shared, "llama2-sp", "tokenizer.model"))
-    llama = build_llama2(shared, legacy=True)
+    sp = spm.SentencePieceProcessor(model_file=os.path.join(vocab, "llama2-sp", "tokenizer.model"))
+    llama = build_llama2(vocab, legacy=True)
     assert llama.encode("Hello world").ids == [1, 15043, 3186], llama.encode("Hello world").ids
     write_family(out_dir, "llama2", llama, extra=lambda t: {"ids_sp": sp.encode(t)})
-    llama_first = build_llama2(shared, legacy=False)
+    llama_first = build_llama2(vocab, legacy=False)
     write_family(out_dir, "llama2-first", llama_first)
     write_family(out_dir, "llama2-legacy", legacy_llama2(llama))
     write_family(out_dir, "llama2-metaspace-decoder", llama2_metaspace_decoder(llama))
