@@ -141,6 +141,8 @@ typedef struct bench_report {
     const char *dtype;
     long batch, prompt_len, gen_len, reps;
     double open_ms;
+    double graph_capture_ms;     /* CUDA graphs captured at open (0: none) */
+    int32_t n_graphs;
     double prefill_tok_s, decode_tok_s, ttft_ms, itl_p50, itl_p99;
     double prefill_min, prefill_max, decode_min, decode_max;
     size_t weight_bytes, weight_bytes_per_token;
@@ -156,7 +158,8 @@ static int print_report(const bench_report *r, int json)
         printf("engine: %s (%s, %s)\n", r->engine, r->backend, r->dtype);
         printf("batch %ld, prompt %ld tokens, %ld generated, %ld reps (medians; min-max)\n", r->batch, r->prompt_len,
                r->gen_len, r->reps);
-        printf("  open:              %.0f ms\n", r->open_ms);
+        printf("  open:              %.0f ms (%d CUDA graphs captured in %.1f ms)\n", r->open_ms, (int)r->n_graphs,
+               r->graph_capture_ms);
         printf("  prefill:           %.1f tok/s (%.1f-%.1f)\n", r->prefill_tok_s, r->prefill_min, r->prefill_max);
         printf("  time to 1st token: %.2f ms\n", r->ttft_ms);
         printf("  decode:            %.1f tok/s (%.1f-%.1f)\n", r->decode_tok_s, r->decode_min, r->decode_max);
@@ -178,6 +181,8 @@ static int print_report(const bench_report *r, int json)
     json_object_set_new(o, "gen_len", json_integer(r->gen_len));
     json_object_set_new(o, "reps", json_integer(r->reps));
     json_object_set_new(o, "open_ms", json_real(r->open_ms));
+    json_object_set_new(o, "graphs", json_integer(r->n_graphs));
+    json_object_set_new(o, "graph_capture_ms", json_real(r->graph_capture_ms));
     json_object_set_new(o, "prefill_tok_s", json_real(r->prefill_tok_s));
     json_object_set_new(o, "prefill_tok_s_range", json_pack("[f, f]", r->prefill_min, r->prefill_max));
     json_object_set_new(o, "decode_tok_s", json_real(r->decode_tok_s));
@@ -223,6 +228,8 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
     r->backend = kiln_backend_name(backend);
     r->dtype = kiln_dtype_name(info->dtype);
     r->open_ms = open_ms;
+    r->n_graphs = info->n_graphs;
+    r->graph_capture_ms = info->graph_capture_ms;
     if (r->prompt_len + r->gen_len > info->max_seq_len)
         return cli_error("prompt %ld + generated %ld tokens exceed the engine's max sequence length %d", r->prompt_len,
                          r->gen_len, (int)info->max_seq_len);
