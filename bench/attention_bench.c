@@ -113,7 +113,7 @@ static void *dev_alloc(size_t bytes, int fill_random)
 }
 
 /* Sets up S sequences of `len` tokens, `n_new` of them new this step. */
-static void attn_setup(attn_job *j, kiln_registry *reg, int64_t S, int64_t n_new, int64_t len)
+static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, int64_t S, int64_t n_new, int64_t len)
 {
     const kiln_plugin_creator *c = kiln_registry_find(reg, "PagedAttention", "1", "kiln", NULL);
     const char *names[4] = {"n_heads", "n_kv_heads", "head_dim", "block_size"};
@@ -157,6 +157,7 @@ static void attn_setup(attn_job *j, kiln_registry *reg, int64_t S, int64_t n_new
                                   .dims = i < 7 ? j->in[i].dims : j->out.dims};
     size_t ws = j->pl->ops->workspace_size(j->pl, d, 7, d + 7, 1);
     j->ws = ws ? dev_alloc(ws, 0) : NULL;
+    j->dev = dev;
     memset(&j->layer, 0, sizeof j->layer);
     j->layer.name = (char *)"attention";
     j->layer.op = KILN_OP_PLUGIN;
@@ -218,7 +219,7 @@ int main(int argc, char **argv)
     const int64_t ctx = 8192, batches[2] = {1, 64};
     for (int b = 0; b < 2; b++) {
         attn_job j;
-        attn_setup(&j, reg, batches[b], 1, ctx);
+        attn_setup(&j, dev, reg, batches[b], 1, ctx);
         float ms = time_ms(run_attn, &j);
         double bytes = (double)batches[b] * ctx * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
         double bw = bytes / (ms * 1e-3);
@@ -231,7 +232,7 @@ int main(int argc, char **argv)
     const int64_t lens[2] = {512, 2048};
     for (int i = 0; i < 2; i++) {
         attn_job j;
-        attn_setup(&j, reg, 1, lens[i], lens[i]);
+        attn_setup(&j, dev, reg, 1, lens[i], lens[i]);
         float ms = time_ms(run_attn, &j);
         double pairs = (double)lens[i] * (double)(lens[i] + 1) / 2.0;
         double flop = 4.0 * NH * HD * pairs;
