@@ -35,13 +35,13 @@ static int cmp_float(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-#define CU(call)                                                                                   \
-    do {                                                                                           \
-        cudaError_t e_ = (call);                                                                   \
-        if (e_ != cudaSuccess) {                                                                   \
+#define CU(call) \
+    do { \
+        cudaError_t e_ = (call); \
+        if (e_ != cudaSuccess) { \
             fprintf(stderr, "attention_bench: %s: %s (line %d)\n", #call, cudaGetErrorString(e_), __LINE__); \
-            exit(1);                                                                               \
-        }                                                                                          \
+            exit(1); \
+        } \
     } while (0)
 
 /* Median milliseconds of one launch of `run(arg)` on the stream. */
@@ -86,8 +86,13 @@ typedef struct attn_job {
 static void run_attn(void *arg)
 {
     attn_job *j = arg;
-    kiln_cuda_args a = {.layer = &j->layer, .inputs = j->in, .outputs = &j->out, .plugin = j->pl,
-                        .workspace = j->ws, .device = j->dev, .stream = stream};
+    kiln_cuda_args a = {.layer = &j->layer,
+                        .inputs = j->in,
+                        .outputs = &j->out,
+                        .plugin = j->pl,
+                        .workspace = j->ws,
+                        .device = j->dev,
+                        .stream = stream};
     if (kiln_cuda_run_layer(&a) != KILN_OK) {
         fprintf(stderr, "attention_bench: %s\n", kiln_last_error());
         exit(1);
@@ -120,8 +125,12 @@ static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, i
     const int32_t vals[4] = {NH, NKV, HD, BS};
     kiln_field f[4];
     for (int i = 0; i < 4; i++)
-        f[i] = (kiln_field){.struct_size = sizeof(kiln_field), .abi_version = KILN_PLUGIN_ABI_VERSION,
-                            .name = names[i], .type = KILN_FIELD_I32, .count = 1, .data = &vals[i]};
+        f[i] = (kiln_field){.struct_size = sizeof(kiln_field),
+                            .abi_version = KILN_PLUGIN_ABI_VERSION,
+                            .name = names[i],
+                            .type = KILN_FIELD_I32,
+                            .count = 1,
+                            .data = &vals[i]};
     if (!c || kiln_plugin_create(c, f, 4, &j->pl) != KILN_OK) {
         fprintf(stderr, "attention_bench: cannot create the plugin: %s\n", kiln_last_error());
         exit(1);
@@ -152,8 +161,10 @@ static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, i
     j->out = (kiln_exec_tensor){dev_alloc((size_t)(T * NH * HD) * 2, 0), KILN_DTYPE_BF16, dq};
     kiln_tensor_desc d[8];
     for (int i = 0; i < 8; i++)
-        d[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc), .abi_version = KILN_PLUGIN_ABI_VERSION,
-                                  .dtype = i < 7 ? j->in[i].dtype : j->out.dtype, .format = KILN_FORMAT_LINEAR,
+        d[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc),
+                                  .abi_version = KILN_PLUGIN_ABI_VERSION,
+                                  .dtype = i < 7 ? j->in[i].dtype : j->out.dtype,
+                                  .format = KILN_FORMAT_LINEAR,
                                   .dims = i < 7 ? j->in[i].dims : j->out.dims};
     size_t ws = j->pl->ops->workspace_size(j->pl, d, 7, d + 7, 1);
     j->ws = ws ? dev_alloc(ws, 0) : NULL;
@@ -212,8 +223,8 @@ int main(int argc, char **argv)
     cudaFree(cp.src);
     cudaFree(cp.dst);
 
-    printf("kiln/PagedAttention, Llama-3.1-8B shape: %d query / %d kv heads, head_dim %d, bf16, block %d; sm_%d\n",
-           NH, NKV, HD, BS, (int)arch);
+    printf("kiln/PagedAttention, Llama-3.1-8B shape: %d query / %d kv heads, head_dim %d, bf16, block %d; sm_%d\n", NH,
+           NKV, HD, BS, (int)arch);
     printf("device copy (cudaMemcpyAsync D2D 1 GiB, read + written): %.2f TB/s\n\n", copy_bw / 1e12);
     printf("%-26s %10s %12s %9s %11s\n", "decode", "time us", "KV read MB", "TB/s", "of copy bw");
     const int64_t ctx = 8192, batches[2] = {1, 64};

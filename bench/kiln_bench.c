@@ -34,22 +34,22 @@ static int fail(const char *fmt, ...)
     return -1;
 }
 
-#define CU(call)                                                                                \
-    do {                                                                                        \
-        cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess)                                                                  \
-            return fail("%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__);   \
+#define CU(call) \
+    do { \
+        cudaError_t e_ = (call); \
+        if (e_ != cudaSuccess) \
+            return fail("%s: %s (%s:%d)", #call, cudaGetErrorString(e_), __FILE__, __LINE__); \
     } while (0)
-#define KT(call)                                                                                \
-    do {                                                                                        \
-        if ((call) != KILN_OK)                                                                  \
-            return fail("%s: %s", #call, kiln_last_error());                                    \
+#define KT(call) \
+    do { \
+        if ((call) != KILN_OK) \
+            return fail("%s: %s", #call, kiln_last_error()); \
     } while (0)
-#define LT(call)                                                                                \
-    do {                                                                                        \
-        cublasStatus_t s_ = (call);                                                             \
-        if (s_ != CUBLAS_STATUS_SUCCESS)                                                        \
-            return fail("%s: cublas status %d (%s:%d)", #call, (int)s_, __FILE__, __LINE__);    \
+#define LT(call) \
+    do { \
+        cublasStatus_t s_ = (call); \
+        if (s_ != CUBLAS_STATUS_SUCCESS) \
+            return fail("%s: cublas status %d (%s:%d)", #call, (int)s_, __FILE__, __LINE__); \
     } while (0)
 
 static int reps = 30;
@@ -106,8 +106,7 @@ static int time_gpu(work_fn fn, void *arg, int inner, double *ms, double *host_m
         for (int k = 0; k < inner && rc == 0; k++)
             rc = fn(arg);
         h[i] = (now_ms() - h0) / inner;
-        if (rc == 0 && (cudaEventRecord(ev1, stream) != cudaSuccess ||
-                        cudaEventSynchronize(ev1) != cudaSuccess ||
+        if (rc == 0 && (cudaEventRecord(ev1, stream) != cudaSuccess || cudaEventSynchronize(ev1) != cudaSuccess ||
                         cudaEventElapsedTime(&f, ev0, ev1) != cudaSuccess))
             rc = fail("timing: %s", cudaGetErrorString(cudaGetLastError()));
         t[i] = (double)f / inner;
@@ -127,8 +126,8 @@ static int time_gpu(work_fn fn, void *arg, int inner, double *ms, double *host_m
 typedef struct result {
     const char *name;
     char kiln[64], peer[64];
-    double fraction;      /* of the floor; < 0: not measured */
-    const char *target;   /* what the issue asks */
+    double fraction;    /* of the floor; < 0: not measured */
+    const char *target; /* what the issue asks */
     int meets;
     char note[160];
     char error[512];
@@ -264,8 +263,7 @@ static int bench_scale_bias(double copy_bw, result *res)
     int32_t n_out = 0;
     int rc = 0;
     if (kiln_network_add_input(net, "input", KILN_DTYPE_BF16, &d, &x) != KILN_OK ||
-        kiln_network_add_plugin(net, "scale_bias", "ScaleBias", "1", "", fields, 2, &x, 1, &y, 1,
-                                &n_out) != KILN_OK ||
+        kiln_network_add_plugin(net, "scale_bias", "ScaleBias", "1", "", fields, 2, &x, 1, &y, 1, &n_out) != KILN_OK ||
         kiln_network_mark_output(net, y, "output") != KILN_OK)
         rc = fail("network: %s", kiln_last_error());
     if (rc == 0)
@@ -328,8 +326,8 @@ static int bench_fused(double copy_bw, result *res)
     snprintf(res->peer, sizeof res->peer, "copy %.0f GB/s", copy_bw / 1e9);
     res->fraction = bw / copy_bw;
     res->meets = res->fraction >= 0.85;
-    snprintf(res->note, sizeof res->note, "mul, add, silu, mul in %d layer%s; moves 2 GiB",
-             (int)layers, layers == 1 ? "" : "s");
+    snprintf(res->note, sizeof res->note, "mul, add, silu, mul in %d layer%s; moves 2 GiB", (int)layers,
+             layers == 1 ? "" : "s");
     return 0;
 }
 
@@ -350,8 +348,8 @@ static int lt_fn(void *arg)
 {
     lt_arg *l = arg;
     float alpha = 1.0f, beta = 0.0f;
-    LT(cublasLtMatmul(l->lt, l->op, &alpha, l->a, l->la, l->b, l->lb, &beta, l->c, l->lc, l->c,
-                      l->lc, &l->algo, l->ws, l->ws_bytes, stream));
+    LT(cublasLtMatmul(l->lt, l->op, &alpha, l->a, l->la, l->b, l->lb, &beta, l->c, l->lc, l->c, l->lc, &l->algo, l->ws,
+                      l->ws_bytes, stream));
     return 0;
 }
 
@@ -375,13 +373,13 @@ static int cublaslt_matmul(void *a, void *b, void *c, double *ms)
         cublasLtMatrixLayoutCreate(&l.lb, CUDA_R_16BF, MM, MM, MM) != CUBLAS_STATUS_SUCCESS ||
         cublasLtMatrixLayoutCreate(&l.lc, CUDA_R_16BF, MM, MM, MM) != CUBLAS_STATUS_SUCCESS ||
         cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                             &l.ws_bytes, sizeof l.ws_bytes) != CUBLAS_STATUS_SUCCESS)
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &l.ws_bytes,
+                                             sizeof l.ws_bytes) != CUBLAS_STATUS_SUCCESS)
         rc = fail("cuBLASLt setup failed");
     cublasLtMatmulHeuristicResult_t heur;
     int found = 0;
-    if (rc == 0 && (cublasLtMatmulAlgoGetHeuristic(l.lt, l.op, l.la, l.lb, l.lc, l.lc, pref, 1, &heur,
-                                                   &found) != CUBLAS_STATUS_SUCCESS ||
+    if (rc == 0 && (cublasLtMatmulAlgoGetHeuristic(l.lt, l.op, l.la, l.lb, l.lc, l.lc, pref, 1, &heur, &found) !=
+                        CUBLAS_STATUS_SUCCESS ||
                     found < 1))
         rc = fail("cuBLASLt heuristic found no algorithm");
     if (rc == 0) {
@@ -566,8 +564,8 @@ static int bench_chain(result *res)
     for (int i = 0; i < CHAIN && rc == 0; i++) {
         char name[32];
         snprintf(name, sizeof name, "%s%d", i % 2 ? "mul" : "add", i);
-        if (kiln_network_add_binary(net, name, i % 2 ? KILN_BINARY_MUL : KILN_BINARY_ADD, x,
-                                    i % 2 ? cm : ca, &x) != KILN_OK)
+        if (kiln_network_add_binary(net, name, i % 2 ? KILN_BINARY_MUL : KILN_BINARY_ADD, x, i % 2 ? cm : ca, &x) !=
+            KILN_OK)
             rc = fail("network: %s", kiln_last_error());
     }
     if (rc == 0 && kiln_network_mark_output(net, x, "y") != KILN_OK)
@@ -601,16 +599,14 @@ static int bench_chain(result *res)
     /* Plain: the GPU waits on the host, so the time per layer beyond the
      * graph's is the gap between kernels. */
     snprintf(res->note, sizeof res->note,
-             "%d layers; per layer: plain %.2f us (host enqueue %.2f us, gap %.2f us), graph %.2f us",
-             (int)layers, plain * 1e3 / n, plain_host * 1e3 / n, (plain - graph) * 1e3 / n,
-             graph * 1e3 / n);
+             "%d layers; per layer: plain %.2f us (host enqueue %.2f us, gap %.2f us), graph %.2f us", (int)layers,
+             plain * 1e3 / n, plain_host * 1e3 / n, (plain - graph) * 1e3 / n, graph * 1e3 / n);
     if (json_out)
         json_object_set_new(json_out, "chain_detail",
-                            json_pack("{s:i, s:f, s:f, s:f, s:f}", "layers", (int)layers,
-                                      "plain_us_per_inference", plain * 1e3,
-                                      "graph_us_per_inference", graph * 1e3,
-                                      "plain_host_enqueue_us_per_layer", plain_host * 1e3 / n,
-                                      "graph_host_launch_us", graph_host * 1e3));
+                            json_pack("{s:i, s:f, s:f, s:f, s:f}", "layers", (int)layers, "plain_us_per_inference",
+                                      plain * 1e3, "graph_us_per_inference", graph * 1e3,
+                                      "plain_host_enqueue_us_per_layer", plain_host * 1e3 / n, "graph_host_launch_us",
+                                      graph_host * 1e3));
     return 0;
 }
 
@@ -716,8 +712,7 @@ int main(int argc, char **argv)
 
     int all = 1;
     json_t *list_json = json_array();
-    printf("%-34s %-28s %-26s %9s  %-20s %s\n", "benchmark", "kiln", "peer (same run)",
-           "of floor", "target", "result");
+    printf("%-34s %-28s %-26s %9s  %-20s %s\n", "benchmark", "kiln", "peer (same run)", "of floor", "target", "result");
     for (int i = 0; i < n_results; i++) {
         result *r = &results[i];
         if (r->error[0]) {
@@ -733,11 +728,9 @@ int main(int argc, char **argv)
                    r->meets ? "meets" : "BELOW");
             all &= r->meets;
         }
-        json_array_append_new(list_json,
-                              json_pack("{s:s, s:s, s:s, s:f, s:s, s:b, s:s, s:s}", "name", r->name,
-                                        "kiln", r->kiln, "peer", r->peer, "fraction",
-                                        r->fraction, "target", r->target, "meets", r->meets,
-                                        "note", r->note, "error", r->error));
+        json_array_append_new(list_json, json_pack("{s:s, s:s, s:s, s:f, s:s, s:b, s:s, s:s}", "name", r->name, "kiln",
+                                                   r->kiln, "peer", r->peer, "fraction", r->fraction, "target",
+                                                   r->target, "meets", r->meets, "note", r->note, "error", r->error));
     }
     for (int i = 0; i < n_results; i++)
         if (results[i].note[0] && !results[i].error[0])

@@ -90,8 +90,8 @@ int main(void)
     double sink = 0;
     double tc = best_time(a, b, n, threads, 1, &sink);
     double tr = best_time(a, b, n, threads, 0, &sink);
-    printf("{\"threads\": %d, \"bytes\": %zu, \"copy_gbs\": %.2f, \"read_gbs\": %.2f, \"checksum\": %.0f}\n",
-           threads, BYTES, 2.0 * (double)BYTES / tc / 1e9, (double)BYTES / tr / 1e9, sink + b[n / 2]);
+    printf("{\"threads\": %d, \"bytes\": %zu, \"copy_gbs\": %.2f, \"read_gbs\": %.2f, \"checksum\": %.0f}\n", threads,
+           BYTES, 2.0 * (double)BYTES / tc / 1e9, (double)BYTES / tr / 1e9, sink + b[n / 2]);
     free(a);
     free(b);
     return 0;

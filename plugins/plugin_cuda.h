@@ -38,13 +38,13 @@ int kiln_rope_cuda(const kiln_rope_cuda_args *a, void *stream);
 
 /* y[r, c] = silu(gate[r * ld + c]) * up[r * ld + c], c < width; y rows
  * are `width` long. */
-int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, int64_t rows, int64_t width,
-                     int64_t ld, void *stream);
+int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, int64_t rows, int64_t width, int64_t ld,
+                     void *stream);
 
 /* y [rows, n] = x [rows, k] · Wᵀ with W in ggml block format `type`
  * (8 Q8_0, 2 Q4_0, 3 Q4_1), rows of k / 32 blocks; x and y of `dtype`. */
-int kiln_qmatmul_cuda(int32_t type, const void *x, const uint8_t *w, void *y, int32_t dtype, int64_t rows,
-                      int32_t n, int32_t k, void *stream);
+int kiln_qmatmul_cuda(int32_t type, const void *x, const uint8_t *w, void *y, int32_t dtype, int64_t rows, int32_t n,
+                      int32_t k, void *stream);
 
 /* PagedAttention (plugins/attention/attention_cuda.cu): one step's cache
  * write and attention. q, k and v point at head 0 of token 0 and their
@@ -53,16 +53,16 @@ int kiln_qmatmul_cuda(int32_t type, const void *x, const uint8_t *w, void *y, in
 typedef struct kiln_attention_cuda_args {
     const void *q, *k, *v;
     int64_t q_ld, k_ld, v_ld;
-    void *cache;                   /* [n_blocks, 2, n_kv_heads, block_size, head_dim] */
-    void *out;                     /* [tokens, n_heads * head_dim] */
-    const int32_t *table;          /* [n_seqs, max_blocks] */
-    const int32_t *seq_lens;       /* [n_seqs] */
-    const int32_t *qstart;         /* [n_seqs + 1] */
-    void *workspace;               /* kiln_attention_cuda_workspace() bytes for the max shapes */
+    void *cache;             /* [n_blocks, 2, n_kv_heads, block_size, head_dim] */
+    void *out;               /* [tokens, n_heads * head_dim] */
+    const int32_t *table;    /* [n_seqs, max_blocks] */
+    const int32_t *seq_lens; /* [n_seqs] */
+    const int32_t *qstart;   /* [n_seqs + 1] */
+    void *workspace;         /* kiln_attention_cuda_workspace() bytes for the max shapes */
     int64_t tokens, n_seqs, max_blocks, n_blocks;
     int32_t n_heads, n_kv_heads, head_dim, block_size;
     float scale;
-    int32_t dtype;                 /* of q, k, v, the cache and out (f32, f16, bf16) */
+    int32_t dtype; /* of q, k, v, the cache and out (f32, f16, bf16) */
 } kiln_attention_cuda_args;
 
 /* Device scratch bytes a step of at most `tokens` tokens, `n_seqs`

@@ -9,36 +9,42 @@
 #include <string.h>
 
 /* The field named `name` among schema-checked fields, or NULL. */
-static inline const kiln_field *plugin_field(const kiln_field *fields, int32_t n, const char *name) {
+static inline const kiln_field *plugin_field(const kiln_field *fields, int32_t n, const char *name)
+{
     for (int32_t i = 0; i < n; i++)
         if (strcmp(fields[i].name, name) == 0)
             return &fields[i];
     return NULL;
 }
 
-static inline float plugin_field_f32(const kiln_field *fields, int32_t n, const char *name, float dflt) {
+static inline float plugin_field_f32(const kiln_field *fields, int32_t n, const char *name, float dflt)
+{
     const kiln_field *f = plugin_field(fields, n, name);
     return f ? ((const float *)f->data)[0] : dflt;
 }
 
-static inline int32_t plugin_field_i32(const kiln_field *fields, int32_t n, const char *name, int32_t dflt) {
+static inline int32_t plugin_field_i32(const kiln_field *fields, int32_t n, const char *name, int32_t dflt)
+{
     const kiln_field *f = plugin_field(fields, n, name);
     return f ? ((const int32_t *)f->data)[0] : dflt;
 }
 
-static inline int64_t plugin_desc_count(const kiln_tensor_desc *d) {
+static inline int64_t plugin_desc_count(const kiln_tensor_desc *d)
+{
     int64_t n = 1;
     for (int32_t i = 0; i < d->dims.rank; i++)
         n *= d->dims.d[i];
     return n;
 }
 
-static inline int plugin_is_float(kiln_dtype t) {
+static inline int plugin_is_float(kiln_dtype t)
+{
     return t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16;
 }
 
 /* Element i of a float tensor as f32, and the reverse. */
-static inline float plugin_load(const kiln_host_api *h, const void *p, kiln_dtype t, int64_t i) {
+static inline float plugin_load(const kiln_host_api *h, const void *p, kiln_dtype t, int64_t i)
+{
     switch (t) {
     case KILN_DTYPE_F16: return h->half_to_float(((const uint16_t *)p)[i]);
     case KILN_DTYPE_BF16: return h->bf16_to_float(((const uint16_t *)p)[i]);
@@ -46,7 +52,8 @@ static inline float plugin_load(const kiln_host_api *h, const void *p, kiln_dtyp
     }
 }
 
-static inline void plugin_store(const kiln_host_api *h, void *p, kiln_dtype t, int64_t i, float v) {
+static inline void plugin_store(const kiln_host_api *h, void *p, kiln_dtype t, int64_t i, float v)
+{
     switch (t) {
     case KILN_DTYPE_F16: ((uint16_t *)p)[i] = h->float_to_half(v); break;
     case KILN_DTYPE_BF16: ((uint16_t *)p)[i] = h->float_to_bf16(v); break;
@@ -56,13 +63,18 @@ static inline void plugin_store(const kiln_host_api *h, void *p, kiln_dtype t, i
 
 /* Field schema entries with one value. */
 #define PLUGIN_FIELD_REQUIRED(name, type, doc) \
-    {sizeof(kiln_field_spec), KILN_PLUGIN_ABI_VERSION, name, type, 1, 1, 0, NULL, 0, doc}
+    { \
+        sizeof(kiln_field_spec), KILN_PLUGIN_ABI_VERSION, name, type, 1, 1, 0, NULL, 0, doc \
+    }
 #define PLUGIN_FIELD_OPTIONAL(name, type, dflt, doc) \
-    {sizeof(kiln_field_spec), KILN_PLUGIN_ABI_VERSION, name, type, 1, 0, 0, dflt, 1, doc}
+    { \
+        sizeof(kiln_field_spec), KILN_PLUGIN_ABI_VERSION, name, type, 1, 0, 0, dflt, 1, doc \
+    }
 
 /* v rounded to the storage dtype t (no-op for f32): emulates frameworks
  * that round every intermediate to the model dtype. */
-static inline float plugin_round(const kiln_host_api *h, kiln_dtype t, float v) {
+static inline float plugin_round(const kiln_host_api *h, kiln_dtype t, float v)
+{
     switch (t) {
     case KILN_DTYPE_F16: return h->half_to_float(h->float_to_half(v));
     case KILN_DTYPE_BF16: return h->bf16_to_float(h->float_to_bf16(v));
@@ -75,7 +87,8 @@ static inline float plugin_round(const kiln_host_api *h, kiln_dtype t, float v) 
 #include <stdlib.h>
 
 static inline kiln_status plugin_pod_clone(const kiln_host_api *h, const kiln_plugin *self, size_t size,
-                                           kiln_plugin **out) {
+                                           kiln_plugin **out)
+{
     void *p = malloc(size);
     if (!p)
         return h->fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory cloning a plugin");
@@ -86,7 +99,8 @@ static inline kiln_status plugin_pod_clone(const kiln_host_api *h, const kiln_pl
 
 /* Serializes `size` bytes of parameters with the two-call protocol. */
 static inline kiln_status plugin_pod_serialize(const kiln_host_api *h, const char *plugin, const void *params,
-                                               size_t params_size, void *buf, size_t *size) {
+                                               size_t params_size, void *buf, size_t *size)
+{
     if (buf) {
         if (*size < params_size)
             return h->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: serialize buffer of %zu bytes is too small (%zu needed)",
@@ -100,10 +114,11 @@ static inline kiln_status plugin_pod_serialize(const kiln_host_api *h, const cha
 
 /* Checks a blob's version and size before its bytes are copied into params. */
 static inline kiln_status plugin_pod_check_blob(const kiln_host_api *h, const char *plugin, uint32_t want_version,
-                                                uint32_t version, size_t size, size_t params_size) {
+                                                uint32_t version, size_t size, size_t params_size)
+{
     if (version != want_version)
-        return h->fail(KILN_ERROR_VERSION, "%s blob schema version %u is %s than this kiln reads (%u)", plugin,
-                       version, version > want_version ? "newer" : "older", want_version);
+        return h->fail(KILN_ERROR_VERSION, "%s blob schema version %u is %s than this kiln reads (%u)", plugin, version,
+                       version > want_version ? "newer" : "older", want_version);
     if (size != params_size)
         return h->fail(KILN_ERROR_FORMAT, "%s blob is %zu bytes, expected %zu", plugin, size, params_size);
     return KILN_OK;
@@ -113,8 +128,9 @@ static inline kiln_status plugin_pod_check_blob(const kiln_host_api *h, const ch
  * holds the first sizes[v-1] bytes of params (fields are only ever appended);
  * the bytes an older blob lacks keep the caller's defaults. */
 static inline kiln_status plugin_pod_read_blob(const kiln_host_api *h, const char *plugin, uint32_t want_version,
-                                               const size_t *sizes, uint32_t version, const void *blob,
-                                               size_t size, void *params) {
+                                               const size_t *sizes, uint32_t version, const void *blob, size_t size,
+                                               void *params)
+{
     if (version < 1 || version > want_version)
         return h->fail(KILN_ERROR_VERSION, "%s blob schema version %u is %s than this kiln reads (1 to %u)", plugin,
                        version, version > want_version ? "newer" : "older", want_version);

@@ -81,13 +81,12 @@ static kiln_status scale_bias_new(float scale, float bias, kiln_plugin **out)
 
 static int32_t scale_bias_num_outputs(const kiln_plugin *self) { return 1; }
 
-static kiln_status scale_bias_output_shapes(const kiln_plugin *self, const kiln_shape_expr *inputs,
-                                            int32_t n_inputs, kiln_shape_expr *outputs, int32_t n_outputs,
-                                            kiln_expr_builder *eb)
+static kiln_status scale_bias_output_shapes(const kiln_plugin *self, const kiln_shape_expr *inputs, int32_t n_inputs,
+                                            kiln_shape_expr *outputs, int32_t n_outputs, kiln_expr_builder *eb)
 {
     if (n_inputs != 1 || n_outputs != 1)
-        return host->fail(KILN_ERROR_SHAPE, "ScaleBias takes 1 input and gives 1 output, got %d and %d",
-                          (int)n_inputs, (int)n_outputs);
+        return host->fail(KILN_ERROR_SHAPE, "ScaleBias takes 1 input and gives 1 output, got %d and %d", (int)n_inputs,
+                          (int)n_outputs);
     /* Elementwise: the output is the input's shape, expressions and all. */
     outputs[0] = inputs[0];
     return KILN_OK;
@@ -105,8 +104,7 @@ static kiln_status scale_bias_output_dtypes(const kiln_plugin *self, const kiln_
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "ScaleBias takes 1 input and gives 1 output, got %d and %d",
                           (int)n_inputs, (int)n_outputs);
     if (!is_supported_dtype(inputs[0]))
-        return host->fail(KILN_ERROR_UNSUPPORTED, "ScaleBias: input dtype %d is not f32, f16 or bf16",
-                          (int)inputs[0]);
+        return host->fail(KILN_ERROR_UNSUPPORTED, "ScaleBias: input dtype %d is not f32, f16 or bf16", (int)inputs[0]);
     outputs[0] = inputs[0];
     return KILN_OK;
 }
@@ -115,9 +113,8 @@ static int32_t scale_bias_supports(const kiln_plugin *self, kiln_backend backend
                                    int32_t n_inputs, int32_t n_outputs)
 {
     return (unsigned)backend < 32u && (SCALE_BIAS_BACKENDS & KILN_BACKEND_BIT(backend)) && n_inputs == 1 &&
-           n_outputs == 1 && is_supported_dtype(descs[0].dtype) &&
-           descs[1].dtype == descs[0].dtype && descs[0].format == KILN_FORMAT_LINEAR &&
-           descs[1].format == KILN_FORMAT_LINEAR;
+           n_outputs == 1 && is_supported_dtype(descs[0].dtype) && descs[1].dtype == descs[0].dtype &&
+           descs[0].format == KILN_FORMAT_LINEAR && descs[1].format == KILN_FORMAT_LINEAR;
 }
 
 /* ---- execution ------------------------------------------------------------- */
@@ -154,15 +151,13 @@ static void scale_bias_chunk(void *arg, int64_t begin, int64_t end)
             y[i] = host->float_to_bf16(j->scale * host->bf16_to_float(x[i]) + j->bias);
         break;
     }
-    default:
-        break; /* enqueue refused every other dtype */
+    default: break; /* enqueue refused every other dtype */
     }
 }
 
 static kiln_status scale_bias_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *input_descs,
-                                      const void *const *inputs, int32_t n_inputs,
-                                      const kiln_tensor_desc *output_descs, void *const *outputs,
-                                      int32_t n_outputs, void *workspace, void *stream)
+                                      const void *const *inputs, int32_t n_inputs, const kiln_tensor_desc *output_descs,
+                                      void *const *outputs, int32_t n_outputs, void *workspace, void *stream)
 {
     const scale_bias *p = (const scale_bias *)self;
     if ((unsigned)backend >= 32u || !(SCALE_BIAS_BACKENDS & KILN_BACKEND_BIT(backend)))
@@ -179,10 +174,9 @@ static kiln_status scale_bias_enqueue(kiln_plugin *self, kiln_backend backend, c
                           (int)out->dims.rank);
     int64_t n = 1;
     for (int32_t i = 0; i < in->dims.rank; i++) {
-        if (in->dims.d[i] != out->dims.d[i] || in->dims.d[i] < 0 ||
-            __builtin_mul_overflow(n, in->dims.d[i], &n))
-            return host->fail(KILN_ERROR_SHAPE, "ScaleBias: dim %d is %lld in the input and %lld in the output",
-                              (int)i, (long long)in->dims.d[i], (long long)out->dims.d[i]);
+        if (in->dims.d[i] != out->dims.d[i] || in->dims.d[i] < 0 || __builtin_mul_overflow(n, in->dims.d[i], &n))
+            return host->fail(KILN_ERROR_SHAPE, "ScaleBias: dim %d is %lld in the input and %lld in the output", (int)i,
+                              (long long)in->dims.d[i], (long long)out->dims.d[i]);
     }
 #ifdef KILN_SCALE_BIAS_CUDA
     if (backend == KILN_BACKEND_CUDA) {
@@ -263,10 +257,20 @@ static const kiln_plugin_ops scale_bias_ops = {
 /* ---- the creator ----------------------------------------------------------- */
 
 static const kiln_field_spec scale_bias_fields[] = {
-    {.struct_size = sizeof(kiln_field_spec), .abi_version = KILN_PLUGIN_ABI_VERSION, .name = "scale",
-     .type = KILN_FIELD_F32, .count = 1, .required = 1, .doc = "multiplies every element"},
-    {.struct_size = sizeof(kiln_field_spec), .abi_version = KILN_PLUGIN_ABI_VERSION, .name = "bias",
-     .type = KILN_FIELD_F32, .count = 1, .required = 1, .doc = "added after scaling"},
+    {.struct_size = sizeof(kiln_field_spec),
+     .abi_version = KILN_PLUGIN_ABI_VERSION,
+     .name = "scale",
+     .type = KILN_FIELD_F32,
+     .count = 1,
+     .required = 1,
+     .doc = "multiplies every element"},
+    {.struct_size = sizeof(kiln_field_spec),
+     .abi_version = KILN_PLUGIN_ABI_VERSION,
+     .name = "bias",
+     .type = KILN_FIELD_F32,
+     .count = 1,
+     .required = 1,
+     .doc = "added after scaling"},
 };
 
 static kiln_status check_finite(const char *field, float v)
@@ -277,8 +281,8 @@ static kiln_status check_finite(const char *field, float v)
     return KILN_OK;
 }
 
-static kiln_status scale_bias_create(const kiln_plugin_creator *creator, const kiln_field *fields,
-                                     int32_t n_fields, kiln_plugin **out)
+static kiln_status scale_bias_create(const kiln_plugin_creator *creator, const kiln_field *fields, int32_t n_fields,
+                                     kiln_plugin **out)
 {
     /* The host has checked names, types and counts and that both required
      * fields are present; what is left is checking the values. */
@@ -298,16 +302,15 @@ static kiln_status scale_bias_create(const kiln_plugin_creator *creator, const k
     return scale_bias_new(scale, bias, out);
 }
 
-static kiln_status scale_bias_deserialize(const kiln_plugin_creator *creator, uint32_t blob_version,
-                                          const void *blob, size_t size, kiln_plugin **out)
+static kiln_status scale_bias_deserialize(const kiln_plugin_creator *creator, uint32_t blob_version, const void *blob,
+                                          size_t size, kiln_plugin **out)
 {
     if (blob_version != SCALE_BIAS_BLOB_VERSION)
         return host->fail(KILN_ERROR_VERSION, "ScaleBias blob schema version %u is %s than this plugin reads (%u)",
                           blob_version, blob_version > SCALE_BIAS_BLOB_VERSION ? "newer" : "older",
                           SCALE_BIAS_BLOB_VERSION);
     if (size != SCALE_BIAS_BLOB_SIZE)
-        return host->fail(KILN_ERROR_FORMAT, "ScaleBias blob is %zu bytes, expected %u", size,
-                          SCALE_BIAS_BLOB_SIZE);
+        return host->fail(KILN_ERROR_FORMAT, "ScaleBias blob is %zu bytes, expected %u", size, SCALE_BIAS_BLOB_SIZE);
     float scale = get_f32(blob), bias = get_f32((const unsigned char *)blob + 4);
     kiln_status s = check_finite("scale", scale);
     if (s == KILN_OK)

@@ -102,9 +102,15 @@ extern "C" int scale_bias_cuda_launch(const void *x, void *y, int dtype, int64_t
         blocks = SB_MAX_BLOCKS;
     cudaStream_t s = (cudaStream_t)stream;
     switch (dtype) {
-    case KILN_DTYPE_F32: sb_kernel<KILN_DTYPE_F32><<<(unsigned)blocks, SB_THREADS, 0, s>>>(x, y, n, nvec, scale, bias); break;
-    case KILN_DTYPE_F16: sb_kernel<KILN_DTYPE_F16><<<(unsigned)blocks, SB_THREADS, 0, s>>>(x, y, n, nvec, scale, bias); break;
-    case KILN_DTYPE_BF16: sb_kernel<KILN_DTYPE_BF16><<<(unsigned)blocks, SB_THREADS, 0, s>>>(x, y, n, nvec, scale, bias); break;
+    case KILN_DTYPE_F32:
+        sb_kernel<KILN_DTYPE_F32><<<(unsigned)blocks, SB_THREADS, 0, s>>>(x, y, n, nvec, scale, bias);
+        break;
+    case KILN_DTYPE_F16:
+        sb_kernel<KILN_DTYPE_F16><<<(unsigned)blocks, SB_THREADS, 0, s>>>(x, y, n, nvec, scale, bias);
+        break;
+    case KILN_DTYPE_BF16:
+        sb_kernel<KILN_DTYPE_BF16><<<(unsigned)blocks, SB_THREADS, 0, s>>>(x, y, n, nvec, scale, bias);
+        break;
     default: return (int)cudaErrorInvalidValue;
     }
     return (int)cudaGetLastError();

@@ -16,7 +16,7 @@ typedef struct kiln_build_config {
     uint32_t struct_size;
     uint32_t abi_version;
     kiln_backend backend;
-    uint32_t flags;          /* KILN_BUILD_* */
+    uint32_t flags; /* KILN_BUILD_* */
     /* GPU architectures (e.g. 90 for sm_90) the engine targets; 0 entries
      * means the library's default set. Ignored for the CPU backend. */
     int32_t n_gpu_archs;
@@ -45,15 +45,13 @@ KILN_API void kiln_buffer_free(kiln_buffer *buf);
  * removal, constant folding, fusion, memory planning, workspace sizing,
  * tactic selection) and serializes the engine into *out. Each pass logs
  * what it did at KILN_LOG_INFO. The network is not modified. */
-KILN_API kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
-                                kiln_buffer *out);
+KILN_API kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config, kiln_buffer *out);
 
 /* kiln_build, then writes the engine to `path` atomically (a unique temp
  * file beside it, then rename). path must be new or a regular file: a
  * FIFO, device or directory is refused before the build, never replaced.
  * Write errors give the system's reason. */
-KILN_API kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
-                                        const char *path);
+KILN_API kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config, const char *path);
 
 #ifdef __cplusplus
 }

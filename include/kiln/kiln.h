@@ -84,22 +84,19 @@ KILN_API void kiln_store_f32(void *data, kiln_dtype dtype, int64_t i, float valu
 /* Converts n elements between any two dtypes (floats round to nearest
  * even; float to integer rounds toward zero, saturating). The fp8 dtypes
  * are reserved: converting into one writes zeros. */
-KILN_API void kiln_convert(void *dst, kiln_dtype dst_dtype, const void *src, kiln_dtype src_dtype,
-                           int64_t n);
+KILN_API void kiln_convert(void *dst, kiln_dtype dst_dtype, const void *src, kiln_dtype src_dtype, int64_t n);
 
 /* Reads a NumPy .npy file (versions 1.0 to 3.0; little-endian C-order f4,
  * f2, i4, i8, i1, u1, b1). *data is malloc'd (free with kiln_free) and
  * holds *size bytes; a zero-element array still gets a non-NULL pointer.
  * A fortran-order, big-endian or other file fails naming the file and
  * what it holds. */
-KILN_API kiln_status kiln_npy_read(const char *path, kiln_dtype *dtype, kiln_dims *dims, void **data,
-                                   size_t *size);
+KILN_API kiln_status kiln_npy_read(const char *path, kiln_dtype *dtype, kiln_dims *dims, void **data, size_t *size);
 
 /* Writes product(dims) elements of `dtype` (borrowed) as a version 1.0 .npy
  * file laid out byte for byte as numpy writes it. bf16 is written as f32
  * (NumPy has no bfloat16); the fp8 dtypes fail with KILN_ERROR_UNSUPPORTED. */
-KILN_API kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *dims,
-                                    const void *data);
+KILN_API kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *dims, const void *data);
 
 #ifdef __cplusplus
 }

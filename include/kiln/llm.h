@@ -50,12 +50,12 @@ typedef struct kiln_llm_build_options {
      * format (kiln/QuantMatMul, with activations in dtype): 1 on, 0 off,
      * -1 (default) on for a .gguf. */
     int32_t native;
-    int32_t max_batch;           /* sequences per step (default 8) */
+    int32_t max_batch; /* sequences per step (default 8) */
     /* Tokens per sequence (default min(4096, the model's context)); more
      * than the model's max_position_embeddings is refused. */
     int32_t max_seq_len;
-    int32_t max_tokens;          /* new tokens per step (default max_seq_len) */
-    int32_t block_size;          /* KV-cache tokens per block (default 16) */
+    int32_t max_tokens; /* new tokens per step (default max_seq_len) */
+    int32_t block_size; /* KV-cache tokens per block (default 16) */
     /* llama2.c tokenizer.bin, required for a llama2.c .bin checkpoint;
      * NULL otherwise. Borrowed for the call. */
     const char *tokenizer;
@@ -63,7 +63,7 @@ typedef struct kiln_llm_build_options {
      * are converted and the engine is built; may be NULL. */
     void (*progress)(void *user, double fraction, const char *what);
     void *progress_user;
-    kiln_backend backend;        /* where the engine runs (default CPU) */
+    kiln_backend backend; /* where the engine runs (default CPU) */
     int32_t reserved;
 } kiln_llm_build_options;
 
@@ -77,8 +77,7 @@ KILN_API void kiln_llm_build_options_init(kiln_llm_build_options *options);
  * the tokenizer, the chat template and the special tokens, so kiln_llm_open
  * needs nothing else. `options` may be NULL (defaults). Errors name the
  * file and the field or tensor at fault. */
-KILN_API kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options *options,
-                                    const char *output);
+KILN_API kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options *options, const char *output);
 
 /* The LLM part of an engine file as one JSON object: the LLMC section's
  * model config (docs/llm.md "Engine sections") with "tokenizer": {"kind",
@@ -117,25 +116,25 @@ KILN_API void kiln_llm_options_init(kiln_llm_options *options);
 /* What an opened engine is and holds. Owned by the kiln_llm (strings and
  * arrays too) and valid as long as it. */
 typedef struct kiln_llm_info {
-    uint32_t struct_size;        /* sizeof the library's kiln_llm_info */
+    uint32_t struct_size; /* sizeof the library's kiln_llm_info */
     uint32_t abi_version;
-    const char *architecture;    /* "llama", "qwen2", ... */
-    const char *chat_template;   /* "jinja" (the checkpoint's own template), or the
+    const char *architecture;  /* "llama", "qwen2", ... */
+    const char *chat_template; /* "jinja" (the checkpoint's own template), or the
                                     built-in "chatml", "llama3", "llama2", or NULL */
-    kiln_dtype dtype;            /* KV-cache dtype (the engine's) */
+    kiln_dtype dtype;          /* KV-cache dtype (the engine's) */
     int32_t vocab_size;
     int32_t n_layers;
-    int32_t max_seq_len;         /* tokens per sequence, prompt included */
-    int32_t max_batch;           /* sequences per step */
-    int32_t max_tokens;          /* new tokens per step (prefill chunk budget) */
-    int32_t block_size;          /* tokens per KV block */
-    int32_t n_blocks;            /* KV blocks in the cache */
-    int64_t cache_tokens;        /* n_blocks * block_size: tokens the cache holds */
-    size_t cache_bytes;          /* KV-cache memory, all layers */
-    int32_t bos_id;              /* -1 when none */
+    int32_t max_seq_len;  /* tokens per sequence, prompt included */
+    int32_t max_batch;    /* sequences per step */
+    int32_t max_tokens;   /* new tokens per step (prefill chunk budget) */
+    int32_t block_size;   /* tokens per KV block */
+    int32_t n_blocks;     /* KV blocks in the cache */
+    int64_t cache_tokens; /* n_blocks * block_size: tokens the cache holds */
+    size_t cache_bytes;   /* KV-cache memory, all layers */
+    int32_t bos_id;       /* -1 when none */
     int32_t n_eos;
     const int32_t *eos_ids;
-    kiln_backend backend;        /* where the engine runs */
+    kiln_backend backend; /* where the engine runs */
     /* CUDA graphs captured at open, one per decode batch size bucket
      * (1, 2, 4, ... max_batch): their number, the time capturing them took,
      * and the launches (graph nodes) one decode step of the largest bucket
@@ -150,10 +149,10 @@ typedef struct kiln_llm_info {
 typedef struct kiln_llm_sampling {
     uint32_t struct_size;
     uint32_t abi_version;
-    float temperature;           /* 0: greedy (argmax after penalties) */
-    int32_t top_k;               /* 0: off; else keep the k most likely */
-    float top_p;                 /* 1: off; keep the smallest set reaching p */
-    float min_p;                 /* 0: off; keep p >= min_p * max p */
+    float temperature; /* 0: greedy (argmax after penalties) */
+    int32_t top_k;     /* 0: off; else keep the k most likely */
+    float top_p;       /* 1: off; keep the smallest set reaching p */
+    float min_p;       /* 0: off; keep p >= min_p * max p */
     /* HF RepetitionPenaltyLogitsProcessor over prompt and generated ids:
      * a logit > 0 is divided by it, else multiplied. 1: off. */
     float repetition_penalty;
@@ -162,7 +161,7 @@ typedef struct kiln_llm_sampling {
     float presence_penalty;
     float frequency_penalty;
     int32_t reserved;
-    uint64_t seed;               /* the request's own PRNG (xoshiro256**) */
+    uint64_t seed; /* the request's own PRNG (xoshiro256**) */
 } kiln_llm_sampling;
 
 /* Neutral sampling: temperature 1, no top-k/p, min-p or penalties, seed 0. */
@@ -178,8 +177,8 @@ typedef struct kiln_llm_request {
     size_t prompt_len;
     const int32_t *prompt_ids;
     size_t n_prompt_ids;
-    int32_t max_tokens;          /* tokens to generate at most (>= 1) */
-    int32_t ignore_eos;          /* 1: the config's EOS ids do not end it */
+    int32_t max_tokens; /* tokens to generate at most (>= 1) */
+    int32_t ignore_eos; /* 1: the config's EOS ids do not end it */
     /* NULL: kiln_llm_sampling_init's neutral sampling. Borrowed for the
      * call. */
     const kiln_llm_sampling *sampling;
@@ -195,10 +194,10 @@ typedef struct kiln_llm_request {
 KILN_API void kiln_llm_request_init(kiln_llm_request *req);
 
 typedef enum kiln_llm_finish {
-    KILN_LLM_FINISH_LENGTH = 0,  /* max_tokens or max_seq_len reached */
-    KILN_LLM_FINISH_EOS,         /* an EOS id was sampled (not in the text) */
-    KILN_LLM_FINISH_STOP,        /* a stop string matched */
-    KILN_LLM_FINISH_CANCELLED,   /* the callback or kiln_llm_cancel ended it */
+    KILN_LLM_FINISH_LENGTH = 0, /* max_tokens or max_seq_len reached */
+    KILN_LLM_FINISH_EOS,        /* an EOS id was sampled (not in the text) */
+    KILN_LLM_FINISH_STOP,       /* a stop string matched */
+    KILN_LLM_FINISH_CANCELLED,  /* the callback or kiln_llm_cancel ended it */
     KILN_LLM_FINISH_COUNT
 } kiln_llm_finish;
 
@@ -208,20 +207,20 @@ KILN_API const char *kiln_llm_finish_name(kiln_llm_finish finish);
 /* The outcome of one request, allocated by kiln_llm_generate together with
  * its arrays and text: free the whole with kiln_llm_result_free. */
 typedef struct kiln_llm_result {
-    uint32_t struct_size;        /* sizeof the library's kiln_llm_result */
+    uint32_t struct_size; /* sizeof the library's kiln_llm_result */
     uint32_t abi_version;
     int32_t *prompt_ids;
     size_t n_prompt_ids;
-    int32_t *ids;                /* generated ids (an EOS that ended it included) */
+    int32_t *ids; /* generated ids (an EOS that ended it included) */
     size_t n_ids;
-    char *text;                  /* generated text, NUL-terminated */
+    char *text; /* generated text, NUL-terminated */
     size_t text_len;
     kiln_llm_finish finish;
     int32_t reserved;
-    double prompt_ms;            /* from the call until the first token was sampled */
-    double generate_ms;          /* from the first sampled token to the last */
-    double prompt_tok_s;         /* n_prompt_ids / prompt_ms */
-    double generate_tok_s;       /* (n_ids - 1) / generate_ms; 0 for one token */
+    double prompt_ms;      /* from the call until the first token was sampled */
+    double generate_ms;    /* from the first sampled token to the last */
+    double prompt_tok_s;   /* n_prompt_ids / prompt_ms */
+    double generate_tok_s; /* (n_ids - 1) / generate_ms; 0 for one token */
 } kiln_llm_result;
 
 /* Frees a result and everything it holds. NULL is a no-op. */
@@ -234,15 +233,14 @@ KILN_API void kiln_llm_result_free(kiln_llm_result *result);
  * held back. When a request ends, held-back text that turned out not to be
  * a stop string is delivered in one last call with token -1. Returning
  * nonzero ends that request (finish CANCELLED). */
-typedef int (*kiln_llm_token_fn)(void *user, int32_t request, int32_t token, const char *text,
-                                 size_t len);
+typedef int (*kiln_llm_token_fn)(void *user, int32_t request, int32_t token, const char *text, size_t len);
 
 /* Loads an engine and prepares it for generation (see the top of this
  * file). `registry` is borrowed for the kiln_llm's lifetime; options may be
  * NULL (defaults). Fails naming the missing or bad LLMC/TOKN section, an
  * I/O tensor the engine lacks, or the memory it could not get. */
-KILN_API kiln_status kiln_llm_open(kiln_registry *registry, const char *path,
-                                   const kiln_llm_options *options, kiln_llm **out);
+KILN_API kiln_status kiln_llm_open(kiln_registry *registry, const char *path, const kiln_llm_options *options,
+                                   kiln_llm **out);
 
 /* NULL is a no-op. */
 KILN_API void kiln_llm_close(kiln_llm *llm);
@@ -261,8 +259,7 @@ KILN_API const kiln_llm_info *kiln_llm_info_get(const kiln_llm *llm);
  * KILN_ERROR_LIMIT naming the numbers. The decode step allocates nothing:
  * all memory is taken at open and at the start of the call. */
 KILN_API kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs, int32_t n,
-                                       kiln_llm_token_fn on_token, void *user,
-                                       kiln_llm_result **results);
+                                       kiln_llm_token_fn on_token, void *user, kiln_llm_result **results);
 
 /* Ends every running request of the current (or next) kiln_llm_generate
  * call at its next step, with finish CANCELLED. Safe from any thread; the
@@ -278,8 +275,8 @@ enum {
 };
 
 /* *ids malloc'd: free with kiln_free. */
-KILN_API kiln_status kiln_llm_tokenize(const kiln_llm *llm, const char *text, size_t len,
-                                       uint32_t flags, int32_t **ids, size_t *n_ids);
+KILN_API kiln_status kiln_llm_tokenize(const kiln_llm *llm, const char *text, size_t len, uint32_t flags, int32_t **ids,
+                                       size_t *n_ids);
 /* A text prompt's ids exactly as kiln_llm_generate makes them: special
  * tokens parsed, BOS first when the engine's config says prompts start with
  * it. *ids malloc'd: free with kiln_free. */
@@ -288,8 +285,8 @@ KILN_API kiln_status kiln_llm_prompt_ids(const kiln_llm *llm, const char *text, 
 
 /* *text malloc'd, NUL-terminated: free with kiln_free. An id outside the
  * vocabulary fails naming it. */
-KILN_API kiln_status kiln_llm_detokenize(const kiln_llm *llm, const int32_t *ids, size_t n_ids,
-                                         char **text, size_t *len);
+KILN_API kiln_status kiln_llm_detokenize(const kiln_llm *llm, const int32_t *ids, size_t n_ids, char **text,
+                                         size_t *len);
 
 /* One chat turn; role is "system", "user" or "assistant" (any role the
  * engine's own Jinja template accepts, when it has one). Strings borrowed

@@ -147,39 +147,32 @@ typedef struct kiln_plugin_ops {
      * host->expr_constant / host->expr_operation on eb. Input expressions
      * may be used as they are. Returns KILN_OK or an error through
      * host->fail (e.g. wrong input rank). */
-    kiln_status (*output_shapes)(const kiln_plugin *self,
-                                 const kiln_shape_expr *inputs, int32_t n_inputs,
-                                 kiln_shape_expr *outputs, int32_t n_outputs,
-                                 kiln_expr_builder *eb);
+    kiln_status (*output_shapes)(const kiln_plugin *self, const kiln_shape_expr *inputs, int32_t n_inputs,
+                                 kiln_shape_expr *outputs, int32_t n_outputs, kiln_expr_builder *eb);
 
     /* Output dtypes from input dtypes. */
-    kiln_status (*output_dtypes)(const kiln_plugin *self,
-                                 const kiln_dtype *inputs, int32_t n_inputs,
+    kiln_status (*output_dtypes)(const kiln_plugin *self, const kiln_dtype *inputs, int32_t n_inputs,
                                  kiln_dtype *outputs, int32_t n_outputs);
 
     /* Nonzero when enqueue() on `backend` accepts this combination of input
      * and output dtypes and formats (descs holds n_inputs then n_outputs
      * entries; dims in them are not meaningful here). */
-    int32_t (*supports)(const kiln_plugin *self, kiln_backend backend,
-                        const kiln_tensor_desc *descs, int32_t n_inputs, int32_t n_outputs);
+    int32_t (*supports)(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *descs, int32_t n_inputs,
+                        int32_t n_outputs);
 
     /* Scratch bytes enqueue() needs for these shapes. The builder asks at the
      * largest shapes of every profile and reserves the maximum. May be NULL
      * (no workspace). */
-    size_t (*workspace_size)(const kiln_plugin *self,
-                             const kiln_tensor_desc *inputs, int32_t n_inputs,
+    size_t (*workspace_size)(const kiln_plugin *self, const kiln_tensor_desc *inputs, int32_t n_inputs,
                              const kiln_tensor_desc *outputs, int32_t n_outputs);
 
     /* Runs the plugin. On KILN_BACKEND_CPU `stream` is a host handle for
      * host->parallel_for and pointers are host memory; on KILN_BACKEND_CUDA
      * `stream` is a cudaStream_t and pointers are device memory. Must only
      * launch work: no allocation, no synchronization. */
-    kiln_status (*enqueue)(kiln_plugin *self, kiln_backend backend,
-                           const kiln_tensor_desc *input_descs, const void *const *inputs,
-                           int32_t n_inputs,
-                           const kiln_tensor_desc *output_descs, void *const *outputs,
-                           int32_t n_outputs,
-                           void *workspace, void *stream);
+    kiln_status (*enqueue)(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *input_descs,
+                           const void *const *inputs, int32_t n_inputs, const kiln_tensor_desc *output_descs,
+                           void *const *outputs, int32_t n_outputs, void *workspace, void *stream);
 
     /* Writes the plugin's state. With buf NULL, stores the needed size in
      * *size. Otherwise *size is the capacity of buf; on success it is set to
@@ -228,15 +221,13 @@ struct kiln_plugin_creator {
     /* Creates an instance from schema-checked fields (defaults filled in).
      * The plugin still checks values (e.g. a negative epsilon) and fails
      * through host->fail naming the field. */
-    kiln_status (*create)(const kiln_plugin_creator *creator,
-                          const kiln_field *fields, int32_t n_fields,
+    kiln_status (*create)(const kiln_plugin_creator *creator, const kiln_field *fields, int32_t n_fields,
                           kiln_plugin **out);
 
     /* Recreates an instance from a blob of schema version blob_version. A
      * plugin refuses a version it cannot read with KILN_ERROR_VERSION and a
      * message naming both versions. */
-    kiln_status (*deserialize)(const kiln_plugin_creator *creator,
-                               uint32_t blob_version, const void *blob, size_t size,
+    kiln_status (*deserialize)(const kiln_plugin_creator *creator, uint32_t blob_version, const void *blob, size_t size,
                                kiln_plugin **out);
 
     /* One line describing the plugin, shown by `kiln plugins`. May be NULL. */
@@ -266,8 +257,7 @@ typedef struct kiln_host_api {
 
     /* Records a one-line error message for the calling thread and returns
      * `status`, so a plugin writes `return host->fail(KILN_ERROR_..., ...)`. */
-    kiln_status (*fail)(kiln_status status, const char *fmt, ...)
-        __attribute__((format(printf, 2, 3)));
+    kiln_status (*fail)(kiln_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
     /* Shape expressions (see kiln_plugin_ops.output_shapes). */
     kiln_expr (*expr_constant)(kiln_expr_builder *eb, int64_t value);

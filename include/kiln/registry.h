@@ -38,31 +38,26 @@ KILN_API kiln_status kiln_registry_load_library(kiln_registry *reg, const char *
  * Borrowed: valid while the registry lives. `library` (may be NULL)
  * receives the path of the library that registered it, or
  * KILN_BUILTIN_LIBRARY. */
-KILN_API const kiln_plugin_creator *kiln_registry_find(const kiln_registry *reg,
-                                                       const char *name, const char *version,
-                                                       const char *plugin_namespace,
-                                                       const char **library);
+KILN_API const kiln_plugin_creator *kiln_registry_find(const kiln_registry *reg, const char *name, const char *version,
+                                                       const char *plugin_namespace, const char **library);
 
 /* Number of registered creators, and the i-th in registration order (NULL
  * out of range); `library` as in kiln_registry_find. */
 KILN_API int32_t kiln_registry_count(const kiln_registry *reg);
-KILN_API const kiln_plugin_creator *kiln_registry_get(const kiln_registry *reg, int32_t i,
-                                                      const char **library);
+KILN_API const kiln_plugin_creator *kiln_registry_get(const kiln_registry *reg, int32_t i, const char **library);
 
 /* Writes into buf (NUL-terminated, truncated to size) a description of the
  * registered creators whose name matches but whose version or namespace
  * differ, e.g. "ScaleBias 2 (namespace \"\") from ./libx.so". Empty when
  * none. Used to report near misses. */
-KILN_API void kiln_registry_near_misses(const kiln_registry *reg, const char *name,
-                                        const char *version, const char *plugin_namespace,
-                                        char *buf, size_t size);
+KILN_API void kiln_registry_near_misses(const kiln_registry *reg, const char *name, const char *version,
+                                        const char *plugin_namespace, char *buf, size_t size);
 
 /* Validates `fields` against the creator's schema and creates an instance.
  * Errors name the plugin triple and the field: unknown field, wrong type,
  * wrong count, missing required field, or the plugin's own refusal.
  * *out is owned by the caller (destroy via (*out)->ops->destroy). */
-KILN_API kiln_status kiln_plugin_create(const kiln_plugin_creator *creator,
-                                        const kiln_field *fields, int32_t n_fields,
+KILN_API kiln_status kiln_plugin_create(const kiln_plugin_creator *creator, const kiln_field *fields, int32_t n_fields,
                                         kiln_plugin **out);
 
 /* The host API table handed to plugins (static storage). */

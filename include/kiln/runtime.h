@@ -30,13 +30,11 @@ KILN_API kiln_status kiln_context_set_profile(kiln_context *ctx, int32_t profile
 
 /* Sets the shape of a dynamic input. A dim outside the profile's [min, max]
  * is KILN_ERROR_SHAPE, naming the input, the dim and the bounds. */
-KILN_API kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name,
-                                                  const kiln_dims *dims);
+KILN_API kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name, const kiln_dims *dims);
 
 /* Shape of any I/O tensor once all input shapes are set (outputs are
  * inferred). KILN_ERROR_SHAPE when an input shape is still unset. */
-KILN_API kiln_status kiln_context_tensor_shape(kiln_context *ctx, const char *name,
-                                               kiln_dims *out);
+KILN_API kiln_status kiln_context_tensor_shape(kiln_context *ctx, const char *name, kiln_dims *out);
 
 /* Binds caller memory to an I/O tensor (device memory on CUDA). Borrowed
  * until unbound (NULL) or the context is destroyed. Without a binding the
@@ -45,10 +43,8 @@ KILN_API kiln_status kiln_context_tensor_shape(kiln_context *ctx, const char *na
  * shapes are set or the tensor is unbound, never in enqueue), so ask for
  * its address again after changing shapes: it moves when it has to grow.
  * A bound tensor has no buffer of the context's. */
-KILN_API kiln_status kiln_context_set_tensor_address(kiln_context *ctx, const char *name,
-                                                     void *ptr);
-KILN_API kiln_status kiln_context_tensor_address(kiln_context *ctx, const char *name,
-                                                 void **ptr);
+KILN_API kiln_status kiln_context_set_tensor_address(kiln_context *ctx, const char *name, void *ptr);
+KILN_API kiln_status kiln_context_tensor_address(kiln_context *ctx, const char *name, void **ptr);
 
 /* Runs the engine. On the CPU backend it runs to completion on the calling
  * thread and the engine's thread pool (`stream` ignored). On CUDA it only
@@ -73,15 +69,13 @@ KILN_API kiln_status kiln_context_run_reference(kiln_context *ctx);
  * returns, the device copy completes in stream order. Staging buffers are
  * allocated here or on a shape change, never in enqueue. On the CPU it is
  * a memcpy. */
-KILN_API kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name,
-                                             const void *host, size_t bytes);
+KILN_API kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name, const void *host, size_t bytes);
 
 /* Copies an I/O tensor's current contents to host memory. On CUDA it is
  * enqueued on the context's stream (device to pinned staging, then staging
  * to `host` from a host callback): `host` must stay valid and is filled
  * only after kiln_context_synchronize. On the CPU it is a memcpy. */
-KILN_API kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *host,
-                                              size_t bytes);
+KILN_API kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *host, size_t bytes);
 
 /* Modes of kiln_context_set_cuda_graph. */
 enum {
@@ -122,8 +116,8 @@ KILN_API int32_t kiln_context_num_layers(const kiln_context *ctx);
 
 /* Name (borrowed), op name and milliseconds of layer i in the last profiled
  * run (waits for it on CUDA). */
-KILN_API kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const char **name,
-                                             const char **op, double *ms);
+KILN_API kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const char **name, const char **op,
+                                             double *ms);
 
 /* ---- memory bandwidth ---------------------------------------------------- */
 
@@ -134,8 +128,8 @@ KILN_API kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const
  * the CPU — timed `reps` times (1..64) after warm-up. *bytes_per_s is the
  * median run's bytes read plus bytes written per second (STREAM's
  * convention). KILN_ERROR_TARGET when the backend is not available here. */
-KILN_API kiln_status kiln_backend_measure_copy_bandwidth(kiln_backend backend, size_t bytes,
-                                                         int32_t reps, double *bytes_per_s);
+KILN_API kiln_status kiln_backend_measure_copy_bandwidth(kiln_backend backend, size_t bytes, int32_t reps,
+                                                         double *bytes_per_s);
 
 #ifdef __cplusplus
 }

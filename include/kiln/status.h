@@ -23,7 +23,7 @@ KILN_API void kiln_clear_error(void);
 typedef enum kiln_log_level {
     KILN_LOG_ERROR = 0,
     KILN_LOG_WARNING,
-    KILN_LOG_INFO,    /* what each build pass did, shown with --verbose */
+    KILN_LOG_INFO, /* what each build pass did, shown with --verbose */
     KILN_LOG_DEBUG,
     KILN_LOG_LEVEL_COUNT
 } kiln_log_level;

@@ -43,19 +43,19 @@ typedef enum kiln_status {
     KILN_OK = 0,
     KILN_ERROR_INVALID_ARGUMENT, /* a bad argument or field from the caller  */
     KILN_ERROR_OUT_OF_MEMORY,
-    KILN_ERROR_IO,               /* open/read/write/mmap failed              */
-    KILN_ERROR_FORMAT,           /* a file or blob is malformed or truncated */
-    KILN_ERROR_CHECKSUM,         /* a section's checksum does not match      */
-    KILN_ERROR_VERSION,          /* a format, ABI or blob version mismatch   */
-    KILN_ERROR_SHAPE,            /* shapes are inconsistent or out of range  */
-    KILN_ERROR_PLUGIN,           /* a plugin is missing or failed            */
-    KILN_ERROR_NOT_FOUND,        /* a named tensor, input or creator         */
-    KILN_ERROR_UNSUPPORTED,      /* valid, but outside what kiln handles   */
-    KILN_ERROR_TARGET,           /* the engine's target is not available     */
-    KILN_ERROR_BACKEND,          /* a backend call (CUDA, BLAS) failed       */
+    KILN_ERROR_IO,          /* open/read/write/mmap failed              */
+    KILN_ERROR_FORMAT,      /* a file or blob is malformed or truncated */
+    KILN_ERROR_CHECKSUM,    /* a section's checksum does not match      */
+    KILN_ERROR_VERSION,     /* a format, ABI or blob version mismatch   */
+    KILN_ERROR_SHAPE,       /* shapes are inconsistent or out of range  */
+    KILN_ERROR_PLUGIN,      /* a plugin is missing or failed            */
+    KILN_ERROR_NOT_FOUND,   /* a named tensor, input or creator         */
+    KILN_ERROR_UNSUPPORTED, /* valid, but outside what kiln handles   */
+    KILN_ERROR_TARGET,      /* the engine's target is not available     */
+    KILN_ERROR_BACKEND,     /* a backend call (CUDA, BLAS) failed       */
     KILN_ERROR_INTERNAL,
     KILN_ERROR_CANCELLED,
-    KILN_ERROR_LIMIT,            /* a request exceeds a configured limit     */
+    KILN_ERROR_LIMIT, /* a request exceeds a configured limit     */
     KILN_STATUS_COUNT
 } kiln_status;
 
@@ -68,25 +68,18 @@ typedef enum kiln_dtype {
     KILN_DTYPE_U8,
     KILN_DTYPE_I32,
     KILN_DTYPE_I64,
-    KILN_DTYPE_BOOL,      /* one byte, 0 or 1                       */
-    KILN_DTYPE_FP8_E4M3,  /* reserved: no layer accepts it yet      */
-    KILN_DTYPE_FP8_E5M2,  /* reserved: no layer accepts it yet      */
+    KILN_DTYPE_BOOL,     /* one byte, 0 or 1                       */
+    KILN_DTYPE_FP8_E4M3, /* reserved: no layer accepts it yet      */
+    KILN_DTYPE_FP8_E5M2, /* reserved: no layer accepts it yet      */
     KILN_DTYPE_COUNT
 } kiln_dtype;
 
 /* Memory layout of a tensor. Only row-major (last axis contiguous) exists
  * today; the member is in every descriptor so formats can be added. */
-typedef enum kiln_format {
-    KILN_FORMAT_LINEAR = 0,
-    KILN_FORMAT_COUNT
-} kiln_format;
+typedef enum kiln_format { KILN_FORMAT_LINEAR = 0, KILN_FORMAT_COUNT } kiln_format;
 
 /* Where an engine runs. */
-typedef enum kiln_backend {
-    KILN_BACKEND_CPU = 0,
-    KILN_BACKEND_CUDA,
-    KILN_BACKEND_COUNT
-} kiln_backend;
+typedef enum kiln_backend { KILN_BACKEND_CPU = 0, KILN_BACKEND_CUDA, KILN_BACKEND_COUNT } kiln_backend;
 
 /* A concrete shape. In a network definition a dim of -1 is dynamic. A
  * fixed-layout value type: it never grows (a larger rank is a new type). */

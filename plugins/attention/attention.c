@@ -68,7 +68,8 @@ typedef struct attention {
 
 static const kiln_plugin_ops attention_ops;
 
-static kiln_status attention_new(const attn_params *p, kiln_plugin **out) {
+static kiln_status attention_new(const attn_params *p, kiln_plugin **out)
+{
     if (p->n_heads < 1 || p->n_kv_heads < 1 || p->n_heads % p->n_kv_heads)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads %d must be a positive multiple of n_kv_heads %d",
                           p->n_heads, p->n_kv_heads);
@@ -97,15 +98,17 @@ static kiln_status attention_new(const attn_params *p, kiln_plugin **out) {
 static int32_t attention_num_outputs(const kiln_plugin *self) { return 1; }
 
 static kiln_status attention_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
-                                           kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
+                                           kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
+{
     const attn_params *p = &((const attention *)self)->p;
     static const int32_t ranks[7] = {2, 2, 2, 5, 2, 1, 1}, packed_ranks[5] = {2, 5, 2, 1, 1};
     int32_t want_in = p->packed_qkv ? 5 : 7, meta = p->packed_qkv ? 1 : 3; /* meta: index of kv_cache */
     if (n_in != want_in)
-        return host->fail(KILN_ERROR_SHAPE,
-                          p->packed_qkv ? NAME ": expects 5 inputs (qkv, kv_cache, block_table, seq_lens, query_start), got %d"
-                                        : NAME ": expects 7 inputs (q, k, v, kv_cache, block_table, seq_lens, query_start), got %d",
-                          n_in);
+        return host->fail(
+            KILN_ERROR_SHAPE,
+            p->packed_qkv ? NAME ": expects 5 inputs (qkv, kv_cache, block_table, seq_lens, query_start), got %d"
+                          : NAME ": expects 7 inputs (q, k, v, kv_cache, block_table, seq_lens, query_start), got %d",
+            n_in);
     for (int i = 0; i < n_in; i++)
         if (in[i].rank != (p->packed_qkv ? packed_ranks[i] : ranks[i]))
             return host->fail(KILN_ERROR_SHAPE, NAME ": input %d has rank %d, expected %d", i, in[i].rank,
@@ -126,14 +129,16 @@ static kiln_status attention_output_shapes(const kiln_plugin *self, const kiln_s
     return KILN_OK;
 }
 
-static kiln_status attention_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
-                                           kiln_dtype *out, int32_t n_out) {
+static kiln_status attention_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
+                                           int32_t n_out)
+{
     out[0] = in[0];
     return KILN_OK;
 }
 
 static int32_t attention_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d,
-                                  int32_t n_in, int32_t n_out) {
+                                  int32_t n_in, int32_t n_out)
+{
     const attn_params *p = &((const attention *)self)->p;
     int32_t meta = p->packed_qkv ? 1 : 3; /* index of kv_cache */
     if (!(ATTN_BACKENDS & KILN_BACKEND_BIT(backend)) || n_in != meta + 4 || n_out != 1)
@@ -152,16 +157,17 @@ static int32_t attention_supports(const kiln_plugin *self, kiln_backend backend,
 
 typedef struct attn_job {
     const attn_params *p;
-    kiln_dtype t, ct;        /* activation and cache dtypes */
-    const void *q, *k, *v;   /* head 0 of token 0 */
-    int64_t q_ld, kv_ld;     /* elements from one token's row to the next */
+    kiln_dtype t, ct;      /* activation and cache dtypes */
+    const void *q, *k, *v; /* head 0 of token 0 */
+    int64_t q_ld, kv_ld;   /* elements from one token's row to the next */
     void *cache, *out;
     const int32_t *table, *seq_lens, *qstart;
     int64_t n_seqs, max_blocks;
 } attn_job;
 
 /* Sequence holding packed token t: the last s with qstart[s] <= t. */
-static int64_t seq_of(const attn_job *j, int64_t t) {
+static int64_t seq_of(const attn_job *j, int64_t t)
+{
     int64_t lo = 0, hi = j->n_seqs - 1;
     while (lo < hi) {
         int64_t mid = (lo + hi + 1) / 2;
@@ -173,19 +179,22 @@ static int64_t seq_of(const attn_job *j, int64_t t) {
     return lo;
 }
 
-static int64_t position_of(const attn_job *j, int64_t s, int64_t t) {
+static int64_t position_of(const attn_job *j, int64_t s, int64_t t)
+{
     int64_t n_new = j->qstart[s + 1] - j->qstart[s];
     return j->seq_lens[s] - n_new + (t - j->qstart[s]);
 }
 
 /* Element index of (block, kind 0=k/1=v, kv head, slot, dim 0) in the cache. */
-static int64_t cache_index(const attn_job *j, int64_t s, int64_t pos, int kind, int64_t kvh) {
+static int64_t cache_index(const attn_job *j, int64_t s, int64_t pos, int kind, int64_t kvh)
+{
     const attn_params *p = j->p;
     int64_t block = j->table[s * j->max_blocks + pos / p->block_size];
     return (((block * 2 + kind) * p->n_kv_heads + kvh) * p->block_size + pos % p->block_size) * p->head_dim;
 }
 
-static void attn_append(void *arg, int64_t begin, int64_t end) {
+static void attn_append(void *arg, int64_t begin, int64_t end)
+{
     const attn_job *j = arg;
     const attn_params *p = j->p;
     for (int64_t t = begin; t < end; t++) {
@@ -203,7 +212,8 @@ static void attn_append(void *arg, int64_t begin, int64_t end) {
 
 /* q · k over an f32 cache row: eight partial sums, which the compiler
  * keeps in vector registers (an in-order sum cannot be vectorized). */
-static float dot_f32(const float *q, const float *k, int64_t n) {
+static float dot_f32(const float *q, const float *k, int64_t n)
+{
     float part[8] = {0};
     int64_t d = 0;
     for (; d + 8 <= n; d += 8)
@@ -214,7 +224,8 @@ static float dot_f32(const float *q, const float *k, int64_t n) {
     return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
 }
 
-static void attn_heads(void *arg, int64_t begin, int64_t end) {
+static void attn_heads(void *arg, int64_t begin, int64_t end)
+{
     const attn_job *j = arg;
     const attn_params *p = j->p;
     int64_t group = p->n_heads / p->n_kv_heads;
@@ -263,11 +274,13 @@ static void attn_heads(void *arg, int64_t begin, int64_t end) {
 }
 
 /* Checks the batch metadata so the kernels never index out of bounds. */
-static kiln_status attention_check(const attn_job *j, int64_t tokens, int64_t n_blocks) {
+static kiln_status attention_check(const attn_job *j, int64_t tokens, int64_t n_blocks)
+{
     const attn_params *p = j->p;
     if (j->qstart[0] != 0 || j->qstart[j->n_seqs] != tokens)
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": query_start must run from 0 to %lld tokens, got %d to %d",
-                          (long long)tokens, j->qstart[0], j->qstart[j->n_seqs]);
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": query_start must run from 0 to %lld tokens, got %d to %d", (long long)tokens,
+                          j->qstart[0], j->qstart[j->n_seqs]);
     for (int64_t s = 0; s < j->n_seqs; s++) {
         int64_t n_new = (int64_t)j->qstart[s + 1] - j->qstart[s];
         if (n_new < 0 || j->seq_lens[s] < n_new || j->seq_lens[s] > j->max_blocks * p->block_size)
@@ -278,8 +291,8 @@ static kiln_status attention_check(const attn_job *j, int64_t tokens, int64_t n_
             int32_t block = j->table[s * j->max_blocks + b];
             if (block < 0 || block >= n_blocks)
                 return host->fail(KILN_ERROR_INVALID_ARGUMENT,
-                                  NAME ": sequence %lld block %lld is %d, outside the cache's %lld blocks", (long long)s,
-                                  (long long)b, block, (long long)n_blocks);
+                                  NAME ": sequence %lld block %lld is %d, outside the cache's %lld blocks",
+                                  (long long)s, (long long)b, block, (long long)n_blocks);
         }
     }
     return KILN_OK;
@@ -291,9 +304,23 @@ static kiln_status attention_check(const attn_job *j, int64_t tokens, int64_t n_
 static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void *q, const void *k, const void *v,
                                  int64_t q_ld, int64_t kv_ld, int64_t tokens, const kiln_tensor_desc *cache_desc,
                                  void *cache, const kiln_tensor_desc *table_desc, const int32_t *table,
-                                 const int32_t *seq_lens, const int32_t *qstart, void *out, void *stream) {
-    attn_job job = {p, t, cache_desc->dtype, q, k, v, q_ld, kv_ld, cache, out,
-                    table, seq_lens, qstart, table_desc->dims.d[0], table_desc->dims.d[1]};
+                                 const int32_t *seq_lens, const int32_t *qstart, void *out, void *stream)
+{
+    attn_job job = {p,
+                    t,
+                    cache_desc->dtype,
+                    q,
+                    k,
+                    v,
+                    q_ld,
+                    kv_ld,
+                    cache,
+                    out,
+                    table,
+                    seq_lens,
+                    qstart,
+                    table_desc->dims.d[0],
+                    table_desc->dims.d[1]};
     kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
     if (s != KILN_OK)
         return s;
@@ -304,7 +331,8 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
 
 static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
                                      const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
-                                     void *const *out, int32_t n_out, void *workspace, void *stream) {
+                                     void *const *out, int32_t n_out, void *workspace, void *stream)
+{
     const attn_params *p = &((const attention *)self)->p;
     int32_t meta = p->packed_qkv ? 1 : 3; /* index of kv_cache */
     int64_t tokens = in_desc[0].dims.d[0];
@@ -321,7 +349,8 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
         return host->fail(KILN_ERROR_SHAPE, NAME ": q, k, v or kv_cache shapes do not match the plugin's fields");
     int64_t n_seqs = in_desc[meta + 1].dims.d[0];
     if (n_seqs < 1 || in_desc[meta + 2].dims.d[0] != n_seqs || in_desc[meta + 3].dims.d[0] != n_seqs + 1)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": block_table, seq_lens and query_start disagree on the number of sequences");
+        return host->fail(KILN_ERROR_SHAPE,
+                          NAME ": block_table, seq_lens and query_start disagree on the number of sequences");
     void *cache = (void *)(uintptr_t)in[meta];
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
@@ -329,12 +358,28 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
             return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q");
         size_t es = plugin_float_size(in_desc[0].dtype);
         const char *q = in[0];
-        kiln_attention_cuda_args a = {
-            .q = q, .k = in[1], .v = in[2], .q_ld = q_width, .k_ld = kv_width, .v_ld = kv_width, .cache = cache,
-            .out = out[0], .table = in[meta + 1], .seq_lens = in[meta + 2], .qstart = in[meta + 3],
-            .workspace = workspace, .tokens = tokens, .n_seqs = n_seqs, .max_blocks = in_desc[meta + 1].dims.d[1],
-            .n_blocks = cd->d[0], .n_heads = p->n_heads, .n_kv_heads = p->n_kv_heads, .head_dim = p->head_dim,
-            .block_size = p->block_size, .scale = p->scale, .dtype = in_desc[0].dtype};
+        kiln_attention_cuda_args a = {.q = q,
+                                      .k = in[1],
+                                      .v = in[2],
+                                      .q_ld = q_width,
+                                      .k_ld = kv_width,
+                                      .v_ld = kv_width,
+                                      .cache = cache,
+                                      .out = out[0],
+                                      .table = in[meta + 1],
+                                      .seq_lens = in[meta + 2],
+                                      .qstart = in[meta + 3],
+                                      .workspace = workspace,
+                                      .tokens = tokens,
+                                      .n_seqs = n_seqs,
+                                      .max_blocks = in_desc[meta + 1].dims.d[1],
+                                      .n_blocks = cd->d[0],
+                                      .n_heads = p->n_heads,
+                                      .n_kv_heads = p->n_kv_heads,
+                                      .head_dim = p->head_dim,
+                                      .block_size = p->block_size,
+                                      .scale = p->scale,
+                                      .dtype = in_desc[0].dtype};
         if (p->packed_qkv) {
             a.k = q + q_width * es;
             a.v = q + (q_width + kv_width) * es;
@@ -359,25 +404,28 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
 
 /* The CUDA decode keeps split partial results here; the CPU needs none. */
 static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
-                                       const kiln_tensor_desc *out, int32_t n_out) {
+                                       const kiln_tensor_desc *out, int32_t n_out)
+{
 #ifdef KILN_HAVE_CUDA
     const attn_params *p = &((const attention *)self)->p;
     int32_t meta = p->packed_qkv ? 1 : 3;
     if (n_in != meta + 4 || in[0].dims.rank != 2 || in[meta + 1].dims.rank != 2)
         return 0;
-    return kiln_attention_cuda_workspace(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1],
-                                         p->n_heads, p->n_kv_heads, p->head_dim, p->block_size);
+    return kiln_attention_cuda_workspace(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1], p->n_heads,
+                                         p->n_kv_heads, p->head_dim, p->block_size);
 #else
     return 0;
 #endif
 }
 
-static kiln_status attention_serialize(const kiln_plugin *self, void *buf, size_t *size) {
+static kiln_status attention_serialize(const kiln_plugin *self, void *buf, size_t *size)
+{
     const attention *a = (const attention *)self;
     return plugin_pod_serialize(host, NAME, &a->p, sizeof a->p, buf, size);
 }
 
-static kiln_status attention_clone(const kiln_plugin *self, kiln_plugin **out) {
+static kiln_status attention_clone(const kiln_plugin *self, kiln_plugin **out)
+{
     return plugin_pod_clone(host, self, sizeof(attention), out);
 }
 
@@ -399,16 +447,17 @@ static const kiln_plugin_ops attention_ops = {
     .destroy = attention_destroy,
 };
 
-static kiln_status attention_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n,
-                                    kiln_plugin **out) {
-    attn_params p = {plugin_field_i32(f, n, "n_heads", 0), plugin_field_i32(f, n, "n_kv_heads", 0),
+static kiln_status attention_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
+{
+    attn_params p = {plugin_field_i32(f, n, "n_heads", 0),  plugin_field_i32(f, n, "n_kv_heads", 0),
                      plugin_field_i32(f, n, "head_dim", 0), plugin_field_i32(f, n, "block_size", 0),
                      plugin_field_f32(f, n, "scale", 0.0f), plugin_field_i32(f, n, "packed_qkv", 0)};
     return attention_new(&p, out);
 }
 
-static kiln_status attention_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob,
-                                         size_t size, kiln_plugin **out) {
+static kiln_status attention_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
+                                         kiln_plugin **out)
+{
     attn_params p = {0};
     kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, blob_sizes, version, blob, size, &p);
     if (s != KILN_OK)
@@ -443,7 +492,8 @@ static const kiln_plugin_creator attention_creator = {
     .description = "causal attention over a paged KV cache: prefill and decode, GQA/MQA, packed sequences",
 };
 
-kiln_status kiln_attention_register(const kiln_host_api *h, kiln_registry *reg) {
+kiln_status kiln_attention_register(const kiln_host_api *h, kiln_registry *reg)
+{
     host = h;
     return h->register_creator(reg, &attention_creator);
 }

@@ -42,10 +42,10 @@
 
 #include <math.h>
 
-#define KAT_THREADS 128        /* every kernel: 4 warps */
-#define KAT_TARGET_CTAS 1584   /* decode CTAs to aim for: 4 waves of 3 resident per SM on 132 SMs */
-#define KAT_MAX_SPLITS 128     /* == KAT_THREADS: kat_combine gives each split a thread */
-#define KAT_GENERIC_TILE 128   /* keys per tile of kat_generic: one per thread */
+#define KAT_THREADS 128      /* every kernel: 4 warps */
+#define KAT_TARGET_CTAS 1584 /* decode CTAs to aim for: 4 waves of 3 resident per SM on 132 SMs */
+#define KAT_MAX_SPLITS 128   /* == KAT_THREADS: kat_combine gives each split a thread */
+#define KAT_GENERIC_TILE 128 /* keys per tile of kat_generic: one per thread */
 #define KAT_LOG2E 1.4426950408889634f
 
 static_assert(KAT_MAX_SPLITS == KAT_THREADS, "kat_combine weighs one split per thread");
@@ -61,8 +61,8 @@ struct kat_tok {
 };
 
 /* Sequence s's token t, checked as attention_check checks it. */
-__device__ __forceinline__ kat_tok kat_token_in(const kiln_attention_cuda_args &a, int64_t t, int64_t s,
-                                                int64_t first, int64_t next, int64_t len)
+__device__ __forceinline__ kat_tok kat_token_in(const kiln_attention_cuda_args &a, int64_t t, int64_t s, int64_t first,
+                                                int64_t next, int64_t len)
 {
     kat_tok k;
     const int64_t n_new = next - first, j = t - first;
@@ -219,7 +219,10 @@ template <> struct kat_type<KILN_DTYPE_F16> {
             f[2 * i] = x.x, f[2 * i + 1] = x.y;
         }
     }
-    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((uint16_t *)p)[i] = kiln_f32_to_f16(v); }
+    static __device__ __forceinline__ void store(void *p, int64_t i, float v)
+    {
+        ((uint16_t *)p)[i] = kiln_f32_to_f16(v);
+    }
 };
 template <> struct kat_type<KILN_DTYPE_BF16> {
     static constexpr int per = 8;
@@ -232,7 +235,10 @@ template <> struct kat_type<KILN_DTYPE_BF16> {
             f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
         }
     }
-    static __device__ __forceinline__ void store(void *p, int64_t i, float v) { ((uint16_t *)p)[i] = kiln_f32_to_bf16(v); }
+    static __device__ __forceinline__ void store(void *p, int64_t i, float v)
+    {
+        ((uint16_t *)p)[i] = kiln_f32_to_bf16(v);
+    }
 };
 
 /* ---- 2b. decode: split paged attention, query heads of a kv head together ----------- */
@@ -266,9 +272,8 @@ template <int DT, int D, int HG>
 __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_attention_cuda_args a, int32_t fused)
 {
     typedef kat_shape<DT, D> L;
-    constexpr int PER = L::PER, LPR = L::LPR, VPL = L::VPL, RPW = L::RPW, RPS = L::RPS, TILE = L::TILE,
-                  NS = L::NS;
-    __shared__ float s_p[2][HG][TILE];      /* scores, then probabilities; double-buffered by tile */
+    constexpr int PER = L::PER, LPR = L::LPR, VPL = L::VPL, RPW = L::RPW, RPS = L::RPS, TILE = L::TILE, NS = L::NS;
+    __shared__ float s_p[2][HG][TILE]; /* scores, then probabilities; double-buffered by tile */
     __shared__ float s_corr[2][HG];
     __shared__ float s_m[HG], s_l[HG];
     __shared__ float s_red[KAT_THREADS / 32][HG][D];
@@ -344,7 +349,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
 #pragma unroll
             for (int v = 0; v < VPL; v++) {
                 int64_t e = (lv + v * LPR) * PER;
-                kr[i][v] = off[i] >= 0   ? __ldg((const uint4 *)(cache + (off[i] + e) * (16 / PER)))
+                kr[i][v] = off[i] >= 0    ? __ldg((const uint4 *)(cache + (off[i] + e) * (16 / PER)))
                            : off[i] <= -3 ? *(const uint4 *)(kin + ((-3 - off[i]) * a.k_ld + e) * (16 / PER))
                                           : make_uint4(0, 0, 0, 0);
             }
@@ -385,7 +390,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
 #pragma unroll
             for (int v = 0; v < VPL; v++) {
                 int64_t e = (lv + v * LPR) * PER;
-                vr[i][v] = off[i] >= 0   ? __ldg((const uint4 *)(cache + (off[i] + vd + e) * (16 / PER)))
+                vr[i][v] = off[i] >= 0    ? __ldg((const uint4 *)(cache + (off[i] + vd + e) * (16 / PER)))
                            : off[i] <= -3 ? *(const uint4 *)(vin + ((-3 - off[i]) * a.v_ld + e) * (16 / PER))
                                           : make_uint4(0, 0, 0, 0);
             }
@@ -723,8 +728,7 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
  * tile and a decode sequence in a mixed step costs one K/V pass, not one
  * per head. Warp w owns rows 16w..16w+15 of the tile; in the mma fragments
  * lane l holds rows l/4 and l/4 + 8 and columns 2(l%4), +1. */
-template <int DT, int D>
-__global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
+template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
 {
     constexpr int LDS = D + 8; /* smem row pitch (elements): 16-byte rows, no bank conflicts */
     constexpr int KC = D / 16; /* k-steps of QK^T */
@@ -955,7 +959,7 @@ static size_t kat_parts_bytes(int64_t tokens, int32_t n_heads, int32_t head_dim,
 }
 
 extern "C" size_t kiln_attention_cuda_workspace(int64_t tokens, int64_t n_seqs, int64_t max_blocks, int32_t n_heads,
-                                     int32_t n_kv_heads, int32_t head_dim, int32_t block_size)
+                                                int32_t n_kv_heads, int32_t head_dim, int32_t block_size)
 {
     if (tokens < 1 || n_kv_heads < 1 || n_heads % n_kv_heads)
         return 0;
@@ -1011,14 +1015,13 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
     const int64_t D = a.head_dim, max_ctx = a.max_blocks * a.block_size;
     const int cache16 = ((uintptr_t)a.cache & 15) == 0 && (D * es) % 16 == 0;
     const int kv16 = kat_aligned(a.k, a.k_ld, es) && kat_aligned(a.v, a.v_ld, es);
-    const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) &&
-                     ((uintptr_t)a.out & 3) == 0;
+    const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) && ((uintptr_t)a.out & 3) == 0;
     const int prefill = fast && a.dtype != KILN_DTYPE_F32 && a.tokens > a.n_seqs;
     const int32_t fused = fast && !prefill && kv16; /* kat_decode writes the cache itself */
     cudaError_t e = cudaSuccess;
     if (!fused)
         e = kcu_launch_cfg(kat_write, dim3((unsigned)a.tokens), dim3(KAT_THREADS), st, a, (int32_t)es,
-                            (int32_t)(cache16 && kv16));
+                           (int32_t)(cache16 && kv16));
     if (e != cudaSuccess)
         return (int)e;
 
@@ -1054,12 +1057,12 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
         if (g > 1 && !a.workspace)
             return (int)cudaErrorInvalidValue;
         e = kcu_launch_cfg(kat_generic, dim3((unsigned)a.tokens, (unsigned)a.n_heads, (unsigned)g), dim3(KAT_THREADS),
-                            st, a);
+                           st, a);
     }
     if (e != cudaSuccess || g == 1)
         return (int)e;
     return (int)kcu_launch_cfg(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), dim3(KAT_THREADS), st, a, g,
-                                tile);
+                               tile);
 }
 
 extern "C" const char *kiln_attention_cuda_error(int code) { return cudaGetErrorString((cudaError_t)code); }

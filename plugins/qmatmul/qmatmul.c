@@ -60,7 +60,8 @@ static const kiln_plugin_ops qmm_ops;
 
 static size_t block_bytes(int32_t type) { return type == GGML_Q8_0 ? 34 : type == GGML_Q4_0 ? 18 : 20; }
 
-static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out) {
+static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out)
+{
     if (p->type != GGML_Q8_0 && p->type != GGML_Q4_0 && p->type != GGML_Q4_1)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": ggml type %d is not Q8_0, Q4_0 or Q4_1", p->type);
     if (p->n <= 0 || p->k <= 0 || p->k % QK != 0)
@@ -80,7 +81,8 @@ static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out) {
 static int32_t qmm_num_outputs(const kiln_plugin *self) { return 1; }
 
 static kiln_status qmm_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
-                                     kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
+                                     kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
+{
     const qmm_params *p = &((const qmm *)self)->p;
     if (n_in != 2 || in[0].rank < 1 || in[1].rank != 2)
         return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., K] and w [N, row bytes]");
@@ -98,13 +100,15 @@ static kiln_status qmm_output_shapes(const kiln_plugin *self, const kiln_shape_e
 }
 
 static kiln_status qmm_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
-                                     int32_t n_out) {
+                                     int32_t n_out)
+{
     out[0] = in[0];
     return KILN_OK;
 }
 
 static int32_t qmm_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
-                            int32_t n_out) {
+                            int32_t n_out)
+{
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
     backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
@@ -122,7 +126,8 @@ static int32_t qmm_supports(const kiln_plugin *self, kiln_backend backend, const
 #define QMM_Q8_ROWS 64
 
 static size_t qmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
-                                 const kiln_tensor_desc *out, int32_t n_out) {
+                                 const kiln_tensor_desc *out, int32_t n_out)
+{
     const qmm_params *p = &((const qmm *)self)->p;
     int64_t rows = plugin_desc_count(&in[0]) / p->k;
     /* f32: QMM_Q8_ROWS rows of quantized x. f16/bf16: QMM_HALF_ROWS rows of
@@ -135,7 +140,8 @@ static size_t qmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc
 
 /* One block: 32 weights, dequantized with ggml's formulas (the same
  * float operations as kiln_ggml_dequantize, so w is bit-identical). */
-static void dequant_block(int32_t type, const uint8_t *b, float *w) {
+static void dequant_block(int32_t type, const uint8_t *b, float *w)
+{
     float d = host->half_to_float((uint16_t)(b[0] | b[1] << 8));
     if (type == GGML_Q8_0) {
         for (int j = 0; j < 32; j++)
@@ -155,7 +161,8 @@ static void dequant_block(int32_t type, const uint8_t *b, float *w) {
 }
 
 /* Dot product of one row of blocks with x, in order (the reference). */
-static float dot_scalar(int32_t type, const uint8_t *row, size_t bb, const float *x, int32_t nb) {
+static float dot_scalar(int32_t type, const uint8_t *row, size_t bb, const float *x, int32_t nb)
+{
     float acc = 0, w[QK];
     for (int32_t i = 0; i < nb; i++, row += bb, x += QK) {
         dequant_block(type, row, w);
@@ -166,7 +173,8 @@ static float dot_scalar(int32_t type, const uint8_t *row, size_t bb, const float
 }
 
 /* f32 dot of n values, in order. */
-static float dotf_scalar(const float *a, const float *b, int32_t n) {
+static float dotf_scalar(const float *a, const float *b, int32_t n)
+{
     float acc = 0;
     for (int32_t i = 0; i < n; i++)
         acc += a[i] * b[i];
@@ -174,7 +182,8 @@ static float dotf_scalar(const float *a, const float *b, int32_t n) {
 }
 
 /* ggml's Q8 activation formula, in portable C (the kernels share it). */
-static void quantize_block(const float *x, q8x *b) {
+static void quantize_block(const float *x, q8x *b)
+{
     float amax = 0;
     for (int j = 0; j < QK; j++)
         amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
@@ -190,7 +199,8 @@ static void quantize_block(const float *x, q8x *b) {
 
 /* One row of blocks dotted with quantized x (the reference): an exact
  * integer sum per block, then dw · dx · sum (+ m · dx · Σq) in f32. */
-static float qdot_scalar(int32_t type, const uint8_t *row, size_t bb, const q8x *x, int32_t nb) {
+static float qdot_scalar(int32_t type, const uint8_t *row, size_t bb, const q8x *x, int32_t nb)
+{
     float acc = 0;
     for (int32_t i = 0; i < nb; i++, row += bb, x++) {
         float dw = host->half_to_float((uint16_t)(row[0] | row[1] << 8));
@@ -218,13 +228,15 @@ static float qdot_scalar(int32_t type, const uint8_t *row, size_t bb, const q8x 
 
 /* 8 quantized values (int32 lanes) times d (+ m): a multiply then an add,
  * never an FMA, so each weight rounds as in the scalar formula. */
-__attribute__((target("avx2,fma,f16c"))) static inline __m256 deq8(__m256i q, __m256 d, __m256 m, int has_min) {
+__attribute__((target("avx2,fma,f16c"))) static inline __m256 deq8(__m256i q, __m256 d, __m256 m, int has_min)
+{
     __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
     return has_min ? _mm256_add_ps(w, m) : w;
 }
 
 __attribute__((target("avx2,fma,f16c"))) static float dot_avx2(int32_t type, const uint8_t *row, size_t bb,
-                                                           const float *x, int32_t nb) {
+                                                               const float *x, int32_t nb)
+{
     /* four accumulators: one FMA chain per block each, not two */
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
            acc3 = _mm256_setzero_ps();
@@ -237,8 +249,8 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_avx2(int32_t type, con
         _mm_prefetch((const char *)row + 1024, _MM_HINT_T0);
         /* d and m by F16C (exact, like any f16 -> f32): a call through the
          * host table here would spill every ymm register per block */
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)row[0] | (uint32_t)row[1] << 8 |
-                                                         (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24)));
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
+            (int)((uint32_t)row[0] | (uint32_t)row[1] << 8 | (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24)));
         __m256 d = _mm256_broadcastss_ps(dm);
         __m256 m = _mm256_broadcastss_ps(_mm_shuffle_ps(dm, dm, 1));
         __m256i q[4];
@@ -270,7 +282,8 @@ __attribute__((target("avx2,fma,f16c"))) static float dot_avx2(int32_t type, con
 }
 
 /* n is a multiple of 32. */
-__attribute__((target("avx2,fma,f16c"))) static float dotf_avx2(const float *a, const float *b, int32_t n) {
+__attribute__((target("avx2,fma,f16c"))) static float dotf_avx2(const float *a, const float *b, int32_t n)
+{
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
            acc3 = _mm256_setzero_ps();
     for (int32_t i = 0; i < n; i += 32) {
@@ -291,7 +304,8 @@ __attribute__((target("avx2,fma,f16c"))) static float dotf_avx2(const float *a, 
  * w · q whichever integer instruction multiplies them. Q4_0's -8 is taken
  * off first so that all three formats go through the same signed product;
  * Q4_1's weights stay unsigned (0..15) and need no sign. */
-__attribute__((target("avx2,fma,f16c"))) static inline __m256i weight_bytes(int32_t type, const uint8_t *row) {
+__attribute__((target("avx2,fma,f16c"))) static inline __m256i weight_bytes(int32_t type, const uint8_t *row)
+{
     if (type == GGML_Q8_0)
         return _mm256_loadu_si256((const __m256i *)(row + 2));
     __m128i bytes = _mm_loadu_si128((const __m128i *)(row + (type == GGML_Q4_1 ? 4 : 2)));
@@ -300,7 +314,8 @@ __attribute__((target("avx2,fma,f16c"))) static inline __m256i weight_bytes(int3
     return type == GGML_Q4_0 ? _mm256_sub_epi8(w, _mm256_set1_epi8(8)) : w;
 }
 
-__attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 s) {
+__attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 s)
+{
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
     h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
@@ -312,58 +327,60 @@ __attribute__((target("avx2,fma,f16c"))) static inline float hsum8(__m256 s) {
  * into 8 int32 partial sums of a block. maddubs adds pairs into int16
  * without overflow here: |w| <= 128 and |q| <= 127. Two blocks per
  * iteration on two accumulators. */
-#define QDOT_BLOCK(TYPE, PRODUCT, ACC, R, X)                                                                      \
-    do {                                                                                                          \
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)(R)[0] | (uint32_t)(R)[1] << 8 |             \
-                                                         (uint32_t)(R)[2] << 16 | (uint32_t)(R)[3] << 24)));    \
-        __m256i w = weight_bytes(TYPE, R), q = _mm256_loadu_si256((const __m256i *)(X)->q);                      \
-        __m256i u = TYPE == GGML_Q4_1 ? w : _mm256_sign_epi8(w, w);                                              \
-        __m256i v = TYPE == GGML_Q4_1 ? q : _mm256_sign_epi8(q, w);                                              \
-        ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PRODUCT), _mm256_set1_ps(_mm_cvtss_f32(dm) * (X)->d), ACC);      \
-        if (TYPE == GGML_Q4_1)                                                                                    \
-            accm += _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * (X)->ds;                                           \
+#define QDOT_BLOCK(TYPE, PRODUCT, ACC, R, X) \
+    do { \
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128( \
+            (int)((uint32_t)(R)[0] | (uint32_t)(R)[1] << 8 | (uint32_t)(R)[2] << 16 | (uint32_t)(R)[3] << 24))); \
+        __m256i w = weight_bytes(TYPE, R), q = _mm256_loadu_si256((const __m256i *)(X)->q); \
+        __m256i u = TYPE == GGML_Q4_1 ? w : _mm256_sign_epi8(w, w); \
+        __m256i v = TYPE == GGML_Q4_1 ? q : _mm256_sign_epi8(q, w); \
+        ACC = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PRODUCT), _mm256_set1_ps(_mm_cvtss_f32(dm) * (X)->d), ACC); \
+        if (TYPE == GGML_Q4_1) \
+            accm += _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)) * (X)->ds; \
     } while (0)
 
-#define QDOT_FN(NAME, TARGET, TYPE, PRODUCT)                                                                      \
+#define QDOT_FN(NAME, TARGET, TYPE, PRODUCT) \
     __attribute__((target(TARGET))) static float NAME(int32_t type, const uint8_t *row, size_t bb, const q8x *x, \
-                                                      int32_t nb) {                                               \
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();                                            \
-        float accm = 0;                                                                                           \
-        int32_t i = 0;                                                                                            \
-        for (; i + 1 < nb; i += 2, row += 2 * bb, x += 2) {                                                       \
-            _mm_prefetch((const char *)row + 1024, _MM_HINT_T0);                                                  \
-            QDOT_BLOCK(TYPE, PRODUCT, acc0, row, x);                                                              \
-            QDOT_BLOCK(TYPE, PRODUCT, acc1, row + bb, x + 1);                                                     \
-        }                                                                                                         \
-        if (i < nb)                                                                                               \
-            QDOT_BLOCK(TYPE, PRODUCT, acc0, row, x);                                                              \
-        return hsum8(_mm256_add_ps(acc0, acc1)) + accm;                                                           \
+                                                      int32_t nb) \
+    { \
+        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(); \
+        float accm = 0; \
+        int32_t i = 0; \
+        for (; i + 1 < nb; i += 2, row += 2 * bb, x += 2) { \
+            _mm_prefetch((const char *)row + 1024, _MM_HINT_T0); \
+            QDOT_BLOCK(TYPE, PRODUCT, acc0, row, x); \
+            QDOT_BLOCK(TYPE, PRODUCT, acc1, row + bb, x + 1); \
+        } \
+        if (i < nb) \
+            QDOT_BLOCK(TYPE, PRODUCT, acc0, row, x); \
+        return hsum8(_mm256_add_ps(acc0, acc1)) + accm; \
     }
 
 /* Four rows of x against one weight row (prefill): each block's weights
  * are unpacked once for the four. The rows of x are nb blocks apart. */
-#define QDOT4_FN(NAME, TARGET, TYPE, PRODUCT)                                                                     \
-    __attribute__((target(TARGET))) static void NAME(const uint8_t *row, size_t bb, const q8x *x, int32_t nb,    \
-                                                     float *out) {                                                \
-        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};    \
-        float accm[4] = {0, 0, 0, 0};                                                                             \
-        for (int32_t i = 0; i < nb; i++, row += bb) {                                                             \
-            __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)row[0] | (uint32_t)row[1] << 8 |         \
-                                                             (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24)));\
-            float dw = _mm_cvtss_f32(dm), mw = _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1));                          \
-            __m256i w = weight_bytes(TYPE, row);                                                                  \
-            __m256i u = TYPE == GGML_Q4_1 ? w : _mm256_sign_epi8(w, w);                                          \
-            for (int r = 0; r < 4; r++) {                                                                         \
-                const q8x *xr = x + (int64_t)r * nb + i;                                                          \
-                __m256i q = _mm256_loadu_si256((const __m256i *)xr->q);                                           \
-                __m256i v = TYPE == GGML_Q4_1 ? q : _mm256_sign_epi8(q, w);                                      \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PRODUCT), _mm256_set1_ps(dw * xr->d), acc[r]);        \
-                if (TYPE == GGML_Q4_1)                                                                            \
-                    accm[r] += mw * xr->ds;                                                                       \
-            }                                                                                                     \
-        }                                                                                                         \
-        for (int r = 0; r < 4; r++)                                                                               \
-            out[r] = hsum8(acc[r]) + accm[r];                                                                     \
+#define QDOT4_FN(NAME, TARGET, TYPE, PRODUCT) \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *row, size_t bb, const q8x *x, int32_t nb, \
+                                                     float *out) \
+    { \
+        __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()}; \
+        float accm[4] = {0, 0, 0, 0}; \
+        for (int32_t i = 0; i < nb; i++, row += bb) { \
+            __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128( \
+                (int)((uint32_t)row[0] | (uint32_t)row[1] << 8 | (uint32_t)row[2] << 16 | (uint32_t)row[3] << 24))); \
+            float dw = _mm_cvtss_f32(dm), mw = _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)); \
+            __m256i w = weight_bytes(TYPE, row); \
+            __m256i u = TYPE == GGML_Q4_1 ? w : _mm256_sign_epi8(w, w); \
+            for (int r = 0; r < 4; r++) { \
+                const q8x *xr = x + (int64_t)r * nb + i; \
+                __m256i q = _mm256_loadu_si256((const __m256i *)xr->q); \
+                __m256i v = TYPE == GGML_Q4_1 ? q : _mm256_sign_epi8(q, w); \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PRODUCT), _mm256_set1_ps(dw * xr->d), acc[r]); \
+                if (TYPE == GGML_Q4_1) \
+                    accm[r] += mw * xr->ds; \
+            } \
+        } \
+        for (int r = 0; r < 4; r++) \
+            out[r] = hsum8(acc[r]) + accm[r]; \
     }
 
 #define AVX2_TARGET "avx2,fma,f16c"
@@ -415,7 +432,8 @@ typedef struct qmm_job {
 
 /* Output columns [begin, end): each weight row is read once and stays in
  * L1 while every row of x passes over it. */
-static void qmm_range(void *arg, int64_t begin, int64_t end) {
+static void qmm_range(void *arg, int64_t begin, int64_t end)
+{
     const qmm_job *j = arg;
     float w[QMM_CHUNK_BLOCKS * QK];
     for (int64_t c = begin; c < end; c++) {
@@ -439,7 +457,8 @@ static void qmm_range(void *arg, int64_t begin, int64_t end) {
 
 /* Output columns [begin, end) over quantized x: the weight row stays in L1
  * while every row of x passes over it. */
-static void qmm_range_q8(void *arg, int64_t begin, int64_t end) {
+static void qmm_range_q8(void *arg, int64_t begin, int64_t end)
+{
     const qmm_job *j = arg;
     for (int64_t c = begin; c < end; c++) {
         const uint8_t *wr = j->w + (size_t)c * (size_t)j->nb * j->bb;
@@ -459,12 +478,14 @@ static void qmm_range_q8(void *arg, int64_t begin, int64_t end) {
  * AVX2 without VNNI, anything else the best the CPU has (tests check
  * each). F16C through cpuid leaf 1 (ECX bit 29): clang's
  * __builtin_cpu_supports does not know it. */
-static const char *isa(void) {
+static const char *isa(void)
+{
     const char *e = getenv("KILN_QMATMUL_ISA");
     return e ? e : "";
 }
 
-static int use_f32_activations(void) {
+static int use_f32_activations(void)
+{
     const char *e = getenv("KILN_QMATMUL_F32ACT");
     return e && e[0] == '1';
 }
@@ -472,7 +493,8 @@ static int use_f32_activations(void) {
 #ifdef QMM_AVX2
 /* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
  * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+VNNI. */
-static int cpu_features(void) {
+static int cpu_features(void)
+{
     static _Atomic int cached = -1;
     int f = cached;
     if (f < 0) {
@@ -491,8 +513,9 @@ static int use_vnni(void) { return use_avx2() && strcmp(isa(), "avx2") != 0 && (
 #endif
 
 static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
-                               const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
-                               void *const *out, int32_t n_out, void *workspace, void *stream) {
+                               const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc, void *const *out,
+                               int32_t n_out, void *workspace, void *stream)
+{
     const qmm_params *p = &((const qmm *)self)->p;
     const kiln_dims *xd = &in_desc[0].dims, *wd = &in_desc[1].dims;
     int64_t nb = p->k / QK, bb = (int64_t)block_bytes(p->type);
@@ -507,8 +530,8 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed (cuda error %d)", e) : KILN_OK;
     }
 #endif
-    qmm_job job = {p->type, (int32_t)nb, (size_t)bb, rows, p->k, p->n, in[0], NULL, in[1], out[0],
-                   dot_scalar, dotf_scalar, qdot_scalar, NULL};
+    qmm_job job = {p->type, (int32_t)nb, (size_t)bb, rows,       p->k,        p->n,        in[0],
+                   NULL,    in[1],       out[0],     dot_scalar, dotf_scalar, qdot_scalar, NULL};
 #ifdef QMM_AVX2
     if (use_avx2()) {
         job.dot = dot_avx2;
@@ -567,11 +590,13 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
     return KILN_OK;
 }
 
-static kiln_status qmm_serialize(const kiln_plugin *self, void *buf, size_t *size) {
+static kiln_status qmm_serialize(const kiln_plugin *self, void *buf, size_t *size)
+{
     return plugin_pod_serialize(host, NAME, &((const qmm *)self)->p, sizeof(qmm_params), buf, size);
 }
 
-static kiln_status qmm_clone(const kiln_plugin *self, kiln_plugin **out) {
+static kiln_status qmm_clone(const kiln_plugin *self, kiln_plugin **out)
+{
     return plugin_pod_clone(host, self, sizeof(qmm), out);
 }
 
@@ -597,7 +622,8 @@ static const kiln_plugin_ops qmm_ops = {
     .destroy = qmm_destroy,
 };
 
-static kiln_status qmm_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out) {
+static kiln_status qmm_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
+{
     const kiln_field *fmt = plugin_field(f, n, "format");
     const char *s = fmt ? fmt->data : "";
     qmm_params p = {strcmp(s, "Q8_0") == 0   ? GGML_Q8_0
@@ -611,7 +637,8 @@ static kiln_status qmm_create(const kiln_plugin_creator *c, const kiln_field *f,
 }
 
 static kiln_status qmm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
-                                   kiln_plugin **out) {
+                                   kiln_plugin **out)
+{
     kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof(qmm_params));
     if (s != KILN_OK)
         return s;
@@ -640,7 +667,8 @@ static const kiln_plugin_creator qmm_creator = {
     .description = "x · Wᵀ with W in a ggml block format (Q8_0, Q4_0, Q4_1), dequantized on the fly",
 };
 
-kiln_status kiln_qmatmul_register(const kiln_host_api *h, kiln_registry *reg) {
+kiln_status kiln_qmatmul_register(const kiln_host_api *h, kiln_registry *reg)
+{
     host = h;
     return h->register_creator(reg, &qmm_creator);
 }

@@ -22,8 +22,8 @@
 #include "backend/cuda/cuda_common.cuh"
 
 #define QMM_WARPS 8
-#define QMM_COLS 4   /* weight rows per warp */
-#define QMM_GROUP 4  /* x rows per pass over the weights in the GEMV */
+#define QMM_COLS 4  /* weight rows per warp */
+#define QMM_GROUP 4 /* x rows per pass over the weights in the GEMV */
 #define QMM_GEMV_MAX_ROWS 16
 #define QMM_TILE 64
 
@@ -104,8 +104,8 @@ template <int XT> __device__ __forceinline__ void qmm_load_x(const void *x, int6
 }
 
 template <int TYPE, int XT>
-__global__ void __launch_bounds__(QMM_WARPS * 32) qmm_gemv_kernel(const void *x, const uint8_t *w, void *y,
-                                                                    int64_t rows, int n, int k)
+__global__ void __launch_bounds__(QMM_WARPS * 32)
+    qmm_gemv_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k)
 {
     constexpr int BB = qmm_fmt<TYPE>::bytes;
     __shared__ __align__(16) uint8_t stage[QMM_WARPS][QMM_COLS][32 * BB];
@@ -180,8 +180,8 @@ __global__ void __launch_bounds__(QMM_WARPS * 32) qmm_gemv_kernel(const void *x,
 }
 
 template <int TYPE, int XT>
-__global__ void __launch_bounds__(256) qmm_tiled_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n,
-                                                        int k)
+__global__ void __launch_bounds__(256)
+    qmm_tiled_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k)
 {
     constexpr int BB = qmm_fmt<TYPE>::bytes;
     __shared__ float xs[32][QMM_TILE + 4], ws[32][QMM_TILE + 4];
@@ -228,8 +228,7 @@ __global__ void __launch_bounds__(256) qmm_tiled_kernel(const void *x, const uin
 }
 
 template <int TYPE, int XT>
-static cudaError_t qmm_launch(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k,
-                              cudaStream_t s)
+static cudaError_t qmm_launch(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k, cudaStream_t s)
 {
     if (rows <= QMM_GEMV_MAX_ROWS) {
         int64_t want = (n + QMM_COLS - 1) / QMM_COLS;
@@ -237,8 +236,8 @@ static cudaError_t qmm_launch(const void *x, const uint8_t *w, void *y, int64_t 
                               dim3(QMM_WARPS * 32), s, x, w, y, rows, n, k);
     }
     int64_t tiles = (rows + QMM_TILE - 1) / QMM_TILE * ((n + QMM_TILE - 1) / QMM_TILE);
-    return kcu_launch_cfg(qmm_tiled_kernel<TYPE, XT>, dim3((unsigned)(tiles < 65535 ? tiles : 65535)), dim3(256), s,
-                          x, w, y, rows, n, k);
+    return kcu_launch_cfg(qmm_tiled_kernel<TYPE, XT>, dim3((unsigned)(tiles < 65535 ? tiles : 65535)), dim3(256), s, x,
+                          w, y, rows, n, k);
 }
 
 template <int TYPE>

@@ -32,13 +32,16 @@ static const kiln_host_api *host;
 
 typedef struct rmsnorm {
     kiln_plugin base;
-    struct { float epsilon; } p;
+    struct {
+        float epsilon;
+    } p;
     int32_t add; /* AddRMSNorm: inputs x, residual, weight; outputs sum, y */
 } rmsnorm;
 
 static const kiln_plugin_ops rmsnorm_ops;
 
-static kiln_status rmsnorm_new(float epsilon, int32_t add, kiln_plugin **out) {
+static kiln_status rmsnorm_new(float epsilon, int32_t add, kiln_plugin **out)
+{
     if (!(epsilon > 0.0f) || !isfinite(epsilon))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: field \"epsilon\" must be a positive number, got %g",
                           add ? ADD_NAME : NAME, (double)epsilon);
@@ -57,10 +60,12 @@ static kiln_status rmsnorm_new(float epsilon, int32_t add, kiln_plugin **out) {
 static int32_t rmsnorm_num_outputs(const kiln_plugin *self) { return ((const rmsnorm *)self)->add ? 2 : 1; }
 
 static kiln_status rmsnorm_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
-                                         kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
+                                         kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
+{
     int32_t add = ((const rmsnorm *)self)->add;
     if (n_in != 2 + add || in[0].rank < 1 || in[1 + add].rank != 1 || (add && in[1].rank != in[0].rank))
-        return host->fail(KILN_ERROR_SHAPE, add ? ADD_NAME ": expects inputs x [..., H], residual [..., H] and weight [H]"
+        return host->fail(KILN_ERROR_SHAPE, add ? ADD_NAME
+                                                ": expects inputs x [..., H], residual [..., H] and weight [H]"
                                                 : NAME ": expects inputs x [..., H] and weight [H]");
     int64_t h, w;
     if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &h) && host->expr_is_constant(eb, in[1 + add].d[0], &w) &&
@@ -79,16 +84,18 @@ static kiln_status rmsnorm_output_shapes(const kiln_plugin *self, const kiln_sha
     return KILN_OK;
 }
 
-static kiln_status rmsnorm_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
-                                         kiln_dtype *out, int32_t n_out) {
+static kiln_status rmsnorm_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
+                                         int32_t n_out)
+{
     out[0] = in[0];
     if (((const rmsnorm *)self)->add)
         out[1] = in[0];
     return KILN_OK;
 }
 
-static int32_t rmsnorm_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d,
-                                int32_t n_in, int32_t n_out) {
+static int32_t rmsnorm_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
+                                int32_t n_out)
+{
     int32_t add = ((const rmsnorm *)self)->add;
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
@@ -111,7 +118,8 @@ typedef struct rmsnorm_job {
     int64_t h;
 } rmsnorm_job;
 
-static void rmsnorm_rows(void *arg, int64_t begin, int64_t end) {
+static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
+{
     const rmsnorm_job *j = arg;
     kiln_dtype xt = j->xt, wt = j->wt;
     /* with the add, the rounded sum is stored first and every later read
@@ -139,7 +147,8 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end) {
 
 static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
                                    const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
-                                   void *const *out, int32_t n_out, void *workspace, void *stream) {
+                                   void *const *out, int32_t n_out, void *workspace, void *stream)
+{
     const rmsnorm *r = (const rmsnorm *)self;
     int32_t add = r->add;
     const kiln_tensor_desc *x = &in_desc[0], *w = &in_desc[1 + add];
@@ -164,12 +173,14 @@ static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, cons
     return KILN_OK;
 }
 
-static kiln_status rmsnorm_serialize(const kiln_plugin *self, void *buf, size_t *size) {
+static kiln_status rmsnorm_serialize(const kiln_plugin *self, void *buf, size_t *size)
+{
     const rmsnorm *r = (const rmsnorm *)self;
     return plugin_pod_serialize(host, NAME, &r->p, sizeof r->p, buf, size);
 }
 
-static kiln_status rmsnorm_clone(const kiln_plugin *self, kiln_plugin **out) {
+static kiln_status rmsnorm_clone(const kiln_plugin *self, kiln_plugin **out)
+{
     return plugin_pod_clone(host, self, sizeof(rmsnorm), out);
 }
 
@@ -195,13 +206,14 @@ static const kiln_plugin_ops rmsnorm_ops = {
 };
 
 /* user_data of the AddRMSNorm creator is non-NULL. */
-static kiln_status rmsnorm_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n,
-                                  kiln_plugin **out) {
+static kiln_status rmsnorm_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
+{
     return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), c->user_data != NULL, out);
 }
 
-static kiln_status rmsnorm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob,
-                                       size_t size, kiln_plugin **out) {
+static kiln_status rmsnorm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
+                                       kiln_plugin **out)
+{
     float eps;
     kiln_status s = plugin_pod_check_blob(host, c->name, BLOB_VERSION, version, size, sizeof eps);
     if (s != KILN_OK)
@@ -243,7 +255,8 @@ static const kiln_plugin_creator add_rmsnorm_creator = {
     .user_data = (void *)&add_rmsnorm_creator,
 };
 
-kiln_status kiln_rmsnorm_register(const kiln_host_api *h, kiln_registry *reg) {
+kiln_status kiln_rmsnorm_register(const kiln_host_api *h, kiln_registry *reg)
+{
     host = h;
     kiln_status s = h->register_creator(reg, &rmsnorm_creator);
     return s != KILN_OK ? s : h->register_creator(reg, &add_rmsnorm_creator);

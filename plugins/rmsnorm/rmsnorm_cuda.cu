@@ -8,9 +8,9 @@
 
 #define RMS_THREADS 256
 
-__global__ void __launch_bounds__(RMS_THREADS) rmsnorm_kernel(const void *x, const void *res, const void *w,
-                                                                void *sum, void *y, int t, int wt, int64_t rows,
-                                                                int64_t h, float eps)
+__global__ void __launch_bounds__(RMS_THREADS)
+    rmsnorm_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int t, int wt, int64_t rows,
+                   int64_t h, float eps)
 {
     __shared__ float part[RMS_THREADS / 32];
     kcu_after_prior(x, w, rows, t);
@@ -53,9 +53,9 @@ __global__ void __launch_bounds__(RMS_THREADS) rmsnorm_kernel(const void *x, con
 #define RMS_MAX_VEC 4
 
 template <int DT>
-__global__ void __launch_bounds__(RMS_THREADS) rmsnorm_vec_kernel(const void *x, const void *res, const void *w,
-                                                                    void *sum, void *y, int wt, int64_t rows,
-                                                                    int64_t h, float eps)
+__global__ void __launch_bounds__(RMS_THREADS)
+    rmsnorm_vec_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int wt, int64_t rows,
+                       int64_t h, float eps)
 {
     constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* values per 16-byte vector */
     __shared__ float part[RMS_THREADS / 32];

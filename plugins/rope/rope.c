@@ -58,7 +58,8 @@ typedef struct rope {
 static const kiln_plugin_ops rope_ops;
 
 /* inv_freq as HF computes it in f32, then the Llama 3 or linear scaling. */
-static void rope_frequencies(rope *r) {
+static void rope_frequencies(rope *r)
+{
     const rope_params *p = &r->p;
     int32_t dim = p->rotary_dim;
     for (int32_t i = 0; i < dim / 2; i++) {
@@ -80,7 +81,8 @@ static void rope_frequencies(rope *r) {
     }
 }
 
-static kiln_status rope_new(const rope_params *p, kiln_plugin **out) {
+static kiln_status rope_new(const rope_params *p, kiln_plugin **out)
+{
     if (p->n_heads < 1 || p->head_dim < 2 || p->head_dim % 2)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads must be >= 1 and head_dim even, got %d and %d",
                           p->n_heads, p->head_dim);
@@ -88,7 +90,8 @@ static kiln_status rope_new(const rope_params *p, kiln_plugin **out) {
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads %d, n_kv_heads %d or head_dim %d out of range",
                           p->n_heads, p->n_kv_heads, p->head_dim);
     if (p->rotary_dim < 2 || p->rotary_dim > p->head_dim || p->rotary_dim % 2 || p->rotary_dim / 2 > ROPE_MAX_PAIRS)
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"rotary_dim\" %d must be even and in [2, head_dim %d] (at most %d)",
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": field \"rotary_dim\" %d must be even and in [2, head_dim %d] (at most %d)",
                           p->rotary_dim, p->head_dim, 2 * ROPE_MAX_PAIRS);
     if (!(p->theta > 1.0f) || !isfinite(p->theta))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"theta\" must be > 1, got %g", (double)p->theta);
@@ -98,8 +101,9 @@ static kiln_status rope_new(const rope_params *p, kiln_plugin **out) {
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"factor\" must be > 0");
     if (p->scaling == SCALING_LLAMA3 &&
         (!(p->high_freq_factor > p->low_freq_factor) || !(p->low_freq_factor > 0.0f) || p->original_max_position < 1))
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
-                          NAME ": llama3 scaling needs high_freq_factor > low_freq_factor > 0 and original_max_position >= 1");
+        return host->fail(
+            KILN_ERROR_INVALID_ARGUMENT,
+            NAME ": llama3 scaling needs high_freq_factor > low_freq_factor > 0 and original_max_position >= 1");
     rope *r = calloc(1, sizeof *r);
     if (!r)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -119,27 +123,31 @@ static int64_t rope_row_heads(const rope_params *p) { return p->n_heads + 2 * (i
 static int64_t rope_rotated_heads(const rope_params *p) { return p->n_heads + (int64_t)p->n_kv_heads; }
 
 static kiln_status rope_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
-                                      kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
+                                      kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
+{
     const rope *r = (const rope *)self;
     int64_t last;
     if (n_in != 2 || in[0].rank < 1 || in[1].rank != 1)
         return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., n_heads*head_dim] and positions [tokens]");
     int64_t width = rope_row_heads(&r->p) * r->p.head_dim;
     if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &last) && last != width)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": last dim of x is %lld, expected (n_heads + 2*n_kv_heads)*head_dim = %lld",
+        return host->fail(KILN_ERROR_SHAPE,
+                          NAME ": last dim of x is %lld, expected (n_heads + 2*n_kv_heads)*head_dim = %lld",
                           (long long)last, (long long)width);
     out[0] = in[0];
     return KILN_OK;
 }
 
-static kiln_status rope_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
-                                      kiln_dtype *out, int32_t n_out) {
+static kiln_status rope_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
+                                      int32_t n_out)
+{
     out[0] = in[0];
     return KILN_OK;
 }
 
 static int32_t rope_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
-                             int32_t n_out) {
+                             int32_t n_out)
+{
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
     backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
@@ -156,7 +164,8 @@ typedef struct rope_job {
     void *y;
 } rope_job;
 
-static void rope_tokens(void *arg, int64_t begin, int64_t end) {
+static void rope_tokens(void *arg, int64_t begin, int64_t end)
+{
     const rope_job *j = arg;
     const rope_params *p = &j->r->p;
     int32_t half = p->rotary_dim / 2;
@@ -188,13 +197,16 @@ static void rope_tokens(void *arg, int64_t begin, int64_t end) {
 }
 
 static kiln_status rope_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
-                                const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
-                                void *const *out, int32_t n_out, void *workspace, void *stream) {
+                                const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc, void *const *out,
+                                int32_t n_out, void *workspace, void *stream)
+{
     const rope *r = (const rope *)self;
     int64_t width = rope_row_heads(&r->p) * r->p.head_dim;
     int64_t tokens = plugin_desc_count(&in_desc[0]) / width;
     if (in_desc[0].dims.d[in_desc[0].dims.rank - 1] != width || in_desc[1].dims.d[0] != tokens)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": x holds %lld tokens of width %lld but positions has %lld entries (width %lld expected)",
+        return host->fail(KILN_ERROR_SHAPE,
+                          NAME
+                          ": x holds %lld tokens of width %lld but positions has %lld entries (width %lld expected)",
                           (long long)tokens, (long long)in_desc[0].dims.d[in_desc[0].dims.rank - 1],
                           (long long)in_desc[1].dims.d[0], (long long)width);
 #ifdef KILN_HAVE_CUDA
@@ -214,12 +226,14 @@ static kiln_status rope_enqueue(kiln_plugin *self, kiln_backend backend, const k
     return KILN_OK;
 }
 
-static kiln_status rope_serialize(const kiln_plugin *self, void *buf, size_t *size) {
+static kiln_status rope_serialize(const kiln_plugin *self, void *buf, size_t *size)
+{
     const rope *r = (const rope *)self;
     return plugin_pod_serialize(host, NAME, &r->p, sizeof r->p, buf, size);
 }
 
-static kiln_status rope_clone(const kiln_plugin *self, kiln_plugin **out) {
+static kiln_status rope_clone(const kiln_plugin *self, kiln_plugin **out)
+{
     return plugin_pod_clone(host, self, sizeof(rope), out);
 }
 
@@ -244,7 +258,8 @@ static const kiln_plugin_ops rope_ops = {
     .destroy = rope_destroy,
 };
 
-static kiln_status rope_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out) {
+static kiln_status rope_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
+{
     rope_params p = {0};
     p.n_heads = plugin_field_i32(f, n, "n_heads", 0);
     p.head_dim = plugin_field_i32(f, n, "head_dim", 0);
@@ -267,13 +282,14 @@ static kiln_status rope_create(const kiln_plugin_creator *c, const kiln_field *f
     else if (strcmp(kind, "llama3") == 0)
         p.scaling = SCALING_LLAMA3;
     else
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"scaling\" is \"%s\"; expected none, linear or llama3",
-                          kind);
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": field \"scaling\" is \"%s\"; expected none, linear or llama3", kind);
     return rope_new(&p, out);
 }
 
 static kiln_status rope_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
-                                    kiln_plugin **out) {
+                                    kiln_plugin **out)
+{
     rope_params p = {0};
     kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, blob_sizes, version, blob, size, &p);
     if (s != KILN_OK)
@@ -295,7 +311,7 @@ static const kiln_field_spec rope_fields[] = {
     PLUGIN_FIELD_OPTIONAL("low_freq_factor", KILN_FIELD_F32, &one_f32, "llama3 scaling: low frequency factor"),
     PLUGIN_FIELD_OPTIONAL("high_freq_factor", KILN_FIELD_F32, &four_f32, "llama3 scaling: high frequency factor"),
     PLUGIN_FIELD_OPTIONAL("original_max_position", KILN_FIELD_I32, &default_max_position,
-         "llama3 scaling: the original context length"),
+                          "llama3 scaling: the original context length"),
     PLUGIN_FIELD_OPTIONAL("n_kv_heads", KILN_FIELD_I32, &zero_i32,
                           "> 0: x is a packed qkv row; rotate the q and k heads, copy the v heads"),
 };
@@ -314,7 +330,8 @@ static const kiln_plugin_creator rope_creator = {
     .description = "rotary position embedding, with partial rotary and Llama 3 frequency scaling",
 };
 
-kiln_status kiln_rope_register(const kiln_host_api *h, kiln_registry *reg) {
+kiln_status kiln_rope_register(const kiln_host_api *h, kiln_registry *reg)
+{
     host = h;
     return h->register_creator(reg, &rope_creator);
 }

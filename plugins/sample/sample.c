@@ -43,7 +43,8 @@ static const kiln_host_api *host;
 
 static const kiln_plugin_ops sample_ops;
 
-static kiln_status sample_new(kiln_plugin **out) {
+static kiln_status sample_new(kiln_plugin **out)
+{
     kiln_plugin *p = calloc(1, sizeof *p);
     if (!p)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -57,15 +58,16 @@ static kiln_status sample_new(kiln_plugin **out) {
 static int32_t sample_num_outputs(const kiln_plugin *self) { return 1; }
 
 static kiln_status sample_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
-                                        kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
+                                        kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
+{
     int64_t v;
     if (n_in != 7 || in[0].rank != 2 || in[1].rank != 2 || in[2].rank != 2 || in[3].rank != 1 || in[4].rank != 1 ||
         in[5].rank != 1 || in[6].rank != 2)
         return host->fail(KILN_ERROR_SHAPE, NAME ": expects logits [S, V], params [S, 7], seq [S, 4], tokens [T], "
-                                                "positions [T], query_start [S + 1] and state [slots, V]");
+                                                 "positions [T], query_start [S + 1] and state [slots, V]");
     if (!host->expr_is_constant(eb, in[1].d[1], &v) || v != SAMPLE_PARAMS)
         return host->fail(KILN_ERROR_SHAPE, NAME ": params must be [S, 7] (temperature, top_k, top_p, min_p, "
-                                                "repetition, presence, frequency)");
+                                                 "repetition, presence, frequency)");
     if (!host->expr_is_constant(eb, in[2].d[1], &v) || v != SAMPLE_SEQ)
         return host->fail(KILN_ERROR_SHAPE, NAME ": seq must be [S, 4] (random high, random low, slot, prompt length)");
     out[0].rank = 1;
@@ -73,14 +75,16 @@ static kiln_status sample_output_shapes(const kiln_plugin *self, const kiln_shap
     return KILN_OK;
 }
 
-static kiln_status sample_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
-                                        kiln_dtype *out, int32_t n_out) {
+static kiln_status sample_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
+                                        int32_t n_out)
+{
     out[0] = KILN_DTYPE_I32;
     return KILN_OK;
 }
 
-static int32_t sample_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d,
-                               int32_t n_in, int32_t n_out) {
+static int32_t sample_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
+                               int32_t n_out)
+{
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
     backend_ok |= backend == KILN_BACKEND_CUDA;
@@ -95,7 +99,8 @@ static int32_t sample_supports(const kiln_plugin *self, kiln_backend backend, co
  * scratch; the CUDA path keeps a probability there) and one penalized
  * logit. */
 static size_t sample_workspace(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
-                               const kiln_tensor_desc *out, int32_t n_out) {
+                               const kiln_tensor_desc *out, int32_t n_out)
+{
     return (size_t)plugin_desc_count(&in[0]) * SAMPLE_WORKSPACE_PER_ENTRY;
 }
 
@@ -108,14 +113,20 @@ typedef struct sample_job {
     int64_t n_rows;
 } sample_job;
 
-static void sample_rows(void *arg, int64_t begin, int64_t end) {
+static void sample_rows(void *arg, int64_t begin, int64_t end)
+{
     const sample_job *j = arg;
     const int32_t V = j->vocab;
     for (int64_t s = begin; s < end; s++) {
         const float *row = j->logits + s * V, *pr = j->params + s * SAMPLE_PARAMS;
         const int32_t *sq = j->seq + s * SAMPLE_SEQ;
-        kiln_llm_sampling p = {.temperature = pr[0], .top_k = sample_top_k(pr[1], V), .top_p = pr[2], .min_p = pr[3],
-                               .repetition_penalty = pr[4], .presence_penalty = pr[5], .frequency_penalty = pr[6]};
+        kiln_llm_sampling p = {.temperature = pr[0],
+                               .top_k = sample_top_k(pr[1], V),
+                               .top_p = pr[2],
+                               .min_p = pr[3],
+                               .repetition_penalty = pr[4],
+                               .presence_penalty = pr[5],
+                               .frequency_penalty = pr[6]};
         int32_t slot = sq[2];
         if (slot >= 0) {
             int32_t *st = j->state + (int64_t)slot * V;
@@ -139,32 +150,47 @@ static void sample_rows(void *arg, int64_t begin, int64_t end) {
 
 static kiln_status sample_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
                                   const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
-                                  void *const *out, int32_t n_out, void *workspace, void *stream) {
+                                  void *const *out, int32_t n_out, void *workspace, void *stream)
+{
     int64_t S = in_desc[0].dims.d[0], V = in_desc[0].dims.d[1], T = in_desc[3].dims.d[0];
     int64_t Q = in_desc[5].dims.d[0];
     if (in_desc[1].dims.d[0] != S || in_desc[2].dims.d[0] != S || Q < 1 || Q > S + 1)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": %lld rows of logits but %lld of params, %lld of seq and %lld "
-                                            "query_start entries", (long long)S, (long long)in_desc[1].dims.d[0],
-                          (long long)in_desc[2].dims.d[0], (long long)Q);
+        return host->fail(KILN_ERROR_SHAPE,
+                          NAME ": %lld rows of logits but %lld of params, %lld of seq and %lld "
+                               "query_start entries",
+                          (long long)S, (long long)in_desc[1].dims.d[0], (long long)in_desc[2].dims.d[0], (long long)Q);
     if (V < 1 || V > INT32_MAX || in_desc[6].dims.d[1] != V || in_desc[4].dims.d[0] != T)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": vocabulary of %lld entries, state rows of %lld, %lld tokens and "
-                                            "%lld positions", (long long)V, (long long)in_desc[6].dims.d[1],
-                          (long long)T, (long long)in_desc[4].dims.d[0]);
+        return host->fail(KILN_ERROR_SHAPE,
+                          NAME ": vocabulary of %lld entries, state rows of %lld, %lld tokens and "
+                               "%lld positions",
+                          (long long)V, (long long)in_desc[6].dims.d[1], (long long)T, (long long)in_desc[4].dims.d[0]);
     if (S == 0)
         return KILN_OK;
-    sample_args a = {in[0], in[1], in[2], in[3], in[4], in[5], (int32_t *)in[6], out[0], (int32_t)S, (int32_t)V,
-                     (int32_t)T, (int32_t)in_desc[6].dims.d[0], workspace, (int32_t)Q};
+    sample_args a = {in[0],
+                     in[1],
+                     in[2],
+                     in[3],
+                     in[4],
+                     in[5],
+                     (int32_t *)in[6],
+                     out[0],
+                     (int32_t)S,
+                     (int32_t)V,
+                     (int32_t)T,
+                     (int32_t)in_desc[6].dims.d[0],
+                     workspace,
+                     (int32_t)Q};
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA)
-        return kiln_sample_cuda(&a, stream) == 0 ? KILN_OK : host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed");
+        return kiln_sample_cuda(&a, stream) == 0 ? KILN_OK
+                                                 : host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed");
 #endif
     /* The metadata is the caller's: check what the tracking indexes with. */
     for (int64_t s = 0; s < S; s++) {
         const int32_t *sq = a.seq + s * SAMPLE_SEQ;
         if (sq[2] < 0)
             continue;
-        if (sq[2] >= a.slots || s + 1 >= Q || a.qstart[s] < 0 || a.qstart[s] > a.qstart[s + 1] ||
-            a.qstart[s + 1] > T)
+        if (sq[2] >= a.slots || s + 1 >= Q || a.qstart[s] < 0 || a.qstart[s] > a.qstart[s + 1] || a.qstart[s + 1] > T)
             return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": row %lld: slot %d of %d, query_start %d..%d of %lld",
                               (long long)s, sq[2], a.slots, s + 1 < Q ? a.qstart[s] : -1,
                               s + 1 < Q ? a.qstart[s + 1] : -1, (long long)T);
@@ -172,17 +198,19 @@ static kiln_status sample_enqueue(kiln_plugin *self, kiln_backend backend, const
             if (a.tokens[t] < 0 || a.tokens[t] >= V)
                 return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": token %d outside the vocabulary", a.tokens[t]);
     }
-    sample_job job = {a.logits, a.params, a.seq, a.tokens, a.positions, a.qstart, a.state, a.ids, (int32_t)V,
-                      workspace, S};
+    sample_job job = {a.logits, a.params,   a.seq,     a.tokens, a.positions, a.qstart, a.state,
+                      a.ids,    (int32_t)V, workspace, S};
     host->parallel_for(stream, S, sample_rows, &job);
     return KILN_OK;
 }
 
-static kiln_status sample_serialize(const kiln_plugin *self, void *buf, size_t *size) {
+static kiln_status sample_serialize(const kiln_plugin *self, void *buf, size_t *size)
+{
     return plugin_pod_serialize(host, NAME, NULL, 0, buf, size);
 }
 
-static kiln_status sample_clone(const kiln_plugin *self, kiln_plugin **out) {
+static kiln_status sample_clone(const kiln_plugin *self, kiln_plugin **out)
+{
     return plugin_pod_clone(host, self, sizeof(kiln_plugin), out);
 }
 
@@ -208,12 +236,14 @@ static const kiln_plugin_ops sample_ops = {
     .destroy = sample_destroy,
 };
 
-static kiln_status sample_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out) {
+static kiln_status sample_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
+{
     return sample_new(out);
 }
 
 static kiln_status sample_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
-                                      kiln_plugin **out) {
+                                      kiln_plugin **out)
+{
     kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, 0);
     return s != KILN_OK ? s : sample_new(out);
 }
@@ -233,7 +263,8 @@ static const kiln_plugin_creator sample_creator = {
                    "given uniform",
 };
 
-kiln_status kiln_sample_register(const kiln_host_api *h, kiln_registry *reg) {
+kiln_status kiln_sample_register(const kiln_host_api *h, kiln_registry *reg)
+{
     host = h;
     return h->register_creator(reg, &sample_creator);
 }

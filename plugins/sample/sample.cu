@@ -84,10 +84,7 @@ __device__ __forceinline__ unsigned long long sample_key(float s, int32_t id)
     return (unsigned long long)sample_ordered(s + 0.0f) << 32 | (uint32_t)(0xffffffffu - (uint32_t)id);
 }
 
-__device__ __forceinline__ int32_t sample_key_id(unsigned long long k)
-{
-    return (int32_t)(0xffffffffu - (uint32_t)k);
-}
+__device__ __forceinline__ int32_t sample_key_id(unsigned long long k) { return (int32_t)(0xffffffffu - (uint32_t)k); }
 
 /* The k-th largest key among the row's candidates (k >= 1): 8 passes of
  * 8-bit digits from the top, each a shared-memory histogram of the keys

@@ -32,7 +32,7 @@ typedef struct sample_args {
     int32_t *state;           /* [slots, V] */
     int32_t *ids;             /* [S] */
     int32_t S, V, T, slots;
-    void *workspace;          /* S * V * SAMPLE_WORKSPACE_PER_ENTRY bytes */
+    void *workspace; /* S * V * SAMPLE_WORKSPACE_PER_ENTRY bytes */
     /* Entries of qstart: S + 1 in a generation step; scoring feeds the
      * logits of one sequence's every position as rows, with 2, and a row s
      * with s + 1 >= Q keeps no history (its slot must be -1). */
@@ -41,12 +41,14 @@ typedef struct sample_args {
 
 /* top_k as the params row holds it (a float) to the sampler's int: <= 0
  * or NaN is off, beyond the vocabulary is all of it. */
-SAMPLE_HD static inline int32_t sample_top_k(float k, int32_t vocab) {
+SAMPLE_HD static inline int32_t sample_top_k(float k, int32_t vocab)
+{
     return k >= 1.0f ? (k < (float)vocab ? (int32_t)k : vocab) : 0;
 }
 
 /* Whether a params row asks for a penalty (kiln_sampler_penalty's tests). */
-SAMPLE_HD static inline int sample_has_penalty(const float *pr) {
+SAMPLE_HD static inline int sample_has_penalty(const float *pr)
+{
     return (pr[4] > 0.0f && pr[4] != 1.0f) || pr[5] != 0.0f || pr[6] != 0.0f;
 }
 
@@ -54,7 +56,8 @@ SAMPLE_HD static inline int sample_has_penalty(const float *pr) {
  * parallel): a step feeding position 0 starts the sequence over; every
  * token fed is seen, and generated when past the prompt. */
 static inline void sample_track(int32_t *st, int32_t V, const int32_t *tokens, const int32_t *positions, int32_t t0,
-                                int32_t t1, int32_t n_prompt) {
+                                int32_t t1, int32_t n_prompt)
+{
     if (t1 > t0 && positions[t0] == 0)
         memset(st, 0, sizeof *st * (size_t)V);
     for (int32_t t = t0; t < t1; t++) {

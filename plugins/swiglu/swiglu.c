@@ -23,7 +23,9 @@ static const kiln_host_api *host;
 
 typedef struct swiglu {
     kiln_plugin base;
-    struct { int32_t packed; } p;
+    struct {
+        int32_t packed;
+    } p;
 } swiglu;
 
 /* Blob bytes of each schema version (v1 is empty). */
@@ -31,7 +33,8 @@ static const size_t blob_sizes[BLOB_VERSION] = {0, sizeof(int32_t)};
 
 static const kiln_plugin_ops swiglu_ops;
 
-static kiln_status swiglu_new(int32_t packed, kiln_plugin **out) {
+static kiln_status swiglu_new(int32_t packed, kiln_plugin **out)
+{
     if (packed != 0 && packed != 1)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"packed\" is %d; expected 0 or 1", packed);
     swiglu *p = calloc(1, sizeof *p);
@@ -48,7 +51,8 @@ static kiln_status swiglu_new(int32_t packed, kiln_plugin **out) {
 static int32_t swiglu_num_outputs(const kiln_plugin *self) { return 1; }
 
 static kiln_status swiglu_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
-                                        kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb) {
+                                        kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
+{
     if (((const swiglu *)self)->p.packed) {
         int64_t w;
         if (n_in != 1 || in[0].rank < 1)
@@ -65,28 +69,30 @@ static kiln_status swiglu_output_shapes(const kiln_plugin *self, const kiln_shap
     for (int32_t i = 0; i < in[0].rank; i++) {
         int64_t a, b;
         if (host->expr_is_constant(eb, in[0].d[i], &a) && host->expr_is_constant(eb, in[1].d[i], &b) && a != b)
-            return host->fail(KILN_ERROR_SHAPE, NAME ": gate and up differ in dim %d (%lld vs %lld)", i,
-                              (long long)a, (long long)b);
+            return host->fail(KILN_ERROR_SHAPE, NAME ": gate and up differ in dim %d (%lld vs %lld)", i, (long long)a,
+                              (long long)b);
     }
     out[0] = in[0];
     return KILN_OK;
 }
 
-static kiln_status swiglu_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
-                                        kiln_dtype *out, int32_t n_out) {
+static kiln_status swiglu_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
+                                        int32_t n_out)
+{
     out[0] = in[0];
     return KILN_OK;
 }
 
-static int32_t swiglu_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d,
-                               int32_t n_in, int32_t n_out) {
+static int32_t swiglu_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
+                               int32_t n_out)
+{
     int32_t n_in_want = ((const swiglu *)self)->p.packed ? 1 : 2;
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
     backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
 #endif
-    return backend_ok && n_in == n_in_want && n_out == 1 && plugin_is_float(d[0].dtype) &&
-           d[1].dtype == d[0].dtype && (n_in == 1 || d[2].dtype == d[0].dtype);
+    return backend_ok && n_in == n_in_want && n_out == 1 && plugin_is_float(d[0].dtype) && d[1].dtype == d[0].dtype &&
+           (n_in == 1 || d[2].dtype == d[0].dtype);
 }
 
 /* Rows of `width` outputs; gate and up rows are `ld` elements apart. */
@@ -97,7 +103,8 @@ typedef struct swiglu_job {
     int64_t width, ld;
 } swiglu_job;
 
-static void swiglu_rows(void *arg, int64_t begin, int64_t end) {
+static void swiglu_rows(void *arg, int64_t begin, int64_t end)
+{
     const swiglu_job *j = arg;
     for (int64_t r = begin; r < end; r++)
         for (int64_t c = 0; c < j->width; c++) {
@@ -109,15 +116,17 @@ static void swiglu_rows(void *arg, int64_t begin, int64_t end) {
 
 static kiln_status swiglu_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
                                   const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc,
-                                  void *const *out, int32_t n_out, void *workspace, void *stream) {
+                                  void *const *out, int32_t n_out, void *workspace, void *stream)
+{
     int64_t n = plugin_desc_count(&in_desc[0]), rows, width, ld;
     const void *gate = in[0], *up;
     if (((const swiglu *)self)->p.packed) {
         ld = in_desc[0].dims.rank ? in_desc[0].dims.d[in_desc[0].dims.rank - 1] : 0;
         if (ld % 2 || plugin_desc_count(&out_desc[0]) * 2 != n)
-            return host->fail(KILN_ERROR_SHAPE, NAME ": packed input of %lld elements (rows of %lld) does not match "
-                              "the output's %lld", (long long)n, (long long)ld,
-                              (long long)plugin_desc_count(&out_desc[0]));
+            return host->fail(KILN_ERROR_SHAPE,
+                              NAME ": packed input of %lld elements (rows of %lld) does not match "
+                                   "the output's %lld",
+                              (long long)n, (long long)ld, (long long)plugin_desc_count(&out_desc[0]));
         width = ld / 2;
         rows = width ? n / ld : 0;
         up = (const char *)in[0] + (size_t)width * plugin_float_size(in_desc[0].dtype);
@@ -139,12 +148,14 @@ static kiln_status swiglu_enqueue(kiln_plugin *self, kiln_backend backend, const
     return KILN_OK;
 }
 
-static kiln_status swiglu_serialize(const kiln_plugin *self, void *buf, size_t *size) {
+static kiln_status swiglu_serialize(const kiln_plugin *self, void *buf, size_t *size)
+{
     const swiglu *p = (const swiglu *)self;
     return plugin_pod_serialize(host, NAME, &p->p, sizeof p->p, buf, size);
 }
 
-static kiln_status swiglu_clone(const kiln_plugin *self, kiln_plugin **out) {
+static kiln_status swiglu_clone(const kiln_plugin *self, kiln_plugin **out)
+{
     return plugin_pod_clone(host, self, sizeof(swiglu), out);
 }
 
@@ -169,12 +180,14 @@ static const kiln_plugin_ops swiglu_ops = {
     .destroy = swiglu_destroy,
 };
 
-static kiln_status swiglu_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out) {
+static kiln_status swiglu_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
+{
     return swiglu_new(plugin_field_i32(f, n, "packed", 0), out);
 }
 
-static kiln_status swiglu_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob,
-                                      size_t size, kiln_plugin **out) {
+static kiln_status swiglu_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
+                                      kiln_plugin **out)
+{
     int32_t packed = 0;
     kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, blob_sizes, version, blob, size, &packed);
     return s != KILN_OK ? s : swiglu_new(packed, out);
@@ -200,7 +213,8 @@ static const kiln_plugin_creator swiglu_creator = {
     .description = "silu(gate) * up, the gated MLP activation of Llama-family models",
 };
 
-kiln_status kiln_swiglu_register(const kiln_host_api *h, kiln_registry *reg) {
+kiln_status kiln_swiglu_register(const kiln_host_api *h, kiln_registry *reg)
+{
     host = h;
     return h->register_creator(reg, &swiglu_creator);
 }

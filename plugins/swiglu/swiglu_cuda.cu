@@ -7,8 +7,8 @@
 
 #define SWIGLU_THREADS 256
 
-__global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(const void *gate, const void *up, void *y, int t,
-                                                                  int64_t rows, int64_t width, int64_t ld)
+__global__ void __launch_bounds__(SWIGLU_THREADS)
+    swiglu_kernel(const void *gate, const void *up, void *y, int t, int64_t rows, int64_t width, int64_t ld)
 {
     kcu_after_prior(gate, up, rows, t);
     int64_t n = rows * width;
@@ -20,8 +20,8 @@ __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(const void *gate
     }
 }
 
-extern "C" int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, int64_t rows,
-                                int64_t width, int64_t ld, void *stream)
+extern "C" int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, int64_t rows, int64_t width,
+                                int64_t ld, void *stream)
 {
     int64_t n = rows * width;
     if (n <= 0)

@@ -39,21 +39,21 @@ typedef struct kiln_exec_tensor {
 typedef struct kiln_exec_plan {
     /* of the engine, fixed at load */
     const kiln_graph *graph;
-    const int64_t *offsets;   /* per tensor: byte offset in block; -1: constant or I/O */
-    const int32_t *io;        /* the I/O tensors: inputs, then outputs that are not inputs */
+    const int64_t *offsets; /* per tensor: byte offset in block; -1: constant or I/O */
+    const int32_t *io;      /* the I/O tensors: inputs, then outputs that are not inputs */
     int32_t n_io;
-    size_t block_bytes;       /* arena + workspace */
-    size_t workspace_offset;  /* where the plugin/cuBLASLt workspace starts in block */
-    void *const *constants;   /* per tensor: the backend's copy of a constant; NULL: graph data */
+    size_t block_bytes;      /* arena + workspace */
+    size_t workspace_offset; /* where the plugin/cuBLASLt workspace starts in block */
+    void *const *constants;  /* per tensor: the backend's copy of a constant; NULL: graph data */
     /* of the context */
-    unsigned char *block;     /* arena + workspace */
-    void **bound;             /* per tensor: caller bindings (NULL: none) */
-    void **io_buf;            /* per tensor: the context's buffer of an unbound I/O tensor */
-    int64_t *symbols;         /* graph.n_symbols: the current value of each shape symbol */
-    kiln_dims *dims;          /* per tensor: current shapes */
-    kiln_plugin **plugins;    /* per plugin record: the context's clone */
+    unsigned char *block;                 /* arena + workspace */
+    void **bound;                         /* per tensor: caller bindings (NULL: none) */
+    void **io_buf;                        /* per tensor: the context's buffer of an unbound I/O tensor */
+    int64_t *symbols;                     /* graph.n_symbols: the current value of each shape symbol */
+    kiln_dims *dims;                      /* per tensor: current shapes */
+    kiln_plugin **plugins;                /* per plugin record: the context's clone */
     kiln_exec_tensor *in_args, *out_args; /* scratch for one layer */
-    double *layer_ms;         /* per layer when profiling (kiln_context_set_profiling), else NULL */
+    double *layer_ms;                     /* per layer when profiling (kiln_context_set_profiling), else NULL */
 } kiln_exec_plan;
 
 /* Where layers read and write tensor t: a constant's copy, the caller's
@@ -71,11 +71,11 @@ void *kiln_exec_io_address(const kiln_exec_plan *p, int32_t t);
 typedef struct kiln_exec_call {
     const kiln_graph *graph;
     const kiln_layer *layer;
-    int32_t index;                    /* of the layer in graph->layers */
-    const kiln_exec_tensor *inputs;   /* layer->n_inputs */
-    const kiln_exec_tensor *outputs;  /* layer->n_outputs */
-    kiln_plugin *plugin;              /* the context's instance for PLUGIN layers */
-    void *workspace;                  /* the block's workspace */
+    int32_t index;                   /* of the layer in graph->layers */
+    const kiln_exec_tensor *inputs;  /* layer->n_inputs */
+    const kiln_exec_tensor *outputs; /* layer->n_outputs */
+    kiln_plugin *plugin;             /* the context's instance for PLUGIN layers */
+    void *workspace;                 /* the block's workspace */
 } kiln_exec_call;
 
 /* What kiln_exec_run calls. */
@@ -122,8 +122,7 @@ typedef struct kiln_backend_i {
      * handles and the backend's copy of every constant. *constants
      * receives a per-tensor table of those copies, or NULL when layers read
      * the graph's host data. *out may be NULL (no state). */
-    kiln_status (*engine_create)(const kiln_graph *g, kiln_backend_engine **out,
-                                 void *const **constants);
+    kiln_status (*engine_create)(const kiln_graph *g, kiln_backend_engine **out, void *const **constants);
     void (*engine_destroy)(kiln_backend_engine *e); /* NULL-safe */
 
     /* ---- memory ---- */
@@ -142,8 +141,7 @@ typedef struct kiln_backend_i {
 
     /* ---- contexts ---- */
     /* The plan is the context's and outlives the backend context. */
-    kiln_status (*context_create)(kiln_backend_engine *e, kiln_exec_plan *plan,
-                                  kiln_backend_context **out);
+    kiln_status (*context_create)(kiln_backend_engine *e, kiln_exec_plan *plan, kiln_backend_context **out);
     /* Waits for the context's work first. NULL-safe. */
     void (*context_destroy)(kiln_backend_context *c);
     /* Optional. The input shapes changed (and are valid): grow what
@@ -159,8 +157,7 @@ typedef struct kiln_backend_i {
     kiln_status (*run_reference)(kiln_backend_context *c);
     /* Copies `bytes` (nonzero, the tensor's size) between host memory and
      * I/O tensor t; to_device: host -> tensor. */
-    kiln_status (*copy)(kiln_backend_context *c, int32_t t, void *host, size_t bytes,
-                        int to_device);
+    kiln_status (*copy)(kiln_backend_context *c, int32_t t, void *host, size_t bytes, int to_device);
 
     /* ---- graph mode and timing (optional) ---- */
     /* Captures enqueues into graphs and replays them (CUDA graphs); mode

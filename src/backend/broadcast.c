@@ -5,8 +5,8 @@
 
 #include "../core/error.h"
 
-kiln_status kiln_broadcast_init(kiln_broadcast *b, const char *layer, const kiln_dims *out,
-                                const kiln_exec_tensor *ins, int32_t n)
+kiln_status kiln_broadcast_init(kiln_broadcast *b, const char *layer, const kiln_dims *out, const kiln_exec_tensor *ins,
+                                int32_t n)
 {
     memset(b, 0, sizeof *b);
     int32_t r = out->rank;

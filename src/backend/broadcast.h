@@ -16,7 +16,7 @@ typedef struct kiln_broadcast {
 
 /* n <= KILN_FUSED_MAX_INPUTS operands. Fails, naming `layer`, when an
  * operand cannot broadcast to `out`. */
-kiln_status kiln_broadcast_init(kiln_broadcast *b, const char *layer, const kiln_dims *out,
-                                const kiln_exec_tensor *ins, int32_t n);
+kiln_status kiln_broadcast_init(kiln_broadcast *b, const char *layer, const kiln_dims *out, const kiln_exec_tensor *ins,
+                                int32_t n);
 
 #endif

@@ -76,18 +76,16 @@ kiln_status kiln_layer_check_shuffle(const char *name, const kiln_layer *l, cons
  * *outer rows of *total * *inner elements (per row, input k's band is its
  * dims[axis] * inner elements). */
 kiln_status kiln_layer_plan_concat(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
-                                   const kiln_exec_tensor *out, int64_t *outer, int64_t *inner,
-                                   int64_t *total);
+                                   const kiln_exec_tensor *out, int64_t *outer, int64_t *inner, int64_t *total);
 /* Gather: data, i32/i64 indices, output of data's dtype with outer * n_idx
  * * inner elements; *dim is data's size along the axis. */
 kiln_status kiln_layer_plan_gather(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
-                                   const kiln_exec_tensor *out, int64_t *outer, int64_t *n_idx,
-                                   int64_t *inner, int64_t *dim);
+                                   const kiln_exec_tensor *out, int64_t *outer, int64_t *n_idx, int64_t *inner,
+                                   int64_t *dim);
 /* Softmax: float in and out of one element count, the axis inside the
  * rank; lines of *len elements *inner apart; *count elements in all. */
 kiln_status kiln_layer_plan_softmax(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
-                                    const kiln_exec_tensor *out, int64_t *count, int64_t *len,
-                                    int64_t *inner);
+                                    const kiln_exec_tensor *out, int64_t *count, int64_t *len, int64_t *inner);
 /* Cast: 1 input, 1 output of equal element count (*count), dtypes up to
  * bool (not fp8). */
 kiln_status kiln_layer_check_cast(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
@@ -100,8 +98,8 @@ int kiln_perm_is_identity(const int32_t *perm, int32_t rank);
 
 /* Calls the plugin's enqueue for `backend` with descriptors of the
  * layer's tensors (on the stack: a launch allocates nothing). */
-kiln_status kiln_layer_run_plugin(const char *name, kiln_plugin *plugin, kiln_backend backend,
-                                  const kiln_layer *l, const kiln_exec_tensor *in,
-                                  const kiln_exec_tensor *out, void *workspace, void *stream);
+kiln_status kiln_layer_run_plugin(const char *name, kiln_plugin *plugin, kiln_backend backend, const kiln_layer *l,
+                                  const kiln_exec_tensor *in, const kiln_exec_tensor *out, void *workspace,
+                                  void *stream);
 
 #endif

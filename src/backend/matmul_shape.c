@@ -6,7 +6,7 @@
 #include "../core/error.h"
 
 static kiln_status batch_strides(const char *name, const kiln_dims *d, int32_t mat_rank, int64_t mat_size,
-                         const kiln_matmul_shape *s, int64_t *strides, int64_t *count, const char *which)
+                                 const kiln_matmul_shape *s, int64_t *strides, int64_t *count, const char *which)
 {
     int32_t r = d->rank - mat_rank;
     if (r > s->nb)
@@ -32,8 +32,8 @@ static kiln_status batch_strides(const char *name, const kiln_dims *d, int32_t m
     return KILN_OK;
 }
 
-kiln_status kiln_matmul_shape_init(const char *name, const kiln_layer *l, const kiln_dims *da,
-                                   const kiln_dims *db, const kiln_dims *dc, kiln_matmul_shape *s)
+kiln_status kiln_matmul_shape_init(const char *name, const kiln_layer *l, const kiln_dims *da, const kiln_dims *db,
+                                   const kiln_dims *dc, kiln_matmul_shape *s)
 {
     memset(s, 0, sizeof *s);
     if (da->rank < 1 || db->rank < 1)

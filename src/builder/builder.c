@@ -46,15 +46,12 @@ static kiln_status read_config(const kiln_build_config *in, kiln_build_config *c
         return KILN_OK;
     KILN_TRY(kiln_api_struct_read(cfg, sizeof *cfg, in, "build config"));
     if ((unsigned)cfg->backend >= KILN_BACKEND_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "build config: backend %d is unknown",
-                         (int)cfg->backend);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "build config: backend %d is unknown", (int)cfg->backend);
     if (cfg->n_gpu_archs < 0 || cfg->n_gpu_archs > 8)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "build config: n_gpu_archs %d is outside 0..8", cfg->n_gpu_archs);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "build config: n_gpu_archs %d is outside 0..8", cfg->n_gpu_archs);
     for (int32_t i = 0; i < cfg->n_gpu_archs; i++)
         if (cfg->gpu_archs[i] <= 0)
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "build config: gpu_archs[%d] = %d is not an architecture", i,
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "build config: gpu_archs[%d] = %d is not an architecture", i,
                              cfg->gpu_archs[i]);
     return KILN_OK;
 }
@@ -79,8 +76,7 @@ static kiln_status check_shapes(kiln_graph *g)
     return KILN_OK;
 }
 
-kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *config,
-                             kiln_graph *out)
+kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *config, kiln_graph *out)
 {
     if (!net || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_builder_run: %s is NULL",
@@ -90,8 +86,8 @@ kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *con
 
     enum { N_PASSES = 8 };
     static const char *const names[N_PASSES] = {
-        "validation",    "shape check",   "dead-layer removal", "constant folding",
-        "fusion",        "workspace",     "memory plan",        "tactics",
+        "validation", "shape check", "dead-layer removal", "constant folding",
+        "fusion",     "workspace",   "memory plan",        "tactics",
     };
     kiln_graph g;
     KILN_TRY(kiln_graph_copy(&g, net));
@@ -133,8 +129,7 @@ kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *con
 kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config, kiln_buffer *out)
 {
     if (!net || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_build: %s is NULL",
-                         !net ? "network" : "output buffer");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_build: %s is NULL", !net ? "network" : "output buffer");
     kiln_graph g;
     KILN_TRY(kiln_builder_run(&net->graph, config, &g));
     kiln_buffer buf = {NULL, 0};
@@ -147,8 +142,7 @@ kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
     return KILN_OK;
 }
 
-kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config,
-                               const char *path)
+kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config, const char *path)
 {
     /* Refused before the build, which may take long. */
     KILN_TRY(kiln_file_check_output(path));

@@ -33,9 +33,9 @@ kiln_status kiln_builder_validate(const kiln_graph *g, const kiln_build_config *
 typedef struct kiln_bound_shapes {
     int32_t n_bounds;
     int32_t n_tensors;
-    kiln_dims *dims;        /* n_bounds × n_tensors, row per bound */
-    int32_t *profile;       /* n_bounds: the profile of each row (-1: none) */
-    int32_t *which;         /* n_bounds: 0 min, 1 opt, 2 max */
+    kiln_dims *dims;  /* n_bounds × n_tensors, row per bound */
+    int32_t *profile; /* n_bounds: the profile of each row (-1: none) */
+    int32_t *which;   /* n_bounds: 0 min, 1 opt, 2 max */
 } kiln_bound_shapes;
 
 kiln_status kiln_builder_eval_bounds(const kiln_graph *g, kiln_bound_shapes *out);
@@ -77,15 +77,13 @@ kiln_status kiln_builder_select_tactics(kiln_graph *g, const kiln_build_config *
 
 /* Appends layer names to buf as "a", "b", ... (at most `max` names, then
  * "and N more"); used by the passes' log lines. */
-void kiln_builder_name_list(char *buf, size_t size, const char *const *names, int32_t n,
-                            int32_t max);
+void kiln_builder_name_list(char *buf, size_t size, const char *const *names, int32_t n, int32_t max);
 
 /* Bytes rounded up to KILN_BUILDER_ALIGN; nonzero on overflow. */
 int kiln_builder_align(size_t bytes, size_t *out);
 
 /* Whether a plugin's ops table is long enough to hold `member`. */
-#define KILN_OPS_HAS(ops, member)                                                   \
-    ((ops) && (ops)->struct_size >= offsetof(kiln_plugin_ops, member) + sizeof((ops)->member) && \
-     (ops)->member)
+#define KILN_OPS_HAS(ops, member) \
+    ((ops) && (ops)->struct_size >= offsetof(kiln_plugin_ops, member) + sizeof((ops)->member) && (ops)->member)
 
 #endif

@@ -9,7 +9,6 @@
  * shape checks at every profile's min/opt/max, dead-layer removal, constant
  * folding, elementwise fusion, workspace sizing, memory planning and (for
  * CUDA) tactic selection. Logs each pass at KILN_LOG_INFO. */
-kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *config,
-                             kiln_graph *out);
+kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *config, kiln_graph *out);
 
 #endif

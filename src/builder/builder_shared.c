@@ -11,8 +11,7 @@
 
 /* ---- names and alignment --------------------------------------------------- */
 
-void kiln_builder_name_list(char *buf, size_t size, const char *const *names, int32_t n,
-                            int32_t max)
+void kiln_builder_name_list(char *buf, size_t size, const char *const *names, int32_t n, int32_t max)
 {
     if (!buf || size == 0)
         return;
@@ -38,10 +37,7 @@ int kiln_builder_align(size_t bytes, size_t *out)
 
 /* ---- shapes at every bound ------------------------------------------------------- */
 
-const char *kiln_builder_bound_name(int which)
-{
-    return which == 0 ? "min" : which == 1 ? "opt" : "max";
-}
+const char *kiln_builder_bound_name(int which) { return which == 0 ? "min" : which == 1 ? "opt" : "max"; }
 
 void kiln_bound_shapes_free(kiln_bound_shapes *b)
 {
@@ -63,16 +59,13 @@ static int explain_negative(const kiln_graph *g, const int64_t *values, const ch
         for (int32_t a = 0; a < r->rank; a++) {
             if (r->dims[a] < 0 || r->dims[a] >= g->exprs.n || values[r->dims[a]] >= 0)
                 continue;
-            const char *layer = r->producer >= 0 && r->producer < g->n_layers
-                                    ? g->layers[r->producer].name
-                                    : NULL;
+            const char *layer = r->producer >= 0 && r->producer < g->n_layers ? g->layers[r->producer].name : NULL;
             if (layer)
-                kiln_fail(KILN_ERROR_SHAPE,
-                          "%s: layer \"%s\": output \"%s\" dim %d is %" PRId64
-                          " (must be >= 0)", where, layer, r->name, a, values[r->dims[a]]);
+                kiln_fail(KILN_ERROR_SHAPE, "%s: layer \"%s\": output \"%s\" dim %d is %" PRId64 " (must be >= 0)",
+                          where, layer, r->name, a, values[r->dims[a]]);
             else
-                kiln_fail(KILN_ERROR_SHAPE, "%s: tensor \"%s\" dim %d is %" PRId64
-                          " (must be >= 0)", where, r->name, a, values[r->dims[a]]);
+                kiln_fail(KILN_ERROR_SHAPE, "%s: tensor \"%s\" dim %d is %" PRId64 " (must be >= 0)", where, r->name, a,
+                          values[r->dims[a]]);
             return 1;
         }
     }
@@ -95,8 +88,8 @@ kiln_status kiln_builder_eval_bounds(const kiln_graph *g, kiln_bound_shapes *out
         free(symbols);
         free(values);
         kiln_bound_shapes_free(&b);
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "evaluating shapes of %d tensors at %d bounds",
-                         g->n_tensors, b.n_bounds);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "evaluating shapes of %d tensors at %d bounds", g->n_tensors,
+                         b.n_bounds);
     }
     kiln_status s = KILN_OK;
     for (int32_t k = 0; k < b.n_bounds && s == KILN_OK; k++) {
@@ -107,8 +100,7 @@ kiln_status kiln_builder_eval_bounds(const kiln_graph *g, kiln_bound_shapes *out
         char where[64];
         if (profile >= 0) {
             kiln_graph_profile_symbols(g, profile, which, symbols);
-            snprintf(where, sizeof where, "profile %d (%s)", profile,
-                     kiln_builder_bound_name(which));
+            snprintf(where, sizeof where, "profile %d (%s)", profile, kiln_builder_bound_name(which));
         } else {
             snprintf(where, sizeof where, "static shapes");
         }

@@ -35,8 +35,8 @@ static int static_dims(const kiln_graph *g, const kiln_tensor_rec *t, kiln_dims 
  * time, which a constant tensor never is). */
 static int foldable(const kiln_graph *g, const kiln_layer *l)
 {
-    if (l->op == KILN_OP_PLUGIN || l->op == KILN_OP_CONSTANT || l->op == KILN_OP_FUSED ||
-        l->n_inputs == 0 || l->n_outputs != 1)
+    if (l->op == KILN_OP_PLUGIN || l->op == KILN_OP_CONSTANT || l->op == KILN_OP_FUSED || l->n_inputs == 0 ||
+        l->n_outputs != 1)
         return 0;
     for (int32_t k = 0; k < l->n_inputs; k++) {
         const kiln_tensor_rec *t = &g->tensors[l->inputs[k]];
@@ -70,8 +70,7 @@ static kiln_status fold_layer(kiln_graph *g, const kiln_layer *l)
         free(in);
         if (s != KILN_OK)
             return kiln_fail_context(s, "layer \"%s\": constant folding", l->name);
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": folding %zu bytes", l->name,
-                         bytes);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": folding %zu bytes", l->name, bytes);
     }
     kiln_cpu_args args;
     memset(&args, 0, sizeof args);
@@ -115,8 +114,7 @@ kiln_status kiln_builder_fold_constants(kiln_graph *g)
         s = fold_layer(g, l);
         /* A layer the CPU kernels do not cover runs unfolded at run time. */
         if (s == KILN_ERROR_UNSUPPORTED) {
-            kiln_log(KILN_LOG_DEBUG, "constant folding: skipped \"%s\": %s", l->name,
-                     kiln_last_error());
+            kiln_log(KILN_LOG_DEBUG, "constant folding: skipped \"%s\": %s", l->name, kiln_last_error());
             s = KILN_OK;
             continue;
         }
@@ -134,8 +132,8 @@ kiln_status kiln_builder_fold_constants(kiln_graph *g)
         if (s == KILN_OK && n_folded > 0)
             kiln_log(KILN_LOG_INFO,
                      "constant folding: folded %d layers (%s) into %zu bytes of constants; "
-                     "%d layers and %d tensors dropped", n_folded, names, folded_bytes,
-                     removed_layers, removed_tensors);
+                     "%d layers and %d tensors dropped",
+                     n_folded, names, folded_bytes, removed_layers, removed_tensors);
         else if (s == KILN_OK)
             kiln_log(KILN_LOG_INFO, "constant folding: no layer has only constant inputs");
     }

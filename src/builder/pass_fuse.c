@@ -23,10 +23,10 @@
 
 typedef struct fuse_state {
     kiln_graph *g;
-    int32_t *producer;      /* per tensor: producing layer or -1 */
-    int32_t *consumers;     /* per tensor: number of distinct consuming layers */
-    unsigned char *is_out;  /* per tensor: a network output */
-    int32_t *owner;         /* per layer: root of the fused group, or -1 */
+    int32_t *producer;     /* per tensor: producing layer or -1 */
+    int32_t *consumers;    /* per tensor: number of distinct consuming layers */
+    unsigned char *is_out; /* per tensor: a network output */
+    int32_t *owner;        /* per layer: root of the fused group, or -1 */
 } fuse_state;
 
 static int eligible(const kiln_graph *g, const kiln_layer *l)
@@ -62,8 +62,7 @@ static int in_group(const int32_t *members, int32_t n, int32_t layer)
 
 /* External inputs of a group: tensors its members read that no member
  * produces, in first-use order over the members as listed. */
-static int32_t group_externals(const fuse_state *st, const int32_t *members, int32_t n,
-                               int32_t *ext, int32_t cap)
+static int32_t group_externals(const fuse_state *st, const int32_t *members, int32_t n, int32_t *ext, int32_t cap)
 {
     int32_t n_ext = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -106,13 +105,11 @@ static int32_t grow_group(const fuse_state *st, int32_t root, int32_t *members)
             int32_t t = l->inputs[k];
             int32_t p = st->producer[t];
             const kiln_tensor_rec *r = &g->tensors[t];
-            if (p < 0 || st->owner[p] >= 0 || in_group(members, n, p) ||
-                !eligible(g, &g->layers[p]) || st->consumers[t] != 1 || st->is_out[t] ||
-                r->dtype != out->dtype || !same_shape(r, out))
+            if (p < 0 || st->owner[p] >= 0 || in_group(members, n, p) || !eligible(g, &g->layers[p]) ||
+                st->consumers[t] != 1 || st->is_out[t] || r->dtype != out->dtype || !same_shape(r, out))
                 continue;
             members[n++] = p;
-            if (group_externals(st, members, n, ext, KILN_FUSED_MAX_INPUTS + 2) >
-                KILN_FUSED_MAX_INPUTS)
+            if (group_externals(st, members, n, ext, KILN_FUSED_MAX_INPUTS + 2) > KILN_FUSED_MAX_INPUTS)
                 n--;
         }
     }
@@ -234,8 +231,7 @@ kiln_status kiln_builder_fuse_elementwise(kiln_graph *g)
         }
         s = rewrite_root(&st, members, n);
         if (s == KILN_OK) {
-            kiln_log(KILN_LOG_INFO, "fusion: \"%s\": %d steps, %d inputs", g->layers[i].name, n,
-                     g->layers[i].n_inputs);
+            kiln_log(KILN_LOG_INFO, "fusion: \"%s\": %d steps, %d inputs", g->layers[i].name, n, g->layers[i].n_inputs);
             n_groups++;
             n_fused_layers += n;
         }
@@ -246,7 +242,8 @@ kiln_status kiln_builder_fuse_elementwise(kiln_graph *g)
         if (s == KILN_OK && n_groups > 0)
             kiln_log(KILN_LOG_INFO,
                      "fusion: %d elementwise layers fused into %d layers (%d intermediate "
-                     "tensors dropped)", n_fused_layers, n_groups, removed_tensors);
+                     "tensors dropped)",
+                     n_fused_layers, n_groups, removed_tensors);
         else if (s == KILN_OK)
             kiln_log(KILN_LOG_INFO, "fusion: no elementwise chain to fuse");
     }

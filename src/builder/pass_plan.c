@@ -21,8 +21,7 @@ static void fill_desc(kiln_tensor_desc *d, kiln_dtype dtype, const kiln_dims *di
     d->dims = *dims;
 }
 
-static kiln_status layer_workspace(const kiln_graph *g, const kiln_layer *l,
-                                   const kiln_bound_shapes *b, size_t *out)
+static kiln_status layer_workspace(const kiln_graph *g, const kiln_layer *l, const kiln_bound_shapes *b, size_t *out)
 {
     const kiln_plugin_rec *rec = &g->plugins[l->p.plugin.index];
     const kiln_plugin_ops *ops = rec->instance->ops;
@@ -41,8 +40,7 @@ static kiln_status layer_workspace(const kiln_graph *g, const kiln_layer *l,
             int32_t t = j < l->n_inputs ? l->inputs[j] : l->outputs[j - l->n_inputs];
             fill_desc(&descs[j], g->tensors[t].dtype, &dims[t]);
         }
-        size_t w = ops->workspace_size(rec->instance, descs, l->n_inputs, descs + l->n_inputs,
-                                       l->n_outputs);
+        size_t w = ops->workspace_size(rec->instance, descs, l->n_inputs, descs + l->n_inputs, l->n_outputs);
         if (w > *out)
             *out = w;
     }
@@ -66,8 +64,8 @@ kiln_status kiln_builder_size_workspace(kiln_graph *g)
         n_plugin_layers++;
         s = layer_workspace(g, l, &b, &l->workspace);
         if (s == KILN_OK && l->workspace > 0)
-            kiln_log(KILN_LOG_INFO, "workspace: layer \"%s\" (plugin %s) needs %zu bytes",
-                     l->name, g->plugins[l->p.plugin.index].name, l->workspace);
+            kiln_log(KILN_LOG_INFO, "workspace: layer \"%s\" (plugin %s) needs %zu bytes", l->name,
+                     g->plugins[l->p.plugin.index].name, l->workspace);
         if (l->workspace > largest) {
             largest = l->workspace;
             largest_layer = l->name;
@@ -78,11 +76,10 @@ kiln_status kiln_builder_size_workspace(kiln_graph *g)
         return s;
     /* Layers run one after another, so one workspace serves them all. */
     if (kiln_builder_align(largest, &g->workspace_size))
-        return kiln_fail(KILN_ERROR_LIMIT, "layer \"%s\": workspace of %zu bytes is too large",
-                         largest_layer, largest);
+        return kiln_fail(KILN_ERROR_LIMIT, "layer \"%s\": workspace of %zu bytes is too large", largest_layer, largest);
     if (largest_layer)
-        kiln_log(KILN_LOG_INFO, "workspace: %zu bytes shared by %d plugin layers (largest: \"%s\")",
-                 g->workspace_size, n_plugin_layers, largest_layer);
+        kiln_log(KILN_LOG_INFO, "workspace: %zu bytes shared by %d plugin layers (largest: \"%s\")", g->workspace_size,
+                 n_plugin_layers, largest_layer);
     else
         kiln_log(KILN_LOG_INFO, "workspace: none needed (%d plugin layers)", n_plugin_layers);
     return KILN_OK;
@@ -92,7 +89,7 @@ kiln_status kiln_builder_size_workspace(kiln_graph *g)
 
 typedef struct plan_item {
     int32_t tensor;
-    int32_t start, end;   /* live interval over layer indices, inclusive */
+    int32_t start, end; /* live interval over layer indices, inclusive */
     size_t size;
     size_t offset;
 } plan_item;
@@ -119,8 +116,7 @@ static int cmp_spans(const void *pa, const void *pb)
 
 /* Lowest offset where [offset, offset + item->size) misses every placed
  * item whose live interval meets this one's. */
-static kiln_status place(plan_item *items, int32_t n_placed, plan_item *item, span *scratch,
-                         const kiln_graph *g)
+static kiln_status place(plan_item *items, int32_t n_placed, plan_item *item, span *scratch, const kiln_graph *g)
 {
     int32_t n = 0;
     for (int32_t i = 0; i < n_placed; i++) {
@@ -142,8 +138,7 @@ static kiln_status place(plan_item *items, int32_t n_placed, plan_item *item, sp
             at = scratch[i].end;
     }
     if (kiln_add_overflow(at, item->size, &end))
-        return kiln_fail(KILN_ERROR_LIMIT, "tensor \"%s\": arena offset overflows",
-                         g->tensors[item->tensor].name);
+        return kiln_fail(KILN_ERROR_LIMIT, "tensor \"%s\": arena offset overflows", g->tensors[item->tensor].name);
     item->offset = at;
     return KILN_OK;
 }
@@ -160,17 +155,15 @@ static kiln_status tensor_sizes(kiln_graph *g, const kiln_bound_shapes *b)
         size_t largest = 0;
         for (int32_t k = 0; k < b->n_bounds; k++) {
             size_t bytes;
-            kiln_status s = kiln_dims_bytes(&b->dims[(size_t)k * (size_t)b->n_tensors + (size_t)t],
-                                            r->dtype, &bytes);
+            kiln_status s = kiln_dims_bytes(&b->dims[(size_t)k * (size_t)b->n_tensors + (size_t)t], r->dtype, &bytes);
             if (s != KILN_OK)
-                return kiln_fail_context(s, "tensor \"%s\" at profile %d (%s)", r->name,
-                                         b->profile[k], kiln_builder_bound_name(b->which[k]));
+                return kiln_fail_context(s, "tensor \"%s\" at profile %d (%s)", r->name, b->profile[k],
+                                         kiln_builder_bound_name(b->which[k]));
             if (bytes > largest)
                 largest = bytes;
         }
         if (kiln_builder_align(largest, &r->max_bytes))
-            return kiln_fail(KILN_ERROR_LIMIT, "tensor \"%s\": %zu bytes is too large", r->name,
-                             largest);
+            return kiln_fail(KILN_ERROR_LIMIT, "tensor \"%s\": %zu bytes is too large", r->name, largest);
     }
     return KILN_OK;
 }
@@ -243,8 +236,8 @@ kiln_status kiln_builder_plan_memory(kiln_graph *g)
         g->arena_size = arena;
         kiln_log(KILN_LOG_INFO,
                  "memory plan: %d tensors in an arena of %zu bytes (%.2f MiB); naive sum %zu "
-                 "bytes (%.2f MiB)", n, arena, (double)arena / (1024.0 * 1024.0), naive,
-                 (double)naive / (1024.0 * 1024.0));
+                 "bytes (%.2f MiB)",
+                 n, arena, (double)arena / (1024.0 * 1024.0), naive, (double)naive / (1024.0 * 1024.0));
     }
     free(items);
     free(scratch);

@@ -202,12 +202,13 @@ kiln_status kiln_builder_remove_dead(kiln_graph *g)
     kiln_status s = kiln_builder_sweep(g, NULL, &removed_layers, &removed_tensors);
     if (s == KILN_OK) {
         if (removed_layers > 0)
-            kiln_log(KILN_LOG_INFO,
-                     "dead-layer removal: removed %d layers (%s), %d tensors, %d plugin records",
+            kiln_log(KILN_LOG_INFO, "dead-layer removal: removed %d layers (%s), %d tensors, %d plugin records",
                      removed_layers, names, removed_tensors, n_plugins - g->n_plugins);
         else
-            kiln_log(KILN_LOG_INFO, "dead-layer removal: every layer reaches an output "
-                     "(%d tensors dropped)", removed_tensors);
+            kiln_log(KILN_LOG_INFO,
+                     "dead-layer removal: every layer reaches an output "
+                     "(%d tensors dropped)",
+                     removed_tensors);
     }
     free(dead);
     free(live);

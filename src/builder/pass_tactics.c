@@ -65,15 +65,13 @@ static kiln_status tune_matmuls(kiln_graph *g, const kiln_backend_i *be)
         }
         L->tactic = tactic;
         tuned++;
-        kiln_log(KILN_LOG_INFO, "tactics: layer \"%s\" (matmul): cuBLASLt candidate %lld",
-                 L->name, (long long)tactic);
+        kiln_log(KILN_LOG_INFO, "tactics: layer \"%s\" (matmul): cuBLASLt candidate %lld", L->name, (long long)tactic);
     }
     if (tuner)
         be->tuner_destroy(tuner);
     kiln_bound_shapes_free(&b);
     if (s == KILN_OK)
-        kiln_log(KILN_LOG_INFO, "tactics: timed %d matmul%s on this GPU", (int)tuned,
-                 tuned == 1 ? "" : "s");
+        kiln_log(KILN_LOG_INFO, "tactics: timed %d matmul%s on this GPU", (int)tuned, tuned == 1 ? "" : "s");
     return s;
 }
 
@@ -92,14 +90,13 @@ kiln_status kiln_builder_select_tactics(kiln_graph *g, const kiln_build_config *
     char archs[64] = "";
     size_t pos = 0;
     for (int32_t i = 0; i < g->n_gpu_archs && pos < sizeof archs; i++) {
-        int w = snprintf(archs + pos, sizeof archs - pos, "%ssm_%d", i ? "," : " for ",
-                         g->gpu_archs[i]);
+        int w = snprintf(archs + pos, sizeof archs - pos, "%ssm_%d", i ? "," : " for ", g->gpu_archs[i]);
         if (w < 0)
             break;
         pos += (size_t)w;
     }
-    kiln_log(KILN_LOG_INFO, "tactics: backend %s%s, default kernel for all %d layers",
-             kiln_backend_name(g->backend), archs, g->n_layers);
+    kiln_log(KILN_LOG_INFO, "tactics: backend %s%s, default kernel for all %d layers", kiln_backend_name(g->backend),
+             archs, g->n_layers);
     if (config->backend != KILN_BACKEND_CUDA)
         return KILN_OK;
 
@@ -119,7 +116,7 @@ kiln_status kiln_builder_select_tactics(kiln_graph *g, const kiln_build_config *
     }
     if (be && be->tune_layer && be->device_arch && be->device_arch(NULL))
         return n_matmul ? tune_matmuls(g, be) : KILN_OK;
-    kiln_log(KILN_LOG_WARNING, "no CUDA GPU here: using heuristic tactics (%d matmul%s)",
-             (int)n_matmul, n_matmul == 1 ? "" : "s");
+    kiln_log(KILN_LOG_WARNING, "no CUDA GPU here: using heuristic tactics (%d matmul%s)", (int)n_matmul,
+             n_matmul == 1 ? "" : "s");
     return KILN_OK;
 }

@@ -27,14 +27,13 @@ static kiln_status check_native_cuda(const kiln_graph *g, const kiln_layer *l)
         kiln_dtype d = g->tensors[t].dtype;
         if (cuda_native_dtype(d))
             continue;
-        if (l->op == KILN_OP_GATHER && is_input && k == 1 &&
-            (d == KILN_DTYPE_I32 || d == KILN_DTYPE_I64))
+        if (l->op == KILN_OP_GATHER && is_input && k == 1 && (d == KILN_DTYPE_I32 || d == KILN_DTYPE_I64))
             continue;
         return kiln_fail(KILN_ERROR_UNSUPPORTED,
                          "layer \"%s\" (%s): %s \"%s\" has dtype %s, which the cuda backend does "
                          "not support for this layer (f32, f16, bf16)",
-                         l->name, kiln_op_name(l->op), is_input ? "input" : "output",
-                         g->tensors[t].name, kiln_dtype_name(d));
+                         l->name, kiln_op_name(l->op), is_input ? "input" : "output", g->tensors[t].name,
+                         kiln_dtype_name(d));
     }
     return KILN_OK;
 }
@@ -42,13 +41,12 @@ static kiln_status check_native_cuda(const kiln_graph *g, const kiln_layer *l)
 kiln_status kiln_builder_validate(const kiln_graph *g, const kiln_build_config *config)
 {
     if (g->n_outputs < 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "the network has no outputs (mark at least one with "
-                         "kiln_network_mark_output)");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "the network has no outputs (mark at least one with "
+                                                      "kiln_network_mark_output)");
     for (int32_t i = 0; i < g->n_outputs; i++)
         if (g->outputs[i] < 0 || g->outputs[i] >= g->n_tensors)
-            return kiln_fail(KILN_ERROR_INTERNAL, "network output %d refers to tensor %d of %d", i,
-                             g->outputs[i], g->n_tensors);
+            return kiln_fail(KILN_ERROR_INTERNAL, "network output %d refers to tensor %d of %d", i, g->outputs[i],
+                             g->n_tensors);
     KILN_TRY(kiln_graph_check_profiles(g));
     int32_t n_plugin_layers = 0;
     for (int32_t i = 0; i < g->n_layers; i++) {
@@ -56,8 +54,7 @@ kiln_status kiln_builder_validate(const kiln_graph *g, const kiln_build_config *
         for (int32_t k = 0; k < l->n_inputs + l->n_outputs; k++) {
             int32_t t = k < l->n_inputs ? l->inputs[k] : l->outputs[k - l->n_inputs];
             if (t < 0 || t >= g->n_tensors)
-                return kiln_fail(KILN_ERROR_INTERNAL, "layer \"%s\": tensor index %d of %d",
-                                 l->name, t, g->n_tensors);
+                return kiln_fail(KILN_ERROR_INTERNAL, "layer \"%s\": tensor index %d of %d", l->name, t, g->n_tensors);
         }
         if (l->op == KILN_OP_PLUGIN) {
             n_plugin_layers++;

@@ -19,8 +19,7 @@ static kiln_status write_all(int fd, const void *data, size_t size, const char *
         if (w < 0 && errno == EINTR)
             continue;
         if (w <= 0)
-            return kiln_fail(KILN_ERROR_IO, "cannot write %s: %s", path,
-                             w < 0 ? strerror(errno) : "no progress");
+            return kiln_fail(KILN_ERROR_IO, "cannot write %s: %s", path, w < 0 ? strerror(errno) : "no progress");
         p += w;
         size -= (size_t)w;
     }

@@ -18,15 +18,9 @@ float kiln_bf16_to_float(uint16_t b) { return kiln_bf16_to_f32(b); }
 
 uint16_t kiln_float_to_bf16(float f) { return kiln_f32_to_bf16(f); }
 
-int kiln_dtype_is_float(kiln_dtype t)
-{
-    return t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16;
-}
+int kiln_dtype_is_float(kiln_dtype t) { return t == KILN_DTYPE_F32 || t == KILN_DTYPE_F16 || t == KILN_DTYPE_BF16; }
 
-int kiln_dtype_is_integer(kiln_dtype t)
-{
-    return kiln_dtype_is_int_or_bool(t);
-}
+int kiln_dtype_is_integer(kiln_dtype t) { return kiln_dtype_is_int_or_bool(t); }
 
 /* ---- element access ------------------------------------------------------------ */
 

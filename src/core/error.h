@@ -11,8 +11,7 @@ kiln_status kiln_fail(kiln_status status, const char *fmt, ...) __attribute__((f
 
 /* Prefixes the current last error with "<prefix>: " and returns status;
  * used to add context ("layer \"fc1\": ...") while an error propagates. */
-kiln_status kiln_fail_context(kiln_status status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+kiln_status kiln_fail_context(kiln_status status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* How many messages kiln_fail has recorded on the calling thread: a call
  * that fails without this changing left no message of its own. */
@@ -21,11 +20,11 @@ unsigned long kiln_fail_count(void);
 void kiln_log(kiln_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Return the status if an expression fails. */
-#define KILN_TRY(expr)                 \
-    do {                               \
+#define KILN_TRY(expr) \
+    do { \
         kiln_status kiln_try_s_ = (expr); \
-        if (kiln_try_s_ != KILN_OK)    \
-            return kiln_try_s_;        \
+        if (kiln_try_s_ != KILN_OK) \
+            return kiln_try_s_; \
     } while (0)
 
 /* Overflow-checked size arithmetic for anything derived from a file:

@@ -47,8 +47,8 @@ kiln_status kiln_expr_pool_copy(kiln_expr_pool *dst, const kiln_expr_pool *src)
 static uint64_t node_hash(const kiln_expr_node *n)
 {
     uint64_t h = 1469598103934665603ull;
-    uint64_t parts[4] = {(uint64_t)(uint32_t)n->kind, (uint64_t)(uint32_t)n->a,
-                         (uint64_t)(uint32_t)n->b, (uint64_t)n->value};
+    uint64_t parts[4] = {(uint64_t)(uint32_t)n->kind, (uint64_t)(uint32_t)n->a, (uint64_t)(uint32_t)n->b,
+                         (uint64_t)n->value};
     for (int i = 0; i < 4; i++) {
         h ^= parts[i];
         h *= 1099511628211ull;
@@ -110,8 +110,7 @@ static kiln_expr intern(kiln_expr_pool *p, kiln_expr_node node)
     }
     if (p->n == p->cap) {
         int32_t cap = p->cap ? p->cap * 2 : 64;
-        kiln_expr_node *nodes = p->cap > INT32_MAX / 2 ? NULL
-                                                       : realloc(p->nodes, (size_t)cap * sizeof *nodes);
+        kiln_expr_node *nodes = p->cap > INT32_MAX / 2 ? NULL : realloc(p->nodes, (size_t)cap * sizeof *nodes);
         if (!nodes) {
             p->failed = 1;
             return -1;
@@ -223,8 +222,7 @@ kiln_expr kiln_expr_operation(kiln_expr_pool *p, kiln_expr_op op, kiln_expr a, k
     }
     /* Commutative ops in a canonical operand order, so a+b and b+a share a
      * node. Operands still precede the node either way. */
-    if ((op == KILN_EXPR_ADD || op == KILN_EXPR_MUL || op == KILN_EXPR_MAX || op == KILN_EXPR_MIN) &&
-        a > b) {
+    if ((op == KILN_EXPR_ADD || op == KILN_EXPR_MUL || op == KILN_EXPR_MAX || op == KILN_EXPR_MIN) && a > b) {
         kiln_expr t = a;
         a = b;
         b = t;
@@ -233,8 +231,7 @@ kiln_expr kiln_expr_operation(kiln_expr_pool *p, kiln_expr_op op, kiln_expr a, k
     return intern(p, n);
 }
 
-kiln_status kiln_expr_pool_eval(const kiln_expr_pool *p, const int64_t *symbols,
-                                int32_t n_symbols, int64_t *values)
+kiln_status kiln_expr_pool_eval(const kiln_expr_pool *p, const int64_t *symbols, int32_t n_symbols, int64_t *values)
 {
     char buf[160];
     for (int32_t i = 0; i < p->n; i++) {
@@ -243,17 +240,17 @@ kiln_status kiln_expr_pool_eval(const kiln_expr_pool *p, const int64_t *symbols,
             values[i] = n->value;
         } else if (n->kind == KILN_EXPR_NODE_SYMBOL) {
             if (n->value < 0 || n->value >= n_symbols)
-                return kiln_fail(KILN_ERROR_SHAPE, "shape expression %d names symbol s%" PRId64
-                                 " but only %d symbols exist", i, n->value, n_symbols);
+                return kiln_fail(KILN_ERROR_SHAPE,
+                                 "shape expression %d names symbol s%" PRId64 " but only %d symbols exist", i, n->value,
+                                 n_symbols);
             values[i] = symbols[n->value];
-        } else if (n->kind >= 0 && n->kind < KILN_EXPR_OP_COUNT && n->a >= 0 && n->a < i &&
-                   n->b >= 0 && n->b < i) {
+        } else if (n->kind >= 0 && n->kind < KILN_EXPR_OP_COUNT && n->a >= 0 && n->a < i && n->b >= 0 && n->b < i) {
             if (apply(n->kind, values[n->a], values[n->b], &values[i]) != 0) {
                 int div = n->kind == KILN_EXPR_FLOOR_DIV || n->kind == KILN_EXPR_CEIL_DIV;
                 return kiln_fail(KILN_ERROR_SHAPE, "shape expression %s: %s (%" PRId64 " and %" PRId64 ")",
                                  kiln_expr_format(p, i, buf, sizeof buf),
-                                 div && values[n->b] == 0 ? "division by zero" : "int64 overflow",
-                                 values[n->a], values[n->b]);
+                                 div && values[n->b] == 0 ? "division by zero" : "int64 overflow", values[n->a],
+                                 values[n->b]);
             }
         } else {
             return kiln_fail(KILN_ERROR_SHAPE, "shape expression %d is malformed", i);

@@ -14,18 +14,18 @@
 #define KILN_EXPR_NODE_SYMBOL ((int32_t)KILN_EXPR_OP_COUNT + 1)
 
 typedef struct kiln_expr_node {
-    int32_t kind;  /* kiln_expr_op, KILN_EXPR_NODE_CONST or _SYMBOL */
+    int32_t kind;   /* kiln_expr_op, KILN_EXPR_NODE_CONST or _SYMBOL */
     kiln_expr a, b; /* operands of binary ops, else -1 */
-    int64_t value; /* constant value, or symbol index */
+    int64_t value;  /* constant value, or symbol index */
 } kiln_expr_node;
 
 /* The plugin ABI's kiln_expr_builder is this pool. */
 struct kiln_expr_builder {
     kiln_expr_node *nodes;
     int32_t n, cap;
-    int32_t *hash;     /* open addressing table of node indices, -1 empty */
+    int32_t *hash; /* open addressing table of node indices, -1 empty */
     int32_t hash_cap;
-    int32_t failed;    /* set when an allocation failed; every later call returns -1 */
+    int32_t failed; /* set when an allocation failed; every later call returns -1 */
 };
 typedef struct kiln_expr_builder kiln_expr_pool;
 
@@ -49,8 +49,7 @@ int kiln_expr_is_const(const kiln_expr_pool *p, kiln_expr e, int64_t *value);
 
 /* Evaluates every node into values[0..n) given symbol values. Returns
  * KILN_ERROR_SHAPE (with message) on division by zero or overflow. */
-kiln_status kiln_expr_pool_eval(const kiln_expr_pool *p, const int64_t *symbols,
-                                int32_t n_symbols, int64_t *values);
+kiln_status kiln_expr_pool_eval(const kiln_expr_pool *p, const int64_t *symbols, int32_t n_symbols, int64_t *values);
 
 /* Appends a readable form ("(s0*4096)") into buf; returns buf. */
 char *kiln_expr_format(const kiln_expr_pool *p, kiln_expr e, char *buf, size_t size);

@@ -44,8 +44,7 @@ kiln_status kiln_file_open_read(const char *path, int *fd, size_t *size)
     }
     if (!S_ISREG(st.st_mode)) {
         close(d);
-        return kiln_fail(KILN_ERROR_IO, "%s: is %s, not a regular file", path,
-                         kiln_file_type_name(st.st_mode));
+        return kiln_fail(KILN_ERROR_IO, "%s: is %s, not a regular file", path, kiln_file_type_name(st.st_mode));
     }
     int flags = fcntl(d, F_GETFL);
     if (flags < 0 || fcntl(d, F_SETFL, flags & ~O_NONBLOCK) != 0) {
@@ -79,8 +78,7 @@ kiln_status kiln_file_check_output(const char *path)
     struct stat st;
     if (stat(path, &st) == 0) {
         if (!S_ISREG(st.st_mode))
-            return kiln_fail(KILN_ERROR_IO,
-                             "%s: is %s; kiln writes only to a regular file or a new path", path,
+            return kiln_fail(KILN_ERROR_IO, "%s: is %s; kiln writes only to a regular file or a new path", path,
                              kiln_file_type_name(st.st_mode));
     } else if (errno != ENOENT) {
         return kiln_fail(KILN_ERROR_IO, "cannot write %s: %s", path, strerror(errno));

@@ -121,8 +121,7 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
     t.inputs = dup_array(src->inputs, (size_t)src->n_inputs, sizeof *t.inputs, &ok);
     t.outputs = dup_array(src->outputs, (size_t)src->n_outputs, sizeof *t.outputs, &ok);
     t.symbols = dup_array(src->symbols, (size_t)src->n_symbols, sizeof *t.symbols, &ok);
-    t.profiles = dup_array(src->profiles, (size_t)src->n_profiles * (size_t)src->n_inputs,
-                           sizeof *t.profiles, &ok);
+    t.profiles = dup_array(src->profiles, (size_t)src->n_profiles * (size_t)src->n_inputs, sizeof *t.profiles, &ok);
 
     if (ok && src->n_tensors > 0) {
         t.tensors = calloc((size_t)src->n_tensors, sizeof *t.tensors);
@@ -217,9 +216,8 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
                 if (s->instance->ops && s->instance->ops->clone)
                     cs = s->instance->ops->clone(s->instance, &d->instance);
                 else
-                    kiln_fail(cs, "plugin %s %s (namespace \"%s\") has no clone function",
-                              s->name ? s->name : "?", s->version ? s->version : "?",
-                              s->plugin_namespace ? s->plugin_namespace : "");
+                    kiln_fail(cs, "plugin %s %s (namespace \"%s\") has no clone function", s->name ? s->name : "?",
+                              s->version ? s->version : "?", s->plugin_namespace ? s->plugin_namespace : "");
                 if (cs != KILN_OK || !d->instance) {
                     d->instance = NULL;
                     if (cs == KILN_OK) {
@@ -239,8 +237,7 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
     }
     if (!ok) {
         if (st == KILN_ERROR_OUT_OF_MEMORY && !plugin_failed)
-            kiln_fail(st, "out of memory copying a graph of %d tensors and %d layers",
-                      src->n_tensors, src->n_layers);
+            kiln_fail(st, "out of memory copying a graph of %d tensors and %d layers", src->n_tensors, src->n_layers);
         kiln_graph_free(&t);
         return st;
     }
@@ -250,19 +247,16 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
 
 /* ---- appending ------------------------------------------------------------------ */
 
-int32_t kiln_graph_add_tensor(kiln_graph *g, const char *name, kiln_dtype dtype, int32_t rank,
-                              const kiln_expr *dims)
+int32_t kiln_graph_add_tensor(kiln_graph *g, const char *name, kiln_dtype dtype, int32_t rank, const kiln_expr *dims)
 {
     if (rank < 0 || rank > KILN_MAX_RANK || (rank > 0 && !dims)) {
-        kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\": rank %d is outside 0..%d",
-                  name ? name : "", rank, KILN_MAX_RANK);
+        kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\": rank %d is outside 0..%d", name ? name : "", rank,
+                  KILN_MAX_RANK);
         return -1;
     }
     if (g->n_tensors == g->cap_tensors) {
         int32_t cap = g->cap_tensors ? g->cap_tensors * 2 : 16;
-        kiln_tensor_rec *t = g->cap_tensors > INT32_MAX / 2
-                                 ? NULL
-                                 : realloc(g->tensors, (size_t)cap * sizeof *t);
+        kiln_tensor_rec *t = g->cap_tensors > INT32_MAX / 2 ? NULL : realloc(g->tensors, (size_t)cap * sizeof *t);
         if (!t) {
             kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "adding tensor \"%s\"", name ? name : "");
             return -1;
@@ -286,18 +280,17 @@ int32_t kiln_graph_add_tensor(kiln_graph *g, const char *name, kiln_dtype dtype,
     return g->n_tensors++;
 }
 
-int32_t kiln_graph_add_layer(kiln_graph *g, const char *name, kiln_op op, const int32_t *inputs,
-                             int32_t n_inputs, int32_t n_outputs)
+int32_t kiln_graph_add_layer(kiln_graph *g, const char *name, kiln_op op, const int32_t *inputs, int32_t n_inputs,
+                             int32_t n_outputs)
 {
     if (n_inputs < 0 || n_outputs < 0 || (n_inputs > 0 && !inputs)) {
-        kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %d inputs and %d outputs",
-                  name ? name : "", n_inputs, n_outputs);
+        kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %d inputs and %d outputs", name ? name : "", n_inputs,
+                  n_outputs);
         return -1;
     }
     if (g->n_layers == g->cap_layers) {
         int32_t cap = g->cap_layers ? g->cap_layers * 2 : 16;
-        kiln_layer *l = g->cap_layers > INT32_MAX / 2 ? NULL
-                                                      : realloc(g->layers, (size_t)cap * sizeof *l);
+        kiln_layer *l = g->cap_layers > INT32_MAX / 2 ? NULL : realloc(g->layers, (size_t)cap * sizeof *l);
         if (!l) {
             kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "adding layer \"%s\"", name ? name : "");
             return -1;
@@ -350,30 +343,27 @@ int32_t kiln_graph_find_layer(const kiln_graph *g, const char *name)
 
 /* ---- shapes ----------------------------------------------------------------------- */
 
-kiln_status kiln_graph_eval_shapes(const kiln_graph *g, const int64_t *symbols, int64_t *values,
-                                   kiln_dims *dims)
+kiln_status kiln_graph_eval_shapes(const kiln_graph *g, const int64_t *symbols, int64_t *values, kiln_dims *dims)
 {
     KILN_TRY(kiln_expr_pool_eval(&g->exprs, symbols, g->n_symbols, values));
     for (int32_t t = 0; t < g->n_tensors; t++) {
         const kiln_tensor_rec *r = &g->tensors[t];
         if (r->rank < 0 || r->rank > KILN_MAX_RANK)
-            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\": rank %d is outside 0..%d", r->name,
-                             r->rank, KILN_MAX_RANK);
+            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\": rank %d is outside 0..%d", r->name, r->rank,
+                             KILN_MAX_RANK);
         kiln_dims d;
         memset(&d, 0, sizeof d);
         d.rank = r->rank;
         for (int32_t i = 0; i < r->rank; i++) {
             if (r->dims[i] < 0 || r->dims[i] >= g->exprs.n)
-                return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\": dim %d has no shape expression",
-                                 r->name, i);
+                return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\": dim %d has no shape expression", r->name, i);
             d.d[i] = values[r->dims[i]];
             if (d.d[i] < 0) {
                 /* A violated constraint (e.g. a slice starting past the
                  * end) explains a negative dim better, naming the layer. */
                 KILN_TRY(kiln_graph_check_constraints(g, values));
                 char buf[128];
-                return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\": dim %d = %s is %" PRId64
-                                 " (negative)", r->name, i,
+                return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\": dim %d = %s is %" PRId64 " (negative)", r->name, i,
                                  kiln_expr_format(&g->exprs, r->dims[i], buf, sizeof buf), d.d[i]);
             }
         }
@@ -390,33 +380,31 @@ kiln_status kiln_graph_check_constraints(const kiln_graph *g, const int64_t *val
         if (c->a < 0 || c->a >= g->exprs.n || (two && (c->b < 0 || c->b >= g->exprs.n)))
             return kiln_fail(KILN_ERROR_SHAPE, "constraint %d refers to a missing shape expression", i);
         int64_t a = values[c->a], b = two ? values[c->b] : 0;
-        const char *layer = c->layer >= 0 && c->layer < g->n_layers && g->layers[c->layer].name
-                                ? g->layers[c->layer].name
-                                : "?";
+        const char *layer =
+            c->layer >= 0 && c->layer < g->n_layers && g->layers[c->layer].name ? g->layers[c->layer].name : "?";
         const char *what = c->what ? c->what : "shape";
         switch (c->kind) {
         case KILN_CONSTRAINT_EQUAL:
             if (a != b)
-                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": %s: dims %" PRId64 " and %" PRId64
-                                 " differ (a == b)", layer, what, a, b);
+                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": %s: dims %" PRId64 " and %" PRId64 " differ (a == b)",
+                                 layer, what, a, b);
             break;
         case KILN_CONSTRAINT_BROADCAST:
             if (a != b && a != 1 && b != 1)
-                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": cannot broadcast dims %" PRId64
-                                 " and %" PRId64 " (a == b || a == 1 || b == 1) in %s", layer, a, b, what);
+                return kiln_fail(KILN_ERROR_SHAPE,
+                                 "layer \"%s\": cannot broadcast dims %" PRId64 " and %" PRId64
+                                 " (a == b || a == 1 || b == 1) in %s",
+                                 layer, a, b, what);
             break;
         case KILN_CONSTRAINT_POSITIVE:
             if (a < 1)
-                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": %s: dim is %" PRId64 " (a >= 1)",
-                                 layer, what, a);
+                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": %s: dim is %" PRId64 " (a >= 1)", layer, what, a);
             break;
         case KILN_CONSTRAINT_NONNEGATIVE:
             if (a < 0)
-                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": %s: dim is %" PRId64 " (a >= 0)",
-                                 layer, what, a);
+                return kiln_fail(KILN_ERROR_SHAPE, "layer \"%s\": %s: dim is %" PRId64 " (a >= 0)", layer, what, a);
             break;
-        default:
-            return kiln_fail(KILN_ERROR_SHAPE, "constraint %d has unknown kind %d", i, (int)c->kind);
+        default: return kiln_fail(KILN_ERROR_SHAPE, "constraint %d has unknown kind %d", i, (int)c->kind);
         }
     }
     return KILN_OK;
@@ -427,8 +415,7 @@ kiln_status kiln_graph_check_profiles(const kiln_graph *g)
     for (int32_t i = 0; i < g->n_inputs; i++) {
         int32_t t = g->inputs[i];
         if (t < 0 || t >= g->n_tensors)
-            return kiln_fail(KILN_ERROR_INTERNAL, "network input %d refers to tensor %d of %d", i,
-                             t, g->n_tensors);
+            return kiln_fail(KILN_ERROR_INTERNAL, "network input %d refers to tensor %d of %d", i, t, g->n_tensors);
         const kiln_tensor_rec *r = &g->tensors[t];
         for (int32_t a = 0; a < r->rank; a++) {
             int64_t v;
@@ -437,15 +424,14 @@ kiln_status kiln_graph_check_profiles(const kiln_graph *g)
             if (g->n_profiles == 0)
                 return kiln_fail(KILN_ERROR_SHAPE,
                                  "input \"%s\" dim %d is dynamic but there is no optimization "
-                                 "profile", r->name, a);
+                                 "profile",
+                                 r->name, a);
             for (int32_t p = 0; p < g->n_profiles; p++) {
                 const kiln_profile_dims *pd = &g->profiles[(size_t)p * (size_t)g->n_inputs + (size_t)i];
-                int set = pd->min.rank == r->rank && pd->opt.rank == r->rank &&
-                          pd->max.rank == r->rank && pd->min.d[a] >= 0 && pd->opt.d[a] >= 0 &&
-                          pd->max.d[a] >= 0;
+                int set = pd->min.rank == r->rank && pd->opt.rank == r->rank && pd->max.rank == r->rank &&
+                          pd->min.d[a] >= 0 && pd->opt.d[a] >= 0 && pd->max.d[a] >= 0;
                 if (!set)
-                    return kiln_fail(KILN_ERROR_SHAPE,
-                                     "profile %d: input \"%s\" dim %d is dynamic but has no bounds",
+                    return kiln_fail(KILN_ERROR_SHAPE, "profile %d: input \"%s\" dim %d is dynamic but has no bounds",
                                      p, r->name, a);
             }
         }
@@ -498,8 +484,8 @@ kiln_status kiln_dims_bytes(const kiln_dims *d, kiln_dtype dtype, size_t *bytes)
     KILN_TRY(kiln_dims_count(d, &n));
     if ((uint64_t)n > SIZE_MAX || kiln_mul_overflow((size_t)n, es, &b)) {
         char buf[200];
-        return kiln_fail(KILN_ERROR_SHAPE, "byte size of a %s tensor of shape %s overflows",
-                         kiln_dtype_name(dtype), kiln_dims_format(d, buf, sizeof buf));
+        return kiln_fail(KILN_ERROR_SHAPE, "byte size of a %s tensor of shape %s overflows", kiln_dtype_name(dtype),
+                         kiln_dims_format(d, buf, sizeof buf));
     }
     *bytes = b;
     return KILN_OK;

@@ -3,11 +3,13 @@
 
 #include <math.h>
 
-json_t *kiln_json_load_file_text(const char *text, size_t len, size_t flags, json_error_t *err) {
+json_t *kiln_json_load_file_text(const char *text, size_t len, size_t flags, json_error_t *err)
+{
     return json_loadb(text, len, flags | JSON_DECODE_INT_AS_REAL, err);
 }
 
-bool kiln_json_int(const json_t *v, int64_t *out) {
+bool kiln_json_int(const json_t *v, int64_t *out)
+{
     if (json_is_integer(v)) {
         *out = (int64_t)json_integer_value(v);
         return true;

@@ -32,9 +32,8 @@ static const struct {
     const char *descr;
     kiln_dtype dtype;
 } npy_types[] = {
-    {"<f4", KILN_DTYPE_F32}, {"<f2", KILN_DTYPE_F16}, {"<i4", KILN_DTYPE_I32},
-    {"<i8", KILN_DTYPE_I64}, {"|i1", KILN_DTYPE_I8},  {"|u1", KILN_DTYPE_U8},
-    {"|b1", KILN_DTYPE_BOOL},
+    {"<f4", KILN_DTYPE_F32}, {"<f2", KILN_DTYPE_F16}, {"<i4", KILN_DTYPE_I32},  {"<i8", KILN_DTYPE_I64},
+    {"|i1", KILN_DTYPE_I8},  {"|u1", KILN_DTYPE_U8},  {"|b1", KILN_DTYPE_BOOL},
 };
 
 static const char *npy_descr_of(kiln_dtype t)
@@ -72,8 +71,7 @@ static kiln_status lex_expect(npy_lexer *lx, char c, const char *context)
 {
     lex_skip_space(lx);
     if (lx->i >= lx->n || lx->s[lx->i] != c)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: expected '%c' %s", lx->what, c,
-                         context);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: expected '%c' %s", lx->what, c, context);
     lx->i++;
     return KILN_OK;
 }
@@ -83,20 +81,17 @@ static kiln_status lex_string(npy_lexer *lx, char *out, size_t cap, const char *
 {
     lex_skip_space(lx);
     if (lx->i >= lx->n || (lx->s[lx->i] != '\'' && lx->s[lx->i] != '"'))
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: expected a quoted string %s",
-                         lx->what, context);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: expected a quoted string %s", lx->what, context);
     char quote = lx->s[lx->i++];
     size_t len = 0;
     while (lx->i < lx->n && lx->s[lx->i] != quote) {
         char c = lx->s[lx->i++];
         if (c == '\\' || c == '\n' || len + 1 >= cap)
-            return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: unsupported string %s",
-                             lx->what, context);
+            return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: unsupported string %s", lx->what, context);
         out[len++] = c;
     }
     if (lx->i >= lx->n)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: unterminated string %s", lx->what,
-                         context);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: unterminated string %s", lx->what, context);
     lx->i++;
     out[len] = '\0';
     return KILN_OK;
@@ -117,8 +112,7 @@ static kiln_status parse_descr(npy_lexer *lx, kiln_dtype *out)
     char descr[16];
     lex_skip_space(lx);
     if (lx->i < lx->n && lx->s[lx->i] == '[')
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: structured npy dtypes are not supported",
-                         lx->what);
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: structured npy dtypes are not supported", lx->what);
     KILN_TRY(lex_string(lx, descr, sizeof descr, "for 'descr'"));
     for (size_t i = 0; i < sizeof npy_types / sizeof npy_types[0]; i++) {
         if (strcmp(descr, npy_types[i].descr) == 0) {
@@ -142,8 +136,7 @@ static kiln_status parse_fortran_order(npy_lexer *lx)
                          "%s: fortran_order True is not supported (save a C-order array, e.g. "
                          "numpy.ascontiguousarray)",
                          lx->what);
-    return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: 'fortran_order' must be True or False",
-                     lx->what);
+    return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: 'fortran_order' must be True or False", lx->what);
 }
 
 /* A tuple of non-negative integers: "()", "(3,)", "(2, 3)", "(2, 3,)". */
@@ -157,24 +150,19 @@ static kiln_status parse_shape(npy_lexer *lx, kiln_dims *dims)
         if (lx->i < lx->n && lx->s[lx->i] == ')') {
             /* Python needs the comma for a 1-tuple: "(3)" is the int 3. */
             if (d.rank == 1 && !comma)
-                return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: 'shape' is not a tuple",
-                                 lx->what);
+                return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: 'shape' is not a tuple", lx->what);
             lx->i++;
             break;
         }
         if (lx->i >= lx->n || lx->s[lx->i] < '0' || lx->s[lx->i] > '9')
-            return kiln_fail(KILN_ERROR_FORMAT,
-                             "%s: npy header: 'shape' must be a tuple of non-negative integers",
+            return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: 'shape' must be a tuple of non-negative integers",
                              lx->what);
         if (d.rank == KILN_MAX_RANK)
-            return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: npy array has more than %d dims",
-                             lx->what, KILN_MAX_RANK);
+            return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: npy array has more than %d dims", lx->what, KILN_MAX_RANK);
         int64_t v = 0;
         while (lx->i < lx->n && lx->s[lx->i] >= '0' && lx->s[lx->i] <= '9') {
-            if (__builtin_mul_overflow(v, 10, &v) ||
-                __builtin_add_overflow(v, (int64_t)(lx->s[lx->i] - '0'), &v))
-                return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: dim %d of 'shape' overflows",
-                                 lx->what, d.rank);
+            if (__builtin_mul_overflow(v, 10, &v) || __builtin_add_overflow(v, (int64_t)(lx->s[lx->i] - '0'), &v))
+                return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: dim %d of 'shape' overflows", lx->what, d.rank);
             lx->i++;
         }
         d.d[d.rank++] = v;
@@ -186,8 +174,7 @@ static kiln_status parse_shape(npy_lexer *lx, kiln_dims *dims)
         }
         if (lx->i < lx->n && lx->s[lx->i] == ')')
             continue;
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: expected ',' or ')' in 'shape'",
-                         lx->what);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: expected ',' or ')' in 'shape'", lx->what);
     }
     *dims = d;
     return KILN_OK;
@@ -233,21 +220,21 @@ static kiln_status parse_dict(const char *s, size_t n, const char *what, npy_hea
     }
     if (!seen_descr || !seen_fortran || !seen_shape)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: missing key '%s'", what,
-                         !seen_descr ? "descr" : !seen_fortran ? "fortran_order" : "shape");
+                         !seen_descr     ? "descr"
+                         : !seen_fortran ? "fortran_order"
+                                         : "shape");
     /* Only the padding may follow: spaces and the final newline. */
     for (; lx.i < lx.n; lx.i++) {
         char c = lx.s[lx.i];
         if (c != ' ' && c != '\t' && c != '\n' && c != '\r')
-            return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: unexpected text after the dict",
-                             what);
+            return kiln_fail(KILN_ERROR_FORMAT, "%s: npy header: unexpected text after the dict", what);
     }
     return KILN_OK;
 }
 
 /* Reads the prefix in p[0..len): on success *header_at and *header_len give
  * the dict text's place. len may exceed the prefix. */
-static kiln_status parse_prefix(const uint8_t *p, size_t len, const char *what, size_t *header_at,
-                                size_t *header_len)
+static kiln_status parse_prefix(const uint8_t *p, size_t len, const char *what, size_t *header_at, size_t *header_len)
 {
     if (len < sizeof npy_magic || memcmp(p, npy_magic, sizeof npy_magic) != 0)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: not a .npy file (bad magic)", what);
@@ -266,8 +253,10 @@ static kiln_status parse_prefix(const uint8_t *p, size_t len, const char *what, 
         *header_len = (size_t)p[8] | (size_t)p[9] << 8 | (size_t)p[10] << 16 | (size_t)p[11] << 24;
         return KILN_OK;
     }
-    return kiln_fail(KILN_ERROR_VERSION, "%s: .npy format version %u.%u is not supported "
-                     "(expected 1.0, 2.0 or 3.0)", what, major, minor);
+    return kiln_fail(KILN_ERROR_VERSION,
+                     "%s: .npy format version %u.%u is not supported "
+                     "(expected 1.0, 2.0 or 3.0)",
+                     what, major, minor);
 }
 
 /* Element count and byte size of the data, overflow-checked. */
@@ -287,13 +276,12 @@ static kiln_status check_bools(const uint8_t *p, size_t n, const char *what)
 {
     for (size_t i = 0; i < n; i++)
         if (p[i] > 1)
-            return kiln_fail(KILN_ERROR_FORMAT, "%s: bool element %zu is %u, not 0 or 1", what, i,
-                             p[i]);
+            return kiln_fail(KILN_ERROR_FORMAT, "%s: bool element %zu is %u, not 0 or 1", what, i, p[i]);
     return KILN_OK;
 }
 
-kiln_status kiln_npy_parse(const void *buf, size_t len, kiln_dtype *dtype, kiln_dims *dims,
-                           const void **data, size_t *size)
+kiln_status kiln_npy_parse(const void *buf, size_t len, kiln_dtype *dtype, kiln_dims *dims, const void **data,
+                           size_t *size)
 {
     const char *what = "npy";
     if (!buf || !dtype || !dims || !data || !size)
@@ -303,13 +291,14 @@ kiln_status kiln_npy_parse(const void *buf, size_t len, kiln_dtype *dtype, kiln_
     npy_header h = {0};
     KILN_TRY(parse_prefix(p, len, what, &at, &hlen));
     if (kiln_add_overflow(at, hlen, &end) || end > len)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: header length %zu runs past the end (%zu bytes)",
-                         what, hlen, len);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: header length %zu runs past the end (%zu bytes)", what, hlen, len);
     KILN_TRY(parse_dict((const char *)p + at, hlen, what, &h));
     KILN_TRY(data_size_of(&h, what));
     if (len - end != h.data_size)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: expected %zu data bytes for shape and dtype, "
-                         "found %zu", what, h.data_size, len - end);
+        return kiln_fail(KILN_ERROR_FORMAT,
+                         "%s: expected %zu data bytes for shape and dtype, "
+                         "found %zu",
+                         what, h.data_size, len - end);
     if (h.dtype == KILN_DTYPE_BOOL)
         KILN_TRY(check_bools(p + end, h.data_size, what));
     *dtype = h.dtype;
@@ -324,8 +313,7 @@ kiln_status kiln_npy_parse(const void *buf, size_t len, kiln_dtype *dtype, kiln_
 static kiln_status read_exact(FILE *f, void *buf, size_t n, const char *path)
 {
     if (n && fread(buf, 1, n, f) != n)
-        return kiln_fail(ferror(f) ? KILN_ERROR_IO : KILN_ERROR_FORMAT,
-                         "%s: file is truncated or unreadable", path);
+        return kiln_fail(ferror(f) ? KILN_ERROR_IO : KILN_ERROR_FORMAT, "%s: file is truncated or unreadable", path);
     return KILN_OK;
 }
 
@@ -341,8 +329,7 @@ static kiln_status npy_read_file(FILE *f, const char *path, npy_header *h, void 
     size_t at, hlen, end;
     KILN_TRY(parse_prefix(prefix, got, path, &at, &hlen));
     if (kiln_add_overflow(at, hlen, &end) || end > file_size)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: header length %zu runs past the end of the file",
-                         path, hlen);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: header length %zu runs past the end of the file", path, hlen);
     char *text = malloc(hlen ? hlen : 1);
     if (!text)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory for the npy header", path);
@@ -357,12 +344,13 @@ static kiln_status npy_read_file(FILE *f, const char *path, npy_header *h, void 
     KILN_TRY(s);
     KILN_TRY(data_size_of(h, path));
     if (file_size - end != h->data_size)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: expected %zu data bytes for shape and dtype, "
-                         "found %zu", path, h->data_size, file_size - end);
+        return kiln_fail(KILN_ERROR_FORMAT,
+                         "%s: expected %zu data bytes for shape and dtype, "
+                         "found %zu",
+                         path, h->data_size, file_size - end);
     void *buf = malloc(h->data_size ? h->data_size : 1);
     if (!buf)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", path,
-                         h->data_size);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", path, h->data_size);
     s = read_exact(f, buf, h->data_size, path);
     if (!s && h->dtype == KILN_DTYPE_BOOL)
         s = check_bools(buf, h->data_size, path);
@@ -374,8 +362,7 @@ static kiln_status npy_read_file(FILE *f, const char *path, npy_header *h, void 
     return KILN_OK;
 }
 
-kiln_status kiln_npy_read(const char *path, kiln_dtype *dtype, kiln_dims *dims, void **data,
-                          size_t *size)
+kiln_status kiln_npy_read(const char *path, kiln_dtype *dtype, kiln_dims *dims, void **data, size_t *size)
 {
     if (!path || !dtype || !dims || !data || !size)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_npy_read: NULL argument");
@@ -412,24 +399,21 @@ static int write_bf16_as_f32(FILE *f, const uint16_t *src, size_t n)
     return 0;
 }
 
-kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *dims,
-                           const void *data)
+kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *dims, const void *data)
 {
     if (!path || !dims)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_npy_write: NULL argument");
     kiln_dtype file_type = dtype == KILN_DTYPE_BF16 ? KILN_DTYPE_F32 : dtype;
     const char *descr = npy_descr_of(file_type);
     if (!descr)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: dtype %s has no .npy form", path,
-                         kiln_dtype_name(dtype));
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: dtype %s has no .npy form", path, kiln_dtype_name(dtype));
     if (dims->rank < 0 || dims->rank > KILN_MAX_RANK)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s: rank %d is out of range", path,
-                         dims->rank);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s: rank %d is out of range", path, dims->rank);
     size_t count = 1;
     for (int32_t i = 0; i < dims->rank; i++) {
         if (dims->d[i] < 0)
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s: dim %d is negative (%lld)", path,
-                             i, (long long)dims->d[i]);
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s: dim %d is negative (%lld)", path, i,
+                             (long long)dims->d[i]);
         if (kiln_mul_overflow(count, (size_t)dims->d[i], &count))
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s: element count overflows", path);
     }
@@ -441,11 +425,9 @@ kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *
 
     /* The dict as numpy writes it, so numpy reads it back byte for byte. */
     char dict[64 + KILN_MAX_RANK * 24];
-    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (",
-                     descr);
+    int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (", descr);
     for (int32_t i = 0; i < dims->rank; i++)
-        n += snprintf(dict + n, sizeof dict - (size_t)n, "%s%lld", i ? ", " : "",
-                      (long long)dims->d[i]);
+        n += snprintf(dict + n, sizeof dict - (size_t)n, "%s%lld", i ? ", " : "", (long long)dims->d[i]);
     n += snprintf(dict + n, sizeof dict - (size_t)n, "%s), }", dims->rank == 1 ? "," : "");
     /* Pad with spaces so magic + version + length + header (ending in
      * '\n') is a multiple of 64, numpy's alignment for memory mapping. */
@@ -467,8 +449,7 @@ kiln_status kiln_npy_write(const char *path, kiln_dtype dtype, const kiln_dims *
     FILE *f = fopen(path, "wb");
     if (!f)
         return kiln_fail(KILN_ERROR_IO, "%s: cannot create: %s", path, strerror(errno));
-    int bad = fwrite(prefix, 1, sizeof prefix, f) != sizeof prefix ||
-              fwrite(header, 1, hlen, f) != hlen;
+    int bad = fwrite(prefix, 1, sizeof prefix, f) != sizeof prefix || fwrite(header, 1, hlen, f) != hlen;
     if (!bad && dtype == KILN_DTYPE_BF16)
         bad = write_bf16_as_f32(f, data, count) != 0;
     else if (!bad && bytes)

@@ -18,8 +18,8 @@
  * `buf` (borrowed: valid as long as buf) at *size bytes of element data,
  * which must be exactly product(dims) * element size: trailing bytes are an
  * error. Outputs are untouched on failure. */
-kiln_status kiln_npy_parse(const void *buf, size_t len, kiln_dtype *dtype, kiln_dims *dims,
-                           const void **data, size_t *size);
+kiln_status kiln_npy_parse(const void *buf, size_t len, kiln_dtype *dtype, kiln_dims *dims, const void **data,
+                           size_t *size);
 
 /* kiln_npy_read and kiln_npy_write are public (kiln/kiln.h). */
 

@@ -11,12 +11,12 @@
 #include "graph.h"
 
 typedef enum kiln_attr_type {
-    KILN_ATTR_I32,        /* one int32_t at offset, in lo..hi (hi per `bound`) */
-    KILN_ATTR_AXES,       /* uint32_t bit mask of axes of the first input */
-    KILN_ATTR_I64_RANK,   /* int64_t[rank of the first input], each >= lo */
-    KILN_ATTR_PERM,       /* optional permutation; int32_t presence flag at aux */
-    KILN_ATTR_EXPRS,      /* up to KILN_MAX_RANK exprs; int32_t count at aux */
-    KILN_ATTR_STEPS,      /* the fused program (kiln_layer_params.fused) */
+    KILN_ATTR_I32,      /* one int32_t at offset, in lo..hi (hi per `bound`) */
+    KILN_ATTR_AXES,     /* uint32_t bit mask of axes of the first input */
+    KILN_ATTR_I64_RANK, /* int64_t[rank of the first input], each >= lo */
+    KILN_ATTR_PERM,     /* optional permutation; int32_t presence flag at aux */
+    KILN_ATTR_EXPRS,    /* up to KILN_MAX_RANK exprs; int32_t count at aux */
+    KILN_ATTR_STEPS,    /* the fused program (kiln_layer_params.fused) */
     KILN_ATTR_TYPE_COUNT
 } kiln_attr_type;
 
@@ -30,22 +30,22 @@ typedef enum kiln_attr_bound {
 } kiln_attr_bound;
 
 typedef struct kiln_op_attr {
-    const char *key;                     /* member of the plan's "params" */
+    const char *key; /* member of the plan's "params" */
     kiln_attr_type type;
-    size_t offset;                       /* into kiln_layer_params */
-    size_t aux;                          /* PERM: presence flag; EXPRS: count */
-    int64_t lo, hi;                      /* valid values (I32, I64_RANK lo) */
+    size_t offset;  /* into kiln_layer_params */
+    size_t aux;     /* PERM: presence flag; EXPRS: count */
+    int64_t lo, hi; /* valid values (I32, I64_RANK lo) */
     kiln_attr_bound bound;
-    const char *(*value_name)(int32_t);  /* I32 enums: the value's name, or NULL */
+    const char *(*value_name)(int32_t); /* I32 enums: the value's name, or NULL */
 } kiln_op_attr;
 
 #define KILN_OP_MAX_ATTRS 3
 
 typedef struct kiln_op_info {
-    const char *name;                    /* "matmul"; the JSON network's "op" */
-    int32_t min_inputs, max_inputs;      /* max -1: any number */
+    const char *name;               /* "matmul"; the JSON network's "op" */
+    int32_t min_inputs, max_inputs; /* max -1: any number */
     int32_t min_outputs, max_outputs;
-    int32_t declarable;                  /* may be written in a network JSON file */
+    int32_t declarable; /* may be written in a network JSON file */
     int32_t n_attrs;
     kiln_op_attr attrs[KILN_OP_MAX_ATTRS];
 } kiln_op_info;

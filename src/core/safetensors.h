@@ -33,8 +33,8 @@ typedef struct kiln_safetensors_tensor {
     const char *dtype_name; /* as in the file: "BF16", "F64", ... */
     kiln_dtype dtype;       /* KILN_DTYPE_COUNT when kiln has no such dtype */
     kiln_dims dims;
-    const void *data;       /* inside the file mapping or the parsed buffer */
-    size_t size;            /* bytes */
+    const void *data; /* inside the file mapping or the parsed buffer */
+    size_t size;      /* bytes */
 } kiln_safetensors_tensor;
 
 /* Maps `path` read-only and parses it. Errors name the file. The mapping
@@ -44,8 +44,7 @@ kiln_status kiln_safetensors_open(const char *path, kiln_safetensors **out);
 /* Parses a file held in memory. `buf` is borrowed and must outlive the
  * returned object; tensor data pointers point into it. `what` names the
  * source in messages (may be NULL: "safetensors"). */
-kiln_status kiln_safetensors_parse(const void *buf, size_t size, const char *what,
-                                   kiln_safetensors **out);
+kiln_status kiln_safetensors_parse(const void *buf, size_t size, const char *what, kiln_safetensors **out);
 
 /* NULL is a no-op. Unmaps a file opened with kiln_safetensors_open. */
 void kiln_safetensors_destroy(kiln_safetensors *st);
@@ -56,13 +55,11 @@ const kiln_safetensors_tensor *kiln_safetensors_tensor_at(const kiln_safetensors
 
 /* Finds a tensor by exact name. KILN_ERROR_NOT_FOUND when absent;
  * KILN_ERROR_UNSUPPORTED, naming the dtype, when kiln has no such dtype. */
-kiln_status kiln_safetensors_find(const kiln_safetensors *st, const char *name,
-                                  const kiln_safetensors_tensor **out);
+kiln_status kiln_safetensors_find(const kiln_safetensors *st, const char *name, const kiln_safetensors_tensor **out);
 
 /* The "__metadata__" entries, in file order. Borrowed. */
 int32_t kiln_safetensors_metadata_count(const kiln_safetensors *st);
-void kiln_safetensors_metadata_at(const kiln_safetensors *st, int32_t i, const char **key,
-                                  const char **value);
+void kiln_safetensors_metadata_at(const kiln_safetensors *st, int32_t i, const char **key, const char **value);
 
 /* Value of one metadata key, or NULL when absent. Borrowed. */
 const char *kiln_safetensors_metadata(const kiln_safetensors *st, const char *key);

@@ -17,19 +17,19 @@ typedef struct job {
     kiln_parallel_fn fn;
     void *arg;
     int64_t n, chunk, n_chunks;
-    atomic_llong next;     /* next chunk to take */
-    int32_t holders;       /* workers inside the job (pool mutex) */
-    int32_t listed;        /* on the pool's list (pool mutex) */
+    atomic_llong next; /* next chunk to take */
+    int32_t holders;   /* workers inside the job (pool mutex) */
+    int32_t listed;    /* on the pool's list (pool mutex) */
     struct job *prev, *nextjob;
 } job;
 
 struct kiln_threadpool {
-    int32_t size;          /* threads working on a job: workers + the caller */
+    int32_t size; /* threads working on a job: workers + the caller */
     int32_t n_workers;
     pthread_t *workers;
     pthread_mutex_t mu;
-    pthread_cond_t work;   /* a job was listed, or stop */
-    pthread_cond_t idle;   /* a worker left a job */
+    pthread_cond_t work; /* a job was listed, or stop */
+    pthread_cond_t idle; /* a worker left a job */
     job *head;
     int32_t stop;
 };
@@ -112,8 +112,8 @@ kiln_status kiln_threadpool_create(int32_t n_threads, kiln_threadpool **out)
     for (int32_t i = 0; i < n_threads - 1; i++) {
         if (pthread_create(&pool->workers[i], NULL, worker_main, pool) != 0) {
             kiln_threadpool_destroy(pool);
-            return kiln_fail(KILN_ERROR_INTERNAL, "thread pool: cannot start thread %d of %d",
-                             (int)i + 1, (int)(n_threads - 1));
+            return kiln_fail(KILN_ERROR_INTERNAL, "thread pool: cannot start thread %d of %d", (int)i + 1,
+                             (int)(n_threads - 1));
         }
         pool->n_workers++;
     }

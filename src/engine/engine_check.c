@@ -54,7 +54,8 @@ static kiln_status check_roles(const kiln_graph *g, uint8_t *listed)
         int is_const = (r->flags & KILN_TENSOR_CONSTANT) != 0;
         if (is_in != (listed[t] & 1) || is_out != ((listed[t] >> 1) & 1))
             return plan_fail("tensor \"%s\": its input/output flags disagree with the plan's "
-                             "inputs and outputs", r->name);
+                             "inputs and outputs",
+                             r->name);
         /* A constant may be a network output (copied out by enqueue), never an input. */
         if (is_const && is_in)
             return plan_fail("tensor \"%s\" is a constant and a network input", r->name);
@@ -65,20 +66,18 @@ static kiln_status check_roles(const kiln_graph *g, uint8_t *listed)
             return plan_fail("tensor \"%s\" is a %s but names layer %d as its producer", r->name,
                              is_in ? "network input" : "constant", r->producer);
         if (!is_in && !is_const && r->producer < 0)
-            return plan_fail("tensor \"%s\" is neither an input, a constant nor a layer's output",
-                             r->name);
+            return plan_fail("tensor \"%s\" is neither an input, a constant nor a layer's output", r->name);
     }
     for (int32_t i = 0; i < g->n_layers; i++) {
         const kiln_layer *l = &g->layers[i];
         for (int32_t k = 0; k < l->n_outputs; k++) {
             const kiln_tensor_rec *r = &g->tensors[l->outputs[k]];
             if (r->flags & (KILN_TENSOR_CONSTANT | KILN_TENSOR_INPUT))
-                return plan_fail("layer \"%s\" writes %s \"%s\": a layer's outputs are activations",
-                                 l->name, (r->flags & KILN_TENSOR_CONSTANT) ? "the constant" : "the input",
-                                 r->name);
+                return plan_fail("layer \"%s\" writes %s \"%s\": a layer's outputs are activations", l->name,
+                                 (r->flags & KILN_TENSOR_CONSTANT) ? "the constant" : "the input", r->name);
             if (r->producer != i)
-                return plan_fail("layer \"%s\" writes tensor \"%s\", whose producer is layer %d", l->name,
-                                 r->name, r->producer);
+                return plan_fail("layer \"%s\" writes tensor \"%s\", whose producer is layer %d", l->name, r->name,
+                                 r->producer);
             for (int32_t j = 0; j < k; j++)
                 if (l->outputs[j] == l->outputs[k])
                     return plan_fail("layer \"%s\" writes tensor \"%s\" twice", l->name, r->name);
@@ -87,8 +86,8 @@ static kiln_status check_roles(const kiln_graph *g, uint8_t *listed)
         for (int32_t k = 0; k < l->n_inputs; k++) {
             const kiln_tensor_rec *r = &g->tensors[l->inputs[k]];
             if (r->producer >= i)
-                return plan_fail("layer \"%s\" reads tensor \"%s\" before layer %d writes it", l->name,
-                                 r->name, r->producer);
+                return plan_fail("layer \"%s\" reads tensor \"%s\" before layer %d writes it", l->name, r->name,
+                                 r->producer);
         }
     }
     /* A producer names a layer that lists the tensor among its outputs. */
@@ -101,8 +100,8 @@ static kiln_status check_roles(const kiln_graph *g, uint8_t *listed)
         for (int32_t k = 0; k < l->n_outputs && !found; k++)
             found = l->outputs[k] == t;
         if (!found)
-            return plan_fail("tensor \"%s\" names layer \"%s\" as its producer, which does not write it",
-                             r->name, l->name);
+            return plan_fail("tensor \"%s\" names layer \"%s\" as its producer, which does not write it", r->name,
+                             l->name);
     }
     return KILN_OK;
 }
@@ -112,14 +111,17 @@ static kiln_status check_roles(const kiln_graph *g, uint8_t *listed)
 static kiln_status check_layer_types(const kiln_graph *g, const kiln_layer *l)
 {
     if (l->op == KILN_OP_PLUGIN || l->op == KILN_OP_CONSTANT)
-        return KILN_OK;   /* plugins: checked against the plugin at load (runtime) */
+        return KILN_OK; /* plugins: checked against the plugin at load (runtime) */
     const kiln_tensor_rec *x = &g->tensors[l->inputs[0]], *y = &g->tensors[l->outputs[0]];
     const char *op = kiln_op_name(l->op);
     kiln_dtype want = x->dtype;
     int32_t want_rank = x->rank;
     int need_float = 0, same_inputs = 0;
     switch (l->op) {
-    case KILN_OP_MATMUL: need_float = same_inputs = 1; want_rank = -1; break;
+    case KILN_OP_MATMUL:
+        need_float = same_inputs = 1;
+        want_rank = -1;
+        break;
     case KILN_OP_BINARY: {
         same_inputs = 1;
         int32_t rb = g->tensors[l->inputs[1]].rank;
@@ -133,15 +135,18 @@ static kiln_status check_layer_types(const kiln_graph *g, const kiln_layer *l)
         if (!l->p.reduce.keep_dims)
             want_rank = x->rank - __builtin_popcount(l->p.reduce.axes);
         break;
-    case KILN_OP_FUSED: need_float = same_inputs = 1; want_rank = -1; break;
+    case KILN_OP_FUSED:
+        need_float = same_inputs = 1;
+        want_rank = -1;
+        break;
     case KILN_OP_CONCAT: same_inputs = 1; break;
     case KILN_OP_SLICE: break;
     case KILN_OP_SHUFFLE: want_rank = l->p.shuffle.mid_rank; break;
     case KILN_OP_GATHER: {
         const kiln_tensor_rec *idx = &g->tensors[l->inputs[1]];
         if (idx->dtype != KILN_DTYPE_I32 && idx->dtype != KILN_DTYPE_I64)
-            return plan_fail("layer \"%s\": gather indices \"%s\" are %s, not i32 or i64", l->name,
-                             idx->name, kiln_dtype_name(idx->dtype));
+            return plan_fail("layer \"%s\": gather indices \"%s\" are %s, not i32 or i64", l->name, idx->name,
+                             kiln_dtype_name(idx->dtype));
         want_rank = x->rank - 1 + idx->rank;
         break;
     }
@@ -153,15 +158,15 @@ static kiln_status check_layer_types(const kiln_graph *g, const kiln_layer *l)
                          kiln_dtype_name(x->dtype), x->name);
     for (int32_t k = 1; same_inputs && k < l->n_inputs; k++)
         if (g->tensors[l->inputs[k]].dtype != x->dtype)
-            return plan_fail("layer \"%s\": %s inputs \"%s\" (%s) and \"%s\" (%s) differ in dtype", l->name,
-                             op, x->name, kiln_dtype_name(x->dtype), g->tensors[l->inputs[k]].name,
+            return plan_fail("layer \"%s\": %s inputs \"%s\" (%s) and \"%s\" (%s) differ in dtype", l->name, op,
+                             x->name, kiln_dtype_name(x->dtype), g->tensors[l->inputs[k]].name,
                              kiln_dtype_name(g->tensors[l->inputs[k]].dtype));
     if (y->dtype != want)
         return plan_fail("layer \"%s\": %s output \"%s\" is %s, its rules give %s", l->name, op, y->name,
                          kiln_dtype_name(y->dtype), kiln_dtype_name(want));
     if (want_rank >= 0 && y->rank != want_rank)
-        return plan_fail("layer \"%s\": %s output \"%s\" has rank %d, its rules give %d", l->name, op,
-                         y->name, y->rank, want_rank);
+        return plan_fail("layer \"%s\": %s output \"%s\" has rank %d, its rules give %d", l->name, op, y->name, y->rank,
+                         want_rank);
     return KILN_OK;
 }
 
@@ -170,21 +175,20 @@ static kiln_status check_layer_types(const kiln_graph *g, const kiln_layer *l)
 static kiln_status check_arena(const kiln_graph *g)
 {
     if (g->workspace_size % KILN_ENGINE_ARENA_ALIGN)
-        return plan_fail("workspace_size %zu is not a multiple of %u", g->workspace_size,
-                         KILN_ENGINE_ARENA_ALIGN);
+        return plan_fail("workspace_size %zu is not a multiple of %u", g->workspace_size, KILN_ENGINE_ARENA_ALIGN);
     for (int32_t t = 0; t < g->n_tensors; t++) {
         const kiln_tensor_rec *r = &g->tensors[t];
         if (r->flags & KILN_TENSOR_CONSTANT) {
             if (r->arena_offset != -1)
-                return plan_fail("constant \"%s\" has arena_offset %" PRId64 " (constants have -1)",
-                                 r->name, r->arena_offset);
+                return plan_fail("constant \"%s\" has arena_offset %" PRId64 " (constants have -1)", r->name,
+                                 r->arena_offset);
             continue;
         }
         if (r->arena_offset < 0)
             return plan_fail("tensor \"%s\" has no arena range", r->name);
         if ((uint64_t)r->arena_offset % KILN_ENGINE_ARENA_ALIGN || r->max_bytes % KILN_ENGINE_ARENA_ALIGN)
-            return plan_fail("tensor \"%s\": arena range [%" PRId64 ", +%zu) is not aligned to %u bytes",
-                             r->name, r->arena_offset, r->max_bytes, KILN_ENGINE_ARENA_ALIGN);
+            return plan_fail("tensor \"%s\": arena range [%" PRId64 ", +%zu) is not aligned to %u bytes", r->name,
+                             r->arena_offset, r->max_bytes, KILN_ENGINE_ARENA_ALIGN);
     }
     for (int32_t i = 0; i < g->n_layers; i++)
         if (g->layers[i].workspace > g->workspace_size)
@@ -311,8 +315,7 @@ static kiln_status check_liveness(const kiln_graph *g)
                 s = plan_fail("tensors \"%s\" and \"%s\" share arena bytes while both are live (layer \"%s\")",
                               g->tensors[clash->tensor].name, r->name, l->name);
             else if (n_live == KILN_ENGINE_MAX_LIVE)
-                s = plan_fail("more than %d activations are live at layer \"%s\"", KILN_ENGINE_MAX_LIVE,
-                              l->name);
+                s = plan_fail("more than %d activations are live at layer \"%s\"", KILN_ENGINE_MAX_LIVE, l->name);
             else {
                 memmove(live + at + 1, live + at, sizeof *live * (n_live - at));
                 live[at] = nr;
@@ -340,8 +343,8 @@ done:
 
 static const char *const bound_names[3] = {"min", "opt", "max"};
 
-static kiln_status check_bound(const kiln_graph *g, int32_t p, int which, int64_t *symbols,
-                               int64_t *values, kiln_dims *dims)
+static kiln_status check_bound(const kiln_graph *g, int32_t p, int which, int64_t *symbols, int64_t *values,
+                               kiln_dims *dims)
 {
     kiln_graph_profile_symbols(g, p, which, symbols);
     kiln_status s = kiln_graph_eval_shapes(g, symbols, values, dims);
@@ -356,8 +359,8 @@ static kiln_status check_bound(const kiln_graph *g, int32_t p, int which, int64_
             return plan_fail("profile %d (%s): tensor \"%s\" is too large", p, bound_names[which], r->name);
         size_t cap = (r->flags & KILN_TENSOR_CONSTANT) ? r->data_size : r->max_bytes;
         if (bytes > cap)
-            return plan_fail("profile %d (%s): tensor \"%s\" needs %zu bytes but the plan gives it %zu",
-                             p, bound_names[which], r->name, bytes, cap);
+            return plan_fail("profile %d (%s): tensor \"%s\" needs %zu bytes but the plan gives it %zu", p,
+                             bound_names[which], r->name, bytes, cap);
     }
     return KILN_OK;
 }

@@ -37,8 +37,7 @@ kiln_status kiln_engine_write(const kiln_graph *g, kiln_buffer *out);
  * borrow != 0 constant data and extra sections point into `data`, which
  * must then outlive the graph; otherwise they are copied. Never crashes or
  * hangs on any input. */
-kiln_status kiln_engine_read(const void *data, size_t size, int borrow, kiln_graph *out,
-                             kiln_engine_header_info *info);
+kiln_status kiln_engine_read(const void *data, size_t size, int borrow, kiln_graph *out, kiln_engine_header_info *info);
 
 /* Reads only the fixed header (magic, version, target). */
 kiln_status kiln_engine_read_header(const void *data, size_t size, kiln_engine_header_info *info);

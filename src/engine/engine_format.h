@@ -87,8 +87,8 @@ typedef struct kiln_engine_sections {
  * which must be freshly initialized and is left partly filled on failure
  * (free it either way). With borrow set constant data points into
  * secs->weights. */
-kiln_status kiln_engine_parse_plan(const uint8_t *text, size_t size,
-                                   const kiln_engine_sections *secs, int borrow, kiln_graph *g);
+kiln_status kiln_engine_parse_plan(const uint8_t *text, size_t size, const kiln_engine_sections *secs, int borrow,
+                                   kiln_graph *g);
 
 /* The plan checks beyond syntax (engine_check.c): every tensor's role
  * (outputs are activations written by one earlier layer), native layers'

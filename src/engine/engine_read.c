@@ -57,12 +57,12 @@ static kiln_status parse_header(const uint8_t *d, size_t size, header_view *hv)
     if (size >= 8 && memcmp(d, KILN_ENGINE_MAGIC, 8) != 0)
         return kiln_fail(KILN_ERROR_FORMAT, "not a kiln engine (bad magic)");
     if (size < HEADER_SIZE)
-        return kiln_fail(KILN_ERROR_FORMAT, "engine truncated: %zu bytes is less than the %u-byte header",
-                         size, HEADER_SIZE);
+        return kiln_fail(KILN_ERROR_FORMAT, "engine truncated: %zu bytes is less than the %u-byte header", size,
+                         HEADER_SIZE);
     uint32_t version = kiln_get_u32(d + OFF_FORMAT_VERSION);
     if (version > KILN_ENGINE_FORMAT_VERSION)
-        return kiln_fail(KILN_ERROR_VERSION, "engine format version %u is newer than this kiln reads (%u)",
-                         version, KILN_ENGINE_FORMAT_VERSION);
+        return kiln_fail(KILN_ERROR_VERSION, "engine format version %u is newer than this kiln reads (%u)", version,
+                         KILN_ENGINE_FORMAT_VERSION);
     if (version == 0)
         return kiln_fail(KILN_ERROR_FORMAT, "engine format version 0 is invalid");
     uint32_t header_size = kiln_get_u32(d + OFF_HEADER_SIZE);
@@ -76,8 +76,9 @@ static kiln_status parse_header(const uint8_t *d, size_t size, header_view *hv)
         if (file_size > size)
             return kiln_fail(KILN_ERROR_FORMAT, "engine truncated: header says %" PRIu64 " bytes, file has %zu",
                              file_size, size);
-        return kiln_fail(KILN_ERROR_FORMAT, "engine section table (%u entries) runs past the end of the data (%zu bytes)",
-                         n_sections, size);
+        return kiln_fail(KILN_ERROR_FORMAT,
+                         "engine section table (%u entries) runs past the end of the data (%zu bytes)", n_sections,
+                         size);
     }
     if (kiln_engine_header_checksum(d, (size_t)(table_end - HEADER_SIZE)) != kiln_get_u64(d + OFF_HEADER_CHECKSUM))
         return kiln_fail(KILN_ERROR_CHECKSUM, "engine header checksum mismatch: the file is corrupted");
@@ -152,7 +153,8 @@ static kiln_status check_sections(const uint8_t *d, size_t size, const header_vi
         if (s->offset < hv->table_end || __builtin_add_overflow(s->offset, s->size, &end) || end > size)
             return kiln_fail(KILN_ERROR_FORMAT,
                              "engine section %s (entry %u) at offset %" PRIu64 ", %" PRIu64
-                             " bytes, lies outside the file's %zu data bytes", cc, i, s->offset, s->size, size);
+                             " bytes, lies outside the file's %zu data bytes",
+                             cc, i, s->offset, s->size, size);
     }
     const section_view **order = malloc((n ? n : 1) * sizeof *order);
     if (!order)
@@ -166,8 +168,8 @@ static kiln_status check_sections(const uint8_t *d, size_t size, const header_vi
         uint64_t next = i < n ? order[i]->offset : size;
         if (next < pos) {
             kiln_engine_fourcc_str(order[i]->id, cc);
-            st = kiln_fail(KILN_ERROR_FORMAT, "engine section %s at offset %" PRIu64 " overlaps another section",
-                           cc, next);
+            st = kiln_fail(KILN_ERROR_FORMAT, "engine section %s at offset %" PRIu64 " overlaps another section", cc,
+                           next);
             break;
         }
         for (uint64_t p = pos; p < next; p++)
@@ -200,7 +202,7 @@ typedef struct plan_reader {
     const uint8_t *blobs;
     uint64_t blobs_size;
     int borrow;
-    char ctx[96];           /* "tensor 3", "layer 7" ... for messages */
+    char ctx[96]; /* "tensor 3", "layer 7" ... for messages */
 } plan_reader;
 
 static kiln_status rd_fail(plan_reader *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -226,8 +228,7 @@ static kiln_status rd_field(plan_reader *r, json_t *obj, const char *key, json_t
     return KILN_OK;
 }
 
-static kiln_status rd_int_value(plan_reader *r, json_t *v, const char *what, int64_t lo, int64_t hi,
-                                int64_t *out)
+static kiln_status rd_int_value(plan_reader *r, json_t *v, const char *what, int64_t lo, int64_t hi, int64_t *out)
 {
     if (!json_is_integer(v))
         return rd_fail(r, "%s is not an integer", what);
@@ -296,8 +297,8 @@ static kiln_status rd_i32s(plan_reader *r, json_t *obj, const char *key, size_t 
 }
 
 /* Like rd_i32s into a new malloc'd array (NULL when empty). */
-static kiln_status rd_i32s_alloc(plan_reader *r, json_t *obj, const char *key, int64_t lo, int64_t hi,
-                                 int32_t **dst, int32_t *n)
+static kiln_status rd_i32s_alloc(plan_reader *r, json_t *obj, const char *key, int64_t lo, int64_t hi, int32_t **dst,
+                                 int32_t *n)
 {
     json_t *a = NULL;
     KILN_TRY(rd_array(r, obj, key, INT32_MAX, &a));
@@ -317,8 +318,7 @@ static kiln_status rd_i32s_alloc(plan_reader *r, json_t *obj, const char *key, i
 }
 
 /* [offset, size] inside a section of `limit` bytes. */
-static kiln_status rd_range(plan_reader *r, json_t *obj, const char *key, uint64_t limit, uint64_t *off,
-                            uint64_t *size)
+static kiln_status rd_range(plan_reader *r, json_t *obj, const char *key, uint64_t limit, uint64_t *off, uint64_t *size)
 {
     json_t *a = NULL;
     KILN_TRY(rd_array(r, obj, key, 2, &a));
@@ -329,16 +329,15 @@ static kiln_status rd_range(plan_reader *r, json_t *obj, const char *key, uint64
     KILN_TRY(rd_int_value(r, json_array_get(a, 1), "size", 0, INT64_MAX, &n));
     uint64_t end;
     if (__builtin_add_overflow((uint64_t)o, (uint64_t)n, &end) || end > limit || (uint64_t)n > SIZE_MAX)
-        return rd_fail(r, "%s [%" PRId64 ", +%" PRId64 ") lies outside its %" PRIu64 "-byte section", key, o,
-                       n, limit);
+        return rd_fail(r, "%s [%" PRId64 ", +%" PRId64 ") lies outside its %" PRIu64 "-byte section", key, o, n, limit);
     *off = (uint64_t)o;
     *size = (uint64_t)n;
     return KILN_OK;
 }
 
 /* Copies or borrows bytes of a section. Empty ranges give NULL. */
-static kiln_status take_bytes(plan_reader *r, const uint8_t *base, uint64_t off, uint64_t size, int borrow,
-                              void **data, int32_t *owned)
+static kiln_status take_bytes(plan_reader *r, const uint8_t *base, uint64_t off, uint64_t size, int borrow, void **data,
+                              int32_t *owned)
 {
     *data = NULL;
     *owned = 0;
@@ -464,8 +463,8 @@ static kiln_status rd_tensors(plan_reader *r, json_t *arr, int32_t n_layers)
         t->arena_offset = arena_offset;
         t->max_bytes = (size_t)max_bytes;
         uint64_t end;
-        if (arena_offset >= 0 && (__builtin_add_overflow((uint64_t)arena_offset, (uint64_t)max_bytes, &end) ||
-                                  end > g->arena_size))
+        if (arena_offset >= 0 &&
+            (__builtin_add_overflow((uint64_t)arena_offset, (uint64_t)max_bytes, &end) || end > g->arena_size))
             return rd_fail(r, "arena range [%" PRId64 ", +%" PRId64 ") exceeds the %zu-byte arena", arena_offset,
                            max_bytes, g->arena_size);
         json_t *data = json_object_get(o, "data");
@@ -512,8 +511,7 @@ static kiln_status rd_perm(plan_reader *r, json_t *o, const char *key, int32_t r
     return KILN_OK;
 }
 
-static kiln_status rd_steps(plan_reader *r, json_t *o, const char *key, const kiln_layer *l,
-                            kiln_layer_params *p)
+static kiln_status rd_steps(plan_reader *r, json_t *o, const char *key, const kiln_layer *l, kiln_layer_params *p)
 {
     json_t *steps = NULL;
     KILN_TRY(rd_array(r, o, key, KILN_FUSED_MAX_STEPS, &steps));
@@ -532,11 +530,11 @@ static kiln_status rd_steps(plan_reader *r, json_t *o, const char *key, const ki
         KILN_TRY(rd_int_value(r, json_array_get(e, 1), "fused op", 0,
                               f[0] ? KILN_BINARY_OP_COUNT - 1 : KILN_UNARY_OP_COUNT - 1, &f[1]));
         KILN_TRY(rd_int_value(r, json_array_get(e, 2), "fused operand a", 0, last, &f[2]));
-        KILN_TRY(rd_int_value(r, json_array_get(e, 3), "fused operand b", f[0] ? 0 : INT32_MIN,
-                              f[0] ? last : INT32_MAX, &f[3]));
+        KILN_TRY(rd_int_value(r, json_array_get(e, 3), "fused operand b", f[0] ? 0 : INT32_MIN, f[0] ? last : INT32_MAX,
+                              &f[3]));
         KILN_TRY(rd_int_value(r, json_array_get(e, 4), "fused src_layer", -1, INT32_MAX, &f[4]));
-        p->fused.steps[i] = (kiln_fused_step){(int32_t)f[0], (int32_t)f[1], (int32_t)f[2],
-                                              (int32_t)f[3], (int32_t)f[4]};
+        p->fused.steps[i] =
+            (kiln_fused_step){(int32_t)f[0], (int32_t)f[1], (int32_t)f[2], (int32_t)f[3], (int32_t)f[4]};
     }
     return KILN_OK;
 }
@@ -581,8 +579,7 @@ static kiln_status rd_attr(plan_reader *r, json_t *o, const kiln_op_attr *a, kil
     }
     case KILN_ATTR_EXPRS: {
         int32_t n = 0;
-        KILN_TRY(rd_i32s(r, o, a->key, KILN_MAX_RANK, 0, (int64_t)g->exprs.n - 1,
-                         (int32_t *)(void *)field, &n));
+        KILN_TRY(rd_i32s(r, o, a->key, KILN_MAX_RANK, 0, (int64_t)g->exprs.n - 1, (int32_t *)(void *)field, &n));
         memcpy((uint8_t *)p + a->aux, &n, sizeof n);
         return KILN_OK;
     }
@@ -600,8 +597,7 @@ static kiln_status rd_params(plan_reader *r, json_t *o, kiln_layer *l, const kil
         int32_t rank = g->tensors[l->inputs[0]].rank;
         for (int32_t i = 1; i < l->n_inputs; i++)
             if (g->tensors[l->inputs[i]].rank != rank)
-                return rd_fail(r, "concat inputs have ranks %d and %d", rank,
-                               g->tensors[l->inputs[i]].rank);
+                return rd_fail(r, "concat inputs have ranks %d and %d", rank, g->tensors[l->inputs[i]].rank);
     }
     for (int32_t i = 0; i < op->n_attrs; i++)
         KILN_TRY(rd_attr(r, o, &op->attrs[i], l));
@@ -633,8 +629,7 @@ static kiln_status rd_layers(plan_reader *r, json_t *arr)
         const kiln_op_info *info = kiln_op_info_get(l->op);
         if (l->n_inputs < info->min_inputs || (info->max_inputs >= 0 && l->n_inputs > info->max_inputs) ||
             l->n_outputs < info->min_outputs || l->n_outputs > info->max_outputs)
-            return rd_fail(r, "%s with %d inputs and %d outputs", info->name, l->n_inputs,
-                           l->n_outputs);
+            return rd_fail(r, "%s with %d inputs and %d outputs", info->name, l->n_inputs, l->n_outputs);
         json_t *params = NULL;
         KILN_TRY(rd_field(r, o, "params", &params));
         if (!json_is_object(params))
@@ -737,8 +732,8 @@ static kiln_status rd_profiles(plan_reader *r, json_t *arr)
             KILN_TRY(rd_dims(r, o, "max", rank, &pd->max));
             for (int32_t k = 0; k < rank; k++)
                 if (pd->min.d[k] > pd->opt.d[k] || pd->opt.d[k] > pd->max.d[k])
-                    return rd_fail(r, "dim %d has min %" PRId64 ", opt %" PRId64 ", max %" PRId64
-                                   " out of order", k, pd->min.d[k], pd->opt.d[k], pd->max.d[k]);
+                    return rd_fail(r, "dim %d has min %" PRId64 ", opt %" PRId64 ", max %" PRId64 " out of order", k,
+                                   pd->min.d[k], pd->opt.d[k], pd->max.d[k]);
         }
     }
     r->ctx[0] = '\0';
@@ -833,8 +828,8 @@ static kiln_status parse_plan(plan_reader *r, const uint8_t *text, size_t size)
     return s;
 }
 
-kiln_status kiln_engine_parse_plan(const uint8_t *text, size_t size,
-                                   const kiln_engine_sections *secs, int borrow, kiln_graph *g)
+kiln_status kiln_engine_parse_plan(const uint8_t *text, size_t size, const kiln_engine_sections *secs, int borrow,
+                                   kiln_graph *g)
 {
     plan_reader r;
     memset(&r, 0, sizeof r);
@@ -849,8 +844,7 @@ kiln_status kiln_engine_parse_plan(const uint8_t *text, size_t size,
 
 /* ---- reading: the whole engine -------------------------------------------------- */
 
-static kiln_status rd_extra_sections(kiln_graph *g, const uint8_t *d, const section_view *secs, uint32_t n,
-                                     int borrow)
+static kiln_status rd_extra_sections(kiln_graph *g, const uint8_t *d, const section_view *secs, uint32_t n, int borrow)
 {
     uint32_t count = 0;
     for (uint32_t i = 0; i < n; i++)
@@ -880,8 +874,7 @@ static kiln_status rd_extra_sections(kiln_graph *g, const uint8_t *d, const sect
     return KILN_OK;
 }
 
-kiln_status kiln_engine_read(const void *data, size_t size, int borrow, kiln_graph *out,
-                             kiln_engine_header_info *info)
+kiln_status kiln_engine_read(const void *data, size_t size, int borrow, kiln_graph *out, kiln_engine_header_info *info)
 {
     if (!out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_read: out is required");
@@ -936,4 +929,3 @@ kiln_status kiln_engine_read(const void *data, size_t size, int borrow, kiln_gra
         *info = hv.info;
     return KILN_OK;
 }
-

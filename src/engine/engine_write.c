@@ -88,8 +88,7 @@ static int32_t first_input_rank(const kiln_graph *g, const kiln_layer *l)
 /* One attribute of the op table (core/op_table.h) into "params". Lengths
  * that would index past an array fail; values are left to the reader's
  * checks, which the writer runs on what it wrote. */
-static kiln_status attr_json(jbuild *b, const kiln_graph *g, const kiln_layer *l,
-                             const kiln_op_attr *a, json_t *o)
+static kiln_status attr_json(jbuild *b, const kiln_graph *g, const kiln_layer *l, const kiln_op_attr *a, json_t *o)
 {
     const kiln_layer_params *p = &l->p;
     const uint8_t *field = (const uint8_t *)p + a->offset;
@@ -110,8 +109,8 @@ static kiln_status attr_json(jbuild *b, const kiln_graph *g, const kiln_layer *l
     }
     case KILN_ATTR_I64_RANK: {
         if (rank < 0 || rank > KILN_MAX_RANK)
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s input has no valid rank",
-                             name, kiln_op_name(l->op));
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s input has no valid rank", name,
+                             kiln_op_name(l->op));
         int64_t v[KILN_MAX_RANK];
         memcpy(v, field, sizeof(int64_t) * (size_t)rank);
         jb_set(b, o, a->key, jb_i64s(b, v, rank));
@@ -124,22 +123,22 @@ static kiln_status attr_json(jbuild *b, const kiln_graph *g, const kiln_layer *l
             return KILN_OK;
         n = (int32_t)kiln_op_attr_hi(a, rank, p->shuffle.mid_rank, g->n_plugins) + 1;
         if (n < 0 || n > KILN_MAX_RANK)
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s has %d entries (at most %d)",
-                             name, a->key, n, KILN_MAX_RANK);
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s has %d entries (at most %d)", name, a->key,
+                             n, KILN_MAX_RANK);
         jb_set(b, o, a->key, jb_i32s(b, (const int32_t *)(const void *)field, n));
         return KILN_OK;
     }
     case KILN_ATTR_EXPRS:
         memcpy(&n, (const uint8_t *)p + a->aux, sizeof n);
         if (n < 0 || n > KILN_MAX_RANK)
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s has %d entries (at most %d)",
-                             name, a->key, n, KILN_MAX_RANK);
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s has %d entries (at most %d)", name, a->key,
+                             n, KILN_MAX_RANK);
         jb_set(b, o, a->key, jb_i32s(b, (const int32_t *)(const void *)field, n));
         return KILN_OK;
     case KILN_ATTR_STEPS: {
         if (p->fused.n_steps < 0 || p->fused.n_steps > KILN_FUSED_MAX_STEPS)
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %d fused steps (at most %d)",
-                             name, p->fused.n_steps, KILN_FUSED_MAX_STEPS);
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %d fused steps (at most %d)", name,
+                             p->fused.n_steps, KILN_FUSED_MAX_STEPS);
         json_t *steps = jb_check(b, json_array());
         for (int32_t i = 0; i < p->fused.n_steps; i++) {
             const kiln_fused_step *s = &p->fused.steps[i];
@@ -154,13 +153,12 @@ static kiln_status attr_json(jbuild *b, const kiln_graph *g, const kiln_layer *l
     return kiln_fail(KILN_ERROR_INTERNAL, "attribute \"%s\" has no writer", a->key);
 }
 
-static kiln_status layer_params_json(jbuild *b, const kiln_graph *g, const kiln_layer *l,
-                                     json_t **out)
+static kiln_status layer_params_json(jbuild *b, const kiln_graph *g, const kiln_layer *l, json_t **out)
 {
     const kiln_op_info *op = kiln_op_info_get(l->op);
     if (!op)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": op %d is not a kiln_op",
-                         l->name ? l->name : "", (int)l->op);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": op %d is not a kiln_op", l->name ? l->name : "",
+                         (int)l->op);
     json_t *o = jb_check(b, json_object());
     for (int32_t i = 0; i < op->n_attrs; i++) {
         kiln_status s = attr_json(b, g, l, &op->attrs[i], o);
@@ -176,12 +174,12 @@ static kiln_status layer_params_json(jbuild *b, const kiln_graph *g, const kiln_
 /* Where each constant and blob landed, computed before the plan is written
  * because the plan records them. */
 typedef struct write_layout {
-    uint64_t *const_offset;   /* per tensor, into the weights section */
+    uint64_t *const_offset; /* per tensor, into the weights section */
     uint64_t weights_size;
-    uint64_t *blob_offset;    /* per plugin, into the blobs section */
+    uint64_t *blob_offset; /* per plugin, into the blobs section */
     size_t *blob_size;
     uint32_t *blob_version;
-    uint8_t **blob_data;      /* per plugin; owned when blob_owned */
+    uint8_t **blob_data; /* per plugin; owned when blob_owned */
     int32_t *blob_owned;
     uint64_t blobs_size;
 } write_layout;
@@ -374,15 +372,14 @@ static kiln_status collect_blobs(const kiln_graph *g, write_layout *w)
             if (s != KILN_OK)
                 return kiln_plugin_error(name, "serialize", s, fails);
             if (cap > size)
-                return kiln_fail(KILN_ERROR_PLUGIN,
-                                 "plugin \"%s\" wrote %zu bytes into a %zu-byte serialize buffer", name,
-                                 cap, size);
+                return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" wrote %zu bytes into a %zu-byte serialize buffer",
+                                 name, cap, size);
             w->blob_size[i] = cap;
             w->blob_version[i] = r->creator ? r->creator->blob_version : r->blob_version;
         } else {
             if (r->blob_size > 0 && !r->blob)
-                return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "plugin \"%s\": blob_size %zu but no blob",
-                                 name, r->blob_size);
+                return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "plugin \"%s\": blob_size %zu but no blob", name,
+                                 r->blob_size);
             w->blob_data[i] = r->blob;
             w->blob_size[i] = r->blob_size;
             w->blob_version[i] = r->blob_version;
@@ -419,7 +416,7 @@ static kiln_status layout_weights(const kiln_graph *g, write_layout *w)
 
 typedef struct out_section {
     uint32_t id;
-    const void *data;   /* NULL: filled in place (weights, blobs) */
+    const void *data; /* NULL: filled in place (weights, blobs) */
     uint64_t size;
     uint64_t offset;
 } out_section;

@@ -42,8 +42,7 @@ static kiln_status import_checkpoint(const char *path, const kiln_llm_build_opti
         return kiln_llm_import_llama2c(path, o->tokenizer, ck);
     }
     return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                     "%s is not a checkpoint: expected a Hugging Face model folder, a .gguf or a llama2.c .bin",
-                     path);
+                     "%s is not a checkpoint: expected a Hugging Face model folder, a .gguf or a llama2.c .bin", path);
 }
 
 kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options *options, const char *output)
@@ -97,9 +96,8 @@ static json_t *tokenizer_summary(const void *data, size_t size)
                    ? "spm (tokenizer.json)"
                    : "byte_bpe (tokenizer.json)";
     }
-    json_t *o = json_pack("{s:s,s:I,s:I,s:I}", "kind", kind, "vocab_size",
-                          (json_int_t)kiln_tokenizer_vocab_size(tok), "bos", (json_int_t)kiln_tokenizer_bos_id(tok),
-                          "eos", (json_int_t)kiln_tokenizer_eos_id(tok));
+    json_t *o = json_pack("{s:s,s:I,s:I,s:I}", "kind", kind, "vocab_size", (json_int_t)kiln_tokenizer_vocab_size(tok),
+                          "bos", (json_int_t)kiln_tokenizer_bos_id(tok), "eos", (json_int_t)kiln_tokenizer_eos_id(tok));
     kiln_tokenizer_free(tok);
     return o;
 }

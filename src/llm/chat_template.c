@@ -115,8 +115,7 @@ static kiln_status render_llama2(sbuf *b, const kiln_chat_message *m, size_t n, 
         int user = !strcmp(m[i].role, "user");
         if (!user && strcmp(m[i].role, "assistant"))
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "chat template llama2: message %zu is a system message; only the first may be",
-                             i);
+                             "chat template llama2: message %zu is a system message; only the first may be", i);
         if (user != ((i - first) % 2 == 0))
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
                              "chat template llama2: message %zu: roles must alternate user/assistant/...", i);
@@ -147,11 +146,12 @@ static kiln_status render_llama2(sbuf *b, const kiln_chat_message *m, size_t n, 
 }
 
 kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_message *msgs, size_t n,
-                             int add_generation_prompt, const char *default_system,
-                             const kiln_chat_tokens *tokens, char **out, size_t *len)
+                             int add_generation_prompt, const char *default_system, const kiln_chat_tokens *tokens,
+                             char **out, size_t *len)
 {
     if (tmpl == KILN_LLM_CHAT_NONE)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "the engine has no chat template (its config's chat_template is null)");
+        return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                         "the engine has no chat template (its config's chat_template is null)");
     for (size_t i = 0; i < n; i++) {
         if (!known_role(msgs[i].role))
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "chat message %zu: unknown role \"%s\"", i,
@@ -162,12 +162,8 @@ kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_messag
     sbuf b = {0};
     puts_(&b, "");
     switch (tmpl) {
-    case KILN_LLM_CHAT_CHATML:
-        render_chatml(&b, msgs, n, add_generation_prompt, default_system);
-        break;
-    case KILN_LLM_CHAT_LLAMA3:
-        render_llama3(&b, msgs, n, add_generation_prompt, default_system);
-        break;
+    case KILN_LLM_CHAT_CHATML: render_chatml(&b, msgs, n, add_generation_prompt, default_system); break;
+    case KILN_LLM_CHAT_LLAMA3: render_llama3(&b, msgs, n, add_generation_prompt, default_system); break;
     case KILN_LLM_CHAT_LLAMA2: {
         kiln_status s = render_llama2(&b, msgs, n, default_system, tokens);
         if (s != KILN_OK) {
@@ -176,9 +172,7 @@ kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_messag
         }
         break;
     }
-    default:
-        free(b.p);
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "chat template %d is not supported", (int)tmpl);
+    default: free(b.p); return kiln_fail(KILN_ERROR_UNSUPPORTED, "chat template %d is not supported", (int)tmpl);
     }
     if (b.failed) {
         free(b.p);
@@ -190,8 +184,7 @@ kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_messag
 }
 
 kiln_status kiln_chat_render_jinja(const kiln_jinja *tmpl, const kiln_chat_message *msgs, size_t n,
-                                   int add_generation_prompt, const kiln_chat_tokens *tokens, char **out,
-                                   size_t *len)
+                                   int add_generation_prompt, const kiln_chat_tokens *tokens, char **out, size_t *len)
 {
     json_t *list = json_array();
     for (size_t i = 0; list && i < n; i++) {
@@ -209,7 +202,7 @@ kiln_status kiln_chat_render_jinja(const kiln_jinja *tmpl, const kiln_chat_messa
     json_t *vars = list ? json_pack("{s:o,s:b,s:s*,s:s*,s:n,s:n}", "messages", list, "add_generation_prompt",
                                     add_generation_prompt, "bos_token", tokens ? tokens->bos : NULL, "eos_token",
                                     tokens ? tokens->eos : NULL, "tools", "documents")
-                       : NULL;
+                        : NULL;
     if (!vars)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory rendering a chat");
     kiln_status s = kiln_jinja_render(tmpl, vars, out, len);

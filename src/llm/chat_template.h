@@ -19,8 +19,8 @@ typedef struct kiln_chat_message {
 } kiln_chat_message;
 
 typedef struct kiln_chat_tokens {
-    const char *bos;   /* llama2: the BOS token's text ("<s>") */
-    const char *eos;   /* llama2: the EOS token's text ("</s>") */
+    const char *bos; /* llama2: the BOS token's text ("<s>") */
+    const char *eos; /* llama2: the EOS token's text ("</s>") */
 } kiln_chat_tokens;
 
 /* Renders messages (roles "system", "user", "assistant"), then the
@@ -32,8 +32,8 @@ typedef struct kiln_chat_tokens {
  * KILN_ERROR_INVALID_ARGUMENT for an unknown role (or, for llama2, a system
  * message that is not first, or turns that do not alternate user/assistant). */
 kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_message *msgs, size_t n,
-                             int add_generation_prompt, const char *default_system,
-                             const kiln_chat_tokens *tokens, char **out, size_t *len);
+                             int add_generation_prompt, const char *default_system, const kiln_chat_tokens *tokens,
+                             char **out, size_t *len);
 
 /* The checkpoint's own template (the engine's CHAT section): renders
  * messages (any roles; the template decides) as transformers'
@@ -43,7 +43,6 @@ kiln_status kiln_chat_render(kiln_llm_chat_template tmpl, const kiln_chat_messag
  * KILN_ERROR_INVALID_ARGUMENT when the template raises or fails, with its
  * message and line. */
 kiln_status kiln_chat_render_jinja(const kiln_jinja *tmpl, const kiln_chat_message *msgs, size_t n,
-                                   int add_generation_prompt, const kiln_chat_tokens *tokens, char **out,
-                                   size_t *len);
+                                   int add_generation_prompt, const kiln_chat_tokens *tokens, char **out, size_t *len);
 
 #endif

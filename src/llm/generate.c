@@ -23,8 +23,8 @@
 #include "sampler.h"
 #include "tokenizer.h"
 
-static const char *const step_input_names[N_STEP_INPUTS] = {
-    "tokens", "positions", "block_table", "seq_lens", "query_start", "last_token", "sample_params", "sample_seq"};
+static const char *const step_input_names[N_STEP_INPUTS] = {"tokens",      "positions",  "block_table",   "seq_lens",
+                                                            "query_start", "last_token", "sample_params", "sample_seq"};
 
 /* ---- small helpers ---------------------------------------------------------------- */
 
@@ -159,8 +159,10 @@ static kiln_status read_chat_section(kiln_llm *llm, const char *path)
            *eos = json_object_get(root, "eos_token");
     kiln_status s = KILN_OK;
     if (!json_is_string(t) || !(json_is_string(b) || json_is_null(b)) || !(json_is_string(eos) || json_is_null(eos)))
-        s = kiln_fail(KILN_ERROR_FORMAT, "%s: section CHAT: expected {\"template\": string, \"bos_token\", "
-                      "\"eos_token\": string or null}", path);
+        s = kiln_fail(KILN_ERROR_FORMAT,
+                      "%s: section CHAT: expected {\"template\": string, \"bos_token\", "
+                      "\"eos_token\": string or null}",
+                      path);
     else if ((s = kiln_jinja_parse(json_string_value(t), json_string_length(t), &llm->chat)) != KILN_OK)
         kiln_fail_context(s, "%s: section CHAT", path);
     else if ((json_is_string(b) && !(llm->chat_bos = strdup(json_string_value(b)))) ||
@@ -179,8 +181,8 @@ static kiln_status io_max(const kiln_llm *llm, const char *name, kiln_dtype want
     if (kiln_engine_io_tensor_info(llm->engine, name, &dt, &is_input, &dims) != KILN_OK)
         return kiln_fail(KILN_ERROR_FORMAT, "LLM engine has no I/O tensor \"%s\" (docs/llm.md)", name);
     if (dt != want)
-        return kiln_fail(KILN_ERROR_FORMAT, "LLM engine tensor \"%s\" is %s, expected %s", name,
-                         kiln_dtype_name(dt), kiln_dtype_name(want));
+        return kiln_fail(KILN_ERROR_FORMAT, "LLM engine tensor \"%s\" is %s, expected %s", name, kiln_dtype_name(dt),
+                         kiln_dtype_name(want));
     if (!is_input) {
         *max = dims;
         return KILN_OK;
@@ -256,8 +258,8 @@ static kiln_status setup_cache(kiln_llm *llm, const kiln_llm_options *opt)
         return kiln_fail(KILN_ERROR_FORMAT,
                          "kv_cache.0 is not [n_blocks, 2, n_kv_heads %d, block_size %d, head_dim %d]",
                          (int)c->n_kv_heads, (int)c->block_size, (int)c->head_dim);
-    llm->block_bytes = 2 * (size_t)c->n_kv_heads * (size_t)c->block_size * (size_t)c->head_dim *
-                       kiln_dtype_size(dt) * (size_t)c->n_layers;
+    llm->block_bytes = 2 * (size_t)c->n_kv_heads * (size_t)c->block_size * (size_t)c->head_dim * kiln_dtype_size(dt) *
+                       (size_t)c->n_layers;
     /* Every other input is set at its max already: this allocates the
      * step's buffers, so what is left is what the cache may take. */
     KILN_TRY(set_cache_shapes(llm, 1));
@@ -335,8 +337,8 @@ static kiln_status setup_buffers(kiln_llm *llm)
     KILN_TRY(io_max(llm, "logits", KILN_DTYPE_F32, &m));
     if (m.rank != 2 || m.d[1] != c->vocab_size)
         return kiln_fail(KILN_ERROR_FORMAT, "logits must be [S, vocab_size %d]", (int)c->vocab_size);
-    llm->has_sampler = kiln_engine_io_tensor_info(llm->engine, "next_token", &(kiln_dtype){0}, &(int32_t){0}, &m) ==
-                       KILN_OK;
+    llm->has_sampler =
+        kiln_engine_io_tensor_info(llm->engine, "next_token", &(kiln_dtype){0}, &(int32_t){0}, &m) == KILN_OK;
     if (llm->has_sampler) {
         KILN_TRY(io_max(llm, "next_token", KILN_DTYPE_I32, &m));
         KILN_TRY(io_max(llm, "sample_params", KILN_DTYPE_F32, &m));
@@ -361,8 +363,8 @@ static kiln_status setup_buffers(kiln_llm *llm)
     /* Host sampling only for engines without the sampling layer. */
     h->logits = calloc(llm->has_sampler ? 1 : S * V, sizeof *h->logits);
     llm->cand = calloc(llm->has_sampler ? 1 : V, sizeof *llm->cand);
-    const size_t max_bytes[N_STEP_INPUTS] = {4 * T, 4 * T, 4 * S * (size_t)llm->max_blocks, 4 * S, 4 * (S + 1), 4 * S,
-                                             4 * SAMPLE_PARAMS * S, 4 * SAMPLE_SEQ * S};
+    const size_t max_bytes[N_STEP_INPUTS] = {4 * T,       4 * T, 4 * S * (size_t)llm->max_blocks, 4 * S,
+                                             4 * (S + 1), 4 * S, 4 * SAMPLE_PARAMS * S,           4 * SAMPLE_SEQ * S};
     for (size_t i = 0; i < S; i++)
         llm->free_slots[i] = (int32_t)(S - 1 - i);
     llm->n_free_slots = (int32_t)S;
@@ -449,8 +451,7 @@ static void fill_info(kiln_llm *llm)
     info->graph_nodes = llm->graph_nodes;
 }
 
-static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *path,
-                               const kiln_llm_options *opt)
+static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *path, const kiln_llm_options *opt)
 {
     KILN_TRY(kiln_engine_load(reg, path, &llm->engine));
     const void *cfg = NULL, *tok = NULL;
@@ -501,8 +502,8 @@ void kiln_llm_cancel(kiln_llm *llm) { atomic_store(&llm->cancel, 1); }
 
 /* ---- tokens and text ------------------------------------------------------------------ */
 
-kiln_status kiln_llm_tokenize(const kiln_llm *llm, const char *text, size_t len, uint32_t flags,
-                              int32_t **ids, size_t *n_ids)
+kiln_status kiln_llm_tokenize(const kiln_llm *llm, const char *text, size_t len, uint32_t flags, int32_t **ids,
+                              size_t *n_ids)
 {
     uint32_t f = 0;
     if (flags & KILN_LLM_TOKENIZE_ADD_SPECIAL)
@@ -528,8 +529,8 @@ static const char *piece_text(const kiln_llm *llm, int32_t id, char *buf, size_t
     return buf;
 }
 
-static kiln_status chat_render_tokenize(const kiln_llm *llm, const kiln_chat_message *messages, size_t n,
-                                        int32_t **ids, size_t *n_ids)
+static kiln_status chat_render_tokenize(const kiln_llm *llm, const kiln_chat_message *messages, size_t n, int32_t **ids,
+                                        size_t *n_ids)
 {
     char bos[64], eos[64];
     kiln_chat_tokens t = {
@@ -588,19 +589,19 @@ typedef struct gen_seq {
     kiln_llm_result *res;        /* allocated by fill_result */
     int32_t *ids;                /* prompt then generated, cap n_prompt + max_tokens */
     size_t n_prompt, n_ids;
-    size_t n_cached;             /* ids whose keys and values are in the cache */
-    int32_t *blocks;             /* max_blocks */
+    size_t n_cached; /* ids whose keys and values are in the cache */
+    int32_t *blocks; /* max_blocks */
     kiln_kv_seq kv;
-    int32_t reserve;             /* blocks it may need in all */
-    uint8_t *seen;               /* [vocab] id occurs in prompt or output */
-    int32_t *count;              /* [vocab] times generated */
+    int32_t reserve; /* blocks it may need in all */
+    uint8_t *seen;   /* [vocab] id occurs in prompt or output */
+    int32_t *count;  /* [vocab] times generated */
     kiln_rng rng;
     kiln_tokenizer_stream *stream;
     char *text;
     size_t text_len, text_cap, emitted;
-    size_t max_stop;             /* longest stop string */
+    size_t max_stop; /* longest stop string */
     int state;
-    int32_t slot;                /* row of sample_state, -1: none */
+    int32_t slot; /* row of sample_state, -1: none */
     kiln_llm_finish finish;
     double t_first, t_last;
 } gen_seq;
@@ -686,19 +687,22 @@ static kiln_status seq_init(kiln_llm *llm, int32_t i, const kiln_llm_request *us
     if (n == 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "request %d: the prompt is empty", (int)i);
     if (n >= (size_t)c->max_seq_len)
-        return kiln_fail(KILN_ERROR_LIMIT, "request %d: prompt of %zu tokens exceeds the engine's max sequence length %d",
-                         (int)i, n, (int)c->max_seq_len);
+        return kiln_fail(KILN_ERROR_LIMIT,
+                         "request %d: prompt of %zu tokens exceeds the engine's max sequence length %d", (int)i, n,
+                         (int)c->max_seq_len);
     size_t total = n + (size_t)r->max_tokens;
     if (total > (size_t)c->max_seq_len)
-        return kiln_fail(KILN_ERROR_LIMIT,
-                         "request %d: prompt of %zu tokens plus max_tokens %d exceeds the engine's max sequence length %d",
-                         (int)i, n, (int)r->max_tokens, (int)c->max_seq_len);
+        return kiln_fail(
+            KILN_ERROR_LIMIT,
+            "request %d: prompt of %zu tokens plus max_tokens %d exceeds the engine's max sequence length %d", (int)i,
+            n, (int)r->max_tokens, (int)c->max_seq_len);
     q->reserve = kiln_kv_blocks_for(&llm->pool, (int64_t)total);
     if (q->reserve > llm->pool.n_blocks)
-        return kiln_fail(KILN_ERROR_LIMIT,
-                         "request %d: prompt of %zu tokens plus max_tokens %d needs %d KV blocks, the cache holds %d (%lld tokens)",
-                         (int)i, n, (int)r->max_tokens, (int)q->reserve, (int)llm->pool.n_blocks,
-                         (long long)llm->pool.n_blocks * c->block_size);
+        return kiln_fail(
+            KILN_ERROR_LIMIT,
+            "request %d: prompt of %zu tokens plus max_tokens %d needs %d KV blocks, the cache holds %d (%lld tokens)",
+            (int)i, n, (int)r->max_tokens, (int)q->reserve, (int)llm->pool.n_blocks,
+            (long long)llm->pool.n_blocks * c->block_size);
     for (int32_t k = 0; k < r->n_stop; k++) {
         size_t len = r->stop[k] ? strlen(r->stop[k]) : 0;
         if (len == 0)
@@ -782,8 +786,7 @@ static size_t stop_holdback(const gen_seq *q)
     for (int32_t k = 0; k < r->n_stop; k++) {
         size_t len = strlen(r->stop[k]);
         for (size_t h = len - 1; h > hold; h--)
-            if (h <= q->text_len - q->emitted &&
-                memcmp(q->text + q->text_len - h, r->stop[k], h) == 0) {
+            if (h <= q->text_len - q->emitted && memcmp(q->text + q->text_len - h, r->stop[k], h) == 0) {
                 hold = h;
                 break;
             }
@@ -822,8 +825,7 @@ static void slot_release(kiln_llm *llm, gen_seq *q)
 
 /* ---- one request's end ---------------------------------------------------------------------- */
 
-static void seq_finish(kiln_llm *llm, gen_seq *q, int32_t index, kiln_llm_finish why, kiln_llm_token_fn fn,
-                       void *user)
+static void seq_finish(kiln_llm *llm, gen_seq *q, int32_t index, kiln_llm_finish why, kiln_llm_token_fn fn, void *user)
 {
     if (why != KILN_LLM_FINISH_STOP) {
         const char *t;
@@ -1034,8 +1036,8 @@ static void set_sampling_row(kiln_llm *llm, int32_t s, gen_seq *q, int sample)
         kiln_sampler_uniform_bits(&q->rng, sq);
 }
 
-static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *step,
-                                 kiln_llm_token_fn fn, void *user)
+static kiln_status generate_loop(kiln_llm *llm, gen_seq *seqs, int32_t n, int32_t *step, kiln_llm_token_fn fn,
+                                 void *user)
 {
     const int32_t V = llm->cfg.vocab_size;
     step_host *h = &llm->h;
@@ -1123,15 +1125,16 @@ static kiln_status fill_result(gen_seq *q, double t0)
     return KILN_OK;
 }
 
-kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs, int32_t n,
-                              kiln_llm_token_fn fn, void *user, kiln_llm_result **results)
+kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs, int32_t n, kiln_llm_token_fn fn,
+                              void *user, kiln_llm_result **results)
 {
     if (!llm || (n > 0 && (!reqs || !results)) || n < 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_generate: llm, requests and results are required");
     double t0 = now_ms();
     gen_seq *seqs = calloc(n > 0 ? (size_t)n : 1, sizeof *seqs);
     int32_t *step = calloc((size_t)llm->max_batch, sizeof *step);
-    kiln_status s = seqs && step ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %d requests", (int)n);
+    kiln_status s =
+        seqs && step ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %d requests", (int)n);
     /* A request after one that fails seq_init is never initialized, and the
      * cleanup below must not release slot 0 for it. */
     for (int32_t i = 0; seqs && i < n; i++)

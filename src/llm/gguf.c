@@ -25,10 +25,10 @@ typedef struct cursor {
 
 static int cur_need(const cursor *c, size_t n) { return n <= c->size - c->pos; }
 
-static kiln_status cur_read(cursor *c, void *out, size_t n, const char *field) {
+static kiln_status cur_read(cursor *c, void *out, size_t n, const char *field)
+{
     if (!cur_need(c, n))
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: truncated while reading %s at byte %zu", c->what,
-                         field, c->pos);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: truncated while reading %s at byte %zu", c->what, field, c->pos);
     memcpy(out, c->base + c->pos, n);
     c->pos += n;
     return KILN_OK;
@@ -39,22 +39,31 @@ static kiln_status cur_u32(cursor *c, uint32_t *v, const char *field) { return c
 static kiln_status cur_u64(cursor *c, uint64_t *v, const char *field) { return cur_read(c, v, 8, field); }
 
 /* A string is a u64 length then bytes. Returns a pointer to its bytes. */
-static kiln_status cur_string(cursor *c, const uint8_t **s, uint64_t *len, const char *field) {
+static kiln_status cur_string(cursor *c, const uint8_t **s, uint64_t *len, const char *field)
+{
     KILN_TRY(cur_u64(c, len, field));
     if (!cur_need(c, *len))
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: %s of %llu bytes runs past the end of the file",
-                         c->what, field, (unsigned long long)*len);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: %s of %llu bytes runs past the end of the file", c->what, field,
+                         (unsigned long long)*len);
     *s = c->base + c->pos;
     c->pos += (size_t)*len;
     return KILN_OK;
 }
 
-static size_t value_size(kiln_gguf_value_type t) {
+static size_t value_size(kiln_gguf_value_type t)
+{
     switch (t) {
-    case KILN_GGUF_U8: case KILN_GGUF_I8: case KILN_GGUF_BOOL: return 1;
-    case KILN_GGUF_U16: case KILN_GGUF_I16: return 2;
-    case KILN_GGUF_U32: case KILN_GGUF_I32: case KILN_GGUF_F32: return 4;
-    case KILN_GGUF_U64: case KILN_GGUF_I64: case KILN_GGUF_F64: return 8;
+    case KILN_GGUF_U8:
+    case KILN_GGUF_I8:
+    case KILN_GGUF_BOOL: return 1;
+    case KILN_GGUF_U16:
+    case KILN_GGUF_I16: return 2;
+    case KILN_GGUF_U32:
+    case KILN_GGUF_I32:
+    case KILN_GGUF_F32: return 4;
+    case KILN_GGUF_U64:
+    case KILN_GGUF_I64:
+    case KILN_GGUF_F64: return 8;
     default: return 0;
     }
 }
@@ -67,41 +76,43 @@ static const struct {
     int64_t block;
     size_t bytes;
 } ggml_types[] = {
-    {KILN_GGML_F32, "F32", 1, 4},        {KILN_GGML_F16, "F16", 1, 2},
-    {KILN_GGML_Q4_0, "Q4_0", 32, 18},    {KILN_GGML_Q4_1, "Q4_1", 32, 20},
-    {KILN_GGML_Q5_0, "Q5_0", 32, 22},    {KILN_GGML_Q5_1, "Q5_1", 32, 24},
-    {KILN_GGML_Q8_0, "Q8_0", 32, 34},    {KILN_GGML_Q8_1, "Q8_1", 32, 36},
-    {KILN_GGML_Q2_K, "Q2_K", 256, 84},   {KILN_GGML_Q3_K, "Q3_K", 256, 110},
-    {KILN_GGML_Q4_K, "Q4_K", 256, 144},  {KILN_GGML_Q5_K, "Q5_K", 256, 176},
-    {KILN_GGML_Q6_K, "Q6_K", 256, 210},  {KILN_GGML_Q8_K, "Q8_K", 256, 292},
-    {KILN_GGML_BF16, "BF16", 1, 2},
+    {KILN_GGML_F32, "F32", 1, 4},       {KILN_GGML_F16, "F16", 1, 2},       {KILN_GGML_Q4_0, "Q4_0", 32, 18},
+    {KILN_GGML_Q4_1, "Q4_1", 32, 20},   {KILN_GGML_Q5_0, "Q5_0", 32, 22},   {KILN_GGML_Q5_1, "Q5_1", 32, 24},
+    {KILN_GGML_Q8_0, "Q8_0", 32, 34},   {KILN_GGML_Q8_1, "Q8_1", 32, 36},   {KILN_GGML_Q2_K, "Q2_K", 256, 84},
+    {KILN_GGML_Q3_K, "Q3_K", 256, 110}, {KILN_GGML_Q4_K, "Q4_K", 256, 144}, {KILN_GGML_Q5_K, "Q5_K", 256, 176},
+    {KILN_GGML_Q6_K, "Q6_K", 256, 210}, {KILN_GGML_Q8_K, "Q8_K", 256, 292}, {KILN_GGML_BF16, "BF16", 1, 2},
 };
 
-static int ggml_index(uint32_t type) {
+static int ggml_index(uint32_t type)
+{
     for (size_t i = 0; i < sizeof ggml_types / sizeof ggml_types[0]; i++)
         if (ggml_types[i].type == type)
             return (int)i;
     return -1;
 }
 
-const char *kiln_ggml_type_name(uint32_t type) {
+const char *kiln_ggml_type_name(uint32_t type)
+{
     int i = ggml_index(type);
     return i < 0 ? NULL : ggml_types[i].name;
 }
 
-int64_t kiln_ggml_block_elements(uint32_t type) {
+int64_t kiln_ggml_block_elements(uint32_t type)
+{
     int i = ggml_index(type);
     return i < 0 ? 0 : ggml_types[i].block;
 }
 
-size_t kiln_ggml_block_bytes(uint32_t type) {
+size_t kiln_ggml_block_bytes(uint32_t type)
+{
     int i = ggml_index(type);
     return i < 0 ? 0 : ggml_types[i].bytes;
 }
 
 /* ---- parsing ------------------------------------------------------------------ */
 
-void kiln_gguf_close(kiln_gguf *g) {
+void kiln_gguf_close(kiln_gguf *g)
+{
     if (!g)
         return;
     for (int64_t i = 0; i < g->n_kvs; i++)
@@ -119,7 +130,8 @@ void kiln_gguf_close(kiln_gguf *g) {
 }
 
 /* Copies a length-delimited name into the arena at *used. */
-static const char *arena_copy(kiln_gguf *g, size_t *used, const uint8_t *s, uint64_t len) {
+static const char *arena_copy(kiln_gguf *g, size_t *used, const uint8_t *s, uint64_t len)
+{
     char *dst = g->strings + *used;
     memcpy(dst, s, (size_t)len);
     dst[len] = '\0';
@@ -127,7 +139,8 @@ static const char *arena_copy(kiln_gguf *g, size_t *used, const uint8_t *s, uint
     return dst;
 }
 
-static kiln_status parse_value(cursor *c, kiln_gguf_kv *kv, const char *key) {
+static kiln_status parse_value(cursor *c, kiln_gguf_kv *kv, const char *key)
+{
     uint32_t t = 0;
     KILN_TRY(cur_u32(c, &t, "a value type"));
     if (t >= KILN_GGUF_VALUE_TYPE_COUNT)
@@ -151,15 +164,13 @@ static kiln_status parse_value(cursor *c, kiln_gguf_kv *kv, const char *key) {
     KILN_TRY(cur_u32(c, &at, "an array type"));
     KILN_TRY(cur_u64(c, &n, "an array length"));
     if (at >= KILN_GGUF_VALUE_TYPE_COUNT || at == KILN_GGUF_ARRAY)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\" is an array of unsupported type %u",
-                         c->what, key, at);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\" is an array of unsupported type %u", c->what, key, at);
     kv->array_type = (kiln_gguf_value_type)at;
     kv->count = n;
     kv->value = c->base + c->pos;
     if (at != KILN_GGUF_STRING) {
         size_t bytes;
-        if (kiln_mul_overflow((size_t)n, value_size(kv->array_type), &bytes) || n > SIZE_MAX ||
-            !cur_need(c, bytes))
+        if (kiln_mul_overflow((size_t)n, value_size(kv->array_type), &bytes) || n > SIZE_MAX || !cur_need(c, bytes))
             return kiln_fail(KILN_ERROR_FORMAT, "%s: array \"%s\" of %llu elements runs past the end of the file",
                              c->what, key, (unsigned long long)n);
         c->pos += bytes;
@@ -167,8 +178,8 @@ static kiln_status parse_value(cursor *c, kiln_gguf_kv *kv, const char *key) {
     }
     /* Each string takes at least its 8-byte length: bounds the count. */
     if (n > (c->size - c->pos) / 8)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: array \"%s\" of %llu strings runs past the end of the file",
-                         c->what, key, (unsigned long long)n);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: array \"%s\" of %llu strings runs past the end of the file", c->what,
+                         key, (unsigned long long)n);
     kv->strings = malloc((size_t)(n ? n : 1) * sizeof *kv->strings);
     if (!kv->strings)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory for array \"%s\"", c->what, key);
@@ -181,23 +192,25 @@ static kiln_status parse_value(cursor *c, kiln_gguf_kv *kv, const char *key) {
     return KILN_OK;
 }
 
-static kiln_status parse(kiln_gguf *g, const char *what) {
+static kiln_status parse(kiln_gguf *g, const char *what)
+{
     cursor c = {g->map, g->map_size, 0, what};
     char magic[4] = {0};
     if (cur_read(&c, magic, 4, "the magic") != KILN_OK || memcmp(magic, "GGUF", 4) != 0)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: not a GGUF file (bad magic)", what);
     KILN_TRY(cur_u32(&c, &g->version, "the version"));
     if (g->version != 2 && g->version != 3)
-        return kiln_fail(KILN_ERROR_VERSION, "%s: GGUF version %u is not supported (kiln reads 2 and 3)",
-                         what, g->version);
+        return kiln_fail(KILN_ERROR_VERSION, "%s: GGUF version %u is not supported (kiln reads 2 and 3)", what,
+                         g->version);
     uint64_t n_tensors = 0, n_kvs = 0;
     KILN_TRY(cur_u64(&c, &n_tensors, "the tensor count"));
     KILN_TRY(cur_u64(&c, &n_kvs, "the metadata count"));
     /* A key-value pair takes at least 12 bytes and a tensor info 24: this
      * bounds both counts by the file size before anything is allocated. */
     if (n_kvs > g->map_size / 12 || n_tensors > g->map_size / 24)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: header claims %llu tensors and %llu metadata keys, more than the file can hold",
-                         what, (unsigned long long)n_tensors, (unsigned long long)n_kvs);
+        return kiln_fail(KILN_ERROR_FORMAT,
+                         "%s: header claims %llu tensors and %llu metadata keys, more than the file can hold", what,
+                         (unsigned long long)n_tensors, (unsigned long long)n_kvs);
     /* Keys and names are copied into one arena; their total is bounded by the file size. */
     g->strings = malloc(g->map_size + 1);
     g->kvs = calloc((size_t)(n_kvs ? n_kvs : 1), sizeof *g->kvs);
@@ -220,8 +233,8 @@ static kiln_status parse(kiln_gguf *g, const char *what) {
                 return kiln_fail(KILN_ERROR_FORMAT, "%s: general.alignment must be a u32", what);
             memcpy(&a, kv->value, 4);
             if (a == 0 || (a & (a - 1)) != 0 || a > 65536)
-                return kiln_fail(KILN_ERROR_FORMAT, "%s: general.alignment %u is not a power of two up to 65536",
-                                 what, a);
+                return kiln_fail(KILN_ERROR_FORMAT, "%s: general.alignment %u is not a power of two up to 65536", what,
+                                 a);
             g->alignment = a;
         }
     }
@@ -255,8 +268,9 @@ static kiln_status parse(kiln_gguf *g, const char *what) {
             return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: tensor \"%s\" has ggml type %u, which kiln does not know",
                              what, t->name, t->type);
         if (t->ne[0] % block != 0)
-            return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\": row of %lld elements is not a multiple of the %s block (%lld)",
-                             what, t->name, (long long)t->ne[0], kiln_ggml_type_name(t->type), (long long)block);
+            return kiln_fail(KILN_ERROR_FORMAT,
+                             "%s: tensor \"%s\": row of %lld elements is not a multiple of the %s block (%lld)", what,
+                             t->name, (long long)t->ne[0], kiln_ggml_type_name(t->type), (long long)block);
         t->size = (size_t)(count / (uint64_t)block) * kiln_ggml_block_bytes(t->type);
         t->data = (const void *)(uintptr_t)offset; /* relative for now */
     }
@@ -270,8 +284,8 @@ static kiln_status parse(kiln_gguf *g, const char *what) {
         uint64_t offset = (uint64_t)(uintptr_t)t->data;
         size_t begin, end;
         if (offset % g->alignment != 0)
-            return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\" offset %llu is not aligned to %llu", what,
-                             t->name, (unsigned long long)offset, (unsigned long long)g->alignment);
+            return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\" offset %llu is not aligned to %llu", what, t->name,
+                             (unsigned long long)offset, (unsigned long long)g->alignment);
         if (offset > SIZE_MAX || kiln_add_overflow(data_start, (size_t)offset, &begin) ||
             kiln_add_overflow(begin, t->size, &end) || end > g->map_size)
             return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\" data ends past the end of the file", what, t->name);
@@ -280,7 +294,8 @@ static kiln_status parse(kiln_gguf *g, const char *what) {
     return KILN_OK;
 }
 
-kiln_status kiln_gguf_parse(const void *data, size_t size, const char *what, kiln_gguf **out) {
+kiln_status kiln_gguf_parse(const void *data, size_t size, const char *what, kiln_gguf **out)
+{
     kiln_gguf *g = calloc(1, sizeof *g);
     if (!g || !(g->map = malloc(size ? size : 1))) {
         free(g);
@@ -297,7 +312,8 @@ kiln_status kiln_gguf_parse(const void *data, size_t size, const char *what, kil
     return KILN_OK;
 }
 
-kiln_status kiln_gguf_open(const char *path, kiln_gguf **out) {
+kiln_status kiln_gguf_open(const char *path, kiln_gguf **out)
+{
     int fd;
     size_t file_size;
     kiln_status fs = kiln_file_open_read(path, &fd, &file_size);
@@ -331,14 +347,16 @@ kiln_status kiln_gguf_open(const char *path, kiln_gguf **out) {
 
 /* ---- metadata access ------------------------------------------------------------ */
 
-const kiln_gguf_kv *kiln_gguf_find_kv(const kiln_gguf *g, const char *key) {
+const kiln_gguf_kv *kiln_gguf_find_kv(const kiln_gguf *g, const char *key)
+{
     for (int64_t i = 0; i < g->n_kvs; i++)
         if (strcmp(g->kvs[i].key, key) == 0)
             return &g->kvs[i];
     return NULL;
 }
 
-const kiln_gguf_tensor *kiln_gguf_find_tensor(const kiln_gguf *g, const char *name) {
+const kiln_gguf_tensor *kiln_gguf_find_tensor(const kiln_gguf *g, const char *name)
+{
     for (int64_t i = 0; i < g->n_tensors; i++)
         if (strcmp(g->tensors[i].name, name) == 0)
             return &g->tensors[i];
@@ -346,24 +364,61 @@ const kiln_gguf_tensor *kiln_gguf_find_tensor(const kiln_gguf *g, const char *na
 }
 
 /* Reads one numeric element of type t at p as double, and whether it is an integer. */
-static double read_number(kiln_gguf_value_type t, const uint8_t *p, int *is_int) {
+static double read_number(kiln_gguf_value_type t, const uint8_t *p, int *is_int)
+{
     *is_int = 1;
     switch (t) {
-    case KILN_GGUF_U8: case KILN_GGUF_BOOL: return p[0];
+    case KILN_GGUF_U8:
+    case KILN_GGUF_BOOL: return p[0];
     case KILN_GGUF_I8: return (int8_t)p[0];
-    case KILN_GGUF_U16: { uint16_t v; memcpy(&v, p, 2); return v; }
-    case KILN_GGUF_I16: { int16_t v; memcpy(&v, p, 2); return v; }
-    case KILN_GGUF_U32: { uint32_t v; memcpy(&v, p, 4); return v; }
-    case KILN_GGUF_I32: { int32_t v; memcpy(&v, p, 4); return v; }
-    case KILN_GGUF_U64: { uint64_t v; memcpy(&v, p, 8); return (double)v; }
-    case KILN_GGUF_I64: { int64_t v; memcpy(&v, p, 8); return (double)v; }
-    case KILN_GGUF_F32: { float v; memcpy(&v, p, 4); *is_int = 0; return v; }
-    case KILN_GGUF_F64: { double v; memcpy(&v, p, 8); *is_int = 0; return v; }
+    case KILN_GGUF_U16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
+    case KILN_GGUF_I16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        return v;
+    }
+    case KILN_GGUF_U32: {
+        uint32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    case KILN_GGUF_I32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        return v;
+    }
+    case KILN_GGUF_U64: {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        return (double)v;
+    }
+    case KILN_GGUF_I64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        return (double)v;
+    }
+    case KILN_GGUF_F32: {
+        float v;
+        memcpy(&v, p, 4);
+        *is_int = 0;
+        return v;
+    }
+    case KILN_GGUF_F64: {
+        double v;
+        memcpy(&v, p, 8);
+        *is_int = 0;
+        return v;
+    }
     default: *is_int = 0; return 0.0;
     }
 }
 
-static kiln_status find_scalar(const kiln_gguf *g, const char *key, const kiln_gguf_kv **kv) {
+static kiln_status find_scalar(const kiln_gguf *g, const char *key, const kiln_gguf_kv **kv)
+{
     *kv = kiln_gguf_find_kv(g, key);
     if (!*kv)
         return kiln_fail(KILN_ERROR_NOT_FOUND, "GGUF key \"%s\" is missing", key);
@@ -372,7 +427,8 @@ static kiln_status find_scalar(const kiln_gguf *g, const char *key, const kiln_g
     return KILN_OK;
 }
 
-kiln_status kiln_gguf_get_i64(const kiln_gguf *g, const char *key, int64_t *out) {
+kiln_status kiln_gguf_get_i64(const kiln_gguf *g, const char *key, int64_t *out)
+{
     const kiln_gguf_kv *kv;
     KILN_TRY(find_scalar(g, key, &kv));
     if (kv->type == KILN_GGUF_I64) {
@@ -398,7 +454,8 @@ kiln_status kiln_gguf_get_i64(const kiln_gguf *g, const char *key, int64_t *out)
 /* A number from the file as f32: converting a double outside float's
  * range is undefined behaviour, so it is refused instead. NaN and
  * infinities pass through for the caller's range checks. */
-static kiln_status to_f32(double v, const char *key, uint64_t index, int is_array, float *out) {
+static kiln_status to_f32(double v, const char *key, uint64_t index, int is_array, float *out)
+{
     if (isfinite(v) && fabs(v) > FLT_MAX) {
         if (is_array)
             return kiln_fail(KILN_ERROR_FORMAT, "GGUF key \"%s\"[%llu] = %g is outside the f32 range", key,
@@ -409,14 +466,16 @@ static kiln_status to_f32(double v, const char *key, uint64_t index, int is_arra
     return KILN_OK;
 }
 
-kiln_status kiln_gguf_get_f32(const kiln_gguf *g, const char *key, float *out) {
+kiln_status kiln_gguf_get_f32(const kiln_gguf *g, const char *key, float *out)
+{
     const kiln_gguf_kv *kv;
     KILN_TRY(find_scalar(g, key, &kv));
     int is_int;
     return to_f32(read_number(kv->type, kv->value, &is_int), key, 0, 0, out);
 }
 
-kiln_status kiln_gguf_get_string(const kiln_gguf *g, const char *key, const char **s, size_t *len) {
+kiln_status kiln_gguf_get_string(const kiln_gguf *g, const char *key, const char **s, size_t *len)
+{
     const kiln_gguf_kv *kv = kiln_gguf_find_kv(g, key);
     if (!kv)
         return kiln_fail(KILN_ERROR_NOT_FOUND, "GGUF key \"%s\" is missing", key);
@@ -429,14 +488,16 @@ kiln_status kiln_gguf_get_string(const kiln_gguf *g, const char *key, const char
     return KILN_OK;
 }
 
-void kiln_gguf_array_string(const kiln_gguf_kv *kv, uint64_t i, const char **s, size_t *len) {
+void kiln_gguf_array_string(const kiln_gguf_kv *kv, uint64_t i, const char **s, size_t *len)
+{
     uint64_t n = 0;
     memcpy(&n, kv->strings[i], 8);
     *s = (const char *)kv->strings[i] + 8;
     *len = (size_t)n;
 }
 
-kiln_status kiln_gguf_array_int(const kiln_gguf_kv *kv, uint64_t i, int64_t lo, int64_t hi, int64_t *out) {
+kiln_status kiln_gguf_array_int(const kiln_gguf_kv *kv, uint64_t i, int64_t lo, int64_t hi, int64_t *out)
+{
     const uint8_t *p = kv->value + i * value_size(kv->array_type);
     int64_t v;
     int ok = 1;
@@ -462,10 +523,10 @@ kiln_status kiln_gguf_array_int(const kiln_gguf_kv *kv, uint64_t i, int64_t lo, 
     return KILN_OK;
 }
 
-kiln_status kiln_gguf_array_f32(const kiln_gguf_kv *kv, uint64_t i, float *out) {
+kiln_status kiln_gguf_array_f32(const kiln_gguf_kv *kv, uint64_t i, float *out)
+{
     int is_int;
-    return to_f32(read_number(kv->array_type, kv->value + i * value_size(kv->array_type), &is_int), kv->key, i,
-                  1, out);
+    return to_f32(read_number(kv->array_type, kv->value + i * value_size(kv->array_type), &is_int), kv->key, i, 1, out);
 }
 
 /* ---- dequantization ------------------------------------------------------------
@@ -473,19 +534,22 @@ kiln_status kiln_gguf_array_f32(const kiln_gguf_kv *kv, uint64_t i, float *out) 
  * 4-bit formats store element j in the low nibble of byte j and element
  * j + 16 (j + 32 in K formats) in the high nibble. */
 
-static float f16_at(const uint8_t *p) {
+static float f16_at(const uint8_t *p)
+{
     uint16_t h;
     memcpy(&h, p, 2);
     return kiln_half_to_float(h);
 }
 
-static void dequant_q8_0(const uint8_t *b, float *y) {
+static void dequant_q8_0(const uint8_t *b, float *y)
+{
     float d = f16_at(b);
     for (int j = 0; j < 32; j++)
         y[j] = d * (float)(int8_t)b[2 + j];
 }
 
-static void dequant_q4_0(const uint8_t *b, float *y) {
+static void dequant_q4_0(const uint8_t *b, float *y)
+{
     float d = f16_at(b);
     const uint8_t *qs = b + 2;
     for (int j = 0; j < 16; j++) {
@@ -494,7 +558,8 @@ static void dequant_q4_0(const uint8_t *b, float *y) {
     }
 }
 
-static void dequant_q4_1(const uint8_t *b, float *y) {
+static void dequant_q4_1(const uint8_t *b, float *y)
+{
     float d = f16_at(b), m = f16_at(b + 2);
     const uint8_t *qs = b + 4;
     for (int j = 0; j < 16; j++) {
@@ -504,7 +569,8 @@ static void dequant_q4_1(const uint8_t *b, float *y) {
 }
 
 /* The 12 scale bytes of Q4_K pack eight 6-bit scales and eight 6-bit mins. */
-static void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
+static void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
     if (j < 4) {
         *sc = q[j] & 63;
         *m = q[j + 4] & 63;
@@ -514,7 +580,8 @@ static void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m) {
     }
 }
 
-static void dequant_q4_k(const uint8_t *b, float *y) {
+static void dequant_q4_k(const uint8_t *b, float *y)
+{
     float d = f16_at(b), dmin = f16_at(b + 2);
     const uint8_t *scales = b + 4, *q = b + 16;
     for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
@@ -530,7 +597,8 @@ static void dequant_q4_k(const uint8_t *b, float *y) {
     }
 }
 
-static void dequant_q6_k(const uint8_t *b, float *y) {
+static void dequant_q6_k(const uint8_t *b, float *y)
+{
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     float d = f16_at(b + 208);
@@ -549,20 +617,29 @@ static void dequant_q6_k(const uint8_t *b, float *y) {
     }
 }
 
-int kiln_ggml_can_dequantize(uint32_t type) {
+int kiln_ggml_can_dequantize(uint32_t type)
+{
     switch (type) {
-    case KILN_GGML_F32: case KILN_GGML_F16: case KILN_GGML_BF16: case KILN_GGML_Q8_0:
-    case KILN_GGML_Q4_0: case KILN_GGML_Q4_1: case KILN_GGML_Q4_K: case KILN_GGML_Q6_K:
-        return 1;
-    default:
-        return 0;
+    case KILN_GGML_F32:
+    case KILN_GGML_F16:
+    case KILN_GGML_BF16:
+    case KILN_GGML_Q8_0:
+    case KILN_GGML_Q4_0:
+    case KILN_GGML_Q4_1:
+    case KILN_GGML_Q4_K:
+    case KILN_GGML_Q6_K: return 1;
+    default: return 0;
     }
 }
 
-kiln_status kiln_ggml_dequantize(uint32_t type, const void *src, int64_t n, float *dst) {
+kiln_status kiln_ggml_dequantize(uint32_t type, const void *src, int64_t n, float *dst)
+{
     if (!kiln_ggml_can_dequantize(type)) {
         const char *name = kiln_ggml_type_name(type);
-        return name ? kiln_fail(KILN_ERROR_UNSUPPORTED, "ggml type %s cannot be dequantized by kiln (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K)", name)
+        return name ? kiln_fail(KILN_ERROR_UNSUPPORTED,
+                                "ggml type %s cannot be dequantized by kiln (supported: F32, F16, BF16, Q8_0, Q4_0, "
+                                "Q4_1, Q4_K, Q6_K)",
+                                name)
                     : kiln_fail(KILN_ERROR_UNSUPPORTED, "unknown ggml type %u", type);
     }
     int64_t block = kiln_ggml_block_elements(type);

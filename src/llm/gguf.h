@@ -49,22 +49,22 @@ typedef enum kiln_ggml_type {
 } kiln_ggml_type;
 
 typedef struct kiln_gguf_kv {
-    const char *key;            /* NUL-terminated copy */
+    const char *key; /* NUL-terminated copy */
     kiln_gguf_value_type type;
     kiln_gguf_value_type array_type; /* for KILN_GGUF_ARRAY */
-    uint64_t count;             /* elements of an array, else 1 */
-    const uint8_t *value;       /* into the file: the scalar, string or first element */
-    const uint8_t **strings;    /* for arrays of strings: start of each (u64 length + bytes) */
+    uint64_t count;                  /* elements of an array, else 1 */
+    const uint8_t *value;            /* into the file: the scalar, string or first element */
+    const uint8_t **strings;         /* for arrays of strings: start of each (u64 length + bytes) */
 } kiln_gguf_kv;
 
 typedef struct kiln_gguf_tensor {
-    const char *name;           /* NUL-terminated copy */
+    const char *name; /* NUL-terminated copy */
     int32_t n_dims;
-    int64_t ne[4];              /* ne[0] is the fastest-varying (innermost) dim */
-    uint32_t type;              /* kiln_ggml_type */
+    int64_t ne[4]; /* ne[0] is the fastest-varying (innermost) dim */
+    uint32_t type; /* kiln_ggml_type */
     int64_t n_elements;
-    const void *data;           /* into the mapped file */
-    size_t size;                /* bytes */
+    const void *data; /* into the mapped file */
+    size_t size;      /* bytes */
 } kiln_gguf_tensor;
 
 typedef struct kiln_gguf {

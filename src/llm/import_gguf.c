@@ -16,7 +16,8 @@ typedef struct gguf_src {
     char path[256];
 } gguf_src;
 
-static void gguf_src_free(void *user) {
+static void gguf_src_free(void *user)
+{
     gguf_src *s = user;
     if (!s)
         return;
@@ -25,7 +26,8 @@ static void gguf_src_free(void *user) {
 }
 
 /* HF name → GGUF name; 0 when the name has no GGUF counterpart. */
-static int gguf_name(const char *hf, char *out, size_t cap) {
+static int gguf_name(const char *hf, char *out, size_t cap)
+{
     static const struct {
         const char *hf, *gg;
     } top[] = {{"model.embed_tokens.weight", "token_embd.weight"},
@@ -57,7 +59,8 @@ static int gguf_name(const char *hf, char *out, size_t cap) {
 }
 
 static kiln_status gguf_read(void *user, const char *name, kiln_dims *dims, kiln_dtype dst_type, void *dst,
-                             size_t dst_size) {
+                             size_t dst_size)
+{
     gguf_src *s = user;
     char gname[128];
     const kiln_gguf_tensor *t;
@@ -78,8 +81,8 @@ static kiln_status gguf_read(void *user, const char *name, kiln_dims *dims, kiln
         if (tn)
             return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: tensor \"%s\" has type %s, which kiln cannot read", s->path,
                              gname, tn);
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: tensor \"%s\" has ggml type %u, which kiln cannot read",
-                         s->path, gname, t->type);
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: tensor \"%s\" has ggml type %u, which kiln cannot read", s->path,
+                         gname, t->type);
     }
     float *f = dst_type == KILN_DTYPE_F32 ? dst : malloc((size_t)t->n_elements * sizeof(float));
     if (!f)
@@ -95,7 +98,8 @@ static kiln_status gguf_read(void *user, const char *name, kiln_dims *dims, kiln
 }
 
 static kiln_status gguf_read_quantized(void *user, const char *name, uint32_t *ggml_type, const void **data,
-                                       size_t *size) {
+                                       size_t *size)
+{
     gguf_src *s = user;
     char gname[128];
     const kiln_gguf_tensor *t;
@@ -110,7 +114,8 @@ static kiln_status gguf_read_quantized(void *user, const char *name, uint32_t *g
 /* ---- metadata ----------------------------------------------------------- */
 
 static kiln_status get_int(const kiln_gguf *g, const char *path, const char *arch, const char *key, int64_t lo,
-                           int64_t hi, int required, int64_t *out) {
+                           int64_t hi, int required, int64_t *out)
+{
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
     int64_t v = 0;
@@ -128,7 +133,8 @@ static kiln_status get_int(const kiln_gguf *g, const char *path, const char *arc
     return KILN_OK;
 }
 
-static kiln_status get_real(const kiln_gguf *g, const char *path, const char *arch, const char *key, double *out) {
+static kiln_status get_real(const kiln_gguf *g, const char *path, const char *arch, const char *key, double *out)
+{
     char k[128];
     snprintf(k, sizeof k, "%s.%s", arch, key);
     float v;
@@ -141,7 +147,8 @@ static kiln_status get_real(const kiln_gguf *g, const char *path, const char *ar
     return KILN_OK;
 }
 
-static int get_bool(const kiln_gguf *g, const char *key, int dflt) {
+static int get_bool(const kiln_gguf *g, const char *key, int dflt)
+{
     const kiln_gguf_kv *kv = kiln_gguf_find_kv(g, key);
     if (!kv || kv->type != KILN_GGUF_BOOL)
         return dflt;
@@ -154,8 +161,9 @@ static int get_bool(const kiln_gguf *g, const char *key, int dflt) {
  * 8192 (or <arch>.rope.scaling.original_context_length); factor is the
  * largest entry. The parameters are accepted only if they reproduce every
  * stored factor, as the converter computes them. */
-static kiln_status read_rope_freqs(const kiln_gguf *g, const char *path, const char *arch,
-                                   const kiln_gguf_tensor *rf, kiln_llm_config *c) {
+static kiln_status read_rope_freqs(const kiln_gguf *g, const char *path, const char *arch, const kiln_gguf_tensor *rf,
+                                   kiln_llm_config *c)
+{
     int32_t half = c->rope.rotary_dim / 2;
     if (rf->type != KILN_GGML_F32 || rf->n_dims != 1 || rf->ne[0] != half)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"rope_freqs.weight\" is not %d F32 values", path, half);
@@ -168,8 +176,10 @@ static kiln_status read_rope_freqs(const kiln_gguf *g, const char *path, const c
         float x;
         memcpy(&x, f + i, sizeof x);
         if (!(x >= 1.0f && x < 1e6f))
-            return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: rope_freqs.weight[%d] = %g is not a Llama 3 scaling "
-                             "factor", path, i, (double)x);
+            return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                             "%s: rope_freqs.weight[%d] = %g is not a Llama 3 scaling "
+                             "factor",
+                             path, i, (double)x);
         if (x > factor)
             factor = x;
     }
@@ -186,7 +196,8 @@ static kiln_status read_rope_freqs(const kiln_gguf *g, const char *path, const c
         float x;
         memcpy(&x, f + i, sizeof x);
         if (fabs(x - want) > 1e-3 * want)
-            return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: rope_freqs.weight does not follow Llama 3 scaling "
+            return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                             "%s: rope_freqs.weight does not follow Llama 3 scaling "
                              "(entry %d is %g, expected %g for factor %g, low 1, high 4, original context %g)",
                              path, i, (double)x, want, factor, orig);
     }
@@ -200,7 +211,8 @@ static kiln_status read_rope_freqs(const kiln_gguf *g, const char *path, const c
     return KILN_OK;
 }
 
-static kiln_status read_shape(const kiln_gguf *g, const char *path, kiln_llm_config *c) {
+static kiln_status read_shape(const kiln_gguf *g, const char *path, kiln_llm_config *c)
+{
     const char *a;
     size_t alen;
     if (kiln_gguf_get_string(g, "general.architecture", &a, &alen) != KILN_OK)
@@ -287,17 +299,20 @@ static kiln_status read_shape(const kiln_gguf *g, const char *path, kiln_llm_con
 /* llama.cpp's pre-tokenizer regexes (src/llama-vocab.cpp) per
  * tokenizer.ggml.pre; each splits the pieces of the previous one. */
 static const char GPT2_RE[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)";
-static const char LLAMA3_RE[] = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
-                                "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char QWEN2_RE[] = "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
-                               "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char LLAMA3_RE[] =
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+    "\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+static const char QWEN2_RE[] =
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|"
+    "\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
 static const char *const PRE_GPT2[] = {GPT2_RE};
 static const char *const PRE_LLAMA3[] = {LLAMA3_RE};
 static const char *const PRE_QWEN2[] = {QWEN2_RE};
 static const char *const PRE_SMOLLM[] = {"\\p{N}", GPT2_RE};
 static const char *const PRE_DEFAULT[] = {"[\\p{P}\\$\\+<=>\\^~\\|]+", GPT2_RE, "\\p{N}+", "[0-9][0-9][0-9]"};
 
-static void pick_pre(const char *pre, size_t len, kiln_tokenizer_vocab *v) {
+static void pick_pre(const char *pre, size_t len, kiln_tokenizer_vocab *v)
+{
 #define PRE_IS(s) (len == sizeof(s) - 1 && memcmp(pre, s, len) == 0)
     if (pre && (PRE_IS("llama-bpe") || PRE_IS("llama3") || PRE_IS("llama-v3"))) {
         v->pre_regexes = PRE_LLAMA3, v->n_pre_regexes = 1;
@@ -314,7 +329,8 @@ static void pick_pre(const char *pre, size_t len, kiln_tokenizer_vocab *v) {
 #undef PRE_IS
 }
 
-static const kiln_gguf_kv *array_kv(const kiln_gguf *g, const char *key, kiln_gguf_value_type elem) {
+static const kiln_gguf_kv *array_kv(const kiln_gguf *g, const char *key, kiln_gguf_value_type elem)
+{
     const kiln_gguf_kv *kv = kiln_gguf_find_kv(g, key);
     if (!kv || kv->type != KILN_GGUF_ARRAY)
         return NULL;
@@ -324,14 +340,16 @@ static const kiln_gguf_kv *array_kv(const kiln_gguf *g, const char *key, kiln_gg
     return kv;
 }
 
-static int32_t token_id_key(const kiln_gguf *g, const char *key, int32_t n_tokens) {
+static int32_t token_id_key(const kiln_gguf *g, const char *key, int32_t n_tokens)
+{
     int64_t v = 0;
     if (kiln_gguf_get_i64(g, key, &v) != KILN_OK || v < 0 || v >= n_tokens)
         return -1;
     return (int32_t)v;
 }
 
-static kiln_status read_vocab(const kiln_gguf *g, const char *path, kiln_llm_config *c, kiln_tokenizer **out) {
+static kiln_status read_vocab(const kiln_gguf *g, const char *path, kiln_llm_config *c, kiln_tokenizer **out)
+{
     const char *model;
     size_t mlen;
     if (kiln_gguf_get_string(g, "tokenizer.ggml.model", &model, &mlen) != KILN_OK)
@@ -454,7 +472,8 @@ done:
 }
 
 /* A special token's text, NUL-terminated in buf; NULL when id is -1 or the text does not fit. */
-static const char *piece(const kiln_tokenizer *tok, int32_t id, char *buf, size_t cap) {
+static const char *piece(const kiln_tokenizer *tok, int32_t id, char *buf, size_t cap)
+{
     size_t len = 0;
     const char *p = id >= 0 ? kiln_tokenizer_token_to_piece(tok, id, &len) : NULL;
     if (!p || len >= cap)
@@ -465,7 +484,8 @@ static const char *piece(const kiln_tokenizer *tok, int32_t id, char *buf, size_
 }
 
 /* tokenizer.chat_template, rendered with the vocabulary's BOS and EOS texts. */
-static kiln_status read_chat(const kiln_gguf *g, kiln_llm_checkpoint *ck) {
+static kiln_status read_chat(const kiln_gguf *g, kiln_llm_checkpoint *ck)
+{
     const char *tmpl;
     size_t tlen;
     char bos[256], eos[256];
@@ -476,7 +496,8 @@ static kiln_status read_chat(const kiln_gguf *g, kiln_llm_checkpoint *ck) {
                                         piece(ck->tokenizer, c->n_eos > 0 ? c->eos_ids[0] : -1, eos, sizeof eos));
 }
 
-kiln_status kiln_llm_import_gguf(const char *path, kiln_llm_checkpoint **out) {
+kiln_status kiln_llm_import_gguf(const char *path, kiln_llm_checkpoint **out)
+{
     kiln_llm_checkpoint *ck = calloc(1, sizeof *ck);
     gguf_src *s = calloc(1, sizeof *s);
     if (!ck || !s) {

@@ -24,7 +24,8 @@ typedef struct jfile {
 /* An integer key; absent → *present = 0 (when present is NULL the key is
  * required). */
 static kiln_status j_int(const jfile *f, json_t *obj, const char *key, int64_t lo, int64_t hi, int64_t *out,
-                         int *present) {
+                         int *present)
+{
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
         if (present) {
@@ -37,16 +38,16 @@ static kiln_status j_int(const jfile *f, json_t *obj, const char *key, int64_t l
     if (!kiln_json_int(v, &x))
         return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\": expected an integer", f->what, key);
     if (x < lo || x > hi)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\" = %lld is outside [%lld, %lld]", f->what, key,
-                         (long long)x, (long long)lo, (long long)hi);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\" = %lld is outside [%lld, %lld]", f->what, key, (long long)x,
+                         (long long)lo, (long long)hi);
     *out = x;
     if (present)
         *present = 1;
     return KILN_OK;
 }
 
-static kiln_status j_real(const jfile *f, json_t *obj, const char *key, double lo, double hi, double *out,
-                          int *present) {
+static kiln_status j_real(const jfile *f, json_t *obj, const char *key, double lo, double hi, double *out, int *present)
+{
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
         if (present) {
@@ -66,7 +67,8 @@ static kiln_status j_real(const jfile *f, json_t *obj, const char *key, double l
     return KILN_OK;
 }
 
-static kiln_status j_bool(const jfile *f, json_t *obj, const char *key, int *out, int *present) {
+static kiln_status j_bool(const jfile *f, json_t *obj, const char *key, int *out, int *present)
+{
     json_t *v = json_object_get(obj, key);
     if (!v || json_is_null(v)) {
         *present = 0;
@@ -80,7 +82,8 @@ static kiln_status j_bool(const jfile *f, json_t *obj, const char *key, int *out
 }
 
 /* rope_scaling (transformers 4) or rope_parameters (transformers 5). */
-static kiln_status parse_rope(const jfile *f, json_t *rs, const char *key, kiln_llm_config *c) {
+static kiln_status parse_rope(const jfile *f, json_t *rs, const char *key, kiln_llm_config *c)
+{
     if (!json_is_object(rs))
         return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\": expected an object", f->what, key);
     int has;
@@ -109,15 +112,18 @@ static kiln_status parse_rope(const jfile *f, json_t *rs, const char *key, kiln_
         KILN_TRY(j_real(f, rs, "high_freq_factor", 1e-6, 1e6, &c->rope.high_freq_factor, NULL));
         KILN_TRY(j_int(f, rs, "original_max_position_embeddings", 1, INT32_MAX, &c->rope.original_max_pos, NULL));
         if (!(c->rope.high_freq_factor > c->rope.low_freq_factor))
-            return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\": high_freq_factor must exceed low_freq_factor",
-                             f->what, key);
+            return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"%s\": high_freq_factor must exceed low_freq_factor", f->what,
+                             key);
         return KILN_OK;
     }
-    return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: key \"%s.rope_type\" = \"%s\" is not supported (default, linear, "
-                     "llama3)", f->what, key, type);
+    return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                     "%s: key \"%s.rope_type\" = \"%s\" is not supported (default, linear, "
+                     "llama3)",
+                     f->what, key, type);
 }
 
-static kiln_status parse_config(const jfile *f, kiln_llm_config *c) {
+static kiln_status parse_config(const jfile *f, kiln_llm_config *c)
+{
     json_t *o = f->root;
     if (!json_is_object(o))
         return kiln_fail(KILN_ERROR_FORMAT, "%s: expected a JSON object", f->what);
@@ -136,8 +142,10 @@ static kiln_status parse_config(const jfile *f, kiln_llm_config *c) {
     else if (arch ? strcmp(arch, "Qwen2ForCausalLM") == 0 : strcmp(json_string_value(mt), "qwen2") == 0)
         family = "qwen2";
     else
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: architecture \"%s\" is not supported (LlamaForCausalLM, "
-                         "MistralForCausalLM, Qwen2ForCausalLM)", f->what, arch ? arch : json_string_value(mt));
+        return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                         "%s: architecture \"%s\" is not supported (LlamaForCausalLM, "
+                         "MistralForCausalLM, Qwen2ForCausalLM)",
+                         f->what, arch ? arch : json_string_value(mt));
     snprintf(c->architecture, sizeof c->architecture, "%s", family);
 
     int64_t v = 0;
@@ -156,16 +164,19 @@ static kiln_status parse_config(const jfile *f, kiln_llm_config *c) {
     KILN_TRY(j_int(f, o, "num_key_value_heads", 1, 65536, &v, &has));
     c->n_kv_heads = has ? (int32_t)v : c->n_heads;
     if (c->n_heads % c->n_kv_heads != 0)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"num_attention_heads\" = %d is not a multiple of "
-                         "\"num_key_value_heads\" = %d", f->what, c->n_heads, c->n_kv_heads);
+        return kiln_fail(KILN_ERROR_FORMAT,
+                         "%s: key \"num_attention_heads\" = %d is not a multiple of "
+                         "\"num_key_value_heads\" = %d",
+                         f->what, c->n_heads, c->n_kv_heads);
     KILN_TRY(j_int(f, o, "head_dim", 2, 65536, &v, &has));
     if (has) {
         c->head_dim = (int32_t)v;
     } else {
         if (c->hidden_size % c->n_heads != 0)
-            return kiln_fail(KILN_ERROR_FORMAT, "%s: key \"hidden_size\" = %d is not a multiple of "
-                             "\"num_attention_heads\" = %d (and no \"head_dim\")", f->what, c->hidden_size,
-                             c->n_heads);
+            return kiln_fail(KILN_ERROR_FORMAT,
+                             "%s: key \"hidden_size\" = %d is not a multiple of "
+                             "\"num_attention_heads\" = %d (and no \"head_dim\")",
+                             f->what, c->hidden_size, c->n_heads);
         c->head_dim = c->hidden_size / c->n_heads;
     }
     KILN_TRY(j_real(f, o, "rms_norm_eps", 0.0, 0.5, &c->rms_norm_eps, &has));
@@ -199,8 +210,10 @@ static kiln_status parse_config(const jfile *f, kiln_llm_config *c) {
     if (mlp_bias)
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: key \"mlp_bias\" = true is not supported", f->what);
     if (bias && strcmp(family, "qwen2") != 0)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: key \"attention_bias\" = true is not supported (it also "
-                         "biases o_proj)", f->what);
+        return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                         "%s: key \"attention_bias\" = true is not supported (it also "
+                         "biases o_proj)",
+                         f->what);
     json_t *act = json_object_get(o, "hidden_act");
     if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: key \"hidden_act\": only \"silu\" is supported", f->what);
@@ -219,7 +232,8 @@ static kiln_status parse_config(const jfile *f, kiln_llm_config *c) {
     return KILN_OK;
 }
 
-static kiln_status load_json(const char *text, size_t len, const char *what, jfile *f) {
+static kiln_status load_json(const char *text, size_t len, const char *what, jfile *f)
+{
     json_error_t err;
     f->what = what;
     f->root = kiln_json_load_file_text(text, len, 0, &err);
@@ -229,7 +243,8 @@ static kiln_status load_json(const char *text, size_t len, const char *what, jfi
     return KILN_OK;
 }
 
-kiln_status kiln_llm_hf_parse_config(const char *text, size_t len, const char *what, kiln_llm_config *cfg) {
+kiln_status kiln_llm_hf_parse_config(const char *text, size_t len, const char *what, kiln_llm_config *cfg)
+{
     jfile f;
     KILN_TRY(load_json(text, len, what, &f));
     kiln_llm_config c;
@@ -271,7 +286,8 @@ typedef struct hf_weights {
     int32_t n_shards;
 } hf_weights;
 
-static void hf_weights_free(void *user) {
+static void hf_weights_free(void *user)
+{
     hf_weights *w = user;
     if (!w)
         return;
@@ -285,7 +301,8 @@ static void hf_weights_free(void *user) {
 }
 
 static kiln_status hf_read_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype dst_type, void *dst,
-                                  size_t dst_size) {
+                                  size_t dst_size)
+{
     hf_weights *w = user;
     for (int32_t i = 0; i < w->n_shards; i++) {
         const kiln_safetensors_tensor *t;
@@ -306,15 +323,16 @@ static kiln_status hf_read_weight(void *user, const char *name, kiln_dims *dims,
             return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\" holds %zu bytes, its shape needs more or less",
                              w->shard_paths[i], name, t->size);
         if (kiln_mul_overflow(n, dst_es, &need) || need != dst_size)
-            return kiln_fail(KILN_ERROR_INTERNAL, "tensor \"%s\": destination of %zu bytes, %zu needed", name,
-                             dst_size, need);
+            return kiln_fail(KILN_ERROR_INTERNAL, "tensor \"%s\": destination of %zu bytes, %zu needed", name, dst_size,
+                             need);
         kiln_convert(dst, dst_type, t->data, t->dtype, (int64_t)n);
         return KILN_OK;
     }
     return KILN_ERROR_NOT_FOUND;
 }
 
-static kiln_status add_shard(hf_weights *w, const char *path) {
+static kiln_status add_shard(hf_weights *w, const char *path)
+{
     for (int32_t i = 0; i < w->n_shards; i++)
         if (strcmp(w->shard_paths[i], path) == 0)
             return KILN_OK;
@@ -340,7 +358,8 @@ static kiln_status add_shard(hf_weights *w, const char *path) {
     return KILN_OK;
 }
 
-static kiln_status open_weights(const char *dir, hf_weights *w) {
+static kiln_status open_weights(const char *dir, hf_weights *w)
+{
     char *single = kiln_llm_path_join(dir, "model.safetensors");
     char *index = kiln_llm_path_join(dir, "model.safetensors.index.json");
     kiln_status st = KILN_OK;
@@ -369,7 +388,8 @@ static kiln_status open_weights(const char *dir, hf_weights *w) {
     } else {
         const char *k;
         json_t *v;
-        json_object_foreach(wm, k, v) {
+        json_object_foreach(wm, k, v)
+        {
             const char *file = json_string_value(v);
             if (!file || strchr(file, '/') || strcmp(file, "..") == 0) {
                 st = kiln_fail(KILN_ERROR_FORMAT, "%s: key \"weight_map.%s\": expected a file name in the folder",
@@ -394,14 +414,16 @@ done:
 /* ---- tokenizer_config.json and generation_config.json ------------------- */
 
 /* A token named in tokenizer_config.json: a string or {"content": ...}. */
-static const char *token_name(json_t *v) {
+static const char *token_name(json_t *v)
+{
     if (json_is_object(v))
         v = json_object_get(v, "content");
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
 static kiln_status read_tokenizer_config(const char *dir, kiln_llm_checkpoint *ck, kiln_tokenizer *tok, int *bos,
-                                         int *eos) {
+                                         int *eos)
+{
     kiln_llm_config *c = &ck->config;
     char *path = kiln_llm_path_join(dir, "tokenizer_config.json"), *text = NULL;
     size_t len;
@@ -444,7 +466,8 @@ static kiln_status read_tokenizer_config(const char *dir, kiln_llm_checkpoint *c
 }
 
 /* Newer checkpoints keep the template in its own file, chat_template.jinja. */
-static kiln_status read_chat_template_file(const char *dir, kiln_llm_checkpoint *ck) {
+static kiln_status read_chat_template_file(const char *dir, kiln_llm_checkpoint *ck)
+{
     char *path = kiln_llm_path_join(dir, "chat_template.jinja"), *text = NULL;
     size_t len;
     if (!path)
@@ -462,7 +485,8 @@ static kiln_status read_chat_template_file(const char *dir, kiln_llm_checkpoint 
     return st;
 }
 
-static kiln_status read_generation_config(const char *dir, kiln_llm_config *c) {
+static kiln_status read_generation_config(const char *dir, kiln_llm_config *c)
+{
     char *path = kiln_llm_path_join(dir, "generation_config.json"), *text = NULL;
     size_t len;
     if (!path)
@@ -509,8 +533,7 @@ static kiln_status read_generation_config(const char *dir, kiln_llm_config *c) {
         if (st == KILN_OK)
             st = j_real(&f, f.root, "top_p", 0.0, 1.0, &g->top_p, &g->has_top_p);
         if (st == KILN_OK)
-            st = j_real(&f, f.root, "repetition_penalty", 0.0, 1e6, &g->repetition_penalty,
-                        &g->has_repetition_penalty);
+            st = j_real(&f, f.root, "repetition_penalty", 0.0, 1e6, &g->repetition_penalty, &g->has_repetition_penalty);
         if (st == KILN_OK)
             st = j_int(&f, f.root, "top_k", 0, INT32_MAX, &k, &g->has_top_k);
         if (st == KILN_OK && g->has_top_k)
@@ -526,7 +549,8 @@ static kiln_status read_generation_config(const char *dir, kiln_llm_config *c) {
 
 /* ---- the importer ------------------------------------------------------- */
 
-kiln_status kiln_llm_import_hf(const char *dir, kiln_llm_checkpoint **out) {
+kiln_status kiln_llm_import_hf(const char *dir, kiln_llm_checkpoint **out)
+{
     kiln_llm_checkpoint *ck = calloc(1, sizeof *ck);
     hf_weights *w = calloc(1, sizeof *w);
     char *path = kiln_llm_path_join(dir, "config.json"), *text = NULL;

@@ -23,7 +23,8 @@
 enum { W_EMB, W_RMS_ATT, W_Q, W_K, W_V, W_O, W_RMS_FFN, W_1, W_2, W_3, W_RMS_FINAL, W_FREQ_RE, W_FREQ_IM, W_CLS, W_N };
 
 /* Element counts of each weight block (all layers together), overflow-checked. */
-static int block_sizes(const kiln_llm_config *c, int32_t seq_len, int shared, size_t n[W_N]) {
+static int block_sizes(const kiln_llm_config *c, int32_t seq_len, int shared, size_t n[W_N])
+{
     size_t dim = (size_t)c->hidden_size, hid = (size_t)c->intermediate_size, L = (size_t)c->n_layers;
     size_t kv = (size_t)c->n_kv_heads * (size_t)c->head_dim, V = (size_t)c->vocab_size;
     size_t half = (size_t)c->head_dim / 2, t = 0;
@@ -45,17 +46,19 @@ static int block_sizes(const kiln_llm_config *c, int32_t seq_len, int shared, si
     return o;
 }
 
-kiln_status kiln_llm_llama2c_parse_header(const void *data, size_t file_size, const char *what,
-                                          kiln_llm_config *cfg, int *shared, size_t *weights_bytes) {
+kiln_status kiln_llm_llama2c_parse_header(const void *data, size_t file_size, const char *what, kiln_llm_config *cfg,
+                                          int *shared, size_t *weights_bytes)
+{
     if (file_size < 28)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: %zu bytes, too short for the llama2.c header (28)", what, file_size);
     int32_t h[7];
     memcpy(h, data, sizeof h);
     if (memcmp(data, "24ka", 4) == 0)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: a llama2.c version 1/2 export (magic \"ak42\"); only the "
-                         "legacy format (export.py --version 0) is read", what);
-    static const char *names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size",
-                                   "seq_len"};
+        return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                         "%s: a llama2.c version 1/2 export (magic \"ak42\"); only the "
+                         "legacy format (export.py --version 0) is read",
+                         what);
+    static const char *names[7] = {"dim", "hidden_dim", "n_layers", "n_heads", "n_kv_heads", "vocab_size", "seq_len"};
     for (int i = 0; i < 7; i++)
         if (h[i] == 0 || (i != 5 && h[i] < 0) || h[i] == INT32_MIN)
             return kiln_fail(KILN_ERROR_FORMAT, "%s: header field %s = %d is invalid", what, names[i], h[i]);
@@ -90,9 +93,10 @@ kiln_status kiln_llm_llama2c_parse_header(const void *data, size_t file_size, co
     if (o || kiln_mul_overflow(total, 4, &total))
         return kiln_fail(KILN_ERROR_FORMAT, "%s: the header's sizes overflow", what);
     if (file_size - 28 != total)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: %zu bytes of weights, the header (dim %d, hidden %d, %d layers, "
-                         "vocab %d, seq_len %d) needs %zu: truncated or not a llama2.c checkpoint", what,
-                         file_size - 28, h[0], h[1], h[2], h[5], h[6], total);
+        return kiln_fail(KILN_ERROR_FORMAT,
+                         "%s: %zu bytes of weights, the header (dim %d, hidden %d, %d layers, "
+                         "vocab %d, seq_len %d) needs %zu: truncated or not a llama2.c checkpoint",
+                         what, file_size - 28, h[0], h[1], h[2], h[5], h[6], total);
     *cfg = c;
     *shared = c.tied_embeddings;
     *weights_bytes = total;
@@ -107,7 +111,8 @@ typedef struct l2c {
     char path[256];
 } l2c;
 
-static void l2c_free(void *user) {
+static void l2c_free(void *user)
+{
     l2c *m = user;
     if (!m)
         return;
@@ -117,7 +122,8 @@ static void l2c_free(void *user) {
 }
 
 /* Weight `name` as (block, layer stride, rows, cols); 0 when unknown. */
-static int l2c_locate(const l2c *m, const char *name, const float **p, int64_t *rows, int64_t *cols) {
+static int l2c_locate(const l2c *m, const char *name, const float **p, int64_t *rows, int64_t *cols)
+{
     const kiln_llm_config *c = &m->cfg;
     int64_t dim = c->hidden_size, hid = c->intermediate_size, kv = (int64_t)c->n_kv_heads * c->head_dim;
     int32_t l;
@@ -137,8 +143,7 @@ static int l2c_locate(const l2c *m, const char *name, const float **p, int64_t *
         *p = m->block[W_CLS], *rows = c->vocab_size, *cols = dim;
         return 1;
     }
-    if (sscanf(name, "model.layers.%d.%95s%n", &l, rest, &used) != 2 || l < 0 || l >= c->n_layers ||
-        name[used] != '\0')
+    if (sscanf(name, "model.layers.%d.%95s%n", &l, rest, &used) != 2 || l < 0 || l >= c->n_layers || name[used] != '\0')
         return 0;
     static const struct {
         const char *name;
@@ -166,7 +171,8 @@ static int l2c_locate(const l2c *m, const char *name, const float **p, int64_t *
 }
 
 static kiln_status l2c_read(void *user, const char *name, kiln_dims *dims, kiln_dtype dst_type, void *dst,
-                            size_t dst_size) {
+                            size_t dst_size)
+{
     const l2c *m = user;
     const float *p;
     int64_t rows, cols;
@@ -185,10 +191,13 @@ static kiln_status l2c_read(void *user, const char *name, kiln_dims *dims, kiln_
     return KILN_OK;
 }
 
-kiln_status kiln_llm_import_llama2c(const char *path, const char *tokenizer_path, kiln_llm_checkpoint **out) {
+kiln_status kiln_llm_import_llama2c(const char *path, const char *tokenizer_path, kiln_llm_checkpoint **out)
+{
     if (!tokenizer_path)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s: a llama2.c checkpoint needs its tokenizer.bin "
-                         "(--tokenizer)", path);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "%s: a llama2.c checkpoint needs its tokenizer.bin "
+                         "(--tokenizer)",
+                         path);
     int fd;
     size_t file_size;
     KILN_TRY(kiln_file_open_read(path, &fd, &file_size));

@@ -8,7 +8,8 @@
 #include "../core/error.h"
 #include "../core/file.h"
 
-kiln_status kiln_llm_read_file(const char *path, char **data, size_t *len) {
+kiln_status kiln_llm_read_file(const char *path, char **data, size_t *len)
+{
     FILE *f;
     size_t size;
     KILN_TRY(kiln_file_fopen_read(path, &f, &size));
@@ -43,7 +44,8 @@ kiln_status kiln_llm_read_file(const char *path, char **data, size_t *len) {
     return KILN_OK;
 }
 
-char *kiln_llm_path_join(const char *dir, const char *name) {
+char *kiln_llm_path_join(const char *dir, const char *name)
+{
     size_t a = strlen(dir), b = strlen(name);
     char *p = malloc(a + b + 2);
     if (!p)

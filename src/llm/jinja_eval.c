@@ -11,11 +11,11 @@
 #include "../core/error.h"
 #include "jinja_internal.h"
 
-#define J_MAX_OUTPUT ((size_t)16 << 20) /* rendered text */
+#define J_MAX_OUTPUT ((size_t)16 << 20)  /* rendered text */
 #define J_MAX_MEMORY ((size_t)256 << 20) /* values made while rendering */
-#define J_MAX_STEPS 1000000u            /* nodes evaluated and loop iterations */
-#define J_MAX_DEPTH 1000                /* expression nesting while evaluating */
-#define J_MAX_RANGE 100000              /* range()'s length, as Jinja's sandbox */
+#define J_MAX_STEPS 1000000u             /* nodes evaluated and loop iterations */
+#define J_MAX_DEPTH 1000                 /* expression nesting while evaluating */
+#define J_MAX_RANGE 100000               /* range()'s length, as Jinja's sandbox */
 
 typedef struct frame {
     jdict vars;
@@ -51,8 +51,8 @@ static int oom(R *r) { return rfail(r, "out of memory (more than %zu MiB of valu
 
 static const char *type_name(jv v)
 {
-    static const char *const n[] = {"undefined", "none", "bool", "int", "float", "string", "list", "dict",
-                                    "namespace", "loop", "function"};
+    static const char *const n[] = {"undefined", "none", "bool",      "int",  "float",   "string",
+                                    "list",      "dict", "namespace", "loop", "function"};
     return n[v.t];
 }
 
@@ -978,10 +978,10 @@ static int ev_call(R *r, const jnode *n, jv *out)
 
 /* ---- tests ---------------------------------------------------------------------- */
 
-static const char *const test_names[] = {"defined", "undefined", "none", "string", "number", "integer", "float",
-                                         "mapping", "iterable", "sequence", "boolean", "true", "false", "equalto",
-                                         "eq", "==", "ne", "!=", "odd", "even", "divisibleby", "in", "lower", "upper",
-                                         "callable", "gt", "ge", "lt", "le", NULL};
+static const char *const test_names[] = {
+    "defined",     "undefined", "none",  "string",  "number",   "integer", "float", "mapping", "iterable", "sequence",
+    "boolean",     "true",      "false", "equalto", "eq",       "==",      "ne",    "!=",      "odd",      "even",
+    "divisibleby", "in",        "lower", "upper",   "callable", "gt",      "ge",    "lt",      "le",       NULL};
 
 int kiln_jinja_has_test(const char *name, size_t n)
 {
@@ -1036,13 +1036,13 @@ static int run_test(R *r, const char *t, size_t tn, jv v, const args *a, int *re
     } else {
         if (!a0)
             return rfail(r, "test '%.*s' needs an argument", (int)tn, t);
-        int op = NAME_IS(t, tn, "in")   ? J_OP_IN
-               : NAME_IS(t, tn, "ne") || NAME_IS(t, tn, "!=") ? J_OP_NE
-               : NAME_IS(t, tn, "gt") ? J_OP_GT
-               : NAME_IS(t, tn, "ge") ? J_OP_GE
-               : NAME_IS(t, tn, "lt") ? J_OP_LT
-               : NAME_IS(t, tn, "le") ? J_OP_LE
-                                      : J_OP_EQ;
+        int op = NAME_IS(t, tn, "in")                           ? J_OP_IN
+                 : NAME_IS(t, tn, "ne") || NAME_IS(t, tn, "!=") ? J_OP_NE
+                 : NAME_IS(t, tn, "gt")                         ? J_OP_GT
+                 : NAME_IS(t, tn, "ge")                         ? J_OP_GE
+                 : NAME_IS(t, tn, "lt")                         ? J_OP_LT
+                 : NAME_IS(t, tn, "le")                         ? J_OP_LE
+                                                                : J_OP_EQ;
         jv b;
         if (binop(r, op, v, *a0, &b) != OK)
             return ERR;
@@ -1053,11 +1053,11 @@ static int run_test(R *r, const char *t, size_t tn, jv v, const args *a, int *re
 
 /* ---- filters -------------------------------------------------------------------- */
 
-static const char *const filter_names[] = {"abs", "capitalize", "count", "d", "default", "dictsort", "first",
-                                           "float", "int", "items", "join", "last", "length", "list", "lower",
-                                           "map", "max", "min", "reject", "rejectattr", "replace", "reverse",
-                                           "safe", "select", "selectattr", "string", "sum", "title", "tojson",
-                                           "trim", "unique", "upper", "wordcount", NULL};
+static const char *const filter_names[] = {
+    "abs",    "capitalize", "count",   "d",       "default", "dictsort",  "first",      "float",  "int",
+    "items",  "join",       "last",    "length",  "list",    "lower",     "map",        "max",    "min",
+    "reject", "rejectattr", "replace", "reverse", "safe",    "select",    "selectattr", "string", "sum",
+    "title",  "tojson",     "trim",    "unique",  "upper",   "wordcount", NULL};
 
 int kiln_jinja_has_filter(const char *name, size_t n)
 {
@@ -1193,8 +1193,7 @@ static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv 
         *out = strip(s, 1, 1, a0);
         return OK;
     }
-    if (NAME_IS(f, fn, "upper") || NAME_IS(f, fn, "lower") || NAME_IS(f, fn, "capitalize") ||
-        NAME_IS(f, fn, "title")) {
+    if (NAME_IS(f, fn, "upper") || NAME_IS(f, fn, "lower") || NAME_IS(f, fn, "capitalize") || NAME_IS(f, fn, "title")) {
         jv s = v;
         if (s.t != JV_STR && concat_str(r, v, jv_str("", 0), &s) != OK)
             return ERR;
@@ -1203,8 +1202,8 @@ static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv 
     if (NAME_IS(f, fn, "string"))
         return concat_str(r, v, jv_str("", 0), out);
     if (NAME_IS(f, fn, "length") || NAME_IS(f, fn, "count")) {
-        *out = jv_int(v.t == JV_STR    ? (int64_t)u8_len(v.u.s.p, v.u.s.n)
-                      : v.t == JV_LIST ? (int64_t)v.u.l->n
+        *out = jv_int(v.t == JV_STR                    ? (int64_t)u8_len(v.u.s.p, v.u.s.n)
+                      : v.t == JV_LIST                 ? (int64_t)v.u.l->n
                       : v.t == JV_DICT || v.t == JV_NS ? (int64_t)v.u.d->n
                                                        : 0);
         if (v.t != JV_STR && v.t != JV_LIST && v.t != JV_DICT && v.t != JV_NS && v.t != JV_UNDEF)
@@ -1463,8 +1462,8 @@ static int ev(R *r, const jnode *n, jv *out)
         break;
     case E_BIN:
         if ((st = ev(r, n->kids[0], &a)) == OK && (st = ev(r, n->kids[1], &b)) == OK) {
-            if ((a.t == JV_UNDEF || b.t == JV_UNDEF) && n->op != J_OP_CONCAT && n->op != J_OP_EQ &&
-                n->op != J_OP_NE && n->op != J_OP_IN && n->op != J_OP_NOTIN)
+            if ((a.t == JV_UNDEF || b.t == JV_UNDEF) && n->op != J_OP_CONCAT && n->op != J_OP_EQ && n->op != J_OP_NE &&
+                n->op != J_OP_IN && n->op != J_OP_NOTIN)
                 st = rfail(r, "an undefined value in an arithmetic or comparison");
             else
                 st = binop(r, n->op, a, b, out);
@@ -1548,8 +1547,7 @@ static int exec_for(R *r, const jnode *n)
             jv c;
             if (++r->steps > J_MAX_STEPS)
                 st = rfail(r, "more than %u steps", J_MAX_STEPS);
-            else if ((st = bind_targets(r, n, items->v[i])) == OK && (st = ev(r, n->kids[2], &c)) == OK &&
-                     jv_truthy(c))
+            else if ((st = bind_targets(r, n, items->v[i])) == OK && (st = ev(r, n->kids[2], &c)) == OK && jv_truthy(c))
                 kept->v[kept->n++] = items->v[i];
         }
         items = kept;
@@ -1564,7 +1562,8 @@ static int exec_for(R *r, const jnode *n)
         }
         *lp = (jloop){(int64_t)i, (int64_t)items->n, i ? items->v[i - 1] : undef(),
                       i + 1 < items->n ? items->v[i + 1] : undef()};
-        if ((st = bind_targets(r, n, items->v[i])) != OK || (st = assign(r, "loop", (jv){.t = JV_LOOP, .u.loop = lp})) != OK)
+        if ((st = bind_targets(r, n, items->v[i])) != OK ||
+            (st = assign(r, "loop", (jv){.t = JV_LOOP, .u.loop = lp})) != OK)
             break;
         st = exec_body(r, n->kids[1]);
         if (st == CONT)
@@ -1645,7 +1644,8 @@ kiln_status kiln_jinja_render(const kiln_jinja *t, const json_t *vars, char **ou
     int st = OK;
     const char *key;
     json_t *val;
-    json_object_foreach((json_t *)vars, key, val) {
+    json_object_foreach((json_t *)vars, key, val)
+    {
         jv v;
         size_t kn = strlen(key);
         char *k = sdup(&r, key, kn);

@@ -23,7 +23,14 @@ void jarena_free(jarena *a);
 /* ---- values ------------------------------------------------------------ */
 
 typedef enum {
-    JV_UNDEF, JV_NONE, JV_BOOL, JV_INT, JV_FLOAT, JV_STR, JV_LIST, JV_DICT,
+    JV_UNDEF,
+    JV_NONE,
+    JV_BOOL,
+    JV_INT,
+    JV_FLOAT,
+    JV_STR,
+    JV_LIST,
+    JV_DICT,
     JV_NS,   /* namespace(): a dict that `set ns.x = ...` writes */
     JV_LOOP, /* the `loop` of a for */
     JV_FUNC, /* a global function or a bound method, called by name */
@@ -35,17 +42,31 @@ typedef struct jv {
         int b;
         int64_t i;
         double f;
-        struct { const char *p; size_t n; } s; /* JV_STR, JV_FUNC (name) */
+        struct {
+            const char *p;
+            size_t n;
+        } s; /* JV_STR, JV_FUNC (name) */
         struct jlist *l;
-        struct jdict *d;                       /* JV_DICT, JV_NS */
+        struct jdict *d; /* JV_DICT, JV_NS */
         struct jloop *loop;
     } u;
     const struct jv *self; /* JV_FUNC: the bound object of a method, or NULL */
 } jv;
 
-typedef struct jlist { size_t n; jv *v; int tuple; } jlist; /* tuple: prints as (a, b) */
-typedef struct jdict { size_t n, cap; jv *k; jv *v; } jdict; /* keys are strings; insertion order */
-typedef struct jloop { int64_t index0, length; jv prev, next; } jloop;
+typedef struct jlist {
+    size_t n;
+    jv *v;
+    int tuple;
+} jlist; /* tuple: prints as (a, b) */
+typedef struct jdict {
+    size_t n, cap;
+    jv *k;
+    jv *v;
+} jdict; /* keys are strings; insertion order */
+typedef struct jloop {
+    int64_t index0, length;
+    jv prev, next;
+} jloop;
 
 jv jv_str(const char *p, size_t n);
 jv jv_int(int64_t i);
@@ -79,36 +100,52 @@ int jv_write_json(jbuf *b, jv v, int indent, int sort_keys, int depth);
 
 typedef enum {
     /* statements */
-    N_BODY,     /* kids: statements */
-    N_TEXT,     /* s */
-    N_OUTPUT,   /* kids[0]: expression */
-    N_IF,       /* kids: cond, body, cond, body, ..., [NULL, else body] */
-    N_FOR,      /* names: targets; kids: iter, body, filter-or-NULL, else-or-NULL */
-    N_SET,      /* names: targets (or [ns, attr] with op 1); kids[0]: value or a body (op 2) */
+    N_BODY,   /* kids: statements */
+    N_TEXT,   /* s */
+    N_OUTPUT, /* kids[0]: expression */
+    N_IF,     /* kids: cond, body, cond, body, ..., [NULL, else body] */
+    N_FOR,    /* names: targets; kids: iter, body, filter-or-NULL, else-or-NULL */
+    N_SET,    /* names: targets (or [ns, attr] with op 1); kids[0]: value or a body (op 2) */
     N_BREAK,
     N_CONTINUE,
     /* expressions */
-    E_LIT,      /* lit */
-    E_NAME,     /* s */
-    E_LIST,     /* kids; op 1: a tuple */
-    E_DICT,     /* kids: key, value, key, value, ... */
-    E_ATTR,     /* kids[0] . s */
-    E_ITEM,     /* kids[0] [ kids[1] ] */
-    E_SLICE,    /* kids[0] [ kids[1] : kids[2] : kids[3] ], absent parts NULL */
-    E_CALL,     /* kids[0](kids[1..]), names: keyword of each argument or NULL */
-    E_FILTER,   /* s: filter; kids[0] | s(kids[1..]) with names as E_CALL */
-    E_TEST,     /* s: test; op: negated; kids[0] is s(kids[1..]) */
+    E_LIT,    /* lit */
+    E_NAME,   /* s */
+    E_LIST,   /* kids; op 1: a tuple */
+    E_DICT,   /* kids: key, value, key, value, ... */
+    E_ATTR,   /* kids[0] . s */
+    E_ITEM,   /* kids[0] [ kids[1] ] */
+    E_SLICE,  /* kids[0] [ kids[1] : kids[2] : kids[3] ], absent parts NULL */
+    E_CALL,   /* kids[0](kids[1..]), names: keyword of each argument or NULL */
+    E_FILTER, /* s: filter; kids[0] | s(kids[1..]) with names as E_CALL */
+    E_TEST,   /* s: test; op: negated; kids[0] is s(kids[1..]) */
     E_NOT,
     E_NEG,
     E_POS,
-    E_BIN,      /* op: one of the J_OP_* below; kids[0], kids[1] */
+    E_BIN, /* op: one of the J_OP_* below; kids[0], kids[1] */
     E_AND,
     E_OR,
-    E_COND,     /* kids[1] if kids[0] else kids[2] (kids[2] may be NULL) */
+    E_COND, /* kids[1] if kids[0] else kids[2] (kids[2] may be NULL) */
 } jnode_kind;
 
-enum { J_OP_ADD = 1, J_OP_SUB, J_OP_MUL, J_OP_DIV, J_OP_FLOORDIV, J_OP_MOD, J_OP_POW, J_OP_CONCAT,
-       J_OP_EQ, J_OP_NE, J_OP_LT, J_OP_LE, J_OP_GT, J_OP_GE, J_OP_IN, J_OP_NOTIN };
+enum {
+    J_OP_ADD = 1,
+    J_OP_SUB,
+    J_OP_MUL,
+    J_OP_DIV,
+    J_OP_FLOORDIV,
+    J_OP_MOD,
+    J_OP_POW,
+    J_OP_CONCAT,
+    J_OP_EQ,
+    J_OP_NE,
+    J_OP_LT,
+    J_OP_LE,
+    J_OP_GT,
+    J_OP_GE,
+    J_OP_IN,
+    J_OP_NOTIN
+};
 
 typedef struct jnode {
     jnode_kind kind;

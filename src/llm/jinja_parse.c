@@ -12,7 +12,19 @@
 #define J_MAX_TOKENS (1u << 20)
 #define J_MAX_NEST 128 /* blocks and parentheses deep */
 
-typedef enum { T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STR, T_INT, T_FLOAT, T_OP, T_EOF } ttype;
+typedef enum {
+    T_TEXT,
+    T_VAR_BEGIN,
+    T_VAR_END,
+    T_BLOCK_BEGIN,
+    T_BLOCK_END,
+    T_NAME,
+    T_STR,
+    T_INT,
+    T_FLOAT,
+    T_OP,
+    T_EOF
+} ttype;
 
 typedef struct tok {
     ttype t;
@@ -159,9 +171,14 @@ static int lex_string(parser *p, const char *src, size_t len, size_t *i, int lin
         case 'b': o[n++] = '\b'; break;
         case 'f': o[n++] = '\f'; break;
         case 'v': o[n++] = '\v'; break;
-        case '\\': case '\'': case '"': o[n++] = e; break;
+        case '\\':
+        case '\'':
+        case '"': o[n++] = e; break;
         case '\n': break;
-        default: o[n++] = '\\'; o[n++] = e; break;
+        default:
+            o[n++] = '\\';
+            o[n++] = e;
+            break;
         }
     }
     tok *t = push(p, T_STR, line);
@@ -394,7 +411,8 @@ static const char *describe(const tok *t, char *buf, size_t cap)
     case T_BLOCK_BEGIN: return "'{%'";
     case T_BLOCK_END: return "'%}'";
     case T_STR: return "a string";
-    case T_INT: case T_FLOAT: return "a number";
+    case T_INT:
+    case T_FLOAT: return "a number";
     case T_EOF: return "the end of the template";
     default: snprintf(buf, cap, "'%.*s'", (int)(t->n > 40 ? 40 : t->n), t->s); return buf;
     }
@@ -788,8 +806,11 @@ static jnode *math2(parser *p)
     jnode *l = power(p);
     for (;;) {
         tok *t = peek(p);
-        int op = is_op(t, "*") ? J_OP_MUL : is_op(t, "/") ? J_OP_DIV : is_op(t, "//") ? J_OP_FLOORDIV
-               : is_op(t, "%") ? J_OP_MOD : 0;
+        int op = is_op(t, "*")    ? J_OP_MUL
+                 : is_op(t, "/")  ? J_OP_DIV
+                 : is_op(t, "//") ? J_OP_FLOORDIV
+                 : is_op(t, "%")  ? J_OP_MOD
+                                  : 0;
         if (!l || !op)
             return l;
         next(p);
@@ -823,9 +844,15 @@ static jnode *math1(parser *p)
 static int cmp_op(parser *p)
 {
     tok *t = peek(p);
-    return is_op(t, "==") ? J_OP_EQ : is_op(t, "!=") ? J_OP_NE : is_op(t, "<") ? J_OP_LT
-         : is_op(t, "<=") ? J_OP_LE : is_op(t, ">") ? J_OP_GT : is_op(t, ">=") ? J_OP_GE
-         : is_name(t, "in") ? J_OP_IN : (is_name(t, "not") && is_name(peek2(p), "in")) ? J_OP_NOTIN : 0;
+    return is_op(t, "==")                                   ? J_OP_EQ
+           : is_op(t, "!=")                                 ? J_OP_NE
+           : is_op(t, "<")                                  ? J_OP_LT
+           : is_op(t, "<=")                                 ? J_OP_LE
+           : is_op(t, ">")                                  ? J_OP_GT
+           : is_op(t, ">=")                                 ? J_OP_GE
+           : is_name(t, "in")                               ? J_OP_IN
+           : (is_name(t, "not") && is_name(peek2(p), "in")) ? J_OP_NOTIN
+                                                            : 0;
 }
 
 /* Comparisons; a chain a < b < c is (a < b) and (b < c), as in Python
@@ -1000,8 +1027,7 @@ static jnode *stmt_for(parser *p, int line)
     tok *end;
     if (!expect_block_end(p, "for") || !(nd->kids[1] = body(p, ends, "for", line, &end)))
         return NULL;
-    if (is_name(end, "else") &&
-        (!expect_block_end(p, "else") || !(nd->kids[3] = body(p, endfor, "for", line, &end))))
+    if (is_name(end, "else") && (!expect_block_end(p, "else") || !(nd->kids[3] = body(p, endfor, "for", line, &end))))
         return NULL;
     if (!expect_block_end(p, "endfor"))
         return NULL;

@@ -65,7 +65,9 @@ int jv_truthy(jv v)
     case JV_STR: return v.u.s.n != 0;
     case JV_LIST: return v.u.l->n != 0;
     case JV_DICT: return v.u.d->n != 0;
-    case JV_NS: case JV_LOOP: case JV_FUNC: return 1;
+    case JV_NS:
+    case JV_LOOP:
+    case JV_FUNC: return 1;
     default: return 0;
     }
 }
@@ -89,7 +91,8 @@ static int equal(jv a, jv b, int depth)
     if (a.t != b.t)
         return 0;
     switch (a.t) {
-    case JV_UNDEF: case JV_NONE: return 1;
+    case JV_UNDEF:
+    case JV_NONE: return 1;
     case JV_STR: return a.u.s.n == b.u.s.n && !memcmp(a.u.s.p, b.u.s.p, a.u.s.n);
     case JV_LIST:
         if (a.u.l->n != b.u.l->n)
@@ -155,7 +158,8 @@ int jv_from_json(jarena *a, const json_t *j, jv *out)
             return 0;
         const char *key;
         json_t *v;
-        json_object_foreach((json_t *)j, key, v) {
+        json_object_foreach((json_t *)j, key, v)
+        {
             size_t kn = strlen(key);
             char *k = jarena_alloc(a, kn + 1);
             jv x;
@@ -340,7 +344,8 @@ void jv_write_str(jbuf *b, jv v)
     case JV_INT: put_int(b, v.u.i); break;
     case JV_FLOAT: put_float(b, v.u.f, 0); break;
     case JV_STR: jbuf_put(b, v.u.s.p, v.u.s.n); break;
-    case JV_LIST: case JV_DICT: write_repr(b, v, 0); break;
+    case JV_LIST:
+    case JV_DICT: write_repr(b, v, 0); break;
     case JV_NS: jbuf_puts(b, "<Namespace>"); break;
     case JV_LOOP: jbuf_puts(b, "<LoopContext>"); break;
     case JV_FUNC: jbuf_puts(b, "<function>"); break;

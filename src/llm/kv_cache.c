@@ -59,8 +59,7 @@ kiln_status kiln_kv_seq_grow(kiln_kv_pool *pool, kiln_kv_seq *seq, int64_t n_tok
     if (need - seq->n_blocks > pool->n_free)
         return kiln_fail(KILN_ERROR_LIMIT,
                          "KV cache full: a sequence of %lld tokens needs %d more blocks, %d of %d are free",
-                         (long long)n_tokens, (int)(need - seq->n_blocks), (int)pool->n_free,
-                         (int)pool->n_blocks);
+                         (long long)n_tokens, (int)(need - seq->n_blocks), (int)pool->n_free, (int)pool->n_blocks);
     while (seq->n_blocks < need)
         seq->blocks[seq->n_blocks++] = pool->free_list[--pool->n_free];
     return KILN_OK;

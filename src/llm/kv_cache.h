@@ -11,7 +11,7 @@
 
 typedef struct kiln_kv_pool {
     int32_t n_blocks, block_size;
-    int32_t *free_list;   /* stack of free block indices */
+    int32_t *free_list; /* stack of free block indices */
     int32_t n_free;
 } kiln_kv_pool;
 

@@ -8,7 +8,8 @@
 
 #include "../core/error.h"
 
-void kiln_llm_config_init(kiln_llm_config *cfg) {
+void kiln_llm_config_init(kiln_llm_config *cfg)
+{
     memset(cfg, 0, sizeof *cfg);
     cfg->rope.theta = 10000.0;
     cfg->rope.factor = 1.0;
@@ -20,7 +21,8 @@ void kiln_llm_config_init(kiln_llm_config *cfg) {
     cfg->rms_norm_eps = 1e-6;
 }
 
-const char *kiln_llm_chat_template_name(kiln_llm_chat_template t) {
+const char *kiln_llm_chat_template_name(kiln_llm_chat_template t)
+{
     switch (t) {
     case KILN_LLM_CHAT_CHATML: return "chatml";
     case KILN_LLM_CHAT_LLAMA3: return "llama3";
@@ -29,7 +31,8 @@ const char *kiln_llm_chat_template_name(kiln_llm_chat_template t) {
     }
 }
 
-kiln_llm_chat_template kiln_llm_chat_template_detect(const char *tmpl) {
+kiln_llm_chat_template kiln_llm_chat_template_detect(const char *tmpl)
+{
     if (!tmpl)
         return KILN_LLM_CHAT_NONE;
     if (strstr(tmpl, "<|im_start|>"))
@@ -41,7 +44,8 @@ kiln_llm_chat_template kiln_llm_chat_template_detect(const char *tmpl) {
     return KILN_LLM_CHAT_NONE;
 }
 
-static const char *scaling_name(kiln_llm_rope_scaling s) {
+static const char *scaling_name(kiln_llm_rope_scaling s)
+{
     switch (s) {
     case KILN_LLM_ROPE_LINEAR: return "linear";
     case KILN_LLM_ROPE_LLAMA3: return "llama3";
@@ -49,7 +53,8 @@ static const char *scaling_name(kiln_llm_rope_scaling s) {
     }
 }
 
-static const char *dtype_name(kiln_dtype t) {
+static const char *dtype_name(kiln_dtype t)
+{
     switch (t) {
     case KILN_DTYPE_F16: return "f16";
     case KILN_DTYPE_BF16: return "bf16";
@@ -58,12 +63,14 @@ static const char *dtype_name(kiln_dtype t) {
 }
 
 /* jansson's setters fail only on allocation; one flag collects them. */
-static void set(json_t *o, const char *k, json_t *v, int *ok) {
+static void set(json_t *o, const char *k, json_t *v, int *ok)
+{
     if (!v || json_object_set_new(o, k, v) != 0)
         *ok = 0;
 }
 
-kiln_status kiln_llm_config_to_json(const kiln_llm_config *cfg, char **json, size_t *len) {
+kiln_status kiln_llm_config_to_json(const kiln_llm_config *cfg, char **json, size_t *len)
+{
     int ok = 1;
     json_t *o = json_object();
     json_t *rope = json_object();
@@ -133,7 +140,8 @@ kiln_status kiln_llm_config_to_json(const kiln_llm_config *cfg, char **json, siz
 
 /* ---- reading ------------------------------------------------------------ */
 
-static kiln_status get_int(json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out) {
+static kiln_status get_int(json_t *o, const char *key, int64_t lo, int64_t hi, int64_t *out)
+{
     json_t *v = json_object_get(o, key);
     if (!v)
         return kiln_fail(KILN_ERROR_FORMAT, "LLMC: missing field \"%s\"", key);
@@ -141,20 +149,22 @@ static kiln_status get_int(json_t *o, const char *key, int64_t lo, int64_t hi, i
         return kiln_fail(KILN_ERROR_FORMAT, "LLMC: field \"%s\": expected an integer", key);
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi)
-        return kiln_fail(KILN_ERROR_FORMAT, "LLMC: field \"%s\" = %lld is outside [%lld, %lld]", key,
-                         (long long)x, (long long)lo, (long long)hi);
+        return kiln_fail(KILN_ERROR_FORMAT, "LLMC: field \"%s\" = %lld is outside [%lld, %lld]", key, (long long)x,
+                         (long long)lo, (long long)hi);
     *out = x;
     return KILN_OK;
 }
 
-static kiln_status get_i32(json_t *o, const char *key, int64_t lo, int64_t hi, int32_t *out) {
+static kiln_status get_i32(json_t *o, const char *key, int64_t lo, int64_t hi, int32_t *out)
+{
     int64_t x = 0;
     KILN_TRY(get_int(o, key, lo, hi, &x));
     *out = (int32_t)x;
     return KILN_OK;
 }
 
-static kiln_status get_real(json_t *o, const char *key, double lo, double hi, double *out) {
+static kiln_status get_real(json_t *o, const char *key, double lo, double hi, double *out)
+{
     json_t *v = json_object_get(o, key);
     if (!v)
         return kiln_fail(KILN_ERROR_FORMAT, "LLMC: missing field \"%s\"", key);
@@ -167,7 +177,8 @@ static kiln_status get_real(json_t *o, const char *key, double lo, double hi, do
     return KILN_OK;
 }
 
-static kiln_status get_bool(json_t *o, const char *key, int *out) {
+static kiln_status get_bool(json_t *o, const char *key, int *out)
+{
     json_t *v = json_object_get(o, key);
     if (!v)
         return kiln_fail(KILN_ERROR_FORMAT, "LLMC: missing field \"%s\"", key);
@@ -177,7 +188,8 @@ static kiln_status get_bool(json_t *o, const char *key, int *out) {
     return KILN_OK;
 }
 
-static kiln_status get_str(json_t *o, const char *key, int nullable, const char **out) {
+static kiln_status get_str(json_t *o, const char *key, int nullable, const char **out)
+{
     json_t *v = json_object_get(o, key);
     if (!v)
         return kiln_fail(KILN_ERROR_FORMAT, "LLMC: missing field \"%s\"", key);
@@ -191,7 +203,8 @@ static kiln_status get_str(json_t *o, const char *key, int nullable, const char 
     return KILN_OK;
 }
 
-static kiln_status parse(json_t *o, kiln_llm_config *c) {
+static kiln_status parse(json_t *o, kiln_llm_config *c)
+{
     const int64_t big = INT32_MAX;
     const char *s = NULL;
     if (!json_is_object(o))
@@ -264,8 +277,7 @@ static kiln_status parse(json_t *o, kiln_llm_config *c) {
     if (!json_is_array(eos))
         return kiln_fail(KILN_ERROR_FORMAT, "LLMC: field \"eos_ids\": expected an array");
     if (json_array_size(eos) > KILN_LLM_MAX_EOS)
-        return kiln_fail(KILN_ERROR_FORMAT, "LLMC: %zu eos_ids, at most %d", json_array_size(eos),
-                         KILN_LLM_MAX_EOS);
+        return kiln_fail(KILN_ERROR_FORMAT, "LLMC: %zu eos_ids, at most %d", json_array_size(eos), KILN_LLM_MAX_EOS);
     c->n_eos = (int32_t)json_array_size(eos);
     for (int32_t i = 0; i < c->n_eos; i++) {
         json_t *e = json_array_get(eos, (size_t)i);
@@ -305,7 +317,8 @@ static kiln_status parse(json_t *o, kiln_llm_config *c) {
     return KILN_OK;
 }
 
-kiln_status kiln_llm_config_from_json(const void *json, size_t len, kiln_llm_config *cfg) {
+kiln_status kiln_llm_config_from_json(const void *json, size_t len, kiln_llm_config *cfg)
+{
     json_error_t err;
     json_t *o = json_loadb(json, len, 0, &err);
     if (!o)

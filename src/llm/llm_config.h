@@ -17,27 +17,27 @@
 #define KILN_LLM_MAX_LOGITS (1LL << 31)
 
 typedef enum kiln_llm_chat_template {
-    KILN_LLM_CHAT_NONE = 0,   /* JSON null */
-    KILN_LLM_CHAT_CHATML,     /* "chatml": <|im_start|>role\n...<|im_end|> */
-    KILN_LLM_CHAT_LLAMA3,     /* "llama3": <|start_header_id|>role<|end_header_id|> */
-    KILN_LLM_CHAT_LLAMA2,     /* "llama2": [INST] ... [/INST] (also Mistral) */
+    KILN_LLM_CHAT_NONE = 0, /* JSON null */
+    KILN_LLM_CHAT_CHATML,   /* "chatml": <|im_start|>role\n...<|im_end|> */
+    KILN_LLM_CHAT_LLAMA3,   /* "llama3": <|start_header_id|>role<|end_header_id|> */
+    KILN_LLM_CHAT_LLAMA2,   /* "llama2": [INST] ... [/INST] (also Mistral) */
 } kiln_llm_chat_template;
 
 typedef enum kiln_llm_rope_scaling {
-    KILN_LLM_ROPE_NONE = 0,   /* "none" */
-    KILN_LLM_ROPE_LINEAR,     /* "linear": positions divided by factor */
-    KILN_LLM_ROPE_LLAMA3,     /* "llama3": frequency-band scaling */
+    KILN_LLM_ROPE_NONE = 0, /* "none" */
+    KILN_LLM_ROPE_LINEAR,   /* "linear": positions divided by factor */
+    KILN_LLM_ROPE_LLAMA3,   /* "llama3": frequency-band scaling */
 } kiln_llm_rope_scaling;
 
 typedef struct kiln_llm_rope {
     double theta;
     kiln_llm_rope_scaling scaling;
-    double factor;              /* linear, llama3 */
-    double low_freq_factor;     /* llama3 */
-    double high_freq_factor;    /* llama3 */
-    int64_t original_max_pos;   /* llama3: original_max_position_embeddings */
-    int32_t rotary_dim;         /* dims rotated per head (== head_dim unless partial) */
-    int32_t interleaved;        /* 1: adjacent pairs (GGUF llama, llama2.c); 0: halves (HF) */
+    double factor;            /* linear, llama3 */
+    double low_freq_factor;   /* llama3 */
+    double high_freq_factor;  /* llama3 */
+    int64_t original_max_pos; /* llama3: original_max_position_embeddings */
+    int32_t rotary_dim;       /* dims rotated per head (== head_dim unless partial) */
+    int32_t interleaved;      /* 1: adjacent pairs (GGUF llama, llama2.c); 0: halves (HF) */
 } kiln_llm_rope;
 
 /* Defaults from generation_config.json; has_* says whether the file gave it. */
@@ -51,8 +51,8 @@ typedef struct kiln_llm_generation {
 } kiln_llm_generation;
 
 typedef struct kiln_llm_config {
-    char architecture[32];      /* "llama", "mistral", "qwen2" */
-    int32_t vocab_size;         /* rows of the embedding / logits width */
+    char architecture[32]; /* "llama", "mistral", "qwen2" */
+    int32_t vocab_size;    /* rows of the embedding / logits width */
     int32_t hidden_size;
     int32_t n_layers;
     int32_t n_heads;
@@ -63,7 +63,7 @@ typedef struct kiln_llm_config {
     kiln_llm_rope rope;
     int qkv_bias;
     int tied_embeddings;
-    kiln_dtype dtype;           /* engine compute / KV-cache dtype: F32, F16, BF16 */
+    kiln_dtype dtype;                /* engine compute / KV-cache dtype: F32, F16, BF16 */
     int64_t max_position_embeddings; /* from the checkpoint, 0 when unknown */
     /* Build limits (docs/llm.md profiles). */
     int32_t max_seq_len;
@@ -74,9 +74,9 @@ typedef struct kiln_llm_config {
     int32_t bos_id;
     int32_t n_eos;
     int32_t eos_ids[KILN_LLM_MAX_EOS];
-    int add_bos;                /* prompts start with BOS */
+    int add_bos; /* prompts start with BOS */
     kiln_llm_chat_template chat_template;
-    char source[256];           /* what it was built from (path / format) */
+    char source[256]; /* what it was built from (path / format) */
     kiln_llm_generation generation;
     /* ggml formats the matmul weights were kept in ("Q4_1,Q8_0", read by
      * kiln/QuantMatMul); empty when every weight is in dtype. */

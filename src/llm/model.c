@@ -10,7 +10,8 @@
 #include "gguf.h"
 #include "jinja.h"
 
-void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck) {
+void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck)
+{
     if (!ck)
         return;
     kiln_tokenizer_free(ck->tokenizer);
@@ -23,7 +24,8 @@ void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck) {
 }
 
 kiln_status kiln_llm_checkpoint_set_chat(kiln_llm_checkpoint *ck, const char *tmpl, size_t len, const char *bos,
-                                         const char *eos) {
+                                         const char *eos)
+{
     char *t = tmpl ? malloc(len + 1) : NULL, *b = bos ? strdup(bos) : NULL, *e = eos ? strdup(eos) : NULL;
     if ((tmpl && !t) || (bos && !b) || (eos && !e)) {
         free(t), free(b), free(e);
@@ -40,7 +42,8 @@ kiln_status kiln_llm_checkpoint_set_chat(kiln_llm_checkpoint *ck, const char *tm
     return KILN_OK;
 }
 
-void kiln_llm_build_options_init(kiln_llm_build_options *opt) {
+void kiln_llm_build_options_init(kiln_llm_build_options *opt)
+{
     if (!opt)
         return;
     memset(opt, 0, sizeof *opt);
@@ -53,12 +56,17 @@ void kiln_llm_build_options_init(kiln_llm_build_options *opt) {
     opt->backend = KILN_BACKEND_CPU;
 }
 
-kiln_status kiln_llm_config_validate(const kiln_llm_config *c) {
+kiln_status kiln_llm_config_validate(const kiln_llm_config *c)
+{
     const struct {
         const char *name;
         int32_t v;
-    } pos[] = {{"vocab_size", c->vocab_size},       {"hidden_size", c->hidden_size}, {"n_layers", c->n_layers},
-               {"n_heads", c->n_heads},             {"n_kv_heads", c->n_kv_heads},   {"head_dim", c->head_dim},
+    } pos[] = {{"vocab_size", c->vocab_size},
+               {"hidden_size", c->hidden_size},
+               {"n_layers", c->n_layers},
+               {"n_heads", c->n_heads},
+               {"n_kv_heads", c->n_kv_heads},
+               {"head_dim", c->head_dim},
                {"intermediate_size", c->intermediate_size}};
     for (size_t i = 0; i < sizeof pos / sizeof pos[0]; i++)
         if (pos[i].v <= 0)
@@ -79,9 +87,10 @@ kiln_status kiln_llm_config_validate(const kiln_llm_config *c) {
      * hidden) far from int32/size_t limits. */
     if ((int64_t)c->n_heads * c->head_dim > (1 << 24) || (int64_t)c->vocab_size * c->hidden_size > (1LL << 40) ||
         (int64_t)c->intermediate_size * c->hidden_size > (1LL << 40))
-        return kiln_fail(KILN_ERROR_FORMAT, "model dims are implausibly large (heads %d x head_dim %d, vocab %d, "
-                         "hidden %d, intermediate %d)", c->n_heads, c->head_dim, c->vocab_size, c->hidden_size,
-                         c->intermediate_size);
+        return kiln_fail(KILN_ERROR_FORMAT,
+                         "model dims are implausibly large (heads %d x head_dim %d, vocab %d, "
+                         "hidden %d, intermediate %d)",
+                         c->n_heads, c->head_dim, c->vocab_size, c->hidden_size, c->intermediate_size);
     return KILN_OK;
 }
 
@@ -96,13 +105,15 @@ typedef struct builder {
     char name[160];
 } builder;
 
-static void progress(builder *b, const char *what) {
+static void progress(builder *b, const char *what)
+{
     if (b->opt->progress && b->n_weights > 0)
         /* weight conversion is the first half of the bar, the build the rest */
         b->opt->progress(b->opt->progress_user, 0.5 * (double)b->done_weights / (double)b->n_weights, what);
 }
 
-static kiln_dims dims1(int64_t a) {
+static kiln_dims dims1(int64_t a)
+{
     kiln_dims d;
     memset(&d, 0, sizeof d);
     d.rank = 1;
@@ -110,7 +121,8 @@ static kiln_dims dims1(int64_t a) {
     return d;
 }
 
-static kiln_dims dims2(int64_t a, int64_t b) {
+static kiln_dims dims2(int64_t a, int64_t b)
+{
     kiln_dims d = dims1(a);
     d.rank = 2;
     d.d[1] = b;
@@ -120,7 +132,8 @@ static kiln_dims dims2(int64_t a, int64_t b) {
 /* Reads weight `hf` (HF name), converted to the build dtype, into buf
  * (`bytes` long), after checking its dims against the expected ones. */
 static kiln_status read_weight_into(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, void *buf,
-                                    size_t bytes) {
+                                    size_t bytes)
+{
     kiln_dims dims;
     memset(&dims, 0, sizeof dims);
     kiln_status st = b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, NULL, 0);
@@ -147,7 +160,8 @@ static kiln_status read_weight_into(builder *b, const char *hf, int32_t rank, in
  * stacked along their first axis into one constant `cname`: the fused
  * projections' [Nq + Nk + Nv, K] and [2 * I, K] weights and their biases. */
 static kiln_status add_weights(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
-                               const char *cname, kiln_tensor *out) {
+                               const char *cname, kiln_tensor *out)
+{
     int64_t total = 0;
     for (int32_t i = 0; i < n; i++)
         total += rows[i];
@@ -158,8 +172,7 @@ static kiln_status add_weights(builder *b, const char *const *hf, const int64_t 
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", cname, bytes);
     kiln_status st = KILN_OK;
     for (int32_t i = 0, at = 0; i < n && st == KILN_OK; at += (int32_t)rows[i], i++)
-        st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, (char *)buf + (size_t)at * row,
-                              (size_t)rows[i] * row);
+        st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, (char *)buf + (size_t)at * row, (size_t)rows[i] * row);
     kiln_dims dims = d1 ? dims2(total, d1) : dims1(total);
     if (st == KILN_OK)
         st = kiln_network_add_constant(b->net, cname, b->opt->dtype, &dims, buf, out);
@@ -168,32 +181,38 @@ static kiln_status add_weights(builder *b, const char *const *hf, const int64_t 
 }
 
 /* Reads weight `hf` and adds it as a constant named like it. */
-static kiln_status add_weight(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, kiln_tensor *out) {
+static kiln_status add_weight(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, kiln_tensor *out)
+{
     return add_weights(b, &hf, &d0, 1, rank == 2 ? d1 : 0, hf, out);
 }
 
-static int has_weight(builder *b, const char *hf) {
+static int has_weight(builder *b, const char *hf)
+{
     kiln_dims dims;
     return b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, NULL, 0) == KILN_OK;
 }
 
-static kiln_field field_i32(const char *name, const int32_t *v) {
+static kiln_field field_i32(const char *name, const int32_t *v)
+{
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_I32, 1, v};
 }
 
-static kiln_field field_f32(const char *name, const float *v) {
+static kiln_field field_f32(const char *name, const float *v)
+{
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_F32, 1, v};
 }
 
 /* A built-in plugin layer with n_out outputs. */
-static kiln_status plugin_n(builder *b, const char *name, const char *plugin_name, const kiln_field *fields,
-                            int32_t nf, const kiln_tensor *in, int32_t n_in, kiln_tensor *out, int32_t n_out) {
+static kiln_status plugin_n(builder *b, const char *name, const char *plugin_name, const kiln_field *fields, int32_t nf,
+                            const kiln_tensor *in, int32_t n_in, kiln_tensor *out, int32_t n_out)
+{
     int32_t got = 0;
     return kiln_network_add_plugin(b->net, name, plugin_name, "1", "kiln", fields, nf, in, n_in, out, n_out, &got);
 }
 
-static kiln_status plugin(builder *b, const char *name, const char *plugin_name, const kiln_field *fields,
-                          int32_t nf, const kiln_tensor *in, int32_t n_in, kiln_tensor *out) {
+static kiln_status plugin(builder *b, const char *name, const char *plugin_name, const kiln_field *fields, int32_t nf,
+                          const kiln_tensor *in, int32_t n_in, kiln_tensor *out)
+{
     return plugin_n(b, name, plugin_name, fields, nf, in, n_in, out, 1);
 }
 
@@ -206,7 +225,8 @@ static const struct {
 
 /* The format index in quant_formats of checkpoint weight `wname` when it
  * is stored in one QuantMatMul reads, else -1. */
-static int quant_format(builder *b, const char *wname, const void **data, size_t *size) {
+static int quant_format(builder *b, const char *wname, const void **data, size_t *size)
+{
     uint32_t type;
     if (!b->opt->native || !b->ck->read_quantized ||
         b->ck->read_quantized(b->ck->weight_user, wname, &type, data, size) != KILN_OK)
@@ -224,7 +244,8 @@ static int quant_format(builder *b, const char *wname, const void **data, size_t
  * or any part is in another format than the first. */
 static kiln_status quant_matmul(builder *b, const char *const *wname, const int64_t *out_dim, int32_t n_parts,
                                 const char *cname, const char *lname, kiln_tensor x, int64_t in_dim, kiln_tensor *y,
-                                int *done) {
+                                int *done)
+{
     *done = 0;
     const void *data[3];
     size_t size[3], total = 0;
@@ -265,7 +286,8 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
     int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
     kiln_field fields[3] = {
         {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, quant_formats[f].name},
-        field_i32("n", &nn), field_i32("k", &k)};
+        field_i32("n", &nn),
+        field_i32("k", &k)};
     kiln_tensor in[2] = {x, w};
     KILN_TRY(plugin(b, lname, "QuantMatMul", fields, 3, in, 2, y));
     /* the LLMC config lists the formats kept, in first-use order */
@@ -281,7 +303,8 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
 
 /* y = x·Wᵀ (+ bias) for an HF Linear named `hf` ("model.layers.0.self_attn.q_proj"). */
 static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out_dim, int64_t in_dim, int bias,
-                          kiln_tensor *y) {
+                          kiln_tensor *y)
+{
     char wname[160], lname[176];
     kiln_tensor w;
     int done;
@@ -309,9 +332,9 @@ static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out
  * outputs side by side in each row. *done = 0 (nothing added) when a
  * native build keeps some parts quantized in different formats (or some
  * quantized and some not): those stay separate matmuls. */
-static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t *out_dim, int32_t n,
-                                const char *fused, kiln_tensor x, int64_t in_dim, int bias, kiln_tensor *y,
-                                int *done) {
+static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t *out_dim, int32_t n, const char *fused,
+                                kiln_tensor x, int64_t in_dim, int bias, kiln_tensor *y, int *done)
+{
     char wnames[3][160], bnames[3][160], cname[176], lname[176];
     const char *wn[3], *bn[3];
     for (int32_t i = 0; i < n; i++) {
@@ -346,7 +369,8 @@ static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t
 /* y = RMSNorm(x) with HF weight `hf`.weight; with residual non-NULL the
  * residual add before it is fused in (kiln/AddRMSNorm): *x becomes x +
  * residual and y its norm. */
-static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kiln_tensor *residual, kiln_tensor *y) {
+static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kiln_tensor *residual, kiln_tensor *y)
+{
     const kiln_llm_config *c = &b->ck->config;
     char wname[160];
     kiln_tensor w;
@@ -368,14 +392,15 @@ static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kil
 /* RoPE over x of n_heads heads, or with n_kv_heads > 0 over the packed
  * qkv row (n_heads q heads, then the k and v heads). */
 static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor positions, int32_t n_heads,
-                        int32_t n_kv_heads, kiln_tensor *y) {
+                        int32_t n_kv_heads, kiln_tensor *y)
+{
     const kiln_llm_config *c = &b->ck->config;
     const kiln_llm_rope *r = &c->rope;
     float theta = (float)r->theta, factor = (float)r->factor, lo = (float)r->low_freq_factor,
           hi = (float)r->high_freq_factor;
     int32_t omax = r->original_max_pos > INT32_MAX ? INT32_MAX : (int32_t)r->original_max_pos;
     int32_t rotary = r->rotary_dim, inter = r->interleaved ? 1 : 0;
-    const char *scaling = r->scaling == KILN_LLM_ROPE_LLAMA3 ? "llama3"
+    const char *scaling = r->scaling == KILN_LLM_ROPE_LLAMA3   ? "llama3"
                           : r->scaling == KILN_LLM_ROPE_LINEAR ? "linear"
                                                                : "none";
     kiln_field f[11];
@@ -403,7 +428,8 @@ typedef struct step_inputs {
     kiln_tensor tokens, positions, block_table, seq_lens, query_start, last_token;
 } step_inputs;
 
-static kiln_status add_inputs(builder *b, int32_t max_blocks, step_inputs *in) {
+static kiln_status add_inputs(builder *b, int32_t max_blocks, step_inputs *in)
+{
     kiln_network *net = b->net;
     const kiln_llm_build_options *o = b->opt;
     int32_t prof;
@@ -415,7 +441,7 @@ static kiln_status add_inputs(builder *b, int32_t max_blocks, step_inputs *in) {
         int two_d;   /* [S, max_blocks] */
         int64_t add; /* query_start has S + 1 rows */
         int per_seq; /* S rather than T */
-    } io[] = {{"tokens", &in->tokens, 0, 0, 0},          {"positions", &in->positions, 0, 0, 0},
+    } io[] = {{"tokens", &in->tokens, 0, 0, 0},           {"positions", &in->positions, 0, 0, 0},
               {"block_table", &in->block_table, 1, 0, 1}, {"seq_lens", &in->seq_lens, 0, 0, 1},
               {"query_start", &in->query_start, 0, 1, 1}, {"last_token", &in->last_token, 0, 0, 1}};
     for (size_t i = 0; i < sizeof io / sizeof io[0]; i++) {
@@ -436,7 +462,8 @@ static kiln_status add_inputs(builder *b, int32_t max_blocks, step_inputs *in) {
  * output in *pending for the next norm (a layer's two residual adds each
  * ride on the norm that follows them). */
 static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_tensor *x, kiln_tensor *pending,
-                             int has_pending) {
+                             int has_pending)
+{
     const kiln_llm_config *c = &b->ck->config;
     kiln_network *net = b->net;
     const kiln_llm_build_options *o = b->opt;
@@ -518,7 +545,8 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     return linear(b, n, m, H, c->intermediate_size, 0, pending);
 }
 
-static kiln_status build(builder *b, int32_t max_blocks) {
+static kiln_status build(builder *b, int32_t max_blocks)
+{
     const kiln_llm_config *c = &b->ck->config;
     step_inputs in;
     KILN_TRY(add_inputs(b, max_blocks, &in));
@@ -555,11 +583,13 @@ static kiln_status build(builder *b, int32_t max_blocks) {
  * sequence can hold a prompt token and generate one, a block fits in a
  * sequence, and the buffers the runtime sizes from these limits (block
  * table, logits, the KV cache's block count) can exist. */
-static kiln_status check_limits(const kiln_llm_config *c, const kiln_llm_build_options *o) {
+static kiln_status check_limits(const kiln_llm_config *c, const kiln_llm_build_options *o)
+{
     if (o->max_seq_len < 2)
         return kiln_fail(KILN_ERROR_LIMIT,
                          "LLM build: max_seq_len %d (the model's context: %lld) leaves no room to generate; "
-                         "at least 2 tokens are needed", o->max_seq_len, (long long)c->max_position_embeddings);
+                         "at least 2 tokens are needed",
+                         o->max_seq_len, (long long)c->max_position_embeddings);
     if (o->block_size > o->max_seq_len)
         return kiln_fail(KILN_ERROR_LIMIT, "LLM build: block_size %d exceeds max_seq_len %d", o->block_size,
                          o->max_seq_len);
@@ -567,17 +597,17 @@ static kiln_status check_limits(const kiln_llm_config *c, const kiln_llm_build_o
     if (blocks > KILN_LLM_MAX_KV_BLOCKS)
         return kiln_fail(KILN_ERROR_LIMIT,
                          "LLM build: max_batch %d sequences of max_seq_len %d in blocks of %d need %lld KV "
-                         "blocks; a KV cache holds at most %d", o->max_batch, o->max_seq_len, o->block_size,
-                         (long long)blocks, KILN_LLM_MAX_KV_BLOCKS);
+                         "blocks; a KV cache holds at most %d",
+                         o->max_batch, o->max_seq_len, o->block_size, (long long)blocks, KILN_LLM_MAX_KV_BLOCKS);
     if ((int64_t)o->max_batch * c->vocab_size > KILN_LLM_MAX_LOGITS)
-        return kiln_fail(KILN_ERROR_LIMIT,
-                         "LLM build: logits of max_batch %d x vocab_size %d exceed %lld values", o->max_batch,
-                         c->vocab_size, (long long)KILN_LLM_MAX_LOGITS);
+        return kiln_fail(KILN_ERROR_LIMIT, "LLM build: logits of max_batch %d x vocab_size %d exceed %lld values",
+                         o->max_batch, c->vocab_size, (long long)KILN_LLM_MAX_LOGITS);
     return KILN_OK;
 }
 
 kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
-                                   kiln_network **out) {
+                                   kiln_network **out)
+{
     kiln_llm_build_options o = *opt;
     o.native = o.native > 0;
     kiln_llm_config *c = &ck->config;
@@ -589,8 +619,10 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
         o.max_seq_len = (int32_t)(m < 4096 ? m : 4096);
     }
     if (c->max_position_embeddings > 0 && o.max_seq_len > c->max_position_embeddings)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: max_seq_len %d exceeds the model's context of %lld "
-                         "tokens", o.max_seq_len, (long long)c->max_position_embeddings);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "LLM build: max_seq_len %d exceeds the model's context of %lld "
+                         "tokens",
+                         o.max_seq_len, (long long)c->max_position_embeddings);
     if (o.max_tokens <= 0)
         o.max_tokens = o.max_seq_len;
     if (o.max_batch <= 0 || o.block_size <= 0 || o.max_batch > (1 << 20) || o.block_size > (1 << 16) ||
@@ -609,7 +641,8 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     c->quantized[0] = '\0';
     builder b = {.ck = ck, .opt = &o};
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
-        return kiln_fail(KILN_ERROR_NOT_FOUND, "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");
+        return kiln_fail(KILN_ERROR_NOT_FOUND,
+                         "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");
     /* embeddings, final norm, maybe lm_head; per layer 2 norms, 7 matrices, maybe 3 biases */
     b.n_weights = 2 + (!c->tied_embeddings || o.native) + (int64_t)c->n_layers * (9 + (c->qkv_bias ? 3 : 0));
     KILN_TRY(kiln_network_create(reg, &b.net));
@@ -623,7 +656,8 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     return KILN_OK;
 }
 
-kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const void *data, size_t size) {
+kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const void *data, size_t size)
+{
     kiln_graph *g = &net->graph;
     kiln_section_rec *s = realloc(g->sections, ((size_t)g->n_sections + 1) * sizeof *s);
     if (!s)
@@ -638,13 +672,15 @@ kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const v
     return KILN_OK;
 }
 
-static void forward_progress(void *user, double fraction, const char *what) {
+static void forward_progress(void *user, double fraction, const char *what)
+{
     const kiln_llm_build_options *o = user;
     o->progress(o->progress_user, 0.5 + 0.5 * fraction, what);
 }
 
 /* A template kiln cannot render fails the build, before any weight is read. */
-static kiln_status check_chat_template(const kiln_llm_checkpoint *ck) {
+static kiln_status check_chat_template(const kiln_llm_checkpoint *ck)
+{
     kiln_jinja *t = NULL;
     kiln_status st = kiln_jinja_parse(ck->chat_template, strlen(ck->chat_template), &t);
     kiln_jinja_free(t);
@@ -653,7 +689,8 @@ static kiln_status check_chat_template(const kiln_llm_checkpoint *ck) {
 
 /* The CHAT section (docs/llm.md): the template and the token texts it is
  * rendered with. */
-static kiln_status add_chat_section(kiln_network *net, const kiln_llm_checkpoint *ck) {
+static kiln_status add_chat_section(kiln_network *net, const kiln_llm_checkpoint *ck)
+{
     json_t *o = json_pack("{s:s,s:s?,s:s?}", "template", ck->chat_template, "bos_token", ck->bos_token, "eos_token",
                           ck->eos_token);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
@@ -668,13 +705,15 @@ static kiln_status add_chat_section(kiln_network *net, const kiln_llm_checkpoint
 /* The LLMC and TOKN sections are read back by the readers `kiln run`
  * uses, so that whatever they would refuse the build refuses first, with
  * their message. */
-static kiln_status check_section_config(const char *json, size_t len) {
+static kiln_status check_section_config(const char *json, size_t len)
+{
     kiln_llm_config back;
     kiln_status st = kiln_llm_config_from_json(json, len, &back);
     return st == KILN_OK ? st : kiln_fail_context(st, "LLM build: section LLMC");
 }
 
-static kiln_status check_section_tokenizer(const void *data, size_t len) {
+static kiln_status check_section_tokenizer(const void *data, size_t len)
+{
     kiln_tokenizer *back = NULL;
     kiln_status st = kiln_tokenizer_deserialize(data, len, &back);
     kiln_tokenizer_free(back);
@@ -682,7 +721,8 @@ static kiln_status check_section_tokenizer(const void *data, size_t len) {
 }
 
 kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
-                                  const kiln_build_config *bcfg, kiln_buffer *engine) {
+                                  const kiln_build_config *bcfg, kiln_buffer *engine)
+{
     if (!ck->tokenizer)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: the checkpoint has no tokenizer");
     if (ck->chat_template)

@@ -22,8 +22,8 @@
  * With dst != NULL: writes the tensor converted to dst_type (F32, F16 or
  * BF16) into dst, which holds dst_size bytes (exactly the element count
  * times the dtype size). Errors name the file and the tensor. */
-typedef kiln_status (*kiln_llm_weight_fn)(void *user, const char *name, kiln_dims *dims, kiln_dtype dst_type,
-                                          void *dst, size_t dst_size);
+typedef kiln_status (*kiln_llm_weight_fn)(void *user, const char *name, kiln_dims *dims, kiln_dtype dst_type, void *dst,
+                                          size_t dst_size);
 
 /* A model ready to build: its shape (config: architecture through rope,
  * qkv_bias, tied_embeddings, vocab, special tokens, chat template,
@@ -33,14 +33,13 @@ typedef struct kiln_llm_checkpoint {
     kiln_llm_config config;
     kiln_llm_weight_fn read_weight;
     void *weight_user;
-    kiln_tokenizer *tokenizer;    /* owned */
+    kiln_tokenizer *tokenizer; /* owned */
     void (*free_user)(void *user);
     /* Optional (GGUF): a weight's bytes as stored, borrowed from the
      * checkpoint: its ggml type (kiln_ggml_type), rows of blocks in the HF
      * [out, in] layout. KILN_ERROR_NOT_FOUND when absent. NULL when the
      * format has no quantized weights. */
-    kiln_status (*read_quantized)(void *user, const char *name, uint32_t *ggml_type, const void **data,
-                                  size_t *size);
+    kiln_status (*read_quantized)(void *user, const char *name, uint32_t *ggml_type, const void **data, size_t *size);
     /* The checkpoint's own chat template (Jinja source) and the BOS / EOS
      * token texts it is rendered with; owned, NULL when absent. */
     char *chat_template;
@@ -115,8 +114,8 @@ kiln_status kiln_llm_import_llama2c(const char *path, const char *tokenizer_path
  * of file_size bytes: shape into *cfg, *shared (classifier tied),
  * *weights_bytes (bytes of weights after the header). Exposed for the fuzz
  * target. */
-kiln_status kiln_llm_llama2c_parse_header(const void *data, size_t file_size, const char *what,
-                                          kiln_llm_config *cfg, int *shared, size_t *weights_bytes);
+kiln_status kiln_llm_llama2c_parse_header(const void *data, size_t file_size, const char *what, kiln_llm_config *cfg,
+                                          int *shared, size_t *weights_bytes);
 
 /* Parses a Hugging Face config.json text into the shape part of *cfg.
  * Errors name `what` (the file) and the key. Exposed for the fuzz target. */

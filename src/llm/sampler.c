@@ -39,8 +39,8 @@ double kiln_rng_uniform(kiln_rng *rng) { return (double)(kiln_rng_next(rng) >> 1
 
 /* ---- penalties ------------------------------------------------------------------- */
 
-void kiln_sampler_penalize(float *logits, int32_t vocab, const kiln_llm_sampling *p,
-                           const uint8_t *seen, const int32_t *count)
+void kiln_sampler_penalize(float *logits, int32_t vocab, const kiln_llm_sampling *p, const uint8_t *seen,
+                           const int32_t *count)
 {
     for (int32_t i = 0; i < vocab; i++)
         logits[i] = kiln_sampler_penalty(logits[i], seen ? seen[i] : 0, count ? count[i] : 0, p);
@@ -116,8 +116,7 @@ static void partial_sort(kiln_candidate *c, int32_t lo, int32_t hi, int32_t k)
     }
 }
 
-int32_t kiln_sampler_filter(const float *logits, int32_t vocab, const kiln_llm_sampling *p,
-                            kiln_candidate *c)
+int32_t kiln_sampler_filter(const float *logits, int32_t vocab, const kiln_llm_sampling *p, kiln_candidate *c)
 {
     float inv_t = 1.0f / p->temperature;
     int32_t n = 0;
@@ -182,8 +181,8 @@ int32_t kiln_sampler_draw(const kiln_candidate *c, int32_t n, double u)
     return c[n - 1].id;
 }
 
-int32_t kiln_sampler_sample(const float *logits, int32_t vocab, const kiln_llm_sampling *p,
-                            kiln_rng *rng, kiln_candidate *scratch)
+int32_t kiln_sampler_sample(const float *logits, int32_t vocab, const kiln_llm_sampling *p, kiln_rng *rng,
+                            kiln_candidate *scratch)
 {
     if (!(p->temperature > 0.0f))
         return kiln_sampler_argmax(logits, vocab);

@@ -22,8 +22,8 @@ double kiln_rng_uniform(kiln_rng *rng);
 /* Applies the repetition penalty to every id with seen[id] != 0 and the
  * presence/frequency penalties to every id with count[id] > 0, in place.
  * seen/count may be NULL when the matching penalty is off. */
-void kiln_sampler_penalize(float *logits, int32_t vocab, const kiln_llm_sampling *p,
-                           const uint8_t *seen, const int32_t *count);
+void kiln_sampler_penalize(float *logits, int32_t vocab, const kiln_llm_sampling *p, const uint8_t *seen,
+                           const int32_t *count);
 
 /* One logit under the penalties: the repetition penalty when seen, then
  * presence and frequency when count > 0. kiln_sampler_penalize applies it
@@ -40,7 +40,7 @@ static inline float kiln_sampler_penalty(float x, int seen, int32_t count, const
 
 /* One candidate token. */
 typedef struct kiln_candidate {
-    float logit;   /* after temperature; then the probability */
+    float logit; /* after temperature; then the probability */
     int32_t id;
 } kiln_candidate;
 
@@ -48,8 +48,7 @@ typedef struct kiln_candidate {
  * likely first, with .logit replaced by their renormalized probability.
  * scratch holds vocab entries. Returns the number kept (>= 1). Requires
  * temperature > 0. */
-int32_t kiln_sampler_filter(const float *logits, int32_t vocab, const kiln_llm_sampling *p,
-                            kiln_candidate *scratch);
+int32_t kiln_sampler_filter(const float *logits, int32_t vocab, const kiln_llm_sampling *p, kiln_candidate *scratch);
 
 /* Index of the largest logit (the first on ties). */
 int32_t kiln_sampler_argmax(const float *logits, int32_t vocab);
@@ -61,8 +60,8 @@ int32_t kiln_sampler_draw(const kiln_candidate *c, int32_t n, double u);
 
 /* The next token: penalties must already be applied; greedy when
  * temperature <= 0, else a draw from kiln_sampler_filter's set. */
-int32_t kiln_sampler_sample(const float *logits, int32_t vocab, const kiln_llm_sampling *p,
-                            kiln_rng *rng, kiln_candidate *scratch);
+int32_t kiln_sampler_sample(const float *logits, int32_t vocab, const kiln_llm_sampling *p, kiln_rng *rng,
+                            kiln_candidate *scratch);
 
 /* The sampling layer (kiln/Sample, docs/llm.md) takes each sequence's
  * uniform as two i32 (the high 21 and low 32 of 53 random bits), so its

@@ -19,17 +19,17 @@
 
 typedef struct score_state {
     kiln_context *ctx;
-    int32_t chunk;             /* tokens (and logits rows) per step */
-    int32_t n_blocks;          /* KV blocks of the scored sequence */
+    int32_t chunk;                      /* tokens (and logits rows) per step */
+    int32_t n_blocks;                   /* KV blocks of the scored sequence */
     int32_t *tokens, *positions, *last; /* [chunk] */
-    int32_t *block_table;      /* [max_blocks] */
+    int32_t *block_table;               /* [max_blocks] */
     /* An engine that ends with the sampling layer samples every row too:
      * greedy, no penalty slot (kiln/Sample takes rows of one sequence
      * then), its next_token unread. */
-    float *params;             /* [chunk, SAMPLE_PARAMS] zeros */
-    int32_t *seq;              /* [chunk, SAMPLE_SEQ] */
-    float *logits;             /* [chunk, vocab] */
-    void *zeros;               /* one layer's KV cache of zeros */
+    float *params; /* [chunk, SAMPLE_PARAMS] zeros */
+    int32_t *seq;  /* [chunk, SAMPLE_SEQ] */
+    float *logits; /* [chunk, vocab] */
+    void *zeros;   /* one layer's KV cache of zeros */
 } score_state;
 
 static void score_state_free(score_state *st)
@@ -111,11 +111,14 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     }
     /* Copies need every input's shape: a one-token step's until the first. */
     int32_t zero = 0, query_start[2] = {0, 1};
-    step_io io[] = {{"tokens", &zero, 1, 0},      {"positions", &zero, 1, 0},
+    step_io io[] = {{"tokens", &zero, 1, 0},
+                    {"positions", &zero, 1, 0},
                     {"block_table", st->block_table, 1, llm->max_blocks},
-                    {"seq_lens", query_start + 1, 1, 0}, {"query_start", query_start, 2, 0},
+                    {"seq_lens", query_start + 1, 1, 0},
+                    {"query_start", query_start, 2, 0},
                     {"last_token", &zero, 1, 0},
-                    {"sample_params", st->params, 1, SAMPLE_PARAMS}, {"sample_seq", st->seq, 1, SAMPLE_SEQ}};
+                    {"sample_params", st->params, 1, SAMPLE_PARAMS},
+                    {"sample_seq", st->seq, 1, SAMPLE_SEQ}};
     KILN_TRY(set_inputs(st->ctx, io, (int)(sizeof io / sizeof io[0]) - (llm->has_sampler ? 0 : 2)));
     for (int32_t l = 0; l < c->n_layers; l++) {
         snprintf(name, sizeof name, "kv_cache.%d", (int)l);
@@ -133,11 +136,14 @@ static kiln_status score_step(kiln_llm *llm, score_state *st, const int32_t *ids
         st->last[j] = j;
     }
     int32_t seq_len = (int32_t)from + c, query_start[2] = {0, c};
-    step_io io[] = {{"tokens", st->tokens, c, 0},           {"positions", st->positions, c, 0},
+    step_io io[] = {{"tokens", st->tokens, c, 0},
+                    {"positions", st->positions, c, 0},
                     {"block_table", st->block_table, 1, llm->max_blocks},
-                    {"seq_lens", &seq_len, 1, 0},            {"query_start", query_start, 2, 0},
+                    {"seq_lens", &seq_len, 1, 0},
+                    {"query_start", query_start, 2, 0},
                     {"last_token", st->last, c, 0},
-                    {"sample_params", st->params, c, SAMPLE_PARAMS}, {"sample_seq", st->seq, c, SAMPLE_SEQ}};
+                    {"sample_params", st->params, c, SAMPLE_PARAMS},
+                    {"sample_seq", st->seq, c, SAMPLE_SEQ}};
     KILN_TRY(set_inputs(st->ctx, io, (int)(sizeof io / sizeof io[0]) - (llm->has_sampler ? 0 : 2)));
     KILN_TRY(kiln_context_enqueue(st->ctx, NULL));
     KILN_TRY(kiln_context_copy_output(st->ctx, "logits", st->logits,

@@ -8,8 +8,7 @@
 
 #include "llm/tokenizer_internal.h"
 
-const char tok_gpt2_regex[] =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+const char tok_gpt2_regex[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
 /* ---- the arena and maps ------------------------------------------------------ */
 
@@ -76,8 +75,7 @@ static kiln_status map_grow(kiln_tokenizer *t, tok_strmap *m)
 }
 
 /* Inserts string -> id; fails if the string is already there. */
-static kiln_status map_put(kiln_tokenizer *t, tok_strmap *m, uint32_t off, uint32_t len, int32_t id,
-                           const char *what)
+static kiln_status map_put(kiln_tokenizer *t, tok_strmap *m, uint32_t off, uint32_t len, int32_t id, const char *what)
 {
     if (!m->slots || (m->count + 1) * 2 > m->mask + 1)
         KILN_TRY(map_grow(t, m));
@@ -425,8 +423,9 @@ kiln_status kiln_tokenizer_set_bos_eos(kiln_tokenizer *tok, int32_t bos_id, int3
     int32_t v[2] = {bos_id, eos_id};
     for (int i = 0; i < 2; i++)
         if (v[i] != -1 && (v[i] < 0 || v[i] >= tok->n_tokens || !tok->tokens[v[i]].present))
-            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_set_bos_eos: %s id %d is not in the vocabulary",
-                             i ? "eos" : "bos", (int)v[i]);
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                             "kiln_tokenizer_set_bos_eos: %s id %d is not in the vocabulary", i ? "eos" : "bos",
+                             (int)v[i]);
     tok->bos_id = bos_id;
     tok->eos_id = eos_id;
     return KILN_OK;

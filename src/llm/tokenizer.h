@@ -47,8 +47,7 @@ kiln_status kiln_tokenizer_load_json_memory(const void *data, size_t len, kiln_t
  * are merged by score like SentencePiece (dummy-prefix "▁", byte fallback,
  * BOS added by KILN_TOKENIZE_ADD_SPECIAL). */
 kiln_status kiln_tokenizer_load_llama2c(const char *path, int32_t vocab_size, kiln_tokenizer **out);
-kiln_status kiln_tokenizer_load_llama2c_memory(const void *data, size_t len, int32_t vocab_size,
-                                               kiln_tokenizer **out);
+kiln_status kiln_tokenizer_load_llama2c_memory(const void *data, size_t len, int32_t vocab_size, kiln_tokenizer **out);
 
 /* An in-memory vocabulary, as GGUF's tokenizer.ggml.* keys describe one. */
 typedef enum kiln_tokenizer_kind {
@@ -68,18 +67,18 @@ typedef enum kiln_token_type {
     KILN_TOKEN_CONTROL = 3,      /* special: matched from text only with PARSE_SPECIAL */
     KILN_TOKEN_USER_DEFINED = 4, /* added: always matched from text */
     KILN_TOKEN_UNUSED = 5,
-    KILN_TOKEN_BYTE = 6,         /* <0xXX> byte fallback */
+    KILN_TOKEN_BYTE = 6, /* <0xXX> byte fallback */
 } kiln_token_type;
 
 typedef struct kiln_tokenizer_vocab {
     kiln_tokenizer_kind kind;
     int32_t n_tokens;
-    const char *const *tokens;   /* n_tokens UTF-8 strings, as in the vocabulary */
-    const uint32_t *token_lens;  /* lengths, or NULL for NUL-terminated tokens */
-    const float *scores;         /* n_tokens, or NULL; used for merging when there are no merges */
-    const int32_t *types;        /* n_tokens kiln_token_type, or NULL (all normal) */
+    const char *const *tokens;  /* n_tokens UTF-8 strings, as in the vocabulary */
+    const uint32_t *token_lens; /* lengths, or NULL for NUL-terminated tokens */
+    const float *scores;        /* n_tokens, or NULL; used for merging when there are no merges */
+    const int32_t *types;       /* n_tokens kiln_token_type, or NULL (all normal) */
     int32_t n_merges;
-    const char *const *merges;   /* "left right", in rank order */
+    const char *const *merges; /* "left right", in rank order */
     /* BYTE_BPE pre-tokenizer: each regex splits the pieces of the previous one
      * (matches isolated), as llama.cpp does per tokenizer.ggml.pre. None: the
      * GPT-2 regex. */

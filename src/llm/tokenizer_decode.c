@@ -10,13 +10,13 @@
 struct kiln_tokenizer_stream {
     const kiln_tokenizer *t;
     uint32_t flags;
-    size_t n_out;          /* tokens passed to the decoders so far */
-    uint32_t strip_left;   /* leading strip-content chars still to drop */
-    tok_buf held;              /* trailing strip-content chars held for the final strip */
+    size_t n_out;        /* tokens passed to the decoders so far */
+    uint32_t strip_left; /* leading strip-content chars still to drop */
+    tok_buf held;        /* trailing strip-content chars held for the final strip */
     uint32_t held_count;
-    tok_buf pending;           /* an incomplete UTF-8 sequence */
+    tok_buf pending; /* an incomplete UTF-8 sequence */
     tok_buf out;
-    tok_buf tok;               /* scratch: one token's bytes */
+    tok_buf tok; /* scratch: one token's bytes */
     tok_buf tmp;
 };
 
@@ -27,9 +27,12 @@ static bool has_prefix(const char *s, size_t len, const char *p, size_t plen)
 
 static int hexval(char ch)
 {
-    if (ch >= '0' && ch <= '9') return ch - '0';
-    if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F') return ch - 'A' + 10;
+    if (ch >= '0' && ch <= '9')
+        return ch - '0';
+    if (ch >= 'a' && ch <= 'f')
+        return ch - 'a' + 10;
+    if (ch >= 'A' && ch <= 'F')
+        return ch - 'A' + 10;
     return -1;
 }
 
@@ -44,9 +47,7 @@ static kiln_status decode_token(kiln_tokenizer_stream *s, bool first)
         tok_buf *b = &s->tok;
         s->tmp.len = 0;
         switch (d->kind) {
-        case TOK_DEC_FUSE:
-            fused = true;
-            continue;
+        case TOK_DEC_FUSE: fused = true; continue;
         case TOK_DEC_BYTELEVEL: {
             /* All characters map back to bytes, or the token stays as is. */
             bool ok = true;

@@ -120,9 +120,7 @@ static kiln_status run_pretokenizer(enc_ctx *c, const tok_pretokenizer *p, const
         size_t len = in->v[i].len;
         bool at_start = in->v[i].at_start;
         switch (p->kind) {
-        case TOK_PRE_SPLIT:
-            KILN_TRY(split_piece(c, out, s, len, at_start, p->re, p->behavior, p->invert));
-            break;
+        case TOK_PRE_SPLIT: KILN_TRY(split_piece(c, out, s, len, at_start, p->re, p->behavior, p->invert)); break;
         case TOK_PRE_BYTELEVEL: {
             c->tmp.len = 0;
             if (p->add_prefix_space && (len == 0 || s[0] != ' '))
@@ -172,9 +170,8 @@ static kiln_status run_pretokenizer(enc_ctx *c, const tok_pretokenizer *p, const
             /* Each piece starts at a replacement char (MergedWithNext). */
             size_t start = 0;
             for (size_t j = 1; j <= c->tmp.len; j++) {
-                if (j == c->tmp.len ||
-                    (c->tmp.len - j >= p->replacement_len &&
-                     memcmp(c->tmp.p + j, p->replacement, p->replacement_len) == 0)) {
+                if (j == c->tmp.len || (c->tmp.len - j >= p->replacement_len &&
+                                        memcmp(c->tmp.p + j, p->replacement, p->replacement_len) == 0)) {
                     KILN_TRY(add_piece(out, c->tmp.p + start, j - start, at_start && start == 0));
                     start = j;
                 }

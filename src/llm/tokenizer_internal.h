@@ -54,16 +54,16 @@ kiln_status tok_push_id(int32_t **arr, size_t *n, int32_t id);
 
 /* Grows the array ptr of n used / cap allocated elements by doubling when
  * full; returns KILN_ERROR_OUT_OF_MEMORY from the calling function. */
-#define VEC_GROW(ptr, n, cap, what)                                                                   \
-    do {                                                                                              \
-        if ((n) == (cap)) {                                                                           \
-            size_t ncap_ = (cap) ? (cap) * 2 : 16;                                                     \
+#define VEC_GROW(ptr, n, cap, what) \
+    do { \
+        if ((n) == (cap)) { \
+            size_t ncap_ = (cap) ? (cap)*2 : 16; \
             void *np_ = (ncap_ > SIZE_MAX / sizeof *(ptr)) ? NULL : realloc((ptr), ncap_ * sizeof *(ptr)); \
-            if (!np_)                                                                                 \
+            if (!np_) \
                 return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "tokenizer: out of memory growing %s", what); \
-            (ptr) = np_;                                                                              \
-            (cap) = ncap_;                                                                            \
-        }                                                                                             \
+            (ptr) = np_; \
+            (cap) = ncap_; \
+        } \
     } while (0)
 
 /* A growing list of token ids. */
@@ -88,7 +88,7 @@ typedef struct tok_added {
 } tok_added;
 
 typedef struct tok_added_set {
-    tok_added *v;        /* by first byte, longest first within a byte */
+    tok_added *v; /* by first byte, longest first within a byte */
     size_t n;
     uint32_t start[257]; /* entries starting with byte b: start[b] .. start[b + 1] */
 } tok_added_set;
@@ -126,13 +126,19 @@ typedef enum tok_norm_kind { TOK_NORM_PREPEND, TOK_NORM_REPLACE, TOK_NORM_NFC } 
 
 typedef struct tok_normalizer {
     tok_norm_kind kind;
-    char *a; size_t a_len;  /* PREPEND: the prefix; REPLACE: the literal pattern */
-    char *b; size_t b_len;  /* REPLACE: the replacement */
-    pcre2_code *re;         /* REPLACE with a regex pattern (else NULL) */
+    char *a;
+    size_t a_len; /* PREPEND: the prefix; REPLACE: the literal pattern */
+    char *b;
+    size_t b_len;   /* REPLACE: the replacement */
+    pcre2_code *re; /* REPLACE with a regex pattern (else NULL) */
 } tok_normalizer;
 
 typedef enum tok_split_behavior {
-    TOK_SPLIT_REMOVED, TOK_SPLIT_ISOLATED, TOK_SPLIT_MERGED_PREV, TOK_SPLIT_MERGED_NEXT, TOK_SPLIT_CONTIGUOUS
+    TOK_SPLIT_REMOVED,
+    TOK_SPLIT_ISOLATED,
+    TOK_SPLIT_MERGED_PREV,
+    TOK_SPLIT_MERGED_NEXT,
+    TOK_SPLIT_CONTIGUOUS
 } tok_split_behavior;
 
 typedef enum tok_pre_kind { TOK_PRE_SPLIT, TOK_PRE_BYTELEVEL, TOK_PRE_METASPACE } tok_pre_kind;
@@ -141,26 +147,33 @@ typedef enum tok_prepend_scheme { TOK_PREPEND_ALWAYS, TOK_PREPEND_FIRST, TOK_PRE
 
 typedef struct tok_pretokenizer {
     tok_pre_kind kind;
-    pcre2_code *re;          /* SPLIT (literal patterns compiled as PCRE2_LITERAL); BYTELEVEL with use_regex */
+    pcre2_code *re; /* SPLIT (literal patterns compiled as PCRE2_LITERAL); BYTELEVEL with use_regex */
     tok_split_behavior behavior;
     bool invert;
-    bool add_prefix_space;   /* BYTELEVEL */
-    char replacement[8];     /* METASPACE: UTF-8 of the replacement char */
+    bool add_prefix_space; /* BYTELEVEL */
+    char replacement[8];   /* METASPACE: UTF-8 of the replacement char */
     size_t replacement_len;
     tok_prepend_scheme prepend;
-    bool split;              /* METASPACE: split before each replacement char */
+    bool split; /* METASPACE: split before each replacement char */
 } tok_pretokenizer;
 
 typedef enum tok_dec_kind {
-    TOK_DEC_BYTELEVEL, TOK_DEC_REPLACE, TOK_DEC_BYTEFALLBACK, TOK_DEC_FUSE, TOK_DEC_STRIP, TOK_DEC_METASPACE
+    TOK_DEC_BYTELEVEL,
+    TOK_DEC_REPLACE,
+    TOK_DEC_BYTEFALLBACK,
+    TOK_DEC_FUSE,
+    TOK_DEC_STRIP,
+    TOK_DEC_METASPACE
 } tok_dec_kind;
 
 typedef struct tok_decoder {
     tok_dec_kind kind;
-    char *a; size_t a_len;   /* REPLACE: pattern; STRIP: content char; METASPACE: replacement */
-    char *b; size_t b_len;   /* REPLACE: replacement */
-    uint32_t start, stop;    /* STRIP */
-    bool strip_first;        /* METASPACE: prepend scheme is not "never" */
+    char *a;
+    size_t a_len; /* REPLACE: pattern; STRIP: content char; METASPACE: replacement */
+    char *b;
+    size_t b_len;         /* REPLACE: replacement */
+    uint32_t start, stop; /* STRIP */
+    bool strip_first;     /* METASPACE: prepend scheme is not "never" */
 } tok_decoder;
 
 struct kiln_tokenizer {
@@ -172,7 +185,7 @@ struct kiln_tokenizer {
     tok_strmap added_map; /* added tokens' content */
 
     /* BPE model */
-    bool use_scores;      /* merge the pair whose merged token scores highest (SentencePiece) */
+    bool use_scores; /* merge the pair whose merged token scores highest (SentencePiece) */
     tok_mergemap merges;
     bool byte_fallback, fuse_unk, ignore_merges;
     int32_t unk_id;
@@ -192,7 +205,7 @@ struct kiln_tokenizer {
     size_t n_pres;
     tok_decoder *decs;
     size_t n_decs;
-    bool has_decoder;     /* without one HF joins tokens with spaces */
+    bool has_decoder; /* without one HF joins tokens with spaces */
     /* a Strip after Fuse acts on the whole text: its start at the beginning,
      * its stop at the end */
     char strip_content[8];
@@ -215,14 +228,14 @@ struct kiln_tokenizer {
 kiln_status tok_nfc(const tok_buf *in, tok_buf *out);
 
 /* ---- tokenizer_nfc_data.c (generated by tools/gen_nfc_tables.py) ---- */
-extern const uint32_t tok_nfc_ccc_runs[][3];   /* first, last, canonical combining class */
+extern const uint32_t tok_nfc_ccc_runs[][3]; /* first, last, canonical combining class */
 extern const size_t tok_nfc_n_ccc_runs;
 extern const uint32_t tok_nfc_decomp_index[][3]; /* code point, offset into the pool, length */
 extern const size_t tok_nfc_n_decomp;
 extern const uint32_t tok_nfc_decomp_pool[];
-extern const uint64_t tok_nfc_comp_keys[];     /* first << 21 | second, ascending */
+extern const uint64_t tok_nfc_comp_keys[]; /* first << 21 | second, ascending */
 extern const size_t tok_nfc_n_comp;
-extern const uint32_t tok_nfc_comp_values[];   /* the primary composite of each key */
+extern const uint32_t tok_nfc_comp_values[]; /* the primary composite of each key */
 
 /* ---- tokenizer_normalize.c: regex spans and the normalizers ---- */
 typedef struct tok_span {

@@ -102,10 +102,14 @@ static kiln_status get_prepend_scheme(json_t *o, tok_prepend_scheme *out, const 
 {
     const char *s = json_string_value(json_object_get(o, "prepend_scheme"));
     if (s) {
-        if (!strcmp(s, "always")) *out = TOK_PREPEND_ALWAYS;
-        else if (!strcmp(s, "first")) *out = TOK_PREPEND_FIRST;
-        else if (!strcmp(s, "never")) *out = TOK_PREPEND_NEVER;
-        else return unsupported("Metaspace prepend_scheme", s);
+        if (!strcmp(s, "always"))
+            *out = TOK_PREPEND_ALWAYS;
+        else if (!strcmp(s, "first"))
+            *out = TOK_PREPEND_FIRST;
+        else if (!strcmp(s, "never"))
+            *out = TOK_PREPEND_NEVER;
+        else
+            return unsupported("Metaspace prepend_scheme", s);
         return KILN_OK;
     }
     /* Older files: a boolean add_prefix_space. */
@@ -202,12 +206,18 @@ static kiln_status parse_behavior(json_t *o, tok_split_behavior *out)
     const char *b = json_string_value(json_object_get(o, "behavior"));
     if (!b)
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: Split pre-tokenizer without \"behavior\"");
-    if (!strcmp(b, "Removed")) *out = TOK_SPLIT_REMOVED;
-    else if (!strcmp(b, "Isolated")) *out = TOK_SPLIT_ISOLATED;
-    else if (!strcmp(b, "MergedWithPrevious")) *out = TOK_SPLIT_MERGED_PREV;
-    else if (!strcmp(b, "MergedWithNext")) *out = TOK_SPLIT_MERGED_NEXT;
-    else if (!strcmp(b, "Contiguous")) *out = TOK_SPLIT_CONTIGUOUS;
-    else return unsupported("Split behavior", b);
+    if (!strcmp(b, "Removed"))
+        *out = TOK_SPLIT_REMOVED;
+    else if (!strcmp(b, "Isolated"))
+        *out = TOK_SPLIT_ISOLATED;
+    else if (!strcmp(b, "MergedWithPrevious"))
+        *out = TOK_SPLIT_MERGED_PREV;
+    else if (!strcmp(b, "MergedWithNext"))
+        *out = TOK_SPLIT_MERGED_NEXT;
+    else if (!strcmp(b, "Contiguous"))
+        *out = TOK_SPLIT_CONTIGUOUS;
+    else
+        return unsupported("Split behavior", b);
     return KILN_OK;
 }
 
@@ -406,13 +416,16 @@ static kiln_status add_post(kiln_tokenizer *t, json_t *o, bool *have, int depth)
     bool seen_seq = false;
     size_t i;
     json_t *item;
-    json_array_foreach(single, i, item) {
+    json_array_foreach(single, i, item)
+    {
         json_t *sp = json_object_get(item, "SpecialToken");
         if (!sp) {
             const char *seq = json_string_value(json_object_get(json_object_get(item, "Sequence"), "id"));
             if (!seq)
-                return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: TemplateProcessing item %zu is neither "
-                                                    "SpecialToken nor Sequence", i);
+                return kiln_fail(KILN_ERROR_FORMAT,
+                                 "tokenizer.json: TemplateProcessing item %zu is neither "
+                                 "SpecialToken nor Sequence",
+                                 i);
             if (strcmp(seq, "A"))
                 return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: single template names sequence \"%s\"", seq);
             if (seen_seq)
@@ -427,7 +440,8 @@ static kiln_status add_post(kiln_tokenizer *t, json_t *o, bool *have, int depth)
                              name ? name : "?");
         size_t k;
         json_t *idv;
-        json_array_foreach(ids, k, idv) {
+        json_array_foreach(ids, k, idv)
+        {
             int64_t x;
             if (!kiln_json_int(idv, &x) || x < 0 || x > INT32_MAX)
                 return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: special token \"%s\" has a bad id", name);
@@ -495,7 +509,8 @@ static kiln_status load_model(kiln_tokenizer *t, json_t *m, size_t n_declared)
     if (merges && !json_is_null(merges) && !json_is_array(merges))
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: model.merges is not an array");
     size_t i;
-    json_array_foreach(merges, i, v) {
+    json_array_foreach(merges, i, v)
+    {
         if (i > INT32_MAX)
             return kiln_fail(KILN_ERROR_LIMIT, "tokenizer.json: too many merges");
         const char *a, *b;
@@ -531,7 +546,8 @@ static kiln_status load_added(kiln_tokenizer *t, json_t *arr, size_t n_declared)
         return kiln_fail(KILN_ERROR_FORMAT, "tokenizer.json: added_tokens is not an array");
     size_t i;
     json_t *o;
-    json_array_foreach(arr, i, o) {
+    json_array_foreach(arr, i, o)
+    {
         json_t *content = json_object_get(o, "content");
         int64_t id;
         if (!kiln_json_int(json_object_get(o, "id"), &id) || !json_is_string(content))
@@ -548,8 +564,7 @@ static kiln_status load_added(kiln_tokenizer *t, json_t *arr, size_t n_declared)
             return unsupported("added token option", "single_word");
         uint8_t attr = (uint8_t)((special ? TOK_ATTR_SPECIAL : 0) | (lstrip ? TOK_ATTR_LSTRIP : 0) |
                                  (rstrip ? TOK_ATTR_RSTRIP : 0) | (normalized ? TOK_ATTR_NORMALIZED : 0));
-        KILN_TRY(tok_add_added(t, json_string_value(content), json_string_length(content),
-                               (int32_t)id, attr));
+        KILN_TRY(tok_add_added(t, json_string_value(content), json_string_length(content), (int32_t)id, attr));
     }
     return KILN_OK;
 }

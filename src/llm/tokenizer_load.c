@@ -67,8 +67,7 @@ kiln_status kiln_tokenizer_deserialize(const void *data, size_t len, kiln_tokeni
         return kiln_fail(KILN_ERROR_FORMAT, "serialized tokenizer: unknown source kind");
     }
     long bos, eos;
-    if (!parse_int(&p, end, &bos) || p >= end || *p++ != ' ' || !parse_int(&p, end, &eos) || p >= end ||
-        *p++ != '\n')
+    if (!parse_int(&p, end, &bos) || p >= end || *p++ != ' ' || !parse_int(&p, end, &eos) || p >= end || *p++ != '\n')
         return kiln_fail(KILN_ERROR_FORMAT, "serialized tokenizer: bad bos/eos in the header");
     kiln_tokenizer *t;
     KILN_TRY(vocab ? tok_build_from_vocab_json(p, (size_t)(end - p), &t)

@@ -61,8 +61,15 @@ static uint32_t nfc_table_compose(uint32_t a, uint32_t b)
 /* ---- the algorithm ---- */
 
 /* Hangul syllables decompose and compose by arithmetic (Unicode 3.12). */
-enum { HANGUL_S = 0xAC00, HANGUL_L = 0x1100, HANGUL_V = 0x1161, HANGUL_T = 0x11A7, HANGUL_NV = 21, HANGUL_NT = 28,
-       HANGUL_COUNT = 11172 };
+enum {
+    HANGUL_S = 0xAC00,
+    HANGUL_L = 0x1100,
+    HANGUL_V = 0x1161,
+    HANGUL_T = 0x11A7,
+    HANGUL_NV = 21,
+    HANGUL_NT = 28,
+    HANGUL_COUNT = 11172
+};
 
 static uint32_t nfc_compose(uint32_t a, uint32_t b)
 {

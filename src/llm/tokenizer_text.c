@@ -23,12 +23,16 @@ int tok_utf8_seq(const unsigned char *s, size_t n)
         need = 2;
     } else if (b >= 0xE0 && b <= 0xEF) {
         need = 3;
-        if (b == 0xE0) lo = 0xA0;
-        if (b == 0xED) hi = 0x9F;
+        if (b == 0xE0)
+            lo = 0xA0;
+        if (b == 0xED)
+            hi = 0x9F;
     } else if (b >= 0xF0 && b <= 0xF4) {
         need = 4;
-        if (b == 0xF0) lo = 0x90;
-        if (b == 0xF4) hi = 0x8F;
+        if (b == 0xF0)
+            lo = 0x90;
+        if (b == 0xF4)
+            hi = 0x8F;
     } else {
         return -1;
     }
@@ -58,8 +62,14 @@ size_t tok_utf8_valid_prefix(const char *s, size_t len)
 /* Decodes one code point of valid UTF-8. */
 uint32_t tok_utf8_decode(const unsigned char *s, size_t *n)
 {
-    if (s[0] < 0x80) { *n = 1; return s[0]; }
-    if (s[0] < 0xE0) { *n = 2; return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F); }
+    if (s[0] < 0x80) {
+        *n = 1;
+        return s[0];
+    }
+    if (s[0] < 0xE0) {
+        *n = 2;
+        return ((uint32_t)(s[0] & 0x1F) << 6) | (s[1] & 0x3F);
+    }
     if (s[0] < 0xF0) {
         *n = 3;
         return ((uint32_t)(s[0] & 0x0F) << 12) | ((uint32_t)(s[1] & 0x3F) << 6) | (s[2] & 0x3F);
@@ -71,8 +81,15 @@ uint32_t tok_utf8_decode(const unsigned char *s, size_t *n)
 
 size_t tok_utf8_encode(uint32_t cp, char *out)
 {
-    if (cp < 0x80) { out[0] = (char)cp; return 1; }
-    if (cp < 0x800) { out[0] = (char)(0xC0 | (cp >> 6)); out[1] = (char)(0x80 | (cp & 0x3F)); return 2; }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        return 1;
+    }
+    if (cp < 0x800) {
+        out[0] = (char)(0xC0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3F));
+        return 2;
+    }
     if (cp < 0x10000) {
         out[0] = (char)(0xE0 | (cp >> 12));
         out[1] = (char)(0x80 | ((cp >> 6) & 0x3F));
@@ -91,8 +108,7 @@ size_t tok_utf8_encode(uint32_t cp, char *out)
 bool tok_is_unicode_space(uint32_t c)
 {
     return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-           c == 0x3000;
+           (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 /* ---- GPT-2's byte <-> unicode mapping ------------------------------------- */

@@ -122,8 +122,7 @@ static kiln_status build(kiln_tokenizer *t, const kiln_tokenizer_vocab *v)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tokenizer vocabulary: unknown kind %d", (int)v->kind);
     if (v->n_tokens <= 0 || !v->tokens)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tokenizer vocabulary: no tokens");
-    if (v->n_merges < 0 || (v->n_merges && !v->merges) || v->n_pre_regexes < 0 ||
-        (v->n_pre_regexes && !v->pre_regexes))
+    if (v->n_merges < 0 || (v->n_merges && !v->merges) || v->n_pre_regexes < 0 || (v->n_pre_regexes && !v->pre_regexes))
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tokenizer vocabulary: bad merges or pre_regexes");
     KILN_TRY(check_id(v->bos_id, v->n_tokens, "bos"));
     KILN_TRY(check_id(v->eos_id, v->n_tokens, "eos"));
@@ -184,8 +183,7 @@ static kiln_status build(kiln_tokenizer *t, const kiln_tokenizer_vocab *v)
             tok_pretokenizer pre = {.kind = TOK_PRE_SPLIT, .behavior = TOK_SPLIT_ISOLATED};
             if (!v->pre_regexes[i])
                 return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tokenizer vocabulary: pre_regexes[%d] is NULL", (int)i);
-            KILN_TRY(tok_compile_regex(v->pre_regexes[i], strlen(v->pre_regexes[i]), false, &pre.re,
-                                       "pre-tokenizer"));
+            KILN_TRY(tok_compile_regex(v->pre_regexes[i], strlen(v->pre_regexes[i]), false, &pre.re, "pre-tokenizer"));
             KILN_TRY(push_pre(t, pre));
         }
         tok_pretokenizer bl = {.kind = TOK_PRE_BYTELEVEL};
@@ -282,8 +280,10 @@ static kiln_status from_json(json_t *o, kiln_tokenizer **out)
             /* Converting a double outside float's range is undefined. */
             double x = json_number_value(json_array_get(scores, i));
             if (!(fabs(x) <= FLT_MAX)) {
-                st = kiln_fail(KILN_ERROR_FORMAT, "tokenizer vocabulary JSON: score of token %zu (%g) is not "
-                               "a finite f32", i, x);
+                st = kiln_fail(KILN_ERROR_FORMAT,
+                               "tokenizer vocabulary JSON: score of token %zu (%g) is not "
+                               "a finite f32",
+                               i, x);
                 break;
             }
             sc[i] = (float)x;
@@ -339,8 +339,7 @@ static int32_t rd_i32(const unsigned char *p)
     return v;
 }
 
-kiln_status kiln_tokenizer_load_llama2c_memory(const void *data, size_t len, int32_t vocab_size,
-                                               kiln_tokenizer **out)
+kiln_status kiln_tokenizer_load_llama2c_memory(const void *data, size_t len, int32_t vocab_size, kiln_tokenizer **out)
 {
     if (!data || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_tokenizer_load_llama2c_memory: NULL argument");
@@ -362,8 +361,8 @@ kiln_status kiln_tokenizer_load_llama2c_memory(const void *data, size_t len, int
     }
     if (n == 0 || n > (1 << 24) || (vocab_size && n != (size_t)vocab_size))
         return kiln_fail(KILN_ERROR_FORMAT, "llama2.c tokenizer: holds %zu tokens, expected %d", n, (int)vocab_size);
-    kiln_tokenizer_vocab v = {.kind = KILN_TOKENIZER_SPM, .n_tokens = (int32_t)n, .bos_id = -1, .eos_id = -1,
-                              .unk_id = -1};
+    kiln_tokenizer_vocab v = {
+        .kind = KILN_TOKENIZER_SPM, .n_tokens = (int32_t)n, .bos_id = -1, .eos_id = -1, .unk_id = -1};
     char **tokens = calloc(n, sizeof *tokens);
     uint32_t *lens = calloc(n, sizeof *lens);
     float *scores = calloc(n, sizeof *scores);

@@ -20,11 +20,9 @@
 
 /* ---- op names ------------------------------------------------------------------- */
 
-static const char *const binary_names[KILN_BINARY_OP_COUNT] = {"add", "sub", "mul", "div",
-                                                                "pow", "max", "min"};
+static const char *const binary_names[KILN_BINARY_OP_COUNT] = {"add", "sub", "mul", "div", "pow", "max", "min"};
 static const char *const unary_names[KILN_UNARY_OP_COUNT] = {
-    "neg",  "abs",     "exp",  "log",      "sqrt",      "rsqrt",
-    "tanh", "sigmoid", "relu", "gelu_erf", "gelu_tanh", "silu"};
+    "neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "relu", "gelu_erf", "gelu_tanh", "silu"};
 static const char *const reduce_names[KILN_REDUCE_OP_COUNT] = {"sum", "mean", "max", "min"};
 
 const char *kiln_binary_op_name(kiln_binary_op op)
@@ -32,18 +30,14 @@ const char *kiln_binary_op_name(kiln_binary_op op)
     return (unsigned)op < KILN_BINARY_OP_COUNT ? binary_names[op] : "?";
 }
 
-const char *kiln_unary_op_name(kiln_unary_op op)
-{
-    return (unsigned)op < KILN_UNARY_OP_COUNT ? unary_names[op] : "?";
-}
+const char *kiln_unary_op_name(kiln_unary_op op) { return (unsigned)op < KILN_UNARY_OP_COUNT ? unary_names[op] : "?"; }
 
 const char *kiln_reduce_op_name(kiln_reduce_op op)
 {
     return (unsigned)op < KILN_REDUCE_OP_COUNT ? reduce_names[op] : "?";
 }
 
-static kiln_status parse_name(const char *const *names, int n, const char *kind, const char *name,
-                              int *out)
+static kiln_status parse_name(const char *const *names, int n, const char *kind, const char *name, int *out)
 {
     if (!name || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s op name is NULL", kind);
@@ -61,8 +55,7 @@ static kiln_status parse_name(const char *const *names, int n, const char *kind,
             break;
         pos += (size_t)w;
     }
-    return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "unknown %s op \"%s\" (expected one of: %s)", kind,
-                     name, list);
+    return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "unknown %s op \"%s\" (expected one of: %s)", kind, name, list);
 }
 
 kiln_status kiln_binary_op_parse(const char *name, kiln_binary_op *out)
@@ -122,11 +115,10 @@ static int dtype_usable(kiln_dtype t)
 static kiln_status check_dtype(const char *what, const char *name, kiln_dtype t)
 {
     if ((unsigned)t >= KILN_DTYPE_COUNT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s \"%s\": dtype %d is out of range", what,
-                         name, (int)t);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s \"%s\": dtype %d is out of range", what, name, (int)t);
     if (!dtype_usable(t))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s \"%s\": dtype %s is reserved; no layer accepts it yet",
-                         what, name, kiln_dtype_name(t));
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s \"%s\": dtype %s is reserved; no layer accepts it yet", what, name,
+                         kiln_dtype_name(t));
     return KILN_OK;
 }
 
@@ -142,8 +134,8 @@ static kiln_status check_new_name(const kiln_graph *g, const char *what, const c
     if (!name || !name[0])
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s name is empty", what);
     if (name_taken(g, name))
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s \"%s\": the name is already used by a %s",
-                         what, name, kiln_graph_find_tensor(g, name) >= 0 ? "tensor" : "layer");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s \"%s\": the name is already used by a %s", what, name,
+                         kiln_graph_find_tensor(g, name) >= 0 ? "tensor" : "layer");
     return KILN_OK;
 }
 
@@ -176,8 +168,7 @@ static void rollback_constraints(layer_ctx *c)
         free(g->constraints[--g->n_constraints].what);
 }
 
-static kiln_status lfail(layer_ctx *c, kiln_status status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static kiln_status lfail(layer_ctx *c, kiln_status status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static kiln_status lfail(layer_ctx *c, kiln_status status, const char *fmt, ...)
 {
@@ -208,19 +199,16 @@ static kiln_status begin_layer(kiln_network *net, const char *name, const char *
     return KILN_OK;
 }
 
-static const kiln_tensor_rec *get_tensor(layer_ctx *c, kiln_tensor t, const char *role,
-                                         kiln_status *st)
+static const kiln_tensor_rec *get_tensor(layer_ctx *c, kiln_tensor t, const char *role, kiln_status *st)
 {
     if (t.id < 0 || t.id >= c->g->n_tensors) {
-        *st = lfail(c, KILN_ERROR_INVALID_ARGUMENT, "%s is not a tensor of this network (id %d)",
-                    role, t.id);
+        *st = lfail(c, KILN_ERROR_INVALID_ARGUMENT, "%s is not a tensor of this network (id %d)", role, t.id);
         return NULL;
     }
     return &c->g->tensors[t.id];
 }
 
-static kiln_status add_constraint(layer_ctx *c, kiln_constraint_kind kind, kiln_expr a, kiln_expr b,
-                                  const char *what)
+static kiln_status add_constraint(layer_ctx *c, kiln_constraint_kind kind, kiln_expr a, kiln_expr b, const char *what)
 {
     kiln_graph *g = c->g;
     if (a < 0 || (b < 0 && (kind == KILN_CONSTRAINT_EQUAL || kind == KILN_CONSTRAINT_BROADCAST)))
@@ -252,15 +240,14 @@ static int is_const(layer_ctx *c, kiln_expr e, int64_t *v) { return kiln_expr_is
 
 /* a and b must be equal: proves it, fails when both are known and differ,
  * else records an EQUAL constraint. Message: "<what> differ: <na> has X, <nb> has Y". */
-static kiln_status require_equal(layer_ctx *c, kiln_expr a, kiln_expr b, const char *what,
-                                 const char *na, const char *nb)
+static kiln_status require_equal(layer_ctx *c, kiln_expr a, kiln_expr b, const char *what, const char *na,
+                                 const char *nb)
 {
     int64_t va, vb;
     if (a == b && a >= 0)
         return KILN_OK;
     if (is_const(c, a, &va) && is_const(c, b, &vb))
-        return lfail(c, KILN_ERROR_SHAPE, "%s differ: %s has %" PRId64 ", %s has %" PRId64, what, na,
-                     va, nb, vb);
+        return lfail(c, KILN_ERROR_SHAPE, "%s differ: %s has %" PRId64 ", %s has %" PRId64, what, na, va, nb, vb);
     char w[256];
     snprintf(w, sizeof w, "%s of %s and %s", what, na, nb);
     return add_constraint(c, KILN_CONSTRAINT_EQUAL, a, b, w);
@@ -268,8 +255,7 @@ static kiln_status require_equal(layer_ctx *c, kiln_expr a, kiln_expr b, const c
 
 /* Numpy broadcast of one axis. MAX alone would turn (0, 1) into 1, so the
  * size is min(max(a, b), a*b): (a,a)->a, (1,b)->b, (a,1)->a, (0,1)->0. */
-static kiln_status broadcast_dim(layer_ctx *c, kiln_expr a, kiln_expr b, const char *where,
-                                 kiln_expr *out)
+static kiln_status broadcast_dim(layer_ctx *c, kiln_expr a, kiln_expr b, const char *where, kiln_expr *out)
 {
     int64_t va = 0, vb = 0;
     int ca = is_const(c, a, &va), cb = is_const(c, b, &vb);
@@ -287,17 +273,16 @@ static kiln_status broadcast_dim(layer_ctx *c, kiln_expr a, kiln_expr b, const c
     }
     if (ca && cb)
         return lfail(c, KILN_ERROR_SHAPE,
-                     "cannot broadcast dims %" PRId64 " and %" PRId64 " at %s (a == b || a == 1 || b == 1)",
-                     va, vb, where);
+                     "cannot broadcast dims %" PRId64 " and %" PRId64 " at %s (a == b || a == 1 || b == 1)", va, vb,
+                     where);
     KILN_TRY(add_constraint(c, KILN_CONSTRAINT_BROADCAST, a, b, where));
     *out = eop(c, KILN_EXPR_MIN, eop(c, KILN_EXPR_MAX, a, b), eop(c, KILN_EXPR_MUL, a, b));
     return KILN_OK;
 }
 
 /* Right-aligned broadcast of two dim lists. */
-static kiln_status broadcast_dims(layer_ctx *c, int32_t ra, const kiln_expr *da, int32_t rb,
-                                  const kiln_expr *db, const char *na, const char *nb,
-                                  const char *axis_word, int32_t *rank, kiln_expr *out)
+static kiln_status broadcast_dims(layer_ctx *c, int32_t ra, const kiln_expr *da, int32_t rb, const kiln_expr *db,
+                                  const char *na, const char *nb, const char *axis_word, int32_t *rank, kiln_expr *out)
 {
     int32_t r = ra > rb ? ra : rb;
     kiln_expr one = cst(c, 1);
@@ -322,10 +307,9 @@ static kiln_status check_exprs(layer_ctx *c, int32_t rank, const kiln_expr *dims
 
 /* Appends the output tensors and the layer. On failure everything this
  * layer added is removed again. */
-static kiln_status commit_layer(layer_ctx *c, kiln_op op, const int32_t *inputs, int32_t n_inputs,
-                                int32_t n_outputs, const kiln_dtype *dtypes, const int32_t *ranks,
-                                const kiln_expr (*dims)[KILN_MAX_RANK], const kiln_layer_params *p,
-                                kiln_tensor *outs, int32_t max_outs)
+static kiln_status commit_layer(layer_ctx *c, kiln_op op, const int32_t *inputs, int32_t n_inputs, int32_t n_outputs,
+                                const kiln_dtype *dtypes, const int32_t *ranks, const kiln_expr (*dims)[KILN_MAX_RANK],
+                                const kiln_layer_params *p, kiln_tensor *outs, int32_t max_outs)
 {
     kiln_graph *g = c->g;
     int32_t first_tensor = g->n_tensors;
@@ -374,15 +358,13 @@ fail:
     return st;
 }
 
-static kiln_status commit_single(layer_ctx *c, kiln_op op, const int32_t *inputs, int32_t n_inputs,
-                                 kiln_dtype dtype, int32_t rank, const kiln_expr *dims,
-                                 const kiln_layer_params *p, kiln_tensor *out)
+static kiln_status commit_single(layer_ctx *c, kiln_op op, const int32_t *inputs, int32_t n_inputs, kiln_dtype dtype,
+                                 int32_t rank, const kiln_expr *dims, const kiln_layer_params *p, kiln_tensor *out)
 {
     kiln_expr d[1][KILN_MAX_RANK];
     for (int32_t i = 0; i < KILN_MAX_RANK; i++)
         d[0][i] = i < rank ? dims[i] : -1;
-    return commit_layer(c, op, inputs, n_inputs, 1, &dtype, &rank, (const kiln_expr(*)[KILN_MAX_RANK])d,
-                        p, out, 1);
+    return commit_layer(c, op, inputs, n_inputs, 1, &dtype, &rank, (const kiln_expr(*)[KILN_MAX_RANK])d, p, out, 1);
 }
 
 static int32_t normalize_axis(int32_t axis, int32_t rank)
@@ -407,8 +389,8 @@ static void profile_entry_init(const kiln_graph *g, int32_t tensor, kiln_profile
     }
 }
 
-kiln_status kiln_network_add_input(kiln_network *net, const char *name, kiln_dtype dtype,
-                                   const kiln_dims *dims, kiln_tensor *out)
+kiln_status kiln_network_add_input(kiln_network *net, const char *name, kiln_dtype dtype, const kiln_dims *dims,
+                                   kiln_tensor *out)
 {
     if (!net || !dims || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_network_add_input: NULL argument");
@@ -416,14 +398,14 @@ kiln_status kiln_network_add_input(kiln_network *net, const char *name, kiln_dty
     KILN_TRY(check_new_name(g, "input", name));
     KILN_TRY(check_dtype("input", name, dtype));
     if (dims->rank < 0 || dims->rank > KILN_MAX_RANK)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "input \"%s\": rank %d is outside 0..%d", name,
-                         dims->rank, KILN_MAX_RANK);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "input \"%s\": rank %d is outside 0..%d", name, dims->rank,
+                         KILN_MAX_RANK);
     int32_t n_dynamic = 0;
     for (int32_t i = 0; i < dims->rank; i++) {
         if (dims->d[i] < -1)
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "input \"%s\": dim %d is %" PRId64 " (expected >= 0, or -1 for dynamic)",
-                             name, i, dims->d[i]);
+                             "input \"%s\": dim %d is %" PRId64 " (expected >= 0, or -1 for dynamic)", name, i,
+                             dims->d[i]);
         n_dynamic += dims->d[i] == -1;
     }
     if (g->n_symbols > INT32_MAX - n_dynamic || g->n_inputs == INT32_MAX)
@@ -457,8 +439,7 @@ kiln_status kiln_network_add_input(kiln_network *net, const char *name, kiln_dty
     }
     kiln_tensor_rec *r = &g->tensors[t];
     for (int32_t i = 0, sym = g->n_symbols; i < dims->rank; i++) {
-        r->dims[i] = dims->d[i] == -1 ? kiln_expr_symbol(&g->exprs, sym++)
-                                      : kiln_expr_const(&g->exprs, dims->d[i]);
+        r->dims[i] = dims->d[i] == -1 ? kiln_expr_symbol(&g->exprs, sym++) : kiln_expr_const(&g->exprs, dims->d[i]);
         if (r->dims[i] < 0) {
             free(rows);
             free(r->name);
@@ -508,16 +489,15 @@ kiln_status kiln_network_add_profile(kiln_network *net, int32_t *index)
     return KILN_OK;
 }
 
-kiln_status kiln_network_set_profile_shape(kiln_network *net, int32_t profile, const char *input,
-                                           const kiln_dims *min, const kiln_dims *opt,
-                                           const kiln_dims *max)
+kiln_status kiln_network_set_profile_shape(kiln_network *net, int32_t profile, const char *input, const kiln_dims *min,
+                                           const kiln_dims *opt, const kiln_dims *max)
 {
     if (!net || !input || !min || !opt || !max)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_network_set_profile_shape: NULL argument");
     kiln_graph *g = &net->graph;
     if (profile < 0 || profile >= g->n_profiles)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "profile %d does not exist (the network has %d profiles)", profile, g->n_profiles);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "profile %d does not exist (the network has %d profiles)",
+                         profile, g->n_profiles);
     int32_t pos = -1;
     for (int32_t i = 0; i < g->n_inputs; i++)
         if (strcmp(g->tensors[g->inputs[i]].name, input) == 0)
@@ -542,12 +522,12 @@ kiln_status kiln_network_set_profile_shape(kiln_network *net, int32_t profile, c
             continue;
         }
         if (min->d[i] < 0)
-            return kiln_fail(KILN_ERROR_SHAPE, "profile %d, input \"%s\": dim %d: min %" PRId64 " is negative",
-                             profile, input, i, min->d[i]);
+            return kiln_fail(KILN_ERROR_SHAPE, "profile %d, input \"%s\": dim %d: min %" PRId64 " is negative", profile,
+                             input, i, min->d[i]);
         if (min->d[i] > opt->d[i] || opt->d[i] > max->d[i])
             return kiln_fail(KILN_ERROR_SHAPE,
-                             "profile %d, input \"%s\": dim %d: expected min <= opt <= max, got %" PRId64
-                             ", %" PRId64 ", %" PRId64,
+                             "profile %d, input \"%s\": dim %d: expected min <= opt <= max, got %" PRId64 ", %" PRId64
+                             ", %" PRId64,
                              profile, input, i, min->d[i], opt->d[i], max->d[i]);
     }
     kiln_profile_dims *pd = &g->profiles[(size_t)profile * (size_t)g->n_inputs + (size_t)pos];
@@ -562,8 +542,8 @@ kiln_status kiln_network_set_profile_shape(kiln_network *net, int32_t profile, c
 
 /* ---- constants ---------------------------------------------------------------------- */
 
-kiln_status kiln_network_add_constant(kiln_network *net, const char *name, kiln_dtype dtype,
-                                      const kiln_dims *dims, const void *data, kiln_tensor *out)
+kiln_status kiln_network_add_constant(kiln_network *net, const char *name, kiln_dtype dtype, const kiln_dims *dims,
+                                      const void *data, kiln_tensor *out)
 {
     if (!net || !dims || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_network_add_constant: NULL argument");
@@ -576,26 +556,24 @@ kiln_status kiln_network_add_constant(kiln_network *net, const char *name, kiln_
     KILN_TRY(check_new_name(g, "constant", name));
     KILN_TRY(check_dtype("constant", name, dtype));
     if (dims->rank < 0 || dims->rank > KILN_MAX_RANK)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "constant \"%s\": rank %d is outside 0..%d", name,
-                         dims->rank, KILN_MAX_RANK);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "constant \"%s\": rank %d is outside 0..%d", name, dims->rank,
+                         KILN_MAX_RANK);
     for (int32_t i = 0; i < dims->rank; i++)
         if (dims->d[i] < 0)
-            return kiln_fail(KILN_ERROR_SHAPE, "constant \"%s\": dim %d is %" PRId64 " (constants are static)",
-                             name, i, dims->d[i]);
+            return kiln_fail(KILN_ERROR_SHAPE, "constant \"%s\": dim %d is %" PRId64 " (constants are static)", name, i,
+                             dims->d[i]);
     size_t bytes;
     if (kiln_dims_bytes(dims, dtype, &bytes) != KILN_OK)
         return kiln_fail_context(KILN_ERROR_SHAPE, "constant \"%s\"", name);
     if (bytes > 0 && !data)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "constant \"%s\": data is NULL for %zu bytes", name,
-                         bytes);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "constant \"%s\": data is NULL for %zu bytes", name, bytes);
     kiln_expr e[KILN_MAX_RANK];
     for (int32_t i = 0; i < dims->rank; i++)
         if ((e[i] = kiln_expr_const(&g->exprs, dims->d[i])) < 0)
             return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "constant \"%s\": out of memory", name);
     void *copy = malloc(bytes ? bytes : 1);
     if (!copy)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "constant \"%s\": out of memory for %zu bytes", name,
-                         bytes);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "constant \"%s\": out of memory for %zu bytes", name, bytes);
     if (bytes)
         memcpy(copy, data, bytes);
     int32_t t = kiln_graph_add_tensor(g, name, dtype, dims->rank, e);
@@ -614,9 +592,8 @@ kiln_status kiln_network_add_constant(kiln_network *net, const char *name, kiln_
 
 /* ---- matmul ----------------------------------------------------------------------- */
 
-kiln_status kiln_network_add_matmul(kiln_network *net, const char *name, kiln_tensor a,
-                                    int32_t transpose_a, kiln_tensor b, int32_t transpose_b,
-                                    kiln_tensor *out)
+kiln_status kiln_network_add_matmul(kiln_network *net, const char *name, kiln_tensor a, int32_t transpose_a,
+                                    kiln_tensor b, int32_t transpose_b, kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
@@ -656,8 +633,8 @@ kiln_status kiln_network_add_matmul(kiln_network *net, const char *name, kiln_te
     KILN_TRY(require_equal(&c, ka, kb, "inner dims", "A", "B"));
     kiln_expr od[KILN_MAX_RANK];
     int32_t rank;
-    KILN_TRY(broadcast_dims(&c, ra > 2 ? ra - 2 : 0, ta->dims, rb > 2 ? rb - 2 : 0, tb->dims, "A", "B",
-                            "batch axis", &rank, od));
+    KILN_TRY(broadcast_dims(&c, ra > 2 ? ra - 2 : 0, ta->dims, rb > 2 ? rb - 2 : 0, tb->dims, "A", "B", "batch axis",
+                            &rank, od));
     if (m >= 0)
         od[rank++] = m;
     if (n >= 0)
@@ -672,8 +649,8 @@ kiln_status kiln_network_add_matmul(kiln_network *net, const char *name, kiln_te
 
 /* ---- elementwise ------------------------------------------------------------------ */
 
-kiln_status kiln_network_add_binary(kiln_network *net, const char *name, kiln_binary_op op,
-                                    kiln_tensor a, kiln_tensor b, kiln_tensor *out)
+kiln_status kiln_network_add_binary(kiln_network *net, const char *name, kiln_binary_op op, kiln_tensor a,
+                                    kiln_tensor b, kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
@@ -689,8 +666,8 @@ kiln_status kiln_network_add_binary(kiln_network *net, const char *name, kiln_bi
     if (!tb)
         return st;
     if (ta->dtype != tb->dtype)
-        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "dtypes differ: A is %s, B is %s",
-                     kiln_dtype_name(ta->dtype), kiln_dtype_name(tb->dtype));
+        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "dtypes differ: A is %s, B is %s", kiln_dtype_name(ta->dtype),
+                     kiln_dtype_name(tb->dtype));
     kiln_expr od[KILN_MAX_RANK];
     int32_t rank;
     KILN_TRY(broadcast_dims(&c, ta->rank, ta->dims, tb->rank, tb->dims, "A", "B", "axis", &rank, od));
@@ -701,8 +678,8 @@ kiln_status kiln_network_add_binary(kiln_network *net, const char *name, kiln_bi
     return commit_single(&c, KILN_OP_BINARY, ins, 2, ta->dtype, rank, od, &p, out);
 }
 
-kiln_status kiln_network_add_unary(kiln_network *net, const char *name, kiln_unary_op op,
-                                   kiln_tensor x, kiln_tensor *out)
+kiln_status kiln_network_add_unary(kiln_network *net, const char *name, kiln_unary_op op, kiln_tensor x,
+                                   kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
@@ -715,8 +692,8 @@ kiln_status kiln_network_add_unary(kiln_network *net, const char *name, kiln_una
     if (!tx)
         return st;
     if (!kiln_dtype_is_float(tx->dtype))
-        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "%s needs a float input, got %s",
-                     kiln_unary_op_name(op), kiln_dtype_name(tx->dtype));
+        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "%s needs a float input, got %s", kiln_unary_op_name(op),
+                     kiln_dtype_name(tx->dtype));
     kiln_layer_params p;
     memset(&p, 0, sizeof p);
     p.unary.op = op;
@@ -725,9 +702,8 @@ kiln_status kiln_network_add_unary(kiln_network *net, const char *name, kiln_una
 
 /* ---- reduce and softmax --------------------------------------------------------------- */
 
-kiln_status kiln_network_add_reduce(kiln_network *net, const char *name, kiln_reduce_op op,
-                                    kiln_tensor x, uint32_t axes_mask, int32_t keep_dims,
-                                    kiln_tensor *out)
+kiln_status kiln_network_add_reduce(kiln_network *net, const char *name, kiln_reduce_op op, kiln_tensor x,
+                                    uint32_t axes_mask, int32_t keep_dims, kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
@@ -740,13 +716,12 @@ kiln_status kiln_network_add_reduce(kiln_network *net, const char *name, kiln_re
     if (!tx)
         return st;
     if (!kiln_dtype_is_float(tx->dtype))
-        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "reduce %s needs a float input, got %s",
-                     kiln_reduce_op_name(op), kiln_dtype_name(tx->dtype));
+        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "reduce %s needs a float input, got %s", kiln_reduce_op_name(op),
+                     kiln_dtype_name(tx->dtype));
     if (axes_mask == 0)
         return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "axes_mask selects no axis");
     if (tx->rank < 32 && (axes_mask >> tx->rank) != 0)
-        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "axes_mask 0x%x names an axis >= rank %d", axes_mask,
-                     tx->rank);
+        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "axes_mask 0x%x names an axis >= rank %d", axes_mask, tx->rank);
     kiln_expr od[KILN_MAX_RANK];
     int32_t rank = 0;
     kiln_expr one = cst(&c, 1);
@@ -778,8 +753,7 @@ kiln_status kiln_network_add_reduce(kiln_network *net, const char *name, kiln_re
     return commit_single(&c, KILN_OP_REDUCE, &x.id, 1, tx->dtype, rank, od, &p, out);
 }
 
-kiln_status kiln_network_add_softmax(kiln_network *net, const char *name, kiln_tensor x, int32_t axis,
-                                     kiln_tensor *out)
+kiln_status kiln_network_add_softmax(kiln_network *net, const char *name, kiln_tensor x, int32_t axis, kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
@@ -803,8 +777,8 @@ kiln_status kiln_network_add_softmax(kiln_network *net, const char *name, kiln_t
 
 /* ---- concat and slice ------------------------------------------------------------------ */
 
-kiln_status kiln_network_add_concat(kiln_network *net, const char *name, const kiln_tensor *inputs,
-                                    int32_t n, int32_t axis, kiln_tensor *out)
+kiln_status kiln_network_add_concat(kiln_network *net, const char *name, const kiln_tensor *inputs, int32_t n,
+                                    int32_t axis, kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
@@ -855,9 +829,8 @@ fail:
     return st;
 }
 
-kiln_status kiln_network_add_slice(kiln_network *net, const char *name, kiln_tensor x,
-                                   const int64_t *start, const int64_t *size, const int64_t *stride,
-                                   kiln_tensor *out)
+kiln_status kiln_network_add_slice(kiln_network *net, const char *name, kiln_tensor x, const int64_t *start,
+                                   const int64_t *size, const int64_t *stride, kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
@@ -884,8 +857,8 @@ kiln_status kiln_network_add_slice(kiln_network *net, const char *name, kiln_ten
         char what[64];
         if (size[i] == -1) {
             if (dconst && dv < start[i])
-                return lfail(&c, KILN_ERROR_SHAPE, "axis %d: start %" PRId64 " is past the end (size %" PRId64 ")",
-                             i, start[i], dv);
+                return lfail(&c, KILN_ERROR_SHAPE, "axis %d: start %" PRId64 " is past the end (size %" PRId64 ")", i,
+                             start[i], dv);
             kiln_expr rest = eop(&c, KILN_EXPR_SUB, dim, cst(&c, start[i]));
             if (!dconst) {
                 snprintf(what, sizeof what, "axis %d: start %" PRId64 " <= dim", i, start[i]);
@@ -899,18 +872,17 @@ kiln_status kiln_network_add_slice(kiln_network *net, const char *name, kiln_ten
             continue;
         /* The last element read, start + (size-1)*stride, must be < dim. */
         int64_t last;
-        if (__builtin_mul_overflow(size[i] - 1, stride[i], &last) ||
-            __builtin_add_overflow(last, start[i], &last) || last == INT64_MAX)
+        if (__builtin_mul_overflow(size[i] - 1, stride[i], &last) || __builtin_add_overflow(last, start[i], &last) ||
+            last == INT64_MAX)
             return lfail(&c, KILN_ERROR_SHAPE, "axis %d: start + (size-1)*stride overflows", i);
         if (dconst) {
             if (last >= dv)
-                return lfail(&c, KILN_ERROR_SHAPE,
-                             "axis %d: reads index %" PRId64 " but the dim has size %" PRId64, i, last, dv);
+                return lfail(&c, KILN_ERROR_SHAPE, "axis %d: reads index %" PRId64 " but the dim has size %" PRId64, i,
+                             last, dv);
             continue;
         }
         snprintf(what, sizeof what, "axis %d: index %" PRId64 " < dim", i, last);
-        KILN_TRY(add_constraint(&c, KILN_CONSTRAINT_POSITIVE, eop(&c, KILN_EXPR_SUB, dim, cst(&c, last)), -1,
-                                what));
+        KILN_TRY(add_constraint(&c, KILN_CONSTRAINT_POSITIVE, eop(&c, KILN_EXPR_SUB, dim, cst(&c, last)), -1, what));
     }
     return commit_single(&c, KILN_OP_SLICE, &x.id, 1, tx->dtype, tx->rank, od, &p, out);
 }
@@ -923,7 +895,7 @@ kiln_status kiln_network_add_slice(kiln_network *net, const char *name, kiln_ten
 #define PRODUCT_MAX_FACTORS 64
 
 typedef struct product {
-    int ok;        /* 0: too many factors or the constant overflowed */
+    int ok; /* 0: too many factors or the constant overflowed */
     int64_t c;
     int32_t n;
     kiln_expr f[PRODUCT_MAX_FACTORS];
@@ -961,8 +933,7 @@ static void product_add(const kiln_expr_pool *pool, product *pr, kiln_expr e, in
     pr->f[i] = e;
 }
 
-static void product_of(const kiln_expr_pool *pool, const kiln_expr *dims, int32_t rank, int32_t skip,
-                       product *pr)
+static void product_of(const kiln_expr_pool *pool, const kiln_expr *dims, int32_t rank, int32_t skip, product *pr)
 {
     pr->ok = 1;
     pr->c = 1;
@@ -1014,9 +985,8 @@ static kiln_status check_perm(layer_ctx *c, const char *which, const int32_t *pe
     uint32_t seen = 0;
     for (int32_t i = 0; i < rank; i++) {
         if (perm[i] < 0 || perm[i] >= rank || (seen & (1u << perm[i])))
-            return lfail(c, KILN_ERROR_INVALID_ARGUMENT,
-                         "%s transpose is not a permutation of 0..%d (entry %d is %d)", which, rank - 1, i,
-                         perm[i]);
+            return lfail(c, KILN_ERROR_INVALID_ARGUMENT, "%s transpose is not a permutation of 0..%d (entry %d is %d)",
+                         which, rank - 1, i, perm[i]);
         seen |= 1u << perm[i];
     }
     return KILN_OK;
@@ -1069,8 +1039,7 @@ kiln_status kiln_network_add_shuffle(kiln_network *net, const char *name, kiln_t
     if (desc->has_reshape) {
         const kiln_dims *r = &desc->reshape;
         if (r->rank < 0 || r->rank > KILN_MAX_RANK)
-            return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "reshape rank %d is outside 0..%d", r->rank,
-                         KILN_MAX_RANK);
+            return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "reshape rank %d is outside 0..%d", r->rank, KILN_MAX_RANK);
         int32_t infer = -1;
         for (int32_t i = 0; i < r->rank; i++) {
             if (r->d[i] == -1) {
@@ -1087,8 +1056,8 @@ kiln_status kiln_network_add_shuffle(kiln_network *net, const char *name, kiln_t
             } else if (r->d[i] > 0) {
                 tmp[i] = cst(&c, r->d[i]);
             } else {
-                return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "reshape dim %d is %" PRId64
-                             " (expected > 0, 0 to copy, or -1 to infer)", i, r->d[i]);
+                return lfail(&c, KILN_ERROR_INVALID_ARGUMENT,
+                             "reshape dim %d is %" PRId64 " (expected > 0, 0 to copy, or -1 to infer)", i, r->d[i]);
             }
         }
         product in, others, q;
@@ -1106,8 +1075,7 @@ kiln_status kiln_network_add_shuffle(kiln_network *net, const char *name, kiln_t
             } else if (cin && coth) {
                 if (voth == 0 || vin % voth != 0)
                     return lfail(&c, KILN_ERROR_SHAPE,
-                                 "cannot reshape %" PRId64 " elements: the other dims multiply to %" PRId64, vin,
-                                 voth);
+                                 "cannot reshape %" PRId64 " elements: the other dims multiply to %" PRId64, vin, voth);
                 tmp[infer] = cst(&c, vin / voth);
             } else {
                 tmp[infer] = eop(&c, KILN_EXPR_FLOOR_DIV, pin, poth);
@@ -1143,8 +1111,8 @@ kiln_status kiln_network_add_shuffle(kiln_network *net, const char *name, kiln_t
 
 /* ---- gather and cast ------------------------------------------------------------------ */
 
-kiln_status kiln_network_add_gather(kiln_network *net, const char *name, kiln_tensor data,
-                                    kiln_tensor indices, int32_t axis, kiln_tensor *out)
+kiln_status kiln_network_add_gather(kiln_network *net, const char *name, kiln_tensor data, kiln_tensor indices,
+                                    int32_t axis, kiln_tensor *out)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
@@ -1158,8 +1126,7 @@ kiln_status kiln_network_add_gather(kiln_network *net, const char *name, kiln_te
     if (!ti)
         return st;
     if (ti->dtype != KILN_DTYPE_I32 && ti->dtype != KILN_DTYPE_I64)
-        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "indices must be i32 or i64, got %s",
-                     kiln_dtype_name(ti->dtype));
+        return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "indices must be i32 or i64, got %s", kiln_dtype_name(ti->dtype));
     int32_t ax = normalize_axis(axis, td->rank);
     if (ax < 0)
         return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "axis %d is out of range for rank %d", axis, td->rank);
@@ -1206,26 +1173,25 @@ kiln_status kiln_network_add_cast(kiln_network *net, const char *name, kiln_tens
 /* Upper bound on a plugin's outputs, so a broken plugin cannot make us
  * allocate without limit. */
 
-kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const char *plugin_name,
-                                    const char *version, const char *plugin_namespace,
-                                    const kiln_field *fields, int32_t n_fields, const kiln_tensor *inputs,
-                                    int32_t n_inputs, kiln_tensor *outputs, int32_t max_outputs,
-                                    int32_t *n_outputs)
+kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const char *plugin_name, const char *version,
+                                    const char *plugin_namespace, const kiln_field *fields, int32_t n_fields,
+                                    const kiln_tensor *inputs, int32_t n_inputs, kiln_tensor *outputs,
+                                    int32_t max_outputs, int32_t *n_outputs)
 {
     layer_ctx c;
     kiln_status st = KILN_OK;
     KILN_TRY(begin_layer(net, name, plugin_name ? plugin_name : "plugin", &c));
     if (!plugin_name || !version || !plugin_namespace)
         return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "plugin name, version and namespace must not be NULL");
-    if (n_inputs < 0 || (n_inputs > 0 && !inputs) || n_fields < 0 || (n_fields > 0 && !fields) ||
-        max_outputs < 0 || (max_outputs > 0 && !outputs))
+    if (n_inputs < 0 || (n_inputs > 0 && !inputs) || n_fields < 0 || (n_fields > 0 && !fields) || max_outputs < 0 ||
+        (max_outputs > 0 && !outputs))
         return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "inconsistent input, field or output arrays");
     if (n_inputs > KILN_PLUGIN_MAX_INPUTS)
         return lfail(&c, KILN_ERROR_INVALID_ARGUMENT, "a plugin layer takes at most %d inputs, got %d",
                      KILN_PLUGIN_MAX_INPUTS, n_inputs);
     if (!net->registry)
-        return lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s (namespace \"%s\"): the network has no registry",
-                     plugin_name, version, plugin_namespace);
+        return lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s (namespace \"%s\"): the network has no registry", plugin_name,
+                     version, plugin_namespace);
     kiln_graph *g = c.g;
     /* The plugin's calls below run with a cleared last error so that a
      * failure it did not describe is not blamed on an older message; on
@@ -1259,8 +1225,8 @@ kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const c
         char near[512];
         near[0] = '\0';
         kiln_registry_near_misses(net->registry, plugin_name, version, plugin_namespace, near, sizeof near);
-        st = lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s (namespace \"%s\") is not registered%s%s", plugin_name,
-                   version, plugin_namespace, near[0] ? "; registered: " : "", near);
+        st = lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s (namespace \"%s\") is not registered%s%s", plugin_name, version,
+                   plugin_namespace, near[0] ? "; registered: " : "", near);
         goto done;
     }
     kiln_clear_error();
@@ -1275,14 +1241,16 @@ kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const c
     }
     const kiln_plugin_ops *ops = inst->ops;
     if (!ops || !ops->num_outputs || !ops->output_shapes || !ops->output_dtypes || !ops->destroy) {
-        st = lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s: the instance lacks num_outputs, output_shapes, "
-                   "output_dtypes or destroy", plugin_name, version);
+        st = lfail(&c, KILN_ERROR_PLUGIN,
+                   "plugin %s %s: the instance lacks num_outputs, output_shapes, "
+                   "output_dtypes or destroy",
+                   plugin_name, version);
         goto done;
     }
     int32_t n_out = ops->num_outputs(inst);
     if (n_out < 1 || n_out > KILN_PLUGIN_MAX_OUTPUTS) {
-        st = lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s reports %d outputs (expected 1..%d)", plugin_name,
-                   version, n_out, KILN_PLUGIN_MAX_OUTPUTS);
+        st = lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s reports %d outputs (expected 1..%d)", plugin_name, version,
+                   n_out, KILN_PLUGIN_MAX_OUTPUTS);
         goto done;
     }
     kiln_shape_expr out_shapes[KILN_PLUGIN_MAX_OUTPUTS];
@@ -1321,14 +1289,14 @@ kiln_status kiln_network_add_plugin(kiln_network *net, const char *name, const c
             kiln_expr e = out_shapes[o].d[i];
             if (e < 0 || e >= g->exprs.n) {
                 st = lfail(&c, g->exprs.failed ? KILN_ERROR_OUT_OF_MEMORY : KILN_ERROR_PLUGIN,
-                           "plugin %s %s: output %d dim %d is not a valid shape expression (%d)", plugin_name,
-                           version, o, i, e);
+                           "plugin %s %s: output %d dim %d is not a valid shape expression (%d)", plugin_name, version,
+                           o, i, e);
                 goto done;
             }
         }
         if (!dtype_usable(out_types[o])) {
-            st = lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s: output %d has unusable dtype %d", plugin_name,
-                       version, o, (int)out_types[o]);
+            st = lfail(&c, KILN_ERROR_PLUGIN, "plugin %s %s: output %d has unusable dtype %d", plugin_name, version, o,
+                       (int)out_types[o]);
             goto done;
         }
         out_ranks[o] = out_shapes[o].rank;
@@ -1407,8 +1375,7 @@ kiln_status kiln_network_mark_output(kiln_network *net, kiln_tensor t, const cha
         int32_t l = kiln_graph_find_layer(g, name);
         if (l >= 0 && l != r->producer)
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "cannot name output \"%s\" (tensor \"%s\"): a layer already has that name", name,
-                             r->name);
+                             "cannot name output \"%s\" (tensor \"%s\"): a layer already has that name", name, r->name);
         new_name = kiln_strdup(name);
         if (!new_name)
             return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "renaming output \"%s\"", r->name);
@@ -1439,8 +1406,7 @@ kiln_status kiln_network_find_tensor(const kiln_network *net, const char *name, 
     return KILN_OK;
 }
 
-kiln_status kiln_network_tensor_info(const kiln_network *net, kiln_tensor t, kiln_dtype *dtype,
-                                     int32_t *rank)
+kiln_status kiln_network_tensor_info(const kiln_network *net, kiln_tensor t, kiln_dtype *dtype, int32_t *rank)
 {
     if (!net)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "network is NULL");

@@ -6,8 +6,8 @@
 
 struct kiln_network {
     kiln_graph graph;
-    kiln_registry *registry;  /* borrowed */
-    int32_t auto_names;       /* counter for generated layer names */
+    kiln_registry *registry; /* borrowed */
+    int32_t auto_names;      /* counter for generated layer names */
 };
 
 #endif

@@ -39,12 +39,12 @@ typedef struct st_file {
 
 typedef struct jctx {
     kiln_network *net;
-    const char *what;     /* source name for messages */
-    const char *base_dir; /* side files resolve here; NULL: none allowed */
-    char where[320];      /* "layer \"fc\" (index 3)", "input 0", ... */
+    const char *what;       /* source name for messages */
+    const char *base_dir;   /* side files resolve here; NULL: none allowed */
+    char where[320];        /* "layer \"fc\" (index 3)", "input 0", ... */
     const char *layer_name; /* the layer being read, when it has a name */
     const kiln_op_info *op; /* its op's row of the op table */
-    st_file *files;       /* safetensors files opened so far, shared by layers */
+    st_file *files;         /* safetensors files opened so far, shared by layers */
     int32_t n_files;
 } jctx;
 
@@ -98,7 +98,8 @@ static kiln_status check_keys(jctx *c, json_t *obj, const char *const *allowed)
 {
     const char *key;
     json_t *v;
-    json_object_foreach(obj, key, v) {
+    json_object_foreach(obj, key, v)
+    {
         int ok = 0;
         for (const char *const *a = allowed; *a && !ok; a++)
             ok = strcmp(*a, key) == 0;
@@ -130,18 +131,15 @@ static kiln_status get_bool(jctx *c, json_t *obj, const char *key, int32_t def, 
 }
 
 /* "<prefix>5 is below 1" / "is above 7" / "is outside -8..7". */
-static kiln_status range_fail(jctx *c, const char *key, const char *prefix, int64_t x, int64_t lo,
-                              int64_t hi)
+static kiln_status range_fail(jctx *c, const char *key, const char *prefix, int64_t x, int64_t lo, int64_t hi)
 {
     if (hi == INT64_MAX)
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "%s%lld is below %lld", prefix,
-                     (long long)x, (long long)lo);
-    return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "%s%lld is outside %lld..%lld", prefix,
-                 (long long)x, (long long)lo, (long long)hi);
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "%s%lld is below %lld", prefix, (long long)x, (long long)lo);
+    return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "%s%lld is outside %lld..%lld", prefix, (long long)x,
+                 (long long)lo, (long long)hi);
 }
 
-static kiln_status as_int(jctx *c, json_t *v, const char *key, int64_t lo, int64_t hi,
-                          int64_t *out)
+static kiln_status as_int(jctx *c, json_t *v, const char *key, int64_t lo, int64_t hi, int64_t *out)
 {
     if (!json_is_integer(v))
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "expected an integer");
@@ -164,8 +162,8 @@ static kiln_status get_axis(jctx *c, json_t *obj, const char *key, int32_t def, 
 }
 
 /* `label` names the field in messages ("plugin.name" for a nested key). */
-static kiln_status get_string_as(jctx *c, json_t *obj, const char *key, const char *label,
-                                 int required, const char **out)
+static kiln_status get_string_as(jctx *c, json_t *obj, const char *key, const char *label, int required,
+                                 const char **out)
 {
     json_t *v = json_object_get(obj, key);
     if (!v) {
@@ -180,21 +178,19 @@ static kiln_status get_string_as(jctx *c, json_t *obj, const char *key, const ch
     return KILN_OK;
 }
 
-static kiln_status get_string(jctx *c, json_t *obj, const char *key, int required,
-                              const char **out)
+static kiln_status get_string(jctx *c, json_t *obj, const char *key, int required, const char **out)
 {
     return get_string_as(c, obj, key, key, required, out);
 }
 
 /* An array of at most KILN_MAX_RANK integers in lo..hi. */
-static kiln_status as_int_list(jctx *c, json_t *v, const char *key, int64_t lo, int64_t hi,
-                               int64_t *out, int32_t *n)
+static kiln_status as_int_list(jctx *c, json_t *v, const char *key, int64_t lo, int64_t hi, int64_t *out, int32_t *n)
 {
     if (!json_is_array(v))
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "expected an array of integers");
     if (json_array_size(v) > KILN_MAX_RANK)
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "%zu entries exceed the maximum rank %d",
-                     json_array_size(v), KILN_MAX_RANK);
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "%zu entries exceed the maximum rank %d", json_array_size(v),
+                     KILN_MAX_RANK);
     for (size_t i = 0; i < json_array_size(v); i++) {
         json_t *e = json_array_get(v, i);
         if (!json_is_integer(e))
@@ -219,8 +215,7 @@ static kiln_status as_dims(jctx *c, json_t *v, const char *key, int64_t lo, kiln
     return KILN_OK;
 }
 
-static kiln_status get_dtype(jctx *c, json_t *obj, const char *key, int required, int *given,
-                             kiln_dtype *out)
+static kiln_status get_dtype(jctx *c, json_t *obj, const char *key, int required, int *given, kiln_dtype *out)
 {
     const char *name = NULL;
     KILN_TRY(get_string(c, obj, key, required, &name));
@@ -229,8 +224,7 @@ static kiln_status get_dtype(jctx *c, json_t *obj, const char *key, int required
         return KILN_OK;
     if (kiln_dtype_parse(name, out) != KILN_OK)
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key,
-                     "unknown dtype \"%s\" (expected f32, f16, bf16, i8, u8, i32, i64 or bool)",
-                     name);
+                     "unknown dtype \"%s\" (expected f32, f16, bf16, i8, u8, i32, i64 or bool)", name);
     return KILN_OK;
 }
 
@@ -241,8 +235,7 @@ static kiln_status find_tensor(jctx *c, json_t *v, const char *key, size_t i, ki
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "entry %zu: expected a tensor name", i);
     const char *name = json_string_value(v);
     if (kiln_network_find_tensor(c->net, name, out) != KILN_OK)
-        return jfail(c, KILN_ERROR_NOT_FOUND, key,
-                     "unknown tensor \"%s\" (inputs and earlier layers only)", name);
+        return jfail(c, KILN_ERROR_NOT_FOUND, key, "unknown tensor \"%s\" (inputs and earlier layers only)", name);
     return KILN_OK;
 }
 
@@ -260,13 +253,12 @@ static kiln_status get_inputs(jctx *c, json_t *obj, kiln_tensor **out, int32_t *
     size_t k = json_array_size(v);
     if (k < lo || k > hi) {
         if (lo == hi)
-            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected %zu tensor%s, got %zu",
-                         lo, lo == 1 ? "" : "s", k);
+            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected %zu tensor%s, got %zu", lo,
+                         lo == 1 ? "" : "s", k);
         if (k > hi)
-            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected at most %zu tensors, got %zu",
-                         hi, k);
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected at least %zu tensor%s",
-                     lo, lo == 1 ? "" : "s");
+            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected at most %zu tensors, got %zu", hi, k);
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "inputs", "expected at least %zu tensor%s", lo,
+                     lo == 1 ? "" : "s");
     }
     kiln_tensor *t = malloc((k ? k : 1) * sizeof *t);
     if (!t)
@@ -307,20 +299,17 @@ static kiln_status count_of(jctx *c, const kiln_dims *d, size_t *out)
 
 /* Stores JSON number `v` as element i of buf (dtype t), refusing values the
  * dtype cannot hold rather than wrapping or saturating them. */
-static kiln_status store_element(jctx *c, const char *key, void *buf, kiln_dtype t, size_t i,
-                                 json_t *v)
+static kiln_status store_element(jctx *c, const char *key, void *buf, kiln_dtype t, size_t i, json_t *v)
 {
     if (kiln_dtype_is_float(t)) {
         if (!json_is_number(v))
             return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "entry %zu: expected a number", i);
         double x = json_number_value(v);
         if (fabs(x) > FLT_MAX)
-            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "entry %zu: %g overflows %s", i, x,
-                         kiln_dtype_name(t));
+            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "entry %zu: %g overflows %s", i, x, kiln_dtype_name(t));
         kiln_store_f32(buf, t, (int64_t)i, (float)x);
         if (isinf(kiln_load_f32(buf, t, (int64_t)i)))
-            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "entry %zu: %g overflows %s", i, x,
-                         kiln_dtype_name(t));
+            return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "entry %zu: %g overflows %s", i, x, kiln_dtype_name(t));
         return KILN_OK;
     }
     int64_t x = 0;
@@ -333,18 +322,32 @@ static kiln_status store_element(jctx *c, const char *key, void *buf, kiln_dtype
                      t == KILN_DTYPE_BOOL ? " or a boolean" : "");
     int64_t lo = 0, hi = 0;
     switch (t) {
-    case KILN_DTYPE_I8: lo = INT8_MIN; hi = INT8_MAX; break;
-    case KILN_DTYPE_U8: lo = 0; hi = UINT8_MAX; break;
-    case KILN_DTYPE_I32: lo = INT32_MIN; hi = INT32_MAX; break;
-    case KILN_DTYPE_I64: lo = INT64_MIN; hi = INT64_MAX; break;
-    case KILN_DTYPE_BOOL: lo = 0; hi = 1; break;
+    case KILN_DTYPE_I8:
+        lo = INT8_MIN;
+        hi = INT8_MAX;
+        break;
+    case KILN_DTYPE_U8:
+        lo = 0;
+        hi = UINT8_MAX;
+        break;
+    case KILN_DTYPE_I32:
+        lo = INT32_MIN;
+        hi = INT32_MAX;
+        break;
+    case KILN_DTYPE_I64:
+        lo = INT64_MIN;
+        hi = INT64_MAX;
+        break;
+    case KILN_DTYPE_BOOL:
+        lo = 0;
+        hi = 1;
+        break;
     default:
-        return jfail(c, KILN_ERROR_UNSUPPORTED, "dtype", "%s constants cannot be written inline",
-                     kiln_dtype_name(t));
+        return jfail(c, KILN_ERROR_UNSUPPORTED, "dtype", "%s constants cannot be written inline", kiln_dtype_name(t));
     }
     if (x < lo || x > hi)
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "entry %zu: %lld does not fit %s", i,
-                     (long long)x, kiln_dtype_name(t));
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, key, "entry %zu: %lld does not fit %s", i, (long long)x,
+                     kiln_dtype_name(t));
     switch (t) {
     case KILN_DTYPE_I8: ((int8_t *)buf)[i] = (int8_t)x; break;
     case KILN_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)x; break;
@@ -354,16 +357,14 @@ static kiln_status store_element(jctx *c, const char *key, void *buf, kiln_dtype
     return KILN_OK;
 }
 
-static kiln_status inline_data(jctx *c, json_t *data, kiln_dtype t, const kiln_dims *dims,
-                               void **out)
+static kiln_status inline_data(jctx *c, json_t *data, kiln_dtype t, const kiln_dims *dims, void **out)
 {
     size_t count = 0, bytes = 0;
     KILN_TRY(count_of(c, dims, &count));
     if (!json_is_array(data))
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "data", "expected a flat array of numbers");
     if (json_array_size(data) != count)
-        return jfail(c, KILN_ERROR_SHAPE, "data", "has %zu values, dims need %zu",
-                     json_array_size(data), count);
+        return jfail(c, KILN_ERROR_SHAPE, "data", "has %zu values, dims need %zu", json_array_size(data), count);
     if (kiln_mul_overflow(count, kiln_dtype_size(t), &bytes))
         return jfail(c, KILN_ERROR_SHAPE, "dims", "byte size overflows");
     void *buf = malloc(bytes ? bytes : 1);
@@ -386,8 +387,7 @@ static kiln_status inline_data(jctx *c, json_t *data, kiln_dtype t, const kiln_d
 static kiln_status resolve_path(jctx *c, const char *rel, char **out)
 {
     if (!c->base_dir)
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "file",
-                     "side files are not allowed here (no base folder)");
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "file", "side files are not allowed here (no base folder)");
     if (!rel[0] || rel[0] == '/')
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "file",
                      "\"%s\": expected a relative path inside the network's folder", rel);
@@ -396,7 +396,8 @@ static kiln_status resolve_path(jctx *c, const char *rel, char **out)
         if (len == 2 && p[0] == '.' && p[1] == '.')
             return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "file",
                          "\"%s\": \"..\" is not allowed (side files stay inside the network's "
-                         "folder)", rel);
+                         "folder)",
+                         rel);
         p += len;
         if (*p == '/')
             p++;
@@ -446,8 +447,7 @@ static kiln_status open_safetensors(jctx *c, const char *path, kiln_safetensors 
 }
 
 /* Reads a side file into a malloc'd buffer; *dtype and *dims from the file. */
-static kiln_status file_data(jctx *c, json_t *layer, const char *rel, kiln_dtype *dtype,
-                             kiln_dims *dims, void **out)
+static kiln_status file_data(jctx *c, json_t *layer, const char *rel, kiln_dtype *dtype, kiln_dims *dims, void **out)
 {
     const char *tensor = NULL;
     KILN_TRY(get_string(c, layer, "tensor", 0, &tensor));
@@ -464,8 +464,7 @@ static kiln_status file_data(jctx *c, json_t *layer, const char *rel, kiln_dtype
         kiln_safetensors *st = NULL;
         const kiln_safetensors_tensor *t = NULL;
         if (!tensor)
-            s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, "tensor", "missing (the name inside \"%s\")",
-                      rel);
+            s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, "tensor", "missing (the name inside \"%s\")", rel);
         if (!s)
             s = open_safetensors(c, path, &st);
         if (!s && (s = kiln_safetensors_find(st, tensor, &t)) != KILN_OK)
@@ -474,8 +473,7 @@ static kiln_status file_data(jctx *c, json_t *layer, const char *rel, kiln_dtype
             /* A copy: the mapping is unaligned and lives only for this load. */
             void *buf = malloc(t->size ? t->size : 1);
             if (!buf)
-                s = jfail(c, KILN_ERROR_OUT_OF_MEMORY, "file", "out of memory for %zu bytes",
-                          t->size);
+                s = jfail(c, KILN_ERROR_OUT_OF_MEMORY, "file", "out of memory for %zu bytes", t->size);
             else {
                 memcpy(buf, t->data, t->size);
                 *dtype = t->dtype;
@@ -484,8 +482,7 @@ static kiln_status file_data(jctx *c, json_t *layer, const char *rel, kiln_dtype
             }
         }
     } else {
-        s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, "file",
-                  "\"%s\": expected a .npy or .safetensors file", rel);
+        s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, "file", "\"%s\": expected a .npy or .safetensors file", rel);
     }
     free(path);
     return s;
@@ -521,15 +518,13 @@ static int convertible(kiln_dtype t)
 
 static kiln_status layer_constant(jctx *c, json_t *l, const char *name)
 {
-    static const char *const keys[] = {"name", "op", "dtype", "dims", "data", "file", "tensor",
-                                       NULL};
+    static const char *const keys[] = {"name", "op", "dtype", "dims", "data", "file", "tensor", NULL};
     KILN_TRY(check_keys(c, l, keys));
     json_t *data = json_object_get(l, "data");
     const char *file = NULL;
     KILN_TRY(get_string(c, l, "file", 0, &file));
     if (data && file)
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, NULL,
-                     "give either \"data\" or \"file\", not both");
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, NULL, "give either \"data\" or \"file\", not both");
     if (!data && !file)
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, NULL, "needs \"data\" or \"file\"");
     kiln_dtype dtype = KILN_DTYPE_F32;
@@ -554,8 +549,8 @@ static kiln_status layer_constant(jctx *c, json_t *l, const char *name)
         kiln_status s = KILN_OK;
         if (jd && !dims_equal(&dims, &fdims)) {
             char want[200], got[200];
-            s = jfail(c, KILN_ERROR_SHAPE, "dims", "%s does not match %s in \"%s\"",
-                      fmt_dims(&dims, want, sizeof want), fmt_dims(&fdims, got, sizeof got), file);
+            s = jfail(c, KILN_ERROR_SHAPE, "dims", "%s does not match %s in \"%s\"", fmt_dims(&dims, want, sizeof want),
+                      fmt_dims(&fdims, got, sizeof got), file);
         }
         dims = fdims;
         size_t count = 0, bytes = 0;
@@ -564,8 +559,8 @@ static kiln_status layer_constant(jctx *c, json_t *l, const char *name)
              * no .npy form, so it arrives as f32): convert. */
             void *conv = NULL;
             if (!convertible(fdtype) || !convertible(dtype))
-                s = jfail(c, KILN_ERROR_UNSUPPORTED, "dtype", "cannot convert %s to %s",
-                          kiln_dtype_name(fdtype), kiln_dtype_name(dtype));
+                s = jfail(c, KILN_ERROR_UNSUPPORTED, "dtype", "cannot convert %s to %s", kiln_dtype_name(fdtype),
+                          kiln_dtype_name(dtype));
             if (!s)
                 s = count_of(c, &dims, &count);
             if (!s && kiln_mul_overflow(count, kiln_dtype_size(dtype), &bytes))
@@ -663,12 +658,10 @@ static kiln_status layer_reduce(jctx *c, json_t *l, const char *name)
     for (int32_t i = 0; i < n_axes && !s; i++) {
         int64_t a = axes[i] < 0 ? axes[i] + rank : axes[i];
         if (a < 0 || a >= rank)
-            s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, "axes",
-                      "axis %lld is out of range for rank %d",
+            s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, "axes", "axis %lld is out of range for rank %d",
                       (long long)axes[i], rank);
         else if (mask & (1u << a))
-            s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, "axes", "axis %lld is listed twice",
-                      (long long)axes[i]);
+            s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, "axes", "axis %lld is listed twice", (long long)axes[i]);
         else
             mask |= 1u << a;
     }
@@ -730,19 +723,16 @@ static kiln_status layer_slice(jctx *c, json_t *l, const char *name)
         for (int32_t i = 0; i < rank; i++)
             stride[i] = 1;
     }
-    const char *bad = n_start != rank ? "start" : n_size != rank ? "size"
-                    : n_stride != rank ? "stride" : NULL;
+    const char *bad = n_start != rank ? "start" : n_size != rank ? "size" : n_stride != rank ? "stride" : NULL;
     if (bad)
-        s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, bad, "expected %d entries (the input's rank)",
-                  rank);
+        s = jfail(c, KILN_ERROR_INVALID_ARGUMENT, bad, "expected %d entries (the input's rank)", rank);
     if (!s && (s = kiln_network_add_slice(c->net, name, in[0], start, size, stride, &out)))
         s = jwrap(c, s);
     free(in);
     return s;
 }
 
-static kiln_status get_perm(jctx *c, json_t *l, const char *key, int32_t *has, int32_t *perm,
-                            int32_t want)
+static kiln_status get_perm(jctx *c, json_t *l, const char *key, int32_t *has, int32_t *perm, int32_t want)
 {
     json_t *v = json_object_get(l, key);
     *has = v != NULL;
@@ -760,8 +750,7 @@ static kiln_status get_perm(jctx *c, json_t *l, const char *key, int32_t *has, i
 
 static kiln_status layer_shuffle(jctx *c, json_t *l, const char *name)
 {
-    static const char *const keys[] = {"name", "op", "inputs", "first_transpose", "reshape",
-                                       "second_transpose", NULL};
+    static const char *const keys[] = {"name", "op", "inputs", "first_transpose", "reshape", "second_transpose", NULL};
     KILN_TRY(check_keys(c, l, keys));
     kiln_shuffle_desc d;
     kiln_shuffle_desc_init(&d);
@@ -773,8 +762,7 @@ static kiln_status layer_shuffle(jctx *c, json_t *l, const char *name)
     int32_t n = 0;
     KILN_TRY(get_inputs(c, l, &in, &n));
     int32_t rank = rank_of(c, in[0]);
-    kiln_status s = get_perm(c, l, "first_transpose", &d.has_first_transpose, d.first_transpose,
-                             rank);
+    kiln_status s = get_perm(c, l, "first_transpose", &d.has_first_transpose, d.first_transpose, rank);
     if (!s)
         s = get_perm(c, l, "second_transpose", &d.has_second_transpose, d.second_transpose,
                      d.has_reshape ? d.reshape.rank : rank);
@@ -824,33 +812,29 @@ static const struct {
 
 /* Converts one "fields" entry; *storage receives the malloc'd values
  * (NULL for strings, which point into the JSON). */
-static kiln_status plugin_field(jctx *c, const char *fname, json_t *jf, kiln_field *f,
-                                void **storage)
+static kiln_status plugin_field(jctx *c, const char *fname, json_t *jf, kiln_field *f, void **storage)
 {
     static const char *const keys[] = {"type", "data", NULL};
     char label[160];
     snprintf(label, sizeof label, "fields.%s", fname);
     if (!json_is_object(jf))
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, label,
-                     "expected {\"type\": ..., \"data\": ...}");
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, label, "expected {\"type\": ..., \"data\": ...}");
     const char *key;
     json_t *v;
-    json_object_foreach(jf, key, v) {
+    json_object_foreach(jf, key, v)
+    {
         if (strcmp(key, keys[0]) && strcmp(key, keys[1]))
             return jfail(c, KILN_ERROR_INVALID_ARGUMENT, label, "unknown key \"%s\"", key);
     }
     json_t *jt = json_object_get(jf, "type"), *jd = json_object_get(jf, "data");
     if (!json_is_string(jt))
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, label,
-                     "\"type\" must be one of f32, f64, i32, i64, string");
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, label, "\"type\" must be one of f32, f64, i32, i64, string");
     size_t ti = 0;
-    while (ti < sizeof field_types / sizeof field_types[0] &&
-           strcmp(field_types[ti].name, json_string_value(jt)) != 0)
+    while (ti < sizeof field_types / sizeof field_types[0] && strcmp(field_types[ti].name, json_string_value(jt)) != 0)
         ti++;
     if (ti == sizeof field_types / sizeof field_types[0])
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, label,
-                     "unknown type \"%s\" (expected f32, f64, i32, i64 or string)",
-                     json_string_value(jt));
+                     "unknown type \"%s\" (expected f32, f64, i32, i64 or string)", json_string_value(jt));
     if (!jd)
         return jfail(c, KILN_ERROR_INVALID_ARGUMENT, label, "\"data\" is missing");
     memset(f, 0, sizeof *f);
@@ -883,8 +867,7 @@ static kiln_status plugin_field(jctx *c, const char *fname, json_t *jf, kiln_fie
                 ((double *)buf)[i] = x;
         } else {
             int64_t x = json_integer_value(e);
-            ok = json_is_integer(e) &&
-                 (f->type == KILN_FIELD_I64 || (x >= INT32_MIN && x <= INT32_MAX));
+            ok = json_is_integer(e) && (f->type == KILN_FIELD_I64 || (x >= INT32_MIN && x <= INT32_MAX));
             if (ok && f->type == KILN_FIELD_I32)
                 ((int32_t *)buf)[i] = (int32_t)x;
             else if (ok)
@@ -894,8 +877,7 @@ static kiln_status plugin_field(jctx *c, const char *fname, json_t *jf, kiln_fie
             free(buf);
             int is_float = f->type == KILN_FIELD_F32 || f->type == KILN_FIELD_F64;
             return jfail(c, KILN_ERROR_INVALID_ARGUMENT, label, "entry %zu: expected %s %s", i,
-                         is_float ? "a number fitting" : "an integer fitting",
-                         field_types[ti].name);
+                         is_float ? "a number fitting" : "an integer fitting", field_types[ti].name);
         }
     }
     f->count = (int64_t)count;
@@ -914,11 +896,11 @@ static kiln_status layer_plugin(jctx *c, json_t *l, const char *name)
     if (!jp)
         return s;
     if (!json_is_object(jp))
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "plugin",
-                     "expected {\"name\", \"version\", \"namespace\"}");
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "plugin", "expected {\"name\", \"version\", \"namespace\"}");
     const char *key;
     json_t *v;
-    json_object_foreach(jp, key, v) {
+    json_object_foreach(jp, key, v)
+    {
         int ok = 0;
         for (const char *const *a = pkeys; *a && !ok; a++)
             ok = strcmp(*a, key) == 0;
@@ -934,8 +916,7 @@ static kiln_status layer_plugin(jctx *c, json_t *l, const char *name)
 
     json_t *jf = json_object_get(l, "fields");
     if (jf && !json_is_object(jf))
-        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "fields",
-                     "expected an object of name: {\"type\", \"data\"}");
+        return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "fields", "expected an object of name: {\"type\", \"data\"}");
     size_t nf = jf ? json_object_size(jf) : 0;
     kiln_field *fields = calloc(nf ? nf : 1, sizeof *fields);
     void **storage = calloc(nf ? nf : 1, sizeof *storage);
@@ -945,7 +926,8 @@ static kiln_status layer_plugin(jctx *c, json_t *l, const char *name)
         s = jfail(c, KILN_ERROR_OUT_OF_MEMORY, "fields", "out of memory");
     size_t k = 0;
     if (!s && jf) {
-        json_object_foreach(jf, key, v) {
+        json_object_foreach(jf, key, v)
+        {
             if ((s = plugin_field(c, key, v, &fields[k], &storage[k])) != KILN_OK)
                 break;
             k++;
@@ -956,8 +938,8 @@ static kiln_status layer_plugin(jctx *c, json_t *l, const char *name)
     if (!s) {
         kiln_tensor outs[MAX_PLUGIN_OUTPUTS];
         int32_t n_out = 0;
-        s = kiln_network_add_plugin(c->net, name, pname, pversion, pnamespace, fields,
-                                    (int32_t)k, in, n_in, outs, MAX_PLUGIN_OUTPUTS, &n_out);
+        s = kiln_network_add_plugin(c->net, name, pname, pversion, pnamespace, fields, (int32_t)k, in, n_in, outs,
+                                    MAX_PLUGIN_OUTPUTS, &n_out);
         if (s)
             s = jwrap(c, s);
     }
@@ -975,12 +957,10 @@ typedef kiln_status (*layer_fn)(jctx *c, json_t *l, const char *name);
 
 /* The reader of each op a network file may declare (op table: declarable). */
 static const layer_fn layer_ops[KILN_OP_COUNT] = {
-    [KILN_OP_CONSTANT] = layer_constant, [KILN_OP_MATMUL] = layer_matmul,
-    [KILN_OP_BINARY] = layer_binary,     [KILN_OP_UNARY] = layer_unary,
-    [KILN_OP_REDUCE] = layer_reduce,     [KILN_OP_SOFTMAX] = layer_softmax,
-    [KILN_OP_CONCAT] = layer_concat,     [KILN_OP_SLICE] = layer_slice,
-    [KILN_OP_SHUFFLE] = layer_shuffle,   [KILN_OP_GATHER] = layer_gather,
-    [KILN_OP_CAST] = layer_cast,         [KILN_OP_PLUGIN] = layer_plugin,
+    [KILN_OP_CONSTANT] = layer_constant, [KILN_OP_MATMUL] = layer_matmul, [KILN_OP_BINARY] = layer_binary,
+    [KILN_OP_UNARY] = layer_unary,       [KILN_OP_REDUCE] = layer_reduce, [KILN_OP_SOFTMAX] = layer_softmax,
+    [KILN_OP_CONCAT] = layer_concat,     [KILN_OP_SLICE] = layer_slice,   [KILN_OP_SHUFFLE] = layer_shuffle,
+    [KILN_OP_GATHER] = layer_gather,     [KILN_OP_CAST] = layer_cast,     [KILN_OP_PLUGIN] = layer_plugin,
 };
 
 static kiln_status unknown_op(jctx *c, const char *op)
@@ -995,8 +975,7 @@ static kiln_status unknown_op(jctx *c, const char *op)
         if (!info->declarable)
             continue;
         k++;
-        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s",
-                              k == 1 ? "" : k == count ? " or " : ", ", info->name);
+        n += (size_t)snprintf(list + n, sizeof list - n, "%s%s", k == 1 ? "" : k == count ? " or " : ", ", info->name);
     }
     return jfail(c, KILN_ERROR_INVALID_ARGUMENT, "op", "unknown op \"%s\" (expected %s)", op, list);
 }
@@ -1069,11 +1048,11 @@ static kiln_status parse_profiles(jctx *c, json_t *profiles)
             return jwrap(c, s);
         const char *input;
         json_t *v;
-        json_object_foreach(jp, input, v) {
+        json_object_foreach(jp, input, v)
+        {
             set_where(c, "profile %zu, input \"%s\"", p, input);
             if (!json_is_object(v))
-                return jfail(c, KILN_ERROR_INVALID_ARGUMENT, NULL,
-                             "expected {\"min\", \"opt\", \"max\"}");
+                return jfail(c, KILN_ERROR_INVALID_ARGUMENT, NULL, "expected {\"min\", \"opt\", \"max\"}");
             KILN_TRY(check_keys(c, v, keys));
             kiln_dims d[3];
             for (int k = 0; k < 3; k++) {
@@ -1119,8 +1098,7 @@ static kiln_status parse_outputs(jctx *c, json_t *outputs)
 
 static kiln_status parse_root(jctx *c, json_t *root)
 {
-    static const char *const keys[] = {"kiln_network", "inputs", "profiles", "layers", "outputs",
-                                       NULL};
+    static const char *const keys[] = {"kiln_network", "inputs", "profiles", "layers", "outputs", NULL};
     set_where(c, "top level");
     if (!json_is_object(root))
         return jfail(c, KILN_ERROR_FORMAT, NULL, "expected a JSON object");
@@ -1130,11 +1108,9 @@ static kiln_status parse_root(jctx *c, json_t *root)
         return jfail(c, KILN_ERROR_FORMAT, "kiln_network",
                      "missing (the format version, %d, marks a kiln network file)", FORMAT_VERSION);
     if (!json_is_integer(ver))
-        return jfail(c, KILN_ERROR_FORMAT, "kiln_network", "expected the integer %d",
-                     FORMAT_VERSION);
+        return jfail(c, KILN_ERROR_FORMAT, "kiln_network", "expected the integer %d", FORMAT_VERSION);
     if (json_integer_value(ver) != FORMAT_VERSION)
-        return jfail(c, KILN_ERROR_VERSION, "kiln_network",
-                     "format version %lld is not supported (this kiln reads %d)",
+        return jfail(c, KILN_ERROR_VERSION, "kiln_network", "format version %lld is not supported (this kiln reads %d)",
                      (long long)json_integer_value(ver), FORMAT_VERSION);
     json_t *layers = json_object_get(root, "layers");
     json_t *outputs = json_object_get(root, "outputs");
@@ -1156,14 +1132,13 @@ static kiln_status parse_root(jctx *c, json_t *root)
     return parse_outputs(c, outputs);
 }
 
-static kiln_status parse_named(kiln_registry *reg, const char *text, size_t size,
-                               const char *base_dir, const char *what, kiln_network **out)
+static kiln_status parse_named(kiln_registry *reg, const char *text, size_t size, const char *base_dir,
+                               const char *what, kiln_network **out)
 {
     json_error_t jerr;
     json_t *root = json_loadb(text, size, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: line %d, column %d: %s", what, jerr.line,
-                         jerr.column, jerr.text);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: line %d, column %d: %s", what, jerr.line, jerr.column, jerr.text);
     kiln_network *net = NULL;
     kiln_status s = kiln_network_create(reg, &net);
     if (s) {
@@ -1188,8 +1163,8 @@ static kiln_status parse_named(kiln_registry *reg, const char *text, size_t size
 
 /* ---- entry points ---------------------------------------------------------------- */
 
-kiln_status kiln_network_parse_json(kiln_registry *reg, const char *text, size_t size,
-                                    const char *base_dir, kiln_network **out)
+kiln_status kiln_network_parse_json(kiln_registry *reg, const char *text, size_t size, const char *base_dir,
+                                    kiln_network **out)
 {
     if ((!text && size) || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_network_parse_json: NULL argument");

@@ -27,15 +27,13 @@ const char *kiln_field_type_name(kiln_field_type type)
 
 /* ---- checking what a plugin returns ------------------------------------- */
 
-kiln_status kiln_plugin_error(const char *plugin, const char *call, kiln_status s,
-                              unsigned long fails_before)
+kiln_status kiln_plugin_error(const char *plugin, const char *call, kiln_status s, unsigned long fails_before)
 {
     if ((unsigned)s >= KILN_STATUS_COUNT || s == KILN_OK)
         s = KILN_ERROR_PLUGIN;
     if (kiln_host_fail_count() != fails_before)
         return kiln_fail_context(s, "plugin %s", plugin);
-    return kiln_fail(s, "plugin %s: %s failed with %s and gave no message", plugin, call,
-                     kiln_status_name(s));
+    return kiln_fail(s, "plugin %s: %s failed with %s and gave no message", plugin, call, kiln_status_name(s));
 }
 
 /* An error from a plugin must leave a message: if the plugin did not call
@@ -51,8 +49,8 @@ static kiln_status plugin_error(const kiln_plugin_creator *c, const char *call, 
         return s;
     }
     if (c)
-        return kiln_fail(s, "plugin " TRIPLE_FMT ": %s failed with %s and gave no message", TRIPLE_ARGS(c),
-                         call, kiln_status_name(s));
+        return kiln_fail(s, "plugin " TRIPLE_FMT ": %s failed with %s and gave no message", TRIPLE_ARGS(c), call,
+                         kiln_status_name(s));
     return kiln_fail(s, "plugin: %s failed with %s and gave no message", call, kiln_status_name(s));
 }
 
@@ -79,9 +77,8 @@ static kiln_status check_instance(const kiln_plugin_creator *c, const char *call
         problem = "returned ops whose struct_size is smaller than plugin ABI version 1's";
     else if (p->ops->abi_version < 1 || p->ops->abi_version > KILN_PLUGIN_ABI_VERSION)
         problem = "returned ops of an unsupported plugin ABI version";
-    else if (!p->ops->num_outputs || !p->ops->output_shapes || !p->ops->output_dtypes ||
-             !p->ops->supports || !p->ops->enqueue || !p->ops->serialize || !p->ops->clone ||
-             !p->ops->destroy)
+    else if (!p->ops->num_outputs || !p->ops->output_shapes || !p->ops->output_dtypes || !p->ops->supports ||
+             !p->ops->enqueue || !p->ops->serialize || !p->ops->clone || !p->ops->destroy)
         problem = "returned ops with a missing function (all but workspace_size are required)";
     if (!problem)
         return KILN_OK;
@@ -116,8 +113,8 @@ static kiln_status unknown_field(const kiln_plugin_creator *c, const char *name)
         used += (size_t)n < sizeof list - used ? (size_t)n : sizeof list - used - 1;
     }
     if (c->n_fields == 0)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "plugin " TRIPLE_FMT ": unknown field \"%s\" (it takes no fields)",
-                         TRIPLE_ARGS(c), name);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "plugin " TRIPLE_FMT ": unknown field \"%s\" (it takes no fields)", TRIPLE_ARGS(c), name);
     return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "plugin " TRIPLE_FMT ": unknown field \"%s\" (fields: %s)",
                      TRIPLE_ARGS(c), name, list);
 }
@@ -141,11 +138,12 @@ static kiln_status check_field(const kiln_plugin_creator *c, const kiln_field *f
     if (spec->count == KILN_FIELD_ANY_COUNT) {
         if (f->count < 1)
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "plugin " TRIPLE_FMT ": field \"%s\" has %lld values, expected at least 1",
-                             TRIPLE_ARGS(c), f->name, (long long)f->count);
+                             "plugin " TRIPLE_FMT ": field \"%s\" has %lld values, expected at least 1", TRIPLE_ARGS(c),
+                             f->name, (long long)f->count);
     } else if (f->count != spec->count) {
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "plugin " TRIPLE_FMT ": field \"%s\" has %lld values, expected %lld",
-                         TRIPLE_ARGS(c), f->name, (long long)f->count, (long long)spec->count);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "plugin " TRIPLE_FMT ": field \"%s\" has %lld values, expected %lld", TRIPLE_ARGS(c), f->name,
+                         (long long)f->count, (long long)spec->count);
     }
     if (!f->data)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "plugin " TRIPLE_FMT ": field \"%s\" has no data", TRIPLE_ARGS(c),
@@ -180,8 +178,10 @@ static kiln_status apply_schema(const kiln_plugin_creator *c, const kiln_field *
     int32_t n = 0;
     for (int32_t k = 0; k < c->n_fields && s == KILN_OK; k++) {
         const kiln_field_spec *spec = &c->fields[k];
-        kiln_field f = {.struct_size = sizeof(kiln_field), .abi_version = KILN_PLUGIN_ABI_VERSION,
-                        .name = spec->name, .type = spec->type};
+        kiln_field f = {.struct_size = sizeof(kiln_field),
+                        .abi_version = KILN_PLUGIN_ABI_VERSION,
+                        .name = spec->name,
+                        .type = spec->type};
         if (given[k]) {
             f.count = given[k]->count;
             f.data = given[k]->data;
@@ -269,26 +269,22 @@ kiln_status kiln_plugin_check_layer(const kiln_graph *g, const kiln_layer *l, ki
 {
     int32_t pi = l->p.plugin.index;
     if (pi < 0 || pi >= g->n_plugins)
-        return kiln_fail(KILN_ERROR_INTERNAL, "layer \"%s\": plugin record %d of %d", l->name, pi,
-                         g->n_plugins);
+        return kiln_fail(KILN_ERROR_INTERNAL, "layer \"%s\": plugin record %d of %d", l->name, pi, g->n_plugins);
     const kiln_plugin_rec *rec = &g->plugins[pi];
     if (!rec->instance || !rec->instance->ops)
-        return kiln_fail(KILN_ERROR_PLUGIN,
-                         "layer \"%s\": plugin %s %s (namespace \"%s\") is not resolved", l->name,
+        return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": plugin %s %s (namespace \"%s\") is not resolved", l->name,
                          rec->name, rec->version, rec->plugin_namespace ? rec->plugin_namespace : "");
     const kiln_plugin_ops *ops = rec->instance->ops;
     if (!(ops->backends & KILN_BACKEND_BIT(backend)))
         return kiln_fail(KILN_ERROR_UNSUPPORTED,
-                         "layer \"%s\": plugin %s %s (namespace \"%s\") has no %s implementation",
-                         l->name, rec->name, rec->version,
-                         rec->plugin_namespace ? rec->plugin_namespace : "", kiln_backend_name(backend));
+                         "layer \"%s\": plugin %s %s (namespace \"%s\") has no %s implementation", l->name, rec->name,
+                         rec->version, rec->plugin_namespace ? rec->plugin_namespace : "", kiln_backend_name(backend));
     int32_t n = l->n_inputs + l->n_outputs;
     kiln_tensor_desc *descs = calloc(n > 0 ? (size_t)n : 1, sizeof *descs);
     if (!descs)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": checking dtypes", l->name);
     for (int32_t k = 0; k < n; k++) {
-        const kiln_tensor_rec *t =
-            &g->tensors[k < l->n_inputs ? l->inputs[k] : l->outputs[k - l->n_inputs]];
+        const kiln_tensor_rec *t = &g->tensors[k < l->n_inputs ? l->inputs[k] : l->outputs[k - l->n_inputs]];
         descs[k].struct_size = (uint32_t)sizeof descs[k];
         descs[k].abi_version = KILN_PLUGIN_ABI_VERSION;
         descs[k].dtype = t->dtype;
@@ -302,14 +298,16 @@ kiln_status kiln_plugin_check_layer(const kiln_graph *g, const kiln_layer *l, ki
         char list[256] = "";
         size_t pos = 0;
         for (int32_t k = 0; k < n && pos < sizeof list; k++) {
-            int w = snprintf(list + pos, sizeof list - pos, "%s%s", k == 0 ? "" :
-                             k == l->n_inputs ? " -> " : ", ", kiln_dtype_name(descs[k].dtype));
+            int w = snprintf(list + pos, sizeof list - pos, "%s%s",
+                             k == 0             ? ""
+                             : k == l->n_inputs ? " -> "
+                                                : ", ",
+                             kiln_dtype_name(descs[k].dtype));
             if (w < 0)
                 break;
             pos += (size_t)w;
         }
-        s = kiln_fail(KILN_ERROR_UNSUPPORTED,
-                      "layer \"%s\": plugin %s %s does not support dtypes (%s) on %s", l->name,
+        s = kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": plugin %s %s does not support dtypes (%s) on %s", l->name,
                       rec->name, rec->version, list, kiln_backend_name(backend));
     }
     free(descs);

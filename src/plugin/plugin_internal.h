@@ -33,8 +33,7 @@ const char *kiln_field_type_name(kiln_field_type type);
  * called host->fail since kiln_host_fail_count() was fails_before, its
  * message prefixed with the plugin's name; otherwise "... failed with
  * KILN_ERROR_... and gave no message". */
-kiln_status kiln_plugin_error(const char *plugin, const char *call, kiln_status s,
-                              unsigned long fails_before);
+kiln_status kiln_plugin_error(const char *plugin, const char *call, kiln_status s, unsigned long fails_before);
 
 /* The error of a plugin layer `layer` whose enqueue returned s, in the
  * same two forms. */
@@ -45,18 +44,16 @@ kiln_status kiln_plugin_enqueue_error(const char *layer, kiln_status s, unsigned
  * builder and by the runtime at load, with the same messages. */
 struct kiln_graph;
 struct kiln_layer;
-kiln_status kiln_plugin_check_layer(const struct kiln_graph *g, const struct kiln_layer *l,
-                                    kiln_backend backend);
+kiln_status kiln_plugin_check_layer(const struct kiln_graph *g, const struct kiln_layer *l, kiln_backend backend);
 
 /* Calls creator->deserialize and checks what comes back exactly as
  * kiln_plugin_create checks create(): an error always carries a message
  * naming the plugin, and a returned instance has a complete ops table. */
-kiln_status kiln_plugin_deserialize(const kiln_plugin_creator *creator, uint32_t blob_version,
-                                    const void *blob, size_t size, kiln_plugin **out);
+kiln_status kiln_plugin_deserialize(const kiln_plugin_creator *creator, uint32_t blob_version, const void *blob,
+                                    size_t size, kiln_plugin **out);
 
 /* self->ops->clone with the same checks. `creator` names the plugin in
  * messages and may be NULL. */
-kiln_status kiln_plugin_clone(const kiln_plugin_creator *creator, const kiln_plugin *self,
-                              kiln_plugin **out);
+kiln_status kiln_plugin_clone(const kiln_plugin_creator *creator, const kiln_plugin *self, kiln_plugin **out);
 
 #endif

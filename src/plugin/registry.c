@@ -19,9 +19,9 @@ typedef struct registry_entry {
 } registry_entry;
 
 typedef struct registry_library {
-    char *path;   /* as the caller gave it: that is the name users recognise */
+    char *path; /* as the caller gave it: that is the name users recognise */
     void *handle;
-    dev_t dev;    /* identity of the file, whatever path reached it */
+    dev_t dev; /* identity of the file, whatever path reached it */
     ino_t ino;
 } registry_library;
 
@@ -91,8 +91,8 @@ static kiln_status check_field_schema(const kiln_registry *reg, const kiln_plugi
 {
     const char *lib = current_library(reg);
     if (c->n_fields < 0 || (c->n_fields > 0 && !c->fields))
-        return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field schema has %d entries at %p",
-                         c->name, lib, (int)c->n_fields, (const void *)c->fields);
+        return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field schema has %d entries at %p", c->name, lib,
+                         (int)c->n_fields, (const void *)c->fields);
     for (int32_t i = 0; i < c->n_fields; i++) {
         const kiln_field_spec *s = &c->fields[i];
         if (s->struct_size < KILN_FIELD_SPEC_V1_SIZE)
@@ -101,24 +101,22 @@ static kiln_status check_field_schema(const kiln_registry *reg, const kiln_plugi
                              "ABI version 1's %zu",
                              c->name, lib, (int)i, s->struct_size, KILN_FIELD_SPEC_V1_SIZE);
         if (!s->name || !s->name[0])
-            return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field spec %d has no name",
-                             c->name, lib, (int)i);
+            return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field spec %d has no name", c->name, lib,
+                             (int)i);
         if ((unsigned)s->type >= KILN_FIELD_TYPE_COUNT)
-            return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field \"%s\" has unknown type %d",
-                             c->name, lib, s->name, (int)s->type);
-        if (s->count != KILN_FIELD_ANY_COUNT &&
-            (s->count < 1 || (s->type == KILN_FIELD_STRING && s->count != 1)))
-            return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field \"%s\" has invalid count %lld",
-                             c->name, lib, s->name, (long long)s->count);
-        if (s->default_data && (s->default_count < 1 || (s->count != KILN_FIELD_ANY_COUNT &&
-                                                        s->default_count != s->count)))
-            return kiln_fail(KILN_ERROR_PLUGIN,
-                             "plugin \"%s\" from %s: field \"%s\" has a default of %lld values",
+            return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field \"%s\" has unknown type %d", c->name, lib,
+                             s->name, (int)s->type);
+        if (s->count != KILN_FIELD_ANY_COUNT && (s->count < 1 || (s->type == KILN_FIELD_STRING && s->count != 1)))
+            return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field \"%s\" has invalid count %lld", c->name,
+                             lib, s->name, (long long)s->count);
+        if (s->default_data &&
+            (s->default_count < 1 || (s->count != KILN_FIELD_ANY_COUNT && s->default_count != s->count)))
+            return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field \"%s\" has a default of %lld values",
                              c->name, lib, s->name, (long long)s->default_count);
         for (int32_t j = 0; j < i; j++)
             if (strcmp(c->fields[j].name, s->name) == 0)
-                return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field \"%s\" is declared twice",
-                                 c->name, lib, s->name);
+                return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: field \"%s\" is declared twice", c->name,
+                                 lib, s->name);
     }
     return KILN_OK;
 }
@@ -143,21 +141,19 @@ static kiln_status check_creator(const kiln_registry *reg, const kiln_plugin_cre
                          "kiln supports (1 to %u)",
                          lib, name, c->abi_version, KILN_PLUGIN_ABI_VERSION);
     if (!c->name || !c->name[0] || !c->version || !c->plugin_namespace)
-        return kiln_fail(KILN_ERROR_PLUGIN,
-                         "plugin library %s: creator \"%s\" lacks a name, version or namespace", lib, name);
+        return kiln_fail(KILN_ERROR_PLUGIN, "plugin library %s: creator \"%s\" lacks a name, version or namespace", lib,
+                         name);
     if (!c->create || !c->deserialize)
-        return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: creator has no %s function",
-                         c->name, lib, c->create ? "deserialize" : "create");
+        return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" from %s: creator has no %s function", c->name, lib,
+                         c->create ? "deserialize" : "create");
     return check_field_schema(reg, c);
 }
 
-static registry_entry *find_entry(const kiln_registry *reg, const char *name, const char *version,
-                                  const char *ns)
+static registry_entry *find_entry(const kiln_registry *reg, const char *name, const char *version, const char *ns)
 {
     for (int32_t i = 0; i < reg->n_entries; i++) {
         const kiln_plugin_creator *c = reg->entries[i].creator;
-        if (strcmp(c->name, name) == 0 && strcmp(c->version, version) == 0 &&
-            strcmp(c->plugin_namespace, ns) == 0)
+        if (strcmp(c->name, name) == 0 && strcmp(c->version, version) == 0 && strcmp(c->plugin_namespace, ns) == 0)
             return &reg->entries[i];
     }
     return NULL;
@@ -168,14 +164,12 @@ static kiln_status register_checked(kiln_registry *reg, const kiln_plugin_creato
     KILN_TRY(check_creator(reg, c));
     const registry_entry *old = find_entry(reg, c->name, c->version, c->plugin_namespace);
     if (old && old->library >= 0 && old->library >= reg->n_libraries)
-        return kiln_fail(KILN_ERROR_PLUGIN,
-                         "plugin \"%s\" version \"%s\" namespace \"%s\" is registered twice by %s",
+        return kiln_fail(KILN_ERROR_PLUGIN, "plugin \"%s\" version \"%s\" namespace \"%s\" is registered twice by %s",
                          c->name, c->version, c->plugin_namespace, current_library(reg));
     if (old)
         return kiln_fail(KILN_ERROR_PLUGIN,
-                         "plugin \"%s\" version \"%s\" namespace \"%s\" from %s is already registered by %s",
-                         c->name, c->version, c->plugin_namespace, current_library(reg),
-                         entry_library(reg, old));
+                         "plugin \"%s\" version \"%s\" namespace \"%s\" from %s is already registered by %s", c->name,
+                         c->version, c->plugin_namespace, current_library(reg), entry_library(reg, old));
     if (reg->n_entries == reg->cap_entries) {
         int32_t cap = reg->cap_entries ? 2 * reg->cap_entries : 16;
         registry_entry *e = realloc(reg->entries, (size_t)cap * sizeof *e);
@@ -195,8 +189,7 @@ static kiln_status register_checked(kiln_registry *reg, const kiln_plugin_creato
 kiln_status kiln_registry_register(kiln_registry *reg, const kiln_plugin_creator *creator)
 {
     if (!reg || !creator)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "register_creator: %s is NULL",
-                         reg ? "creator" : "registry");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "register_creator: %s is NULL", reg ? "creator" : "registry");
     kiln_status s = register_checked(reg, creator);
     if (s != KILN_OK && reg->loading_path && reg->loading_failure == KILN_OK) {
         reg->loading_failure = s;
@@ -211,14 +204,12 @@ kiln_status kiln_registry_register(kiln_registry *reg, const kiln_plugin_creator
 static int library_identity(void *handle, const char *path, struct stat *st)
 {
     struct link_map *lm = NULL;
-    if (dlinfo(handle, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0] &&
-        stat(lm->l_name, st) == 0)
+    if (dlinfo(handle, RTLD_DI_LINKMAP, &lm) == 0 && lm && lm->l_name && lm->l_name[0] && stat(lm->l_name, st) == 0)
         return 0;
     return stat(path, st);
 }
 
-static kiln_status append_library(kiln_registry *reg, const char *path, void *handle,
-                                  const struct stat *st)
+static kiln_status append_library(kiln_registry *reg, const char *path, void *handle, const struct stat *st)
 {
     if (reg->n_libraries == reg->cap_libraries) {
         int32_t cap = reg->cap_libraries ? 2 * reg->cap_libraries : 4;
@@ -242,8 +233,7 @@ kiln_status kiln_registry_load_library(kiln_registry *reg, const char *path)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_registry_load_library: %s",
                          reg ? "empty path" : "registry is NULL");
     if (reg->loading_path)
-        return kiln_fail(KILN_ERROR_PLUGIN, "plugin library %s: loaded from the init of %s", path,
-                         reg->loading_path);
+        return kiln_fail(KILN_ERROR_PLUGIN, "plugin library %s: loaded from the init of %s", path, reg->loading_path);
 
     dlerror();
     void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -309,9 +299,8 @@ kiln_status kiln_registry_load_library(kiln_registry *reg, const char *path)
 
 /* ---- lookups --------------------------------------------------------------- */
 
-const kiln_plugin_creator *kiln_registry_find(const kiln_registry *reg, const char *name,
-                                              const char *version, const char *plugin_namespace,
-                                              const char **library)
+const kiln_plugin_creator *kiln_registry_find(const kiln_registry *reg, const char *name, const char *version,
+                                              const char *plugin_namespace, const char **library)
 {
     if (!reg || !name || !version)
         return NULL;
@@ -350,8 +339,8 @@ void kiln_registry_near_misses(const kiln_registry *reg, const char *name, const
             continue;
         if (version && strcmp(c->version, version) == 0 && strcmp(c->plugin_namespace, ns) == 0)
             continue;
-        int n = snprintf(buf + used, size - used, "%s%s %s (namespace \"%s\") from %s", used ? ", " : "",
-                         c->name, c->version, c->plugin_namespace, entry_library(reg, &reg->entries[i]));
+        int n = snprintf(buf + used, size - used, "%s%s %s (namespace \"%s\") from %s", used ? ", " : "", c->name,
+                         c->version, c->plugin_namespace, entry_library(reg, &reg->entries[i]));
         if (n < 0)
             break;
         used += (size_t)n < size - used ? (size_t)n : size - used - 1;

@@ -7,8 +7,7 @@
 #include "../backend/backend.h"
 #include "../core/error.h"
 
-kiln_status kiln_backend_measure_copy_bandwidth(kiln_backend backend, size_t bytes, int32_t reps,
-                                                double *bytes_per_s)
+kiln_status kiln_backend_measure_copy_bandwidth(kiln_backend backend, size_t bytes, int32_t reps, double *bytes_per_s)
 {
     if (!bytes_per_s || reps < 1 || reps > 64)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,

@@ -15,10 +15,7 @@
 
 static void *block_alloc(const kiln_arena_pool *p) { return p->backend->mem_alloc(p->block_bytes, 1); }
 
-static void block_free(const kiln_arena_pool *p, void *block)
-{
-    p->backend->mem_free(block, p->block_bytes, 1);
-}
+static void block_free(const kiln_arena_pool *p, void *block) { p->backend->mem_free(block, p->block_bytes, 1); }
 
 void *kiln_arena_pool_take(kiln_arena_pool *p)
 {
@@ -93,8 +90,8 @@ static kiln_status ensure_io_buffers(kiln_context *ctx)
             continue;
         void *p = e->backend->mem_alloc(bytes, 0);
         if (!p)
-            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %zu bytes of I/O tensor \"%s\"",
-                             bytes, r->name);
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %zu bytes of I/O tensor \"%s\"", bytes,
+                             r->name);
         io_free(ctx, t);
         ctx->plan.io_buf[t] = p;
         ctx->io_cap[t] = bytes;
@@ -135,8 +132,8 @@ static kiln_status eval_shapes(kiln_context *ctx)
         size_t cap = (r->flags & KILN_TENSOR_CONSTANT) ? r->data_size : r->max_bytes;
         if (bytes > cap)
             return kiln_fail(KILN_ERROR_SHAPE,
-                             "tensor \"%s\" needs %zu bytes at these shapes but the engine planned %zu",
-                             r->name, bytes, cap);
+                             "tensor \"%s\" needs %zu bytes at these shapes but the engine planned %zu", r->name, bytes,
+                             cap);
     }
     return KILN_OK;
 }
@@ -201,8 +198,7 @@ kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out)
     ctx->plan.io_buf = calloc(count_or_one(g->n_tensors), sizeof *ctx->plan.io_buf);
     ctx->io_cap = calloc(count_or_one(g->n_tensors), sizeof *ctx->io_cap);
     if (!ctx->plan.io_buf || !ctx->io_cap || !ctx->plan.plugins || !ctx->plan.symbols || !ctx->values ||
-        !ctx->plan.dims || !ctx->input_set || !ctx->plan.bound || !ctx->plan.in_args ||
-        !ctx->plan.out_args) {
+        !ctx->plan.dims || !ctx->input_set || !ctx->plan.bound || !ctx->plan.in_args || !ctx->plan.out_args) {
         kiln_context_destroy(ctx);
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory creating a context");
     }
@@ -224,12 +220,10 @@ kiln_status kiln_context_create(kiln_engine *engine, kiln_context **out)
                 s = kiln_fail(KILN_ERROR_PLUGIN, "clone returned no instance");
             else if (strncmp(before, kiln_last_error(), sizeof before - 1) == 0)
                 kiln_fail(s, "clone failed with %s and gave no message", kiln_status_name(s));
-            return kiln_fail_context(s, "plugin \"%s\": cloning for a context",
-                                     g->plugins[i].name);
+            return kiln_fail_context(s, "plugin \"%s\": cloning for a context", g->plugins[i].name);
         }
     }
-    kiln_status bs = engine->backend->context_create(engine->backend_engine, &ctx->plan,
-                                                      &ctx->backend_context);
+    kiln_status bs = engine->backend->context_create(engine->backend_engine, &ctx->plan, &ctx->backend_context);
     if (bs != KILN_OK) {
         kiln_context_destroy(ctx);
         return bs;
@@ -264,8 +258,8 @@ kiln_status kiln_context_set_profile(kiln_context *ctx, int32_t profile)
     if (profile == ctx->profile)
         return KILN_OK;
     if (profile < 0 || profile >= g->n_profiles)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "profile %d out of range (engine has %d)",
-                         (int)profile, (int)g->n_profiles);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "profile %d out of range (engine has %d)", (int)profile,
+                         (int)g->n_profiles);
     /* Shapes set under the old profile may be outside the new one's
      * bounds: dynamic inputs must be set again. */
     ctx->profile = profile;
@@ -282,24 +276,20 @@ static kiln_status check_input_dims(const kiln_context *ctx, int32_t in, const k
     const kiln_graph *g = &ctx->engine->graph;
     const kiln_tensor_rec *r = &g->tensors[g->inputs[in]];
     if (dims->rank != r->rank)
-        return kiln_fail(KILN_ERROR_SHAPE, "input \"%s\" has rank %d, got a shape of rank %d",
-                         r->name, (int)r->rank, (int)dims->rank);
-    const kiln_profile_dims *p = g->n_profiles
-                                     ? &g->profiles[(size_t)ctx->profile * (size_t)g->n_inputs + (size_t)in]
-                                     : NULL;
+        return kiln_fail(KILN_ERROR_SHAPE, "input \"%s\" has rank %d, got a shape of rank %d", r->name, (int)r->rank,
+                         (int)dims->rank);
+    const kiln_profile_dims *p =
+        g->n_profiles ? &g->profiles[(size_t)ctx->profile * (size_t)g->n_inputs + (size_t)in] : NULL;
     for (int32_t k = 0; k < r->rank; k++) {
         int64_t fixed, v = dims->d[k];
         if (v < 0)
-            return kiln_fail(KILN_ERROR_SHAPE, "input \"%s\" dim %d = %lld is negative", r->name,
-                             (int)k, (long long)v);
+            return kiln_fail(KILN_ERROR_SHAPE, "input \"%s\" dim %d = %lld is negative", r->name, (int)k, (long long)v);
         if (kiln_expr_is_const(&g->exprs, r->dims[k], &fixed) && v != fixed)
-            return kiln_fail(KILN_ERROR_SHAPE, "input \"%s\" dim %d = %lld, but the engine fixes it at %lld",
-                             r->name, (int)k, (long long)v, (long long)fixed);
-        if (p && p->min.rank == r->rank && p->max.rank == r->rank &&
-            (v < p->min.d[k] || v > p->max.d[k]))
-            return kiln_fail(KILN_ERROR_SHAPE, "input \"%s\" dim %d = %lld is outside profile %d [%lld, %lld]",
-                             r->name, (int)k, (long long)v, (int)ctx->profile,
-                             (long long)p->min.d[k], (long long)p->max.d[k]);
+            return kiln_fail(KILN_ERROR_SHAPE, "input \"%s\" dim %d = %lld, but the engine fixes it at %lld", r->name,
+                             (int)k, (long long)v, (long long)fixed);
+        if (p && p->min.rank == r->rank && p->max.rank == r->rank && (v < p->min.d[k] || v > p->max.d[k]))
+            return kiln_fail(KILN_ERROR_SHAPE, "input \"%s\" dim %d = %lld is outside profile %d [%lld, %lld]", r->name,
+                             (int)k, (long long)v, (int)ctx->profile, (long long)p->min.d[k], (long long)p->max.d[k]);
     }
     return KILN_OK;
 }
@@ -310,8 +300,7 @@ kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name, co
     int32_t t = name ? kiln_graph_find_tensor(g, name) : -1;
     int32_t in = t >= 0 ? input_index(g, t) : -1;
     if (in < 0)
-        return kiln_fail(KILN_ERROR_NOT_FOUND, "engine has no input named \"%s\"",
-                         name ? name : "(null)");
+        return kiln_fail(KILN_ERROR_NOT_FOUND, "engine has no input named \"%s\"", name ? name : "(null)");
     if (!dims)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "input \"%s\": dims are required", name);
     KILN_TRY(check_input_dims(ctx, in, dims));
@@ -333,15 +322,13 @@ kiln_status kiln_context_set_input_shape(kiln_context *ctx, const char *name, co
         kiln_status s = eval_shapes(ctx);
         if (s != KILN_OK) {
             for (int32_t k = 0; k < g->n_symbols; k++)
-                if (g->symbols[k].tensor == t && g->symbols[k].axis >= 0 &&
-                    g->symbols[k].axis < dims->rank)
+                if (g->symbols[k].tensor == t && g->symbols[k].axis >= 0 && g->symbols[k].axis < dims->rank)
                     ctx->plan.symbols[k] = old[g->symbols[k].axis];
             ctx->input_set[in] = was_set;
             /* The dims array was overwritten; re-evaluate the old shapes. */
             if (was_ready)
                 ctx->shapes_ready = eval_shapes(ctx) == KILN_OK;
-            return kiln_fail_context(s, "input \"%s\" = %s", name,
-                                     kiln_dims_format(dims, (char[160]){0}, 160));
+            return kiln_fail_context(s, "input \"%s\" = %s", name, kiln_dims_format(dims, (char[160]){0}, 160));
         }
     }
     if (all_set) {
@@ -376,8 +363,7 @@ static int32_t find_io(const kiln_context *ctx, const char *name)
     const kiln_graph *g = &ctx->engine->graph;
     int32_t t = name ? kiln_graph_find_tensor(g, name) : -1;
     if (t < 0 || !(g->tensors[t].flags & (KILN_TENSOR_INPUT | KILN_TENSOR_OUTPUT))) {
-        kiln_fail(KILN_ERROR_NOT_FOUND, "engine has no input or output named \"%s\"",
-                  name ? name : "(null)");
+        kiln_fail(KILN_ERROR_NOT_FOUND, "engine has no input or output named \"%s\"", name ? name : "(null)");
         return -1;
     }
     return t;
@@ -447,8 +433,8 @@ kiln_status kiln_context_run_reference(kiln_context *ctx)
 
 /* The I/O tensor `name` and its bytes at the current shapes, which must be
  * exactly `bytes`: a short copy would leave stale data in the tensor. */
-static kiln_status io_bytes(kiln_context *ctx, const char *name, const void *host, size_t bytes,
-                            int32_t *t, size_t *need)
+static kiln_status io_bytes(kiln_context *ctx, const char *name, const void *host, size_t bytes, int32_t *t,
+                            size_t *need)
 {
     *t = find_io(ctx, name);
     if (*t < 0)
@@ -457,23 +443,20 @@ static kiln_status io_bytes(kiln_context *ctx, const char *name, const void *hos
     const kiln_tensor_rec *r = &ctx->engine->graph.tensors[*t];
     KILN_TRY(kiln_dims_bytes(&ctx->plan.dims[*t], r->dtype, need));
     if (bytes != *need)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "tensor \"%s\" holds %zu bytes at these shapes, the copy has %zu", name,
-                         *need, bytes);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\" holds %zu bytes at these shapes, the copy has %zu",
+                         name, *need, bytes);
     if (!host && bytes)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\": host pointer is NULL", name);
     return KILN_OK;
 }
 
-kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name, const void *host,
-                                    size_t bytes)
+kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name, const void *host, size_t bytes)
 {
     int32_t t;
     size_t need;
     KILN_TRY(io_bytes(ctx, name, host, bytes, &t, &need));
     if (ctx->engine->graph.tensors[t].flags & KILN_TENSOR_CONSTANT)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\" is a constant of the engine",
-                         name);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\" is a constant of the engine", name);
     if (!bytes)
         return KILN_OK;
     return ctx->engine->backend->copy(ctx->backend_context, t, (void *)host, bytes, 1);
@@ -534,16 +517,14 @@ kiln_status kiln_context_set_profiling(kiln_context *ctx, int32_t enable)
 
 int32_t kiln_context_num_layers(const kiln_context *ctx) { return ctx->engine->graph.n_layers; }
 
-kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const char **name,
-                                    const char **op, double *ms)
+kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const char **name, const char **op, double *ms)
 {
     const kiln_graph *g = &ctx->engine->graph;
     if (i < 0 || i >= g->n_layers)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer %d out of range (engine has %d)",
-                         (int)i, (int)g->n_layers);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer %d out of range (engine has %d)", (int)i,
+                         (int)g->n_layers);
     if (!ctx->plan.layer_ms)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "layer times need kiln_context_set_profiling before the run");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer times need kiln_context_set_profiling before the run");
     if (ctx->engine->backend->layer_times)
         KILN_TRY(ctx->engine->backend->layer_times(ctx->backend_context));
     if (name)

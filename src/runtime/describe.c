@@ -67,17 +67,16 @@ static json_t *steps_json(const kiln_layer_params *p)
         json_array_append_new(ops, json_integer(s->a));
         if (s->is_binary)
             json_array_append_new(ops, json_integer(s->b));
-        json_array_append_new(steps, json_pack("{s:s, s:o, s:i}", "op",
-                                               s->is_binary ? binary_name(s->op) : unary_name(s->op),
-                                               "operands", ops, "src_layer", s->src_layer));
+        json_array_append_new(steps,
+                              json_pack("{s:s, s:o, s:i}", "op", s->is_binary ? binary_name(s->op) : unary_name(s->op),
+                                        "operands", ops, "src_layer", s->src_layer));
     }
     return steps;
 }
 
 /* One attribute of the op table (core/op_table.h), readable: enum values
  * by name, axis masks as lists, expressions as text. */
-static json_t *attr_json(const kiln_graph *g, const kiln_layer *L, const kiln_op_attr *a,
-                         int32_t in_rank)
+static json_t *attr_json(const kiln_graph *g, const kiln_layer *L, const kiln_op_attr *a, int32_t in_rank)
 {
     const kiln_layer_params *p = &L->p;
     const uint8_t *field = (const uint8_t *)p + a->offset;
@@ -132,9 +131,8 @@ static json_t *attr_json(const kiln_graph *g, const kiln_layer *L, const kiln_op
 
 static json_t *params_json(const kiln_graph *g, const kiln_layer *L)
 {
-    int32_t in_rank = L->n_inputs > 0 && L->inputs[0] >= 0 && L->inputs[0] < g->n_tensors
-                          ? g->tensors[L->inputs[0]].rank
-                          : 0;
+    int32_t in_rank =
+        L->n_inputs > 0 && L->inputs[0] >= 0 && L->inputs[0] < g->n_tensors ? g->tensors[L->inputs[0]].rank : 0;
     json_t *o = json_object();
     const kiln_op_info *op = kiln_op_info_get(L->op);
     for (int32_t i = 0; op && i < op->n_attrs; i++) {
@@ -169,8 +167,7 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
     json_t *root = json_object();
 
     json_object_set_new(root, "header",
-                        json_pack("{s:i, s:s, s:I, s:i}", "format_version",
-                                  (int)info->format_version, "kiln_version",
+                        json_pack("{s:i, s:s, s:I, s:i}", "format_version", (int)info->format_version, "kiln_version",
                                   info->kiln_version[15] ? "?" : info->kiln_version, "file_size",
                                   (json_int_t)info->file_size, "sections", (int)info->n_sections));
     json_t *archs = json_array();
@@ -178,9 +175,7 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
         json_array_append_new(archs, json_integer(info->gpu_archs[i]));
     json_object_set_new(root, "target",
                         json_pack("{s:s, s:o}", "backend",
-                                  (unsigned)info->backend < KILN_BACKEND_COUNT
-                                      ? kiln_backend_name(info->backend)
-                                      : "?",
+                                  (unsigned)info->backend < KILN_BACKEND_COUNT ? kiln_backend_name(info->backend) : "?",
                                   "gpu_archs", archs));
 
     json_object_set_new(root, "inputs", tensor_names(g, g->inputs, g->n_inputs));
@@ -188,9 +183,8 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
 
     json_t *syms = json_array();
     for (int32_t s = 0; s < g->n_symbols; s++)
-        json_array_append_new(syms, json_pack("{s:s, s:i}", "tensor",
-                                              tensor_name(g, g->symbols[s].tensor), "axis",
-                                              g->symbols[s].axis));
+        json_array_append_new(
+            syms, json_pack("{s:s, s:i}", "tensor", tensor_name(g, g->symbols[s].tensor), "axis", g->symbols[s].axis));
     json_object_set_new(root, "symbols", syms);
 
     json_t *profiles = json_array();
@@ -199,8 +193,8 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
         for (int32_t i = 0; i < g->n_inputs; i++) {
             const kiln_profile_dims *d = &g->profiles[(size_t)p * (size_t)g->n_inputs + (size_t)i];
             json_object_set_new(inputs, tensor_name(g, g->inputs[i]),
-                                json_pack("{s:o, s:o, s:o}", "min", dims_json(&d->min), "opt",
-                                          dims_json(&d->opt), "max", dims_json(&d->max)));
+                                json_pack("{s:o, s:o, s:o}", "min", dims_json(&d->min), "opt", dims_json(&d->opt),
+                                          "max", dims_json(&d->max)));
         }
         json_array_append_new(profiles, inputs);
     }
@@ -212,8 +206,8 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
         json_t *dims = json_array();
         for (int32_t i = 0; i < r->rank && i < KILN_MAX_RANK; i++)
             json_array_append_new(dims, expr_json(g, r->dims[i]));
-        json_t *o = json_pack("{s:s, s:s, s:o, s:o}", "name", r->name, "dtype",
-                              kiln_dtype_name(r->dtype), "dims", dims, "flags", flags_json(r->flags));
+        json_t *o = json_pack("{s:s, s:s, s:o, s:o}", "name", r->name, "dtype", kiln_dtype_name(r->dtype), "dims", dims,
+                              "flags", flags_json(r->flags));
         if (r->flags & KILN_TENSOR_CONSTANT) {
             json_object_set_new(o, "data_bytes", json_integer((json_int_t)r->data_size));
         } else {
@@ -227,11 +221,9 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
     json_t *layers = json_array();
     for (int32_t l = 0; l < g->n_layers; l++) {
         const kiln_layer *L = &g->layers[l];
-        json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o}", "name", L->name, "op",
-                              kiln_op_name(L->op),
-                              "inputs", tensor_names(g, L->inputs, L->n_inputs), "outputs",
-                              tensor_names(g, L->outputs, L->n_outputs), "params",
-                              params_json(g, L));
+        json_t *o = json_pack("{s:s, s:s, s:o, s:o, s:o}", "name", L->name, "op", kiln_op_name(L->op), "inputs",
+                              tensor_names(g, L->inputs, L->n_inputs), "outputs",
+                              tensor_names(g, L->outputs, L->n_outputs), "params", params_json(g, L));
         if (L->workspace)
             json_object_set_new(o, "workspace", json_integer((json_int_t)L->workspace));
         if (L->tactic >= 0)
@@ -241,18 +233,17 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
     json_object_set_new(root, "layers", layers);
 
     json_object_set_new(root, "memory",
-                        json_pack("{s:I, s:I}", "arena_bytes", (json_int_t)g->arena_size,
-                                  "workspace_bytes", (json_int_t)g->workspace_size));
+                        json_pack("{s:I, s:I}", "arena_bytes", (json_int_t)g->arena_size, "workspace_bytes",
+                                  (json_int_t)g->workspace_size));
 
     json_t *plugins = json_array();
     for (int32_t i = 0; i < g->n_plugins; i++) {
         const kiln_plugin_rec *r = &g->plugins[i];
-        json_array_append_new(
-            plugins, json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:b}", "name", r->name, "version",
-                               r->version, "namespace", r->plugin_namespace, "library",
-                               r->library ? r->library : "", "blob_version",
-                               (json_int_t)r->blob_version, "blob_bytes", (json_int_t)r->blob_size,
-                               "resolved", r->creator != NULL));
+        json_array_append_new(plugins,
+                              json_pack("{s:s, s:s, s:s, s:s, s:I, s:I, s:b}", "name", r->name, "version", r->version,
+                                        "namespace", r->plugin_namespace, "library", r->library ? r->library : "",
+                                        "blob_version", (json_int_t)r->blob_version, "blob_bytes",
+                                        (json_int_t)r->blob_size, "resolved", r->creator != NULL));
     }
     json_object_set_new(root, "plugins", plugins);
 
@@ -264,15 +255,13 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
             id[k] = c >= 0x20 && c < 0x7f ? c : '?';
         }
         id[4] = '\0';
-        json_array_append_new(sections, json_pack("{s:s, s:I}", "id", id, "bytes",
-                                                  (json_int_t)g->sections[i].size));
+        json_array_append_new(sections, json_pack("{s:s, s:I}", "id", id, "bytes", (json_int_t)g->sections[i].size));
     }
     json_object_set_new(root, "sections", sections);
     return root;
 }
 
-kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engine_header_info *info,
-                                            char **out)
+kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engine_header_info *info, char **out)
 {
     json_t *root = describe(g, info);
     char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
@@ -286,7 +275,6 @@ kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engi
 kiln_status kiln_engine_describe_json(const kiln_engine *engine, char **out)
 {
     if (!engine || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "kiln_engine_describe_json: engine and out are required");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_describe_json: engine and out are required");
     return kiln_engine_describe_graph_json(&engine->graph, &engine->info, out);
 }

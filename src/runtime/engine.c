@@ -39,8 +39,7 @@ static int same_triple(const kiln_plugin_rec *a, const kiln_plugin_rec *b)
 }
 
 /* Appends printf output to a fixed buffer, truncating. */
-static void appendf(char *buf, size_t size, size_t *len, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static void appendf(char *buf, size_t size, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static void appendf(char *buf, size_t size, size_t *len, const char *fmt, ...)
 {
     if (*len >= size)
@@ -63,8 +62,7 @@ static kiln_status resolve_plugins(kiln_registry *reg, kiln_graph *g)
     for (int32_t i = 0; i < g->n_plugins; i++) {
         kiln_plugin_rec *r = &g->plugins[i];
         const char *lib = NULL;
-        r->creator = reg ? kiln_registry_find(reg, r->name, r->version, r->plugin_namespace, &lib)
-                         : NULL;
+        r->creator = reg ? kiln_registry_find(reg, r->name, r->version, r->plugin_namespace, &lib) : NULL;
         if (r->creator)
             continue;
         int dup = 0;
@@ -84,17 +82,16 @@ static kiln_status resolve_plugins(kiln_registry *reg, kiln_graph *g)
                     n_missing > 1 ? "; " : "", r->name, r->version, r->plugin_namespace, from);
         if (reg) {
             char one[256];
-            kiln_registry_near_misses(reg, r->name, r->version, r->plugin_namespace, one,
-                                      sizeof one);
+            kiln_registry_near_misses(reg, r->name, r->version, r->plugin_namespace, one, sizeof one);
             if (one[0])
                 appendf(near, sizeof near, &nlen, "%s%s", nlen ? "; " : "", one);
         }
     }
     if (n_missing == 0)
         return KILN_OK;
-    return kiln_fail(KILN_ERROR_PLUGIN, "engine needs %d plugin%s that %s not registered: %s%s%s",
-                     (int)n_missing, n_missing == 1 ? "" : "s", n_missing == 1 ? "is" : "are",
-                     missing, near[0] ? "; near misses: " : "", near);
+    return kiln_fail(KILN_ERROR_PLUGIN, "engine needs %d plugin%s that %s not registered: %s%s%s", (int)n_missing,
+                     n_missing == 1 ? "" : "s", n_missing == 1 ? "is" : "are", missing,
+                     near[0] ? "; near misses: " : "", near);
 }
 
 /* Recreates each plugin's prototype instance from its blob. Contexts clone
@@ -110,8 +107,8 @@ static kiln_status check_plugin_outputs(kiln_graph *g, const kiln_layer *L, cons
     const kiln_plugin_ops *ops = r->instance->ops;
     int32_t ni = L->n_inputs, no = L->n_outputs;
     if (ni > KILN_PLUGIN_MAX_INPUTS || no > KILN_PLUGIN_MAX_OUTPUTS)
-        return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": %d inputs and %d outputs exceed the limits", L->name,
-                         ni, no);
+        return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": %d inputs and %d outputs exceed the limits", L->name, ni,
+                         no);
     kiln_shape_expr in_shapes[KILN_PLUGIN_MAX_INPUTS], out_shapes[KILN_PLUGIN_MAX_OUTPUTS];
     kiln_dtype in_types[KILN_PLUGIN_MAX_INPUTS], out_types[KILN_PLUGIN_MAX_OUTPUTS];
     memset(in_shapes, 0, sizeof in_shapes);
@@ -144,7 +141,8 @@ static kiln_status check_plugin_outputs(kiln_graph *g, const kiln_layer *L, cons
         if (!same)
             return kiln_fail(KILN_ERROR_FORMAT,
                              "layer \"%s\": output \"%s\" (%s, rank %d) is not what plugin %s gives for "
-                             "its inputs", L->name, t->name, kiln_dtype_name(t->dtype), t->rank, who);
+                             "its inputs",
+                             L->name, t->name, kiln_dtype_name(t->dtype), t->rank, who);
     }
     return kiln_plugin_check_layer(g, L, backend);
 }
@@ -156,34 +154,29 @@ static kiln_status deserialize_plugins(kiln_graph *g, kiln_backend backend)
         const char *layer = plugin_layer_name(g, i);
         kiln_plugin *inst = NULL;
         if (!r->creator->deserialize)
-            return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": plugin \"%s\" cannot deserialize",
-                             layer, r->name);
+            return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": plugin \"%s\" cannot deserialize", layer, r->name);
         /* A plugin that fails without a message must not leave an older,
          * unrelated one to be reported. */
         unsigned long fails = kiln_host_fail_count();
-        kiln_status s =
-            r->creator->deserialize(r->creator, r->blob_version, r->blob, r->blob_size, &inst);
+        kiln_status s = r->creator->deserialize(r->creator, r->blob_version, r->blob, r->blob_size, &inst);
         if ((unsigned)s >= KILN_STATUS_COUNT)
             s = KILN_ERROR_PLUGIN;
         if (s != KILN_OK && kiln_host_fail_count() == fails)
-            kiln_fail(s, "plugin \"%s\" refused its blob (version %u, %zu bytes) with %s and gave no message",
-                      r->name, (unsigned)r->blob_version, r->blob_size, kiln_status_name(s));
+            kiln_fail(s, "plugin \"%s\" refused its blob (version %u, %zu bytes) with %s and gave no message", r->name,
+                      (unsigned)r->blob_version, r->blob_size, kiln_status_name(s));
         if (s != KILN_OK)
             return kiln_fail_context(s, "layer \"%s\"", layer);
         if (!inst)
-            return kiln_fail(KILN_ERROR_PLUGIN,
-                             "layer \"%s\": plugin \"%s\" deserialize returned no instance", layer,
+            return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": plugin \"%s\" deserialize returned no instance", layer,
                              r->name);
         const kiln_plugin_ops *ops = inst->ops;
-        if (!ops || ops->struct_size < offsetof(kiln_plugin_ops, destroy) + sizeof ops->destroy ||
-            !ops->enqueue || !ops->clone || !ops->destroy) {
+        if (!ops || ops->struct_size < offsetof(kiln_plugin_ops, destroy) + sizeof ops->destroy || !ops->enqueue ||
+            !ops->clone || !ops->destroy) {
             /* Without a destroy the instance cannot be freed: it leaks
              * rather than crash the graph's cleanup. */
-            if (ops && ops->struct_size >= offsetof(kiln_plugin_ops, destroy) + sizeof ops->destroy &&
-                ops->destroy)
+            if (ops && ops->struct_size >= offsetof(kiln_plugin_ops, destroy) + sizeof ops->destroy && ops->destroy)
                 ops->destroy(inst);
-            return kiln_fail(KILN_ERROR_PLUGIN,
-                             "layer \"%s\": plugin \"%s\" instance lacks enqueue, clone or destroy",
+            return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": plugin \"%s\" instance lacks enqueue, clone or destroy",
                              layer, r->name);
         }
         r->instance = inst;
@@ -191,15 +184,13 @@ static kiln_status deserialize_plugins(kiln_graph *g, kiln_backend backend)
          * now claims another would write past the outputs it is given. */
         const kiln_layer *L = plugin_layer(g, i);
         if (L && ops->num_outputs && ops->num_outputs(inst) != L->n_outputs)
-            return kiln_fail(KILN_ERROR_PLUGIN,
-                             "layer \"%s\": plugin \"%s\" has %d outputs, the engine has %d", layer,
+            return kiln_fail(KILN_ERROR_PLUGIN, "layer \"%s\": plugin \"%s\" has %d outputs, the engine has %d", layer,
                              r->name, (int)ops->num_outputs(inst), (int)L->n_outputs);
         if (!(ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CPU)))
-            return kiln_fail(KILN_ERROR_TARGET, "layer \"%s\": plugin \"%s\" has no CPU enqueue",
-                             layer, r->name);
+            return kiln_fail(KILN_ERROR_TARGET, "layer \"%s\": plugin \"%s\" has no CPU enqueue", layer, r->name);
         if (!(ops->backends & KILN_BACKEND_BIT(backend)))
-            return kiln_fail(KILN_ERROR_TARGET, "layer \"%s\": plugin \"%s\" has no %s enqueue",
-                             layer, r->name, kiln_backend_name(backend));
+            return kiln_fail(KILN_ERROR_TARGET, "layer \"%s\": plugin \"%s\" has no %s enqueue", layer, r->name,
+                             kiln_backend_name(backend));
         if (L)
             KILN_TRY(check_plugin_outputs(g, L, r, backend));
     }
@@ -230,11 +221,10 @@ static kiln_status check_tensor_ref(const kiln_engine *e, const kiln_layer *L, i
 {
     const kiln_graph *g = &e->graph;
     if (t < 0 || t >= g->n_tensors)
-        return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": tensor index %d out of range", L->name,
-                         (int)t);
+        return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": tensor index %d out of range", L->name, (int)t);
     if (!(g->tensors[t].flags & KILN_TENSOR_CONSTANT) && !is_io(&g->tensors[t]) && e->offsets[t] < 0)
-        return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": tensor \"%s\" has no arena memory",
-                         L->name, g->tensors[t].name);
+        return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": tensor \"%s\" has no arena memory", L->name,
+                         g->tensors[t].name);
     return KILN_OK;
 }
 
@@ -290,8 +280,7 @@ static kiln_status check_plan(kiln_engine *e)
             continue;
         if (kiln_add_overflow((size_t)r->arena_offset, r->max_bytes, &end) || end > g->arena_size) {
             free(cut);
-            return kiln_fail(KILN_ERROR_FORMAT,
-                             "tensor \"%s\": arena range [%lld, +%zu) exceeds the arena (%zu bytes)",
+            return kiln_fail(KILN_ERROR_FORMAT, "tensor \"%s\": arena range [%lld, +%zu) exceeds the arena (%zu bytes)",
                              r->name, (long long)r->arena_offset, r->max_bytes, g->arena_size);
         }
         if (is_io(r)) {
@@ -319,24 +308,20 @@ static kiln_status check_plan(kiln_engine *e)
         if ((size_t)e->offsets[t] + g->tensors[t].max_bytes > arena) {
             const char *name = g->tensors[t].name;
             free(cut);
-            return kiln_fail(KILN_ERROR_FORMAT, "tensor \"%s\" overlaps an I/O tensor in the memory plan",
-                             name);
+            return kiln_fail(KILN_ERROR_FORMAT, "tensor \"%s\" overlaps an I/O tensor in the memory plan", name);
         }
     }
     free(cut);
-    if (align_up(arena, &e->workspace_offset) ||
-        kiln_add_overflow(e->workspace_offset, g->workspace_size, &total))
+    if (align_up(arena, &e->workspace_offset) || kiln_add_overflow(e->workspace_offset, g->workspace_size, &total))
         return kiln_fail(KILN_ERROR_FORMAT, "arena plus workspace size overflows");
     for (int32_t l = 0; l < g->n_layers; l++) {
         const kiln_layer *L = &g->layers[l];
         if (L->workspace > g->workspace_size)
-            return kiln_fail(KILN_ERROR_FORMAT,
-                             "layer \"%s\": workspace %zu bytes exceeds the engine's %zu", L->name,
+            return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": workspace %zu bytes exceeds the engine's %zu", L->name,
                              L->workspace, g->workspace_size);
-        if (L->op == KILN_OP_PLUGIN &&
-            (L->p.plugin.index < 0 || L->p.plugin.index >= g->n_plugins))
-            return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": plugin index %d out of range",
-                             L->name, (int)L->p.plugin.index);
+        if (L->op == KILN_OP_PLUGIN && (L->p.plugin.index < 0 || L->p.plugin.index >= g->n_plugins))
+            return kiln_fail(KILN_ERROR_FORMAT, "layer \"%s\": plugin index %d out of range", L->name,
+                             (int)L->p.plugin.index);
         if (L->op == KILN_OP_CONSTANT)
             continue;
         for (int32_t i = 0; i < L->n_inputs; i++)
@@ -379,8 +364,7 @@ static void release_image(void *image, size_t size, int mapped)
 }
 
 /* Takes ownership of the image in every case. */
-static kiln_status engine_from_image(kiln_registry *reg, void *image, size_t size, int mapped,
-                                     kiln_engine **out)
+static kiln_status engine_from_image(kiln_registry *reg, void *image, size_t size, int mapped, kiln_engine **out)
 {
     kiln_engine *e = calloc(1, sizeof *e);
     if (!e) {
@@ -435,12 +419,10 @@ kiln_status kiln_engine_load(kiln_registry *reg, const char *path, kiln_engine *
     return KILN_OK;
 }
 
-kiln_status kiln_engine_load_memory(kiln_registry *reg, const void *data, size_t size,
-                                    kiln_engine **out)
+kiln_status kiln_engine_load_memory(kiln_registry *reg, const void *data, size_t size, kiln_engine **out)
 {
     if (!data || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "kiln_engine_load_memory: data and out are required");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_load_memory: data and out are required");
     /* Aligned like a mapping, so weights keep the alignment the file gives
      * them. */
     void *copy = NULL;
@@ -495,14 +477,13 @@ const char *kiln_engine_io_tensor_name(const kiln_engine *engine, int32_t i)
     return i < 0 || i >= engine->n_io ? NULL : engine->graph.tensors[engine->io[i]].name;
 }
 
-kiln_status kiln_engine_io_tensor_info(const kiln_engine *engine, const char *name,
-                                       kiln_dtype *dtype, int32_t *is_input, kiln_dims *dims)
+kiln_status kiln_engine_io_tensor_info(const kiln_engine *engine, const char *name, kiln_dtype *dtype,
+                                       int32_t *is_input, kiln_dims *dims)
 {
     const kiln_graph *g = &engine->graph;
     int32_t t = name ? kiln_graph_find_tensor(g, name) : -1;
     if (t < 0 || !(g->tensors[t].flags & (KILN_TENSOR_INPUT | KILN_TENSOR_OUTPUT)))
-        return kiln_fail(KILN_ERROR_NOT_FOUND, "engine has no input or output named \"%s\"",
-                         name ? name : "(null)");
+        return kiln_fail(KILN_ERROR_NOT_FOUND, "engine has no input or output named \"%s\"", name ? name : "(null)");
     const kiln_tensor_rec *r = &g->tensors[t];
     kiln_dims d;
     memset(&d, 0, sizeof d);
@@ -522,14 +503,13 @@ kiln_status kiln_engine_io_tensor_info(const kiln_engine *engine, const char *na
 
 int32_t kiln_engine_num_profiles(const kiln_engine *engine) { return engine->graph.n_profiles; }
 
-kiln_status kiln_engine_profile_shape(const kiln_engine *engine, int32_t profile,
-                                      const char *input, kiln_dims *min, kiln_dims *opt,
-                                      kiln_dims *max)
+kiln_status kiln_engine_profile_shape(const kiln_engine *engine, int32_t profile, const char *input, kiln_dims *min,
+                                      kiln_dims *opt, kiln_dims *max)
 {
     const kiln_graph *g = &engine->graph;
     if (profile < 0 || profile >= g->n_profiles)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "profile %d out of range (engine has %d)",
-                         (int)profile, (int)g->n_profiles);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "profile %d out of range (engine has %d)", (int)profile,
+                         (int)g->n_profiles);
     for (int32_t i = 0; i < g->n_inputs; i++) {
         if (!input || strcmp(g->tensors[g->inputs[i]].name, input) != 0)
             continue;
@@ -542,6 +522,5 @@ kiln_status kiln_engine_profile_shape(const kiln_engine *engine, int32_t profile
             *max = p->max;
         return KILN_OK;
     }
-    return kiln_fail(KILN_ERROR_NOT_FOUND, "engine has no input named \"%s\"",
-                     input ? input : "(null)");
+    return kiln_fail(KILN_ERROR_NOT_FOUND, "engine has no input named \"%s\"", input ? input : "(null)");
 }

@@ -73,8 +73,7 @@ const kiln_section_rec *kiln_graph_find_section(const kiln_graph *g, uint32_t id
 kiln_status kiln_engine_describe_file_json(kiln_registry *reg, const char *path, char **out)
 {
     if (!path || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "kiln_engine_describe_file_json: path and out are required");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_describe_file_json: path and out are required");
     kiln_engine_image img;
     KILN_TRY(kiln_engine_image_open(path, &img));
     /* Only the creator's presence is described: nothing is deserialized. */
@@ -87,16 +86,13 @@ kiln_status kiln_engine_describe_file_json(kiln_registry *reg, const char *path,
     return s;
 }
 
-kiln_status kiln_engine_find_section(const kiln_engine *engine, uint32_t id, const void **data,
-                                     size_t *size)
+kiln_status kiln_engine_find_section(const kiln_engine *engine, uint32_t id, const void **data, size_t *size)
 {
     if (!engine || !data || !size)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                         "kiln_engine_find_section: engine, data and size are required");
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_find_section: engine, data and size are required");
     const kiln_section_rec *r = kiln_graph_find_section(&engine->graph, id);
     if (!r) {
-        char name[5] = {(char)(id & 0xff), (char)(id >> 8 & 0xff), (char)(id >> 16 & 0xff),
-                        (char)(id >> 24 & 0xff), 0};
+        char name[5] = {(char)(id & 0xff), (char)(id >> 8 & 0xff), (char)(id >> 16 & 0xff), (char)(id >> 24 & 0xff), 0};
         return kiln_fail(KILN_ERROR_NOT_FOUND, "the engine has no section %s", name);
     }
     *data = r->data;

@@ -11,9 +11,9 @@
 #include "../engine/engine_file.h"
 
 typedef struct kiln_engine_image {
-    void *data;                      /* the mapping */
+    void *data; /* the mapping */
     size_t size;
-    kiln_graph graph;                /* borrows from data */
+    kiln_graph graph; /* borrows from data */
     kiln_engine_header_info info;
 } kiln_engine_image;
 

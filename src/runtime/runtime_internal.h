@@ -18,18 +18,18 @@ typedef struct kiln_arena_pool {
     pthread_mutex_t lock;
     void **free_list;
     int32_t n_free, cap_free;
-    int32_t n_allocated;   /* blocks in use plus blocks on the free list */
+    int32_t n_allocated; /* blocks in use plus blocks on the free list */
     size_t block_bytes;
     const kiln_backend_i *backend; /* whose memory the blocks are */
 } kiln_arena_pool;
 
 struct kiln_engine {
-    kiln_registry *registry;      /* borrowed */
-    kiln_graph graph;             /* plugin records resolved, prototypes created */
+    kiln_registry *registry; /* borrowed */
+    kiln_graph graph;        /* plugin records resolved, prototypes created */
     kiln_engine_header_info info;
-    void *image;                  /* the engine bytes constants point into */
+    void *image; /* the engine bytes constants point into */
     size_t image_size;
-    int32_t image_mapped;         /* 1: munmap, 0: free */
+    int32_t image_mapped; /* 1: munmap, 0: free */
     int32_t max_layer_inputs, max_layer_outputs;
     /* Byte offset of each tensor in a context's memory block, -1 for
      * constants and I/O tensors (which live in buffers of the context, or
@@ -43,9 +43,9 @@ struct kiln_engine {
     size_t workspace_offset;
     /* Context blocks, in the backend's memory. */
     kiln_arena_pool pool;
-    const kiln_backend_i *backend;    /* the table of info.backend */
+    const kiln_backend_i *backend;       /* the table of info.backend */
     kiln_backend_engine *backend_engine; /* the backend's state (may be NULL) */
-    void *const *constants;           /* the backend's constant copies, NULL: graph data */
+    void *const *constants;              /* the backend's constant copies, NULL: graph data */
 };
 
 /* Frees the blocks on the free list (at engine destruction). */
@@ -63,8 +63,7 @@ int32_t kiln_engine_pool_blocks(kiln_engine *engine);
  * kiln_engine_read, whether or not its plugins are resolved: `kiln inspect`
  * uses it on engines whose plugin libraries are not loaded. *out is
  * malloc'd. */
-kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engine_header_info *info,
-                                            char **out);
+kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engine_header_info *info, char **out);
 
 struct kiln_context {
     kiln_engine *engine;
@@ -72,9 +71,9 @@ struct kiln_context {
     /* What the backend sees: bindings, buffers, block, shapes, plugin
      * clones, scratch and layer times (src/backend/backend.h). */
     kiln_exec_plan plan;
-    int64_t *values;              /* graph.exprs.n, scratch for evaluation */
-    int32_t *input_set;           /* graph.n_inputs */
-    int32_t shapes_ready;         /* plan.dims are valid */
+    int64_t *values;      /* graph.exprs.n, scratch for evaluation */
+    int32_t *input_set;   /* graph.n_inputs */
+    int32_t shapes_ready; /* plan.dims are valid */
     /* Byte sizes of plan.io_buf: the buffers of the unbound I/O tensors,
      * grown to the current shape when shapes are set or a tensor is
      * unbound, never in enqueue. */

@@ -76,8 +76,10 @@ static uint8_t *engine_around_plan(const uint8_t *plan, size_t plan_size, size_t
     memcpy(img + 16, "0.1.0", 5);
     put64(img + 72, total);
     put32(img + 80, N);
-    const struct { const char *id; uint64_t off, size; } secs[N] = {
-        {"PLAN", plan_off, plan_size}, {"BLOB", blob_off, BLOB_SIZE}, {"WGHT", wght_off, WGHT_SIZE}};
+    const struct {
+        const char *id;
+        uint64_t off, size;
+    } secs[N] = {{"PLAN", plan_off, plan_size}, {"BLOB", blob_off, BLOB_SIZE}, {"WGHT", wght_off, WGHT_SIZE}};
     for (int i = 0; i < N; i++) {
         uint8_t *e = img + 96 + 32 * i;
         memcpy(e, secs[i].id, 4);

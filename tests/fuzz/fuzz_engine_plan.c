@@ -134,8 +134,8 @@ static uint64_t next(rng *r)
 /* Every integer, array and object of a document, with where it sits. */
 typedef struct node {
     json_t *v, *parent;
-    size_t index;          /* in an array parent */
-    const char *key;       /* in an object parent */
+    size_t index;    /* in an array parent */
+    const char *key; /* in an object parent */
 } node;
 
 typedef struct nodes {
@@ -224,7 +224,8 @@ static int mutate_json(json_t *root, rng *r)
             size_t k = next(r) % json_object_size(n->v), i = 0;
             const char *key;
             json_t *c;
-            json_object_foreach(n->v, key, c) {
+            json_object_foreach(n->v, key, c)
+            {
                 if (i++ == k) {
                     json_object_del(n->v, key);
                     break;
@@ -344,8 +345,7 @@ static void run_once(kiln_engine *e)
         void *ptr = NULL;
         size_t bytes;
         ok = kiln_engine_io_tensor_info(e, name, &dt, &is_input, &dims) == KILN_OK &&
-             kiln_context_tensor_shape(ctx, name, &dims) == KILN_OK &&
-             kiln_dims_bytes(&dims, dt, &bytes) == KILN_OK &&
+             kiln_context_tensor_shape(ctx, name, &dims) == KILN_OK && kiln_dims_bytes(&dims, dt, &bytes) == KILN_OK &&
              kiln_context_tensor_address(ctx, name, &ptr) == KILN_OK;
         if (ok && is_input && ptr && bytes)
             memset(ptr, 0, bytes);

@@ -3,7 +3,8 @@
 
 #include "llm/gguf.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
     kiln_gguf *g = NULL;
     if (kiln_gguf_parse(data, size, "fuzz.gguf", &g) != KILN_OK)
         return 0;

@@ -5,7 +5,8 @@
 
 #include "llm/model.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
     kiln_llm_config cfg;
     kiln_llm_hf_parse_config((const char *)data, size, "fuzz/config.json", &cfg);
     if (kiln_llm_config_from_json(data, size, &cfg) == KILN_OK) {

@@ -11,20 +11,21 @@
 /* A three-token llama2.c tokenizer.bin, written once to a memory file. */
 static char tok_path[64];
 
-static void write_tokenizer(void) {
+static void write_tokenizer(void)
+{
     int fd = memfd_create("tokenizer.bin", 0);
     if (fd < 0)
         return;
-    static const unsigned char tok[] = {
-        8, 0, 0, 0,                                         /* max_token_length */
-        0, 0, 0, 0, 5, 0, 0, 0, '<', 'u', 'n', 'k', '>',    /* score 0, "<unk>" */
-        0, 0, 0, 0, 5, 0, 0, 0, '\n', '<', 's', '>', '\n',  /* "\n<s>\n" */
-        0, 0, 0, 0, 1, 0, 0, 0, 'a'};
+    static const unsigned char tok[] = {8, 0, 0, 0,                                        /* max_token_length */
+                                        0, 0, 0, 0, 5, 0, 0, 0, '<',  'u', 'n', 'k', '>',  /* score 0, "<unk>" */
+                                        0, 0, 0, 0, 5, 0, 0, 0, '\n', '<', 's', '>', '\n', /* "\n<s>\n" */
+                                        0, 0, 0, 0, 1, 0, 0, 0, 'a'};
     if (write(fd, tok, sizeof tok) == (ssize_t)sizeof tok)
         snprintf(tok_path, sizeof tok_path, "/proc/self/fd/%d", fd);
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
     kiln_llm_config cfg;
     int shared;
     size_t wbytes;

@@ -7,7 +7,8 @@
 
 #include "llm/tokenizer.h"
 
-static const char TEXT[] = "Hello, world! <s> <|endoftext|> caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC 123  \n\t\xF0\x9F\x98\x80 -a-";
+static const char TEXT[] =
+    "Hello, world! <s> <|endoftext|> caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC 123  \n\t\xF0\x9F\x98\x80 -a-";
 
 static void exercise(kiln_tokenizer *t)
 {

@@ -52,7 +52,8 @@ static float rng_float(float lo, float hi) { return lo + (hi - lo) * (float)((rn
 static void *dev_copy(const void *h, size_t bytes)
 {
     void *d = NULL;
-    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess || cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+    if (cudaMalloc(&d, bytes ? bytes : 1) != cudaSuccess ||
+        cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
         fprintf(stderr, "cannot place %zu bytes on the GPU\n", bytes);
         exit(1);
     }
@@ -75,8 +76,12 @@ static kiln_plugin *make_plugin(int32_t nh, int32_t nkv, int32_t hd, int32_t bs,
     const int32_t vals[5] = {nh, nkv, hd, bs, packed};
     kiln_field f[5];
     for (int i = 0; i < 5; i++)
-        f[i] = (kiln_field){.struct_size = sizeof(kiln_field), .abi_version = KILN_PLUGIN_ABI_VERSION,
-                            .name = names[i], .type = KILN_FIELD_I32, .count = 1, .data = &vals[i]};
+        f[i] = (kiln_field){.struct_size = sizeof(kiln_field),
+                            .abi_version = KILN_PLUGIN_ABI_VERSION,
+                            .name = names[i],
+                            .type = KILN_FIELD_I32,
+                            .count = 1,
+                            .data = &vals[i]};
     kiln_plugin *pl = NULL;
     CHECK_OK(kiln_plugin_create(c, f, 5, &pl));
     return pl;
@@ -87,9 +92,9 @@ static kiln_plugin *make_plugin(int32_t nh, int32_t nkv, int32_t hd, int32_t bs,
 typedef struct step {
     const char *name;
     int32_t nh, nkv, hd, bs;
-    int32_t packed;    /* one qkv input */
-    int32_t misalign;  /* 1: q and out, 2: k and v viewed one element in (not 16-byte aligned) */
-    int32_t graph;     /* replay the launch from a captured CUDA graph */
+    int32_t packed;   /* one qkv input */
+    int32_t misalign; /* 1: q and out, 2: k and v viewed one element in (not 16-byte aligned) */
+    int32_t graph;    /* replay the launch from a captured CUDA graph */
     int32_t S;
     const int32_t *n_new, *lens;
 } step;
@@ -99,8 +104,8 @@ static double rel_norm_tol(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 2e-5 : t
 static kiln_status run_gpu(const kiln_layer *l, const kiln_exec_tensor *din, const kiln_exec_tensor *dout,
                            kiln_plugin *pl, void *ws, int graph)
 {
-    kiln_cuda_args ga = {.layer = l, .inputs = din, .outputs = dout, .plugin = pl, .workspace = ws, .device = dev,
-                         .stream = stream};
+    kiln_cuda_args ga = {
+        .layer = l, .inputs = din, .outputs = dout, .plugin = pl, .workspace = ws, .device = dev, .stream = stream};
     if (!graph)
         return kiln_cuda_run_layer(&ga);
     cudaGraph_t g = NULL;
@@ -111,7 +116,8 @@ static kiln_status run_gpu(const kiln_layer *l, const kiln_exec_tensor *din, con
     cudaError_t e = cudaStreamEndCapture(stream, &g);
     if (st != KILN_OK)
         return st;
-    if (e != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess || cudaGraphLaunch(ge, stream) != cudaSuccess) {
+    if (e != cudaSuccess || cudaGraphInstantiate(&ge, g, 0) != cudaSuccess ||
+        cudaGraphLaunch(ge, stream) != cudaSuccess) {
         fprintf(stderr, "graph capture or replay failed: %s\n", cudaGetErrorString(cudaGetLastError()));
         st = KILN_ERROR_BACKEND;
     }
@@ -126,9 +132,11 @@ static kiln_status run_gpu(const kiln_layer *l, const kiln_exec_tensor *din, con
 static void run_step(const step *c, kiln_dtype dt)
 {
     char what[160];
-    snprintf(what, sizeof what, "%s %s (heads %d/%d, head_dim %d, block %d%s%s%s)", c->name, kiln_dtype_name(dt),
-             c->nh, c->nkv, c->hd, c->bs, c->packed ? ", packed" : "",
-             c->misalign == 1 ? ", q unaligned" : c->misalign == 2 ? ", k v unaligned" : "",
+    snprintf(what, sizeof what, "%s %s (heads %d/%d, head_dim %d, block %d%s%s%s)", c->name, kiln_dtype_name(dt), c->nh,
+             c->nkv, c->hd, c->bs, c->packed ? ", packed" : "",
+             c->misalign == 1   ? ", q unaligned"
+             : c->misalign == 2 ? ", k v unaligned"
+                                : "",
              c->graph ? ", graph" : "");
     kiln_plugin *pl = make_plugin(c->nh, c->nkv, c->hd, c->bs, c->packed);
     if (!pl)
@@ -145,7 +153,8 @@ static void run_step(const step *c, kiln_dtype dt)
     const int64_t n_blocks = need + 3, qw = (int64_t)c->nh * c->hd, kvw = (int64_t)c->nkv * c->hd;
 
     /* block table: a shuffled assignment of the cache's blocks */
-    int32_t *perm = malloc((size_t)n_blocks * sizeof *perm), *table = malloc((size_t)(c->S * max_blocks) * sizeof *table);
+    int32_t *perm = malloc((size_t)n_blocks * sizeof *perm),
+            *table = malloc((size_t)(c->S * max_blocks) * sizeof *table);
     int32_t *qstart = malloc((size_t)(c->S + 1) * sizeof *qstart);
     for (int64_t i = 0; i < n_blocks; i++)
         perm[i] = (int32_t)i;
@@ -199,7 +208,8 @@ static void run_step(const step *c, kiln_dtype dt)
     kiln_dims cd = {.rank = 5, .d = {n_blocks, 2, c->nkv, c->bs, c->hd}};
     hin[n_in] = (kiln_exec_tensor){h_cache, dt, cd};
     din[n_in++] = (kiln_exec_tensor){d_cache, dt, cd};
-    kiln_dims td = {.rank = 2, .d = {c->S, max_blocks}}, sd = {.rank = 1, .d = {c->S}}, qd = {.rank = 1, .d = {c->S + 1}};
+    kiln_dims td = {.rank = 2, .d = {c->S, max_blocks}}, sd = {.rank = 1, .d = {c->S}},
+              qd = {.rank = 1, .d = {c->S + 1}};
     hin[n_in] = (kiln_exec_tensor){table, KILN_DTYPE_I32, td};
     din[n_in++] = (kiln_exec_tensor){d_table, KILN_DTYPE_I32, td};
     hin[n_in] = (kiln_exec_tensor){(void *)c->lens, KILN_DTYPE_I32, sd};
@@ -214,8 +224,11 @@ static void run_step(const step *c, kiln_dtype dt)
     kiln_tensor_desc descs[8];
     for (int32_t i = 0; i <= n_in; i++) {
         const kiln_exec_tensor *t = i < n_in ? &hin[i] : &hout;
-        descs[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc), .abi_version = KILN_PLUGIN_ABI_VERSION,
-                                      .dtype = t->dtype, .format = KILN_FORMAT_LINEAR, .dims = t->dims};
+        descs[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc),
+                                      .abi_version = KILN_PLUGIN_ABI_VERSION,
+                                      .dtype = t->dtype,
+                                      .format = KILN_FORMAT_LINEAR,
+                                      .dims = t->dims};
     }
     CHECK(pl->ops->supports(pl, KILN_BACKEND_CUDA, descs, n_in, 1));
     size_t ws_bytes = pl->ops->workspace_size(pl, descs, n_in, descs + n_in, 1);
@@ -259,9 +272,8 @@ static void run_step(const step *c, kiln_dtype dt)
             test_failures_++;
             fprintf(stderr, "%s: relative norm of the difference %.3g (tol %.0e)", what, rel, rel_norm_tol(dt));
             if (bad >= 0)
-                fprintf(stderr, "; element %lld (token %lld, head %lld) is %g", (long long)bad,
-                        (long long)(bad / qw), (long long)(bad % qw / c->hd),
-                        kiln_load_f32((char *)g_out + off, dt, bad));
+                fprintf(stderr, "; element %lld (token %lld, head %lld) is %g", (long long)bad, (long long)(bad / qw),
+                        (long long)(bad % qw / c->hd), kiln_load_f32((char *)g_out + off, dt, bad));
             fprintf(stderr, "\n");
         }
         if (memcmp(g_cache, h_cache, (size_t)cache_n * es) != 0) {
@@ -391,21 +403,26 @@ static void test_bad_block(void)
     fill(q, KILN_DTYPE_F32, T * qw, -1, 1);
     fill(k, KILN_DTYPE_F32, T * kvw, -1, 1);
     fill(cache, KILN_DTYPE_F32, cache_n, -1, 1);
-    void *d[7] = {dev_copy(q, (size_t)(T * qw) * 4), dev_copy(k, (size_t)(T * kvw) * 4), dev_copy(k, (size_t)(T * kvw) * 4),
-                  dev_copy(cache, (size_t)cache_n * 4), dev_copy(table, sizeof table), dev_copy(lens, sizeof lens),
+    void *d[7] = {dev_copy(q, (size_t)(T * qw) * 4),  dev_copy(k, (size_t)(T * kvw) * 4),
+                  dev_copy(k, (size_t)(T * kvw) * 4), dev_copy(cache, (size_t)cache_n * 4),
+                  dev_copy(table, sizeof table),      dev_copy(lens, sizeof lens),
                   dev_copy(qstart, sizeof qstart)};
     void *d_out = NULL;
     CHECK(cudaMalloc(&d_out, sizeof out) == cudaSuccess);
-    kiln_exec_tensor din[7] = {
-        {d[0], KILN_DTYPE_F32, {.rank = 2, .d = {T, qw}}},       {d[1], KILN_DTYPE_F32, {.rank = 2, .d = {T, kvw}}},
-        {d[2], KILN_DTYPE_F32, {.rank = 2, .d = {T, kvw}}},      {d[3], KILN_DTYPE_F32, {.rank = 5, .d = {n_blocks, 2, 2, 16, 64}}},
-        {d[4], KILN_DTYPE_I32, {.rank = 2, .d = {2, 2}}},        {d[5], KILN_DTYPE_I32, {.rank = 1, .d = {2}}},
-        {d[6], KILN_DTYPE_I32, {.rank = 1, .d = {3}}}};
+    kiln_exec_tensor din[7] = {{d[0], KILN_DTYPE_F32, {.rank = 2, .d = {T, qw}}},
+                               {d[1], KILN_DTYPE_F32, {.rank = 2, .d = {T, kvw}}},
+                               {d[2], KILN_DTYPE_F32, {.rank = 2, .d = {T, kvw}}},
+                               {d[3], KILN_DTYPE_F32, {.rank = 5, .d = {n_blocks, 2, 2, 16, 64}}},
+                               {d[4], KILN_DTYPE_I32, {.rank = 2, .d = {2, 2}}},
+                               {d[5], KILN_DTYPE_I32, {.rank = 1, .d = {2}}},
+                               {d[6], KILN_DTYPE_I32, {.rank = 1, .d = {3}}}};
     kiln_exec_tensor dout = {d_out, KILN_DTYPE_F32, {.rank = 2, .d = {T, qw}}};
     kiln_tensor_desc descs[8];
     for (int i = 0; i < 8; i++)
-        descs[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc), .abi_version = KILN_PLUGIN_ABI_VERSION,
-                                      .dtype = i < 7 ? din[i].dtype : dout.dtype, .format = KILN_FORMAT_LINEAR,
+        descs[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc),
+                                      .abi_version = KILN_PLUGIN_ABI_VERSION,
+                                      .dtype = i < 7 ? din[i].dtype : dout.dtype,
+                                      .format = KILN_FORMAT_LINEAR,
                                       .dims = i < 7 ? din[i].dims : dout.dims};
     void *ws = NULL;
     size_t ws_bytes = pl->ops->workspace_size(pl, descs, 7, descs + 7, 1);

@@ -47,10 +47,7 @@ static uint64_t rng_next(void)
     return rng_state;
 }
 
-static float rng_float(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
-}
+static float rng_float(float lo, float hi) { return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
 
 static double tol_for(kiln_dtype t) { return t == KILN_DTYPE_F16 ? 1e-3 : t == KILN_DTYPE_BF16 ? 1e-2 : 1e-5; }
 
@@ -188,8 +185,7 @@ static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, bu
     layer.n_inputs = n_in;
     layer.n_outputs = n_out;
     layer.tactic = -1;
-    kiln_cuda_args ga = {.layer = &layer, .inputs = din, .outputs = dout, .plugin = p, .device = dev,
-                         .stream = stream};
+    kiln_cuda_args ga = {.layer = &layer, .inputs = din, .outputs = dout, .plugin = p, .device = dev, .stream = stream};
     test_checks_ += 3;
     if (!p->ops->supports(p, KILN_BACKEND_CUDA, d, n_in, n_out) ||
         !(p->ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CUDA)) || !(p->ops->flags & KILN_PLUGIN_FLAG_CAPTURE_SAFE)) {
@@ -285,7 +281,8 @@ static void test_rmsnorm(void)
                              buf_random(wt, h, 0, 0.5f, 1.5f)};
                 buf out[2] = {buf_output(t, rows, h), buf_output(t, rows, h)};
                 char what[96];
-                snprintf(what, sizeof what, "RMSNorm %s rows %lld h %lld", dtype_name(t), (long long)rows, (long long)h);
+                snprintf(what, sizeof what, "RMSNorm %s rows %lld h %lld", dtype_name(t), (long long)rows,
+                         (long long)h);
                 buf nin[2] = {in[0], in[2]};
                 run_both(what, norm, nin, 2, &out[1], 1, NULL);
                 cudaMemset(out[1].dev, 0xff, out[1].bytes);
@@ -308,9 +305,8 @@ static void check_rope(const char *scaling, int32_t interleaved, int32_t rotary_
 {
     const int32_t n_heads = 6, head_dim = 64;
     const float theta = 500000.0f, factor = 8.0f;
-    kiln_field f[8] = {fi32("n_heads", &n_heads),       fi32("head_dim", &head_dim),
-                       ff32("theta", &theta),           fi32("rotary_dim", &rotary_dim),
-                       fi32("interleaved", &interleaved), fstr("scaling", scaling),
+    kiln_field f[8] = {fi32("n_heads", &n_heads),       fi32("head_dim", &head_dim),       ff32("theta", &theta),
+                       fi32("rotary_dim", &rotary_dim), fi32("interleaved", &interleaved), fstr("scaling", scaling),
                        ff32("factor", &factor),         fi32("n_kv_heads", &n_kv_heads)};
     kiln_plugin *p = make("RoPE", f, 8);
     if (!p)
@@ -514,7 +510,8 @@ int main(void)
         return 77;
     }
     if (kiln_cuda_device_create(&dev) != KILN_OK ||
-        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess || kiln_registry_create(&reg) != KILN_OK) {
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess ||
+        kiln_registry_create(&reg) != KILN_OK) {
         fprintf(stderr, "cannot set up the GPU or the registry: %s\n", kiln_last_error());
         return 1;
     }

@@ -45,10 +45,7 @@ static uint64_t rng_next(void)
 }
 
 /* uniform in [lo, hi) */
-static float rng_float(float lo, float hi)
-{
-    return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0));
-}
+static float rng_float(float lo, float hi) { return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
 
 static int64_t rng_int(int64_t lo, int64_t hi) { return lo + (int64_t)(rng_next() % (uint64_t)(hi - lo + 1)); }
 
@@ -154,8 +151,8 @@ static void compare(const char *what, const pair *o, double tol)
         }
         if (bad) {
             test_failures_++;
-            fprintf(stderr, "%s: element %lld of %lld: gpu %.9g, cpu %.9g (tol %g)\n", what, (long long)i,
-                    (long long)n, v, c, tol);
+            fprintf(stderr, "%s: element %lld of %lld: gpu %.9g, cpu %.9g (tol %g)\n", what, (long long)i, (long long)n,
+                    v, c, tol);
             break;
         }
     }
@@ -191,8 +188,8 @@ static void run_both(const char *what, const kiln_layer *l, pair *in, int32_t n,
     }
     kiln_cpu_args ca = {.layer = l, .inputs = hin, .outputs = &out->host, .plugin = plugin, .reference = 1};
     CHECK_OK(kiln_cpu_run_layer(&ca));
-    kiln_cuda_args ga = {.layer = l, .inputs = din, .outputs = &out->dev, .plugin = plugin, .device = dev,
-                         .stream = stream};
+    kiln_cuda_args ga = {
+        .layer = l, .inputs = din, .outputs = &out->dev, .plugin = plugin, .device = dev, .stream = stream};
     /* The poison (cudaMemset) and input copies ran on the legacy default
      * stream, which does not order a non-blocking stream: without this the
      * poison may land after the kernel has written the output. */
@@ -342,15 +339,15 @@ static void test_fused(void)
             /* five values live at once: more than the vectorized kernel's
              * registers, so the generic kernel runs it */
             kiln_layer w = layer_new("fused_wide", KILN_OP_FUSED, 2);
-            set_step(&w, 0, 0, KILN_UNARY_EXP, 0, 0);      /* 2 */
-            set_step(&w, 1, 0, KILN_UNARY_SILU, 1, 0);     /* 3 */
-            set_step(&w, 2, 1, KILN_BINARY_SUB, 0, 1);     /* 4 */
-            set_step(&w, 3, 0, KILN_UNARY_ABS, 1, 0);      /* 5 */
-            set_step(&w, 4, 0, KILN_UNARY_TANH, 0, 0);     /* 6 */
-            set_step(&w, 5, 1, KILN_BINARY_ADD, 2, 3);     /* 7 */
-            set_step(&w, 6, 1, KILN_BINARY_MUL, 4, 5);     /* 8 */
-            set_step(&w, 7, 1, KILN_BINARY_ADD, 7, 8);     /* 9 */
-            set_step(&w, 8, 1, KILN_BINARY_MIN, 9, 6);     /* 10 */
+            set_step(&w, 0, 0, KILN_UNARY_EXP, 0, 0);  /* 2 */
+            set_step(&w, 1, 0, KILN_UNARY_SILU, 1, 0); /* 3 */
+            set_step(&w, 2, 1, KILN_BINARY_SUB, 0, 1); /* 4 */
+            set_step(&w, 3, 0, KILN_UNARY_ABS, 1, 0);  /* 5 */
+            set_step(&w, 4, 0, KILN_UNARY_TANH, 0, 0); /* 6 */
+            set_step(&w, 5, 1, KILN_BINARY_ADD, 2, 3); /* 7 */
+            set_step(&w, 6, 1, KILN_BINARY_MUL, 4, 5); /* 8 */
+            set_step(&w, 7, 1, KILN_BINARY_ADD, 7, 8); /* 9 */
+            set_step(&w, 8, 1, KILN_BINARY_MIN, 9, 6); /* 10 */
             snprintf(what, sizeof what, "fused wide %s n=%lld", kiln_dtype_name(dt), (long long)n);
             pair_free(&out);
             out = pair_output(dt, dims_of(1, &n));
@@ -371,12 +368,12 @@ static void test_fused(void)
                           pair_input(dt, dims_of(1, &one), 0.5f, 2)};
             pair out = pair_output(dt, dims_of(1, &n));
             kiln_layer l = layer_new("fused_saved", KILN_OP_FUSED, 3);
-            set_step(&l, 0, 1, KILN_BINARY_MUL, 0, 2);   /* 3 = x * s */
+            set_step(&l, 0, 1, KILN_BINARY_MUL, 0, 2);    /* 3 = x * s */
             set_step(&l, 1, 0, KILN_UNARY_SIGMOID, 1, 0); /* 4 = sigmoid(y) */
-            set_step(&l, 2, 1, KILN_BINARY_SUB, 0, 4);   /* 5 = x - 4 */
-            set_step(&l, 3, 1, KILN_BINARY_DIV, 3, 5);   /* 6 = 3 / 5 */
-            set_step(&l, 4, 1, KILN_BINARY_MAX, 2, 6);   /* 7 = max(s, 6) */
-            set_step(&l, 5, 1, KILN_BINARY_SUB, 7, 3);   /* 8 = 7 - 3 */
+            set_step(&l, 2, 1, KILN_BINARY_SUB, 0, 4);    /* 5 = x - 4 */
+            set_step(&l, 3, 1, KILN_BINARY_DIV, 3, 5);    /* 6 = 3 / 5 */
+            set_step(&l, 4, 1, KILN_BINARY_MAX, 2, 6);    /* 7 = max(s, 6) */
+            set_step(&l, 5, 1, KILN_BINARY_SUB, 7, 3);    /* 8 = 7 - 3 */
             char what[96];
             snprintf(what, sizeof what, "fused saved %s n=%lld", kiln_dtype_name(dt), (long long)n);
             run_both(what, &l, in, 3, &out, NULL, tol_for(dt, 1e-5));
@@ -418,12 +415,12 @@ static const mshape matmul_shapes[] = {
     {2, 2, 2, 1, 0, {61, 37}, {61, 19}, {37, 19}},
     {2, 2, 2, 0, 1, {37, 61}, {19, 61}, {37, 19}},
     {2, 2, 2, 1, 1, {61, 37}, {19, 61}, {37, 19}},
-    {3, 2, 3, 0, 0, {4, 13, 70}, {70, 33}, {4, 13, 33}},     /* folds into one GEMM */
-    {3, 3, 3, 0, 1, {5, 17, 40}, {5, 23, 40}, {5, 17, 23}},  /* strided batch */
-    {2, 3, 3, 0, 0, {17, 40}, {3, 40, 9}, {3, 17, 9}},       /* A broadcast */
+    {3, 2, 3, 0, 0, {4, 13, 70}, {70, 33}, {4, 13, 33}},         /* folds into one GEMM */
+    {3, 3, 3, 0, 1, {5, 17, 40}, {5, 23, 40}, {5, 17, 23}},      /* strided batch */
+    {2, 3, 3, 0, 0, {17, 40}, {3, 40, 9}, {3, 17, 9}},           /* A broadcast */
     {4, 4, 4, 0, 0, {2, 1, 9, 21}, {1, 3, 21, 7}, {2, 3, 9, 7}}, /* mixed: one launch per batch */
-    {1, 2, 1, 0, 0, {45}, {45, 11}, {11}},                   /* row vector A */
-    {2, 1, 1, 0, 0, {11, 45}, {45}, {11}},                   /* column vector B */
+    {1, 2, 1, 0, 0, {45}, {45, 11}, {11}},                       /* row vector A */
+    {2, 1, 1, 0, 0, {11, 45}, {45}, {11}},                       /* column vector B */
     {2, 2, 2, 0, 0, {256, 1024}, {1024, 512}, {256, 512}},
     /* few rows against a [N, K] weight: the GEMV path (gemv.cu), with N
      * not a multiple of its rows per block, and K past its unrolled chunk */
@@ -455,7 +452,8 @@ static void test_matmul(void)
                 CHECK(tactic >= 0 && tactic < KILN_CUDA_MATMUL_CANDIDATES);
                 l.tactic = tactic;
                 cudaMemset(out.dev.data, 0xff, out.bytes);
-                snprintf(what, sizeof what, "matmul %s shape %zu tactic %lld", kiln_dtype_name(dt), s, (long long)tactic);
+                snprintf(what, sizeof what, "matmul %s shape %zu tactic %lld", kiln_dtype_name(dt), s,
+                         (long long)tactic);
                 run_both(what, &l, in, 2, &out, NULL, tol_for(dt, 1e-4));
             }
             pair_free(&in[0]);
@@ -506,8 +504,12 @@ static void test_reduce(void)
 
 static void test_softmax(void)
 {
-    typedef struct { int32_t rank, axis; int64_t d[3]; } sshape;
-    const sshape shapes[] = {{1, 0, {1}}, {2, 1, {13, 5001}}, {3, 1, {3, 77, 10}}, {3, 2, {2, 9, 31}}, {2, 0, {129, 3}}};
+    typedef struct {
+        int32_t rank, axis;
+        int64_t d[3];
+    } sshape;
+    const sshape shapes[] = {
+        {1, 0, {1}}, {2, 1, {13, 5001}}, {3, 1, {3, 77, 10}}, {3, 2, {2, 9, 31}}, {2, 0, {129, 3}}};
     for (size_t t = 0; t < 3; t++)
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
             kiln_dtype dt = float_types[t];
@@ -592,9 +594,7 @@ static void test_shuffle(void)
                 l.p.shuffle.first[0] = 2, l.p.shuffle.first[1] = 0, l.p.shuffle.first[2] = 1;
                 od = dims_of(3, (int64_t[]){12, 6, 35});
                 break;
-            case 1: /* reshape only: a copy */
-                od = dims_of(2, (int64_t[]){210, 12});
-                break;
+            case 1: /* reshape only: a copy */ od = dims_of(2, (int64_t[]){210, 12}); break;
             case 2: /* transpose (1, 0, 2), reshape to 35x3x24, transpose (2, 1, 0) */
                 l.p.shuffle.has_first = 1;
                 l.p.shuffle.first[0] = 1, l.p.shuffle.first[1] = 0, l.p.shuffle.first[2] = 2;
@@ -625,8 +625,9 @@ static void test_gather(void)
         for (int axis = 0; axis < 3; axis++)
             for (int wide = 0; wide < 2; wide++) {
                 kiln_dtype dt = float_types[t];
-                pair in[2] = {pair_input(dt, dims_of(3, d), -5, 5),
-                              pair_input(wide ? KILN_DTYPE_I64 : KILN_DTYPE_I32, dims_of(1, &ni), 0, (float)(d[axis] - 1))};
+                pair in[2] = {
+                    pair_input(dt, dims_of(3, d), -5, 5),
+                    pair_input(wide ? KILN_DTYPE_I64 : KILN_DTYPE_I32, dims_of(1, &ni), 0, (float)(d[axis] - 1))};
                 int64_t od[3] = {d[0], d[1], d[2]};
                 od[axis] = ni;
                 pair out = pair_output(dt, dims_of(3, od));
@@ -746,10 +747,18 @@ static void test_scale_bias(void)
     }
     float scale = 1.75f, bias = -0.375f;
     kiln_field fields[2] = {
-        {.struct_size = sizeof(kiln_field), .abi_version = KILN_PLUGIN_ABI_VERSION, .name = "scale",
-         .type = KILN_FIELD_F32, .count = 1, .data = &scale},
-        {.struct_size = sizeof(kiln_field), .abi_version = KILN_PLUGIN_ABI_VERSION, .name = "bias",
-         .type = KILN_FIELD_F32, .count = 1, .data = &bias},
+        {.struct_size = sizeof(kiln_field),
+         .abi_version = KILN_PLUGIN_ABI_VERSION,
+         .name = "scale",
+         .type = KILN_FIELD_F32,
+         .count = 1,
+         .data = &scale},
+        {.struct_size = sizeof(kiln_field),
+         .abi_version = KILN_PLUGIN_ABI_VERSION,
+         .name = "bias",
+         .type = KILN_FIELD_F32,
+         .count = 1,
+         .data = &bias},
     };
     kiln_plugin *pl = NULL;
     CHECK_OK(kiln_plugin_create(creator, fields, 2, &pl));
@@ -894,9 +903,9 @@ static void test_random_shapes(void)
         kiln_layer f = layer_new("random_fused", KILN_OP_FUSED, 2);
         set_step(&f, 0, 1, op, 0, 1);
         /* unary ops defined on every real input */
-        const int safe[] = {KILN_UNARY_NEG,  KILN_UNARY_ABS,      KILN_UNARY_EXP,       KILN_UNARY_TANH,
-                            KILN_UNARY_SIGMOID, KILN_UNARY_RELU, KILN_UNARY_GELU_ERF, KILN_UNARY_GELU_TANH,
-                            KILN_UNARY_SILU};
+        const int safe[] = {KILN_UNARY_NEG,      KILN_UNARY_ABS,       KILN_UNARY_EXP,
+                            KILN_UNARY_TANH,     KILN_UNARY_SIGMOID,   KILN_UNARY_RELU,
+                            KILN_UNARY_GELU_ERF, KILN_UNARY_GELU_TANH, KILN_UNARY_SILU};
         set_step(&f, 1, 0, safe[rng_int(0, (int64_t)(sizeof safe / sizeof safe[0]) - 1)], 2, 0);
         set_step(&f, 2, 1, KILN_BINARY_ADD, 3, 0);
         snprintf(what, sizeof what, "random %d: fused %s", it, kiln_dtype_name(dt));
@@ -921,8 +930,8 @@ static void test_random_shapes(void)
         for (int32_t i = 0; i < rank; i++)
             rdims[i] = (rd.p.reduce.axes & (1u << i)) ? 1 : o[i];
         out = pair_output(dt, dims_of(rank, rdims));
-        snprintf(what, sizeof what, "random %d: reduce %s axes 0x%x %s", it,
-                 kiln_reduce_op_name(rd.p.reduce.op), rd.p.reduce.axes, kiln_dtype_name(dt));
+        snprintf(what, sizeof what, "random %d: reduce %s axes 0x%x %s", it, kiln_reduce_op_name(rd.p.reduce.op),
+                 rd.p.reduce.axes, kiln_dtype_name(dt));
         run_both(what, &rd, &x, 1, &out, NULL, tol_for(dt, 1e-4));
         pair_free(&out);
         pair_free(&x);
@@ -965,10 +974,11 @@ static void test_errors(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_binary),  TEST(test_binary_int), TEST(test_unary),   TEST(test_fused),
-    TEST(test_matmul),  TEST(test_reduce),     TEST(test_softmax), TEST(test_concat),
-    TEST(test_slice),   TEST(test_shuffle),    TEST(test_gather),  TEST(test_gather_error),
-    TEST(test_cast),    TEST(test_scale_bias), TEST(test_graph_capture), TEST(test_random_shapes), TEST(test_errors),
+    TEST(test_binary), TEST(test_binary_int), TEST(test_unary),         TEST(test_fused),
+    TEST(test_matmul), TEST(test_reduce),     TEST(test_softmax),       TEST(test_concat),
+    TEST(test_slice),  TEST(test_shuffle),    TEST(test_gather),        TEST(test_gather_error),
+    TEST(test_cast),   TEST(test_scale_bias), TEST(test_graph_capture), TEST(test_random_shapes),
+    TEST(test_errors),
 };
 
 int main(void)
@@ -978,7 +988,8 @@ int main(void)
         printf("skipped: no CUDA GPU\n");
         return 77;
     }
-    if (kiln_cuda_device_create(&dev) != KILN_OK || cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+    if (kiln_cuda_device_create(&dev) != KILN_OK ||
+        cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
         fprintf(stderr, "cannot set up the GPU: %s\n", kiln_last_error());
         return 1;
     }

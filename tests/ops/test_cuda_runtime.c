@@ -66,14 +66,13 @@ static kiln_engine *build_engine(kiln_registry *reg)
     float two = 2.0f;
     kiln_network *net = NULL;
     CHECK_OK(kiln_network_create(reg, &net));
-    kiln_dims xd = {.rank = 2, .d = {-1, K}}, wd = {.rank = 2, .d = {K, N}},
-              bd = {.rank = 2, .d = {1, N}}, sd = {.rank = 2, .d = {1, 1}};
+    kiln_dims xd = {.rank = 2, .d = {-1, K}}, wd = {.rank = 2, .d = {K, N}}, bd = {.rank = 2, .d = {1, N}},
+              sd = {.rank = 2, .d = {1, 1}};
     kiln_tensor x, wt, bt, st, mm, add, th, sm, y;
     int32_t prof = 0;
     CHECK_OK(kiln_network_add_input(net, "x", KILN_DTYPE_F32, &xd, &x));
     CHECK_OK(kiln_network_add_profile(net, &prof));
-    kiln_dims mn = {.rank = 2, .d = {1, K}}, op = {.rank = 2, .d = {32, K}},
-              mx = {.rank = 2, .d = {MAX_BATCH, K}};
+    kiln_dims mn = {.rank = 2, .d = {1, K}}, op = {.rank = 2, .d = {32, K}}, mx = {.rank = 2, .d = {MAX_BATCH, K}};
     CHECK_OK(kiln_network_set_profile_shape(net, prof, "x", &mn, &op, &mx));
     CHECK_OK(kiln_network_add_constant(net, "W", KILN_DTYPE_F32, &wd, w, &wt));
     CHECK_OK(kiln_network_add_constant(net, "b", KILN_DTYPE_F32, &bd, b, &bt));
@@ -162,8 +161,7 @@ static void test_against_math_and_reference(void)
         CHECK(ms >= 0);
     }
     /* A host pointer is refused by name, before any kernel could fault. */
-    CHECK_FAILS(kiln_context_set_tensor_address(ctx, "x", xs), KILN_ERROR_INVALID_ARGUMENT,
-                "tensor \"x\"");
+    CHECK_FAILS(kiln_context_set_tensor_address(ctx, "x", xs), KILN_ERROR_INVALID_ARGUMENT, "tensor \"x\"");
     /* Bound device memory instead of staging. */
     void *dx = NULL, *dy = NULL;
     CHECK(cudaMalloc(&dx, sizeof xs) == cudaSuccess && cudaMalloc(&dy, sizeof ys) == cudaSuccess);
@@ -374,8 +372,7 @@ static void test_plugin_not_capture_safe(void)
     kiln_tensor x, y;
     int32_t n_out = 0;
     CHECK_OK(kiln_network_add_input(net, "x", KILN_DTYPE_F32, &d, &x));
-    CHECK_OK(kiln_network_add_plugin(net, "uncapturable", "TestNoCapture", "1", "test", NULL, 0, &x, 1,
-                                     &y, 1, &n_out));
+    CHECK_OK(kiln_network_add_plugin(net, "uncapturable", "TestNoCapture", "1", "test", NULL, 0, &x, 1, &y, 1, &n_out));
     CHECK_OK(kiln_network_mark_output(net, y, "y"));
     kiln_build_config cfg;
     kiln_build_config_init(&cfg);
@@ -400,12 +397,9 @@ static void test_plugin_not_capture_safe(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_against_math_and_reference),
-    TEST(test_graph_replay),
-    TEST(test_enqueue_captures_under_global_mode),
-    TEST(test_two_contexts_two_streams),
-    TEST(test_device_pool_does_not_grow),
-    TEST(test_plugin_not_capture_safe),
+    TEST(test_against_math_and_reference),         TEST(test_graph_replay),
+    TEST(test_enqueue_captures_under_global_mode), TEST(test_two_contexts_two_streams),
+    TEST(test_device_pool_does_not_grow),          TEST(test_plugin_not_capture_safe),
 };
 
 static int run_tests(void)

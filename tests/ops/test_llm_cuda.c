@@ -75,8 +75,8 @@ static void test_sample_layer(void)
     static kiln_candidate c[V];
     float params[S * SAMPLE_PARAMS];
     int32_t seq[S * SAMPLE_SEQ], a[S], b[S];
-    const kiln_llm_sampling greedy = {.top_p = 1.0f}, topk = {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f,
-                                                              .min_p = 0.05f},
+    const kiln_llm_sampling greedy = {.top_p = 1.0f},
+                            topk = {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f, .min_p = 0.05f},
                             large = {.temperature = 0.8f, .top_p = 0.9f};
     kiln_rng r;
     kiln_rng_seed(&r, 5);
@@ -107,8 +107,8 @@ static void test_sample_layer(void)
     CHECK(greedy_same);
     CHECK(outside == 0);
     CHECK(topk_same * 100 >= topk_n * 99);
-    printf("sample layer: greedy identical, %d/%d top-k draws identical, %d draws outside the CPU's set\n",
-           topk_same, topk_n, outside);
+    printf("sample layer: greedy identical, %d/%d top-k draws identical, %d draws outside the CPU's set\n", topk_same,
+           topk_n, outside);
 
     /* Frequencies of the large-set path: 600 tokens of real mass among 32000. */
     enum { DRAWS = 2500 };
@@ -144,7 +144,8 @@ static void test_sample_layer(void)
     }
     tv *= 0.5;
     printf("sample layer: large-set draws, total variation %.4f from the CPU sampler's distribution "
-           "(sampling noise alone: %.4f)\n", tv, noise);
+           "(sampling noise alone: %.4f)\n",
+           tv, noise);
     CHECK(tv < 1.3 * noise);
 
     /* Penalties: two sequences through state slots, their prompts fed in
@@ -152,7 +153,10 @@ static void test_sample_layer(void)
      * sides so the histories stay equal. The greedy one must match
      * exactly, the sampled one in >= 95% of steps. */
     const kiln_llm_sampling pg = {.top_p = 1.0f, .repetition_penalty = 1.3f, .frequency_penalty = 0.5f},
-                            ps = {.temperature = 0.9f, .top_k = 30, .top_p = 0.95f, .repetition_penalty = 1.1f,
+                            ps = {.temperature = 0.9f,
+                                  .top_k = 30,
+                                  .top_p = 0.95f,
+                                  .repetition_penalty = 1.1f,
                                   .presence_penalty = 0.4f};
     int32_t tokens[16], positions[16], qs[3], last[2], fed[2] = {0, 0};
     int pen_greedy_same = 1, pen_sampled_same = 0, steps = 40;
@@ -173,8 +177,14 @@ static void test_sample_layer(void)
             random_logits(logits + s * V, V, &r, 10.0f);
             set_row(params, seq, s, s ? &ps : &pg, s ? 3 : 1, 5, &r);
         }
-        sample_step st = {.S = 2, .T = T, .logits = logits, .params = params, .seq = seq, .tokens = tokens,
-                          .positions = positions, .qstart = qs};
+        sample_step st = {.S = 2,
+                          .T = T,
+                          .logits = logits,
+                          .params = params,
+                          .seq = seq,
+                          .tokens = tokens,
+                          .positions = positions,
+                          .qstart = qs};
         both(&cpu, &gpu, &st, a, b);
         pen_greedy_same &= a[0] == b[0];
         pen_sampled_same += a[1] == b[1];
@@ -190,8 +200,8 @@ static void test_sample_layer(void)
 
 /* ---- generation ------------------------------------------------------------------------ */
 
-static const char *const prompts[8] = {"Hello", "The capital of France is", "1, 2, 3,", "Once upon a time",
-                                       "def f(x):", "The quick brown fox", "Water boils at", "I think that"};
+static const char *const prompts[8] = {"Hello",     "The capital of France is", "1, 2, 3,",       "Once upon a time",
+                                       "def f(x):", "The quick brown fox",      "Water boils at", "I think that"};
 
 static kiln_status build_to(const char *dir, kiln_backend backend, const char *path)
 {
@@ -252,8 +262,8 @@ static int same_ids(kiln_llm_result *const *a, kiln_llm_result *const *b)
 {
     int same = 1;
     for (int i = 0; i < 8; i++)
-        same &= a[i] && b[i] && a[i]->n_ids == b[i]->n_ids &&
-                !memcmp(a[i]->ids, b[i]->ids, sizeof(int32_t) * a[i]->n_ids);
+        same &=
+            a[i] && b[i] && a[i]->n_ids == b[i]->n_ids && !memcmp(a[i]->ids, b[i]->ids, sizeof(int32_t) * a[i]->n_ids);
     return same;
 }
 
@@ -288,8 +298,7 @@ static void test_generation(void)
             CHECK_OK(greedy_runs(gpu.llm, 0, alone));
             CHECK_OK(greedy_runs(gpu.llm, 1, batch));
             CHECK_OK(greedy_runs(plain.llm, 0, nograph));
-            int cuda_cpu = same_ids(alone, ref), invariant = same_ids(batch, alone),
-                graphs = same_ids(nograph, alone);
+            int cuda_cpu = same_ids(alone, ref), invariant = same_ids(batch, alone), graphs = same_ids(nograph, alone);
             CHECK(cuda_cpu);
             CHECK(invariant);
             CHECK(graphs);

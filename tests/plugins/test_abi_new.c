@@ -5,14 +5,14 @@
 
 static const kiln_host_api *host;
 
-static kiln_status never_create(const kiln_plugin_creator *creator, const kiln_field *fields,
-                                int32_t n_fields, kiln_plugin **out)
+static kiln_status never_create(const kiln_plugin_creator *creator, const kiln_field *fields, int32_t n_fields,
+                                kiln_plugin **out)
 {
     return host->fail(KILN_ERROR_UNSUPPORTED, "%s cannot be created", creator->name);
 }
 
-static kiln_status never_deserialize(const kiln_plugin_creator *creator, uint32_t blob_version,
-                                     const void *blob, size_t size, kiln_plugin **out)
+static kiln_status never_deserialize(const kiln_plugin_creator *creator, uint32_t blob_version, const void *blob,
+                                     size_t size, kiln_plugin **out)
 {
     return host->fail(KILN_ERROR_UNSUPPORTED, "%s cannot be deserialized", creator->name);
 }
@@ -24,9 +24,14 @@ typedef struct future_creator {
 } future_creator;
 
 static const future_creator creator = {
-    .v1 = {.struct_size = sizeof(future_creator), .abi_version = KILN_PLUGIN_ABI_VERSION + 1,
-           .name = "FutureAbi", .version = "1", .plugin_namespace = "test", .blob_version = 1,
-           .create = never_create, .deserialize = never_deserialize},
+    .v1 = {.struct_size = sizeof(future_creator),
+           .abi_version = KILN_PLUGIN_ABI_VERSION + 1,
+           .name = "FutureAbi",
+           .version = "1",
+           .plugin_namespace = "test",
+           .blob_version = 1,
+           .create = never_create,
+           .deserialize = never_deserialize},
     .appended = 0,
 };
 

@@ -7,8 +7,7 @@
 #include "../../examples/scale_bias/scale_bias.c"
 #undef kiln_plugin_library_init
 
-KILN_PLUGIN_EXPORT kiln_status kiln_plugin_library_init(const kiln_host_api *host_api,
-                                                        kiln_registry *reg)
+KILN_PLUGIN_EXPORT kiln_status kiln_plugin_library_init(const kiln_host_api *host_api, kiln_registry *reg)
 {
     kiln_status s = scale_bias_library_init(host_api, reg);
     if (s != KILN_OK)

@@ -19,10 +19,7 @@ typedef struct misbehave {
 
 static const kiln_plugin_ops misbehave_ops;
 
-static int is(const kiln_plugin *self, const char *mode)
-{
-    return strcmp(((const misbehave *)self)->mode, mode) == 0;
-}
+static int is(const kiln_plugin *self, const char *mode) { return strcmp(((const misbehave *)self)->mode, mode) == 0; }
 
 static kiln_status misbehave_new(const char *mode, size_t len, kiln_plugin **out)
 {
@@ -50,9 +47,8 @@ static int32_t misbehave_num_outputs(const kiln_plugin *self)
     return 1;
 }
 
-static kiln_status misbehave_output_shapes(const kiln_plugin *self, const kiln_shape_expr *inputs,
-                                           int32_t n_inputs, kiln_shape_expr *outputs,
-                                           int32_t n_outputs, kiln_expr_builder *eb)
+static kiln_status misbehave_output_shapes(const kiln_plugin *self, const kiln_shape_expr *inputs, int32_t n_inputs,
+                                           kiln_shape_expr *outputs, int32_t n_outputs, kiln_expr_builder *eb)
 {
     (void)eb;
     if (is(self, "shapes-silent"))
@@ -67,8 +63,8 @@ static kiln_status misbehave_output_shapes(const kiln_plugin *self, const kiln_s
     return KILN_OK;
 }
 
-static kiln_status misbehave_output_dtypes(const kiln_plugin *self, const kiln_dtype *inputs,
-                                           int32_t n_inputs, kiln_dtype *outputs, int32_t n_outputs)
+static kiln_status misbehave_output_dtypes(const kiln_plugin *self, const kiln_dtype *inputs, int32_t n_inputs,
+                                           kiln_dtype *outputs, int32_t n_outputs)
 {
     if (is(self, "dtypes-silent"))
         return KILN_ERROR_UNSUPPORTED;
@@ -78,16 +74,15 @@ static kiln_status misbehave_output_dtypes(const kiln_plugin *self, const kiln_d
     return KILN_OK;
 }
 
-static int32_t misbehave_supports(const kiln_plugin *self, kiln_backend backend,
-                                  const kiln_tensor_desc *descs, int32_t n_inputs, int32_t n_outputs)
+static int32_t misbehave_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *descs,
+                                  int32_t n_inputs, int32_t n_outputs)
 {
-    return !is(self, "supports-none") && backend == KILN_BACKEND_CPU && n_inputs == 1 &&
-           n_outputs == 1 && descs[0].dtype == KILN_DTYPE_F32 && descs[1].dtype == KILN_DTYPE_F32;
+    return !is(self, "supports-none") && backend == KILN_BACKEND_CPU && n_inputs == 1 && n_outputs == 1 &&
+           descs[0].dtype == KILN_DTYPE_F32 && descs[1].dtype == KILN_DTYPE_F32;
 }
 
-static size_t misbehave_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *inputs,
-                                       int32_t n_inputs, const kiln_tensor_desc *outputs,
-                                       int32_t n_outputs)
+static size_t misbehave_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *inputs, int32_t n_inputs,
+                                       const kiln_tensor_desc *outputs, int32_t n_outputs)
 {
     (void)inputs, (void)n_inputs, (void)outputs, (void)n_outputs;
     if (is(self, "workspace-huge"))
@@ -97,11 +92,9 @@ static size_t misbehave_workspace_size(const kiln_plugin *self, const kiln_tenso
     return 0;
 }
 
-static kiln_status misbehave_enqueue(kiln_plugin *self, kiln_backend backend,
-                                     const kiln_tensor_desc *input_descs, const void *const *inputs,
-                                     int32_t n_inputs, const kiln_tensor_desc *output_descs,
-                                     void *const *outputs, int32_t n_outputs, void *workspace,
-                                     void *stream)
+static kiln_status misbehave_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *input_descs,
+                                     const void *const *inputs, int32_t n_inputs, const kiln_tensor_desc *output_descs,
+                                     void *const *outputs, int32_t n_outputs, void *workspace, void *stream)
 {
     (void)backend, (void)workspace, (void)stream, (void)n_inputs, (void)n_outputs;
     if (is(self, "enqueue"))
@@ -166,20 +159,25 @@ static const kiln_plugin_ops misbehave_ops = {
 };
 
 static const kiln_field_spec misbehave_fields[] = {
-    {.struct_size = sizeof(kiln_field_spec), .abi_version = KILN_PLUGIN_ABI_VERSION, .name = "fail",
-     .type = KILN_FIELD_STRING, .count = 1, .required = 1, .doc = "which call misbehaves"},
+    {.struct_size = sizeof(kiln_field_spec),
+     .abi_version = KILN_PLUGIN_ABI_VERSION,
+     .name = "fail",
+     .type = KILN_FIELD_STRING,
+     .count = 1,
+     .required = 1,
+     .doc = "which call misbehaves"},
 };
 
-static kiln_status misbehave_create(const kiln_plugin_creator *creator, const kiln_field *fields,
-                                    int32_t n_fields, kiln_plugin **out)
+static kiln_status misbehave_create(const kiln_plugin_creator *creator, const kiln_field *fields, int32_t n_fields,
+                                    kiln_plugin **out)
 {
     (void)creator;
     const char *mode = n_fields == 1 ? (const char *)fields[0].data : "none";
     return misbehave_new(mode, strlen(mode), out);
 }
 
-static kiln_status misbehave_deserialize(const kiln_plugin_creator *creator, uint32_t blob_version,
-                                         const void *blob, size_t size, kiln_plugin **out)
+static kiln_status misbehave_deserialize(const kiln_plugin_creator *creator, uint32_t blob_version, const void *blob,
+                                         size_t size, kiln_plugin **out)
 {
     (void)creator, (void)blob_version;
     static const char silent[] = "deserialize-silent";
@@ -204,8 +202,7 @@ static const kiln_plugin_creator misbehave_creator = {
     .description = "fails on purpose in the call its \"fail\" field names",
 };
 
-KILN_PLUGIN_EXPORT kiln_status kiln_plugin_library_init(const kiln_host_api *host_api,
-                                                        kiln_registry *reg)
+KILN_PLUGIN_EXPORT kiln_status kiln_plugin_library_init(const kiln_host_api *host_api, kiln_registry *reg)
 {
     host = host_api;
     return host->register_creator(reg, &misbehave_creator);

@@ -47,8 +47,7 @@ static kiln_status nc_output_dtypes(const kiln_plugin *self, const kiln_dtype *i
 static int32_t nc_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *descs,
                            int32_t n_inputs, int32_t n_outputs)
 {
-    return n_inputs == 1 && n_outputs == 1 && descs[0].dtype == KILN_DTYPE_F32 &&
-           descs[1].dtype == KILN_DTYPE_F32;
+    return n_inputs == 1 && n_outputs == 1 && descs[0].dtype == KILN_DTYPE_F32 && descs[1].dtype == KILN_DTYPE_F32;
 }
 
 static kiln_status nc_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *input_descs,

@@ -146,8 +146,14 @@ static const kiln_plugin_ops ws_ops = {
 static const int64_t no_extra_bytes = 0;
 
 static const kiln_field_spec ws_fields[] = {
-    {.struct_size = sizeof(kiln_field_spec), .abi_version = KILN_PLUGIN_ABI_VERSION, .name = "extra_bytes",
-     .type = KILN_FIELD_I64, .count = 1, .required = 0, .default_data = &no_extra_bytes, .default_count = 1,
+    {.struct_size = sizeof(kiln_field_spec),
+     .abi_version = KILN_PLUGIN_ABI_VERSION,
+     .name = "extra_bytes",
+     .type = KILN_FIELD_I64,
+     .count = 1,
+     .required = 0,
+     .default_data = &no_extra_bytes,
+     .default_count = 1,
      .doc = "workspace bytes beyond numel(x) * 4"},
 };
 
@@ -156,8 +162,7 @@ static kiln_status ws_create(const kiln_plugin_creator *creator, const kiln_fiel
 {
     /* The host fills in the default, so the one field is always present. */
     if (n_fields != 1)
-        return host->fail(KILN_ERROR_INTERNAL, "TestWorkspace: expected 1 field after defaults, got %d",
-                          (int)n_fields);
+        return host->fail(KILN_ERROR_INTERNAL, "TestWorkspace: expected 1 field after defaults, got %d", (int)n_fields);
     return ws_new(*(const int64_t *)fields[0].data, out);
 }
 

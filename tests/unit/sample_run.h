@@ -24,9 +24,9 @@ typedef struct sample_runner {
  * the rows; all zero-length when NULL). */
 typedef struct sample_step {
     int32_t S, T;
-    const float *logits;     /* [S, V] */
-    const float *params;     /* [S, SAMPLE_PARAMS] */
-    const int32_t *seq;      /* [S, SAMPLE_SEQ] */
+    const float *logits; /* [S, V] */
+    const float *params; /* [S, SAMPLE_PARAMS] */
+    const int32_t *seq;  /* [S, SAMPLE_SEQ] */
     const int32_t *tokens, *positions, *qstart;
 } sample_step;
 
@@ -40,13 +40,13 @@ static kiln_status sample_runner_open(sample_runner *r, kiln_backend backend, in
     KILN_TRY(kiln_network_create(r->reg, &net));
     kiln_tensor in[7], out;
     int32_t prof, n_out = 0;
-    const char *names[7] = {"logits", "sample_params", "sample_seq", "tokens", "positions", "query_start",
-                            "sample_state"};
+    const char *names[7] = {"logits",    "sample_params", "sample_seq",  "tokens",
+                            "positions", "query_start",   "sample_state"};
     const kiln_dtype types[7] = {KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_I32, KILN_DTYPE_I32,
                                  KILN_DTYPE_I32, KILN_DTYPE_I32, KILN_DTYPE_I32};
     const int64_t cols[7] = {vocab, SAMPLE_PARAMS, SAMPLE_SEQ, 0, 0, 0, vocab};
-    const int64_t lo[7] = {1, 1, 1, 1, 1, 2, max_s}, hi[7] = {max_s, max_s, max_s, SAMPLE_RUN_MAX_T,
-                                                               SAMPLE_RUN_MAX_T, max_s + 1, max_s};
+    const int64_t lo[7] = {1, 1, 1, 1, 1, 2, max_s},
+                  hi[7] = {max_s, max_s, max_s, SAMPLE_RUN_MAX_T, SAMPLE_RUN_MAX_T, max_s + 1, max_s};
     kiln_status s = kiln_network_add_profile(net, &prof);
     for (int i = 0; i < 7 && s == KILN_OK; i++) {
         int rank = cols[i] ? 2 : 1;
@@ -107,8 +107,8 @@ static kiln_status sample_runner_step(sample_runner *r, const sample_step *st, i
     KILN_TRY(kiln_context_copy_input(r->ctx, "sample_params", st->params, sizeof(float) * SAMPLE_PARAMS * (size_t)S));
     KILN_TRY(kiln_context_copy_input(r->ctx, "sample_seq", st->seq, sizeof(int32_t) * SAMPLE_SEQ * (size_t)S));
     KILN_TRY(kiln_context_copy_input(r->ctx, "tokens", st->T > 0 ? st->tokens : zeros, sizeof(int32_t) * (size_t)T));
-    KILN_TRY(kiln_context_copy_input(r->ctx, "positions", st->T > 0 ? st->positions : zeros,
-                                     sizeof(int32_t) * (size_t)T));
+    KILN_TRY(
+        kiln_context_copy_input(r->ctx, "positions", st->T > 0 ? st->positions : zeros, sizeof(int32_t) * (size_t)T));
     KILN_TRY(kiln_context_copy_input(r->ctx, "query_start", qstart, sizeof(int32_t) * ((size_t)S + 1)));
     KILN_TRY(kiln_context_enqueue(r->ctx, NULL));
     KILN_TRY(kiln_context_copy_output(r->ctx, "next_token", ids, sizeof *ids * (size_t)S));

@@ -11,66 +11,72 @@
 static int test_failures_;
 static int test_checks_;
 
-#define CHECK(cond)                                                                 \
-    do {                                                                            \
-        test_checks_++;                                                             \
-        if (!(cond)) {                                                              \
-            test_failures_++;                                                       \
+#define CHECK(cond) \
+    do { \
+        test_checks_++; \
+        if (!(cond)) { \
+            test_failures_++; \
             fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-        }                                                                           \
+        } \
     } while (0)
 
 /* Checks a kiln call returns KILN_OK, printing the last error otherwise. */
-#define CHECK_OK(expr)                                                                \
-    do {                                                                              \
-        test_checks_++;                                                               \
-        kiln_status check_s_ = (expr);                                                \
-        if (check_s_ != KILN_OK) {                                                    \
-            test_failures_++;                                                         \
-            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #expr, \
-                    kiln_status_name(check_s_), kiln_last_error());                   \
-        }                                                                             \
+#define CHECK_OK(expr) \
+    do { \
+        test_checks_++; \
+        kiln_status check_s_ = (expr); \
+        if (check_s_ != KILN_OK) { \
+            test_failures_++; \
+            fprintf(stderr, "%s:%d: %s returned %s: %s\n", __FILE__, __LINE__, #expr, kiln_status_name(check_s_), \
+                    kiln_last_error()); \
+        } \
     } while (0)
 
 /* Checks a call fails with `status` and its message contains `needle`. */
-#define CHECK_FAILS(expr, status, needle)                                                  \
-    do {                                                                                   \
-        test_checks_++;                                                                    \
-        kiln_status check_s_ = (expr);                                                     \
-        if (check_s_ != (status) || !strstr(kiln_last_error(), (needle))) {                \
-            test_failures_++;                                                              \
-            fprintf(stderr, "%s:%d: %s: expected %s containing \"%s\", got %s: \"%s\"\n",   \
-                    __FILE__, __LINE__, #expr, kiln_status_name(status), (needle),          \
-                    kiln_status_name(check_s_), kiln_last_error());                        \
-        }                                                                                  \
+#define CHECK_FAILS(expr, status, needle) \
+    do { \
+        test_checks_++; \
+        kiln_status check_s_ = (expr); \
+        if (check_s_ != (status) || !strstr(kiln_last_error(), (needle))) { \
+            test_failures_++; \
+            fprintf(stderr, "%s:%d: %s: expected %s containing \"%s\", got %s: \"%s\"\n", __FILE__, __LINE__, #expr, \
+                    kiln_status_name(status), (needle), kiln_status_name(check_s_), kiln_last_error()); \
+        } \
     } while (0)
 
-#define CHECK_NEAR(a, b, tol)                                                                  \
-    do {                                                                                       \
-        test_checks_++;                                                                        \
-        double check_a_ = (a), check_b_ = (b);                                                 \
-        if (!(fabs(check_a_ - check_b_) <= (tol))) {                                           \
-            test_failures_++;                                                                  \
-            fprintf(stderr, "%s:%d: %s = %.9g, expected %.9g (tol %g)\n", __FILE__, __LINE__, #a, \
-                    check_a_, check_b_, (double)(tol));                                       \
-        }                                                                                      \
+#define CHECK_NEAR(a, b, tol) \
+    do { \
+        test_checks_++; \
+        double check_a_ = (a), check_b_ = (b); \
+        if (!(fabs(check_a_ - check_b_) <= (tol))) { \
+            test_failures_++; \
+            fprintf(stderr, "%s:%d: %s = %.9g, expected %.9g (tol %g)\n", __FILE__, __LINE__, #a, check_a_, check_b_, \
+                    (double)(tol)); \
+        } \
     } while (0)
 
 typedef void (*test_fn_)(void);
-typedef struct { const char *name; test_fn_ fn; } test_case_;
+typedef struct {
+    const char *name;
+    test_fn_ fn;
+} test_case_;
 
 /* In the test file: static const test_case_ tests[] = {TEST(a), TEST(b)};
  * then TEST_MAIN(tests). */
-#define TEST(fn) { #fn, fn }
-#define TEST_MAIN(cases)                                                         \
-    int main(void) {                                                             \
-        for (size_t i_ = 0; i_ < sizeof(cases) / sizeof(cases[0]); i_++) {      \
-            int before_ = test_failures_;                                        \
-            cases[i_].fn();                                                      \
+#define TEST(fn) \
+    { \
+#fn, fn \
+    }
+#define TEST_MAIN(cases) \
+    int main(void) \
+    { \
+        for (size_t i_ = 0; i_ < sizeof(cases) / sizeof(cases[0]); i_++) { \
+            int before_ = test_failures_; \
+            cases[i_].fn(); \
             printf("%s %s\n", test_failures_ == before_ ? "ok  " : "FAIL", cases[i_].name); \
-        }                                                                        \
-        printf("%d checks, %d failed\n", test_checks_, test_failures_);          \
-        return test_failures_ ? 1 : 0;                                           \
+        } \
+        printf("%d checks, %d failed\n", test_checks_, test_failures_); \
+        return test_failures_ ? 1 : 0; \
     }
 
 #endif

@@ -16,14 +16,13 @@
 /* A growable struct ends exactly at its last member: no tail padding, so a
  * member appended later never falls inside the struct_size an older caller
  * reports (which would make the library read the old caller's padding). */
-#define CHECK_ENDS_AT(type, member) \
-    CHECK(sizeof(type) == offsetof(type, member) + sizeof(((type *)0)->member))
+#define CHECK_ENDS_AT(type, member) CHECK(sizeof(type) == offsetof(type, member) + sizeof(((type *)0)->member))
 /* An _init function stores the library's size and KILN_API_VERSION. */
-#define CHECK_INIT(type, init)                                                        \
-    do {                                                                              \
-        type v_;                                                                      \
-        memset(&v_, 0xA5, sizeof v_);                                                 \
-        init(&v_);                                                                    \
+#define CHECK_INIT(type, init) \
+    do { \
+        type v_; \
+        memset(&v_, 0xA5, sizeof v_); \
+        init(&v_); \
         CHECK(v_.struct_size == sizeof(type) && v_.abi_version == KILN_API_VERSION); \
     } while (0)
 
@@ -143,8 +142,8 @@ static void test_builder_and_network(void)
     CHECK_OFFSET(kiln_build_config, backend, 8);
     CHECK_OFFSET(kiln_build_config, flags, 12);
     CHECK_OFFSET(kiln_build_config, n_gpu_archs, 16);
-    CHECK_OFFSET(kiln_build_config, gpu_archs, 20);      /* 8 x 4 bytes, to 52 */
-    CHECK_OFFSET(kiln_build_config, progress, 56);       /* 4 bytes of padding before it */
+    CHECK_OFFSET(kiln_build_config, gpu_archs, 20); /* 8 x 4 bytes, to 52 */
+    CHECK_OFFSET(kiln_build_config, progress, 56);  /* 4 bytes of padding before it */
     CHECK_OFFSET(kiln_build_config, progress_user, 64);
     CHECK_SIZE(kiln_build_config, 72);
     CHECK_ENDS_AT(kiln_build_config, progress_user);
@@ -160,11 +159,11 @@ static void test_builder_and_network(void)
     CHECK_OFFSET(kiln_shuffle_desc, struct_size, 0);
     CHECK_OFFSET(kiln_shuffle_desc, abi_version, 4);
     CHECK_OFFSET(kiln_shuffle_desc, has_first_transpose, 8);
-    CHECK_OFFSET(kiln_shuffle_desc, first_transpose, 12);     /* 8 x 4 bytes, to 44 */
+    CHECK_OFFSET(kiln_shuffle_desc, first_transpose, 12); /* 8 x 4 bytes, to 44 */
     CHECK_OFFSET(kiln_shuffle_desc, has_reshape, 44);
-    CHECK_OFFSET(kiln_shuffle_desc, reshape, 48);             /* kiln_dims, 72 bytes */
+    CHECK_OFFSET(kiln_shuffle_desc, reshape, 48); /* kiln_dims, 72 bytes */
     CHECK_OFFSET(kiln_shuffle_desc, has_second_transpose, 120);
-    CHECK_OFFSET(kiln_shuffle_desc, second_transpose, 124);   /* to 156 */
+    CHECK_OFFSET(kiln_shuffle_desc, second_transpose, 124); /* to 156 */
     CHECK_OFFSET(kiln_shuffle_desc, reserved, 156);
     CHECK_SIZE(kiln_shuffle_desc, 160);
     CHECK_ENDS_AT(kiln_shuffle_desc, reserved);
@@ -312,9 +311,9 @@ static void test_enum_values(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_dims_and_desc), TEST(test_shape_expr), TEST(test_fields),
-    TEST(test_plugin_ops),    TEST(test_creator),    TEST(test_host_api),
-    TEST(test_builder_and_network), TEST(test_llm),  TEST(test_enum_values),
+    TEST(test_dims_and_desc),       TEST(test_shape_expr), TEST(test_fields),
+    TEST(test_plugin_ops),          TEST(test_creator),    TEST(test_host_api),
+    TEST(test_builder_and_network), TEST(test_llm),        TEST(test_enum_values),
 };
 
 TEST_MAIN(tests)

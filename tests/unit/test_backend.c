@@ -36,9 +36,8 @@ static void test_registry(void)
 {
     const kiln_backend_i *cpu = kiln_backend_find(KILN_BACKEND_CPU);
     CHECK(cpu && cpu->kind == KILN_BACKEND_CPU);
-    CHECK(cpu && cpu->engine_create && cpu->engine_destroy && cpu->mem_alloc && cpu->mem_free &&
-          cpu->context_create && cpu->context_destroy && cpu->enqueue && cpu->synchronize &&
-          cpu->run_reference && cpu->copy);
+    CHECK(cpu && cpu->engine_create && cpu->engine_destroy && cpu->mem_alloc && cpu->mem_free && cpu->context_create &&
+          cpu->context_destroy && cpu->enqueue && cpu->synchronize && cpu->run_reference && cpu->copy);
     /* the CPU has no graph mode or device timing: the runtime says so */
     CHECK(cpu && !cpu->set_graph_mode && !cpu->gpu_time);
     const kiln_backend_i *cuda = kiln_backend_find(KILN_BACKEND_CUDA);
@@ -64,7 +63,8 @@ static void test_registry(void)
 #ifdef KILN_HAVE_CUDA
     int32_t arch = 0;
     if (!cuda->device_arch(&arch))
-        CHECK(s == KILN_ERROR_TARGET && strstr(kiln_last_error(), "engine targets cuda (sm_90), but no CUDA GPU is available"));
+        CHECK(s == KILN_ERROR_TARGET &&
+              strstr(kiln_last_error(), "engine targets cuda (sm_90), but no CUDA GPU is available"));
     else if (arch == 90)
         CHECK(s == KILN_OK && got == cuda);
 #else

@@ -47,8 +47,7 @@ static kiln_tensor input(kiln_network *net, const char *name, kiln_dims d)
     return t;
 }
 
-static kiln_tensor binary(kiln_network *net, const char *name, kiln_binary_op op, kiln_tensor a,
-                          kiln_tensor b)
+static kiln_tensor binary(kiln_network *net, const char *name, kiln_binary_op op, kiln_tensor a, kiln_tensor b)
 {
     kiln_tensor t = {-1};
     CHECK_OK(kiln_network_add_binary(net, name, op, a, b, &t));
@@ -93,8 +92,8 @@ static void shapes_at(const kiln_graph *g, int32_t profile, int which, kiln_dims
  * a read of an unwritten slot shows); otherwise each has its own buffer.
  * `in` holds the inputs in declaration order (f32); returns output
  * `out_index` as f32 (malloc'd) with its element count in *n_out. */
-static float *execute_output(const kiln_graph *g, int planned, int32_t profile, int which,
-                             const float *const *in, int32_t out_index, int64_t *n_out)
+static float *execute_output(const kiln_graph *g, int planned, int32_t profile, int which, const float *const *in,
+                             int32_t out_index, int64_t *n_out)
 {
     int32_t nt = g->n_tensors;
     kiln_dims *dims = calloc((size_t)nt, sizeof *dims);
@@ -128,11 +127,9 @@ static float *execute_output(const kiln_graph *g, int planned, int32_t profile, 
         const kiln_layer *l = &g->layers[i];
         kiln_exec_tensor xi[16], xo[4];
         for (int32_t k = 0; k < l->n_inputs; k++)
-            xi[k] = (kiln_exec_tensor){ptr[l->inputs[k]], g->tensors[l->inputs[k]].dtype,
-                                       dims[l->inputs[k]]};
+            xi[k] = (kiln_exec_tensor){ptr[l->inputs[k]], g->tensors[l->inputs[k]].dtype, dims[l->inputs[k]]};
         for (int32_t k = 0; k < l->n_outputs; k++)
-            xo[k] = (kiln_exec_tensor){ptr[l->outputs[k]], g->tensors[l->outputs[k]].dtype,
-                                       dims[l->outputs[k]]};
+            xo[k] = (kiln_exec_tensor){ptr[l->outputs[k]], g->tensors[l->outputs[k]].dtype, dims[l->outputs[k]]};
         kiln_cpu_args a;
         memset(&a, 0, sizeof a);
         a.graph = g;
@@ -156,8 +153,8 @@ static float *execute_output(const kiln_graph *g, int planned, int32_t profile, 
     return out;
 }
 
-static float *execute(const kiln_graph *g, int planned, int32_t profile, int which,
-                      const float *const *in, int64_t *n_out)
+static float *execute(const kiln_graph *g, int planned, int32_t profile, int which, const float *const *in,
+                      int64_t *n_out)
 {
     return execute_output(g, planned, profile, which, in, 0, n_out);
 }
@@ -367,8 +364,7 @@ static void test_fuse_chain(void)
         CHECK(l->p.fused.n_steps == 3);
         CHECK(l->n_inputs == 3);
         CHECK(l->n_inputs == 3 && l->inputs[0] == kiln_graph_find_tensor(&g, "x") &&
-              l->inputs[1] == kiln_graph_find_tensor(&g, "y") &&
-              l->inputs[2] == kiln_graph_find_tensor(&g, "z"));
+              l->inputs[1] == kiln_graph_find_tensor(&g, "y") && l->inputs[2] == kiln_graph_find_tensor(&g, "z"));
         /* Operands: 0..2 inputs, 3.. earlier steps. */
         const kiln_fused_step *s = l->p.fused.steps;
         CHECK(s[0].is_binary && s[0].op == KILN_BINARY_ADD && s[0].a == 0 && s[0].b == 1);
@@ -679,9 +675,9 @@ static uint32_t rng_next(uint32_t *s)
 
 static void test_random_graphs_match_unplanned(void)
 {
-    static const kiln_binary_op bops[] = {KILN_BINARY_ADD, KILN_BINARY_SUB, KILN_BINARY_MUL,
-                                          KILN_BINARY_MAX, KILN_BINARY_MIN};
-    static const kiln_unary_op uops[] = {KILN_UNARY_NEG, KILN_UNARY_ABS, KILN_UNARY_TANH,
+    static const kiln_binary_op bops[] = {KILN_BINARY_ADD, KILN_BINARY_SUB, KILN_BINARY_MUL, KILN_BINARY_MAX,
+                                          KILN_BINARY_MIN};
+    static const kiln_unary_op uops[] = {KILN_UNARY_NEG,     KILN_UNARY_ABS,  KILN_UNARY_TANH,
                                          KILN_UNARY_SIGMOID, KILN_UNARY_RELU, KILN_UNARY_SILU};
     float wv[64], cv[8], dv[8];
     for (int i = 0; i < 64; i++)
@@ -720,12 +716,12 @@ static void test_random_graphs_match_unplanned(void)
             int ib = (int)(rng_next(&seed) % np);
             kiln_tensor t = {-1};
             switch (rng_next(&seed) % 8) {
-            case 0: case 1: case 2:
-                t = binary(net, name, bops[rng_next(&seed) % 5], pool[ia], pool[ib]);
-                break;
-            case 3: case 4: case 5:
-                t = unary(net, name, uops[rng_next(&seed) % 6], pool[ia]);
-                break;
+            case 0:
+            case 1:
+            case 2: t = binary(net, name, bops[rng_next(&seed) % 5], pool[ia], pool[ib]); break;
+            case 3:
+            case 4:
+            case 5: t = unary(net, name, uops[rng_next(&seed) % 6], pool[ia]); break;
             case 6: {
                 int32_t rank = 0;
                 CHECK_OK(kiln_network_tensor_info(net, pool[ia], NULL, &rank));
@@ -735,9 +731,7 @@ static void test_random_graphs_match_unplanned(void)
                     t = unary(net, name, KILN_UNARY_TANH, pool[ia]);
                 break;
             }
-            default:
-                CHECK_OK(kiln_network_add_matmul(net, name, pool[ia], 0, w, 0, &t));
-                break;
+            default: CHECK_OK(kiln_network_add_matmul(net, name, pool[ia], 0, w, 0, &t)); break;
             }
             pool[np++] = t;
         }
@@ -768,8 +762,10 @@ static void test_random_graphs_match_unplanned(void)
                     for (int64_t i = 0; i < n1 && n1 == n2; i++)
                         bad += !(fabsf(o1[i] - o2[i]) <= 1e-5f * (1.0f + fabsf(o2[i])));
                     if (bad)
-                        fprintf(stderr, "round %d output %d profile %d %s: %d mismatches\n",
-                                round, o, prof, which == 0 ? "min" : which == 1 ? "opt" : "max",
+                        fprintf(stderr, "round %d output %d profile %d %s: %d mismatches\n", round, o, prof,
+                                which == 0   ? "min"
+                                : which == 1 ? "opt"
+                                             : "max",
                                 bad);
                     CHECK(bad == 0);
                     free(o1);
@@ -779,8 +775,7 @@ static void test_random_graphs_match_unplanned(void)
         kiln_network_destroy(net);
     }
     /* The generator exercises every rewriting pass. */
-    printf("random graphs: %d fused layers, %d folded tensors, %d layers removed\n", n_fused,
-           n_folded, n_removed);
+    printf("random graphs: %d fused layers, %d folded tensors, %d layers removed\n", n_fused, n_folded, n_removed);
     CHECK(n_fused >= 20 && n_folded >= 5 && n_removed >= 40);
 }
 
@@ -889,15 +884,15 @@ static kiln_status ws_output_shapes(const kiln_plugin *self, const kiln_shape_ex
     return KILN_OK;
 }
 
-static kiln_status ws_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in,
-                                    kiln_dtype *out, int32_t n_out)
+static kiln_status ws_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
+                                    int32_t n_out)
 {
     out[0] = in[0];
     return KILN_OK;
 }
 
-static int32_t ws_supports(const kiln_plugin *self, kiln_backend backend,
-                           const kiln_tensor_desc *descs, int32_t n_in, int32_t n_out)
+static int32_t ws_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *descs, int32_t n_in,
+                           int32_t n_out)
 {
     return descs[0].dtype == KILN_DTYPE_F32 && descs[1].dtype == KILN_DTYPE_F32;
 }
@@ -911,10 +906,9 @@ static size_t ws_workspace(const kiln_plugin *self, const kiln_tensor_desc *in, 
     return n * 4 + 100;
 }
 
-static kiln_status ws_enqueue(kiln_plugin *self, kiln_backend backend,
-                              const kiln_tensor_desc *in_descs, const void *const *in, int32_t n_in,
-                              const kiln_tensor_desc *out_descs, void *const *out, int32_t n_out,
-                              void *workspace, void *stream)
+static kiln_status ws_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_descs,
+                              const void *const *in, int32_t n_in, const kiln_tensor_desc *out_descs, void *const *out,
+                              int32_t n_out, void *workspace, void *stream)
 {
     size_t n = 1;
     for (int32_t i = 0; i < in_descs[0].dims.rank; i++)
@@ -964,14 +958,13 @@ static kiln_status ws_new(kiln_plugin **out)
 
 static kiln_status ws_clone(const kiln_plugin *self, kiln_plugin **out) { return ws_new(out); }
 
-static kiln_status ws_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n,
-                             kiln_plugin **out)
+static kiln_status ws_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
 {
     return ws_new(out);
 }
 
-static kiln_status ws_deserialize(const kiln_plugin_creator *c, uint32_t v, const void *blob,
-                                  size_t size, kiln_plugin **out)
+static kiln_status ws_deserialize(const kiln_plugin_creator *c, uint32_t v, const void *blob, size_t size,
+                                  kiln_plugin **out)
 {
     return ws_new(out);
 }
@@ -991,8 +984,7 @@ static kiln_tensor plugin(kiln_network *net, const char *name, kiln_tensor x)
 {
     kiln_tensor out = {-1};
     int32_t n_out = 0;
-    CHECK_OK(kiln_network_add_plugin(net, name, "BuilderWs", "1", "test", NULL, 0, &x, 1, &out, 1,
-                                     &n_out));
+    CHECK_OK(kiln_network_add_plugin(net, name, "BuilderWs", "1", "test", NULL, 0, &x, 1, &out, 1, &n_out));
     return out;
 }
 

@@ -62,17 +62,16 @@ static void test_llama2(void)
     CHECK(renders(KILN_LLM_CHAT_LLAMA2, convo, 3, 1, NULL,
                   "<s>[INST] Hi there [/INST] Hello! How can I help? </s><s>[INST] What is 2+2? [/INST]"));
     kiln_chat_message m[2] = {{"system", "Be terse."}, {"user", "Hi"}};
-    CHECK(renders(KILN_LLM_CHAT_LLAMA2, m, 2, 1, NULL,
-                  "<s>[INST] <<SYS>>\nBe terse.\n<</SYS>>\n\nHi [/INST]"));
+    CHECK(renders(KILN_LLM_CHAT_LLAMA2, m, 2, 1, NULL, "<s>[INST] <<SYS>>\nBe terse.\n<</SYS>>\n\nHi [/INST]"));
     /* Turns must alternate; a late system message is refused. */
     kiln_chat_message bad[2] = {{"user", "a"}, {"user", "b"}};
     char *out = NULL;
     size_t len = 0;
-    CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_LLAMA2, bad, 2, 1, NULL, NULL, &out, &len),
-                KILN_ERROR_INVALID_ARGUMENT, "alternate");
+    CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_LLAMA2, bad, 2, 1, NULL, NULL, &out, &len), KILN_ERROR_INVALID_ARGUMENT,
+                "alternate");
     kiln_chat_message late[2] = {{"user", "a"}, {"system", "b"}};
-    CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_LLAMA2, late, 2, 1, NULL, NULL, &out, &len),
-                KILN_ERROR_INVALID_ARGUMENT, "only the first");
+    CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_LLAMA2, late, 2, 1, NULL, NULL, &out, &len), KILN_ERROR_INVALID_ARGUMENT,
+                "only the first");
 }
 
 static void test_errors(void)
@@ -82,8 +81,8 @@ static void test_errors(void)
     CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_NONE, convo, 1, 1, NULL, NULL, &out, &len), KILN_ERROR_UNSUPPORTED,
                 "no chat template");
     kiln_chat_message m[1] = {{"tool", "x"}};
-    CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_CHATML, m, 1, 1, NULL, NULL, &out, &len),
-                KILN_ERROR_INVALID_ARGUMENT, "unknown role \"tool\"");
+    CHECK_FAILS(kiln_chat_render(KILN_LLM_CHAT_CHATML, m, 1, 1, NULL, NULL, &out, &len), KILN_ERROR_INVALID_ARGUMENT,
+                "unknown role \"tool\"");
     CHECK(out == NULL);
 }
 

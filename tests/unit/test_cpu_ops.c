@@ -18,9 +18,8 @@ static kiln_dims make_dims(const int64_t *d, int rank)
         r.d[i] = d[i];
     return r;
 }
-#define DIMS(...)                                     \
-    make_dims((const int64_t[]){__VA_ARGS__},         \
-              (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+#define DIMS(...) \
+    make_dims((const int64_t[]){__VA_ARGS__}, (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
 
 static kiln_exec_tensor ten(void *data, kiln_dtype t, kiln_dims d)
 {
@@ -41,8 +40,8 @@ static kiln_layer layer(const char *name, kiln_op op, int n_in, int n_out)
 
 static kiln_threadpool *test_pool;
 
-static kiln_status run_mode(const kiln_layer *l, const kiln_exec_tensor *in, kiln_exec_tensor *out,
-                            int reference, kiln_threadpool *pool)
+static kiln_status run_mode(const kiln_layer *l, const kiln_exec_tensor *in, kiln_exec_tensor *out, int reference,
+                            kiln_threadpool *pool)
 {
     kiln_cpu_args a = {.layer = l, .inputs = in, .outputs = out, .pool = pool, .reference = reference};
     return kiln_cpu_run_layer(&a);
@@ -98,9 +97,9 @@ static void test_matmul_by_hand(void)
                 kiln_layer l = layer("mm", KILN_OP_MATMUL, 2, 1);
                 l.p.matmul.transpose_a = ta;
                 l.p.matmul.transpose_b = tb;
-                kiln_exec_tensor in[2] = {
-                    ta ? ten(At, KILN_DTYPE_F32, DIMS(3, 2)) : ten(A, KILN_DTYPE_F32, DIMS(2, 3)),
-                    tb ? ten(Bt, KILN_DTYPE_F32, DIMS(2, 3)) : ten(B, KILN_DTYPE_F32, DIMS(3, 2))};
+                kiln_exec_tensor in[2] = {ta ? ten(At, KILN_DTYPE_F32, DIMS(3, 2)) : ten(A, KILN_DTYPE_F32, DIMS(2, 3)),
+                                          tb ? ten(Bt, KILN_DTYPE_F32, DIMS(2, 3))
+                                             : ten(B, KILN_DTYPE_F32, DIMS(3, 2))};
                 kiln_exec_tensor out = ten(C, KILN_DTYPE_F32, DIMS(2, 2));
                 memset(C, 0, sizeof C);
                 CHECK_OK(run_mode(&l, in, &out, ref, test_pool));
@@ -182,13 +181,15 @@ static void test_matmul_shape_errors(void)
 }
 
 /* Fast (OpenBLAS, batching, pool) vs the naive f64 reference. */
-static void matmul_fast_vs_ref(kiln_dims da, kiln_dims db, kiln_dims dc, int ta, int tb,
-                               kiln_dtype t)
+static void matmul_fast_vs_ref(kiln_dims da, kiln_dims db, kiln_dims dc, int ta, int tb, kiln_dtype t)
 {
     int64_t na = 1, nb = 1, nc = 1;
-    for (int i = 0; i < da.rank; i++) na *= da.d[i];
-    for (int i = 0; i < db.rank; i++) nb *= db.d[i];
-    for (int i = 0; i < dc.rank; i++) nc *= dc.d[i];
+    for (int i = 0; i < da.rank; i++)
+        na *= da.d[i];
+    for (int i = 0; i < db.rank; i++)
+        nb *= db.d[i];
+    for (int i = 0; i < dc.rank; i++)
+        nc *= dc.d[i];
     float *a = rand_f32(na), *b = rand_f32(nb);
     size_t es = kiln_dtype_size(t);
     void *as = malloc((size_t)na * es), *bs = malloc((size_t)nb * es);
@@ -212,7 +213,14 @@ static void matmul_fast_vs_ref(kiln_dims da, kiln_dims db, kiln_dims dc, int ta,
     CHECK(e <= tol);
     if (e > tol)
         fprintf(stderr, "  matmul %s rank %d: rel err %g\n", kiln_dtype_name(t), dc.rank, e);
-    free(a); free(b); free(as); free(bs); free(c1); free(c2); free(f1); free(f2);
+    free(a);
+    free(b);
+    free(as);
+    free(bs);
+    free(c1);
+    free(c2);
+    free(f1);
+    free(f2);
 }
 
 static void test_matmul_fast_vs_reference(void)
@@ -220,8 +228,8 @@ static void test_matmul_fast_vs_reference(void)
     kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
     for (int i = 0; i < 3; i++) {
         kiln_dtype t = types[i];
-        matmul_fast_vs_ref(DIMS(3, 17, 65), DIMS(65, 29), DIMS(3, 17, 29), 0, 0, t);     /* folded */
-        matmul_fast_vs_ref(DIMS(3, 65, 17), DIMS(29, 65), DIMS(3, 17, 29), 1, 1, t);     /* batched */
+        matmul_fast_vs_ref(DIMS(3, 17, 65), DIMS(65, 29), DIMS(3, 17, 29), 0, 0, t);         /* folded */
+        matmul_fast_vs_ref(DIMS(3, 65, 17), DIMS(29, 65), DIMS(3, 17, 29), 1, 1, t);         /* batched */
         matmul_fast_vs_ref(DIMS(2, 1, 8, 16), DIMS(2, 6, 8, 16), DIMS(2, 6, 8, 8), 0, 1, t); /* heads */
         matmul_fast_vs_ref(DIMS(130, 70), DIMS(70, 90), DIMS(130, 90), 0, 0, t);
         matmul_fast_vs_ref(DIMS(70), DIMS(4, 70, 33), DIMS(4, 33), 0, 0, t);
@@ -404,13 +412,13 @@ static void test_binary_broadcast(void)
 static void test_binary_ops(void)
 {
     float a[] = {2, -3, 9, 0.5f}, b[] = {3, 2, 0.5f, -4}, o[4];
-    struct { kiln_binary_op op; float w[4]; } cases[] = {
-        {KILN_BINARY_ADD, {5, -1, 9.5f, -3.5f}},
-        {KILN_BINARY_SUB, {-1, -5, 8.5f, 4.5f}},
-        {KILN_BINARY_MUL, {6, -6, 4.5f, -2}},
-        {KILN_BINARY_DIV, {2.0f / 3.0f, -1.5f, 18, -0.125f}},
-        {KILN_BINARY_POW, {8, 9, 3, 16}},
-        {KILN_BINARY_MAX, {3, 2, 9, 0.5f}},
+    struct {
+        kiln_binary_op op;
+        float w[4];
+    } cases[] = {
+        {KILN_BINARY_ADD, {5, -1, 9.5f, -3.5f}}, {KILN_BINARY_SUB, {-1, -5, 8.5f, 4.5f}},
+        {KILN_BINARY_MUL, {6, -6, 4.5f, -2}},    {KILN_BINARY_DIV, {2.0f / 3.0f, -1.5f, 18, -0.125f}},
+        {KILN_BINARY_POW, {8, 9, 3, 16}},        {KILN_BINARY_MAX, {3, 2, 9, 0.5f}},
         {KILN_BINARY_MIN, {2, -3, 0.5f, -4}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -477,18 +485,19 @@ static void test_binary_half_and_parallel(void)
         CHECK(bad == 0);
         if (bad)
             fprintf(stderr, "  %s: %d elements off\n", kiln_dtype_name(types[t]), bad);
-        free(xs); free(ys); free(os);
+        free(xs);
+        free(ys);
+        free(os);
     }
-    free(x); free(y); free(want);
+    free(x);
+    free(y);
+    free(want);
 }
 
 /* ---- unary ----------------------------------------------------------------------------- */
 
 static double gelu_erf_ref(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
-static double gelu_tanh_ref(double x)
-{
-    return 0.5 * x * (1 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
-}
+static double gelu_tanh_ref(double x) { return 0.5 * x * (1 + tanh(sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
 
 static void test_unary_ops(void)
 {
@@ -563,7 +572,9 @@ static void test_unary_int_and_half(void)
         bad += fabs(kiln_bf16_to_float(os[i]) - w) > fabs(w) / 256 + 1e-7;
     }
     CHECK(bad == 0);
-    free(x); free(xs); free(os);
+    free(x);
+    free(xs);
+    free(os);
 }
 
 /* ---- reduce ------------------------------------------------------------------------------ */
@@ -733,8 +744,10 @@ static void test_softmax_parallel_rows(void)
     int bad = 0;
     for (int64_t i = 0; i < R; i++) {
         double m = -INFINITY, s = 0, t = 0;
-        for (int64_t j = 0; j < C; j++) m = fmax(m, x[i * C + j]);
-        for (int64_t j = 0; j < C; j++) s += exp(x[i * C + j] - m);
+        for (int64_t j = 0; j < C; j++)
+            m = fmax(m, x[i * C + j]);
+        for (int64_t j = 0; j < C; j++)
+            s += exp(x[i * C + j] - m);
         for (int64_t j = 0; j < C; j++) {
             t += o1[i * C + j];
             bad += fabs(o1[i * C + j] - exp(x[i * C + j] - m) / s) > 1e-7;
@@ -742,7 +755,9 @@ static void test_softmax_parallel_rows(void)
         bad += fabs(t - 1) > 1e-5;
     }
     CHECK(bad == 0);
-    free(x); free(o1); free(o2);
+    free(x);
+    free(o1);
+    free(o2);
 }
 
 /* ---- data movement ------------------------------------------------------------------------------ */
@@ -776,8 +791,10 @@ static void test_slice(void)
     for (int i = 0; i < 12; i++)
         x[i] = (float)i; /* [3,4] */
     kiln_layer l = layer("sl", KILN_OP_SLICE, 1, 1);
-    l.p.slice.start[0] = 1; l.p.slice.stride[0] = 1;
-    l.p.slice.start[1] = 0; l.p.slice.stride[1] = 2;
+    l.p.slice.start[0] = 1;
+    l.p.slice.stride[0] = 1;
+    l.p.slice.start[1] = 0;
+    l.p.slice.stride[1] = 2;
     kiln_exec_tensor in = ten(x, KILN_DTYPE_F32, DIMS(3, 4)), out = ten(o, KILN_DTYPE_F32, DIMS(2, 2));
     CHECK_OK(run(&l, &in, &out));
     CHECK(o[0] == 4 && o[1] == 6 && o[2] == 8 && o[3] == 10);
@@ -785,13 +802,16 @@ static void test_slice(void)
     int64_t xi[12], oi[3];
     for (int i = 0; i < 12; i++)
         xi[i] = 100 + i;
-    l.p.slice.start[0] = 0; l.p.slice.start[1] = 3; l.p.slice.stride[1] = 1;
+    l.p.slice.start[0] = 0;
+    l.p.slice.start[1] = 3;
+    l.p.slice.stride[1] = 1;
     in = ten(xi, KILN_DTYPE_I64, DIMS(3, 4));
     out = ten(oi, KILN_DTYPE_I64, DIMS(3, 1));
     CHECK_OK(run(&l, &in, &out));
     CHECK(oi[0] == 103 && oi[1] == 107 && oi[2] == 111);
     /* past the end */
-    l.p.slice.start[1] = 2; l.p.slice.stride[1] = 2;
+    l.p.slice.start[1] = 2;
+    l.p.slice.stride[1] = 2;
     out.dims.d[1] = 2; /* would read columns 2 and 4 */
     CHECK_FAILS(run(&l, &in, &out), KILN_ERROR_SHAPE, "sl");
 }
@@ -814,7 +834,9 @@ static void test_shuffle(void)
     /* reshape [2,6] -> mid [2,3,2], second perm (1,0,2): out[i][j][k] = mid[j][i][k] = 6j + 2i + k */
     memset(&l.p, 0, sizeof l.p);
     l.p.shuffle.has_second = 1;
-    l.p.shuffle.second[0] = 1; l.p.shuffle.second[1] = 0; l.p.shuffle.second[2] = 2;
+    l.p.shuffle.second[0] = 1;
+    l.p.shuffle.second[1] = 0;
+    l.p.shuffle.second[2] = 2;
     l.p.shuffle.mid_rank = 3;
     in = ten(x, KILN_DTYPE_F32, DIMS(2, 6));
     out = ten(o, KILN_DTYPE_F32, DIMS(3, 2, 2));
@@ -826,7 +848,8 @@ static void test_shuffle(void)
     /* both: input [6,2] (x[b][a] = 2b + a), first (1,0) -> [2,6], reshape to
      * [2,3,2], second (1,0,2): out[i][j][k] = t1[j][2i+k] = 2(2i+k) + j */
     l.p.shuffle.has_first = 1;
-    l.p.shuffle.first[0] = 1; l.p.shuffle.first[1] = 0;
+    l.p.shuffle.first[0] = 1;
+    l.p.shuffle.first[1] = 0;
     in = ten(x, KILN_DTYPE_F32, DIMS(6, 2));
     CHECK_OK(run(&l, &in, &out));
     for (int i = 0; i < 3; i++)
@@ -842,7 +865,8 @@ static void test_shuffle(void)
     CHECK(memcmp(b, bo, 6) == 0);
     /* a bad permutation names the layer */
     l.p.shuffle.has_first = 1;
-    l.p.shuffle.first[0] = 1; l.p.shuffle.first[1] = 1;
+    l.p.shuffle.first[0] = 1;
+    l.p.shuffle.first[1] = 1;
     CHECK_FAILS(run(&l, &in, &out), KILN_ERROR_INVALID_ARGUMENT, "sh");
 }
 
@@ -855,7 +879,10 @@ static void test_shuffle_large_f16(void)
         x[i] = (uint16_t)(i * 2654435761u >> 7);
     kiln_layer l = layer("heads", KILN_OP_SHUFFLE, 1, 1);
     l.p.shuffle.has_first = 1;
-    l.p.shuffle.first[0] = 0; l.p.shuffle.first[1] = 2; l.p.shuffle.first[2] = 1; l.p.shuffle.first[3] = 3;
+    l.p.shuffle.first[0] = 0;
+    l.p.shuffle.first[1] = 2;
+    l.p.shuffle.first[2] = 1;
+    l.p.shuffle.first[3] = 3;
     kiln_exec_tensor in = ten(x, KILN_DTYPE_F16, DIMS(B, S, H, D)), out = ten(o, KILN_DTYPE_F16, DIMS(B, H, S, D));
     CHECK_OK(run(&l, &in, &out));
     int bad = 0;
@@ -865,7 +892,8 @@ static void test_shuffle_large_f16(void)
                 for (int64_t d = 0; d < D; d++)
                     bad += o[((b * H + h) * S + s) * D + d] != x[((b * S + s) * H + h) * D + d];
     CHECK(bad == 0);
-    free(x); free(o);
+    free(x);
+    free(o);
 }
 
 /* Batched 2-D transposes (the tiled copy) on ragged sizes and every element
@@ -883,15 +911,17 @@ static void test_transpose_tiled(void)
                 x[i] = (unsigned char)(urand() >> 24);
             kiln_layer l = layer("tt", KILN_OP_SHUFFLE, 1, 1);
             l.p.shuffle.has_first = 1;
-            l.p.shuffle.first[0] = 0; l.p.shuffle.first[1] = 2; l.p.shuffle.first[2] = 1;
+            l.p.shuffle.first[0] = 0;
+            l.p.shuffle.first[1] = 2;
+            l.p.shuffle.first[2] = 1;
             kiln_exec_tensor in = ten(x, ts[t], DIMS(B, M, N)), out = ten(o, ts[t], DIMS(B, N, M));
             CHECK_OK(run(&l, &in, &out));
             int bad = 0;
             for (int64_t b = 0; b < B; b++)
                 for (int64_t i = 0; i < N; i++)
                     for (int64_t j = 0; j < M; j++)
-                        bad += memcmp(o + (size_t)((b * N + i) * M + j) * es,
-                                      x + (size_t)((b * M + j) * N + i) * es, es) != 0;
+                        bad += memcmp(o + (size_t)((b * N + i) * M + j) * es, x + (size_t)((b * M + j) * N + i) * es,
+                                      es) != 0;
             CHECK(bad == 0);
             free(x);
             free(o);
@@ -971,7 +1001,10 @@ static void test_gather_concat_large(void)
     for (int64_t i = 0; i < T * D; i++)
         bad += o[i] != (float)i;
     CHECK(bad == 0);
-    free(emb); free(o); free(a); free(b);
+    free(emb);
+    free(o);
+    free(a);
+    free(b);
 }
 
 static void test_cast(void)
@@ -1014,7 +1047,8 @@ static void test_cast(void)
     for (int64_t i = 0; i < n; i++)
         bad += ol[i] != kiln_float_to_bf16(xl[i]);
     CHECK(bad == 0);
-    free(xl); free(ol);
+    free(xl);
+    free(ol);
     in.dtype = KILN_DTYPE_FP8_E4M3;
     CHECK_FAILS(run(&l, &in, &out), KILN_ERROR_UNSUPPORTED, "cast");
 }
@@ -1075,7 +1109,12 @@ static void test_fused_large_half(void)
         bad += fabs(kiln_half_to_float(o1[i]) - w) > fabs(w) / 1024 + 1e-4;
     }
     CHECK(bad == 0);
-    free(x); free(b); free(xs); free(bs); free(o1); free(o2);
+    free(x);
+    free(b);
+    free(xs);
+    free(bs);
+    free(o1);
+    free(o2);
 }
 
 /* ---- plugins ----------------------------------------------------------------------------------- */
@@ -1086,17 +1125,15 @@ typedef struct doubler {
     int calls;
 } doubler;
 
-static kiln_status doubler_enqueue(kiln_plugin *self, kiln_backend backend,
-                                   const kiln_tensor_desc *in_d, const void *const *ins, int32_t n_in,
-                                   const kiln_tensor_desc *out_d, void *const *outs, int32_t n_out,
-                                   void *workspace, void *stream)
+static kiln_status doubler_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_d,
+                                   const void *const *ins, int32_t n_in, const kiln_tensor_desc *out_d,
+                                   void *const *outs, int32_t n_out, void *workspace, void *stream)
 {
     doubler *d = (doubler *)self;
     d->calls++;
     d->seen_stream = stream;
-    if (backend != KILN_BACKEND_CPU || n_in != 1 || n_out != 1 ||
-        in_d[0].struct_size != sizeof(kiln_tensor_desc) || in_d[0].abi_version != KILN_PLUGIN_ABI_VERSION ||
-        in_d[0].dtype != KILN_DTYPE_F32 || out_d[0].dims.rank != 1)
+    if (backend != KILN_BACKEND_CPU || n_in != 1 || n_out != 1 || in_d[0].struct_size != sizeof(kiln_tensor_desc) ||
+        in_d[0].abi_version != KILN_PLUGIN_ABI_VERSION || in_d[0].dtype != KILN_DTYPE_F32 || out_d[0].dims.rank != 1)
         return kiln_fail(KILN_ERROR_PLUGIN, "doubler: unexpected descriptors");
     if (in_d[0].dims.d[0] == 0)
         return kiln_fail(KILN_ERROR_PLUGIN, "doubler: empty input");
@@ -1109,15 +1146,16 @@ static kiln_status doubler_enqueue(kiln_plugin *self, kiln_backend backend,
 
 static void test_plugin(void)
 {
-    static const kiln_plugin_ops ops = {
-        .struct_size = sizeof(kiln_plugin_ops), .abi_version = KILN_PLUGIN_ABI_VERSION,
-        .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU), .enqueue = doubler_enqueue};
+    static const kiln_plugin_ops ops = {.struct_size = sizeof(kiln_plugin_ops),
+                                        .abi_version = KILN_PLUGIN_ABI_VERSION,
+                                        .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
+                                        .enqueue = doubler_enqueue};
     doubler d = {.base = {sizeof(kiln_plugin), KILN_PLUGIN_ABI_VERSION, &ops}};
     float x[] = {1, 2, 3}, o[3], ws[4];
     kiln_layer l = layer("plug", KILN_OP_PLUGIN, 1, 1);
     kiln_exec_tensor in = ten(x, KILN_DTYPE_F32, DIMS(3)), out = ten(o, KILN_DTYPE_F32, DIMS(3));
-    kiln_cpu_args a = {.layer = &l, .inputs = &in, .outputs = &out, .plugin = &d.base,
-                       .workspace = ws, .pool = test_pool};
+    kiln_cpu_args a = {
+        .layer = &l, .inputs = &in, .outputs = &out, .plugin = &d.base, .workspace = ws, .pool = test_pool};
     CHECK_OK(kiln_cpu_run_layer(&a));
     CHECK(d.calls == 1 && d.seen_stream == test_pool);
     CHECK(o[0] == 2 && o[1] == 4 && o[2] == 6);
@@ -1162,14 +1200,38 @@ static void teardown(void) { kiln_threadpool_destroy(test_pool); }
 
 static const test_case_ tests[] = {
     TEST(setup),
-    TEST(test_matmul_by_hand), TEST(test_matmul_batch_broadcast), TEST(test_matmul_vectors),
-    TEST(test_matmul_shape_errors), TEST(test_matmul_fast_vs_reference), TEST(test_matmul_half_storage),
-    TEST(test_conversions_bit_exact), TEST(test_vector_exp), TEST(test_binary_broadcast), TEST(test_binary_ops), TEST(test_binary_int),
-    TEST(test_binary_half_and_parallel), TEST(test_unary_ops), TEST(test_unary_int_and_half),
-    TEST(test_reduce), TEST(test_reduce_random), TEST(test_reduce_half_and_parallel), TEST(test_softmax),
-    TEST(test_softmax_parallel_rows), TEST(test_concat), TEST(test_slice), TEST(test_shuffle),
-    TEST(test_shuffle_large_f16), TEST(test_transpose_tiled), TEST(test_gather), TEST(test_gather_concat_large), TEST(test_cast), TEST(test_fused),
-    TEST(test_fused_large_half), TEST(test_plugin), TEST(test_bad_tensors), TEST(test_constant_not_run),
+    TEST(test_matmul_by_hand),
+    TEST(test_matmul_batch_broadcast),
+    TEST(test_matmul_vectors),
+    TEST(test_matmul_shape_errors),
+    TEST(test_matmul_fast_vs_reference),
+    TEST(test_matmul_half_storage),
+    TEST(test_conversions_bit_exact),
+    TEST(test_vector_exp),
+    TEST(test_binary_broadcast),
+    TEST(test_binary_ops),
+    TEST(test_binary_int),
+    TEST(test_binary_half_and_parallel),
+    TEST(test_unary_ops),
+    TEST(test_unary_int_and_half),
+    TEST(test_reduce),
+    TEST(test_reduce_random),
+    TEST(test_reduce_half_and_parallel),
+    TEST(test_softmax),
+    TEST(test_softmax_parallel_rows),
+    TEST(test_concat),
+    TEST(test_slice),
+    TEST(test_shuffle),
+    TEST(test_shuffle_large_f16),
+    TEST(test_transpose_tiled),
+    TEST(test_gather),
+    TEST(test_gather_concat_large),
+    TEST(test_cast),
+    TEST(test_fused),
+    TEST(test_fused_large_half),
+    TEST(test_plugin),
+    TEST(test_bad_tensors),
+    TEST(test_constant_not_run),
     TEST(teardown),
 };
 TEST_MAIN(tests)

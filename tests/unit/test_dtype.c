@@ -307,9 +307,15 @@ static void test_log_sink(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_half_known_values), TEST(test_half_rounding), TEST(test_half_exhaustive),
-    TEST(test_bf16),              TEST(test_load_store),    TEST(test_convert),
-    TEST(test_names),             TEST(test_status_and_errors), TEST(test_error_is_thread_local),
+    TEST(test_half_known_values),
+    TEST(test_half_rounding),
+    TEST(test_half_exhaustive),
+    TEST(test_bf16),
+    TEST(test_load_store),
+    TEST(test_convert),
+    TEST(test_names),
+    TEST(test_status_and_errors),
+    TEST(test_error_is_thread_local),
     TEST(test_log_sink),
 };
 TEST_MAIN(tests)

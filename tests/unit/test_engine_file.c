@@ -54,8 +54,8 @@ static const kiln_plugin_creator fake_creator = {
 
 /* ---- the graph ------------------------------------------------------------------- */
 
-static int32_t add_tensor(kiln_graph *g, const char *name, kiln_dtype dt, int32_t rank,
-                          const kiln_expr *dims, int64_t arena_offset, size_t max_bytes)
+static int32_t add_tensor(kiln_graph *g, const char *name, kiln_dtype dt, int32_t rank, const kiln_expr *dims,
+                          int64_t arena_offset, size_t max_bytes)
 {
     int32_t t = kiln_graph_add_tensor(g, name, dt, rank, dims);
     g->tensors[t].arena_offset = arena_offset;
@@ -63,8 +63,8 @@ static int32_t add_tensor(kiln_graph *g, const char *name, kiln_dtype dt, int32_
     return t;
 }
 
-static int32_t add_const(kiln_graph *g, const char *name, kiln_dtype dt, int32_t rank,
-                         const int64_t *shape, uint8_t seed)
+static int32_t add_const(kiln_graph *g, const char *name, kiln_dtype dt, int32_t rank, const int64_t *shape,
+                         uint8_t seed)
 {
     kiln_expr dims[KILN_MAX_RANK];
     size_t bytes = kiln_dtype_size(dt);
@@ -145,11 +145,13 @@ static void build_graph(kiln_graph *g)
 
     int32_t in2[3];
     int32_t l;
-    in2[0] = x; in2[1] = w;
+    in2[0] = x;
+    in2[1] = w;
     l = add_layer(g, "fc", KILN_OP_MATMUL, in2, 2, &mm, 1);
     g->layers[l].p.matmul.transpose_a = 0;
     g->layers[l].p.matmul.transpose_b = 1;
-    in2[0] = mm; in2[1] = bias;
+    in2[0] = mm;
+    in2[1] = bias;
     l = add_layer(g, "add", KILN_OP_BINARY, in2, 2, &bin, 1);
     g->layers[l].p.binary.op = KILN_BINARY_POW;
     l = add_layer(g, "act", KILN_OP_UNARY, &bin, 1, &un, 1);
@@ -160,7 +162,9 @@ static void build_graph(kiln_graph *g)
     g->layers[l].p.reduce.keep_dims = 1;
     l = add_layer(g, "softmax", KILN_OP_SOFTMAX, &un, 1, &sm, 1);
     g->layers[l].p.softmax.axis = 1;
-    in2[0] = sm; in2[1] = un; in2[2] = mm;
+    in2[0] = sm;
+    in2[1] = un;
+    in2[2] = mm;
     l = add_layer(g, "concat", KILN_OP_CONCAT, in2, 3, &cat, 1);
     g->layers[l].p.concat.axis = 1;
     l = add_layer(g, "slice", KILN_OP_SLICE, &cat, 1, &sl, 1);
@@ -180,16 +184,19 @@ static void build_graph(kiln_graph *g)
     g->layers[l].p.shuffle.second[0] = 2;
     g->layers[l].p.shuffle.second[1] = 0;
     g->layers[l].p.shuffle.second[2] = 1;
-    in2[0] = table; in2[1] = ids;
+    in2[0] = table;
+    in2[1] = ids;
     l = add_layer(g, "embed", KILN_OP_GATHER, in2, 2, &gat, 1);
     g->layers[l].p.gather.axis = 0;
     l = add_layer(g, "cast", KILN_OP_CAST, &mm, 1, &cst, 1);
     g->layers[l].p.cast.to = KILN_DTYPE_BF16;
     int32_t pouts[2] = {pl0, pl1};
-    in2[0] = x; in2[1] = ids;
+    in2[0] = x;
+    in2[1] = ids;
     l = add_layer(g, "plug", KILN_OP_PLUGIN, in2, 2, pouts, 2);
     g->layers[l].p.plugin.index = 1;
-    in2[0] = mm; in2[1] = un;
+    in2[0] = mm;
+    in2[1] = un;
     l = add_layer(g, "fused", KILN_OP_FUSED, in2, 2, &fu, 1);
     kiln_layer_params *fp = &g->layers[l].p;
     fp->fused.n_steps = 3;
@@ -421,7 +428,10 @@ static uint64_t le64(const uint8_t *p)
     return v;
 }
 
-static uint32_t le32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint32_t le32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 
 static void wr64(uint8_t *p, uint64_t v)
 {
@@ -530,12 +540,14 @@ static void test_layout(void)
     /* The extra section holds its bytes verbatim. */
     if (ti >= 0) {
         const uint8_t *tok = img + le64(img + 96 + 32 * ti + 8);
-        CHECK(le64(img + 96 + 32 * ti + 16) == 5000 && tok[0] == 1 && tok[1] == 14 && tok[4999] == (uint8_t)(4999 * 13 + 1));
+        CHECK(le64(img + 96 + 32 * ti + 16) == 5000 && tok[0] == 1 && tok[1] == 14 &&
+              tok[4999] == (uint8_t)(4999 * 13 + 1));
     }
     /* The plan is one JSON object. */
     if (pi >= 0) {
         json_error_t err;
-        json_t *plan = json_loadb((const char *)img + le64(img + 96 + 32 * pi + 8), le64(img + 96 + 32 * pi + 16), 0, &err);
+        json_t *plan =
+            json_loadb((const char *)img + le64(img + 96 + 32 * pi + 8), le64(img + 96 + 32 * pi + 16), 0, &err);
         CHECK(json_is_object(plan) && json_array_size(json_object_get(plan, "layers")) == 12);
         json_decref(plan);
     }
@@ -768,8 +780,8 @@ static void expect_plan_error(const kiln_buffer *buf, const char *section, int i
     test_checks_++;
     if (s != KILN_ERROR_FORMAT || !strstr(kiln_last_error(), needle)) {
         test_failures_++;
-        fprintf(stderr, "plan %s[%d].%s = %s: expected FORMAT \"%s\", got %s: %s\n", section, index,
-                key ? key : "", value, needle, kiln_status_name(s), kiln_last_error());
+        fprintf(stderr, "plan %s[%d].%s = %s: expected FORMAT \"%s\", got %s: %s\n", section, index, key ? key : "",
+                value, needle, kiln_status_name(s), kiln_last_error());
         if (s == KILN_OK)
             kiln_graph_free(&g);
     }
@@ -833,7 +845,8 @@ static void test_bad_plans(void)
     expect_plan_error(&buf, "symbols", -1, NULL, "[[0,0],[2,0]]", "is not a network input");
     expect_plan_error(&buf, "symbols", -1, NULL, "[[0,2],[1,0]]", "axis = 2");
     expect_plan_error(&buf, "inputs", -1, NULL, "[0,1000]", "inputs[1] = 1000");
-    expect_plan_error(&buf, "profiles", -1, NULL, "[[{\"min\":[1,16],\"opt\":[1,16],\"max\":[1,16]}]]", "not an array of 2 inputs");
+    expect_plan_error(&buf, "profiles", -1, NULL, "[[{\"min\":[1,16],\"opt\":[1,16],\"max\":[1,16]}]]",
+                      "not an array of 2 inputs");
     expect_plan_error(&buf, "profiles", -1, NULL,
                       "[[{\"min\":[4,16],\"opt\":[2,16],\"max\":[8,16]},{\"min\":[1],\"opt\":[1],\"max\":[1]}]]",
                       "out of order");
@@ -900,8 +913,8 @@ static void test_write_errors(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_roundtrip),   TEST(test_layout),       TEST(test_borrow_alignment), TEST(test_truncated),
-    TEST(test_bit_flips),   TEST(test_bad_offsets),  TEST(test_version_and_magic), TEST(test_bad_plans),
-    TEST(test_write_errors),
+    TEST(test_roundtrip),         TEST(test_layout),    TEST(test_borrow_alignment),
+    TEST(test_truncated),         TEST(test_bit_flips), TEST(test_bad_offsets),
+    TEST(test_version_and_magic), TEST(test_bad_plans), TEST(test_write_errors),
 };
 TEST_MAIN(tests)

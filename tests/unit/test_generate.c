@@ -134,8 +134,7 @@ static int ends_with(const char *s, const char *suffix)
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-static kiln_status tiny_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype type, void *dst,
-                               size_t size)
+static kiln_status tiny_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype type, void *dst, size_t size)
 {
     (void)user;
     kiln_dims d = {.rank = 2};
@@ -709,7 +708,8 @@ static void test_layer_equals_host_sampling(void)
     CHECK_OK(kiln_llm_generate(t.llm, rp, 4, NULL, NULL, a));
     CHECK_OK(kiln_llm_generate(h.llm, rp, 4, NULL, NULL, b));
     for (int i = 0; i < 4; i++) {
-        CHECK(a[i] && b[i] && a[i]->n_ids == 20 && b[i]->n_ids == 20 && !memcmp(a[i]->ids, b[i]->ids, sizeof(int32_t) * 20));
+        CHECK(a[i] && b[i] && a[i]->n_ids == 20 && b[i]->n_ids == 20 &&
+              !memcmp(a[i]->ids, b[i]->ids, sizeof(int32_t) * 20));
         kiln_llm_result_free(a[i]);
         kiln_llm_result_free(b[i]);
     }
@@ -793,8 +793,8 @@ static void test_sections_and_description(void)
     CHECK_OK(kiln_engine_find_section(engine, KILN_FOURCC('L', 'L', 'M', 'C'), &data, &size));
     CHECK(data && size > 2 && ((const char *)data)[0] == '{');
     CHECK_OK(kiln_engine_find_section(engine, KILN_FOURCC('T', 'O', 'K', 'N'), &data, &size));
-    CHECK_FAILS(kiln_engine_find_section(engine, KILN_FOURCC('N', 'O', 'N', 'E'), &data, &size),
-                KILN_ERROR_NOT_FOUND, "no section NONE");
+    CHECK_FAILS(kiln_engine_find_section(engine, KILN_FOURCC('N', 'O', 'N', 'E'), &data, &size), KILN_ERROR_NOT_FOUND,
+                "no section NONE");
     kiln_engine_destroy(engine);
     kiln_registry_destroy(reg);
 

@@ -6,7 +6,8 @@
 
 #define DATA "tests/data/gguf/"
 
-static void *read_file(const char *path, size_t *size) {
+static void *read_file(const char *path, size_t *size)
+{
     FILE *f = fopen(path, "rb");
     if (!f)
         return NULL;
@@ -23,7 +24,8 @@ static void *read_file(const char *path, size_t *size) {
     return buf;
 }
 
-static void test_metadata(void) {
+static void test_metadata(void)
+{
     kiln_gguf *g = NULL;
     CHECK_OK(kiln_gguf_open(DATA "types.gguf", &g));
     if (!g)
@@ -68,7 +70,8 @@ static void test_metadata(void) {
     kiln_gguf_close(g);
 }
 
-static void test_dequantize_matches_gguf_package(void) {
+static void test_dequantize_matches_gguf_package(void)
+{
     static const char *names[] = {"t.f32", "t.f16", "t.bf16", "t.q8_0", "t.q4_0", "t.q4_1", "t.q4_k", "t.q6_k"};
     kiln_gguf *g = NULL;
     CHECK_OK(kiln_gguf_open(DATA "types.gguf", &g));
@@ -103,7 +106,8 @@ static void test_dequantize_matches_gguf_package(void) {
 }
 
 /* Every prefix of a valid file is refused with a format error, never a crash. */
-static void test_truncated(void) {
+static void test_truncated(void)
+{
     size_t size;
     uint8_t *buf = read_file(DATA "types.gguf", &size);
     CHECK(buf != NULL);
@@ -122,7 +126,8 @@ static void test_truncated(void) {
     free(buf);
 }
 
-static void test_bad_headers(void) {
+static void test_bad_headers(void)
+{
     kiln_gguf *g = NULL;
     uint8_t bad_magic[24] = "GGML";
     CHECK_FAILS(kiln_gguf_parse(bad_magic, sizeof bad_magic, "x.gguf", &g), KILN_ERROR_FORMAT, "bad magic");
@@ -132,13 +137,14 @@ static void test_bad_headers(void) {
     uint8_t huge[24] = {'G', 'G', 'U', 'F', 3, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f};
     CHECK_FAILS(kiln_gguf_parse(huge, sizeof huge, "x.gguf", &g), KILN_ERROR_FORMAT, "more than the file can hold");
     /* One key whose string length points past the end. */
-    uint8_t key[40] = {'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0,
-                       0xf0, 0xff, 0xff, 0xff, 0, 0, 0, 0};
+    uint8_t key[40] = {'G', 'G', 'U', 'F', 3, 0, 0, 0, 0,    0,    0,    0,    0, 0, 0, 0,
+                       1,   0,   0,   0,   0, 0, 0, 0, 0xf0, 0xff, 0xff, 0xff, 0, 0, 0, 0};
     CHECK_FAILS(kiln_gguf_parse(key, sizeof key, "x.gguf", &g), KILN_ERROR_FORMAT, "past the end");
     CHECK_FAILS(kiln_gguf_open("tests/data/gguf/does-not-exist.gguf", &g), KILN_ERROR_IO, "cannot open");
 }
 
-static void test_unsupported_type(void) {
+static void test_unsupported_type(void)
+{
     float out[256];
     uint8_t block[110] = {0};
     CHECK_FAILS(kiln_ggml_dequantize(KILN_GGML_Q3_K, block, 256, out), KILN_ERROR_UNSUPPORTED, "Q3_K");

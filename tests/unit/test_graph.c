@@ -284,12 +284,12 @@ static void test_copy(void)
     CHECK(c.n_tensors == 3 && c.n_layers == 1 && c.n_inputs == 2 && c.n_symbols == 2);
     CHECK(c.arena_size == 12345 && c.exprs.n == g.exprs.n);
     CHECK(c.tensors[0].name != g.tensors[0].name && strcmp(c.tensors[0].name, "x") == 0);
-    CHECK(c.tensors[2].data != w && c.tensors[2].data_owned == 1 &&
-          memcmp(c.tensors[2].data, w, sizeof w) == 0);
+    CHECK(c.tensors[2].data != w && c.tensors[2].data_owned == 1 && memcmp(c.tensors[2].data, w, sizeof w) == 0);
     CHECK(c.layers[0].inputs != g.layers[0].inputs && c.layers[0].inputs[1] == 1);
     CHECK(c.layers[0].p.binary.op == KILN_BINARY_MUL);
     CHECK(c.profiles[1].max.d[0] == 77);
-    CHECK(strcmp(c.constraints[0].what, "inner dims of A and B") == 0 && c.constraints[0].what != g.constraints[0].what);
+    CHECK(strcmp(c.constraints[0].what, "inner dims of A and B") == 0 &&
+          c.constraints[0].what != g.constraints[0].what);
     CHECK(c.plugins[0].instance != g.plugins[0].instance);
     CHECK(*((fake_plugin *)c.plugins[0].instance)->state == 42);
     CHECK(c.plugins[0].blob != g.plugins[0].blob && memcmp(c.plugins[0].blob, "abcd", 4) == 0);
@@ -317,7 +317,7 @@ static void test_copy(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_add_and_find), TEST(test_op_names),       TEST(test_dims), TEST(test_eval_shapes),
+    TEST(test_add_and_find), TEST(test_op_names),        TEST(test_dims), TEST(test_eval_shapes),
     TEST(test_constraints),  TEST(test_profile_symbols), TEST(test_copy),
 };
 TEST_MAIN(tests)

@@ -23,8 +23,8 @@ static kiln_status render(const char *src, char **out)
     kiln_status s = kiln_jinja_parse(src, strlen(src), &t);
     if (s != KILN_OK)
         return s;
-    json_t *vars = json_pack("{s:[{s:s,s:s}],s:b}", "messages", "role", "user", "content", "hi",
-                             "add_generation_prompt", 1);
+    json_t *vars =
+        json_pack("{s:[{s:s,s:s}],s:b}", "messages", "role", "user", "content", "hi", "add_generation_prompt", 1);
     char *text = NULL;
     size_t len = 0;
     s = kiln_jinja_render(t, vars, &text, &len);
@@ -80,8 +80,7 @@ static void test_runtime_errors(void)
     CHECK_FAILS(render("{{ nothing.attr }}", NULL), KILN_ERROR_INVALID_ARGUMENT, "of an undefined value");
     CHECK_FAILS(render("{{ 1 / 0 }}", NULL), KILN_ERROR_INVALID_ARGUMENT, "division by zero");
     CHECK_FAILS(render("{{ messages + 1 }}", NULL), KILN_ERROR_INVALID_ARGUMENT, "unsupported operand types for +");
-    CHECK_FAILS(render("{% set x = 1 %}{% set x.y = 2 %}", NULL), KILN_ERROR_INVALID_ARGUMENT,
-                "is not a namespace()");
+    CHECK_FAILS(render("{% set x = 1 %}{% set x.y = 2 %}", NULL), KILN_ERROR_INVALID_ARGUMENT, "is not a namespace()");
     CHECK_FAILS(render("{{ 'a' < 1 }}", NULL), KILN_ERROR_INVALID_ARGUMENT, "cannot compare string with int");
     CHECK_FAILS(render("{{ 5() }}", NULL), KILN_ERROR_INVALID_ARGUMENT, "not callable");
     CHECK_FAILS(render("{{ 'x'.nomethod() }}", NULL), KILN_ERROR_INVALID_ARGUMENT, "has no method 'nomethod'");
@@ -104,10 +103,11 @@ static void test_limits(void)
                        NULL),
                 KILN_ERROR_INVALID_ARGUMENT, "out of memory");
     CHECK_FAILS(render("{{ 'x' * 100000000000 }}", NULL), KILN_ERROR_INVALID_ARGUMENT, "out of memory");
-    CHECK_FAILS(render("{% for i in range(100000) %}{{ 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy'"
-                       " * 4 }}{% endfor %}",
-                       NULL),
-                KILN_ERROR_INVALID_ARGUMENT, "output longer than");
+    CHECK_FAILS(
+        render("{% for i in range(100000) %}{{ 'yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy'"
+               " * 4 }}{% endfor %}",
+               NULL),
+        KILN_ERROR_INVALID_ARGUMENT, "output longer than");
     /* a list nested 100000 deep, then compared and printed: bounded, no stack overflow */
     char *out = NULL;
     kiln_status s = render("{% set ns = namespace(l=[]) %}{% for i in range(100000) %}{% set ns.l = [ns.l] %}"

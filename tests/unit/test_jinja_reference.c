@@ -28,9 +28,8 @@ static json_t *find_template(json_t *templates, const char *name)
 {
     size_t i;
     json_t *t;
-    json_array_foreach(json_object_get(templates, "templates"), i, t)
-        if (!strcmp(json_string_value(json_object_get(t, "name")), name))
-            return t;
+    json_array_foreach(json_object_get(templates, "templates"), i,
+                       t) if (!strcmp(json_string_value(json_object_get(t, "name")), name)) return t;
     return NULL;
 }
 
@@ -45,7 +44,8 @@ static void test_reference(void)
     }
     size_t i, matched = 0, errors_matched = 0, n = 0;
     json_t *c;
-    json_array_foreach(json_object_get(ref, "cases"), i, c) {
+    json_array_foreach(json_object_get(ref, "cases"), i, c)
+    {
         const char *tname = json_string_value(json_object_get(c, "template"));
         const char *conv = json_string_value(json_object_get(c, "conversation"));
         json_t *t = find_template(templates, tname);
@@ -61,11 +61,10 @@ static void test_reference(void)
             CHECK(0);
             continue;
         }
-        json_t *vars = json_pack("{s:O,s:O,s:O,s:O,s:n,s:n}", "messages",
-                                 json_object_get(json_object_get(ref, "conversations"), conv),
-                                 "add_generation_prompt", json_object_get(c, "add_generation_prompt"), "bos_token",
-                                 json_object_get(t, "bos_token"), "eos_token", json_object_get(t, "eos_token"),
-                                 "tools", "documents");
+        json_t *vars = json_pack(
+            "{s:O,s:O,s:O,s:O,s:n,s:n}", "messages", json_object_get(json_object_get(ref, "conversations"), conv),
+            "add_generation_prompt", json_object_get(c, "add_generation_prompt"), "bos_token",
+            json_object_get(t, "bos_token"), "eos_token", json_object_get(t, "eos_token"), "tools", "documents");
         json_object_update(vars, json_object_get(t, "extra"));
         char *out = NULL;
         size_t len = 0;

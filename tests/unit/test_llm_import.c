@@ -13,7 +13,8 @@
 static char tmpdir[256];
 
 /* A scratch copy of a family directory with one file replaced. */
-static void copy_file(const char *from, const char *to) {
+static void copy_file(const char *from, const char *to)
+{
     char *data = NULL;
     size_t len = 0;
     if (kiln_llm_read_file(from, &data, &len) != KILN_OK)
@@ -26,7 +27,8 @@ static void copy_file(const char *from, const char *to) {
     free(data);
 }
 
-static void write_file(const char *path, const void *data, size_t len) {
+static void write_file(const char *path, const void *data, size_t len)
+{
     FILE *f = fopen(path, "wb");
     if (f) {
         fwrite(data, 1, len, f);
@@ -34,7 +36,8 @@ static void write_file(const char *path, const void *data, size_t len) {
     }
 }
 
-static const char *scratch(const char *family) {
+static const char *scratch(const char *family)
+{
     static char dir[320];
     snprintf(dir, sizeof dir, "%s/%s", tmpdir, family);
     mkdir(dir, 0755);
@@ -49,7 +52,8 @@ static const char *scratch(const char *family) {
     return dir;
 }
 
-static void put(const char *dir, const char *name, const char *text) {
+static void put(const char *dir, const char *name, const char *text)
+{
     char p[384];
     snprintf(p, sizeof p, "%s/%s", dir, name);
     write_file(p, text, strlen(text));
@@ -57,7 +61,8 @@ static void put(const char *dir, const char *name, const char *text) {
 
 /* ---- HF ------------------------------------------------------------------ */
 
-static void test_hf_reads_families(void) {
+static void test_hf_reads_families(void)
+{
     kiln_llm_checkpoint *ck = NULL;
     CHECK_OK(kiln_llm_import_hf(DATA "qwen2", &ck));
     if (ck) {
@@ -116,13 +121,15 @@ static void test_hf_reads_families(void) {
     kiln_llm_checkpoint_free(ck);
 }
 
-static void test_hf_config_forms(void) {
+static void test_hf_config_forms(void)
+{
     kiln_llm_config c;
     /* transformers 4: rope_theta + rope_scaling {type: linear}; head_dim
      * from hidden / heads; no kv heads = MHA; untied by default */
-    const char *v4 = "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,\"hidden_size\":64,"
-                     "\"intermediate_size\":128,\"num_hidden_layers\":1,\"num_attention_heads\":8,"
-                     "\"rms_norm_eps\":1e-5,\"rope_theta\":5000.0,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}}";
+    const char *v4 =
+        "{\"architectures\":[\"LlamaForCausalLM\"],\"vocab_size\":100,\"hidden_size\":64,"
+        "\"intermediate_size\":128,\"num_hidden_layers\":1,\"num_attention_heads\":8,"
+        "\"rms_norm_eps\":1e-5,\"rope_theta\":5000.0,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2.0}}";
     CHECK_OK(kiln_llm_hf_parse_config(v4, strlen(v4), "v4.json", &c));
     CHECK(c.head_dim == 8 && c.n_kv_heads == 8 && c.rope.theta == 5000.0 && c.rope.scaling == KILN_LLM_ROPE_LINEAR &&
           c.rope.factor == 2.0 && c.tied_embeddings == 0 && c.qkv_bias == 0 && c.rms_norm_eps == 1e-5);
@@ -154,7 +161,8 @@ static void test_hf_config_forms(void) {
     CHECK(c.hidden_size == 64 && c.n_layers == 1);
 }
 
-static void test_hf_config_errors(void) {
+static void test_hf_config_errors(void)
+{
     kiln_llm_config c;
     const char *bad_json = "{\"architectures\": [";
     CHECK_FAILS(kiln_llm_hf_parse_config(bad_json, strlen(bad_json), "x/config.json", &c), KILN_ERROR_FORMAT,
@@ -191,7 +199,8 @@ static void test_hf_config_errors(void) {
                 "\"hidden_size\": expected an integer");
 }
 
-static void test_hf_directory_errors(void) {
+static void test_hf_directory_errors(void)
+{
     kiln_llm_checkpoint *ck = NULL;
     CHECK_FAILS(kiln_llm_import_hf(DATA "does-not-exist", &ck), KILN_ERROR_NOT_FOUND, "config.json");
     /* truncated safetensors */
@@ -277,7 +286,8 @@ static void test_hf_directory_errors(void) {
 
 /* ---- GGUF ---------------------------------------------------------------- */
 
-static void test_gguf_reads(void) {
+static void test_gguf_reads(void)
+{
     kiln_llm_checkpoint *ck = NULL;
     CHECK_OK(kiln_llm_import_gguf(DATA "qwen2/model-q8_0.gguf", &ck));
     if (ck) {
@@ -307,7 +317,8 @@ static void test_gguf_reads(void) {
 }
 
 /* Copies `from` to `to` with the first `n` bytes equal to `needle` replaced. */
-static void patch_gguf(const char *from, const char *needle, const char *replacement, size_t n, const char *to) {
+static void patch_gguf(const char *from, const char *needle, const char *replacement, size_t n, const char *to)
+{
     char *data = NULL;
     size_t len = 0;
     if (kiln_llm_read_file(from, &data, &len) != KILN_OK)
@@ -320,7 +331,8 @@ static void patch_gguf(const char *from, const char *needle, const char *replace
     free(data);
 }
 
-static void test_gguf_errors(void) {
+static void test_gguf_errors(void)
+{
     kiln_llm_checkpoint *ck = NULL;
     char p[320];
     snprintf(p, sizeof p, "%s/t.gguf", tmpdir);
@@ -351,7 +363,8 @@ static void test_gguf_errors(void) {
 
 /* ---- llama2.c ------------------------------------------------------------ */
 
-static void test_llama2c_header(void) {
+static void test_llama2c_header(void)
+{
     kiln_llm_config c;
     int shared;
     size_t wb;
@@ -381,7 +394,8 @@ static void test_llama2c_header(void) {
                 "ak42");
 }
 
-static void test_llama2c_import(void) {
+static void test_llama2c_import(void)
+{
     kiln_llm_checkpoint *ck = NULL;
     CHECK_OK(kiln_llm_import_llama2c(DATA "tinyllama/model.bin", DATA "tinyllama/tokenizer.bin", &ck));
     if (ck) {
@@ -413,7 +427,8 @@ static void test_llama2c_import(void) {
 
 /* ---- LLMC ---------------------------------------------------------------- */
 
-static void test_config_json(void) {
+static void test_config_json(void)
+{
     kiln_llm_config c, back;
     kiln_llm_config_init(&c);
     strcpy(c.architecture, "qwen2");
@@ -442,13 +457,13 @@ static void test_config_json(void) {
     CHECK(kiln_llm_chat_template_detect(NULL) == KILN_LLM_CHAT_NONE);
 }
 
-static const test_case_ tests[] = {TEST(test_hf_reads_families), TEST(test_hf_config_forms),
-                                   TEST(test_hf_config_errors),   TEST(test_hf_directory_errors),
-                                   TEST(test_gguf_reads),         TEST(test_gguf_errors),
-                                   TEST(test_llama2c_header),     TEST(test_llama2c_import),
-                                   TEST(test_config_json)};
+static const test_case_ tests[] = {
+    TEST(test_hf_reads_families),   TEST(test_hf_config_forms), TEST(test_hf_config_errors),
+    TEST(test_hf_directory_errors), TEST(test_gguf_reads),      TEST(test_gguf_errors),
+    TEST(test_llama2c_header),      TEST(test_llama2c_import),  TEST(test_config_json)};
 
-int main(void) {
+int main(void)
+{
     snprintf(tmpdir, sizeof tmpdir, "/tmp/kiln_llm_import_XXXXXX");
     if (!mkdtemp(tmpdir)) {
         perror("mkdtemp");

@@ -27,7 +27,8 @@ typedef struct runner {
     size_t cache_bytes;
 } runner;
 
-static void runner_free(runner *r) {
+static void runner_free(runner *r)
+{
     kiln_context_destroy(r->ctx);
     kiln_engine_destroy(r->engine);
     for (int32_t l = 0; r->caches && l < r->cfg.n_layers; l++)
@@ -39,7 +40,8 @@ static void runner_free(runner *r) {
 /* Nonzero: runners build with quantized GGUF weights kept (opt.native). */
 static int native_build;
 
-static kiln_status runner_open_ck(runner *r, kiln_llm_checkpoint *ck, kiln_dtype dtype) {
+static kiln_status runner_open_ck(runner *r, kiln_llm_checkpoint *ck, kiln_dtype dtype)
+{
     memset(r, 0, sizeof *r);
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
@@ -65,7 +67,8 @@ static kiln_status runner_open_ck(runner *r, kiln_llm_checkpoint *ck, kiln_dtype
     return KILN_OK;
 }
 
-static kiln_status runner_open(runner *r, const char *kind, const char *path, kiln_dtype dtype) {
+static kiln_status runner_open(runner *r, const char *kind, const char *path, kiln_dtype dtype)
+{
     kiln_llm_checkpoint *ck = NULL;
     memset(r, 0, sizeof *r);
     if (strcmp(kind, "hf") == 0)
@@ -84,7 +87,8 @@ static kiln_status runner_open(runner *r, const char *kind, const char *path, ki
     return st;
 }
 
-static kiln_status set_shape(kiln_context *ctx, const char *name, int64_t n0, int64_t n1) {
+static kiln_status set_shape(kiln_context *ctx, const char *name, int64_t n0, int64_t n1)
+{
     kiln_dims d = {0};
     d.rank = n1 ? 2 : 1;
     d.d[0] = n0;
@@ -93,7 +97,8 @@ static kiln_status set_shape(kiln_context *ctx, const char *name, int64_t n0, in
     return KILN_OK;
 }
 
-static kiln_status copy_i32(kiln_context *ctx, const char *name, const int32_t *v, size_t n) {
+static kiln_status copy_i32(kiln_context *ctx, const char *name, const int32_t *v, size_t n)
+{
     void *p;
     KILN_TRY(kiln_context_tensor_address(ctx, name, &p));
     memcpy(p, v, n * sizeof *v);
@@ -103,7 +108,8 @@ static kiln_status copy_i32(kiln_context *ctx, const char *name, const int32_t *
 /* One step: S sequences; sequence s (cache blocks s*max_blocks...) gets
  * n_new[s] tokens new_ids[s] after past[s] cached tokens. logits: S × vocab. */
 static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_ids, const int32_t *n_new,
-                               const int32_t *past, float *logits) {
+                               const int32_t *past, float *logits)
+{
     int32_t T = 0;
     for (int32_t s = 0; s < S; s++)
         T += n_new[s];
@@ -124,10 +130,10 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     }
     kiln_context *ctx = r->ctx;
     kiln_status st = KILN_OK;
-#define STEP_TRY(e)            \
-    do {                       \
+#define STEP_TRY(e) \
+    do { \
         if ((st = (e)) != KILN_OK) \
-            goto done;         \
+            goto done; \
     } while (0)
     STEP_TRY(set_shape(ctx, "tokens", T, 0));
     STEP_TRY(set_shape(ctx, "positions", T, 0));
@@ -183,13 +189,15 @@ done:
 }
 
 /* Prefill of one sequence from scratch (sequence slot 0). */
-static kiln_status prefill(runner *r, const int32_t *ids, int32_t n, float *logits) {
+static kiln_status prefill(runner *r, const int32_t *ids, int32_t n, float *logits)
+{
     const int32_t *p[1] = {ids};
     int32_t past = 0;
     return runner_step(r, 1, p, &n, &past, logits);
 }
 
-static int32_t argmax(const float *x, int32_t n) {
+static int32_t argmax(const float *x, int32_t n)
+{
     int32_t b = 0;
     for (int32_t i = 1; i < n; i++)
         if (x[i] > x[b])
@@ -198,7 +206,8 @@ static int32_t argmax(const float *x, int32_t n) {
 }
 
 /* Largest |a - b| over the largest |b|: the relative error the tests bound. */
-static double rel_err(const float *a, const float *b, int32_t n) {
+static double rel_err(const float *a, const float *b, int32_t n)
+{
     double d = 0, m = 1e-30;
     for (int32_t i = 0; i < n; i++) {
         if (fabs((double)a[i] - b[i]) > d || a[i] != a[i])
@@ -212,15 +221,16 @@ static double rel_err(const float *a, const float *b, int32_t n) {
 static const int32_t prompt[] = {5, 17, 42, 99, 3, 250, 7, 18, 60, 61, 62};
 #define PROMPT_LEN ((int32_t)(sizeof prompt / sizeof prompt[0]))
 
-static void test_network_shape_and_finite(void) {
+static void test_network_shape_and_finite(void)
+{
     runner r;
     CHECK_OK(runner_open(&r, "hf", DATA "llama", KILN_DTYPE_F32));
     if (!r.ctx)
         return;
     CHECK(r.cfg.vocab_size == 320 && r.cfg.n_layers == 2 && r.cfg.n_kv_heads == 2 && r.cfg.head_dim == 16);
     /* the engine's I/O is docs/llm.md's step network */
-    const char *names[] = {"tokens", "positions", "block_table", "seq_lens", "query_start", "last_token",
-                           "kv_cache.0", "kv_cache.1", "logits"};
+    const char *names[] = {"tokens",     "positions",  "block_table", "seq_lens", "query_start",
+                           "last_token", "kv_cache.0", "kv_cache.1",  "logits"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         kiln_dtype dt;
         kiln_dims d;
@@ -245,7 +255,8 @@ static void test_network_shape_and_finite(void) {
 /* Packing several sequences into one step, and prefilling in pieces, give
  * the logits of separate full prefills: attention only mixes a sequence
  * with its own past. */
-static void test_batched_and_incremental_agree(void) {
+static void test_batched_and_incremental_agree(void)
+{
     runner r;
     CHECK_OK(runner_open(&r, "hf", DATA "qwen2", KILN_DTYPE_F32));
     if (!r.ctx)
@@ -277,7 +288,8 @@ static void test_batched_and_incremental_agree(void) {
 
 /* f16 and bf16 engines stay close to the f32 one (the dtype's precision
  * over two layers). */
-static void test_half_dtypes(void) {
+static void test_half_dtypes(void)
+{
     runner r32, r16, rb16;
     CHECK_OK(runner_open(&r32, "hf", DATA "smollm", KILN_DTYPE_F32));
     CHECK_OK(runner_open(&r16, "hf", DATA "smollm", KILN_DTYPE_F16));
@@ -298,7 +310,8 @@ static void test_half_dtypes(void) {
 
 /* The sections make the engine self-contained: LLMC parses back to the
  * config, TOKN to the tokenizer. */
-static void test_engine_sections(void) {
+static void test_engine_sections(void)
+{
     kiln_llm_checkpoint *ck = NULL;
     CHECK_OK(kiln_llm_import_hf(DATA "llama3", &ck));
     if (!ck)
@@ -353,7 +366,8 @@ static int refs_missing;
 /* Compares the engine built from `kind`:`path` with the family's refs.json:
  * last-token logits within `tol` relative, the 32 greedy tokens identical,
  * and (tokenize != 0) the prompt ids of the engine's own tokenizer. */
-static void check_refs(const char *family, const char *kind, const char *path, double tol, int tokenize) {
+static void check_refs(const char *family, const char *kind, const char *path, double tol, int tokenize)
+{
     char refs[256];
     snprintf(refs, sizeof refs, DATA "%s/refs.json", family);
     if (access(refs, R_OK) != 0) {
@@ -435,7 +449,8 @@ static void check_refs(const char *family, const char *kind, const char *path, d
 }
 
 /* Every family from its HF directory against transformers. */
-static void test_refs_hf(void) {
+static void test_refs_hf(void)
+{
     const char *fams[] = {"llama", "llama3", "mistral", "qwen2", "smollm", "tinyllama"};
     for (size_t i = 0; i < sizeof fams / sizeof fams[0]; i++) {
         char path[128];
@@ -447,7 +462,8 @@ static void test_refs_hf(void) {
 /* The same weights through the GGUF (F32, Q/K rows permuted by the
  * converter, interleaved RoPE) and llama2.c importers match transformers
  * just as closely: the permutation and the rotation cancel exactly. */
-static void test_refs_gguf_and_llama2c(void) {
+static void test_refs_gguf_and_llama2c(void)
+{
     check_refs("llama", "gguf", DATA "llama/model-f32.gguf", 1e-4, 1);
     check_refs("tinyllama", "llama2c", DATA "tinyllama/model.bin", 1e-4, 1);
 }
@@ -455,7 +471,8 @@ static void test_refs_gguf_and_llama2c(void) {
 /* Quantized and f16 GGUF files agree with the safetensors path to their
  * precision, and are not bit-identical to it (the quantized weights are
  * really used). */
-static void test_gguf_quantized_close(void) {
+static void test_gguf_quantized_close(void)
+{
     const struct {
         const char *hf, *gguf;
         double tol;
@@ -487,8 +504,8 @@ static void test_gguf_quantized_close(void) {
  * up_proj (they are then dequantized): the native build must fall back to
  * separate matmuls for q/k/v and gate/up. */
 static kiln_status (*own_read_quantized)(void *, const char *, uint32_t *, const void **, size_t *);
-static kiln_status read_quantized_mixed(void *user, const char *name, uint32_t *type, const void **data,
-                                        size_t *size) {
+static kiln_status read_quantized_mixed(void *user, const char *name, uint32_t *type, const void **data, size_t *size)
+{
     if (strstr(name, "k_proj") || strstr(name, "up_proj"))
         return KILN_ERROR_NOT_FOUND;
     return own_read_quantized(user, name, type, data, size);
@@ -502,7 +519,8 @@ static kiln_status read_quantized_mixed(void *user, const char *name, uint32_t *
  * in bf16 (QuantMatMul with bf16 activations); and with the CPU's default
  * 8-bit activations (llama.cpp's arithmetic: about 1% of error, as bf16
  * activations give). */
-static void test_native_builds(void) {
+static void test_native_builds(void)
+{
     const char *files[] = {DATA "smollm/model-q8_0.gguf", DATA "qwen2/model-q8_0.gguf"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         runner ref, nat, mixed, half;
@@ -535,8 +553,9 @@ static void test_native_builds(void) {
             double eq = rel_err(lq, lr, 320);
             int ok = en < 1e-5 && em < 1e-5 && eh < 5e-2 && eh > 0 && eq < 5e-2 && eq > 0;
             if (!ok)
-                fprintf(stderr, "%s: native %g, mixed %g, native bf16 %g, native 8-bit activations %g relative to the "
-                                "dequantized f32 build\n",
+                fprintf(stderr,
+                        "%s: native %g, mixed %g, native bf16 %g, native 8-bit activations %g relative to the "
+                        "dequantized f32 build\n",
                         files[i], en, em, eh, eq);
             CHECK(ok);
         }
@@ -547,12 +566,17 @@ static void test_native_builds(void) {
     }
 }
 
-static const test_case_ tests[] = {TEST(test_network_shape_and_finite), TEST(test_batched_and_incremental_agree),
-                                   TEST(test_half_dtypes), TEST(test_engine_sections), TEST(test_refs_hf),
-                                   TEST(test_refs_gguf_and_llama2c), TEST(test_gguf_quantized_close),
+static const test_case_ tests[] = {TEST(test_network_shape_and_finite),
+                                   TEST(test_batched_and_incremental_agree),
+                                   TEST(test_half_dtypes),
+                                   TEST(test_engine_sections),
+                                   TEST(test_refs_hf),
+                                   TEST(test_refs_gguf_and_llama2c),
+                                   TEST(test_gguf_quantized_close),
                                    TEST(test_native_builds)};
 
-int main(void) {
+int main(void)
+{
     if (kiln_registry_create(&reg) != KILN_OK) {
         fprintf(stderr, "registry: %s\n", kiln_last_error());
         return 1;

@@ -16,7 +16,8 @@ static kiln_registry *reg;
 static kiln_threadpool *pool;
 
 static uint32_t rng = 2024;
-static float uniform(float lo, float hi) {
+static float uniform(float lo, float hi)
+{
     rng ^= rng << 13;
     rng ^= rng >> 17;
     rng ^= rng << 5;
@@ -25,7 +26,8 @@ static float uniform(float lo, float hi) {
 
 static size_t esize(kiln_dtype t) { return t == KILN_DTYPE_F32 || t == KILN_DTYPE_I32 ? 4 : 2; }
 
-static void store(void *p, kiln_dtype t, int64_t i, float v) {
+static void store(void *p, kiln_dtype t, int64_t i, float v)
+{
     const kiln_host_api *h = kiln_host();
     if (t == KILN_DTYPE_F32)
         ((float *)p)[i] = v;
@@ -35,7 +37,8 @@ static void store(void *p, kiln_dtype t, int64_t i, float v) {
         ((uint16_t *)p)[i] = h->float_to_bf16(v);
 }
 
-static float load(const void *p, kiln_dtype t, int64_t i) {
+static float load(const void *p, kiln_dtype t, int64_t i)
+{
     const kiln_host_api *h = kiln_host();
     if (t == KILN_DTYPE_F32)
         return ((const float *)p)[i];
@@ -45,14 +48,16 @@ static float load(const void *p, kiln_dtype t, int64_t i) {
 }
 
 /* n random values in [-1, 1) stored as t. */
-static void *random_buf(kiln_dtype t, int64_t n) {
+static void *random_buf(kiln_dtype t, int64_t n)
+{
     void *p = malloc((size_t)n * esize(t));
     for (int64_t i = 0; i < n; i++)
         store(p, t, i, uniform(-1.0f, 1.0f));
     return p;
 }
 
-static kiln_tensor_desc desc(kiln_dtype t, int32_t rank, const int64_t *dims) {
+static kiln_tensor_desc desc(kiln_dtype t, int32_t rank, const int64_t *dims)
+{
     kiln_tensor_desc d;
     memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
@@ -65,18 +70,22 @@ static kiln_tensor_desc desc(kiln_dtype t, int32_t rank, const int64_t *dims) {
 }
 #define DESC(t, ...) desc(t, (int32_t)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)), (int64_t[]){__VA_ARGS__})
 
-static kiln_field fi32(const char *name, const int32_t *v) {
+static kiln_field fi32(const char *name, const int32_t *v)
+{
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_I32, 1, v};
 }
 
-static kiln_field ff32(const char *name, const float *v) {
+static kiln_field ff32(const char *name, const float *v)
+{
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_F32, 1, v};
 }
-static kiln_field fstr(const char *name, const char *v) {
+static kiln_field fstr(const char *name, const char *v)
+{
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_STRING, 1, v};
 }
 
-static kiln_plugin *make(const char *name, const kiln_field *f, int32_t n) {
+static kiln_plugin *make(const char *name, const kiln_field *f, int32_t n)
+{
     const kiln_plugin_creator *c = kiln_registry_find(reg, name, "1", "kiln", NULL);
     CHECK(c != NULL);
     kiln_plugin *p = NULL;
@@ -86,8 +95,9 @@ static kiln_plugin *make(const char *name, const kiln_field *f, int32_t n) {
 }
 
 /* Runs p on the CPU; d holds the n_in input then the n_out output descs. */
-static kiln_status run(kiln_plugin *p, const kiln_tensor_desc *d, const void *const *in, int32_t n_in,
-                       void *const *out, int32_t n_out) {
+static kiln_status run(kiln_plugin *p, const kiln_tensor_desc *d, const void *const *in, int32_t n_in, void *const *out,
+                       int32_t n_out)
+{
     if (!p->ops->supports(p, KILN_BACKEND_CPU, d, n_in, n_out))
         return KILN_ERROR_UNSUPPORTED;
     return p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, n_in, d + n_in, out, n_out, NULL, pool);
@@ -95,7 +105,8 @@ static kiln_status run(kiln_plugin *p, const kiln_tensor_desc *d, const void *co
 
 /* Serializes p, checks the blob's size, and loads it back as schema
  * version `version` (older blobs are prefixes of newer ones). */
-static void check_blob(kiln_plugin *p, const char *name, uint32_t version, size_t old_size) {
+static void check_blob(kiln_plugin *p, const char *name, uint32_t version, size_t old_size)
+{
     const kiln_plugin_creator *c = kiln_registry_find(reg, name, "1", "kiln", NULL);
     size_t size = 0;
     CHECK_OK(p->ops->serialize(p, NULL, &size));
@@ -120,7 +131,8 @@ static void check_blob(kiln_plugin *p, const char *name, uint32_t version, size_
 static const kiln_dtype float_types[3] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
 
 /* Columns [col, col + width) of a [rows, ld] tensor, as a new buffer. */
-static void *columns(const void *src, kiln_dtype t, int64_t rows, int64_t ld, int64_t col, int64_t width) {
+static void *columns(const void *src, kiln_dtype t, int64_t rows, int64_t ld, int64_t col, int64_t width)
+{
     size_t es = esize(t);
     char *out = malloc((size_t)(rows * width) * es);
     for (int64_t r = 0; r < rows; r++)
@@ -132,7 +144,8 @@ static void *columns(const void *src, kiln_dtype t, int64_t rows, int64_t ld, in
  * AddRMSNorm against x + residual (stored in x's dtype) then RMSNorm
  * ------------------------------------------------------------------------- */
 
-static void test_add_rmsnorm(void) {
+static void test_add_rmsnorm(void)
+{
     const float eps = 1e-6f;
     kiln_field f = ff32("epsilon", &eps);
     kiln_plugin *norm = make("RMSNorm", &f, 1), *add = make("AddRMSNorm", &f, 1);
@@ -175,12 +188,17 @@ static void test_add_rmsnorm(void) {
  * RoPE on the packed qkv row against RoPE on q and k apart
  * ------------------------------------------------------------------------- */
 
-static void check_rope_packed(kiln_dtype t, const char *scaling, int32_t interleaved, int32_t rotary_dim) {
+static void check_rope_packed(kiln_dtype t, const char *scaling, int32_t interleaved, int32_t rotary_dim)
+{
     const int32_t nh = 4, nkv = 2, hd = 16;
     const float theta = 10000.0f, factor = 4.0f;
     const int64_t T = 6, row = (int64_t)(nh + 2 * nkv) * hd;
-    kiln_field fq[7] = {fi32("n_heads", &nh), fi32("head_dim", &hd), ff32("theta", &theta),
-                        fi32("rotary_dim", &rotary_dim), fi32("interleaved", &interleaved), fstr("scaling", scaling),
+    kiln_field fq[7] = {fi32("n_heads", &nh),
+                        fi32("head_dim", &hd),
+                        ff32("theta", &theta),
+                        fi32("rotary_dim", &rotary_dim),
+                        fi32("interleaved", &interleaved),
+                        fstr("scaling", scaling),
                         ff32("factor", &factor)};
     kiln_field fk[7];
     memcpy(fk, fq, sizeof fk);
@@ -232,7 +250,8 @@ static void check_rope_packed(kiln_dtype t, const char *scaling, int32_t interle
     free(qkv), free(q), free(k), free(v), free(qo), free(ko), free(po);
 }
 
-static void test_rope_packed(void) {
+static void test_rope_packed(void)
+{
     const char *scalings[3] = {"none", "linear", "llama3"};
     for (int ti = 0; ti < 3; ti++)
         for (int s = 0; s < 3; s++) {
@@ -245,7 +264,8 @@ static void test_rope_packed(void) {
  * Packed SwiGLU against SwiGLU on gate and up apart
  * ------------------------------------------------------------------------- */
 
-static void test_swiglu_packed(void) {
+static void test_swiglu_packed(void)
+{
     const int32_t one = 1;
     kiln_field f = fi32("packed", &one);
     kiln_plugin *apart = make("SwiGLU", NULL, 0), *packed = make("SwiGLU", &f, 1);
@@ -277,12 +297,13 @@ static void test_swiglu_packed(void) {
  * PagedAttention: packed qkv against q, k, v apart
  * ------------------------------------------------------------------------- */
 
-static void check_attention_packed(kiln_dtype t) {
+static void check_attention_packed(kiln_dtype t)
+{
     const int32_t nh = 4, nkv = 2, hd = 8, bs = 4, one = 1;
     const int64_t S = 2, max_blocks = 4, n_blocks = S * max_blocks, T = 7;
     const int64_t qw = nh * hd, kw = nkv * hd, row = qw + 2 * kw;
-    kiln_field f[5] = {fi32("n_heads", &nh), fi32("n_kv_heads", &nkv), fi32("head_dim", &hd),
-                       fi32("block_size", &bs), fi32("packed_qkv", &one)};
+    kiln_field f[5] = {fi32("n_heads", &nh), fi32("n_kv_heads", &nkv), fi32("head_dim", &hd), fi32("block_size", &bs),
+                       fi32("packed_qkv", &one)};
     kiln_plugin *apart = make("PagedAttention", f, 4), *packed = make("PagedAttention", f, 5);
     /* sequence 0: 3 cached tokens + 5 new; sequence 1: 2 new (prefill) */
     int32_t table[8] = {5, 2, 7, 0, 1, 3, 4, 6}, seq_lens[2] = {8, 2}, qstart[3] = {0, 5, 7};
@@ -325,21 +346,28 @@ static void check_attention_packed(kiln_dtype t) {
     free(qkv), free(cache0), free(q), free(k), free(v), free(cache_a), free(cache_p), free(out_a), free(out_p);
 }
 
-static void test_attention_packed(void) {
+static void test_attention_packed(void)
+{
     check_attention_packed(KILN_DTYPE_F32);
     check_attention_packed(KILN_DTYPE_BF16);
 }
 
-static void setup(void) {
+static void setup(void)
+{
     CHECK_OK(kiln_registry_create(&reg));
     CHECK_OK(kiln_threadpool_create(2, &pool));
 }
 
-static void teardown(void) {
+static void teardown(void)
+{
     kiln_threadpool_destroy(pool);
     kiln_registry_destroy(reg);
 }
 
-static const test_case_ tests[] = {TEST(setup),          TEST(test_add_rmsnorm),      TEST(test_rope_packed),
-                                   TEST(test_swiglu_packed), TEST(test_attention_packed), TEST(teardown)};
+static const test_case_ tests[] = {TEST(setup),
+                                   TEST(test_add_rmsnorm),
+                                   TEST(test_rope_packed),
+                                   TEST(test_swiglu_packed),
+                                   TEST(test_attention_packed),
+                                   TEST(teardown)};
 TEST_MAIN(tests)

@@ -77,7 +77,7 @@ static void close_family(built *b)
 typedef struct collect {
     int32_t vocab;
     size_t n, calls;
-    float *logits;        /* [n, vocab] */
+    float *logits; /* [n, vocab] */
     int in_order;
 } collect;
 
@@ -183,7 +183,8 @@ static void test_score_refusals(void)
     ids[3] = info->vocab_size;
     CHECK_FAILS(kiln_llm_score(b.llm, ids, 5, count_calls, &calls), KILN_ERROR_INVALID_ARGUMENT, "token 3 is id");
     ids[3] = -1;
-    CHECK_FAILS(kiln_llm_score(b.llm, ids, 5, count_calls, &calls), KILN_ERROR_INVALID_ARGUMENT, "outside the vocabulary");
+    CHECK_FAILS(kiln_llm_score(b.llm, ids, 5, count_calls, &calls), KILN_ERROR_INVALID_ARGUMENT,
+                "outside the vocabulary");
     ids[3] = 0;
     CHECK_FAILS(kiln_llm_score(b.llm, ids, 97, count_calls, &calls), KILN_ERROR_LIMIT, "max sequence length 96");
     CHECK_FAILS(kiln_llm_score(b.llm, ids, 0, count_calls, &calls), KILN_ERROR_INVALID_ARGUMENT, "n >= 1");
@@ -230,7 +231,8 @@ static int64_t safetensors_params(const char *path, int64_t *embed)
     int64_t total = 0;
     const char *key;
     json_t *v;
-    json_object_foreach(h, key, v) {
+    json_object_foreach(h, key, v)
+    {
         json_t *shape = json_object_get(v, "shape");
         if (!shape)
             continue;
@@ -273,8 +275,8 @@ static void test_weight_bytes(void)
         json_decref(c);
         size_t want_step = (size_t)(tied ? params : params - embed) * 4;
         if (total != (size_t)params * 4 || per_token != want_step)
-            fprintf(stderr, "%s: weight bytes %zu / per token %zu, expected %zu / %zu (%lld parameters)\n", fam,
-                    total, per_token, (size_t)params * 4, want_step, (long long)params);
+            fprintf(stderr, "%s: weight bytes %zu / per token %zu, expected %zu / %zu (%lld parameters)\n", fam, total,
+                    per_token, (size_t)params * 4, want_step, (long long)params);
         CHECK(total == (size_t)params * 4);
         CHECK(per_token == want_step);
         close_family(&b);

@@ -165,7 +165,8 @@ static void test_profiles(void)
     CHECK_FAILS(kiln_network_set_profile_shape(net, 0, "z", &mn, &op, &mx), KILN_ERROR_NOT_FOUND, "\"z\"");
     CHECK_FAILS(kiln_network_set_profile_shape(net, 0, "x", &ymn, &op, &mx), KILN_ERROR_SHAPE, "rank 3");
     kiln_dims wrong = DIMS(8, 17);
-    CHECK_FAILS(kiln_network_set_profile_shape(net, 0, "x", &mn, &wrong, &mx), KILN_ERROR_SHAPE, "dim 1 is static (16)");
+    CHECK_FAILS(kiln_network_set_profile_shape(net, 0, "x", &mn, &wrong, &mx), KILN_ERROR_SHAPE,
+                "dim 1 is static (16)");
     CHECK_FAILS(kiln_network_set_profile_shape(net, 0, "x", &op, &mn, &mx), KILN_ERROR_SHAPE,
                 "profile 0, input \"x\": dim 0: expected min <= opt <= max, got 8, 1, 64");
     kiln_dims negm = DIMS(-1, 16);
@@ -231,7 +232,8 @@ static void test_matmul(void)
     CHECK_OK(kiln_network_add_input(net, "b3", KILN_DTYPE_F32, &b3, &t3));
     CHECK_OK(kiln_network_add_matmul(net, "bb", t1, 0, t2, 0, &out));
     CHECK(dims_eq(eval_at(net, out, good), DIMS(2, 3, 4, 6)));
-    CHECK_FAILS(kiln_network_add_matmul(net, "bad_batch", t2, 0, t3, 1, &out), KILN_ERROR_SHAPE, "cannot broadcast dims 3 and 4");
+    CHECK_FAILS(kiln_network_add_matmul(net, "bad_batch", t2, 0, t3, 1, &out), KILN_ERROR_SHAPE,
+                "cannot broadcast dims 3 and 4");
     /* dtypes */
     kiln_dims di = DIMS(4, 4);
     kiln_tensor ii;
@@ -287,7 +289,8 @@ static void test_binary(void)
     CHECK_FAILS(kiln_network_add_binary(net, "mix", KILN_BINARY_ADD, b, ii, &out), KILN_ERROR_INVALID_ARGUMENT,
                 "dtypes differ: A is f32, B is i32");
     CHECK_OK(kiln_network_add_binary(net, "iadd", KILN_BINARY_ADD, ii, ii, &out));
-    CHECK_FAILS(kiln_network_add_binary(net, "badop", KILN_BINARY_OP_COUNT, b, b, &out), KILN_ERROR_INVALID_ARGUMENT, "op");
+    CHECK_FAILS(kiln_network_add_binary(net, "badop", KILN_BINARY_OP_COUNT, b, b, &out), KILN_ERROR_INVALID_ARGUMENT,
+                "op");
     kiln_network_destroy(net);
 }
 
@@ -318,7 +321,8 @@ static void test_unary_reduce_softmax_cast(void)
     CHECK(eval_at(net, out, zero).rank == -1);
     CHECK_FAILS(kiln_network_add_reduce(net, "r3", KILN_REDUCE_MAX, x, 0x8, 0, &out), KILN_ERROR_INVALID_ARGUMENT,
                 "names an axis >= rank 3");
-    CHECK_FAILS(kiln_network_add_reduce(net, "r4", KILN_REDUCE_MAX, x, 0, 0, &out), KILN_ERROR_INVALID_ARGUMENT, "no axis");
+    CHECK_FAILS(kiln_network_add_reduce(net, "r4", KILN_REDUCE_MAX, x, 0, 0, &out), KILN_ERROR_INVALID_ARGUMENT,
+                "no axis");
     CHECK_OK(kiln_network_add_softmax(net, "sm", x, -1, &out));
     CHECK(net->graph.layers[net->graph.n_layers - 1].p.softmax.axis == 2);
     CHECK_FAILS(kiln_network_add_softmax(net, "sm2", x, 3, &out), KILN_ERROR_INVALID_ARGUMENT, "axis 3");
@@ -484,7 +488,8 @@ static void test_shuffle(void)
     kiln_tensor c;
     CHECK_OK(kiln_network_add_input(net, "c", KILN_DTYPE_F32, &dc, &c));
     kiln_shuffle_desc r42 = reshape_desc(DIMS(4, 2));
-    CHECK_FAILS(kiln_network_add_shuffle(net, "r42", c, &r42, &out), KILN_ERROR_SHAPE, "cannot reshape 6 elements into 8");
+    CHECK_FAILS(kiln_network_add_shuffle(net, "r42", c, &r42, &out), KILN_ERROR_SHAPE,
+                "cannot reshape 6 elements into 8");
     kiln_shuffle_desc r4m = reshape_desc(DIMS(4, -1));
     CHECK_FAILS(kiln_network_add_shuffle(net, "r4m", c, &r4m, &out), KILN_ERROR_SHAPE, "cannot reshape 6 elements");
     kiln_shuffle_desc two = reshape_desc(DIMS(-1, -1));
@@ -527,7 +532,8 @@ static void test_outputs_and_names(void)
     CHECK_OK(kiln_network_add_unary(net, NULL, KILN_UNARY_RELU, y, &z));
     CHECK(strncmp(net->graph.layers[1].name, "relu_", 5) == 0);
     CHECK(kiln_network_num_layers(net) == 2);
-    CHECK_FAILS(kiln_network_add_unary(net, "x", KILN_UNARY_RELU, y, &out), KILN_ERROR_INVALID_ARGUMENT, "already used");
+    CHECK_FAILS(kiln_network_add_unary(net, "x", KILN_UNARY_RELU, y, &out), KILN_ERROR_INVALID_ARGUMENT,
+                "already used");
     CHECK_OK(kiln_network_mark_output(net, y, "logits"));
     CHECK(strcmp(net->graph.tensors[y.id].name, "logits") == 0);
     CHECK(net->graph.n_outputs == 1 && net->graph.outputs[0] == y.id);
@@ -550,8 +556,8 @@ static void test_outputs_and_names(void)
 static void test_op_names(void)
 {
     static const char *const b[] = {"add", "sub", "mul", "div", "pow", "max", "min"};
-    static const char *const u[] = {"neg", "abs", "exp", "log", "sqrt", "rsqrt", "tanh",
-                                    "sigmoid", "relu", "gelu_erf", "gelu_tanh", "silu"};
+    static const char *const u[] = {"neg",  "abs",     "exp",  "log",      "sqrt",      "rsqrt",
+                                    "tanh", "sigmoid", "relu", "gelu_erf", "gelu_tanh", "silu"};
     static const char *const r[] = {"sum", "mean", "max", "min"};
     CHECK(sizeof b / sizeof *b == KILN_BINARY_OP_COUNT);
     CHECK(sizeof u / sizeof *u == KILN_UNARY_OP_COUNT);
@@ -590,16 +596,16 @@ typedef struct split_plugin {
 
 static int32_t split_num_outputs(const kiln_plugin *self) { return ((const split_plugin *)self)->parts; }
 
-static kiln_status split_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
-                                kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
+static kiln_status split_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in, kiln_shape_expr *out,
+                                int32_t n_out, kiln_expr_builder *eb)
 {
     const kiln_host_api *h = kiln_host();
     if (n_in != 1 || in[0].rank < 1)
         return h->fail(KILN_ERROR_SHAPE, "Split needs one input of rank >= 1");
     for (int32_t o = 0; o < n_out; o++) {
         out[o] = in[0];
-        out[o].d[in[0].rank - 1] = h->expr_operation(eb, KILN_EXPR_FLOOR_DIV, in[0].d[in[0].rank - 1],
-                                                     h->expr_constant(eb, n_out));
+        out[o].d[in[0].rank - 1] =
+            h->expr_operation(eb, KILN_EXPR_FLOOR_DIV, in[0].d[in[0].rank - 1], h->expr_constant(eb, n_out));
     }
     return KILN_OK;
 }
@@ -799,9 +805,16 @@ static void test_plugin(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_inputs),  TEST(test_constants),    TEST(test_profiles),
-    TEST(test_matmul),  TEST(test_binary),       TEST(test_unary_reduce_softmax_cast),
-    TEST(test_concat_slice_gather), TEST(test_shuffle), TEST(test_outputs_and_names),
-    TEST(test_op_names), TEST(test_plugin),
+    TEST(test_inputs),
+    TEST(test_constants),
+    TEST(test_profiles),
+    TEST(test_matmul),
+    TEST(test_binary),
+    TEST(test_unary_reduce_softmax_cast),
+    TEST(test_concat_slice_gather),
+    TEST(test_shuffle),
+    TEST(test_outputs_and_names),
+    TEST(test_op_names),
+    TEST(test_plugin),
 };
 TEST_MAIN(tests)

@@ -108,14 +108,11 @@ static void test_read_refused(void)
     kiln_dims d = {0};
     void *data = NULL;
     size_t size = 0;
-    CHECK_FAILS(kiln_npy_read(NPY_DIR "fortran_2x3.npy", &t, &d, &data, &size),
-                KILN_ERROR_UNSUPPORTED, "fortran_order True");
-    CHECK_FAILS(kiln_npy_read(NPY_DIR "f64_2.npy", &t, &d, &data, &size),
-                KILN_ERROR_UNSUPPORTED, "'<f8'");
-    CHECK_FAILS(kiln_npy_read(NPY_DIR "f32_be_2.npy", &t, &d, &data, &size),
-                KILN_ERROR_UNSUPPORTED, "'>f4'");
-    CHECK_FAILS(kiln_npy_read(NPY_DIR "missing.npy", &t, &d, &data, &size), KILN_ERROR_IO,
-                "missing.npy");
+    CHECK_FAILS(kiln_npy_read(NPY_DIR "fortran_2x3.npy", &t, &d, &data, &size), KILN_ERROR_UNSUPPORTED,
+                "fortran_order True");
+    CHECK_FAILS(kiln_npy_read(NPY_DIR "f64_2.npy", &t, &d, &data, &size), KILN_ERROR_UNSUPPORTED, "'<f8'");
+    CHECK_FAILS(kiln_npy_read(NPY_DIR "f32_be_2.npy", &t, &d, &data, &size), KILN_ERROR_UNSUPPORTED, "'>f4'");
+    CHECK_FAILS(kiln_npy_read(NPY_DIR "missing.npy", &t, &d, &data, &size), KILN_ERROR_IO, "missing.npy");
     /* outputs untouched on failure */
     CHECK(t == KILN_DTYPE_I8 && d.rank == 0 && data == NULL && size == 0);
 }
@@ -173,8 +170,8 @@ static void test_round_trip(void)
     void *data;
     size_t size;
 
-    const kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_I32, KILN_DTYPE_I64,
-                                KILN_DTYPE_I8, KILN_DTYPE_U8};
+    const kiln_dtype types[] = {KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_I32,
+                                KILN_DTYPE_I64, KILN_DTYPE_I8,  KILN_DTYPE_U8};
     uint8_t src[2 * 3 * 4 * 8];
     for (size_t i = 0; i < sizeof src; i++)
         src[i] = (uint8_t)(i * 37 + 11);
@@ -197,11 +194,9 @@ static void test_round_trip(void)
     CHECK(((float *)data)[0] == 1.5f && ((float *)data)[1] == -10.0f);
     free(data);
 
-    CHECK_FAILS(kiln_npy_write(path, KILN_DTYPE_FP8_E4M3, &d2, bf), KILN_ERROR_UNSUPPORTED,
-                "fp8_e4m3");
+    CHECK_FAILS(kiln_npy_write(path, KILN_DTYPE_FP8_E4M3, &d2, bf), KILN_ERROR_UNSUPPORTED, "fp8_e4m3");
     kiln_dims neg = {.rank = 1, .d = {-1}};
-    CHECK_FAILS(kiln_npy_write(path, KILN_DTYPE_F32, &neg, bf), KILN_ERROR_INVALID_ARGUMENT,
-                "negative");
+    CHECK_FAILS(kiln_npy_write(path, KILN_DTYPE_F32, &neg, bf), KILN_ERROR_INVALID_ARGUMENT, "negative");
     unlink(path);
     rmdir(dir);
 }
@@ -238,66 +233,56 @@ static void test_parse_malformed(void)
     CHECK_FAILS(kiln_npy_parse(buf, 5, &t, &d, &data, &size), KILN_ERROR_FORMAT, "bad magic");
     CHECK_FAILS(kiln_npy_parse(buf, 8, &t, &d, &data, &size), KILN_ERROR_FORMAT, "truncated");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 23);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "expected 24 data bytes");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "expected 24 data bytes");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }", 25);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "found 25");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "found 25");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,3), 'x': 1}", 24);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "unknown key 'x'");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "unknown key 'x'");
     n = make_npy(buf, "{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': ()}", 4);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "duplicate key 'descr'");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "duplicate key 'descr'");
     n = make_npy(buf, "{'descr': '<f4', 'shape': ()}", 4);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "missing key 'fortran_order'");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "missing key 'fortran_order'");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (3)}", 12);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "not a tuple");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "not a tuple");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (-3,)}", 12);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "non-negative");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "non-negative");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': 0, 'shape': (3,)}", 12);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "True or False");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "True or False");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,)} x", 12);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "after the dict");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "after the dict");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,1,1,1,1,1,1,1,1)}", 4);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_UNSUPPORTED,
-                "more than 8 dims");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_UNSUPPORTED, "more than 8 dims");
     /* 2^32 * 2^32 elements overflow a 64-bit byte count */
-    n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, "
-                      "'shape': (4294967296, 4294967296)}", 0);
+    n = make_npy(buf,
+                 "{'descr': '<f4', 'fortran_order': False, "
+                 "'shape': (4294967296, 4294967296)}",
+                 0);
     CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "overflows");
-    n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, "
-                      "'shape': (99999999999999999999,)}", 0);
+    n = make_npy(buf,
+                 "{'descr': '<f4', 'fortran_order': False, "
+                 "'shape': (99999999999999999999,)}",
+                 0);
     CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "overflows");
     n = make_npy(buf, "{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (1,)}", 4);
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_UNSUPPORTED,
-                "structured");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_UNSUPPORTED, "structured");
     n = make_npy(buf, "{'descr': '|b1', 'fortran_order': False, 'shape': (2,)}", 2);
     buf[n - 1] = 2;
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "bool element 1 is 2");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "bool element 1 is 2");
     /* header length past the end */
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,)}", 0);
     buf[8] = 0xff;
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT,
-                "runs past the end");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_FORMAT, "runs past the end");
     n = make_npy(buf, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,)}", 12);
     buf[6] = 4;
-    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_VERSION,
-                "version 4.0");
+    CHECK_FAILS(kiln_npy_parse(buf, n, &t, &d, &data, &size), KILN_ERROR_VERSION, "version 4.0");
     /* version 2.0 with a length field cut short */
     memcpy(buf, "\x93NUMPY\x02\x00\x10\x00", 10);
     CHECK_FAILS(kiln_npy_parse(buf, 10, &t, &d, &data, &size), KILN_ERROR_FORMAT, "truncated");
 }
 
 static const test_case_ tests[] = {
-    TEST(test_read_f32),         TEST(test_read_other_dtypes), TEST(test_read_shapes_and_versions),
-    TEST(test_read_refused),     TEST(test_write_matches_numpy), TEST(test_round_trip),
+    TEST(test_read_f32),        TEST(test_read_other_dtypes),   TEST(test_read_shapes_and_versions),
+    TEST(test_read_refused),    TEST(test_write_matches_numpy), TEST(test_round_trip),
     TEST(test_parse_malformed),
 };
 TEST_MAIN(tests)

@@ -25,7 +25,8 @@ typedef struct fmt {
 static const fmt fmts[] = {{"Q8_0", KILN_GGML_Q8_0, 34}, {"Q4_0", KILN_GGML_Q4_0, 18}, {"Q4_1", KILN_GGML_Q4_1, 20}};
 
 static uint32_t rng = 12345;
-static uint32_t next_u32(void) {
+static uint32_t next_u32(void)
+{
     rng ^= rng << 13;
     rng ^= rng >> 17;
     rng ^= rng << 5;
@@ -35,7 +36,8 @@ static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next_
 
 /* n rows of k/32 random blocks: random quant bytes, f16 scales in a
  * realistic range (the min of Q4_1 negative, as trained weights have). */
-static uint8_t *random_blocks(const fmt *f, int32_t n, int32_t k) {
+static uint8_t *random_blocks(const fmt *f, int32_t n, int32_t k)
+{
     size_t nb = (size_t)n * (size_t)(k / 32);
     uint8_t *b = malloc(nb * f->block_bytes);
     for (size_t i = 0; i < nb; i++) {
@@ -52,26 +54,31 @@ static uint8_t *random_blocks(const fmt *f, int32_t n, int32_t k) {
     return b;
 }
 
-static kiln_field fstr(const char *name, const char *v) {
+static kiln_field fstr(const char *name, const char *v)
+{
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_STRING, 1, v};
 }
-static kiln_field fi32(const char *name, const int32_t *v) {
+static kiln_field fi32(const char *name, const int32_t *v)
+{
     return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_I32, 1, v};
 }
 
-static const kiln_plugin_creator *creator(kiln_registry **reg) {
+static const kiln_plugin_creator *creator(kiln_registry **reg)
+{
     CHECK_OK(kiln_registry_create(reg));
     const kiln_plugin_creator *c = kiln_registry_find(*reg, "QuantMatMul", "1", "kiln", NULL);
     CHECK(c != NULL);
     return c;
 }
 
-static kiln_status make(const kiln_plugin_creator *c, const char *format, int32_t n, int32_t k, kiln_plugin **p) {
+static kiln_status make(const kiln_plugin_creator *c, const char *format, int32_t n, int32_t k, kiln_plugin **p)
+{
     kiln_field f[3] = {fstr("format", format), fi32("n", &n), fi32("k", &k)};
     return kiln_plugin_create(c, f, 3, p);
 }
 
-static kiln_tensor_desc desc(kiln_dtype t, int64_t d0, int64_t d1) {
+static kiln_tensor_desc desc(kiln_dtype t, int64_t d0, int64_t d1)
+{
     kiln_tensor_desc d;
     memset(&d, 0, sizeof d);
     d.struct_size = sizeof d;
@@ -83,8 +90,9 @@ static kiln_tensor_desc desc(kiln_dtype t, int64_t d0, int64_t d1) {
     return d;
 }
 
-static kiln_status run(kiln_plugin *p, const fmt *f, const float *x, int32_t t, int32_t k, const uint8_t *w,
-                       int32_t n, float *y, void *stream) {
+static kiln_status run(kiln_plugin *p, const fmt *f, const float *x, int32_t t, int32_t k, const uint8_t *w, int32_t n,
+                       float *y, void *stream)
+{
     kiln_tensor_desc d[3] = {desc(KILN_DTYPE_F32, t, k),
                              desc(KILN_DTYPE_U8, n, (int64_t)(k / 32) * (int64_t)f->block_bytes),
                              desc(KILN_DTYPE_F32, t, n)};
@@ -99,7 +107,8 @@ static kiln_status run(kiln_plugin *p, const fmt *f, const float *x, int32_t t, 
 
 /* x = e_j picks weight (row, j) out unchanged: the plugin's per-block
  * dequantization equals kiln_ggml_dequantize bit for bit. */
-static void check_formulas(const kiln_plugin_creator *c, const fmt *f, void *pool) {
+static void check_formulas(const kiln_plugin_creator *c, const fmt *f, void *pool)
+{
     const int32_t n = 5, k = 64;
     uint8_t *w = random_blocks(f, n, k);
     float *wf = malloc(sizeof(float) * (size_t)(n * k)), x[64], y[5];
@@ -122,7 +131,8 @@ static void check_formulas(const kiln_plugin_creator *c, const fmt *f, void *poo
 }
 
 /* y against a double dot over the dequantized weights, for several T. */
-static void check_products(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, void *pool) {
+static void check_products(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, void *pool)
+{
     const int32_t ts[] = {1, 3, 17};
     uint8_t *w = random_blocks(f, n, k);
     float *wf = malloc(sizeof(float) * (size_t)n * (size_t)k);
@@ -160,7 +170,8 @@ static void check_products(const kiln_plugin_creator *c, const fmt *f, int32_t k
 }
 
 /* body on each kernel set, with f32 (f32act) or 8-bit activations. */
-static void each_kernel(void (*body)(const kiln_plugin_creator *, void *), int f32act) {
+static void each_kernel(void (*body)(const kiln_plugin_creator *, void *), int f32act)
+{
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
     kiln_threadpool *pool = NULL;
@@ -184,7 +195,8 @@ static void each_kernel(void (*body)(const kiln_plugin_creator *, void *), int f
  * 2^-1 … 2^-4: every product and partial sum is a multiple of 2^-4 below
  * 2^20, exact in f32, so y must equal the double dot over the dequantized
  * weights bit for bit. */
-static void check_exact_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, int32_t t, void *pool) {
+static void check_exact_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, int32_t t, void *pool)
+{
     uint8_t *w = random_blocks(f, n, k);
     for (int64_t i = 0; i < (int64_t)n * (k / 32); i++) {
         uint8_t *b = w + i * (int64_t)f->block_bytes;
@@ -226,7 +238,8 @@ static void check_exact_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k
 }
 
 /* Random x: y within the activation quantization bound of the exact dot. */
-static void check_bound_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, int32_t t, void *pool) {
+static void check_bound_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, int32_t t, void *pool)
+{
     uint8_t *w = random_blocks(f, n, k);
     float *wf = malloc(sizeof(float) * (size_t)n * (size_t)k), *x = malloc(sizeof(float) * (size_t)t * (size_t)k),
           *y = malloc(sizeof(float) * (size_t)t * (size_t)n);
@@ -268,7 +281,8 @@ static void check_bound_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k
     free(w);
 }
 
-static void q8_body(const kiln_plugin_creator *c, void *pool) {
+static void q8_body(const kiln_plugin_creator *c, void *pool)
+{
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
         check_exact_q8(c, &fmts[i], 32, 7, 1, pool);
         check_exact_q8(c, &fmts[i], 576, 33, 3, pool);
@@ -279,12 +293,14 @@ static void q8_body(const kiln_plugin_creator *c, void *pool) {
     }
 }
 
-static void formulas_body(const kiln_plugin_creator *c, void *pool) {
+static void formulas_body(const kiln_plugin_creator *c, void *pool)
+{
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
         check_formulas(c, &fmts[i], pool);
 }
 
-static void products_body(const kiln_plugin_creator *c, void *pool) {
+static void products_body(const kiln_plugin_creator *c, void *pool)
+{
     for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
         check_products(c, &fmts[i], 32, 7, pool);
         check_products(c, &fmts[i], 256, 33, pool);
@@ -294,7 +310,8 @@ static void products_body(const kiln_plugin_creator *c, void *pool) {
 
 /* f16/bf16 activations: y equals the f32 product of the widened x,
  * rounded once to the activation dtype. */
-static void test_half_activations(void) {
+static void test_half_activations(void)
+{
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
     const kiln_dtype types[2] = {KILN_DTYPE_F16, KILN_DTYPE_BF16};
@@ -334,7 +351,8 @@ static void test_formulas(void) { each_kernel(formulas_body, 1); }
 static void test_products(void) { each_kernel(products_body, 1); }
 static void test_q8_activations(void) { each_kernel(q8_body, 0); }
 
-static void test_blob_round_trip(void) {
+static void test_blob_round_trip(void)
+{
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
     kiln_plugin *p = NULL, *q = NULL;
@@ -359,7 +377,8 @@ static void test_blob_round_trip(void) {
     kiln_registry_destroy(reg);
 }
 
-static void test_bad_fields_and_shapes(void) {
+static void test_bad_fields_and_shapes(void)
+{
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
     kiln_plugin *p = NULL;
@@ -382,10 +401,8 @@ static void test_bad_fields_and_shapes(void) {
     for (int i = 0; i < 3; i++)
         CHECK_FAILS(p->ops->enqueue(p, KILN_BACKEND_CPU, bad[i], in, 2, bad[i] + 2, out, 1, NULL, NULL),
                     KILN_ERROR_SHAPE, "QuantMatMul: x's last dim must be k = 64 and w [4, 68]");
-    kiln_tensor_desc f16x[3] = {desc(KILN_DTYPE_F16, 2, 64), desc(KILN_DTYPE_U8, 4, 68),
-                                desc(KILN_DTYPE_F16, 2, 4)};
-    kiln_tensor_desc mixed[3] = {desc(KILN_DTYPE_F16, 2, 64), desc(KILN_DTYPE_U8, 4, 68),
-                                 desc(KILN_DTYPE_F32, 2, 4)};
+    kiln_tensor_desc f16x[3] = {desc(KILN_DTYPE_F16, 2, 64), desc(KILN_DTYPE_U8, 4, 68), desc(KILN_DTYPE_F16, 2, 4)};
+    kiln_tensor_desc mixed[3] = {desc(KILN_DTYPE_F16, 2, 64), desc(KILN_DTYPE_U8, 4, 68), desc(KILN_DTYPE_F32, 2, 4)};
     CHECK(p->ops->supports(p, KILN_BACKEND_CPU, f16x, 2, 1));
     CHECK(!p->ops->supports(p, KILN_BACKEND_CPU, mixed, 2, 1));
 #ifndef KILN_HAVE_CUDA
@@ -398,7 +415,8 @@ static void test_bad_fields_and_shapes(void) {
 
 /* The LLMC section records the kept formats; engines without the key read
  * back as unquantized. */
-static void test_llmc_quantized_weights(void) {
+static void test_llmc_quantized_weights(void)
+{
     kiln_llm_config c, back;
     kiln_llm_config_init(&c);
     snprintf(c.architecture, sizeof c.architecture, "llama");
@@ -421,6 +439,11 @@ static void test_llmc_quantized_weights(void) {
     free(json);
 }
 
-static const test_case_ tests[] = {TEST(test_formulas), TEST(test_products), TEST(test_q8_activations), TEST(test_half_activations), TEST(test_blob_round_trip),
-                                   TEST(test_bad_fields_and_shapes), TEST(test_llmc_quantized_weights)};
+static const test_case_ tests[] = {TEST(test_formulas),
+                                   TEST(test_products),
+                                   TEST(test_q8_activations),
+                                   TEST(test_half_activations),
+                                   TEST(test_blob_round_trip),
+                                   TEST(test_bad_fields_and_shapes),
+                                   TEST(test_llmc_quantized_weights)};
 TEST_MAIN(tests)

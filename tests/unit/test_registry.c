@@ -133,8 +133,7 @@ static void test_conflict_names_both_files(void)
     snprintf(expected, sizeof expected,
              "plugin \"ScaleBias\" version \"1\" namespace \"\" from %s is already registered by %s",
              lib_path(TEST_PLUGIN("test_conflict")), lib_path(EXAMPLE));
-    CHECK_FAILS(kiln_registry_load_library(reg, lib_path(TEST_PLUGIN("test_conflict"))), KILN_ERROR_PLUGIN,
-                expected);
+    CHECK_FAILS(kiln_registry_load_library(reg, lib_path(TEST_PLUGIN("test_conflict"))), KILN_ERROR_PLUGIN, expected);
     CHECK(strcmp(kiln_last_error(), expected) == 0);
     CHECK(kiln_registry_count(reg) == n_builtin + 1);
     const char *lib = NULL;
@@ -148,11 +147,9 @@ static void test_bad_libraries(void)
     kiln_registry *reg = registry_with(NULL);
     char expected[2048];
 
-    snprintf(expected, sizeof expected,
-             "plugin library %s: no symbol kiln_plugin_library_init (is it a kiln plugin?)",
+    snprintf(expected, sizeof expected, "plugin library %s: no symbol kiln_plugin_library_init (is it a kiln plugin?)",
              lib_path(TEST_PLUGIN("test_noinit")));
-    CHECK_FAILS(kiln_registry_load_library(reg, lib_path(TEST_PLUGIN("test_noinit"))), KILN_ERROR_PLUGIN,
-                expected);
+    CHECK_FAILS(kiln_registry_load_library(reg, lib_path(TEST_PLUGIN("test_noinit"))), KILN_ERROR_PLUGIN, expected);
 
     const char *missing = lib_path("tests/plugins/libdoes_not_exist.so");
     snprintf(expected, sizeof expected, "plugin library %s: cannot open shared object file", missing);
@@ -175,8 +172,8 @@ static void test_init_failure_rolls_back(void)
     kiln_registry *reg = registry_with(EXAMPLE);
     const char *path = lib_path(TEST_PLUGIN("test_initfail"));
     char expected[2048];
-    snprintf(expected, sizeof expected, "plugin library %s: init failed: test_initfail: the device this plugin needs is missing",
-             path);
+    snprintf(expected, sizeof expected,
+             "plugin library %s: init failed: test_initfail: the device this plugin needs is missing", path);
     CHECK_FAILS(kiln_registry_load_library(reg, path), KILN_ERROR_PLUGIN, expected);
     /* Both creators it registered before failing are gone; the earlier
      * library's are not. */
@@ -214,15 +211,32 @@ static kiln_status never_deserialize(const kiln_plugin_creator *c, uint32_t v, c
 
 static void test_register_builtin(void)
 {
-    static const kiln_plugin_creator silent = {
-        sizeof(kiln_plugin_creator), KILN_PLUGIN_ABI_VERSION, "Silent", "1", "test", NULL, 0, 1,
-        silent_create, never_deserialize, NULL, NULL};
-    static const kiln_plugin_creator no_ops = {
-        sizeof(kiln_plugin_creator), KILN_PLUGIN_ABI_VERSION, "NoOps", "1", "test", NULL, 0, 1,
-        no_ops_create, never_deserialize, NULL, NULL};
-    static const kiln_plugin_creator too_small = {
-        40, KILN_PLUGIN_ABI_VERSION, "TooSmall", "1", "test", NULL, 0, 1, silent_create, never_deserialize,
-        NULL, NULL};
+    static const kiln_plugin_creator silent = {sizeof(kiln_plugin_creator),
+                                               KILN_PLUGIN_ABI_VERSION,
+                                               "Silent",
+                                               "1",
+                                               "test",
+                                               NULL,
+                                               0,
+                                               1,
+                                               silent_create,
+                                               never_deserialize,
+                                               NULL,
+                                               NULL};
+    static const kiln_plugin_creator no_ops = {sizeof(kiln_plugin_creator),
+                                               KILN_PLUGIN_ABI_VERSION,
+                                               "NoOps",
+                                               "1",
+                                               "test",
+                                               NULL,
+                                               0,
+                                               1,
+                                               no_ops_create,
+                                               never_deserialize,
+                                               NULL,
+                                               NULL};
+    static const kiln_plugin_creator too_small = {40, KILN_PLUGIN_ABI_VERSION, "TooSmall",        "1",  "test", NULL, 0,
+                                                  1,  silent_create,           never_deserialize, NULL, NULL};
     static const float one = 1.0f;
     static const kiln_field_spec twice_specs[2] = {
         {sizeof(kiln_field_spec), 1, "a", KILN_FIELD_F32, 1, 0, 0, &one, 1, NULL},
@@ -231,12 +245,30 @@ static void test_register_builtin(void)
     static const kiln_field_spec short_default_spec[1] = {
         {sizeof(kiln_field_spec), 1, "pair", KILN_FIELD_F32, 2, 0, 0, &one, 1, NULL},
     };
-    static const kiln_plugin_creator short_default = {
-        sizeof(kiln_plugin_creator), KILN_PLUGIN_ABI_VERSION, "ShortDefault", "1", "test", short_default_spec, 1,
-        1, silent_create, never_deserialize, NULL, NULL};
-    static const kiln_plugin_creator twice = {
-        sizeof(kiln_plugin_creator), KILN_PLUGIN_ABI_VERSION, "Twice", "1", "test", twice_specs, 2, 1,
-        silent_create, never_deserialize, NULL, NULL};
+    static const kiln_plugin_creator short_default = {sizeof(kiln_plugin_creator),
+                                                      KILN_PLUGIN_ABI_VERSION,
+                                                      "ShortDefault",
+                                                      "1",
+                                                      "test",
+                                                      short_default_spec,
+                                                      1,
+                                                      1,
+                                                      silent_create,
+                                                      never_deserialize,
+                                                      NULL,
+                                                      NULL};
+    static const kiln_plugin_creator twice = {sizeof(kiln_plugin_creator),
+                                              KILN_PLUGIN_ABI_VERSION,
+                                              "Twice",
+                                              "1",
+                                              "test",
+                                              twice_specs,
+                                              2,
+                                              1,
+                                              silent_create,
+                                              never_deserialize,
+                                              NULL,
+                                              NULL};
 
     kiln_registry *reg = registry_with(NULL);
     const kiln_host_api *h = kiln_host();
@@ -304,8 +336,7 @@ static void test_field_schema_errors(void)
                 "plugin ScaleBias 1 \"\": field \"scale\" is given twice");
 
     kiln_field no_data[2] = {f32_field("scale", NULL, 1), f32_field("bias", &half, 1)};
-    CHECK_FAILS(kiln_plugin_create(c, no_data, 2, &p), KILN_ERROR_INVALID_ARGUMENT,
-                "field \"scale\" has no data");
+    CHECK_FAILS(kiln_plugin_create(c, no_data, 2, &p), KILN_ERROR_INVALID_ARGUMENT, "field \"scale\" has no data");
 
     /* The plugin's own check of a value, prefixed with the triple. */
     kiln_field not_finite[2] = {f32_field("scale", two, 1), f32_field("bias", &nan_v, 1)};
@@ -491,7 +522,11 @@ static void test_serialize_round_trip_and_clone(void)
  * where the example plugin is registered: the example refuses the blob. */
 static void test_blob_versions_across_libraries(void)
 {
-    static const struct { const char *lib; uint32_t version; const char *message; } cases[] = {
+    static const struct {
+        const char *lib;
+        uint32_t version;
+        const char *message;
+    } cases[] = {
         {TEST_PLUGIN("test_blob_v0"), 0, "ScaleBias blob schema version 0 is older than this plugin reads (1)"},
         {TEST_PLUGIN("test_blob_v2"), 2, "ScaleBias blob schema version 2 is newer than this plugin reads (1)"},
     };
@@ -530,7 +565,8 @@ static void test_near_misses(void)
     CHECK(kiln_registry_count(reg) == n_builtin + 3);
 
     char buf[4096], want_v2[1200], want_ns[1200], want_v1[1200];
-    snprintf(want_v2, sizeof want_v2, "ScaleBias 2 (namespace \"\") from %s", lib_path(TEST_PLUGIN("test_scale_bias_v2")));
+    snprintf(want_v2, sizeof want_v2, "ScaleBias 2 (namespace \"\") from %s",
+             lib_path(TEST_PLUGIN("test_scale_bias_v2")));
     snprintf(want_ns, sizeof want_ns, "ScaleBias 1 (namespace \"test\") from %s",
              lib_path(TEST_PLUGIN("test_scale_bias_ns")));
     snprintf(want_v1, sizeof want_v1, "ScaleBias 1 (namespace \"\") from %s", lib_path(EXAMPLE));

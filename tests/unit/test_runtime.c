@@ -101,8 +101,7 @@ static int build_engine(kiln_registry *reg, kiln_backend backend, int with_plugi
             {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "scale", KILN_FIELD_F32, 1, &scale},
             {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "bias", KILN_FIELD_F32, 1, &bias},
         };
-        ok = kiln_network_add_plugin(net, "sb", "ScaleBias", "1", "", fields, 2, &sm, 1, &y, 1,
-                                     &n_out) == KILN_OK;
+        ok = kiln_network_add_plugin(net, "sb", "ScaleBias", "1", "", fields, 2, &sm, 1, &y, 1, &n_out) == KILN_OK;
     } else {
         y = sm;
     }
@@ -488,7 +487,8 @@ static void test_describe_json(void)
         size_t i;
         json_t *t;
         int seen = 0;
-        json_array_foreach(json_object_get(root, "tensors"), i, t) {
+        json_array_foreach(json_object_get(root, "tensors"), i, t)
+        {
             if (strcmp(json_string_value(json_object_get(t, "name")), "x"))
                 continue;
             seen = 1;
@@ -617,11 +617,16 @@ static void test_constant_output(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_run_matches_naive),          TEST(test_threads_share_engine),
-    TEST(test_context_pool_does_not_grow), TEST(test_shape_errors),
-    TEST(test_missing_plugins_reported_together), TEST(test_cuda_engine_refused_here),
-    TEST(test_bad_images),                 TEST(test_describe_json),
-    TEST(test_plugin_workspace),           TEST(test_constant_output),
+    TEST(test_run_matches_naive),
+    TEST(test_threads_share_engine),
+    TEST(test_context_pool_does_not_grow),
+    TEST(test_shape_errors),
+    TEST(test_missing_plugins_reported_together),
+    TEST(test_cuda_engine_refused_here),
+    TEST(test_bad_images),
+    TEST(test_describe_json),
+    TEST(test_plugin_workspace),
+    TEST(test_constant_output),
 };
 
 TEST_MAIN(tests)

@@ -17,8 +17,8 @@ static void test_open_small(void)
 
     const kiln_safetensors_tensor *t = NULL;
     CHECK_OK(kiln_safetensors_find(st, "a", &t));
-    CHECK(t && t->dtype == KILN_DTYPE_F32 && t->dims.rank == 2 && t->dims.d[0] == 2 &&
-          t->dims.d[1] == 3 && t->size == 24 && strcmp(t->dtype_name, "F32") == 0);
+    CHECK(t && t->dtype == KILN_DTYPE_F32 && t->dims.rank == 2 && t->dims.d[0] == 2 && t->dims.d[1] == 3 &&
+          t->size == 24 && strcmp(t->dtype_name, "F32") == 0);
     for (int i = 0; t && i < 6; i++) {
         float v;
         memcpy(&v, (const char *)t->data + 4 * i, 4);
@@ -58,10 +58,8 @@ static void test_open_small(void)
     CHECK(kiln_safetensors_tensor_at(st, 8) == NULL);
 
     CHECK(kiln_safetensors_metadata_count(st) == 2);
-    CHECK(kiln_safetensors_metadata(st, "format") &&
-          strcmp(kiln_safetensors_metadata(st, "format"), "pt") == 0);
-    CHECK(kiln_safetensors_metadata(st, "note") &&
-          strcmp(kiln_safetensors_metadata(st, "note"), "kiln") == 0);
+    CHECK(kiln_safetensors_metadata(st, "format") && strcmp(kiln_safetensors_metadata(st, "format"), "pt") == 0);
+    CHECK(kiln_safetensors_metadata(st, "note") && strcmp(kiln_safetensors_metadata(st, "note"), "kiln") == 0);
     CHECK(kiln_safetensors_metadata(st, "missing") == NULL);
     kiln_safetensors_destroy(st);
 }
@@ -75,8 +73,7 @@ static void test_open_mixed(void)
     CHECK(kiln_safetensors_count(st) == 3);
     const kiln_safetensors_tensor *t = NULL;
     CHECK_OK(kiln_safetensors_find(st, "w", &t));
-    CHECK(t->dtype == KILN_DTYPE_BF16 && t->size == 4 &&
-          memcmp(t->data, "\xc0\x3f\x20\xc1", 4) == 0);
+    CHECK(t->dtype == KILN_DTYPE_BF16 && t->size == 4 && memcmp(t->data, "\xc0\x3f\x20\xc1", 4) == 0);
     CHECK_OK(kiln_safetensors_find(st, "y", &t));
     CHECK(t->dtype == KILN_DTYPE_FP8_E4M3 && ((const uint8_t *)t->data)[0] == 0x38);
     /* F64 is listed (so a reader can skip it) but refused by name */
@@ -109,11 +106,11 @@ static void test_parse_malformed(void)
     kiln_safetensors *st = NULL;
     size_t n;
 
-#define BAD(header, data_len, status, needle)                                         \
-    do {                                                                              \
-        n = make_st(buf, header, data_len);                                           \
-        CHECK_FAILS(kiln_safetensors_parse(buf, n, "t.st", &st), status, needle);     \
-        CHECK(st == NULL);                                                            \
+#define BAD(header, data_len, status, needle) \
+    do { \
+        n = make_st(buf, header, data_len); \
+        CHECK_FAILS(kiln_safetensors_parse(buf, n, "t.st", &st), status, needle); \
+        CHECK(st == NULL); \
     } while (0)
 
     n = make_st(buf, "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}  ", 8);
@@ -129,56 +126,48 @@ static void test_parse_malformed(void)
     CHECK_FAILS(kiln_safetensors_parse(buf, 7, "t.st", &st), KILN_ERROR_FORMAT, "too short");
     n = make_st(buf, "{}", 0);
     buf[0] = 200;
-    CHECK_FAILS(kiln_safetensors_parse(buf, n, "t.st", &st), KILN_ERROR_FORMAT,
-                "runs past the end");
+    CHECK_FAILS(kiln_safetensors_parse(buf, n, "t.st", &st), KILN_ERROR_FORMAT, "runs past the end");
     buf[0] = 0;
     buf[7] = 0x80; /* 2^63: larger than any limit */
     CHECK_FAILS(kiln_safetensors_parse(buf, n, "t.st", &st), KILN_ERROR_FORMAT, "limit");
     BAD(" {}", 0, KILN_ERROR_FORMAT, "start with '{'");
     BAD("{\"a\":", 0, KILN_ERROR_FORMAT, "header JSON");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8,
-        KILN_ERROR_FORMAT, "header JSON");
+        "\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+        8, KILN_ERROR_FORMAT, "header JSON");
     BAD("{\"a\":[1]}", 0, KILN_ERROR_FORMAT, "tensor \"a\": expected an object");
     BAD("{\"a\":{\"dtype\":\"Q4\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, KILN_ERROR_FORMAT,
         "unknown dtype \"Q4\"");
-    BAD("{\"a\":{\"dtype\":3,\"shape\":[1],\"data_offsets\":[0,1]}}", 1, KILN_ERROR_FORMAT,
-        "field \"dtype\"");
+    BAD("{\"a\":{\"dtype\":3,\"shape\":[1],\"data_offsets\":[0,1]}}", 1, KILN_ERROR_FORMAT, "field \"dtype\"");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT,
         "dim 0 is not a non-negative integer");
-    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT,
-        "dim 0");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1.5],\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT, "dim 0");
     /* integers beyond int64 read (as reals) and are refused by range */
-    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[100000000000000000000000],\"data_offsets\":[0,4]}}", 4,
-        KILN_ERROR_FORMAT, "dim 0");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[100000000000000000000000],\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT,
+        "dim 0");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,1000000000000000019884624838656]}}", 4,
         KILN_ERROR_FORMAT, "data_offsets");
-    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT,
-        "field \"shape\"");
-    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4,
-        KILN_ERROR_UNSUPPORTED, "rank 9");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":3,\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT, "field \"shape\"");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,1],\"data_offsets\":[0,4]}}", 4, KILN_ERROR_UNSUPPORTED,
+        "rank 9");
     /* 2^32 * 2^32 elements overflow a 64-bit count */
-    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", 4,
-        KILN_ERROR_FORMAT, "overflows");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,4]}}", 4, KILN_ERROR_FORMAT,
+        "overflows");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, KILN_ERROR_FORMAT,
         "outside the data region");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, KILN_ERROR_FORMAT,
         "outside the data region");
-    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,-8]}}", 8, KILN_ERROR_FORMAT,
-        "data_offsets");
-    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, KILN_ERROR_FORMAT,
-        "data_offsets");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,-8]}}", 8, KILN_ERROR_FORMAT, "data_offsets");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, KILN_ERROR_FORMAT, "data_offsets");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,6]}}", 6, KILN_ERROR_FORMAT,
         "span 6 bytes but shape and dtype F32 need 8");
-    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, KILN_ERROR_FORMAT,
-        "expected 0");
+    BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, KILN_ERROR_FORMAT, "expected 0");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
-        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4,
-        KILN_ERROR_FORMAT, "overlap");
+        "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}",
+        4, KILN_ERROR_FORMAT, "overlap");
     BAD("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 6, KILN_ERROR_FORMAT,
         "cover 4 bytes of a 6 byte");
-    BAD("{\"a\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,1]}}", 1, KILN_ERROR_FORMAT,
-        "whole bytes");
+    BAD("{\"a\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[0,1]}}", 1, KILN_ERROR_FORMAT, "whole bytes");
     BAD("{\"__metadata__\":{\"k\":1}}", 0, KILN_ERROR_FORMAT, "value of \"k\" is not a string");
     BAD("{\"__metadata__\":[]}", 0, KILN_ERROR_FORMAT, "\"__metadata__\": expected an object");
     BAD("[]", 0, KILN_ERROR_FORMAT, "start with '{'");
@@ -188,10 +177,8 @@ static void test_parse_malformed(void)
 static void test_open_errors(void)
 {
     kiln_safetensors *st = NULL;
-    CHECK_FAILS(kiln_safetensors_open(ST_DIR "missing.safetensors", &st), KILN_ERROR_IO,
-                "missing.safetensors");
-    CHECK_FAILS(kiln_safetensors_open(ST_DIR "make_fixtures.py", &st), KILN_ERROR_FORMAT,
-                "make_fixtures.py");
+    CHECK_FAILS(kiln_safetensors_open(ST_DIR "missing.safetensors", &st), KILN_ERROR_IO, "missing.safetensors");
+    CHECK_FAILS(kiln_safetensors_open(ST_DIR "make_fixtures.py", &st), KILN_ERROR_FORMAT, "make_fixtures.py");
     CHECK(st == NULL);
 }
 

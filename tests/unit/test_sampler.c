@@ -180,11 +180,11 @@ static void test_penalties(void)
     kiln_sampler_penalize(l, 5, &p, seen, count);
     /* HF repetition: seen and > 0 -> / 2, seen and <= 0 -> * 2; then
      * OpenAI: -= 0.5 * (count > 0) + 0.25 * count. */
-    CHECK_NEAR(l[0], 1.0, 1e-6);                 /* seen, 2/2, count 0 */
-    CHECK_NEAR(l[1], -4.0 - 0.5 - 0.75, 1e-6);   /* seen, -2*2, count 3 */
-    CHECK_NEAR(l[2], 1.0 - 0.5 - 0.25, 1e-6);    /* unseen, count 1 */
-    CHECK_NEAR(l[3], -2.0, 1e-6);                /* seen, -1*2 */
-    CHECK_NEAR(l[4], 0.5 - 0.5 - 0.5, 1e-6);     /* unseen, count 2 */
+    CHECK_NEAR(l[0], 1.0, 1e-6);               /* seen, 2/2, count 0 */
+    CHECK_NEAR(l[1], -4.0 - 0.5 - 0.75, 1e-6); /* seen, -2*2, count 3 */
+    CHECK_NEAR(l[2], 1.0 - 0.5 - 0.25, 1e-6);  /* unseen, count 1 */
+    CHECK_NEAR(l[3], -2.0, 1e-6);              /* seen, -1*2 */
+    CHECK_NEAR(l[4], 0.5 - 0.5 - 0.5, 1e-6);   /* unseen, count 2 */
     /* Neutral parameters change nothing. */
     float m[3] = {1.0f, -1.0f, 0.0f};
     uint8_t all[3] = {1, 1, 1};
@@ -372,8 +372,12 @@ static void test_sample_layer_penalties(void)
     static pen_seq q[3];
     memset(q, 0, sizeof q);
     q[0].p = (kiln_llm_sampling){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.5f};
-    q[1].p = (kiln_llm_sampling){.temperature = 0.8f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.2f,
-                                 .presence_penalty = 0.5f, .frequency_penalty = 0.3f};
+    q[1].p = (kiln_llm_sampling){.temperature = 0.8f,
+                                 .top_k = 20,
+                                 .top_p = 0.9f,
+                                 .repetition_penalty = 1.2f,
+                                 .presence_penalty = 0.5f,
+                                 .frequency_penalty = 0.3f};
     q[2].p = (kiln_llm_sampling){.temperature = 1.0f, .top_p = 1.0f, .frequency_penalty = 1.0f};
     q[0].slot = 2, q[1].slot = 0, q[2].slot = 2;
     for (int k = 0; k < 3; k++) {
@@ -421,8 +425,14 @@ static void test_sample_layer_penalties(void)
                         kiln_sampler_uniform_bits(&x->layer_rng, sq);
                 }
             }
-            sample_step st = {.S = S, .T = T, .logits = logits, .params = params, .seq = seq, .tokens = tokens,
-                              .positions = positions, .qstart = qs};
+            sample_step st = {.S = S,
+                              .T = T,
+                              .logits = logits,
+                              .params = params,
+                              .seq = seq,
+                              .tokens = tokens,
+                              .positions = positions,
+                              .qstart = qs};
             CHECK_OK(sample_runner_step(&r, &st, got));
             for (int s = 0; s < S; s++) {
                 pen_seq *x = rows[s];
@@ -445,9 +455,17 @@ static void test_sample_layer_penalties(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_uniform_bits), TEST(test_sample_layer_matches_sampler), TEST(test_sample_layer_penalties),
-    TEST(test_greedy),    TEST(test_top_k),     TEST(test_top_k_large_vocab), TEST(test_top_p),
-    TEST(test_min_p),     TEST(test_temperature), TEST(test_penalties),       TEST(test_seeded_draws),
+    TEST(test_uniform_bits),
+    TEST(test_sample_layer_matches_sampler),
+    TEST(test_sample_layer_penalties),
+    TEST(test_greedy),
+    TEST(test_top_k),
+    TEST(test_top_k_large_vocab),
+    TEST(test_top_p),
+    TEST(test_min_p),
+    TEST(test_temperature),
+    TEST(test_penalties),
+    TEST(test_seeded_draws),
     TEST(test_xoshiro_reference),
 };
 

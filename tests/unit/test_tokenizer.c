@@ -101,8 +101,15 @@ static void test_byte_level_mapping(void)
         types[i] = KILN_TOKEN_NORMAL;
     types[258] = KILN_TOKEN_CONTROL;
     const char *merges[] = {"\xC4\xA0 h", "\xC4\xA0h i"};
-    kiln_tokenizer_vocab v = {.kind = KILN_TOKENIZER_BYTE_BPE, .n_tokens = 259, .tokens = toks, .types = types,
-                              .n_merges = 2, .merges = merges, .bos_id = -1, .eos_id = 258, .unk_id = -1};
+    kiln_tokenizer_vocab v = {.kind = KILN_TOKENIZER_BYTE_BPE,
+                              .n_tokens = 259,
+                              .tokens = toks,
+                              .types = types,
+                              .n_merges = 2,
+                              .merges = merges,
+                              .bos_id = -1,
+                              .eos_id = 258,
+                              .unk_id = -1};
     kiln_tokenizer *t = NULL;
     CHECK_OK(kiln_tokenizer_create(&v, &t));
     if (!t)
@@ -152,9 +159,16 @@ static void test_merge_order(void)
     kiln_tokenizer *t = NULL;
     /* Ranks: "b c" before "a b": "abc" -> a + bc -> no "a bc" merge. */
     const char *m1[] = {"b c", "a b", "ab c", "a a"};
-    kiln_tokenizer_vocab v = {.kind = KILN_TOKENIZER_BYTE_BPE, .n_tokens = 8, .tokens = toks, .n_merges = 4,
-                              .merges = m1, .bos_id = -1, .eos_id = -1, .unk_id = -1,
-                              .n_pre_regexes = 1, .pre_regexes = (const char *[]){"[abc]+"}};
+    kiln_tokenizer_vocab v = {.kind = KILN_TOKENIZER_BYTE_BPE,
+                              .n_tokens = 8,
+                              .tokens = toks,
+                              .n_merges = 4,
+                              .merges = m1,
+                              .bos_id = -1,
+                              .eos_id = -1,
+                              .unk_id = -1,
+                              .n_pre_regexes = 1,
+                              .pre_regexes = (const char *[]){"[abc]+"}};
     CHECK_OK(kiln_tokenizer_create(&v, &t));
     if (t) {
         CHECK(check_encode(t, "abc", 3, 0, (const int32_t[]){0, 4}, 2));
@@ -181,8 +195,15 @@ static void test_merge_order(void)
     const char *st[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b", "c", "ab", "bc", "\xE2\x96\x81\x61"};
     float sc[] = {0, 0, 0, -1, -2, -3, -4, -6, -5, -7};
     int32_t ty[] = {2, 3, 3, 1, 1, 1, 1, 1, 1, 1};
-    kiln_tokenizer_vocab s = {.kind = KILN_TOKENIZER_SPM, .n_tokens = 10, .tokens = st, .scores = sc, .types = ty,
-                              .bos_id = 1, .eos_id = 2, .unk_id = 0, .add_bos = 1};
+    kiln_tokenizer_vocab s = {.kind = KILN_TOKENIZER_SPM,
+                              .n_tokens = 10,
+                              .tokens = st,
+                              .scores = sc,
+                              .types = ty,
+                              .bos_id = 1,
+                              .eos_id = 2,
+                              .unk_id = 0,
+                              .add_bos = 1};
     CHECK_OK(kiln_tokenizer_create(&s, &t));
     if (t) {
         /* "▁abc": ▁a (-7) vs ab (-6) vs bc (-5): bc first, then ▁a. */
@@ -203,8 +224,14 @@ static kiln_tokenizer *byte_fallback_tokenizer(void)
     const char *toks[260];
     int32_t ty[260];
     float sc[260];
-    toks[0] = "<unk>"; toks[1] = "<s>"; toks[2] = "</s>"; toks[3] = "\xE2\x96\x81";
-    ty[0] = 2; ty[1] = 3; ty[2] = 3; ty[3] = 1;
+    toks[0] = "<unk>";
+    toks[1] = "<s>";
+    toks[2] = "</s>";
+    toks[3] = "\xE2\x96\x81";
+    ty[0] = 2;
+    ty[1] = 3;
+    ty[2] = 3;
+    ty[3] = 1;
     for (int b = 0; b < 256; b++) {
         snprintf(names[b], sizeof names[b], "<0x%02X>", b);
         toks[4 + b] = names[b];
@@ -212,8 +239,15 @@ static kiln_tokenizer *byte_fallback_tokenizer(void)
     }
     for (int i = 0; i < 260; i++)
         sc[i] = 0;
-    kiln_tokenizer_vocab v = {.kind = KILN_TOKENIZER_SPM, .n_tokens = 260, .tokens = toks, .scores = sc, .types = ty,
-                              .bos_id = 1, .eos_id = 2, .unk_id = 0, .add_bos = 1};
+    kiln_tokenizer_vocab v = {.kind = KILN_TOKENIZER_SPM,
+                              .n_tokens = 260,
+                              .tokens = toks,
+                              .scores = sc,
+                              .types = ty,
+                              .bos_id = 1,
+                              .eos_id = 2,
+                              .unk_id = 0,
+                              .add_bos = 1};
     kiln_tokenizer *t = NULL;
     CHECK_OK(kiln_tokenizer_create(&v, &t));
     return t;
@@ -252,7 +286,10 @@ static void test_utf8_streaming(void)
     CHECK_OK(kiln_tokenizer_stream_push(s, 4 + 0xE2, &text, &len));
     CHECK(len == 0);
     CHECK_OK(kiln_tokenizer_stream_push(s, 4 + 'A', &text, &len));
-    CHECK(len == 4 && !memcmp(text, "\xEF\xBF\xBD" "A", 4));
+    CHECK(len == 4 && !memcmp(text,
+                              "\xEF\xBF\xBD"
+                              "A",
+                              4));
     /* Held at the end: flushed as U+FFFD. */
     CHECK_OK(kiln_tokenizer_stream_push(s, 4 + 0xF0, &text, &len));
     CHECK(len == 0);
@@ -349,12 +386,13 @@ static kiln_tokenizer *mini(const char *behavior)
 static void test_split_behaviors(void)
 {
     /* "a-a": where the "-" goes decides which merge can happen. */
-    struct { const char *behavior; int32_t ids[3]; size_t n; } cases[] = {
-        {"Isolated", {0, 1, 0}, 3},
-        {"Removed", {0, 0}, 2},
-        {"MergedWithPrevious", {2, 0}, 2},
-        {"MergedWithNext", {0, 3}, 2},
-        {"Contiguous", {0, 1, 0}, 3},
+    struct {
+        const char *behavior;
+        int32_t ids[3];
+        size_t n;
+    } cases[] = {
+        {"Isolated", {0, 1, 0}, 3},    {"Removed", {0, 0}, 2},       {"MergedWithPrevious", {2, 0}, 2},
+        {"MergedWithNext", {0, 3}, 2}, {"Contiguous", {0, 1, 0}, 3},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kiln_tokenizer *t = mini(cases[i].behavior);
@@ -404,7 +442,8 @@ static void test_errors(void)
     const char *bigid = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":100000000000000000000000}}}";
     CHECK_FAILS(kiln_tokenizer_load_json_memory(bigid, strlen(bigid), &t), KILN_ERROR_FORMAT, "bad id");
     const char *far = "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":42994566}}}";
-    CHECK_FAILS(kiln_tokenizer_load_json_memory(far, strlen(far), &t), KILN_ERROR_FORMAT, "id 42994566 is out of range");
+    CHECK_FAILS(kiln_tokenizer_load_json_memory(far, strlen(far), &t), KILN_ERROR_FORMAT,
+                "id 42994566 is out of range");
     const char *badre = "{\"pre_tokenizer\":{\"type\":\"Split\",\"pattern\":{\"Regex\":\"(\"},\"behavior\":"
                         "\"Isolated\"},\"model\":{\"type\":\"BPE\",\"vocab\":{}}}";
     CHECK_FAILS(kiln_tokenizer_load_json_memory(badre, strlen(badre), &t), KILN_ERROR_FORMAT, "does not compile");
@@ -432,8 +471,8 @@ static void test_errors(void)
     kiln_tokenizer_free(m);
 
     const char *toks[] = {"a", "b"};
-    kiln_tokenizer_vocab v = {.kind = KILN_TOKENIZER_BYTE_BPE, .n_tokens = 2, .tokens = toks, .bos_id = 5,
-                              .eos_id = -1, .unk_id = -1};
+    kiln_tokenizer_vocab v = {
+        .kind = KILN_TOKENIZER_BYTE_BPE, .n_tokens = 2, .tokens = toks, .bos_id = 5, .eos_id = -1, .unk_id = -1};
     CHECK_FAILS(kiln_tokenizer_create(&v, &t), KILN_ERROR_INVALID_ARGUMENT, "bos id 5");
     v.bos_id = -1;
     v.n_merges = 1;
@@ -510,14 +549,14 @@ static int check_decode(const kiln_tokenizer *t, const int32_t *ids, size_t n, u
     if (!want || sl != want_len || memcmp(streamed, want, sl))
         ok = 0;
     if (!ok)
-        fprintf(stderr, "decode: got \"%.*s\", streamed \"%.*s\", want \"%s\"\n", (int)len, text ? text : "",
-                (int)sl, streamed, want ? want : "?");
+        fprintf(stderr, "decode: got \"%.*s\", streamed \"%.*s\", want \"%s\"\n", (int)len, text ? text : "", (int)sl,
+                streamed, want ? want : "?");
     free(text);
     return ok;
 }
 
-static int encode_matches(const kiln_tokenizer *t, json_t *text, uint32_t flags, json_t *want_arr,
-                          const char *family, const char *what)
+static int encode_matches(const kiln_tokenizer *t, json_t *text, uint32_t flags, json_t *want_arr, const char *family,
+                          const char *what)
 {
     int32_t want[4096];
     size_t nw = json_ids(want_arr, want, 4096);
@@ -553,12 +592,13 @@ static void run_family(const char *dir, const char *family, const kiln_tokenizer
     int bad = 0;
     size_t i;
     json_t *e;
-    json_array_foreach(ref, i, e) {
+    json_array_foreach(ref, i, e)
+    {
         json_t *text = json_object_get(e, "text");
         json_t *special = json_object_get(e, "ids_special");
         bad += !encode_matches(t, text, KILN_TOKENIZE_DEFAULT, special, family, "ids_special");
-        bad += !encode_matches(t, text, KILN_TOKENIZE_PARSE_SPECIAL, json_object_get(e, "ids_plain"), family,
-                               "ids_plain");
+        bad +=
+            !encode_matches(t, text, KILN_TOKENIZE_PARSE_SPECIAL, json_object_get(e, "ids_plain"), family, "ids_plain");
         bad += !encode_matches(t, text, 0, json_object_get(e, "ids_literal"), family, "ids_literal");
         if (u)
             bad += !encode_matches(u, text, KILN_TOKENIZE_DEFAULT, special, family, "deserialized");
@@ -591,10 +631,11 @@ static double cpu_s(void)
  * time is only reported. */
 static void run_speed(const char *dir, const char *family, double limit_s)
 {
-    static const char *words[] = {"the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and",
-                                  "tokenizer", "performance", "measurement", "of", "byte-level", "encoding",
-                                  "with", "merges,", "ranks.", "In", "1984", "people", "said:", "\"hello\"",
-                                  "isn't", "it", "remarkable?", "Compilers", "build", "engines", "quickly\n"};
+    static const char *words[] = {"the",  "quick",       "brown",     "fox",       "jumps",       "over",
+                                  "lazy", "dog",         "and",       "tokenizer", "performance", "measurement",
+                                  "of",   "byte-level",  "encoding",  "with",      "merges,",     "ranks.",
+                                  "In",   "1984",        "people",    "said:",     "\"hello\"",   "isn't",
+                                  "it",   "remarkable?", "Compilers", "build",     "engines",     "quickly\n"};
     size_t cap = 1 << 20, len = 0;
     char *text = malloc(cap + 32);
     uint32_t r = 12345;
@@ -645,9 +686,8 @@ static void test_reference(void)
     snprintf(path, sizeof path, "%s/llama2-sp/tokenizer.bin", vocab_dir(sd, sizeof sd));
     kiln_tokenizer *l2c = NULL;
     CHECK_OK(kiln_tokenizer_load_llama2c(path, 32000, &l2c));
-    static const char *families[] = {"gpt2",         "llama3-style",  "gpt2-exotic",   "qwen2-style",
-                                     "llama2",       "llama2-first",  "llama2-legacy",
-                                     "llama2-metaspace-decoder"};
+    static const char *families[] = {"gpt2",   "llama3-style", "gpt2-exotic",   "qwen2-style",
+                                     "llama2", "llama2-first", "llama2-legacy", "llama2-metaspace-decoder"};
     for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
         run_family(dir, families[i], l2c);
     kiln_tokenizer_free(l2c);

@@ -32,8 +32,7 @@ static const char bench_help[] =
     "  --batch B                requests run together (default 1)\n"
     "  --reps R                 timed repetitions (default 3)\n"
     "  --copy-mb N              size of the bandwidth copy (default 1024 on CUDA, 256 when\n"
-    "                           the GPU has no room for it, 256 on the CPU)\n"
-    CLI_LLM_MEMORY_HELP
+    "                           the GPU has no room for it, 256 on the CPU)\n" CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object\n"
     "  -h, --help               show this help\n"
@@ -74,8 +73,8 @@ static double quantile(double *v, size_t n, double q)
 typedef struct rep_clock {
     int32_t batch, gen_len;
     double t0;
-    double *times;       /* [batch, gen_len]: when each token was sampled */
-    int32_t *count;      /* [batch] */
+    double *times;  /* [batch, gen_len]: when each token was sampled */
+    int32_t *count; /* [batch] */
 } rep_clock;
 
 static int on_token(void *user, int32_t request, int32_t token, const char *text, size_t len)
@@ -94,8 +93,8 @@ typedef struct rep_result {
 } rep_result;
 
 /* Runs the requests once; appends the inter-token latencies to itl. */
-static int run_rep(kiln_llm *llm, const kiln_llm_request *const *reqs, rep_clock *c, double *itl,
-                   size_t *n_itl, rep_result *out)
+static int run_rep(kiln_llm *llm, const kiln_llm_request *const *reqs, rep_clock *c, double *itl, size_t *n_itl,
+                   rep_result *out)
 {
     kiln_llm_result **res = calloc((size_t)c->batch, sizeof *res);
     if (!res)
@@ -111,8 +110,7 @@ static int run_rep(kiln_llm *llm, const kiln_llm_request *const *reqs, rep_clock
     double first_all = 0, ttft = 0, end = 0;
     for (int32_t i = 0; i < c->batch; i++) {
         if (c->count[i] != c->gen_len)
-            return cli_error("request %d generated %d tokens, expected %d", (int)i, (int)c->count[i],
-                             (int)c->gen_len);
+            return cli_error("request %d generated %d tokens, expected %d", (int)i, (int)c->count[i], (int)c->gen_len);
         const double *t = c->times + (size_t)i * (size_t)c->gen_len;
         ttft += t[0] - c->t0;
         if (t[0] > first_all)
@@ -128,7 +126,8 @@ static int run_rep(kiln_llm *llm, const kiln_llm_request *const *reqs, rep_clock
         for (int32_t k = 0; k < c->gen_len; k++)
             after += c->times[(size_t)i * (size_t)c->gen_len + (size_t)k] > first_all;
     out->ttft_ms = ttft / c->batch;
-    out->prefill_tok_s = first_all > c->t0 ? (double)c->batch * (double)reqs[0]->n_prompt_ids / ((first_all - c->t0) / 1e3) : 0;
+    out->prefill_tok_s =
+        first_all > c->t0 ? (double)c->batch * (double)reqs[0]->n_prompt_ids / ((first_all - c->t0) / 1e3) : 0;
     out->decode_tok_s = end > first_all ? (double)after / ((end - first_all) / 1e3) : 0;
     return CLI_OK;
 }
@@ -141,12 +140,12 @@ typedef struct bench_report {
     const char *dtype;
     long batch, prompt_len, gen_len, reps;
     double open_ms;
-    double graph_capture_ms;     /* CUDA graphs captured at open (0: none) */
+    double graph_capture_ms; /* CUDA graphs captured at open (0: none) */
     int32_t n_graphs;
     double prefill_tok_s, decode_tok_s, ttft_ms, itl_p50, itl_p99;
     double prefill_min, prefill_max, decode_min, decode_max;
     size_t weight_bytes, weight_bytes_per_token;
-    double kv_bytes_per_token;   /* one cached token of one sequence, all layers */
+    double kv_bytes_per_token; /* one cached token of one sequence, all layers */
     double copy_bytes_per_s;
     double floor_step_ms, floor_tok_s, floor_fraction;
     double peak_rss_mb;
@@ -295,8 +294,8 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
     if (st == CLI_OK) {
         /* One decode step reads the weights once and each sequence's cache,
          * on average N + M/2 tokens long over the decode. */
-        double step_bytes = (double)r->weight_bytes_per_token +
-                            (double)B * ((double)N + (double)M / 2) * r->kv_bytes_per_token;
+        double step_bytes =
+            (double)r->weight_bytes_per_token + (double)B * ((double)N + (double)M / 2) * r->kv_bytes_per_token;
         r->floor_step_ms = step_bytes / r->copy_bytes_per_s * 1e3;
         r->floor_tok_s = r->floor_step_ms > 0 ? (double)B / (r->floor_step_ms / 1e3) : 0;
         r->floor_fraction = r->floor_tok_s > 0 ? r->decode_tok_s / r->floor_tok_s : 0;
@@ -314,7 +313,7 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
 
 int cli_bench(int argc, char **argv)
 {
-    static const char *const valued[] = {"--prompt-len", "--gen-len", "--batch", "--reps", "--copy-mb",
+    static const char *const valued[] = {"--prompt-len",  "--gen-len",           "--batch",   "--reps", "--copy-mb",
                                          "--kv-cache-mb", "--kv-cache-fraction", "--plugins", NULL};
     cli_args a;
     cli_args_init(&a, "bench", argc, argv);

@@ -7,21 +7,20 @@
 
 #include "cli.h"
 
-static const char build_help[] =
-    "usage: kiln build NET.json -o OUT.engine [options]\n"
-    "\n"
-    "Builds a network (docs/network-format.md) into an engine file.\n"
-    "\n"
-    "options:\n"
-    "  -o, --output FILE   engine file to write (required)\n"
-    "  --plugins LIB       load a plugin library first (repeatable)\n"
-    "  --backend NAME      cpu (default) or cuda\n"
-    "  --gpu-arch LIST     cuda: the GPU architectures the engine is for, e.g. 90 or\n"
-    "                      sm_80,sm_90 (default: this machine's GPU, else the ones\n"
-    "                      kiln's CUDA kernels were built for)\n"
-    "  --no-fusion         skip elementwise fusion\n"
-    "  --verbose           log what each build pass did\n"
-    "  -h, --help          show this help\n";
+static const char build_help[] = "usage: kiln build NET.json -o OUT.engine [options]\n"
+                                 "\n"
+                                 "Builds a network (docs/network-format.md) into an engine file.\n"
+                                 "\n"
+                                 "options:\n"
+                                 "  -o, --output FILE   engine file to write (required)\n"
+                                 "  --plugins LIB       load a plugin library first (repeatable)\n"
+                                 "  --backend NAME      cpu (default) or cuda\n"
+                                 "  --gpu-arch LIST     cuda: the GPU architectures the engine is for, e.g. 90 or\n"
+                                 "                      sm_80,sm_90 (default: this machine's GPU, else the ones\n"
+                                 "                      kiln's CUDA kernels were built for)\n"
+                                 "  --no-fusion         skip elementwise fusion\n"
+                                 "  --verbose           log what each build pass did\n"
+                                 "  -h, --help          show this help\n";
 
 static void log_to_stderr(void *user, kiln_log_level level, const char *message)
 {
@@ -38,8 +37,8 @@ static void progress_bar(void *user, double fraction, const char *what)
     if (fraction > 1)
         fraction = 1;
     int filled = (int)(fraction * 30 + 0.5);
-    fprintf(stderr, "\r[%.*s%*s] %3d%% %-24.24s", filled, "##############################",
-            30 - filled, "", (int)(fraction * 100 + 0.5), what ? what : "");
+    fprintf(stderr, "\r[%.*s%*s] %3d%% %-24.24s", filled, "##############################", 30 - filled, "",
+            (int)(fraction * 100 + 0.5), what ? what : "");
     fflush(stderr);
     *drawn = 1;
 }
@@ -55,8 +54,10 @@ static int parse_gpu_archs(const char *list, kiln_build_config *config)
         char *end;
         long v = strtol(p, &end, 10);
         if (end == p || v <= 0 || v > 1000 || (*end && *end != ',') || n == 8)
-            return cli_usage("build", "--gpu-arch \"%s\": expected up to 8 architectures like 90 or sm_90, "
-                             "comma-separated", list);
+            return cli_usage("build",
+                             "--gpu-arch \"%s\": expected up to 8 architectures like 90 or sm_90, "
+                             "comma-separated",
+                             list);
         config->gpu_archs[n++] = (int32_t)v;
         if (!*end)
             break;

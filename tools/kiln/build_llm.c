@@ -37,17 +37,19 @@ static const char build_llm_help[] =
     "  --verbose             log what each build pass did\n"
     "  -h, --help            show this help\n";
 
-static const char *const llm_valued[] = {"-o",          "--output",     "--dtype",     "--max-batch", "--max-seq-len",
-                                         "--max-tokens", "--block-size", "--tokenizer", "--plugins",   "--backend",
-                                         NULL};
+static const char *const llm_valued[] = {
+    "-o",          "--output",  "--dtype",   "--max-batch", "--max-seq-len", "--max-tokens", "--block-size",
+    "--tokenizer", "--plugins", "--backend", NULL};
 
-static int ends_with(const char *s, const char *suffix) {
+static int ends_with(const char *s, const char *suffix)
+{
     size_t a = strlen(s), b = strlen(suffix);
     return a >= b && strcmp(s + a - b, suffix) == 0;
 }
 
 /* The first positional argument is a directory, a .gguf or a .bin. */
-int cli_build_is_checkpoint(int argc, char **argv) {
+int cli_build_is_checkpoint(int argc, char **argv)
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (a[0] == '-') {
@@ -63,7 +65,8 @@ int cli_build_is_checkpoint(int argc, char **argv) {
     return 0;
 }
 
-static void progress_bar(void *user, double fraction, const char *what) {
+static void progress_bar(void *user, double fraction, const char *what)
+{
     int *drawn = user;
     fraction = fraction < 0 ? 0 : fraction > 1 ? 1 : fraction;
     int filled = (int)(fraction * 30 + 0.5);
@@ -73,12 +76,14 @@ static void progress_bar(void *user, double fraction, const char *what) {
     *drawn = 1;
 }
 
-static void log_to_stderr(void *user, kiln_log_level level, const char *message) {
+static void log_to_stderr(void *user, kiln_log_level level, const char *message)
+{
     static const char *const names[] = {"error", "warning", "info", "debug"};
     fprintf(stderr, "kiln: %s: %s\n", (unsigned)level < 4 ? names[level] : "log", message);
 }
 
-static int parse_i32(const char *opt, const char *val, int32_t *out) {
+static int parse_i32(const char *opt, const char *val, int32_t *out)
+{
     long long v;
     int st = cli_parse_range("build", opt, val, 1, 1LL << 24, &v);
     if (st != CLI_OK)
@@ -103,13 +108,16 @@ static void print_summary(const char *out, kiln_backend backend)
     long long bytes = stat(out, &sb) == 0 ? (long long)sb.st_size : -1;
     printf("built %s for %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %s%s%s, max %lld tokens x %lld "
            "sequences, chat template %s, %lld bytes\n",
-           out, kiln_backend_name(backend), cli_json_str(c, "architecture"), cli_json_int(c, "n_layers"), cli_json_int(c, "hidden_size"), cli_json_int(c, "n_heads"),
-           cli_json_int(c, "n_kv_heads"), cli_json_int(c, "vocab_size"), cli_json_str(c, "dtype"), quantized ? " with matmul weights " : "",
-           quantized ? quantized : "", cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"), ct ? ct : "none", bytes);
+           out, kiln_backend_name(backend), cli_json_str(c, "architecture"), cli_json_int(c, "n_layers"),
+           cli_json_int(c, "hidden_size"), cli_json_int(c, "n_heads"), cli_json_int(c, "n_kv_heads"),
+           cli_json_int(c, "vocab_size"), cli_json_str(c, "dtype"), quantized ? " with matmul weights " : "",
+           quantized ? quantized : "", cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"), ct ? ct : "none",
+           bytes);
     json_decref(c);
 }
 
-int cli_build_llm(int argc, char **argv) {
+int cli_build_llm(int argc, char **argv)
+{
     cli_args a;
     cli_args_init(&a, "build", argc, argv);
     kiln_llm_build_options opt;
@@ -212,7 +220,8 @@ done:
 
 /* ---- inspect ------------------------------------------------------------ */
 
-void cli_inspect_llm(const char *path, json_t *root, int as_json) {
+void cli_inspect_llm(const char *path, json_t *root, int as_json)
+{
     char *text = NULL;
     if (kiln_llm_describe_json(path, &text) != KILN_OK)
         return;
@@ -234,16 +243,18 @@ void cli_inspect_llm(const char *path, json_t *root, int as_json) {
         printf("LLM engine: %s from %s\n", cli_json_str(c, "architecture"), cli_json_str(c, "source"));
         printf("  %lld layers, hidden %lld, intermediate %lld, %lld heads / %lld kv heads x %lld, vocab %lld, %s "
                "embeddings\n",
-               cli_json_int(c, "n_layers"), cli_json_int(c, "hidden_size"), cli_json_int(c, "intermediate_size"), cli_json_int(c, "n_heads"),
-               cli_json_int(c, "n_kv_heads"), cli_json_int(c, "head_dim"), cli_json_int(c, "vocab_size"),
-               json_is_true(json_object_get(c, "tied_embeddings")) ? "tied" : "untied");
+               cli_json_int(c, "n_layers"), cli_json_int(c, "hidden_size"), cli_json_int(c, "intermediate_size"),
+               cli_json_int(c, "n_heads"), cli_json_int(c, "n_kv_heads"), cli_json_int(c, "head_dim"),
+               cli_json_int(c, "vocab_size"), json_is_true(json_object_get(c, "tied_embeddings")) ? "tied" : "untied");
         printf("  rms_norm_eps %g, rope theta %g scaling %s%s, qkv bias %s, dtype %s%s%s\n",
                json_number_value(json_object_get(c, "rms_norm_eps")), json_number_value(json_object_get(rope, "theta")),
-               cli_json_str(rope, "scaling"), json_is_true(json_object_get(rope, "interleaved")) ? " (interleaved)" : "",
+               cli_json_str(rope, "scaling"),
+               json_is_true(json_object_get(rope, "interleaved")) ? " (interleaved)" : "",
                json_is_true(json_object_get(c, "qkv_bias")) ? "yes" : "no", cli_json_str(c, "dtype"),
                quantized ? ", matmul weights " : "", quantized ? quantized : "");
         printf("  limits: %lld tokens per sequence, %lld sequences, %lld tokens per step, KV block %lld\n",
-               cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"), cli_json_int(c, "max_tokens"), cli_json_int(c, "block_size"));
+               cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"), cli_json_int(c, "max_tokens"),
+               cli_json_int(c, "block_size"));
         json_t *bos = json_object_get(c, "bos_id"), *eos = json_object_get(c, "eos_ids");
         printf("  special tokens: bos %lld%s, eos", json_is_integer(bos) ? (long long)json_integer_value(bos) : -1LL,
                json_is_true(json_object_get(c, "add_bos")) ? " (added)" : "");
@@ -256,7 +267,7 @@ void cli_inspect_llm(const char *path, json_t *root, int as_json) {
     if (e)
         printf("  tokenizer: does not load: %s\n", json_string_value(e));
     else if (tok)
-        printf("  tokenizer: %s, %lld tokens, bos %lld, eos %lld\n", cli_json_str(tok, "kind"), cli_json_int(tok, "vocab_size"),
-               cli_json_int(tok, "bos"), cli_json_int(tok, "eos"));
+        printf("  tokenizer: %s, %lld tokens, bos %lld, eos %lld\n", cli_json_str(tok, "kind"),
+               cli_json_int(tok, "vocab_size"), cli_json_int(tok, "bos"), cli_json_int(tok, "eos"));
     json_decref(c);
 }

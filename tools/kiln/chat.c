@@ -21,15 +21,13 @@ static const char chat_help[] =
     "\n"
     "options:\n"
     "  --system TEXT            system message\n"
-    "  -n, --max-tokens N       tokens per answer at most (default 512)\n"
-    CLI_LLM_SAMPLING_HELP
-    CLI_LLM_MEMORY_HELP
+    "  -n, --max-tokens N       tokens per answer at most (default 512)\n" CLI_LLM_SAMPLING_HELP CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  -h, --help               show this help\n";
 
 typedef struct conversation {
     kiln_llm_message **msgs;
-    char **owned;          /* the contents this side copied */
+    char **owned; /* the contents this side copied */
     size_t n, cap;
 } conversation;
 
@@ -161,13 +159,12 @@ static void chat_skip(size_t line_no, const char *why)
  * Returns CLI_OK with *ids set, CLI_USAGE when the newest message alone
  * does not fit (it is then removed), CLI_FAILURE on other errors (printed
  * as a warning and the message removed). */
-static int fit_conversation(kiln_llm *llm, conversation *c, size_t base, size_t room, size_t line_no,
-                            int32_t **ids, size_t *n_ids)
+static int fit_conversation(kiln_llm *llm, conversation *c, size_t base, size_t room, size_t line_no, int32_t **ids,
+                            size_t *n_ids)
 {
     size_t max = (size_t)kiln_llm_info_get(llm)->max_seq_len, dropped = 0;
     for (;;) {
-        if (kiln_llm_chat_tokenize(llm, (const kiln_llm_message *const *)c->msgs, c->n, ids, n_ids) !=
-            KILN_OK) {
+        if (kiln_llm_chat_tokenize(llm, (const kiln_llm_message *const *)c->msgs, c->n, ids, n_ids) != KILN_OK) {
             chat_skip(line_no, kiln_last_error());
             conv_truncate(c, c->n - 1);
             return CLI_FAILURE;
@@ -179,8 +176,8 @@ static int fit_conversation(kiln_llm *llm, conversation *c, size_t base, size_t 
         *ids = NULL;
         if (only_newest) {
             char why[160];
-            snprintf(why, sizeof why, "the message takes %zu tokens; the engine's max sequence length is %zu",
-                     *n_ids, max);
+            snprintf(why, sizeof why, "the message takes %zu tokens; the engine's max sequence length is %zu", *n_ids,
+                     max);
             chat_skip(line_no, why);
             conv_truncate(c, c->n - 1);
             return CLI_USAGE;
@@ -190,11 +187,12 @@ static int fit_conversation(kiln_llm *llm, conversation *c, size_t base, size_t 
         dropped++;
     }
     if (dropped == 1)
-        fprintf(stderr, "kiln: warning: the conversation no longer fit in %zu tokens: dropped the oldest turn\n",
-                max);
+        fprintf(stderr, "kiln: warning: the conversation no longer fit in %zu tokens: dropped the oldest turn\n", max);
     else if (dropped)
-        fprintf(stderr, "kiln: warning: the conversation no longer fit in %zu tokens: dropped the %zu oldest "
-                "turns\n", max, dropped);
+        fprintf(stderr,
+                "kiln: warning: the conversation no longer fit in %zu tokens: dropped the %zu oldest "
+                "turns\n",
+                max, dropped);
     return CLI_OK;
 }
 
@@ -279,8 +277,8 @@ static int chat_loop(kiln_llm *llm, const char *system, long max_tokens, kiln_ll
 
 int cli_chat(int argc, char **argv)
 {
-    static const char *const valued[] = {"-n", "--max-tokens", "--system", "--plugins", "--stop",
-                                         CLI_LLM_MEMORY_VALUED, CLI_LLM_SAMPLING_VALUED, NULL};
+    static const char *const valued[] = {
+        "-n", "--max-tokens", "--system", "--plugins", "--stop", CLI_LLM_MEMORY_VALUED, CLI_LLM_SAMPLING_VALUED, NULL};
     cli_args a;
     cli_args_init(&a, "chat", argc, argv);
     const char *opt, *val, *system = NULL;

@@ -36,8 +36,7 @@ const char *cli_args_next(cli_args *a, const char *const *valued, const char **v
 /* Parses an integer option in lo..hi. On failure prints a usage error that
  * names the limits when the number is out of range (or past 64 bits), and
  * returns CLI_USAGE. */
-int cli_parse_range(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
-                    long long *out);
+int cli_parse_range(const char *cmd, const char *opt, const char *text, long long lo, long long hi, long long *out);
 
 /* cli_parse_range for counts: 0..CLI_COUNT_MAX. */
 #define CLI_COUNT_MAX 100000000LL

@@ -46,10 +46,10 @@ typedef struct io_tensor {
     kiln_dtype dtype;
     kiln_dims dims;
     size_t bytes;
-    void *data;        /* bound buffer: inputs, and outputs of the timed runs */
-    void *ref;         /* outputs of the reference run (--check) */
+    void *data; /* bound buffer: inputs, and outputs of the timed runs */
+    void *ref;  /* outputs of the reference run (--check) */
     const char *shape_arg, *file_arg;
-    void *npy;         /* the --input file's data, read once */
+    void *npy; /* the --input file's data, read once */
     kiln_dtype npy_dtype;
     kiln_dims npy_dims;
     /* --check results */
@@ -68,11 +68,11 @@ typedef struct exec_opts {
 
 /* Timing and profile results of one exec. */
 typedef struct exec_result {
-    double lat[4];      /* host wall ms: min, median, p99, mean */
-    double gpu[4];      /* GPU ms from CUDA events (cuda engines) */
+    double lat[4]; /* host wall ms: min, median, p99, mean */
+    double gpu[4]; /* GPU ms from CUDA events (cuda engines) */
     int has_gpu;
     int n_layers;
-    int *order;         /* layer indices, slowest first */
+    int *order; /* layer indices, slowest first */
     const char **layer_name, **layer_op;
     double *layer_ms, layer_total;
 } exec_result;
@@ -120,9 +120,8 @@ static int parse_real(const char *opt, const char *text, double *out)
 
 static int parse_opts(int argc, char **argv, exec_opts *o, int *help)
 {
-    static const char *const valued[] = {"--plugins", "--shapes", "--input", "--iterations",
-                                         "--warmup", "--save-outputs", "--profile-index",
-                                         "--atol", "--rtol", NULL};
+    static const char *const valued[] = {"--plugins",      "--shapes",        "--input", "--iterations", "--warmup",
+                                         "--save-outputs", "--profile-index", "--atol",  "--rtol",       NULL};
     cli_args a;
     cli_args_init(&a, "exec", argc, argv);
     const char *opt, *val;
@@ -263,8 +262,8 @@ static int load_npy(io_tensor *t)
     } else if (kiln_dtype_is_float(dtype) && kiln_dtype_is_float(t->dtype)) {
         kiln_convert(t->data, t->dtype, data, dtype, n);
     } else {
-        st = cli_error("input \"%s\": %s holds %s, the input is %s", t->name, t->file_arg,
-                       kiln_dtype_name(dtype), kiln_dtype_name(t->dtype));
+        st = cli_error("input \"%s\": %s holds %s, the input is %s", t->name, t->file_arg, kiln_dtype_name(dtype),
+                       kiln_dtype_name(t->dtype));
     }
     return st;
 }
@@ -328,10 +327,22 @@ static void summarize(double *v, long n, double out[4])
 static void default_tolerance(kiln_dtype t, double *atol, double *rtol)
 {
     switch (t) {
-    case KILN_DTYPE_F32: *atol = 1e-5; *rtol = 1e-4; break;
-    case KILN_DTYPE_F16: *atol = 1e-2; *rtol = 1e-2; break;
-    case KILN_DTYPE_BF16: *atol = 2e-2; *rtol = 2e-2; break;
-    default: *atol = 0; *rtol = 0; break;
+    case KILN_DTYPE_F32:
+        *atol = 1e-5;
+        *rtol = 1e-4;
+        break;
+    case KILN_DTYPE_F16:
+        *atol = 1e-2;
+        *rtol = 1e-2;
+        break;
+    case KILN_DTYPE_BF16:
+        *atol = 2e-2;
+        *rtol = 2e-2;
+        break;
+    default:
+        *atol = 0;
+        *rtol = 0;
+        break;
     }
 }
 
@@ -397,13 +408,12 @@ static json_t *stats_json(const double *v)
     return json_pack("{s:f, s:f, s:f, s:f}", "min", v[0], "median", v[1], "p99", v[2], "mean", v[3]);
 }
 
-static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, int n_io,
-                           const exec_result *r)
+static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, int n_io, const exec_result *r)
 {
     json_t *inputs = json_array(), *outputs = json_array();
     for (int i = 0; i < n_io; i++) {
-        json_t *t = json_pack("{s:s, s:s, s:o}", "name", io[i].name, "dtype",
-                              kiln_dtype_name(io[i].dtype), "shape", dims_json(&io[i].dims));
+        json_t *t = json_pack("{s:s, s:s, s:o}", "name", io[i].name, "dtype", kiln_dtype_name(io[i].dtype), "shape",
+                              dims_json(&io[i].dims));
         if (io[i].is_input) {
             json_object_set_new(t, "source", json_string(io[i].file_arg ? io[i].file_arg : "random"));
             json_array_append_new(inputs, t);
@@ -412,9 +422,8 @@ static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, in
         }
     }
     json_t *root = json_pack("{s:s, s:s, s:i, s:o, s:o, s:i, s:i}", "engine", o->engine, "backend",
-                             kiln_backend_name(kiln_engine_backend(e)), "profile", (int)o->profile_index,
-                             "inputs", inputs, "outputs", outputs, "warmup", (int)o->warmup,
-                             "iterations", (int)o->iterations);
+                             kiln_backend_name(kiln_engine_backend(e)), "profile", (int)o->profile_index, "inputs",
+                             inputs, "outputs", outputs, "warmup", (int)o->warmup, "iterations", (int)o->iterations);
     json_object_set_new(root, "latency_ms", stats_json(r->lat));
     if (r->has_gpu) {
         json_object_set_new(root, "gpu_ms", stats_json(r->gpu));
@@ -424,14 +433,13 @@ static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, in
         json_t *list = json_array();
         for (int k = 0; k < r->n_layers; k++) {
             int l = r->order[k];
-            json_array_append_new(
-                list, json_pack("{s:s, s:s, s:f, s:f}", "name", r->layer_name[l], "op", r->layer_op[l],
-                                "ms", r->layer_ms[l],
-                                "percent", r->layer_total > 0 ? 100.0 * r->layer_ms[l] / r->layer_total : 0.0));
+            json_array_append_new(list, json_pack("{s:s, s:s, s:f, s:f}", "name", r->layer_name[l], "op",
+                                                  r->layer_op[l], "ms", r->layer_ms[l], "percent",
+                                                  r->layer_total > 0 ? 100.0 * r->layer_ms[l] / r->layer_total : 0.0));
         }
         json_object_set_new(root, "layer_profile",
-                            json_pack("{s:s, s:f, s:o}", "clock", r->has_gpu ? "gpu" : "host",
-                                      "total_ms", r->layer_total, "layers", list));
+                            json_pack("{s:s, s:f, s:o}", "clock", r->has_gpu ? "gpu" : "host", "total_ms",
+                                      r->layer_total, "layers", list));
     }
     if (o->check) {
         json_t *list = json_array();
@@ -440,26 +448,24 @@ static json_t *report_json(const exec_opts *o, kiln_engine *e, io_tensor *io, in
             if (io[i].is_input)
                 continue;
             all &= io[i].pass;
-            json_array_append_new(
-                list, json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "name", io[i].name,
-                                "max_abs_error", isinf(io[i].max_abs) ? 1e308 : io[i].max_abs,
-                                "max_rel_error", isinf(io[i].max_rel) ? 1e308 : io[i].max_rel,
-                                "atol", io[i].atol, "rtol", io[i].rtol, "pass", io[i].pass));
+            json_array_append_new(list, json_pack("{s:s, s:f, s:f, s:f, s:f, s:b}", "name", io[i].name, "max_abs_error",
+                                                  isinf(io[i].max_abs) ? 1e308 : io[i].max_abs, "max_rel_error",
+                                                  isinf(io[i].max_rel) ? 1e308 : io[i].max_rel, "atol", io[i].atol,
+                                                  "rtol", io[i].rtol, "pass", io[i].pass));
         }
-        json_object_set_new(root, "check", json_pack("{s:b, s:s, s:o}", "pass", all, "reference",
-                                                     "cpu", "outputs", list));
+        json_object_set_new(root, "check",
+                            json_pack("{s:b, s:s, s:o}", "pass", all, "reference", "cpu", "outputs", list));
     }
     if (o->save_dir)
         json_object_set_new(root, "saved_outputs", json_string(o->save_dir));
     return root;
 }
 
-static void report_text(const exec_opts *o, kiln_engine *e, io_tensor *io, int n_io,
-                        const exec_result *r)
+static void report_text(const exec_opts *o, kiln_engine *e, io_tensor *io, int n_io, const exec_result *r)
 {
     char buf[160];
-    printf("engine %s: %s, profile %ld%s\n", o->engine, kiln_backend_name(kiln_engine_backend(e)),
-           o->profile_index, o->cuda_graph ? ", CUDA graph" : "");
+    printf("engine %s: %s, profile %ld%s\n", o->engine, kiln_backend_name(kiln_engine_backend(e)), o->profile_index,
+           o->cuda_graph ? ", CUDA graph" : "");
     for (int i = 0; i < n_io; i++)
         printf("%-6s %-16s %-5s %s%s%s\n", io[i].is_input ? "input" : "output", io[i].name,
                kiln_dtype_name(io[i].dtype), kiln_dims_format(&io[i].dims, buf, sizeof buf),
@@ -468,11 +474,10 @@ static void report_text(const exec_opts *o, kiln_engine *e, io_tensor *io, int n
     printf("latency over %ld iterations (%ld warm-up): min %.4f ms, median %.4f ms, p99 %.4f ms, mean %.4f ms\n",
            o->iterations, o->warmup, r->lat[0], r->lat[1], r->lat[2], r->lat[3]);
     if (r->has_gpu)
-        printf("GPU time (CUDA events):        min %.4f ms, median %.4f ms, p99 %.4f ms, mean %.4f ms\n",
-               r->gpu[0], r->gpu[1], r->gpu[2], r->gpu[3]);
+        printf("GPU time (CUDA events):        min %.4f ms, median %.4f ms, p99 %.4f ms, mean %.4f ms\n", r->gpu[0],
+               r->gpu[1], r->gpu[2], r->gpu[3]);
     if (r->n_layers) {
-        printf("per-layer %s time of one run (%.4f ms in layers):\n", r->has_gpu ? "GPU" : "host",
-               r->layer_total);
+        printf("per-layer %s time of one run (%.4f ms in layers):\n", r->has_gpu ? "GPU" : "host", r->layer_total);
         printf("  %-32s %-18s %10s %7s\n", "layer", "op", "ms", "%");
         for (int k = 0; k < r->n_layers; k++) {
             int l = r->order[k];
@@ -483,9 +488,8 @@ static void report_text(const exec_opts *o, kiln_engine *e, io_tensor *io, int n
     if (o->check)
         for (int i = 0; i < n_io; i++)
             if (!io[i].is_input)
-                printf("check %s: max abs error %.3g, max rel error %.3g (atol %g, rtol %g): %s\n",
-                       io[i].name, io[i].max_abs, io[i].max_rel, io[i].atol, io[i].rtol,
-                       io[i].pass ? "PASS" : "FAIL");
+                printf("check %s: max abs error %.3g, max rel error %.3g (atol %g, rtol %g): %s\n", io[i].name,
+                       io[i].max_abs, io[i].max_rel, io[i].atol, io[i].rtol, io[i].pass ? "PASS" : "FAIL");
     if (o->save_dir)
         printf("outputs saved to %s\n", o->save_dir);
 }
@@ -576,8 +580,7 @@ static int timed_runs(const exec_opts *o, kiln_context *ctx, int cuda, exec_resu
     return st;
 }
 
-static int run(const exec_opts *o, kiln_engine *e, kiln_context *ctx, io_tensor *io, int n_io,
-               exec_result *r)
+static int run(const exec_opts *o, kiln_engine *e, kiln_context *ctx, io_tensor *io, int n_io, exec_result *r)
 {
     int cuda = kiln_engine_backend(e) == KILN_BACKEND_CUDA;
     if (o->cuda_graph && !cuda)
@@ -598,8 +601,7 @@ static int run(const exec_opts *o, kiln_engine *e, kiln_context *ctx, io_tensor 
         t->shape_arg = find_arg(o->shapes, o->n_shapes, t->name, ':');
         t->file_arg = find_arg(o->inputs, o->n_inputs, t->name, '=');
         size_t npy_bytes;
-        if (t->file_arg &&
-            kiln_npy_read(t->file_arg, &t->npy_dtype, &t->npy_dims, &t->npy, &npy_bytes) != KILN_OK)
+        if (t->file_arg && kiln_npy_read(t->file_arg, &t->npy_dtype, &t->npy_dims, &t->npy, &npy_bytes) != KILN_OK)
             return cli_kiln_error();
         int st = input_shape(e, o, t);
         if (st)

@@ -6,17 +6,16 @@
 
 #include "cli.h"
 
-static const char inspect_help[] =
-    "usage: kiln inspect ENGINE [options]\n"
-    "\n"
-    "Describes an engine: target, inputs and profiles, tensors, layers (with\n"
-    "fused steps), memory plan, plugin records and extra sections. Works without\n"
-    "the plugin libraries: their records are then shown as not registered.\n"
-    "\n"
-    "options:\n"
-    "  --plugins LIB   load a plugin library first (repeatable)\n"
-    "  --json          print the engine description as JSON\n"
-    "  -h, --help      show this help\n";
+static const char inspect_help[] = "usage: kiln inspect ENGINE [options]\n"
+                                   "\n"
+                                   "Describes an engine: target, inputs and profiles, tensors, layers (with\n"
+                                   "fused steps), memory plan, plugin records and extra sections. Works without\n"
+                                   "the plugin libraries: their records are then shown as not registered.\n"
+                                   "\n"
+                                   "options:\n"
+                                   "  --plugins LIB   load a plugin library first (repeatable)\n"
+                                   "  --json          print the engine description as JSON\n"
+                                   "  -h, --help      show this help\n";
 
 /* ---- text rendering ------------------------------------------------------------------ */
 
@@ -26,10 +25,7 @@ const char *cli_json_str(json_t *o, const char *key)
     return s ? s : "";
 }
 
-long long cli_json_int(json_t *o, const char *key)
-{
-    return (long long)json_integer_value(json_object_get(o, key));
-}
+long long cli_json_int(json_t *o, const char *key) { return (long long)json_integer_value(json_object_get(o, key)); }
 
 /* "[s0, 1024]" from an array of strings or integers. */
 static void print_list(json_t *a)
@@ -37,7 +33,8 @@ static void print_list(json_t *a)
     size_t i;
     json_t *v;
     putchar('[');
-    json_array_foreach(a, i, v) {
+    json_array_foreach(a, i, v)
+    {
         if (i)
             fputs(", ", stdout);
         if (json_is_string(v))
@@ -76,7 +73,8 @@ static void print_io(json_t *root, const char *which)
     json_t *name;
     json_t *names = json_object_get(root, which);
     printf("%s (%zu):\n", which, json_array_size(names));
-    json_array_foreach(names, i, name) {
+    json_array_foreach(names, i, name)
+    {
         json_t *t = find_tensor(root, json_string_value(name));
         printf("  %-16s %-5s ", json_string_value(name), t ? cli_json_str(t, "dtype") : "?");
         print_list(t ? json_object_get(t, "dims") : NULL);
@@ -85,7 +83,8 @@ static void print_io(json_t *root, const char *which)
             continue;
         size_t p;
         json_t *prof;
-        json_array_foreach(json_object_get(root, "profiles"), p, prof) {
+        json_array_foreach(json_object_get(root, "profiles"), p, prof)
+        {
             json_t *d = json_object_get(prof, json_string_value(name));
             if (!d)
                 continue;
@@ -119,7 +118,8 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
     json_t *syms = json_object_get(root, "symbols");
     if (json_array_size(syms)) {
         fputs("symbols:", stdout);
-        json_array_foreach(syms, i, v) printf(" s%zu = %s dim %lld", i, cli_json_str(v, "tensor"), cli_json_int(v, "axis"));
+        json_array_foreach(syms, i, v)
+            printf(" s%zu = %s dim %lld", i, cli_json_str(v, "tensor"), cli_json_int(v, "axis"));
         putchar('\n');
     }
     print_io(root, "inputs");
@@ -127,7 +127,8 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
 
     json_t *layers = json_object_get(root, "layers");
     printf("layers (%zu):\n", json_array_size(layers));
-    json_array_foreach(layers, i, v) {
+    json_array_foreach(layers, i, v)
+    {
         printf("  %3zu %-18s %-20s ", i, cli_json_str(v, "op"), cli_json_str(v, "name"));
         print_list(json_object_get(v, "inputs"));
         fputs(" -> ", stdout);
@@ -142,11 +143,13 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
              * rest earlier steps' results. */
             json_t *ins = json_object_get(v, "inputs");
             long long n_in = (long long)json_array_size(ins);
-            json_array_foreach(steps, k, st) {
+            json_array_foreach(steps, k, st)
+            {
                 printf("        step %zu = %s(", k, cli_json_str(st, "op"));
                 size_t q;
                 json_t *operand;
-                json_array_foreach(json_object_get(st, "operands"), q, operand) {
+                json_array_foreach(json_object_get(st, "operands"), q, operand)
+                {
                     long long o = (long long)json_integer_value(operand);
                     if (o < n_in)
                         printf("%s%s", q ? ", " : "", json_string_value(json_array_get(ins, (size_t)o)));
@@ -174,7 +177,8 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
     }
 
     long long n_const = 0, const_bytes = 0;
-    json_array_foreach(json_object_get(root, "tensors"), i, v) {
+    json_array_foreach(json_object_get(root, "tensors"), i, v)
+    {
         if (json_object_get(v, "data_bytes")) {
             n_const++;
             const_bytes += cli_json_int(v, "data_bytes");
@@ -187,13 +191,14 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
 
     json_t *plugins = json_object_get(root, "plugins");
     printf("plugins (%zu):\n", json_array_size(plugins));
-    json_array_foreach(plugins, i, v) {
+    json_array_foreach(plugins, i, v)
+    {
         const char *lib = NULL;
         int found = reg && kiln_registry_find(reg, cli_json_str(v, "name"), cli_json_str(v, "version"),
-                                               cli_json_str(v, "namespace"), &lib);
+                                              cli_json_str(v, "namespace"), &lib);
         printf("  \"%s\" version \"%s\" namespace \"%s\" from %s, blob version %lld (%lld bytes): %s\n",
-               cli_json_str(v, "name"), cli_json_str(v, "version"), cli_json_str(v, "namespace"), cli_json_str(v, "library"),
-               cli_json_int(v, "blob_version"), cli_json_int(v, "blob_bytes"),
+               cli_json_str(v, "name"), cli_json_str(v, "version"), cli_json_str(v, "namespace"),
+               cli_json_str(v, "library"), cli_json_int(v, "blob_version"), cli_json_int(v, "blob_bytes"),
                found ? "registered" : "NOT REGISTERED");
     }
     json_t *sections = json_object_get(root, "sections");

@@ -8,23 +8,22 @@
 
 #include "cli.h"
 
-static const char top_help[] =
-    "usage: kiln <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  build     build a network JSON file into an engine\n"
-    "  exec      load an engine, run it, time it, optionally check it\n"
-    "  inspect   describe what an engine holds\n"
-    "  plugins   list registered plugin creators and their fields\n"
-    "  run       generate text with an LLM engine\n"
-    "  chat      chat with an LLM engine (reads messages from stdin)\n"
-    "  tokenize  print the token ids of a text (LLM engines)\n"
-    "  detokenize  print the text of token ids (LLM engines)\n"
-    "  bench     time prefill and decode of an LLM engine against its bandwidth floor\n"
-    "  perplexity  perplexity of an LLM engine on a text, or two engines compared\n"
-    "\n"
-    "Run `kiln <command> --help` for a command's options. Errors are one line\n"
-    "starting `kiln: error:`; exit status 0 is success, 1 failure, 2 a usage error.\n";
+static const char top_help[] = "usage: kiln <command> [options]\n"
+                               "\n"
+                               "commands:\n"
+                               "  build     build a network JSON file into an engine\n"
+                               "  exec      load an engine, run it, time it, optionally check it\n"
+                               "  inspect   describe what an engine holds\n"
+                               "  plugins   list registered plugin creators and their fields\n"
+                               "  run       generate text with an LLM engine\n"
+                               "  chat      chat with an LLM engine (reads messages from stdin)\n"
+                               "  tokenize  print the token ids of a text (LLM engines)\n"
+                               "  detokenize  print the text of token ids (LLM engines)\n"
+                               "  bench     time prefill and decode of an LLM engine against its bandwidth floor\n"
+                               "  perplexity  perplexity of an LLM engine on a text, or two engines compared\n"
+                               "\n"
+                               "Run `kiln <command> --help` for a command's options. Errors are one line\n"
+                               "starting `kiln: error:`; exit status 0 is success, 1 failure, 2 a usage error.\n";
 
 /* ---- errors ---------------------------------------------------------------------- */
 
@@ -114,8 +113,7 @@ const char *cli_args_next(cli_args *a, const char *const *valued, const char **v
     return NULL;
 }
 
-int cli_parse_range(const char *cmd, const char *opt, const char *text, long long lo, long long hi,
-                    long long *out)
+int cli_parse_range(const char *cmd, const char *opt, const char *text, long long lo, long long hi, long long *out)
 {
     char *end;
     errno = 0;

@@ -129,8 +129,7 @@ static int parse_id_lines(const char *path, const char *text, int32_t vocab, seq
             if (stop == p || stop > end || v < 0 || v >= vocab) {
                 free(ids);
                 return cli_error("%s line %d: \"%.*s\" is not a token id in [0, %d)", path, line,
-                                 (int)(strcspn(p, " \t\r\n,[]") < 40 ? strcspn(p, " \t\r\n,[]") : 40), p,
-                                 (int)vocab);
+                                 (int)(strcspn(p, " \t\r\n,[]") < 40 ? strcspn(p, " \t\r\n,[]") : 40), p, (int)vocab);
             }
             ids[n++] = (int32_t)v;
             p = stop;
@@ -182,9 +181,9 @@ static int text_windows(const kiln_llm *llm, const char *path, const char *text,
 
 typedef struct ppl_state {
     int32_t vocab;
-    const int32_t *ids;       /* the window */
+    const int32_t *ids; /* the window */
     size_t n;
-    float *logprobs;          /* [window, vocab]: ENGINE's, kept for the comparison */
+    float *logprobs; /* [window, vocab]: ENGINE's, kept for the comparison */
     FILE *logits_out;
     int write_failed;
     double nll, nll2, kl;
@@ -241,8 +240,8 @@ static void on_second(void *user, size_t pos, const float *logits)
     s->nll2 += lse - (double)logits[s->ids[pos + 1]];
 }
 
-static int print_result(const char *engine, const char *other, const seq_list *w, size_t window,
-                        const ppl_state *s, int json)
+static int print_result(const char *engine, const char *other, const seq_list *w, size_t window, const ppl_state *s,
+                        int json)
 {
     double n = (double)s->tokens;
     double ppl = exp(s->nll / n), ppl2 = exp(s->nll2 / n);
@@ -375,8 +374,8 @@ int cli_perplexity(int argc, char **argv)
     if (st == CLI_OK && !help && ids_mode)
         for (size_t i = 0; st == CLI_OK && i < w.count; i++)
             if (w.n[i] > (size_t)window)
-                st = cli_error("%s line %zu has %zu ids, more than the window of %ld", a.positional[1], i + 1,
-                               w.n[i], window);
+                st = cli_error("%s line %zu has %zu ids, more than the window of %ld", a.positional[1], i + 1, w.n[i],
+                               window);
     if (st == CLI_OK && !help) {
         s.vocab = vocab;
         s.logprobs = malloc(sizeof *s.logprobs * (size_t)window * (size_t)vocab);

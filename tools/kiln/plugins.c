@@ -6,17 +6,16 @@
 
 #include "cli.h"
 
-static const char plugins_help[] =
-    "usage: kiln plugins [options]\n"
-    "\n"
-    "Lists every registered plugin creator (kiln's built-ins and those of the\n"
-    "libraries given): its (name, version, namespace) triple, library, blob\n"
-    "schema version, description and fields.\n"
-    "\n"
-    "options:\n"
-    "  --plugins LIB   load a plugin library first (repeatable)\n"
-    "  --json          print the list as JSON\n"
-    "  -h, --help      show this help\n";
+static const char plugins_help[] = "usage: kiln plugins [options]\n"
+                                   "\n"
+                                   "Lists every registered plugin creator (kiln's built-ins and those of the\n"
+                                   "libraries given): its (name, version, namespace) triple, library, blob\n"
+                                   "schema version, description and fields.\n"
+                                   "\n"
+                                   "options:\n"
+                                   "  --plugins LIB   load a plugin library first (repeatable)\n"
+                                   "  --json          print the list as JSON\n"
+                                   "  -h, --help      show this help\n";
 
 static const char *field_type_name(kiln_field_type t)
 {
@@ -49,23 +48,21 @@ static json_t *creator_json(const kiln_plugin_creator *c, const char *lib)
     json_t *fields = json_array();
     for (int32_t i = 0; i < c->n_fields; i++) {
         const kiln_field_spec *f = &c->fields[i];
-        json_array_append_new(
-            fields, json_pack("{s:s, s:s, s:I, s:b, s:o, s:s}", "name", f->name ? f->name : "",
-                              "type", field_type_name(f->type), "count", (json_int_t)f->count,
-                              "required", f->required, "default", default_json(f), "doc",
-                              f->doc ? f->doc : ""));
+        json_array_append_new(fields,
+                              json_pack("{s:s, s:s, s:I, s:b, s:o, s:s}", "name", f->name ? f->name : "", "type",
+                                        field_type_name(f->type), "count", (json_int_t)f->count, "required",
+                                        f->required, "default", default_json(f), "doc", f->doc ? f->doc : ""));
     }
-    return json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:o}", "name", c->name, "version", c->version,
-                     "namespace", c->plugin_namespace ? c->plugin_namespace : "", "library",
-                     lib ? lib : "", "blob_version", (json_int_t)c->blob_version, "description",
-                     c->description ? c->description : "", "fields", fields);
+    return json_pack("{s:s, s:s, s:s, s:s, s:I, s:s, s:o}", "name", c->name, "version", c->version, "namespace",
+                     c->plugin_namespace ? c->plugin_namespace : "", "library", lib ? lib : "", "blob_version",
+                     (json_int_t)c->blob_version, "description", c->description ? c->description : "", "fields",
+                     fields);
 }
 
 static void print_creator(json_t *c)
 {
     printf("\"%s\" version \"%s\" namespace \"%s\"\n", json_string_value(json_object_get(c, "name")),
-           json_string_value(json_object_get(c, "version")),
-           json_string_value(json_object_get(c, "namespace")));
+           json_string_value(json_object_get(c, "version")), json_string_value(json_object_get(c, "namespace")));
     printf("  library: %s\n", json_string_value(json_object_get(c, "library")));
     printf("  blob version: %lld\n", (long long)json_integer_value(json_object_get(c, "blob_version")));
     const char *desc = json_string_value(json_object_get(c, "description"));
@@ -79,7 +76,8 @@ static void print_creator(json_t *c)
     printf("  fields:\n");
     size_t i;
     json_t *f;
-    json_array_foreach(fields, i, f) {
+    json_array_foreach(fields, i, f)
+    {
         long long count = (long long)json_integer_value(json_object_get(f, "count"));
         char cnt[32];
         if (count == KILN_FIELD_ANY_COUNT)
@@ -153,7 +151,8 @@ int cli_plugins(int argc, char **argv)
     } else {
         size_t i;
         json_t *c;
-        json_array_foreach(list, i, c) {
+        json_array_foreach(list, i, c)
+        {
             if (i)
                 putchar('\n');
             print_creator(c);

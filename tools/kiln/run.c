@@ -22,9 +22,7 @@ static const char run_help[] =
     "  -n, --max-tokens N       tokens to generate at most (default 128; fewer when the\n"
     "                           engine's max sequence length leaves less room)\n"
     "  --chat                   wrap the prompt in the engine's chat template as a user turn\n"
-    "  --system TEXT            system message for --chat\n"
-    CLI_LLM_SAMPLING_HELP
-    CLI_LLM_MEMORY_HELP
+    "  --system TEXT            system message for --chat\n" CLI_LLM_SAMPLING_HELP CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object (prompt_ids, generated_ids, text,\n"
     "                           finish_reason, timings, kv_cache, backend, cuda_graphs)\n"
@@ -33,8 +31,7 @@ static const char run_help[] =
 
 /* ---- shared with chat and tokenize ------------------------------------------------------ */
 
-int cli_llm_memory_option(const char *cmd, const char *opt, const char *value, kiln_llm_options *o,
-                          int *handled)
+int cli_llm_memory_option(const char *cmd, const char *opt, const char *value, kiln_llm_options *o, int *handled)
 {
     *handled = 1;
     if (!strcmp(opt, "--kv-cache-mb")) {
@@ -96,8 +93,7 @@ static int parse_float(const char *cmd, const char *opt, const char *text, doubl
     return CLI_OK;
 }
 
-int cli_llm_sampling_option(const char *cmd, const char *opt, const char *value, kiln_llm_sampling *s,
-                            int *handled)
+int cli_llm_sampling_option(const char *cmd, const char *opt, const char *value, kiln_llm_sampling *s, int *handled)
 {
     *handled = 1;
     if (!strcmp(opt, "--temperature"))
@@ -147,8 +143,8 @@ int cli_llm_print_token(void *user, int32_t request, int32_t token, const char *
 
 void cli_llm_print_speed(const kiln_llm_result *r)
 {
-    fprintf(stderr, "prompt: %zu tokens, %.1f tok/s; generation: %zu tokens, %.1f tok/s (%s)\n",
-            r->n_prompt_ids, r->prompt_tok_s, r->n_ids, r->generate_tok_s, kiln_llm_finish_name(r->finish));
+    fprintf(stderr, "prompt: %zu tokens, %.1f tok/s; generation: %zu tokens, %.1f tok/s (%s)\n", r->n_prompt_ids,
+            r->prompt_tok_s, r->n_ids, r->generate_tok_s, kiln_llm_finish_name(r->finish));
 }
 
 void cli_llm_print_cache(const kiln_llm *llm)
@@ -226,8 +222,16 @@ static int print_json(const kiln_llm *llm, const kiln_llm_result *r, uint64_t se
 
 int cli_run(int argc, char **argv)
 {
-    static const char *const valued[] = {"-p", "--prompt", "-n", "--max-tokens", "--system", "--plugins", "--stop",
-                                         CLI_LLM_MEMORY_VALUED, CLI_LLM_SAMPLING_VALUED, NULL};
+    static const char *const valued[] = {"-p",
+                                         "--prompt",
+                                         "-n",
+                                         "--max-tokens",
+                                         "--system",
+                                         "--plugins",
+                                         "--stop",
+                                         CLI_LLM_MEMORY_VALUED,
+                                         CLI_LLM_SAMPLING_VALUED,
+                                         NULL};
     cli_args a;
     cli_args_init(&a, "run", argc, argv);
     const char *opt, *val, *prompt = NULL, *system = NULL;

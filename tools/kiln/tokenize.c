@@ -8,29 +8,27 @@
 #include "cli.h"
 #include "cli_llm.h"
 
-static const char tokenize_help[] =
-    "usage: kiln tokenize ENGINE TEXT [--no-add-special] [--split-special]\n"
-    "\n"
-    "Prints the token ids of TEXT as a JSON array, as Hugging Face's\n"
-    "tokenizer.encode(TEXT) gives them: added tokens such as BOS included and\n"
-    "special tokens written in the text parsed.\n"
-    "\n"
-    "options:\n"
-    "  --no-add-special  add no BOS/EOS (HF add_special_tokens=False); special\n"
-    "                    tokens written in the text are still parsed\n"
-    "  --split-special   special tokens written in the text are plain text\n"
-    "                    (HF split_special_tokens=True)\n"
-    "  --plugins LIB    load a plugin library first (repeatable)\n"
-    "  -h, --help       show this help\n";
+static const char tokenize_help[] = "usage: kiln tokenize ENGINE TEXT [--no-add-special] [--split-special]\n"
+                                    "\n"
+                                    "Prints the token ids of TEXT as a JSON array, as Hugging Face's\n"
+                                    "tokenizer.encode(TEXT) gives them: added tokens such as BOS included and\n"
+                                    "special tokens written in the text parsed.\n"
+                                    "\n"
+                                    "options:\n"
+                                    "  --no-add-special  add no BOS/EOS (HF add_special_tokens=False); special\n"
+                                    "                    tokens written in the text are still parsed\n"
+                                    "  --split-special   special tokens written in the text are plain text\n"
+                                    "                    (HF split_special_tokens=True)\n"
+                                    "  --plugins LIB    load a plugin library first (repeatable)\n"
+                                    "  -h, --help       show this help\n";
 
-static const char detokenize_help[] =
-    "usage: kiln detokenize ENGINE ID...\n"
-    "\n"
-    "Prints the text of the token ids (special tokens included).\n"
-    "\n"
-    "options:\n"
-    "  --plugins LIB    load a plugin library first (repeatable)\n"
-    "  -h, --help       show this help\n";
+static const char detokenize_help[] = "usage: kiln detokenize ENGINE ID...\n"
+                                      "\n"
+                                      "Prints the text of the token ids (special tokens included).\n"
+                                      "\n"
+                                      "options:\n"
+                                      "  --plugins LIB    load a plugin library first (repeatable)\n"
+                                      "  -h, --help       show this help\n";
 
 /* Tokenizing needs no cache and no decode graphs. */
 static kiln_llm_options tokenize_only(void)
@@ -44,8 +42,8 @@ static kiln_llm_options tokenize_only(void)
 
 /* Options both commands take; *flags (the tokenize flags, NULL for
  * detokenize) starts at the defaults and loses what the switches turn off. */
-static int parse(const char *cmd, int argc, char **argv, cli_args *a, const char **libs, int *n_libs,
-                 uint32_t *flags, int *help)
+static int parse(const char *cmd, int argc, char **argv, cli_args *a, const char **libs, int *n_libs, uint32_t *flags,
+                 int *help)
 {
     static const char *const valued[] = {"--plugins", NULL};
     const char *opt, *val;

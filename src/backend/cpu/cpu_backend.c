@@ -65,8 +65,8 @@ static void strided_rows(void *p, int64_t begin, int64_t end)
             off += (rem % c->dims[i]) * c->st[i];
             rem /= c->dims[i];
         }
-        copy_strided(c->dst + (size_t)(r * c->inner) * c->esize, c->src + (size_t)off * c->esize,
-                     c->inner, inner_stride, c->esize);
+        copy_strided(c->dst + (size_t)(r * c->inner) * c->esize, c->src + (size_t)off * c->esize, c->inner,
+                     inner_stride, c->esize);
     }
 }
 
@@ -76,16 +76,16 @@ static void strided_rows(void *p, int64_t begin, int64_t end)
  * cache. Units are (outer index, tile row). */
 #define TILE 32
 
-#define TILE_COPY(T)                                                          \
-    do {                                                                      \
-        const T *s_ = (const T *)src;                                         \
-        T *d_ = (T *)dst;                                                     \
-        for (int64_t j0 = 0; j0 < cols; j0 += TILE) {                         \
-            int64_t j1 = j0 + TILE < cols ? j0 + TILE : cols;                 \
-            for (int64_t i = i0; i < i1; i++)                                 \
-                for (int64_t j = j0; j < j1; j++)                             \
-                    d_[i * cols + j] = s_[i + j * sc];                        \
-        }                                                                     \
+#define TILE_COPY(T) \
+    do { \
+        const T *s_ = (const T *)src; \
+        T *d_ = (T *)dst; \
+        for (int64_t j0 = 0; j0 < cols; j0 += TILE) { \
+            int64_t j1 = j0 + TILE < cols ? j0 + TILE : cols; \
+            for (int64_t i = i0; i < i1; i++) \
+                for (int64_t j = j0; j < j1; j++) \
+                    d_[i * cols + j] = s_[i + j * sc]; \
+        } \
     } while (0)
 
 static void tiled_units(void *p, int64_t begin, int64_t end)
@@ -112,8 +112,8 @@ static void tiled_units(void *p, int64_t begin, int64_t end)
     }
 }
 
-static void strided_copy_run(const kiln_cpu_args *a, const void *src, void *dst, size_t esize,
-                             int32_t rank, const int64_t *dims, const int64_t *st, int64_t base)
+static void strided_copy_run(const kiln_cpu_args *a, const void *src, void *dst, size_t esize, int32_t rank,
+                             const int64_t *dims, const int64_t *st, int64_t base)
 {
     strided_copy c = {.src = src, .dst = dst, .esize = esize, .base = base};
     int64_t count = 1;
@@ -140,8 +140,7 @@ static void strided_copy_run(const kiln_cpu_args *a, const void *src, void *dst,
     c.rows = count / c.inner;
     if (c.rank >= 2 && c.st[c.rank - 1] != 1 && c.st[c.rank - 2] == 1 &&
         (esize == 1 || esize == 2 || esize == 4 || esize == 8)) {
-        int64_t units = count / (c.dims[c.rank - 2] * c.inner) *
-                        ((c.dims[c.rank - 2] + TILE - 1) / TILE);
+        int64_t units = count / (c.dims[c.rank - 2] * c.inner) * ((c.dims[c.rank - 2] + TILE - 1) / TILE);
         if ((size_t)count * esize < KILN_CPU_COPY_PARALLEL_MIN)
             tiled_units(&c, 0, units);
         else
@@ -276,10 +275,10 @@ static void gather_rows(void *p, int64_t begin, int64_t end)
     const gather_job *j = p;
     for (int64_t r = begin; r < end; r++) {
         int64_t i = r / j->n_idx, k = r % j->n_idx;
-        int64_t v = j->ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)j->ix->data)[k]
-                                                   : ((const int64_t *)j->ix->data)[k];
-        memcpy((char *)j->o->data + (size_t)r * j->row,
-               (const char *)j->x->data + (size_t)(i * j->dim + v) * j->row, j->row);
+        int64_t v =
+            j->ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)j->ix->data)[k] : ((const int64_t *)j->ix->data)[k];
+        memcpy((char *)j->o->data + (size_t)r * j->row, (const char *)j->x->data + (size_t)(i * j->dim + v) * j->row,
+               j->row);
     }
 }
 
@@ -291,15 +290,14 @@ kiln_status cpu_run_gather(const kiln_cpu_args *a)
     KILN_TRY(kiln_layer_plan_gather(name, a->layer, a->inputs, a->outputs, &outer, &n_idx, &inner, &dim));
     /* Check every index before writing, so a bad one leaves no partial output. */
     for (int64_t j = 0; j < n_idx; j++) {
-        int64_t v = ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)ix->data)[j]
-                                                : ((const int64_t *)ix->data)[j];
+        int64_t v = ix->dtype == KILN_DTYPE_I32 ? ((const int32_t *)ix->data)[j] : ((const int64_t *)ix->data)[j];
         if (v < 0 || v >= dim)
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                             "layer \"%s\": gather index %lld at position %lld is outside [0, %lld)",
-                             name, (long long)v, (long long)j, (long long)dim);
+                             "layer \"%s\": gather index %lld at position %lld is outside [0, %lld)", name,
+                             (long long)v, (long long)j, (long long)dim);
     }
-    gather_job j = {.x = x, .ix = ix, .o = o, .n_idx = n_idx, .dim = dim,
-                    .row = (size_t)inner * kiln_dtype_size(x->dtype)};
+    gather_job j = {
+        .x = x, .ix = ix, .o = o, .n_idx = n_idx, .dim = dim, .row = (size_t)inner * kiln_dtype_size(x->dtype)};
     int64_t rows = outer * n_idx;
     if ((size_t)rows * j.row < KILN_CPU_COPY_PARALLEL_MIN)
         gather_rows(&j, 0, rows);
@@ -325,25 +323,23 @@ kiln_status cpu_run_cast(const kiln_cpu_args *a)
  * (NULL: inline, as the reference wants one thread). */
 static kiln_status cpu_run_plugin(const kiln_cpu_args *a)
 {
-    return kiln_layer_run_plugin(cpu_layer_name(a), a->plugin, KILN_BACKEND_CPU, a->layer, a->inputs,
-                                 a->outputs, a->workspace, cpu_pool(a));
+    return kiln_layer_run_plugin(cpu_layer_name(a), a->plugin, KILN_BACKEND_CPU, a->layer, a->inputs, a->outputs,
+                                 a->workspace, cpu_pool(a));
 }
 
 /* ---- dispatch ------------------------------------------------------------------------------------ */
 
-static kiln_status check_tensor(const kiln_cpu_args *a, const kiln_exec_tensor *t, const char *kind,
-                                int32_t i)
+static kiln_status check_tensor(const kiln_cpu_args *a, const kiln_exec_tensor *t, const char *kind, int32_t i)
 {
-    int ok = (unsigned)t->dtype < KILN_DTYPE_COUNT && t->dims.rank >= 0 &&
-             t->dims.rank <= KILN_MAX_RANK;
+    int ok = (unsigned)t->dtype < KILN_DTYPE_COUNT && t->dims.rank >= 0 && t->dims.rank <= KILN_MAX_RANK;
     for (int32_t d = 0; ok && d < t->dims.rank; d++)
         ok = t->dims.d[d] >= 0;
     if (!ok)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s %d has a bad dtype or shape",
-                         cpu_layer_name(a), kind, (int)i);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s %d has a bad dtype or shape", cpu_layer_name(a),
+                         kind, (int)i);
     if (!t->data && kiln_exec_count(&t->dims) > 0)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s %d has no memory",
-                         cpu_layer_name(a), kind, (int)i);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": %s %d has no memory", cpu_layer_name(a), kind,
+                         (int)i);
     return KILN_OK;
 }
 
@@ -352,8 +348,7 @@ kiln_status kiln_cpu_run_layer(const kiln_cpu_args *args)
     if (!args || !args->layer)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_cpu_run_layer: no layer");
     const kiln_layer *l = args->layer;
-    if ((l->n_inputs > 0 && !args->inputs) || (l->n_outputs > 0 && !args->outputs) ||
-        l->n_outputs < 1)
+    if ((l->n_inputs > 0 && !args->inputs) || (l->n_outputs > 0 && !args->outputs) || l->n_outputs < 1)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": missing input or output tensors",
                          cpu_layer_name(args));
     for (int32_t i = 0; i < l->n_inputs; i++)

@@ -11,12 +11,12 @@
 typedef struct kiln_cpu_args {
     const kiln_graph *graph;
     const kiln_layer *layer;
-    const kiln_exec_tensor *inputs;   /* layer->n_inputs */
-    const kiln_exec_tensor *outputs;  /* layer->n_outputs, memory allocated */
-    kiln_plugin *plugin;              /* the context's instance for PLUGIN layers */
-    void *workspace;                  /* layer->workspace bytes (plugins) */
-    kiln_threadpool *pool;            /* NULL: run on the calling thread */
-    int32_t reference;                /* 1: the reference path */
+    const kiln_exec_tensor *inputs;  /* layer->n_inputs */
+    const kiln_exec_tensor *outputs; /* layer->n_outputs, memory allocated */
+    kiln_plugin *plugin;             /* the context's instance for PLUGIN layers */
+    void *workspace;                 /* layer->workspace bytes (plugins) */
+    kiln_threadpool *pool;           /* NULL: run on the calling thread */
+    int32_t reference;               /* 1: the reference path */
 } kiln_cpu_args;
 
 /* Runs one layer. Errors (e.g. a gather index out of range) name the layer. */

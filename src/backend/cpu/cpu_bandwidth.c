@@ -40,8 +40,7 @@ static int cmp_double(const void *a, const void *b)
 
 /* One timed copy over all threads; the calling thread takes the first
  * slice, so one CPU needs no thread at all. */
-static kiln_status timed_copy(unsigned char *dst, const unsigned char *src, size_t bytes, int threads,
-                              double *seconds)
+static kiln_status timed_copy(unsigned char *dst, const unsigned char *src, size_t bytes, int threads, double *seconds)
 {
     pthread_t tid[MAX_THREADS];
     copy_slice slices[MAX_THREADS];

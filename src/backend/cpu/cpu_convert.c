@@ -11,8 +11,7 @@
 /* f16 weights are common; F16C widens them in one instruction where the
  * bit manipulation below takes a dozen. It quiets signalling NaNs (they
  * stay NaN). */
-__attribute__((target("avx2,f16c"))) static void widen_f16_f16c(float *dst, const uint16_t *src,
-                                                               int64_t n)
+__attribute__((target("avx2,f16c"))) static void widen_f16_f16c(float *dst, const uint16_t *src, int64_t n)
 {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -80,10 +79,7 @@ CPU_SIMD static void cpu_narrow_bf16_simd(uint16_t *dst, const float *src, int64
         dst[i] = kiln_f32_to_bf16(src[i]);
 }
 
-void cpu_narrow_bf16(uint16_t *dst, const float *src, int64_t n)
-{
-    cpu_narrow_bf16_simd(dst, src, n);
-}
+void cpu_narrow_bf16(uint16_t *dst, const float *src, int64_t n) { cpu_narrow_bf16_simd(dst, src, n); }
 
 /* Normal halves round by integer add (ties to even); values below the
  * smallest normal half round by a float add that lines the mantissa up
@@ -113,10 +109,7 @@ CPU_SIMD static void cpu_narrow_f16_simd(uint16_t *dst, const float *src, int64_
         dst[i] = kiln_float_to_half(src[i]);
 }
 
-void cpu_narrow_f16(uint16_t *dst, const float *src, int64_t n)
-{
-    cpu_narrow_f16_simd(dst, src, n);
-}
+void cpu_narrow_f16(uint16_t *dst, const float *src, int64_t n) { cpu_narrow_f16_simd(dst, src, n); }
 
 static void convert_serial(void *dst, kiln_dtype dt, const void *src, kiln_dtype st, int64_t n)
 {
@@ -144,8 +137,7 @@ static void convert_range(void *p, int64_t begin, int64_t end)
                    (const char *)j->src + (size_t)begin * kiln_dtype_size(j->st), j->st, end - begin);
 }
 
-void cpu_convert(kiln_threadpool *pool, void *dst, kiln_dtype dst_type, const void *src,
-                 kiln_dtype src_type, int64_t n)
+void cpu_convert(kiln_threadpool *pool, void *dst, kiln_dtype dst_type, const void *src, kiln_dtype src_type, int64_t n)
 {
     if (n < KILN_CPU_PARALLEL_MIN) {
         convert_serial(dst, dst_type, src, src_type, n);

@@ -19,25 +19,25 @@
 
 /* One binary op over n elements: 8 lanes at a time (vexpr, the same
  * arithmetic as the scalar formula), then the tail by the formula. */
-#define BINARY_LOOP(OP, vexpr)                                           \
-    do {                                                                 \
-        int64_t i = 0;                                                   \
-        for (; i + 8 <= n; i += 8) {                                     \
-            cpu_v8 x, y, r;                                              \
-            cpu_ld8(x, a + i);                                           \
-            cpu_ld8(y, b + i);                                           \
-            r = vexpr;                                                   \
-            cpu_st8(out + i, r);                                         \
-        }                                                                \
-        for (; i < n; i++)                                               \
-            out[i] = kiln_binary_f32(OP, a[i], b[i]);                    \
+#define BINARY_LOOP(OP, vexpr) \
+    do { \
+        int64_t i = 0; \
+        for (; i + 8 <= n; i += 8) { \
+            cpu_v8 x, y, r; \
+            cpu_ld8(x, a + i); \
+            cpu_ld8(y, b + i); \
+            r = vexpr; \
+            cpu_st8(out + i, r); \
+        } \
+        for (; i < n; i++) \
+            out[i] = kiln_binary_f32(OP, a[i], b[i]); \
     } while (0)
 
 /* Ops with no vector form: the scalar formula element by element. */
-#define SCALAR_LOOP(expr)                                                \
-    do {                                                                 \
-        for (int64_t i = 0; i < n; i++)                                  \
-            out[i] = expr;                                               \
+#define SCALAR_LOOP(expr) \
+    do { \
+        for (int64_t i = 0; i < n; i++) \
+            out[i] = expr; \
     } while (0)
 
 CPU_SIMD static void cpu_binary_f32_simd(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n)
@@ -61,23 +61,23 @@ void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, float *ou
 
 /* One unary op over n elements, 8 lanes at a time; the tail goes through
  * a padded vector too, so every element sees the same arithmetic. */
-#define UNARY_LOOP(fn)                                                    \
-    do {                                                                  \
-        int64_t i = 0;                                                    \
-        cpu_v8 v, r;                                                      \
-        for (; i + 8 <= n; i += 8) {                                      \
-            cpu_ld8(v, x + i);                                            \
-            fn(&r, &v);                                                   \
-            cpu_st8(out + i, r);                                          \
-        }                                                                 \
-        if (i < n) {                                                      \
-            float t_[8] = {0};                                            \
-            memcpy(t_, x + i, (size_t)(n - i) * sizeof(float));           \
-            cpu_ld8(v, t_);                                               \
-            fn(&r, &v);                                                   \
-            cpu_st8(t_, r);                                               \
-            memcpy(out + i, t_, (size_t)(n - i) * sizeof(float));         \
-        }                                                                 \
+#define UNARY_LOOP(fn) \
+    do { \
+        int64_t i = 0; \
+        cpu_v8 v, r; \
+        for (; i + 8 <= n; i += 8) { \
+            cpu_ld8(v, x + i); \
+            fn(&r, &v); \
+            cpu_st8(out + i, r); \
+        } \
+        if (i < n) { \
+            float t_[8] = {0}; \
+            memcpy(t_, x + i, (size_t)(n - i) * sizeof(float)); \
+            cpu_ld8(v, t_); \
+            fn(&r, &v); \
+            cpu_st8(t_, r); \
+            memcpy(out + i, t_, (size_t)(n - i) * sizeof(float)); \
+        } \
     } while (0)
 
 static inline void neg8(cpu_v8 *r, const cpu_v8 *v) { *r = -*v; }
@@ -131,23 +131,20 @@ CPU_SIMD static void cpu_unary_f32_simd(kiln_unary_op op, const float *x, float 
     }
 }
 
-void cpu_unary_f32(kiln_unary_op op, const float *x, float *out, int64_t n)
-{
-    cpu_unary_f32_simd(op, x, out, n);
-}
+void cpu_unary_f32(kiln_unary_op op, const float *x, float *out, int64_t n) { cpu_unary_f32_simd(op, x, out, n); }
 
 /* ---- the broadcast walk ------------------------------------------------------------ */
 
 typedef struct bcast {
-    int32_t rank;                   /* merged axes, >= 1 */
+    int32_t rank; /* merged axes, >= 1 */
     int32_t n_ops;
     int64_t dims[KILN_MAX_RANK];
     int64_t st[KILN_FUSED_MAX_INPUTS][KILN_MAX_RANK]; /* element strides, 0 = broadcast */
-    int64_t rows, inner, n_blocks;  /* rows × blocks of the innermost axis */
+    int64_t rows, inner, n_blocks;                    /* rows × blocks of the innermost axis */
 } bcast;
 
-static kiln_status bcast_init(bcast *b, const kiln_cpu_args *a, const kiln_dims *out,
-                              const kiln_exec_tensor *ins, int32_t n_ins)
+static kiln_status bcast_init(bcast *b, const kiln_cpu_args *a, const kiln_dims *out, const kiln_exec_tensor *ins,
+                              int32_t n_ins)
 {
     memset(b, 0, sizeof *b);
     b->n_ops = n_ins;
@@ -187,8 +184,7 @@ static void bcast_unit(const bcast *b, int64_t u, int64_t *offs, int64_t *out_of
 }
 
 /* A block of an operand as f32: in place when contiguous f32. */
-static const float *load_block(float *buf, const void *base, kiln_dtype t, int64_t off,
-                               int64_t stride, int64_t n)
+static const float *load_block(float *buf, const void *base, kiln_dtype t, int64_t off, int64_t stride, int64_t n)
 {
     if (stride == 0) {
         float v = kiln_load_f32(base, t, off);
@@ -287,8 +283,8 @@ kiln_status cpu_run_binary(const kiln_cpu_args *a)
     else if (kiln_exec_is_int(t))
         bcast_run(a, &j.b, binary_int_units, &j);
     else
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": binary %s on %s is not supported",
-                         name, kiln_binary_op_name(op), kiln_dtype_name(t));
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": binary %s on %s is not supported", name,
+                         kiln_binary_op_name(op), kiln_dtype_name(t));
     return KILN_OK;
 }
 
@@ -336,8 +332,8 @@ kiln_status cpu_run_unary(const kiln_cpu_args *a)
     else if (kiln_exec_is_int(t) && int_ok)
         bcast_run(a, &j.b, unary_int_units, &j);
     else
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": unary %s on %s is not supported",
-                         name, kiln_unary_op_name(op), kiln_dtype_name(t));
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": unary %s on %s is not supported", name,
+                         kiln_unary_op_name(op), kiln_dtype_name(t));
     return KILN_OK;
 }
 
@@ -367,8 +363,8 @@ static void fused_units(void *p, int64_t begin, int64_t end)
         int64_t offs[KILN_FUSED_MAX_INPUTS], oo, n;
         bcast_unit(&j->b, u, offs, &oo, &n);
         for (int32_t k = 0; k < n_in; k++)
-            ops[k] = load_block(in_buf[k], a->inputs[k].data, a->inputs[k].dtype, offs[k],
-                                j->b.st[k][j->b.rank - 1], n);
+            ops[k] =
+                load_block(in_buf[k], a->inputs[k].data, a->inputs[k].dtype, offs[k], j->b.st[k][j->b.rank - 1], n);
         for (int32_t s = 0; s < n_steps - 1; s++)
             fused_step_block(&l->p.fused.steps[s], ops, regs[s], n);
         float *po = out_block(regs[n_steps - 1], o->data, o->dtype, oo);
@@ -390,8 +386,8 @@ static kiln_status fused_reference(const kiln_cpu_args *a, const bcast *b)
     for (int32_t k = 0; k < n_in + n_steps; k++) {
         arr[k] = malloc(bytes);
         if (!arr[k]) {
-            st = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory for %zu bytes",
-                           cpu_layer_name(a), bytes);
+            st = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory for %zu bytes", cpu_layer_name(a),
+                           bytes);
             goto done;
         }
     }
@@ -400,15 +396,13 @@ static kiln_status fused_reference(const kiln_cpu_args *a, const bcast *b)
         int64_t offs[KILN_FUSED_MAX_INPUTS], oo, n;
         bcast_unit(b, u, offs, &oo, &n);
         for (int32_t k = 0; k < n_in; k++) {
-            const float *v = load_block(buf, a->inputs[k].data, a->inputs[k].dtype, offs[k],
-                                        b->st[k][b->rank - 1], n);
+            const float *v = load_block(buf, a->inputs[k].data, a->inputs[k].dtype, offs[k], b->st[k][b->rank - 1], n);
             memcpy(arr[k] + oo, v, (size_t)n * sizeof(float));
         }
     }
     for (int32_t s = 0; s < n_steps; s++)
         fused_step_block(&l->p.fused.steps[s], (const float *const *)arr, arr[n_in + s], count);
-    cpu_convert(NULL, a->outputs[0].data, a->outputs[0].dtype, arr[n_in + n_steps - 1],
-                KILN_DTYPE_F32, count);
+    cpu_convert(NULL, a->outputs[0].data, a->outputs[0].dtype, arr[n_in + n_steps - 1], KILN_DTYPE_F32, count);
 done:
     for (int32_t k = 0; k < n_in + n_steps; k++)
         free(arr[k]);

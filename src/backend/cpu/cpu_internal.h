@@ -25,10 +25,7 @@
 #define KILN_CPU_PARALLEL_MIN 32768
 
 /* The pool a kernel should use: none in reference mode. */
-static inline kiln_threadpool *cpu_pool(const kiln_cpu_args *a)
-{
-    return a->reference ? NULL : a->pool;
-}
+static inline kiln_threadpool *cpu_pool(const kiln_cpu_args *a) { return a->reference ? NULL : a->pool; }
 
 static inline const char *cpu_layer_name(const kiln_cpu_args *a)
 {
@@ -141,8 +138,8 @@ int cpu_have_f16c(void);
 /* n elements between any two dtypes (cpu_convert.c): fast loops between
  * f32 and f16/bf16, kiln_convert otherwise. Splits across `pool` when n is
  * large. */
-void cpu_convert(kiln_threadpool *pool, void *dst, kiln_dtype dst_type, const void *src,
-                 kiln_dtype src_type, int64_t n);
+void cpu_convert(kiln_threadpool *pool, void *dst, kiln_dtype dst_type, const void *src, kiln_dtype src_type,
+                 int64_t n);
 
 /* f32 elementwise primitives over n contiguous elements (cpu_elementwise.c). */
 void cpu_binary_f32(kiln_binary_op op, const float *a, const float *b, float *out, int64_t n);

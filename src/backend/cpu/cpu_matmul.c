@@ -30,8 +30,7 @@ static void mm_reference(const kiln_cpu_args *a, const kiln_matmul_shape *s)
                 for (int64_t p = 0; p < s->k; p++) {
                     int64_t ia = ao + (s->ta ? p * s->lda + i : i * s->lda + p);
                     int64_t ib = bo + (s->tb ? j * s->ldb + p : p * s->ldb + j);
-                    acc += (double)kiln_load_f32(A->data, A->dtype, ia) *
-                           (double)kiln_load_f32(B->data, B->dtype, ib);
+                    acc += (double)kiln_load_f32(A->data, A->dtype, ia) * (double)kiln_load_f32(B->data, B->dtype, ib);
                 }
                 kiln_store_f32(C->data, C->dtype, (b * s->m + i) * s->n + j, (float)acc);
             }
@@ -48,11 +47,11 @@ static void mm_reference(const kiln_cpu_args *a, const kiln_matmul_shape *s)
 
 typedef struct gemv_job {
     const kiln_matmul_shape *s;
-    int64_t m;          /* rows of A, batches folded */
-    const float *a;     /* [m, k] */
-    const void *b;      /* [k, n], or [n, k] when s->tb */
+    int64_t m;      /* rows of A, batches folded */
+    const float *a; /* [m, k] */
+    const void *b;  /* [k, n], or [n, k] when s->tb */
     kiln_dtype bt;
-    float *c;           /* [m, n] */
+    float *c; /* [m, n] */
 } gemv_job;
 
 static const float *widen_block(float *buf, const void *src, kiln_dtype t, int64_t off, int64_t n)
@@ -109,8 +108,7 @@ CPU_SIMD static float dot_bf16(const float *x, const uint16_t *w, int64_t n)
 }
 
 #if defined(__x86_64__)
-__attribute__((target("avx2,f16c"))) static float dot_f16_f16c(const float *x, const uint16_t *w,
-                                                              int64_t n)
+__attribute__((target("avx2,f16c"))) static float dot_f16_f16c(const float *x, const uint16_t *w, int64_t n)
 {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
     int64_t i = 0;
@@ -212,9 +210,8 @@ typedef struct mm_job {
 
 static void mm_gemm(const kiln_matmul_shape *s, int64_t m, const float *a, const float *b, float *c)
 {
-    cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans,
-                (int)m, (int)s->n, (int)s->k, 1.0f, a, (int)s->lda, b, (int)s->ldb, 0.0f, c,
-                (int)s->n);
+    cblas_sgemm(CblasRowMajor, s->ta ? CblasTrans : CblasNoTrans, s->tb ? CblasTrans : CblasNoTrans, (int)m, (int)s->n,
+                (int)s->k, 1.0f, a, (int)s->lda, b, (int)s->ldb, 0.0f, c, (int)s->n);
 }
 
 static void mm_batches(void *p, int64_t begin, int64_t end)
@@ -228,8 +225,7 @@ static void mm_batches(void *p, int64_t begin, int64_t end)
 }
 
 /* The operand as f32: in place, or widened into *scratch. */
-static kiln_status mm_as_f32(const kiln_cpu_args *a, const kiln_exec_tensor *t, float **scratch,
-                             const float **out)
+static kiln_status mm_as_f32(const kiln_cpu_args *a, const kiln_exec_tensor *t, float **scratch, const float **out)
 {
     if (t->dtype == KILN_DTYPE_F32) {
         *out = t->data;
@@ -248,10 +244,9 @@ static kiln_status mm_as_f32(const kiln_cpu_args *a, const kiln_exec_tensor *t, 
 static kiln_status mm_fast(const kiln_cpu_args *a, const kiln_matmul_shape *s)
 {
     const char *name = cpu_layer_name(a);
-    if (s->m > INT_MAX || s->n > INT_MAX || s->k > INT_MAX || s->lda > INT_MAX ||
-        s->ldb > INT_MAX || s->batches * s->m > INT_MAX)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": matmul dims exceed the BLAS int range",
-                         name);
+    if (s->m > INT_MAX || s->n > INT_MAX || s->k > INT_MAX || s->lda > INT_MAX || s->ldb > INT_MAX ||
+        s->batches * s->m > INT_MAX)
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": matmul dims exceed the BLAS int range", name);
     const kiln_exec_tensor *C = &a->outputs[0];
     int64_t c_count = s->batches * s->m * s->n;
     /* B is shared by every batch and A's batches are contiguous rows. */
@@ -269,8 +264,7 @@ static kiln_status mm_fast(const kiln_cpu_args *a, const kiln_matmul_shape *s)
     if (st == KILN_OK && C->dtype != KILN_DTYPE_F32) {
         fc = sc = malloc((size_t)(c_count > 0 ? c_count : 1) * sizeof(float));
         if (!sc)
-            st = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory for the matmul result",
-                           name);
+            st = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "layer \"%s\": out of memory for the matmul result", name);
     }
     if (st != KILN_OK)
         goto done;
@@ -278,8 +272,8 @@ static kiln_status mm_fast(const kiln_cpu_args *a, const kiln_matmul_shape *s)
     if (s->k == 0) {
         memset(fc, 0, (size_t)c_count * sizeof(float));
     } else if (few_rows) {
-        gemv_job j = {.s = s, .m = s->batches * s->m, .a = fa, .b = a->inputs[1].data,
-                      .bt = a->inputs[1].dtype, .c = fc};
+        gemv_job j = {
+            .s = s, .m = s->batches * s->m, .a = fa, .b = a->inputs[1].data, .bt = a->inputs[1].dtype, .c = fc};
         kiln_threadpool *pool = s->n * s->k < KILN_CPU_PARALLEL_MIN ? NULL : cpu_pool(a);
         if (s->tb)
             kiln_threadpool_run(pool, s->n, gemv_rows_of_b, &j);
@@ -309,15 +303,15 @@ kiln_status cpu_run_matmul(const kiln_cpu_args *a)
 {
     const char *name = cpu_layer_name(a);
     if (a->layer->n_inputs != 2 || a->layer->n_outputs != 1)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": matmul needs 2 inputs, 1 output",
-                         name);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "layer \"%s\": matmul needs 2 inputs, 1 output", name);
     if (!kiln_dtype_is_float(a->inputs[0].dtype) || !kiln_dtype_is_float(a->inputs[1].dtype) ||
         !kiln_dtype_is_float(a->outputs[0].dtype))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": matmul of %s and %s into %s", name,
                          kiln_dtype_name(a->inputs[0].dtype), kiln_dtype_name(a->inputs[1].dtype),
                          kiln_dtype_name(a->outputs[0].dtype));
     kiln_matmul_shape s;
-    KILN_TRY(kiln_matmul_shape_init(cpu_layer_name(a), a->layer, &a->inputs[0].dims, &a->inputs[1].dims, &a->outputs[0].dims, &s));
+    KILN_TRY(kiln_matmul_shape_init(cpu_layer_name(a), a->layer, &a->inputs[0].dims, &a->inputs[1].dims,
+                                    &a->outputs[0].dims, &s));
     if (s.batches == 0 || s.m == 0 || s.n == 0)
         return KILN_OK;
     if (a->reference) {

@@ -13,7 +13,7 @@
 typedef struct reduce_job {
     const kiln_cpu_args *a;
     kiln_reduce_op op;
-    kiln_reduce_plan g;                              /* the geometry */
+    kiln_reduce_plan g; /* the geometry */
 } reduce_job;
 
 /* A block of a contiguous line as f32 (in place for f32). */
@@ -31,8 +31,7 @@ static const float *line_block(float *buf, const void *base, kiln_dtype t, int64
 
 /* Folds a contiguous f32 block into the running sum or extreme. NaN wins a
  * max/min, as in numpy. */
-CPU_SIMD static void reduce_block(kiln_reduce_op op, const float *v, int64_t n, double *sum,
-                                  float *best)
+CPU_SIMD static void reduce_block(kiln_reduce_op op, const float *v, int64_t n, double *sum, float *best)
 {
     int64_t i = 0;
     if (op == KILN_REDUCE_SUM || op == KILN_REDUCE_MEAN) {
@@ -66,8 +65,8 @@ CPU_SIMD static void reduce_block(kiln_reduce_op op, const float *v, int64_t n, 
 }
 
 /* One run of `inner` elements, `istride` apart, from element `off`. */
-static void reduce_run(const reduce_job *j, const kiln_exec_tensor *x, int64_t off, int64_t inner,
-                       int64_t istride, double *sum, float *best)
+static void reduce_run(const reduce_job *j, const kiln_exec_tensor *x, int64_t off, int64_t inner, int64_t istride,
+                       double *sum, float *best)
 {
     if (istride == 1 && kiln_dtype_is_float(x->dtype)) {
         float buf[KILN_CPU_BLOCK];
@@ -231,8 +230,8 @@ static void softmax_units(void *p, int64_t begin, int64_t end)
                 const float *v = line_block(buf, x->data, x->dtype, base + b0, n);
                 exp_shifted(ob, v, m, n);
                 scale_f32(ob, inv, n);
-                cpu_convert(NULL, (char *)o->data + (size_t)(base + b0) * kiln_dtype_size(o->dtype),
-                            o->dtype, ob, KILN_DTYPE_F32, n);
+                cpu_convert(NULL, (char *)o->data + (size_t)(base + b0) * kiln_dtype_size(o->dtype), o->dtype, ob,
+                            KILN_DTYPE_F32, n);
             }
             continue;
         }
@@ -256,8 +255,7 @@ kiln_status cpu_run_softmax(const kiln_cpu_args *a)
 {
     softmax_job j = {.a = a};
     int64_t count;
-    KILN_TRY(kiln_layer_plan_softmax(cpu_layer_name(a), a->layer, a->inputs, a->outputs, &count, &j.len,
-                                     &j.inner));
+    KILN_TRY(kiln_layer_plan_softmax(cpu_layer_name(a), a->layer, a->inputs, a->outputs, &count, &j.len, &j.inner));
     if (count == 0)
         return KILN_OK;
     int64_t lines = count / j.len;

@@ -97,16 +97,16 @@ kiln_status kiln_cuda_device_check(kiln_cuda_device *dev, const kiln_graph *grap
                            ? graph->layers[w.layer].name
                            : "?";
     return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
-                     "layer \"%s\": gather index %lld at position %lld is out of range (clamped on the GPU)",
-                     name, (long long)w.index, (long long)w.position);
+                     "layer \"%s\": gather index %lld at position %lld is out of range (clamped on the GPU)", name,
+                     (long long)w.index, (long long)w.position);
 }
 
 /* ---- plugins ---------------------------------------------------------------------------------------- */
 
 static kiln_status run_plugin(const kiln_cuda_args *a)
 {
-    return kiln_layer_run_plugin(layer_name(a), a->plugin, KILN_BACKEND_CUDA, a->layer, a->inputs,
-                                 a->outputs, a->workspace, a->stream);
+    return kiln_layer_run_plugin(layer_name(a), a->plugin, KILN_BACKEND_CUDA, a->layer, a->inputs, a->outputs,
+                                 a->workspace, a->stream);
 }
 
 /* ---- dispatch --------------------------------------------------------------------------------------- */

@@ -38,12 +38,12 @@ void kiln_cuda_device_destroy(kiln_cuda_device *dev);
 typedef struct kiln_cuda_args {
     const kiln_graph *graph;
     const kiln_layer *layer;
-    const kiln_exec_tensor *inputs;   /* device pointers, layer->n_inputs */
-    const kiln_exec_tensor *outputs;  /* device pointers, layer->n_outputs */
-    kiln_plugin *plugin;              /* the context's instance for PLUGIN layers */
-    void *workspace;                  /* device memory, layer->workspace bytes */
+    const kiln_exec_tensor *inputs;  /* device pointers, layer->n_inputs */
+    const kiln_exec_tensor *outputs; /* device pointers, layer->n_outputs */
+    kiln_plugin *plugin;             /* the context's instance for PLUGIN layers */
+    void *workspace;                 /* device memory, layer->workspace bytes */
     kiln_cuda_device *device;
-    void *stream;                     /* cudaStream_t */
+    void *stream; /* cudaStream_t */
 } kiln_cuda_args;
 
 /* Launches one layer on args->stream. Errors name the layer and, for a
@@ -76,9 +76,8 @@ kiln_status kiln_cuda_device_check(kiln_cuda_device *dev, const kiln_graph *grap
  * allocated and freed here, so call it at build time only), a few
  * repetitions each with CUDA events on a private stream, and stores the
  * index of the fastest in *tactic. Call at the profile's opt shapes. */
-kiln_status kiln_cuda_matmul_tune(kiln_cuda_device *dev, const kiln_layer *layer,
-                                  const kiln_exec_tensor *a, const kiln_exec_tensor *b,
-                                  const kiln_exec_tensor *c, int64_t *tactic);
+kiln_status kiln_cuda_matmul_tune(kiln_cuda_device *dev, const kiln_layer *layer, const kiln_exec_tensor *a,
+                                  const kiln_exec_tensor *b, const kiln_exec_tensor *c, int64_t *tactic);
 
 /* Bytes of cuBLASLt workspace the device preallocates (at create, never in
  * a launch). A matmul launch uses args->workspace instead when the layer

@@ -113,10 +113,7 @@ __device__ __forceinline__ void kcu_store(void *p, int t, int64_t i, float v) { 
  * plugins/plugin_util.h on the device), and v rounded to dtype t. */
 __device__ __forceinline__ float kcu_load_float(const void *p, int t, int64_t i) { return kiln_elem_load_f32(p, t, i); }
 
-__device__ __forceinline__ void kcu_store_float(void *p, int t, int64_t i, float v)
-{
-    kiln_elem_store_f32(p, t, i, v);
-}
+__device__ __forceinline__ void kcu_store_float(void *p, int t, int64_t i, float v) { kiln_elem_store_f32(p, t, i, v); }
 
 __device__ __forceinline__ float kcu_round_float(int t, float v)
 {

@@ -36,8 +36,8 @@ _Static_assert(KCU_MAX_INPUTS <= 31, "scal_known has a bit per input");
 /* Output shape with each operand's strides (0 on broadcast axes), size-1
  * axes dropped and adjacent axes merged where every operand allows (the
  * CPU backend's broadcast walk). */
-static kiln_status ew_bcast(const kiln_cuda_args *a, const kiln_dims *out, const kiln_exec_tensor *ins,
-                            int32_t n_ins, kcu_ew_args *e)
+static kiln_status ew_bcast(const kiln_cuda_args *a, const kiln_dims *out, const kiln_exec_tensor *ins, int32_t n_ins,
+                            kcu_ew_args *e)
 {
     kiln_broadcast w;
     KILN_TRY(kiln_broadcast_init(&w, layer_name(a), out, ins, n_ins));
@@ -160,8 +160,8 @@ static kiln_status ew_run(const kiln_cuda_args *a, kcu_ew_args *e, const kiln_ex
         e->rank = 1;
         e->dims[0] = 1;
     }
-    int scalar[KCU_MAX_INPUTS] = {0}, fast = out->dtype == KILN_DTYPE_F32 || out->dtype == KILN_DTYPE_F16 ||
-                                             out->dtype == KILN_DTYPE_BF16;
+    int scalar[KCU_MAX_INPUTS] = {0},
+        fast = out->dtype == KILN_DTYPE_F32 || out->dtype == KILN_DTYPE_F16 || out->dtype == KILN_DTYPE_BF16;
     fast = fast && ((uintptr_t)out->data & 15) == 0;
     for (int32_t k = 0; k < e->n_in && fast; k++) {
         int64_t c = kiln_exec_count(&a->inputs[k].dims);

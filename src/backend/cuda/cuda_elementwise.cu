@@ -38,8 +38,7 @@ __global__ void kcu_ew_kernel(const kcu_ew_args a)
             r[k] = kcu_load(a.in[k], a.in_dtype[k], off[k]);
         for (int s = 0; s < a.n_steps; s++) {
             const kcu_step st = a.steps[s];
-            r[a.n_in + s] = st.is_binary ? kiln_binary_f32(st.op, r[st.a], r[st.b])
-                                       : kiln_unary_f32(st.op, r[st.a]);
+            r[a.n_in + s] = st.is_binary ? kiln_binary_f32(st.op, r[st.a], r[st.b]) : kiln_unary_f32(st.op, r[st.a]);
         }
         kcu_store(a.out, a.out_dtype, i, r[a.n_in + a.n_steps - 1]);
     }
@@ -124,8 +123,10 @@ template <float (*W)(uint16_t), uint32_t (*P)(float, float)> struct kcu_vec16 {
         return make_uint4(P(v[0], v[1]), P(v[2], v[3]), P(v[4], v[5]), P(v[6], v[7]));
     }
 };
-template <> struct kcu_vec<__half> : kcu_vec16<kiln_f16_to_f32, kcu_pack_f16> {};
-template <> struct kcu_vec<__nv_bfloat16> : kcu_vec16<kiln_bf16_to_f32, kcu_pack_bf16> {};
+template <> struct kcu_vec<__half> : kcu_vec16<kiln_f16_to_f32, kcu_pack_f16> {
+};
+template <> struct kcu_vec<__nv_bfloat16> : kcu_vec16<kiln_bf16_to_f32, kcu_pack_bf16> {
+};
 
 /* Rare or long ops as calls: inlined on every lane they would take the
  * registers the memory-bound common case needs. */
@@ -143,12 +144,12 @@ template <bool FAST> __device__ __forceinline__ float kcu_div(float x, float y)
     return FAST ? __fdividef(x, y) : x / y;
 }
 
-#define KCU_LANES_DO(expr)                                       \
-    _Pragma("unroll") for (int e = 0; e < L; e++)                \
-    {                                                            \
-        float v = acc[e];                                        \
-        acc[e] = (expr);                                         \
-    }                                                            \
+#define KCU_LANES_DO(expr) \
+    _Pragma("unroll") for (int e = 0; e < L; e++) \
+    { \
+        float v = acc[e]; \
+        acc[e] = (expr); \
+    } \
     break;
 
 template <int L, bool FAST> __device__ __forceinline__ void kcu_unary_lanes(int op, float *acc)
@@ -175,20 +176,20 @@ __device__ __forceinline__ float kcu_y(float y, int) { return y; }
 
 template <int L, bool FAST, typename Y> __device__ __forceinline__ void kcu_binary_lanes(int op, float *acc, Y y)
 {
-#define KCU_BIN(OP, expr)                                        \
-    case OP:                                                     \
-        _Pragma("unroll") for (int e = 0; e < L; e++)            \
-        {                                                        \
-            float p = acc[e], q = KCU_Y(e);                      \
-            acc[e] = (expr);                                     \
-        }                                                        \
-        break;                                                   \
-    case OP | KCU_SWAPPED:                                       \
-        _Pragma("unroll") for (int e = 0; e < L; e++)            \
-        {                                                        \
-            float p = KCU_Y(e), q = acc[e];                      \
-            acc[e] = (expr);                                     \
-        }                                                        \
+#define KCU_BIN(OP, expr) \
+    case OP: \
+        _Pragma("unroll") for (int e = 0; e < L; e++) \
+        { \
+            float p = acc[e], q = KCU_Y(e); \
+            acc[e] = (expr); \
+        } \
+        break; \
+    case OP | KCU_SWAPPED: \
+        _Pragma("unroll") for (int e = 0; e < L; e++) \
+        { \
+            float p = KCU_Y(e), q = acc[e]; \
+            acc[e] = (expr); \
+        } \
         break;
     switch (op) {
         KCU_BIN(KILN_BINARY_ADD, p + q)
@@ -312,8 +313,7 @@ extern "C" int kcu_launch_ew(const kcu_ew_args *a, int32_t sms, void *stream)
     return (int)kcu_launch(kcu_ew_kernel, kcu_blocks(a->count - a->start, sms, 4), (cudaStream_t)stream, *a);
 }
 
-extern "C" int kcu_launch_ew_int(const kcu_ew_args *a, int32_t is_binary, int32_t op, int32_t sms,
-                                 void *stream)
+extern "C" int kcu_launch_ew_int(const kcu_ew_args *a, int32_t is_binary, int32_t op, int32_t sms, void *stream)
 {
     if (a->count <= a->start)
         return cudaSuccess;
@@ -332,7 +332,8 @@ extern "C" int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *str
         blocks = cap;
     cudaStream_t s = (cudaStream_t)stream;
 #define KCU_FAST(T) \
-    (a->uses_sv ? kcu_launch(kcu_fast_kernel<T, true>, blocks, s, *a) : kcu_launch(kcu_fast_kernel<T, false>, blocks, s, *a))
+    (a->uses_sv ? kcu_launch(kcu_fast_kernel<T, true>, blocks, s, *a) \
+                : kcu_launch(kcu_fast_kernel<T, false>, blocks, s, *a))
     switch (a->dtype) {
     case KILN_DTYPE_F32: return (int)KCU_FAST(float);
     case KILN_DTYPE_F16: return (int)KCU_FAST(__half);
@@ -341,4 +342,3 @@ extern "C" int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *str
     }
 #undef KCU_FAST
 }
-

@@ -19,7 +19,7 @@ extern "C" {
 
 /* Where kernels report a gather index out of range (device memory). */
 typedef struct kcu_error_word {
-    int32_t flag;      /* 0: nothing recorded */
+    int32_t flag; /* 0: nothing recorded */
     int32_t layer;
     int64_t index;
     int64_t position;
@@ -50,9 +50,9 @@ typedef struct kcu_ew_args {
     int32_t in_dtype[KCU_MAX_INPUTS];
     void *out;
     int32_t out_dtype;
-    int32_t rank;                                 /* of the merged output shape */
+    int32_t rank; /* of the merged output shape */
     int64_t dims[KILN_MAX_RANK];
-    int64_t st[KCU_MAX_INPUTS][KILN_MAX_RANK];    /* element strides, 0 = broadcast */
+    int64_t st[KCU_MAX_INPUTS][KILN_MAX_RANK]; /* element strides, 0 = broadcast */
     int64_t start, count;
 } kcu_ew_args;
 
@@ -69,11 +69,11 @@ typedef struct kcu_ew_args {
 #define KCU_FAST_SCALAR 16
 
 enum {
-    KCU_UOP_LOAD = 0,      /* acc = src (saved register or input) */
-    KCU_UOP_SAVE,          /* sv = acc */
-    KCU_UOP_UNARY,         /* acc = op(acc) */
-    KCU_UOP_BINARY,        /* acc = op(acc, src), src a vector operand */
-    KCU_UOP_BINARY_SCALAR  /* acc = op(acc, src), src a one-element input */
+    KCU_UOP_LOAD = 0,     /* acc = src (saved register or input) */
+    KCU_UOP_SAVE,         /* sv = acc */
+    KCU_UOP_UNARY,        /* acc = op(acc) */
+    KCU_UOP_BINARY,       /* acc = op(acc, src), src a vector operand */
+    KCU_UOP_BINARY_SCALAR /* acc = op(acc, src), src a one-element input */
 };
 
 /* A binary op with this bit set takes its operands swapped: op(src, acc). */
@@ -127,16 +127,15 @@ int kcu_launch_ew(const kcu_ew_args *a, int32_t sms, void *stream);
  * addresses: 16-byte aligned rows of x and w. */
 int32_t kcu_gemv_supported(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w,
                            const void *y, int64_t ldy, int64_t n, int64_t k);
-int kcu_gemv(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w, void *y,
-             int64_t ldy, int64_t n, int64_t k, void *stream);
+int kcu_gemv(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w, void *y, int64_t ldy,
+             int64_t n, int64_t k, void *stream);
 void kcu_gemv_set_pdl(int32_t on);
 int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *stream);
 
 /* Integer binary (is_binary) or unary (neg/abs/relu) over int64 compute,
  * results wrapping to the storage width; the same maps as kcu_ew_args
  * (n_in 2 or 1, steps unused except steps[0].op). */
-int kcu_launch_ew_int(const kcu_ew_args *a, int32_t is_binary, int32_t op, int32_t sms,
-                      void *stream);
+int kcu_launch_ew_int(const kcu_ew_args *a, int32_t is_binary, int32_t op, int32_t sms, void *stream);
 
 /* ---- reductions ------------------------------------------------------------------ */
 
@@ -145,17 +144,17 @@ typedef struct kcu_reduce_args {
     int32_t in_dtype;
     void *out;
     int32_t out_dtype;
-    int32_t op;          /* kiln_reduce_op */
-    kcu_map kept;        /* output index -> input offset of the line's start */
-    kcu_map red;         /* reduced index -> offset within the line */
+    int32_t op;   /* kiln_reduce_op */
+    kcu_map kept; /* output index -> input offset of the line's start */
+    kcu_map red;  /* reduced index -> offset within the line */
     int64_t n_out, rcount;
 } kcu_reduce_args;
 
 int kcu_launch_reduce(const kcu_reduce_args *a, int32_t sms, void *stream);
 
 /* Softmax over lines of `len` elements `inner` apart. */
-int kcu_launch_softmax(const void *in, int32_t in_dtype, void *out, int32_t out_dtype, int64_t lines,
-                       int64_t len, int64_t inner, int32_t sms, void *stream);
+int kcu_launch_softmax(const void *in, int32_t in_dtype, void *out, int32_t out_dtype, int64_t lines, int64_t len,
+                       int64_t inner, int32_t sms, void *stream);
 
 /* ---- data movement ---------------------------------------------------------------- */
 
@@ -168,18 +167,18 @@ int kcu_launch_copy(const void *src, void *dst, int64_t count, int64_t base, con
 
 /* rows × width elements of a contiguous src into dst at column `col` of
  * rows `pitch` elements long (one concat input). */
-int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t width, int64_t pitch,
-                    int64_t col, int32_t esize, int32_t sms, void *stream);
+int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t width, int64_t pitch, int64_t col, int32_t esize,
+                    int32_t sms, void *stream);
 
 /* out[i, j, c] = data[i, idx[j], c] for i < outer, j < n_idx, c < inner;
  * an index outside [0, dim) is clamped and recorded in *err. */
-int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, void *out,
-                      int64_t outer, int64_t n_idx, int64_t inner, int64_t dim, int32_t esize,
-                      kcu_error_word *err, int32_t layer, int32_t sms, void *stream);
+int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, void *out, int64_t outer, int64_t n_idx,
+                      int64_t inner, int64_t dim, int32_t esize, kcu_error_word *err, int32_t layer, int32_t sms,
+                      void *stream);
 
 /* n elements converted between dtypes (as kiln_convert). */
-int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t n,
-                    int32_t sms, void *stream);
+int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t n, int32_t sms,
+                    void *stream);
 
 #ifdef __cplusplus
 }

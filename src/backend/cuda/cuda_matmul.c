@@ -10,12 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define LT_CHECK(who, call)                                                                     \
-    do {                                                                                        \
-        cublasStatus_t lt_s_ = (call);                                                          \
-        if (lt_s_ != CUBLAS_STATUS_SUCCESS)                                                     \
-            return kiln_fail(KILN_ERROR_BACKEND, "%s: %s failed: cuBLAS status %d (%s:%d)", (who), \
-                             #call, (int)lt_s_, __FILE__, __LINE__);                            \
+#define LT_CHECK(who, call) \
+    do { \
+        cublasStatus_t lt_s_ = (call); \
+        if (lt_s_ != CUBLAS_STATUS_SUCCESS) \
+            return kiln_fail(KILN_ERROR_BACKEND, "%s: %s failed: cuBLAS status %d (%s:%d)", (who), #call, (int)lt_s_, \
+                             __FILE__, __LINE__); \
     } while (0)
 
 /* When an operand's batch offset is b * stride for every batch b (fully
@@ -44,16 +44,16 @@ static cudaDataType_t mm_type(kiln_dtype t)
 /* One cuBLASLt problem: row-major C[m,n] = op(A)·op(B) is computed as the
  * column-major C^T = op(B)^T · op(A)^T, so B is cuBLASLt's first operand. */
 typedef struct mm_plan {
-    void *ws;                                  /* cuBLASLt workspace and its size */
+    void *ws; /* cuBLASLt workspace and its size */
     size_t ws_size;
     cublasLtMatmulDescOpaque_t desc;
-    cublasLtMatrixLayoutOpaque_t la, lb, lc;  /* lb: kiln's B (first), la: kiln's A */
+    cublasLtMatrixLayoutOpaque_t la, lb, lc; /* lb: kiln's B (first), la: kiln's A */
     int32_t n_algos;
     cublasLtMatmulHeuristicResult_t algos[KILN_CUDA_MATMUL_CANDIDATES];
 } mm_plan;
 
-static kiln_status mm_layout(const char *name, cublasLtMatrixLayout_t l, cudaDataType_t t, int64_t rows,
-                             int64_t cols, int64_t ld, int64_t batch, int64_t stride)
+static kiln_status mm_layout(const char *name, cublasLtMatrixLayout_t l, cudaDataType_t t, int64_t rows, int64_t cols,
+                             int64_t ld, int64_t batch, int64_t stride)
 {
     LT_CHECK(name, cublasLtMatrixLayoutInit(l, t, (uint64_t)rows, (uint64_t)cols, ld));
     if (batch > 1) {
@@ -75,16 +75,17 @@ static uint32_t mm_align(uintptr_t a, uintptr_t step)
 /* m rows of A against B, `batch` problems with the given element strides;
  * `align` holds the byte alignment of A, B and C as launched (cuBLASLt's
  * heuristic otherwise assumes 256 and may pick kernels that need it). */
-static kiln_status mm_plan_init(const char *name, kiln_cuda_device *dev, mm_plan *p, const kiln_matmul_shape *s, int64_t m,
-                                kiln_dtype at, kiln_dtype bt, kiln_dtype ct, int64_t batch, int64_t sa, int64_t sb,
-                                const uint32_t *align)
+static kiln_status mm_plan_init(const char *name, kiln_cuda_device *dev, mm_plan *p, const kiln_matmul_shape *s,
+                                int64_t m, kiln_dtype at, kiln_dtype bt, kiln_dtype ct, int64_t batch, int64_t sa,
+                                int64_t sb, const uint32_t *align)
 {
     if ((at != bt) || (at == KILN_DTYPE_F32 && ct != KILN_DTYPE_F32) ||
         (at != KILN_DTYPE_F32 && ct != at && ct != KILN_DTYPE_F32))
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": matmul of %s and %s into %s is not supported on CUDA",
                          name, kiln_dtype_name(at), kiln_dtype_name(bt), kiln_dtype_name(ct));
     if (batch > INT32_MAX)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": matmul batch %lld is too large", name, (long long)batch);
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": matmul batch %lld is too large", name,
+                         (long long)batch);
     /* exact f32 (no TF32) so results agree with the CPU reference */
     LT_CHECK(name, cublasLtMatmulDescInit(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     cublasOperation_t opb = s->tb ? CUBLAS_OP_T : CUBLAS_OP_N, opa = s->ta ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -96,8 +97,8 @@ static kiln_status mm_plan_init(const char *name, kiln_cuda_device *dev, mm_plan
     cublasLtMatmulPreferenceOpaque_t pref;
     LT_CHECK(name, cublasLtMatmulPreferenceInit(&pref));
     size_t ws = p->ws_size;
-    LT_CHECK(name, cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                                        sizeof ws));
+    LT_CHECK(name,
+             cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
     /* cuBLASLt's A is kiln's B (see mm_plan) */
     LT_CHECK(name, cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &align[1],
                                                         sizeof align[1]));
@@ -111,8 +112,9 @@ static kiln_status mm_plan_init(const char *name, kiln_cuda_device *dev, mm_plan
     cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(dev->lt, &p->desc, &p->lb, &p->la, &p->lc, &p->lc, &pref,
                                                        KILN_CUDA_MATMUL_CANDIDATES, p->algos, &found);
     if (hs != CUBLAS_STATUS_SUCCESS || found < 1)
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "layer \"%s\": cuBLASLt has no algorithm for this %s matmul (status %d)",
-                         name, kiln_dtype_name(at), (int)hs);
+        return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                         "layer \"%s\": cuBLASLt has no algorithm for this %s matmul (status %d)", name,
+                         kiln_dtype_name(at), (int)hs);
     p->n_algos = found;
     return KILN_OK;
 }
@@ -141,16 +143,16 @@ kiln_status cuda_run_matmul(const kiln_cuda_args *a)
         return KILN_OK;
     cudaStream_t stream = (cudaStream_t)a->stream;
     if (s.k == 0) {
-        CU_CHECK(name, cudaMemsetAsync(C->data, 0, (size_t)(s.batches * s.m * s.n) * kiln_dtype_size(C->dtype),
-                                       stream));
+        CU_CHECK(name,
+                 cudaMemsetAsync(C->data, 0, (size_t)(s.batches * s.m * s.n) * kiln_dtype_size(C->dtype), stream));
         return KILN_OK;
     }
     /* A few rows against a weight stored [N, K]: a pass over the weight,
      * which the GEMV kernel streams closer to the memory's rate than
      * cuBLASLt's tiles (bench: decode matmul). KILN_CUDA_GEMV=0 turns it off. */
     if (s.tb && !s.ta && s.batches == 1 && A->dtype == B->dtype && a->device->gemv &&
-        kcu_gemv_supported((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda, B->data, C->data,
-                           s.n, s.n, s.k)) {
+        kcu_gemv_supported((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda, B->data, C->data, s.n,
+                           s.n, s.k)) {
         CU_CHECK(name, (cudaError_t)kcu_gemv((int32_t)s.m, (int32_t)B->dtype, (int32_t)C->dtype, A->data, s.lda,
                                              B->data, C->data, s.n, s.n, s.k, stream));
         return KILN_OK;
@@ -179,13 +181,13 @@ kiln_status cuda_run_matmul(const kiln_cuda_args *a)
         (s.batches == 1 || sa == s.m * s.k)) {
         /* B shared and A's batches contiguous: one tall GEMM */
         KILN_TRY(mm_plan_init(name, a->device, &p, &s, s.batches * s.m, A->dtype, B->dtype, C->dtype, 1, 0, 0, align));
-        return mm_launch(name, a->device, &p, tactic >= 0 && tactic < p.n_algos ? (int32_t)tactic : 0, A->data,
-                         B->data, C->data, stream);
+        return mm_launch(name, a->device, &p, tactic >= 0 && tactic < p.n_algos ? (int32_t)tactic : 0, A->data, B->data,
+                         C->data, stream);
     }
     if (mm_uniform(&s, s.as, &sa) && mm_uniform(&s, s.bs, &sb)) {
         KILN_TRY(mm_plan_init(name, a->device, &p, &s, s.m, A->dtype, B->dtype, C->dtype, s.batches, sa, sb, align));
-        return mm_launch(name, a->device, &p, tactic >= 0 && tactic < p.n_algos ? (int32_t)tactic : 0, A->data,
-                         B->data, C->data, stream);
+        return mm_launch(name, a->device, &p, tactic >= 0 && tactic < p.n_algos ? (int32_t)tactic : 0, A->data, B->data,
+                         C->data, stream);
     }
     KILN_TRY(mm_plan_init(name, a->device, &p, &s, s.m, A->dtype, B->dtype, C->dtype, 1, 0, 0, align));
     int32_t algo = tactic >= 0 && tactic < p.n_algos ? (int32_t)tactic : 0;

@@ -3,8 +3,7 @@
 #include "cuda_common.cuh"
 
 template <typename E>
-__global__ void kcu_copy_kernel(const E *src, E *dst, int64_t count, int64_t base, const kcu_map dm,
-                                const kcu_map sm)
+__global__ void kcu_copy_kernel(const E *src, E *dst, int64_t count, int64_t base, const kcu_map dm, const kcu_map sm)
 {
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -26,8 +25,8 @@ __global__ void kcu_band_kernel(const E *src, E *dst, int64_t rows, int64_t widt
 }
 
 template <typename E, typename I>
-__global__ void kcu_gather_kernel(const E *data, const I *idx, E *out, int64_t outer, int64_t n_idx,
-                                  int64_t inner, int64_t dim, kcu_error_word *err, int layer)
+__global__ void kcu_gather_kernel(const E *data, const I *idx, E *out, int64_t outer, int64_t n_idx, int64_t inner,
+                                  int64_t dim, kcu_error_word *err, int layer)
 {
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x, n = outer * n_idx * inner;
@@ -46,18 +45,17 @@ __global__ void kcu_gather_kernel(const E *data, const I *idx, E *out, int64_t o
     }
 }
 
-#define KCU_BY_ESIZE(esize, MACRO)                  \
-    switch (esize) {                                \
-    case 1: MACRO(uint8_t); break;                  \
-    case 2: MACRO(uint16_t); break;                 \
-    case 4: MACRO(uint32_t); break;                 \
-    case 8: MACRO(uint64_t); break;                 \
-    default: return (int)cudaErrorInvalidValue;     \
+#define KCU_BY_ESIZE(esize, MACRO) \
+    switch (esize) { \
+    case 1: MACRO(uint8_t); break; \
+    case 2: MACRO(uint16_t); break; \
+    case 4: MACRO(uint32_t); break; \
+    case 8: MACRO(uint64_t); break; \
+    default: return (int)cudaErrorInvalidValue; \
     }
 
-extern "C" int kcu_launch_copy(const void *src, void *dst, int64_t count, int64_t base,
-                               const kcu_map *dst_map, const kcu_map *src_map, int32_t esize, int32_t sms,
-                               void *stream)
+extern "C" int kcu_launch_copy(const void *src, void *dst, int64_t count, int64_t base, const kcu_map *dst_map,
+                               const kcu_map *src_map, int32_t esize, int32_t sms, void *stream)
 {
     if (count <= 0)
         return cudaSuccess;
@@ -71,32 +69,33 @@ extern "C" int kcu_launch_copy(const void *src, void *dst, int64_t count, int64_
     return (int)err;
 }
 
-extern "C" int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t width, int64_t pitch,
-                               int64_t col, int32_t esize, int32_t sms, void *stream)
+extern "C" int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t width, int64_t pitch, int64_t col,
+                               int32_t esize, int32_t sms, void *stream)
 {
     if (rows <= 0 || width <= 0)
         return cudaSuccess;
     unsigned blocks = kcu_blocks(rows * width, sms, 4);
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t err = cudaSuccess;
-#define KCU_LAUNCH_BAND(E) err = kcu_launch(kcu_band_kernel<E>, blocks, s, (const E *)src, (E *)dst, rows, width, pitch, col)
+#define KCU_LAUNCH_BAND(E) \
+    err = kcu_launch(kcu_band_kernel<E>, blocks, s, (const E *)src, (E *)dst, rows, width, pitch, col)
     KCU_BY_ESIZE(esize, KCU_LAUNCH_BAND)
 #undef KCU_LAUNCH_BAND
     return (int)err;
 }
 
-extern "C" int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, void *out,
-                                 int64_t outer, int64_t n_idx, int64_t inner, int64_t dim, int32_t esize,
-                                 kcu_error_word *err, int32_t layer, int32_t sms, void *stream)
+extern "C" int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, void *out, int64_t outer,
+                                 int64_t n_idx, int64_t inner, int64_t dim, int32_t esize, kcu_error_word *err,
+                                 int32_t layer, int32_t sms, void *stream)
 {
     if (outer <= 0 || n_idx <= 0 || inner <= 0)
         return cudaSuccess;
     unsigned blocks = kcu_blocks(outer * n_idx * inner, sms, 4);
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e = cudaSuccess;
-#define KCU_LAUNCH_GATHER(E)                                                                           \
+#define KCU_LAUNCH_GATHER(E) \
     e = idx_is_i64 ? kcu_launch(kcu_gather_kernel<E, int64_t>, blocks, s, (const E *)data, (const int64_t *)idx, \
-                                (E *)out, outer, n_idx, inner, dim, err, (int)layer)                   \
+                                (E *)out, outer, n_idx, inner, dim, err, (int)layer) \
                    : kcu_launch(kcu_gather_kernel<E, int32_t>, blocks, s, (const E *)data, (const int32_t *)idx, \
                                 (E *)out, outer, n_idx, inner, dim, err, (int)layer)
     KCU_BY_ESIZE(esize, KCU_LAUNCH_GATHER)
@@ -119,8 +118,8 @@ __global__ void kcu_cast_kernel(const void *src, int st, void *dst, int dt, int6
     }
 }
 
-extern "C" int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t n,
-                               int32_t sms, void *stream)
+extern "C" int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t n, int32_t sms,
+                               void *stream)
 {
     if (n <= 0)
         return cudaSuccess;

@@ -21,8 +21,8 @@ struct kiln_cuda_device {
     int32_t arch, sms;
     int32_t gemv; /* small-m matmuls through kcu_gemv */
     cublasLtHandle_t lt;
-    void *lt_workspace;          /* KILN_CUDA_CUBLASLT_WORKSPACE bytes */
-    kcu_error_word *err;         /* device memory */
+    void *lt_workspace;  /* KILN_CUDA_CUBLASLT_WORKSPACE bytes */
+    kcu_error_word *err; /* device memory */
 };
 
 static inline const char *layer_name(const kiln_cuda_args *a)
@@ -30,19 +30,17 @@ static inline const char *layer_name(const kiln_cuda_args *a)
     return a->layer && a->layer->name ? a->layer->name : "?";
 }
 
-static inline kiln_status cuda_fail(cudaError_t e, const char *who, const char *call, const char *file,
-                                    int line)
+static inline kiln_status cuda_fail(cudaError_t e, const char *who, const char *call, const char *file, int line)
 {
-    return kiln_fail(KILN_ERROR_BACKEND, "%s: %s failed: %s (%s:%d)", who, call, cudaGetErrorString(e),
-                     file, line);
+    return kiln_fail(KILN_ERROR_BACKEND, "%s: %s failed: %s (%s:%d)", who, call, cudaGetErrorString(e), file, line);
 }
 
 /* Checks a CUDA runtime call; `who` names the layer or function. */
-#define CU_CHECK(who, call)                                                   \
-    do {                                                                      \
-        cudaError_t cu_e_ = (call);                                           \
-        if (cu_e_ != cudaSuccess)                                             \
-            return cuda_fail(cu_e_, (who), #call, __FILE__, __LINE__);         \
+#define CU_CHECK(who, call) \
+    do { \
+        cudaError_t cu_e_ = (call); \
+        if (cu_e_ != cudaSuccess) \
+            return cuda_fail(cu_e_, (who), #call, __FILE__, __LINE__); \
     } while (0)
 
 /* Checks a launcher's returned cudaError_t. */

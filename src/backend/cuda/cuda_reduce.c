@@ -48,8 +48,8 @@ kiln_status cuda_run_softmax(const kiln_cuda_args *a)
     KILN_TRY(kiln_layer_plan_softmax(layer_name(a), a->layer, a->inputs, a->outputs, &count, &len, &inner));
     if (count == 0)
         return KILN_OK;
-    KCU_CHECK(a, kcu_launch_softmax(a->inputs[0].data, a->inputs[0].dtype, a->outputs[0].data,
-                                    a->outputs[0].dtype, count / len, len, inner, a->device->sms, a->stream));
+    KCU_CHECK(a, kcu_launch_softmax(a->inputs[0].data, a->inputs[0].dtype, a->outputs[0].data, a->outputs[0].dtype,
+                                    count / len, len, inner, a->device->sms, a->stream));
     return KILN_OK;
 }
 

@@ -35,7 +35,7 @@ __global__ void kcu_reduce_kernel(const kcu_reduce_args a)
             best = kcu_pick(is_max, best, __shfl_xor_sync(0xffffffffu, best, o));
         }
         if (lane == 0) {
-            float v = a.op == KILN_REDUCE_SUM ? (float)sum
+            float v = a.op == KILN_REDUCE_SUM    ? (float)sum
                       : a.op == KILN_REDUCE_MEAN ? (float)(sum / (double)a.rcount)
                                                  : best;
             kcu_store(a.out, a.out_dtype, u, v);
@@ -51,8 +51,8 @@ extern "C" int kcu_launch_reduce(const kcu_reduce_args *a, int32_t sms, void *st
 }
 
 /* One warp per line: max, sum of exp (f32), then exp(x - max) / sum. */
-__global__ void kcu_softmax_kernel(const void *in, int in_dtype, void *out, int out_dtype, int64_t lines,
-                                   int64_t len, int64_t inner)
+__global__ void kcu_softmax_kernel(const void *in, int in_dtype, void *out, int out_dtype, int64_t lines, int64_t len,
+                                   int64_t inner)
 {
     kcu_after_prior();
     const int lane = threadIdx.x & 31;
@@ -80,11 +80,11 @@ __global__ void kcu_softmax_kernel(const void *in, int in_dtype, void *out, int 
     }
 }
 
-extern "C" int kcu_launch_softmax(const void *in, int32_t in_dtype, void *out, int32_t out_dtype,
-                                  int64_t lines, int64_t len, int64_t inner, int32_t sms, void *stream)
+extern "C" int kcu_launch_softmax(const void *in, int32_t in_dtype, void *out, int32_t out_dtype, int64_t lines,
+                                  int64_t len, int64_t inner, int32_t sms, void *stream)
 {
     if (lines <= 0 || len <= 0)
         return cudaSuccess;
-    return (int)kcu_launch(kcu_softmax_kernel, kcu_blocks(lines * 32, sms, 1), (cudaStream_t)stream, in,
-                           (int)in_dtype, out, (int)out_dtype, lines, len, inner);
+    return (int)kcu_launch(kcu_softmax_kernel, kcu_blocks(lines * 32, sms, 1), (cudaStream_t)stream, in, (int)in_dtype,
+                           out, (int)out_dtype, lines, len, inner);
 }

@@ -42,8 +42,7 @@ static kiln_status cuda_check_target(const kiln_engine_header_info *info)
     kiln_gpu_archs_format(info->n_gpu_archs, info->gpu_archs, archs, sizeof archs);
     int32_t gpu = 0;
     if (!kiln_cuda_available(&gpu))
-        return kiln_fail(KILN_ERROR_TARGET, "engine targets cuda (%s), but no CUDA GPU is available",
-                         archs);
+        return kiln_fail(KILN_ERROR_TARGET, "engine targets cuda (%s), but no CUDA GPU is available", archs);
     int32_t n = info->n_gpu_archs < 0 || info->n_gpu_archs > 8 ? 0 : info->n_gpu_archs;
     for (int32_t i = 0; i < n; i++)
         if (info->gpu_archs[i] == gpu)
@@ -51,8 +50,7 @@ static kiln_status cuda_check_target(const kiln_engine_header_info *info)
     /* PTX for an older architecture is compiled for this GPU by the driver. */
     for (int32_t i = 0; i < n; i++)
         if (info->gpu_archs[i] < gpu && library_has_ptx(info->gpu_archs[i])) {
-            kiln_log(KILN_LOG_INFO, "engine holds %s, this GPU is sm_%d: running its PTX", archs,
-                     (int)gpu);
+            kiln_log(KILN_LOG_INFO, "engine holds %s, this GPU is sm_%d: running its PTX", archs, (int)gpu);
             return KILN_OK;
         }
     return kiln_fail(KILN_ERROR_TARGET, "engine holds %s, this GPU is sm_%d", archs, (int)gpu);
@@ -63,8 +61,8 @@ static kiln_status cuda_check_target(const kiln_engine_header_info *info)
 /* What an engine holds on the GPU. */
 struct kiln_backend_engine {
     kiln_cuda_device *device;
-    void *constants;       /* one device allocation holding every constant */
-    void **constant_ptr;   /* graph.n_tensors; device address of each constant */
+    void *constants;     /* one device allocation holding every constant */
+    void **constant_ptr; /* graph.n_tensors; device address of each constant */
 };
 
 static void cuda_engine_destroy(kiln_backend_engine *c)
@@ -88,8 +86,7 @@ static kiln_status upload_constants(kiln_backend_engine *c, const kiln_graph *g)
         if (!(r->flags & KILN_TENSOR_CONSTANT))
             continue;
         size_t padded;
-        if (kiln_add_overflow(total, r->data_size, &padded) ||
-            kiln_add_overflow(padded, CONST_ALIGN - 1, &padded))
+        if (kiln_add_overflow(total, r->data_size, &padded) || kiln_add_overflow(padded, CONST_ALIGN - 1, &padded))
             return kiln_fail(KILN_ERROR_FORMAT, "constants overflow at \"%s\"", r->name);
         total = padded & ~(size_t)(CONST_ALIGN - 1);
     }
@@ -114,9 +111,8 @@ static kiln_status cuda_engine_create(const kiln_graph *g, kiln_backend_engine *
     if (!c)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory loading a cuda engine");
     c->constant_ptr = calloc(g->n_tensors > 0 ? (size_t)g->n_tensors : 1, sizeof *c->constant_ptr);
-    kiln_status s = c->constant_ptr ? KILN_OK
-                                    : kiln_fail(KILN_ERROR_OUT_OF_MEMORY,
-                                                "out of memory loading a cuda engine");
+    kiln_status s =
+        c->constant_ptr ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory loading a cuda engine");
     if (s == KILN_OK)
         s = kiln_cuda_device_create(&c->device);
     if (s == KILN_OK)
@@ -152,10 +148,10 @@ static void cuda_mem_free(void *p, size_t bytes, int block)
 
 /* A graph captured for one set of input shapes and I/O addresses. */
 typedef struct graph_entry {
-    int64_t *symbols;          /* graph.n_symbols */
-    void **addr;               /* engine n_io: device address of each I/O tensor */
-    cudaGraphExec_t exec;      /* NULL: slot empty */
-    size_t n_nodes;            /* kernel and copy nodes: launches per replay */
+    int64_t *symbols;     /* graph.n_symbols */
+    void **addr;          /* engine n_io: device address of each I/O tensor */
+    cudaGraphExec_t exec; /* NULL: slot empty */
+    size_t n_nodes;       /* kernel and copy nodes: launches per replay */
     uint64_t last_use;
 } graph_entry;
 
@@ -171,7 +167,7 @@ typedef struct staged_output {
 } staged_output;
 
 struct kiln_backend_context {
-    kiln_exec_plan *plan;      /* the runtime's context, borrowed */
+    kiln_exec_plan *plan; /* the runtime's context, borrowed */
     kiln_backend_engine *engine;
     cudaStream_t stream;
     cudaEvent_t start, stop;   /* around the last enqueue's launches */
@@ -257,8 +253,7 @@ static kiln_status context_init(kiln_backend_context *c)
     c->pending = calloc(nt, sizeof *c->pending);
     c->host_io = calloc(nt, sizeof *c->host_io);
     c->host_io_bytes = calloc(nt, sizeof *c->host_io_bytes);
-    if (!c->staging || !c->staging_bytes || !c->staging_done || !c->pending || !c->host_io ||
-        !c->host_io_bytes)
+    if (!c->staging || !c->staging_bytes || !c->staging_done || !c->pending || !c->host_io || !c->host_io_bytes)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory creating a cuda context");
     for (int i = 0; i < GRAPH_CACHE; i++) {
         c->graphs[i].symbols = calloc(ns, sizeof *c->graphs[i].symbols);
@@ -272,8 +267,7 @@ static kiln_status context_init(kiln_backend_context *c)
     return KILN_OK;
 }
 
-static kiln_status cuda_context_create(kiln_backend_engine *e, kiln_exec_plan *plan,
-                                       kiln_backend_context **out)
+static kiln_status cuda_context_create(kiln_backend_engine *e, kiln_exec_plan *plan, kiln_backend_context **out)
 {
     kiln_backend_context *c = calloc(1, sizeof *c);
     if (!c)
@@ -404,21 +398,21 @@ static kiln_status launch_layer(void *user, const kiln_exec_call *call)
     nvtxRangePop();
     cudaError_t err = cudaGetLastError();
     if (st != KILN_OK)
-        return ln->capturing ? kiln_fail_context(st, "CUDA graph capture broke at layer \"%s\" (%s)",
-                                                 L->name, layer_what(g, L))
-                             : st;
+        return ln->capturing
+                   ? kiln_fail_context(st, "CUDA graph capture broke at layer \"%s\" (%s)", L->name, layer_what(g, L))
+                   : st;
     if (ln->capturing) {
         enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
         cudaError_t qerr = cudaStreamIsCapturing(ln->stream, &cs);
         if (err != cudaSuccess || qerr != cudaSuccess || cs != cudaStreamCaptureStatusActive)
-            return kiln_fail(KILN_ERROR_BACKEND, "CUDA graph capture broke at layer \"%s\" (%s): %s",
-                             L->name, layer_what(g, L),
+            return kiln_fail(KILN_ERROR_BACKEND, "CUDA graph capture broke at layer \"%s\" (%s): %s", L->name,
+                             layer_what(g, L),
                              cudaGetErrorString(err != cudaSuccess    ? err
                                                 : qerr != cudaSuccess ? qerr
                                                                       : cudaErrorStreamCaptureInvalidated));
     } else if (err != cudaSuccess) {
-        return kiln_fail(KILN_ERROR_BACKEND, "layer \"%s\" (%s): launch failed: %s", L->name,
-                         layer_what(g, L), cudaGetErrorString(err));
+        return kiln_fail(KILN_ERROR_BACKEND, "layer \"%s\" (%s): launch failed: %s", L->name, layer_what(g, L),
+                         cudaGetErrorString(err));
     }
     return KILN_OK;
 }
@@ -439,8 +433,7 @@ static kiln_status copy_on_stream(void *user, void *dst, const void *src, size_t
 
 /* Launches every layer on s (kiln_exec_run), recording events[0] before
  * the first and events[l + 1] after layer l when `events` is given. */
-static kiln_status launch_layers(kiln_backend_context *c, cudaStream_t s, cudaEvent_t *events,
-                                 int capturing)
+static kiln_status launch_layers(kiln_backend_context *c, cudaStream_t s, cudaEvent_t *events, int capturing)
 {
     launch ln = {c, s, events, capturing};
     kiln_exec_hooks hooks = {
@@ -480,8 +473,7 @@ static kiln_status capture(kiln_backend_context *c, cudaStream_t s, graph_entry 
     cudaGraph_t graph = NULL;
     cudaError_t end = cudaStreamEndCapture(s, &graph);
     if (st == KILN_OK && end != cudaSuccess)
-        st = kiln_fail(KILN_ERROR_BACKEND, "ending the CUDA graph capture failed: %s",
-                       cudaGetErrorString(end));
+        st = kiln_fail(KILN_ERROR_BACKEND, "ending the CUDA graph capture failed: %s", cudaGetErrorString(end));
     cudaGetLastError();
     if (st == KILN_OK) {
         cudaError_t err = cudaGraphInstantiate(&en->exec, graph, 0);
@@ -502,8 +494,7 @@ static kiln_status capture(kiln_backend_context *c, cudaStream_t s, graph_entry 
     memcpy(en->symbols, p->symbols, sizeof *en->symbols * (size_t)p->graph->n_symbols);
     for (int32_t i = 0; i < p->n_io; i++)
         en->addr[i] = kiln_exec_io_address(p, p->io[i]);
-    kiln_log(KILN_LOG_INFO, "cuda: captured a graph of %d layers, %zu nodes", (int)p->graph->n_layers,
-             en->n_nodes);
+    kiln_log(KILN_LOG_INFO, "cuda: captured a graph of %d layers, %zu nodes", (int)p->graph->n_layers, en->n_nodes);
     return KILN_OK;
 }
 
@@ -654,11 +645,11 @@ static kiln_status reference_memory(kiln_backend_context *c)
     const kiln_exec_plan *p = c->plan;
     const kiln_graph *g = p->graph;
     if (!c->host_block) {
-        void *m = mmap(NULL, p->block_bytes ? p->block_bytes : 1, PROT_READ | PROT_WRITE,
-                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        void *m =
+            mmap(NULL, p->block_bytes ? p->block_bytes : 1, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (m == MAP_FAILED)
-            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY,
-                             "out of memory for a %zu-byte host copy of the context", p->block_bytes);
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a %zu-byte host copy of the context",
+                             p->block_bytes);
         c->host_block = m;
     }
     for (int32_t i = 0; i < p->n_io; i++) {
@@ -671,8 +662,7 @@ static kiln_status reference_memory(kiln_backend_context *c)
             continue;
         void *m = malloc(bytes ? bytes : 1);
         if (!m)
-            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a host copy of \"%s\"",
-                             g->tensors[t].name);
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a host copy of \"%s\"", g->tensors[t].name);
         free(c->host_io[t]);
         c->host_io[t] = m;
         c->host_io_bytes[t] = bytes;
@@ -703,8 +693,8 @@ static kiln_status cuda_run_reference(kiln_backend_context *c)
             continue;
         KILN_TRY(kiln_dims_bytes(&p->dims[t], g->tensors[t].dtype, &bytes));
         if (bytes)
-            CU(cudaMemcpyAsync(reference_data(c, t), kiln_exec_io_address(p, t), bytes,
-                               cudaMemcpyDeviceToHost, c->stream));
+            CU(cudaMemcpyAsync(reference_data(c, t), kiln_exec_io_address(p, t), bytes, cudaMemcpyDeviceToHost,
+                               c->stream));
     }
     CU(cudaStreamSynchronize(c->stream));
     kiln_exec_host host = {c->host_block, c->host_io};

@@ -12,7 +12,8 @@
 
 #include "cuda_internal.h"
 
-namespace {
+namespace
+{
 
 constexpr int kWarps = 4;  /* warps per block */
 constexpr int kUnroll = 4; /* 16-byte loads per lane and row in flight */
@@ -76,9 +77,9 @@ __device__ __forceinline__ void pdl_release_and_wait()
  * split, bench/README.md). K is a multiple of the vector width E; rows of x
  * and w and the pointers are 16-byte aligned (kcu_gemv_supported). */
 template <typename T, typename TO, int M, int ROWS>
-__global__ void __launch_bounds__(kWarps * 32) gemv_kernel(const T *__restrict__ x, int64_t ldx,
-                                                           const T *__restrict__ w, TO *__restrict__ y,
-                                                           int64_t ldy, int32_t n, int32_t k)
+__global__ void __launch_bounds__(kWarps * 32)
+    gemv_kernel(const T *__restrict__ x, int64_t ldx, const T *__restrict__ w, TO *__restrict__ y, int64_t ldy,
+                int32_t n, int32_t k)
 {
     constexpr int E = 16 / sizeof(T); /* elements per 16-byte vector */
     constexpr int STEP = 32 * E;      /* elements one warp covers per load */
@@ -179,13 +180,12 @@ cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = gemv_pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, gemv_kernel<T, TO, M, ROWS>, (const T *)x, ldx, (const T *)w, (TO *)y, ldy, n,
-                              k);
+    return cudaLaunchKernelEx(&cfg, gemv_kernel<T, TO, M, ROWS>, (const T *)x, ldx, (const T *)w, (TO *)y, ldy, n, k);
 }
 
 template <typename T, typename TO>
-cudaError_t launch_t(int32_t m, const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n,
-                     int32_t k, cudaStream_t stream)
+cudaError_t launch_t(int32_t m, const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
+                     cudaStream_t stream)
 {
     switch (m) {
     case 1: return launch_m<T, TO, 1>(x, ldx, w, y, ldy, n, k, stream);
@@ -226,9 +226,8 @@ extern "C" int kcu_gemv(int32_t m, int32_t wdtype, int32_t ydtype, const void *x
     const int32_t ni = (int32_t)n, ki = (int32_t)k;
     switch (wdtype) {
     case KILN_DTYPE_BF16:
-        return ydtype == KILN_DTYPE_F32
-                   ? launch_t<__nv_bfloat16, float>(m, x, ldx, w, y, ldy, ni, ki, stream)
-                   : launch_t<__nv_bfloat16, __nv_bfloat16>(m, x, ldx, w, y, ldy, ni, ki, stream);
+        return ydtype == KILN_DTYPE_F32 ? launch_t<__nv_bfloat16, float>(m, x, ldx, w, y, ldy, ni, ki, stream)
+                                        : launch_t<__nv_bfloat16, __nv_bfloat16>(m, x, ldx, w, y, ldy, ni, ki, stream);
     case KILN_DTYPE_F16:
         return ydtype == KILN_DTYPE_F32 ? launch_t<__half, float>(m, x, ldx, w, y, ldy, ni, ki, stream)
                                         : launch_t<__half, __half>(m, x, ldx, w, y, ldy, ni, ki, stream);
