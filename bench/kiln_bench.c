@@ -353,25 +353,33 @@ static int lt_fn(void *arg)
     return 0;
 }
 
-/* Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLASLt
- * gets B as its first operand. The heuristic's first algorithm, like
- * kiln's default tactic. */
-static int cublaslt_matmul(void *a, void *b, void *c, double *ms)
+/* One bf16 problem through cuBLASLt, column-major: out = op(first) . second
+ * (first transposed when transa), f32 accumulation, the heuristic's first
+ * algorithm (kiln's default tactic), timed `inner` calls back to back. */
+typedef struct lt_shape {
+    uint64_t rows, cols;
+    int64_t ld;
+} lt_shape;
+
+static int cublaslt_time(void *first, void *second, void *out, lt_shape sf, int transa, lt_shape ss, lt_shape so,
+                         int inner, double *ms)
 {
     lt_arg l;
     memset(&l, 0, sizeof l);
-    l.a = b;
-    l.b = a;
-    l.c = c;
+    l.a = first;
+    l.b = second;
+    l.c = out;
     l.ws_bytes = KILN_CUDA_CUBLASLT_WORKSPACE;
     CU(cudaMalloc(&l.ws, l.ws_bytes));
     int rc = 0;
+    cublasOperation_t opa = transa ? CUBLAS_OP_T : CUBLAS_OP_N;
     cublasLtMatmulPreference_t pref = NULL;
     if (cublasLtCreate(&l.lt) != CUBLAS_STATUS_SUCCESS ||
         cublasLtMatmulDescCreate(&l.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&l.la, CUDA_R_16BF, MM, MM, MM) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&l.lb, CUDA_R_16BF, MM, MM, MM) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&l.lc, CUDA_R_16BF, MM, MM, MM) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&l.la, CUDA_R_16BF, sf.rows, sf.cols, sf.ld) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&l.lb, CUDA_R_16BF, ss.rows, ss.cols, ss.ld) != CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatrixLayoutCreate(&l.lc, CUDA_R_16BF, so.rows, so.cols, so.ld) != CUBLAS_STATUS_SUCCESS ||
         cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS ||
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &l.ws_bytes,
                                              sizeof l.ws_bytes) != CUBLAS_STATUS_SUCCESS)
@@ -384,7 +392,7 @@ static int cublaslt_matmul(void *a, void *b, void *c, double *ms)
         rc = fail("cuBLASLt heuristic found no algorithm");
     if (rc == 0) {
         l.algo = heur.algo;
-        rc = time_gpu(lt_fn, &l, 4, ms, NULL);
+        rc = time_gpu(lt_fn, &l, inner, ms, NULL);
     }
     if (pref)
         cublasLtMatmulPreferenceDestroy(pref);
@@ -400,6 +408,14 @@ static int cublaslt_matmul(void *a, void *b, void *c, double *ms)
         cublasLtDestroy(l.lt);
     cudaFree(l.ws);
     return rc;
+}
+
+/* Row-major C[M,N] = A[M,K] B[K,N] is column-major C^T = B^T A^T: cuBLASLt
+ * gets B as its first operand. */
+static int cublaslt_matmul(void *a, void *b, void *c, double *ms)
+{
+    const lt_shape sq = {MM, MM, MM};
+    return cublaslt_time(b, a, c, sq, 0, sq, sq, 4, ms);
 }
 
 static int bench_matmul(result *res)
@@ -441,54 +457,12 @@ static int bench_matmul(result *res)
 
 /* ---- 4b. decode-shaped matmuls: one token against a bf16 weight [N, K] --------------------------- */
 
-/* cuBLASLt for y[1, N] = x[1, K] . W[N, K]^T (column-major: y^T = W^T' x^T
- * with W read as K x N, transposed), its heuristic's first algorithm. */
+/* y[1, N] = x[1, K] . W[N, K]^T is column-major y^T = W' . x^T with W read
+ * as K x N and transposed; 20 calls back to back, as bench_gemv times kiln. */
 static int cublaslt_gemv(void *x, void *w, void *y, int64_t n, int64_t k, double *ms)
 {
-    lt_arg l;
-    memset(&l, 0, sizeof l);
-    l.a = w;
-    l.b = x;
-    l.c = y;
-    l.ws_bytes = KILN_CUDA_CUBLASLT_WORKSPACE;
-    CU(cudaMalloc(&l.ws, l.ws_bytes));
-    int rc = 0;
-    cublasOperation_t opt = CUBLAS_OP_T;
-    cublasLtMatmulPreference_t pref = NULL;
-    if (cublasLtCreate(&l.lt) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulDescCreate(&l.op, CUBLAS_COMPUTE_32F, CUDA_R_32F) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulDescSetAttribute(l.op, CUBLASLT_MATMUL_DESC_TRANSA, &opt, sizeof opt) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&l.la, CUDA_R_16BF, (uint64_t)k, (uint64_t)n, k) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&l.lb, CUDA_R_16BF, (uint64_t)k, 1, k) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatrixLayoutCreate(&l.lc, CUDA_R_16BF, (uint64_t)n, 1, n) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulPreferenceCreate(&pref) != CUBLAS_STATUS_SUCCESS ||
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &l.ws_bytes,
-                                             sizeof l.ws_bytes) != CUBLAS_STATUS_SUCCESS)
-        rc = fail("cuBLASLt setup failed");
-    cublasLtMatmulHeuristicResult_t heur;
-    int found = 0;
-    if (rc == 0 && (cublasLtMatmulAlgoGetHeuristic(l.lt, l.op, l.la, l.lb, l.lc, l.lc, pref, 1, &heur, &found) !=
-                        CUBLAS_STATUS_SUCCESS ||
-                    found < 1))
-        rc = fail("cuBLASLt heuristic found no algorithm");
-    if (rc == 0) {
-        l.algo = heur.algo;
-        rc = time_gpu(lt_fn, &l, 20, ms, NULL);
-    }
-    if (pref)
-        cublasLtMatmulPreferenceDestroy(pref);
-    if (l.lc)
-        cublasLtMatrixLayoutDestroy(l.lc);
-    if (l.lb)
-        cublasLtMatrixLayoutDestroy(l.lb);
-    if (l.la)
-        cublasLtMatrixLayoutDestroy(l.la);
-    if (l.op)
-        cublasLtMatmulDescDestroy(l.op);
-    if (l.lt)
-        cublasLtDestroy(l.lt);
-    cudaFree(l.ws);
-    return rc;
+    const lt_shape sw = {(uint64_t)k, (uint64_t)n, k}, sx = {(uint64_t)k, 1, k}, sy = {(uint64_t)n, 1, n};
+    return cublaslt_time(w, x, y, sw, 1, sx, sy, 20, ms);
 }
 
 /* The weight is far larger than the 60 MB L2 at these shapes, so repeated
