@@ -37,10 +37,10 @@
 #include <math.h>
 #include <stddef.h>
 
-#include "../plugin_util.h"
+#include "plugin_util.h"
 
 #ifdef KILN_HAVE_CUDA
-#include "../plugin_cuda.h"
+#include "plugin_cuda.h"
 #define ATTN_BACKENDS (KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA))
 #else
 #define ATTN_BACKENDS KILN_BACKEND_BIT(KILN_BACKEND_CPU)

@@ -34,7 +34,7 @@
  * and write NaN for their outputs (the CPU path returns an error instead).
  * Scores live in the log2 domain (scale * log2(e) folded in) so the
  * softmax uses exp2. */
-#include "../plugin_cuda.h"
+#include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
 

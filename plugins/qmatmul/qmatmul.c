@@ -30,8 +30,8 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "../plugin_cuda.h"
-#include "../plugin_util.h"
+#include "plugin_cuda.h"
+#include "plugin_util.h"
 
 #define NAME "QuantMatMul"
 #define BLOB_VERSION 1u

@@ -17,7 +17,7 @@
  * Many rows (prefill): a plain tiled kernel, 64 x-rows by 64 weight rows
  * per block, one quantized block (32 of k) per step dequantized into
  * shared memory: the weights are read rows / 64 times instead of rows / 4. */
-#include "../plugin_cuda.h"
+#include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
 

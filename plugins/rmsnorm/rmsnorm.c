@@ -21,8 +21,8 @@
  */
 #include <math.h>
 
-#include "../plugin_util.h"
-#include "../plugin_cuda.h"
+#include "plugin_util.h"
+#include "plugin_cuda.h"
 
 #define NAME "RMSNorm"
 #define ADD_NAME "AddRMSNorm"

@@ -2,7 +2,7 @@
  * rows), f32 statistics, the same roundings as rmsnorm.c: the sum of the
  * add rounded to the storage dtype, the normalized value rounded before
  * the weight multiply. Only the order of the sum of squares differs. */
-#include "../plugin_cuda.h"
+#include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
 

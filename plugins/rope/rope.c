@@ -29,8 +29,8 @@
 
 #include <stddef.h>
 
-#include "../plugin_cuda.h"
-#include "../plugin_util.h"
+#include "plugin_cuda.h"
+#include "plugin_util.h"
 
 #define NAME "RoPE"
 #define BLOB_VERSION 2u

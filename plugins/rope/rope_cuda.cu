@@ -5,7 +5,7 @@
  * packed row). Angles are position * inv_freq in f32, the frequencies
  * computed on the host exactly as the CPU reference uses them; cos and sin
  * and every product are rounded to the storage dtype as in rope.c. */
-#include "../plugin_cuda.h"
+#include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
 

@@ -31,10 +31,10 @@
  * bit-for-bit those of kiln_sampler_sample from the same PRNG state. The
  * CUDA path (sample.cu) makes the same choice for greedy and draws from the
  * same distribution otherwise. */
-#include "../plugin_util.h"
+#include "plugin_util.h"
 
-#include "../../src/llm/sampler.h"
-#include "sample.h"
+#include "llm/sampler.h"
+#include "sample/sample.h"
 
 #define NAME "Sample"
 #define BLOB_VERSION 1u

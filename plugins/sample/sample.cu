@@ -24,7 +24,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "sample.h"
+#include "sample/sample.h"
 
 #define SAMPLE_THREADS 512
 #define SAMPLE_SMALL SAMPLE_THREADS /* top-k sets sorted in shared memory: one key per thread */

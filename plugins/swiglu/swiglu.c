@@ -13,8 +13,8 @@
  */
 #include <math.h>
 
-#include "../plugin_cuda.h"
-#include "../plugin_util.h"
+#include "plugin_cuda.h"
+#include "plugin_util.h"
 
 #define NAME "SwiGLU"
 #define BLOB_VERSION 2u

@@ -1,7 +1,7 @@
 /* SwiGLU on CUDA: one thread per output element (grid-stride), silu in
  * f32 with the IEEE exp and division of the CPU reference, rounded to the
  * storage dtype before the multiply as swiglu.c does. */
-#include "../plugin_cuda.h"
+#include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
 

@@ -1,6 +1,6 @@
 /* The backend registry, the layer loop and the GPU architecture helpers
  * every backend and the builder share. */
-#include "backend.h"
+#include "backend/backend.h"
 
 #include <kiln/kiln.h>
 
@@ -8,10 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
-#include "cpu/cpu_backend.h"
+#include "core/error.h"
+#include "backend/cpu/cpu_backend.h"
 #ifdef KILN_HAVE_CUDA
-#include "cuda/cuda_backend.h"
+#include "backend/cuda/cuda_backend.h"
 #endif
 
 /* ---- registry ---------------------------------------------------------------------------- */

@@ -14,8 +14,8 @@
 #ifndef KILN_BACKEND_BACKEND_H
 #define KILN_BACKEND_BACKEND_H
 
-#include "../core/graph.h"
-#include "../engine/engine_file.h"
+#include "core/graph.h"
+#include "engine/engine_file.h"
 
 /* A tensor as a kernel sees it: memory of the backend's kind, dtype and
  * concrete dims. */

@@ -1,9 +1,9 @@
 /* The broadcast walk shared by the CPU and CUDA elementwise kernels. */
-#include "broadcast.h"
+#include "backend/broadcast.h"
 
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 kiln_status kiln_broadcast_init(kiln_broadcast *b, const char *layer, const kiln_dims *out, const kiln_exec_tensor *ins,
                                 int32_t n)

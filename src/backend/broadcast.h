@@ -2,7 +2,7 @@
 #ifndef KILN_BACKEND_BROADCAST_H
 #define KILN_BACKEND_BROADCAST_H
 
-#include "cpu/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 
 /* Each operand's element strides over the output shape (0 on broadcast
  * axes), with size-1 axes dropped and an axis merged into the next one when

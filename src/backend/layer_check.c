@@ -1,14 +1,14 @@
 /* The layer checks and plugin call shared by the CPU and CUDA backends. */
-#include "layer_check.h"
+#include "backend/layer_check.h"
 
 #include <kiln/kiln.h>
 
 #include <stddef.h>
 #include <string.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../plugin/plugin_internal.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "plugin/plugin_internal.h"
 
 kiln_status kiln_layer_check_binary(const char *name, const kiln_layer *l, const kiln_exec_tensor *in,
                                     const kiln_exec_tensor *out)

@@ -4,7 +4,7 @@
 #ifndef KILN_BACKEND_LAYER_CHECK_H
 #define KILN_BACKEND_LAYER_CHECK_H
 
-#include "backend.h"
+#include "backend/backend.h"
 
 /* Element count of concrete dims (negative dims count as zero). */
 static inline int64_t kiln_exec_count(const kiln_dims *d)

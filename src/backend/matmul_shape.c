@@ -1,9 +1,9 @@
 /* The matmul shape rules shared by the CPU and CUDA backends. */
-#include "matmul_shape.h"
+#include "backend/matmul_shape.h"
 
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 static kiln_status batch_strides(const char *name, const kiln_dims *d, int32_t mat_rank, int64_t mat_size,
                                  const kiln_matmul_shape *s, int64_t *strides, int64_t *count, const char *which)

@@ -4,7 +4,7 @@
 #ifndef KILN_BACKEND_MATMUL_SHAPE_H
 #define KILN_BACKEND_MATMUL_SHAPE_H
 
-#include "../core/graph.h"
+#include "core/graph.h"
 
 typedef struct kiln_matmul_shape {
     int64_t m, n, k;

@@ -1,6 +1,6 @@
 /* The builder's entry points: the pass driver and the public kiln_build*. */
-#include "builder_internal.h"
-#include "builder_passes.h"
+#include "builder/builder_internal.h"
+#include "builder/builder_passes.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -9,12 +9,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../core/api_struct.h"
-#include "../core/atomic_write.h"
-#include "../core/error.h"
-#include "../core/file.h"
-#include "../engine/engine_file.h"
-#include "../network/network_internal.h"
+#include "core/api_struct.h"
+#include "core/atomic_write.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "engine/engine_file.h"
+#include "network/network_internal.h"
 
 void kiln_build_config_init(kiln_build_config *config)
 {

@@ -11,9 +11,9 @@
 
 #include <kiln/builder.h>
 
-#include "../core/graph.h"
+#include "core/graph.h"
 
-#include "../engine/engine_file.h"
+#include "engine/engine_file.h"
 
 /* Arena offsets and the shared workspace are aligned to this many bytes:
  * the alignment the engine reader requires. */

@@ -3,7 +3,7 @@
 #define KILN_BUILDER_PASSES_H
 
 #include <kiln/builder.h>
-#include "../core/graph.h"
+#include "core/graph.h"
 
 /* Copies `net` into *out and runs every pass on the copy: validation,
  * shape checks at every profile's min/opt/max, dead-layer removal, constant

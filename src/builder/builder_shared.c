@@ -1,13 +1,13 @@
 /* Helpers the builder's passes share: shapes at every profile bound, name
  * lists for log lines, alignment. They call no pass. */
-#include "builder_internal.h"
+#include "builder/builder_internal.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 /* ---- names and alignment --------------------------------------------------- */
 

@@ -1,14 +1,14 @@
 /* Pass 4: constant folding. A native layer whose inputs are all constants
  * runs once now, on the CPU reference kernels, and its output becomes a
  * constant tensor; layers after it may then fold in turn. */
-#include "builder_internal.h"
+#include "builder/builder_internal.h"
 
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../backend/cpu/cpu_backend.h"
-#include "../core/error.h"
+#include "backend/cpu/cpu_backend.h"
+#include "core/error.h"
 
 static int is_output(const kiln_graph *g, int32_t t)
 {

@@ -13,13 +13,13 @@
  * step's original name in that list — the original layer indices do not
  * survive the build, so `kiln inspect` recovers names from the layer name.
  */
-#include "builder_internal.h"
+#include "builder/builder_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 typedef struct fuse_state {
     kiln_graph *g;

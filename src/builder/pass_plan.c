@@ -1,13 +1,13 @@
 /* Passes 6-7: plugin workspace and the activation memory plan. */
-#include "builder_internal.h"
+#include "builder/builder_internal.h"
 
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 /* ---- pass 6: workspace ---------------------------------------------------------------------- */
 

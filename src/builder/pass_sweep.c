@@ -1,12 +1,12 @@
 /* Pass 3, dead-layer removal, and the compaction every rewriting pass ends
  * with: layers go, unreferenced tensors and plugin records go, and every
  * index into the graph is remapped. */
-#include "builder_internal.h"
+#include "builder/builder_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 /* Follows redirects to the layer that finally holds layer i (-1: none). A
  * chain longer than the layer count would be a cycle: treat it as removed. */

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "builder_internal.h"
-#include "../backend/backend.h"
-#include "../core/error.h"
+#include "builder/builder_internal.h"
+#include "backend/backend.h"
+#include "core/error.h"
 
 /* The architectures a CUDA engine records: the config's (`kiln build
  * --gpu-arch`), else the GPU's present here, else those this kiln's CUDA

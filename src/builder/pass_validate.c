@@ -1,14 +1,14 @@
 /* Passes 1 and 2: validation, and shapes at every profile's min/opt/max. */
-#include "builder_internal.h"
+#include "builder/builder_internal.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../plugin/plugin_internal.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "plugin/plugin_internal.h"
 
 /* ---- pass 1: validation ----------------------------------------------------------------- */
 

@@ -1,5 +1,5 @@
 /* The versioned public structs and kiln_free (kiln/kiln.h). */
-#include "api_struct.h"
+#include "core/api_struct.h"
 
 #include <kiln/kiln.h>
 
@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 
 kiln_status kiln_api_struct_read(void *dst, size_t dst_size, const void *src, const char *what)
 {

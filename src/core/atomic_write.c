@@ -1,5 +1,5 @@
 /* kiln_write_file_atomic: engines are written temp + rename. */
-#include "atomic_write.h"
+#include "core/atomic_write.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -8,8 +8,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "file.h"
+#include "core/error.h"
+#include "core/file.h"
 
 static kiln_status write_all(int fd, const void *data, size_t size, const char *path)
 {

@@ -5,8 +5,8 @@
  * conversion yet: kiln_load_f32 reads them as NaN, kiln_store_f32 leaves
  * them untouched and kiln_convert fills an fp8 destination with zero bytes.
  * No layer accepts them, so the network API rejects them before this. */
-#include "dtype.h"
-#include "scalar.h"
+#include "core/dtype.h"
+#include "core/scalar.h"
 
 #include <string.h>
 

@@ -1,5 +1,5 @@
 /* Status names, the thread-local last error, and the log sink. */
-#include "error.h"
+#include "core/error.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -1,12 +1,12 @@
 /* Hash-consed shape expressions. */
-#include "expr.h"
+#include "core/expr.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 
 void kiln_expr_pool_init(kiln_expr_pool *p) { memset(p, 0, sizeof *p); }
 

@@ -1,5 +1,5 @@
 /* Opening and writing files by path (file.h). */
-#include "file.h"
+#include "core/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "error.h"
+#include "core/error.h"
 
 const char *kiln_file_type_name(mode_t mode)
 {

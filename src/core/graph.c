@@ -1,13 +1,13 @@
 /* The graph: storage, deep copy, and shape evaluation. */
-#include "graph.h"
+#include "core/graph.h"
 
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dtype.h"
-#include "error.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 /* ---- lifetime ---------------------------------------------------------------- */
 

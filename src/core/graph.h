@@ -10,7 +10,7 @@
 #define KILN_CORE_GRAPH_H
 
 #include <kiln/kiln.h>
-#include "expr.h"
+#include "core/expr.h"
 
 /* ---- operations ------------------------------------------------------------ */
 

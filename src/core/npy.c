@@ -5,7 +5,7 @@
  *   | header: a Python dict literal, space-padded, ending in '\n'
  *   | raw element data, C order
  */
-#include "npy.h"
+#include "core/npy.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -13,9 +13,9 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "dtype.h"
-#include "error.h"
-#include "file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/file.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "npy.c reads and writes little-endian data in place: port it for big-endian hosts"

@@ -1,5 +1,5 @@
 /* The native op table (op_table.h). */
-#include "op_table.h"
+#include "core/op_table.h"
 
 #include <string.h>
 

@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include "graph.h"
+#include "core/graph.h"
 
 typedef enum kiln_attr_type {
     KILN_ATTR_I32,      /* one int32_t at offset, in lo..hi (hi per `bound`) */

@@ -2,7 +2,7 @@
  * (safetensors/src/tensor.rs: Metadata::validate) so a file it accepts is
  * accepted here and a file it refuses is refused, with a message naming the
  * tensor and the field. */
-#include "safetensors.h"
+#include "core/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -13,9 +13,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "error.h"
-#include "file.h"
-#include "json_file.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "core/json_file.h"
 
 /* The reference implementation's limit; it keeps a hostile length field
  * from making us parse gigabytes of JSON. */

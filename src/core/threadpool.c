@@ -4,9 +4,9 @@
  * lives on the caller's stack, so the caller unlists it and waits until no
  * worker still holds it before returning. Because the caller always works
  * on its own job, a job finishes even when every worker is busy elsewhere. */
-#include "threadpool.h"
+#include "core/threadpool.h"
 
-#include "error.h"
+#include "core/error.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

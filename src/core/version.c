@@ -3,7 +3,7 @@
 
 #include <string.h>
 
-#include "error.h"
+#include "core/error.h"
 
 const char *kiln_version(void) { return KILN_VERSION_STRING; }
 

@@ -3,7 +3,7 @@
  * byte of it runs (docs/engine-format.md section 6, "Plan checks"). The
  * writer runs them on what it wrote, so the builder refuses first with the
  * same message. */
-#include "engine_format.h"
+#include "engine/engine_format.h"
 
 #include <inttypes.h>
 #include <stdarg.h>
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 static kiln_status plan_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -4,7 +4,7 @@
 #define KILN_ENGINE_FILE_H
 
 #include <kiln/builder.h>
-#include "../core/graph.h"
+#include "core/graph.h"
 
 #define KILN_ENGINE_MAGIC "KILNENG\0"
 #define KILN_ENGINE_FORMAT_VERSION 1u

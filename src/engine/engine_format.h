@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine_file.h"
+#include "engine/engine_file.h"
 
 /* ---- layout ------------------------------------------------------------------ */
 

@@ -1,7 +1,7 @@
 /* The engine file reader: header, section table, checksums, then the
  * plan. docs/engine-format.md is the spec (section 5 lists the checks in
  * the order made here). */
-#include "engine_format.h"
+#include "engine/engine_format.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -15,8 +15,8 @@
 
 #include <kiln/kiln.h>
 
-#include "../core/error.h"
-#include "../core/op_table.h"
+#include "core/error.h"
+#include "core/op_table.h"
 
 /* The header checksum covers the header with its checksum field read as
  * zero, then the section table. */

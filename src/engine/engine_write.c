@@ -1,6 +1,6 @@
 /* The engine file writer. docs/engine-format.md is the spec: every layout
  * constant here is named there. */
-#include "engine_format.h"
+#include "engine/engine_format.h"
 
 #include <inttypes.h>
 #include <jansson.h>
@@ -11,9 +11,9 @@
 
 #include <kiln/kiln.h>
 
-#include "../core/error.h"
-#include "../core/op_table.h"
-#include "../plugin/plugin_internal.h"
+#include "core/error.h"
+#include "core/op_table.h"
+#include "plugin/plugin_internal.h"
 
 static size_t align_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
 

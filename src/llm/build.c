@@ -8,14 +8,14 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../core/api_struct.h"
-#include "../core/atomic_write.h"
-#include "../core/error.h"
-#include "../core/file.h"
-#include "../runtime/engine_image.h"
-#include "llm_config.h"
-#include "model.h"
-#include "tokenizer.h"
+#include "core/api_struct.h"
+#include "core/atomic_write.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "runtime/engine_image.h"
+#include "llm/llm_config.h"
+#include "llm/model.h"
+#include "llm/tokenizer.h"
 
 static int ends_with(const char *s, const char *suffix)
 {

@@ -1,12 +1,12 @@
 /* Chat templates (chat_template.h). */
-#include "chat_template.h"
+#include "llm/chat_template.h"
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 typedef struct sbuf {
     char *p;

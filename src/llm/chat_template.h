@@ -8,8 +8,8 @@
 
 #include <kiln/llm.h>
 
-#include "jinja.h"
-#include "llm_config.h"
+#include "llm/jinja.h"
+#include "llm/llm_config.h"
 
 /* One turn, as kiln_llm_chat_tokenize reads it from the caller's
  * kiln_llm_message. */

@@ -13,15 +13,15 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../core/api_struct.h"
-#include "../core/error.h"
-#include "../../plugins/sample/sample.h"
-#include "chat_template.h"
-#include "kv_cache.h"
-#include "llm_config.h"
-#include "llm_internal.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "core/api_struct.h"
+#include "core/error.h"
+#include "sample/sample.h"
+#include "llm/chat_template.h"
+#include "llm/kv_cache.h"
+#include "llm/llm_config.h"
+#include "llm/llm_internal.h"
+#include "llm/sampler.h"
+#include "llm/tokenizer.h"
 
 static const char *const step_input_names[N_STEP_INPUTS] = {"tokens",      "positions",  "block_table",   "seq_lens",
                                                             "query_start", "last_token", "sample_params", "sample_seq"};

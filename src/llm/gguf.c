@@ -1,5 +1,5 @@
 /* GGUF reader and ggml block dequantization. */
-#include "gguf.h"
+#include "llm/gguf.h"
 
 #include <float.h>
 #include <math.h>
@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../core/file.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/file.h"
 
 /* ---- a bounds-checked cursor over the file ------------------------------------ */
 

@@ -6,10 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "gguf.h"
-#include "model.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "llm/gguf.h"
+#include "llm/model.h"
 
 typedef struct gguf_src {
     kiln_gguf *g;

@@ -7,12 +7,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../core/json_file.h"
-#include "../core/safetensors.h"
-#include "import_util.h"
-#include "model.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/json_file.h"
+#include "core/safetensors.h"
+#include "llm/import_util.h"
+#include "llm/model.h"
 
 /* ---- config.json -------------------------------------------------------- */
 

@@ -15,10 +15,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../core/file.h"
-#include "model.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "llm/model.h"
 
 enum { W_EMB, W_RMS_ATT, W_Q, W_K, W_V, W_O, W_RMS_FFN, W_1, W_2, W_3, W_RMS_FINAL, W_FREQ_RE, W_FREQ_IM, W_CLS, W_N };
 

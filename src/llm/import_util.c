@@ -1,12 +1,12 @@
-#include "import_util.h"
+#include "llm/import_util.h"
 
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
-#include "../core/file.h"
+#include "core/error.h"
+#include "core/file.h"
 
 kiln_status kiln_llm_read_file(const char *path, char **data, size_t *len)
 {

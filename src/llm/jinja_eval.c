@@ -8,8 +8,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "../core/error.h"
-#include "jinja_internal.h"
+#include "core/error.h"
+#include "llm/jinja_internal.h"
 
 #define J_MAX_OUTPUT ((size_t)16 << 20)  /* rendered text */
 #define J_MAX_MEMORY ((size_t)256 << 20) /* values made while rendering */

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "jinja.h"
+#include "llm/jinja.h"
 
 /* ---- arena: everything of one parse or one render, freed at once ------ */
 

@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
-#include "jinja_internal.h"
+#include "core/error.h"
+#include "llm/jinja_internal.h"
 
 #define J_MAX_TOKENS (1u << 20)
 #define J_MAX_NEST 128 /* blocks and parentheses deep */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "jinja_internal.h"
+#include "llm/jinja_internal.h"
 
 /* ---- arena --------------------------------------------------------------- */
 

@@ -1,9 +1,9 @@
 /* KV-cache block allocator (kv_cache.h). */
-#include "kv_cache.h"
+#include "llm/kv_cache.h"
 
 #include <stdlib.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 kiln_status kiln_kv_pool_init(kiln_kv_pool *pool, int32_t n_blocks, int32_t block_size)
 {

@@ -1,12 +1,12 @@
 /* The LLMC section (docs/llm.md): kiln_llm_config <-> JSON. */
-#include "llm_config.h"
+#include "llm/llm_config.h"
 
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 void kiln_llm_config_init(kiln_llm_config *cfg)
 {

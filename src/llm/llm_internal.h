@@ -7,11 +7,11 @@
 #include <kiln/runtime.h>
 #include <stdatomic.h>
 
-#include "jinja.h"
-#include "kv_cache.h"
-#include "llm_config.h"
-#include "sampler.h"
-#include "tokenizer.h"
+#include "llm/jinja.h"
+#include "llm/kv_cache.h"
+#include "llm/llm_config.h"
+#include "llm/sampler.h"
+#include "llm/tokenizer.h"
 
 /* Host copies of the step's inputs, at their max sizes. */
 typedef struct step_host {

@@ -1,14 +1,14 @@
 /* The Llama-family step network (docs/llm.md) and the LLM engine build. */
-#include "model.h"
+#include "llm/model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
-#include "../network/network_internal.h"
-#include "gguf.h"
-#include "jinja.h"
+#include "core/error.h"
+#include "network/network_internal.h"
+#include "llm/gguf.h"
+#include "llm/jinja.h"
 
 void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck)
 {

@@ -12,8 +12,8 @@
 #include <kiln/llm.h>
 #include <kiln/network.h>
 
-#include "llm_config.h"
-#include "tokenizer.h"
+#include "llm/llm_config.h"
+#include "llm/tokenizer.h"
 
 /* Reads one weight by its Hugging Face name ("model.layers.3.self_attn.q_proj.weight",
  * "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight").

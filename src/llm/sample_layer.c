@@ -4,9 +4,9 @@
  * and only the sampled ids come back to the host. */
 #include <string.h>
 
-#include "../../plugins/sample/sample.h"
-#include "../core/error.h"
-#include "model.h"
+#include "sample/sample.h"
+#include "core/error.h"
+#include "llm/model.h"
 
 /* A per-sequence input [S, cols], S in [1, max_batch]. */
 static kiln_status add_rows(kiln_network *net, const char *name, kiln_dtype dtype, int64_t cols, int32_t max_batch,

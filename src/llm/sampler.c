@@ -1,5 +1,5 @@
 /* Sampling (sampler.h). */
-#include "sampler.h"
+#include "llm/sampler.h"
 
 #include <math.h>
 

@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../plugins/sample/sample.h"
-#include "../core/error.h"
-#include "../runtime/runtime_internal.h"
-#include "llm_internal.h"
+#include "sample/sample.h"
+#include "core/error.h"
+#include "runtime/runtime_internal.h"
+#include "llm/llm_internal.h"
 
 /* ---- scoring ------------------------------------------------------------------------------ */
 

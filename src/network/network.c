@@ -4,7 +4,7 @@
  * expressions, and records what it could not prove as constraints (checked
  * by the builder at each profile's min/opt/max). A failing call leaves the
  * network as it was, apart from unused nodes in the expression pool. */
-#include "network_internal.h"
+#include "network/network_internal.h"
 
 #include <kiln/registry.h>
 #include <inttypes.h>
@@ -13,10 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/api_struct.h"
-#include "../core/dtype.h"
-#include "../plugin/plugin_internal.h"
-#include "../core/error.h"
+#include "core/api_struct.h"
+#include "core/dtype.h"
+#include "plugin/plugin_internal.h"
+#include "core/error.h"
 
 /* ---- op names ------------------------------------------------------------------- */
 

@@ -2,7 +2,7 @@
 #ifndef KILN_NETWORK_INTERNAL_H
 #define KILN_NETWORK_INTERNAL_H
 
-#include "../core/graph.h"
+#include "core/graph.h"
 
 struct kiln_network {
     kiln_graph graph;

@@ -18,12 +18,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../core/file.h"
-#include "../core/npy.h"
-#include "../core/op_table.h"
-#include "../core/safetensors.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "core/npy.h"
+#include "core/op_table.h"
+#include "core/safetensors.h"
 
 #define FORMAT_VERSION 1
 

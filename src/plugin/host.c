@@ -1,10 +1,10 @@
 /* The kiln_host_api table: everything a plugin may call on the host. */
-#include "plugin_internal.h"
+#include "plugin/plugin_internal.h"
 
-#include "../core/dtype.h"
-#include "../core/error.h"
-#include "../core/expr.h"
-#include "../core/threadpool.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/expr.h"
+#include "core/threadpool.h"
 
 #include <stdarg.h>
 #include <stdio.h>

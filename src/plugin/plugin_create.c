@@ -1,12 +1,12 @@
 /* Creating plugin instances: the field schema is enforced here, before the
  * plugin sees anything, and whatever a plugin hands back is checked before
  * the rest of kiln touches it. */
-#include "plugin_internal.h"
+#include "plugin/plugin_internal.h"
 
 #include <kiln/kiln.h>
 
-#include "../core/error.h"
-#include "../core/graph.h"
+#include "core/error.h"
+#include "core/graph.h"
 
 #include <stdio.h>
 #include <stdlib.h>

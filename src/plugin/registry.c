@@ -1,9 +1,9 @@
 /* The plugin registry: creators keyed by the exact (name, version,
  * namespace) triple, and the loader of plugin libraries. */
-#include "plugin_internal.h"
+#include "plugin/plugin_internal.h"
 
-#include "../../plugins/builtin.h"
-#include "../core/error.h"
+#include "builtin.h"
+#include "core/error.h"
 
 #include <dlfcn.h>
 #include <errno.h>

@@ -4,8 +4,8 @@
  * its table). */
 #include <kiln/kiln.h>
 
-#include "../backend/backend.h"
-#include "../core/error.h"
+#include "backend/backend.h"
+#include "core/error.h"
 
 kiln_status kiln_backend_measure_copy_bandwidth(kiln_backend backend, size_t bytes, int32_t reps, double *bytes_per_s)
 {

@@ -1,6 +1,6 @@
 /* Execution contexts: shapes, bindings, memory from the engine's pool, and
  * everything else through the engine's backend table (src/backend/backend.h). */
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <kiln/kiln.h>
 
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
+#include "core/error.h"
 
 
 /* ---- the engine's pool ------------------------------------------------------------ */

@@ -1,6 +1,6 @@
 /* kiln_engine_describe_json: everything an engine holds, as JSON, for
  * `kiln inspect` and for tools. */
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <kiln/kiln.h>
 
@@ -9,8 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/error.h"
-#include "../core/op_table.h"
+#include "core/error.h"
+#include "core/op_table.h"
 
 static json_t *dims_json(const kiln_dims *d)
 {

@@ -1,6 +1,6 @@
 /* Loading an engine: mapping, validation, target check (the backend table
  * of the engine's target), plugin resolution. */
-#include "runtime_internal.h"
+#include "runtime/runtime_internal.h"
 
 #include <kiln/kiln.h>
 
@@ -12,9 +12,9 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../core/error.h"
-#include "../plugin/plugin_internal.h"
-#include "engine_image.h"
+#include "core/error.h"
+#include "plugin/plugin_internal.h"
+#include "runtime/engine_image.h"
 
 /* ---- plugin resolution ------------------------------------------------------------- */
 

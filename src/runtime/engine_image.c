@@ -1,6 +1,6 @@
 /* Engine files read without loading (engine_image.h), the file description
  * and section lookup of include/kiln/engine.h. */
-#include "engine_image.h"
+#include "runtime/engine_image.h"
 
 #include <kiln/kiln.h>
 
@@ -11,9 +11,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../core/error.h"
-#include "../core/file.h"
-#include "runtime_internal.h"
+#include "core/error.h"
+#include "core/file.h"
+#include "runtime/runtime_internal.h"
 
 kiln_status kiln_engine_map_file(const char *path, void **data, size_t *size)
 {

@@ -7,8 +7,8 @@
 
 #include <kiln/engine.h>
 
-#include "../core/graph.h"
-#include "../engine/engine_file.h"
+#include "core/graph.h"
+#include "engine/engine_file.h"
 
 typedef struct kiln_engine_image {
     void *data; /* the mapping */

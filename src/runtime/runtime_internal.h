@@ -6,9 +6,9 @@
 #include <kiln/runtime.h>
 #include <pthread.h>
 
-#include "../backend/backend.h"
-#include "../core/graph.h"
-#include "../engine/engine_file.h"
+#include "backend/backend.h"
+#include "core/graph.h"
+#include "engine/engine_file.h"
 
 /* Memory blocks of arena_size + workspace_size bytes, shared by the
  * contexts of one engine. A destroyed context's block goes back on the free

@@ -9,8 +9,8 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "../../src/core/graph.h"
-#include "../../src/engine/engine_file.h"
+#include "core/graph.h"
+#include "engine/engine_file.h"
 
 static void put32(uint8_t *p, uint32_t v)
 {

@@ -16,8 +16,8 @@
 
 #include <kiln/kiln.h>
 
-#include "../../src/engine/engine_format.h"
-#include "../../src/runtime/runtime_internal.h"
+#include "engine/engine_format.h"
+#include "runtime/runtime_internal.h"
 
 size_t LLVMFuzzerMutate(uint8_t *data, size_t size, size_t max_size);
 

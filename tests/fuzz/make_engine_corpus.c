@@ -13,9 +13,9 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "../../src/core/error.h"
-#include "../../src/core/graph.h"
-#include "../../src/engine/engine_file.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "engine/engine_file.h"
 
 #define DIR "tests/fuzz/corpus/fuzz_engine/"
 

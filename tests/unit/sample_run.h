@@ -8,7 +8,7 @@
 #include <kiln/kiln.h>
 #include <string.h>
 
-#include "../../plugins/sample/sample.h"
+#include "sample/sample.h"
 #include "core/error.h"
 
 #define SAMPLE_RUN_MAX_T 64

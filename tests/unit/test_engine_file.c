@@ -8,9 +8,9 @@
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
 
-#include "../../src/core/error.h"
-#include "../../src/core/graph.h"
-#include "../../src/engine/engine_file.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "engine/engine_file.h"
 
 /* ---- a fake plugin instance, to exercise the serialize protocol ---------------- */
 

@@ -4,8 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../src/llm/import_util.h"
-#include "../../src/llm/model.h"
+#include "llm/import_util.h"
+#include "llm/model.h"
 #include "test.h"
 
 #define DATA "tests/data/llm/"

@@ -8,9 +8,9 @@
 #include <stdint.h>
 #include <unistd.h>
 
-#include "../../src/core/error.h"
-#include "../../src/engine/engine_file.h"
-#include "../../src/llm/model.h"
+#include "core/error.h"
+#include "engine/engine_file.h"
+#include "llm/model.h"
 #include "test.h"
 
 #define DATA "tests/data/llm/"

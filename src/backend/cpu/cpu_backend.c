@@ -1,7 +1,7 @@
 /* The CPU backend's entry point, and the kernels that only move data
  * (concat, slice, shuffle, gather, cast) plus plugin dispatch. Data
  * movement works on element sizes, so it serves every dtype. */
-#include "cpu_internal.h"
+#include "backend/cpu/cpu_internal.h"
 
 #include <stddef.h>
 #include <stdlib.h>

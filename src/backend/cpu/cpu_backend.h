@@ -5,8 +5,8 @@
 #ifndef KILN_BACKEND_CPU_H
 #define KILN_BACKEND_CPU_H
 
-#include "../backend.h"
-#include "../../core/threadpool.h"
+#include "backend/backend.h"
+#include "core/threadpool.h"
 
 typedef struct kiln_cpu_args {
     const kiln_graph *graph;

@@ -1,6 +1,6 @@
 /* The CPU backend's copy bandwidth (backend table member copy_bandwidth):
  * what a memory-bound step on the CPU is compared with. */
-#include "cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 
 #include <pthread.h>
 #include <stdlib.h>
@@ -8,7 +8,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "../../core/error.h"
+#include "core/error.h"
 
 enum { MAX_THREADS = 256, MAX_REPS = 64, WARMUP = 2 };
 

@@ -1,7 +1,7 @@
 /* Bulk dtype conversion for kernels: widening f16/bf16 operands to f32 and
  * narrowing f32 results back. These loops run over whole weight matrices,
  * so they avoid the per-element dtype switch of kiln_load_f32/kiln_store_f32. */
-#include "cpu_internal.h"
+#include "backend/cpu/cpu_internal.h"
 
 #if defined(__x86_64__)
 #include <cpuid.h>

@@ -8,8 +8,8 @@
  * blocks in tight per-op loops the compiler vectorizes, and the result is
  * stored (in place when the output is f32). Work is split over
  * (row, block) units. */
-#include "cpu_internal.h"
-#include "../broadcast.h"
+#include "backend/cpu/cpu_internal.h"
+#include "backend/broadcast.h"
 
 #include <math.h>
 #include <stdlib.h>

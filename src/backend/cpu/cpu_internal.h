@@ -6,12 +6,12 @@
 #ifndef KILN_BACKEND_CPU_INTERNAL_H
 #define KILN_BACKEND_CPU_INTERNAL_H
 
-#include "cpu_backend.h"
-#include "../layer_check.h"
+#include "backend/cpu/cpu_backend.h"
+#include "backend/layer_check.h"
 
-#include "../../core/dtype.h"
-#include "../../core/error.h"
-#include "../../core/scalar.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/scalar.h"
 
 #include <math.h>
 #include <string.h>

@@ -5,8 +5,8 @@
  * the batches of A are rows of one tall GEMM, which is the shape of every
  * linear layer. Many small batches (attention heads) are spread across the
  * pool, one sgemm per batch. Reference path: naive loops, f64 sums. */
-#include "cpu_internal.h"
-#include "../matmul_shape.h"
+#include "backend/cpu/cpu_internal.h"
+#include "backend/matmul_shape.h"
 
 #include <cblas.h>
 #include <limits.h>

@@ -3,7 +3,7 @@
  * axis. Lines are independent, so they are split across the pool. Sums
  * accumulate in f64 (per block of KILN_CPU_BLOCK in f32 lanes), and the
  * result does not depend on how lines are split. */
-#include "cpu_internal.h"
+#include "backend/cpu/cpu_internal.h"
 
 #include <math.h>
 #include <string.h>

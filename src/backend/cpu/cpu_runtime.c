@@ -1,13 +1,13 @@
 /* The CPU backend's table: host memory, and enqueue as a plain run of the
  * layer loop on the calling thread and the engine's thread pool. */
-#include "cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 
-#include "../../core/error.h"
+#include "core/error.h"
 
 /* ---- memory ------------------------------------------------------------------------------- */
 

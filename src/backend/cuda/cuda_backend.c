@@ -5,7 +5,7 @@
  * runs outside enqueue. */
 #ifdef KILN_HAVE_CUDA
 
-#include "cuda_ops.h"
+#include "backend/cuda/cuda_ops.h"
 
 #include <stddef.h>
 #include <stdlib.h>

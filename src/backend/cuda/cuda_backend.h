@@ -18,7 +18,7 @@
 #ifndef KILN_BACKEND_CUDA_H
 #define KILN_BACKEND_CUDA_H
 
-#include "../cpu/cpu_backend.h"
+#include "backend/cpu/cpu_backend.h"
 
 /* Per-device state an engine creates once: cuBLASLt handle and its
  * workspace, device properties. Shared read-only by all contexts of the

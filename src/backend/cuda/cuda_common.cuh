@@ -11,8 +11,8 @@
 #ifndef KILN_BACKEND_CUDA_COMMON_CUH
 #define KILN_BACKEND_CUDA_COMMON_CUH
 
-#include "cuda_internal.h"
-#include "../../core/scalar.h"
+#include "backend/cuda/cuda_internal.h"
+#include "core/scalar.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

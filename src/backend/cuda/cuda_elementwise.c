@@ -10,8 +10,8 @@
  * per element and stays memory bound. */
 #ifdef KILN_HAVE_CUDA
 
-#include "cuda_ops.h"
-#include "../broadcast.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/broadcast.h"
 
 #include <stddef.h>
 #include <stdlib.h>

@@ -7,7 +7,7 @@
  * Template instantiations are kept few (nvcc is slow on CI's two cores):
  * the vectorized kernel per float dtype, with and without the saved
  * register; everything else switches on dtype at run time. */
-#include "cuda_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #include <kiln/network.h>
 

@@ -3,8 +3,8 @@
  * the build-time tactic tuner. */
 #ifdef KILN_HAVE_CUDA
 
-#include "cuda_ops.h"
-#include "../matmul_shape.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/matmul_shape.h"
 
 #include <stddef.h>
 #include <stdlib.h>

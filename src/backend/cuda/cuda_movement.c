@@ -3,7 +3,7 @@
  * serve every dtype. */
 #ifdef KILN_HAVE_CUDA
 
-#include "cuda_ops.h"
+#include "backend/cuda/cuda_ops.h"
 
 #include <stddef.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* Data-movement kernels: strided copies (slice, shuffle), concat bands,
  * gather and cast. Copies are templated on the element size only. */
-#include "cuda_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 template <typename E>
 __global__ void kcu_copy_kernel(const E *src, E *dst, int64_t count, int64_t base, const kcu_map dm, const kcu_map sm)

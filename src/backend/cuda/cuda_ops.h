@@ -6,12 +6,12 @@
 #ifndef KILN_BACKEND_CUDA_OPS_H
 #define KILN_BACKEND_CUDA_OPS_H
 
-#include "cuda_backend.h"
-#include "cuda_internal.h"
-#include "../layer_check.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_internal.h"
+#include "backend/layer_check.h"
 
-#include "../../core/dtype.h"
-#include "../../core/error.h"
+#include "core/dtype.h"
+#include "core/error.h"
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>

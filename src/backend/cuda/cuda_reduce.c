@@ -1,7 +1,7 @@
 /* Op entries of reductions and softmax (kernels in cuda_reduce.cu). */
 #ifdef KILN_HAVE_CUDA
 
-#include "cuda_ops.h"
+#include "backend/cuda/cuda_ops.h"
 
 #include <stddef.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* Reduction and softmax kernels: one warp per output line. Sums are f64
  * like the CPU reference, so a result does not depend on the order. */
-#include "cuda_common.cuh"
+#include "backend/cuda/cuda_common.cuh"
 
 #include <kiln/network.h>
 

@@ -6,7 +6,7 @@
  * copy. */
 #ifdef KILN_HAVE_CUDA
 
-#include "cuda_ops.h"
+#include "backend/cuda/cuda_ops.h"
 
 #include <cuda_runtime_api.h>
 #include <kiln/runtime.h>
@@ -16,7 +16,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "../../core/error.h"
+#include "core/error.h"
 
 /* Failed CUDA calls are reported as "CUDA: <call> failed: <error> (file:line)". */
 #define CU(call) CU_CHECK("CUDA", call)

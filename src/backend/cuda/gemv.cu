@@ -10,7 +10,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "cuda_internal.h"
+#include "backend/cuda/cuda_internal.h"
 
 namespace
 {
