@@ -8,6 +8,14 @@
 
 #include <string.h>
 
+/* The backends a built-in runs on: the CPU, and CUDA when libkiln is built
+ * with it (every built-in has a kernel beside its CPU reference). */
+#ifdef KILN_HAVE_CUDA
+#define PLUGIN_BUILTIN_BACKENDS (KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA))
+#else
+#define PLUGIN_BUILTIN_BACKENDS KILN_BACKEND_BIT(KILN_BACKEND_CPU)
+#endif
+
 /* The field named `name` among schema-checked fields, or NULL. */
 static inline const kiln_field *plugin_field(const kiln_field *fields, int32_t n, const char *name)
 {

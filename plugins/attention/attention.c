@@ -41,9 +41,6 @@
 
 #ifdef KILN_HAVE_CUDA
 #include "plugin_cuda.h"
-#define ATTN_BACKENDS (KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA))
-#else
-#define ATTN_BACKENDS KILN_BACKEND_BIT(KILN_BACKEND_CPU)
 #endif
 
 #define NAME "PagedAttention"
@@ -141,7 +138,7 @@ static int32_t attention_supports(const kiln_plugin *self, kiln_backend backend,
 {
     const attn_params *p = &((const attention *)self)->p;
     int32_t meta = p->packed_qkv ? 1 : 3; /* index of kv_cache */
-    if (!(ATTN_BACKENDS & KILN_BACKEND_BIT(backend)) || n_in != meta + 4 || n_out != 1)
+    if (!(PLUGIN_BUILTIN_BACKENDS & KILN_BACKEND_BIT(backend)) || n_in != meta + 4 || n_out != 1)
         return 0;
     if (backend != KILN_BACKEND_CPU && d[meta].dtype != d[0].dtype)
         return 0; /* the CUDA kernels keep the cache in the activations' dtype */
@@ -435,7 +432,7 @@ static const kiln_plugin_ops attention_ops = {
     .struct_size = sizeof(kiln_plugin_ops),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
-    .backends = ATTN_BACKENDS,
+    .backends = PLUGIN_BUILTIN_BACKENDS,
     .num_outputs = attention_num_outputs,
     .output_shapes = attention_output_shapes,
     .output_dtypes = attention_output_dtypes,

@@ -190,11 +190,7 @@ static const kiln_plugin_ops rmsnorm_ops = {
     .struct_size = sizeof(kiln_plugin_ops),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
-#ifdef KILN_HAVE_CUDA
-    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA),
-#else
-    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
-#endif
+    .backends = PLUGIN_BUILTIN_BACKENDS,
     .num_outputs = rmsnorm_num_outputs,
     .output_shapes = rmsnorm_output_shapes,
     .output_dtypes = rmsnorm_output_dtypes,

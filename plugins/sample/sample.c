@@ -220,11 +220,7 @@ static const kiln_plugin_ops sample_ops = {
     .struct_size = sizeof(kiln_plugin_ops),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
     .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
-#ifdef KILN_HAVE_CUDA
-    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU) | KILN_BACKEND_BIT(KILN_BACKEND_CUDA),
-#else
-    .backends = KILN_BACKEND_BIT(KILN_BACKEND_CPU),
-#endif
+    .backends = PLUGIN_BUILTIN_BACKENDS,
     .num_outputs = sample_num_outputs,
     .output_shapes = sample_output_shapes,
     .output_dtypes = sample_output_dtypes,
