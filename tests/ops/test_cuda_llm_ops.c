@@ -519,12 +519,7 @@ int main(void)
     /* QuantMatMul's CPU reference with f32 activations, the arithmetic of
      * the CUDA kernels (the CPU's default quantizes x to 8 bits) */
     setenv("KILN_QMATMUL_F32ACT", "1", 1);
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        int before = test_failures_;
-        tests[i].fn();
-        printf("%s %s\n", test_failures_ == before ? "ok  " : "FAIL", tests[i].name);
-    }
-    printf("%d checks, %d failed\n", test_checks_, test_failures_);
+    test_run_cases(tests, sizeof tests / sizeof tests[0]);
     kiln_registry_destroy(reg);
     cudaStreamDestroy(stream);
     kiln_cuda_device_destroy(dev);

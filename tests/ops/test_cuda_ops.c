@@ -994,12 +994,7 @@ int main(void)
         return 1;
     }
     printf("GPU sm_%d\n", (int)arch);
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        int before = test_failures_;
-        tests[i].fn();
-        printf("%s %s\n", test_failures_ == before ? "ok  " : "FAIL", tests[i].name);
-    }
-    printf("%d checks, %d failed\n", test_checks_, test_failures_);
+    test_run_cases(tests, sizeof tests / sizeof tests[0]);
     cudaStreamDestroy(stream);
     kiln_cuda_device_destroy(dev);
     return test_failures_ ? 1 : 0;

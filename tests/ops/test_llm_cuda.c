@@ -323,12 +323,7 @@ static const test_case_ tests[] = {TEST(test_sample_layer), TEST(test_generation
 
 static int run_tests(void)
 {
-    for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-        int before = test_failures_;
-        tests[i].fn();
-        printf("%s %s\n", test_failures_ == before ? "ok  " : "FAIL", tests[i].name);
-    }
-    printf("%d checks, %d failed\n", test_checks_, test_failures_);
+    test_run_cases(tests, sizeof tests / sizeof tests[0]);
     return test_failures_ ? 1 : 0;
 }
 

@@ -67,15 +67,22 @@ typedef struct {
     { \
 #fn, fn \
     }
+/* Runs the cases, one "ok"/"FAIL" line each, then the count of checks
+ * (also from the GPU tests' own main, which set up a device first). */
+static inline void test_run_cases(const test_case_ *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        int before = test_failures_;
+        cases[i].fn();
+        printf("%s %s\n", test_failures_ == before ? "ok  " : "FAIL", cases[i].name);
+    }
+    printf("%d checks, %d failed\n", test_checks_, test_failures_);
+}
+
 #define TEST_MAIN(cases) \
     int main(void) \
     { \
-        for (size_t i_ = 0; i_ < sizeof(cases) / sizeof(cases[0]); i_++) { \
-            int before_ = test_failures_; \
-            cases[i_].fn(); \
-            printf("%s %s\n", test_failures_ == before_ ? "ok  " : "FAIL", cases[i_].name); \
-        } \
-        printf("%d checks, %d failed\n", test_checks_, test_failures_); \
+        test_run_cases(cases, sizeof(cases) / sizeof(cases[0])); \
         return test_failures_ ? 1 : 0; \
     }
 
