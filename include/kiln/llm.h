@@ -187,6 +187,11 @@ typedef struct kiln_llm_request {
     const char *const *stop;
     int32_t n_stop;
     int32_t reserved;
+    /* -1 (default): no logprobs; n >= 0: each token's logprob and its n
+     * most likely alternatives (n <= 20) in kiln_llm_token and the
+     * result. */
+    int32_t logprobs;
+    int32_t reserved2;
 } kiln_llm_request;
 
 /* No prompt, max_tokens 128, neutral sampling (sampling NULL), no stop
@@ -198,10 +203,11 @@ typedef enum kiln_llm_finish {
     KILN_LLM_FINISH_EOS,        /* an EOS id was sampled (not in the text) */
     KILN_LLM_FINISH_STOP,       /* a stop string matched */
     KILN_LLM_FINISH_CANCELLED,  /* the callback or kiln_llm_cancel ended it */
+    KILN_LLM_FINISH_ERROR,      /* the engine failed (result->error says why) */
     KILN_LLM_FINISH_COUNT
 } kiln_llm_finish;
 
-/* "length", "eos", "stop", "cancelled". */
+/* "length", "eos", "stop", "cancelled", "error". */
 KILN_API const char *kiln_llm_finish_name(kiln_llm_finish finish);
 
 /* The outcome of one request, allocated by kiln_llm_generate together with
@@ -221,6 +227,11 @@ typedef struct kiln_llm_result {
     double generate_ms;    /* from the first sampled token to the last */
     double prompt_tok_s;   /* n_prompt_ids / prompt_ms */
     double generate_tok_s; /* (n_ids - 1) / generate_ms; 0 for one token */
+    /* finish ERROR: the one-line reason; else NULL. */
+    char *error;
+    /* n_ids logprobs of the generated ids when the request asked for
+     * them; else NULL. */
+    float *logprobs;
 } kiln_llm_result;
 
 /* Frees a result and everything it holds. NULL is a no-op. */
@@ -265,6 +276,130 @@ KILN_API kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *co
  * call at its next step, with finish CANCELLED. Safe from any thread; the
  * flag is cleared when kiln_llm_generate returns. */
 KILN_API void kiln_llm_cancel(kiln_llm *llm);
+
+/* ---- requests that come and go: the scheduler ------------------------------------ */
+
+/* In-flight batching (docs/scheduling.md). A scheduler owns a kiln_llm
+ * from kiln_llm_scheduler_start to kiln_llm_scheduler_stop (no other call
+ * may use that llm meanwhile) and runs its steps: each step packs decode
+ * tokens and prefill chunks under the engine's per-step token budget
+ * (max_tokens) and batch (max_batch); KV blocks are taken as sequences
+ * grow; when the cache runs dry the newest running request is preempted
+ * (its blocks freed, its work recomputed later) and resumes with exactly
+ * the output it would have produced; waiting requests are admitted first
+ * come, first served; blocks of a prompt prefix already in the cache are
+ * shared (prefix caching).
+ *
+ * Threads: kiln_llm_submit, kiln_llm_request_cancel and
+ * kiln_llm_scheduler_stats may be called from any thread at any time. With
+ * options.thread = 1 (default) the scheduler runs its steps on a thread of
+ * its own; with 0 the caller drives it with kiln_llm_scheduler_step (one
+ * thread at a time). Callbacks run on the stepping thread, between steps;
+ * they must not call kiln_llm_scheduler_step or _stop, and should return
+ * quickly (every running request waits for them). */
+typedef struct kiln_llm_scheduler kiln_llm_scheduler;
+
+typedef struct kiln_llm_scheduler_options {
+    uint32_t struct_size;
+    uint32_t abi_version;
+    /* Requests waiting to be admitted, at most; kiln_llm_submit beyond it
+     * fails with KILN_ERROR_LIMIT at once. 0 (default): 4096. */
+    int32_t max_queue;
+    /* 1 (default): a stepping thread inside the library; 0: the caller
+     * calls kiln_llm_scheduler_step. */
+    int32_t thread;
+    /* Share KV blocks of identical prompt prefixes: 1 (default) or 0. */
+    int32_t prefix_caching;
+    int32_t reserved;
+} kiln_llm_scheduler_options;
+
+KILN_API void kiln_llm_scheduler_options_init(kiln_llm_scheduler_options *options);
+
+/* One generated token, as the scheduler hands it to a request's on_token.
+ * Borrowed for the call. */
+typedef struct kiln_llm_token {
+    uint32_t struct_size; /* sizeof the library's kiln_llm_token */
+    uint32_t abi_version;
+    int32_t id;       /* the sampled id; -1 for the last call flushing held-back text */
+    int32_t n_top;    /* entries in top_ids/top_logprobs (request's logprobs) */
+    const char *text; /* text that became final with it (see kiln_llm_token_fn) */
+    size_t len;
+    float logprob; /* log-softmax of the sampled id (after penalties, before
+                      temperature); NaN unless the request asked for logprobs */
+    int32_t reserved;
+    const int32_t *top_ids; /* the n_top most likely ids, most likely first */
+    const float *top_logprobs;
+} kiln_llm_token;
+
+typedef struct kiln_llm_callbacks {
+    uint32_t struct_size;
+    uint32_t abi_version;
+    /* Every generated token; returning nonzero cancels the request. May be
+     * NULL. */
+    int (*on_token)(void *user, const kiln_llm_token *token);
+    /* Exactly once per accepted request, when it ends for any reason
+     * (finished, cancelled, or failed: then result->finish is
+     * KILN_LLM_FINISH_ERROR and result->error says why). The result passes
+     * to the callee: free it with kiln_llm_result_free. */
+    void (*on_finish)(void *user, kiln_llm_result *result);
+    void *user;
+} kiln_llm_callbacks;
+
+KILN_API void kiln_llm_callbacks_init(kiln_llm_callbacks *callbacks);
+
+/* Starts scheduling on `llm` (owned by the scheduler until stop). */
+KILN_API kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_options *options,
+                                              kiln_llm_scheduler **out);
+
+/* Submits a request; it joins the running batch at a step boundary.
+ * Everything `req` points at is copied: nothing is borrowed beyond the
+ * call. A request that could never run — prompt plus max_tokens past the
+ * engine's max_seq_len or the whole KV cache, a bad id, sampling out of
+ * range — fails here with KILN_ERROR_LIMIT / KILN_ERROR_INVALID_ARGUMENT
+ * naming the numbers, as does a full queue (KILN_ERROR_LIMIT) and a
+ * stopping scheduler (KILN_ERROR_CANCELLED); on failure no callback is
+ * ever called. On success *id (may be NULL) receives the request's id
+ * (unique for the scheduler's life, never 0) and on_finish will be called
+ * exactly once. */
+KILN_API kiln_status kiln_llm_submit(kiln_llm_scheduler *scheduler, const kiln_llm_request *req,
+                                     const kiln_llm_callbacks *callbacks, uint64_t *id);
+
+/* Ends a request at the next step boundary (finish CANCELLED; its KV
+ * blocks are freed then). An id that is unknown or already finished is
+ * ignored. */
+KILN_API void kiln_llm_request_cancel(kiln_llm_scheduler *scheduler, uint64_t id);
+
+/* Runs one step (thread = 0 only): admits, packs, runs, samples, calls
+ * the callbacks. *busy (may be NULL) is set to 1 when requests remain
+ * running or waiting. Fails only when the engine fails; the requests in
+ * that step then end with KILN_LLM_FINISH_ERROR. */
+KILN_API kiln_status kiln_llm_scheduler_step(kiln_llm_scheduler *scheduler, int *busy);
+
+typedef struct kiln_llm_scheduler_stats {
+    uint32_t struct_size; /* sizeof the library's kiln_llm_scheduler_stats */
+    uint32_t abi_version;
+    int32_t running;      /* requests with KV blocks */
+    int32_t waiting;      /* queued, including preempted ones */
+    int32_t blocks_total; /* KV blocks in the cache */
+    int32_t blocks_used;  /* held by running requests or cached prefixes in use */
+    int32_t blocks_peak;
+    int32_t reserved;
+    uint64_t steps;
+    uint64_t preemptions;
+    uint64_t prefix_hit_tokens;   /* prompt tokens whose KV was reused */
+    uint64_t prompt_tokens;       /* prompt tokens of admitted requests */
+    uint64_t generated_tokens;
+    uint64_t finished, cancelled, failed;
+} kiln_llm_scheduler_stats;
+
+/* A snapshot (counters since start). */
+KILN_API void kiln_llm_scheduler_stats_get(kiln_llm_scheduler *scheduler, kiln_llm_scheduler_stats *stats);
+
+/* Stops accepting requests, lets running and waiting ones go on for up to
+ * drain_seconds (0: none), cancels what remains (each gets its on_finish),
+ * joins the thread and frees the scheduler; the llm is the caller's again.
+ * NULL is a no-op. */
+KILN_API void kiln_llm_scheduler_stop(kiln_llm_scheduler *scheduler, double drain_seconds);
 
 /* ---- tokens and text ------------------------------------------------------------ */
 

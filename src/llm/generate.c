@@ -67,6 +67,7 @@ void kiln_llm_request_init(kiln_llm_request *req)
     req->struct_size = (uint32_t)sizeof *req;
     req->abi_version = KILN_API_VERSION;
     req->max_tokens = 128;
+    req->logprobs = -1;
 }
 
 void kiln_llm_message_init(kiln_llm_message *m)
@@ -85,6 +86,7 @@ const char *kiln_llm_finish_name(kiln_llm_finish f)
     case KILN_LLM_FINISH_EOS: return "eos";
     case KILN_LLM_FINISH_STOP: return "stop";
     case KILN_LLM_FINISH_CANCELLED: return "cancelled";
+    case KILN_LLM_FINISH_ERROR: return "error";
     default: return "?";
     }
 }
@@ -96,6 +98,8 @@ void kiln_llm_result_free(kiln_llm_result *r)
     free(r->prompt_ids);
     free(r->ids);
     free(r->text);
+    free(r->error);
+    free(r->logprobs);
     free(r);
 }
 

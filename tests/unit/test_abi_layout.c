@@ -251,8 +251,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_request, stop, 56);
     CHECK_OFFSET(kiln_llm_request, n_stop, 64);
     CHECK_OFFSET(kiln_llm_request, reserved, 68);
-    CHECK_SIZE(kiln_llm_request, 72);
-    CHECK_ENDS_AT(kiln_llm_request, reserved);
+    CHECK_OFFSET(kiln_llm_request, logprobs, 72);
+    CHECK_OFFSET(kiln_llm_request, reserved2, 76);
+    CHECK_SIZE(kiln_llm_request, 80);
+    CHECK_ENDS_AT(kiln_llm_request, reserved2);
     CHECK_INIT(kiln_llm_request, kiln_llm_request_init);
 
     CHECK_OFFSET(kiln_llm_result, struct_size, 0);
@@ -269,8 +271,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_result, generate_ms, 72);
     CHECK_OFFSET(kiln_llm_result, prompt_tok_s, 80);
     CHECK_OFFSET(kiln_llm_result, generate_tok_s, 88);
-    CHECK_SIZE(kiln_llm_result, 96);
-    CHECK_ENDS_AT(kiln_llm_result, generate_tok_s);
+    CHECK_OFFSET(kiln_llm_result, error, 96);
+    CHECK_OFFSET(kiln_llm_result, logprobs, 104);
+    CHECK_SIZE(kiln_llm_result, 112);
+    CHECK_ENDS_AT(kiln_llm_result, logprobs);
 
     CHECK_OFFSET(kiln_llm_message, struct_size, 0);
     CHECK_OFFSET(kiln_llm_message, abi_version, 4);
