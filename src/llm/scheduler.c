@@ -65,11 +65,11 @@ typedef struct sched_seq {
     size_t max_stop; /* longest stop string */
     float *logprobs; /* [max_tokens] when the request asks for logprobs */
     int state;
-    int admitted;    /* ever admitted (counts its prompt once) */
-    int cancel;      /* a cancel for it arrived */
-    int in_step;     /* has a row in the step being packed */
-    int penalized;   /* uses a penalty: holds a state slot, never takes cached blocks */
-    int32_t slot;    /* row of sample_state, -1: none */
+    int admitted;  /* ever admitted (counts its prompt once) */
+    int cancel;    /* a cancel for it arrived */
+    int in_step;   /* has a row in the step being packed */
+    int penalized; /* uses a penalty: holds a state slot, never takes cached blocks */
+    int32_t slot;  /* row of sample_state, -1: none */
     double t_submit, t_first, t_last;
 } sched_seq;
 
@@ -125,10 +125,10 @@ static void seq_free(sched_seq *q)
 /* Sampling values the engine could not honour. */
 static kiln_status check_sampling(const kiln_llm_sampling *p)
 {
-    const float v[6] = {p->temperature,        p->top_p,           p->min_p,
-                        p->repetition_penalty, p->presence_penalty, p->frequency_penalty};
-    static const char *const names[6] = {"temperature",        "top_p",            "min_p",
-                                         "repetition_penalty", "presence_penalty", "frequency_penalty"};
+    const float v[6] = {p->temperature,      p->top_p, p->min_p, p->repetition_penalty, p->presence_penalty,
+                        p->frequency_penalty};
+    static const char *const names[6] = {"temperature",      "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                                         "frequency_penalty"};
     for (int i = 0; i < 6; i++)
         if (!isfinite(v[i]))
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "sampling %s %g is not a finite number", names[i],
@@ -588,7 +588,8 @@ static void add_row(kiln_llm_scheduler *sc, sched_seq *q, size_t chunk, int32_t 
     }
     *T += (int32_t)chunk;
     int32_t s = *S;
-    memcpy(h->block_table + (size_t)s * (size_t)llm->max_blocks, q->kv.blocks, sizeof(int32_t) * (size_t)q->kv.n_blocks);
+    memcpy(h->block_table + (size_t)s * (size_t)llm->max_blocks, q->kv.blocks,
+           sizeof(int32_t) * (size_t)q->kv.n_blocks);
     h->seq_lens[s] = (int32_t)(q->n_cached + chunk);
     h->query_start[s + 1] = *T;
     h->last_token[s] = *T - 1;
@@ -657,8 +658,7 @@ static int32_t pack(kiln_llm_scheduler *sc, int32_t *T_out)
     /* Admissions: blocks for the whole remaining prompt must be available
      * now, beyond a reserve (1% of the cache) for the running decodes. */
     int32_t reserve = sc->n_running > 0 ? pool->n_blocks / 100 : 0;
-    while (!preempted && sc->wait_head && sc->n_running < llm->max_batch && S < llm->max_batch &&
-           T < llm->max_tokens) {
+    while (!preempted && sc->wait_head && sc->n_running < llm->max_batch && S < llm->max_batch && T < llm->max_tokens) {
         sched_seq *q = sc->wait_head;
         int32_t hit = 0;
         if (!q->penalized)
@@ -902,8 +902,7 @@ static void sched_free(kiln_llm_scheduler *sc)
     free(sc);
 }
 
-kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_options *options,
-                                     kiln_llm_scheduler **out)
+kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_options *options, kiln_llm_scheduler **out)
 {
     if (!llm || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_scheduler_start: llm and out are required");
@@ -925,8 +924,8 @@ kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_opt
     sc->opt = o;
     sc->running = calloc((size_t)llm->max_batch, sizeof *sc->running);
     sc->rows = calloc((size_t)llm->max_batch, sizeof *sc->rows);
-    kiln_status s = sc->running && sc->rows ? KILN_OK
-                                            : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");
+    kiln_status s =
+        sc->running && sc->rows ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");
     if (s == KILN_OK)
         s = kiln_kv_pool_set_caching(&llm->pool, o.prefix_caching != 0);
     if (s == KILN_OK)
@@ -999,7 +998,8 @@ void kiln_llm_request_cancel(kiln_llm_scheduler *sc, uint64_t id)
         sc->cancel_ids[sc->n_cancel++] = id;
         pthread_cond_signal(&sc->work);
     } else {
-        kiln_log(KILN_LOG_ERROR, "kiln_llm_request_cancel: out of memory; request %llu runs on", (unsigned long long)id);
+        kiln_log(KILN_LOG_ERROR, "kiln_llm_request_cancel: out of memory; request %llu runs on",
+                 (unsigned long long)id);
     }
     pthread_mutex_unlock(&sc->mu);
 }

@@ -16,6 +16,7 @@
 #include <kiln/llm.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <math.h>
 #include <stdint.h>
 #include <unistd.h>
 
@@ -258,8 +259,8 @@ static void check_invariance(int32_t kv_blocks, int sampled)
     }
     CHECK(same == N);
     if (same != N)
-        fprintf(stderr, "%d of %d requests got their own tokens (kv_blocks %d, sampled %d)\n", same, N,
-                (int)kv_blocks, sampled);
+        fprintf(stderr, "%d of %d requests got their own tokens (kv_blocks %d, sampled %d)\n", same, N, (int)kv_blocks,
+                sampled);
     CHECK(distinct > N / 2); /* the requests do differ */
     CHECK(st.finished == N && st.cancelled == 0 && st.failed == 0 && st.running == 0 && st.waiting == 0);
     CHECK(st.blocks_used == 0);
@@ -312,8 +313,7 @@ static void *arrive(void *arg)
             /* Refused at once, naming the numbers: the prompt, max_tokens
              * and the limit it exceeds. */
             char want[64];
-            snprintf(want, sizeof want, "prompt of %d tokens plus max_tokens %d", (int)j->n_prompt,
-                     (int)j->max_tokens);
+            snprintf(want, sizeof want, "prompt of %d tokens plus max_tokens %d", (int)j->n_prompt, (int)j->max_tokens);
             if (s == KILN_ERROR_LIMIT && strstr(kiln_last_error(), want))
                 atomic_fetch_add(&a->refused_with_numbers, 1);
             else
@@ -520,6 +520,108 @@ static void test_refusals(void)
     tiny_close(&t);
 }
 
+typedef struct lp_log {
+    int calls, top_ok, n_top;
+    float first_top_lp[64];
+} lp_log;
+
+static int lp_token(void *user, const kiln_llm_token *tok)
+{
+    lp_log *l = user;
+    if (tok->id < 0 || l->calls >= 64)
+        return 0;
+    /* Greedy: the sampled id is the most likely one, alternatives in order. */
+    int ok =
+        tok->n_top == l->n_top && tok->top_ids && tok->top_ids[0] == tok->id && tok->top_logprobs[0] == tok->logprob;
+    for (int32_t k = 1; ok && k < tok->n_top; k++)
+        ok = tok->top_logprobs[k] <= tok->top_logprobs[k - 1];
+    l->top_ok += ok;
+    l->first_top_lp[l->calls++] = tok->logprob;
+    return 0;
+}
+
+typedef struct score_ref {
+    const int32_t *want; /* the generated ids, position n_prompt - 1 on */
+    size_t from;
+    double lp[64];
+} score_ref;
+
+static void score_logits(void *user, size_t position, const float *logits)
+{
+    score_ref *r = user;
+    if (position < r->from || position - r->from >= 64)
+        return;
+    double max = -INFINITY, sum = 0;
+    for (int i = 0; i < VOCAB; i++)
+        max = logits[i] > max ? logits[i] : max;
+    for (int i = 0; i < VOCAB; i++)
+        sum += exp((double)logits[i] - max);
+    r->lp[position - r->from] = (double)logits[r->want[position - r->from]] - max - log(sum);
+}
+
+/* A request asking for logprobs gets each token's log-softmax and its top
+ * alternatives; the values are those of the teacher-forced logits of the
+ * same tokens (kiln_llm_score) put through a log-softmax here. */
+static void test_logprobs(void)
+{
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    board *b = board_new();
+    uint32_t x = 3;
+    job *j = &b->jobs[0];
+    job_random(j, &x, 20, 1);
+    j->max_tokens = 12;
+    job_request(j);
+    j->req.logprobs = 5;
+    lp_log log = {.n_top = 5};
+    kiln_llm_callbacks cb;
+    kiln_llm_callbacks_init(&cb);
+    cb.on_token = lp_token;
+    cb.on_finish = job_finish;
+    cb.user = &log;
+    kiln_llm_scheduler_options o;
+    kiln_llm_scheduler_options_init(&o);
+    o.thread = 0;
+    kiln_llm_scheduler *sc = NULL;
+    CHECK_OK(kiln_llm_scheduler_start(t.llm, &o, &sc));
+    /* on_finish's user is the log here: job_finish needs a job. */
+    cb.on_finish = NULL;
+    CHECK_OK(kiln_llm_submit(sc, &j->req, &cb, NULL));
+    job_request(j);
+    j->req.logprobs = 21;
+    CHECK_FAILS(kiln_llm_submit(sc, &j->req, &cb, NULL), KILN_ERROR_INVALID_ARGUMENT, "logprobs 21 is not in [-1, 20]");
+    for (int busy = 1; busy;)
+        if (kiln_llm_scheduler_step(sc, &busy) != KILN_OK)
+            break;
+    kiln_llm_scheduler_stop(sc, 0);
+    CHECK(log.calls == 12 && log.top_ok == 12);
+    /* The same request through kiln_llm_generate: result->logprobs. */
+    j->req.logprobs = 0;
+    kiln_llm_result *res = NULL;
+    const kiln_llm_request *rp = &j->req;
+    CHECK_OK(kiln_llm_generate(t.llm, &rp, 1, NULL, NULL, &res));
+    if (res && res->n_ids == 12 && res->logprobs) {
+        int32_t seq[MAX_SEQ];
+        memcpy(seq, j->prompt, sizeof(int32_t) * (size_t)j->n_prompt);
+        memcpy(seq + j->n_prompt, res->ids, sizeof(int32_t) * 12);
+        score_ref ref = {.want = res->ids, .from = (size_t)j->n_prompt - 1};
+        CHECK_OK(kiln_llm_score(t.llm, seq, (size_t)j->n_prompt + 11, score_logits, &ref));
+        int close = 0;
+        /* (The second run reuses the cached prompt: its prefill step has
+         * other shapes, so the last bits may differ.) */
+        for (int k = 0; k < 12; k++)
+            close +=
+                fabs(res->logprobs[k] - ref.lp[k]) <= 1e-4 && fabsf(res->logprobs[k] - log.first_top_lp[k]) <= 1e-5f;
+        CHECK(close == 12);
+    } else {
+        CHECK(!"kiln_llm_generate returned no logprobs");
+    }
+    kiln_llm_result_free(res);
+    board_free(b);
+    tiny_close(&t);
+}
+
 static void cleanup(void)
 {
     if (engine_path[0])
@@ -534,6 +636,7 @@ static const test_case_ tests[] = {
     TEST(test_prefix_cache_reuses_system_prompt),
     TEST(test_queue_cancel_stop),
     TEST(test_refusals),
+    TEST(test_logprobs),
     TEST(cleanup),
 };
 
