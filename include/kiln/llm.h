@@ -4,9 +4,11 @@
  * its tokenizer (section TOKN), so opening the engine file is all it takes:
  * kiln_llm_open loads the engine, creates one execution context, allocates
  * the paged KV cache and every per-step buffer, and kiln_llm_generate runs
- * any number of requests batched together (continuous batching: prompts are
- * admitted while the batch, the step's token budget and the free KV blocks
- * allow; each step packs prefill chunks and decode tokens).
+ * any number of requests batched together. Requests that come and go (a
+ * server's) go through the scheduler (kiln_llm_scheduler_start below,
+ * docs/scheduling.md): in-flight batching, where each step packs decode
+ * tokens and prefill chunks, KV blocks are taken as sequences grow and
+ * prompt prefixes are shared; kiln_llm_generate is a thin wrapper over it.
  *
  * On a GPU engine the KV cache and every per-step buffer are device memory;
  * the host exchanges only the step's small inputs and the sampled ids with
@@ -14,7 +16,8 @@
  * CUDA graphs captured at open.
  *
  * Threads: a kiln_llm is used by one thread at a time, except
- * kiln_llm_cancel, which any thread may call while another generates.
+ * kiln_llm_cancel, which any thread may call while another generates, and
+ * the scheduler calls that say so.
  * Errors: fallible calls return a kiln_status and set kiln_last_error()
  * (thread-local) to a one-line message; outputs are untouched on failure.
  */
@@ -189,7 +192,8 @@ typedef struct kiln_llm_request {
     int32_t reserved;
     /* -1 (default): no logprobs; n >= 0: each token's logprob and its n
      * most likely alternatives (n <= 20) in kiln_llm_token and the
-     * result. */
+     * result. An engine built before the sampling layer had logprob
+     * outputs refuses n >= 0 (KILN_ERROR_UNSUPPORTED: rebuild it). */
     int32_t logprobs;
     int32_t reserved2;
 } kiln_llm_request;
@@ -274,7 +278,8 @@ KILN_API kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *co
 
 /* Ends every running request of the current (or next) kiln_llm_generate
  * call at its next step, with finish CANCELLED. Safe from any thread; the
- * flag is cleared when kiln_llm_generate returns. */
+ * flag is cleared when kiln_llm_generate returns. With a scheduler it ends
+ * every request the scheduler holds at its next step. */
 KILN_API void kiln_llm_cancel(kiln_llm *llm);
 
 /* ---- requests that come and go: the scheduler ------------------------------------ */

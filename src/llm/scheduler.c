@@ -222,8 +222,13 @@ static kiln_status seq_create(kiln_llm_scheduler *sc, const kiln_llm_request *us
     q->ids = grown;
     q->penalized = has_penalty(&q->sampling);
     /* A decoded token is at most its vocabulary string, tripled when each
-     * byte of it is invalid UTF-8 and becomes U+FFFD. */
-    q->text_cap = 3 * (llm->max_piece + 4) * (size_t)r->max_tokens + 1;
+     * byte of it is invalid UTF-8 and becomes U+FFFD; text averages far
+     * less, and a thousand requests of a thousand tokens must not take
+     * gigabytes: room for 16 bytes a token, grown (a rare allocation in a
+     * step) past that. */
+    size_t worst = 3 * (llm->max_piece + 4) * (size_t)r->max_tokens + 1;
+    size_t typical = 16 * (size_t)r->max_tokens + 3 * llm->max_piece + 64;
+    q->text_cap = typical < worst ? typical : worst;
     q->text = malloc(q->text_cap);
     q->blocks = malloc(sizeof *q->blocks * (size_t)llm->max_blocks);
     q->hashes = malloc(sizeof *q->hashes * (size_t)llm->max_blocks);
