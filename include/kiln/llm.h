@@ -315,8 +315,22 @@ typedef struct kiln_llm_scheduler_options {
     int32_t thread;
     /* Share KV blocks of identical prompt prefixes: 1 (default) or 0. */
     int32_t prefix_caching;
-    int32_t reserved;
+    /* Admission (docs/scheduling.md): KILN_LLM_ADMIT_MAX_UTILIZATION
+     * (default) or KILN_LLM_ADMIT_NO_EVICT. */
+    int32_t admission;
 } kiln_llm_scheduler_options;
+
+/* Admission policies (TensorRT-LLM's capacity scheduler policies). */
+enum {
+    /* Admit while the blocks of the request's prompt are free: the batch
+     * is as large as the cache allows now; a running request that later
+     * finds no block preempts the newest one. */
+    KILN_LLM_ADMIT_MAX_UTILIZATION = 0,
+    /* Admit only while the blocks every running request may still take
+     * (up to its max_tokens) and the new request's whole prompt plus
+     * max_tokens are free: nothing is ever preempted. */
+    KILN_LLM_ADMIT_NO_EVICT = 1,
+};
 
 KILN_API void kiln_llm_scheduler_options_init(kiln_llm_scheduler_options *options);
 

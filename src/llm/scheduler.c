@@ -661,8 +661,15 @@ static int32_t pack(kiln_llm_scheduler *sc, int32_t *T_out)
         add_row(sc, q, chunk, &S, &T);
     }
     /* Admissions: blocks for the whole remaining prompt must be available
-     * now, beyond a reserve (1% of the cache) for the running decodes. */
+     * now, beyond a reserve (1% of the cache) for the running decodes;
+     * with NO_EVICT, beyond every running request's remaining growth too,
+     * and for the request's own max_tokens. */
     int32_t reserve = sc->n_running > 0 ? pool->n_blocks / 100 : 0;
+    const int no_evict = sc->opt.admission == KILN_LLM_ADMIT_NO_EVICT;
+    for (int32_t i = 0; no_evict && i < sc->n_running; i++) {
+        const sched_seq *q = sc->running[i];
+        reserve += kiln_kv_blocks_for(pool, (int64_t)(q->n_prompt + (size_t)q->req.max_tokens)) - q->kv.n_blocks;
+    }
     while (!preempted && sc->wait_head && sc->n_running < llm->max_batch && S < llm->max_batch && T < llm->max_tokens) {
         sched_seq *q = sc->wait_head;
         int32_t hit = 0;
@@ -671,7 +678,8 @@ static int32_t pack(kiln_llm_scheduler *sc, int32_t *T_out)
                                     q->hashes);
         q->n_cached = (size_t)hit * (size_t)pool->block_size;
         q->n_hashed = hit;
-        int32_t need = kiln_kv_blocks_for(pool, (int64_t)q->n_ids) - hit;
+        size_t whole = no_evict ? q->n_prompt + (size_t)q->req.max_tokens : q->n_ids;
+        int32_t need = kiln_kv_blocks_for(pool, (int64_t)whole) - hit;
         size_t chunk = q->n_ids - q->n_cached;
         if (chunk > (size_t)(llm->max_tokens - T))
             chunk = (size_t)(llm->max_tokens - T);
@@ -693,6 +701,8 @@ static int32_t pack(kiln_llm_scheduler *sc, int32_t *T_out)
         sc->stats.prefix_hit_tokens += q->n_cached;
         sc->running[sc->n_running++] = q;
         add_row(sc, q, chunk, &S, &T);
+        if (no_evict)
+            reserve += kiln_kv_blocks_for(pool, (int64_t)whole) - q->kv.n_blocks;
     }
     *T_out = T;
     return S;
@@ -919,6 +929,9 @@ kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_opt
         KILN_TRY(kiln_api_struct_read(&o, sizeof o, options, "scheduler options"));
     if (o.max_queue <= 0)
         o.max_queue = 4096;
+    if (o.admission != KILN_LLM_ADMIT_MAX_UTILIZATION && o.admission != KILN_LLM_ADMIT_NO_EVICT)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "scheduler admission %d is not MAX_UTILIZATION (0) or NO_EVICT (1)", (int)o.admission);
     kiln_llm_scheduler *sc = calloc(1, sizeof *sc);
     if (!sc)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");

@@ -7,6 +7,7 @@
 #  - a 1 MB KV cache (128 blocks) for 40 requests of 124 tokens (8 blocks
 #    each) with 32 sequences a step: the cache runs full and requests are
 #    preempted, yet every request generates all its tokens;
+#  - with --no-evict on the same cache nothing is preempted;
 #  - a shared 20-token prefix is reused (16-token blocks: at least one
 #    block of every request after the first), and not without caching;
 #  - spread lengths and Poisson arrivals run; bad options are refused.
@@ -44,6 +45,10 @@ check "figures, counts and preemptions" \
   'r["ttft_ms_p50"] <= r["ttft_ms_p99"] <= r["ttft_ms_max"] and r["itl_ms_p50"] <= r["itl_ms_p99"]' \
   'r["kv_blocks_total"] == 128 and r["kv_blocks_peak"] == 128 and r["kv_peak_fraction"] == 1.0' \
   'r["preemptions"] > 0 and r["prefix_hit_tokens"] == 0 and r["max_batch"] == 32'
+
+expect_ok "no-evict admission, the same tiny cache" "$KILN" bench "$E" --throughput --requests 40 --input-len 24 \
+  --output-len 100 --kv-cache-mb 1 --no-evict --json
+check "nothing preempted" 'r["admission"] == "no-evict" and r["preemptions"] == 0 and r["output_tokens"] == 4000'
 
 expect_ok "a shared prefix" "$KILN" bench "$E" --throughput --requests 12 --input-len 30 --output-len 8 \
   --prefix-len 20 --json

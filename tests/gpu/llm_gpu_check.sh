@@ -18,7 +18,7 @@
 #      serving throughput through the scheduler (`kiln bench --throughput`,
 #      issue 9) on an engine built with --max-batch 1024: 1,024 requests of
 #      128 in / 128 out all at once (>= 20,000 output tok/s), 1,000 of 1,000
-#      / 1,000 (>= 12,000), and Poisson arrivals at 80% of the first run's
+#      / 1,000 (>= 12,000; with either admission policy), and Poisson arrivals at 80% of the first run's
 #      request rate (inter-token p99 <= 3x p50, every request served).
 #
 #   KILN_BUILD_DIR=build-gpu LLM_LOGS=DIR bash tests/gpu/llm_gpu_check.sh
@@ -281,12 +281,15 @@ for m in ${KILN_LLM_BENCH_MODELS-8b 1b}; do
             else
                 bench_line "$label throughput 1024 x 128/128" "-" ">= 20000 out tok/s" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
             fi
-            j=$work/tp-$m-1000.json
-            if bench_json "$j" "$et" --throughput --requests 1000 --input-len 1000 --output-len 1000; then
-                tp_line "$label throughput 1000 x 1000/1000" "$j" 12000
-            else
-                bench_line "$label throughput 1000 x 1000/1000" "-" ">= 12000 out tok/s" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
-            fi
+            for adm in "" --no-evict; do
+                j=$work/tp-$m-1000$adm.json
+                if bench_json "$j" "$et" --throughput --requests 1000 --input-len 1000 --output-len 1000 $adm; then
+                    tp_line "$label throughput 1000 x 1000/1000 $adm" "$j" 12000
+                else
+                    bench_line "$label throughput 1000 x 1000/1000 $adm" "-" ">= 12000 out tok/s" "" \
+                        "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
+                fi
+            done
         else
             bench_line "$label build --max-batch 1024" "-" "-" "-" "FAIL (kiln build, see llm.log)"
         fi

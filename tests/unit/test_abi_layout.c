@@ -289,9 +289,9 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_scheduler_options, max_queue, 8);
     CHECK_OFFSET(kiln_llm_scheduler_options, thread, 12);
     CHECK_OFFSET(kiln_llm_scheduler_options, prefix_caching, 16);
-    CHECK_OFFSET(kiln_llm_scheduler_options, reserved, 20);
+    CHECK_OFFSET(kiln_llm_scheduler_options, admission, 20);
     CHECK_SIZE(kiln_llm_scheduler_options, 24);
-    CHECK_ENDS_AT(kiln_llm_scheduler_options, reserved);
+    CHECK_ENDS_AT(kiln_llm_scheduler_options, admission);
     CHECK_INIT(kiln_llm_scheduler_options, kiln_llm_scheduler_options_init);
 
     CHECK_OFFSET(kiln_llm_token, struct_size, 0);

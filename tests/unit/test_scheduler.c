@@ -220,7 +220,7 @@ static int same_ids(const kiln_llm_result *a, const kiln_llm_result *b)
 /* 65 requests of mixed lengths, all at once on the scheduler's own
  * thread: each gets exactly its tokens alone. With kv_blocks, a cache too
  * small for all of them, so the newest are preempted and recomputed. */
-static void check_invariance(int32_t kv_blocks, int sampled)
+static void check_invariance(int32_t kv_blocks, int sampled, int32_t admission)
 {
     tiny t;
     if (!tiny_open(&t, kv_blocks))
@@ -243,8 +243,11 @@ static void check_invariance(int32_t kv_blocks, int sampled)
         all->jobs[i].board = all;
     }
     run_alone(t.llm, ref, N);
+    kiln_llm_scheduler_options o;
+    kiln_llm_scheduler_options_init(&o);
+    o.admission = admission;
     kiln_llm_scheduler *sc = NULL;
-    CHECK_OK(kiln_llm_scheduler_start(t.llm, NULL, &sc));
+    CHECK_OK(kiln_llm_scheduler_start(t.llm, &o, &sc));
     for (int i = 0; sc && i < N; i++)
         CHECK_OK(submit(sc, &all->jobs[i], NULL));
     board_wait(all, N);
@@ -264,7 +267,10 @@ static void check_invariance(int32_t kv_blocks, int sampled)
     CHECK(distinct > N / 2); /* the requests do differ */
     CHECK(st.finished == N && st.cancelled == 0 && st.failed == 0 && st.running == 0 && st.waiting == 0);
     CHECK(st.blocks_used == 0);
-    if (kv_blocks) {
+    if (kv_blocks && admission == KILN_LLM_ADMIT_NO_EVICT) {
+        /* Admission kept every running request's growth free. */
+        CHECK(st.preemptions == 0 && st.blocks_total == kv_blocks && st.blocks_peak > kv_blocks / 2);
+    } else if (kv_blocks) {
         /* The cache did run dry, and some steps held more than one request. */
         CHECK(st.preemptions > 0 && st.blocks_total == kv_blocks);
         printf("  %llu preemptions in %llu steps, peak %d of %d blocks\n", (unsigned long long)st.preemptions,
@@ -276,13 +282,17 @@ static void check_invariance(int32_t kv_blocks, int sampled)
     tiny_close(&t);
 }
 
-static void test_greedy_alone_equals_among_64(void) { check_invariance(0, 0); }
+static void test_greedy_alone_equals_among_64(void) { check_invariance(0, 0, KILN_LLM_ADMIT_MAX_UTILIZATION); }
 
 /* The largest request is 60 + 40 tokens: 25 blocks of 4; 32 blocks hold
  * little more than one. */
-static void test_greedy_preempted_equals_alone(void) { check_invariance(32, 0); }
+static void test_greedy_preempted_equals_alone(void) { check_invariance(32, 0, KILN_LLM_ADMIT_MAX_UTILIZATION); }
 
-static void test_seeded_sampling_whatever_else_runs(void) { check_invariance(32, 1); }
+static void test_seeded_sampling_whatever_else_runs(void) { check_invariance(32, 1, KILN_LLM_ADMIT_MAX_UTILIZATION); }
+
+/* NO_EVICT admission on the same tiny cache: nothing is preempted, and
+ * the tokens are the same. */
+static void test_no_evict_admission(void) { check_invariance(32, 1, KILN_LLM_ADMIT_NO_EVICT); }
 
 typedef struct arrivals {
     kiln_llm_scheduler *sc;
@@ -455,6 +465,12 @@ static void test_queue_cancel_stop(void)
     CHECK_OK(kiln_llm_scheduler_start(t.llm, &o, &sc));
     kiln_llm_scheduler *second = NULL;
     CHECK_FAILS(kiln_llm_scheduler_start(t.llm, &o, &second), KILN_ERROR_INVALID_ARGUMENT, "has a scheduler already");
+    kiln_llm_scheduler_stop(sc, 0);
+    o.admission = 2;
+    CHECK_FAILS(kiln_llm_scheduler_start(t.llm, &o, &sc), KILN_ERROR_INVALID_ARGUMENT,
+                "admission 2 is not MAX_UTILIZATION (0) or NO_EVICT (1)");
+    o.admission = KILN_LLM_ADMIT_MAX_UTILIZATION;
+    CHECK_OK(kiln_llm_scheduler_start(t.llm, &o, &sc));
     uint32_t x = 5;
     uint64_t ids[4] = {0};
     for (int i = 0; i < 4; i++)
@@ -632,6 +648,7 @@ static const test_case_ tests[] = {
     TEST(test_greedy_alone_equals_among_64),
     TEST(test_greedy_preempted_equals_alone),
     TEST(test_seeded_sampling_whatever_else_runs),
+    TEST(test_no_evict_admission),
     TEST(test_stress_tiny_cache),
     TEST(test_prefix_cache_reuses_system_prompt),
     TEST(test_queue_cancel_stop),

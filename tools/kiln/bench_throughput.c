@@ -42,7 +42,10 @@ static const char throughput_help[] =
     "                           shared system prompt; default 0)\n"
     "  --warmup N               untimed requests first (default 4)\n"
     "  --seed S                 seed of the prompts, lengths and arrivals (default 1)\n"
-    "  --no-prefix-caching      do not share KV blocks of equal prompt prefixes\n" CLI_LLM_MEMORY_HELP
+    "  --no-prefix-caching      do not share KV blocks of equal prompt prefixes\n"
+    "  --no-evict               admit only requests whose whole output fits beside the\n"
+    "                           running ones' (never preempt; default: admit while the\n"
+    "                           prompt fits, preempt the newest when the cache runs dry)\n" CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object\n"
     "  -h, --help               show this help\n";
@@ -56,7 +59,7 @@ typedef struct tp_options {
     int input_dist, output_dist;
     double spread, rate;
     long seed;
-    int prefix_caching, json;
+    int prefix_caching, no_evict, json;
 } tp_options;
 
 /* ---- clocks and random numbers -------------------------------------------------------- */
@@ -210,9 +213,9 @@ static int print_report(const tp_options *o, const tp_report *r)
     if (!o->json) {
         printf("engine: %s (%s, %s), max_batch %d, max_tokens %d per step\n", r->engine, r->backend, r->dtype,
                (int)r->max_batch, (int)r->max_tokens);
-        printf("%ld requests, input %ld (%s), output %ld (%s), %s\n", o->requests, o->input_len,
+        printf("%ld requests, input %ld (%s), output %ld (%s), %s, %s admission\n", o->requests, o->input_len,
                dist_names[o->input_dist], o->output_len, dist_names[o->output_dist],
-               o->rate > 0 ? "Poisson arrivals" : "all at once");
+               o->rate > 0 ? "Poisson arrivals" : "all at once", o->no_evict ? "no-evict" : "max-utilization");
         if (o->rate > 0)
             printf("  arrival rate:       %.2f requests/s\n", o->rate);
         printf("  duration:           %.3f s (%ld prompt + %ld output tokens)\n", r->duration_s, r->prompt_tokens,
@@ -242,6 +245,7 @@ static int print_report(const tp_options *o, const tp_report *r)
     json_object_set_new(j, "rate", json_real(o->rate));
     json_object_set_new(j, "prefix_len", json_integer(o->prefix_len));
     json_object_set_new(j, "prefix_caching", json_boolean(o->prefix_caching));
+    json_object_set_new(j, "admission", json_string(o->no_evict ? "no-evict" : "max-utilization"));
     json_object_set_new(j, "duration_s", json_real(r->duration_s));
     json_object_set_new(j, "prompt_tokens", json_integer(r->prompt_tokens));
     json_object_set_new(j, "output_tokens", json_integer(r->output_tokens));
@@ -337,6 +341,7 @@ static int throughput(kiln_llm *llm, const tp_options *o, tp_report *rep)
     kiln_llm_scheduler_options so;
     kiln_llm_scheduler_options_init(&so);
     so.prefix_caching = o->prefix_caching;
+    so.admission = o->no_evict ? KILN_LLM_ADMIT_NO_EVICT : KILN_LLM_ADMIT_MAX_UTILIZATION;
     so.max_queue = (int32_t)(N > W ? N : W) + 1;
     kiln_llm_scheduler *sc = NULL;
     if (st == CLI_OK && kiln_llm_scheduler_start(llm, &so, &sc) != KILN_OK)
@@ -470,6 +475,8 @@ int cli_bench_throughput(int argc, char **argv)
             st = parse_real(opt, val, 0.0, 1e6, &o.rate);
         else if (!strcmp(opt, "--no-prefix-caching"))
             o.prefix_caching = 0;
+        else if (!strcmp(opt, "--no-evict"))
+            o.no_evict = 1;
         else if (!strcmp(opt, "--plugins"))
             libs[n_libs++] = val;
         else if (!strcmp(opt, "--json"))
