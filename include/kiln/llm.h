@@ -413,7 +413,10 @@ typedef struct kiln_llm_scheduler_stats {
     uint64_t finished, cancelled, failed;
 } kiln_llm_scheduler_stats;
 
-/* A snapshot (counters since start). */
+/* A snapshot taken at the end of the last step (counters since start).
+ * Fills the caller's struct as far as its struct_size reaches (set it to
+ * sizeof; below 8, the library's whole struct is written) and sets
+ * struct_size to what was written. */
 KILN_API void kiln_llm_scheduler_stats_get(kiln_llm_scheduler *scheduler, kiln_llm_scheduler_stats *stats);
 
 /* Stops accepting requests, lets running and waiting ones go on for up to
