@@ -413,7 +413,10 @@ typedef struct kiln_llm_scheduler_stats {
     uint64_t finished, cancelled, failed;
 } kiln_llm_scheduler_stats;
 
-/* A snapshot taken at the end of the last step (counters since start).
+/* A snapshot taken at the end of the last step (counters since start);
+ * the steps, generated tokens and finished / cancelled / failed counts are
+ * also updated before each on_finish call, so they count every request
+ * whose on_finish has run.
  * Fills the caller's struct as far as its struct_size reaches (set it to
  * sizeof; below 8, the library's whole struct is written) and sets
  * struct_size to what was written. */
