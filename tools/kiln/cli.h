@@ -76,5 +76,6 @@ int cli_tokenize(int argc, char **argv);
 int cli_detokenize(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 #endif
