@@ -334,13 +334,15 @@ typedef struct kiln_llm_token {
 typedef struct kiln_llm_callbacks {
     uint32_t struct_size;
     uint32_t abi_version;
-    /* Every generated token; returning nonzero cancels the request. May be
+    /* Every generated token but an EOS that ends the request (as
+     * kiln_llm_token_fn); returning nonzero cancels the request. May be
      * NULL. */
     int (*on_token)(void *user, const kiln_llm_token *token);
     /* Exactly once per accepted request, when it ends for any reason
      * (finished, cancelled, or failed: then result->finish is
      * KILN_LLM_FINISH_ERROR and result->error says why). The result passes
-     * to the callee: free it with kiln_llm_result_free. */
+     * to the callee: free it with kiln_llm_result_free. It is NULL only
+     * when the library ran out of memory building it. */
     void (*on_finish)(void *user, kiln_llm_result *result);
     void *user;
 } kiln_llm_callbacks;

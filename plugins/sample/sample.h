@@ -18,6 +18,10 @@ extern "C" {
 
 #define SAMPLE_PARAMS 7 /* temperature, top_k, top_p, min_p, repetition, presence, frequency */
 #define SAMPLE_SEQ 4    /* random high, random low, state slot (-1: none), prompt length */
+/* A layer with the logprob outputs takes one more params column: the
+ * row's number of alternatives (-1: no logprobs for the row). */
+#define SAMPLE_PARAMS_LOGPROBS 8
+#define SAMPLE_MAX_TOP 20 /* alternatives a layer may return per row */
 /* Workspace bytes per logit: a candidate (8) and a penalized logit (4). */
 #define SAMPLE_WORKSPACE_PER_ENTRY 12
 
