@@ -103,7 +103,6 @@ typedef struct gen {
     int32_t logprobs;
     char rid[48];
     long long created;
-    size_t n_prompt;
     /* bytes for the client: SSE events, or the whole answer */
     char *out;
     size_t out_len, out_pos, out_cap;
@@ -268,9 +267,10 @@ static void on_finish(void *user, kiln_llm_result *r)
     kiln_server *srv = g->srv;
     pthread_mutex_lock(&g->lock);
     kiln_metrics_observe(&srv->metrics, KILN_HIST_E2E, now_s() - g->t_submit);
-    const char *reason = kiln_openai_finish_reason(r->finish);
-    g->n_prompt = r->n_prompt_ids;
-    if (!reason) {
+    const char *reason = r ? kiln_openai_finish_reason(r->finish) : NULL;
+    if (!r) {
+        gen_error_body(g, 500, "%s", "the server ran out of memory for the answer");
+    } else if (!reason) {
         if (r->finish == KILN_LLM_FINISH_ERROR)
             gen_error_body(g, 500, "the engine failed: %s", r->error ? r->error : "unknown error");
         else
@@ -558,7 +558,6 @@ static enum MHD_Result start_generation(kiln_server *srv, struct MHD_Connection 
     g->include_usage = r.include_usage;
     g->logprobs = r.logprobs;
     g->created = (long long)time(NULL);
-    g->n_prompt = n_ids;
     g->t_submit = now_s();
     snprintf(g->rid, sizeof g->rid, "%s-%016llx", endpoint == KILN_OPENAI_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)splitmix64(srv->salt + serial));
@@ -601,7 +600,7 @@ static enum MHD_Result start_generation(kiln_server *srv, struct MHD_Connection 
                         "the server is busy: %s; retry after the Retry-After seconds", msg);
         if (st == KILN_ERROR_CANCELLED)
             return fail(srv, mc, 503, NULL, NULL, "the server is shutting down: %s", msg);
-        if (st == KILN_ERROR_LIMIT || st == KILN_ERROR_INVALID_ARGUMENT)
+        if (st == KILN_ERROR_LIMIT || st == KILN_ERROR_INVALID_ARGUMENT || st == KILN_ERROR_UNSUPPORTED)
             return fail(srv, mc, 400, NULL, NULL, "%s", msg);
         return fail(srv, mc, 500, NULL, NULL, "%s", msg);
     }

@@ -47,7 +47,8 @@ serve_stop() {
   SERVE_PID=
 }
 
-# metric NAME: the value of a metric on /metrics (first series).
+# metric NAME: the value of a metric on /metrics: its first series, or the
+# series NAME names with its labels (kiln_requests_total{model="tiny",outcome="cancelled"}).
 metric() {
-  curl -s "$SERVE_URL/metrics" | awk -v n="$1" '$1 ~ "^"n"[{ ]" || $1 == n {print $2; exit}'
+  curl -s "$SERVE_URL/metrics" | awk -v n="$1" 'index($1, n) == 1 && (length($1) == length(n) || substr($1, length(n) + 1, 1) == "{") {print $2; exit}'
 }

@@ -168,13 +168,19 @@ expect_code "still serving after the bad requests" 200
 # A client that disconnects mid-stream: its request is cancelled and its
 # KV blocks come back.
 echo "case: a client disconnects mid-stream"
+cancelled=$(metric 'kiln_requests_total{model="tiny",outcome="cancelled"}')
 curl -s -N -m 30 -H 'Content-Type: application/json' --data-binary '{"prompt":"Hello","max_tokens":240,"temperature":0,"ignore_eos":true,"stream":true}' "$SERVE_URL/v1/completions" | head -c 300 >/dev/null
 ok=0
 for _ in $(seq 1 200); do
-  if [ "$(metric kiln_requests_running)" = 0 ] && [ "$(metric kiln_kv_cache_blocks_free)" = "$blocks_total" ]; then ok=1; break; fi
+  if [ "$(metric kiln_requests_running)" = 0 ] && [ "$(metric kiln_kv_cache_blocks_free)" = "$blocks_total" ] &&
+    [ "$(metric 'kiln_requests_total{model="tiny",outcome="cancelled"}')" = $((cancelled + 1)) ] &&
+    [ "$(metric kiln_client_disconnects_total)" = 1 ]; then
+    ok=1
+    break
+  fi
   sleep 0.05
 done
-if [ $ok = 1 ]; then PASSED=$((PASSED + 1)); else fail "after a disconnect: running $(metric kiln_requests_running), free blocks $(metric kiln_kv_cache_blocks_free) of $blocks_total"; fi
+if [ $ok = 1 ]; then PASSED=$((PASSED + 1)); else fail "after a disconnect: running $(metric kiln_requests_running), free blocks $(metric kiln_kv_cache_blocks_free) of $blocks_total, disconnects $(metric kiln_client_disconnects_total), cancelled $(metric 'kiln_requests_total{model="tiny",outcome="cancelled"}') (was $cancelled)"; fi
 echo "case: /metrics"
 curl -s "$SERVE_URL/metrics" >"$TMP/metrics"
 for m in kiln_requests_running kiln_requests_waiting kiln_kv_cache_usage_ratio kiln_prefix_cache_hit_tokens_total \
