@@ -6,12 +6,10 @@
 #include <kiln/llm.h>
 
 #include <jansson.h>
-#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/api_struct.h"
@@ -21,7 +19,6 @@
 #include "llm/kv_cache.h"
 #include "llm/llm_config.h"
 #include "llm/llm_internal.h"
-#include "llm/sampler.h"
 #include "llm/tokenizer.h"
 #include "runtime/runtime_internal.h"
 
