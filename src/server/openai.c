@@ -369,17 +369,27 @@ static int parse_logprobs(json_t *root, kiln_openai_request *r, kiln_openai_erro
     return 0;
 }
 
-static int parse_sampling(json_t *root, kiln_openai_request *r, kiln_openai_error *e)
+static int parse_sampling(json_t *root, const kiln_llm_sampling *defaults, kiln_openai_request *r,
+                          kiln_openai_error *e)
 {
     kiln_llm_sampling *s = &r->sampling;
     kiln_llm_sampling_init(s);
+    if (defaults) {
+        s->temperature = defaults->temperature;
+        s->top_k = defaults->top_k;
+        s->top_p = defaults->top_p;
+        s->min_p = defaults->min_p;
+        s->repetition_penalty = defaults->repetition_penalty;
+        s->presence_penalty = defaults->presence_penalty;
+        s->frequency_penalty = defaults->frequency_penalty;
+    }
     if (get_float(root, "temperature", 0, 2, 0, &s->temperature, e) || get_float(root, "top_p", 0, 1, 1, &s->top_p, e) ||
         get_float(root, "min_p", 0, 1, 0, &s->min_p, e) ||
         get_float(root, "presence_penalty", -2, 2, 0, &s->presence_penalty, e) ||
         get_float(root, "frequency_penalty", -2, 2, 0, &s->frequency_penalty, e) ||
         get_float(root, "repetition_penalty", 0, 100, 1, &s->repetition_penalty, e))
         return e->status;
-    long long k = 0;
+    long long k = s->top_k;
     if (get_int(root, "top_k", -1, INT32_MAX, &k, e))
         return e->status;
     s->top_k = k > 0 ? (int32_t)k : 0; /* -1 and 0 both mean off, as in vLLM */
@@ -393,8 +403,8 @@ static int parse_sampling(json_t *root, kiln_openai_request *r, kiln_openai_erro
     return 0;
 }
 
-int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t len, kiln_openai_request *out,
-                      kiln_openai_error *err)
+int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t len, const kiln_llm_sampling *defaults,
+                      kiln_openai_request *out, kiln_openai_error *err)
 {
     kiln_openai_request r;
     memset(&r, 0, sizeof r);
@@ -414,7 +424,7 @@ int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t le
              (endpoint == KILN_OPENAI_COMPLETIONS ? parse_prompt(root, &r, err) : parse_messages(root, &r, err)) ||
              get_int(root, "max_tokens", 1, INT32_MAX, &max_tokens, err) ||
              get_int(root, "max_completion_tokens", 1, INT32_MAX, &max_completion, err) ||
-             parse_sampling(root, &r, err) || parse_stop(root, &r, err) || get_bool(root, "stream", &r.stream, err) ||
+             parse_sampling(root, defaults, &r, err) || parse_stop(root, &r, err) || get_bool(root, "stream", &r.stream, err) ||
              parse_logprobs(root, &r, err) || get_bool(root, "ignore_eos", &r.ignore_eos, err) ||
              parse_unsupported(root, &r, err))
         st = err->status;

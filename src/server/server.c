@@ -513,7 +513,7 @@ static enum MHD_Result start_generation(kiln_server *srv, struct MHD_Connection 
     if (atomic_load(&srv->draining))
         return fail(srv, mc, 503, NULL, NULL, "%s", "the server is shutting down");
     kiln_openai_request r;
-    if (kiln_openai_parse(endpoint, c->body ? c->body : "", c->len, &r, &e))
+    if (kiln_openai_parse(endpoint, c->body ? c->body : "", c->len, &srv->o.sampling, &r, &e))
         return send_error(srv, mc, &e);
     if (r.model && strcmp(r.model, srv->model) != 0) {
         kiln_openai_error_set(&e, 404, "model", "the model `%s` does not exist; this server serves `%s`", r.model,
@@ -830,6 +830,7 @@ void kiln_server_options_init(kiln_server_options *o)
     o->max_body = 16u << 20;
     o->max_header = 64u << 10;
     o->prefix_caching = 1;
+    kiln_llm_sampling_init(&o->sampling);
 }
 
 static void server_free(kiln_server *s)

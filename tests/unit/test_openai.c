@@ -8,7 +8,7 @@
 
 static int parse(kiln_openai_endpoint ep, const char *body, kiln_openai_request *r, kiln_openai_error *e)
 {
-    return kiln_openai_parse(ep, body, strlen(body), r, e);
+    return kiln_openai_parse(ep, body, strlen(body), NULL, r, e);
 }
 
 /* The body fails with 400, param `param`, and a message containing needle. */
@@ -69,6 +69,25 @@ static void test_chat_fields(void)
           0);
     CHECK(r.model == NULL && r.max_tokens == -1 && r.logprobs == -1 && !r.stream && r.n_stop == 0 && !r.has_seed);
     CHECK(r.sampling.temperature == 1.0f && r.sampling.top_p == 1.0f && r.sampling.top_k == 0);
+    kiln_openai_request_free(&r);
+}
+
+/* Sampling fields a request leaves out take the server's defaults; those
+ * it gives win. */
+static void test_defaults(void)
+{
+    kiln_llm_sampling d;
+    kiln_llm_sampling_init(&d);
+    d.temperature = 0.8f;
+    d.top_k = 40;
+    d.top_p = 0.95f;
+    d.min_p = 0.05f;
+    kiln_openai_request r;
+    kiln_openai_error e;
+    const char *body = "{\"prompt\":\"a\",\"temperature\":0,\"top_k\":-1}";
+    CHECK(kiln_openai_parse(KILN_OPENAI_COMPLETIONS, body, strlen(body), &d, &r, &e) == 0);
+    CHECK(r.sampling.temperature == 0.0f && r.sampling.top_k == 0);
+    CHECK(r.sampling.top_p == 0.95f && r.sampling.min_p == 0.05f && r.sampling.repetition_penalty == 1.0f);
     kiln_openai_request_free(&r);
 }
 
@@ -222,6 +241,6 @@ static void test_responses(void)
     json_decref(o);
 }
 
-static const test_case_ tests[] = {TEST(test_chat_fields), TEST(test_completion_prompts), TEST(test_bad_requests),
+static const test_case_ tests[] = {TEST(test_chat_fields), TEST(test_defaults), TEST(test_completion_prompts), TEST(test_bad_requests),
                                    TEST(test_responses)};
 TEST_MAIN(tests)
