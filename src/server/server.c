@@ -268,6 +268,9 @@ static void on_finish(void *user, kiln_llm_result *r)
     pthread_mutex_lock(&g->lock);
     kiln_metrics_observe(&srv->metrics, KILN_HIST_E2E, now_s() - g->t_submit);
     const char *reason = r ? kiln_openai_finish_reason(r->finish) : NULL;
+    /* a cancel is the client's hang-up unless the server is draining */
+    if (r && r->finish == KILN_LLM_FINISH_CANCELLED && !atomic_load(&srv->draining))
+        kiln_metrics_count_disconnect(&srv->metrics);
     if (!r) {
         gen_error_body(g, 500, "%s", "the server ran out of memory for the answer");
     } else if (!reason) {
@@ -354,7 +357,6 @@ static void *watch_main(void *arg)
             if (ev[i].data.u64 == 0)
                 return NULL;
             sched_cancel(srv, ev[i].data.u64);
-            kiln_metrics_count_disconnect(&srv->metrics);
         }
     }
 }
@@ -797,10 +799,8 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
         int cancel = !g->done;
         uint64_t id = g->id;
         pthread_mutex_unlock(&g->lock);
-        if (cancel) {
+        if (cancel)
             sched_cancel(srv, id);
-            kiln_metrics_count_disconnect(&srv->metrics);
-        }
         pthread_mutex_lock(&srv->lock);
         srv->n_attached--;
         pthread_mutex_unlock(&srv->lock);
