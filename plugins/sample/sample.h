@@ -41,6 +41,11 @@ typedef struct sample_args {
      * logits of one sequence's every position as rows, with 2, and a row s
      * with s + 1 >= Q keeps no history (its slot must be -1). */
     int32_t Q;
+    int32_t P;           /* params columns: SAMPLE_PARAMS, or SAMPLE_PARAMS_LOGPROBS with top > 0 */
+    int32_t top;         /* alternatives per row of the logprob outputs; 0: none (NULL below) */
+    float *logprob;      /* [S] */
+    int32_t *top_ids;    /* [S, top] */
+    float *top_logprobs; /* [S, top] */
 } sample_args;
 
 /* top_k as the params row holds it (a float) to the sampler's int: <= 0

@@ -23,6 +23,7 @@
 #include "llm/llm_internal.h"
 #include "llm/sampler.h"
 #include "llm/tokenizer.h"
+#include "runtime/runtime_internal.h"
 
 
 /* ---- the versioned structs ------------------------------------------------------------- */
@@ -108,22 +109,13 @@ void kiln_llm_close(kiln_llm *llm)
     free(llm->chat_bos);
     free(llm->chat_eos);
     step_host *h = &llm->h;
-    free(h->tokens);
-    free(h->positions);
-    free(h->block_table);
-    free(h->seq_lens);
-    free(h->last_token);
-    free(h->query_start);
-    free(h->params);
-    free(h->seq);
+    free(llm->packed);
     free(llm->free_slots);
     free(h->next);
     free(h->logits);
     free(h->logprob);
     free(h->top_ids);
     free(h->top_logprobs);
-    for (int i = 0; i < N_STEP_INPUTS; i++)
-        free(llm->shadow[i]);
     free(llm->cand);
     free(llm);
 }
@@ -288,6 +280,49 @@ static kiln_status setup_cache(kiln_llm *llm, const kiln_llm_options *opt)
     return KILN_OK;
 }
 
+/* The step's inputs in one block of host memory and one of the engine's
+ * (llm_internal.h: packed), each input bound at its offset: in the order
+ * of `layout`, 256-byte aligned, block_table last. */
+static kiln_status setup_packed(kiln_llm *llm, size_t T, size_t S, size_t P)
+{
+    static const int layout[N_STEP_INPUTS] = {IN_TOKENS,     IN_POSITIONS, IN_SEQ_LENS, IN_QUERY_START,
+                                              IN_LAST_TOKEN, IN_PARAMS,    IN_SEQ,      IN_BLOCK_TABLE};
+    static const char *const names[N_STEP_INPUTS] = {"tokens",      "positions",  "block_table",   "seq_lens",
+                                                     "query_start", "last_token", "sample_params", "sample_seq"};
+    const size_t bytes[N_STEP_INPUTS] = {
+        [IN_TOKENS] = 4 * T,     [IN_POSITIONS] = 4 * T,         [IN_BLOCK_TABLE] = 4 * S * (size_t)llm->max_blocks,
+        [IN_SEQ_LENS] = 4 * S,   [IN_QUERY_START] = 4 * (S + 1), [IN_LAST_TOKEN] = 4 * S,
+        [IN_PARAMS] = 4 * P * S, [IN_SEQ] = 4 * SAMPLE_SEQ * S};
+    size_t total = 0;
+    for (int i = 0; i < N_STEP_INPUTS; i++) {
+        llm->offset[layout[i]] = total;
+        total += (bytes[layout[i]] + 255) / 256 * 256;
+    }
+    if (!(llm->packed = calloc(1, total)))
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
+    char *base = llm->packed;
+    step_host *h = &llm->h;
+    h->tokens = (int32_t *)(base + llm->offset[IN_TOKENS]);
+    h->positions = (int32_t *)(base + llm->offset[IN_POSITIONS]);
+    h->block_table = (int32_t *)(base + llm->offset[IN_BLOCK_TABLE]);
+    h->seq_lens = (int32_t *)(base + llm->offset[IN_SEQ_LENS]);
+    h->query_start = (int32_t *)(base + llm->offset[IN_QUERY_START]);
+    h->last_token = (int32_t *)(base + llm->offset[IN_LAST_TOKEN]);
+    h->params = (float *)(base + llm->offset[IN_PARAMS]);
+    h->seq = (int32_t *)(base + llm->offset[IN_SEQ]);
+    void *span = NULL;
+    KILN_TRY(kiln_context_io_span(llm->ctx, total, &span));
+    for (int i = 0; i < N_STEP_INPUTS; i++) {
+        if (!llm->has_sampler && (i == IN_PARAMS || i == IN_SEQ))
+            continue;
+        KILN_TRY(kiln_context_set_tensor_address(llm->ctx, names[i], (char *)span + llm->offset[i]));
+    }
+    /* A first copy of everything: the staging memory a copy goes through
+     * is taken now, at its largest, and never during a step. */
+    KILN_TRY(kiln_context_copy_span(llm->ctx, "tokens", llm->packed, total));
+    return kiln_context_synchronize(llm->ctx);
+}
+
 static kiln_status setup_buffers(kiln_llm *llm)
 {
     const kiln_llm_config *c = &llm->cfg;
@@ -332,38 +367,24 @@ static kiln_status setup_buffers(kiln_llm *llm)
     }
     size_t T = (size_t)llm->max_tokens, S = (size_t)llm->max_batch, V = (size_t)c->vocab_size;
     step_host *h = &llm->h;
-    h->tokens = calloc(T, sizeof *h->tokens);
-    h->positions = calloc(T, sizeof *h->positions);
-    h->block_table = calloc(S * (size_t)llm->max_blocks, sizeof *h->block_table);
-    h->seq_lens = calloc(S, sizeof *h->seq_lens);
-    h->last_token = calloc(S, sizeof *h->last_token);
-    h->query_start = calloc(S + 1, sizeof *h->query_start);
     size_t P = (size_t)llm->n_params, K = llm->logprob_top > 0 ? (size_t)llm->logprob_top : 1;
-    h->params = calloc(S * P, sizeof *h->params);
     h->logprob = calloc(S, sizeof *h->logprob);
     h->top_ids = calloc(S * K, sizeof *h->top_ids);
     h->top_logprobs = calloc(S * K, sizeof *h->top_logprobs);
-    h->seq = calloc(S * SAMPLE_SEQ, sizeof *h->seq);
     llm->free_slots = calloc(S, sizeof *llm->free_slots);
     h->next = calloc(S, sizeof *h->next);
     /* Host sampling only for engines without the sampling layer. */
     h->logits = calloc(llm->has_sampler ? 1 : S * V, sizeof *h->logits);
     llm->cand = calloc(llm->has_sampler ? 1 : V, sizeof *llm->cand);
-    const size_t max_bytes[N_STEP_INPUTS] = {4 * T,       4 * T, 4 * S * (size_t)llm->max_blocks, 4 * S,
-                                             4 * (S + 1), 4 * S, 4 * P * S,           4 * SAMPLE_SEQ * S};
+    if (!h->next || !h->logits || !llm->cand || !llm->free_slots || !h->logprob || !h->top_ids || !h->top_logprobs)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
     for (size_t i = 0; i < S; i++)
         llm->free_slots[i] = (int32_t)(S - 1 - i);
     llm->n_free_slots = (int32_t)S;
-    for (int i = 0; i < N_STEP_INPUTS; i++)
-        if (!(llm->shadow[i] = malloc(max_bytes[i])))
-            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
-    if (!h->tokens || !h->positions || !h->block_table || !h->seq_lens || !h->last_token || !h->query_start ||
-        !h->params || !h->seq || !h->next || !h->logits || !llm->cand || !llm->free_slots || !h->logprob ||
-        !h->top_ids || !h->top_logprobs)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
-    /* The context's own buffers, allocated once at the max shapes: later
-     * steps' smaller shapes reuse them, so their addresses (which a
-     * captured graph holds) never change. */
+    KILN_TRY(setup_packed(llm, T, S, P));
+    /* Every input at its max shape: the context's own buffers (sample_state,
+     * the caches until they are sized) are allocated once, so their
+     * addresses, which captured graphs hold, never change. */
     KILN_TRY(kiln_llm_step_shapes(llm, llm->max_tokens, llm->max_batch));
     for (int32_t id = 0; id < c->vocab_size; id++) {
         size_t len = 0;
@@ -601,7 +622,8 @@ kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs
     gen_call *calls = calloc(n > 0 ? (size_t)n : 1, sizeof *calls);
     kiln_llm_result **res = calloc(n > 0 ? (size_t)n : 1, sizeof *res);
     kiln_llm_scheduler *sc = NULL;
-    kiln_status s = calls && res ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %d requests", (int)n);
+    kiln_status s =
+        calls && res ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for %d requests", (int)n);
     kiln_llm_scheduler_options opt;
     kiln_llm_scheduler_options_init(&opt);
     opt.thread = 0;

@@ -74,7 +74,10 @@ void kiln_kv_seq_init(kiln_kv_seq *seq, int32_t *storage, int32_t cap)
 
 /* ---- the hash table and the evictable list ---------------------------------------------- */
 
-static uint32_t bucket_of(const kiln_kv_pool *pool, uint64_t hash) { return (uint32_t)(hash ^ hash >> 32) & pool->bucket_mask; }
+static uint32_t bucket_of(const kiln_kv_pool *pool, uint64_t hash)
+{
+    return (uint32_t)(hash ^ hash >> 32) & pool->bucket_mask;
+}
 
 static void table_remove(kiln_kv_pool *pool, int32_t b)
 {
@@ -179,10 +182,9 @@ kiln_status kiln_kv_seq_grow(kiln_kv_pool *pool, kiln_kv_seq *seq, int64_t n_tok
                          "a sequence of %lld tokens needs %d KV blocks of %d tokens; a sequence may hold %d",
                          (long long)n_tokens, (int)need, (int)pool->block_size, (int)seq->cap);
     if (need - seq->n_blocks > kiln_kv_pool_available(pool))
-        return kiln_fail(KILN_ERROR_LIMIT,
-                         "KV cache full: a sequence of %lld tokens needs %d more blocks, %d of %d are free",
-                         (long long)n_tokens, (int)(need - seq->n_blocks), (int)kiln_kv_pool_available(pool),
-                         (int)pool->n_blocks);
+        return kiln_fail(
+            KILN_ERROR_LIMIT, "KV cache full: a sequence of %lld tokens needs %d more blocks, %d of %d are free",
+            (long long)n_tokens, (int)(need - seq->n_blocks), (int)kiln_kv_pool_available(pool), (int)pool->n_blocks);
     while (seq->n_blocks < need)
         seq->blocks[seq->n_blocks++] = take_block(pool);
     return KILN_OK;

@@ -27,12 +27,12 @@ typedef struct kiln_kv_pool {
     int32_t *ref; /* [n_blocks] sequences holding each block */
     /* Prefix cache (NULL arrays while off). */
     int32_t caching;
-    uint64_t *hash;     /* [n_blocks] chain hash of a registered block */
-    int32_t *parent;    /* [n_blocks] the block before it in its chain, -1 for a first block */
-    int32_t *tokens;    /* [n_blocks, block_size] its ids, compared on every match */
-    uint8_t *in_table;  /* [n_blocks] registered */
-    int32_t *chain;     /* [n_blocks] next block in the same hash bucket */
-    int32_t *buckets;   /* [bucket_mask + 1] first block of each bucket, -1: empty */
+    uint64_t *hash;    /* [n_blocks] chain hash of a registered block */
+    int32_t *parent;   /* [n_blocks] the block before it in its chain, -1 for a first block */
+    int32_t *tokens;   /* [n_blocks, block_size] its ids, compared on every match */
+    uint8_t *in_table; /* [n_blocks] registered */
+    int32_t *chain;    /* [n_blocks] next block in the same hash bucket */
+    int32_t *buckets;  /* [bucket_mask + 1] first block of each bucket, -1: empty */
     uint32_t bucket_mask;
     int32_t *lru_prev, *lru_next; /* [n_blocks] the evictable list, oldest first */
     int32_t lru_head, lru_tail, n_lru;

@@ -14,7 +14,8 @@
 #include "llm/sampler.h"
 #include "llm/tokenizer.h"
 
-/* Host copies of the step's inputs, at their max sizes. */
+/* Host copies of the step's inputs, at their max sizes (in kiln_llm's
+ * `packed`), and of what comes out of a step. */
 typedef struct step_host {
     int32_t *tokens, *positions;    /* [max_tokens] */
     int32_t *block_table;           /* [max_batch, max_blocks] */
@@ -66,12 +67,13 @@ struct kiln_llm {
      * hold logprob_top alternatives (0: the engine has none). */
     int32_t n_params, logprob_top;
     step_host h;
-    /* What each step input's buffer (the context's own, which never moves)
-     * holds: a decode step copies only the inputs that changed (tokens,
-     * positions, seq_lens, sample_seq; block_table when a sequence enters a
-     * new block). */
-    void *shadow[N_STEP_INPUTS];
-    size_t shadow_bytes[N_STEP_INPUTS];
+    /* The step's inputs live in one block of host memory (h's pointers
+     * point into it) laid out as the block of device memory the inputs are
+     * bound to (kiln_context_io_span): one copy carries them all, tokens
+     * first and block_table last, so a step copies up to the end of its
+     * block_table rows. */
+    void *packed;
+    size_t offset[N_STEP_INPUTS];
     int32_t cur_T, cur_S; /* shapes set on the context, 0: none */
     /* Free rows of sample_state, the penalties' history on the engine's
      * side: a running sequence with a penalty holds one. */

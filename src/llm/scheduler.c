@@ -65,11 +65,11 @@ typedef struct sched_seq {
     size_t max_stop; /* longest stop string */
     float *logprobs; /* [max_tokens] when the request asks for logprobs */
     int state;
-    int admitted;    /* ever admitted (counts its prompt once) */
-    int cancel;      /* a cancel for it arrived */
-    int in_step;     /* has a row in the step being packed */
-    int penalized;   /* uses a penalty: holds a state slot, never takes cached blocks */
-    int32_t slot;    /* row of sample_state, -1: none */
+    int admitted;  /* ever admitted (counts its prompt once) */
+    int cancel;    /* a cancel for it arrived */
+    int in_step;   /* has a row in the step being packed */
+    int penalized; /* uses a penalty: holds a state slot, never takes cached blocks */
+    int32_t slot;  /* row of sample_state, -1: none */
     double t_submit, t_first, t_last;
 } sched_seq;
 
@@ -125,10 +125,10 @@ static void seq_free(sched_seq *q)
 /* Sampling values the engine could not honour. */
 static kiln_status check_sampling(const kiln_llm_sampling *p)
 {
-    const float v[6] = {p->temperature,        p->top_p,           p->min_p,
-                        p->repetition_penalty, p->presence_penalty, p->frequency_penalty};
-    static const char *const names[6] = {"temperature",        "top_p",            "min_p",
-                                         "repetition_penalty", "presence_penalty", "frequency_penalty"};
+    const float v[6] = {p->temperature,      p->top_p, p->min_p, p->repetition_penalty, p->presence_penalty,
+                        p->frequency_penalty};
+    static const char *const names[6] = {"temperature",      "top_p", "min_p", "repetition_penalty", "presence_penalty",
+                                         "frequency_penalty"};
     for (int i = 0; i < 6; i++)
         if (!isfinite(v[i]))
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "sampling %s %g is not a finite number", names[i],
@@ -222,8 +222,13 @@ static kiln_status seq_create(kiln_llm_scheduler *sc, const kiln_llm_request *us
     q->ids = grown;
     q->penalized = has_penalty(&q->sampling);
     /* A decoded token is at most its vocabulary string, tripled when each
-     * byte of it is invalid UTF-8 and becomes U+FFFD. */
-    q->text_cap = 3 * (llm->max_piece + 4) * (size_t)r->max_tokens + 1;
+     * byte of it is invalid UTF-8 and becomes U+FFFD; text averages far
+     * less, and a thousand requests of a thousand tokens must not take
+     * gigabytes: room for 16 bytes a token, grown (a rare allocation in a
+     * step) past that. */
+    size_t worst = 3 * (llm->max_piece + 4) * (size_t)r->max_tokens + 1;
+    size_t typical = 16 * (size_t)r->max_tokens + 3 * llm->max_piece + 64;
+    q->text_cap = typical < worst ? typical : worst;
     q->text = malloc(q->text_cap);
     q->blocks = malloc(sizeof *q->blocks * (size_t)llm->max_blocks);
     q->hashes = malloc(sizeof *q->hashes * (size_t)llm->max_blocks);
@@ -415,6 +420,14 @@ static void seq_end(kiln_llm_scheduler *sc, sched_seq *q, kiln_llm_finish why, c
     else
         sc->stats.finished++;
     kiln_llm_result *res = make_result(q, why, error);
+    /* Whoever waits for on_finish sees the request counted. */
+    pthread_mutex_lock(&sc->mu);
+    sc->shown.steps = sc->stats.steps;
+    sc->shown.generated_tokens = sc->stats.generated_tokens;
+    sc->shown.finished = sc->stats.finished;
+    sc->shown.cancelled = sc->stats.cancelled;
+    sc->shown.failed = sc->stats.failed;
+    pthread_mutex_unlock(&sc->mu);
     if (q->cb.on_finish)
         q->cb.on_finish(q->cb.user, res);
     else
@@ -588,7 +601,8 @@ static void add_row(kiln_llm_scheduler *sc, sched_seq *q, size_t chunk, int32_t 
     }
     *T += (int32_t)chunk;
     int32_t s = *S;
-    memcpy(h->block_table + (size_t)s * (size_t)llm->max_blocks, q->kv.blocks, sizeof(int32_t) * (size_t)q->kv.n_blocks);
+    memcpy(h->block_table + (size_t)s * (size_t)llm->max_blocks, q->kv.blocks,
+           sizeof(int32_t) * (size_t)q->kv.n_blocks);
     h->seq_lens[s] = (int32_t)(q->n_cached + chunk);
     h->query_start[s + 1] = *T;
     h->last_token[s] = *T - 1;
@@ -655,10 +669,16 @@ static int32_t pack(kiln_llm_scheduler *sc, int32_t *T_out)
         add_row(sc, q, chunk, &S, &T);
     }
     /* Admissions: blocks for the whole remaining prompt must be available
-     * now, beyond a reserve (1% of the cache) for the running decodes. */
+     * now, beyond a reserve (1% of the cache) for the running decodes;
+     * with NO_EVICT, beyond every running request's remaining growth too,
+     * and for the request's own max_tokens. */
     int32_t reserve = sc->n_running > 0 ? pool->n_blocks / 100 : 0;
-    while (!preempted && sc->wait_head && sc->n_running < llm->max_batch && S < llm->max_batch &&
-           T < llm->max_tokens) {
+    const int no_evict = sc->opt.admission == KILN_LLM_ADMIT_NO_EVICT;
+    for (int32_t i = 0; no_evict && i < sc->n_running; i++) {
+        const sched_seq *q = sc->running[i];
+        reserve += kiln_kv_blocks_for(pool, (int64_t)(q->n_prompt + (size_t)q->req.max_tokens)) - q->kv.n_blocks;
+    }
+    while (!preempted && sc->wait_head && sc->n_running < llm->max_batch && S < llm->max_batch && T < llm->max_tokens) {
         sched_seq *q = sc->wait_head;
         int32_t hit = 0;
         if (!q->penalized)
@@ -666,7 +686,8 @@ static int32_t pack(kiln_llm_scheduler *sc, int32_t *T_out)
                                     q->hashes);
         q->n_cached = (size_t)hit * (size_t)pool->block_size;
         q->n_hashed = hit;
-        int32_t need = kiln_kv_blocks_for(pool, (int64_t)q->n_ids) - hit;
+        size_t whole = no_evict ? q->n_prompt + (size_t)q->req.max_tokens : q->n_ids;
+        int32_t need = kiln_kv_blocks_for(pool, (int64_t)whole) - hit;
         size_t chunk = q->n_ids - q->n_cached;
         if (chunk > (size_t)(llm->max_tokens - T))
             chunk = (size_t)(llm->max_tokens - T);
@@ -688,6 +709,8 @@ static int32_t pack(kiln_llm_scheduler *sc, int32_t *T_out)
         sc->stats.prefix_hit_tokens += q->n_cached;
         sc->running[sc->n_running++] = q;
         add_row(sc, q, chunk, &S, &T);
+        if (no_evict)
+            reserve += kiln_kv_blocks_for(pool, (int64_t)whole) - q->kv.n_blocks;
     }
     *T_out = T;
     return S;
@@ -902,8 +925,7 @@ static void sched_free(kiln_llm_scheduler *sc)
     free(sc);
 }
 
-kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_options *options,
-                                     kiln_llm_scheduler **out)
+kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_options *options, kiln_llm_scheduler **out)
 {
     if (!llm || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_scheduler_start: llm and out are required");
@@ -915,6 +937,9 @@ kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_opt
         KILN_TRY(kiln_api_struct_read(&o, sizeof o, options, "scheduler options"));
     if (o.max_queue <= 0)
         o.max_queue = 4096;
+    if (o.admission != KILN_LLM_ADMIT_MAX_UTILIZATION && o.admission != KILN_LLM_ADMIT_NO_EVICT)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "scheduler admission %d is not MAX_UTILIZATION (0) or NO_EVICT (1)", (int)o.admission);
     kiln_llm_scheduler *sc = calloc(1, sizeof *sc);
     if (!sc)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");
@@ -925,8 +950,8 @@ kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_opt
     sc->opt = o;
     sc->running = calloc((size_t)llm->max_batch, sizeof *sc->running);
     sc->rows = calloc((size_t)llm->max_batch, sizeof *sc->rows);
-    kiln_status s = sc->running && sc->rows ? KILN_OK
-                                            : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");
+    kiln_status s =
+        sc->running && sc->rows ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");
     if (s == KILN_OK)
         s = kiln_kv_pool_set_caching(&llm->pool, o.prefix_caching != 0);
     if (s == KILN_OK)
@@ -999,7 +1024,8 @@ void kiln_llm_request_cancel(kiln_llm_scheduler *sc, uint64_t id)
         sc->cancel_ids[sc->n_cancel++] = id;
         pthread_cond_signal(&sc->work);
     } else {
-        kiln_log(KILN_LOG_ERROR, "kiln_llm_request_cancel: out of memory; request %llu runs on", (unsigned long long)id);
+        kiln_log(KILN_LOG_ERROR, "kiln_llm_request_cancel: out of memory; request %llu runs on",
+                 (unsigned long long)id);
     }
     pthread_mutex_unlock(&sc->mu);
 }

@@ -9,9 +9,7 @@
 #include "core/error.h"
 #include "sample/sample.h"
 #include "llm/llm_internal.h"
-
-static const char *const step_input_names[N_STEP_INPUTS] = {"tokens",      "positions",  "block_table",   "seq_lens",
-                                                            "query_start", "last_token", "sample_params", "sample_seq"};
+#include "runtime/runtime_internal.h"
 
 double kiln_llm_now_ms(void)
 {
@@ -71,34 +69,15 @@ int32_t kiln_llm_step_bucket(const kiln_llm *llm, int32_t S)
     return 0;
 }
 
-/* Copies a step input in unless its buffer holds those bytes already. */
-static kiln_status copy_in(kiln_llm *llm, int which, const void *src, size_t bytes)
-{
-    if (llm->shadow_bytes[which] == bytes && memcmp(llm->shadow[which], src, bytes) == 0)
-        return KILN_OK;
-    llm->shadow_bytes[which] = 0;
-    KILN_TRY(kiln_context_copy_input(llm->ctx, step_input_names[which], src, bytes));
-    memcpy(llm->shadow[which], src, bytes);
-    llm->shadow_bytes[which] = bytes;
-    return KILN_OK;
-}
-
 kiln_status kiln_llm_step_run(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits, int need_logprobs)
 {
     step_host *h = &llm->h;
     kiln_context *ctx = llm->ctx;
     const size_t i4 = sizeof(int32_t);
     KILN_TRY(kiln_llm_step_shapes(llm, T, S));
-    KILN_TRY(copy_in(llm, IN_TOKENS, h->tokens, i4 * (size_t)T));
-    KILN_TRY(copy_in(llm, IN_POSITIONS, h->positions, i4 * (size_t)T));
-    KILN_TRY(copy_in(llm, IN_BLOCK_TABLE, h->block_table, i4 * (size_t)S * (size_t)llm->max_blocks));
-    KILN_TRY(copy_in(llm, IN_SEQ_LENS, h->seq_lens, i4 * (size_t)S));
-    KILN_TRY(copy_in(llm, IN_QUERY_START, h->query_start, i4 * ((size_t)S + 1)));
-    KILN_TRY(copy_in(llm, IN_LAST_TOKEN, h->last_token, i4 * (size_t)S));
-    if (llm->has_sampler) {
-        KILN_TRY(copy_in(llm, IN_PARAMS, h->params, sizeof *h->params * (size_t)llm->n_params * (size_t)S));
-        KILN_TRY(copy_in(llm, IN_SEQ, h->seq, i4 * SAMPLE_SEQ * (size_t)S));
-    }
+    /* One copy: every input up to the end of the step's block_table rows. */
+    size_t bytes = llm->offset[IN_BLOCK_TABLE] + i4 * (size_t)S * (size_t)llm->max_blocks;
+    KILN_TRY(kiln_context_copy_span(ctx, "tokens", llm->packed, bytes));
     if (llm->n_buckets)
         KILN_TRY(kiln_context_set_cuda_graph(ctx, graph ? KILN_CUDA_GRAPH_ON : KILN_CUDA_GRAPH_PAUSED));
     KILN_TRY(kiln_context_enqueue(ctx, NULL));
@@ -108,7 +87,8 @@ kiln_status kiln_llm_step_run(kiln_llm *llm, int32_t T, int32_t S, int graph, in
         size_t k = (size_t)llm->logprob_top;
         KILN_TRY(kiln_context_copy_output(ctx, "logprob", h->logprob, sizeof *h->logprob * (size_t)S));
         KILN_TRY(kiln_context_copy_output(ctx, "top_ids", h->top_ids, i4 * (size_t)S * k));
-        KILN_TRY(kiln_context_copy_output(ctx, "top_logprobs", h->top_logprobs, sizeof *h->top_logprobs * (size_t)S * k));
+        KILN_TRY(
+            kiln_context_copy_output(ctx, "top_logprobs", h->top_logprobs, sizeof *h->top_logprobs * (size_t)S * k));
     }
     if (need_logits)
         KILN_TRY(kiln_context_copy_output(ctx, "logits", h->logits,

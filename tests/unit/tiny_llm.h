@@ -75,7 +75,8 @@ static inline int ends_with(const char *s, const char *suffix)
     return a >= b && !strcmp(s + a - b, suffix);
 }
 
-static inline kiln_status tiny_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype type, void *dst, size_t size)
+static inline kiln_status tiny_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype type, void *dst,
+                                      size_t size)
 {
     (void)user;
     kiln_dims d = {.rank = 2};
@@ -156,7 +157,7 @@ static inline int tiny_write_file(const char *path, const kiln_buffer *buf)
 
 /* Builds the tiny model with these limits into an engine file. */
 static inline kiln_status tiny_build(const char *path, int32_t max_batch, int32_t max_seq_len, int32_t max_tokens,
-                              int32_t block_size)
+                                     int32_t block_size)
 {
     kiln_llm_checkpoint *ck = tiny_checkpoint();
     if (!ck)
