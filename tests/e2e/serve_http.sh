@@ -53,6 +53,9 @@ blocks_total=$(metric kiln_kv_cache_blocks_total)
 get /health
 expect_code "GET /health" 200
 jcheck "health body" "$TMP/body" "o == {'status': 'ok'}"
+echo "case: HTTP/1.1 keep-alive (curl reuses the connection)"
+conns=$(curl -s -o /dev/null -o /dev/null -w '%{num_connects} ' "$SERVE_URL/health" "$SERVE_URL/v1/models")
+if [ "$conns" = "1 0 " ]; then PASSED=$((PASSED + 1)); else fail "keep-alive: connections made per request: $conns"; fi
 get /v1/models
 expect_code "GET /v1/models" 200
 jcheck "models list" "$TMP/body" "o['object'] == 'list' and [m['id'] for m in o['data']] == ['tiny'] and o['data'][0]['object'] == 'model'"
