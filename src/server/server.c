@@ -180,8 +180,8 @@ static json_t *token_logprobs(gen *g, const kiln_llm_token *t)
     kiln_llm_detokenize(llm, &t->id, 1, &text, &len);
     for (int32_t j = 0; j < n_top; j++)
         kiln_llm_detokenize(llm, &t->top_ids[j], 1, &top_text[j], &top_len[j]);
-    kiln_openai_token_logprobs lp = {text ? text : "", len, t->logprob, n_top, (const char *const *)top_text,
-                                     top_len, t->top_logprobs};
+    kiln_openai_token_logprobs lp = {text ? text : "", len, t->logprob, n_top, (const char *const *)top_text, top_len,
+                                     t->top_logprobs};
     for (int32_t j = 0; j < n_top; j++)
         if (!top_text[j])
             top_text[j] = (char *)"";
@@ -286,8 +286,8 @@ static void on_finish(void *user, kiln_llm_result *r)
             gen_event(g, kiln_openai_usage_chunk_json(g->endpoint, g->rid, g->created, srv->model, r->n_prompt_ids,
                                                       r->n_ids));
     } else {
-        json_t *o = kiln_openai_response_json(g->endpoint, g->rid, g->created, srv->model, r->text, r->text_len,
-                                              reason, g->lp_tokens, r->n_prompt_ids, r->n_ids);
+        json_t *o = kiln_openai_response_json(g->endpoint, g->rid, g->created, srv->model, r->text, r->text_len, reason,
+                                              g->lp_tokens, r->n_prompt_ids, r->n_ids);
         g->lp_tokens = NULL;
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);
@@ -375,8 +375,8 @@ static void watch_add(gen *g)
 
 /* ---- responses ------------------------------------------------------------------------------------------------ */
 
-static enum MHD_Result send_response(kiln_server *srv, struct MHD_Connection *mc, int status,
-                                     struct MHD_Response *resp, const char *type)
+static enum MHD_Result send_response(kiln_server *srv, struct MHD_Connection *mc, int status, struct MHD_Response *resp,
+                                     const char *type)
 {
     if (!resp)
         return MHD_NO;
@@ -392,8 +392,7 @@ static enum MHD_Result send_response(kiln_server *srv, struct MHD_Connection *mc
 static enum MHD_Result send_text(kiln_server *srv, struct MHD_Connection *mc, int status, const char *text,
                                  const char *type)
 {
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
     return send_response(srv, mc, status, resp, type);
 }
 
@@ -469,8 +468,8 @@ static int prepare(kiln_server *srv, kiln_openai_request *r, int32_t **ids, size
     if (r->endpoint == KILN_OPENAI_COMPLETIONS && !r->prompt) {
         for (size_t i = 0; i < r->n_prompt_ids; i++)
             if (r->prompt_ids[i] >= info->vocab_size)
-                return kiln_openai_error_set(e, 400, param, "prompt token %zu is %d, outside the vocabulary (0..%d)",
-                                             i, (int)r->prompt_ids[i], (int)info->vocab_size - 1);
+                return kiln_openai_error_set(e, 400, param, "prompt token %zu is %d, outside the vocabulary (0..%d)", i,
+                                             (int)r->prompt_ids[i], (int)info->vocab_size - 1);
         *ids = malloc(sizeof **ids * (r->n_prompt_ids ? r->n_prompt_ids : 1));
         if (!*ids)
             return kiln_openai_error_set(e, 500, param, "out of memory for the prompt");
@@ -610,8 +609,8 @@ static enum MHD_Result start_generation(kiln_server *srv, struct MHD_Connection 
     watch_add(g);
     enum MHD_Result ret = MHD_YES;
     if (g->stream) {
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, g,
-                                                                      stream_free);
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, g, stream_free);
         if (resp) {
             g->refs++;
             MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -650,7 +649,8 @@ static enum MHD_Result finish_generation(kiln_server *srv, struct MHD_Connection
     g->out = NULL;
     g->out_len = g->out_cap = 0;
     pthread_mutex_unlock(&g->lock);
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body ? body : (void *)"", body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body ? body : (void *)"",
+                                                                body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!resp)
         free(body);
     return send_response(srv, mc, status, resp, "application/json");
@@ -680,8 +680,7 @@ static int authorized(kiln_server *srv, struct MHD_Connection *mc)
     return diff == 0;
 }
 
-static enum MHD_Result route(kiln_server *srv, struct MHD_Connection *mc, const char *url, const char *method,
-                             conn *c)
+static enum MHD_Result route(kiln_server *srv, struct MHD_Connection *mc, const char *url, const char *method, conn *c)
 {
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
@@ -772,8 +771,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (c->too_big) {
         char limit[32];
         snprintf(limit, sizeof limit, "%zu", srv->o.max_body);
-        return fail(srv, mc, 413, NULL, NULL, "the request body is larger than this server's limit of %s bytes",
-                    limit);
+        return fail(srv, mc, 413, NULL, NULL, "the request body is larger than this server's limit of %s bytes", limit);
     }
     return route(srv, mc, url, method, c);
 }

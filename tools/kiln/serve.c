@@ -33,8 +33,7 @@ static const char serve_help[] =
     "  --max-body-mb N          largest request body (default 16)\n"
     "  --drain S                seconds requests may finish after SIGTERM (default 30)\n"
     "  --no-prefix-cache        do not share KV blocks of identical prompt prefixes\n"
-    "  --kv-cache-blocks N      exactly N KV-cache blocks (overrides --kv-cache-mb)\n" CLI_LLM_MEMORY_HELP
-    "\n"
+    "  --kv-cache-blocks N      exactly N KV-cache blocks (overrides --kv-cache-mb)\n" CLI_LLM_MEMORY_HELP "\n"
     "sampling of requests that leave a field out (as `kiln run`: llama.cpp's defaults):\n"
     "  --temperature T          0 is greedy (default 0.8)\n"
     "  --top-k K                keep the K most likely tokens, 0 = off (default 40)\n"
@@ -60,10 +59,20 @@ static char *default_model_name(const char *path)
 
 int cli_serve(int argc, char **argv)
 {
-    static const char *const valued[] = {"--host",       "--port",           "--api-key",  "--model-name",
-                                         "--max-queue",  "--max-connections", "--timeout", "--max-body-mb",
-                                         "--drain",      "--kv-cache-blocks", "--plugins", CLI_LLM_MEMORY_VALUED,
-                                         CLI_LLM_SAMPLING_VALUED, NULL};
+    static const char *const valued[] = {"--host",
+                                         "--port",
+                                         "--api-key",
+                                         "--model-name",
+                                         "--max-queue",
+                                         "--max-connections",
+                                         "--timeout",
+                                         "--max-body-mb",
+                                         "--drain",
+                                         "--kv-cache-blocks",
+                                         "--plugins",
+                                         CLI_LLM_MEMORY_VALUED,
+                                         CLI_LLM_SAMPLING_VALUED,
+                                         NULL};
     cli_args a;
     cli_args_init(&a, "serve", argc, argv);
     const char *opt, *val;
@@ -115,9 +124,8 @@ int cli_serve(int argc, char **argv)
             libs[n_libs++] = val;
         else if (!strcmp(opt, "--seed"))
             st = cli_usage("serve", "--seed: each request gives its own seed, or gets a fresh one");
-        else if (st == CLI_OK && (st = cli_llm_memory_option("serve", opt, val, &lo, &handled)) == CLI_OK &&
-                 !handled && (st = cli_llm_sampling_option("serve", opt, val, &so.sampling, &handled)) == CLI_OK &&
-                 !handled)
+        else if (st == CLI_OK && (st = cli_llm_memory_option("serve", opt, val, &lo, &handled)) == CLI_OK && !handled &&
+                 (st = cli_llm_sampling_option("serve", opt, val, &so.sampling, &handled)) == CLI_OK && !handled)
             st = cli_usage("serve", "unknown option %s", opt);
     }
     if (st == CLI_OK && help)
