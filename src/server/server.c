@@ -824,7 +824,7 @@ void kiln_server_options_init(kiln_server_options *o)
     o->port = 8000;
     o->max_queue = 1024;
     o->max_connections = 1024;
-    o->timeout_s = 600;
+    o->timeout_s = 60;
     o->max_body = 16u << 20;
     o->max_header = 64u << 10;
     o->prefix_caching = 1;

@@ -34,7 +34,7 @@ typedef struct kiln_server_options {
     kiln_llm_sampling sampling;
 } kiln_server_options;
 
-/* Defaults: 127.0.0.1:8000, no key, queue 1024, 1024 connections, 600 s,
+/* Defaults: 127.0.0.1:8000, no key, queue 1024, 1024 connections, 60 s,
  * 16 MiB bodies, 64 KiB headers, prefix caching on, neutral sampling. */
 void kiln_server_options_init(kiln_server_options *o);
 

@@ -29,7 +29,7 @@ static const char serve_help[] =
     "                           name without its extension)\n"
     "  --max-queue N            requests waiting for a batch slot before 429 (default 1024)\n"
     "  --max-connections N      open connections at once (default 1024)\n"
-    "  --timeout S              close a connection idle for S seconds (default 600)\n"
+    "  --timeout S              close a connection idle for S seconds (default 60)\n"
     "  --max-body-mb N          largest request body (default 16)\n"
     "  --drain S                seconds requests may finish after SIGTERM (default 30)\n"
     "  --no-prefix-cache        do not share KV blocks of identical prompt prefixes\n"
