@@ -65,6 +65,8 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
         }
     }
     d->sms = sms;
+    if (st == KILN_OK)
+        st = kiln_cuda_matmul_cache_create(d);
     if (st != KILN_OK) {
         kiln_cuda_device_destroy(d);
         return st;
@@ -77,6 +79,7 @@ void kiln_cuda_device_destroy(kiln_cuda_device *dev)
 {
     if (!dev)
         return;
+    kiln_cuda_matmul_cache_destroy(dev);
     if (dev->lt)
         cublasLtDestroy(dev->lt);
     cudaFree(dev->lt_workspace);
