@@ -1054,15 +1054,6 @@ static cudaError_t kat_launch_decode_hg(const kiln_attention_cuda_args &a, int32
         attr[n++].val.programmaticStreamSerializationAllowed = 1;
     }
     if (cluster) {
-        /* more than 8 CTAs a cluster is Hopper's non-portable size */
-        static int allowed = 0;
-        if (!allowed && g > 8) {
-            cudaError_t e =
-                cudaFuncSetAttribute(kat_decode<DT, D, HG>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-            if (e != cudaSuccess)
-                return e;
-            allowed = 1;
-        }
         attr[n].id = cudaLaunchAttributeClusterDimension;
         attr[n].val.clusterDim.x = 1;
         attr[n].val.clusterDim.y = 1;
@@ -1074,6 +1065,27 @@ static cudaError_t kat_launch_decode_hg(const kiln_attention_cuda_args &a, int32
     cfg.stream = st;
     cfg.attrs = attr;
     cfg.numAttrs = (unsigned)n;
+    if (cluster) {
+        /* Once per cluster size: more than 8 CTAs a cluster is Hopper's
+         * non-portable size, and a size the device cannot place at all
+         * is reported as cudaErrorNotSupported (the caller falls back to
+         * the combine path) instead of failing the launch. */
+        static int8_t ok[KAT_MAX_CLUSTER + 1];
+        if (!ok[g]) {
+            cudaError_t e = cudaSuccess;
+            if (g > 8)
+                e = cudaFuncSetAttribute(kat_decode<DT, D, HG>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            int clusters = 0;
+            cudaLaunchConfig_t probe = cfg;
+            probe.stream = NULL; /* a query, nothing enqueued (may run during a capture) */
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveClusters(&clusters, kat_decode<DT, D, HG>, &probe);
+            ok[g] = e == cudaSuccess && clusters > 0 ? 1 : -1;
+            (void)cudaGetLastError();
+        }
+        if (ok[g] < 0)
+            return cudaErrorNotSupported;
+    }
     return cudaLaunchKernelEx(&cfg, kat_decode<DT, D, HG>, a, fused, cluster);
 }
 
@@ -1158,14 +1170,20 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
         int hg = kat_hg(a.n_heads, a.n_kv_heads);
         int64_t ctas = (int64_t)a.n_kv_heads * ((a.n_heads / a.n_kv_heads + hg - 1) / hg);
         tile = kat_decode_tile(a.dtype, a.head_dim);
-        const int32_t cluster = kat_use_cluster();
-        g = cluster ? kat_cluster_splits(a.tokens, ctas, max_ctx, tile) : kat_splits(a.tokens, ctas, max_ctx, tile);
-        if (g > 1 && !cluster && !a.workspace)
-            return (int)cudaErrorInvalidValue;
-        switch (a.dtype) {
-        case KILN_DTYPE_F32: e = kat_launch_decode_dt<KILN_DTYPE_F32>(a, hg, g, fused, g > 1 && cluster, st); break;
-        case KILN_DTYPE_F16: e = kat_launch_decode_dt<KILN_DTYPE_F16>(a, hg, g, fused, g > 1 && cluster, st); break;
-        default: e = kat_launch_decode_dt<KILN_DTYPE_BF16>(a, hg, g, fused, g > 1 && cluster, st); break;
+        int32_t cluster = kat_use_cluster();
+        for (int attempt = 0; attempt < 2; attempt++) {
+            g = cluster ? kat_cluster_splits(a.tokens, ctas, max_ctx, tile) : kat_splits(a.tokens, ctas, max_ctx, tile);
+            if (g > 1 && !cluster && !a.workspace)
+                return (int)cudaErrorInvalidValue;
+            const int32_t cl = g > 1 && cluster;
+            switch (a.dtype) {
+            case KILN_DTYPE_F32: e = kat_launch_decode_dt<KILN_DTYPE_F32>(a, hg, g, fused, cl, st); break;
+            case KILN_DTYPE_F16: e = kat_launch_decode_dt<KILN_DTYPE_F16>(a, hg, g, fused, cl, st); break;
+            default: e = kat_launch_decode_dt<KILN_DTYPE_BF16>(a, hg, g, fused, cl, st); break;
+            }
+            if (!(cl && e == cudaErrorNotSupported))
+                break;
+            cluster = 0; /* clusters of this size cannot run here: split and combine */
         }
         if (cluster)
             return (int)e;
