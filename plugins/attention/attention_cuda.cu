@@ -386,10 +386,14 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
      * token -3 - off of the step's k and v inputs (fused) */
     const char *kin = (const char *)a.k + (k.first * a.k_ld + (int64_t)kvh * D) * (16 / PER);
     const char *vin = (const char *)a.v + (k.first * a.v_ld + (int64_t)kvh * D) * (16 / PER);
-    for (int64_t tile = z; tile < n_tiles; tile += G, buf ^= 1) {
-        const int64_t k0 = tile * TILE;
-        uint4 kr[NS][VPL], vr[NS][VPL];
-        int64_t off[NS];
+    /* Row sources and K vectors of tile `tl` (rows past the keys: -2 and
+     * zeros, no load). The next tile's are loaded while this tile's V is
+     * in flight and its softmax runs, so a CTA waits on one memory latency
+     * per tile, not two. */
+    uint4 kr[NS][VPL];
+    int64_t off[NS];
+    auto load_k = [&](int64_t tl) {
+        const int64_t k0 = tl * TILE;
 #pragma unroll
         for (int i = 0; i < NS; i++) {
             int64_t kp = k0 + i * RPS + warp * RPW + sub;
@@ -404,6 +408,10 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
                                           : make_uint4(0, 0, 0, 0);
             }
         }
+    };
+    load_k(z);
+    for (int64_t tile = z; tile < n_tiles; tile += G, buf ^= 1) {
+        uint4 vr[NS][VPL];
 #pragma unroll
         for (int i = 0; i < NS; i++) {
             float part[HG];
@@ -433,8 +441,8 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
                     s_p[buf][g][r] = off[i] >= 0 || off[i] <= -3 ? part[g] * sl2 : -INFINITY;
             }
         }
-        /* V is read only now, so K's and V's registers are not live at once;
-         * its latency hides behind the softmax */
+        /* V is read once the scores are out of K's registers; its latency,
+         * and the next tile's K, hide behind the softmax */
 #pragma unroll
         for (int i = 0; i < NS; i++)
 #pragma unroll
@@ -444,6 +452,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
                            : off[i] <= -3 ? *(const uint4 *)(vin + ((-3 - off[i]) * a.v_ld + e) * (16 / PER))
                                           : make_uint4(0, 0, 0, 0);
             }
+        load_k(tile + G);
         __syncthreads();
         /* online softmax: warp w updates heads w, w + 4 */
         for (int g = warp; g < HG; g += KAT_THREADS / 32) {
