@@ -42,8 +42,9 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
     const char *pdl = getenv("KILN_CUDA_PDL");
     kcu_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
     kcu_gemv_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
-    const char *gemv = getenv("KILN_CUDA_GEMV");
+    const char *gemv = getenv("KILN_CUDA_GEMV"), *rows = getenv("KILN_CUDA_GEMV_ROWS");
     d->gemv = !(gemv && strcmp(gemv, "0") == 0);
+    kcu_gemv_set_rows(rows ? (int32_t)atoi(rows) : 2);
     kiln_status st = KILN_OK;
     cudaError_t e = cudaGetDevice(&d->ordinal);
     int sms = 0;
