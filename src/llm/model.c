@@ -175,8 +175,9 @@ static kiln_status add_weights(builder *b, const char *const *hf, const int64_t 
         st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, (char *)buf + (size_t)at * row, (size_t)rows[i] * row);
     kiln_dims dims = d1 ? dims2(total, d1) : dims1(total);
     if (st == KILN_OK)
-        st = kiln_network_add_constant(b->net, cname, b->opt->dtype, &dims, buf, out);
-    free(buf);
+        st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
+    if (st != KILN_OK)
+        free(buf);
     return st;
 }
 
@@ -720,8 +721,9 @@ static kiln_status check_section_tokenizer(const void *data, size_t len)
     return st == KILN_OK ? st : kiln_fail_context(st, "LLM build: section TOKN");
 }
 
-kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
-                                  const kiln_build_config *bcfg, kiln_buffer *engine)
+/* The engine into *engine, or streamed into the file `path` when given. */
+static kiln_status build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                const kiln_build_config *bcfg, kiln_buffer *engine, const char *path)
 {
     if (!ck->tokenizer)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: the checkpoint has no tokenizer");
@@ -761,8 +763,20 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
             bc.progress = forward_progress;
             bc.progress_user = (void *)opt;
         }
-        st = kiln_build(net, &bc, engine);
+        st = path ? kiln_build_to_file(net, &bc, path) : kiln_build(net, &bc, engine);
     }
     kiln_network_destroy(net);
     return st;
+}
+
+kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                  const kiln_build_config *bcfg, kiln_buffer *engine)
+{
+    return build_engine(ck, opt, reg, bcfg, engine, NULL);
+}
+
+kiln_status kiln_llm_build_engine_file(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                       const kiln_build_config *bcfg, const char *path)
+{
+    return build_engine(ck, opt, reg, bcfg, NULL, path);
 }
