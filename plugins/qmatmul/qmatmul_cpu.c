@@ -241,7 +241,7 @@ static void f32act_c_4(int32_t type, const uint8_t *w, const void *x, size_t xs,
 #define QMM_X86 1
 
 #define AVX2_TARGET "avx2,fma,f16c"
-#define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512vl,avx512vnni"
+#define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
 #define INLINE_AVX2 __attribute__((target(AVX2_TARGET), always_inline)) static inline
 /* Loops over rows, sub-blocks and vectors have constant trip counts: fully
  * unrolled, their accumulators and unpacked weights stay in registers. */
@@ -341,9 +341,24 @@ INLINE_AVX2 __m256i q32_bytes(int32_t type, const uint8_t *b)
             out[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + accm[r]; \
     }
 
-/* acc + Σ over pairs of (u·v summed by pairs) · s, s int16 scales. */
-#define AVX2_PACC(acc, u, v, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), s))
-#define VNNI_PACC(acc, u, v, s) _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, v), s)
+/* The K kernels' integer step over two sub-blocks of 32 (u0, u1: weights
+ * as unsigned bytes; x: the 64 activations; s0, s1: int16 sub-scales by
+ * lane): acc + Σ (u·x summed by pairs) · s. AVX2 on 256-bit halves; VNNI
+ * on one 512-bit register (vpdpwssd), its two halves added at the end. */
+#define AVX2_KACC __m256i
+#define AVX2_KZERO _mm256_setzero_si256()
+#define AVX2_KPACC(acc, u, v, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), s))
+#define AVX2_KPAIR(acc, u0, u1, x, s0, s1) \
+    AVX2_KPACC(AVX2_KPACC(acc, u0, _mm256_loadu_si256((const __m256i *)(x)), s0), u1, \
+               _mm256_loadu_si256((const __m256i *)((x) + 32)), s1)
+#define AVX2_KREDUCE(acc) (acc)
+#define VNNI_KACC __m512i
+#define VNNI_KZERO _mm512_setzero_si512()
+#define JOIN512(a, b) _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
+#define VNNI_KPAIR(acc, u0, u1, x, s0, s1) \
+    _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(JOIN512(u0, u1), _mm512_loadu_si512((const void *)(x))), \
+                        JOIN512(s0, s1))
+#define VNNI_KREDUCE(acc) _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1))
 
 /* The eight 6-bit scales and mins of Q4_K/Q5_K (kiln_ggml_kscale) four at
  * a time: bytes 0..3 hold the low ones, bytes 8..11 the low nibbles of
@@ -363,7 +378,7 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
 }
 
 /* Q4_K / Q5_K against R rows of 256-value activation blocks. */
-#define Q45K_FN(NAME, TARGET, TYPE, PACC, R) \
+#define Q45K_FN(NAME, TARGET, TYPE, ISA, R) \
     __attribute__((target(TARGET))) static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, \
                                                      int32_t k, float *out) \
     { \
@@ -376,9 +391,9 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
             UNROLL for (size_t o = 0; o < bb; o += 64) \
                 _mm_prefetch((const char *)w + 1024 + o, _MM_HINT_T0); \
             const qmm_q8k *xr[R]; \
-            __m256i isum[R]; \
+            ISA##_KACC isum[R]; \
             UNROLL for (int r = 0; r < R; r++) \
-                xr[r] = (const qmm_q8k *)((const char *)x + (size_t)r * xs) + i, isum[r] = _mm256_setzero_si256(); \
+                xr[r] = (const qmm_q8k *)((const char *)x + (size_t)r * xs) + i, isum[r] = ISA##_KZERO; \
             uint8_t sc[8], mn[8]; \
             kq_scales(w + 4, sc, mn); \
             /* the 8 scales as int16 in both halves; sub-block j's broadcast by one shuffle */ \
@@ -395,10 +410,8 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
                 } \
                 __m256i sa = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0404 * g))); \
                 __m256i sb = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0302 + 0x0404 * g))); \
-                UNROLL for (int r = 0; r < R; r++) { \
-                    isum[r] = PACC(isum[r], lo, _mm256_loadu_si256((const __m256i *)(xr[r]->q + 64 * g)), sa); \
-                    isum[r] = PACC(isum[r], hi, _mm256_loadu_si256((const __m256i *)(xr[r]->q + 64 * g + 32)), sb); \
-                } \
+                UNROLL for (int r = 0; r < R; r++) \
+                    isum[r] = ISA##_KPAIR(isum[r], lo, hi, xr[r]->q + 64 * g, sa, sb); \
             } \
             /* mins: 16 int16 (each twice) against the 16 sums by 16 */ \
             __m128i m8 = _mm_loadl_epi64((const __m128i *)mn); \
@@ -407,7 +420,8 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
             float d = _mm_cvtss_f32(dm), dmin = _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)); \
             UNROLL for (int r = 0; r < R; r++) { \
                 __m256i msum = _mm256_madd_epi16(m16, _mm256_loadu_si256((const __m256i *)xr[r]->bsums)); \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[r]), _mm256_set1_ps(d * xr[r]->d), acc[r]); \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ISA##_KREDUCE(isum[r])), _mm256_set1_ps(d * xr[r]->d), \
+                                         acc[r]); \
                 acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * xr[r]->d), acc[r]); \
             } \
         } \
@@ -417,7 +431,7 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
 
 /* Q6_K: 6-bit values 0..63 (unsigned, so no sign trick), the offset 32
  * taken off afterwards as 32 · Σ sc · Σ qx by 16. */
-#define Q6K_FN(NAME, TARGET, PACC, R) \
+#define Q6K_FN(NAME, TARGET, ISA, R) \
     __attribute__((target(TARGET))) static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, \
                                                      int32_t k, float *out) \
     { \
@@ -431,9 +445,9 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
             UNROLL for (size_t o = 0; o < 210; o += 64) \
                 _mm_prefetch((const char *)w + 1024 + o, _MM_HINT_T0); \
             const qmm_q8k *xr[R]; \
-            __m256i isum[R]; \
+            ISA##_KACC isum[R]; \
             UNROLL for (int r = 0; r < R; r++) \
-                xr[r] = (const qmm_q8k *)((const char *)x + (size_t)r * xs) + i, isum[r] = _mm256_setzero_si256(); \
+                xr[r] = (const qmm_q8k *)((const char *)x + (size_t)r * xs) + i, isum[r] = ISA##_KZERO; \
             const int8_t *sc = (const int8_t *)(w + 192); \
             __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)); \
             UNROLL for (int h = 0; h < 2; h++) { \
@@ -446,19 +460,18 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), lo4), _mm256_and_si256(qh, hi2)), \
                     _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), lo4), \
                                     _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2))}; \
-                UNROLL for (int s = 0; s < 4; s++) { \
-                    /* scales 2t and 2t + 1 (t = 4h + s) over the low and high 16 values */ \
-                    __m256i s16 = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * h + s)), \
-                                                      pair); \
+                /* scales 2t and 2t + 1 (t = 4h + s) over the low and high 16 values of sub-block s */ \
+                __m256i s16[4]; \
+                UNROLL for (int s = 0; s < 4; s++) \
+                    s16[s] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * h + s)), pair); \
+                UNROLL for (int s = 0; s < 4; s += 2) \
                     UNROLL for (int r = 0; r < R; r++) \
-                        isum[r] = PACC(isum[r], q[s], \
-                                       _mm256_loadu_si256((const __m256i *)(xr[r]->q + 128 * h + 32 * s)), s16); \
-                } \
+                        isum[r] = ISA##_KPAIR(isum[r], q[s], q[s + 1], xr[r]->q + 128 * h + 32 * s, s16[s], s16[s + 1]); \
             } \
             float d = _mm_cvtss_f32(f16x2(w + 208)); \
             UNROLL for (int r = 0; r < R; r++) { \
                 __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xr[r]->bsums)); \
-                __m256i s = _mm256_sub_epi32(isum[r], _mm256_slli_epi32(off, 5)); \
+                __m256i s = _mm256_sub_epi32(ISA##_KREDUCE(isum[r]), _mm256_slli_epi32(off, 5)); \
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xr[r]->d), acc[r]); \
             } \
         } \
@@ -529,18 +542,18 @@ Q32_SET(q4_0, QMM_Q4_0)
 Q32_SET(q4_1, QMM_Q4_1)
 Q32_SET(q5_0, QMM_Q5_0)
 Q32_SET(q5_1, QMM_Q5_1)
-Q45K_FN(qk_avx2_q4_k_1, AVX2_TARGET, QMM_Q4_K, AVX2_PACC, 1)
-Q45K_FN(qk_avx2_q4_k_4, AVX2_TARGET, QMM_Q4_K, AVX2_PACC, 4)
-Q45K_FN(qk_vnni_q4_k_1, VNNI_TARGET, QMM_Q4_K, VNNI_PACC, 1)
-Q45K_FN(qk_vnni_q4_k_4, VNNI_TARGET, QMM_Q4_K, VNNI_PACC, 4)
-Q45K_FN(qk_avx2_q5_k_1, AVX2_TARGET, QMM_Q5_K, AVX2_PACC, 1)
-Q45K_FN(qk_avx2_q5_k_4, AVX2_TARGET, QMM_Q5_K, AVX2_PACC, 4)
-Q45K_FN(qk_vnni_q5_k_1, VNNI_TARGET, QMM_Q5_K, VNNI_PACC, 1)
-Q45K_FN(qk_vnni_q5_k_4, VNNI_TARGET, QMM_Q5_K, VNNI_PACC, 4)
-Q6K_FN(qk_avx2_q6_k_1, AVX2_TARGET, AVX2_PACC, 1)
-Q6K_FN(qk_avx2_q6_k_4, AVX2_TARGET, AVX2_PACC, 4)
-Q6K_FN(qk_vnni_q6_k_1, VNNI_TARGET, VNNI_PACC, 1)
-Q6K_FN(qk_vnni_q6_k_4, VNNI_TARGET, VNNI_PACC, 4)
+Q45K_FN(qk_avx2_q4_k_1, AVX2_TARGET, QMM_Q4_K, AVX2, 1)
+Q45K_FN(qk_avx2_q4_k_4, AVX2_TARGET, QMM_Q4_K, AVX2, 4)
+Q45K_FN(qk_vnni_q4_k_1, VNNI_TARGET, QMM_Q4_K, VNNI, 1)
+Q45K_FN(qk_vnni_q4_k_4, VNNI_TARGET, QMM_Q4_K, VNNI, 4)
+Q45K_FN(qk_avx2_q5_k_1, AVX2_TARGET, QMM_Q5_K, AVX2, 1)
+Q45K_FN(qk_avx2_q5_k_4, AVX2_TARGET, QMM_Q5_K, AVX2, 4)
+Q45K_FN(qk_vnni_q5_k_1, VNNI_TARGET, QMM_Q5_K, VNNI, 1)
+Q45K_FN(qk_vnni_q5_k_4, VNNI_TARGET, QMM_Q5_K, VNNI, 4)
+Q6K_FN(qk_avx2_q6_k_1, AVX2_TARGET, AVX2, 1)
+Q6K_FN(qk_avx2_q6_k_4, AVX2_TARGET, AVX2, 4)
+Q6K_FN(qk_vnni_q6_k_1, VNNI_TARGET, VNNI, 1)
+Q6K_FN(qk_vnni_q6_k_4, VNNI_TARGET, VNNI, 4)
 F16_FN(f16_avx2_1, load8_f16, 1, 4)
 F16_FN(f16_avx2_4, load8_f16, 4, 2)
 F16_FN(bf16_avx2_1, load8_bf16, 1, 4)
@@ -561,7 +574,7 @@ static const qmm_kernel simd[N_FORMATS][4] = {
 };
 
 /* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
- * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+VNNI. F16C through cpuid leaf 1
+ * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+BW+VNNI. F16C through cpuid leaf 1
  * (ECX bit 29): clang's __builtin_cpu_supports does not know it. */
 static int cpu_features(void)
 {
@@ -571,7 +584,9 @@ static int cpu_features(void)
         unsigned a, b, c, d;
         int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __get_cpuid(1, &a, &b, &c, &d) &&
                    (c >> 29 & 1);
-        f = avx2 | (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) << 1;
+        f = avx2 | (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vnni"))
+                       << 1;
         cached = f;
     }
     return f;
@@ -583,13 +598,11 @@ void kiln_qmm_kernels_pick(const qmm_format *f, const char *isa, int f32_act, qm
     out->f32_act = f32_act || f->act_block == 0;
     out->one = out->f32_act ? f32act_c_1 : qdot_c;
     out->four = out->f32_act ? f32act_c_4 : qdot_c_4;
-    out->isa = "c";
 #ifdef QMM_X86
     int feat = cpu_features();
     if (strcmp(isa, "c") == 0 || !(feat & 1))
         return;
     int vnni = strcmp(isa, "avx2") != 0 && (feat & 2);
-    out->isa = vnni ? "avx512vnni" : "avx2";
     if (out->f32_act && f->act_block != 0) {
         out->one = f32act_avx2_1;
         out->four = f32act_avx2_4;

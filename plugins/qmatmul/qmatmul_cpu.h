@@ -61,7 +61,6 @@ typedef void (*qmm_kernel)(int32_t type, const uint8_t *w, const void *x, size_t
 typedef struct qmm_kernels {
     qmm_kernel one, four;
     int f32_act; /* x is f32 (F16/BF16, or f32 activations asked for) */
-    const char *isa;
 } qmm_kernels;
 
 /* The kernels for f: isa "c" the portable reference, "avx2" AVX2 without
