@@ -223,10 +223,10 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
     for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
         int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
         /* workspace: nr quantized rows, then (f16/bf16) nr rows of f32 x and y */
-        float *xf = (float *)((char *)workspace + (size_t)nr * kiln_qmm_act_row_bytes(f, p->k)), *yf = xf + nr * p->k;
-        if (t == KILN_DTYPE_F32) {
-            xf = (float *)in[0] + r0 * p->k;
-        } else {
+        float *xf = (float *)in[0] + r0 * p->k, *yf = NULL;
+        if (t != KILN_DTYPE_F32) {
+            xf = (float *)((char *)workspace + (size_t)nr * kiln_qmm_act_row_bytes(f, p->k));
+            yf = xf + nr * p->k;
             for (int64_t i = 0; i < nr * p->k; i++)
                 xf[i] = plugin_load(host, in[0], t, r0 * p->k + i);
         }

@@ -255,6 +255,12 @@ INLINE_AVX2 __m128 f16x2(const uint8_t *p)
     return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
 }
 
+/* One f16 (Q6_K's d, the last 2 bytes of its block). */
+INLINE_AVX2 float f16x1(const uint8_t *p)
+{
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)p[0] | (uint32_t)p[1] << 8))));
+}
+
 INLINE_AVX2 float hsum8(__m256 s)
 {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -468,7 +474,7 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
                     UNROLL for (int r = 0; r < R; r++) \
                         isum[r] = ISA##_KPAIR(isum[r], q[s], q[s + 1], xr[r]->q + 128 * h + 32 * s, s16[s], s16[s + 1]); \
             } \
-            float d = _mm_cvtss_f32(f16x2(w + 208)); \
+            float d = f16x1(w + 208); \
             UNROLL for (int r = 0; r < R; r++) { \
                 __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xr[r]->bsums)); \
                 __m256i s = _mm256_sub_epi32(ISA##_KREDUCE(isum[r]), _mm256_slli_epi32(off, 5)); \
