@@ -172,8 +172,7 @@ static void qmm_range(void *arg, int64_t begin, int64_t end)
         int64_t c1 = c0 + QMM_TILE < end ? c0 + QMM_TILE : end, r = 0;
         for (; r + 4 <= j->rows; r += 4)
             for (int64_t c = c0; c < c1; c++) {
-                j->ks.four(j->type, j->w + (size_t)c * j->wrow, (const char *)j->x + (size_t)r * j->xs, j->xs, j->k,
-                           o);
+                j->ks.four(j->type, j->w + (size_t)c * j->wrow, (const char *)j->x + (size_t)r * j->xs, j->xs, j->k, o);
                 for (int i = 0; i < 4; i++)
                     j->y[(r + i) * j->n + c] = o[i];
             }
@@ -214,8 +213,7 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
     if (rows == 0)
         return KILN_OK;
     qmm_job job = {p->type, p->k, 0, p->n, (size_t)wrow, 0, in[1], NULL, NULL, {0}};
-    kiln_qmm_kernels_pick(f, env_or_empty("KILN_QMATMUL_ISA"), env_or_empty("KILN_QMATMUL_F32ACT")[0] == '1',
-                          &job.ks);
+    kiln_qmm_kernels_pick(f, env_or_empty("KILN_QMATMUL_ISA"), env_or_empty("KILN_QMATMUL_F32ACT")[0] == '1', &job.ks);
     size_t qrow = job.ks.f32_act ? 0 : kiln_qmm_act_row_bytes(f, p->k);
     if ((qrow || t != KILN_DTYPE_F32) && !workspace)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": no workspace for the converted activations");

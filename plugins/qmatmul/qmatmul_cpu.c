@@ -245,7 +245,7 @@ static void f32act_c_4(int32_t type, const uint8_t *w, const void *x, size_t xs,
 #define INLINE_AVX2 __attribute__((target(AVX2_TARGET), always_inline)) static inline
 /* Loops over rows, sub-blocks and vectors have constant trip counts: fully
  * unrolled, their accumulators and unpacked weights stay in registers. */
-#define UNROLL _Pragma("GCC unroll 16")
+#define UNROLLED_FOR(i, n) _Pragma("GCC unroll 16") for (int i = 0; i < (n); i++)
 
 /* d (and m) of a block from its first 4 bytes, by F16C (exact). */
 INLINE_AVX2 __m128 f16x2(const uint8_t *p)
@@ -274,9 +274,9 @@ INLINE_AVX2 __m256i q5_high_bits(const uint8_t *qh)
 {
     uint32_t h;
     memcpy(&h, qh, 4);
-    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
-                                    _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
-                                                      0x0101010101010101LL, 0));
+    __m256i v =
+        _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
     const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
     v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
     return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
@@ -315,7 +315,7 @@ INLINE_AVX2 __m256i q32_bytes(int32_t type, const uint8_t *b)
         float dw_ = _mm_cvtss_f32(dm_), mw_ = _mm_cvtss_f32(_mm_shuffle_ps(dm_, dm_, 1)); \
         __m256i w_ = q32_bytes(TYPE, B); \
         __m256i u_ = is_signed_ ? _mm256_sign_epi8(w_, w_) : w_; \
-        UNROLL for (int r_ = 0; r_ < R; r_++) { \
+        UNROLLED_FOR (r_, R) { \
             const qmm_q8 *xr_ = (const qmm_q8 *)((const char *)(X) + (size_t)r_ * xs) + (I); \
             __m256i q_ = _mm256_loadu_si256((const __m256i *)xr_->q); \
             __m256i v_ = is_signed_ ? _mm256_sign_epi8(q_, w_) : q_; \
@@ -330,10 +330,14 @@ INLINE_AVX2 __m256i q32_bytes(int32_t type, const uint8_t *b)
     __attribute__((target(TARGET))) static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, \
                                                      int32_t k, float *out) \
     { \
-        const size_t bb = TYPE == QMM_Q8_0 ? 34 : TYPE == QMM_Q4_0 ? 18 : TYPE == QMM_Q4_1 ? 20 : TYPE == QMM_Q5_0 ? 22 : 24; \
+        const size_t bb = TYPE == QMM_Q8_0   ? 34 \
+                          : TYPE == QMM_Q4_0 ? 18 \
+                          : TYPE == QMM_Q4_1 ? 20 \
+                          : TYPE == QMM_Q5_0 ? 22 \
+                                             : 24; \
         __m256 acc0[R], acc1[R]; \
         float accm[R]; \
-        UNROLL for (int r = 0; r < R; r++) \
+        UNROLLED_FOR (r, R) \
             acc0[r] = acc1[r] = _mm256_setzero_ps(), accm[r] = 0; \
         int32_t nb = k / 32, i = 0; \
         for (; i + 1 < nb; i += 2, w += 2 * bb) { \
@@ -343,7 +347,7 @@ INLINE_AVX2 __m256i q32_bytes(int32_t type, const uint8_t *b)
         } \
         if (i < nb) \
             Q32_BLOCK(TYPE, PRODUCT, R, acc0, w, x, i); \
-        UNROLL for (int r = 0; r < R; r++) \
+        UNROLLED_FOR (r, R) \
             out[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + accm[r]; \
     }
 
@@ -391,14 +395,14 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
         const size_t bb = TYPE == QMM_Q5_K ? 176 : 144; \
         const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1); \
         __m256 acc[R]; \
-        UNROLL for (int r = 0; r < R; r++) \
+        UNROLLED_FOR (r, R) \
             acc[r] = _mm256_setzero_ps(); \
         for (int32_t i = 0; i < k / 256; i++, w += bb) { \
-            UNROLL for (size_t o = 0; o < bb; o += 64) \
-                _mm_prefetch((const char *)w + 1024 + o, _MM_HINT_T0); \
+            UNROLLED_FOR (o, (int)(bb + 63) / 64) \
+                _mm_prefetch((const char *)w + 1024 + 64 * o, _MM_HINT_T0); \
             const qmm_q8k *xr[R]; \
             ISA##_KACC isum[R]; \
-            UNROLL for (int r = 0; r < R; r++) \
+            UNROLLED_FOR (r, R) \
                 xr[r] = (const qmm_q8k *)((const char *)x + (size_t)r * xs) + i, isum[r] = ISA##_KZERO; \
             uint8_t sc[8], mn[8]; \
             kq_scales(w + 4, sc, mn); \
@@ -406,7 +410,7 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
             __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc))); \
             const uint8_t *qs = w + (TYPE == QMM_Q5_K ? 48 : 16); \
             __m256i qh = TYPE == QMM_Q5_K ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256(); \
-            UNROLL for (int g = 0; g < 4; g++) { \
+            UNROLLED_FOR (g, 4) { \
                 __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * g)); \
                 __m256i lo = _mm256_and_si256(bytes, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), lo4); \
                 if (TYPE == QMM_Q5_K) { \
@@ -416,7 +420,7 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
                 } \
                 __m256i sa = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0404 * g))); \
                 __m256i sb = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0302 + 0x0404 * g))); \
-                UNROLL for (int r = 0; r < R; r++) \
+                UNROLLED_FOR (r, R) \
                     isum[r] = ISA##_KPAIR(isum[r], lo, hi, xr[r]->q + 64 * g, sa, sb); \
             } \
             /* mins: 16 int16 (each twice) against the 16 sums by 16 */ \
@@ -424,14 +428,14 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
             __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); \
             __m128 dm = f16x2(w); \
             float d = _mm_cvtss_f32(dm), dmin = _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)); \
-            UNROLL for (int r = 0; r < R; r++) { \
+            UNROLLED_FOR (r, R) { \
                 __m256i msum = _mm256_madd_epi16(m16, _mm256_loadu_si256((const __m256i *)xr[r]->bsums)); \
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(ISA##_KREDUCE(isum[r])), _mm256_set1_ps(d * xr[r]->d), \
-                                         acc[r]); \
+                acc[r] = \
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(ISA##_KREDUCE(isum[r])), _mm256_set1_ps(d * xr[r]->d), acc[r]); \
                 acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * xr[r]->d), acc[r]); \
             } \
         } \
-        UNROLL for (int r = 0; r < R; r++) \
+        UNROLLED_FOR (r, R) \
             out[r] = hsum8(acc[r]); \
     }
 
@@ -442,21 +446,21 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
                                                      int32_t k, float *out) \
     { \
         const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30); \
-        const __m256i pair = _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 1, 0, 1, 0, 1, 0, 1, 0, 1, \
-                                             0, 1, 0, 1, 0, 1, 0); \
+        const __m256i pair = _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 1, 0, 1, 0, 1, 0, 1, 0, \
+                                             1, 0, 1, 0, 1, 0, 1, 0); \
         __m256 acc[R]; \
-        UNROLL for (int r = 0; r < R; r++) \
+        UNROLLED_FOR (r, R) \
             acc[r] = _mm256_setzero_ps(); \
         for (int32_t i = 0; i < k / 256; i++, w += 210) { \
-            UNROLL for (size_t o = 0; o < 210; o += 64) \
-                _mm_prefetch((const char *)w + 1024 + o, _MM_HINT_T0); \
+            UNROLLED_FOR (o, 4) \
+                _mm_prefetch((const char *)w + 1024 + 64 * o, _MM_HINT_T0); \
             const qmm_q8k *xr[R]; \
             ISA##_KACC isum[R]; \
-            UNROLL for (int r = 0; r < R; r++) \
+            UNROLLED_FOR (r, R) \
                 xr[r] = (const qmm_q8k *)((const char *)x + (size_t)r * xs) + i, isum[r] = ISA##_KZERO; \
             const int8_t *sc = (const int8_t *)(w + 192); \
             __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)); \
-            UNROLL for (int h = 0; h < 2; h++) { \
+            UNROLLED_FOR (h, 2) { \
                 __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h)); \
                 __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32)); \
                 __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h)); \
@@ -468,20 +472,22 @@ INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
                                     _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2))}; \
                 /* scales 2t and 2t + 1 (t = 4h + s) over the low and high 16 values of sub-block s */ \
                 __m256i s16[4]; \
-                UNROLL for (int s = 0; s < 4; s++) \
-                    s16[s] = _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * h + s)), pair); \
-                UNROLL for (int s = 0; s < 4; s += 2) \
-                    UNROLL for (int r = 0; r < R; r++) \
-                        isum[r] = ISA##_KPAIR(isum[r], q[s], q[s + 1], xr[r]->q + 128 * h + 32 * s, s16[s], s16[s + 1]); \
+                UNROLLED_FOR (s, 4) \
+                    s16[s] = \
+                        _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * h + s)), pair); \
+                UNROLLED_FOR (s, 2) \
+                    UNROLLED_FOR (r, R) \
+                        isum[r] = ISA##_KPAIR(isum[r], q[2 * s], q[2 * s + 1], xr[r]->q + 128 * h + 64 * s, \
+                                              s16[2 * s], s16[2 * s + 1]); \
             } \
             float d = f16x1(w + 208); \
-            UNROLL for (int r = 0; r < R; r++) { \
+            UNROLLED_FOR (r, R) { \
                 __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xr[r]->bsums)); \
                 __m256i s = _mm256_sub_epi32(ISA##_KREDUCE(isum[r]), _mm256_slli_epi32(off, 5)); \
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xr[r]->d), acc[r]); \
             } \
         } \
-        UNROLL for (int r = 0; r < R; r++) \
+        UNROLLED_FOR (r, R) \
             out[r] = hsum8(acc[r]); \
     }
 
@@ -499,23 +505,23 @@ INLINE_AVX2 __m256 load8_bf16(const uint8_t *p)
                                                           int32_t k, float *out) \
     { \
         __m256 acc[R][V]; \
-        UNROLL for (int r = 0; r < R; r++) \
-            UNROLL for (int v = 0; v < V; v++) \
+        UNROLLED_FOR (r, R) \
+            UNROLLED_FOR (v, V) \
                 acc[r][v] = _mm256_setzero_ps(); \
         for (int32_t i = 0; i < k; i += 8 * V) { \
             _mm_prefetch((const char *)w + 2 * i + 1024, _MM_HINT_T0); \
             __m256 wv[V]; \
-            UNROLL for (int v = 0; v < V; v++) \
+            UNROLLED_FOR (v, V) \
                 wv[v] = LOAD8(w + 2 * (i + 8 * v)); \
-            UNROLL for (int r = 0; r < R; r++) { \
+            UNROLLED_FOR (r, R) { \
                 const float *xr = (const float *)((const char *)x + (size_t)r * xs) + i; \
-                UNROLL for (int v = 0; v < V; v++) \
+                UNROLLED_FOR (v, V) \
                     acc[r][v] = _mm256_fmadd_ps(wv[v], _mm256_loadu_ps(xr + 8 * v), acc[r][v]); \
             } \
         } \
-        UNROLL for (int r = 0; r < R; r++) { \
-            __m256 s = acc[r][0]; \
-            UNROLL for (int v = 1; v < V; v++) \
+        UNROLLED_FOR (r, R) { \
+            __m256 s = _mm256_setzero_ps(); \
+            UNROLLED_FOR (v, V) \
                 s = _mm256_add_ps(s, acc[r][v]); \
             out[r] = hsum8(s); \
         } \

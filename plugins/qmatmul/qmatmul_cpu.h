@@ -31,7 +31,7 @@ typedef struct qmm_format {
     int32_t block, bytes, act_block;
 } qmm_format;
 
-const qmm_format *kiln_qmm_format(int32_t type);          /* NULL: not a format QuantMatMul reads */
+const qmm_format *kiln_qmm_format(int32_t type);           /* NULL: not a format QuantMatMul reads */
 const qmm_format *kiln_qmm_format_named(const char *name); /* NULL likewise */
 
 /* 32 activations quantized as ggml's Q8_0/Q8_1: x ≈ d · q, d = max|x| / 127,

@@ -292,8 +292,8 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
         kiln_dims dims;
         KILN_TRY(b->ck->read_weight(b->ck->weight_user, wname[i], &dims, KILN_DTYPE_F32, NULL, 0));
         if (dims.rank != 2 || dims.d[0] != out_dim[i] || dims.d[1] != in_dim || size[i] != row * (size_t)out_dim[i])
-            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname[i],
-                             fname, size[i], (long long)out_dim[i], (long long)in_dim);
+            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname[i], fname,
+                             size[i], (long long)out_dim[i], (long long)in_dim);
         rows += out_dim[i];
         total += size[i];
     }
@@ -312,10 +312,9 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
         KILN_TRY(st);
     }
     int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
-    kiln_field fields[3] = {
-        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, fname},
-        field_i32("n", &nn),
-        field_i32("k", &k)};
+    kiln_field fields[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, fname},
+                            field_i32("n", &nn),
+                            field_i32("k", &k)};
     kiln_tensor in[2] = {x, w};
     KILN_TRY(plugin(b, lname, "QuantMatMul", fields, 3, in, 2, y));
     /* the LLMC config lists the formats kept, in first-use order */
@@ -678,8 +677,9 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
         return st;
     }
     if (b.expanded[0])
-        kiln_log(KILN_LOG_WARNING, "LLM build: the %s weights are expanded to %s (QuantMatMul has no CUDA kernel for them)",
-                 b.expanded, kiln_dtype_name(o.dtype));
+        kiln_log(KILN_LOG_WARNING,
+                 "LLM build: the %s weights are expanded to %s (QuantMatMul has no CUDA kernel for them)", b.expanded,
+                 kiln_dtype_name(o.dtype));
     *out = b.net;
     return KILN_OK;
 }
