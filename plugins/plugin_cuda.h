@@ -46,6 +46,12 @@ int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, i
 int kiln_qmatmul_cuda(int32_t type, const void *x, const uint8_t *w, void *y, int32_t dtype, int64_t rows, int32_t n,
                       int32_t k, void *stream);
 
+/* y [rows, n] = x [rows, k] · Wᵀ with W in WeightOnlyMatMul's layout
+ * (plugins/woq/woq.c): q u8 rows of k · bits / 8 bytes, scales f32 and,
+ * for 4 bits, zeros u8 [n, k / group]; x and y of `dtype`. */
+int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, const void *q, const void *scales,
+                         const void *zeros, void *y, int32_t dtype, int64_t rows, int32_t n, int32_t k, void *stream);
+
 /* PagedAttention (plugins/attention/attention_cuda.cu): one step's cache
  * write and attention. q, k and v point at head 0 of token 0 and their
  * rows are q_ld, k_ld and v_ld elements apart (separate tensors, or the

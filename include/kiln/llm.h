@@ -65,7 +65,21 @@ typedef struct kiln_llm_build_options {
     void *progress_user;
     kiln_backend backend; /* where the engine runs (default CPU) */
     int32_t reserved;
+    /* Matmul weights of the decoder layers (kiln/WeightOnlyMatMul):
+     * KILN_LLM_WEIGHTS_DTYPE (default) keeps them in dtype;
+     * KILN_LLM_WEIGHTS_INT8 quantizes them at build by round-to-nearest
+     * to int8 with a scale per output channel; KILN_LLM_WEIGHTS_INT4 to
+     * int4 with a scale and zero point per weights_group values. Weights
+     * a checkpoint stores quantized (AWQ, GPTQ) are kept as stored
+     * whatever this says; a native GGUF build keeps its ggml formats. */
+    int32_t weights;
+    int32_t weights_group;   /* int4 group size (default 128) */
+    int32_t weights_lm_head; /* nonzero: the output projection too (default: kept in dtype) */
+    int32_t reserved2;
 } kiln_llm_build_options;
+
+/* kiln_llm_build_options.weights */
+enum { KILN_LLM_WEIGHTS_DTYPE = 0, KILN_LLM_WEIGHTS_INT8 = 1, KILN_LLM_WEIGHTS_INT4 = 2 };
 
 /* Defaults as written above. */
 KILN_API void kiln_llm_build_options_init(kiln_llm_build_options *options);

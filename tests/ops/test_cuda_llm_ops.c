@@ -5,7 +5,9 @@
  * RMSNorm and AddRMSNorm, RoPE (no/linear/llama3 scaling, half-split and
  * interleaved pairs, partial rotary, the packed qkv row, in place), SwiGLU
  * (apart and packed), QuantMatMul (Q8_0, Q4_0, Q4_1; T = 1 … 512; k a
- * multiple of 256, where the GEMV loads 16 bytes at a time, and not).
+ * multiple of 256, where the GEMV loads 16 bytes at a time, and not),
+ * WeightOnlyMatMul (int8 and int4, per channel and in groups; T = 1 … 64,
+ * the GEMV up to 8 rows and the tiled kernel past it).
  * f32, f16 and bf16; odd sizes; T = 1 and T = 512.
  *
  * test_graph_capture runs each plugin again inside a CUDA graph capture
@@ -454,6 +456,70 @@ static void test_qmatmul(void)
         }
 }
 
+/* ---- WeightOnlyMatMul ------------------------------------------------------------------------ */
+
+/* Random quantized weights in WeightOnlyMatMul's layout: q all bytes, f32
+ * scales of trained magnitudes, int4 zeros 0..15. */
+static void random_woq(int32_t bits, int32_t group, int32_t n, int32_t k, buf *q, buf *s, buf *z)
+{
+    int32_t ng = k / group;
+    *q = buf_new(KILN_DTYPE_U8, n, (int64_t)k * bits / 8);
+    for (size_t i = 0; i < q->bytes; i++)
+        ((uint8_t *)q->host)[i] = (uint8_t)rng_next();
+    *s = buf_new(KILN_DTYPE_F32, n, ng);
+    for (int64_t i = 0; i < (int64_t)n * ng; i++)
+        ((float *)s->host)[i] = rng_float(0.001f, 0.05f);
+    *z = buf_new(KILN_DTYPE_U8, n, ng);
+    for (int64_t i = 0; i < (int64_t)n * ng; i++)
+        ((uint8_t *)z->host)[i] = (uint8_t)(rng_next() % 16);
+    buf_upload(q);
+    buf_upload(s);
+    buf_upload(z);
+}
+
+static void test_woq(void)
+{
+    /* n odd and not a multiple of the rows per block; k from one warp's
+     * share of a vector up to several loads per lane; groups of 32, 128
+     * and the whole row (per channel) */
+    const int32_t shapes[][3] = {{7, 96, 32}, {257, 2048, 128}, {130, 4096, 4096}, {33, 640, 128}};
+    const int64_t ts[] = {1, 2, 3, 5, 8, 9, 64};
+    const int32_t bits_of[] = {8, 4};
+    for (size_t bi = 0; bi < 2; bi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int32_t bits = bits_of[bi], n = shapes[si][0], k = shapes[si][1], g = shapes[si][2];
+            kiln_field f[4] = {fi32("bits", &bits), fi32("group_size", &g), fi32("n", &n), fi32("k", &k)};
+            kiln_plugin *p = make("WeightOnlyMatMul", f, 4);
+            if (!p)
+                continue;
+            buf q, s, z;
+            random_woq(bits, g, n, k, &q, &s, &z);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+                    kiln_dtype t = float_types[ti];
+                    int64_t rows = ts[ri];
+                    int32_t n_in = bits == 4 ? 4 : 3;
+                    buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
+                    buf out = buf_output(t, rows, n);
+                    kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
+                    d[n_in] = out.desc;
+                    size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+                    void *ws = malloc(wsz ? wsz : 1);
+                    char what[112];
+                    snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d", bits, g,
+                             dtype_name(t), (long long)rows, n, k);
+                    run_both(what, p, in, n_in, &out, 1, ws);
+                    free(ws);
+                    buf_free(&in[0]);
+                    buf_free(&out);
+                }
+            buf_free(&q);
+            buf_free(&s);
+            buf_free(&z);
+            p->ops->destroy(p);
+        }
+}
+
 /* Every plugin once more, each launch captured into a graph and replayed. */
 static void test_graph_capture(void)
 {
@@ -496,11 +562,26 @@ static void test_graph_capture(void)
         buf_free(&y);
         qm->ops->destroy(qm);
     }
+    const int32_t four = 4, g128 = 128;
+    kiln_field wf[4] = {fi32("bits", &four), fi32("group_size", &g128), fi32("n", &n), fi32("k", &k)};
+    kiln_plugin *wq = make("WeightOnlyMatMul", wf, 4);
+    if (wq) {
+        buf in[4];
+        in[0] = buf_random(KILN_DTYPE_BF16, 1, k, -1, 1);
+        random_woq(4, 128, n, k, &in[1], &in[2], &in[3]);
+        buf y = buf_output(KILN_DTYPE_BF16, 1, n);
+        float ws[16 * (2048 + 257)];
+        run_both("WeightOnlyMatMul int4 bf16 in a graph", wq, in, 4, &y, 1, ws);
+        for (int i = 0; i < 4; i++)
+            buf_free(&in[i]);
+        buf_free(&y);
+        wq->ops->destroy(wq);
+    }
     use_graph = 0;
 }
 
 static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul),
-                                   TEST(test_graph_capture)};
+                                   TEST(test_woq), TEST(test_graph_capture)};
 
 int main(void)
 {

@@ -29,6 +29,14 @@ static const char build_llm_help[] =
     "                        the GGUF's Q8_0/Q4_0/Q4_1 matmul weights kept quantized, the\n"
     "                        rest f32 on the cpu, bf16 on cuda (the default for a .gguf;\n"
     "                        otherwise f32 on the cpu, bf16 on cuda)\n"
+    "  --weights W           int8: decoder matmul weights quantized at build to int8,\n"
+    "                        a scale per output channel; int4: int4 with a scale and\n"
+    "                        zero point per --weights-group values (default 128);\n"
+    "                        activations stay in --dtype (kiln/WeightOnlyMatMul). AWQ\n"
+    "                        and GPTQ checkpoints keep their int4 weights as stored\n"
+    "  --weights-group N     int4 group size, a multiple of 32 (default 128)\n"
+    "  --quantize-lm-head    --weights applies to the output projection too (default:\n"
+    "                        kept in --dtype)\n"
     "  --max-batch N         sequences per step (default 8)\n"
     "  --max-seq-len N       tokens per sequence (default min(4096, the model's context))\n"
     "  --max-tokens N        new tokens per step (default max-seq-len)\n"
@@ -38,8 +46,8 @@ static const char build_llm_help[] =
     "  -h, --help            show this help\n";
 
 static const char *const llm_valued[] = {
-    "-o",          "--output",  "--dtype",   "--max-batch", "--max-seq-len", "--max-tokens", "--block-size",
-    "--tokenizer", "--plugins", "--backend", NULL};
+    "-o",          "--output",  "--dtype",   "--max-batch",         "--max-seq-len", "--max-tokens", "--block-size",
+    "--tokenizer", "--plugins", "--backend", "--weights", "--weights-group", NULL};
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -145,6 +153,22 @@ int cli_build_llm(int argc, char **argv)
                 status = cli_usage("build", "unknown --dtype \"%s\" (native, f32, f16 or bf16)", val);
                 goto done;
             }
+        } else if (!strcmp(o, "--weights")) {
+            if (!strcmp(val, "int8"))
+                opt.weights = KILN_LLM_WEIGHTS_INT8;
+            else if (!strcmp(val, "int4"))
+                opt.weights = KILN_LLM_WEIGHTS_INT4;
+            else if (!strcmp(val, "dtype"))
+                opt.weights = KILN_LLM_WEIGHTS_DTYPE;
+            else {
+                status = cli_usage("build", "unknown --weights \"%s\" (int8, int4 or dtype)", val);
+                goto done;
+            }
+        } else if (!strcmp(o, "--weights-group")) {
+            if ((status = parse_i32(o, val, &opt.weights_group)) != CLI_OK)
+                goto done;
+        } else if (!strcmp(o, "--quantize-lm-head")) {
+            opt.weights_lm_head = 1;
         } else if (!strcmp(o, "--max-batch")) {
             if ((status = parse_i32(o, val, &opt.max_batch)) != CLI_OK)
                 goto done;
