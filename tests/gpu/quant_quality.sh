@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Quality of the quantized weight formats (issue 10): the default model
+# built in each format beside its unquantized engine, teacher-forced over
+# the fixed English text (tests/data/text), perplexity and argmax
+# agreement against the unquantized engine, against the issue's bars:
+#   int8 weight-only (per channel)     perplexity within 0.5%
+#   int4 weight-only (groups of 128)   perplexity within 5%
+#
+#   bash tests/gpu/quant_quality.sh KILN CHECKPOINT BACKEND WORK_DIR [TEXT]
+#
+# BACKEND cuda compares against the bf16 engine (activations bf16 in every
+# engine); cpu against the f32 engine (activations f32). Prints one row per
+# format, "name<TAB>result" (result starting pass or FAIL), the format
+# tests/gpu/llm_gpu_check.sh collects; exit status 1 when a bar is missed
+# or a step fails.
+set -uo pipefail
+kiln=$1 ckpt=$2 backend=$3 work=$4
+root=$(cd "$(dirname "$0")/../.." && pwd)
+text=${5:-$root/tests/data/text/declaration_of_independence.txt}
+dtype=bf16
+[ "$backend" = cpu ] && dtype=f32
+mkdir -p "$work"
+status=0
+# max-batch 32: scoring feeds up to max_batch tokens per step
+build() { "$kiln" build "$ckpt" --backend "$backend" --dtype "$dtype" --max-batch 32 "$@"; }
+if ! build -o "$work/q-ref.engine" >&2; then
+    printf 'quant quality: %s reference engine\tFAIL (kiln build)\n' "$dtype"
+    exit 1
+fi
+for fmt in int8:0.005 int4:0.05; do
+    w=${fmt%%:*} bar=${fmt#*:}
+    name="quant quality: $w weight-only ($backend)"
+    if build --weights "$w" -o "$work/q-$w.engine" >&2 &&
+       "$kiln" perplexity "$work/q-$w.engine" "$text" --compare "$work/q-ref.engine" --json >"$work/q-$w.json"; then
+        python3 - "$work/q-$w.json" "$bar" "$name" "$dtype" <<'PY' || status=1
+import json, sys
+o = json.load(open(sys.argv[1]))
+c = o["compare"]
+bar = float(sys.argv[2])
+ratio = o["perplexity"] / c["perplexity"]
+ok = abs(ratio - 1) <= bar
+print("%s\t%s (perplexity %.4f vs %s %.4f: %+.2f%%, bar %.1f%%; argmax agreement %.4f; mean KL %.5f nats; %d tokens)"
+      % (sys.argv[3], "pass" if ok else "FAIL", o["perplexity"], sys.argv[4], c["perplexity"], (ratio - 1) * 100,
+         bar * 100, c["argmax_agreement"], c["kl_mean"], o["tokens"]))
+sys.exit(0 if ok else 1)
+PY
+    else
+        printf '%s\tFAIL (build or kiln perplexity failed)\n' "$name"
+        status=1
+    fi
+    rm -f "$work/q-$w.engine"
+done
+rm -f "$work/q-ref.engine"
+exit $status
