@@ -61,11 +61,13 @@ kiln_status kiln_woq_quantize(const float *src, int64_t n, int64_t k, int32_t bi
         for (int64_t g = 0; g < ng; g++) {
             const float *x = src + r * k + g * group;
             float lo = 0, hi = 0;
+            int finite = 1;
             for (int32_t i = 0; i < group; i++) {
                 lo = x[i] < lo ? x[i] : lo;
                 hi = x[i] > hi ? x[i] : hi;
+                finite &= isfinite(x[i]) != 0;
             }
-            if (!isfinite(lo) || !isfinite(hi)) {
+            if (!finite) {
                 kiln_woq_free(&w);
                 return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)r);
             }
