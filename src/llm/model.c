@@ -325,7 +325,7 @@ static kiln_status woq_weight(builder *b, const char *wname, int64_t n, int64_t 
             return st;
     }
     /* k not a multiple of 32 (no Llama-family model has one) stays in dtype */
-    if (!rtn || b->opt->weights == KILN_LLM_WEIGHTS_DTYPE || k % 32 != 0)
+    if (!rtn || b->opt->weights == KILN_LLM_WEIGHTS_DTYPE || b->opt->weights == KILN_LLM_WEIGHTS_FP8 || k % 32 != 0)
         return KILN_OK;
     float *f = malloc((size_t)n * (size_t)k * sizeof(float)); /* dims bounded by config validation */
     if (!f)
@@ -364,6 +364,58 @@ static kiln_status add_concat(builder *b, const char *name, kiln_dtype t, int64_
     return st;
 }
 
+/* y = x·Wᵀ through kiln/Fp8MatMul named `lname`, with W the weights
+ * `wname[0..n)` ([out_dim[i], in_dim] each) quantized to E4M3 per output
+ * channel and stacked by rows into the constants `cname` (codes) and
+ * `cname`.scale. *done = 0 when in_dim is not a multiple of 16. */
+static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_t *out_dim, int32_t n_parts,
+                              const char *cname, const char *lname, kiln_tensor x, int64_t in_dim, kiln_tensor *y,
+                              int *done)
+{
+    *done = 0;
+    if (in_dim % 16 != 0)
+        return KILN_OK;
+    int64_t rows = 0, maxr = 0;
+    for (int32_t i = 0; i < n_parts; i++) {
+        rows += out_dim[i];
+        maxr = out_dim[i] > maxr ? out_dim[i] : maxr;
+    }
+    /* dims bounded by config validation */
+    uint8_t *codes = malloc((size_t)(rows * in_dim));
+    float *scales = malloc((size_t)rows * sizeof(float)), *f = malloc((size_t)(maxr * in_dim) * sizeof(float));
+    kiln_status st = codes && scales && f ? KILN_OK
+                                          : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\"", cname);
+    for (int32_t i = 0, at = 0; i < n_parts && st == KILN_OK; at += (int32_t)out_dim[i], i++) {
+        st = read_weight_into(b, wname[i], 2, out_dim[i], in_dim, KILN_DTYPE_F32, f,
+                              (size_t)(out_dim[i] * in_dim) * sizeof(float));
+        if (st == KILN_OK)
+            st = kiln_fp8_quantize(f, out_dim[i], in_dim, wname[i], codes + (size_t)at * (size_t)in_dim, scales + at);
+    }
+    kiln_tensor in[3] = {x};
+    char name[200];
+    kiln_dims d = dims2(rows, in_dim);
+    if (st == KILN_OK)
+        st = kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &d, codes, &in[1]);
+    snprintf(name, sizeof name, "%s.scale", cname);
+    d = dims1(rows);
+    if (st == KILN_OK)
+        st = kiln_network_add_constant(b->net, name, KILN_DTYPE_F32, &d, scales, &in[2]);
+    int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
+    kiln_field fields[2] = {field_i32("n", &nn), field_i32("k", &k)};
+    if (st == KILN_OK)
+        st = plugin(b, lname, "Fp8MatMul", fields, 2, in, 3, y);
+    if (st == KILN_OK) {
+        char *q = b->ck->config.quantized;
+        if (!strstr(q, "fp8"))
+            snprintf(q + strlen(q), sizeof b->ck->config.quantized - strlen(q), "%sfp8", q[0] ? "," : "");
+        *done = 1;
+    }
+    free(codes);
+    free(scales);
+    free(f);
+    return st;
+}
+
 /* y = x·Wᵀ through kiln/WeightOnlyMatMul named `lname`, with W the
  * weights `wname[0..n)` ([out_dim[i], in_dim] each) quantized (as stored
  * or by round-to-nearest when `rtn`) and stacked by rows into the
@@ -377,6 +429,12 @@ static kiln_status woq_matmul(builder *b, const char *const *wname, const int64_
     *done = 0;
     kiln_woq_weight w[3];
     memset(w, 0, sizeof w);
+    if (rtn && b->opt->weights == KILN_LLM_WEIGHTS_FP8) {
+        /* a checkpoint's own int4 weights stay as stored */
+        if (!b->ck->read_woq || b->ck->read_woq(b->ck->weight_user, wname[0], &w[0]) != KILN_OK)
+            return fp8_matmul(b, wname, out_dim, n_parts, cname, lname, x, in_dim, y, done);
+        kiln_woq_free(&w[0]);
+    }
     kiln_status st = KILN_OK;
     int32_t got = 0;
     int64_t rows = 0;
@@ -750,8 +808,9 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     KILN_TRY(kiln_llm_config_validate(c));
     if (o.dtype != KILN_DTYPE_F32 && o.dtype != KILN_DTYPE_F16 && o.dtype != KILN_DTYPE_BF16)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: dtype must be f32, f16 or bf16");
-    if (o.weights < KILN_LLM_WEIGHTS_DTYPE || o.weights > KILN_LLM_WEIGHTS_INT4)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weights %d is not dtype, int8 or int4", o.weights);
+    if (o.weights < KILN_LLM_WEIGHTS_DTYPE || o.weights > KILN_LLM_WEIGHTS_FP8)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weights %d is not dtype, int8, int4 or fp8",
+                         o.weights);
     if (o.weights == KILN_LLM_WEIGHTS_INT4 && (o.weights_group <= 0 || o.weights_group % 32 != 0))
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: int4 group size %d is not a positive multiple of 32",
                          o.weights_group);

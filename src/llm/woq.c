@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/fp8.h"
 
 kiln_status kiln_woq_alloc(kiln_woq_weight *w, int32_t bits, int32_t group, int64_t n, int64_t k, const char *what)
 {
@@ -179,4 +180,22 @@ void kiln_woq_dequantize(const kiln_woq_weight *w, float *dst)
                 dst[r * w->k + i] = w->scales[g] * (float)(v - w->zeros[g]);
             }
         }
+}
+
+kiln_status kiln_fp8_quantize(const float *w, int64_t n, int64_t k, const char *what, uint8_t *codes, float *scales)
+{
+    for (int64_t r = 0; r < n; r++) {
+        const float *x = w + r * k;
+        float a = 0;
+        for (int64_t i = 0; i < k; i++) {
+            if (!isfinite(x[i]))
+                return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)r);
+            a = fabsf(x[i]) > a ? fabsf(x[i]) : a;
+        }
+        float inv = a > 0 ? KILN_E4M3_MAX / a : 0.0f;
+        scales[r] = a / KILN_E4M3_MAX;
+        for (int64_t i = 0; i < k; i++)
+            codes[r * k + i] = kiln_f32_to_e4m3(x[i] * inv);
+    }
+    return KILN_OK;
 }

@@ -56,6 +56,12 @@ kiln_status kiln_woq_from_gptq(const int32_t *qweight, const int32_t *qzeros, co
                                const int32_t *g_idx, int64_t n, int64_t k, int32_t group, int32_t n_groups,
                                int32_t zero_offset, const char *what, kiln_woq_weight *out);
 
+/* FP8 E4M3 weights for kiln/Fp8MatMul (plugins/fp8/fp8.c): per output
+ * channel r, scales[r] = max|w[r, :]| / 448 and codes[r, i] =
+ * e4m3(w[r, i] · (448 / max)), round to nearest even (src/core/fp8.h); a
+ * row of zeros has scale 0. A NaN or infinity is refused, naming `what`. */
+kiln_status kiln_fp8_quantize(const float *w, int64_t n, int64_t k, const char *what, uint8_t *codes, float *scales);
+
 /* w (n rows of k) dequantized into f32 dst [n, k], the plugin's formula. */
 void kiln_woq_dequantize(const kiln_woq_weight *w, float *dst);
 

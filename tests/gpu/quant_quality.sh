@@ -5,6 +5,7 @@
 # agreement against the unquantized engine, against the issue's bars:
 #   int8 weight-only (per channel)     perplexity within 0.5%
 #   int4 weight-only (groups of 128)   perplexity within 5%
+#   fp8 W8A8 (--dtype fp8)             perplexity within 1%, argmax agreement >= 95%
 #
 #   bash tests/gpu/quant_quality.sh KILN CHECKPOINT BACKEND WORK_DIR [TEXT]
 #
@@ -27,21 +28,28 @@ if ! build -o "$work/q-ref.engine" >&2; then
     printf 'quant quality: %s reference engine\tFAIL (kiln build)\n' "$dtype"
     exit 1
 fi
-for fmt in int8:0.005 int4:0.05; do
-    w=${fmt%%:*} bar=${fmt#*:}
+for fmt in int8:0.005:0 int4:0.05:0 fp8:0.01:0.95; do
+    IFS=: read -r w bar agree <<<"$fmt"
     name="quant quality: $w weight-only ($backend)"
-    if build --weights "$w" -o "$work/q-$w.engine" >&2 &&
+    flags=(--weights "$w")
+    if [ "$w" = fp8 ]; then
+        name="quant quality: fp8 W8A8 ($backend)"
+        flags=(--dtype fp8)
+    fi
+    # fp8 replaces --dtype: its activations are bf16 on cuda, f32 on the cpu
+    if "$kiln" build "$ckpt" --backend "$backend" --dtype "$dtype" --max-batch 32 "${flags[@]}" \
+           -o "$work/q-$w.engine" >&2 &&
        "$kiln" perplexity "$work/q-$w.engine" "$text" --compare "$work/q-ref.engine" --json >"$work/q-$w.json"; then
-        python3 - "$work/q-$w.json" "$bar" "$name" "$dtype" <<'PY' || status=1
+        python3 - "$work/q-$w.json" "$bar" "$name" "$dtype" "$agree" <<'PY' || status=1
 import json, sys
 o = json.load(open(sys.argv[1]))
 c = o["compare"]
-bar = float(sys.argv[2])
+bar, agree = float(sys.argv[2]), float(sys.argv[5])
 ratio = o["perplexity"] / c["perplexity"]
-ok = abs(ratio - 1) <= bar
-print("%s\t%s (perplexity %.4f vs %s %.4f: %+.2f%%, bar %.1f%%; argmax agreement %.4f; mean KL %.5f nats; %d tokens)"
+ok = abs(ratio - 1) <= bar and c["argmax_agreement"] >= agree
+print("%s\t%s (perplexity %.4f vs %s %.4f: %+.2f%%, bar %.1f%%; argmax agreement %.4f%s; mean KL %.5f nats; %d tokens)"
       % (sys.argv[3], "pass" if ok else "FAIL", o["perplexity"], sys.argv[4], c["perplexity"], (ratio - 1) * 100,
-         bar * 100, c["argmax_agreement"], c["kl_mean"], o["tokens"]))
+         bar * 100, c["argmax_agreement"], ", bar %.2f" % agree if agree > 0 else "", c["kl_mean"], o["tokens"]))
 sys.exit(0 if ok else 1)
 PY
     else

@@ -5,11 +5,15 @@
  *   (hand-placed nibbles);
  * - the plugin (f32 and bf16 activations, per channel and grouped) against
  *   y = x · Wᵀ computed here in double from the formats' definitions,
- *   w = s · q and w = s · (q − z), with q, s, z random. */
+ *   w = s · q and w = s · (q − z), with q, s, z random;
+ * - FP8 E4M3 (src/core/fp8.h) at values the OCP format fixes (448, 1, the
+ *   subnormals, ties to even, saturation, NaN) and every code back and
+ *   forth; Fp8MatMul on the CPU against its definition in double. */
 #include "test.h"
 
 #include <kiln/plugin.h>
 
+#include "core/fp8.h"
 #include "core/threadpool.h"
 #include "llm/woq.h"
 
@@ -213,5 +217,117 @@ static void test_plugin(void)
     kiln_registry_destroy(reg);
 }
 
-static const test_case_ tests[] = {TEST(test_rtn), TEST(test_layouts), TEST(test_plugin)};
+static void test_e4m3(void)
+{
+    const struct {
+        float f;
+        uint8_t c;
+    } cases[] = {{448.0f, 0x7E},   {1.0f, 0x38},         {0.5f, 0x30},     {0.015625f, 0x08}, {0.001953125f, 0x01},
+                 {1.0625f, 0x38},  {1.1875f, 0x3A},      {-3.0f, 0xC4},    {500.0f, 0x7E},    {-1e9f, 0xFE},
+                 {0.0009765625f, 0x00}, {0.0029296875f, 0x02}, {240.0f, 0x77}, {-0.0f, 0x80},  {0.0f, 0x00}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t c = kiln_f32_to_e4m3(cases[i].f);
+        if (c != cases[i].c)
+            fprintf(stderr, "e4m3(%g) = 0x%02X, expected 0x%02X\n", cases[i].f, c, cases[i].c);
+        CHECK(c == cases[i].c);
+    }
+    CHECK(kiln_f32_to_e4m3(NAN) == 0x7F);
+    CHECK(isnan(kiln_e4m3_to_f32(0x7F)) && isnan(kiln_e4m3_to_f32(0xFF)));
+    CHECK(kiln_e4m3_to_f32(0x7E) == 448.0f && kiln_e4m3_to_f32(0x01) == 0.001953125f);
+    int bad = 0;
+    for (int c = 0; c < 256; c++)
+        if ((c & 0x7F) != 0x7F)
+            bad += kiln_f32_to_e4m3(kiln_e4m3_to_f32((uint8_t)c)) != c;
+    CHECK(bad == 0);
+    /* values are increasing in the code: the rounding is to a neighbour */
+    for (int c = 0; c < 0x7E; c++)
+        CHECK(kiln_e4m3_to_f32((uint8_t)c) < kiln_e4m3_to_f32((uint8_t)(c + 1)));
+}
+
+static void check_fp8_plugin(kiln_dtype t, int32_t rows)
+{
+    const kiln_host_api *h = kiln_host();
+    int32_t n = 24, k = 160;
+    kiln_field f[2] = {fi32("n", &n), fi32("k", &k)};
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "Fp8MatMul", "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    CHECK(c != NULL);
+    if (!c || kiln_plugin_create(c, f, 2, &p) != KILN_OK) {
+        CHECK(0);
+        return;
+    }
+    uint8_t *w = malloc((size_t)n * k);
+    float *sw = malloc(sizeof(float) * n), *xf = malloc(sizeof(float) * rows * k), *y = malloc(sizeof(float) * rows * n);
+    uint16_t *xh = malloc(2 * (size_t)rows * k), *yh = malloc(2 * (size_t)rows * n);
+    for (int64_t i = 0; i < (int64_t)n * k; i++) {
+        w[i] = (uint8_t)next();
+        if ((w[i] & 0x7F) == 0x7F)
+            w[i] ^= 1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        sw[i] = uniform(0.001f, 0.01f);
+    for (int64_t i = 0; i < (int64_t)rows * k; i++) {
+        xf[i] = uniform(-2, 2);
+        if (t == KILN_DTYPE_BF16) {
+            xh[i] = h->float_to_bf16(xf[i]);
+            xf[i] = h->bf16_to_float(xh[i]);
+        }
+    }
+    for (int64_t i = 0; i < k; i++)
+        xf[i] = 0; /* a row of zeros: scale 0, output 0 */
+    if (t == KILN_DTYPE_BF16)
+        for (int64_t i = 0; i < k; i++)
+            xh[i] = 0;
+    kiln_tensor_desc d[4] = {desc2(t, rows, k), desc2(KILN_DTYPE_U8, n, k), desc2(KILN_DTYPE_F32, n, 1),
+                             desc2(t, rows, n)};
+    d[2].dims.rank = 1;
+    const void *in[3] = {t == KILN_DTYPE_F32 ? (const void *)xf : xh, w, sw};
+    void *out[1] = {t == KILN_DTYPE_F32 ? (void *)y : yh};
+    size_t wsz = p->ops->workspace_size(p, d, 3, d + 3, 1);
+    void *ws = malloc(wsz ? wsz : 1);
+    CHECK(p->ops->supports(p, KILN_BACKEND_CPU, d, 3, 1));
+    CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 3, d + 3, out, 1, ws, pool));
+    /* the definition: per-row scale max|x| / 448, x · 448 / max rounded to
+     * E4M3, products of the exact values, times both scales */
+    double diff = 0, ref = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        float a = 0;
+        for (int64_t i = 0; i < k; i++)
+            a = fabsf(xf[r * k + i]) > a ? fabsf(xf[r * k + i]) : a;
+        float inv = a > 0 ? 448.0f / a : 0.0f;
+        for (int64_t o = 0; o < n; o++) {
+            double acc = 0;
+            for (int64_t i = 0; i < k; i++)
+                acc += (double)kiln_e4m3_to_f32(kiln_f32_to_e4m3(xf[r * k + i] * inv)) * kiln_e4m3_to_f32(w[o * k + i]);
+            acc *= (double)(a / 448.0f) * sw[o];
+            double got = t == KILN_DTYPE_F32 ? y[r * n + o] : h->bf16_to_float(yh[r * n + o]);
+            if (r == 0)
+                CHECK(got == 0.0);
+            diff += (got - acc) * (got - acc);
+            ref += acc * acc;
+        }
+    }
+    double rel = sqrt(diff / ref), tol = t == KILN_DTYPE_F32 ? 1e-6 : 4e-3;
+    if (!(rel <= tol))
+        fprintf(stderr, "Fp8MatMul %s: relative error %.3g > %g\n", t == KILN_DTYPE_F32 ? "f32" : "bf16", rel, tol);
+    CHECK(rel <= tol);
+    free(w), free(sw), free(xf), free(y), free(xh), free(yh), free(ws);
+    p->ops->destroy(p);
+    /* k not a multiple of 16 is refused */
+    k = 40;
+    CHECK_FAILS(kiln_plugin_create(c, f, 2, &p), KILN_ERROR_INVALID_ARGUMENT, "multiple of 16");
+}
+
+static void test_fp8_plugin(void)
+{
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_OK(kiln_threadpool_create(2, &pool));
+    check_fp8_plugin(KILN_DTYPE_F32, 3);
+    check_fp8_plugin(KILN_DTYPE_BF16, 17);
+    kiln_threadpool_destroy(pool);
+    kiln_registry_destroy(reg);
+}
+
+static const test_case_ tests[] = {TEST(test_rtn), TEST(test_layouts), TEST(test_plugin), TEST(test_e4m3),
+                                   TEST(test_fp8_plugin)};
 TEST_MAIN(tests)

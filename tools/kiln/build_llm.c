@@ -28,7 +28,10 @@ static const char build_llm_help[] =
     "  --dtype T             f32, f16 or bf16: weights, activations, KV cache; native:\n"
     "                        the GGUF's Q8_0/Q4_0/Q4_1 matmul weights kept quantized, the\n"
     "                        rest f32 on the cpu, bf16 on cuda (the default for a .gguf;\n"
-    "                        otherwise f32 on the cpu, bf16 on cuda)\n"
+    "                        otherwise f32 on the cpu, bf16 on cuda); fp8: decoder\n"
+    "                        matmuls in FP8 E4M3 (weights scaled per output channel at\n"
+    "                        build, activations per token when run, kiln/Fp8MatMul),\n"
+    "                        the rest bf16 on cuda, f32 on the cpu\n"
     "  --weights W           int8: decoder matmul weights quantized at build to int8,\n"
     "                        a scale per output channel; int4: int4 with a scale and\n"
     "                        zero point per --weights-group values (default 128);\n"
@@ -140,9 +143,11 @@ int cli_build_llm(int argc, char **argv)
             out = val;
         } else if (!strcmp(o, "--dtype")) {
             opt.native = !strcmp(val, "native");
-            float_given = !opt.native;
+            float_given = !opt.native && strcmp(val, "fp8") != 0;
             if (opt.native)
                 opt.dtype = KILN_DTYPE_F32;
+            else if (!strcmp(val, "fp8"))
+                opt.weights = KILN_LLM_WEIGHTS_FP8;
             else if (!strcmp(val, "f32"))
                 opt.dtype = KILN_DTYPE_F32;
             else if (!strcmp(val, "f16"))
@@ -150,7 +155,7 @@ int cli_build_llm(int argc, char **argv)
             else if (!strcmp(val, "bf16"))
                 opt.dtype = KILN_DTYPE_BF16;
             else {
-                status = cli_usage("build", "unknown --dtype \"%s\" (native, f32, f16 or bf16)", val);
+                status = cli_usage("build", "unknown --dtype \"%s\" (native, f32, f16, bf16 or fp8)", val);
                 goto done;
             }
         } else if (!strcmp(o, "--weights")) {
