@@ -70,8 +70,9 @@ static inline size_t kiln_fp8_workspace_result(int64_t rows, int64_t k)
 static inline size_t kiln_fp8_workspace(int64_t rows, int64_t n, int64_t k)
 {
     size_t b = kiln_fp8_workspace_result(rows, k);
-    return rows > KILN_FP8_GEMV_MAX_ROWS ? b + kiln_fp8_align((size_t)(rows * n) * sizeof(float)) + KILN_FP8_LT_WORKSPACE
-                                         : b;
+    return rows > KILN_FP8_GEMV_MAX_ROWS
+               ? b + kiln_fp8_align((size_t)(rows * n) * sizeof(float)) + KILN_FP8_LT_WORKSPACE
+               : b;
 }
 
 /* Sets up the process's cuBLASLt handle for the FP8 GEMM once; 0 when it

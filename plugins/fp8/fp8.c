@@ -145,8 +145,8 @@ static kiln_status fp8_enqueue(kiln_plugin *self, kiln_backend backend, const ki
 {
     const fp8_params *p = &((const fp8mm *)self)->p;
     const kiln_dims *xd = &in_desc[0].dims;
-    if (n_in != 3 || xd->rank < 1 || xd->d[xd->rank - 1] != p->k || plugin_desc_count(&in_desc[1]) != (int64_t)p->n * p->k ||
-        plugin_desc_count(&in_desc[2]) != p->n)
+    if (n_in != 3 || xd->rank < 1 || xd->d[xd->rank - 1] != p->k ||
+        plugin_desc_count(&in_desc[1]) != (int64_t)p->n * p->k || plugin_desc_count(&in_desc[2]) != p->n)
         return host->fail(KILN_ERROR_SHAPE, NAME ": x's last dim must be k = %d, w [%d, %d], w_scale [%d]", p->k, p->n,
                           p->k, p->n);
     kiln_dtype t = in_desc[0].dtype;

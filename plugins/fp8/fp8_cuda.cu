@@ -172,8 +172,8 @@ template <int XT, int M>
 cudaError_t fp8_gemv(const uint8_t *xq, const float *sx, const uint8_t *w, const float *sw, void *y, int32_t m,
                      int32_t n, int32_t k, cudaStream_t s)
 {
-    return kcu_launch_cfg(fp8_gemv_kernel<XT, M>, dim3((unsigned)(((int64_t)n + kRows - 1) / kRows)),
-                          dim3(kWarps * 32), s, xq, sx, w, sw, y, m, n, k);
+    return kcu_launch_cfg(fp8_gemv_kernel<XT, M>, dim3((unsigned)(((int64_t)n + kRows - 1) / kRows)), dim3(kWarps * 32),
+                          s, xq, sx, w, sw, y, m, n, k);
 }
 
 /* Rows [0, rows) in groups of up to 8 through the GEMV; y's rows are n

@@ -51,8 +51,7 @@ static kiln_status woq_new(const woq_params *p, kiln_plugin **out)
                           p->n, p->k);
     if (p->group <= 0 || p->group % 32 != 0 || p->k % p->group != 0)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
-                          NAME ": group_size %d must be a positive multiple of 32 that divides k = %d", p->group,
-                          p->k);
+                          NAME ": group_size %d must be a positive multiple of 32 that divides k = %d", p->group, p->k);
     woq *w = calloc(1, sizeof *w);
     if (!w)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -75,9 +74,7 @@ static kiln_status woq_output_shapes(const kiln_plugin *self, const kiln_shape_e
     if (n_in != woq_n_inputs(p) || in[0].rank < 1)
         return host->fail(KILN_ERROR_SHAPE, NAME ": %d bits expects x [..., K], q, scales%s", p->bits,
                           p->bits == 4 ? " and zeros" : "");
-    const int64_t want[3][2] = {{p->n, (int64_t)p->k * p->bits / 8},
-                                {p->n, p->k / p->group},
-                                {p->n, p->k / p->group}};
+    const int64_t want[3][2] = {{p->n, (int64_t)p->k * p->bits / 8}, {p->n, p->k / p->group}, {p->n, p->k / p->group}};
     const char *names[3] = {"q", "scales", "zeros"};
     int64_t v;
     if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &v) && v != p->k)

@@ -39,7 +39,7 @@ KILN_HD uint8_t kiln_f32_to_e4m3(float f)
     if (a < 0.015625f) /* below 2^-6: subnormal steps of 2^-9 (8 steps reach 2^-6, code 0x08) */
         return s | (uint8_t)rintf(a * 512.0f);
     int e;
-    frexpf(a, &e);                     /* a = m · 2^e, m in [0.5, 1): a in [2^(e-1), 2^e) */
+    frexpf(a, &e);                        /* a = m · 2^e, m in [0.5, 1): a in [2^(e-1), 2^e) */
     int q = (int)rintf(ldexpf(a, 4 - e)); /* 8..16 steps of 2^(e-4) */
     if (q == 16)
         q = 8, e++;

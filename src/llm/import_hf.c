@@ -449,8 +449,8 @@ static kiln_status parse_quant_config(const char *text, size_t len, const char *
         goto done;
     }
     if (strcmp(method, "awq") != 0 && strcmp(method, "gptq") != 0) {
-        st = kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: quantization_config.quant_method \"%s\" is not supported (awq, gptq)",
-                       what, method);
+        st = kiln_fail(KILN_ERROR_UNSUPPORTED,
+                       "%s: quantization_config.quant_method \"%s\" is not supported (awq, gptq)", what, method);
         goto done;
     }
     int awq = strcmp(method, "awq") == 0;

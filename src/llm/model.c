@@ -315,8 +315,9 @@ static kiln_status woq_weight(builder *b, const char *wname, int64_t n, int64_t 
         if (st == KILN_OK) {
             if (w->n != n || w->k != k) {
                 kiln_woq_free(w);
-                return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" is quantized as [%lld, %lld], the config says [%lld, %lld]",
-                                 wname, (long long)w->n, (long long)w->k, (long long)n, (long long)k);
+                return kiln_fail(KILN_ERROR_SHAPE,
+                                 "tensor \"%s\" is quantized as [%lld, %lld], the config says [%lld, %lld]", wname,
+                                 (long long)w->n, (long long)w->k, (long long)n, (long long)k);
             }
             *got = 1;
             return KILN_OK;
@@ -383,8 +384,8 @@ static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_
     /* dims bounded by config validation */
     uint8_t *codes = malloc((size_t)(rows * in_dim));
     float *scales = malloc((size_t)rows * sizeof(float)), *f = malloc((size_t)(maxr * in_dim) * sizeof(float));
-    kiln_status st = codes && scales && f ? KILN_OK
-                                          : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\"", cname);
+    kiln_status st =
+        codes && scales && f ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\"", cname);
     for (int32_t i = 0, at = 0; i < n_parts && st == KILN_OK; at += (int32_t)out_dim[i], i++) {
         st = read_weight_into(b, wname[i], 2, out_dim[i], in_dim, KILN_DTYPE_F32, f,
                               (size_t)(out_dim[i] * in_dim) * sizeof(float));

@@ -15,8 +15,9 @@ kiln_status kiln_woq_alloc(kiln_woq_weight *w, int32_t bits, int32_t group, int6
     if (bits != 8 && bits != 4)
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: %d-bit weights are not supported (8 or 4)", what, bits);
     if (n <= 0 || k <= 0 || k % 32 != 0 || n > (1 << 30) || k > (1 << 30))
-        return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: shape [%lld, %lld] cannot be quantized: k must be a multiple of 32",
-                         what, (long long)n, (long long)k);
+        return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                         "%s: shape [%lld, %lld] cannot be quantized: k must be a multiple of 32", what, (long long)n,
+                         (long long)k);
     if (group <= 0 || group % 32 != 0 || k % group != 0)
         return kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: group size %d must be a multiple of 32 that divides %lld", what,
                          group, (long long)k);
@@ -97,8 +98,8 @@ kiln_status kiln_woq_quantize(const float *src, int64_t n, int64_t k, int32_t bi
 
 static const int awq_order[8] = {0, 2, 4, 6, 1, 3, 5, 7};
 
-kiln_status kiln_woq_from_awq(const int32_t *qweight, const int32_t *qzeros, const float *scales, int64_t n,
-                              int64_t k, int32_t group, const char *what, kiln_woq_weight *out)
+kiln_status kiln_woq_from_awq(const int32_t *qweight, const int32_t *qzeros, const float *scales, int64_t n, int64_t k,
+                              int32_t group, const char *what, kiln_woq_weight *out)
 {
     if (n % 8 != 0)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: AWQ output features %lld are not a multiple of 8", what, (long long)n);
@@ -124,13 +125,13 @@ kiln_status kiln_woq_from_awq(const int32_t *qweight, const int32_t *qzeros, con
     return KILN_OK;
 }
 
-kiln_status kiln_woq_from_gptq(const int32_t *qweight, const int32_t *qzeros, const float *scales,
-                               const int32_t *g_idx, int64_t n, int64_t k, int32_t group, int32_t n_groups,
-                               int32_t zero_offset, const char *what, kiln_woq_weight *out)
+kiln_status kiln_woq_from_gptq(const int32_t *qweight, const int32_t *qzeros, const float *scales, const int32_t *g_idx,
+                               int64_t n, int64_t k, int32_t group, int32_t n_groups, int32_t zero_offset,
+                               const char *what, kiln_woq_weight *out)
 {
     if (n % 8 != 0 || k % 8 != 0)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: GPTQ shape [%lld, %lld] is not in multiples of 8", what,
-                         (long long)n, (long long)k);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: GPTQ shape [%lld, %lld] is not in multiples of 8", what, (long long)n,
+                         (long long)k);
     if (k / group != n_groups)
         return kiln_fail(KILN_ERROR_FORMAT, "%s: GPTQ has %d groups, %lld inputs in groups of %d make %lld", what,
                          n_groups, (long long)k, group, (long long)(k / group));

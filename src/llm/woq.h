@@ -9,12 +9,12 @@
 
 /* One weight [n, k] in WeightOnlyMatMul's layout. */
 typedef struct kiln_woq_weight {
-    int32_t bits;    /* 8: w = s · q (q int8); 4: w = s · (q − z) */
-    int32_t group;   /* values of a row per scale: a multiple of 32 dividing k */
-    int64_t n, k;    /* k a multiple of 32 */
-    uint8_t *q;      /* [n, k · bits / 8]; 4 bits: value 2j in the low nibble of byte j */
-    float *scales;   /* [n, k / group] */
-    uint8_t *zeros;  /* [n, k / group], 0..15 (16 from a GPTQ v1 file); NULL for 8 bits */
+    int32_t bits;   /* 8: w = s · q (q int8); 4: w = s · (q − z) */
+    int32_t group;  /* values of a row per scale: a multiple of 32 dividing k */
+    int64_t n, k;   /* k a multiple of 32 */
+    uint8_t *q;     /* [n, k · bits / 8]; 4 bits: value 2j in the low nibble of byte j */
+    float *scales;  /* [n, k / group] */
+    uint8_t *zeros; /* [n, k / group], 0..15 (16 from a GPTQ v1 file); NULL for 8 bits */
 } kiln_woq_weight;
 
 /* Allocates the arrays of a weight (zeroed), checking bits, group and
@@ -41,8 +41,8 @@ kiln_status kiln_woq_quantize(const float *w, int64_t n, int64_t k, int32_t bits
  * output columns per word in the nibble order 0, 2, 4, 6, 1, 3, 5, 7
  * (nibble i, bits 4i, holds column 8c + order[i]); scales [k / group, n]
  * as f32 (converted by the caller from the file's f16). w = s · (q − z). */
-kiln_status kiln_woq_from_awq(const int32_t *qweight, const int32_t *qzeros, const float *scales, int64_t n,
-                              int64_t k, int32_t group, const char *what, kiln_woq_weight *out);
+kiln_status kiln_woq_from_awq(const int32_t *qweight, const int32_t *qzeros, const float *scales, int64_t n, int64_t k,
+                              int32_t group, const char *what, kiln_woq_weight *out);
 
 /* GPTQ's layout ("quant_method": "gptq", bits 4): qweight int32 [k / 8, n]
  * packed along k (nibble j of row r is input 8r + j), qzeros int32
@@ -52,9 +52,9 @@ kiln_status kiln_woq_from_awq(const int32_t *qweight, const int32_t *qzeros, con
  * group. zero_offset is 1 for the original ("gptq", v1) checkpoint format,
  * which stores z − 1, and 0 for "gptq_v2". w = s · (q − z). Inputs whose
  * g_idx does not follow i / group (act-order checkpoints) are refused. */
-kiln_status kiln_woq_from_gptq(const int32_t *qweight, const int32_t *qzeros, const float *scales,
-                               const int32_t *g_idx, int64_t n, int64_t k, int32_t group, int32_t n_groups,
-                               int32_t zero_offset, const char *what, kiln_woq_weight *out);
+kiln_status kiln_woq_from_gptq(const int32_t *qweight, const int32_t *qzeros, const float *scales, const int32_t *g_idx,
+                               int64_t n, int64_t k, int32_t group, int32_t n_groups, int32_t zero_offset,
+                               const char *what, kiln_woq_weight *out);
 
 /* FP8 E4M3 weights for kiln/Fp8MatMul (plugins/fp8/fp8.c): per output
  * channel r, scales[r] = max|w[r, :]| / 448 and codes[r, i] =

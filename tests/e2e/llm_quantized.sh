@@ -11,6 +11,9 @@
 #    tiny Llama: LLMC lists the formats, the engines are smaller, and their
 #    logits stay close to the f32 engine's (mean KL below 0.01 nats for
 #    int8, below 1 for int4 in groups of 32 on this random model);
+#  - kiln build --dtype fp8 (E4M3 weights per channel, activations per
+#    token): LLMC lists fp8, and the logits stay within a mean KL of 0.3
+#    nats of the f32 engine's on this random model;
 #  - a checkpoint kiln cannot read as stored is refused with its reason.
 set -u
 source "$(dirname "$0")/common.bash"
@@ -66,6 +69,11 @@ expect_ok "int8 perplexity" "$KILN" perplexity "$TMP/int8.engine" "$TEXT" --wind
 compare_json "int8 against f32" 0.01 0.9
 expect_ok "int4 perplexity" "$KILN" perplexity "$TMP/int4.engine" "$TEXT" --window 128 --compare "$TMP/f32.engine" --json
 compare_json "int4 against f32" 1.0 0.4
+
+expect_ok "fp8 build" "$KILN" build "$D/llama" -o "$TMP/fp8.engine" --dtype fp8
+expect_stdout "fp8 listed" "f32 with matmul weights fp8,"
+expect_ok "fp8 perplexity" "$KILN" perplexity "$TMP/fp8.engine" "$TEXT" --window 128 --compare "$TMP/f32.engine" --json
+compare_json "fp8 against f32" 0.3 0.6
 
 expect_error 2 "unknown --weights" "--weights|int3" "$KILN" build "$D/llama" -o "$TMP/x.engine" --weights int3
 expect_error 1 "int4 group not a multiple of 32" "group size 48" "$KILN" build "$D/llama" -o "$TMP/x.engine" \

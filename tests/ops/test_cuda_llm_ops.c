@@ -40,7 +40,7 @@
 static kiln_cuda_device *dev;
 static cudaStream_t stream;
 static kiln_registry *reg;
-static int use_graph; /* run_both enqueues inside a stream capture, then replays it */
+static int use_graph;    /* run_both enqueues inside a stream capture, then replays it */
 static double tol_floor; /* > 0: the least tolerance run_both uses */
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
@@ -688,8 +688,8 @@ static void test_graph_capture(void)
     use_graph = 0;
 }
 
-static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul),
-                                   TEST(test_woq),     TEST(test_fp8),   TEST(test_graph_capture)};
+static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu),       TEST(test_qmatmul),
+                                   TEST(test_woq),     TEST(test_fp8),  TEST(test_graph_capture)};
 
 int main(void)
 {

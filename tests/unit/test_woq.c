@@ -84,7 +84,7 @@ static void test_layouts(void)
     float sc[16];
     for (int i = 0; i < 16; i++)
         sc[i] = 0.5f + (float)i;
-    qw[3 * 2 + 1] = 5 << 4;   /* input 3, word 1, nibble 1: output 8 + 2 */
+    qw[3 * 2 + 1] = 5 << 4;      /* input 3, word 1, nibble 1: output 8 + 2 */
     qz[0] = (int32_t)(9u << 28); /* word 0, nibble 7: output 7 */
     kiln_woq_weight w;
     CHECK_OK(kiln_woq_from_awq(qw, qz, sc, n, k, 32, "awq", &w));
@@ -108,8 +108,7 @@ static void test_layouts(void)
     CHECK(w.zeros[3] == 6 && w.zeros[0] == 0);
     kiln_woq_free(&w);
     gidx[31] = 1;
-    CHECK_FAILS(kiln_woq_from_gptq(gq, gz, sc, gidx, n, k, 32, 1, 1, "act", &w), KILN_ERROR_UNSUPPORTED,
-                "desc_act");
+    CHECK_FAILS(kiln_woq_from_gptq(gq, gz, sc, gidx, n, k, 32, 1, 1, "act", &w), KILN_ERROR_UNSUPPORTED, "desc_act");
 }
 
 static kiln_tensor_desc desc2(kiln_dtype t, int64_t a, int64_t b)
@@ -222,9 +221,9 @@ static void test_e4m3(void)
     const struct {
         float f;
         uint8_t c;
-    } cases[] = {{448.0f, 0x7E},   {1.0f, 0x38},         {0.5f, 0x30},     {0.015625f, 0x08}, {0.001953125f, 0x01},
-                 {1.0625f, 0x38},  {1.1875f, 0x3A},      {-3.0f, 0xC4},    {500.0f, 0x7E},    {-1e9f, 0xFE},
-                 {0.0009765625f, 0x00}, {0.0029296875f, 0x02}, {240.0f, 0x77}, {-0.0f, 0x80},  {0.0f, 0x00}};
+    } cases[] = {{448.0f, 0x7E},        {1.0f, 0x38},          {0.5f, 0x30},   {0.015625f, 0x08}, {0.001953125f, 0x01},
+                 {1.0625f, 0x38},       {1.1875f, 0x3A},       {-3.0f, 0xC4},  {500.0f, 0x7E},    {-1e9f, 0xFE},
+                 {0.0009765625f, 0x00}, {0.0029296875f, 0x02}, {240.0f, 0x77}, {-0.0f, 0x80},     {0.0f, 0x00}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         uint8_t c = kiln_f32_to_e4m3(cases[i].f);
         if (c != cases[i].c)
@@ -257,7 +256,8 @@ static void check_fp8_plugin(kiln_dtype t, int32_t rows)
         return;
     }
     uint8_t *w = malloc((size_t)n * k);
-    float *sw = malloc(sizeof(float) * n), *xf = malloc(sizeof(float) * rows * k), *y = malloc(sizeof(float) * rows * n);
+    float *sw = malloc(sizeof(float) * n), *xf = malloc(sizeof(float) * rows * k),
+          *y = malloc(sizeof(float) * rows * n);
     uint16_t *xh = malloc(2 * (size_t)rows * k), *yh = malloc(2 * (size_t)rows * n);
     for (int64_t i = 0; i < (int64_t)n * k; i++) {
         w[i] = (uint8_t)next();

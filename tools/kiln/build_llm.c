@@ -49,8 +49,9 @@ static const char build_llm_help[] =
     "  -h, --help            show this help\n";
 
 static const char *const llm_valued[] = {
-    "-o",          "--output",  "--dtype",   "--max-batch",         "--max-seq-len", "--max-tokens", "--block-size",
-    "--tokenizer", "--plugins", "--backend", "--weights", "--weights-group", NULL};
+    "-o",           "--output",        "--dtype",     "--max-batch", "--max-seq-len",
+    "--max-tokens", "--block-size",    "--tokenizer", "--plugins",   "--backend",
+    "--weights",    "--weights-group", NULL};
 
 static int ends_with(const char *s, const char *suffix)
 {
