@@ -54,7 +54,6 @@ void kiln_llm_build_options_init(kiln_llm_build_options *opt)
     opt->max_batch = 8;
     opt->block_size = 16;
     opt->backend = KILN_BACKEND_CPU;
-    opt->weights_group = 128;
 }
 
 kiln_status kiln_llm_config_validate(const kiln_llm_config *c)
@@ -333,10 +332,11 @@ static kiln_status woq_weight(builder *b, const char *wname, int64_t n, int64_t 
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\"", wname);
     kiln_status st = read_weight_into(b, wname, 2, n, k, KILN_DTYPE_F32, f, (size_t)n * (size_t)k * sizeof(float));
     int bits = b->opt->weights == KILN_LLM_WEIGHTS_INT8 ? 8 : 4;
-    /* a group that does not divide k (SmolLM2's 576 in groups of 128)
+    /* the default group: a whole row for int8, 128 for int4; one that
+     * does not divide k (SmolLM2's 576 in groups of 128)
      * shrinks to the largest multiple of 32 that does: LLMC's
      * `quantized` lists each size used */
-    int32_t group = bits == 8 ? (int32_t)k : b->opt->weights_group;
+    int32_t group = b->opt->weights_group > 0 ? b->opt->weights_group : bits == 8 ? (int32_t)k : 128;
     while (k % group != 0)
         group -= 32;
     if (st == KILN_OK)
@@ -472,7 +472,10 @@ static kiln_status woq_matmul(builder *b, const char *const *wname, const int64_
         st = plugin(b, lname, "WeightOnlyMatMul", fields, 4, in, bits == 4 ? 4 : 3, y);
     if (st == KILN_OK) {
         char fmt[32], *q = b->ck->config.quantized;
-        snprintf(fmt, sizeof fmt, bits == 8 ? "int8" : "int4-g%d", group);
+        if (bits == 8 && group == k)
+            snprintf(fmt, sizeof fmt, "int8");
+        else
+            snprintf(fmt, sizeof fmt, "int%d-g%d", bits, group);
         if (!strstr(q, fmt))
             snprintf(q + strlen(q), sizeof b->ck->config.quantized - strlen(q), "%s%s", q[0] ? "," : "", fmt);
         *done = 1;
@@ -812,8 +815,8 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     if (o.weights < KILN_LLM_WEIGHTS_DTYPE || o.weights > KILN_LLM_WEIGHTS_FP8)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weights %d is not dtype, int8, int4 or fp8",
                          o.weights);
-    if (o.weights == KILN_LLM_WEIGHTS_INT4 && (o.weights_group <= 0 || o.weights_group % 32 != 0))
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: int4 group size %d is not a positive multiple of 32",
+    if (o.weights_group < 0 || o.weights_group % 32 != 0)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weight group size %d is not a positive multiple of 32",
                          o.weights_group);
     if (o.max_seq_len <= 0) {
         int64_t m = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
