@@ -218,12 +218,12 @@ static kiln_status plugin(builder *b, const char *name, const char *plugin_name,
     return plugin_n(b, name, plugin_name, fields, nf, in, n_in, out, 1);
 }
 
-/* Formats kiln/QuantMatMul reads (its CUDA kernels the first three only). */
+/* Formats kiln/QuantMatMul reads, and whether its CUDA kernels do. */
 static const struct {
     uint32_t type;
     int cuda;
 } quant_formats[] = {{KILN_GGML_Q8_0, 1}, {KILN_GGML_Q4_0, 1}, {KILN_GGML_Q4_1, 1}, {KILN_GGML_Q5_0, 0},
-                     {KILN_GGML_Q5_1, 0}, {KILN_GGML_Q4_K, 0}, {KILN_GGML_Q5_K, 0}, {KILN_GGML_Q6_K, 0},
+                     {KILN_GGML_Q5_1, 0}, {KILN_GGML_Q4_K, 1}, {KILN_GGML_Q5_K, 1}, {KILN_GGML_Q6_K, 1},
                      {KILN_GGML_F16, 0},  {KILN_GGML_BF16, 0}};
 
 /* Appends `name` to the comma-separated list `list` (cap bytes) unless there. */

@@ -5,7 +5,8 @@
  * RMSNorm and AddRMSNorm, RoPE (no/linear/llama3 scaling, half-split and
  * interleaved pairs, partial rotary, the packed qkv row, in place), SwiGLU
  * (apart and packed), QuantMatMul (Q8_0, Q4_0, Q4_1; T = 1 … 512; k a
- * multiple of 256, where the GEMV loads 16 bytes at a time, and not),
+ * multiple of 256, where the GEMV loads 16 bytes at a time, and not; the K
+ * formats Q4_K, Q5_K, Q6_K, T = 1 … 200),
  * WeightOnlyMatMul (int8 and int4, per channel and in groups; T = 1 … 64,
  * the GEMV up to 8 rows and the tiled kernel past it), Fp8MatMul (the
  * per-token quantization, the GEMV up to 8 rows, cuBLASLt's FP8 GEMM past
@@ -435,6 +436,68 @@ static buf random_blocks(const qfmt *f, int32_t n, int32_t k)
     return b;
 }
 
+/* n rows of k / 256 K-format super-blocks: random bytes (quants, packed
+ * sub-scales, Q6_K's int8 sub-scales) with f16 super-block scales of
+ * trained magnitudes (Q4_K/Q5_K: d, dmin at bytes 0-3; Q6_K: d last). */
+static buf random_kblocks(const qfmt *f, int32_t n, int32_t k)
+{
+    const kiln_host_api *h = kiln_host();
+    int64_t row = (int64_t)(k / 256) * (int64_t)f->block_bytes;
+    buf b = buf_new(KILN_DTYPE_U8, n, row);
+    uint8_t *p = b.host;
+    for (int64_t i = 0; i < (int64_t)n * (k / 256); i++) {
+        uint8_t *blk = p + i * (int64_t)f->block_bytes;
+        for (size_t j = 0; j < f->block_bytes; j++)
+            blk[j] = (uint8_t)rng_next();
+        size_t at = f->block_bytes == 210 ? 208 : 0;
+        uint16_t d = h->float_to_half(rng_float(0.0005f, 0.003f));
+        blk[at] = (uint8_t)d, blk[at + 1] = (uint8_t)(d >> 8);
+        if (f->has_min) {
+            uint16_t m = h->float_to_half(rng_float(0.0005f, 0.003f));
+            blk[2] = (uint8_t)m, blk[3] = (uint8_t)(m >> 8);
+        }
+    }
+    buf_upload(&b);
+    return b;
+}
+
+/* The K formats: k a multiple of 256; the K GEMV up to 16 rows (in groups
+ * of 8) and the tiled kernel past it. */
+static void test_qmatmul_k(void)
+{
+    const qfmt fmts[] = {{"Q4_K", 144, 1}, {"Q5_K", 176, 1}, {"Q6_K", 210, 0}};
+    const int32_t shapes[][2] = {{7, 256}, {257, 2048}, {130, 4352}};
+    const int64_t ts[] = {1, 3, 9, 16, 17, 200};
+    for (size_t fi = 0; fi < 3; fi++)
+        for (size_t si = 0; si < 3; si++) {
+            int32_t n = shapes[si][0], k = shapes[si][1];
+            kiln_field f[3] = {fstr("format", fmts[fi].name), fi32("n", &n), fi32("k", &k)};
+            kiln_plugin *p = make("QuantMatMul", f, 3);
+            if (!p)
+                continue;
+            buf w = random_kblocks(&fmts[fi], n, k);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+                    kiln_dtype t = float_types[ti];
+                    int64_t rows = ts[ri];
+                    buf in[2] = {buf_random(t, rows, k, -1, 1), w};
+                    buf out = buf_output(t, rows, n);
+                    kiln_tensor_desc d[3] = {in[0].desc, w.desc, out.desc};
+                    size_t wsz = p->ops->workspace_size ? p->ops->workspace_size(p, d, 2, d + 2, 1) : 0;
+                    void *ws = malloc(wsz ? wsz : 1);
+                    char what[96];
+                    snprintf(what, sizeof what, "QuantMatMul %s %s T %lld n %d k %d", fmts[fi].name, dtype_name(t),
+                             (long long)rows, n, k);
+                    run_both(what, p, in, 2, &out, 1, ws);
+                    free(ws);
+                    buf_free(&in[0]);
+                    buf_free(&out);
+                }
+            buf_free(&w);
+            p->ops->destroy(p);
+        }
+}
+
 static void test_qmatmul(void)
 {
     const qfmt fmts[] = {{"Q8_0", 34, 0}, {"Q4_0", 18, 0}, {"Q4_1", 20, 1}};
@@ -689,7 +752,7 @@ static void test_graph_capture(void)
 }
 
 static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu),       TEST(test_qmatmul),
-                                   TEST(test_woq),     TEST(test_fp8),  TEST(test_graph_capture)};
+                                   TEST(test_qmatmul_k),     TEST(test_woq),     TEST(test_fp8),  TEST(test_graph_capture)};
 
 int main(void)
 {
