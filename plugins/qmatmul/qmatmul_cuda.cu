@@ -243,7 +243,8 @@ __global__ void __launch_bounds__(256)
             }
             for (int e = tid; e < 32 * QMM_TILE; e += 256) {
                 int c = e / 32, j = e % 32;
-                ws[j][c] = c0 + c < n ? qmm_weight_at<TYPE>(w + (size_t)(c0 + c) * row_bytes, (int64_t)b * 32 + j) : 0.0f;
+                ws[j][c] =
+                    c0 + c < n ? qmm_weight_at<TYPE>(w + (size_t)(c0 + c) * row_bytes, (int64_t)b * 32 + j) : 0.0f;
             }
             __syncthreads();
 #pragma unroll 8
@@ -277,8 +278,8 @@ __global__ void __launch_bounds__(256)
  * through L1 rather than staged with vector loads. */
 #define QMM_KROWS 8
 template <int TYPE, int XT>
-__global__ void __launch_bounds__(128) qmm_kgemv_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n,
-                                                        int k)
+__global__ void __launch_bounds__(128)
+    qmm_kgemv_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k)
 {
     constexpr int BB = qmm_fmt<TYPE>::bytes;
     kcu_after_prior(x, w, rows, n);

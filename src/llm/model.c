@@ -837,8 +837,8 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weights %d is not dtype, int8, int4 or fp8",
                          o.weights);
     if (o.weights_group < 0 || o.weights_group % 32 != 0)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weight group size %d is not a positive multiple of 32",
-                         o.weights_group);
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "LLM build: weight group size %d is not a positive multiple of 32", o.weights_group);
     if (o.max_seq_len <= 0) {
         int64_t m = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
         o.max_seq_len = (int32_t)(m < 4096 ? m : 4096);

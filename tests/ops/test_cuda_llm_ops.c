@@ -751,8 +751,8 @@ static void test_graph_capture(void)
     use_graph = 0;
 }
 
-static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu),       TEST(test_qmatmul),
-                                   TEST(test_qmatmul_k),     TEST(test_woq),     TEST(test_fp8),  TEST(test_graph_capture)};
+static const test_case_ tests[] = {TEST(test_rmsnorm),   TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul),
+                                   TEST(test_qmatmul_k), TEST(test_woq),  TEST(test_fp8),    TEST(test_graph_capture)};
 
 int main(void)
 {
