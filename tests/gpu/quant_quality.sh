@@ -4,6 +4,7 @@
 # the fixed English text (tests/data/text), perplexity and argmax
 # agreement against the unquantized engine, against the issue's bars:
 #   int8 weight-only (per channel)     perplexity within 0.5%
+#   (int8 in groups of 128, the same bar, for comparison)
 #   int4 weight-only (groups of 128)   perplexity within 5%
 #   fp8 W8A8 (--dtype fp8)             perplexity within 1%, argmax agreement >= 95%
 #
@@ -28,11 +29,14 @@ if ! build -o "$work/q-ref.engine" >&2; then
     printf 'quant quality: %s reference engine\tFAIL (kiln build)\n' "$dtype"
     exit 1
 fi
-for fmt in int8:0.005:0 int4:0.05:0 fp8:0.01:0.95; do
+# int8-g128: int8 with a scale per 128 inputs instead of per channel
+for fmt in int8:0.005:0 int8-g128:0.005:0 int4:0.05:0 fp8:0.01:0.95; do
     IFS=: read -r w bar agree <<<"$fmt"
     name="quant quality: $w weight-only ($backend)"
     flags=(--weights "$w")
-    if [ "$w" = fp8 ]; then
+    if [ "$w" = int8-g128 ]; then
+        flags=(--weights int8 --weights-group 128)
+    elif [ "$w" = fp8 ]; then
         name="quant quality: fp8 W8A8 ($backend)"
         flags=(--dtype fp8)
     fi
