@@ -103,6 +103,8 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     for (int32_t b = 0; b < st->n_blocks; b++)
         st->block_table[b] = b;
     KILN_TRY(kiln_context_create(llm->engine, &st->ctx));
+    if (llm->own_threads > 0)
+        KILN_TRY(kiln_context_set_threads(st->ctx, llm->own_threads));
     kiln_dims kd = {.rank = 5, .d = {st->n_blocks, 2, c->n_kv_heads, c->block_size, c->head_dim}};
     char name[32];
     for (int32_t l = 0; l < c->n_layers; l++) {

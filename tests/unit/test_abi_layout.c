@@ -196,8 +196,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_options, reserved, 20);
     CHECK_OFFSET(kiln_llm_options, kv_cache_fraction, 24);
     CHECK_OFFSET(kiln_llm_options, no_cuda_graphs, 28);
-    CHECK_SIZE(kiln_llm_options, 32);
-    CHECK_ENDS_AT(kiln_llm_options, no_cuda_graphs);
+    CHECK_OFFSET(kiln_llm_options, n_threads, 32);
+    CHECK_OFFSET(kiln_llm_options, reserved2, 36);
+    CHECK_SIZE(kiln_llm_options, 40);
+    CHECK_ENDS_AT(kiln_llm_options, reserved2);
     CHECK_INIT(kiln_llm_options, kiln_llm_options_init);
 
     CHECK_OFFSET(kiln_llm_info, struct_size, 0);
@@ -221,8 +223,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_info, n_graphs, 92);
     CHECK_OFFSET(kiln_llm_info, graph_capture_ms, 96);
     CHECK_OFFSET(kiln_llm_info, graph_nodes, 104);
-    CHECK_SIZE(kiln_llm_info, 112);
-    CHECK_ENDS_AT(kiln_llm_info, graph_nodes);
+    CHECK_OFFSET(kiln_llm_info, n_threads, 112);
+    CHECK_OFFSET(kiln_llm_info, reserved, 116);
+    CHECK_SIZE(kiln_llm_info, 120);
+    CHECK_ENDS_AT(kiln_llm_info, reserved);
 
     CHECK_OFFSET(kiln_llm_sampling, struct_size, 0);
     CHECK_OFFSET(kiln_llm_sampling, abi_version, 4);
