@@ -26,7 +26,8 @@
  * packed_qkv) is still read.
  *
  * The new token j of sequence s sits at position seq_lens[s] - n_new + j and
- * sees positions 0..itself. Softmax runs online in f32 (no scratch memory).
+ * sees positions 0..itself. Softmax runs online in f32 over tiles of keys
+ * (no scratch memory); tasks of (token, head) are spread over the pool.
  *
  * CUDA (attention_cuda.cu, when built with nvcc): the same semantics for
  * f32, f16 and bf16 with the cache in the dtype of q; decode splits long
@@ -207,9 +208,9 @@ static void attn_append(void *arg, int64_t begin, int64_t end)
     }
 }
 
-/* q · k over an f32 cache row: eight partial sums, which the compiler
- * keeps in vector registers (an in-order sum cannot be vectorized). */
-static float dot_f32(const float *q, const float *k, int64_t n)
+/* q · k over one cache row: eight partial sums, which the compiler keeps
+ * in vector registers (an in-order sum cannot be vectorized). */
+static inline float dot_row(const float *q, const float *k, int64_t n)
 {
     float part[8] = {0};
     int64_t d = 0;
@@ -221,51 +222,81 @@ static float dot_f32(const float *q, const float *k, int64_t n)
     return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
 }
 
-static void attn_heads(void *arg, int64_t begin, int64_t end)
+/* acc += w * v, eight at a time: at -O2 the compiler vectorizes straight
+ * runs of eight (as in dot_row), not a loop of unknown length. */
+static inline void axpy_row(float *restrict acc, float w, const float *restrict v, int64_t n)
+{
+    int64_t d = 0;
+    for (; d + 8 <= n; d += 8)
+        for (int i = 0; i < 8; i++)
+            acc[d + i] += w * v[d + i];
+    for (; d < n; d++)
+        acc[d] += w * v[d];
+}
+
+/* Cache row `base` as f32: in place, or widened into buf. */
+static inline const float *cache_row(const attn_job *j, int64_t base, float *buf)
+{
+    if (j->ct == KILN_DTYPE_F32)
+        return (const float *)j->cache + base;
+    for (int64_t d = 0; d < j->p->head_dim; d++)
+        buf[d] = plugin_load(host, j->cache, j->ct, base + d);
+    return buf;
+}
+
+/* Keys scored at once: their scores stay on the stack, the running max
+ * and the rescale of the accumulator move once per tile, not per key, and
+ * a tile never crosses a cache block (its rows are contiguous). */
+#define ATTN_TILE 32
+
+/* One (token, query head) per task: for a decode step that is n_heads
+ * tasks per sequence, enough to keep a few cores busy (a task per kv head
+ * would leave cores idle for models with few of them); the group's query
+ * heads read the same k/v rows, which stay in cache between them. */
+PLUGIN_SIMD static void attn_heads(void *arg, int64_t begin, int64_t end)
 {
     const attn_job *j = arg;
     const attn_params *p = j->p;
-    int64_t group = p->n_heads / p->n_kv_heads;
-    float q[ATTN_MAX_HEAD_DIM], acc[ATTN_MAX_HEAD_DIM];
+    const int64_t hd = p->head_dim, bs = p->block_size, group = p->n_heads / p->n_kv_heads;
+    float q[ATTN_MAX_HEAD_DIM], acc[ATTN_MAX_HEAD_DIM], buf[ATTN_MAX_HEAD_DIM], score[ATTN_TILE];
     for (int64_t task = begin; task < end; task++) {
         int64_t t = task / p->n_heads, h = task % p->n_heads, kvh = h / group;
         int64_t s = seq_of(j, t), pos = position_of(j, s, t);
-        int64_t qbase = t * j->q_ld + h * p->head_dim, obase = (t * p->n_heads + h) * p->head_dim;
-        for (int64_t d = 0; d < p->head_dim; d++) {
-            q[d] = plugin_load(host, j->q, j->t, qbase + d);
+        int64_t qbase = t * j->q_ld + h * hd, obase = (t * p->n_heads + h) * hd;
+        /* the scale folded into q: one multiply per dim, not per key */
+        for (int64_t d = 0; d < hd; d++) {
+            q[d] = plugin_load(host, j->q, j->t, qbase + d) * p->scale;
             acc[d] = 0.0f;
         }
         float m = -INFINITY, l = 0.0f;
-        for (int64_t kp = 0; kp <= pos; kp++) {
-            int64_t kb = cache_index(j, s, kp, 0, kvh), vb = cache_index(j, s, kp, 1, kvh);
-            float dot = 0.0f;
-            if (j->ct == KILN_DTYPE_F32) {
-                dot = dot_f32(q, (const float *)j->cache + kb, p->head_dim);
-            } else {
-                for (int64_t d = 0; d < p->head_dim; d++)
-                    dot += q[d] * plugin_load(host, j->cache, j->ct, kb + d);
+        for (int64_t k0 = 0; k0 <= pos;) {
+            int64_t off = k0 % bs, n = bs - off;
+            if (n > pos + 1 - k0)
+                n = pos + 1 - k0;
+            if (n > ATTN_TILE)
+                n = ATTN_TILE;
+            int64_t kb = cache_index(j, s, k0, 0, kvh), vb = cache_index(j, s, k0, 1, kvh);
+            float tile_max = -INFINITY;
+            for (int64_t i = 0; i < n; i++) {
+                score[i] = dot_row(q, cache_row(j, kb + i * hd, buf), hd);
+                tile_max = score[i] > tile_max ? score[i] : tile_max;
             }
-            float score = dot * p->scale;
-            float m_new = score > m ? score : m;
-            /* the max rarely moves: then the correction is exp(0) = 1 and
-             * rescaling by it changes nothing, so neither is computed */
-            float correction = m_new == m ? 1.0f : expf(m - m_new), w = expf(score - m_new);
-            l = l * correction + w;
-            if (j->ct == KILN_DTYPE_F32) {
-                const float *vr = (const float *)j->cache + vb;
-                if (correction == 1.0f)
-                    for (int64_t d = 0; d < p->head_dim; d++)
-                        acc[d] += w * vr[d];
-                else
-                    for (int64_t d = 0; d < p->head_dim; d++)
-                        acc[d] = acc[d] * correction + w * vr[d];
-            } else {
-                for (int64_t d = 0; d < p->head_dim; d++)
-                    acc[d] = acc[d] * correction + w * plugin_load(host, j->cache, j->ct, vb + d);
+            if (tile_max > m) {
+                /* exp(-inf) = 0 clears the empty accumulator of the first tile */
+                float correction = expf(m - tile_max);
+                l *= correction;
+                for (int64_t d = 0; d < hd; d++)
+                    acc[d] *= correction;
+                m = tile_max;
             }
-            m = m_new;
+            for (int64_t i = 0; i < n; i++) {
+                float w = expf(score[i] - m);
+                l += w;
+                axpy_row(acc, w, cache_row(j, vb + i * hd, buf), hd);
+            }
+            k0 += n;
         }
-        for (int64_t d = 0; d < p->head_dim; d++)
+        for (int64_t d = 0; d < hd; d++)
             plugin_store(host, j->out, j->t, obase + d, acc[d] / l);
     }
 }
