@@ -3,7 +3,8 @@
  * residual add): AddRMSNorm against an add then RMSNorm, RoPE on the
  * packed qkv row against RoPE on q and k apart, packed SwiGLU against
  * SwiGLU on gate and up apart, packed-qkv PagedAttention against q, k, v
- * given apart.
+ * given apart; QuantGather's rows against the Q8_0 formula and the
+ * host's ggml dequantization.
  * Each fused path runs the same f32 arithmetic on the same rounded values,
  * so the results must agree bit for bit. Old (v1) blobs still load. */
 #include "test.h"
@@ -11,6 +12,7 @@
 #include <kiln/plugin.h>
 
 #include "core/threadpool.h"
+#include "llm/gguf.h"
 
 static kiln_registry *reg;
 static kiln_threadpool *pool;
@@ -352,6 +354,98 @@ static void test_attention_packed(void)
     check_attention_packed(KILN_DTYPE_BF16);
 }
 
+/* ---------------------------------------------------------------------------
+ * QuantGather: rows of a quantized table, by index
+ * ------------------------------------------------------------------------- */
+
+/* A table of n rows of k values in `type`, random bytes with every block's
+ * f16 scales (at `scale_at` within the block, n_scales of them) set to
+ * finite values in [-0.5, 0.5). */
+static uint8_t *random_blocks(uint32_t type, int64_t n, int64_t k, int scale_at, int n_scales)
+{
+    int64_t block = kiln_ggml_block_elements(type);
+    size_t bytes = kiln_ggml_block_bytes(type), total = (size_t)(n * k / block) * bytes;
+    uint8_t *t = malloc(total);
+    for (size_t i = 0; i < total; i++)
+        t[i] = (uint8_t)(uniform(0.0f, 256.0f));
+    for (size_t b = 0; b < total / bytes; b++)
+        for (int s = 0; s < n_scales; s++) {
+            uint16_t h = kiln_host()->float_to_half(uniform(-0.5f, 0.5f));
+            memcpy(t + b * bytes + (size_t)scale_at + 2 * (size_t)s, &h, 2);
+        }
+    return t;
+}
+
+static void test_quant_gather(void)
+{
+    const int32_t n = 7, k8 = 64, kk = 512;
+    int32_t ids[5] = {3, 0, 6, 3, 1};
+    float out[5 * 512], want[512];
+    /* Q8_0 against its definition: value j of a block = d * (int8) q[j] */
+    kiln_field f8[3] = {fstr("format", "Q8_0"), fi32("n", &n), fi32("k", &k8)};
+    kiln_plugin *g8 = make("QuantGather", f8, 3);
+    uint8_t *t8 = random_blocks(KILN_GGML_Q8_0, n, k8, 0, 1);
+    kiln_tensor_desc d8[3] = {DESC(KILN_DTYPE_U8, n, k8 / 32 * 34), DESC(KILN_DTYPE_I32, 5), DESC(KILN_DTYPE_F32, 5, k8)};
+    const void *in8[2] = {t8, ids};
+    void *o[1] = {out};
+    if (g8) {
+        CHECK_OK(run(g8, d8, in8, 2, o, 1));
+        int same = 1;
+        for (int t = 0; t < 5; t++)
+            for (int j = 0; j < k8; j++) {
+                const uint8_t *blk = t8 + (size_t)ids[t] * (k8 / 32 * 34) + (size_t)(j / 32) * 34;
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                same &= out[t * k8 + j] == kiln_host()->half_to_float(h) * (float)(int8_t)blk[2 + j % 32];
+            }
+        CHECK(same);
+        /* an id outside the table is an error, not a read past it */
+        int32_t bad[5] = {0, 1, 7, 2, 3};
+        const void *inb[2] = {t8, bad};
+        CHECK_FAILS(run(g8, d8, inb, 2, o, 1), KILN_ERROR_INVALID_ARGUMENT, "outside");
+        /* the blob round-trips */
+        const kiln_plugin_creator *c = kiln_registry_find(reg, "QuantGather", "1", "kiln", NULL);
+        unsigned char blob[64];
+        size_t size = sizeof blob;
+        kiln_plugin *again = NULL;
+        CHECK_OK(g8->ops->serialize(g8, blob, &size));
+        CHECK(size == 12);
+        CHECK_OK(c->deserialize(c, 1, blob, size, &again));
+        if (again) {
+            CHECK_OK(run(again, d8, in8, 2, o, 1));
+            again->ops->destroy(again);
+        }
+        g8->ops->destroy(g8);
+    }
+    /* Q4_K (256-value blocks, d and dmin first): rows as the importer's
+     * dequantization gives them */
+    kiln_field fk[3] = {fstr("format", "Q4_K"), fi32("n", &n), fi32("k", &kk)};
+    kiln_plugin *gk = make("QuantGather", fk, 3);
+    uint8_t *tk = random_blocks(KILN_GGML_Q4_K, n, kk, 0, 2);
+    size_t rb = (size_t)kk / 256 * 144;
+    kiln_tensor_desc dk[3] = {DESC(KILN_DTYPE_U8, n, (int64_t)rb), DESC(KILN_DTYPE_I32, 5), DESC(KILN_DTYPE_F32, 5, kk)};
+    const void *ink[2] = {tk, ids};
+    if (gk) {
+        CHECK_OK(run(gk, dk, ink, 2, o, 1));
+        for (int t = 0; t < 5; t++) {
+            CHECK_OK(kiln_ggml_dequantize(KILN_GGML_Q4_K, tk + (size_t)ids[t] * rb, kk, want));
+            CHECK(memcmp(out + t * kk, want, sizeof want) == 0);
+        }
+        gk->ops->destroy(gk);
+    }
+    /* k must be whole blocks; the format must be one */
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "QuantGather", "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    kiln_field bad_k[3] = {fstr("format", "Q4_K"), fi32("n", &n), fi32("k", &k8)};
+    kiln_field bad_f[3] = {fstr("format", "Q9_9"), fi32("n", &n), fi32("k", &k8)};
+    if (c) {
+        CHECK_FAILS(kiln_plugin_create(c, bad_k, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "multiple of 256");
+        CHECK_FAILS(kiln_plugin_create(c, bad_f, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "Q9_9");
+    }
+    free(t8);
+    free(tk);
+}
+
 static void setup(void)
 {
     CHECK_OK(kiln_registry_create(&reg));
@@ -369,5 +463,6 @@ static const test_case_ tests[] = {TEST(setup),
                                    TEST(test_rope_packed),
                                    TEST(test_swiglu_packed),
                                    TEST(test_attention_packed),
+                                   TEST(test_quant_gather),
                                    TEST(teardown)};
 TEST_MAIN(tests)
