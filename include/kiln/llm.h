@@ -396,8 +396,8 @@ typedef struct kiln_llm_scheduler_stats {
     int32_t reserved;
     uint64_t steps;
     uint64_t preemptions;
-    uint64_t prefix_hit_tokens;   /* prompt tokens whose KV was reused */
-    uint64_t prompt_tokens;       /* prompt tokens of admitted requests */
+    uint64_t prefix_hit_tokens; /* prompt tokens whose KV was reused */
+    uint64_t prompt_tokens;     /* prompt tokens of admitted requests */
     uint64_t generated_tokens;
     uint64_t finished, cancelled, failed;
 } kiln_llm_scheduler_stats;

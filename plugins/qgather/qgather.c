@@ -108,8 +108,8 @@ static kiln_status qg_output_shapes(const kiln_plugin *self, const kiln_shape_ex
     if (host->expr_is_constant(eb, in[0].d[0], &v) && v != q->p.n)
         return host->fail(KILN_ERROR_SHAPE, NAME ": table has %lld rows, n is %d", (long long)v, q->p.n);
     if (host->expr_is_constant(eb, in[0].d[1], &v) && v != row_bytes(q))
-        return host->fail(KILN_ERROR_SHAPE, NAME ": table rows are %lld bytes, %d values of %s take %lld",
-                          (long long)v, q->p.k, formats[q->f].name, (long long)row_bytes(q));
+        return host->fail(KILN_ERROR_SHAPE, NAME ": table rows are %lld bytes, %d values of %s take %lld", (long long)v,
+                          q->p.k, formats[q->f].name, (long long)row_bytes(q));
     out[0].rank = 2;
     out[0].d[0] = in[1].d[0];
     out[0].d[1] = host->expr_constant(eb, q->p.k);

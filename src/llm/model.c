@@ -247,8 +247,8 @@ static void note_format(builder *b, const char *name)
 
 /* y = x·Wᵀ through kiln/QuantMatMul named `lname`, W the constant w of
  * `rows` rows of `in_dim` values in block format `fmt`. */
-static kiln_status quant_layer(builder *b, const char *fmt, kiln_tensor w, int64_t rows, int64_t in_dim,
-                               kiln_tensor x, const char *lname, kiln_tensor *y)
+static kiln_status quant_layer(builder *b, const char *fmt, kiln_tensor w, int64_t rows, int64_t in_dim, kiln_tensor x,
+                               const char *lname, kiln_tensor *y)
 {
     int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
     kiln_field fields[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, fmt},

@@ -385,7 +385,8 @@ static void test_quant_gather(void)
     kiln_field f8[3] = {fstr("format", "Q8_0"), fi32("n", &n), fi32("k", &k8)};
     kiln_plugin *g8 = make("QuantGather", f8, 3);
     uint8_t *t8 = random_blocks(KILN_GGML_Q8_0, n, k8, 0, 1);
-    kiln_tensor_desc d8[3] = {DESC(KILN_DTYPE_U8, n, k8 / 32 * 34), DESC(KILN_DTYPE_I32, 5), DESC(KILN_DTYPE_F32, 5, k8)};
+    kiln_tensor_desc d8[3] = {DESC(KILN_DTYPE_U8, n, k8 / 32 * 34), DESC(KILN_DTYPE_I32, 5),
+                              DESC(KILN_DTYPE_F32, 5, k8)};
     const void *in8[2] = {t8, ids};
     void *o[1] = {out};
     if (g8) {
@@ -423,7 +424,8 @@ static void test_quant_gather(void)
     kiln_plugin *gk = make("QuantGather", fk, 3);
     uint8_t *tk = random_blocks(KILN_GGML_Q4_K, n, kk, 0, 2);
     size_t rb = (size_t)kk / 256 * 144;
-    kiln_tensor_desc dk[3] = {DESC(KILN_DTYPE_U8, n, (int64_t)rb), DESC(KILN_DTYPE_I32, 5), DESC(KILN_DTYPE_F32, 5, kk)};
+    kiln_tensor_desc dk[3] = {DESC(KILN_DTYPE_U8, n, (int64_t)rb), DESC(KILN_DTYPE_I32, 5),
+                              DESC(KILN_DTYPE_F32, 5, kk)};
     const void *ink[2] = {tk, ids};
     if (gk) {
         CHECK_OK(run(gk, dk, ink, 2, o, 1));

@@ -232,8 +232,7 @@ static void test_physical_cores(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_sizes_and_cover),    TEST(test_null_pool_inline), TEST(test_work_is_split),
-    TEST(test_concurrent_callers), TEST(test_nested),           TEST(test_global),
-    TEST(test_physical_cores),
+    TEST(test_sizes_and_cover), TEST(test_null_pool_inline), TEST(test_work_is_split),  TEST(test_concurrent_callers),
+    TEST(test_nested),          TEST(test_global),           TEST(test_physical_cores),
 };
 TEST_MAIN(tests)
