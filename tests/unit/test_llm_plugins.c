@@ -11,6 +11,8 @@
 
 #include <kiln/plugin.h>
 
+#include <math.h>
+
 #include "core/threadpool.h"
 #include "llm/gguf.h"
 
@@ -348,6 +350,84 @@ static void check_attention_packed(kiln_dtype t)
     free(qkv), free(cache0), free(q), free(k), free(v), free(cache_a), free(cache_p), free(out_a), free(out_p);
 }
 
+/* PagedAttention against softmax(q·K/sqrt(d))·V in double over the cache
+ * it wrote, for long decode steps (keys split into chunks and merged) and
+ * prefill, with a query group larger than the kernel's sub-group (MQA with
+ * 18 heads) and plain GQA. */
+static void check_attention_reference(int32_t nh, int32_t nkv, int64_t cached, int64_t T_per_seq)
+{
+    const int32_t hd = 16, bs = 16;
+    const int64_t S = 2, max_blocks = (cached + T_per_seq + bs - 1) / bs, n_blocks = S * max_blocks, T = S * T_per_seq;
+    const int64_t qw = nh * hd, kw = nkv * hd;
+    kiln_field f[4] = {fi32("n_heads", &nh), fi32("n_kv_heads", &nkv), fi32("head_dim", &hd), fi32("block_size", &bs)};
+    kiln_plugin *a = make("PagedAttention", f, 4);
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)(S * max_blocks));
+    for (int64_t i = 0; i < S * max_blocks; i++) /* blocks interleaved between the sequences */
+        table[i] = (int32_t)((i % max_blocks) * S + i / max_blocks);
+    int32_t seq_lens[2] = {(int32_t)(cached + T_per_seq), (int32_t)(cached / 2 + T_per_seq)};
+    int32_t qstart[3] = {0, (int32_t)T_per_seq, (int32_t)T};
+    int64_t cache_n = n_blocks * 2 * kw * bs;
+    float *q = random_buf(KILN_DTYPE_F32, T * qw), *k = random_buf(KILN_DTYPE_F32, T * kw);
+    float *v = random_buf(KILN_DTYPE_F32, T * kw), *cache = random_buf(KILN_DTYPE_F32, cache_n);
+    for (int64_t i = 0; i < T * kw; i++) /* spread the scores so the softmax is not flat */
+        k[i] *= 4.0f;
+    for (int64_t i = 0; i < cache_n; i++)
+        cache[i] *= 4.0f;
+    float *out = malloc(sizeof(float) * (size_t)(T * qw));
+    kiln_tensor_desc d[8] = {DESC(KILN_DTYPE_F32, T, qw),         DESC(KILN_DTYPE_F32, T, kw),
+                             DESC(KILN_DTYPE_F32, T, kw),         DESC(KILN_DTYPE_F32, n_blocks, 2, nkv, bs, hd),
+                             DESC(KILN_DTYPE_I32, S, max_blocks), DESC(KILN_DTYPE_I32, S),
+                             DESC(KILN_DTYPE_I32, S + 1),         DESC(KILN_DTYPE_F32, T, qw)};
+    const void *in[7] = {q, k, v, cache, table, seq_lens, qstart};
+    void *o[1] = {out};
+    if (a) {
+        size_t ws = a->ops->workspace_size(a, d, 7, d + 7, 1);
+        void *workspace = malloc(ws ? ws : 1);
+        CHECK_OK(a->ops->enqueue(a, KILN_BACKEND_CPU, d, in, 7, d + 7, o, 1, workspace, pool));
+        double err = 0, norm = 0;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t s = t / T_per_seq, pos = seq_lens[s] - T_per_seq + t % T_per_seq;
+            for (int32_t h = 0; h < nh; h++) {
+                int32_t kvh = h / (nh / nkv);
+                double m = -1e300, l = 0, acc[16] = {0}, sc[1024];
+                for (int64_t j = 0; j <= pos; j++) {
+                    int64_t blk = table[s * max_blocks + j / bs];
+                    const float *kr = cache + (((blk * 2 + 0) * nkv + kvh) * bs + j % bs) * hd;
+                    double dot = 0;
+                    for (int32_t e = 0; e < hd; e++)
+                        dot += (double)q[t * qw + h * hd + e] * kr[e];
+                    sc[j] = dot / sqrt((double)hd);
+                    m = sc[j] > m ? sc[j] : m;
+                }
+                for (int64_t j = 0; j <= pos; j++) {
+                    int64_t blk = table[s * max_blocks + j / bs];
+                    const float *vr = cache + (((blk * 2 + 1) * nkv + kvh) * bs + j % bs) * hd;
+                    double w = exp(sc[j] - m);
+                    l += w;
+                    for (int32_t e = 0; e < hd; e++)
+                        acc[e] += w * vr[e];
+                }
+                for (int32_t e = 0; e < hd; e++) {
+                    double want = acc[e] / l, got = out[t * qw + h * hd + e];
+                    err += (got - want) * (got - want);
+                    norm += want * want;
+                }
+            }
+        }
+        CHECK(sqrt(err / norm) < 1e-5);
+        free(workspace);
+        a->ops->destroy(a);
+    }
+    free(table), free(q), free(k), free(v), free(cache), free(out);
+}
+
+static void test_attention_reference(void)
+{
+    check_attention_reference(18, 1, 700, 1); /* decode, keys in 3 chunks, 3 sub-groups of the MQA group */
+    check_attention_reference(9, 3, 900, 4);  /* decode of 4 tokens per sequence, GQA */
+    check_attention_reference(6, 2, 40, 37);  /* prefill beyond the split limit: one chunk */
+}
+
 static void test_attention_packed(void)
 {
     check_attention_packed(KILN_DTYPE_F32);
@@ -465,6 +545,7 @@ static const test_case_ tests[] = {TEST(setup),
                                    TEST(test_rope_packed),
                                    TEST(test_swiglu_packed),
                                    TEST(test_attention_packed),
+                                   TEST(test_attention_reference),
                                    TEST(test_quant_gather),
                                    TEST(teardown)};
 TEST_MAIN(tests)

@@ -149,8 +149,8 @@ typedef struct bench_report {
     double copy_bytes_per_s;
     double floor_step_ms, floor_tok_s, floor_fraction;
     double peak_rss_mb;
-    int32_t threads;        /* CPU: threads of a step; 0 on a GPU */
-    int32_t *prompt_ids;    /* owned: the prompts, request 0's first (its ids go into the JSON) */
+    int32_t threads;     /* CPU: threads of a step; 0 on a GPU */
+    int32_t *prompt_ids; /* owned: the prompts, request 0's first (its ids go into the JSON) */
 } bench_report;
 
 static int print_report(const bench_report *r, int json)
@@ -324,8 +324,8 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
 
 int cli_bench(int argc, char **argv)
 {
-    static const char *const valued[] = {
-        "--prompt-len", "--gen-len", "--batch", "--reps", "--copy-mb", CLI_LLM_MEMORY_VALUED, "--plugins", NULL};
+    static const char *const valued[] = {"--prompt-len", "--gen-len",           "--batch",   "--reps",
+                                         "--copy-mb",    CLI_LLM_MEMORY_VALUED, "--plugins", NULL};
     cli_args a;
     cli_args_init(&a, "bench", argc, argv);
     const char *opt, *val;
