@@ -169,7 +169,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_arg
     __shared__ float probs[SAMPLE_SMALL];
     const int32_t s = blockIdx.x, V = a.V;
     const float *row = a.logits + (size_t)s * (size_t)V;
-    const float *pr = a.params + (size_t)s * SAMPLE_PARAMS;
+    const float *pr = a.params + (size_t)s * (size_t)a.P;
     const int32_t *sq = a.seq + (size_t)s * SAMPLE_SEQ;
     int32_t *ids = a.ids;
     /* The workspace: 8 bytes per entry for probabilities, then 4 for
@@ -376,8 +376,93 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_arg
     }
 }
 
+/* The logprob outputs of a row that asks for them (sample.c defines them),
+ * after sample_kernel has chosen its id (stream order): the log-softmax
+ * over the penalized logits sample_kernel used (its workspace copy when the
+ * row has penalties), and the n most likely ids found by the radix select
+ * over untempered keys and sorted in shared memory. */
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_logprob_kernel(const sample_args a)
+{
+    __shared__ sample_smem tmp;
+    __shared__ int hist[256];
+    __shared__ unsigned long long found;
+    __shared__ int need;
+    __shared__ float fshare;
+    __shared__ double dshare;
+    __shared__ unsigned long long keys[SAMPLE_SMALL];
+    const int32_t s = blockIdx.x, V = a.V, K = a.top;
+    const float *pr = a.params + (size_t)s * (size_t)a.P;
+    const int32_t *sq = a.seq + (size_t)s * SAMPLE_SEQ;
+    int32_t n = pr[SAMPLE_PARAMS] >= 0.0f ? (int32_t)pr[SAMPLE_PARAMS] : -1;
+    if (n > K)
+        n = K;
+    for (int32_t k = threadIdx.x; k < K; k += blockDim.x) {
+        a.top_ids[(size_t)s * K + k] = -1;
+        a.top_logprobs[(size_t)s * K + k] = __int_as_float(0x7fc00000);
+    }
+    if (threadIdx.x == 0)
+        a.logprob[s] = __int_as_float(0x7fc00000);
+    if (n < 0)
+        return;
+    const float *row = a.logits + (size_t)s * (size_t)V;
+    if (sq[2] >= 0 && sq[2] < a.slots && sample_has_penalty(pr))
+        row = (const float *)a.workspace + (size_t)a.S * (size_t)V * 2 + (size_t)s * (size_t)V;
+    float m_local = -INFINITY;
+    int n_local = 0;
+    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+        m_local = fmaxf(m_local, row[i]);
+        n_local += row[i] != -INFINITY;
+    }
+    float m = reduce_f(tmp.rf).Reduce(m_local, sample_max_op());
+    if (threadIdx.x == 0)
+        fshare = m;
+    __syncthreads();
+    m = fshare;
+    int cnt = reduce_i(tmp.ri).Sum(n_local);
+    if (threadIdx.x == 0)
+        need = cnt;
+    __syncthreads();
+    cnt = need;
+    double z_local = 0.0;
+    for (int32_t i = threadIdx.x; i < V; i += blockDim.x)
+        z_local += exp((double)row[i] - (double)m);
+    double z = reduce_d(tmp.rd).Sum(z_local);
+    if (threadIdx.x == 0)
+        dshare = z;
+    __syncthreads();
+    const double lse = (double)m + log(dshare);
+    if (threadIdx.x == 0)
+        a.logprob[s] = (float)((double)row[a.ids[s]] - lse);
+    if (n == 0)
+        return;
+    __syncthreads();
+    const unsigned long long kth = n < cnt ? sample_select(row, V, 1.0f, n, hist, &found, &need) : 0;
+    if (threadIdx.x == 0)
+        need = 0;
+    __syncthreads();
+    for (int32_t i = threadIdx.x; i < V; i += blockDim.x) {
+        float x = row[i];
+        if (x == -INFINITY)
+            continue;
+        unsigned long long key = sample_key(x, i);
+        if (key >= kth)
+            keys[atomicAdd(&need, 1)] = key;
+    }
+    __syncthreads();
+    const int got = need < n ? need : n;
+    unsigned long long mine[1] = {threadIdx.x < (unsigned)got ? keys[threadIdx.x] : 0ull};
+    sort_k(tmp.sk).SortDescending(mine);
+    if ((int)threadIdx.x < got) {
+        int32_t id = sample_key_id(mine[0]);
+        a.top_ids[(size_t)s * K + threadIdx.x] = id;
+        a.top_logprobs[(size_t)s * K + threadIdx.x] = (float)((double)row[id] - lse);
+    }
+}
+
 extern "C" int kiln_sample_cuda(const sample_args *a, void *stream)
 {
     sample_kernel<<<a->S, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(*a);
+    if (a->top > 0)
+        sample_logprob_kernel<<<a->S, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(*a);
     return (int)cudaGetLastError();
 }

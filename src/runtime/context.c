@@ -158,6 +158,8 @@ void kiln_context_destroy(kiln_context *ctx)
             io_free(ctx, t);
     free(ctx->plan.io_buf);
     free(ctx->io_cap);
+    if (ctx->span)
+        ctx->engine->backend->mem_free(ctx->span, ctx->span_bytes, 0);
     free(ctx->plan.layer_ms);
     kiln_threadpool_destroy(ctx->plan.pool);
     free(ctx->plan.plugins);
@@ -398,6 +400,39 @@ kiln_status kiln_context_set_tensor_address(kiln_context *ctx, const char *name,
         KILN_TRY(ensure_io_buffers(ctx));
     }
     return KILN_OK;
+}
+
+kiln_status kiln_context_io_span(kiln_context *ctx, size_t bytes, void **ptr)
+{
+    if (ctx->span) {
+        /* Work in flight may still read it. */
+        KILN_TRY(kiln_context_synchronize(ctx));
+        ctx->engine->backend->mem_free(ctx->span, ctx->span_bytes, 0);
+        ctx->span = NULL;
+        ctx->span_bytes = 0;
+    }
+    void *p = ctx->engine->backend->mem_alloc(bytes ? bytes : 1, 0);
+    if (!p)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of %s memory for %zu bytes of step inputs",
+                         kiln_backend_name(ctx->engine->info.backend), bytes);
+    ctx->span = p;
+    ctx->span_bytes = bytes;
+    *ptr = p;
+    return KILN_OK;
+}
+
+kiln_status kiln_context_copy_span(kiln_context *ctx, const char *first, const void *host, size_t bytes)
+{
+    int32_t t = find_io(ctx, first);
+    if (t < 0)
+        return kiln_fail(KILN_ERROR_NOT_FOUND, "the engine has no I/O tensor \"%s\"", first);
+    if (!ctx->span || ctx->plan.bound[t] != ctx->span || bytes > ctx->span_bytes || !host)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "a span copy of %zu bytes: \"%s\" must be bound at the start of a span of %zu bytes", bytes,
+                         first, ctx->span_bytes);
+    if (!bytes)
+        return KILN_OK;
+    return ctx->engine->backend->copy(ctx->backend_context, t, (void *)host, bytes, 1);
 }
 
 kiln_status kiln_context_tensor_address(kiln_context *ctx, const char *name, void **ptr)

@@ -14,7 +14,12 @@
 #      Llama-3.2-1B shapes (tools/make_random_checkpoint.py): build time and
 #      peak host RSS, engine open, decode and prefill (`kiln bench`), each
 #      beside its issue-8 target, the floor measured in the same run and HF
-#      transformers' own decode speed on the same checkpoint.
+#      transformers' own decode speed on the same checkpoint; at 8B also
+#      serving throughput through the scheduler (`kiln bench --throughput`,
+#      issue 9) on an engine built with --max-batch 1024: 1,024 requests of
+#      128 in / 128 out all at once (>= 20,000 output tok/s), 1,000 of 1,000
+#      / 1,000 (>= 12,000; with either admission policy), and Poisson arrivals at 80% of the first run's
+#      request rate (inter-token p99 <= 3x p50, every request served).
 #
 #   KILN_BUILD_DIR=build-gpu LLM_LOGS=DIR bash tests/gpu/llm_gpu_check.sh
 #
@@ -25,6 +30,7 @@
 #   KILN_LLM_RUN_PROMPTS   prompts per engine checked through `kiln run` (default 4 of 8)
 #   KILN_LLM_BENCH_MODELS  "8b 1b" (default), a subset, or "" to skip (c)
 #   KILN_LLM_BENCH_8K      1 (default): the 8,192-token-context decode at 8B
+#   KILN_LLM_BENCH_THROUGHPUT 1 (default): the throughput runs at 8B
 #   KILN_HF_PEER           1 (default): time HF transformers on each checkpoint
 #   KILN_HF_PEER_COMPILE   1: the peer uses a static cache + torch.compile (default eager)
 #   KILN_LLM_WORK          scratch folder (default $KILN_BUILD_DIR/llm-work; needs ~40 GB for 8B)
@@ -247,6 +253,47 @@ for m in ${KILN_LLM_BENCH_MODELS-8b 1b}; do
         else
             bench_line "$label decode at 8192 context" "-" ">= 0.80 of floor (KV)" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
         fi
+    fi
+    if [ "$m" = 8b ] && [ "${KILN_LLM_BENCH_THROUGHPUT:-1}" = 1 ]; then
+        et=$work/$m-bf16-b1024.engine
+        say "build $model --max-batch 1024"
+        if "$kiln" build "$ck" --backend "$backend" --dtype bf16 --max-batch 1024 --max-seq-len 2048 \
+               --max-tokens 8192 -o "$et" >>"$log" 2>&1; then
+            tp_line() { # tp_line NAME JSON TARGET_TOK_S
+                bench_line "$1" "$(jget "$2" '["output_tok_s"]' | xargs printf '%.0f') out tok/s" ">= $3 out tok/s" \
+                    "$(python3 -c "import json,sys; o=json.load(open(sys.argv[1])); print('total %.0f tok/s, ttft p50 %.0f ms, itl p50/p99 %.1f/%.1f ms, kv peak %.0f%%, %d preempt' % (o['total_tok_s'], o['ttft_ms_p50'], o['itl_ms_p50'], o['itl_ms_p99'], 100 * o['kv_peak_fraction'], o['preemptions']))" "$2")" \
+                    "$(verdict "$(jget "$2" '["output_tok_s"]') >= $3")"
+            }
+            j=$work/tp-$m-128.json
+            if bench_json "$j" "$et" --throughput --requests 1024 --input-len 128 --output-len 128; then
+                tp_line "$label throughput 1024 x 128/128" "$j" 20000
+                rate=$(python3 -c "import json,sys; print('%.2f' % (0.8 * json.load(open(sys.argv[1]))['requests_s']))" "$j")
+                jp=$work/tp-$m-poisson.json
+                if bench_json "$jp" "$et" --throughput --requests 1024 --input-len 128 --output-len 128 --rate "$rate"; then
+                    bench_line "$label Poisson at 80% ($rate req/s)" \
+                        "itl p50 $(jget "$jp" '["itl_ms_p50"]' | xargs printf '%.1f') p99 $(jget "$jp" '["itl_ms_p99"]' | xargs printf '%.1f') ms" \
+                        "itl p99 <= 3 x p50" \
+                        "ttft p50/max $(jget "$jp" '["ttft_ms_p50"]' | xargs printf '%.0f')/$(jget "$jp" '["ttft_ms_max"]' | xargs printf '%.0f') ms, $(jget "$jp" '["output_tok_s"]' | xargs printf '%.0f') out tok/s" \
+                        "$(verdict "$(jget "$jp" '["itl_ms_p99"]') <= 3 * $(jget "$jp" '["itl_ms_p50"]')")"
+                else
+                    bench_line "$label Poisson at 80%" "-" "itl p99 <= 3 x p50" "" "FAIL ($(tail -n1 "$jp.err" | cut -c1-80))"
+                fi
+            else
+                bench_line "$label throughput 1024 x 128/128" "-" ">= 20000 out tok/s" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
+            fi
+            for adm in "" --no-evict; do
+                j=$work/tp-$m-1000$adm.json
+                if bench_json "$j" "$et" --throughput --requests 1000 --input-len 1000 --output-len 1000 $adm; then
+                    tp_line "$label throughput 1000 x 1000/1000 $adm" "$j" 12000
+                else
+                    bench_line "$label throughput 1000 x 1000/1000 $adm" "-" ">= 12000 out tok/s" "" \
+                        "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
+                fi
+            done
+        else
+            bench_line "$label build --max-batch 1024" "-" "-" "-" "FAIL (kiln build, see llm.log)"
+        fi
+        rm -f "$et"
     fi
     rm -rf "$ck" "$e"
 done

@@ -5,7 +5,8 @@
  *   of the large-set path (no top-k) within 0.05 total variation of the
  *   CPU sampler's probabilities; with penalties and their state slots,
  *   greedy identical to the CPU layer (itself bit-for-bit the host
- *   sampler, tests/unit/test_sampler.c);
+ *   sampler, tests/unit/test_sampler.c); the logprob outputs: the CPU's
+ *   top ids in its order and its log-softmax values within 1e-5;
  * - generation: f32 cuda engines of every tiny checkpoint of tests/data/llm
  *   give the CPU engine's greedy tokens (8 prompts x 32), with CUDA graphs
  *   and without; batch invariance: a prompt decoded in a batch of 8 gives
@@ -200,6 +201,108 @@ static void test_sample_layer(void)
 
 /* ---- generation ------------------------------------------------------------------------ */
 
+/* The logprob outputs (sample.c) on the GPU against the CPU: the same
+ * top ids in the same order and log-softmax values within 1e-5, for
+ * greedy, top-k and large-set rows, a penalized row (its history through
+ * a state slot), masked and tied logits, and rows that ask for nothing. */
+static void test_sample_logprobs(void)
+{
+    enum { S = 8, V = 32000, K = 20, P = SAMPLE_PARAMS_LOGPROBS, ROUNDS = 20 };
+    sample_runner cpu, gpu;
+    CHECK_OK(sample_runner_open_top(&cpu, KILN_BACKEND_CPU, S, V, K));
+    CHECK_OK(sample_runner_open_top(&gpu, KILN_BACKEND_CUDA, S, V, K));
+    if (!cpu.ctx || !gpu.ctx) {
+        sample_runner_close(&cpu);
+        sample_runner_close(&gpu);
+        return;
+    }
+    static float logits[S * V];
+    float params[S * P], lp[2][S], tl[2][S * K];
+    int32_t seq[S * SAMPLE_SEQ], ids[2][S], ti[2][S * K];
+    const kiln_llm_sampling rows[S] = {
+        {.top_p = 1.0f},
+        {.top_p = 1.0f},
+        {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f},
+        {.temperature = 0.8f, .top_p = 0.9f},
+        {.top_p = 1.0f, .repetition_penalty = 1.3f, .frequency_penalty = 0.5f},
+        {.temperature = 1.0f, .top_p = 1.0f},
+        {.top_p = 1.0f},
+        {.temperature = 0.7f, .top_k = 5, .top_p = 1.0f},
+    };
+    const int32_t n_top[S] = {20, 1, 5, 0, 20, -1, 20, 3};
+    int32_t tokens[8] = {5, 9, 5, 11, 300, 9, 9, 17}, positions[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t qs[S + 1];
+    for (int s = 0; s <= S; s++)
+        qs[s] = s <= 4 ? 0 : 8; /* row 4 feeds the 8 tokens into its slot */
+    kiln_rng r;
+    kiln_rng_seed(&r, 9);
+    int same_top = 1, lp_close = 1, ids_same = 0, nan_ok = 1;
+    double worst = 0.0;
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int s = 0; s < S; s++) {
+            random_logits(logits + s * V, V, &r, 20.0f);
+            float *q = params + P * s;
+            const kiln_llm_sampling *p = &rows[s];
+            q[0] = p->temperature, q[1] = (float)p->top_k, q[2] = p->top_p, q[3] = p->min_p;
+            q[4] = p->repetition_penalty, q[5] = p->presence_penalty, q[6] = p->frequency_penalty;
+            q[SAMPLE_PARAMS] = (float)n_top[s];
+            int32_t *sq = seq + SAMPLE_SEQ * s;
+            sq[0] = sq[1] = 0;
+            sq[2] = s == 4 ? 0 : -1;
+            sq[3] = 3;
+            if (p->temperature > 0.0f)
+                kiln_sampler_uniform_bits(&r, sq);
+        }
+        /* ties at the top, and masked ids */
+        logits[6 * V + 7] = logits[6 * V + 700] = logits[6 * V + 31999] = 60.0f;
+        for (int32_t i = 0; i < V; i += 3)
+            logits[1 * V + i] = -INFINITY;
+        sample_step st = {.S = S,
+                          .T = 8,
+                          .logits = logits,
+                          .params = params,
+                          .seq = seq,
+                          .tokens = tokens,
+                          .positions = positions,
+                          .qstart = qs};
+        for (int side = 0; side < 2; side++) {
+            st.logprob = lp[side];
+            st.top_ids = ti[side];
+            st.top_logprobs = tl[side];
+            CHECK_OK(sample_runner_step(side ? &gpu : &cpu, &st, ids[side]));
+        }
+        for (int s = 0; s < S; s++) {
+            int n = n_top[s];
+            if (n < 0) {
+                nan_ok &= isnan(lp[1][s]) && ti[1][s * K] == -1;
+                continue;
+            }
+            if (ids[0][s] == ids[1][s]) {
+                ids_same++;
+                double d = fabs((double)lp[0][s] - (double)lp[1][s]);
+                worst = d > worst ? d : worst;
+                lp_close &= d <= 1e-5;
+            }
+            for (int k = 0; k < K; k++) {
+                same_top &= ti[0][s * K + k] == ti[1][s * K + k];
+                if (k < n) {
+                    double d = fabs((double)tl[0][s * K + k] - (double)tl[1][s * K + k]);
+                    worst = d > worst ? d : worst;
+                    lp_close &= d <= 1e-5;
+                } else {
+                    nan_ok &= isnan(tl[1][s * K + k]);
+                }
+            }
+        }
+    }
+    CHECK(same_top && lp_close && nan_ok);
+    CHECK(ids_same >= ROUNDS * 6);
+    printf("sample layer logprobs: top ids %s, largest log-softmax difference %.2e over %d rows with equal ids\n",
+           same_top ? "identical" : "DIFFER", worst, ids_same);
+    sample_runner_close(&cpu);
+    sample_runner_close(&gpu);
+}
+
 static const char *const prompts[8] = {"Hello",     "The capital of France is", "1, 2, 3,",       "Once upon a time",
                                        "def f(x):", "The quick brown fox",      "Water boils at", "I think that"};
 
@@ -319,7 +422,7 @@ static void test_generation(void)
     remove(gpu_path);
 }
 
-static const test_case_ tests[] = {TEST(test_sample_layer), TEST(test_generation)};
+static const test_case_ tests[] = {TEST(test_sample_layer), TEST(test_sample_logprobs), TEST(test_generation)};
 
 static int run_tests(void)
 {

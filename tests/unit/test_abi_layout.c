@@ -288,6 +288,57 @@ static void test_llm(void)
     CHECK_SIZE(kiln_llm_message, 24);
     CHECK_ENDS_AT(kiln_llm_message, content);
     CHECK_INIT(kiln_llm_message, kiln_llm_message_init);
+
+    CHECK_OFFSET(kiln_llm_scheduler_options, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_scheduler_options, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_scheduler_options, max_queue, 8);
+    CHECK_OFFSET(kiln_llm_scheduler_options, thread, 12);
+    CHECK_OFFSET(kiln_llm_scheduler_options, prefix_caching, 16);
+    CHECK_OFFSET(kiln_llm_scheduler_options, admission, 20);
+    CHECK_SIZE(kiln_llm_scheduler_options, 24);
+    CHECK_ENDS_AT(kiln_llm_scheduler_options, admission);
+    CHECK_INIT(kiln_llm_scheduler_options, kiln_llm_scheduler_options_init);
+
+    CHECK_OFFSET(kiln_llm_token, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_token, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_token, id, 8);
+    CHECK_OFFSET(kiln_llm_token, n_top, 12);
+    CHECK_OFFSET(kiln_llm_token, text, 16);
+    CHECK_OFFSET(kiln_llm_token, len, 24);
+    CHECK_OFFSET(kiln_llm_token, logprob, 32);
+    CHECK_OFFSET(kiln_llm_token, reserved, 36);
+    CHECK_OFFSET(kiln_llm_token, top_ids, 40);
+    CHECK_OFFSET(kiln_llm_token, top_logprobs, 48);
+    CHECK_SIZE(kiln_llm_token, 56);
+    CHECK_ENDS_AT(kiln_llm_token, top_logprobs);
+
+    CHECK_OFFSET(kiln_llm_callbacks, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_callbacks, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_callbacks, on_token, 8);
+    CHECK_OFFSET(kiln_llm_callbacks, on_finish, 16);
+    CHECK_OFFSET(kiln_llm_callbacks, user, 24);
+    CHECK_SIZE(kiln_llm_callbacks, 32);
+    CHECK_ENDS_AT(kiln_llm_callbacks, user);
+    CHECK_INIT(kiln_llm_callbacks, kiln_llm_callbacks_init);
+
+    CHECK_OFFSET(kiln_llm_scheduler_stats, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, running, 8);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, waiting, 12);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, blocks_total, 16);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, blocks_used, 20);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, blocks_peak, 24);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, reserved, 28);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, steps, 32);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, preemptions, 40);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, prefix_hit_tokens, 48);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, prompt_tokens, 56);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, generated_tokens, 64);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, finished, 72);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, cancelled, 80);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, failed, 88);
+    CHECK_SIZE(kiln_llm_scheduler_stats, 96);
+    CHECK_ENDS_AT(kiln_llm_scheduler_stats, failed);
 }
 
 /* Enum values cross the boundary too (and are stored in engine files). */

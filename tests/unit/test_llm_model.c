@@ -8,6 +8,7 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "sample/sample.h"
 #include "core/error.h"
 #include "engine/engine_file.h"
 #include "llm/model.h"
@@ -144,7 +145,7 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     STEP_TRY(set_shape(ctx, "last_token", S, 0));
     /* The sampling layer's inputs: greedy rows (its ids are not checked
      * here; tests/unit/test_sampler.c checks the layer). */
-    STEP_TRY(set_shape(ctx, "sample_params", S, 7));
+    STEP_TRY(set_shape(ctx, "sample_params", S, SAMPLE_PARAMS_LOGPROBS));
     STEP_TRY(set_shape(ctx, "sample_seq", S, 4));
     for (int32_t l = 0; l < r->cfg.n_layers; l++) {
         char name[32];
@@ -164,7 +165,7 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     STEP_TRY(copy_i32(ctx, "last_token", last, (size_t)S));
     void *sp;
     STEP_TRY(kiln_context_tensor_address(ctx, "sample_params", &sp));
-    memset(sp, 0, sizeof(float) * 7 * (size_t)S);
+    memset(sp, 0, sizeof(float) * SAMPLE_PARAMS_LOGPROBS * (size_t)S);
     /* all -1: no penalty state slot */
     STEP_TRY(kiln_context_tensor_address(ctx, "sample_seq", &sp));
     memset(sp, 0xff, sizeof(int32_t) * 4 * (size_t)S);

@@ -1,7 +1,8 @@
 /* kiln bench ENGINE: prompt (prefill) and generation (decode) speed of an
  * LLM engine through the public generation API, beside the memory-bandwidth
  * floor of a decode step measured in the same run (like llama-bench and
- * trtllm-bench's latency mode). Timings come from the token callback. */
+ * trtllm-bench's latency mode). Timings come from the token callback.
+ * `--throughput` is serving throughput instead (bench_throughput.c). */
 #include <jansson.h>
 #include <kiln/kiln.h>
 #include <kiln/llm.h>
@@ -35,6 +36,8 @@ static const char bench_help[] =
     "                           the GPU has no room for it, 256 on the CPU)\n" CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object\n"
+    "  --throughput             serving throughput through the scheduler instead\n"
+    "                           (kiln bench --throughput --help)\n"
     "  -h, --help               show this help\n"
     "\n"
     "Definitions: time to first token is from the call to the first sampled\n"
@@ -324,6 +327,9 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
 
 int cli_bench(int argc, char **argv)
 {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--throughput"))
+            return cli_bench_throughput(argc, argv);
     static const char *const valued[] = {"--prompt-len", "--gen-len",           "--batch",   "--reps",
                                          "--copy-mb",    CLI_LLM_MEMORY_VALUED, "--plugins", NULL};
     cli_args a;
