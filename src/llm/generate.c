@@ -183,21 +183,26 @@ static kiln_status io_max(const kiln_llm *llm, const char *name, kiln_dtype want
     return KILN_OK;
 }
 
-/* What a chat needs: one sequence at max_seq_len, in whole blocks, capped
- * at a quarter of the memory. Batches of several long sequences ask for
- * more (kv_cache_mb); requests that do not fit together wait or fail
- * with KILN_ERROR_LIMIT rather than every CPU process reserving
- * max_batch full contexts. */
+/* What a chat needs: one sequence at max_seq_len, in whole blocks, or
+ * max_batch of them while that stays under CPU_KV_CHEAP (small engines:
+ * tests, short contexts), capped at a quarter of the memory. Batches of
+ * several long sequences ask for more (kv_cache_mb); requests that do not
+ * fit together wait, rather than every CPU process reserving max_batch
+ * full contexts (1.4 GB for SmolLM2-135M). */
+#define CPU_KV_CHEAP ((size_t)64 << 20)
+
 static size_t default_cache_bytes(const kiln_llm *llm, size_t block_bytes)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     size_t quarter = pages > 0 && page > 0 ? (size_t)pages / 4 * (size_t)page : (size_t)1 << 30;
     const kiln_llm_config *c = &llm->cfg;
     size_t per_seq = ((size_t)c->max_seq_len + (size_t)c->block_size - 1) / (size_t)c->block_size;
-    size_t want;
-    if (kiln_mul_overflow(per_seq, block_bytes, &want))
+    size_t one, all;
+    if (kiln_mul_overflow(per_seq, block_bytes, &one))
         return quarter;
-    return want < quarter ? want : quarter;
+    if (!kiln_mul_overflow(one, (size_t)c->max_batch, &all) && all <= CPU_KV_CHEAP)
+        one = all;
+    return one < quarter ? one : quarter;
 }
 
 static int on_gpu(const kiln_llm *llm) { return kiln_engine_backend(llm->engine) != KILN_BACKEND_CPU; }
