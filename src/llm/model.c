@@ -103,6 +103,7 @@ typedef struct builder {
     const kiln_llm_build_options *opt;
     int64_t n_weights, done_weights;
     char name[160];
+    char expanded[64]; /* formats expanded for want of a CUDA kernel */
 } builder;
 
 static void progress(builder *b, const char *what)
@@ -216,33 +217,46 @@ static kiln_status plugin(builder *b, const char *name, const char *plugin_name,
     return plugin_n(b, name, plugin_name, fields, nf, in, n_in, out, 1);
 }
 
-/* ggml block formats kiln/QuantMatMul reads: type number, name, bytes per 32. */
+/* Formats kiln/QuantMatMul reads (its CUDA kernels the first three only). */
 static const struct {
     uint32_t type;
-    const char *name;
-    size_t block_bytes;
-} quant_formats[] = {{KILN_GGML_Q8_0, "Q8_0", 34}, {KILN_GGML_Q4_0, "Q4_0", 18}, {KILN_GGML_Q4_1, "Q4_1", 20}};
+    int cuda;
+} quant_formats[] = {{KILN_GGML_Q8_0, 1}, {KILN_GGML_Q4_0, 1}, {KILN_GGML_Q4_1, 1}, {KILN_GGML_Q5_0, 0},
+                     {KILN_GGML_Q5_1, 0}, {KILN_GGML_Q4_K, 0}, {KILN_GGML_Q5_K, 0}, {KILN_GGML_Q6_K, 0},
+                     {KILN_GGML_F16, 0},  {KILN_GGML_BF16, 0}};
+
+/* Appends `name` to the comma-separated list `list` (cap bytes) unless there. */
+static void list_add(char *list, size_t cap, const char *name)
+{
+    size_t n = strlen(name), at = 0;
+    for (const char *p = list; *p; p += at + (p[at] == ',')) {
+        at = strcspn(p, ",");
+        if (at == n && memcmp(p, name, n) == 0)
+            return;
+    }
+    snprintf(list + strlen(list), cap - strlen(list), "%s%s", list[0] ? "," : "", name);
+}
 
 /* The format index in quant_formats of checkpoint weight `wname` when it
- * is stored in one QuantMatMul reads, else -1. */
+ * is stored in one QuantMatMul reads on the build's backend, else -1. A
+ * format without a CUDA kernel in a CUDA build is expanded to the engine
+ * dtype like an unquantized weight, and noted in b->expanded. */
 static int quant_format(builder *b, const char *wname, const void **data, size_t *size)
 {
     uint32_t type;
     if (!b->opt->native || !b->ck->read_quantized ||
         b->ck->read_quantized(b->ck->weight_user, wname, &type, data, size) != KILN_OK)
         return -1;
-    for (size_t f = 0; f < sizeof quant_formats / sizeof quant_formats[0]; f++)
-        if (quant_formats[f].type == type)
-            return (int)f;
+    for (size_t f = 0; f < sizeof quant_formats / sizeof quant_formats[0]; f++) {
+        if (quant_formats[f].type != type)
+            continue;
+        if (b->opt->backend == KILN_BACKEND_CUDA && !quant_formats[f].cuda) {
+            list_add(b->expanded, sizeof b->expanded, kiln_ggml_type_name(type));
+            return -1;
+        }
+        return (int)f;
+    }
     return -1;
-}
-
-/* The LLMC config lists the block formats kept, in first-use order. */
-static void note_format(builder *b, const char *name)
-{
-    char *q = b->ck->config.quantized;
-    if (!strstr(q, name))
-        snprintf(q + strlen(q), sizeof b->ck->config.quantized - strlen(q), "%s%s", q[0] ? "," : "", name);
 }
 
 /* y = x·Wᵀ through kiln/QuantMatMul named `lname`, W the constant w of
@@ -256,7 +270,8 @@ static kiln_status quant_layer(builder *b, const char *fmt, kiln_tensor w, int64
                             field_i32("k", &k)};
     kiln_tensor in[2] = {x, w};
     KILN_TRY(plugin(b, lname, "QuantMatMul", fields, 3, in, 2, y));
-    note_format(b, fmt);
+    /* the LLMC config lists the formats kept, in first-use order */
+    list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, fmt);
     return KILN_OK;
 }
 
@@ -273,7 +288,7 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
     const void *data[3];
     size_t size[3], total = 0;
     int f = -1;
-    if (in_dim % 32 != 0 || n_parts > 3)
+    if (n_parts > 3)
         return KILN_OK;
     for (int32_t i = 0; i < n_parts; i++) {
         int fi = quant_format(b, wname[i], &data[i], &size[i]);
@@ -281,14 +296,20 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
             return KILN_OK;
         f = fi;
     }
-    size_t row = (size_t)in_dim / 32 * quant_formats[f].block_bytes; /* dims bounded by config validation */
+    uint32_t type = quant_formats[f].type;
+    const char *fname = kiln_ggml_type_name(type);
+    int64_t block = kiln_ggml_block_elements(type);
+    /* QuantMatMul takes whole blocks and k a multiple of 32 (F16/BF16 too) */
+    if (in_dim % (block > 32 ? block : 32) != 0)
+        return KILN_OK;
+    size_t row = (size_t)(in_dim / block) * kiln_ggml_block_bytes(type); /* dims bounded by config validation */
     int64_t rows = 0;
     for (int32_t i = 0; i < n_parts; i++) {
         kiln_dims dims;
         KILN_TRY(b->ck->read_weight(b->ck->weight_user, wname[i], &dims, KILN_DTYPE_F32, NULL, 0));
         if (dims.rank != 2 || dims.d[0] != out_dim[i] || dims.d[1] != in_dim || size[i] != row * (size_t)out_dim[i])
-            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname[i],
-                             quant_formats[f].name, size[i], (long long)out_dim[i], (long long)in_dim);
+            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname[i], fname,
+                             size[i], (long long)out_dim[i], (long long)in_dim);
         rows += out_dim[i];
         total += size[i];
     }
@@ -306,7 +327,7 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
         free(cat);
         KILN_TRY(st);
     }
-    KILN_TRY(quant_layer(b, quant_formats[f].name, w, rows, in_dim, x, lname, y));
+    KILN_TRY(quant_layer(b, fname, w, rows, in_dim, x, lname, y));
     b->done_weights += n_parts;
     progress(b, "converting weights");
     *done = 1;
@@ -597,7 +618,7 @@ static kiln_status quant_embedding(builder *b, kiln_tensor tokens, kiln_tensor *
     KILN_TRY(plugin(b, "embed", "QuantGather", fields, 3, in, 2, x));
     if (b->opt->dtype != KILN_DTYPE_F32)
         KILN_TRY(kiln_network_add_cast(b->net, "embed_cast", *x, b->opt->dtype, x));
-    note_format(b, name);
+    list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, name);
     *lm_fmt = c->tied_embeddings ? f : -1;
     b->done_weights++;
     progress(b, "converting weights");
@@ -629,7 +650,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
     const char *lm_src = c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const int64_t vocab = c->vocab_size;
     if (lm_fmt >= 0) {
-        KILN_TRY(quant_layer(b, quant_formats[lm_fmt].name, table, vocab, c->hidden_size, h, "lm_head", &logits));
+        KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h, "lm_head", &logits));
         b->done_weights++;
         done = 1;
     } else {
@@ -721,6 +742,10 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
         kiln_network_destroy(b.net);
         return st;
     }
+    if (b.expanded[0])
+        kiln_log(KILN_LOG_WARNING,
+                 "LLM build: the %s weights are expanded to %s (QuantMatMul has no CUDA kernel for them)", b.expanded,
+                 kiln_dtype_name(o.dtype));
     *out = b.net;
     return KILN_OK;
 }
