@@ -650,7 +650,8 @@ static kiln_status build(builder *b, int32_t max_blocks)
     const char *lm_src = c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const int64_t vocab = c->vocab_size;
     if (lm_fmt >= 0) {
-        KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h, "lm_head", &logits));
+        KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h,
+                             "lm_head", &logits));
         b->done_weights++;
         done = 1;
     } else {
