@@ -14,6 +14,7 @@
 
 #include "llm/llm_config.h"
 #include "llm/tokenizer.h"
+#include "llm/woq.h"
 
 /* Reads one weight by its Hugging Face name ("model.layers.3.self_attn.q_proj.weight",
  * "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight").
@@ -40,6 +41,11 @@ typedef struct kiln_llm_checkpoint {
      * [out, in] layout. KILN_ERROR_NOT_FOUND when absent. NULL when the
      * format has no quantized weights. */
     kiln_status (*read_quantized)(void *user, const char *name, uint32_t *ggml_type, const void **data, size_t *size);
+    /* Optional (AWQ, GPTQ): weight `name` ("….q_proj.weight") as stored,
+     * unpacked into *out (allocated; the caller frees it with
+     * kiln_woq_free). KILN_ERROR_NOT_FOUND when it is not stored
+     * quantized. NULL when the format has no such weights. */
+    kiln_status (*read_woq)(void *user, const char *name, kiln_woq_weight *out);
     /* The checkpoint's own chat template (Jinja source) and the BOS / EOS
      * token texts it is rendered with; owned, NULL when absent. */
     char *chat_template;
