@@ -3,7 +3,7 @@ file(GLOB KILN_UNIT_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/unit/test_
 foreach(src ${KILN_UNIT_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_executable(${name} ${src})
-  target_link_libraries(${name} PRIVATE kiln_static)
+  target_link_libraries(${name} PRIVATE kiln_openai kiln_static)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
   add_test(NAME unit.${name} COMMAND ${name} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
   set_tests_properties(unit.${name} PROPERTIES
@@ -41,7 +41,7 @@ if(KILN_FUZZ)
     add_executable(${name} ${src})
     target_compile_options(${name} PRIVATE -fsanitize=fuzzer)
     target_link_options(${name} PRIVATE -fsanitize=fuzzer)
-    target_link_libraries(${name} PRIVATE kiln_static)
+    target_link_libraries(${name} PRIVATE kiln_openai kiln_static)
     set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/fuzz)
     set(corpus ${CMAKE_SOURCE_DIR}/tests/fuzz/corpus/${name})
     add_test(NAME fuzz.${name}

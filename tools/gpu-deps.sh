@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Collects what building kiln on the GPU machine needs but that machine
 # lacks (it has CUDA, CMake and Ninja, but none of Debian's -dev packages):
-# the headers and shared libraries of jansson, xxhash, pcre2-8 and OpenBLAS
-# (with libgfortran and libquadmath, which OpenBLAS links), and pkg-config
-# files for them. Run it HERE, on the CPU machine, from the repository root;
+# the headers and shared libraries of jansson, xxhash, pcre2-8, OpenBLAS
+# (with libgfortran and libquadmath, which OpenBLAS links) and libmicrohttpd
+# (for `kiln serve`; it links GnuTLS, which that machine's Ubuntu has as
+# libgnutls.so.30), and pkg-config files for them. Run it HERE, on the CPU machine, from the repository root;
 # carry the result to the device with carry [".gpu-deps"]; tools/gpu-check.sh
 # uses it. The .pc files locate the folder through ${pcfiledir}, so it works
 # wherever it lands.
@@ -20,7 +21,7 @@ rm -rf "$out"
 mkdir -p "$out/include" "$out/lib/pkgconfig"
 
 # Headers.
-for h in jansson.h jansson_config.h xxhash.h xxh3.h pcre2.h; do
+for h in jansson.h jansson_config.h xxhash.h xxh3.h pcre2.h microhttpd.h; do
     cp -L "/usr/include/$h" "$out/include/"
 done
 for h in cblas.h f77blas.h openblas_config.h; do
@@ -40,6 +41,7 @@ copy_lib() { # copy_lib PATH-TO-SO LINKNAME
 copy_lib "$libdir/libjansson.so" libjansson.so
 copy_lib "$libdir/libxxhash.so" libxxhash.so
 copy_lib "$libdir/libpcre2-8.so" libpcre2-8.so
+copy_lib "$libdir/libmicrohttpd.so" libmicrohttpd.so
 copy_lib "$blasdir/libopenblas.so" libopenblas.so
 copy_lib "$libdir/libgfortran.so.5" ""
 copy_lib "$libdir/libquadmath.so.0" ""
@@ -66,6 +68,7 @@ PC
 pc jansson "$(pkg-config --modversion jansson)" -ljansson
 pc libxxhash "$(pkg-config --modversion libxxhash)" -lxxhash
 pc libpcre2-8 "$(pkg-config --modversion libpcre2-8)" -lpcre2-8
+pc libmicrohttpd "$(pkg-config --modversion libmicrohttpd)" -lmicrohttpd
 pc openblas "$(pkg-config --modversion openblas)" -lopenblas
 
 tar cJf "$root/.gpu-deps.tar.xz" -C "$root" .gpu-deps

@@ -4,8 +4,8 @@
 set -euo pipefail
 
 packages=(build-essential cmake ninja-build pkg-config clang libclang-rt-14-dev
-          libjansson-dev libxxhash-dev libopenblas-dev libpcre2-dev
-          python3 python3-venv unicode-data clang-format)
+          libjansson-dev libxxhash-dev libopenblas-dev libpcre2-dev libmicrohttpd-dev
+          python3 python3-venv unicode-data clang-format curl)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

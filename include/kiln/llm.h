@@ -4,9 +4,11 @@
  * its tokenizer (section TOKN), so opening the engine file is all it takes:
  * kiln_llm_open loads the engine, creates one execution context, allocates
  * the paged KV cache and every per-step buffer, and kiln_llm_generate runs
- * any number of requests batched together (continuous batching: prompts are
- * admitted while the batch, the step's token budget and the free KV blocks
- * allow; each step packs prefill chunks and decode tokens).
+ * any number of requests batched together. Requests that come and go (a
+ * server's) go through the scheduler (kiln_llm_scheduler_start below,
+ * docs/scheduling.md): in-flight batching, where each step packs decode
+ * tokens and prefill chunks, KV blocks are taken as sequences grow and
+ * prompt prefixes are shared; kiln_llm_generate is a thin wrapper over it.
  *
  * On a GPU engine the KV cache and every per-step buffer are device memory;
  * the host exchanges only the step's small inputs and the sampled ids with
@@ -14,7 +16,8 @@
  * CUDA graphs captured at open.
  *
  * Threads: a kiln_llm is used by one thread at a time, except
- * kiln_llm_cancel, which any thread may call while another generates.
+ * kiln_llm_cancel, which any thread may call while another generates, and
+ * the scheduler calls that say so.
  * Errors: fallible calls return a kiln_status and set kiln_last_error()
  * (thread-local) to a one-line message; outputs are untouched on failure.
  */
@@ -65,7 +68,25 @@ typedef struct kiln_llm_build_options {
     void *progress_user;
     kiln_backend backend; /* where the engine runs (default CPU) */
     int32_t reserved;
+    /* Matmul weights of the decoder layers (kiln/WeightOnlyMatMul):
+     * KILN_LLM_WEIGHTS_DTYPE (default) keeps them in dtype;
+     * KILN_LLM_WEIGHTS_INT8 quantizes them at build by round-to-nearest
+     * to int8 with a scale per output channel (or per weights_group
+     * values); KILN_LLM_WEIGHTS_INT4 to int4 with a scale and zero point
+     * per weights_group values (default 128);
+     * KILN_LLM_WEIGHTS_FP8 to FP8 E4M3 with a scale per output channel,
+     * the activations quantized per token when the layer runs (W8A8,
+     * kiln/Fp8MatMul; `kiln build --dtype fp8`). Weights
+     * a checkpoint stores quantized (AWQ, GPTQ) are kept as stored
+     * whatever this says; a native GGUF build keeps its ggml formats. */
+    int32_t weights;
+    int32_t weights_group;   /* values per scale, a multiple of 32; 0 (default): int8 a row, int4 128 */
+    int32_t weights_lm_head; /* nonzero: the output projection too (default: kept in dtype) */
+    int32_t reserved2;
 } kiln_llm_build_options;
+
+/* kiln_llm_build_options.weights */
+enum { KILN_LLM_WEIGHTS_DTYPE = 0, KILN_LLM_WEIGHTS_INT8 = 1, KILN_LLM_WEIGHTS_INT4 = 2, KILN_LLM_WEIGHTS_FP8 = 3 };
 
 /* Defaults as written above. */
 KILN_API void kiln_llm_build_options_init(kiln_llm_build_options *options);
@@ -94,8 +115,8 @@ typedef struct kiln_llm_options {
     uint32_t struct_size;
     uint32_t abi_version;
     /* Megabytes for the KV cache of all layers together. 0 (default): on
-     * the CPU, enough for max_batch sequences of max_seq_len tokens, capped
-     * at a quarter of physical memory; on a GPU, kv_cache_fraction of the
+     * the CPU, enough for one sequence of max_seq_len tokens (a chat),
+     * capped at a quarter of physical memory; on a GPU, kv_cache_fraction of the
      * GPU memory free once the weights and the step's buffers are there,
      * capped at what max_batch sequences of max_seq_len tokens can use. */
     size_t kv_cache_mb;
@@ -109,6 +130,12 @@ typedef struct kiln_llm_options {
     /* GPU engines: nonzero skips capturing the decode steps' CUDA graphs
      * (every step is launched kernel by kernel). Default 0. */
     int32_t no_cuda_graphs;
+    /* CPU engines: threads that run a step (1..1024, the calling thread
+     * counted; OpenBLAS gets as many). 0 (default): one per physical core
+     * the process may run on (SMT siblings counted once), shared with
+     * other CPU engines of the process. Ignored on a GPU. */
+    int32_t n_threads;
+    int32_t reserved2;
 } kiln_llm_options;
 
 KILN_API void kiln_llm_options_init(kiln_llm_options *options);
@@ -142,6 +169,10 @@ typedef struct kiln_llm_info {
     int32_t n_graphs;
     double graph_capture_ms;
     size_t graph_nodes;
+    /* CPU engines: threads that run a step (kiln_llm_options.n_threads, or
+     * the process-wide pool's count). 0 on a GPU. */
+    int32_t n_threads;
+    int32_t reserved;
 } kiln_llm_info;
 
 /* Sampling of one request. Order, as Hugging Face's generate applies it:
@@ -189,7 +220,8 @@ typedef struct kiln_llm_request {
     int32_t reserved;
     /* -1 (default): no logprobs; n >= 0: each token's logprob and its n
      * most likely alternatives (n <= 20) in kiln_llm_token and the
-     * result. */
+     * result. An engine built before the sampling layer had logprob
+     * outputs refuses n >= 0 (KILN_ERROR_UNSUPPORTED: rebuild it). */
     int32_t logprobs;
     int32_t reserved2;
 } kiln_llm_request;
@@ -274,7 +306,8 @@ KILN_API kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *co
 
 /* Ends every running request of the current (or next) kiln_llm_generate
  * call at its next step, with finish CANCELLED. Safe from any thread; the
- * flag is cleared when kiln_llm_generate returns. */
+ * flag is cleared when kiln_llm_generate returns. With a scheduler it ends
+ * every request the scheduler holds at its next step. */
 KILN_API void kiln_llm_cancel(kiln_llm *llm);
 
 /* ---- requests that come and go: the scheduler ------------------------------------ */
@@ -310,8 +343,22 @@ typedef struct kiln_llm_scheduler_options {
     int32_t thread;
     /* Share KV blocks of identical prompt prefixes: 1 (default) or 0. */
     int32_t prefix_caching;
-    int32_t reserved;
+    /* Admission (docs/scheduling.md): KILN_LLM_ADMIT_MAX_UTILIZATION
+     * (default) or KILN_LLM_ADMIT_NO_EVICT. */
+    int32_t admission;
 } kiln_llm_scheduler_options;
+
+/* Admission policies (TensorRT-LLM's capacity scheduler policies). */
+enum {
+    /* Admit while the blocks of the request's prompt are free: the batch
+     * is as large as the cache allows now; a running request that later
+     * finds no block preempts the newest one. */
+    KILN_LLM_ADMIT_MAX_UTILIZATION = 0,
+    /* Admit only while the blocks every running request may still take
+     * (up to its max_tokens) and the new request's whole prompt plus
+     * max_tokens are free: nothing is ever preempted. */
+    KILN_LLM_ADMIT_NO_EVICT = 1,
+};
 
 KILN_API void kiln_llm_scheduler_options_init(kiln_llm_scheduler_options *options);
 
@@ -334,13 +381,15 @@ typedef struct kiln_llm_token {
 typedef struct kiln_llm_callbacks {
     uint32_t struct_size;
     uint32_t abi_version;
-    /* Every generated token; returning nonzero cancels the request. May be
+    /* Every generated token but an EOS that ends the request (as
+     * kiln_llm_token_fn); returning nonzero cancels the request. May be
      * NULL. */
     int (*on_token)(void *user, const kiln_llm_token *token);
     /* Exactly once per accepted request, when it ends for any reason
      * (finished, cancelled, or failed: then result->finish is
      * KILN_LLM_FINISH_ERROR and result->error says why). The result passes
-     * to the callee: free it with kiln_llm_result_free. */
+     * to the callee: free it with kiln_llm_result_free. It is NULL only
+     * when the library ran out of memory building it. */
     void (*on_finish)(void *user, kiln_llm_result *result);
     void *user;
 } kiln_llm_callbacks;
@@ -386,13 +435,19 @@ typedef struct kiln_llm_scheduler_stats {
     int32_t reserved;
     uint64_t steps;
     uint64_t preemptions;
-    uint64_t prefix_hit_tokens;   /* prompt tokens whose KV was reused */
-    uint64_t prompt_tokens;       /* prompt tokens of admitted requests */
+    uint64_t prefix_hit_tokens; /* prompt tokens whose KV was reused */
+    uint64_t prompt_tokens;     /* prompt tokens of admitted requests */
     uint64_t generated_tokens;
     uint64_t finished, cancelled, failed;
 } kiln_llm_scheduler_stats;
 
-/* A snapshot (counters since start). */
+/* A snapshot taken at the end of the last step (counters since start);
+ * the steps, generated tokens and finished / cancelled / failed counts are
+ * also updated before each on_finish call, so they count every request
+ * whose on_finish has run.
+ * Fills the caller's struct as far as its struct_size reaches (set it to
+ * sizeof; below 8, the library's whole struct is written) and sets
+ * struct_size to what was written. */
 KILN_API void kiln_llm_scheduler_stats_get(kiln_llm_scheduler *scheduler, kiln_llm_scheduler_stats *stats);
 
 /* Stops accepting requests, lets running and waiting ones go on for up to

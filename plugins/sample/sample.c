@@ -23,39 +23,60 @@
  *          as rows of one sequence, passes fewer, and rows past them must have
  *          no slot); state i32 [slots, V], updated in place.
  * Output:  ids i32 [S].
- * Fields:  none.
- * Blob v1: empty.
+ * Fields:  logprobs (i32, 0..20, default 0): with n > 0 the layer takes an
+ *          eighth params column, the row's number of alternatives (-1: no
+ *          logprobs for the row, 0..n), and has three more outputs:
+ *          logprob f32 [S], the log-softmax of the sampled id over the
+ *          penalized logits (before temperature: what the model assigns it,
+ *          as OpenAI's logprobs report), and top_ids i32 [S, n] with
+ *          top_logprobs f32 [S, n], the row's most likely ids (ties to the
+ *          lower id) and their log-softmax, most likely first. Entries a row
+ *          did not ask for hold id -1 and NaN; a row without logprobs NaN.
+ * Blob v1: empty (logprobs 0). v2: logprobs, i32.
  *
  * The CPU path calls the library's sampler (a built-in is compiled into
  * libkiln, so it shares that code rather than copy it): its draws are
  * bit-for-bit those of kiln_sampler_sample from the same PRNG state. The
  * CUDA path (sample.cu) makes the same choice for greedy and draws from the
  * same distribution otherwise. */
+#include <math.h>
+
 #include "plugin_util.h"
 
 #include "llm/sampler.h"
 #include "sample/sample.h"
 
 #define NAME "Sample"
-#define BLOB_VERSION 1u
+#define BLOB_VERSION 2u
 
 static const kiln_host_api *host;
 
 static const kiln_plugin_ops sample_ops;
 
-static kiln_status sample_new(kiln_plugin **out)
+typedef struct sample_plugin {
+    kiln_plugin base;
+    int32_t top; /* the logprobs field: alternatives per row, 0: no logprob outputs */
+} sample_plugin;
+
+static int32_t top_of(const kiln_plugin *self) { return ((const sample_plugin *)self)->top; }
+
+static kiln_status sample_new(int32_t top, kiln_plugin **out)
 {
-    kiln_plugin *p = calloc(1, sizeof *p);
+    if (top < 0 || top > SAMPLE_MAX_TOP)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": logprobs %d is not in [0, %d]", (int)top,
+                          SAMPLE_MAX_TOP);
+    sample_plugin *p = calloc(1, sizeof *p);
     if (!p)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
-    p->struct_size = sizeof *p;
-    p->abi_version = KILN_PLUGIN_ABI_VERSION;
-    p->ops = &sample_ops;
-    *out = p;
+    p->base.struct_size = sizeof p->base;
+    p->base.abi_version = KILN_PLUGIN_ABI_VERSION;
+    p->base.ops = &sample_ops;
+    p->top = top;
+    *out = &p->base;
     return KILN_OK;
 }
 
-static int32_t sample_num_outputs(const kiln_plugin *self) { return 1; }
+static int32_t sample_num_outputs(const kiln_plugin *self) { return top_of(self) > 0 ? 4 : 1; }
 
 static kiln_status sample_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
                                         kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
@@ -65,20 +86,29 @@ static kiln_status sample_output_shapes(const kiln_plugin *self, const kiln_shap
         in[5].rank != 1 || in[6].rank != 2)
         return host->fail(KILN_ERROR_SHAPE, NAME ": expects logits [S, V], params [S, 7], seq [S, 4], tokens [T], "
                                                  "positions [T], query_start [S + 1] and state [slots, V]");
-    if (!host->expr_is_constant(eb, in[1].d[1], &v) || v != SAMPLE_PARAMS)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": params must be [S, 7] (temperature, top_k, top_p, min_p, "
-                                                 "repetition, presence, frequency)");
+    const int32_t top = top_of(self);
+    if (!host->expr_is_constant(eb, in[1].d[1], &v) || v != (top > 0 ? SAMPLE_PARAMS_LOGPROBS : SAMPLE_PARAMS))
+        return host->fail(KILN_ERROR_SHAPE,
+                          NAME ": params must be [S, %d] (temperature, top_k, top_p, min_p, repetition, presence, "
+                               "frequency%s)",
+                          top > 0 ? SAMPLE_PARAMS_LOGPROBS : SAMPLE_PARAMS, top > 0 ? ", logprobs" : "");
     if (!host->expr_is_constant(eb, in[2].d[1], &v) || v != SAMPLE_SEQ)
         return host->fail(KILN_ERROR_SHAPE, NAME ": seq must be [S, 4] (random high, random low, slot, prompt length)");
-    out[0].rank = 1;
-    out[0].d[0] = in[0].d[0];
+    for (int32_t o = 0; o < n_out; o++) {
+        out[o].rank = o < 2 ? 1 : 2;
+        out[o].d[0] = in[0].d[0];
+        if (o >= 2)
+            out[o].d[1] = host->expr_constant(eb, top);
+    }
     return KILN_OK;
 }
 
 static kiln_status sample_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
                                         int32_t n_out)
 {
-    out[0] = KILN_DTYPE_I32;
+    static const kiln_dtype types[4] = {KILN_DTYPE_I32, KILN_DTYPE_F32, KILN_DTYPE_I32, KILN_DTYPE_F32};
+    for (int32_t o = 0; o < n_out && o < 4; o++)
+        out[o] = types[o];
     return KILN_OK;
 }
 
@@ -89,9 +119,12 @@ static int32_t sample_supports(const kiln_plugin *self, kiln_backend backend, co
 #ifdef KILN_HAVE_CUDA
     backend_ok |= backend == KILN_BACKEND_CUDA;
 #endif
-    int ok = backend_ok && n_in == 7 && n_out == 1 && d[0].dtype == KILN_DTYPE_F32 && d[1].dtype == KILN_DTYPE_F32;
+    int ok = backend_ok && n_in == 7 && n_out == sample_num_outputs(self) && d[0].dtype == KILN_DTYPE_F32 &&
+             d[1].dtype == KILN_DTYPE_F32;
     for (int32_t i = 2; ok && i < 8; i++)
         ok = d[i].dtype == KILN_DTYPE_I32;
+    for (int32_t o = 1; ok && o < n_out; o++)
+        ok = d[n_in + o].dtype == (o == 2 ? KILN_DTYPE_I32 : KILN_DTYPE_F32);
     return ok;
 }
 
@@ -105,21 +138,59 @@ static size_t sample_workspace(const kiln_plugin *self, const kiln_tensor_desc *
 }
 
 typedef struct sample_job {
-    const float *logits, *params;
-    const int32_t *seq, *tokens, *positions, *qstart;
-    int32_t *state, *ids;
-    int32_t vocab;
-    void *workspace;
-    int64_t n_rows;
+    const sample_args *a;
 } sample_job;
+
+/* Row s's logprob outputs from its penalized logits (sample.h's
+ * definition): the log-softmax of the sampled id and of the n most
+ * likely ids. */
+static void row_logprobs(const sample_args *a, int64_t s, const float *row, int32_t n)
+{
+    const int32_t V = a->V, K = a->top;
+    int32_t *top = a->top_ids + s * K;
+    float *lp = a->top_logprobs + s * K;
+    for (int32_t k = 0; k < K; k++) {
+        top[k] = -1;
+        lp[k] = NAN;
+    }
+    a->logprob[s] = NAN;
+    if (n < 0)
+        return;
+    float max = -INFINITY;
+    for (int32_t i = 0; i < V; i++)
+        max = row[i] > max ? row[i] : max;
+    double sum = 0.0;
+    for (int32_t i = 0; i < V && max != -INFINITY; i++)
+        sum += exp((double)row[i] - (double)max);
+    const double lse = (double)max + log(sum);
+    a->logprob[s] = (float)((double)row[a->ids[s]] - lse);
+    if (n > K)
+        n = K;
+    /* Insertion into the n best so far: descending logit, lower id first. */
+    int32_t have = 0;
+    for (int32_t i = 0; i < V; i++) {
+        int32_t at = have;
+        while (at > 0 && row[i] > row[top[at - 1]])
+            at--;
+        if (at >= n)
+            continue;
+        for (int32_t k = (have < n ? have : n - 1); k > at; k--)
+            top[k] = top[k - 1];
+        top[at] = i;
+        if (have < n)
+            have++;
+    }
+    for (int32_t k = 0; k < have; k++)
+        lp[k] = (float)((double)row[top[k]] - lse);
+}
 
 static void sample_rows(void *arg, int64_t begin, int64_t end)
 {
-    const sample_job *j = arg;
-    const int32_t V = j->vocab;
+    const sample_args *a = ((const sample_job *)arg)->a;
+    const int32_t V = a->V;
     for (int64_t s = begin; s < end; s++) {
-        const float *row = j->logits + s * V, *pr = j->params + s * SAMPLE_PARAMS;
-        const int32_t *sq = j->seq + s * SAMPLE_SEQ;
+        const float *row = a->logits + s * V, *pr = a->params + s * a->P;
+        const int32_t *sq = a->seq + s * SAMPLE_SEQ;
         kiln_llm_sampling p = {.temperature = pr[0],
                                .top_k = sample_top_k(pr[1], V),
                                .top_p = pr[2],
@@ -129,22 +200,24 @@ static void sample_rows(void *arg, int64_t begin, int64_t end)
                                .frequency_penalty = pr[6]};
         int32_t slot = sq[2];
         if (slot >= 0) {
-            int32_t *st = j->state + (int64_t)slot * V;
-            sample_track(st, V, j->tokens, j->positions, j->qstart[s], j->qstart[s + 1], sq[3]);
+            int32_t *st = a->state + (int64_t)slot * V;
+            sample_track(st, V, a->tokens, a->positions, a->qstart[s], a->qstart[s + 1], sq[3]);
             if (sample_has_penalty(pr)) {
-                float *pen = (float *)((kiln_candidate *)j->workspace + j->n_rows * V) + s * V;
+                float *pen = (float *)((kiln_candidate *)a->workspace + (int64_t)a->S * V) + s * V;
                 for (int32_t i = 0; i < V; i++)
                     pen[i] = kiln_sampler_penalty(row[i], st[i] & 1, st[i] >> 1, &p);
                 row = pen;
             }
         }
         if (!(p.temperature > 0.0f)) {
-            j->ids[s] = kiln_sampler_argmax(row, V);
-            continue;
+            a->ids[s] = kiln_sampler_argmax(row, V);
+        } else {
+            kiln_candidate *c = (kiln_candidate *)a->workspace + s * V;
+            int32_t n = kiln_sampler_filter(row, V, &p, c);
+            a->ids[s] = kiln_sampler_draw(c, n, kiln_sampler_uniform_from_bits(sq));
         }
-        kiln_candidate *c = (kiln_candidate *)j->workspace + s * V;
-        int32_t n = kiln_sampler_filter(row, V, &p, c);
-        j->ids[s] = kiln_sampler_draw(c, n, kiln_sampler_uniform_from_bits(sq));
+        if (a->top > 0)
+            row_logprobs(a, s, row, pr[SAMPLE_PARAMS] >= 0.0f ? (int32_t)pr[SAMPLE_PARAMS] : -1);
     }
 }
 
@@ -166,20 +239,26 @@ static kiln_status sample_enqueue(kiln_plugin *self, kiln_backend backend, const
                           (long long)V, (long long)in_desc[6].dims.d[1], (long long)T, (long long)in_desc[4].dims.d[0]);
     if (S == 0)
         return KILN_OK;
-    sample_args a = {in[0],
-                     in[1],
-                     in[2],
-                     in[3],
-                     in[4],
-                     in[5],
-                     (int32_t *)in[6],
-                     out[0],
-                     (int32_t)S,
-                     (int32_t)V,
-                     (int32_t)T,
-                     (int32_t)in_desc[6].dims.d[0],
-                     workspace,
-                     (int32_t)Q};
+    const int32_t top = top_of(self);
+    sample_args a = {.logits = in[0],
+                     .params = in[1],
+                     .seq = in[2],
+                     .tokens = in[3],
+                     .positions = in[4],
+                     .qstart = in[5],
+                     .state = (int32_t *)in[6],
+                     .ids = out[0],
+                     .S = (int32_t)S,
+                     .V = (int32_t)V,
+                     .T = (int32_t)T,
+                     .slots = (int32_t)in_desc[6].dims.d[0],
+                     .workspace = workspace,
+                     .Q = (int32_t)Q,
+                     .P = top > 0 ? SAMPLE_PARAMS_LOGPROBS : SAMPLE_PARAMS,
+                     .top = top,
+                     .logprob = top > 0 ? out[1] : NULL,
+                     .top_ids = top > 0 ? out[2] : NULL,
+                     .top_logprobs = top > 0 ? out[3] : NULL};
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA)
         return kiln_sample_cuda(&a, stream) == 0 ? KILN_OK
@@ -198,20 +277,20 @@ static kiln_status sample_enqueue(kiln_plugin *self, kiln_backend backend, const
             if (a.tokens[t] < 0 || a.tokens[t] >= V)
                 return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": token %d outside the vocabulary", a.tokens[t]);
     }
-    sample_job job = {a.logits, a.params,   a.seq,     a.tokens, a.positions, a.qstart, a.state,
-                      a.ids,    (int32_t)V, workspace, S};
+    sample_job job = {&a};
     host->parallel_for(stream, S, sample_rows, &job);
     return KILN_OK;
 }
 
 static kiln_status sample_serialize(const kiln_plugin *self, void *buf, size_t *size)
 {
-    return plugin_pod_serialize(host, NAME, NULL, 0, buf, size);
+    const int32_t top = top_of(self);
+    return plugin_pod_serialize(host, NAME, &top, sizeof top, buf, size);
 }
 
 static kiln_status sample_clone(const kiln_plugin *self, kiln_plugin **out)
 {
-    return plugin_pod_clone(host, self, sizeof(kiln_plugin), out);
+    return plugin_pod_clone(host, self, sizeof(sample_plugin), out);
 }
 
 static void sample_destroy(kiln_plugin *self) { free(self); }
@@ -234,15 +313,25 @@ static const kiln_plugin_ops sample_ops = {
 
 static kiln_status sample_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
 {
-    return sample_new(out);
+    return sample_new(plugin_field_i32(f, n, "logprobs", 0), out);
 }
 
 static kiln_status sample_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                       kiln_plugin **out)
 {
-    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, 0);
-    return s != KILN_OK ? s : sample_new(out);
+    /* v1 (engines built before the logprob outputs) is empty. */
+    static const size_t sizes[2] = {0, sizeof(int32_t)};
+    int32_t top = 0;
+    kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, sizes, version, blob, size, &top);
+    return s != KILN_OK ? s : sample_new(top, out);
 }
+
+static const int32_t zero_i32 = 0;
+
+static const kiln_field_spec sample_fields[] = {
+    PLUGIN_FIELD_OPTIONAL("logprobs", KILN_FIELD_I32, &zero_i32,
+                          "alternatives per row of the logprob outputs (0..20); 0: no logprob outputs"),
+};
 
 static const kiln_plugin_creator sample_creator = {
     .struct_size = sizeof(kiln_plugin_creator),
@@ -250,8 +339,8 @@ static const kiln_plugin_creator sample_creator = {
     .name = NAME,
     .version = "1",
     .plugin_namespace = "kiln",
-    .fields = NULL,
-    .n_fields = 0,
+    .fields = sample_fields,
+    .n_fields = 1,
     .blob_version = BLOB_VERSION,
     .create = sample_create,
     .deserialize = sample_deserialize,

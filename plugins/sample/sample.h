@@ -18,6 +18,10 @@ extern "C" {
 
 #define SAMPLE_PARAMS 7 /* temperature, top_k, top_p, min_p, repetition, presence, frequency */
 #define SAMPLE_SEQ 4    /* random high, random low, state slot (-1: none), prompt length */
+/* A layer with the logprob outputs takes one more params column: the
+ * row's number of alternatives (-1: no logprobs for the row). */
+#define SAMPLE_PARAMS_LOGPROBS 8
+#define SAMPLE_MAX_TOP 20 /* alternatives a layer may return per row */
 /* Workspace bytes per logit: a candidate (8) and a penalized logit (4). */
 #define SAMPLE_WORKSPACE_PER_ENTRY 12
 
@@ -37,6 +41,11 @@ typedef struct sample_args {
      * logits of one sequence's every position as rows, with 2, and a row s
      * with s + 1 >= Q keeps no history (its slot must be -1). */
     int32_t Q;
+    int32_t P;           /* params columns: SAMPLE_PARAMS, or SAMPLE_PARAMS_LOGPROBS with top > 0 */
+    int32_t top;         /* alternatives per row of the logprob outputs; 0: none (NULL below) */
+    float *logprob;      /* [S] */
+    int32_t *top_ids;    /* [S, top] */
+    float *top_logprobs; /* [S, top] */
 } sample_args;
 
 /* top_k as the params row holds it (a float) to the sampler's int: <= 0

@@ -1,5 +1,6 @@
 /* struct kiln_llm, shared by the files that implement include/kiln/llm.h
- * (generate.c opens and generates, score.c scores). */
+ * (generate.c opens the engine, step.c runs one step of it, scheduler.c
+ * schedules requests over steps, score.c scores). */
 #ifndef KILN_LLM_INTERNAL_H
 #define KILN_LLM_INTERNAL_H
 
@@ -13,20 +14,25 @@
 #include "llm/sampler.h"
 #include "llm/tokenizer.h"
 
-/* Host copies of the step's inputs, at their max sizes. */
+/* Host copies of the step's inputs, at their max sizes (in kiln_llm's
+ * `packed`), and of what comes out of a step. */
 typedef struct step_host {
     int32_t *tokens, *positions;    /* [max_tokens] */
     int32_t *block_table;           /* [max_batch, max_blocks] */
     int32_t *seq_lens, *last_token; /* [max_batch] */
     int32_t *query_start;           /* [max_batch + 1] */
-    float *params;                  /* [max_batch, SAMPLE_PARAMS] sample_params */
+    float *params;                  /* [max_batch, n_params] sample_params */
     int32_t *seq;                   /* [max_batch, SAMPLE_SEQ] sample_seq */
     int32_t *next;                  /* [max_batch] next_token */
     float *logits;                  /* [max_batch, vocab]: engines without the sampling layer */
+    /* Engines whose sampling layer has the logprob outputs: */
+    float *logprob;      /* [max_batch] of the sampled id */
+    int32_t *top_ids;    /* [max_batch, logprob_top] */
+    float *top_logprobs; /* [max_batch, logprob_top] */
 } step_host;
 
-/* The step's inputs, in the order run_step copies them (names in
- * generate.c). */
+/* The step's inputs, in the order kiln_llm_step_run copies them (names in
+ * step.c). */
 enum {
     IN_TOKENS,
     IN_POSITIONS,
@@ -56,13 +62,18 @@ struct kiln_llm {
      * decode step write; -1 without graphs. */
     int32_t scratch_block;
     int has_sampler; /* the engine ends with kiln/Sample (next_token) */
+    /* Columns of sample_params: SAMPLE_PARAMS, or one more (the row's
+     * logprobs, -1: none) when the layer has the logprob outputs, which
+     * hold logprob_top alternatives (0: the engine has none). */
+    int32_t n_params, logprob_top;
     step_host h;
-    /* What each step input's buffer (the context's own, which never moves)
-     * holds: a decode step copies only the inputs that changed (tokens,
-     * positions, seq_lens, sample_seq; block_table when a sequence enters a
-     * new block). */
-    void *shadow[N_STEP_INPUTS];
-    size_t shadow_bytes[N_STEP_INPUTS];
+    /* The step's inputs live in one block of host memory (h's pointers
+     * point into it) laid out as the block of device memory the inputs are
+     * bound to (kiln_context_io_span): one copy carries them all, tokens
+     * first and block_table last, so a step copies up to the end of its
+     * block_table rows. */
+    void *packed;
+    size_t offset[N_STEP_INPUTS];
     int32_t cur_T, cur_S; /* shapes set on the context, 0: none */
     /* Free rows of sample_state, the penalties' history on the engine's
      * side: a running sequence with a penalty holds one. */
@@ -74,10 +85,49 @@ struct kiln_llm {
     int32_t n_buckets;
     double capture_ms;
     size_t graph_nodes;
+    /* CPU: threads of a step; own_threads: those asked for in the options
+     * (a context pool of that size, given to the scoring context too), 0:
+     * the process-wide pool. */
+    int32_t n_threads, own_threads;
     kiln_candidate *cand; /* [vocab] host sampling scratch */
     size_t max_piece;     /* longest vocabulary string, bytes */
     atomic_int cancel;
+    /* A scheduler holds the llm (kiln_llm_scheduler_start until _stop). */
+    int scheduled;
 };
 
+/* ---- one step of the engine (step.c) -------------------------------------------------- */
+
+double kiln_llm_now_ms(void);
+
+/* Sets the step inputs' shapes for T tokens of S sequences (skipped when
+ * they are those of the last step). */
+kiln_status kiln_llm_step_shapes(kiln_llm *llm, int32_t T, int32_t S);
+
+/* Rows [S, B) of a decode step padded up to a graph's batch size B: each a
+ * one-token sequence at position 0 of the scratch block, sampled greedily
+ * and ignored. */
+void kiln_llm_step_pad(kiln_llm *llm, int32_t S, int32_t B);
+
+/* The smallest captured batch size that holds a decode step of S
+ * sequences, 0 when none does (or graphs are off). */
+int32_t kiln_llm_step_bucket(const kiln_llm *llm, int32_t S);
+
+/* Copies the step's inputs (llm->h, T tokens of S rows) in, runs it, and
+ * copies out what the host needs: next_token, the logprob outputs when
+ * need_logprobs, the logits for an engine without the sampling layer
+ * (need_logits). One synchronization. With `graph` the step is a decode
+ * step padded to a captured batch size and replays its graph. */
+kiln_status kiln_llm_step_run(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits, int need_logprobs);
+
+/* Captures one CUDA graph per decode batch size bucket (1, 2, 4, ...,
+ * max_batch) by running a step of padding rows at each, so that decode
+ * steps only replay. Nothing else is captured: prefill steps vary in T and
+ * launch directly (PAUSED). */
+kiln_status kiln_llm_capture_graphs(kiln_llm *llm);
+
+/* A request's prompt ids: its text tokenized as kiln_llm_prompt_ids does,
+ * or its ids checked against the vocabulary. *ids malloc'd. */
+kiln_status kiln_llm_request_prompt(const kiln_llm *llm, const kiln_llm_request *req, int32_t **ids, size_t *n);
 
 #endif

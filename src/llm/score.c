@@ -26,7 +26,7 @@ typedef struct score_state {
     /* An engine that ends with the sampling layer samples every row too:
      * greedy, no penalty slot (kiln/Sample takes rows of one sequence
      * then), its next_token unread. */
-    float *params; /* [chunk, SAMPLE_PARAMS] zeros */
+    float *params; /* [chunk, n_params] zeros (no logprobs: -1) */
     int32_t *seq;  /* [chunk, SAMPLE_SEQ] */
     float *logits; /* [chunk, vocab] */
     void *zeros;   /* one layer's KV cache of zeros */
@@ -93,16 +93,21 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     st->block_table = calloc((size_t)llm->max_blocks, sizeof *st->block_table);
     st->logits = malloc((size_t)chunk * V * sizeof *st->logits);
     st->zeros = calloc(1, layer_bytes);
-    st->params = calloc((size_t)chunk * SAMPLE_PARAMS, sizeof *st->params);
+    st->params = calloc((size_t)chunk * (size_t)llm->n_params, sizeof *st->params);
     st->seq = calloc((size_t)chunk * SAMPLE_SEQ, sizeof *st->seq);
     if (!st->tokens || !st->positions || !st->last || !st->block_table || !st->logits || !st->zeros || !st->params ||
         !st->seq)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory scoring %zu tokens", n);
-    for (int64_t r = 0; r < chunk; r++)
+    for (int64_t r = 0; r < chunk; r++) {
         st->seq[r * SAMPLE_SEQ + 2] = -1;
+        if (llm->n_params > SAMPLE_PARAMS)
+            st->params[r * llm->n_params + SAMPLE_PARAMS] = -1.0f;
+    }
     for (int32_t b = 0; b < st->n_blocks; b++)
         st->block_table[b] = b;
     KILN_TRY(kiln_context_create(llm->engine, &st->ctx));
+    if (llm->own_threads > 0)
+        KILN_TRY(kiln_context_set_threads(st->ctx, llm->own_threads));
     kiln_dims kd = {.rank = 5, .d = {st->n_blocks, 2, c->n_kv_heads, c->block_size, c->head_dim}};
     char name[32];
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -117,7 +122,7 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
                     {"seq_lens", query_start + 1, 1, 0},
                     {"query_start", query_start, 2, 0},
                     {"last_token", &zero, 1, 0},
-                    {"sample_params", st->params, 1, SAMPLE_PARAMS},
+                    {"sample_params", st->params, 1, llm->n_params},
                     {"sample_seq", st->seq, 1, SAMPLE_SEQ}};
     KILN_TRY(set_inputs(st->ctx, io, (int)(sizeof io / sizeof io[0]) - (llm->has_sampler ? 0 : 2)));
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -142,7 +147,7 @@ static kiln_status score_step(kiln_llm *llm, score_state *st, const int32_t *ids
                     {"seq_lens", &seq_len, 1, 0},
                     {"query_start", query_start, 2, 0},
                     {"last_token", st->last, c, 0},
-                    {"sample_params", st->params, c, SAMPLE_PARAMS},
+                    {"sample_params", st->params, c, llm->n_params},
                     {"sample_seq", st->seq, c, SAMPLE_SEQ}};
     KILN_TRY(set_inputs(st->ctx, io, (int)(sizeof io / sizeof io[0]) - (llm->has_sampler ? 0 : 2)));
     KILN_TRY(kiln_context_enqueue(st->ctx, NULL));
@@ -180,7 +185,20 @@ kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm
 
 /* ---- the engine and its weights --------------------------------------------------------------------------- */
 
-/* Whether every reader of constant t is a gather taking it as its table. */
+/* Whether layer L gathers rows of its input 0: a gather, or kiln's
+ * QuantGather over a quantized table. */
+static int is_gather(const kiln_graph *g, const kiln_layer *L)
+{
+    if (L->op == KILN_OP_GATHER)
+        return 1;
+    if (L->op != KILN_OP_PLUGIN || L->p.plugin.index < 0 || L->p.plugin.index >= g->n_plugins)
+        return 0;
+    const kiln_plugin_rec *r = &g->plugins[L->p.plugin.index];
+    return !strcmp(r->name, "QuantGather") && !strcmp(r->plugin_namespace, "kiln");
+}
+
+/* Whether every reader of constant t gathers rows of it (a step reads one
+ * row per token, not the table). */
 static int gather_only(const kiln_graph *g, int32_t t)
 {
     int readers = 0;
@@ -189,7 +207,7 @@ static int gather_only(const kiln_graph *g, int32_t t)
         for (int32_t i = 0; i < L->n_inputs; i++) {
             if (L->inputs[i] != t)
                 continue;
-            if (L->op != KILN_OP_GATHER || i != 0)
+            if (!is_gather(g, L) || i != 0)
                 return 0;
             readers++;
         }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/threadpool.h"
 
 
 /* ---- the engine's pool ------------------------------------------------------------ */
@@ -157,7 +158,10 @@ void kiln_context_destroy(kiln_context *ctx)
             io_free(ctx, t);
     free(ctx->plan.io_buf);
     free(ctx->io_cap);
+    if (ctx->span)
+        ctx->engine->backend->mem_free(ctx->span, ctx->span_bytes, 0);
     free(ctx->plan.layer_ms);
+    kiln_threadpool_destroy(ctx->plan.pool);
     free(ctx->plan.plugins);
     free(ctx->plan.symbols);
     free(ctx->values);
@@ -398,6 +402,39 @@ kiln_status kiln_context_set_tensor_address(kiln_context *ctx, const char *name,
     return KILN_OK;
 }
 
+kiln_status kiln_context_io_span(kiln_context *ctx, size_t bytes, void **ptr)
+{
+    if (ctx->span) {
+        /* Work in flight may still read it. */
+        KILN_TRY(kiln_context_synchronize(ctx));
+        ctx->engine->backend->mem_free(ctx->span, ctx->span_bytes, 0);
+        ctx->span = NULL;
+        ctx->span_bytes = 0;
+    }
+    void *p = ctx->engine->backend->mem_alloc(bytes ? bytes : 1, 0);
+    if (!p)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of %s memory for %zu bytes of step inputs",
+                         kiln_backend_name(ctx->engine->info.backend), bytes);
+    ctx->span = p;
+    ctx->span_bytes = bytes;
+    *ptr = p;
+    return KILN_OK;
+}
+
+kiln_status kiln_context_copy_span(kiln_context *ctx, const char *first, const void *host, size_t bytes)
+{
+    int32_t t = find_io(ctx, first);
+    if (t < 0)
+        return kiln_fail(KILN_ERROR_NOT_FOUND, "the engine has no I/O tensor \"%s\"", first);
+    if (!ctx->span || ctx->plan.bound[t] != ctx->span || bytes > ctx->span_bytes || !host)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "a span copy of %zu bytes: \"%s\" must be bound at the start of a span of %zu bytes", bytes,
+                         first, ctx->span_bytes);
+    if (!bytes)
+        return KILN_OK;
+    return ctx->engine->backend->copy(ctx->backend_context, t, (void *)host, bytes, 1);
+}
+
 kiln_status kiln_context_tensor_address(kiln_context *ctx, const char *name, void **ptr)
 {
     int32_t t = find_io(ctx, name);
@@ -498,6 +535,21 @@ kiln_status kiln_context_gpu_time(kiln_context *ctx, float *ms)
 {
     const kiln_backend_i *b = ctx->engine->backend;
     return b->gpu_time ? b->gpu_time(ctx->backend_context, ms) : lacks(ctx, "GPU time needs");
+}
+
+kiln_status kiln_context_set_threads(kiln_context *ctx, int32_t n_threads)
+{
+    if (ctx->engine->backend->kind != KILN_BACKEND_CPU)
+        return kiln_fail(KILN_ERROR_TARGET, "thread counts are for CPU engines; this one runs on %s",
+                         kiln_backend_name(ctx->engine->backend->kind));
+    if (n_threads < 0 || n_threads > 1024)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "thread count %d is outside 0..1024", (int)n_threads);
+    kiln_threadpool *pool = NULL;
+    if (n_threads > 0)
+        KILN_TRY(kiln_threadpool_create(n_threads, &pool));
+    kiln_threadpool_destroy(ctx->plan.pool);
+    ctx->plan.pool = pool;
+    return KILN_OK;
 }
 
 kiln_status kiln_context_set_profiling(kiln_context *ctx, int32_t enable)

@@ -79,9 +79,24 @@ struct kiln_context {
      * unbound, never in enqueue. */
     size_t *io_cap;
     kiln_backend_context *backend_context;
+    /* kiln_context_io_span's memory, NULL: none. */
+    void *span;
+    size_t span_bytes;
 };
 
 /* KILN_OK once every input shape is set. */
 kiln_status kiln_context_require_shapes(const kiln_context *ctx);
+
+/* One block of the backend's I/O memory (device memory on CUDA) owned by
+ * the context and freed with it, for a caller that binds several inputs
+ * inside it and fills them all with one copy (the LLM step's inputs,
+ * src/llm/step.c). A second call replaces the first. */
+kiln_status kiln_context_io_span(kiln_context *ctx, size_t bytes, void **ptr);
+
+/* Copies host[0..bytes) to the start of the span, enqueued in stream order
+ * as kiln_context_copy_input is: `first` names the input bound at the
+ * span's start (its staging buffer carries the copy on CUDA). Fails when
+ * that input is not bound there or bytes exceed the span. */
+kiln_status kiln_context_copy_span(kiln_context *ctx, const char *first, const void *host, size_t bytes);
 
 #endif

@@ -5,18 +5,23 @@
  *   of the large-set path (no top-k) within 0.05 total variation of the
  *   CPU sampler's probabilities; with penalties and their state slots,
  *   greedy identical to the CPU layer (itself bit-for-bit the host
- *   sampler, tests/unit/test_sampler.c);
+ *   sampler, tests/unit/test_sampler.c); the logprob outputs: the CPU's
+ *   top ids in its order and its log-softmax values within 1e-5;
  * - generation: f32 cuda engines of every tiny checkpoint of tests/data/llm
  *   give the CPU engine's greedy tokens (8 prompts x 32), with CUDA graphs
  *   and without; batch invariance: a prompt decoded in a batch of 8 gives
  *   the tokens it gives alone; the KV cache capped at what max_batch full
- *   sequences use.
+ *   sequences use;
+ * - the scheduler (issue 9): 65 requests of mixed lengths, greedy and
+ *   seeded-sampled, together with preemptions forced by a 12-block cache,
+ *   each with exactly the tokens it gets alone.
  * Skipped (77) without a GPU. */
 #ifdef KILN_HAVE_CUDA
 
 #include "test.h"
 
 #include <kiln/llm.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include "backend/cuda/cuda_backend.h"
@@ -200,6 +205,108 @@ static void test_sample_layer(void)
 
 /* ---- generation ------------------------------------------------------------------------ */
 
+/* The logprob outputs (sample.c) on the GPU against the CPU: the same
+ * top ids in the same order and log-softmax values within 1e-5, for
+ * greedy, top-k and large-set rows, a penalized row (its history through
+ * a state slot), masked and tied logits, and rows that ask for nothing. */
+static void test_sample_logprobs(void)
+{
+    enum { S = 8, V = 32000, K = 20, P = SAMPLE_PARAMS_LOGPROBS, ROUNDS = 20 };
+    sample_runner cpu, gpu;
+    CHECK_OK(sample_runner_open_top(&cpu, KILN_BACKEND_CPU, S, V, K));
+    CHECK_OK(sample_runner_open_top(&gpu, KILN_BACKEND_CUDA, S, V, K));
+    if (!cpu.ctx || !gpu.ctx) {
+        sample_runner_close(&cpu);
+        sample_runner_close(&gpu);
+        return;
+    }
+    static float logits[S * V];
+    float params[S * P], lp[2][S], tl[2][S * K];
+    int32_t seq[S * SAMPLE_SEQ], ids[2][S], ti[2][S * K];
+    const kiln_llm_sampling rows[S] = {
+        {.top_p = 1.0f},
+        {.top_p = 1.0f},
+        {.temperature = 0.8f, .top_k = 40, .top_p = 0.9f},
+        {.temperature = 0.8f, .top_p = 0.9f},
+        {.top_p = 1.0f, .repetition_penalty = 1.3f, .frequency_penalty = 0.5f},
+        {.temperature = 1.0f, .top_p = 1.0f},
+        {.top_p = 1.0f},
+        {.temperature = 0.7f, .top_k = 5, .top_p = 1.0f},
+    };
+    const int32_t n_top[S] = {20, 1, 5, 0, 20, -1, 20, 3};
+    int32_t tokens[8] = {5, 9, 5, 11, 300, 9, 9, 17}, positions[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    int32_t qs[S + 1];
+    for (int s = 0; s <= S; s++)
+        qs[s] = s <= 4 ? 0 : 8; /* row 4 feeds the 8 tokens into its slot */
+    kiln_rng r;
+    kiln_rng_seed(&r, 9);
+    int same_top = 1, lp_close = 1, ids_same = 0, nan_ok = 1;
+    double worst = 0.0;
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int s = 0; s < S; s++) {
+            random_logits(logits + s * V, V, &r, 20.0f);
+            float *q = params + P * s;
+            const kiln_llm_sampling *p = &rows[s];
+            q[0] = p->temperature, q[1] = (float)p->top_k, q[2] = p->top_p, q[3] = p->min_p;
+            q[4] = p->repetition_penalty, q[5] = p->presence_penalty, q[6] = p->frequency_penalty;
+            q[SAMPLE_PARAMS] = (float)n_top[s];
+            int32_t *sq = seq + SAMPLE_SEQ * s;
+            sq[0] = sq[1] = 0;
+            sq[2] = s == 4 ? 0 : -1;
+            sq[3] = 3;
+            if (p->temperature > 0.0f)
+                kiln_sampler_uniform_bits(&r, sq);
+        }
+        /* ties at the top, and masked ids */
+        logits[6 * V + 7] = logits[6 * V + 700] = logits[6 * V + 31999] = 60.0f;
+        for (int32_t i = 0; i < V; i += 3)
+            logits[1 * V + i] = -INFINITY;
+        sample_step st = {.S = S,
+                          .T = 8,
+                          .logits = logits,
+                          .params = params,
+                          .seq = seq,
+                          .tokens = tokens,
+                          .positions = positions,
+                          .qstart = qs};
+        for (int side = 0; side < 2; side++) {
+            st.logprob = lp[side];
+            st.top_ids = ti[side];
+            st.top_logprobs = tl[side];
+            CHECK_OK(sample_runner_step(side ? &gpu : &cpu, &st, ids[side]));
+        }
+        for (int s = 0; s < S; s++) {
+            int n = n_top[s];
+            if (n < 0) {
+                nan_ok &= isnan(lp[1][s]) && ti[1][s * K] == -1;
+                continue;
+            }
+            if (ids[0][s] == ids[1][s]) {
+                ids_same++;
+                double d = fabs((double)lp[0][s] - (double)lp[1][s]);
+                worst = d > worst ? d : worst;
+                lp_close &= d <= 1e-5;
+            }
+            for (int k = 0; k < K; k++) {
+                same_top &= ti[0][s * K + k] == ti[1][s * K + k];
+                if (k < n) {
+                    double d = fabs((double)tl[0][s * K + k] - (double)tl[1][s * K + k]);
+                    worst = d > worst ? d : worst;
+                    lp_close &= d <= 1e-5;
+                } else {
+                    nan_ok &= isnan(tl[1][s * K + k]);
+                }
+            }
+        }
+    }
+    CHECK(same_top && lp_close && nan_ok);
+    CHECK(ids_same >= ROUNDS * 6);
+    printf("sample layer logprobs: top ids %s, largest log-softmax difference %.2e over %d rows with equal ids\n",
+           same_top ? "identical" : "DIFFER", worst, ids_same);
+    sample_runner_close(&cpu);
+    sample_runner_close(&gpu);
+}
+
 static const char *const prompts[8] = {"Hello",     "The capital of France is", "1, 2, 3,",       "Once upon a time",
                                        "def f(x):", "The quick brown fox",      "Water boils at", "I think that"};
 
@@ -319,7 +426,133 @@ static void test_generation(void)
     remove(gpu_path);
 }
 
-static const test_case_ tests[] = {TEST(test_sample_layer), TEST(test_generation)};
+/* ---- the scheduler on the GPU ------------------------------------------------------------- */
+
+enum { SCHED_N = 65 };
+
+typedef struct sched_board {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int ended;
+    kiln_llm_result *res[SCHED_N];
+} sched_board;
+
+typedef struct sched_slot {
+    sched_board *b;
+    int i;
+} sched_slot;
+
+static void sched_finish(void *user, kiln_llm_result *res)
+{
+    sched_slot *s = user;
+    pthread_mutex_lock(&s->b->mu);
+    s->b->res[s->i] = res;
+    s->b->ended++;
+    pthread_cond_signal(&s->b->cv);
+    pthread_mutex_unlock(&s->b->mu);
+}
+
+/* Issue 9's invariance on a CUDA engine (f32, tiny llama): 65 requests of
+ * mixed lengths (greedy, and seeded sampling with penalties) submitted at
+ * once to the scheduler on its thread, with a cache of 12 blocks so that
+ * requests are preempted and recomputed, each get the tokens they get
+ * alone; decode steps replay the CUDA graphs of their batch buckets. */
+static void test_scheduler_invariance(void)
+{
+    char path[128];
+    snprintf(path, sizeof path, "/tmp/kiln-ops-sched-cuda-%d.engine", (int)getpid());
+    kiln_llm_build_options bo;
+    kiln_llm_build_options_init(&bo);
+    bo.backend = KILN_BACKEND_CUDA;
+    bo.dtype = KILN_DTYPE_F32;
+    bo.max_seq_len = 128;
+    bo.max_batch = 16;
+    bo.max_tokens = 32;
+    CHECK_OK(kiln_llm_build("tests/data/llm/llama", &bo, path));
+    kiln_registry *reg = NULL;
+    kiln_llm *llm = NULL;
+    kiln_llm_options lo;
+    kiln_llm_options_init(&lo);
+    lo.kv_cache_blocks = 12;
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_OK(kiln_llm_open(reg, path, &lo, &llm));
+    if (!llm) {
+        kiln_registry_destroy(reg);
+        remove(path);
+        return;
+    }
+    const int32_t V = kiln_llm_info_get(llm)->vocab_size;
+    static int32_t prompt[SCHED_N][64];
+    kiln_llm_sampling samp[SCHED_N];
+    kiln_llm_request reqs[SCHED_N];
+    kiln_rng r;
+    kiln_rng_seed(&r, 2026);
+    for (int i = 0; i < SCHED_N; i++) {
+        int32_t n = 1 + (int32_t)(kiln_rng_next(&r) % 60);
+        for (int32_t k = 0; k < n; k++)
+            prompt[i][k] = (int32_t)(kiln_rng_next(&r) % (uint64_t)V);
+        kiln_llm_sampling_init(&samp[i]);
+        samp[i].temperature = i % 2 ? 0.8f : 0.0f;
+        samp[i].top_k = i % 3 ? 40 : 0;
+        samp[i].repetition_penalty = i % 4 == 1 ? 1.2f : 1.0f;
+        samp[i].seed = 77 + (uint64_t)i;
+        kiln_llm_request_init(&reqs[i]);
+        reqs[i].prompt_ids = prompt[i];
+        reqs[i].n_prompt_ids = (size_t)n;
+        reqs[i].max_tokens = 1 + (int32_t)(kiln_rng_next(&r) % 40);
+        reqs[i].ignore_eos = 1;
+        reqs[i].sampling = &samp[i];
+    }
+    kiln_llm_result *alone[SCHED_N] = {0};
+    for (int i = 0; i < SCHED_N; i++) {
+        const kiln_llm_request *rp = &reqs[i];
+        CHECK_OK(kiln_llm_generate(llm, &rp, 1, NULL, NULL, &alone[i]));
+    }
+    sched_board b = {.ended = 0};
+    pthread_mutex_init(&b.mu, NULL);
+    pthread_cond_init(&b.cv, NULL);
+    sched_slot slots[SCHED_N];
+    kiln_llm_scheduler *sc = NULL;
+    CHECK_OK(kiln_llm_scheduler_start(llm, NULL, &sc));
+    int accepted = 0;
+    for (int i = 0; sc && i < SCHED_N; i++) {
+        slots[i] = (sched_slot){&b, i};
+        kiln_llm_callbacks cb;
+        kiln_llm_callbacks_init(&cb);
+        cb.on_finish = sched_finish;
+        cb.user = &slots[i];
+        if (kiln_llm_submit(sc, &reqs[i], &cb, NULL) == KILN_OK)
+            accepted++;
+    }
+    CHECK(accepted == SCHED_N);
+    pthread_mutex_lock(&b.mu);
+    while (b.ended < accepted)
+        pthread_cond_wait(&b.cv, &b.mu);
+    pthread_mutex_unlock(&b.mu);
+    kiln_llm_scheduler_stats st = {.struct_size = sizeof st};
+    kiln_llm_scheduler_stats_get(sc, &st);
+    kiln_llm_scheduler_stop(sc, 0);
+    int same = 0;
+    for (int i = 0; i < SCHED_N; i++) {
+        const kiln_llm_result *a = alone[i], *t = b.res[i];
+        same += a && t && a->n_ids == t->n_ids && t->n_ids == (size_t)reqs[i].max_tokens &&
+                !memcmp(a->ids, t->ids, sizeof(int32_t) * a->n_ids);
+        kiln_llm_result_free(alone[i]);
+        kiln_llm_result_free(b.res[i]);
+    }
+    CHECK(same == SCHED_N);
+    CHECK(st.preemptions > 0);
+    printf("scheduler on cuda: %d/%d requests identical alone and together, %llu preemptions in %llu steps\n", same,
+           SCHED_N, (unsigned long long)st.preemptions, (unsigned long long)st.steps);
+    pthread_mutex_destroy(&b.mu);
+    pthread_cond_destroy(&b.cv);
+    kiln_llm_close(llm);
+    kiln_registry_destroy(reg);
+    remove(path);
+}
+
+static const test_case_ tests[] = {TEST(test_sample_layer), TEST(test_sample_logprobs), TEST(test_generation),
+                                   TEST(test_scheduler_invariance)};
 
 static int run_tests(void)
 {

@@ -18,6 +18,7 @@ typedef struct sample_runner {
     kiln_engine *engine;
     kiln_context *ctx;
     int32_t slots, vocab;
+    int32_t top; /* the layer's logprobs field: 0, or its logprob outputs' alternatives */
 } sample_runner;
 
 /* One step's inputs: S rows; T fed tokens (query_start splits them among
@@ -25,26 +26,33 @@ typedef struct sample_runner {
 typedef struct sample_step {
     int32_t S, T;
     const float *logits; /* [S, V] */
-    const float *params; /* [S, SAMPLE_PARAMS] */
+    const float *params; /* [S, SAMPLE_PARAMS], or [S, SAMPLE_PARAMS_LOGPROBS] with top */
     const int32_t *seq;  /* [S, SAMPLE_SEQ] */
     const int32_t *tokens, *positions, *qstart;
+    /* With top: receive the logprob outputs ([S], [S, top], [S, top]). */
+    float *logprob;
+    int32_t *top_ids;
+    float *top_logprobs;
 } sample_step;
 
-static kiln_status sample_runner_open(sample_runner *r, kiln_backend backend, int32_t max_s, int32_t vocab)
+/* The layer with `top` > 0: its logprob outputs too. */
+static kiln_status sample_runner_open_top(sample_runner *r, kiln_backend backend, int32_t max_s, int32_t vocab,
+                                          int32_t top)
 {
     memset(r, 0, sizeof *r);
     r->slots = max_s;
     r->vocab = vocab;
+    r->top = top;
     KILN_TRY(kiln_registry_create(&r->reg));
     kiln_network *net = NULL;
     KILN_TRY(kiln_network_create(r->reg, &net));
-    kiln_tensor in[7], out;
+    kiln_tensor in[7], out[4];
     int32_t prof, n_out = 0;
     const char *names[7] = {"logits",    "sample_params", "sample_seq",  "tokens",
                             "positions", "query_start",   "sample_state"};
     const kiln_dtype types[7] = {KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_I32, KILN_DTYPE_I32,
                                  KILN_DTYPE_I32, KILN_DTYPE_I32, KILN_DTYPE_I32};
-    const int64_t cols[7] = {vocab, SAMPLE_PARAMS, SAMPLE_SEQ, 0, 0, 0, vocab};
+    const int64_t cols[7] = {vocab, top > 0 ? SAMPLE_PARAMS_LOGPROBS : SAMPLE_PARAMS, SAMPLE_SEQ, 0, 0, 0, vocab};
     const int64_t lo[7] = {1, 1, 1, 1, 1, 2, max_s},
                   hi[7] = {max_s, max_s, max_s, SAMPLE_RUN_MAX_T, SAMPLE_RUN_MAX_T, max_s + 1, max_s};
     kiln_status s = kiln_network_add_profile(net, &prof);
@@ -56,10 +64,13 @@ static kiln_status sample_runner_open(sample_runner *r, kiln_backend backend, in
         if (s == KILN_OK && i != 6)
             s = kiln_network_set_profile_shape(net, prof, names[i], &mn, &mn, &mx);
     }
+    kiln_field f = {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "logprobs", KILN_FIELD_I32, 1, &r->top};
     if (s == KILN_OK)
-        s = kiln_network_add_plugin(net, "sample", "Sample", "1", "kiln", NULL, 0, in, 7, &out, 1, &n_out);
-    if (s == KILN_OK)
-        s = kiln_network_mark_output(net, out, "next_token");
+        s = kiln_network_add_plugin(net, "sample", "Sample", "1", "kiln", top > 0 ? &f : NULL, top > 0, in, 7, out, 4,
+                                    &n_out);
+    static const char *const out_names[4] = {"next_token", "logprob", "top_ids", "top_logprobs"};
+    for (int32_t o = 0; s == KILN_OK && o < n_out; o++)
+        s = kiln_network_mark_output(net, out[o], out_names[o]);
     kiln_build_config bc;
     kiln_build_config_init(&bc);
     bc.backend = backend;
@@ -73,6 +84,11 @@ static kiln_status sample_runner_open(sample_runner *r, kiln_backend backend, in
     if (s == KILN_OK)
         s = kiln_context_create(r->engine, &r->ctx);
     return s;
+}
+
+static kiln_status sample_runner_open(sample_runner *r, kiln_backend backend, int32_t max_s, int32_t vocab)
+{
+    return sample_runner_open_top(r, backend, max_s, vocab, 0);
 }
 
 static void sample_runner_close(sample_runner *r)
@@ -95,8 +111,9 @@ static kiln_status sample_runner_step(sample_runner *r, const sample_step *st, i
             qs[s] = 0;
         qstart = qs;
     }
-    kiln_dims dl = {.rank = 2, .d = {S, V}}, dp = {.rank = 2, .d = {S, SAMPLE_PARAMS}},
-              dq = {.rank = 2, .d = {S, SAMPLE_SEQ}}, dt = {.rank = 1, .d = {T}}, ds = {.rank = 1, .d = {S + 1}};
+    const int64_t P = r->top > 0 ? SAMPLE_PARAMS_LOGPROBS : SAMPLE_PARAMS;
+    kiln_dims dl = {.rank = 2, .d = {S, V}}, dp = {.rank = 2, .d = {S, P}}, dq = {.rank = 2, .d = {S, SAMPLE_SEQ}},
+              dt = {.rank = 1, .d = {T}}, ds = {.rank = 1, .d = {S + 1}};
     KILN_TRY(kiln_context_set_input_shape(r->ctx, "logits", &dl));
     KILN_TRY(kiln_context_set_input_shape(r->ctx, "sample_params", &dp));
     KILN_TRY(kiln_context_set_input_shape(r->ctx, "sample_seq", &dq));
@@ -104,7 +121,7 @@ static kiln_status sample_runner_step(sample_runner *r, const sample_step *st, i
     KILN_TRY(kiln_context_set_input_shape(r->ctx, "positions", &dt));
     KILN_TRY(kiln_context_set_input_shape(r->ctx, "query_start", &ds));
     KILN_TRY(kiln_context_copy_input(r->ctx, "logits", st->logits, sizeof(float) * (size_t)S * (size_t)V));
-    KILN_TRY(kiln_context_copy_input(r->ctx, "sample_params", st->params, sizeof(float) * SAMPLE_PARAMS * (size_t)S));
+    KILN_TRY(kiln_context_copy_input(r->ctx, "sample_params", st->params, sizeof(float) * (size_t)P * (size_t)S));
     KILN_TRY(kiln_context_copy_input(r->ctx, "sample_seq", st->seq, sizeof(int32_t) * SAMPLE_SEQ * (size_t)S));
     KILN_TRY(kiln_context_copy_input(r->ctx, "tokens", st->T > 0 ? st->tokens : zeros, sizeof(int32_t) * (size_t)T));
     KILN_TRY(
@@ -112,6 +129,12 @@ static kiln_status sample_runner_step(sample_runner *r, const sample_step *st, i
     KILN_TRY(kiln_context_copy_input(r->ctx, "query_start", qstart, sizeof(int32_t) * ((size_t)S + 1)));
     KILN_TRY(kiln_context_enqueue(r->ctx, NULL));
     KILN_TRY(kiln_context_copy_output(r->ctx, "next_token", ids, sizeof *ids * (size_t)S));
+    if (r->top > 0 && st->logprob) {
+        size_t k = (size_t)r->top * (size_t)S;
+        KILN_TRY(kiln_context_copy_output(r->ctx, "logprob", st->logprob, sizeof(float) * (size_t)S));
+        KILN_TRY(kiln_context_copy_output(r->ctx, "top_ids", st->top_ids, sizeof(int32_t) * k));
+        KILN_TRY(kiln_context_copy_output(r->ctx, "top_logprobs", st->top_logprobs, sizeof(float) * k));
+    }
     return kiln_context_synchronize(r->ctx);
 }
 

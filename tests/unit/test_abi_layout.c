@@ -127,11 +127,12 @@ static void test_host_api(void)
     CHECK_OFFSET(kiln_host_api, float_to_half, 72);
     CHECK_OFFSET(kiln_host_api, bf16_to_float, 80);
     CHECK_OFFSET(kiln_host_api, float_to_bf16, 88);
-    CHECK_SIZE(kiln_host_api, 96);
+    CHECK_OFFSET(kiln_host_api, ggml_dequantize, 96);
+    CHECK_SIZE(kiln_host_api, 104);
 
     /* The table the host hands out is the one this header describes. */
     const kiln_host_api *h = kiln_host();
-    CHECK(h->struct_size == 96);
+    CHECK(h->struct_size == 104);
     CHECK(h->abi_version == KILN_PLUGIN_ABI_VERSION);
 }
 
@@ -185,8 +186,12 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_build_options, progress_user, 48);
     CHECK_OFFSET(kiln_llm_build_options, backend, 56);
     CHECK_OFFSET(kiln_llm_build_options, reserved, 60);
-    CHECK_SIZE(kiln_llm_build_options, 64);
-    CHECK_ENDS_AT(kiln_llm_build_options, reserved);
+    CHECK_OFFSET(kiln_llm_build_options, weights, 64);
+    CHECK_OFFSET(kiln_llm_build_options, weights_group, 68);
+    CHECK_OFFSET(kiln_llm_build_options, weights_lm_head, 72);
+    CHECK_OFFSET(kiln_llm_build_options, reserved2, 76);
+    CHECK_SIZE(kiln_llm_build_options, 80);
+    CHECK_ENDS_AT(kiln_llm_build_options, reserved2);
     CHECK_INIT(kiln_llm_build_options, kiln_llm_build_options_init);
 
     CHECK_OFFSET(kiln_llm_options, struct_size, 0);
@@ -196,8 +201,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_options, reserved, 20);
     CHECK_OFFSET(kiln_llm_options, kv_cache_fraction, 24);
     CHECK_OFFSET(kiln_llm_options, no_cuda_graphs, 28);
-    CHECK_SIZE(kiln_llm_options, 32);
-    CHECK_ENDS_AT(kiln_llm_options, no_cuda_graphs);
+    CHECK_OFFSET(kiln_llm_options, n_threads, 32);
+    CHECK_OFFSET(kiln_llm_options, reserved2, 36);
+    CHECK_SIZE(kiln_llm_options, 40);
+    CHECK_ENDS_AT(kiln_llm_options, reserved2);
     CHECK_INIT(kiln_llm_options, kiln_llm_options_init);
 
     CHECK_OFFSET(kiln_llm_info, struct_size, 0);
@@ -221,8 +228,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_info, n_graphs, 92);
     CHECK_OFFSET(kiln_llm_info, graph_capture_ms, 96);
     CHECK_OFFSET(kiln_llm_info, graph_nodes, 104);
-    CHECK_SIZE(kiln_llm_info, 112);
-    CHECK_ENDS_AT(kiln_llm_info, graph_nodes);
+    CHECK_OFFSET(kiln_llm_info, n_threads, 112);
+    CHECK_OFFSET(kiln_llm_info, reserved, 116);
+    CHECK_SIZE(kiln_llm_info, 120);
+    CHECK_ENDS_AT(kiln_llm_info, reserved);
 
     CHECK_OFFSET(kiln_llm_sampling, struct_size, 0);
     CHECK_OFFSET(kiln_llm_sampling, abi_version, 4);
@@ -283,6 +292,57 @@ static void test_llm(void)
     CHECK_SIZE(kiln_llm_message, 24);
     CHECK_ENDS_AT(kiln_llm_message, content);
     CHECK_INIT(kiln_llm_message, kiln_llm_message_init);
+
+    CHECK_OFFSET(kiln_llm_scheduler_options, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_scheduler_options, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_scheduler_options, max_queue, 8);
+    CHECK_OFFSET(kiln_llm_scheduler_options, thread, 12);
+    CHECK_OFFSET(kiln_llm_scheduler_options, prefix_caching, 16);
+    CHECK_OFFSET(kiln_llm_scheduler_options, admission, 20);
+    CHECK_SIZE(kiln_llm_scheduler_options, 24);
+    CHECK_ENDS_AT(kiln_llm_scheduler_options, admission);
+    CHECK_INIT(kiln_llm_scheduler_options, kiln_llm_scheduler_options_init);
+
+    CHECK_OFFSET(kiln_llm_token, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_token, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_token, id, 8);
+    CHECK_OFFSET(kiln_llm_token, n_top, 12);
+    CHECK_OFFSET(kiln_llm_token, text, 16);
+    CHECK_OFFSET(kiln_llm_token, len, 24);
+    CHECK_OFFSET(kiln_llm_token, logprob, 32);
+    CHECK_OFFSET(kiln_llm_token, reserved, 36);
+    CHECK_OFFSET(kiln_llm_token, top_ids, 40);
+    CHECK_OFFSET(kiln_llm_token, top_logprobs, 48);
+    CHECK_SIZE(kiln_llm_token, 56);
+    CHECK_ENDS_AT(kiln_llm_token, top_logprobs);
+
+    CHECK_OFFSET(kiln_llm_callbacks, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_callbacks, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_callbacks, on_token, 8);
+    CHECK_OFFSET(kiln_llm_callbacks, on_finish, 16);
+    CHECK_OFFSET(kiln_llm_callbacks, user, 24);
+    CHECK_SIZE(kiln_llm_callbacks, 32);
+    CHECK_ENDS_AT(kiln_llm_callbacks, user);
+    CHECK_INIT(kiln_llm_callbacks, kiln_llm_callbacks_init);
+
+    CHECK_OFFSET(kiln_llm_scheduler_stats, struct_size, 0);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, abi_version, 4);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, running, 8);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, waiting, 12);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, blocks_total, 16);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, blocks_used, 20);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, blocks_peak, 24);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, reserved, 28);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, steps, 32);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, preemptions, 40);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, prefix_hit_tokens, 48);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, prompt_tokens, 56);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, generated_tokens, 64);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, finished, 72);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, cancelled, 80);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, failed, 88);
+    CHECK_SIZE(kiln_llm_scheduler_stats, 96);
+    CHECK_ENDS_AT(kiln_llm_scheduler_stats, failed);
 }
 
 /* Enum values cross the boundary too (and are stored in engine files). */

@@ -17,6 +17,7 @@
 #include "core/graph.h"
 #include "llm/model.h"
 #include "llm/tokenizer.h"
+#include "tiny_llm.h"
 
 /* ---- counting allocations -------------------------------------------------------
  * The test binary's malloc family replaces libc's for the whole process
@@ -73,112 +74,7 @@ int posix_memalign(void **out, size_t align, size_t n)
 }
 #endif
 
-/* ---- the tiny model ----------------------------------------------------------------- */
-
-#define VOCAB (3 + 256)
-#define HIDDEN 32
-#define LAYERS 2
-#define HEADS 4
-#define KV_HEADS 2
-#define HEAD_DIM 8
-#define FFN 64
-
-static kiln_status make_tokenizer(kiln_tokenizer **out)
-{
-    static char byte_names[256][8];
-    const char *tokens[VOCAB];
-    float scores[VOCAB];
-    int32_t types[VOCAB];
-    tokens[0] = "<unk>";
-    tokens[1] = "<s>";
-    tokens[2] = "</s>";
-    types[0] = KILN_TOKEN_UNKNOWN;
-    types[1] = types[2] = KILN_TOKEN_CONTROL;
-    scores[0] = scores[1] = scores[2] = 0;
-    for (int b = 0; b < 256; b++) {
-        snprintf(byte_names[b], sizeof byte_names[b], "<0x%02X>", b);
-        tokens[3 + b] = byte_names[b];
-        types[3 + b] = KILN_TOKEN_BYTE;
-        scores[3 + b] = 0;
-    }
-    kiln_tokenizer_vocab v = {
-        .kind = KILN_TOKENIZER_SPM,
-        .n_tokens = VOCAB,
-        .tokens = tokens,
-        .scores = scores,
-        .types = types,
-        .bos_id = 1,
-        .eos_id = 2,
-        .unk_id = 0,
-        .add_bos = 1,
-    };
-    return kiln_tokenizer_create(&v, out);
-}
-
-/* Uniform in [-scale, scale) from a hash of the tensor name and index. */
-static float weight_value(const char *name, int64_t i, float scale)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (const char *p = name; *p; p++)
-        h = (h ^ (uint8_t)*p) * 1099511628211ull;
-    uint64_t z = h + (uint64_t)i * 0x9e3779b97f4a7c15ull;
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return scale * (float)((double)(z >> 11) * 0x1.0p-53 * 2.0 - 1.0);
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
-static kiln_status tiny_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype type, void *dst, size_t size)
-{
-    (void)user;
-    kiln_dims d = {.rank = 2};
-    int norm = 0;
-    if (!strcmp(name, "model.embed_tokens.weight")) {
-        d.d[0] = VOCAB, d.d[1] = HIDDEN;
-    } else if (ends_with(name, "layernorm.weight") || !strcmp(name, "model.norm.weight")) {
-        d.rank = 1, d.d[0] = HIDDEN, norm = 1;
-    } else if (ends_with(name, "q_proj.weight") || ends_with(name, "o_proj.weight")) {
-        d.d[0] = HIDDEN, d.d[1] = HIDDEN;
-    } else if (ends_with(name, "k_proj.weight") || ends_with(name, "v_proj.weight")) {
-        d.d[0] = KV_HEADS * HEAD_DIM, d.d[1] = HIDDEN;
-    } else if (ends_with(name, "gate_proj.weight") || ends_with(name, "up_proj.weight")) {
-        d.d[0] = FFN, d.d[1] = HIDDEN;
-    } else if (ends_with(name, "down_proj.weight")) {
-        d.d[0] = HIDDEN, d.d[1] = FFN;
-    } else {
-        return kiln_fail(KILN_ERROR_NOT_FOUND, "tiny model has no tensor \"%s\"", name);
-    }
-    if (!dst) {
-        *dims = d;
-        return KILN_OK;
-    }
-    int64_t n = d.rank == 1 ? d.d[0] : d.d[0] * d.d[1];
-    if (type != KILN_DTYPE_F32 || size != (size_t)n * 4)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tiny model writes f32 only");
-    float *f = dst;
-    float scale = norm ? 0.0f : 1.0f / sqrtf((float)(d.rank == 2 ? d.d[1] : 1)) * 2.0f;
-    for (int64_t i = 0; i < n; i++)
-        f[i] = norm ? 1.0f : weight_value(name, i, scale);
-    return KILN_OK;
-}
-
 static char engine_path[256], host_engine_path[256];
-
-static int write_engine(const char *path, const kiln_buffer *buf)
-{
-    FILE *f = fopen(path, "wb");
-    int ok = f && fwrite(buf->data, 1, buf->size, f) == buf->size;
-    if (f && fclose(f) != 0)
-        ok = 0;
-    CHECK(ok);
-    return ok;
-}
 
 /* The step network without the sampling layer, as engines built before
  * it were: generation samples on the host from copied-out logits. */
@@ -212,29 +108,11 @@ static int build_tiny_engine(void)
 {
     if (engine_path[0])
         return 1;
-    kiln_llm_checkpoint *ck = calloc(1, sizeof *ck);
-    kiln_llm_config *c = &ck->config;
-    kiln_llm_config_init(c);
-    snprintf(c->architecture, sizeof c->architecture, "llama");
-    c->vocab_size = VOCAB;
-    c->hidden_size = HIDDEN;
-    c->n_layers = LAYERS;
-    c->n_heads = HEADS;
-    c->n_kv_heads = KV_HEADS;
-    c->head_dim = HEAD_DIM;
-    c->intermediate_size = FFN;
-    c->rms_norm_eps = 1e-5;
-    c->rope.theta = 10000;
-    c->rope.rotary_dim = HEAD_DIM;
-    c->tied_embeddings = 1;
-    c->max_position_embeddings = 64;
-    c->bos_id = 1;
-    c->n_eos = 1;
-    c->eos_ids[0] = 2;
-    c->add_bos = 1;
-    c->chat_template = KILN_LLM_CHAT_LLAMA2;
-    ck->read_weight = tiny_weight;
-    CHECK_OK(make_tokenizer(&ck->tokenizer));
+    kiln_llm_checkpoint *ck = tiny_checkpoint();
+    CHECK(ck != NULL);
+    if (!ck)
+        return 0;
+    ck->config.max_position_embeddings = 64;
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
     opt.max_batch = 4;
@@ -245,7 +123,7 @@ static int build_tiny_engine(void)
     kiln_buffer buf = {0};
     CHECK_OK(kiln_registry_create(&reg));
     kiln_buffer host_buf = {0};
-    kiln_status s = ck->tokenizer ? kiln_llm_build_engine(ck, &opt, reg, NULL, &buf) : KILN_ERROR_INTERNAL;
+    kiln_status s = kiln_llm_build_engine(ck, &opt, reg, NULL, &buf);
     CHECK_OK(s);
     if (s == KILN_OK)
         CHECK_OK(s = build_host_sampled(ck, &opt, reg, &host_buf));
@@ -254,7 +132,8 @@ static int build_tiny_engine(void)
     int ok = s == KILN_OK;
     snprintf(engine_path, sizeof engine_path, "/tmp/kiln-test-generate-%d.engine", (int)getpid());
     snprintf(host_engine_path, sizeof host_engine_path, "/tmp/kiln-test-generate-host-%d.engine", (int)getpid());
-    ok = ok && write_engine(engine_path, &buf) && write_engine(host_engine_path, &host_buf);
+    ok = ok && tiny_write_file(engine_path, &buf) && tiny_write_file(host_engine_path, &host_buf);
+    CHECK(ok);
     kiln_buffer_free(&buf);
     kiln_buffer_free(&host_buf);
     if (!ok)
@@ -267,7 +146,7 @@ typedef struct tiny {
     kiln_llm *llm;
 } tiny;
 
-static int tiny_open(tiny *t, int32_t kv_blocks)
+static int tiny_open_threads(tiny *t, int32_t kv_blocks, int32_t n_threads)
 {
     memset(t, 0, sizeof *t);
     if (!build_tiny_engine())
@@ -275,10 +154,13 @@ static int tiny_open(tiny *t, int32_t kv_blocks)
     kiln_llm_options opt;
     kiln_llm_options_init(&opt);
     opt.kv_cache_blocks = kv_blocks;
+    opt.n_threads = n_threads;
     CHECK_OK(kiln_registry_create(&t->reg));
     CHECK_OK(kiln_llm_open(t->reg, engine_path, &opt, &t->llm));
     return t->llm != NULL;
 }
+
+static int tiny_open(tiny *t, int32_t kv_blocks) { return tiny_open_threads(t, kv_blocks, 0); }
 
 static void tiny_close(tiny *t)
 {
@@ -319,10 +201,14 @@ static void test_open_info(void)
     const kiln_llm_info *info = kiln_llm_info_get(t.llm);
     CHECK(info->vocab_size == VOCAB && info->n_layers == LAYERS);
     CHECK(info->max_seq_len == 64 && info->max_batch == 4 && info->max_tokens == 16 && info->block_size == 4);
-    /* Default cache: max_batch full sequences = 4 * 64 tokens = 64 blocks. */
+    /* Default CPU cache: max_batch full sequences (4 * 64 tokens = 64
+     * blocks) while that is small; one full sequence beyond (the default
+     * model's cache, checked in tests/e2e/llm_run.sh). */
     CHECK(info->n_blocks == 64 && info->cache_tokens == 256);
     /* f32: 2 (k, v) * 2 kv heads * 4 tokens * 8 dims * 4 bytes per block and layer. */
     CHECK(info->cache_bytes == (size_t)64 * 2 * KV_HEADS * 4 * HEAD_DIM * 4 * LAYERS);
+    /* The process-wide pool: one thread per physical core. */
+    CHECK(info->n_threads >= 1);
     CHECK(info->chat_template && !strcmp(info->chat_template, "llama2"));
     /* A CPU engine: no CUDA graphs. */
     CHECK(info->backend == KILN_BACKEND_CPU && info->n_graphs == 0 && info->graph_nodes == 0);
@@ -364,6 +250,41 @@ static void test_batched_equals_alone(void)
         kiln_llm_result_free(together[i]);
     }
     tiny_close(&t);
+}
+
+/* A step on a context pool of 3 threads (or 1) gives the tokens of the
+ * process-wide pool: every kernel splits its work without changing any
+ * sum's order. A count outside 1..1024 is refused. */
+static void test_threads_same_tokens(void)
+{
+    kiln_llm_result *want = NULL;
+    kiln_llm_request r = greedy("a quick brown fox", 20);
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    CHECK_OK(generate1(t.llm, &r, NULL, NULL, &want));
+    tiny_close(&t);
+    const int32_t counts[2] = {3, 1};
+    for (int i = 0; i < 2 && want; i++) {
+        if (!tiny_open_threads(&t, 0, counts[i]))
+            break;
+        CHECK(kiln_llm_info_get(t.llm)->n_threads == counts[i]);
+        kiln_llm_result *got = NULL;
+        CHECK_OK(generate1(t.llm, &r, NULL, NULL, &got));
+        CHECK(got && got->n_ids == want->n_ids && !memcmp(got->ids, want->ids, sizeof(int32_t) * want->n_ids));
+        kiln_llm_result_free(got);
+        tiny_close(&t);
+    }
+    kiln_llm_result_free(want);
+    kiln_registry *reg = NULL;
+    kiln_llm *llm = NULL;
+    kiln_llm_options opt;
+    kiln_llm_options_init(&opt);
+    opt.n_threads = 1025;
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_FAILS(kiln_llm_open(reg, engine_path, &opt, &llm), KILN_ERROR_INVALID_ARGUMENT, "1025");
+    CHECK(llm == NULL);
+    kiln_registry_destroy(reg);
 }
 
 /* Decoding from the cache agrees with prefilling everything: the greedy
@@ -772,7 +693,8 @@ static void test_struct_size_read(void)
     kiln_llm_request zero;
     memset(&zero, 0, sizeof zero);
     kiln_llm_result *z = NULL;
-    CHECK_FAILS(generate1(t.llm, &zero, NULL, NULL, &z), KILN_ERROR_INVALID_ARGUMENT, "request 0: struct_size 0");
+    CHECK_FAILS(generate1(t.llm, &zero, NULL, NULL, &z), KILN_ERROR_INVALID_ARGUMENT,
+                "request 0: request: struct_size 0");
     CHECK(z == NULL);
     tiny_close(&t);
 }
@@ -838,6 +760,7 @@ static const test_case_ tests[] = {
     TEST(test_decode_allocates_nothing),
     TEST(test_layer_equals_host_sampling),
     TEST(test_chat_tokenize),
+    TEST(test_threads_same_tokens),
     TEST(test_struct_size_read),
     TEST(test_sections_and_description),
     TEST(test_not_an_llm_engine),

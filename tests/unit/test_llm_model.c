@@ -8,9 +8,11 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "sample/sample.h"
 #include "core/error.h"
 #include "engine/engine_file.h"
 #include "llm/model.h"
+#include "runtime/runtime_internal.h"
 #include "test.h"
 
 #define DATA "tests/data/llm/"
@@ -143,7 +145,7 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     STEP_TRY(set_shape(ctx, "last_token", S, 0));
     /* The sampling layer's inputs: greedy rows (its ids are not checked
      * here; tests/unit/test_sampler.c checks the layer). */
-    STEP_TRY(set_shape(ctx, "sample_params", S, 7));
+    STEP_TRY(set_shape(ctx, "sample_params", S, SAMPLE_PARAMS_LOGPROBS));
     STEP_TRY(set_shape(ctx, "sample_seq", S, 4));
     for (int32_t l = 0; l < r->cfg.n_layers; l++) {
         char name[32];
@@ -163,7 +165,7 @@ static kiln_status runner_step(runner *r, int32_t S, const int32_t *const *new_i
     STEP_TRY(copy_i32(ctx, "last_token", last, (size_t)S));
     void *sp;
     STEP_TRY(kiln_context_tensor_address(ctx, "sample_params", &sp));
-    memset(sp, 0, sizeof(float) * 7 * (size_t)S);
+    memset(sp, 0, sizeof(float) * SAMPLE_PARAMS_LOGPROBS * (size_t)S);
     /* all -1: no penalty state slot */
     STEP_TRY(kiln_context_tensor_address(ctx, "sample_seq", &sp));
     memset(sp, 0xff, sizeof(int32_t) * 4 * (size_t)S);
@@ -519,6 +521,16 @@ static kiln_status read_quantized_mixed(void *user, const char *name, uint32_t *
  * in bf16 (QuantMatMul with bf16 activations); and with the CPU's default
  * 8-bit activations (llama.cpp's arithmetic: about 1% of error, as bf16
  * activations give). */
+/* The dtype of the engine's tensor `name`, -1 when it has none. */
+static int tensor_dtype(const runner *r, const char *name)
+{
+    const kiln_graph *g = &r->engine->graph;
+    for (int32_t t = 0; t < g->n_tensors; t++)
+        if (strcmp(g->tensors[t].name, name) == 0)
+            return (int)g->tensors[t].dtype;
+    return -1;
+}
+
 static void test_native_builds(void)
 {
     const char *files[] = {DATA "smollm/model-q8_0.gguf", DATA "qwen2/model-q8_0.gguf"};
@@ -541,6 +553,14 @@ static void test_native_builds(void)
         native_build = 0;
         CHECK(strcmp(ref.cfg.quantized, "") == 0 && strcmp(nat.cfg.quantized, "Q8_0") == 0 &&
               strcmp(mixed.cfg.quantized, "Q8_0") == 0);
+        /* The native engine keeps the (tied) embedding as stored, one
+         * constant for the gather and the output projection. */
+        if (ref.engine && nat.engine) {
+            CHECK(tensor_dtype(&ref, "model.embed_tokens.weight") == KILN_DTYPE_F32);
+            CHECK(tensor_dtype(&nat, "model.embed_tokens.weight") == KILN_DTYPE_U8);
+            CHECK(tensor_dtype(&nat, "lm_head.weight") == -1 || !nat.cfg.tied_embeddings);
+            CHECK(nat.engine->image_size * 3 < ref.engine->image_size);
+        }
         if (ref.ctx && nat.ctx && mixed.ctx && half.ctx) {
             setenv("KILN_QMATMUL_F32ACT", "1", 1);
             CHECK_OK(prefill(&ref, prompt, PROMPT_LEN, lr));

@@ -3,6 +3,11 @@
  * penalty formulas, seeded reproducibility and the distribution of draws. */
 #include "test.h"
 
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "core/npy.h"
 #include "llm/sampler.h"
 #include "sample_run.h"
 
@@ -454,7 +459,126 @@ static void test_sample_layer_penalties(void)
     sample_runner_close(&r);
 }
 
+/* ---- logprob outputs against numpy ---------------------------------------------------------- */
+
+static void *read_npy(const char *name, kiln_dtype want, int64_t rows, int64_t cols, void **file)
+{
+    char path[512];
+    snprintf(path, sizeof path, "tests/data/sample/%s", name);
+    FILE *f = fopen(path, "rb");
+    *file = NULL;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *buf = malloc(n > 0 ? (size_t)n : 1);
+    int ok = buf && n > 0 && fread(buf, 1, (size_t)n, f) == (size_t)n;
+    fclose(f);
+    kiln_dtype dt;
+    kiln_dims d;
+    const void *data = NULL;
+    size_t size = 0;
+    ok = ok && kiln_npy_parse(buf, (size_t)n, &dt, &d, &data, &size) == KILN_OK && dt == want && d.rank == 2 &&
+         d.d[0] == rows && d.d[1] == cols;
+    if (!ok) {
+        free(buf);
+        return NULL;
+    }
+    *file = buf;
+    return (void *)data;
+}
+
+static int close_to(float got, float want)
+{
+    if (isinf(want))
+        return got == want;
+    return fabsf(got - want) <= 1e-6f + 1e-6f * fabsf(want);
+}
+
+/* The logprob outputs on the CPU (tests/data/sample/make_logprobs.py):
+ * the log-softmax of the sampled id and of the top n ids, most likely
+ * first, lower id first on ties, whatever the temperature; NaN and -1
+ * where a row asked for nothing. */
+static void test_logprobs_reference(void)
+{
+    enum { S = 6, V = 300, K = 20 };
+    void *f1, *f2, *f3;
+    const float *logits = read_npy("logits.npy", KILN_DTYPE_F32, S, V, &f1);
+    const float *lsm = read_npy("logsoftmax.npy", KILN_DTYPE_F32, S, V, &f2);
+    const int32_t *top = read_npy("top_ids.npy", KILN_DTYPE_I32, S, K, &f3);
+    CHECK(logits && lsm && top);
+    sample_runner r;
+    memset(&r, 0, sizeof r);
+    if (logits && lsm && top)
+        CHECK_OK(sample_runner_open_top(&r, KILN_BACKEND_CPU, S, V, K));
+    if (!r.ctx) {
+        sample_runner_close(&r);
+        free(f1), free(f2), free(f3);
+        return;
+    }
+    /* temperature, top_k, logprobs per row */
+    const float temp[S] = {0.0f, 1.0f, 0.7f, 0.0f, 1.5f, 1.0f};
+    const int32_t topk[S] = {0, 5, 0, 0, 0, 50};
+    const int32_t n_top[S] = {20, 5, 20, 3, 0, -1};
+    float params[S * SAMPLE_PARAMS_LOGPROBS] = {0};
+    int32_t seq[S * SAMPLE_SEQ] = {0};
+    kiln_rng rng;
+    kiln_rng_seed(&rng, 11);
+    for (int s = 0; s < S; s++) {
+        float *p = params + s * SAMPLE_PARAMS_LOGPROBS;
+        p[0] = temp[s];
+        p[1] = (float)topk[s];
+        p[2] = 1.0f;
+        p[SAMPLE_PARAMS] = (float)n_top[s];
+        kiln_sampler_uniform_bits(&rng, seq + s * SAMPLE_SEQ);
+        seq[s * SAMPLE_SEQ + 2] = -1;
+    }
+    int32_t ids[S], got_top[S * K];
+    float lp[S], got_lp[S * K];
+    sample_step st = {.S = S,
+                      .logits = logits,
+                      .params = params,
+                      .seq = seq,
+                      .logprob = lp,
+                      .top_ids = got_top,
+                      .top_logprobs = got_lp};
+    CHECK_OK(sample_runner_step(&r, &st, ids));
+    int sampled_elsewhere = 0;
+    for (int s = 0; s < S; s++) {
+        const float *ref = lsm + s * V;
+        CHECK(ids[s] >= 0 && ids[s] < V);
+        if (n_top[s] < 0) {
+            CHECK(isnan(lp[s]));
+        } else {
+            CHECK(close_to(lp[s], ref[ids[s]]));
+            if (!close_to(lp[s], ref[ids[s]]))
+                fprintf(stderr, "row %d: logprob %.9g of id %d, numpy %.9g\n", s, (double)lp[s], ids[s],
+                        (double)ref[ids[s]]);
+        }
+        sampled_elsewhere += temp[s] > 0 && ids[s] != top[s * K];
+        for (int k = 0; k < K; k++) {
+            int32_t id = got_top[s * K + k];
+            if (k < n_top[s]) {
+                CHECK(id == top[s * K + k] && close_to(got_lp[s * K + k], ref[top[s * K + k]]));
+                if (id != top[s * K + k])
+                    fprintf(stderr, "row %d: top %d is id %d, numpy's %d\n", s, k, id, top[s * K + k]);
+            } else {
+                CHECK(id == -1 && isnan(got_lp[s * K + k]));
+            }
+        }
+        /* greedy rows take the most likely id */
+        if (temp[s] == 0.0f)
+            CHECK(ids[s] == top[s * K]);
+    }
+    /* A drawn row's logprob is its own id's, not the argmax's. */
+    CHECK(sampled_elsewhere > 0);
+    sample_runner_close(&r);
+    free(f1), free(f2), free(f3);
+}
+
 static const test_case_ tests[] = {
+    TEST(test_logprobs_reference),
     TEST(test_uniform_bits),
     TEST(test_sample_layer_matches_sampler),
     TEST(test_sample_layer_penalties),

@@ -75,6 +75,9 @@ int cli_chat(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_detokenize(int argc, char **argv);
 int cli_bench(int argc, char **argv);
+/* kiln bench --throughput (bench_throughput.c). */
+int cli_bench_throughput(int argc, char **argv);
 int cli_perplexity(int argc, char **argv);
+int cli_serve(int argc, char **argv);
 
 #endif

@@ -21,6 +21,9 @@ static const char top_help[] = "usage: kiln <command> [options]\n"
                                "  detokenize  print the text of token ids (LLM engines)\n"
                                "  bench     time prefill and decode of an LLM engine against its bandwidth floor\n"
                                "  perplexity  perplexity of an LLM engine on a text, or two engines compared\n"
+#ifdef KILN_HAVE_SERVE
+                               "  serve     serve an LLM engine over HTTP with the OpenAI API\n"
+#endif
                                "\n"
                                "Run `kiln <command> --help` for a command's options. Errors are one line\n"
                                "starting `kiln: error:`; exit status 0 is success, 1 failure, 2 a usage error.\n";
@@ -186,6 +189,13 @@ static int dispatch(int argc, char **argv)
         return cli_bench(argc - 1, argv + 1);
     if (strcmp(cmd, "perplexity") == 0)
         return cli_perplexity(argc - 1, argv + 1);
+#ifdef KILN_HAVE_SERVE
+    if (strcmp(cmd, "serve") == 0)
+        return cli_serve(argc - 1, argv + 1);
+#else
+    if (strcmp(cmd, "serve") == 0)
+        return cli_error("this kiln was built without libmicrohttpd: `kiln serve` is not available");
+#endif
     return cli_usage(NULL, "unknown command \"%s\"", cmd);
 }
 
