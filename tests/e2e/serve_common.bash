@@ -7,7 +7,9 @@ if ! "$KILN" --help | grep -q '^  serve '; then
   exit 77
 fi
 
-SERVE_ENGINE=$TMP/tiny.engine
+# KILN_SERVE_ENGINE: another engine to serve instead (the load test's soak
+# on a real model); it is served under the same name, "tiny".
+SERVE_ENGINE=${KILN_SERVE_ENGINE:-$TMP/tiny.engine}
 SERVE_PID=
 trap '[ -n "$SERVE_PID" ] && kill -KILL "$SERVE_PID" 2>/dev/null; rm -rf "$TMP"' EXIT
 

@@ -50,6 +50,8 @@ expect_error 1 "serve: missing engine" "nope.engine" "$KILN" serve "$TMP/nope.en
 
 serve_start --max-body-mb 1
 blocks_total=$(metric kiln_kv_cache_blocks_total)
+expect_error 1 "serve: the port is taken" "cannot listen on 127.0.0.1:$SERVE_PORT|Address already in use" \
+  "$KILN" serve "$SERVE_ENGINE" --port "$SERVE_PORT"
 
 get /health
 expect_code "GET /health" 200
