@@ -19,18 +19,7 @@ set -u
 source "$(dirname "$0")/common.bash"
 source "$(dirname "$0")/serve_common.bash"
 
-venv=$KILN_SOURCE_DIR/.venv
-pin=openai==3.51.0
-if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('openai') != '${pin#*==}')" 2>/dev/null; then
-  if [[ ! -x $venv/bin/python ]] && ! python3 -m venv "$venv"; then
-    echo "SKIP: cannot create a Python venv at $venv"
-    exit 77
-  fi
-  if ! "$venv/bin/pip" install --quiet "$pin"; then
-    echo "SKIP: pip could not install $pin (no access to the package registry?)"
-    exit 77
-  fi
-fi
+need_openai
 # Under ASan freed memory waits in a quarantine (256 MiB), which reads as
 # growth: a sanitizer build measures without it (no effect elsewhere).
 export ASAN_OPTIONS="${ASAN_OPTIONS:+$ASAN_OPTIONS:}quarantine_size_mb=0:thread_local_quarantine_size_kb=0"
