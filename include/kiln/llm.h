@@ -68,7 +68,25 @@ typedef struct kiln_llm_build_options {
     void *progress_user;
     kiln_backend backend; /* where the engine runs (default CPU) */
     int32_t reserved;
+    /* Matmul weights of the decoder layers (kiln/WeightOnlyMatMul):
+     * KILN_LLM_WEIGHTS_DTYPE (default) keeps them in dtype;
+     * KILN_LLM_WEIGHTS_INT8 quantizes them at build by round-to-nearest
+     * to int8 with a scale per output channel (or per weights_group
+     * values); KILN_LLM_WEIGHTS_INT4 to int4 with a scale and zero point
+     * per weights_group values (default 128);
+     * KILN_LLM_WEIGHTS_FP8 to FP8 E4M3 with a scale per output channel,
+     * the activations quantized per token when the layer runs (W8A8,
+     * kiln/Fp8MatMul; `kiln build --dtype fp8`). Weights
+     * a checkpoint stores quantized (AWQ, GPTQ) are kept as stored
+     * whatever this says; a native GGUF build keeps its ggml formats. */
+    int32_t weights;
+    int32_t weights_group;   /* values per scale, a multiple of 32; 0 (default): int8 a row, int4 128 */
+    int32_t weights_lm_head; /* nonzero: the output projection too (default: kept in dtype) */
+    int32_t reserved2;
 } kiln_llm_build_options;
+
+/* kiln_llm_build_options.weights */
+enum { KILN_LLM_WEIGHTS_DTYPE = 0, KILN_LLM_WEIGHTS_INT8 = 1, KILN_LLM_WEIGHTS_INT4 = 2, KILN_LLM_WEIGHTS_FP8 = 3 };
 
 /* Defaults as written above. */
 KILN_API void kiln_llm_build_options_init(kiln_llm_build_options *options);
@@ -97,8 +115,8 @@ typedef struct kiln_llm_options {
     uint32_t struct_size;
     uint32_t abi_version;
     /* Megabytes for the KV cache of all layers together. 0 (default): on
-     * the CPU, enough for max_batch sequences of max_seq_len tokens, capped
-     * at a quarter of physical memory; on a GPU, kv_cache_fraction of the
+     * the CPU, enough for one sequence of max_seq_len tokens (a chat),
+     * capped at a quarter of physical memory; on a GPU, kv_cache_fraction of the
      * GPU memory free once the weights and the step's buffers are there,
      * capped at what max_batch sequences of max_seq_len tokens can use. */
     size_t kv_cache_mb;
@@ -112,6 +130,12 @@ typedef struct kiln_llm_options {
     /* GPU engines: nonzero skips capturing the decode steps' CUDA graphs
      * (every step is launched kernel by kernel). Default 0. */
     int32_t no_cuda_graphs;
+    /* CPU engines: threads that run a step (1..1024, the calling thread
+     * counted; OpenBLAS gets as many). 0 (default): one per physical core
+     * the process may run on (SMT siblings counted once), shared with
+     * other CPU engines of the process. Ignored on a GPU. */
+    int32_t n_threads;
+    int32_t reserved2;
 } kiln_llm_options;
 
 KILN_API void kiln_llm_options_init(kiln_llm_options *options);
@@ -145,6 +169,10 @@ typedef struct kiln_llm_info {
     int32_t n_graphs;
     double graph_capture_ms;
     size_t graph_nodes;
+    /* CPU engines: threads that run a step (kiln_llm_options.n_threads, or
+     * the process-wide pool's count). 0 on a GPU. */
+    int32_t n_threads;
+    int32_t reserved;
 } kiln_llm_info;
 
 /* Sampling of one request. Order, as Hugging Face's generate applies it:

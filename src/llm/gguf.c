@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/file.h"
+#include "core/ggml_block.h"
 
 /* ---- a bounds-checked cursor over the file ------------------------------------ */
 
@@ -530,92 +531,8 @@ kiln_status kiln_gguf_array_f32(const kiln_gguf_kv *kv, uint64_t i, float *out)
 }
 
 /* ---- dequantization ------------------------------------------------------------
- * Block layouts as defined by ggml (ggml-common.h): scales are f16, and the
- * 4-bit formats store element j in the low nibble of byte j and element
- * j + 16 (j + 32 in K formats) in the high nibble. */
-
-static float f16_at(const uint8_t *p)
-{
-    uint16_t h;
-    memcpy(&h, p, 2);
-    return kiln_half_to_float(h);
-}
-
-static void dequant_q8_0(const uint8_t *b, float *y)
-{
-    float d = f16_at(b);
-    for (int j = 0; j < 32; j++)
-        y[j] = d * (float)(int8_t)b[2 + j];
-}
-
-static void dequant_q4_0(const uint8_t *b, float *y)
-{
-    float d = f16_at(b);
-    const uint8_t *qs = b + 2;
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)((qs[j] & 0x0F) - 8);
-        y[j + 16] = d * (float)((qs[j] >> 4) - 8);
-    }
-}
-
-static void dequant_q4_1(const uint8_t *b, float *y)
-{
-    float d = f16_at(b), m = f16_at(b + 2);
-    const uint8_t *qs = b + 4;
-    for (int j = 0; j < 16; j++) {
-        y[j] = d * (float)(qs[j] & 0x0F) + m;
-        y[j + 16] = d * (float)(qs[j] >> 4) + m;
-    }
-}
-
-/* The 12 scale bytes of Q4_K pack eight 6-bit scales and eight 6-bit mins. */
-static void q4k_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m)
-{
-    if (j < 4) {
-        *sc = q[j] & 63;
-        *m = q[j + 4] & 63;
-    } else {
-        *sc = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-    }
-}
-
-static void dequant_q4_k(const uint8_t *b, float *y)
-{
-    float d = f16_at(b), dmin = f16_at(b + 2);
-    const uint8_t *scales = b + 4, *q = b + 16;
-    for (int j = 0, is = 0; j < 256; j += 64, is += 2, q += 32) {
-        uint8_t sc, m;
-        q4k_scale_min(is, scales, &sc, &m);
-        float d1 = d * sc, m1 = dmin * m;
-        q4k_scale_min(is + 1, scales, &sc, &m);
-        float d2 = d * sc, m2 = dmin * m;
-        for (int l = 0; l < 32; l++) {
-            y[j + l] = d1 * (float)(q[l] & 0xF) - m1;
-            y[j + 32 + l] = d2 * (float)(q[l] >> 4) - m2;
-        }
-    }
-}
-
-static void dequant_q6_k(const uint8_t *b, float *y)
-{
-    const uint8_t *ql = b, *qh = b + 128;
-    const int8_t *sc = (const int8_t *)(b + 192);
-    float d = f16_at(b + 208);
-    for (int n = 0; n < 256; n += 128, ql += 64, qh += 32, sc += 8) {
-        for (int l = 0; l < 32; l++) {
-            int is = l / 16;
-            int q1 = (int)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-            int q2 = (int)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-            int q3 = (int)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-            int q4 = (int)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-            y[n + l] = d * sc[is + 0] * (float)q1;
-            y[n + l + 32] = d * sc[is + 2] * (float)q2;
-            y[n + l + 64] = d * sc[is + 4] * (float)q3;
-            y[n + l + 96] = d * sc[is + 6] * (float)q4;
-        }
-    }
-}
+ * One block at a time through core/ggml_block.h (the layouts are described
+ * there). */
 
 int kiln_ggml_can_dequantize(uint32_t type)
 {
@@ -626,7 +543,10 @@ int kiln_ggml_can_dequantize(uint32_t type)
     case KILN_GGML_Q8_0:
     case KILN_GGML_Q4_0:
     case KILN_GGML_Q4_1:
+    case KILN_GGML_Q5_0:
+    case KILN_GGML_Q5_1:
     case KILN_GGML_Q4_K:
+    case KILN_GGML_Q5_K:
     case KILN_GGML_Q6_K: return 1;
     default: return 0;
     }
@@ -638,7 +558,7 @@ kiln_status kiln_ggml_dequantize(uint32_t type, const void *src, int64_t n, floa
         const char *name = kiln_ggml_type_name(type);
         return name ? kiln_fail(KILN_ERROR_UNSUPPORTED,
                                 "ggml type %s cannot be dequantized by kiln (supported: F32, F16, BF16, Q8_0, Q4_0, "
-                                "Q4_1, Q4_K, Q6_K)",
+                                "Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K)",
                                 name)
                     : kiln_fail(KILN_ERROR_UNSUPPORTED, "unknown ggml type %u", type);
     }
@@ -656,11 +576,14 @@ kiln_status kiln_ggml_dequantize(uint32_t type, const void *src, int64_t n, floa
     }
     for (int64_t i = 0; i < n / block; i++, b += bytes, dst += block) {
         switch (type) {
-        case KILN_GGML_Q8_0: dequant_q8_0(b, dst); break;
-        case KILN_GGML_Q4_0: dequant_q4_0(b, dst); break;
-        case KILN_GGML_Q4_1: dequant_q4_1(b, dst); break;
-        case KILN_GGML_Q4_K: dequant_q4_k(b, dst); break;
-        default: dequant_q6_k(b, dst); break;
+        case KILN_GGML_Q8_0: kiln_ggml_block_q8_0(b, dst); break;
+        case KILN_GGML_Q4_0: kiln_ggml_block_q4_0(b, dst); break;
+        case KILN_GGML_Q4_1: kiln_ggml_block_q4_1(b, dst); break;
+        case KILN_GGML_Q5_0: kiln_ggml_block_q5_0(b, dst); break;
+        case KILN_GGML_Q5_1: kiln_ggml_block_q5_1(b, dst); break;
+        case KILN_GGML_Q4_K: kiln_ggml_block_q4_k(b, dst); break;
+        case KILN_GGML_Q5_K: kiln_ggml_block_q5_k(b, dst); break;
+        default: kiln_ggml_block_q6_k(b, dst); break;
         }
     }
     return KILN_OK;

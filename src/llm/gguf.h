@@ -119,7 +119,7 @@ int64_t kiln_ggml_block_elements(uint32_t type);
 size_t kiln_ggml_block_bytes(uint32_t type);
 
 /* Whether kiln_ggml_dequantize supports the type: F32, F16, BF16, Q8_0,
- * Q4_0, Q4_1, Q4_K, Q6_K. */
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K. */
 int kiln_ggml_can_dequantize(uint32_t type);
 
 /* Converts n elements (a multiple of the block size) starting at src into

@@ -78,9 +78,9 @@ typedef struct kiln_llm_config {
     kiln_llm_chat_template chat_template;
     char source[256]; /* what it was built from (path / format) */
     kiln_llm_generation generation;
-    /* ggml formats the matmul weights were kept in ("Q4_1,Q8_0", read by
+    /* ggml formats the matmul weights were kept in ("Q4_K,Q6_K", read by
      * kiln/QuantMatMul); empty when every weight is in dtype. */
-    char quantized[32];
+    char quantized[64];
 } kiln_llm_config;
 
 /* Zeroes *cfg and sets the neutral defaults (bos -1, no eos, no template,

@@ -1,13 +1,17 @@
-/* kiln/QuantMatMul against kiln_ggml_dequantize (itself checked against
- * the gguf package in test_gguf.c), on every kernel set (portable C, AVX2,
- * AVX-512 VNNI where the CPU has them):
- *  - f32 activations (KILN_QMATMUL_F32ACT=1): per-weight formulas exactly,
- *    products within 1e-5 of Σ|x·w| of a double-precision dot over the
- *    dequantized weights;
+/* kiln/QuantMatMul against kiln_ggml_dequantize (itself bit-compared with
+ * the gguf package in test_gguf.c), for every format (Q8_0, Q4_0, Q4_1,
+ * Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16, BF16) on every kernel set (portable
+ * C, AVX2, AVX-512 VNNI where the CPU has them), with one row of x (decode)
+ * and many (the four-row GEMM kernels and their remainders):
+ *  - f32 activations (KILN_QMATMUL_F32ACT=1, and always for F16/BF16):
+ *    per-weight formulas exactly, products within 1e-5 of Σ|x·w| of a
+ *    double-precision dot over the dequantized weights;
  *  - 8-bit activations (the default): exact where every product and sum is
- *    representable (integer x with a 127 in each block, power-of-two
- *    scales), else within the quantization bound d/2 · Σ|w| per block
- *    (d = max|x| / 127 of ggml's Q8 formula) plus 1e-5 of Σ|x·w|. */
+ *    representable (integer x with a 127 in each activation block,
+ *    power-of-two scales, small sub-scales), else within the quantization
+ *    bound d/2 · Σ|w| per activation block (32 values, 256 for the K
+ *    formats; d = max|x| / 127 of ggml's Q8 formula) plus 1e-5 of Σ|x·w|;
+ *  - each SIMD kernel set against the portable C one on the same input. */
 #include "test.h"
 
 #include <kiln/plugin.h>
@@ -19,10 +23,17 @@
 typedef struct fmt {
     const char *name;
     uint32_t type;
-    size_t block_bytes;
+    int32_t block;      /* elements per block (F16/BF16: counted by 32) */
+    size_t block_bytes; /* bytes per block */
+    int32_t act_block;  /* elements per 8-bit activation block; 0: f32 activations */
 } fmt;
 
-static const fmt fmts[] = {{"Q8_0", KILN_GGML_Q8_0, 34}, {"Q4_0", KILN_GGML_Q4_0, 18}, {"Q4_1", KILN_GGML_Q4_1, 20}};
+static const fmt fmts[] = {{"Q8_0", KILN_GGML_Q8_0, 32, 34, 32},    {"Q4_0", KILN_GGML_Q4_0, 32, 18, 32},
+                           {"Q4_1", KILN_GGML_Q4_1, 32, 20, 32},    {"Q5_0", KILN_GGML_Q5_0, 32, 22, 32},
+                           {"Q5_1", KILN_GGML_Q5_1, 32, 24, 32},    {"Q4_K", KILN_GGML_Q4_K, 256, 144, 256},
+                           {"Q5_K", KILN_GGML_Q5_K, 256, 176, 256}, {"Q6_K", KILN_GGML_Q6_K, 256, 210, 256},
+                           {"F16", KILN_GGML_F16, 32, 64, 0},       {"BF16", KILN_GGML_BF16, 32, 64, 0}};
+#define N_FMTS (sizeof fmts / sizeof fmts[0])
 
 static uint32_t rng = 12345;
 static uint32_t next_u32(void)
@@ -34,22 +45,45 @@ static uint32_t next_u32(void)
 }
 static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next_u32() >> 8) / 16777216.0f; }
 
-/* n rows of k/32 random blocks: random quant bytes, f16 scales in a
- * realistic range (the min of Q4_1 negative, as trained weights have). */
+static void put_f16(uint8_t *p, float v)
+{
+    uint16_t h = kiln_host()->float_to_half(v);
+    p[0] = (uint8_t)h, p[1] = (uint8_t)(h >> 8);
+}
+
+/* Where a block keeps its f16 scale d and (Q4_1, Q5_1, Q4_K, Q5_K) its
+ * min or dmin; -1 for none. */
+static int d_at(const fmt *f) { return f->type == KILN_GGML_Q6_K ? 208 : 0; }
+static int m_at(const fmt *f)
+{
+    uint32_t t = f->type;
+    return t == KILN_GGML_Q4_1 || t == KILN_GGML_Q5_1 || t == KILN_GGML_Q4_K || t == KILN_GGML_Q5_K ? 2 : -1;
+}
+
+/* n rows of k values in random blocks: random quant bytes (every pattern
+ * is valid, sub-scales included), f16 scales in a realistic range (Q4_1 /
+ * Q5_1 mins negative, K dmins positive, as trained weights have); F16 and
+ * BF16 as random values in [-1, 1]. */
 static uint8_t *random_blocks(const fmt *f, int32_t n, int32_t k)
 {
-    size_t nb = (size_t)n * (size_t)(k / 32);
+    size_t nb = (size_t)n * (size_t)(k / f->block);
     uint8_t *b = malloc(nb * f->block_bytes);
+    if (f->act_block == 0) {
+        for (size_t i = 0; i < nb * 32; i++) {
+            float v = uniform(-1, 1);
+            uint16_t h = f->type == KILN_GGML_F16 ? kiln_host()->float_to_half(v) : kiln_host()->float_to_bf16(v);
+            b[2 * i] = (uint8_t)h, b[2 * i + 1] = (uint8_t)(h >> 8);
+        }
+        return b;
+    }
     for (size_t i = 0; i < nb; i++) {
         uint8_t *p = b + i * f->block_bytes;
         for (size_t j = 0; j < f->block_bytes; j++)
             p[j] = (uint8_t)next_u32();
-        uint16_t d = kiln_host()->float_to_half(uniform(0.001f, 0.05f));
-        p[0] = (uint8_t)d, p[1] = (uint8_t)(d >> 8);
-        if (f->type == KILN_GGML_Q4_1) {
-            uint16_t m = kiln_host()->float_to_half(uniform(-0.4f, 0.0f));
-            p[2] = (uint8_t)m, p[3] = (uint8_t)(m >> 8);
-        }
+        int big = f->block == 256; /* K: d multiplies a sub-scale of up to 63 */
+        put_f16(p + d_at(f), uniform(0.001f, 0.05f) / (big ? 32.0f : 1.0f));
+        if (m_at(f) >= 0)
+            put_f16(p + m_at(f), big ? uniform(0.0f, 0.01f) : uniform(-0.4f, 0.0f));
     }
     return b;
 }
@@ -94,7 +128,7 @@ static kiln_status run(kiln_plugin *p, const fmt *f, const float *x, int32_t t, 
                        float *y, void *stream)
 {
     kiln_tensor_desc d[3] = {desc(KILN_DTYPE_F32, t, k),
-                             desc(KILN_DTYPE_U8, n, (int64_t)(k / 32) * (int64_t)f->block_bytes),
+                             desc(KILN_DTYPE_U8, n, (int64_t)(k / f->block) * (int64_t)f->block_bytes),
                              desc(KILN_DTYPE_F32, t, n)};
     const void *in[2] = {x, w};
     void *out[1] = {y};
@@ -106,12 +140,14 @@ static kiln_status run(kiln_plugin *p, const fmt *f, const float *x, int32_t t, 
 }
 
 /* x = e_j picks weight (row, j) out unchanged: the plugin's per-block
- * dequantization equals kiln_ggml_dequantize bit for bit. */
+ * dequantization equals kiln_ggml_dequantize bit for bit (but for the sign
+ * of a zero: Q6_K's negative scales make -0, which a sum starting at +0
+ * returns as +0). */
 static void check_formulas(const kiln_plugin_creator *c, const fmt *f, void *pool)
 {
-    const int32_t n = 5, k = 64;
+    const int32_t n = 5, k = f->block == 256 ? 256 : 64;
     uint8_t *w = random_blocks(f, n, k);
-    float *wf = malloc(sizeof(float) * (size_t)(n * k)), x[64], y[5];
+    float *wf = malloc(sizeof(float) * (size_t)(n * k)), x[256], y[5];
     CHECK_OK(kiln_ggml_dequantize(f->type, w, (int64_t)n * k, wf));
     kiln_plugin *p = NULL;
     CHECK_OK(make(c, f->name, n, k, &p));
@@ -121,8 +157,10 @@ static void check_formulas(const kiln_plugin_creator *c, const fmt *f, void *poo
         x[j] = 1.0f;
         CHECK_OK(run(p, f, x, 1, k, w, n, y, pool));
         for (int32_t r = 0; r < n; r++)
-            exact &= memcmp(&y[r], &wf[r * k + j], sizeof(float)) == 0;
+            exact &= memcmp(&y[r], &wf[r * k + j], sizeof(float)) == 0 || (y[r] == 0 && wf[r * k + j] == 0);
     }
+    if (!exact)
+        fprintf(stderr, "%s: a weight differs from kiln_ggml_dequantize\n", f->name);
     CHECK(exact);
     if (p)
         p->ops->destroy(p);
@@ -198,22 +236,26 @@ static void each_kernel(void (*body)(const kiln_plugin_creator *, void *), int f
 static void check_exact_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k, int32_t n, int32_t t, void *pool)
 {
     uint8_t *w = random_blocks(f, n, k);
-    for (int64_t i = 0; i < (int64_t)n * (k / 32); i++) {
+    for (int64_t i = 0; i < (int64_t)n * (k / f->block); i++) {
         uint8_t *b = w + i * (int64_t)f->block_bytes;
-        uint16_t d = kiln_host()->float_to_half(ldexpf(1.0f, -(int)(next_u32() % 4) - 1));
-        b[0] = (uint8_t)d, b[1] = (uint8_t)(d >> 8);
-        if (f->type == KILN_GGML_Q4_1) {
-            uint16_t m = kiln_host()->float_to_half(-ldexpf(1.0f, -(int)(next_u32() % 4) - 1));
-            b[2] = (uint8_t)m, b[3] = (uint8_t)(m >> 8);
-        }
+        put_f16(b + d_at(f), ldexpf(1.0f, -(int)(next_u32() % 4) - 1));
+        if (m_at(f) >= 0)
+            put_f16(b + m_at(f), (f->block == 256 ? 1.0f : -1.0f) * ldexpf(1.0f, -(int)(next_u32() % 4) - 1));
+        /* sub-scales and mins of 0..3 (K) or -3..3 (Q6_K) keep the sums small */
+        if (f->type == KILN_GGML_Q4_K || f->type == KILN_GGML_Q5_K)
+            for (int j = 4; j < 16; j++)
+                b[j] &= 0x03;
+        if (f->type == KILN_GGML_Q6_K)
+            for (int j = 192; j < 208; j++)
+                b[j] = (uint8_t)(int8_t)((int)(next_u32() % 7) - 3);
     }
     float *wf = malloc(sizeof(float) * (size_t)n * (size_t)k), *x = malloc(sizeof(float) * (size_t)t * (size_t)k),
           *y = malloc(sizeof(float) * (size_t)t * (size_t)n);
     CHECK_OK(kiln_ggml_dequantize(f->type, w, (int64_t)n * k, wf));
     for (int64_t i = 0; i < (int64_t)t * k; i++)
         x[i] = (float)((int32_t)(next_u32() % 15) - 7);
-    for (int64_t b = 0; b < (int64_t)t * k / 32; b++)
-        x[b * 32 + next_u32() % 32] = next_u32() & 1 ? 127.0f : -127.0f;
+    for (int64_t b = 0; b < (int64_t)t * k / f->act_block; b++)
+        x[b * f->act_block + next_u32() % (uint32_t)f->act_block] = next_u32() & 1 ? 127.0f : -127.0f;
     kiln_plugin *p = NULL;
     CHECK_OK(make(c, f->name, n, k, &p));
     if (p)
@@ -254,9 +296,9 @@ static void check_bound_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k
     for (int32_t r = 0; r < t && p; r++)
         for (int32_t o = 0; o < n; o++) {
             double ref = 0, mag = 0, bound = 0;
-            for (int32_t b = 0; b < k / 32; b++) {
+            for (int32_t b = 0; b < k / f->act_block; b++) {
                 double amax = 0, wsum = 0;
-                for (int32_t j = b * 32; j < b * 32 + 32; j++) {
+                for (int32_t j = b * f->act_block; j < (b + 1) * f->act_block; j++) {
                     double xv = x[(int64_t)r * k + j], wv = wf[(int64_t)o * k + j];
                     ref += xv * wv;
                     mag += fabs(xv * wv);
@@ -281,31 +323,88 @@ static void check_bound_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k
     free(w);
 }
 
+/* 8-bit activations: the formats that use them, with k of 1 to 9 blocks
+ * (32-element formats) or 1 to 3 (K), rows 1 (decode), 3 (below the
+ * four-row kernels), 17 and 70 (GEMM tiles, a remainder, more rows than
+ * one quantized chunk of 64). */
 static void q8_body(const kiln_plugin_creator *c, void *pool)
 {
-    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
-        check_exact_q8(c, &fmts[i], 32, 7, 1, pool);
-        check_exact_q8(c, &fmts[i], 576, 33, 3, pool);
-        check_exact_q8(c, &fmts[i], 256, 9, 70, pool); /* more rows than one quantized chunk (64) */
-        check_bound_q8(c, &fmts[i], 32, 7, 1, pool);
-        check_bound_q8(c, &fmts[i], 576, 129, 17, pool);
-        check_bound_q8(c, &fmts[i], 256, 5, 70, pool);
+    for (size_t i = 0; i < N_FMTS; i++) {
+        const fmt *f = &fmts[i];
+        if (f->act_block == 0)
+            continue;
+        int32_t k1 = f->block, k2 = f->block == 256 ? 768 : 576;
+        check_exact_q8(c, f, k1, 7, 1, pool);
+        check_exact_q8(c, f, k2, 33, 3, pool);
+        check_exact_q8(c, f, 256, 9, 70, pool);
+        check_bound_q8(c, f, k1, 7, 1, pool);
+        check_bound_q8(c, f, k2, 129, 17, pool);
+        check_bound_q8(c, f, 256, 5, 70, pool);
     }
 }
 
 static void formulas_body(const kiln_plugin_creator *c, void *pool)
 {
-    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++)
+    for (size_t i = 0; i < N_FMTS; i++)
         check_formulas(c, &fmts[i], pool);
 }
 
 static void products_body(const kiln_plugin_creator *c, void *pool)
 {
-    for (size_t i = 0; i < sizeof fmts / sizeof fmts[0]; i++) {
-        check_products(c, &fmts[i], 32, 7, pool);
+    for (size_t i = 0; i < N_FMTS; i++) {
+        int32_t k1 = fmts[i].block == 256 ? 256 : 32, k3 = fmts[i].block == 256 ? 768 : 576;
+        check_products(c, &fmts[i], k1, 7, pool);
         check_products(c, &fmts[i], 256, 33, pool);
-        check_products(c, &fmts[i], 576, 129, pool);
+        check_products(c, &fmts[i], k3, 129, pool);
     }
+}
+
+/* The SIMD kernels against the portable C ones on the same weights and x
+ * (8-bit activations where the format has them): the integer sums are
+ * equal, only the order of the f32 scaling differs, so within 1e-5 of
+ * Σ|x·w|. */
+static void test_simd_vs_c(void)
+{
+    kiln_registry *reg = NULL;
+    const kiln_plugin_creator *c = creator(&reg);
+    const int32_t t = 9, n = 21;
+    for (size_t i = 0; i < N_FMTS && c; i++) {
+        const fmt *f = &fmts[i];
+        int32_t k = f->block == 256 ? 512 : 160;
+        uint8_t *w = random_blocks(f, n, k);
+        float *wf = malloc(sizeof(float) * (size_t)n * (size_t)k), *x = malloc(sizeof(float) * (size_t)t * (size_t)k);
+        float yc[9 * 21], ys[9 * 21];
+        CHECK_OK(kiln_ggml_dequantize(f->type, w, (int64_t)n * k, wf));
+        for (int64_t j = 0; j < (int64_t)t * k; j++)
+            x[j] = uniform(-2, 2);
+        kiln_plugin *p = NULL;
+        CHECK_OK(make(c, f->name, n, k, &p));
+        setenv("KILN_QMATMUL_ISA", "c", 1);
+        CHECK_OK(run(p, f, x, t, k, w, n, yc, NULL));
+        const char *isas[2] = {"avx2", "best"};
+        for (int s = 0; s < 2 && p; s++) {
+            setenv("KILN_QMATMUL_ISA", isas[s], 1);
+            CHECK_OK(run(p, f, x, t, k, w, n, ys, NULL));
+            int ok = 1;
+            for (int32_t r = 0; r < t; r++)
+                for (int32_t o = 0; o < n; o++) {
+                    double mag = 0;
+                    for (int32_t j = 0; j < k; j++)
+                        mag += fabs((double)x[(int64_t)r * k + j] * wf[(int64_t)o * k + j]);
+                    ok &= fabs((double)ys[r * n + o] - yc[r * n + o]) <= 1e-5 * mag;
+                }
+            if (!ok)
+                fprintf(stderr, "%s on %s differs from the C kernel\n", f->name, isas[s]);
+            CHECK(ok);
+        }
+        unsetenv("KILN_QMATMUL_ISA");
+        if (p)
+            p->ops->destroy(p);
+        free(x);
+        free(wf);
+        free(w);
+    }
+    kiln_registry_destroy(reg);
 }
 
 /* f16/bf16 activations: y equals the f32 product of the widened x,
@@ -320,7 +419,8 @@ static void test_half_activations(void)
     for (int ti = 0; ti < 2 && c; ti++) {
         kiln_dtype dt = types[ti];
         uint8_t *w = random_blocks(&fmts[2], n, k);
-        float xf[21 * 96], yf[21 * 7], ws[16 * 96 + 16 * 7];
+        /* workspace: 16 rows of 3 quantized blocks (40 bytes each), f32 x, f32 y */
+        float xf[21 * 96], yf[21 * 7], ws[16 * 3 * 10 + 16 * 96 + 16 * 7];
         uint16_t xh[21 * 96], yh[21 * 7];
         for (int i = 0; i < t * k; i++) {
             float v = uniform(-1, 1);
@@ -371,8 +471,8 @@ static void test_blob_round_trip(void)
         q->ops->destroy(q);
     CHECK_FAILS(c->deserialize(c, c->blob_version, blob, 8, &q), KILN_ERROR_FORMAT, "QuantMatMul blob is 8 bytes");
     CHECK_FAILS(c->deserialize(c, c->blob_version + 1, blob, size, &q), KILN_ERROR_VERSION, "newer");
-    blob[0] = 6; /* Q5_0 */
-    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "ggml type 6");
+    blob[0] = 10; /* Q2_K */
+    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "ggml type 10");
     p->ops->destroy(p);
     kiln_registry_destroy(reg);
 }
@@ -382,7 +482,8 @@ static void test_bad_fields_and_shapes(void)
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
     kiln_plugin *p = NULL;
-    CHECK_FAILS(make(c, "Q5_0", 4, 32, &p), KILN_ERROR_INVALID_ARGUMENT, "format \"Q5_0\" is not");
+    CHECK_FAILS(make(c, "Q3_K", 4, 256, &p), KILN_ERROR_INVALID_ARGUMENT, "format \"Q3_K\" is not");
+    CHECK_FAILS(make(c, "Q4_K", 4, 288, &p), KILN_ERROR_INVALID_ARGUMENT, "a multiple of 256 for Q4_K");
     CHECK_FAILS(make(c, "Q8_0", 4, 48, &p), KILN_ERROR_INVALID_ARGUMENT, "k = 48");
     CHECK_FAILS(make(c, "Q8_0", 0, 32, &p), KILN_ERROR_INVALID_ARGUMENT, "n = 0");
     int32_t n = 4;
@@ -442,6 +543,7 @@ static void test_llmc_quantized_weights(void)
 static const test_case_ tests[] = {TEST(test_formulas),
                                    TEST(test_products),
                                    TEST(test_q8_activations),
+                                   TEST(test_simd_vs_c),
                                    TEST(test_half_activations),
                                    TEST(test_blob_round_trip),
                                    TEST(test_bad_fields_and_shapes),

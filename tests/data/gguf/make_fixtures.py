@@ -26,13 +26,13 @@ w.add_array("test.ints", [3, -1, 2])
 
 expected = {}
 rows, cols = 2, 512
-for qtype in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K]:
+for qtype in [T.F32, T.F16, T.BF16, T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q6_K, T.Q5_0, T.Q5_1, T.Q5_K]:
     block, nbytes = gguf.GGML_QUANT_SIZES[qtype]
-    if qtype in (T.Q4_K, T.Q6_K):
+    if qtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         # gguf cannot quantize these: random block bytes with sane f16 scales.
         raw = rng.integers(0, 256, size=(rows, cols // block * nbytes), dtype=np.uint8)
         blocks = raw.reshape(rows, cols // block, nbytes)
-        scale_pos = [0, 2] if qtype == T.Q4_K else [208]
+        scale_pos = [208] if qtype == T.Q6_K else [0, 2]
         for p in scale_pos:
             blocks[:, :, p:p + 2] = np.float16(rng.uniform(0.001, 0.05, size=blocks.shape[:2])).view(np.uint8).reshape(rows, cols // block, 2)
         data = raw

@@ -1,0 +1,627 @@
+/* QuantMatMul's CPU kernels. Every kernel computes one weight row against
+ * one or four rows of x; the four-row kernels unpack each weight block
+ * once for the four (prefill).
+ *
+ * 8-bit activations (the default for the quantized formats): each block's
+ * products are an exact integer sum, scaled once per block in f32:
+ *  - 32-element formats (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) against 32-value
+ *    activation blocks: Σ w·x ≈ dw · dx · Σ q·qx (+ m · dx · Σ qx);
+ *  - K formats against 256-value blocks: the sub-block scales multiply the
+ *    integer sums in integer arithmetic, so the super-block needs one f32
+ *    scaling: (d · dx) · Σ sc · Σ q·qx - (dmin · dx) · Σ m · Σ qx (Q4_K,
+ *    Q5_K), (d · dx) · Σ sc · Σ (q - 32)·qx (Q6_K).
+ * This is llama.cpp's arithmetic for these formats. The portable C kernels
+ * are the reference the AVX2 / VNNI ones are tested against.
+ *
+ * f32 activations (F16, BF16, or KILN_QMATMUL_F32ACT=1): weights decoded
+ * to f32 (core/ggml_block.h, bit-identical to the GGUF reader's
+ * dequantization; F16/BF16 converted in registers) and multiplied in f32. */
+#include "qmatmul/qmatmul_cpu.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/ggml_block.h"
+
+static const qmm_format formats[] = {
+    {QMM_Q8_0, "Q8_0", 32, 34, 32},    {QMM_Q4_0, "Q4_0", 32, 18, 32},    {QMM_Q4_1, "Q4_1", 32, 20, 32},
+    {QMM_Q5_0, "Q5_0", 32, 22, 32},    {QMM_Q5_1, "Q5_1", 32, 24, 32},    {QMM_Q4_K, "Q4_K", 256, 144, 256},
+    {QMM_Q5_K, "Q5_K", 256, 176, 256}, {QMM_Q6_K, "Q6_K", 256, 210, 256}, {QMM_F16, "F16", 32, 64, 0},
+    {QMM_BF16, "BF16", 32, 64, 0},
+};
+#define N_FORMATS (sizeof formats / sizeof formats[0])
+
+const qmm_format *kiln_qmm_format(int32_t type)
+{
+    for (size_t i = 0; i < N_FORMATS; i++)
+        if (formats[i].type == type)
+            return &formats[i];
+    return NULL;
+}
+
+const qmm_format *kiln_qmm_format_named(const char *name)
+{
+    for (size_t i = 0; i < N_FORMATS; i++)
+        if (strcmp(formats[i].name, name) == 0)
+            return &formats[i];
+    return NULL;
+}
+
+/* ---- activations -------------------------------------------------------------------- */
+
+size_t kiln_qmm_act_row_bytes(const qmm_format *f, int32_t k)
+{
+    if (f->act_block == 32)
+        return (size_t)(k / 32) * sizeof(qmm_q8);
+    if (f->act_block == 256)
+        return (size_t)(k / 256) * sizeof(qmm_q8k);
+    return 0;
+}
+
+/* n values at d = max|x| / 127, q = round(x / d); returns d. */
+static float quantize_values(const float *x, int n, int8_t *q)
+{
+    float amax = 0;
+    for (int j = 0; j < n; j++)
+        amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    for (int j = 0; j < n; j++)
+        q[j] = (int8_t)roundf(x[j] * id);
+    return d;
+}
+
+void kiln_qmm_quantize_row(const qmm_format *f, const float *x, int32_t k, void *out)
+{
+    if (f->act_block == 32) {
+        qmm_q8 *b = out;
+        for (int32_t i = 0; i < k / 32; i++, b++, x += 32) {
+            b->d = quantize_values(x, 32, b->q);
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++)
+                sum += b->q[j];
+            b->ds = b->d * (float)sum;
+        }
+    } else {
+        qmm_q8k *b = out;
+        for (int32_t i = 0; i < k / 256; i++, b++, x += 256) {
+            b->d = quantize_values(x, 256, b->q);
+            for (int g = 0; g < 16; g++) {
+                int32_t sum = 0;
+                for (int j = 0; j < 16; j++)
+                    sum += b->q[16 * g + j];
+                b->bsums[g] = (int16_t)sum;
+            }
+        }
+    }
+}
+
+/* ---- portable C: the reference ---------------------------------------------------- */
+
+/* Weight j of a 32-element block as an integer q with w = d·q + c. */
+static int q32_value(int32_t type, const uint8_t *b, int j)
+{
+    switch (type) {
+    case QMM_Q8_0: return (int8_t)b[2 + j];
+    case QMM_Q4_0: return (j < 16 ? b[2 + j] & 0x0F : b[2 + j - 16] >> 4) - 8;
+    case QMM_Q4_1: return j < 16 ? b[4 + j] & 0x0F : b[4 + j - 16] >> 4;
+    case QMM_Q5_0: return kiln_ggml_q5_value(b + 2, b + 6, j) - 16;
+    default: return kiln_ggml_q5_value(b + 4, b + 8, j); /* Q5_1 */
+    }
+}
+
+static float q32_dot_c(int32_t type, const uint8_t *w, const qmm_q8 *x, int32_t k)
+{
+    const qmm_format *f = kiln_qmm_format(type);
+    const int has_min = type == QMM_Q4_1 || type == QMM_Q5_1;
+    float acc = 0;
+    for (int32_t i = 0; i < k / 32; i++, w += f->bytes, x++) {
+        int32_t s = 0;
+        for (int j = 0; j < 32; j++)
+            s += q32_value(type, w, j) * x->q[j];
+        acc += kiln_ggml_f16_at(w) * x->d * (float)s;
+        if (has_min)
+            acc += kiln_ggml_f16_at(w + 2) * x->ds;
+    }
+    return acc;
+}
+
+static float qk_dot_c(int32_t type, const uint8_t *w, const qmm_q8k *x, int32_t k)
+{
+    const qmm_format *f = kiln_qmm_format(type);
+    float acc = 0;
+    for (int32_t i = 0; i < k / 256; i++, w += f->bytes, x++) {
+        int32_t isum = 0, msum = 0;
+        if (type == QMM_Q6_K) {
+            for (int e = 0; e < 256; e++)
+                isum += (int8_t)w[192 + e / 16] * kiln_ggml_q6k_value(w, e) * x->q[e];
+            acc += kiln_ggml_f16_at(w + 208) * x->d * (float)isum;
+            continue;
+        }
+        const uint8_t *qs = w + (type == QMM_Q5_K ? 48 : 16), *qh = w + 16;
+        for (int j = 0; j < 8; j++) {
+            int sc, m;
+            kiln_ggml_kscale(w + 4, j, &sc, &m);
+            int32_t s = 0, sx = 0;
+            for (int l = 0; l < 32; l++) {
+                int q = (j & 1) ? qs[32 * (j >> 1) + l] >> 4 : qs[32 * (j >> 1) + l] & 0x0F;
+                if (type == QMM_Q5_K)
+                    q |= ((qh[l] >> j) & 1) << 4;
+                s += q * x->q[32 * j + l];
+                sx += x->q[32 * j + l];
+            }
+            isum += sc * s;
+            msum += m * sx;
+        }
+        acc += kiln_ggml_f16_at(w) * x->d * (float)isum - kiln_ggml_f16_at(w + 2) * x->d * (float)msum;
+    }
+    return acc;
+}
+
+static void qdot_c(int32_t type, const uint8_t *w, const void *x, size_t xs, int32_t k, float *out)
+{
+    *out = kiln_qmm_format(type)->act_block == 32 ? q32_dot_c(type, w, x, k) : qk_dot_c(type, w, x, k);
+}
+
+/* Elements [e0, e0 + n) of a weight row in f32, n = min(256, k - e0):
+ * whole blocks, since e0 is a multiple of 256. */
+static int32_t dequant_chunk(int32_t type, const uint8_t *w, int32_t e0, int32_t k, float *y)
+{
+    const qmm_format *f = kiln_qmm_format(type);
+    int32_t n = k - e0 < 256 ? k - e0 : 256;
+    const uint8_t *b = w + (size_t)(e0 / f->block) * (size_t)f->bytes;
+    for (int32_t e = 0; e < n; e += f->block, b += f->bytes) {
+        switch (type) {
+        case QMM_Q8_0: kiln_ggml_block_q8_0(b, y + e); break;
+        case QMM_Q4_0: kiln_ggml_block_q4_0(b, y + e); break;
+        case QMM_Q4_1: kiln_ggml_block_q4_1(b, y + e); break;
+        case QMM_Q5_0: kiln_ggml_block_q5_0(b, y + e); break;
+        case QMM_Q5_1: kiln_ggml_block_q5_1(b, y + e); break;
+        case QMM_Q4_K: kiln_ggml_block_q4_k(b, y + e); break;
+        case QMM_Q5_K: kiln_ggml_block_q5_k(b, y + e); break;
+        case QMM_Q6_K: kiln_ggml_block_q6_k(b, y + e); break;
+        case QMM_F16:
+            for (int j = 0; j < 32; j++)
+                y[e + j] = kiln_f16_to_f32((uint16_t)(b[2 * j] | b[2 * j + 1] << 8));
+            break;
+        default: /* BF16 */
+            for (int j = 0; j < 32; j++)
+                y[e + j] = kiln_bf16_to_f32((uint16_t)(b[2 * j] | b[2 * j + 1] << 8));
+            break;
+        }
+    }
+    return n;
+}
+
+/* f32 dot of n values, in order. */
+static float dotf_c(const float *a, const float *b, int32_t n)
+{
+    float acc = 0;
+    for (int32_t i = 0; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
+
+/* f32 activations: the weight row decoded 256 at a time and shared by the
+ * R rows of x. */
+#define F32ACT_FN(NAME, ATTR, DOTF, R) \
+    ATTR static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, int32_t k, float *out) \
+    { \
+        float buf[256], acc[R] = {0}; \
+        for (int32_t e0 = 0, n; e0 < k; e0 += n) { \
+            n = dequant_chunk(type, w, e0, k, buf); \
+            for (int r = 0; r < R; r++) \
+                acc[r] += DOTF(buf, (const float *)((const char *)x + (size_t)r * xs) + e0, n); \
+        } \
+        for (int r = 0; r < R; r++) \
+            out[r] = acc[r]; \
+    }
+
+F32ACT_FN(f32act_c_1, , dotf_c, 1)
+
+/* Four rows through the one-row reference. */
+static void qdot_c_4(int32_t type, const uint8_t *w, const void *x, size_t xs, int32_t k, float *out)
+{
+    for (int r = 0; r < 4; r++)
+        qdot_c(type, w, (const char *)x + (size_t)r * xs, xs, k, out + r);
+}
+
+static void f32act_c_4(int32_t type, const uint8_t *w, const void *x, size_t xs, int32_t k, float *out)
+{
+    for (int r = 0; r < 4; r++)
+        f32act_c_1(type, w, (const char *)x + (size_t)r * xs, xs, k, out + r);
+}
+
+/* ---- AVX2 and AVX-512 VNNI ---------------------------------------------------------- */
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#include <immintrin.h>
+#define QMM_X86 1
+
+#define AVX2_TARGET "avx2,fma,f16c"
+#define VNNI_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni"
+#define INLINE_AVX2 __attribute__((target(AVX2_TARGET), always_inline)) static inline
+/* Loops over rows, sub-blocks and vectors have constant trip counts: fully
+ * unrolled, their accumulators and unpacked weights stay in registers. */
+#define UNROLLED_FOR(i, n) _Pragma("GCC unroll 16") for (int i = 0; i < (n); i++)
+
+/* d (and m) of a block from its first 4 bytes, by F16C (exact). */
+INLINE_AVX2 __m128 f16x2(const uint8_t *p)
+{
+    uint32_t u;
+    memcpy(&u, p, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128((int)u));
+}
+
+/* One f16 (Q6_K's d, the last 2 bytes of its block). */
+INLINE_AVX2 float f16x1(const uint8_t *p)
+{
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)p[0] | (uint32_t)p[1] << 8))));
+}
+
+INLINE_AVX2 float hsum8(__m256 s)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    return _mm_cvtss_f32(h);
+}
+
+/* 0x10 in byte j where bit j of the 32-bit little-endian qh is set. */
+INLINE_AVX2 __m256i q5_high_bits(const uint8_t *qh)
+{
+    uint32_t h;
+    memcpy(&h, qh, 4);
+    __m256i v =
+        _mm256_shuffle_epi8(_mm256_set1_epi32((int)h),
+                            _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL, 0x0101010101010101LL, 0));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    v = _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
+
+/* The 32 integer weights of a 32-element block as bytes in x's order:
+ * signed for Q8_0, Q4_0, Q5_0 (offsets taken off), unsigned 0..31 for
+ * Q4_1 and Q5_1 (their min is added apart). */
+INLINE_AVX2 __m256i q32_bytes(int32_t type, const uint8_t *b)
+{
+    if (type == QMM_Q8_0)
+        return _mm256_loadu_si256((const __m256i *)(b + 2));
+    int qs = type == QMM_Q4_0 ? 2 : type == QMM_Q4_1 ? 4 : type == QMM_Q5_0 ? 6 : 8;
+    __m128i bytes = _mm_loadu_si128((const __m128i *)(b + qs));
+    __m256i w = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(bytes, 4), bytes), _mm256_set1_epi8(0x0F));
+    if (type == QMM_Q5_0 || type == QMM_Q5_1)
+        w = _mm256_or_si256(w, q5_high_bits(b + (type == QMM_Q5_0 ? 2 : 4)));
+    if (type == QMM_Q4_0)
+        w = _mm256_sub_epi8(w, _mm256_set1_epi8(8));
+    if (type == QMM_Q5_0)
+        w = _mm256_sub_epi8(w, _mm256_set1_epi8(16));
+    return w;
+}
+
+/* Σ u·v by fours into 8 int32 lanes, u unsigned and v signed bytes. The
+ * signed formats move the weights' signs onto x first: |w| · sign(w)·q
+ * is w · q whichever instruction multiplies. */
+#define AVX2_PRODUCT(u, v) _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), _mm256_set1_epi16(1))
+#define VNNI_PRODUCT(u, v) _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, v)
+
+/* One 32-element weight block against R blocks of x. */
+#define Q32_BLOCK(TYPE, PRODUCT, R, ACC, B, X, I) \
+    do { \
+        const int is_signed_ = TYPE == QMM_Q8_0 || TYPE == QMM_Q4_0 || TYPE == QMM_Q5_0; \
+        __m128 dm_ = f16x2(B); \
+        float dw_ = _mm_cvtss_f32(dm_), mw_ = _mm_cvtss_f32(_mm_shuffle_ps(dm_, dm_, 1)); \
+        __m256i w_ = q32_bytes(TYPE, B); \
+        __m256i u_ = is_signed_ ? _mm256_sign_epi8(w_, w_) : w_; \
+        UNROLLED_FOR (r_, R) { \
+            const qmm_q8 *xr_ = (const qmm_q8 *)((const char *)(X) + (size_t)r_ * xs) + (I); \
+            __m256i q_ = _mm256_loadu_si256((const __m256i *)xr_->q); \
+            __m256i v_ = is_signed_ ? _mm256_sign_epi8(q_, w_) : q_; \
+            ACC[r_] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(PRODUCT(u_, v_)), _mm256_set1_ps(dw_ * xr_->d), ACC[r_]); \
+            if (TYPE == QMM_Q4_1 || TYPE == QMM_Q5_1) \
+                accm[r_] += mw_ * xr_->ds; \
+        } \
+    } while (0)
+
+/* Two blocks a step on two sets of accumulators (two FMA chains). */
+#define Q32_FN(NAME, TARGET, TYPE, PRODUCT, R) \
+    __attribute__((target(TARGET))) static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, \
+                                                     int32_t k, float *out) \
+    { \
+        const size_t bb = TYPE == QMM_Q8_0   ? 34 \
+                          : TYPE == QMM_Q4_0 ? 18 \
+                          : TYPE == QMM_Q4_1 ? 20 \
+                          : TYPE == QMM_Q5_0 ? 22 \
+                                             : 24; \
+        __m256 acc0[R], acc1[R]; \
+        float accm[R]; \
+        UNROLLED_FOR (r, R) \
+            acc0[r] = acc1[r] = _mm256_setzero_ps(), accm[r] = 0; \
+        int32_t nb = k / 32, i = 0; \
+        for (; i + 1 < nb; i += 2, w += 2 * bb) { \
+            _mm_prefetch((const char *)w + 1024, _MM_HINT_T0); \
+            Q32_BLOCK(TYPE, PRODUCT, R, acc0, w, x, i); \
+            Q32_BLOCK(TYPE, PRODUCT, R, acc1, w + bb, x, i + 1); \
+        } \
+        if (i < nb) \
+            Q32_BLOCK(TYPE, PRODUCT, R, acc0, w, x, i); \
+        UNROLLED_FOR (r, R) \
+            out[r] = hsum8(_mm256_add_ps(acc0[r], acc1[r])) + accm[r]; \
+    }
+
+/* The K kernels' integer step over two sub-blocks of 32 (u0, u1: weights
+ * as unsigned bytes; x: the 64 activations; s0, s1: int16 sub-scales by
+ * lane): acc + Σ (u·x summed by pairs) · s. AVX2 on 256-bit halves; VNNI
+ * on one 512-bit register (vpdpwssd), its two halves added at the end. */
+#define AVX2_KACC __m256i
+#define AVX2_KZERO _mm256_setzero_si256()
+#define AVX2_KPACC(acc, u, v, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, v), s))
+#define AVX2_KPAIR(acc, u0, u1, x, s0, s1) \
+    AVX2_KPACC(AVX2_KPACC(acc, u0, _mm256_loadu_si256((const __m256i *)(x)), s0), u1, \
+               _mm256_loadu_si256((const __m256i *)((x) + 32)), s1)
+#define AVX2_KREDUCE(acc) (acc)
+#define VNNI_KACC __m512i
+#define VNNI_KZERO _mm512_setzero_si512()
+#define JOIN512(a, b) _mm512_inserti64x4(_mm512_castsi256_si512(a), b, 1)
+#define VNNI_KPAIR(acc, u0, u1, x, s0, s1) \
+    _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(JOIN512(u0, u1), _mm512_loadu_si512((const void *)(x))), \
+                        JOIN512(s0, s1))
+#define VNNI_KREDUCE(acc) _mm256_add_epi32(_mm512_castsi512_si256(acc), _mm512_extracti64x4_epi64(acc, 1))
+
+/* The eight 6-bit scales and mins of Q4_K/Q5_K (kiln_ggml_kscale) four at
+ * a time: bytes 0..3 hold the low ones, bytes 8..11 the low nibbles of
+ * the high ones and bytes 0..7 their top two bits. */
+INLINE_AVX2 void kq_scales(const uint8_t *s, uint8_t *sc, uint8_t *mn)
+{
+    uint32_t a, b, c;
+    memcpy(&a, s, 4);
+    memcpy(&b, s + 4, 4);
+    memcpy(&c, s + 8, 4);
+    uint32_t sl = a & 0x3f3f3f3fu, sh = (c & 0x0f0f0f0fu) | ((a >> 2) & 0x30303030u);
+    uint32_t ml = b & 0x3f3f3f3fu, mh = ((c >> 4) & 0x0f0f0f0fu) | ((b >> 2) & 0x30303030u);
+    memcpy(sc, &sl, 4);
+    memcpy(sc + 4, &sh, 4);
+    memcpy(mn, &ml, 4);
+    memcpy(mn + 4, &mh, 4);
+}
+
+/* Q4_K / Q5_K against R rows of 256-value activation blocks. */
+#define Q45K_FN(NAME, TARGET, TYPE, ISA, R) \
+    __attribute__((target(TARGET))) static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, \
+                                                     int32_t k, float *out) \
+    { \
+        const size_t bb = TYPE == QMM_Q5_K ? 176 : 144; \
+        const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1); \
+        __m256 acc[R]; \
+        UNROLLED_FOR (r, R) \
+            acc[r] = _mm256_setzero_ps(); \
+        for (int32_t i = 0; i < k / 256; i++, w += bb) { \
+            UNROLLED_FOR (o, (int)(bb + 63) / 64) \
+                _mm_prefetch((const char *)w + 1024 + 64 * o, _MM_HINT_T0); \
+            const qmm_q8k *xr[R]; \
+            ISA##_KACC isum[R]; \
+            UNROLLED_FOR (r, R) \
+                xr[r] = (const qmm_q8k *)((const char *)x + (size_t)r * xs) + i, isum[r] = ISA##_KZERO; \
+            uint8_t sc[8], mn[8]; \
+            kq_scales(w + 4, sc, mn); \
+            /* the 8 scales as int16 in both halves; sub-block j's broadcast by one shuffle */ \
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc))); \
+            const uint8_t *qs = w + (TYPE == QMM_Q5_K ? 48 : 16); \
+            __m256i qh = TYPE == QMM_Q5_K ? _mm256_loadu_si256((const __m256i *)(w + 16)) : _mm256_setzero_si256(); \
+            UNROLLED_FOR (g, 4) { \
+                __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * g)); \
+                __m256i lo = _mm256_and_si256(bytes, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), lo4); \
+                if (TYPE == QMM_Q5_K) { \
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4)); \
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4)); \
+                    qh = _mm256_srli_epi16(qh, 2); \
+                } \
+                __m256i sa = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0100 + 0x0404 * g))); \
+                __m256i sb = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)(0x0302 + 0x0404 * g))); \
+                UNROLLED_FOR (r, R) \
+                    isum[r] = ISA##_KPAIR(isum[r], lo, hi, xr[r]->q + 64 * g, sa, sb); \
+            } \
+            /* mins: 16 int16 (each twice) against the 16 sums by 16 */ \
+            __m128i m8 = _mm_loadl_epi64((const __m128i *)mn); \
+            __m256i m16 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8)); \
+            __m128 dm = f16x2(w); \
+            float d = _mm_cvtss_f32(dm), dmin = _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1)); \
+            UNROLLED_FOR (r, R) { \
+                __m256i msum = _mm256_madd_epi16(m16, _mm256_loadu_si256((const __m256i *)xr[r]->bsums)); \
+                acc[r] = \
+                    _mm256_fmadd_ps(_mm256_cvtepi32_ps(ISA##_KREDUCE(isum[r])), _mm256_set1_ps(d * xr[r]->d), acc[r]); \
+                acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(dmin * xr[r]->d), acc[r]); \
+            } \
+        } \
+        UNROLLED_FOR (r, R) \
+            out[r] = hsum8(acc[r]); \
+    }
+
+/* Q6_K: 6-bit values 0..63 (unsigned, so no sign trick), the offset 32
+ * taken off afterwards as 32 · Σ sc · Σ qx by 16. */
+#define Q6K_FN(NAME, TARGET, ISA, R) \
+    __attribute__((target(TARGET))) static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, \
+                                                     int32_t k, float *out) \
+    { \
+        const __m256i lo4 = _mm256_set1_epi8(0x0F), hi2 = _mm256_set1_epi8(0x30); \
+        const __m256i pair = _mm256_set_epi8(3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 1, 0, 1, 0, 1, 0, 1, 0, \
+                                             1, 0, 1, 0, 1, 0, 1, 0); \
+        __m256 acc[R]; \
+        UNROLLED_FOR (r, R) \
+            acc[r] = _mm256_setzero_ps(); \
+        for (int32_t i = 0; i < k / 256; i++, w += 210) { \
+            UNROLLED_FOR (o, 4) \
+                _mm_prefetch((const char *)w + 1024 + 64 * o, _MM_HINT_T0); \
+            const qmm_q8k *xr[R]; \
+            ISA##_KACC isum[R]; \
+            UNROLLED_FOR (r, R) \
+                xr[r] = (const qmm_q8k *)((const char *)x + (size_t)r * xs) + i, isum[r] = ISA##_KZERO; \
+            const int8_t *sc = (const int8_t *)(w + 192); \
+            __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)); \
+            UNROLLED_FOR (h, 2) { \
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(w + 64 * h)); \
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(w + 64 * h + 32)); \
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h)); \
+                __m256i q[4] = { \
+                    _mm256_or_si256(_mm256_and_si256(ql0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)), \
+                    _mm256_or_si256(_mm256_and_si256(ql1, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)), \
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), lo4), _mm256_and_si256(qh, hi2)), \
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), lo4), \
+                                    _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2))}; \
+                /* scales 2t and 2t + 1 (t = 4h + s) over the low and high 16 values of sub-block s */ \
+                __m256i s16[4]; \
+                UNROLLED_FOR (s, 4) \
+                    s16[s] = \
+                        _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sc16, _mm256_set1_epi32(4 * h + s)), pair); \
+                UNROLLED_FOR (s, 2) \
+                    UNROLLED_FOR (r, R) \
+                        isum[r] = ISA##_KPAIR(isum[r], q[2 * s], q[2 * s + 1], xr[r]->q + 128 * h + 64 * s, \
+                                              s16[2 * s], s16[2 * s + 1]); \
+            } \
+            float d = f16x1(w + 208); \
+            UNROLLED_FOR (r, R) { \
+                __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256((const __m256i *)xr[r]->bsums)); \
+                __m256i s = _mm256_sub_epi32(ISA##_KREDUCE(isum[r]), _mm256_slli_epi32(off, 5)); \
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_set1_ps(d * xr[r]->d), acc[r]); \
+            } \
+        } \
+        UNROLLED_FOR (r, R) \
+            out[r] = hsum8(acc[r]); \
+    }
+
+/* 8 F16 / BF16 weights to f32 in registers (both conversions exact). */
+INLINE_AVX2 __m256 load8_f16(const uint8_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+INLINE_AVX2 __m256 load8_bf16(const uint8_t *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* F16 / BF16 weights against R rows of f32 x, V vectors of 8 a step (V
+ * accumulators per row: independent FMA chains). */
+#define F16_FN(NAME, LOAD8, R, V) \
+    __attribute__((target(AVX2_TARGET))) static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, \
+                                                          int32_t k, float *out) \
+    { \
+        __m256 acc[R][V]; \
+        UNROLLED_FOR (r, R) \
+            UNROLLED_FOR (v, V) \
+                acc[r][v] = _mm256_setzero_ps(); \
+        for (int32_t i = 0; i < k; i += 8 * V) { \
+            _mm_prefetch((const char *)w + 2 * i + 1024, _MM_HINT_T0); \
+            __m256 wv[V]; \
+            UNROLLED_FOR (v, V) \
+                wv[v] = LOAD8(w + 2 * (i + 8 * v)); \
+            UNROLLED_FOR (r, R) { \
+                const float *xr = (const float *)((const char *)x + (size_t)r * xs) + i; \
+                UNROLLED_FOR (v, V) \
+                    acc[r][v] = _mm256_fmadd_ps(wv[v], _mm256_loadu_ps(xr + 8 * v), acc[r][v]); \
+            } \
+        } \
+        UNROLLED_FOR (r, R) { \
+            __m256 s = _mm256_setzero_ps(); \
+            UNROLLED_FOR (v, V) \
+                s = _mm256_add_ps(s, acc[r][v]); \
+            out[r] = hsum8(s); \
+        } \
+    }
+
+/* n a multiple of 32. */
+__attribute__((target(AVX2_TARGET))) static float dotf_avx2(const float *a, const float *b, int32_t n)
+{
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+           acc3 = _mm256_setzero_ps();
+    for (int32_t i = 0; i < n; i += 32) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), acc1);
+        acc2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), acc2);
+        acc3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), acc3);
+    }
+    return hsum8(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
+}
+
+F32ACT_FN(f32act_avx2_1, __attribute__((target(AVX2_TARGET))), dotf_avx2, 1)
+F32ACT_FN(f32act_avx2_4, __attribute__((target(AVX2_TARGET))), dotf_avx2, 4)
+
+#define Q32_SET(FMT, TYPE) \
+    Q32_FN(q32_avx2_##FMT##_1, AVX2_TARGET, TYPE, AVX2_PRODUCT, 1) \
+    Q32_FN(q32_avx2_##FMT##_4, AVX2_TARGET, TYPE, AVX2_PRODUCT, 4) \
+    Q32_FN(q32_vnni_##FMT##_1, VNNI_TARGET, TYPE, VNNI_PRODUCT, 1) \
+    Q32_FN(q32_vnni_##FMT##_4, VNNI_TARGET, TYPE, VNNI_PRODUCT, 4)
+Q32_SET(q8_0, QMM_Q8_0)
+Q32_SET(q4_0, QMM_Q4_0)
+Q32_SET(q4_1, QMM_Q4_1)
+Q32_SET(q5_0, QMM_Q5_0)
+Q32_SET(q5_1, QMM_Q5_1)
+Q45K_FN(qk_avx2_q4_k_1, AVX2_TARGET, QMM_Q4_K, AVX2, 1)
+Q45K_FN(qk_avx2_q4_k_4, AVX2_TARGET, QMM_Q4_K, AVX2, 4)
+Q45K_FN(qk_vnni_q4_k_1, VNNI_TARGET, QMM_Q4_K, VNNI, 1)
+Q45K_FN(qk_vnni_q4_k_4, VNNI_TARGET, QMM_Q4_K, VNNI, 4)
+Q45K_FN(qk_avx2_q5_k_1, AVX2_TARGET, QMM_Q5_K, AVX2, 1)
+Q45K_FN(qk_avx2_q5_k_4, AVX2_TARGET, QMM_Q5_K, AVX2, 4)
+Q45K_FN(qk_vnni_q5_k_1, VNNI_TARGET, QMM_Q5_K, VNNI, 1)
+Q45K_FN(qk_vnni_q5_k_4, VNNI_TARGET, QMM_Q5_K, VNNI, 4)
+Q6K_FN(qk_avx2_q6_k_1, AVX2_TARGET, AVX2, 1)
+Q6K_FN(qk_avx2_q6_k_4, AVX2_TARGET, AVX2, 4)
+Q6K_FN(qk_vnni_q6_k_1, VNNI_TARGET, VNNI, 1)
+Q6K_FN(qk_vnni_q6_k_4, VNNI_TARGET, VNNI, 4)
+F16_FN(f16_avx2_1, load8_f16, 1, 4)
+F16_FN(f16_avx2_4, load8_f16, 4, 2)
+F16_FN(bf16_avx2_1, load8_bf16, 1, 4)
+F16_FN(bf16_avx2_4, load8_bf16, 4, 2)
+
+/* Per format (in the order of formats[]): AVX2 one/four, VNNI one/four. */
+static const qmm_kernel simd[N_FORMATS][4] = {
+    {q32_avx2_q8_0_1, q32_avx2_q8_0_4, q32_vnni_q8_0_1, q32_vnni_q8_0_4},
+    {q32_avx2_q4_0_1, q32_avx2_q4_0_4, q32_vnni_q4_0_1, q32_vnni_q4_0_4},
+    {q32_avx2_q4_1_1, q32_avx2_q4_1_4, q32_vnni_q4_1_1, q32_vnni_q4_1_4},
+    {q32_avx2_q5_0_1, q32_avx2_q5_0_4, q32_vnni_q5_0_1, q32_vnni_q5_0_4},
+    {q32_avx2_q5_1_1, q32_avx2_q5_1_4, q32_vnni_q5_1_1, q32_vnni_q5_1_4},
+    {qk_avx2_q4_k_1, qk_avx2_q4_k_4, qk_vnni_q4_k_1, qk_vnni_q4_k_4},
+    {qk_avx2_q5_k_1, qk_avx2_q5_k_4, qk_vnni_q5_k_1, qk_vnni_q5_k_4},
+    {qk_avx2_q6_k_1, qk_avx2_q6_k_4, qk_vnni_q6_k_1, qk_vnni_q6_k_4},
+    {f16_avx2_1, f16_avx2_4, f16_avx2_1, f16_avx2_4},
+    {bf16_avx2_1, bf16_avx2_4, bf16_avx2_1, bf16_avx2_4},
+};
+
+/* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
+ * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+BW+VNNI. F16C through cpuid leaf 1
+ * (ECX bit 29): clang's __builtin_cpu_supports does not know it. */
+static int cpu_features(void)
+{
+    static _Atomic int cached = -1;
+    int f = cached;
+    if (f < 0) {
+        unsigned a, b, c, d;
+        int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __get_cpuid(1, &a, &b, &c, &d) &&
+                   (c >> 29 & 1);
+        f = avx2 | (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vnni"))
+                       << 1;
+        cached = f;
+    }
+    return f;
+}
+#endif
+
+void kiln_qmm_kernels_pick(const qmm_format *f, const char *isa, int f32_act, qmm_kernels *out)
+{
+    out->f32_act = f32_act || f->act_block == 0;
+    out->one = out->f32_act ? f32act_c_1 : qdot_c;
+    out->four = out->f32_act ? f32act_c_4 : qdot_c_4;
+#ifdef QMM_X86
+    int feat = cpu_features();
+    if (strcmp(isa, "c") == 0 || !(feat & 1))
+        return;
+    int vnni = strcmp(isa, "avx2") != 0 && (feat & 2);
+    if (out->f32_act && f->act_block != 0) {
+        out->one = f32act_avx2_1;
+        out->four = f32act_avx2_4;
+        return;
+    }
+    const qmm_kernel *k = simd[f - formats];
+    out->one = k[vnni ? 2 : 0];
+    out->four = k[vnni ? 3 : 1];
+#endif
+}
