@@ -883,6 +883,13 @@ int kiln_server_start(kiln_llm *llm, const kiln_server_options *o, kiln_server *
         server_free(s);
         return -1;
     }
+    json_t *name = json_string(s->model); /* NULL unless UTF-8: every answer carries it */
+    json_decref(name);
+    if (!name || !s->model[0]) {
+        snprintf(err, err_len, "the model name must be non-empty UTF-8");
+        server_free(s);
+        return -1;
+    }
 
     kiln_llm_scheduler_options so;
     kiln_llm_scheduler_options_init(&so);
