@@ -468,9 +468,11 @@ void kiln_openai_request_free(kiln_openai_request *r)
 
 char *kiln_openai_error_json(const kiln_openai_error *e)
 {
-    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->message, "type", e->type, "param",
-                          e->param[0] ? json_string(e->param) : json_null(), "code",
-                          e->code ? json_string(e->code) : json_null());
+    /* the message may quote the bad bytes of a body (jansson's errors do) */
+    json_t *o =
+        json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message", kiln_openai_text(e->message, strlen(e->message)),
+                  "type", e->type, "param", e->param[0] ? kiln_openai_text(e->param, strlen(e->param)) : json_null(),
+                  "code", e->code ? json_string(e->code) : json_null());
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;

@@ -39,7 +39,7 @@ struct kiln_server {
     char *model, *api_key;
     int port;
     long long started;
-    atomic_int draining;
+    atomic_int draining, listening;
     atomic_uint_fast64_t counter; /* request ids and default seeds */
     uint64_t salt;
     /* generations not finished, and those still tied to a connection */
@@ -810,7 +810,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    kiln_server *srv = cls;
+    /* before it listens, kiln_server_start's error says it in one line */
+    if (!atomic_load(&srv->listening))
+        return;
     fputs("kiln: serve: ", stderr);
     vfprintf(stderr, fmt, ap);
 }
@@ -880,6 +883,13 @@ int kiln_server_start(kiln_llm *llm, const kiln_server_options *o, kiln_server *
         server_free(s);
         return -1;
     }
+    json_t *name = json_string(s->model); /* NULL unless UTF-8: every answer carries it */
+    json_decref(name);
+    if (!name || !s->model[0]) {
+        snprintf(err, err_len, "the model name must be non-empty UTF-8");
+        server_free(s);
+        return -1;
+    }
 
     kiln_llm_scheduler_options so;
     kiln_llm_scheduler_options_init(&so);
@@ -917,7 +927,7 @@ int kiln_server_start(kiln_llm *llm, const kiln_server_options *o, kiln_server *
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, o->max_header, MHD_OPTION_LISTEN_BACKLOG_SIZE,
@@ -932,6 +942,7 @@ int kiln_server_start(kiln_llm *llm, const kiln_server_options *o, kiln_server *
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? (int)di->port : o->port;
+    atomic_store(&s->listening, 1);
     *out = s;
     return 0;
 }

@@ -194,6 +194,15 @@ static void test_responses(void)
     json_decref(o);
     free(s);
 
+    /* a body's bad bytes quoted in the message (jansson's error text does)
+     * still give an error object */
+    kiln_openai_request r;
+    const char bad_body[] = "{\"prompt\":\"a\",\"ob\\\xc5\x97\xdd\xdd\"}";
+    CHECK(kiln_openai_parse(KILN_OPENAI_COMPLETIONS, bad_body, sizeof bad_body - 1, NULL, &r, &e) == 400);
+    s = kiln_openai_error_json(&e);
+    CHECK(s && strstr(s, "not valid JSON"));
+    free(s);
+
     CHECK(!strcmp(kiln_openai_finish_reason(KILN_LLM_FINISH_EOS), "stop"));
     CHECK(!strcmp(kiln_openai_finish_reason(KILN_LLM_FINISH_STOP), "stop"));
     CHECK(!strcmp(kiln_openai_finish_reason(KILN_LLM_FINISH_LENGTH), "length"));

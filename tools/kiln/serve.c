@@ -33,7 +33,10 @@ static const char serve_help[] =
     "  --max-body-mb N          largest request body (default 16)\n"
     "  --drain S                seconds requests may finish after SIGTERM (default 30)\n"
     "  --no-prefix-cache        do not share KV blocks of identical prompt prefixes\n"
-    "  --kv-cache-blocks N      exactly N KV-cache blocks (overrides --kv-cache-mb)\n" CLI_LLM_MEMORY_HELP "\n"
+    "  --kv-cache-blocks N      exactly N KV-cache blocks (overrides --kv-cache-mb)\n" CLI_LLM_MEMORY_HELP
+    "  --plugins LIB            load a plugin library first (repeatable)\n"
+    "  -h, --help               show this help\n"
+    "\n"
     "sampling of requests that leave a field out (as `kiln run`: llama.cpp's defaults):\n"
     "  --temperature T          0 is greedy (default 0.8)\n"
     "  --top-k K                keep the K most likely tokens, 0 = off (default 40)\n"
@@ -41,9 +44,7 @@ static const char serve_help[] =
     "  --min-p P                keep tokens with p >= P * max p (default 0.05)\n"
     "  --repeat-penalty R       HF repetition penalty (default 1 = off)\n"
     "  --presence-penalty X     OpenAI presence penalty (default 0)\n"
-    "  --frequency-penalty X    OpenAI frequency penalty (default 0)\n"
-    "  --plugins LIB            load a plugin library first (repeatable)\n"
-    "  -h, --help               show this help\n";
+    "  --frequency-penalty X    OpenAI frequency penalty (default 0)\n";
 
 /* The engine's file name without folders and extension. */
 static char *default_model_name(const char *path)
