@@ -90,8 +90,8 @@ struct kiln_llm {
      * the process-wide pool. */
     int32_t n_threads, own_threads;
     int32_t no_prefix_caching; /* kiln_llm_options' */
-    kiln_candidate *cand; /* [vocab] host sampling scratch */
-    size_t max_piece;     /* longest vocabulary string, bytes */
+    kiln_candidate *cand;      /* [vocab] host sampling scratch */
+    size_t max_piece;          /* longest vocabulary string, bytes */
     atomic_int cancel;
     /* A scheduler holds the llm (kiln_llm_scheduler_start until _stop). */
     int scheduled;
