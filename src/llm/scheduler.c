@@ -434,12 +434,11 @@ static void seq_end(kiln_llm_scheduler *sc, sched_seq *q, kiln_llm_finish why, c
         kiln_llm_result_free(res);
 }
 
-/* Handles a sampled token (row s of the step). */
-static void seq_accept(kiln_llm_scheduler *sc, sched_seq *q, int32_t s, int32_t id)
+/* Handles a sampled token (row s of the step, which ended at time t). */
+static void seq_accept(kiln_llm_scheduler *sc, sched_seq *q, int32_t s, int32_t id, double t)
 {
     kiln_llm *llm = sc->llm;
     const kiln_llm_config *c = &llm->cfg;
-    double t = kiln_llm_now_ms();
     if (q->n_ids == q->n_prompt)
         q->t_first = t;
     q->t_last = t;
@@ -758,6 +757,9 @@ static kiln_status run_packed(kiln_llm_scheduler *sc, int32_t S, int32_t T)
         return kiln_fail(st, "%s", why);
     }
     sc->stats.steps++;
+    /* The step's tokens all exist from its end on: one clock read a step, not
+     * one a token. */
+    const double t = kiln_llm_now_ms();
     for (int32_t s = 0; s < S; s++) {
         sched_seq *q = sc->rows[s];
         q->n_cached = (size_t)h->seq_lens[s];
@@ -780,7 +782,7 @@ static kiln_status run_packed(kiln_llm_scheduler *sc, int32_t S, int32_t T)
             seq_end(sc, q, KILN_LLM_FINISH_ERROR, why);
             continue;
         }
-        seq_accept(sc, q, s, id);
+        seq_accept(sc, q, s, id, t);
     }
     compact_running(sc);
     return KILN_OK;
