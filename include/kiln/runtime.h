@@ -105,6 +105,13 @@ KILN_API kiln_status kiln_context_graph_nodes(kiln_context *ctx, size_t *n_nodes
  * the last enqueue was captured by the caller. */
 KILN_API kiln_status kiln_context_gpu_time(kiln_context *ctx, float *ms);
 
+/* CPU engines: runs this context's layers on a thread pool of its own with
+ * n_threads threads (1..1024, the calling thread counted), or, with 0, on
+ * the process-wide pool, which has one thread per physical core this
+ * process may run on (SMT siblings counted once). OpenBLAS, where a layer
+ * calls it, is given the same count. KILN_ERROR_TARGET on other backends. */
+KILN_API kiln_status kiln_context_set_threads(kiln_context *ctx, int32_t n_threads);
+
 /* Per-layer timing: with `enable` nonzero, each later enqueue times every
  * layer (CPU: host clock; CUDA: events between launches, not in graph
  * mode). */

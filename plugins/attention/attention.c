@@ -26,7 +26,8 @@
  * packed_qkv) is still read.
  *
  * The new token j of sequence s sits at position seq_lens[s] - n_new + j and
- * sees positions 0..itself. Softmax runs online in f32 (no scratch memory).
+ * sees positions 0..itself. Softmax runs online in f32 over tiles of keys
+ * (no scratch memory); tasks of (token, head) are spread over the pool.
  *
  * CUDA (attention_cuda.cu, when built with nvcc): the same semantics for
  * f32, f16 and bf16 with the cache in the dtype of q; decode splits long
@@ -36,6 +37,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <string.h>
 
 #include "plugin_util.h"
 
@@ -160,6 +162,11 @@ typedef struct attn_job {
     void *cache, *out;
     const int32_t *table, *seq_lens, *qstart;
     int64_t n_seqs, max_blocks;
+    /* the work split (attn_plan): query heads of one kv head taken
+     * together, and keys cut into chunks whose partial results wait in
+     * `part` (NULL: one chunk, written straight to out) */
+    int64_t n_sub, sub, n_chunks, chunk;
+    float *part;
 } attn_job;
 
 /* Sequence holding packed token t: the last s with qstart[s] <= t. */
@@ -207,9 +214,9 @@ static void attn_append(void *arg, int64_t begin, int64_t end)
     }
 }
 
-/* q · k over an f32 cache row: eight partial sums, which the compiler
- * keeps in vector registers (an in-order sum cannot be vectorized). */
-static float dot_f32(const float *q, const float *k, int64_t n)
+/* q · k over one cache row: eight partial sums, which the compiler keeps
+ * in vector registers (an in-order sum cannot be vectorized). */
+__attribute__((always_inline)) static inline float dot_row(const float *q, const float *k, int64_t n)
 {
     float part[8] = {0};
     int64_t d = 0;
@@ -221,53 +228,246 @@ static float dot_f32(const float *q, const float *k, int64_t n)
     return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
 }
 
-static void attn_heads(void *arg, int64_t begin, int64_t end)
+/* Eight floats in a vector register (two on a baseline x86-64): local to
+ * the kernels below, never passed or returned, which would change the
+ * calling convention between the clones. */
+typedef float attn_v8 __attribute__((vector_size(32)));
+
+/* acc += sum over i < n of w[i] * rows[i] (rows hd apart), 32 dims at a
+ * time kept in registers across the rows: four independent sums (one would
+ * wait on the add's latency every row), the accumulator stored once per
+ * tile. */
+__attribute__((always_inline)) static inline void axpy_tile(float *restrict acc, const float *restrict w,
+                                                            const float *restrict rows, int64_t n, int64_t hd)
+{
+    int64_t d = 0;
+    for (; d + 32 <= hd; d += 32) {
+        attn_v8 r0, r1, r2, r3, x;
+        memcpy(&r0, acc + d, 32);
+        memcpy(&r1, acc + d + 8, 32);
+        memcpy(&r2, acc + d + 16, 32);
+        memcpy(&r3, acc + d + 24, 32);
+        for (int64_t i = 0; i < n; i++) {
+            const float *row = rows + i * hd + d;
+            attn_v8 wi = {0};
+            wi += w[i];
+            memcpy(&x, row, 32);
+            r0 += wi * x;
+            memcpy(&x, row + 8, 32);
+            r1 += wi * x;
+            memcpy(&x, row + 16, 32);
+            r2 += wi * x;
+            memcpy(&x, row + 24, 32);
+            r3 += wi * x;
+        }
+        memcpy(acc + d, &r0, 32);
+        memcpy(acc + d + 8, &r1, 32);
+        memcpy(acc + d + 16, &r2, 32);
+        memcpy(acc + d + 24, &r3, 32);
+    }
+    for (; d < hd; d++) {
+        float r = acc[d];
+        for (int64_t i = 0; i < n; i++)
+            r += w[i] * rows[i * hd + d];
+        acc[d] = r;
+    }
+}
+
+/* out[i] = q · rows[i] for i < n (rows hd apart): four rows at a time,
+ * each with its own sum, so the adds of one do not wait on another's. */
+__attribute__((always_inline)) static inline void dot_tile(float *restrict out, const float *restrict q,
+                                                           const float *restrict rows, int64_t n, int64_t hd)
+{
+    int64_t i = 0;
+    if (hd % 8 == 0)
+        for (; i + 4 <= n; i += 4) {
+            attn_v8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, qv, x;
+            const float *r = rows + i * hd;
+            for (int64_t d = 0; d < hd; d += 8) {
+                memcpy(&qv, q + d, 32);
+                memcpy(&x, r + d, 32);
+                s0 += qv * x;
+                memcpy(&x, r + hd + d, 32);
+                s1 += qv * x;
+                memcpy(&x, r + 2 * hd + d, 32);
+                s2 += qv * x;
+                memcpy(&x, r + 3 * hd + d, 32);
+                s3 += qv * x;
+            }
+            out[i] = ((s0[0] + s0[4]) + (s0[1] + s0[5])) + ((s0[2] + s0[6]) + (s0[3] + s0[7]));
+            out[i + 1] = ((s1[0] + s1[4]) + (s1[1] + s1[5])) + ((s1[2] + s1[6]) + (s1[3] + s1[7]));
+            out[i + 2] = ((s2[0] + s2[4]) + (s2[1] + s2[5])) + ((s2[2] + s2[6]) + (s2[3] + s2[7]));
+            out[i + 3] = ((s3[0] + s3[4]) + (s3[1] + s3[5])) + ((s3[2] + s3[6]) + (s3[3] + s3[7]));
+        }
+    for (; i < n; i++)
+        out[i] = dot_row(q, rows + i * hd, hd);
+}
+
+/* n cache rows from `base` (contiguous: one block's slots) as f32: in
+ * place, or widened into buf. */
+static inline const float *cache_rows(const attn_job *j, int64_t base, int64_t n, float *buf)
+{
+    if (j->ct == KILN_DTYPE_F32)
+        return (const float *)j->cache + base;
+    for (int64_t d = 0; d < n * j->p->head_dim; d++)
+        buf[d] = plugin_load(host, j->cache, j->ct, base + d);
+    return buf;
+}
+
+/* Keys scored at once: their scores stay on the stack, the running max
+ * and the rescale of the accumulators move once per tile, not per key, and
+ * a tile never crosses a cache block (its rows are contiguous). */
+#define ATTN_TILE 32
+/* Query heads of one kv head attended together: each k and v row read
+ * from the cache serves all of them. */
+#define ATTN_SUB 8
+/* Decode steps of up to this many tokens split the keys into chunks of
+ * ATTN_CHUNK (rounded to whole blocks) so that even one sequence with few
+ * kv heads gives every thread work; partial results are merged after. */
+#define ATTN_SPLIT_TOKENS 8
+#define ATTN_CHUNK 256
+
+/* Softmax state of one query head over some keys. */
+typedef struct attn_acc {
+    float m, l, acc[ATTN_MAX_HEAD_DIM];
+} attn_acc;
+
+static size_t part_floats(const attn_params *p) { return (size_t)p->head_dim + 2; }
+
+/* One task: token t, query heads [h0, h0 + ng) of kv head kvh (a sub-group
+ * of its group), keys [k_begin, k_end) of the token's sequence. */
+PLUGIN_SIMD static void attn_task(const attn_job *j, int64_t t, int64_t kvh, int64_t h0, int64_t ng, int64_t k_begin,
+                                  int64_t k_end, attn_acc *st)
+{
+    const attn_params *p = j->p;
+    const int64_t hd = p->head_dim, bs = p->block_size;
+    float q[ATTN_SUB][ATTN_MAX_HEAD_DIM], score[ATTN_SUB][ATTN_TILE], buf[ATTN_TILE * ATTN_MAX_HEAD_DIM];
+    int64_t s = seq_of(j, t);
+    for (int64_t g = 0; g < ng; g++) {
+        int64_t qbase = t * j->q_ld + (h0 + g) * hd;
+        /* the scale folded into q: one multiply per dim, not per key */
+        for (int64_t d = 0; d < hd; d++) {
+            q[g][d] = plugin_load(host, j->q, j->t, qbase + d) * p->scale;
+            st[g].acc[d] = 0.0f;
+        }
+        st[g].m = -INFINITY;
+        st[g].l = 0.0f;
+    }
+    for (int64_t k0 = k_begin; k0 < k_end;) {
+        int64_t n = bs - k0 % bs;
+        if (n > k_end - k0)
+            n = k_end - k0;
+        if (n > ATTN_TILE)
+            n = ATTN_TILE;
+        int64_t kb = cache_index(j, s, k0, 0, kvh), vb = cache_index(j, s, k0, 1, kvh);
+        const float *kt = cache_rows(j, kb, n, buf);
+        for (int64_t g = 0; g < ng; g++)
+            dot_tile(score[g], q[g], kt, n, hd);
+        for (int64_t g = 0; g < ng; g++) {
+            float tile_max = -INFINITY;
+            for (int64_t i = 0; i < n; i++)
+                tile_max = score[g][i] > tile_max ? score[g][i] : tile_max;
+            if (tile_max > st[g].m) {
+                /* exp(-inf) = 0 clears the empty accumulator of the first tile */
+                float correction = expf(st[g].m - tile_max);
+                st[g].l *= correction;
+                for (int64_t d = 0; d < hd; d++)
+                    st[g].acc[d] *= correction;
+                st[g].m = tile_max;
+            }
+            for (int64_t i = 0; i < n; i++) {
+                score[g][i] = expf(score[g][i] - st[g].m);
+                st[g].l += score[g][i];
+            }
+        }
+        const float *vt = cache_rows(j, vb, n, buf);
+        for (int64_t g = 0; g < ng; g++)
+            axpy_tile(st[g].acc, score[g], vt, n, hd);
+        k0 += n;
+    }
+}
+
+/* Tasks are (token, sub-group of a kv head's query heads[, key chunk]). */
+static void attn_tasks(void *arg, int64_t begin, int64_t end)
 {
     const attn_job *j = arg;
     const attn_params *p = j->p;
-    int64_t group = p->n_heads / p->n_kv_heads;
-    float q[ATTN_MAX_HEAD_DIM], acc[ATTN_MAX_HEAD_DIM];
+    const int64_t hd = p->head_dim, group = p->n_heads / p->n_kv_heads;
+    attn_acc st[ATTN_SUB];
     for (int64_t task = begin; task < end; task++) {
-        int64_t t = task / p->n_heads, h = task % p->n_heads, kvh = h / group;
-        int64_t s = seq_of(j, t), pos = position_of(j, s, t);
-        int64_t qbase = t * j->q_ld + h * p->head_dim, obase = (t * p->n_heads + h) * p->head_dim;
-        for (int64_t d = 0; d < p->head_dim; d++) {
-            q[d] = plugin_load(host, j->q, j->t, qbase + d);
-            acc[d] = 0.0f;
+        int64_t c = task % j->n_chunks, rest = task / j->n_chunks;
+        int64_t sg = rest % j->n_sub, t = rest / j->n_sub;
+        int64_t kvh = sg / (j->n_sub / p->n_kv_heads), sub = sg % (j->n_sub / p->n_kv_heads);
+        int64_t h0 = kvh * group + sub * j->sub, ng = group - sub * j->sub < j->sub ? group - sub * j->sub : j->sub;
+        int64_t keys = position_of(j, seq_of(j, t), t) + 1;
+        int64_t k_begin = c * j->chunk, k_end = k_begin + j->chunk < keys ? k_begin + j->chunk : keys;
+        if (k_begin >= k_end) {
+            /* a chunk past this token's keys: an empty partial */
+            for (int64_t g = 0; g < ng; g++)
+                j->part[((t * p->n_heads + h0 + g) * j->n_chunks + c) * part_floats(p) + 1] = 0.0f;
+            continue;
         }
-        float m = -INFINITY, l = 0.0f;
-        for (int64_t kp = 0; kp <= pos; kp++) {
-            int64_t kb = cache_index(j, s, kp, 0, kvh), vb = cache_index(j, s, kp, 1, kvh);
-            float dot = 0.0f;
-            if (j->ct == KILN_DTYPE_F32) {
-                dot = dot_f32(q, (const float *)j->cache + kb, p->head_dim);
-            } else {
-                for (int64_t d = 0; d < p->head_dim; d++)
-                    dot += q[d] * plugin_load(host, j->cache, j->ct, kb + d);
+        attn_task(j, t, kvh, h0, ng, k_begin, k_end, st);
+        for (int64_t g = 0; g < ng; g++) {
+            if (!j->part) {
+                int64_t obase = (t * p->n_heads + h0 + g) * hd;
+                for (int64_t d = 0; d < hd; d++)
+                    plugin_store(host, j->out, j->t, obase + d, st[g].acc[d] / st[g].l);
+                continue;
             }
-            float score = dot * p->scale;
-            float m_new = score > m ? score : m;
-            /* the max rarely moves: then the correction is exp(0) = 1 and
-             * rescaling by it changes nothing, so neither is computed */
-            float correction = m_new == m ? 1.0f : expf(m - m_new), w = expf(score - m_new);
-            l = l * correction + w;
-            if (j->ct == KILN_DTYPE_F32) {
-                const float *vr = (const float *)j->cache + vb;
-                if (correction == 1.0f)
-                    for (int64_t d = 0; d < p->head_dim; d++)
-                        acc[d] += w * vr[d];
-                else
-                    for (int64_t d = 0; d < p->head_dim; d++)
-                        acc[d] = acc[d] * correction + w * vr[d];
-            } else {
-                for (int64_t d = 0; d < p->head_dim; d++)
-                    acc[d] = acc[d] * correction + w * plugin_load(host, j->cache, j->ct, vb + d);
-            }
-            m = m_new;
+            float *pp = j->part + ((t * p->n_heads + h0 + g) * j->n_chunks + c) * part_floats(p);
+            pp[0] = st[g].m;
+            pp[1] = st[g].l;
+            memcpy(pp + 2, st[g].acc, (size_t)hd * sizeof(float));
         }
-        for (int64_t d = 0; d < p->head_dim; d++)
-            plugin_store(host, j->out, j->t, obase + d, acc[d] / l);
     }
+}
+
+/* Merges the key chunks of each (token, query head). */
+static void attn_merge(void *arg, int64_t begin, int64_t end)
+{
+    const attn_job *j = arg;
+    const attn_params *p = j->p;
+    const int64_t hd = p->head_dim;
+    float acc[ATTN_MAX_HEAD_DIM];
+    for (int64_t th = begin; th < end; th++) {
+        const float *pp = j->part + th * j->n_chunks * part_floats(p);
+        float m = -INFINITY, l = 0.0f;
+        for (int64_t c = 0; c < j->n_chunks; c++)
+            if (pp[c * part_floats(p) + 1] > 0.0f && pp[c * part_floats(p)] > m)
+                m = pp[c * part_floats(p)];
+        for (int64_t d = 0; d < hd; d++)
+            acc[d] = 0.0f;
+        for (int64_t c = 0; c < j->n_chunks; c++) {
+            const float *pc = pp + c * part_floats(p);
+            if (!(pc[1] > 0.0f))
+                continue;
+            float w = expf(pc[0] - m);
+            l += w * pc[1];
+            for (int64_t d = 0; d < hd; d++)
+                acc[d] += w * pc[2 + d];
+        }
+        for (int64_t d = 0; d < hd; d++)
+            plugin_store(host, j->out, j->t, th * hd + d, acc[d] / l);
+    }
+}
+
+/* How a step's attention is cut into tasks, and the workspace floats the
+ * chunks' partial results need (0: none). */
+static size_t attn_plan(const attn_params *p, int64_t tokens, int64_t max_keys, int64_t *n_sub, int64_t *sub,
+                        int64_t *n_chunks, int64_t *chunk)
+{
+    int64_t group = p->n_heads / p->n_kv_heads;
+    *sub = group < ATTN_SUB ? group : ATTN_SUB;
+    *n_sub = p->n_kv_heads * ((group + *sub - 1) / *sub);
+    *chunk = (ATTN_CHUNK + p->block_size - 1) / p->block_size * p->block_size;
+    *n_chunks = tokens <= ATTN_SPLIT_TOKENS ? (max_keys + *chunk - 1) / *chunk : 1;
+    if (*n_chunks <= 1) {
+        *n_chunks = 1;
+        *chunk = max_keys > 0 ? max_keys : 1;
+        return 0;
+    }
+    return (size_t)tokens * (size_t)p->n_heads * (size_t)*n_chunks * part_floats(p);
 }
 
 /* Checks the batch metadata so the kernels never index out of bounds. */
@@ -301,7 +501,8 @@ static kiln_status attention_check(const attn_job *j, int64_t tokens, int64_t n_
 static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void *q, const void *k, const void *v,
                                  int64_t q_ld, int64_t kv_ld, int64_t tokens, const kiln_tensor_desc *cache_desc,
                                  void *cache, const kiln_tensor_desc *table_desc, const int32_t *table,
-                                 const int32_t *seq_lens, const int32_t *qstart, void *out, void *stream)
+                                 const int32_t *seq_lens, const int32_t *qstart, void *out, void *workspace,
+                                 void *stream)
 {
     attn_job job = {p,
                     t,
@@ -317,12 +518,26 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
                     seq_lens,
                     qstart,
                     table_desc->dims.d[0],
-                    table_desc->dims.d[1]};
+                    table_desc->dims.d[1],
+                    0,
+                    0,
+                    0,
+                    0,
+                    NULL};
     kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
     if (s != KILN_OK)
         return s;
     host->parallel_for(stream, tokens, attn_append, &job);
-    host->parallel_for(stream, tokens * p->n_heads, attn_heads, &job);
+    int64_t max_keys = 1;
+    for (int64_t i = 0; i < job.n_seqs; i++)
+        max_keys = seq_lens[i] > max_keys ? seq_lens[i] : max_keys;
+    if (attn_plan(p, tokens, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.chunk) > 0 && workspace)
+        job.part = workspace;
+    else
+        attn_plan(p, ATTN_SPLIT_TOKENS + 1, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.chunk);
+    host->parallel_for(stream, tokens * job.n_sub * job.n_chunks, attn_tasks, &job);
+    if (job.part)
+        host->parallel_for(stream, tokens * p->n_heads, attn_merge, &job);
     return KILN_OK;
 }
 
@@ -393,25 +608,31 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
         size_t es = plugin_float_size(in_desc[0].dtype);
         return attention_run(p, in_desc[0].dtype, qkv, qkv + q_width * es, qkv + (q_width + kv_width) * es,
                              q_width + 2 * kv_width, q_width + 2 * kv_width, tokens, &in_desc[1], cache, &in_desc[2],
-                             in[2], in[3], in[4], out[0], stream);
+                             in[2], in[3], in[4], out[0], workspace, stream);
     }
     return attention_run(p, in_desc[0].dtype, in[0], in[1], in[2], q_width, kv_width, tokens, &in_desc[3], cache,
-                         &in_desc[4], in[4], in[5], in[6], out[0], stream);
+                         &in_desc[4], in[4], in[5], in[6], out[0], workspace, stream);
 }
 
-/* The CUDA decode keeps split partial results here; the CPU needs none. */
+/* Split partial results of decode steps: the CPU's (attn_plan) and, in
+ * a build with CUDA, the CUDA decode's; the larger of the two. */
 static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
                                        const kiln_tensor_desc *out, int32_t n_out)
 {
-#ifdef KILN_HAVE_CUDA
     const attn_params *p = &((const attention *)self)->p;
     int32_t meta = p->packed_qkv ? 1 : 3;
     if (n_in != meta + 4 || in[0].dims.rank != 2 || in[meta + 1].dims.rank != 2)
         return 0;
-    return kiln_attention_cuda_workspace(in[0].dims.d[0], in[meta + 1].dims.d[0], in[meta + 1].dims.d[1], p->n_heads,
-                                         p->n_kv_heads, p->head_dim, p->block_size);
+    int64_t tokens = in[0].dims.d[0], n_sub, sub, n_chunks, chunk;
+    size_t cpu = attn_plan(p, tokens < ATTN_SPLIT_TOKENS ? tokens : ATTN_SPLIT_TOKENS,
+                           in[meta + 1].dims.d[1] * p->block_size, &n_sub, &sub, &n_chunks, &chunk) *
+                 sizeof(float);
+#ifdef KILN_HAVE_CUDA
+    size_t cuda = kiln_attention_cuda_workspace(tokens, in[meta + 1].dims.d[0], in[meta + 1].dims.d[1], p->n_heads,
+                                                p->n_kv_heads, p->head_dim, p->block_size);
+    return cuda > cpu ? cuda : cpu;
 #else
-    return 0;
+    return cpu;
 #endif
 }
 

@@ -54,6 +54,8 @@ typedef struct kiln_exec_plan {
     kiln_plugin **plugins;                /* per plugin record: the context's clone */
     kiln_exec_tensor *in_args, *out_args; /* scratch for one layer */
     double *layer_ms;                     /* per layer when profiling (kiln_context_set_profiling), else NULL */
+    struct kiln_threadpool *pool;         /* CPU: the context's own (kiln_context_set_threads), else NULL:
+                                             the process-wide pool */
 } kiln_exec_plan;
 
 /* Where layers read and write tensor t: a constant's copy, the caller's

@@ -9,7 +9,9 @@
 #include "core/error.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -83,18 +85,63 @@ static void *worker_main(void *p)
     return NULL;
 }
 
-static int32_t online_cpus(void)
+/* Parses a sysfs CPU list ("0-3,8,10-11") into `set`; 0 when malformed. */
+static int parse_cpu_list(const char *s, cpu_set_t *set)
 {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    if (n < 1)
-        return 1;
-    return n > 1024 ? 1024 : (int32_t)n;
+    CPU_ZERO(set);
+    while (*s && *s != '\n') {
+        char *end;
+        long lo = strtol(s, &end, 10), hi = lo;
+        if (end == s || lo < 0)
+            return 0;
+        if (*end == '-') {
+            s = end + 1;
+            hi = strtol(s, &end, 10);
+            if (end == s || hi < lo)
+                return 0;
+        }
+        for (long c = lo; c <= hi && c < CPU_SETSIZE; c++)
+            CPU_SET((int)c, set);
+        s = *end == ',' ? end + 1 : end;
+    }
+    return 1;
+}
+
+int32_t kiln_cpu_physical_cores(void)
+{
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        return n < 1 ? 1 : n > 1024 ? 1024 : (int32_t)n;
+    }
+    int32_t cores = 0;
+    for (int c = 0; c < CPU_SETSIZE; c++) {
+        if (!CPU_ISSET(c, &allowed))
+            continue;
+        /* A core is counted at its lowest allowed hardware thread. */
+        char path[96], buf[256];
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/topology/thread_siblings_list", c);
+        FILE *f = fopen(path, "r");
+        cpu_set_t siblings;
+        int known = f && fgets(buf, sizeof buf, f) && parse_cpu_list(buf, &siblings);
+        if (f)
+            fclose(f);
+        int first = c;
+        if (known)
+            for (int o = 0; o < c; o++)
+                if (CPU_ISSET(o, &siblings) && CPU_ISSET(o, &allowed)) {
+                    first = o;
+                    break;
+                }
+        cores += first == c;
+    }
+    return cores < 1 ? 1 : cores > 1024 ? 1024 : cores;
 }
 
 kiln_status kiln_threadpool_create(int32_t n_threads, kiln_threadpool **out)
 {
     if (n_threads <= 0)
-        n_threads = online_cpus();
+        n_threads = kiln_cpu_physical_cores();
     kiln_threadpool *pool = calloc(1, sizeof *pool);
     if (!pool)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "thread pool: out of memory");

@@ -6,22 +6,20 @@
 #include <kiln/llm.h>
 
 #include <jansson.h>
-#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/api_struct.h"
 #include "core/error.h"
+#include "core/threadpool.h"
 #include "sample/sample.h"
 #include "llm/chat_template.h"
 #include "llm/kv_cache.h"
 #include "llm/llm_config.h"
 #include "llm/llm_internal.h"
-#include "llm/sampler.h"
 #include "llm/tokenizer.h"
 #include "runtime/runtime_internal.h"
 
@@ -182,19 +180,26 @@ static kiln_status io_max(const kiln_llm *llm, const char *name, kiln_dtype want
     return KILN_OK;
 }
 
-/* Enough for max_batch sequences at max_seq_len, counted in whole blocks
- * (a sequence shorter than a block still takes one), capped at a quarter
- * of the memory. */
+/* What a chat needs: one sequence at max_seq_len, in whole blocks, or
+ * max_batch of them while that stays under CPU_KV_CHEAP (small engines:
+ * tests, short contexts), capped at a quarter of the memory. Batches of
+ * several long sequences ask for more (kv_cache_mb); requests that do not
+ * fit together wait, rather than every CPU process reserving max_batch
+ * full contexts (1.4 GB for SmolLM2-135M). */
+#define CPU_KV_CHEAP ((size_t)64 << 20)
+
 static size_t default_cache_bytes(const kiln_llm *llm, size_t block_bytes)
 {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     size_t quarter = pages > 0 && page > 0 ? (size_t)pages / 4 * (size_t)page : (size_t)1 << 30;
     const kiln_llm_config *c = &llm->cfg;
     size_t per_seq = ((size_t)c->max_seq_len + (size_t)c->block_size - 1) / (size_t)c->block_size;
-    size_t want;
-    if (kiln_mul_overflow((size_t)c->max_batch, per_seq, &want) || kiln_mul_overflow(want, block_bytes, &want))
+    size_t one, all;
+    if (kiln_mul_overflow(per_seq, block_bytes, &one))
         return quarter;
-    return want < quarter ? want : quarter;
+    if (!kiln_mul_overflow(one, (size_t)c->max_batch, &all) && all <= CPU_KV_CHEAP)
+        one = all;
+    return one < quarter ? one : quarter;
 }
 
 static int on_gpu(const kiln_llm *llm) { return kiln_engine_backend(llm->engine) != KILN_BACKEND_CPU; }
@@ -422,6 +427,7 @@ static void fill_info(kiln_llm *llm)
     info->n_graphs = llm->n_buckets;
     info->graph_capture_ms = llm->capture_ms;
     info->graph_nodes = llm->graph_nodes;
+    info->n_threads = llm->n_threads;
 }
 
 static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *path, const kiln_llm_options *opt)
@@ -443,6 +449,14 @@ static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *pa
     if (s != KILN_OK)
         return kiln_fail_context(s, "%s: section TOKN", path);
     KILN_TRY(kiln_context_create(llm->engine, &llm->ctx));
+    if (!on_gpu(llm)) {
+        if (opt->n_threads < 0 || opt->n_threads > 1024)
+            return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "n_threads %d is outside 0..1024", (int)opt->n_threads);
+        llm->own_threads = opt->n_threads;
+        if (opt->n_threads > 0)
+            KILN_TRY(kiln_context_set_threads(llm->ctx, opt->n_threads));
+        llm->n_threads = opt->n_threads > 0 ? opt->n_threads : kiln_threadpool_size(kiln_threadpool_global());
+    }
     KILN_TRY(setup_buffers(llm));
     KILN_TRY(setup_cache(llm, opt));
     if (llm->scratch_block >= 0)

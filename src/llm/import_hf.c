@@ -6,6 +6,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include <strings.h>
 
 #include "core/dtype.h"
@@ -302,6 +304,19 @@ static void hf_weights_free(void *user)
     free(w);
 }
 
+/* The mapped checkpoint pages of a tensor just converted leave the
+ * process (they stay in the page cache: a second read, as of tied
+ * embeddings, faults them back in), so a build holds the checkpoint's
+ * weights once, in the network, not also as mapped file pages. Shards
+ * are read-only file mappings (kiln_safetensors_open), so dropping a page
+ * never loses a byte. */
+static void drop_pages(const void *p, size_t n)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(page - 1);
+    if (n > 0)
+        (void)madvise((void *)a, (uintptr_t)p + n - a, MADV_DONTNEED);
+}
+
 static kiln_status hf_read_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype dst_type, void *dst,
                                   size_t dst_size)
 {
@@ -328,6 +343,7 @@ static kiln_status hf_read_weight(void *user, const char *name, kiln_dims *dims,
             return kiln_fail(KILN_ERROR_INTERNAL, "tensor \"%s\": destination of %zu bytes, %zu needed", name, dst_size,
                              need);
         kiln_convert(dst, dst_type, t->data, t->dtype, (int64_t)n);
+        drop_pages(t->data, t->size);
         return KILN_OK;
     }
     return KILN_ERROR_NOT_FOUND;

@@ -85,6 +85,10 @@ struct kiln_llm {
     int32_t n_buckets;
     double capture_ms;
     size_t graph_nodes;
+    /* CPU: threads of a step; own_threads: those asked for in the options
+     * (a context pool of that size, given to the scoring context too), 0:
+     * the process-wide pool. */
+    int32_t n_threads, own_threads;
     kiln_candidate *cand; /* [vocab] host sampling scratch */
     size_t max_piece;     /* longest vocabulary string, bytes */
     atomic_int cancel;

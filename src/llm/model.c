@@ -177,8 +177,9 @@ static kiln_status add_weights(builder *b, const char *const *hf, const int64_t 
                               (size_t)rows[i] * row);
     kiln_dims dims = d1 ? dims2(total, d1) : dims1(total);
     if (st == KILN_OK)
-        st = kiln_network_add_constant(b->net, cname, b->opt->dtype, &dims, buf, out);
-    free(buf);
+        st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
+    if (st != KILN_OK)
+        free(buf);
     return st;
 }
 
@@ -260,6 +261,22 @@ static int quant_format(builder *b, const char *wname, const void **data, size_t
     return -1;
 }
 
+/* y = x·Wᵀ through kiln/QuantMatMul named `lname`, W the constant w of
+ * `rows` rows of `in_dim` values in block format `fmt`. */
+static kiln_status quant_layer(builder *b, const char *fmt, kiln_tensor w, int64_t rows, int64_t in_dim, kiln_tensor x,
+                               const char *lname, kiln_tensor *y)
+{
+    int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
+    kiln_field fields[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, fmt},
+                            field_i32("n", &nn),
+                            field_i32("k", &k)};
+    kiln_tensor in[2] = {x, w};
+    KILN_TRY(plugin(b, lname, "QuantMatMul", fields, 3, in, 2, y));
+    /* the LLMC config lists the formats kept, in first-use order */
+    list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, fmt);
+    return KILN_OK;
+}
+
 /* y = x·Wᵀ through kiln/QuantMatMul named `lname`, with W the checkpoint
  * weights `wname[0..n)` ([out_dim[i], in_dim] each) stacked along their
  * rows in their stored block format as constant `cname` (rows of blocks
@@ -312,14 +329,7 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
         free(cat);
         KILN_TRY(st);
     }
-    int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
-    kiln_field fields[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, fname},
-                            field_i32("n", &nn),
-                            field_i32("k", &k)};
-    kiln_tensor in[2] = {x, w};
-    KILN_TRY(plugin(b, lname, "QuantMatMul", fields, 3, in, 2, y));
-    /* the LLMC config lists the formats kept, in first-use order */
-    list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, fname);
+    KILN_TRY(quant_layer(b, fname, w, rows, in_dim, x, lname, y));
     b->done_weights += n_parts;
     progress(b, "converting weights");
     *done = 1;
@@ -761,30 +771,88 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     return linear(b, n, m, H, c->intermediate_size, 0, pending);
 }
 
+/* A native CPU engine keeps the token embedding as the checkpoint stores
+ * it when that is a block format the host dequantizes: rows are gathered
+ * and dequantized per token by kiln/QuantGather, and the file stays about
+ * the checkpoint's size. With tied embeddings the output projection must
+ * read the same constant, so its format must also be one QuantMatMul
+ * reads (*lm_fmt: its index in quant_formats). x->id < 0 when the
+ * embedding is not kept quantized (nothing added). */
+static kiln_status quant_embedding(builder *b, kiln_tensor tokens, kiln_tensor *x, kiln_tensor *table, int *lm_fmt)
+{
+    const kiln_llm_config *c = &b->ck->config;
+    const char *wname = "model.embed_tokens.weight";
+    x->id = -1;
+    *lm_fmt = -1;
+    uint32_t type;
+    const void *data;
+    size_t size;
+    if (!b->opt->native || b->opt->backend != KILN_BACKEND_CPU || !b->ck->read_quantized ||
+        b->ck->read_quantized(b->ck->weight_user, wname, &type, &data, &size) != KILN_OK)
+        return KILN_OK;
+    int64_t block = kiln_ggml_block_elements(type);
+    const char *name = kiln_ggml_type_name(type);
+    if (block <= 1 || !name || !kiln_ggml_can_dequantize(type) || c->hidden_size % block != 0)
+        return KILN_OK;
+    int f = quant_format(b, wname, &data, &size);
+    if (c->tied_embeddings && f < 0)
+        return KILN_OK;
+    size_t row = (size_t)(c->hidden_size / block) * kiln_ggml_block_bytes(type);
+    if (size != row * (size_t)c->vocab_size)
+        return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname, name, size,
+                         (long long)c->vocab_size, (long long)c->hidden_size);
+    kiln_dims wd = dims2(c->vocab_size, (int64_t)row);
+    KILN_TRY(kiln_network_add_constant(b->net, wname, KILN_DTYPE_U8, &wd, data, table));
+    int32_t n = (int32_t)c->vocab_size, k = (int32_t)c->hidden_size;
+    kiln_field fields[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, name},
+                            field_i32("n", &n),
+                            field_i32("k", &k)};
+    kiln_tensor in[2] = {*table, tokens};
+    KILN_TRY(plugin(b, "embed", "QuantGather", fields, 3, in, 2, x));
+    if (b->opt->dtype != KILN_DTYPE_F32)
+        KILN_TRY(kiln_network_add_cast(b->net, "embed_cast", *x, b->opt->dtype, x));
+    list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, name);
+    *lm_fmt = c->tied_embeddings ? f : -1;
+    b->done_weights++;
+    progress(b, "converting weights");
+    return KILN_OK;
+}
+
 static kiln_status build(builder *b, int32_t max_blocks)
 {
     const kiln_llm_config *c = &b->ck->config;
     step_inputs in;
     KILN_TRY(add_inputs(b, max_blocks, &in));
-    kiln_tensor emb, x;
-    KILN_TRY(add_weight(b, "model.embed_tokens.weight", 2, c->vocab_size, c->hidden_size, &emb));
-    KILN_TRY(kiln_network_add_gather(b->net, "embed", emb, in.tokens, 0, &x));
+    kiln_tensor emb, x, table;
+    int lm_fmt = -1; /* tied and kept quantized: the QuantMatMul format of table */
+    KILN_TRY(quant_embedding(b, in.tokens, &x, &table, &lm_fmt));
+    if (x.id < 0) {
+        KILN_TRY(add_weight(b, "model.embed_tokens.weight", 2, c->vocab_size, c->hidden_size, &emb));
+        KILN_TRY(kiln_network_add_gather(b->net, "embed", emb, in.tokens, 0, &x));
+    }
     kiln_tensor pending;
     for (int32_t l = 0; l < c->n_layers; l++)
         KILN_TRY(add_layer(b, l, &in, &x, &pending, l > 0));
     kiln_tensor h, lm, logits;
     KILN_TRY(rmsnorm(b, "model.norm", &x, &pending, &h));
     KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", h, in.last_token, 0, &h));
-    /* Tied: the gather above reads f32 rows of the embedding; the output
-     * projection reads the whole matrix every step, so it gets its own
-     * quantized copy when the checkpoint stores one. */
-    int done;
+    /* Tied: the output projection reads the quantized embedding the gather
+     * reads; or, when the gather reads f32 rows, a quantized copy of its
+     * own where the checkpoint stores one. */
+    int done = 0;
     const char *lm_src = c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const int64_t vocab = c->vocab_size;
-    KILN_TRY(quant_matmul(b, &lm_src, &vocab, 1, "lm_head.weight", "lm_head", h, c->hidden_size, &logits, &done));
-    if (!done)
-        KILN_TRY(woq_matmul(b, &lm_src, &vocab, 1, "lm_head.weight", "lm_head", h, c->hidden_size,
-                            b->opt->weights_lm_head, &logits, &done));
+    if (lm_fmt >= 0) {
+        KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h,
+                             "lm_head", &logits));
+        b->done_weights++;
+        done = 1;
+    } else {
+        KILN_TRY(quant_matmul(b, &lm_src, &vocab, 1, "lm_head.weight", "lm_head", h, c->hidden_size, &logits, &done));
+        if (!done)
+            KILN_TRY(woq_matmul(b, &lm_src, &vocab, 1, "lm_head.weight", "lm_head", h, c->hidden_size,
+                                b->opt->weights_lm_head, &logits, &done));
+    }
     if (!done) {
         if (c->tied_embeddings)
             lm = emb;
@@ -949,8 +1017,9 @@ static kiln_status check_section_tokenizer(const void *data, size_t len)
     return st == KILN_OK ? st : kiln_fail_context(st, "LLM build: section TOKN");
 }
 
-kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
-                                  const kiln_build_config *bcfg, kiln_buffer *engine)
+/* The engine into *engine, or streamed into the file `path` when given. */
+static kiln_status build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                const kiln_build_config *bcfg, kiln_buffer *engine, const char *path)
 {
     if (!ck->tokenizer)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: the checkpoint has no tokenizer");
@@ -990,8 +1059,20 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
             bc.progress = forward_progress;
             bc.progress_user = (void *)opt;
         }
-        st = kiln_build(net, &bc, engine);
+        st = path ? kiln_build_to_file(net, &bc, path) : kiln_build(net, &bc, engine);
     }
     kiln_network_destroy(net);
     return st;
+}
+
+kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                  const kiln_build_config *bcfg, kiln_buffer *engine)
+{
+    return build_engine(ck, opt, reg, bcfg, engine, NULL);
+}
+
+kiln_status kiln_llm_build_engine_file(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                       const kiln_build_config *bcfg, const char *path)
+{
+    return build_engine(ck, opt, reg, bcfg, NULL, path);
 }

@@ -101,6 +101,10 @@ kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const v
  * is replaced by opt->progress). */
 kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                   const kiln_build_config *bcfg, kiln_buffer *engine);
+/* The same, written to the file `path` (kiln_build_to_file): the weights
+ * go from the network's constants to the file, held in memory once. */
+kiln_status kiln_llm_build_engine_file(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                       const kiln_build_config *bcfg, const char *path);
 
 /* ---- importers (import_*.c) -------------------------------------------- */
 

@@ -106,6 +106,8 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     for (int32_t b = 0; b < st->n_blocks; b++)
         st->block_table[b] = b;
     KILN_TRY(kiln_context_create(llm->engine, &st->ctx));
+    if (llm->own_threads > 0)
+        KILN_TRY(kiln_context_set_threads(st->ctx, llm->own_threads));
     kiln_dims kd = {.rank = 5, .d = {st->n_blocks, 2, c->n_kv_heads, c->block_size, c->head_dim}};
     char name[32];
     for (int32_t l = 0; l < c->n_layers; l++) {
@@ -183,7 +185,20 @@ kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm
 
 /* ---- the engine and its weights --------------------------------------------------------------------------- */
 
-/* Whether every reader of constant t is a gather taking it as its table. */
+/* Whether layer L gathers rows of its input 0: a gather, or kiln's
+ * QuantGather over a quantized table. */
+static int is_gather(const kiln_graph *g, const kiln_layer *L)
+{
+    if (L->op == KILN_OP_GATHER)
+        return 1;
+    if (L->op != KILN_OP_PLUGIN || L->p.plugin.index < 0 || L->p.plugin.index >= g->n_plugins)
+        return 0;
+    const kiln_plugin_rec *r = &g->plugins[L->p.plugin.index];
+    return !strcmp(r->name, "QuantGather") && !strcmp(r->plugin_namespace, "kiln");
+}
+
+/* Whether every reader of constant t gathers rows of it (a step reads one
+ * row per token, not the table). */
 static int gather_only(const kiln_graph *g, int32_t t)
 {
     int readers = 0;
@@ -192,7 +207,7 @@ static int gather_only(const kiln_graph *g, int32_t t)
         for (int32_t i = 0; i < L->n_inputs; i++) {
             if (L->inputs[i] != t)
                 continue;
-            if (L->op != KILN_OP_GATHER || i != 0)
+            if (!is_gather(g, L) || i != 0)
                 return 0;
             readers++;
         }

@@ -5,6 +5,7 @@
 #include "core/error.h"
 #include "core/expr.h"
 #include "core/threadpool.h"
+#include "llm/gguf.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -78,6 +79,7 @@ static const kiln_host_api host_api = {
     .float_to_half = kiln_float_to_half,
     .bf16_to_float = kiln_bf16_to_float,
     .float_to_bf16 = kiln_float_to_bf16,
+    .ggml_dequantize = kiln_ggml_dequantize,
 };
 
 const kiln_host_api *kiln_host(void) { return &host_api; }

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "core/error.h"
+#include "core/threadpool.h"
 
 
 /* ---- the engine's pool ------------------------------------------------------------ */
@@ -160,6 +161,7 @@ void kiln_context_destroy(kiln_context *ctx)
     if (ctx->span)
         ctx->engine->backend->mem_free(ctx->span, ctx->span_bytes, 0);
     free(ctx->plan.layer_ms);
+    kiln_threadpool_destroy(ctx->plan.pool);
     free(ctx->plan.plugins);
     free(ctx->plan.symbols);
     free(ctx->values);
@@ -533,6 +535,21 @@ kiln_status kiln_context_gpu_time(kiln_context *ctx, float *ms)
 {
     const kiln_backend_i *b = ctx->engine->backend;
     return b->gpu_time ? b->gpu_time(ctx->backend_context, ms) : lacks(ctx, "GPU time needs");
+}
+
+kiln_status kiln_context_set_threads(kiln_context *ctx, int32_t n_threads)
+{
+    if (ctx->engine->backend->kind != KILN_BACKEND_CPU)
+        return kiln_fail(KILN_ERROR_TARGET, "thread counts are for CPU engines; this one runs on %s",
+                         kiln_backend_name(ctx->engine->backend->kind));
+    if (n_threads < 0 || n_threads > 1024)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "thread count %d is outside 0..1024", (int)n_threads);
+    kiln_threadpool *pool = NULL;
+    if (n_threads > 0)
+        KILN_TRY(kiln_threadpool_create(n_threads, &pool));
+    kiln_threadpool_destroy(ctx->plan.pool);
+    ctx->plan.pool = pool;
+    return KILN_OK;
 }
 
 kiln_status kiln_context_set_profiling(kiln_context *ctx, int32_t enable)

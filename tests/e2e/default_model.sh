@@ -167,4 +167,15 @@ if not complete and n < need:
     sys.exit(1)
 PY
 done
+
+# The native engine is about the GGUF's size (the embedding kept as stored
+# and shared with lm_head), and its default KV cache holds one sequence of
+# the engine's 4096 tokens (what a chat needs), not max_batch of them.
+expect_ok "run the native engine (sizes)" "$KILN" run "$native" -p hi -n 2 --temperature 0 --json &&
+  python3 - "$OUT" "$gguf" "$native" <<'PY' && PASSED=$((PASSED + 1)) || fail "native engine or KV cache size (see above)"
+import json, os, sys
+kv, g, e = json.load(open(sys.argv[1]))["kv_cache"], os.path.getsize(sys.argv[2]), os.path.getsize(sys.argv[3])
+print("  native engine %d bytes, GGUF %d; KV cache %d tokens, %d bytes" % (e, g, kv["tokens"], kv["bytes"]))
+sys.exit(0 if e <= g * 1.01 and kv["tokens"] == 4096 else 1)
+PY
 finish

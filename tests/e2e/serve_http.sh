@@ -53,6 +53,9 @@ blocks_total=$(metric kiln_kv_cache_blocks_total)
 get /health
 expect_code "GET /health" 200
 jcheck "health body" "$TMP/body" "o == {'status': 'ok'}"
+echo "case: HTTP/1.1 keep-alive (curl reuses the connection)"
+conns=$(curl -s -o /dev/null -o /dev/null -w '%{num_connects} ' "$SERVE_URL/health" "$SERVE_URL/v1/models")
+if [ "$conns" = "1 0 " ]; then PASSED=$((PASSED + 1)); else fail "keep-alive: connections made per request: $conns"; fi
 get /v1/models
 expect_code "GET /v1/models" 200
 jcheck "models list" "$TMP/body" "o['object'] == 'list' and [m['id'] for m in o['data']] == ['tiny'] and o['data'][0]['object'] == 'model'"
@@ -193,8 +196,19 @@ serve_stop
 echo "case: SIGTERM with nothing in flight exits 0"
 if [ "$SERVE_RC" = 0 ]; then PASSED=$((PASSED + 1)); else fail "exit $SERVE_RC after SIGTERM: $(tail -3 "$TMP/serve.err")"; fi
 
-# The API key: /v1 needs it, /health does not.
-serve_start --api-key s3cret
+# The API key: /v1 needs it, /health does not. (And --timeout 1: a
+# client that stops sending its headers is closed.)
+serve_start --api-key s3cret --timeout 1
+echo "case: --timeout closes a connection whose headers stall"
+if python3 - "$SERVE_PORT" <<'PY'; then PASSED=$((PASSED + 1)); else fail "--timeout 1 did not close a stalled connection"; fi
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+s.settimeout(10)
+t = time.time()
+data = s.recv(100)
+sys.exit(0 if data == b"" and time.time() - t < 8 else 1)
+PY
 get /v1/models
 expect_code "no API key" 401
 jcheck "no API key: code" "$TMP/body" "o['error']['code'] == 'invalid_api_key'"

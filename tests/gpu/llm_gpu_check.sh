@@ -28,6 +28,7 @@
 # result"), DIR/llm-bench.txt (the benchmark table) and DIR/llm.log (every
 # command's output). Exit status 1 when a check fails or a benchmark misses
 # its target. Knobs (environment):
+#   KILN_LLM_HF            1 (default): part (a); 0 skips it
 #   KILN_LLM_RUN_PROMPTS   prompts per engine checked through `kiln run` (default 4 of 8)
 #   KILN_LLM_BENCH_MODELS  "8b 1b" (default), a subset, or "" to skip (c)
 #   KILN_LLM_BENCH_8K      1 (default): the 8,192-token-context decode at 8B
@@ -91,7 +92,9 @@ fi
 
 # ---- (a) tiny checkpoints against transformers ------------------------------------------
 refs=$work/refs
-if [ $have_torch -eq 0 ]; then
+if [ "${KILN_LLM_HF:-1}" = 0 ]; then
+    row "llm: HF references" "SKIPPED: KILN_LLM_HF=0"
+elif [ $have_torch -eq 0 ]; then
     row "llm: HF references" "SKIPPED: no torch/transformers/numpy with CUDA here"
 else
     say "HF references"

@@ -368,6 +368,12 @@ static void test_rope(void)
                 }
     check_rope("llama3", 0, 64, 2, KILN_DTYPE_BF16, 7, 1);
     check_rope("none", 1, 48, 0, KILN_DTYPE_F32, 5, 1);
+    /* more rotated heads than one block's group (256 threads / 32 pairs =
+     * 8 heads): two groups, and the copy slice for the v heads / the dims
+     * past rotary_dim */
+    check_rope("llama3", 0, 64, 4, KILN_DTYPE_BF16, 33, 0);
+    check_rope("linear", 1, 48, 4, KILN_DTYPE_F16, 1, 0);
+    check_rope("none", 0, 64, 4, KILN_DTYPE_F32, 9, 1);
 }
 
 /* ---- SwiGLU --------------------------------------------------------------------------------- */

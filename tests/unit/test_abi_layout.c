@@ -127,11 +127,12 @@ static void test_host_api(void)
     CHECK_OFFSET(kiln_host_api, float_to_half, 72);
     CHECK_OFFSET(kiln_host_api, bf16_to_float, 80);
     CHECK_OFFSET(kiln_host_api, float_to_bf16, 88);
-    CHECK_SIZE(kiln_host_api, 96);
+    CHECK_OFFSET(kiln_host_api, ggml_dequantize, 96);
+    CHECK_SIZE(kiln_host_api, 104);
 
     /* The table the host hands out is the one this header describes. */
     const kiln_host_api *h = kiln_host();
-    CHECK(h->struct_size == 96);
+    CHECK(h->struct_size == 104);
     CHECK(h->abi_version == KILN_PLUGIN_ABI_VERSION);
 }
 
@@ -200,8 +201,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_options, reserved, 20);
     CHECK_OFFSET(kiln_llm_options, kv_cache_fraction, 24);
     CHECK_OFFSET(kiln_llm_options, no_cuda_graphs, 28);
-    CHECK_SIZE(kiln_llm_options, 32);
-    CHECK_ENDS_AT(kiln_llm_options, no_cuda_graphs);
+    CHECK_OFFSET(kiln_llm_options, n_threads, 32);
+    CHECK_OFFSET(kiln_llm_options, reserved2, 36);
+    CHECK_SIZE(kiln_llm_options, 40);
+    CHECK_ENDS_AT(kiln_llm_options, reserved2);
     CHECK_INIT(kiln_llm_options, kiln_llm_options_init);
 
     CHECK_OFFSET(kiln_llm_info, struct_size, 0);
@@ -225,8 +228,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_info, n_graphs, 92);
     CHECK_OFFSET(kiln_llm_info, graph_capture_ms, 96);
     CHECK_OFFSET(kiln_llm_info, graph_nodes, 104);
-    CHECK_SIZE(kiln_llm_info, 112);
-    CHECK_ENDS_AT(kiln_llm_info, graph_nodes);
+    CHECK_OFFSET(kiln_llm_info, n_threads, 112);
+    CHECK_OFFSET(kiln_llm_info, reserved, 116);
+    CHECK_SIZE(kiln_llm_info, 120);
+    CHECK_ENDS_AT(kiln_llm_info, reserved);
 
     CHECK_OFFSET(kiln_llm_sampling, struct_size, 0);
     CHECK_OFFSET(kiln_llm_sampling, abi_version, 4);

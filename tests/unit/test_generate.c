@@ -146,7 +146,7 @@ typedef struct tiny {
     kiln_llm *llm;
 } tiny;
 
-static int tiny_open(tiny *t, int32_t kv_blocks)
+static int tiny_open_threads(tiny *t, int32_t kv_blocks, int32_t n_threads)
 {
     memset(t, 0, sizeof *t);
     if (!build_tiny_engine())
@@ -154,10 +154,13 @@ static int tiny_open(tiny *t, int32_t kv_blocks)
     kiln_llm_options opt;
     kiln_llm_options_init(&opt);
     opt.kv_cache_blocks = kv_blocks;
+    opt.n_threads = n_threads;
     CHECK_OK(kiln_registry_create(&t->reg));
     CHECK_OK(kiln_llm_open(t->reg, engine_path, &opt, &t->llm));
     return t->llm != NULL;
 }
+
+static int tiny_open(tiny *t, int32_t kv_blocks) { return tiny_open_threads(t, kv_blocks, 0); }
 
 static void tiny_close(tiny *t)
 {
@@ -198,10 +201,14 @@ static void test_open_info(void)
     const kiln_llm_info *info = kiln_llm_info_get(t.llm);
     CHECK(info->vocab_size == VOCAB && info->n_layers == LAYERS);
     CHECK(info->max_seq_len == 64 && info->max_batch == 4 && info->max_tokens == 16 && info->block_size == 4);
-    /* Default cache: max_batch full sequences = 4 * 64 tokens = 64 blocks. */
+    /* Default CPU cache: max_batch full sequences (4 * 64 tokens = 64
+     * blocks) while that is small; one full sequence beyond (the default
+     * model's cache, checked in tests/e2e/llm_run.sh). */
     CHECK(info->n_blocks == 64 && info->cache_tokens == 256);
     /* f32: 2 (k, v) * 2 kv heads * 4 tokens * 8 dims * 4 bytes per block and layer. */
     CHECK(info->cache_bytes == (size_t)64 * 2 * KV_HEADS * 4 * HEAD_DIM * 4 * LAYERS);
+    /* The process-wide pool: one thread per physical core. */
+    CHECK(info->n_threads >= 1);
     CHECK(info->chat_template && !strcmp(info->chat_template, "llama2"));
     /* A CPU engine: no CUDA graphs. */
     CHECK(info->backend == KILN_BACKEND_CPU && info->n_graphs == 0 && info->graph_nodes == 0);
@@ -243,6 +250,41 @@ static void test_batched_equals_alone(void)
         kiln_llm_result_free(together[i]);
     }
     tiny_close(&t);
+}
+
+/* A step on a context pool of 3 threads (or 1) gives the tokens of the
+ * process-wide pool: every kernel splits its work without changing any
+ * sum's order. A count outside 1..1024 is refused. */
+static void test_threads_same_tokens(void)
+{
+    kiln_llm_result *want = NULL;
+    kiln_llm_request r = greedy("a quick brown fox", 20);
+    tiny t;
+    if (!tiny_open(&t, 0))
+        return;
+    CHECK_OK(generate1(t.llm, &r, NULL, NULL, &want));
+    tiny_close(&t);
+    const int32_t counts[2] = {3, 1};
+    for (int i = 0; i < 2 && want; i++) {
+        if (!tiny_open_threads(&t, 0, counts[i]))
+            break;
+        CHECK(kiln_llm_info_get(t.llm)->n_threads == counts[i]);
+        kiln_llm_result *got = NULL;
+        CHECK_OK(generate1(t.llm, &r, NULL, NULL, &got));
+        CHECK(got && got->n_ids == want->n_ids && !memcmp(got->ids, want->ids, sizeof(int32_t) * want->n_ids));
+        kiln_llm_result_free(got);
+        tiny_close(&t);
+    }
+    kiln_llm_result_free(want);
+    kiln_registry *reg = NULL;
+    kiln_llm *llm = NULL;
+    kiln_llm_options opt;
+    kiln_llm_options_init(&opt);
+    opt.n_threads = 1025;
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_FAILS(kiln_llm_open(reg, engine_path, &opt, &llm), KILN_ERROR_INVALID_ARGUMENT, "1025");
+    CHECK(llm == NULL);
+    kiln_registry_destroy(reg);
 }
 
 /* Decoding from the cache agrees with prefilling everything: the greedy
@@ -718,6 +760,7 @@ static const test_case_ tests[] = {
     TEST(test_decode_allocates_nothing),
     TEST(test_layer_equals_host_sampling),
     TEST(test_chat_tokenize),
+    TEST(test_threads_same_tokens),
     TEST(test_struct_size_read),
     TEST(test_sections_and_description),
     TEST(test_not_an_llm_engine),

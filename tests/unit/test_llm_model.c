@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "engine/engine_file.h"
 #include "llm/model.h"
+#include "runtime/runtime_internal.h"
 #include "test.h"
 
 #define DATA "tests/data/llm/"
@@ -520,6 +521,16 @@ static kiln_status read_quantized_mixed(void *user, const char *name, uint32_t *
  * in bf16 (QuantMatMul with bf16 activations); and with the CPU's default
  * 8-bit activations (llama.cpp's arithmetic: about 1% of error, as bf16
  * activations give). */
+/* The dtype of the engine's tensor `name`, -1 when it has none. */
+static int tensor_dtype(const runner *r, const char *name)
+{
+    const kiln_graph *g = &r->engine->graph;
+    for (int32_t t = 0; t < g->n_tensors; t++)
+        if (strcmp(g->tensors[t].name, name) == 0)
+            return (int)g->tensors[t].dtype;
+    return -1;
+}
+
 static void test_native_builds(void)
 {
     const char *files[] = {DATA "smollm/model-q8_0.gguf", DATA "qwen2/model-q8_0.gguf"};
@@ -542,6 +553,14 @@ static void test_native_builds(void)
         native_build = 0;
         CHECK(strcmp(ref.cfg.quantized, "") == 0 && strcmp(nat.cfg.quantized, "Q8_0") == 0 &&
               strcmp(mixed.cfg.quantized, "Q8_0") == 0);
+        /* The native engine keeps the (tied) embedding as stored, one
+         * constant for the gather and the output projection. */
+        if (ref.engine && nat.engine) {
+            CHECK(tensor_dtype(&ref, "model.embed_tokens.weight") == KILN_DTYPE_F32);
+            CHECK(tensor_dtype(&nat, "model.embed_tokens.weight") == KILN_DTYPE_U8);
+            CHECK(tensor_dtype(&nat, "lm_head.weight") == -1 || !nat.cfg.tied_embeddings);
+            CHECK(nat.engine->image_size * 3 < ref.engine->image_size);
+        }
         if (ref.ctx && nat.ctx && mixed.ctx && half.ctx) {
             setenv("KILN_QMATMUL_F32ACT", "1", 1);
             CHECK_OK(prefill(&ref, prompt, PROMPT_LEN, lr));

@@ -3,14 +3,18 @@
  * residual add): AddRMSNorm against an add then RMSNorm, RoPE on the
  * packed qkv row against RoPE on q and k apart, packed SwiGLU against
  * SwiGLU on gate and up apart, packed-qkv PagedAttention against q, k, v
- * given apart.
+ * given apart; QuantGather's rows against the Q8_0 formula and the
+ * host's ggml dequantization.
  * Each fused path runs the same f32 arithmetic on the same rounded values,
  * so the results must agree bit for bit. Old (v1) blobs still load. */
 #include "test.h"
 
 #include <kiln/plugin.h>
 
+#include <math.h>
+
 #include "core/threadpool.h"
+#include "llm/gguf.h"
 
 static kiln_registry *reg;
 static kiln_threadpool *pool;
@@ -346,10 +350,182 @@ static void check_attention_packed(kiln_dtype t)
     free(qkv), free(cache0), free(q), free(k), free(v), free(cache_a), free(cache_p), free(out_a), free(out_p);
 }
 
+/* PagedAttention against softmax(q·K/sqrt(d))·V in double over the cache
+ * it wrote, for long decode steps (keys split into chunks and merged) and
+ * prefill, with a query group larger than the kernel's sub-group (MQA with
+ * 18 heads) and plain GQA. */
+static void check_attention_reference(int32_t nh, int32_t nkv, int64_t cached, int64_t T_per_seq)
+{
+    const int32_t hd = 16, bs = 16;
+    const int64_t S = 2, max_blocks = (cached + T_per_seq + bs - 1) / bs, n_blocks = S * max_blocks, T = S * T_per_seq;
+    const int64_t qw = nh * hd, kw = nkv * hd;
+    kiln_field f[4] = {fi32("n_heads", &nh), fi32("n_kv_heads", &nkv), fi32("head_dim", &hd), fi32("block_size", &bs)};
+    kiln_plugin *a = make("PagedAttention", f, 4);
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)(S * max_blocks));
+    for (int64_t i = 0; i < S * max_blocks; i++) /* blocks interleaved between the sequences */
+        table[i] = (int32_t)((i % max_blocks) * S + i / max_blocks);
+    int32_t seq_lens[2] = {(int32_t)(cached + T_per_seq), (int32_t)(cached / 2 + T_per_seq)};
+    int32_t qstart[3] = {0, (int32_t)T_per_seq, (int32_t)T};
+    int64_t cache_n = n_blocks * 2 * kw * bs;
+    float *q = random_buf(KILN_DTYPE_F32, T * qw), *k = random_buf(KILN_DTYPE_F32, T * kw);
+    float *v = random_buf(KILN_DTYPE_F32, T * kw), *cache = random_buf(KILN_DTYPE_F32, cache_n);
+    for (int64_t i = 0; i < T * kw; i++) /* spread the scores so the softmax is not flat */
+        k[i] *= 4.0f;
+    for (int64_t i = 0; i < cache_n; i++)
+        cache[i] *= 4.0f;
+    float *out = malloc(sizeof(float) * (size_t)(T * qw));
+    kiln_tensor_desc d[8] = {DESC(KILN_DTYPE_F32, T, qw),         DESC(KILN_DTYPE_F32, T, kw),
+                             DESC(KILN_DTYPE_F32, T, kw),         DESC(KILN_DTYPE_F32, n_blocks, 2, nkv, bs, hd),
+                             DESC(KILN_DTYPE_I32, S, max_blocks), DESC(KILN_DTYPE_I32, S),
+                             DESC(KILN_DTYPE_I32, S + 1),         DESC(KILN_DTYPE_F32, T, qw)};
+    const void *in[7] = {q, k, v, cache, table, seq_lens, qstart};
+    void *o[1] = {out};
+    if (a) {
+        size_t ws = a->ops->workspace_size(a, d, 7, d + 7, 1);
+        void *workspace = malloc(ws ? ws : 1);
+        CHECK_OK(a->ops->enqueue(a, KILN_BACKEND_CPU, d, in, 7, d + 7, o, 1, workspace, pool));
+        double err = 0, norm = 0;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t s = t / T_per_seq, pos = seq_lens[s] - T_per_seq + t % T_per_seq;
+            for (int32_t h = 0; h < nh; h++) {
+                int32_t kvh = h / (nh / nkv);
+                double m = -1e300, l = 0, acc[16] = {0}, sc[1024];
+                for (int64_t j = 0; j <= pos; j++) {
+                    int64_t blk = table[s * max_blocks + j / bs];
+                    const float *kr = cache + (((blk * 2 + 0) * nkv + kvh) * bs + j % bs) * hd;
+                    double dot = 0;
+                    for (int32_t e = 0; e < hd; e++)
+                        dot += (double)q[t * qw + h * hd + e] * kr[e];
+                    sc[j] = dot / sqrt((double)hd);
+                    m = sc[j] > m ? sc[j] : m;
+                }
+                for (int64_t j = 0; j <= pos; j++) {
+                    int64_t blk = table[s * max_blocks + j / bs];
+                    const float *vr = cache + (((blk * 2 + 1) * nkv + kvh) * bs + j % bs) * hd;
+                    double w = exp(sc[j] - m);
+                    l += w;
+                    for (int32_t e = 0; e < hd; e++)
+                        acc[e] += w * vr[e];
+                }
+                for (int32_t e = 0; e < hd; e++) {
+                    double want = acc[e] / l, got = out[t * qw + h * hd + e];
+                    err += (got - want) * (got - want);
+                    norm += want * want;
+                }
+            }
+        }
+        CHECK(sqrt(err / norm) < 1e-5);
+        free(workspace);
+        a->ops->destroy(a);
+    }
+    free(table), free(q), free(k), free(v), free(cache), free(out);
+}
+
+static void test_attention_reference(void)
+{
+    check_attention_reference(18, 1, 700, 1); /* decode, keys in 3 chunks, 3 sub-groups of the MQA group */
+    check_attention_reference(9, 3, 900, 4);  /* decode of 4 tokens per sequence, GQA */
+    check_attention_reference(6, 2, 40, 37);  /* prefill beyond the split limit: one chunk */
+}
+
 static void test_attention_packed(void)
 {
     check_attention_packed(KILN_DTYPE_F32);
     check_attention_packed(KILN_DTYPE_BF16);
+}
+
+/* ---------------------------------------------------------------------------
+ * QuantGather: rows of a quantized table, by index
+ * ------------------------------------------------------------------------- */
+
+/* A table of n rows of k values in `type`, random bytes with every block's
+ * f16 scales (at `scale_at` within the block, n_scales of them) set to
+ * finite values in [-0.5, 0.5). */
+static uint8_t *random_blocks(uint32_t type, int64_t n, int64_t k, int scale_at, int n_scales)
+{
+    int64_t block = kiln_ggml_block_elements(type);
+    size_t bytes = kiln_ggml_block_bytes(type), total = (size_t)(n * k / block) * bytes;
+    uint8_t *t = malloc(total);
+    for (size_t i = 0; i < total; i++)
+        t[i] = (uint8_t)(uniform(0.0f, 256.0f));
+    for (size_t b = 0; b < total / bytes; b++)
+        for (int s = 0; s < n_scales; s++) {
+            uint16_t h = kiln_host()->float_to_half(uniform(-0.5f, 0.5f));
+            memcpy(t + b * bytes + (size_t)scale_at + 2 * (size_t)s, &h, 2);
+        }
+    return t;
+}
+
+static void test_quant_gather(void)
+{
+    const int32_t n = 7, k8 = 64, kk = 512;
+    int32_t ids[5] = {3, 0, 6, 3, 1};
+    float out[5 * 512], want[512];
+    /* Q8_0 against its definition: value j of a block = d * (int8) q[j] */
+    kiln_field f8[3] = {fstr("format", "Q8_0"), fi32("n", &n), fi32("k", &k8)};
+    kiln_plugin *g8 = make("QuantGather", f8, 3);
+    uint8_t *t8 = random_blocks(KILN_GGML_Q8_0, n, k8, 0, 1);
+    kiln_tensor_desc d8[3] = {DESC(KILN_DTYPE_U8, n, k8 / 32 * 34), DESC(KILN_DTYPE_I32, 5),
+                              DESC(KILN_DTYPE_F32, 5, k8)};
+    const void *in8[2] = {t8, ids};
+    void *o[1] = {out};
+    if (g8) {
+        CHECK_OK(run(g8, d8, in8, 2, o, 1));
+        int same = 1;
+        for (int t = 0; t < 5; t++)
+            for (int j = 0; j < k8; j++) {
+                const uint8_t *blk = t8 + (size_t)ids[t] * (k8 / 32 * 34) + (size_t)(j / 32) * 34;
+                uint16_t h;
+                memcpy(&h, blk, 2);
+                same &= out[t * k8 + j] == kiln_host()->half_to_float(h) * (float)(int8_t)blk[2 + j % 32];
+            }
+        CHECK(same);
+        /* an id outside the table is an error, not a read past it */
+        int32_t bad[5] = {0, 1, 7, 2, 3};
+        const void *inb[2] = {t8, bad};
+        CHECK_FAILS(run(g8, d8, inb, 2, o, 1), KILN_ERROR_INVALID_ARGUMENT, "outside");
+        /* the blob round-trips */
+        const kiln_plugin_creator *c = kiln_registry_find(reg, "QuantGather", "1", "kiln", NULL);
+        unsigned char blob[64];
+        size_t size = sizeof blob;
+        kiln_plugin *again = NULL;
+        CHECK_OK(g8->ops->serialize(g8, blob, &size));
+        CHECK(size == 12);
+        CHECK_OK(c->deserialize(c, 1, blob, size, &again));
+        if (again) {
+            CHECK_OK(run(again, d8, in8, 2, o, 1));
+            again->ops->destroy(again);
+        }
+        g8->ops->destroy(g8);
+    }
+    /* Q4_K (256-value blocks, d and dmin first): rows as the importer's
+     * dequantization gives them */
+    kiln_field fk[3] = {fstr("format", "Q4_K"), fi32("n", &n), fi32("k", &kk)};
+    kiln_plugin *gk = make("QuantGather", fk, 3);
+    uint8_t *tk = random_blocks(KILN_GGML_Q4_K, n, kk, 0, 2);
+    size_t rb = (size_t)kk / 256 * 144;
+    kiln_tensor_desc dk[3] = {DESC(KILN_DTYPE_U8, n, (int64_t)rb), DESC(KILN_DTYPE_I32, 5),
+                              DESC(KILN_DTYPE_F32, 5, kk)};
+    const void *ink[2] = {tk, ids};
+    if (gk) {
+        CHECK_OK(run(gk, dk, ink, 2, o, 1));
+        for (int t = 0; t < 5; t++) {
+            CHECK_OK(kiln_ggml_dequantize(KILN_GGML_Q4_K, tk + (size_t)ids[t] * rb, kk, want));
+            CHECK(memcmp(out + t * kk, want, sizeof want) == 0);
+        }
+        gk->ops->destroy(gk);
+    }
+    /* k must be whole blocks; the format must be one */
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "QuantGather", "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    kiln_field bad_k[3] = {fstr("format", "Q4_K"), fi32("n", &n), fi32("k", &k8)};
+    kiln_field bad_f[3] = {fstr("format", "Q9_9"), fi32("n", &n), fi32("k", &k8)};
+    if (c) {
+        CHECK_FAILS(kiln_plugin_create(c, bad_k, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "multiple of 256");
+        CHECK_FAILS(kiln_plugin_create(c, bad_f, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "Q9_9");
+    }
+    free(t8);
+    free(tk);
 }
 
 static void setup(void)
@@ -369,5 +545,7 @@ static const test_case_ tests[] = {TEST(setup),
                                    TEST(test_rope_packed),
                                    TEST(test_swiglu_packed),
                                    TEST(test_attention_packed),
+                                   TEST(test_attention_reference),
+                                   TEST(test_quant_gather),
                                    TEST(teardown)};
 TEST_MAIN(tests)

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <unistd.h>
 
+#include "llm/gguf.h"
 #include "llm/model.h"
 #include "test.h"
 
@@ -283,6 +284,52 @@ static void test_weight_bytes(void)
     }
 }
 
+/* A native engine of an untied GGUF keeps the embedding quantized for
+ * kiln/QuantGather, which reads one row per token: a step reads every
+ * constant but it, whose bytes are the GGUF's token_embd as stored. */
+static void test_weight_bytes_native(void)
+{
+    const char *path = DATA "qwen2/model-q8_0.gguf";
+    kiln_gguf *g = NULL;
+    CHECK_OK(kiln_gguf_open(path, &g));
+    const kiln_gguf_tensor *emb = g ? kiln_gguf_find_tensor(g, "token_embd.weight") : NULL;
+    /* untied: the checkpoint has its own output.weight */
+    CHECK(emb && emb->type == KILN_GGML_Q8_0 && kiln_gguf_find_tensor(g, "output.weight") != NULL);
+    size_t emb_bytes = emb ? emb->size : 0;
+    kiln_gguf_close(g);
+    kiln_llm_checkpoint *ck = NULL;
+    CHECK_OK(kiln_llm_import_gguf(path, &ck));
+    built b;
+    memset(&b, 0, sizeof b);
+    if (!ck)
+        return;
+    kiln_llm_build_options opt;
+    kiln_llm_build_options_init(&opt);
+    opt.native = 1;
+    opt.max_batch = 2;
+    opt.block_size = 4;
+    opt.max_seq_len = 32;
+    kiln_buffer buf = {0};
+    CHECK_OK(kiln_registry_create(&b.reg));
+    CHECK_OK(kiln_llm_build_engine(ck, &opt, b.reg, NULL, &buf));
+    kiln_llm_checkpoint_free(ck);
+    snprintf(b.path, sizeof b.path, "/tmp/kiln-test-score-native-%d.engine", (int)getpid());
+    FILE *f = fopen(b.path, "wb");
+    int ok = buf.data && f && fwrite(buf.data, 1, buf.size, f) == buf.size;
+    if (f)
+        ok = fclose(f) == 0 && ok;
+    kiln_buffer_free(&buf);
+    CHECK(ok);
+    if (ok)
+        CHECK_OK(kiln_llm_open(b.reg, b.path, NULL, &b.llm));
+    if (b.llm) {
+        size_t total = 0, per_token = 0;
+        kiln_llm_weight_bytes(b.llm, &total, &per_token);
+        CHECK(emb_bytes > 0 && total > emb_bytes && per_token == total - emb_bytes);
+    }
+    close_family(&b);
+}
+
 /* ---- copy bandwidth -------------------------------------------------------------------------- */
 
 static void test_copy_bandwidth(void)
@@ -305,6 +352,6 @@ static void test_copy_bandwidth(void)
 }
 
 static const test_case_ tests[] = {TEST(test_score_matches_transformers), TEST(test_score_refusals),
-                                   TEST(test_weight_bytes), TEST(test_copy_bandwidth)};
+                                   TEST(test_weight_bytes), TEST(test_weight_bytes_native), TEST(test_copy_bandwidth)};
 
 TEST_MAIN(tests)

@@ -1,11 +1,15 @@
 /* The thread pool: every index covered exactly once, concurrent callers,
- * nested calls, the inline (NULL) pool and the global pool. */
+ * nested calls, the inline (NULL) pool and the global pool; the physical
+ * core count against /proc/cpuinfo. */
 #include "test.h"
 
 #include "core/threadpool.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 typedef struct cover {
@@ -176,12 +180,59 @@ static void test_global(void)
     kiln_threadpool *g = kiln_threadpool_global();
     CHECK(g != NULL);
     CHECK(g == kiln_threadpool_global());
-    CHECK(kiln_threadpool_size(g) == (int32_t)sysconf(_SC_NPROCESSORS_ONLN));
+    CHECK(kiln_threadpool_size(g) == kiln_cpu_physical_cores());
     CHECK(covered_once(g, 12345));
 }
 
+/* The kernel's own account of the cores: distinct (physical id, core id)
+ * pairs in /proc/cpuinfo. Comparable when this process may run on every
+ * online CPU (no affinity mask narrower than the machine); -1 otherwise
+ * or when the file lacks the fields (some VMs and architectures). */
+static int cpuinfo_cores(void)
+{
+    cpu_set_t allowed;
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 ||
+        CPU_COUNT(&allowed) != (int)sysconf(_SC_NPROCESSORS_ONLN))
+        return -1;
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    long pkg = -1, pairs[1024][2];
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        long v;
+        if (sscanf(line, "physical id : %ld", &v) == 1) {
+            pkg = v;
+        } else if (sscanf(line, "core id : %ld", &v) == 1 && pkg >= 0) {
+            int seen = 0;
+            for (int i = 0; i < n; i++)
+                seen |= pairs[i][0] == pkg && pairs[i][1] == v;
+            if (!seen && n < 1024) {
+                pairs[n][0] = pkg;
+                pairs[n][1] = v;
+                n++;
+            }
+            pkg = -1;
+        }
+    }
+    fclose(f);
+    return n > 0 ? n : -1;
+}
+
+static void test_physical_cores(void)
+{
+    int32_t cores = kiln_cpu_physical_cores();
+    CHECK(cores >= 1 && cores <= (int32_t)sysconf(_SC_NPROCESSORS_ONLN));
+    int ref = cpuinfo_cores();
+    if (ref > 0)
+        CHECK(cores == ref);
+    else
+        printf("  (no /proc/cpuinfo core ids or a narrowed affinity mask: only the bounds checked)\n");
+}
+
 static const test_case_ tests[] = {
-    TEST(test_sizes_and_cover),    TEST(test_null_pool_inline), TEST(test_work_is_split),
-    TEST(test_concurrent_callers), TEST(test_nested),           TEST(test_global),
+    TEST(test_sizes_and_cover), TEST(test_null_pool_inline), TEST(test_work_is_split),  TEST(test_concurrent_callers),
+    TEST(test_nested),          TEST(test_global),           TEST(test_physical_cores),
 };
 TEST_MAIN(tests)

@@ -152,6 +152,8 @@ typedef struct bench_report {
     double copy_bytes_per_s;
     double floor_step_ms, floor_tok_s, floor_fraction;
     double peak_rss_mb;
+    int32_t threads;     /* CPU: threads of a step; 0 on a GPU */
+    int32_t *prompt_ids; /* owned: the prompts, request 0's first (its ids go into the JSON) */
 } bench_report;
 
 static int print_report(const bench_report *r, int json)
@@ -172,6 +174,8 @@ static int print_report(const bench_report *r, int json)
         printf("  decode floor:      %.3f ms/step = %.1f tok/s; measured = %.3f of the floor\n", r->floor_step_ms,
                r->floor_tok_s, r->floor_fraction);
         printf("  peak host RSS:     %.0f MB\n", r->peak_rss_mb);
+        if (r->threads)
+            printf("  threads:           %d\n", (int)r->threads);
         return CLI_OK;
     }
     json_t *o = json_object();
@@ -200,6 +204,12 @@ static int print_report(const bench_report *r, int json)
     json_object_set_new(o, "decode_floor_tok_s", json_real(r->floor_tok_s));
     json_object_set_new(o, "floor_fraction", json_real(r->floor_fraction));
     json_object_set_new(o, "peak_rss_mb", json_real(r->peak_rss_mb));
+    if (r->threads)
+        json_object_set_new(o, "threads", json_integer(r->threads));
+    json_t *ids = json_array();
+    for (long i = 0; r->prompt_ids && i < r->prompt_len; i++)
+        json_array_append_new(ids, json_integer(r->prompt_ids[i]));
+    json_object_set_new(o, "prompt_ids", ids);
     char *s = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     if (!s)
@@ -232,6 +242,7 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
     r->open_ms = open_ms;
     r->n_graphs = info->n_graphs;
     r->graph_capture_ms = info->graph_capture_ms;
+    r->threads = info->n_threads;
     if (r->prompt_len + r->gen_len > info->max_seq_len)
         return cli_error("prompt %ld + generated %ld tokens exceed the engine's max sequence length %d", r->prompt_len,
                          r->gen_len, (int)info->max_seq_len);
@@ -303,7 +314,7 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
         r->floor_tok_s = r->floor_step_ms > 0 ? (double)B / (r->floor_step_ms / 1e3) : 0;
         r->floor_fraction = r->floor_tok_s > 0 ? r->decode_tok_s / r->floor_tok_s : 0;
     }
-    free(ids);
+    r->prompt_ids = ids;
     free(reqs);
     free(req_ptrs);
     free(c.times);
@@ -319,8 +330,8 @@ int cli_bench(int argc, char **argv)
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--throughput"))
             return cli_bench_throughput(argc, argv);
-    static const char *const valued[] = {"--prompt-len",  "--gen-len",           "--batch",   "--reps", "--copy-mb",
-                                         "--kv-cache-mb", "--kv-cache-fraction", "--plugins", NULL};
+    static const char *const valued[] = {"--prompt-len", "--gen-len",           "--batch",   "--reps",
+                                         "--copy-mb",    CLI_LLM_MEMORY_VALUED, "--plugins", NULL};
     cli_args a;
     cli_args_init(&a, "bench", argc, argv);
     const char *opt, *val;
@@ -380,6 +391,7 @@ int cli_bench(int argc, char **argv)
         if (st == CLI_OK)
             st = print_report(&r, json);
     }
+    free(r.prompt_ids);
     kiln_llm_close(llm);
     kiln_registry_destroy(reg);
     free(libs);

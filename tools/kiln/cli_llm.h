@@ -21,12 +21,14 @@
     "  --ignore-eos             keep going past the end-of-sequence token\n"
 
 /* The KV-cache and CUDA-graph options of run and chat. */
-#define CLI_LLM_MEMORY_VALUED "--kv-cache-mb", "--kv-cache-fraction"
+#define CLI_LLM_MEMORY_VALUED "--kv-cache-mb", "--kv-cache-fraction", "--threads"
 
 #define CLI_LLM_MEMORY_HELP \
-    "  --kv-cache-mb N          KV-cache memory (default: on the CPU enough for max_batch\n" \
-    "                           full sequences, at most a quarter of physical memory; on\n" \
-    "                           a GPU --kv-cache-fraction of the free memory, capped at that)\n" \
+    "  --kv-cache-mb N          KV-cache memory (default: on the CPU enough for one full\n" \
+    "                           sequence, at most a quarter of physical memory; on a GPU\n" \
+    "                           --kv-cache-fraction of the free memory, capped at max_batch\n" \
+    "                           full sequences)\n" \
+    "  --threads N              CPU: threads that run a step (default: one per physical core)\n" \
     "  --kv-cache-fraction F    GPU: fraction of the free GPU memory the KV cache may take\n" \
     "                           once the weights are loaded (default 0.9)\n" \
     "  --no-cuda-graphs         GPU: launch decode steps kernel by kernel\n"

@@ -35,6 +35,7 @@ static const char perplexity_help[] =
     "                           ignored), each scored on its own, as given (no BOS added)\n"
     "  --logits FILE            write ENGINE's logits at every position of every window,\n"
     "                           in order: f32 little-endian rows of vocab_size values\n"
+    "  --threads N              CPU: threads that run a step (default: one per physical core)\n"
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object\n"
     "  -h, --help               show this help\n";
@@ -298,13 +299,14 @@ static int score_all(kiln_llm *llm, kiln_llm *ref, const seq_list *w, ppl_state 
 
 int cli_perplexity(int argc, char **argv)
 {
-    static const char *const valued[] = {"--window", "--compare", "--logits", "--plugins", NULL};
+    static const char *const valued[] = {"--window", "--compare", "--logits", "--plugins", "--threads", NULL};
     cli_args a;
     cli_args_init(&a, "perplexity", argc, argv);
     const char *opt, *val, *compare = NULL, *logits_path = NULL;
     const char **libs = calloc((size_t)argc + 1, sizeof *libs);
     int n_libs = 0, json = 0, help = 0, ids_mode = 0;
     long window = 512;
+    long long threads = 0;
     int st = libs ? CLI_OK : cli_error("out of memory");
     while (st == CLI_OK && (opt = cli_args_next(&a, valued, &val))) {
         if (!strcmp(opt, "-h") || !strcmp(opt, "--help"))
@@ -317,6 +319,8 @@ int cli_perplexity(int argc, char **argv)
             logits_path = val;
         else if (!strcmp(opt, "--plugins"))
             libs[n_libs++] = val;
+        else if (!strcmp(opt, "--threads"))
+            st = cli_parse_range("perplexity", opt, val, 1, 1024, &threads);
         else if (!strcmp(opt, "--ids"))
             ids_mode = 1;
         else if (!strcmp(opt, "--json"))
@@ -347,6 +351,7 @@ int cli_perplexity(int argc, char **argv)
         kiln_llm_options_init(&lo);
         lo.kv_cache_blocks = 1;
         lo.no_cuda_graphs = 1;
+        lo.n_threads = (int32_t)threads;
         st = cli_llm_open(a.positional[0], libs, n_libs, &lo, &reg, &llm);
         if (st == CLI_OK && compare)
             st = cli_llm_open(compare, libs, n_libs, &lo, &reg2, &ref);

@@ -52,6 +52,13 @@ int cli_llm_memory_option(const char *cmd, const char *opt, const char *value, k
         o->no_cuda_graphs = 1;
         return CLI_OK;
     }
+    if (!strcmp(opt, "--threads")) {
+        long long n;
+        int st = cli_parse_range(cmd, opt, value, 1, 1024, &n);
+        if (st == CLI_OK)
+            o->n_threads = (int32_t)n;
+        return st;
+    }
     *handled = 0;
     return CLI_OK;
 }
@@ -153,6 +160,8 @@ void cli_llm_print_cache(const kiln_llm *llm)
     fprintf(stderr, "kv cache: %.1f MB, %d blocks of %d tokens = %lld tokens (max %d sequences of %d)",
             (double)info->cache_bytes / (1024.0 * 1024.0), (int)info->n_blocks, (int)info->block_size,
             (long long)info->cache_tokens, (int)info->max_batch, (int)info->max_seq_len);
+    if (info->n_threads)
+        fprintf(stderr, "; %d threads", (int)info->n_threads);
     if (info->n_graphs)
         fprintf(stderr, "; cuda graphs: %d batch sizes captured in %.1f ms, %zu launches per decode step",
                 (int)info->n_graphs, info->graph_capture_ms, info->graph_nodes);
@@ -204,6 +213,8 @@ static int print_json(const kiln_llm *llm, const kiln_llm_result *r, uint64_t se
     json_object_set_new(kv, "tokens", json_integer((json_int_t)info->cache_tokens));
     json_object_set_new(o, "kv_cache", kv);
     json_object_set_new(o, "backend", json_string(kiln_backend_name(info->backend)));
+    if (info->n_threads)
+        json_object_set_new(o, "threads", json_integer(info->n_threads));
     if (info->n_graphs) {
         json_t *g = json_object();
         json_object_set_new(g, "batch_sizes", json_integer(info->n_graphs));

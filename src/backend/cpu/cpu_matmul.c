@@ -10,6 +10,7 @@
 
 #include <cblas.h>
 #include <limits.h>
+#include <stdatomic.h>
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
@@ -214,6 +215,19 @@ static void mm_gemm(const kiln_matmul_shape *s, int64_t m, const float *a, const
                 (int)s->k, 1.0f, a, (int)s->lda, b, (int)s->ldb, 0.0f, c, (int)s->n);
 }
 
+/* OpenBLAS keeps threads of its own, by default one per online CPU (SMT
+ * siblings included). A GEMM that kiln hands it whole runs on as many as
+ * the context's pool has, so --threads bounds BLAS too and the two never
+ * run more threads than that at once (kiln's workers sleep meanwhile).
+ * OpenBLAS's count is process-wide: set only when it changes. */
+static void blas_threads(const kiln_cpu_args *a)
+{
+    static atomic_int current;
+    int n = kiln_threadpool_size(cpu_pool(a));
+    if (atomic_exchange(&current, n) != n)
+        openblas_set_num_threads(n);
+}
+
 static void mm_batches(void *p, int64_t begin, int64_t end)
 {
     const mm_job *j = p;
@@ -280,15 +294,18 @@ static kiln_status mm_fast(const kiln_cpu_args *a, const kiln_matmul_shape *s)
         else
             kiln_threadpool_run(pool, (s->n + KILN_CPU_BLOCK - 1) / KILN_CPU_BLOCK, gemv_cols_of_b, &j);
     } else if (fold) {
+        blas_threads(a);
         mm_gemm(s, s->batches * s->m, fa, fb, fc);
     } else {
         mm_job j = {.s = s, .a = fa, .b = fb, .c = fc};
         /* Below ~2^18 multiply-adds OpenBLAS runs single-threaded, so
          * batches of that size are worth spreading across the pool. */
-        if (s->batches > 1 && s->m * s->n * s->k < (1 << 18))
+        if (s->batches > 1 && s->m * s->n * s->k < (1 << 18)) {
             kiln_threadpool_run(cpu_pool(a), s->batches, mm_batches, &j);
-        else
+        } else {
+            blas_threads(a);
             mm_batches(&j, 0, s->batches);
+        }
     }
     if (sc && st == KILN_OK)
         cpu_convert(cpu_pool(a), C->data, C->dtype, sc, KILN_DTYPE_F32, c_count);

@@ -76,7 +76,8 @@ static kiln_status copy_bytes(void *user, void *dst, const void *src, size_t byt
 
 kiln_status kiln_cpu_exec(kiln_exec_plan *plan, const kiln_exec_host *host, int reference)
 {
-    cpu_run r = {plan, reference ? NULL : kiln_threadpool_global(), reference};
+    kiln_threadpool *pool = reference ? NULL : plan->pool ? plan->pool : kiln_threadpool_global();
+    cpu_run r = {plan, pool, reference};
     kiln_exec_hooks hooks = {.run = run_layer, .copy = copy_bytes, .user = &r};
     return kiln_exec_run(plan, host, &hooks);
 }
