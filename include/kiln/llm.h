@@ -135,7 +135,10 @@ typedef struct kiln_llm_options {
      * the process may run on (SMT siblings counted once), shared with
      * other CPU engines of the process. Ignored on a GPU. */
     int32_t n_threads;
-    int32_t reserved2;
+    /* Nonzero: kiln_llm_generate computes every prompt in full instead of
+     * reusing KV blocks of an identical prompt prefix that an earlier call
+     * left in the cache (timing prefill needs that). Default 0. */
+    int32_t no_prefix_caching;
 } kiln_llm_options;
 
 KILN_API void kiln_llm_options_init(kiln_llm_options *options);

@@ -1135,10 +1135,12 @@ static int32_t kat_cluster_splits(int64_t tokens, int64_t ctas, int64_t max_ctx,
 /* KILN_ATTENTION_CLUSTER=0 selects the split-and-combine path (timing
  * both, testing both, and a way out should a driver refuse the clusters);
  * read at each launch (a graph keeps what its capture chose). */
+static int kat_cluster_refused; /* a cluster launch failed once: never again in this process */
+
 static int kat_use_cluster(void)
 {
     const char *e = getenv("KILN_ATTENTION_CLUSTER");
-    return !(e && strcmp(e, "0") == 0);
+    return !kat_cluster_refused && !(e && strcmp(e, "0") == 0);
 }
 
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)
@@ -1190,9 +1192,13 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
             case KILN_DTYPE_F16: e = kat_launch_decode_dt<KILN_DTYPE_F16>(a, hg, g, fused, cl, st); break;
             default: e = kat_launch_decode_dt<KILN_DTYPE_BF16>(a, hg, g, fused, cl, st); break;
             }
-            if (!(cl && e == cudaErrorNotSupported))
+            if (!cl || e == cudaSuccess)
                 break;
-            cluster = 0; /* clusters of this size cannot run here: split and combine */
+            /* clusters of this size cannot run here (or the launch refused
+             * them): split and combine, from now on */
+            (void)cudaGetLastError();
+            kat_cluster_refused = 1;
+            cluster = 0;
         }
         if (cluster)
             return (int)e;

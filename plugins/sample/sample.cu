@@ -26,6 +26,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "sample/sample.h"
 
 #define SAMPLE_THREADS 512
@@ -188,6 +189,7 @@ __device__ __forceinline__ int sample_row_penalized(const sample_args &a, int32_
 __global__ void __launch_bounds__(SAMPLE_THREADS) sample_scan_kernel(const sample_args a, int32_t parts)
 {
     __shared__ sample_smem tmp;
+    kcu_after_prior();
     const int32_t s = blockIdx.y, V = a.V;
     if (sample_row_penalized(a, s))
         return;
@@ -246,6 +248,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_arg
     __shared__ double dshare;
     __shared__ unsigned long long keys[SAMPLE_SMALL];
     __shared__ float probs[SAMPLE_SMALL];
+    kcu_after_prior();
     const int32_t s = blockIdx.x, V = a.V;
     const float *row = a.logits + (size_t)s * (size_t)V;
     const float *pr = a.params + (size_t)s * (size_t)a.P;
@@ -550,13 +553,17 @@ extern "C" int kiln_sample_cuda(const sample_args *a, void *stream)
 {
     const int32_t parts = sample_parts(a->V);
     if (parts > 0) {
-        sample_scan_kernel<<<dim3((unsigned)parts, (unsigned)a->S), SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(*a,
-                                                                                                               parts);
-        cudaError_t e = cudaGetLastError();
+        cudaError_t e = kcu_launch_cfg(sample_scan_kernel, dim3((unsigned)parts, (unsigned)a->S), dim3(SAMPLE_THREADS),
+                                       (cudaStream_t)stream, *a, parts);
         if (e != cudaSuccess)
             return (int)e;
     }
-    sample_kernel<<<a->S, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(*a, parts);
+    /* both with programmatic dependent launch (each waits on the previous
+     * kernel first); the logprob pass is an ordinary launch after them */
+    cudaError_t e =
+        kcu_launch_cfg(sample_kernel, dim3((unsigned)a->S), dim3(SAMPLE_THREADS), (cudaStream_t)stream, *a, parts);
+    if (e != cudaSuccess)
+        return (int)e;
     if (a->top > 0)
         sample_logprob_kernel<<<a->S, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(*a);
     return (int)cudaGetLastError();
