@@ -133,7 +133,7 @@ typedef struct result {
     char error[512];
 } result;
 
-#define MAX_RESULTS 16
+#define MAX_RESULTS 48
 static result results[MAX_RESULTS];
 static int n_results;
 static json_t *json_out;
@@ -507,6 +507,89 @@ static int bench_gemv(double copy_bw, int64_t n, int64_t k, result *res)
     return 0;
 }
 
+/* ---- 4b. quantized decode matmuls (issue 10) ----------------------------------------------------- */
+
+/* Adds a u8 or f32 constant of `count` elements: random bytes, or scales
+ * of a trained weight's size. */
+static int add_random_constant(kiln_network *net, const char *name, kiln_dtype t, int64_t d0, int64_t d1,
+                               kiln_tensor *out)
+{
+    int64_t count = d0 * (d1 ? d1 : 1);
+    size_t bytes = (size_t)count * (t == KILN_DTYPE_F32 ? 4 : 1);
+    unsigned char *h = malloc(bytes);
+    if (!h)
+        return fail("out of memory for %s", name);
+    uint32_t s = 12345;
+    for (int64_t i = 0; i < count; i++) {
+        s = s * 1664525u + 1013904223u;
+        if (t == KILN_DTYPE_F32)
+            ((float *)h)[i] = 0.001f + (float)(s >> 8) / 16777216.0f * 0.01f;
+        else
+            h[i] = (unsigned char)((s >> 24) & 0x7E); /* never an E4M3 NaN */
+    }
+    kiln_dims d = {.rank = d1 ? 2 : 1, .d = {d0, d1}};
+    kiln_status st = kiln_network_add_constant(net, name, t, &d, h, out);
+    free(h);
+    return st == KILN_OK ? 0 : fail("%s: %s", name, kiln_last_error());
+}
+
+enum { QB_FP8 = 0, QB_INT4 = 4, QB_INT8 = 8 };
+
+/* y[1, N] = x[1, K] · Wᵀ with W int8 (per channel), int4 (groups of 128)
+ * or FP8 E4M3 (per channel, x quantized per token), bf16 x and y: one
+ * plugin layer, 20 back to back. Floor: the bytes of the quantized weight,
+ * its scales and zero points at the copy bandwidth. `bits` is a QB_*. */
+static int bench_quant_gemv(double copy_bw, int bits, int64_t n, int64_t k, double target, result *res)
+{
+    kiln_network *net = NULL;
+    engine_run r;
+    memset(&r, 0, sizeof r);
+    KT(kiln_network_create(reg, &net));
+    kiln_dims dx = {.rank = 2, .d = {1, k}};
+    kiln_tensor in[4], y;
+    int32_t nn = (int32_t)n, kk = (int32_t)k, b = bits, g = bits == 4 ? 128 : (int32_t)k, n_out = 0;
+    int64_t ng = k / g;
+    size_t wbytes = bits == 4 ? (size_t)(n * k / 2) + (size_t)(n * ng) * 5 : (size_t)(n * k) + (size_t)n * 4;
+    int rc = kiln_network_add_input(net, "x", KILN_DTYPE_BF16, &dx, &in[0]) == KILN_OK ? 0 : fail("network");
+    if (rc == 0)
+        rc = add_random_constant(net, "q", KILN_DTYPE_U8, n, bits == 4 ? k / 2 : k, &in[1]);
+    if (rc == 0)
+        rc = add_random_constant(net, "scales", KILN_DTYPE_F32, n, bits == QB_FP8 ? 0 : ng, &in[2]);
+    if (rc == 0 && bits == 4)
+        rc = add_random_constant(net, "zeros", KILN_DTYPE_U8, n, ng, &in[3]);
+    if (rc == 0) {
+        kiln_field woq[4] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "bits", KILN_FIELD_I32, 1, &b},
+                             {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "group_size", KILN_FIELD_I32, 1, &g},
+                             {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "n", KILN_FIELD_I32, 1, &nn},
+                             {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "k", KILN_FIELD_I32, 1, &kk}};
+        kiln_status st = bits == QB_FP8 ? kiln_network_add_plugin(net, "mm", "Fp8MatMul", "1", "kiln", woq + 2, 2, in,
+                                                                  3, &y, 1, &n_out)
+                                        : kiln_network_add_plugin(net, "mm", "WeightOnlyMatMul", "1", "kiln", woq, 4,
+                                                                  in, bits == 4 ? 4 : 3, &y, 1, &n_out);
+        if (st != KILN_OK || kiln_network_mark_output(net, y, "y") != KILN_OK)
+            rc = fail("network: %s", kiln_last_error());
+    }
+    if (rc == 0)
+        rc = build_engine(net, 0, &r);
+    kiln_network_destroy(net);
+    if (rc == 0)
+        rc = bind_io(&r, (size_t)k * 2, 0, (size_t)n * 2);
+    double ms = 0;
+    if (rc == 0)
+        rc = time_gpu(enqueue_fn, &r, 20, &ms, NULL);
+    engine_run_free(&r);
+    if (rc)
+        return rc;
+    double floor_ms = (double)wbytes / copy_bw * 1e3;
+    snprintf(res->kiln, sizeof res->kiln, "%.0f GB/s (%.1f us)", (double)wbytes / (ms * 1e-3) / 1e9, ms * 1e3);
+    snprintf(res->peer, sizeof res->peer, "-");
+    res->fraction = floor_ms / ms;
+    res->meets = res->fraction >= target;
+    snprintf(res->note, sizeof res->note, "floor: the quantized weight's bytes (with scales%s) at the copy bandwidth",
+             bits == 4 ? " and zero points" : "");
+    return 0;
+}
+
 /* ---- 5. 200 small layers: plain enqueue vs CUDA graph ------------------------------------------ */
 
 enum { CHAIN = 200, BATCH = 20 };
@@ -659,8 +742,32 @@ int main(int argc, char **argv)
         {"decode matmul 1x4096 . 28672x4096", ">= 0.93 of copy", 4},
         {"decode matmul 1x14336 . 4096x14336", ">= 0.93 of copy", 5},
         {"decode matmul 1x4096 . 128256x4096", ">= 0.93 of copy", 6},
+        {"int8 decode 1x4096 . 28672x4096", ">= 0.80 of copy", 7},
+        {"int4 g128 decode 1x4096 . 28672x4096", ">= 0.80 of copy", 8},
+        {"int4 g128 decode 1x14336 . 4096x14336", ">= 0.80 of copy", 9},
+        {"fp8 decode 1x4096 . 28672x4096", ">= 0.90 of copy", 10},
         {"200-layer chain: graph vs plain", ">= 2.5x faster", 3},
     };
+    /* GEMV variants (KILN_CUDA_GEMV_ROWS) at the decode shapes of
+     * Llama-3.1-8B and Llama-3.2-1B: informational rows, none can fail */
+    static const int64_t sweep[][2] = {{28672, 4096}, {4096, 14336}, {6144, 4096}, {4096, 4096},
+                                       {16384, 2048}, {2048, 8192},  {3072, 2048}, {2048, 2048}};
+    static const char *const rows_set[] = {"1", "2", "4"};
+    static char names[sizeof sweep / sizeof sweep[0]][3][64]; /* results keep the name's pointer */
+    for (size_t i = 0; i < sizeof sweep / sizeof sweep[0]; i++)
+        for (size_t v = 0; v < 3; v++) {
+            char *name = names[i][v];
+            snprintf(name, sizeof names[i][v], "gemv %lldx%lld, %s rows/block", (long long)sweep[i][0],
+                     (long long)sweep[i][1], rows_set[v]);
+            result *r = new_result(name, "(sweep)");
+            setenv("KILN_CUDA_GEMV_ROWS", rows_set[v], 1);
+            int st = copy_bw > 0 ? bench_gemv(copy_bw, sweep[i][0], sweep[i][1], r)
+                                 : fail("no copy bandwidth to compare with");
+            unsetenv("KILN_CUDA_GEMV_ROWS");
+            if (st)
+                snprintf(r->error, sizeof r->error, "%s", failure);
+            r->meets = 1;
+        }
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) {
         result *r = new_result(list[i].name, list[i].target);
         int st;
@@ -672,6 +779,14 @@ int main(int argc, char **argv)
             st = bench_gemv(copy_bw, 4096, 14336, r);
         else if (list[i].which == 6)
             st = bench_gemv(copy_bw, 128256, 4096, r);
+        else if (list[i].which == 7)
+            st = bench_quant_gemv(copy_bw, QB_INT8, 28672, 4096, 0.80, r);
+        else if (list[i].which == 8)
+            st = bench_quant_gemv(copy_bw, QB_INT4, 28672, 4096, 0.80, r);
+        else if (list[i].which == 9)
+            st = bench_quant_gemv(copy_bw, QB_INT4, 4096, 14336, 0.80, r);
+        else if (list[i].which == 10)
+            st = bench_quant_gemv(copy_bw, QB_FP8, 28672, 4096, 0.90, r);
         else if (list[i].which == 0)
             st = bench_scale_bias(copy_bw, r);
         else if (list[i].which == 1)
@@ -694,7 +809,7 @@ int main(int argc, char **argv)
             all = 0;
         } else {
             char frac[32];
-            if (i == n_results - 1)
+            if (strstr(r->name, "chain: graph"))
                 snprintf(frac, sizeof frac, "%.2fx", r->fraction);
             else
                 snprintf(frac, sizeof frac, "%.3f", r->fraction);

@@ -46,6 +46,48 @@ int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, i
 int kiln_qmatmul_cuda(int32_t type, const void *x, const uint8_t *w, void *y, int32_t dtype, int64_t rows, int32_t n,
                       int32_t k, void *stream);
 
+/* y [rows, n] = x [rows, k] · Wᵀ with W in WeightOnlyMatMul's layout
+ * (plugins/woq/woq.c): q u8 rows of k · bits / 8 bytes, scales f32 and,
+ * for 4 bits, zeros u8 [n, k / group]; x and y of `dtype`. */
+int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, const void *q, const void *scales,
+                         const void *zeros, void *y, int32_t dtype, int64_t rows, int32_t n, int32_t k, void *stream);
+
+/* Fp8MatMul (plugins/fp8/fp8.c): the workspace holds the rows of x in
+ * E4M3 [rows, k], their scales f32 [rows], and beyond the GEMV's rows the
+ * GEMM's f32 result [rows, n] and cuBLASLt's scratch, each 256-aligned.
+ * The layout is shared by the CPU reference (which uses the first two). */
+#define KILN_FP8_GEMV_MAX_ROWS 8
+#define KILN_FP8_LT_WORKSPACE ((size_t)32 << 20)
+
+static inline size_t kiln_fp8_align(size_t b) { return (b + 255) & ~(size_t)255; }
+
+/* Offset of the scales, of the f32 result, and the whole size. */
+static inline size_t kiln_fp8_workspace_scales(int64_t rows, int64_t k) { return kiln_fp8_align((size_t)(rows * k)); }
+static inline size_t kiln_fp8_workspace_result(int64_t rows, int64_t k)
+{
+    return kiln_fp8_workspace_scales(rows, k) + kiln_fp8_align((size_t)rows * sizeof(float));
+}
+static inline size_t kiln_fp8_workspace(int64_t rows, int64_t n, int64_t k)
+{
+    size_t b = kiln_fp8_workspace_result(rows, k);
+    return rows > KILN_FP8_GEMV_MAX_ROWS
+               ? b + kiln_fp8_align((size_t)(rows * n) * sizeof(float)) + KILN_FP8_LT_WORKSPACE
+               : b;
+}
+
+/* Sets up the process's cuBLASLt handle for the FP8 GEMM once; 0 when it
+ * is ready (called from the plugin's supports, outside any capture). */
+int kiln_fp8_cuda_init(void);
+
+/* y [rows, n] = Fp8MatMul(x [rows, k]; w E4M3 [n, k], w_scale f32 [n]);
+ * x and y of `dtype`; `workspace` of kiln_fp8_workspace(rows, n, k) bytes.
+ * Returns 0, a cudaError_t, or a cuBLAS status + 10000. */
+int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_scale, void *y, int32_t dtype, int64_t rows,
+                         int32_t n, int32_t k, void *workspace, size_t workspace_size, void *stream);
+
+/* Text of a code kiln_fp8_matmul_cuda or kiln_fp8_cuda_init returned. */
+const char *kiln_fp8_cuda_error(int code);
+
 /* PagedAttention (plugins/attention/attention_cuda.cu): one step's cache
  * write and attention. q, k and v point at head 0 of token 0 and their
  * rows are q_ld, k_ld and v_ld elements apart (separate tensors, or the

@@ -9,7 +9,8 @@
 #                                   .gpu-deps.tar.xz made by tools/gpu-deps.sh
 #                                   and carried)
 #
-# Logs go under $OUT when it is set (the device tool brings them back),
+# KILN_GPU_STAGES="tests llm bench" (default) or a subset picks what runs
+# after the build. Logs go under $OUT when it is set (the device tool brings them back),
 # else under build-gpu/logs.
 set -uo pipefail
 
@@ -50,6 +51,9 @@ row() {
     case "$2" in *FAIL*|*ERRORS*|*TIMEOUT*) status=1 ;; esac
 }
 elapsed() { echo "$(( $(date +%s) - start ))s"; }
+# KILN_GPU_STAGES: which parts run after the build, "tests llm bench" (the
+# default) or a subset, so the check can be split over several device calls.
+want() { case " ${KILN_GPU_STAGES:-tests llm bench} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # ---- configure and build ------------------------------------------------------------
 echo "gpu-check: configure + build ($jobs jobs), logs in $logs"
@@ -76,6 +80,7 @@ else
     echo "no nvidia-smi" >"$logs/gpu.txt"
 fi
 
+if want tests; then
 # ---- the test suite ------------------------------------------------------------------
 echo "gpu-check: ctest"
 ctest --test-dir "$build" -j "$jobs" --timeout 300 --output-on-failure >"$logs/ctest.log" 2>&1
@@ -138,7 +143,9 @@ fi
 "$kiln" exec "$tmp/sb-cuda.engine" --plugins "$build/lib/libkiln_scale_bias.so" \
     --shapes input:64x1048576 --profile >"$logs/readme-profile.log" 2>&1 || true
 rm -rf "$tmp"
+fi
 
+if want llm; then
 # ---- LLMs on the GPU (issue 8) --------------------------------------------------------------
 # tests/gpu/llm_gpu_check.sh: tiny checkpoints against HF transformers on this GPU, the
 # default model's perplexity ($KILN_DEFAULT_GGUF) and the 8B/1B benchmarks (knobs in its
@@ -153,7 +160,9 @@ if [ $llm_rc -eq 0 ]; then
 else
     row "llm (all)" "FAIL: a check failed or a benchmark missed its target (llm.log) ($(elapsed))"
 fi
+fi
 
+if want bench; then
 # ---- benchmarks -------------------------------------------------------------------------
 bench_rc=0
 if [ -x "$build/bin/kiln_bench" ]; then
@@ -174,6 +183,7 @@ if [ -x "$build/bin/attention_bench" ]; then
     else
         row "attention benchmark" "FAIL (exit $?, attention-bench.txt)"
     fi
+fi
 fi
 
 echo

@@ -50,7 +50,8 @@ KILN_API kiln_status kiln_build(const kiln_network *net, const kiln_build_config
 /* kiln_build, then writes the engine to `path` atomically (a unique temp
  * file beside it, then rename). path must be new or a regular file: a
  * FIFO, device or directory is refused before the build, never replaced.
- * Write errors give the system's reason. */
+ * Write errors give the system's reason. The weights are streamed from
+ * the network into the file, so the build holds them once, not twice. */
 KILN_API kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config, const char *path);
 
 #ifdef __cplusplus

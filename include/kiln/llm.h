@@ -68,7 +68,25 @@ typedef struct kiln_llm_build_options {
     void *progress_user;
     kiln_backend backend; /* where the engine runs (default CPU) */
     int32_t reserved;
+    /* Matmul weights of the decoder layers (kiln/WeightOnlyMatMul):
+     * KILN_LLM_WEIGHTS_DTYPE (default) keeps them in dtype;
+     * KILN_LLM_WEIGHTS_INT8 quantizes them at build by round-to-nearest
+     * to int8 with a scale per output channel (or per weights_group
+     * values); KILN_LLM_WEIGHTS_INT4 to int4 with a scale and zero point
+     * per weights_group values (default 128);
+     * KILN_LLM_WEIGHTS_FP8 to FP8 E4M3 with a scale per output channel,
+     * the activations quantized per token when the layer runs (W8A8,
+     * kiln/Fp8MatMul; `kiln build --dtype fp8`). Weights
+     * a checkpoint stores quantized (AWQ, GPTQ) are kept as stored
+     * whatever this says; a native GGUF build keeps its ggml formats. */
+    int32_t weights;
+    int32_t weights_group;   /* values per scale, a multiple of 32; 0 (default): int8 a row, int4 128 */
+    int32_t weights_lm_head; /* nonzero: the output projection too (default: kept in dtype) */
+    int32_t reserved2;
 } kiln_llm_build_options;
+
+/* kiln_llm_build_options.weights */
+enum { KILN_LLM_WEIGHTS_DTYPE = 0, KILN_LLM_WEIGHTS_INT8 = 1, KILN_LLM_WEIGHTS_INT4 = 2, KILN_LLM_WEIGHTS_FP8 = 3 };
 
 /* Defaults as written above. */
 KILN_API void kiln_llm_build_options_init(kiln_llm_build_options *options);
@@ -117,7 +135,10 @@ typedef struct kiln_llm_options {
      * the process may run on (SMT siblings counted once), shared with
      * other CPU engines of the process. Ignored on a GPU. */
     int32_t n_threads;
-    int32_t reserved2;
+    /* Nonzero: kiln_llm_generate computes every prompt in full instead of
+     * reusing KV blocks of an identical prompt prefix that an earlier call
+     * left in the cache (timing prefill needs that). Default 0. */
+    int32_t no_prefix_caching;
 } kiln_llm_options;
 
 KILN_API void kiln_llm_options_init(kiln_llm_options *options);
@@ -423,7 +444,10 @@ typedef struct kiln_llm_scheduler_stats {
     uint64_t finished, cancelled, failed;
 } kiln_llm_scheduler_stats;
 
-/* A snapshot taken at the end of the last step (counters since start).
+/* A snapshot taken at the end of the last step (counters since start);
+ * the steps, generated tokens and finished / cancelled / failed counts are
+ * also updated before each on_finish call, so they count every request
+ * whose on_finish has run.
  * Fills the caller's struct as far as its struct_size reaches (set it to
  * sizeof; below 8, the library's whole struct is written) and sets
  * struct_size to what was written. */

@@ -18,15 +18,20 @@
  *        (token, kv head, up to 8 query heads of it, split), so the query
  *        heads of one KV head share every K/V load; the keys are cut into
  *        tiles and split z takes tiles z, z + G, z + 2G, ... (flash
- *        decoding), so one long sequence still fills the GPU;
+ *        decoding), so one long sequence still fills the GPU. The G splits
+ *        of a (token, head group) form one thread-block cluster and merge
+ *        their partials through distributed shared memory at the end, so
+ *        a decode step is one launch whatever the context length;
  *      - kat_generic: any head_dim, dtype or alignment, a CTA per (token,
  *        head, split), one key per thread: slow, for what the fast kernels
  *        do not take (e.g. the tiny test models' head_dim 16).
- *   3. kat_combine, when G > 1 splits ran: merges the per-split partial
- *      (max, sum, output) from the workspace.
+ *   3. kat_combine, when G > 1 splits ran outside a cluster (kat_generic,
+ *      or KILN_ATTENTION_CLUSTER=0): merges the per-split partial (max,
+ *      sum, output) from the workspace.
  * G is chosen on the host from shapes alone (tokens, max_blocks, heads),
  * never from seq_lens or query_start, so a step can be captured in a CUDA
- * graph; CTAs past a sequence's length leave at once.
+ * graph; splits past a sequence's tiles do no work (in a cluster they
+ * only join the merge).
  *
  * Inconsistent metadata (query_start not running 0..T, a length past the
  * table, a block outside the cache) cannot be reported from the device: the
@@ -38,13 +43,20 @@
 
 #include "backend/cuda/cuda_common.cuh"
 
+#include <cooperative_groups.h>
 #include <cuda_bf16.h>
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace cg = cooperative_groups;
 
 #define KAT_THREADS 128      /* every kernel: 4 warps */
 #define KAT_TARGET_CTAS 1584 /* decode CTAs to aim for: 4 waves of 3 resident per SM on 132 SMs */
 #define KAT_MAX_SPLITS 128   /* == KAT_THREADS: kat_combine gives each split a thread */
+#define KAT_MAX_CLUSTER 16   /* splits merged in one cluster (Hopper's largest, non-portable) */
+#define KAT_CLUSTER_CTAS 256 /* decode CTAs to aim for with clusters: about two per SM */
 #define KAT_GENERIC_TILE 128 /* keys per tile of kat_generic: one per thread */
 #define KAT_LOG2E 1.4426950408889634f
 
@@ -260,6 +272,43 @@ template <int DT, int D> struct kat_shape {
     static_assert(NV % LPR == 0 && TILE % RPS == 0 && TILE % 32 == 0, "kat_decode layout");
 };
 
+/* The end of kat_decode when the G splits of a (token, head group) are
+ * one thread-block cluster (G = the cluster's size along z): each CTA sums
+ * its warps' rows into s_red[0] and publishes (m, l) in s_m / s_l; after
+ * a cluster barrier, CTA r merges output elements r, r + G, ... reading
+ * every split's partials from its shared memory (distributed shared
+ * memory), and writes them. No workspace and no combine launch. A second
+ * barrier keeps each CTA's shared memory alive until all have read it. */
+template <int DT, int D, int HG>
+__device__ __forceinline__ void kat_cluster_merge(const kiln_attention_cuda_args &a, float (*s_red)[HG][D], float *s_m,
+                                                  float *s_l, int bad, int ng, int64_t row0)
+{
+    cg::cluster_group cl = cg::this_cluster();
+    const int G = (int)cl.num_blocks(), r = (int)cl.block_rank();
+    for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
+        int g = i / D, d = i % D;
+        s_red[0][g][d] = (s_red[0][g][d] + s_red[1][g][d]) + (s_red[2][g][d] + s_red[3][g][d]);
+    }
+    if (bad && threadIdx.x < HG)
+        s_l[threadIdx.x] = kat_nan();
+    cl.sync();
+    for (int i = r + G * threadIdx.x; i < ng * D; i += G * KAT_THREADS) {
+        const int g = i / D, d = i % D;
+        float M = -INFINITY;
+        for (int z = 0; z < G; z++)
+            M = fmaxf(M, cl.map_shared_rank(s_m, z)[g]);
+        const float Mu = M == -INFINITY ? 0.0f : M;
+        float L = 0.0f, O = 0.0f;
+        for (int z = 0; z < G; z++) {
+            float w = exp2f(cl.map_shared_rank(s_m, z)[g] - Mu);
+            L = fmaf(cl.map_shared_rank(s_l, z)[g], w, L);
+            O = fmaf(cl.map_shared_rank(&s_red[0][g][d], z)[0], w, O);
+        }
+        kat_type<DT>::store(a.out, (row0 + g) * D + d, O / L);
+    }
+    cl.sync();
+}
+
 /* Grid: x = token, y = kv head * n_hg + group of HG query heads, z =
  * split (G = gridDim.z).
  *
@@ -269,7 +318,8 @@ template <int DT, int D> struct kat_shape {
  * the k and v inputs instead of the cache, so no CTA waits on another's
  * write. One launch fewer per decode step. */
 template <int DT, int D, int HG>
-__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_attention_cuda_args a, int32_t fused)
+__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
+    kat_decode(kiln_attention_cuda_args a, int32_t fused, int32_t cluster)
 {
     typedef kat_shape<DT, D> L;
     constexpr int PER = L::PER, LPR = L::LPR, VPL = L::VPL, RPW = L::RPW, RPS = L::RPS, TILE = L::TILE, NS = L::NS;
@@ -286,8 +336,8 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
     const int64_t t = blockIdx.x;
     kat_tok k = kat_token(a, t);
     const int64_t nk = k.pos + 1, n_tiles = (nk + TILE - 1) / TILE;
-    if (!k.valid) {
-        if (G == 1)
+    if (!k.valid) { /* a whole cluster leaves here together */
+        if (G == 1 || (cluster && z == 0))
             for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS)
                 kat_type<DT>::store(a.out, (t * a.n_heads + h0) * D + i, kat_nan());
         return;
@@ -303,7 +353,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
             ((uint4 *)((char *)a.cache + (dst + kind * kat_vdelta(a)) * (16 / PER)))[u] = src[u];
         }
     }
-    if (z >= n_tiles)
+    if (z >= n_tiles && !cluster) /* in a cluster it takes part in the merge */
         return;
 
     /* this lane's dims: vectors (lane % LPR) + v * LPR of the row */
@@ -336,10 +386,14 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
      * token -3 - off of the step's k and v inputs (fused) */
     const char *kin = (const char *)a.k + (k.first * a.k_ld + (int64_t)kvh * D) * (16 / PER);
     const char *vin = (const char *)a.v + (k.first * a.v_ld + (int64_t)kvh * D) * (16 / PER);
-    for (int64_t tile = z; tile < n_tiles; tile += G, buf ^= 1) {
-        const int64_t k0 = tile * TILE;
-        uint4 kr[NS][VPL], vr[NS][VPL];
-        int64_t off[NS];
+    /* Row sources and K vectors of tile `tl` (rows past the keys: -2 and
+     * zeros, no load). The next tile's are loaded while this tile's V is
+     * in flight and its softmax runs, so a CTA waits on one memory latency
+     * per tile, not two. */
+    uint4 kr[NS][VPL];
+    int64_t off[NS];
+    auto load_k = [&](int64_t tl) {
+        const int64_t k0 = tl * TILE;
 #pragma unroll
         for (int i = 0; i < NS; i++) {
             int64_t kp = k0 + i * RPS + warp * RPW + sub;
@@ -354,6 +408,10 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
                                           : make_uint4(0, 0, 0, 0);
             }
         }
+    };
+    load_k(z);
+    for (int64_t tile = z; tile < n_tiles; tile += G, buf ^= 1) {
+        uint4 vr[NS][VPL];
 #pragma unroll
         for (int i = 0; i < NS; i++) {
             float part[HG];
@@ -383,8 +441,8 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
                     s_p[buf][g][r] = off[i] >= 0 || off[i] <= -3 ? part[g] * sl2 : -INFINITY;
             }
         }
-        /* V is read only now, so K's and V's registers are not live at once;
-         * its latency hides behind the softmax */
+        /* V is read once the scores are out of K's registers; its latency,
+         * and the next tile's K, hide behind the softmax */
 #pragma unroll
         for (int i = 0; i < NS; i++)
 #pragma unroll
@@ -394,6 +452,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
                            : off[i] <= -3 ? *(const uint4 *)(vin + ((-3 - off[i]) * a.v_ld + e) * (16 / PER))
                                           : make_uint4(0, 0, 0, 0);
             }
+        load_k(tile + G);
         __syncthreads();
         /* online softmax: warp w updates heads w, w + 4 */
         for (int g = warp; g < HG; g += KAT_THREADS / 32) {
@@ -464,6 +523,10 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2) kat_decode(kiln_
                 for (int e = 0; e < PER; e++)
                     s_red[warp][g][(lv + v * LPR) * PER + e] = acc[g][v * PER + e];
     bad = __syncthreads_or(bad);
+    if (cluster) {
+        kat_cluster_merge<DT, D, HG>(a, s_red, s_m, s_l, bad, ng, t * a.n_heads + h0);
+        return;
+    }
     kat_parts parts = kat_parts_of(a, G);
     for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
         int g = i / D, d = i % D;
@@ -984,25 +1047,100 @@ static int kat_aligned(const void *p, int64_t ld, size_t es)
     return ((uintptr_t)p & 15) == 0 && ((size_t)ld * es) % 16 == 0;
 }
 
+/* Launches kat_decode<DT, D, HG> with G splits: as one cluster of G CTAs
+ * per (token, head group) when `cluster` (the splits merge in distributed
+ * shared memory), else G independent CTAs whose partials kat_combine
+ * merges (or none when G is 1). */
+template <int DT, int D, int HG>
+static cudaError_t kat_launch_decode_hg(const kiln_attention_cuda_args &a, int32_t g, int32_t fused, int32_t cluster,
+                                        cudaStream_t st)
+{
+    const int n_hg = (a.n_heads / a.n_kv_heads + HG - 1) / HG;
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (kcu_pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = 1;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = (unsigned)g;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
+    cfg.blockDim = dim3(KAT_THREADS);
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = (unsigned)n;
+    if (cluster) {
+        /* Once per cluster size: more than 8 CTAs a cluster is Hopper's
+         * non-portable size, and a size the device cannot place at all
+         * is reported as cudaErrorNotSupported (the caller falls back to
+         * the combine path) instead of failing the launch. */
+        static int8_t ok[KAT_MAX_CLUSTER + 1];
+        if (!ok[g]) {
+            cudaError_t e = cudaSuccess;
+            if (g > 8)
+                e = cudaFuncSetAttribute(kat_decode<DT, D, HG>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            int clusters = 0;
+            cudaLaunchConfig_t probe = cfg;
+            probe.stream = NULL; /* a query, nothing enqueued (may run during a capture) */
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveClusters(&clusters, kat_decode<DT, D, HG>, &probe);
+            ok[g] = e == cudaSuccess && clusters > 0 ? 1 : -1;
+            (void)cudaGetLastError();
+        }
+        if (ok[g] < 0)
+            return cudaErrorNotSupported;
+    }
+    return cudaLaunchKernelEx(&cfg, kat_decode<DT, D, HG>, a, fused, cluster);
+}
+
 template <int DT, int D>
 static cudaError_t kat_launch_decode(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
-                                     cudaStream_t st)
+                                     int32_t cluster, cudaStream_t st)
 {
-    int n_hg = (a.n_heads / a.n_kv_heads + hg - 1) / hg;
-    dim3 grid((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
     if (hg == 1)
-        return kcu_launch_cfg(kat_decode<DT, D, 1>, grid, dim3(KAT_THREADS), st, a, fused);
+        return kat_launch_decode_hg<DT, D, 1>(a, g, fused, cluster, st);
     if (hg == 4)
-        return kcu_launch_cfg(kat_decode<DT, D, 4>, grid, dim3(KAT_THREADS), st, a, fused);
-    return kcu_launch_cfg(kat_decode<DT, D, 8>, grid, dim3(KAT_THREADS), st, a, fused);
+        return kat_launch_decode_hg<DT, D, 4>(a, g, fused, cluster, st);
+    return kat_launch_decode_hg<DT, D, 8>(a, g, fused, cluster, st);
 }
 
 template <int DT>
 static cudaError_t kat_launch_decode_dt(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
-                                        cudaStream_t st)
+                                        int32_t cluster, cudaStream_t st)
 {
-    return a.head_dim == 64 ? kat_launch_decode<DT, 64>(a, hg, g, fused, st)
-                            : kat_launch_decode<DT, 128>(a, hg, g, fused, st);
+    return a.head_dim == 64 ? kat_launch_decode<DT, 64>(a, hg, g, fused, cluster, st)
+                            : kat_launch_decode<DT, 128>(a, hg, g, fused, cluster, st);
+}
+
+/* Splits as a cluster for `ctas` CTAs per token: the smallest power of two
+ * that gives about two CTAs per SM over the step, at most
+ * KAT_MAX_CLUSTER and no more than the tiles of the longest sequence (1:
+ * no splitting, the CTA writes its output itself). Shapes alone decide, so
+ * a captured graph serves every context length: splits past a sequence's
+ * tiles only join the merge. */
+static int32_t kat_cluster_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t tile)
+{
+    const int64_t tiles = (max_ctx + tile - 1) / tile;
+    int32_t g = 1;
+    while (g < KAT_MAX_CLUSTER && tokens * ctas * g < KAT_CLUSTER_CTAS && 2 * g <= tiles)
+        g *= 2;
+    return g;
+}
+
+/* KILN_ATTENTION_CLUSTER=0 selects the split-and-combine path (timing
+ * both, testing both, and a way out should a driver refuse the clusters);
+ * read at each launch (a graph keeps what its capture chose). */
+static int kat_cluster_refused; /* a cluster launch failed once: never again in this process */
+
+static int kat_use_cluster(void)
+{
+    const char *e = getenv("KILN_ATTENTION_CLUSTER");
+    return !kat_cluster_refused && !(e && strcmp(e, "0") == 0);
 }
 
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)
@@ -1043,14 +1181,27 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
         int hg = kat_hg(a.n_heads, a.n_kv_heads);
         int64_t ctas = (int64_t)a.n_kv_heads * ((a.n_heads / a.n_kv_heads + hg - 1) / hg);
         tile = kat_decode_tile(a.dtype, a.head_dim);
-        g = kat_splits(a.tokens, ctas, max_ctx, tile);
-        if (g > 1 && !a.workspace)
-            return (int)cudaErrorInvalidValue;
-        switch (a.dtype) {
-        case KILN_DTYPE_F32: e = kat_launch_decode_dt<KILN_DTYPE_F32>(a, hg, g, fused, st); break;
-        case KILN_DTYPE_F16: e = kat_launch_decode_dt<KILN_DTYPE_F16>(a, hg, g, fused, st); break;
-        default: e = kat_launch_decode_dt<KILN_DTYPE_BF16>(a, hg, g, fused, st); break;
+        int32_t cluster = kat_use_cluster();
+        for (int attempt = 0; attempt < 2; attempt++) {
+            g = cluster ? kat_cluster_splits(a.tokens, ctas, max_ctx, tile) : kat_splits(a.tokens, ctas, max_ctx, tile);
+            if (g > 1 && !cluster && !a.workspace)
+                return (int)cudaErrorInvalidValue;
+            const int32_t cl = g > 1 && cluster;
+            switch (a.dtype) {
+            case KILN_DTYPE_F32: e = kat_launch_decode_dt<KILN_DTYPE_F32>(a, hg, g, fused, cl, st); break;
+            case KILN_DTYPE_F16: e = kat_launch_decode_dt<KILN_DTYPE_F16>(a, hg, g, fused, cl, st); break;
+            default: e = kat_launch_decode_dt<KILN_DTYPE_BF16>(a, hg, g, fused, cl, st); break;
+            }
+            if (!cl || e == cudaSuccess)
+                break;
+            /* clusters of this size cannot run here (or the launch refused
+             * them): split and combine, from now on */
+            (void)cudaGetLastError();
+            kat_cluster_refused = 1;
+            cluster = 0;
         }
+        if (cluster)
+            return (int)e;
     } else {
         tile = KAT_GENERIC_TILE;
         g = kat_splits(a.tokens, a.n_heads, max_ctx, tile);

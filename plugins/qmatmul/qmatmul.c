@@ -33,8 +33,8 @@
  * Blob v1: three int32: ggml type number (8, 2, 3, 6, 7, 12, 13, 14, 1,
  *          30), n, k.
  *
- * The CUDA kernels (qmatmul_cuda.cu) cover Q8_0, Q4_0 and Q4_1; the LLM
- * builder expands the other formats for CUDA engines.
+ * The CUDA kernels (qmatmul_cuda.cu) cover Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
+ * and Q6_K; the LLM builder expands the other formats for CUDA engines.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -112,8 +112,12 @@ static kiln_status qmm_output_dtypes(const kiln_plugin *self, const kiln_dtype *
 }
 
 #ifdef KILN_HAVE_CUDA
-/* The CUDA kernels read Q8_0, Q4_0 and Q4_1. */
-static int cuda_format(int32_t type) { return type == QMM_Q8_0 || type == QMM_Q4_0 || type == QMM_Q4_1; }
+/* The CUDA kernels read Q8_0, Q4_0, Q4_1, Q4_K, Q5_K and Q6_K. */
+static int cuda_format(int32_t type)
+{
+    return type == QMM_Q8_0 || type == QMM_Q4_0 || type == QMM_Q4_1 || type == QMM_Q4_K || type == QMM_Q5_K ||
+           type == QMM_Q6_K;
+}
 #endif
 
 static int32_t qmm_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,

@@ -1,4 +1,5 @@
-/* QuantMatMul on CUDA: y = x · Wᵀ with W in ggml blocks (Q8_0, Q4_0, Q4_1),
+/* QuantMatMul on CUDA: y = x · Wᵀ with W in ggml blocks (Q8_0, Q4_0, Q4_1,
+ * and the K formats Q4_K, Q5_K, Q6_K),
  * dequantized with the same f32 operations as qmatmul.c (a multiply, then
  * the add of Q4_1's min: never an FMA), products accumulated in f32, y
  * rounded once to its dtype.
@@ -14,12 +15,16 @@
  * all QMM_COLS weight rows. Warp shuffles, then shared memory, sum the
  * partial products.
  *
+ * The K formats (super-blocks of 256) have a GEMV of their own
+ * (qmm_kgemv_kernel, one warp per weight row).
+ *
  * Many rows (prefill): a plain tiled kernel, 64 x-rows by 64 weight rows
- * per block, one quantized block (32 of k) per step dequantized into
- * shared memory: the weights are read rows / 64 times instead of rows / 4. */
+ * per block, 32 values of k per step dequantized into shared memory: the
+ * weights are read rows / 64 times instead of rows / 4. */
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
+#include "core/ggml_block.h"
 
 #define QMM_WARPS 8
 #define QMM_COLS 4  /* weight rows per warp */
@@ -27,11 +32,40 @@
 #define QMM_GEMV_MAX_ROWS 16
 #define QMM_TILE 64
 
-enum { QMM_Q4_0 = 2, QMM_Q4_1 = 3, QMM_Q8_0 = 8 };
+enum { QMM_Q4_0 = 2, QMM_Q4_1 = 3, QMM_Q8_0 = 8, QMM_Q4_K = 12, QMM_Q5_K = 13, QMM_Q6_K = 14 };
 
+/* Bytes and values of a block. */
 template <int TYPE> struct qmm_fmt {
-    static constexpr int bytes = TYPE == QMM_Q8_0 ? 34 : TYPE == QMM_Q4_0 ? 18 : 20;
+    static constexpr int bytes = TYPE == QMM_Q8_0   ? 34
+                                 : TYPE == QMM_Q4_0 ? 18
+                                 : TYPE == QMM_Q4_1 ? 20
+                                 : TYPE == QMM_Q4_K ? 144
+                                 : TYPE == QMM_Q5_K ? 176
+                                                    : 210;
+    static constexpr int values = TYPE == QMM_Q4_K || TYPE == QMM_Q5_K || TYPE == QMM_Q6_K ? 256 : 32;
 };
+
+/* Weight e (0..255) of the K-format super-block at b, with the roundings
+ * of src/core/ggml_block.h (the CPU reference): (d · sc) · q − dmin · m,
+ * or Q6_K's (d · sc) · q, each product rounded on its own (no FMA). */
+template <int TYPE> __device__ __forceinline__ float qmm_kweight(const uint8_t *b, int e)
+{
+    if (TYPE == QMM_Q6_K)
+        return __fmul_rn(__fmul_rn(kiln_ggml_f16_at(b + 208), (float)(int8_t)b[192 + e / 16]),
+                         (float)kiln_ggml_q6k_value(b, e));
+    const int j = e >> 5, l = e & 31;
+    int sc, m;
+    kiln_ggml_kscale(b + 4, j, &sc, &m);
+    const float ds = __fmul_rn(kiln_ggml_f16_at(b), (float)sc), dm = __fmul_rn(kiln_ggml_f16_at(b + 2), (float)m);
+    const uint8_t *qs = b + (TYPE == QMM_Q4_K ? 16 : 48) + 32 * (j >> 1);
+    int q = (j & 1) ? qs[l] >> 4 : qs[l] & 0x0F;
+    if (TYPE == QMM_Q5_K)
+        q |= ((b[16 + l] >> j) & 1) << 4;
+    return __fsub_rn(__fmul_rn(ds, (float)q), dm);
+}
+
+/* Weight kk of a row of blocks (any format). */
+template <int TYPE> __device__ __forceinline__ float qmm_weight_at(const uint8_t *row, int64_t kk);
 
 /* Weight j (0..31) of the block at b. */
 template <int TYPE> __device__ __forceinline__ float qmm_weight(const uint8_t *b, int j)
@@ -46,6 +80,15 @@ template <int TYPE> __device__ __forceinline__ float qmm_weight(const uint8_t *b
     float m = kcu_f16_f32((uint16_t)(b[2] | b[3] << 8));
     int q = j < 16 ? (b[4 + j] & 0x0F) : (b[4 + j - 16] >> 4);
     return __fadd_rn(__fmul_rn(d, (float)q), m);
+}
+
+template <int TYPE> __device__ __forceinline__ float qmm_weight_at(const uint8_t *row, int64_t kk)
+{
+    constexpr int BB = qmm_fmt<TYPE>::bytes, QV = qmm_fmt<TYPE>::values;
+    if constexpr (QV == 256)
+        return qmm_kweight<TYPE>(row + (kk / 256) * BB, (int)(kk % 256));
+    else
+        return qmm_weight<TYPE>(row + (kk / 32) * BB, (int)(kk % 32));
 }
 
 /* The 32 weights of the block at b. */
@@ -183,11 +226,11 @@ template <int TYPE, int XT>
 __global__ void __launch_bounds__(256)
     qmm_tiled_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k)
 {
-    constexpr int BB = qmm_fmt<TYPE>::bytes;
+    constexpr int BB = qmm_fmt<TYPE>::bytes, QV = qmm_fmt<TYPE>::values;
     __shared__ float xs[32][QMM_TILE + 4], ws[32][QMM_TILE + 4];
     kcu_after_prior(x, w, rows, n);
     const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16, nb = k / 32;
-    const size_t row_bytes = (size_t)nb * BB;
+    const size_t row_bytes = (size_t)(k / QV) * BB;
     const int64_t tiles_n = (n + QMM_TILE - 1) / QMM_TILE, tiles = (rows + QMM_TILE - 1) / QMM_TILE * tiles_n;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
         const int64_t r0 = tile / tiles_n * QMM_TILE, c0 = tile % tiles_n * QMM_TILE;
@@ -200,7 +243,8 @@ __global__ void __launch_bounds__(256)
             }
             for (int e = tid; e < 32 * QMM_TILE; e += 256) {
                 int c = e / 32, j = e % 32;
-                ws[j][c] = c0 + c < n ? qmm_weight<TYPE>(w + (size_t)(c0 + c) * row_bytes + (size_t)b * BB, j) : 0.0f;
+                ws[j][c] =
+                    c0 + c < n ? qmm_weight_at<TYPE>(w + (size_t)(c0 + c) * row_bytes, (int64_t)b * 32 + j) : 0.0f;
             }
             __syncthreads();
 #pragma unroll 8
@@ -227,10 +271,59 @@ __global__ void __launch_bounds__(256)
     }
 }
 
+/* K formats, few rows of x: one warp per weight row, one super-block of
+ * 256 values per step, lane l dequantizing values 8l .. 8l + 7 (inside one
+ * sub-block) once for up to QMM_KROWS rows of x. A first kernel, not yet
+ * tuned for bandwidth: the super-block's bytes are read by the warp
+ * through L1 rather than staged with vector loads. */
+#define QMM_KROWS 8
+template <int TYPE, int XT>
+__global__ void __launch_bounds__(128)
+    qmm_kgemv_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k)
+{
+    constexpr int BB = qmm_fmt<TYPE>::bytes;
+    kcu_after_prior(x, w, rows, n);
+    const int lane = threadIdx.x & 31, nb = k / 256;
+    for (int64_t c = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5); c < n; c += (int64_t)gridDim.x * 4) {
+        const uint8_t *wr = w + c * (int64_t)nb * BB;
+        for (int64_t r0 = 0; r0 < rows; r0 += QMM_KROWS) {
+            const int g = rows - r0 < QMM_KROWS ? (int)(rows - r0) : QMM_KROWS;
+            float acc[QMM_KROWS] = {};
+            for (int ib = 0; ib < nb; ib++) {
+                float wv[8];
+#pragma unroll
+                for (int t = 0; t < 8; t++)
+                    wv[t] = qmm_kweight<TYPE>(wr + (int64_t)ib * BB, lane * 8 + t);
+#pragma unroll
+                for (int r = 0; r < QMM_KROWS; r++) {
+                    if (r >= g)
+                        break;
+                    const int64_t off = (r0 + r) * k + (int64_t)ib * 256 + lane * 8;
+#pragma unroll
+                    for (int t = 0; t < 8; t++)
+                        acc[r] = fmaf(wv[t], kcu_load_float(x, XT, off + t), acc[r]);
+                }
+            }
+#pragma unroll
+            for (int r = 0; r < QMM_KROWS; r++) {
+                const float s = kcu_warp_sum(acc[r]);
+                if (lane == 0 && r < g)
+                    kcu_store_float(y, XT, (r0 + r) * n + c, s);
+            }
+        }
+    }
+}
+
 template <int TYPE, int XT>
 static cudaError_t qmm_launch(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k, cudaStream_t s)
 {
-    if (rows <= QMM_GEMV_MAX_ROWS) {
+    if constexpr (qmm_fmt<TYPE>::values == 256) {
+        if (rows <= QMM_GEMV_MAX_ROWS) {
+            int64_t want = (n + 3) / 4;
+            return kcu_launch_cfg(qmm_kgemv_kernel<TYPE, XT>, dim3((unsigned)(want < 65535 ? want : 65535)), dim3(128),
+                                  s, x, w, y, rows, n, k);
+        }
+    } else if (rows <= QMM_GEMV_MAX_ROWS) {
         int64_t want = (n + QMM_COLS - 1) / QMM_COLS;
         return kcu_launch_cfg(qmm_gemv_kernel<TYPE, XT>, dim3((unsigned)(want < 65535 ? want : 65535)),
                               dim3(QMM_WARPS * 32), s, x, w, y, rows, n, k);
@@ -260,6 +353,9 @@ extern "C" int kiln_qmatmul_cuda(int32_t type, const void *x, const uint8_t *w, 
     switch (type) {
     case QMM_Q8_0: return (int)qmm_dispatch_x<QMM_Q8_0>(dtype, x, w, y, rows, n, k, s);
     case QMM_Q4_0: return (int)qmm_dispatch_x<QMM_Q4_0>(dtype, x, w, y, rows, n, k, s);
+    case QMM_Q4_K: return (int)qmm_dispatch_x<QMM_Q4_K>(dtype, x, w, y, rows, n, k, s);
+    case QMM_Q5_K: return (int)qmm_dispatch_x<QMM_Q5_K>(dtype, x, w, y, rows, n, k, s);
+    case QMM_Q6_K: return (int)qmm_dispatch_x<QMM_Q6_K>(dtype, x, w, y, rows, n, k, s);
     default: return (int)qmm_dispatch_x<QMM_Q4_1>(dtype, x, w, y, rows, n, k, s);
     }
 }

@@ -54,13 +54,23 @@ __global__ void __launch_bounds__(RMS_THREADS)
 
 template <int DT>
 __global__ void __launch_bounds__(RMS_THREADS)
-    rmsnorm_vec_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int wt, int64_t rows,
-                       int64_t h, float eps)
+    rmsnorm_vec_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int wt, int wvec,
+                       int64_t rows, int64_t h, float eps)
 {
     constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* values per 16-byte vector */
     __shared__ float part[RMS_THREADS / 32];
-    kcu_after_prior(x, w, rows, wt);
     const int64_t nvec = h / E;
+    /* With `wvec` (the weight in DT, 16-byte aligned) this thread's weight
+     * vectors are loaded before the wait on the previous kernel: the
+     * weight is a constant, and its latency would otherwise follow the
+     * reduction on every row's critical path. */
+    uint4 wr[RMS_MAX_VEC];
+#pragma unroll
+    for (int j = 0; j < RMS_MAX_VEC; j++) {
+        const int64_t k = threadIdx.x + (int64_t)j * RMS_THREADS;
+        wr[j] = wvec && k < nvec ? __ldg((const uint4 *)w + k) : make_uint4(0, 0, 0, 0);
+    }
+    kcu_after_prior(x, w, rows, wt);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
         const uint4 *xr = (const uint4 *)x + row * nvec;
         uint4 v[RMS_MAX_VEC], r[RMS_MAX_VEC];
@@ -109,7 +119,8 @@ __global__ void __launch_bounds__(RMS_THREADS)
 #pragma unroll
                 for (int e = 0; e < E; e++) {
                     const float n = kcu_round_float(DT, __fmul_rn(kcu_load_float(&v[j], DT, e), inv));
-                    kcu_store_float(&o, DT, e, __fmul_rn(n, kcu_load_float(w, wt, k * E + e)));
+                    const float wf = wvec ? kcu_load_float(&wr[j], DT, e) : kcu_load_float(w, wt, k * E + e);
+                    kcu_store_float(&o, DT, e, __fmul_rn(n, wf));
                 }
                 ((uint4 *)y + row * nvec)[k] = o;
             }
@@ -127,16 +138,17 @@ extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void
     cudaStream_t st = (cudaStream_t)stream;
     const int64_t e = dtype == KILN_DTYPE_F32 ? 4 : 8;
     const uintptr_t addr = (uintptr_t)x | (uintptr_t)residual | (uintptr_t)sum | (uintptr_t)y;
+    const int wvec = weight_dtype == dtype && (uintptr_t)weight % 16 == 0;
     if (h % e == 0 && h / e <= (int64_t)RMS_THREADS * RMS_MAX_VEC && addr % 16 == 0) {
         if (dtype == KILN_DTYPE_BF16)
             return (int)kcu_launch_cfg(rmsnorm_vec_kernel<KILN_DTYPE_BF16>, dim3(blocks), dim3(RMS_THREADS), st, x,
-                                       residual, weight, sum, y, (int)weight_dtype, rows, h, epsilon);
+                                       residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
         if (dtype == KILN_DTYPE_F16)
             return (int)kcu_launch_cfg(rmsnorm_vec_kernel<KILN_DTYPE_F16>, dim3(blocks), dim3(RMS_THREADS), st, x,
-                                       residual, weight, sum, y, (int)weight_dtype, rows, h, epsilon);
+                                       residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
         if (dtype == KILN_DTYPE_F32)
             return (int)kcu_launch_cfg(rmsnorm_vec_kernel<KILN_DTYPE_F32>, dim3(blocks), dim3(RMS_THREADS), st, x,
-                                       residual, weight, sum, y, (int)weight_dtype, rows, h, epsilon);
+                                       residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
     }
     return (int)kcu_launch_cfg(rmsnorm_kernel, dim3(blocks), dim3(RMS_THREADS), st, x, residual, weight, sum, y,
                                (int)dtype, (int)weight_dtype, rows, h, epsilon);

@@ -1,4 +1,6 @@
-/* kiln/Sample on the GPU: one block per sequence.
+/* kiln/Sample on the GPU: one block per sequence, after a first pass
+ * (sample_scan_kernel, many blocks a row) that summarizes each row
+ * without penalties for the greedy choice and the candidate count.
  *
  * A row with a state slot first updates the slot's history (sample.h)
  * and, when it has penalties, writes its penalized logits to the workspace
@@ -24,6 +26,7 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "backend/cuda/cuda_common.cuh"
 #include "sample/sample.h"
 
 #define SAMPLE_THREADS 512
@@ -157,7 +160,85 @@ __device__ void sample_track_row(const sample_args &a, int32_t s, int32_t *st, i
     __syncthreads();
 }
 
-__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_args a)
+/* A row's first-pass summary over one part of the vocabulary: its argmax
+ * (lowest id on ties), the count of candidates (logits above -inf) and
+ * their largest tempered logit. */
+struct sample_part {
+    sample_argmax am;
+    int32_t n;
+    float m;
+};
+
+/* Parts a row is cut into by sample_scan_kernel (0: no first pass). A
+ * row's parts live at the start of its probability area of the workspace
+ * (8 bytes per entry), which is written only after they are read; short
+ * vocabularies take one pass. */
+static int32_t sample_parts(int32_t V) { return V >= 8192 ? (V / 2048 < 64 ? V / 2048 : 64) : 0; }
+
+/* Whether row s is sampled from penalized logits, which only the main
+ * kernel computes (after updating the slot's history). */
+__device__ __forceinline__ int sample_row_penalized(const sample_args &a, int32_t s)
+{
+    const int32_t slot = a.seq[(size_t)s * SAMPLE_SEQ + 2];
+    return slot >= 0 && slot < a.slots && sample_has_penalty(a.params + (size_t)s * (size_t)a.P);
+}
+
+/* Grid: x = part, y = row. A block reads its part of the row with every
+ * thread's loads in flight at once: the row of a 128k vocabulary takes one
+ * memory latency over 64 blocks instead of 32 over one. */
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_scan_kernel(const sample_args a, int32_t parts)
+{
+    __shared__ sample_smem tmp;
+    kcu_after_prior();
+    const int32_t s = blockIdx.y, V = a.V;
+    if (sample_row_penalized(a, s))
+        return;
+    const float *row = a.logits + (size_t)s * (size_t)V;
+    const float temperature = a.params[(size_t)s * (size_t)a.P];
+    const float inv_t = temperature > 0.0f ? 1.0f / temperature : 1.0f;
+    const int32_t per = (V + parts - 1) / parts, lo = (int32_t)blockIdx.x * per, hi = min(V, lo + per);
+    constexpr int U = 4;
+    float xs[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int32_t i = lo + (int32_t)threadIdx.x + u * SAMPLE_THREADS;
+        xs[u] = i < hi ? row[i] : -INFINITY;
+    }
+    sample_argmax best = {-INFINITY, -1};
+    int n_local = 0;
+    float m_local = -INFINITY;
+    for (int32_t base = lo;; base += U * SAMPLE_THREADS) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t i = base + (int32_t)threadIdx.x + u * SAMPLE_THREADS;
+            if (i < hi) {
+                best = sample_argmax_op()(best, sample_argmax{xs[u], i});
+                if (xs[u] != -INFINITY) {
+                    n_local++;
+                    m_local = fmaxf(m_local, xs[u] * inv_t);
+                }
+            }
+        }
+        if (base + U * SAMPLE_THREADS >= hi)
+            break;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int32_t i = base + U * SAMPLE_THREADS + (int32_t)threadIdx.x + u * SAMPLE_THREADS;
+            xs[u] = i < hi ? row[i] : -INFINITY;
+        }
+    }
+    sample_argmax am = reduce_am(tmp.ram).Reduce(best, sample_argmax_op());
+    __syncthreads();
+    int n = reduce_i(tmp.ri).Sum(n_local);
+    __syncthreads();
+    float m = reduce_f(tmp.rf).Reduce(m_local, sample_max_op());
+    if (threadIdx.x == 0) {
+        sample_part *out = (sample_part *)((float *)a.workspace + (size_t)s * (size_t)V * 2);
+        out[blockIdx.x] = sample_part{am, n, m};
+    }
+}
+
+__global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_args a, int32_t parts)
 {
     __shared__ sample_smem tmp;
     __shared__ int hist[256];
@@ -167,6 +248,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_arg
     __shared__ double dshare;
     __shared__ unsigned long long keys[SAMPLE_SMALL];
     __shared__ float probs[SAMPLE_SMALL];
+    kcu_after_prior();
     const int32_t s = blockIdx.x, V = a.V;
     const float *row = a.logits + (size_t)s * (size_t)V;
     const float *pr = a.params + (size_t)s * (size_t)a.P;
@@ -195,9 +277,17 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_arg
     float m_local = -INFINITY;
     const float inv_t = temperature > 0.0f ? 1.0f / temperature : 1.0f;
     /* Eight loads in flight per thread, in increasing id order (a plain
-     * strided loop waited on each: 108 us for a 128k vocabulary). */
+     * strided loop waited on each: 108 us for a 128k vocabulary), unless
+     * sample_scan_kernel summarized the row already. */
     constexpr int U = 8;
     int32_t i = threadIdx.x;
+    if (parts > 0 && row == a.logits + (size_t)s * (size_t)V) {
+        if (i < parts) {
+            const sample_part pt = ((const sample_part *)p)[i];
+            best = pt.am, n_local = pt.n, m_local = pt.m;
+        }
+        i = V; /* nothing left to scan */
+    }
     for (; i + (U - 1) * (int32_t)blockDim.x < V; i += U * (int32_t)blockDim.x) {
         float xs[U];
 #pragma unroll
@@ -461,7 +551,19 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logprob_kernel(const sa
 
 extern "C" int kiln_sample_cuda(const sample_args *a, void *stream)
 {
-    sample_kernel<<<a->S, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(*a);
+    const int32_t parts = sample_parts(a->V);
+    if (parts > 0) {
+        cudaError_t e = kcu_launch_cfg(sample_scan_kernel, dim3((unsigned)parts, (unsigned)a->S), dim3(SAMPLE_THREADS),
+                                       (cudaStream_t)stream, *a, parts);
+        if (e != cudaSuccess)
+            return (int)e;
+    }
+    /* both with programmatic dependent launch (each waits on the previous
+     * kernel first); the logprob pass is an ordinary launch after them */
+    cudaError_t e =
+        kcu_launch_cfg(sample_kernel, dim3((unsigned)a->S), dim3(SAMPLE_THREADS), (cudaStream_t)stream, *a, parts);
+    if (e != cudaSuccess)
+        return (int)e;
     if (a->top > 0)
         sample_logprob_kernel<<<a->S, SAMPLE_THREADS, 0, (cudaStream_t)stream>>>(*a);
     return (int)cudaGetLastError();

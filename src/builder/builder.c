@@ -90,7 +90,8 @@ kiln_status kiln_builder_run(const kiln_graph *net, const kiln_build_config *con
         "fusion",     "workspace",   "memory plan",        "tactics",
     };
     kiln_graph g;
-    KILN_TRY(kiln_graph_copy(&g, net));
+    /* the network's weights are not copied: the engine writer reads them where they are */
+    KILN_TRY(kiln_graph_copy_borrowing(&g, net));
     kiln_status s = KILN_OK;
     for (int i = 0; i < N_PASSES && s == KILN_OK; i++) {
         report(&cfg, (double)i / N_PASSES, names[i]);
@@ -144,13 +145,17 @@ kiln_status kiln_build(const kiln_network *net, const kiln_build_config *config,
 
 kiln_status kiln_build_to_file(const kiln_network *net, const kiln_build_config *config, const char *path)
 {
+    if (!net || !path)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_build_to_file: %s is NULL", !net ? "network" : "path");
     /* Refused before the build, which may take long. */
     KILN_TRY(kiln_file_check_output(path));
-    kiln_buffer buf;
-    KILN_TRY(kiln_build(net, config, &buf));
-    kiln_status s = kiln_write_file_atomic(path, buf.data, buf.size);
+    kiln_graph g;
+    KILN_TRY(kiln_builder_run(&net->graph, config, &g));
+    /* streamed: the weights are written from the network's constants,
+     * never gathered into one image in memory */
+    kiln_status s = kiln_engine_write_file(&g, path);
+    kiln_graph_free(&g);
     if (s == KILN_OK)
-        kiln_log(KILN_LOG_INFO, "engine: wrote %zu bytes to \"%s\"", buf.size, path);
-    kiln_buffer_free(&buf);
+        kiln_log(KILN_LOG_INFO, "engine: wrote \"%s\"", path);
     return s;
 }

@@ -1,8 +1,10 @@
 /* Pass 8: target and tactics. Records the backend and, for CUDA, the GPU
  * architectures the engine is for; resets every tactic; reserves each
  * matmul's cuBLASLt scratch in the per-context workspace; and where the
- * backend has a device here, times each matmul's candidates at profile 0's
- * opt shapes and stores the fastest (the backend table's tune_layer).
+ * backend has a device here, times each matmul's candidates up to profile
+ * 0's max shapes and stores the fastest (the backend table's tune_layer;
+ * the CUDA backend times several row counts up to the max, each bucket
+ * getting its own choice).
  * Without a device the heuristic's first choice stays (tactic -1), and the
  * build says so. */
 #include <kiln/kiln.h>
@@ -34,7 +36,7 @@ static void target_archs(kiln_graph *g, const kiln_build_config *config, const k
     }
 }
 
-/* Times each matmul at the opt shapes of the first shape set that has
+/* Times each matmul given the max shapes of the first shape set that has
  * them (profile 0, or the one set of a static network). */
 static kiln_status tune_matmuls(kiln_graph *g, const kiln_backend_i *be)
 {
@@ -42,7 +44,7 @@ static kiln_status tune_matmuls(kiln_graph *g, const kiln_backend_i *be)
     KILN_TRY(kiln_builder_eval_bounds(g, &b));
     int32_t row = 0;
     for (int32_t r = 0; r < b.n_bounds; r++)
-        if (b.which[r] == 1 && b.profile[r] <= 0) {
+        if (b.which[r] == 2 && b.profile[r] <= 0) {
             row = r;
             break;
         }
@@ -65,7 +67,7 @@ static kiln_status tune_matmuls(kiln_graph *g, const kiln_backend_i *be)
         }
         L->tactic = tactic;
         tuned++;
-        kiln_log(KILN_LOG_INFO, "tactics: layer \"%s\" (matmul): cuBLASLt candidate %lld", L->name, (long long)tactic);
+        kiln_log(KILN_LOG_INFO, "tactics: layer \"%s\" (matmul): tactic %llx", L->name, (unsigned long long)tactic);
     }
     if (tuner)
         be->tuner_destroy(tuner);

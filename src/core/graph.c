@@ -97,7 +97,8 @@ static char *dup_str(const char *s, int *ok)
     return d;
 }
 
-kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
+/* The deep copy; with `borrow` the copy's constants point at src's data. */
+static kiln_status graph_copy(kiln_graph *dst, const kiln_graph *src, int borrow)
 {
     kiln_graph t;
     int ok = 1, plugin_failed = 0;
@@ -138,7 +139,9 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
             d->name = dup_str(s->name, &ok);
             /* An empty constant still has a (1-byte) buffer, so "has data"
              * stays a plain NULL test for every reader of the graph. */
-            if (s->data) {
+            if (s->data && borrow) {
+                d->data = s->data;
+            } else if (s->data) {
                 d->data = malloc(s->data_size ? s->data_size : 1);
                 if (d->data) {
                     memcpy(d->data, s->data, s->data_size);
@@ -244,6 +247,10 @@ kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src)
     *dst = t;
     return KILN_OK;
 }
+
+kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src) { return graph_copy(dst, src, 0); }
+
+kiln_status kiln_graph_copy_borrowing(kiln_graph *dst, const kiln_graph *src) { return graph_copy(dst, src, 1); }
 
 /* ---- appending ------------------------------------------------------------------ */
 

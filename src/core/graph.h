@@ -221,6 +221,10 @@ void kiln_layer_free(kiln_layer *l);
 void kiln_plugin_rec_free(kiln_plugin_rec *r);
 /* Deep copy (plugin instances cloned, constants copied). */
 kiln_status kiln_graph_copy(kiln_graph *dst, const kiln_graph *src);
+/* The same, but the copy's constants borrow src's data (data_owned 0):
+ * src must outlive the copy and nobody may write the data (the builder,
+ * whose passes replace constants but never write one in place). */
+kiln_status kiln_graph_copy_borrowing(kiln_graph *dst, const kiln_graph *src);
 
 /* Appends a tensor / layer; returns its index or -1 (out of memory, error
  * set). Strings are copied. */

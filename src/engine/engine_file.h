@@ -29,6 +29,11 @@ typedef struct kiln_engine_header_info {
  * (each plugin instance is serialized now), weights aligned to
  * KILN_ENGINE_WEIGHT_ALIGN, extra sections. */
 kiln_status kiln_engine_write(const kiln_graph *g, kiln_buffer *out);
+/* The same engine written to `path` (temp file, sync, rename, as
+ * kiln_write_file_atomic) with the weights streamed from the graph's
+ * constants where they are: only the bytes before the weights section
+ * are held in memory. */
+kiln_status kiln_engine_write_file(const kiln_graph *g, const char *path);
 
 /* Validates and parses an engine image. Checks magic, format version,
  * section table bounds with overflow-safe arithmetic, every checksum,

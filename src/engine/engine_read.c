@@ -344,7 +344,8 @@ static kiln_status take_bytes(plan_reader *r, const uint8_t *base, uint64_t off,
     if (size == 0)
         return KILN_OK;
     if (borrow) {
-        *data = (void *)(uintptr_t)(base + off);
+        /* no base: the writer's check of its own plan, which reads no bytes */
+        *data = base ? (void *)(uintptr_t)(base + off) : NULL;
         return KILN_OK;
     }
     void *p = malloc((size_t)size);

@@ -11,7 +11,9 @@
 
 #include <kiln/kiln.h>
 
+#include "core/atomic_write.h"
 #include "core/error.h"
+#include "core/file.h"
 #include "core/op_table.h"
 #include "plugin/plugin_internal.h"
 
@@ -426,10 +428,54 @@ typedef struct out_section {
  * instead of when the engine is loaded. */
 static kiln_status check_written_plan(const uint8_t *image, const out_section *secs, size_t n_secs);
 
-kiln_status kiln_engine_write(const kiln_graph *g, kiln_buffer *out)
+/* The engine laid out: `head` holds every byte before the weights section
+ * (header with every checksum, plan, blobs, extra sections, padding), the
+ * weights section starts at head_size and the file is `total` bytes. */
+typedef struct engine_head {
+    uint8_t *head;
+    uint64_t head_size, total;
+    write_layout w;
+} engine_head;
+
+static const uint8_t zeros[4096];
+
+/* XXH64 of the weights section as the writer lays it out (constants at
+ * their offsets, zeros between), streamed from the constants in place. */
+static kiln_status weights_checksum(const kiln_graph *g, const write_layout *w, uint64_t *sum)
 {
-    if (!g || !out)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_write: graph and out are required");
+    XXH64_state_t *st = XXH64_createState();
+    if (!st)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "hashing the engine weights");
+    XXH64_reset(st, 0);
+    uint64_t pos = 0;
+    for (int32_t i = 0; i < g->n_tensors; i++) {
+        const kiln_tensor_rec *t = &g->tensors[i];
+        if (!(t->flags & KILN_TENSOR_CONSTANT) || !t->data_size)
+            continue;
+        while (pos < w->const_offset[i]) {
+            size_t n = w->const_offset[i] - pos < sizeof zeros ? (size_t)(w->const_offset[i] - pos) : sizeof zeros;
+            XXH64_update(st, zeros, n);
+            pos += n;
+        }
+        XXH64_update(st, t->data, t->data_size);
+        pos += t->data_size;
+    }
+    *sum = XXH64_digest(st);
+    XXH64_freeState(st);
+    return KILN_OK;
+}
+
+static void engine_head_free(engine_head *h, const kiln_graph *g)
+{
+    free(h->head);
+    write_layout_free(&h->w, g->n_plugins);
+}
+
+static kiln_status engine_head_make(const kiln_graph *g, engine_head *h)
+{
+    memset(h, 0, sizeof *h);
+    if (!g)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_write: graph is required");
     if ((unsigned)g->backend >= KILN_BACKEND_COUNT)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "engine backend %d is not a kiln_backend", (int)g->backend);
     if (g->n_gpu_archs < 0 || g->n_gpu_archs > 8)
@@ -445,28 +491,27 @@ kiln_status kiln_engine_write(const kiln_graph *g, kiln_buffer *out)
                              g->sections[i].size);
     }
 
-    write_layout w;
-    memset(&w, 0, sizeof w);
+    write_layout *w = &h->w;
     char *plan = NULL;
     out_section *secs = NULL;
-    kiln_status s = collect_blobs(g, &w);
+    kiln_status s = collect_blobs(g, w);
     if (s == KILN_OK)
-        s = layout_weights(g, &w);
+        s = layout_weights(g, w);
     if (s == KILN_OK)
-        s = plan_to_json(g, &w, &plan);
+        s = plan_to_json(g, w, &plan);
     size_t n_secs = 3 + (size_t)(g->n_sections > 0 ? g->n_sections : 0);
     if (s == KILN_OK && !(secs = calloc(n_secs, sizeof *secs)))
         s = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "laying out the engine");
     uint8_t *image = NULL;
-    uint64_t total = 0;
+    uint64_t total = 0, weights_sum = 0;
     if (s == KILN_OK) {
         /* PLAN, BLOB, the extra sections, then the weights last so that they
          * start on a page of their own. */
         secs[0] = (out_section){SECTION_PLAN, plan, strlen(plan), 0};
-        secs[1] = (out_section){SECTION_BLOBS, NULL, w.blobs_size, 0};
+        secs[1] = (out_section){SECTION_BLOBS, NULL, w->blobs_size, 0};
         for (int32_t i = 0; i < g->n_sections; i++)
             secs[2 + i] = (out_section){g->sections[i].id, g->sections[i].data, g->sections[i].size, 0};
-        secs[n_secs - 1] = (out_section){SECTION_WEIGHTS, NULL, w.weights_size, 0};
+        secs[n_secs - 1] = (out_section){SECTION_WEIGHTS, NULL, w->weights_size, 0};
         uint64_t pos = HEADER_SIZE + (uint64_t)ENTRY_SIZE * n_secs;
         int overflow = 0;
         for (size_t i = 0; i < n_secs; i++) {
@@ -477,23 +522,20 @@ kiln_status kiln_engine_write(const kiln_graph *g, kiln_buffer *out)
         total = pos;
         if (overflow || total > (uint64_t)SIZE_MAX)
             s = kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "the engine would be too large");
-        else if (!(image = calloc(1, (size_t)total)))
-            s = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "allocating a %" PRIu64 "-byte engine", total);
+        else if (!(image = calloc(1, (size_t)secs[n_secs - 1].offset)))
+            s = kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "allocating a %" PRIu64 "-byte engine header",
+                          secs[n_secs - 1].offset);
     }
+    if (s == KILN_OK)
+        s = weights_checksum(g, w, &weights_sum);
     if (s == KILN_OK) {
-        for (size_t i = 0; i < n_secs; i++)
+        for (size_t i = 0; i + 1 < n_secs; i++)
             if (secs[i].data && secs[i].size)
                 memcpy(image + secs[i].offset, secs[i].data, (size_t)secs[i].size);
         uint8_t *blobs = image + secs[1].offset;
         for (int32_t i = 0; i < g->n_plugins; i++)
-            if (w.blob_size[i])
-                memcpy(blobs + w.blob_offset[i], w.blob_data[i], w.blob_size[i]);
-        uint8_t *weights = image + secs[n_secs - 1].offset;
-        for (int32_t i = 0; i < g->n_tensors; i++) {
-            const kiln_tensor_rec *t = &g->tensors[i];
-            if ((t->flags & KILN_TENSOR_CONSTANT) && t->data_size)
-                memcpy(weights + w.const_offset[i], t->data, t->data_size);
-        }
+            if (w->blob_size[i])
+                memcpy(blobs + w->blob_offset[i], w->blob_data[i], w->blob_size[i]);
 
         memcpy(image, KILN_ENGINE_MAGIC, 8);
         kiln_put_u32(image + OFF_FORMAT_VERSION, KILN_ENGINE_FORMAT_VERSION);
@@ -512,20 +554,77 @@ kiln_status kiln_engine_write(const kiln_graph *g, kiln_buffer *out)
             kiln_put_u32(e + 4, 0);
             kiln_put_u64(e + 8, secs[i].offset);
             kiln_put_u64(e + 16, secs[i].size);
-            kiln_put_u64(e + 24, XXH64(image + secs[i].offset, (size_t)secs[i].size, 0));
+            kiln_put_u64(e + 24, i + 1 < n_secs ? XXH64(image + secs[i].offset, (size_t)secs[i].size, 0) : weights_sum);
         }
         kiln_put_u64(image + OFF_HEADER_CHECKSUM, kiln_engine_header_checksum(image, ENTRY_SIZE * n_secs));
         s = check_written_plan(image, secs, n_secs);
     }
     if (s == KILN_OK) {
-        out->data = image;
-        out->size = (size_t)total;
+        h->head = image;
+        h->head_size = secs[n_secs - 1].offset;
+        h->total = total;
     } else {
         free(image);
+        write_layout_free(w, g->n_plugins);
     }
     free(secs);
     free(plan);
-    write_layout_free(&w, g->n_plugins);
+    return s;
+}
+
+kiln_status kiln_engine_write(const kiln_graph *g, kiln_buffer *out)
+{
+    if (!g || !out)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_write: graph and out are required");
+    engine_head h;
+    KILN_TRY(engine_head_make(g, &h));
+    uint8_t *image = calloc(1, (size_t)h.total);
+    if (!image) {
+        engine_head_free(&h, g);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "allocating a %" PRIu64 "-byte engine", h.total);
+    }
+    memcpy(image, h.head, (size_t)h.head_size);
+    for (int32_t i = 0; i < g->n_tensors; i++) {
+        const kiln_tensor_rec *t = &g->tensors[i];
+        if ((t->flags & KILN_TENSOR_CONSTANT) && t->data_size)
+            memcpy(image + h.head_size + h.w.const_offset[i], t->data, t->data_size);
+    }
+    out->data = image;
+    out->size = (size_t)h.total;
+    engine_head_free(&h, g);
+    return KILN_OK;
+}
+
+kiln_status kiln_engine_write_file(const kiln_graph *g, const char *path)
+{
+    if (!g || !path)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_write_file: graph and path are required");
+    KILN_TRY(kiln_file_check_output(path));
+    engine_head h;
+    KILN_TRY(engine_head_make(g, &h));
+    kiln_atomic_file f = {-1, path, NULL};
+    kiln_status s = kiln_atomic_file_open(path, &f);
+    if (s == KILN_OK)
+        s = kiln_atomic_file_write(&f, h.head, (size_t)h.head_size);
+    uint64_t pos = 0;
+    for (int32_t i = 0; s == KILN_OK && i < g->n_tensors; i++) {
+        const kiln_tensor_rec *t = &g->tensors[i];
+        if (!(t->flags & KILN_TENSOR_CONSTANT) || !t->data_size)
+            continue;
+        while (s == KILN_OK && pos < h.w.const_offset[i]) {
+            size_t n = (size_t)(sizeof zeros < h.w.const_offset[i] - pos ? sizeof zeros : h.w.const_offset[i] - pos);
+            s = kiln_atomic_file_write(&f, zeros, n);
+            pos += n;
+        }
+        if (s == KILN_OK)
+            s = kiln_atomic_file_write(&f, t->data, t->data_size);
+        pos += t->data_size;
+    }
+    if (s == KILN_OK)
+        s = kiln_atomic_file_commit(&f);
+    else if (f.fd >= 0)
+        kiln_atomic_file_abort(&f);
+    engine_head_free(&h, g);
     return s;
 }
 
@@ -533,8 +632,8 @@ static kiln_status check_written_plan(const uint8_t *image, const out_section *s
 {
     kiln_graph g;
     kiln_graph_init(&g);
-    kiln_engine_sections es = {image + secs[1].offset, secs[1].size, image + secs[n_secs - 1].offset,
-                               secs[n_secs - 1].size};
+    /* weights NULL: the check reads no weight byte, only their offsets and sizes */
+    kiln_engine_sections es = {image + secs[1].offset, secs[1].size, NULL, secs[n_secs - 1].size};
     kiln_status s = kiln_engine_parse_plan(image + secs[0].offset, (size_t)secs[0].size, &es, 1, &g);
     kiln_graph_free(&g);
     if (s != KILN_OK)

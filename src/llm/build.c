@@ -9,7 +9,6 @@
 #include <sys/stat.h>
 
 #include "core/api_struct.h"
-#include "core/atomic_write.h"
 #include "core/error.h"
 #include "core/file.h"
 #include "runtime/engine_image.h"
@@ -61,13 +60,9 @@ kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options 
     if (o.native < 0)
         o.native = is_gguf;
     kiln_registry *reg = NULL;
-    kiln_buffer buf = {0};
     kiln_status s = kiln_registry_create(&reg);
     if (s == KILN_OK)
-        s = kiln_llm_build_engine(ck, &o, reg, NULL, &buf);
-    if (s == KILN_OK)
-        s = kiln_write_file_atomic(output, buf.data, buf.size);
-    kiln_buffer_free(&buf);
+        s = kiln_llm_build_engine_file(ck, &o, reg, NULL, output);
     kiln_registry_destroy(reg);
     kiln_llm_checkpoint_free(ck);
     return s;

@@ -6,12 +6,10 @@
 #include <kiln/llm.h>
 
 #include <jansson.h>
-#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "core/api_struct.h"
@@ -22,7 +20,6 @@
 #include "llm/kv_cache.h"
 #include "llm/llm_config.h"
 #include "llm/llm_internal.h"
-#include "llm/sampler.h"
 #include "llm/tokenizer.h"
 #include "runtime/runtime_internal.h"
 
@@ -452,6 +449,7 @@ static kiln_status open_engine(kiln_llm *llm, kiln_registry *reg, const char *pa
     if (s != KILN_OK)
         return kiln_fail_context(s, "%s: section TOKN", path);
     KILN_TRY(kiln_context_create(llm->engine, &llm->ctx));
+    llm->no_prefix_caching = opt->no_prefix_caching != 0;
     if (!on_gpu(llm)) {
         if (opt->n_threads < 0 || opt->n_threads > 1024)
             return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "n_threads %d is outside 0..1024", (int)opt->n_threads);
@@ -645,6 +643,7 @@ kiln_status kiln_llm_generate(kiln_llm *llm, const kiln_llm_request *const *reqs
     kiln_llm_scheduler_options_init(&opt);
     opt.thread = 0;
     opt.max_queue = n > 0 ? n : 1;
+    opt.prefix_caching = !llm->no_prefix_caching;
     if (s == KILN_OK)
         s = kiln_llm_scheduler_start(llm, &opt, &sc);
     kiln_llm_callbacks cb;

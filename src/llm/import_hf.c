@@ -6,6 +6,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <strings.h>
 
 #include "core/dtype.h"
 #include "core/error.h"
@@ -280,10 +283,17 @@ kiln_status kiln_llm_hf_parse_config(const char *text, size_t len, const char *w
 
 /* ---- weights ------------------------------------------------------------ */
 
+/* config.json's quantization_config, when the linear layers are stored
+ * quantized */
+enum { HF_QUANT_NONE, HF_QUANT_AWQ, HF_QUANT_GPTQ };
+
 typedef struct hf_weights {
     kiln_safetensors **shards;
     char **shard_paths;
     int32_t n_shards;
+    int32_t quant;       /* HF_QUANT_* */
+    int32_t group;       /* group_size; -1: a whole row */
+    int32_t zero_offset; /* GPTQ v1 stores zero points minus 1 */
 } hf_weights;
 
 static void hf_weights_free(void *user)
@@ -298,6 +308,19 @@ static void hf_weights_free(void *user)
     free(w->shards);
     free(w->shard_paths);
     free(w);
+}
+
+/* The mapped checkpoint pages of a tensor just converted leave the
+ * process (they stay in the page cache: a second read, as of tied
+ * embeddings, faults them back in), so a build holds the checkpoint's
+ * weights once, in the network, not also as mapped file pages. Shards
+ * are read-only file mappings (kiln_safetensors_open), so dropping a page
+ * never loses a byte. */
+static void drop_pages(const void *p, size_t n)
+{
+    const uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), a = (uintptr_t)p & ~(page - 1);
+    if (n > 0)
+        (void)madvise((void *)a, (uintptr_t)p + n - a, MADV_DONTNEED);
 }
 
 static kiln_status hf_read_weight(void *user, const char *name, kiln_dims *dims, kiln_dtype dst_type, void *dst,
@@ -326,9 +349,162 @@ static kiln_status hf_read_weight(void *user, const char *name, kiln_dims *dims,
             return kiln_fail(KILN_ERROR_INTERNAL, "tensor \"%s\": destination of %zu bytes, %zu needed", name, dst_size,
                              need);
         kiln_convert(dst, dst_type, t->data, t->dtype, (int64_t)n);
+        drop_pages(t->data, t->size);
         return KILN_OK;
     }
     return KILN_ERROR_NOT_FOUND;
+}
+
+/* Tensor `name` of dtype t, any shape, found in some shard: *dims and a
+ * borrowed pointer to its bytes (checked against the shape). */
+static kiln_status hf_find_raw(hf_weights *w, const char *name, kiln_dtype t, kiln_dims *dims, const void **data)
+{
+    for (int32_t i = 0; i < w->n_shards; i++) {
+        const kiln_safetensors_tensor *st;
+        if (kiln_safetensors_find(w->shards[i], name, &st) != KILN_OK)
+            continue;
+        if (st->dtype != t)
+            return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\" has dtype %s (%s expected)", w->shard_paths[i], name,
+                             st->dtype_name, kiln_dtype_name(t));
+        size_t n = kiln_dtype_size(t);
+        for (int32_t d = 0; d < st->dims.rank; d++)
+            if (kiln_mul_overflow(n, (size_t)st->dims.d[d], &n))
+                return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\" is too large", w->shard_paths[i], name);
+        if (n != st->size)
+            return kiln_fail(KILN_ERROR_FORMAT, "%s: tensor \"%s\" holds %zu bytes, its shape needs %zu",
+                             w->shard_paths[i], name, st->size, n);
+        *dims = st->dims;
+        *data = st->data;
+        return KILN_OK;
+    }
+    return KILN_ERROR_NOT_FOUND;
+}
+
+/* A tensor [d0, d1] of name `base`.`suffix` in dtype t, or an error naming it. */
+static kiln_status hf_quant_part(hf_weights *w, const char *base, const char *suffix, kiln_dtype t, int64_t d0,
+                                 int64_t d1, const void **data)
+{
+    char name[200];
+    kiln_dims dims;
+    snprintf(name, sizeof name, "%s.%s", base, suffix);
+    kiln_status st = hf_find_raw(w, name, t, &dims, data);
+    if (st == KILN_ERROR_NOT_FOUND)
+        return kiln_fail(KILN_ERROR_FORMAT, "checkpoint has %s.qweight but no tensor \"%s\"", base, name);
+    KILN_TRY(st);
+    if (dims.rank != (d1 ? 2 : 1) || dims.d[0] != d0 || (d1 && dims.d[1] != d1))
+        return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" is not [%lld%s%lld] as its qweight implies", name,
+                         (long long)d0, d1 ? ", " : "", (long long)(d1 ? d1 : 0));
+    return KILN_OK;
+}
+
+/* AWQ and GPTQ linears: `name` is "….weight"; the layer's qweight,
+ * qzeros, scales (and GPTQ's g_idx) are read as the formats lay them out
+ * (llm/woq.h) into kiln's int4 layout. */
+static kiln_status hf_read_woq(void *user, const char *name, kiln_woq_weight *out)
+{
+    hf_weights *w = user;
+    size_t len = strlen(name);
+    char base[192], qname[200];
+    if (w->quant == HF_QUANT_NONE || len < 8 || len - 7 >= sizeof base || strcmp(name + len - 7, ".weight") != 0)
+        return KILN_ERROR_NOT_FOUND;
+    memcpy(base, name, len - 7);
+    base[len - 7] = '\0';
+    snprintf(qname, sizeof qname, "%s.qweight", base);
+    kiln_dims qd;
+    const void *qweight, *qzeros, *scales16, *g_idx = NULL;
+    kiln_status st = hf_find_raw(w, qname, KILN_DTYPE_I32, &qd, &qweight);
+    if (st != KILN_OK)
+        return st;
+    if (qd.rank != 2)
+        return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" has rank %d, expected 2", qname, qd.rank);
+    /* AWQ: [k, n / 8]; GPTQ: [k / 8, n] */
+    int64_t k = w->quant == HF_QUANT_AWQ ? qd.d[0] : qd.d[0] * 8, n = w->quant == HF_QUANT_AWQ ? qd.d[1] * 8 : qd.d[1];
+    int32_t group = w->group < 0 ? (int32_t)k : w->group;
+    if (k <= 0 || n <= 0 || k % group != 0 || k > (1 << 30) || n > (1 << 30))
+        return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\": %lld inputs are not a multiple of group_size %d", qname,
+                         (long long)k, group);
+    int64_t ng = k / group;
+    KILN_TRY(hf_quant_part(w, base, "qzeros", KILN_DTYPE_I32, ng, n / 8, &qzeros));
+    KILN_TRY(hf_quant_part(w, base, "scales", KILN_DTYPE_F16, ng, n, &scales16));
+    if (w->quant == HF_QUANT_GPTQ) {
+        kiln_dims gd;
+        snprintf(qname, sizeof qname, "%s.g_idx", base);
+        st = hf_find_raw(w, qname, KILN_DTYPE_I32, &gd, &g_idx);
+        if (st == KILN_OK && (gd.rank != 1 || gd.d[0] != k))
+            return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" is not [%lld]", qname, (long long)k);
+        if (st != KILN_OK && st != KILN_ERROR_NOT_FOUND)
+            return st;
+    }
+    float *scales = malloc((size_t)(ng * n) * sizeof(float));
+    if (!scales)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory reading \"%s.scales\"", base);
+    kiln_convert(scales, KILN_DTYPE_F32, scales16, KILN_DTYPE_F16, ng * n);
+    /* the files are little-endian int32, as this machine (kiln's engines
+     * assume it too) */
+    if (w->quant == HF_QUANT_AWQ)
+        st = kiln_woq_from_awq(qweight, qzeros, scales, n, k, group, base, out);
+    else
+        st = kiln_woq_from_gptq(qweight, qzeros, scales, g_idx, n, k, group, (int32_t)ng, w->zero_offset, base, out);
+    free(scales);
+    return st;
+}
+
+/* quantization_config of config.json: AWQ (GEMM layout) and GPTQ, 4 bits. */
+static kiln_status parse_quant_config(const char *text, size_t len, const char *what, hf_weights *w)
+{
+    jfile f;
+    KILN_TRY(load_json(text, len, what, &f));
+    json_t *q = json_object_get(f.root, "quantization_config");
+    kiln_status st = KILN_OK;
+    if (!q || json_is_null(q))
+        goto done;
+    const char *method = json_string_value(json_object_get(q, "quant_method"));
+    int64_t bits = 0, group = 0;
+    if (!method) {
+        st = kiln_fail(KILN_ERROR_FORMAT, "%s: quantization_config has no quant_method", what);
+        goto done;
+    }
+    if (strcmp(method, "awq") != 0 && strcmp(method, "gptq") != 0) {
+        st = kiln_fail(KILN_ERROR_UNSUPPORTED,
+                       "%s: quantization_config.quant_method \"%s\" is not supported (awq, gptq)", what, method);
+        goto done;
+    }
+    int awq = strcmp(method, "awq") == 0;
+    st = j_int(&f, q, awq && json_object_get(q, "w_bit") ? "w_bit" : "bits", 1, 32, &bits, NULL);
+    if (st == KILN_OK)
+        st = j_int(&f, q, awq && json_object_get(q, "q_group_size") ? "q_group_size" : "group_size", -1, 1 << 30,
+                   &group, NULL);
+    if (st != KILN_OK)
+        goto done;
+    if (bits != 4 || group == 0 || (group > 0 && group % 32 != 0)) {
+        st = kiln_fail(KILN_ERROR_UNSUPPORTED,
+                       "%s: %s with %lld bits in groups of %lld is not supported (4 bits, groups of a multiple of 32 "
+                       "or -1)",
+                       what, method, (long long)bits, (long long)group);
+        goto done;
+    }
+    if (awq) {
+        const char *version = json_string_value(json_object_get(q, "version"));
+        json_t *zp = json_object_get(q, "zero_point");
+        if ((version && strcasecmp(version, "gemm") != 0) || (zp && !json_is_true(zp))) {
+            st = kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: AWQ version \"%s\"%s is not supported (GEMM with zero points)",
+                           what, version ? version : "gemm", zp && !json_is_true(zp) ? " without zero points" : "");
+            goto done;
+        }
+    } else {
+        const char *fmt = json_string_value(json_object_get(q, "checkpoint_format"));
+        if (fmt && strcmp(fmt, "gptq") != 0 && strcmp(fmt, "gptq_v2") != 0) {
+            st = kiln_fail(KILN_ERROR_UNSUPPORTED, "%s: GPTQ checkpoint_format \"%s\" is not supported (gptq, gptq_v2)",
+                           what, fmt);
+            goto done;
+        }
+        w->zero_offset = fmt && strcmp(fmt, "gptq_v2") == 0 ? 0 : 1;
+    }
+    w->quant = awq ? HF_QUANT_AWQ : HF_QUANT_GPTQ;
+    w->group = (int32_t)group;
+done:
+    json_decref(f.root);
+    return st;
 }
 
 static kiln_status add_shard(hf_weights *w, const char *path)
@@ -561,12 +737,15 @@ kiln_status kiln_llm_import_hf(const char *dir, kiln_llm_checkpoint **out)
         goto fail;
     }
     ck->read_weight = hf_read_weight;
+    ck->read_woq = hf_read_woq;
     ck->weight_user = w;
     ck->free_user = hf_weights_free;
     w = NULL;
     st = kiln_llm_read_file(path, &text, &len);
     if (st == KILN_OK)
         st = kiln_llm_hf_parse_config(text, len, path, &ck->config);
+    if (st == KILN_OK)
+        st = parse_quant_config(text, len, path, ck->weight_user);
     free(text);
     free(path);
     path = NULL;

@@ -89,6 +89,7 @@ struct kiln_llm {
      * (a context pool of that size, given to the scoring context too), 0:
      * the process-wide pool. */
     int32_t n_threads, own_threads;
+    int32_t no_prefix_caching; /* kiln_llm_options' */
     kiln_candidate *cand; /* [vocab] host sampling scratch */
     size_t max_piece;     /* longest vocabulary string, bytes */
     atomic_int cancel;

@@ -130,10 +130,10 @@ static kiln_dims dims2(int64_t a, int64_t b)
     return d;
 }
 
-/* Reads weight `hf` (HF name), converted to the build dtype, into buf
+/* Reads weight `hf` (HF name), converted to dtype t, into buf
  * (`bytes` long), after checking its dims against the expected ones. */
-static kiln_status read_weight_into(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, void *buf,
-                                    size_t bytes)
+static kiln_status read_weight_into(builder *b, const char *hf, int32_t rank, int64_t d0, int64_t d1, kiln_dtype t,
+                                    void *buf, size_t bytes)
 {
     kiln_dims dims;
     memset(&dims, 0, sizeof dims);
@@ -151,7 +151,7 @@ static kiln_status read_weight_into(builder *b, const char *hf, int32_t rank, in
         return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" has shape [%s], the config says [%lld]", hf, got,
                          (long long)d0);
     }
-    KILN_TRY(b->ck->read_weight(b->ck->weight_user, hf, &dims, b->opt->dtype, buf, bytes));
+    KILN_TRY(b->ck->read_weight(b->ck->weight_user, hf, &dims, t, buf, bytes));
     b->done_weights++;
     progress(b, "converting weights");
     return KILN_OK;
@@ -173,11 +173,13 @@ static kiln_status add_weights(builder *b, const char *const *hf, const int64_t 
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", cname, bytes);
     kiln_status st = KILN_OK;
     for (int32_t i = 0, at = 0; i < n && st == KILN_OK; at += (int32_t)rows[i], i++)
-        st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, (char *)buf + (size_t)at * row, (size_t)rows[i] * row);
+        st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, b->opt->dtype, (char *)buf + (size_t)at * row,
+                              (size_t)rows[i] * row);
     kiln_dims dims = d1 ? dims2(total, d1) : dims1(total);
     if (st == KILN_OK)
-        st = kiln_network_add_constant(b->net, cname, b->opt->dtype, &dims, buf, out);
-    free(buf);
+        st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
+    if (st != KILN_OK)
+        free(buf);
     return st;
 }
 
@@ -217,12 +219,12 @@ static kiln_status plugin(builder *b, const char *name, const char *plugin_name,
     return plugin_n(b, name, plugin_name, fields, nf, in, n_in, out, 1);
 }
 
-/* Formats kiln/QuantMatMul reads (its CUDA kernels the first three only). */
+/* Formats kiln/QuantMatMul reads, and whether its CUDA kernels do. */
 static const struct {
     uint32_t type;
     int cuda;
 } quant_formats[] = {{KILN_GGML_Q8_0, 1}, {KILN_GGML_Q4_0, 1}, {KILN_GGML_Q4_1, 1}, {KILN_GGML_Q5_0, 0},
-                     {KILN_GGML_Q5_1, 0}, {KILN_GGML_Q4_K, 0}, {KILN_GGML_Q5_K, 0}, {KILN_GGML_Q6_K, 0},
+                     {KILN_GGML_Q5_1, 0}, {KILN_GGML_Q4_K, 1}, {KILN_GGML_Q5_K, 1}, {KILN_GGML_Q6_K, 1},
                      {KILN_GGML_F16, 0},  {KILN_GGML_BF16, 0}};
 
 /* Appends `name` to the comma-separated list `list` (cap bytes) unless there. */
@@ -334,6 +336,187 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
     return KILN_OK;
 }
 
+/* Weight `wname` ([n, k]) for kiln/WeightOnlyMatMul: as the checkpoint
+ * stores it (AWQ, GPTQ), else quantized here by round-to-nearest when
+ * `rtn` (the build asks for int8/int4 weights). *got = 0: neither. */
+static kiln_status woq_weight(builder *b, const char *wname, int64_t n, int64_t k, int rtn, kiln_woq_weight *w,
+                              int *got)
+{
+    *got = 0;
+    if (b->ck->read_woq) {
+        kiln_status st = b->ck->read_woq(b->ck->weight_user, wname, w);
+        if (st == KILN_OK) {
+            if (w->n != n || w->k != k) {
+                kiln_woq_free(w);
+                return kiln_fail(KILN_ERROR_SHAPE,
+                                 "tensor \"%s\" is quantized as [%lld, %lld], the config says [%lld, %lld]", wname,
+                                 (long long)w->n, (long long)w->k, (long long)n, (long long)k);
+            }
+            *got = 1;
+            return KILN_OK;
+        }
+        if (st != KILN_ERROR_NOT_FOUND)
+            return st;
+    }
+    /* k not a multiple of 32 (no Llama-family model has one) stays in dtype */
+    if (!rtn || b->opt->weights == KILN_LLM_WEIGHTS_DTYPE || b->opt->weights == KILN_LLM_WEIGHTS_FP8 || k % 32 != 0)
+        return KILN_OK;
+    float *f = malloc((size_t)n * (size_t)k * sizeof(float)); /* dims bounded by config validation */
+    if (!f)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\"", wname);
+    kiln_status st = read_weight_into(b, wname, 2, n, k, KILN_DTYPE_F32, f, (size_t)n * (size_t)k * sizeof(float));
+    int bits = b->opt->weights == KILN_LLM_WEIGHTS_INT8 ? 8 : 4;
+    /* the default group: a whole row for int8, 128 for int4; one that
+     * does not divide k (SmolLM2's 576 in groups of 128)
+     * shrinks to the largest multiple of 32 that does: LLMC's
+     * `quantized` lists each size used */
+    int32_t group = b->opt->weights_group > 0 ? b->opt->weights_group : bits == 8 ? (int32_t)k : 128;
+    while (k % group != 0)
+        group -= 32;
+    if (st == KILN_OK)
+        st = kiln_woq_quantize(f, n, k, bits, group, wname, w);
+    free(f);
+    if (st == KILN_OK)
+        *got = 1;
+    return st;
+}
+
+/* Adds bytes[0..n) concatenated as one constant `name` [rows, cols]. */
+static kiln_status add_concat(builder *b, const char *name, kiln_dtype t, int64_t rows, int64_t cols,
+                              const void *const *parts, const size_t *bytes, int32_t n, kiln_tensor *out)
+{
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++)
+        total += bytes[i];
+    unsigned char *cat = malloc(total ? total : 1);
+    if (!cat)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", name, total);
+    for (size_t i = 0, at = 0; i < (size_t)n; at += bytes[i], i++)
+        memcpy(cat + at, parts[i], bytes[i]);
+    kiln_dims d = dims2(rows, cols);
+    kiln_status st = kiln_network_add_constant(b->net, name, t, &d, cat, out);
+    free(cat);
+    return st;
+}
+
+/* y = x·Wᵀ through kiln/Fp8MatMul named `lname`, with W the weights
+ * `wname[0..n)` ([out_dim[i], in_dim] each) quantized to E4M3 per output
+ * channel and stacked by rows into the constants `cname` (codes) and
+ * `cname`.scale. *done = 0 when in_dim is not a multiple of 16. */
+static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_t *out_dim, int32_t n_parts,
+                              const char *cname, const char *lname, kiln_tensor x, int64_t in_dim, kiln_tensor *y,
+                              int *done)
+{
+    *done = 0;
+    if (in_dim % 16 != 0)
+        return KILN_OK;
+    int64_t rows = 0, maxr = 0;
+    for (int32_t i = 0; i < n_parts; i++) {
+        rows += out_dim[i];
+        maxr = out_dim[i] > maxr ? out_dim[i] : maxr;
+    }
+    /* dims bounded by config validation */
+    uint8_t *codes = malloc((size_t)(rows * in_dim));
+    float *scales = malloc((size_t)rows * sizeof(float)), *f = malloc((size_t)(maxr * in_dim) * sizeof(float));
+    kiln_status st =
+        codes && scales && f ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\"", cname);
+    for (int32_t i = 0, at = 0; i < n_parts && st == KILN_OK; at += (int32_t)out_dim[i], i++) {
+        st = read_weight_into(b, wname[i], 2, out_dim[i], in_dim, KILN_DTYPE_F32, f,
+                              (size_t)(out_dim[i] * in_dim) * sizeof(float));
+        if (st == KILN_OK)
+            st = kiln_fp8_quantize(f, out_dim[i], in_dim, wname[i], codes + (size_t)at * (size_t)in_dim, scales + at);
+    }
+    kiln_tensor in[3] = {x};
+    char name[200];
+    kiln_dims d = dims2(rows, in_dim);
+    if (st == KILN_OK)
+        st = kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &d, codes, &in[1]);
+    snprintf(name, sizeof name, "%s.scale", cname);
+    d = dims1(rows);
+    if (st == KILN_OK)
+        st = kiln_network_add_constant(b->net, name, KILN_DTYPE_F32, &d, scales, &in[2]);
+    int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
+    kiln_field fields[2] = {field_i32("n", &nn), field_i32("k", &k)};
+    if (st == KILN_OK)
+        st = plugin(b, lname, "Fp8MatMul", fields, 2, in, 3, y);
+    if (st == KILN_OK) {
+        list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, "fp8");
+        *done = 1;
+    }
+    free(codes);
+    free(scales);
+    free(f);
+    return st;
+}
+
+/* y = x·Wᵀ through kiln/WeightOnlyMatMul named `lname`, with W the
+ * weights `wname[0..n)` ([out_dim[i], in_dim] each) quantized (as stored
+ * or by round-to-nearest when `rtn`) and stacked by rows into the
+ * constants `cname` (q), `cname`.scales and `cname`.zeros. *done = 0
+ * (nothing added) when some part is not quantized or the parts differ in
+ * bits or group size. */
+static kiln_status woq_matmul(builder *b, const char *const *wname, const int64_t *out_dim, int32_t n_parts,
+                              const char *cname, const char *lname, kiln_tensor x, int64_t in_dim, int rtn,
+                              kiln_tensor *y, int *done)
+{
+    *done = 0;
+    kiln_woq_weight w[3];
+    memset(w, 0, sizeof w);
+    if (rtn && b->opt->weights == KILN_LLM_WEIGHTS_FP8) {
+        /* a checkpoint's own int4 weights stay as stored */
+        if (!b->ck->read_woq || b->ck->read_woq(b->ck->weight_user, wname[0], &w[0]) != KILN_OK)
+            return fp8_matmul(b, wname, out_dim, n_parts, cname, lname, x, in_dim, y, done);
+        kiln_woq_free(&w[0]);
+    }
+    kiln_status st = KILN_OK;
+    int32_t got = 0;
+    int64_t rows = 0;
+    for (; got < n_parts && got < 3; got++) {
+        int ok = 0;
+        st = woq_weight(b, wname[got], out_dim[got], in_dim, rtn, &w[got], &ok);
+        if (st != KILN_OK || !ok || w[got].bits != w[0].bits || w[got].group != w[0].group) {
+            got += ok;
+            goto out;
+        }
+        rows += out_dim[got];
+    }
+    const void *qp[3], *sp[3], *zp[3];
+    size_t qb[3], sb[3], zb[3];
+    for (int32_t i = 0; i < n_parts; i++) {
+        qp[i] = w[i].q, sp[i] = w[i].scales, zp[i] = w[i].zeros;
+        qb[i] = kiln_woq_q_bytes(&w[i]);
+        sb[i] = kiln_woq_groups(&w[i]) * sizeof(float);
+        zb[i] = kiln_woq_groups(&w[i]);
+    }
+    int32_t bits = w[0].bits, group = w[0].group, nn = (int32_t)rows, k = (int32_t)in_dim;
+    char name[200];
+    kiln_tensor in[4] = {x};
+    st = add_concat(b, cname, KILN_DTYPE_U8, rows, in_dim * bits / 8, qp, qb, n_parts, &in[1]);
+    snprintf(name, sizeof name, "%s.scales", cname);
+    if (st == KILN_OK)
+        st = add_concat(b, name, KILN_DTYPE_F32, rows, in_dim / group, sp, sb, n_parts, &in[2]);
+    snprintf(name, sizeof name, "%s.zeros", cname);
+    if (st == KILN_OK && bits == 4)
+        st = add_concat(b, name, KILN_DTYPE_U8, rows, in_dim / group, zp, zb, n_parts, &in[3]);
+    kiln_field fields[4] = {field_i32("bits", &bits), field_i32("group_size", &group), field_i32("n", &nn),
+                            field_i32("k", &k)};
+    if (st == KILN_OK)
+        st = plugin(b, lname, "WeightOnlyMatMul", fields, 4, in, bits == 4 ? 4 : 3, y);
+    if (st == KILN_OK) {
+        char fmt[32];
+        if (bits == 8 && group == k)
+            snprintf(fmt, sizeof fmt, "int8");
+        else
+            snprintf(fmt, sizeof fmt, "int%d-g%d", bits, group);
+        list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, fmt);
+        *done = 1;
+    }
+out:
+    for (int32_t i = 0; i < got && i < 3; i++)
+        kiln_woq_free(&w[i]);
+    return st;
+}
+
 /* y = x·Wᵀ (+ bias) for an HF Linear named `hf` ("model.layers.0.self_attn.q_proj"). */
 static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out_dim, int64_t in_dim, int bias,
                           kiln_tensor *y)
@@ -345,6 +528,8 @@ static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out
     snprintf(lname, sizeof lname, "%s.matmul", hf);
     const char *wn = wname;
     KILN_TRY(quant_matmul(b, &wn, &out_dim, 1, wname, lname, x, in_dim, y, &done));
+    if (!done)
+        KILN_TRY(woq_matmul(b, &wn, &out_dim, 1, wname, lname, x, in_dim, 1, y, &done));
     if (!done) {
         KILN_TRY(add_weight(b, wname, 2, out_dim, in_dim, &w));
         KILN_TRY(kiln_network_add_matmul(b->net, lname, x, 0, w, 1, y));
@@ -378,12 +563,20 @@ static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t
     snprintf(cname, sizeof cname, "%s.weight", fused);
     snprintf(lname, sizeof lname, "%s.matmul", fused);
     KILN_TRY(quant_matmul(b, wn, out_dim, n, cname, lname, x, in_dim, y, done));
+    if (!*done)
+        KILN_TRY(woq_matmul(b, wn, out_dim, n, cname, lname, x, in_dim, 1, y, done));
     if (!*done) {
         const void *data;
         size_t size;
-        for (int32_t i = 0; i < n; i++)
+        kiln_woq_weight qw;
+        for (int32_t i = 0; i < n; i++) {
             if (quant_format(b, wn[i], &data, &size) >= 0)
                 return KILN_OK;
+            if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, wn[i], &qw) == KILN_OK) {
+                kiln_woq_free(&qw);
+                return KILN_OK;
+            }
+        }
         kiln_tensor w;
         KILN_TRY(add_weights(b, wn, out_dim, n, in_dim, cname, &w));
         KILN_TRY(kiln_network_add_matmul(b->net, lname, x, 0, w, 1, y));
@@ -656,6 +849,9 @@ static kiln_status build(builder *b, int32_t max_blocks)
         done = 1;
     } else {
         KILN_TRY(quant_matmul(b, &lm_src, &vocab, 1, "lm_head.weight", "lm_head", h, c->hidden_size, &logits, &done));
+        if (!done)
+            KILN_TRY(woq_matmul(b, &lm_src, &vocab, 1, "lm_head.weight", "lm_head", h, c->hidden_size,
+                                b->opt->weights_lm_head, &logits, &done));
     }
     if (!done) {
         if (c->tied_embeddings)
@@ -705,6 +901,12 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     KILN_TRY(kiln_llm_config_validate(c));
     if (o.dtype != KILN_DTYPE_F32 && o.dtype != KILN_DTYPE_F16 && o.dtype != KILN_DTYPE_BF16)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: dtype must be f32, f16 or bf16");
+    if (o.weights < KILN_LLM_WEIGHTS_DTYPE || o.weights > KILN_LLM_WEIGHTS_FP8)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weights %d is not dtype, int8, int4 or fp8",
+                         o.weights);
+    if (o.weights_group < 0 || o.weights_group % 32 != 0)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "LLM build: weight group size %d is not a positive multiple of 32", o.weights_group);
     if (o.max_seq_len <= 0) {
         int64_t m = c->max_position_embeddings > 0 ? c->max_position_embeddings : 4096;
         o.max_seq_len = (int32_t)(m < 4096 ? m : 4096);
@@ -815,8 +1017,9 @@ static kiln_status check_section_tokenizer(const void *data, size_t len)
     return st == KILN_OK ? st : kiln_fail_context(st, "LLM build: section TOKN");
 }
 
-kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
-                                  const kiln_build_config *bcfg, kiln_buffer *engine)
+/* The engine into *engine, or streamed into the file `path` when given. */
+static kiln_status build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                const kiln_build_config *bcfg, kiln_buffer *engine, const char *path)
 {
     if (!ck->tokenizer)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: the checkpoint has no tokenizer");
@@ -856,8 +1059,20 @@ kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_
             bc.progress = forward_progress;
             bc.progress_user = (void *)opt;
         }
-        st = kiln_build(net, &bc, engine);
+        st = path ? kiln_build_to_file(net, &bc, path) : kiln_build(net, &bc, engine);
     }
     kiln_network_destroy(net);
     return st;
+}
+
+kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                  const kiln_build_config *bcfg, kiln_buffer *engine)
+{
+    return build_engine(ck, opt, reg, bcfg, engine, NULL);
+}
+
+kiln_status kiln_llm_build_engine_file(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                       const kiln_build_config *bcfg, const char *path)
+{
+    return build_engine(ck, opt, reg, bcfg, NULL, path);
 }

@@ -14,6 +14,7 @@
 
 #include "llm/llm_config.h"
 #include "llm/tokenizer.h"
+#include "llm/woq.h"
 
 /* Reads one weight by its Hugging Face name ("model.layers.3.self_attn.q_proj.weight",
  * "model.embed_tokens.weight", "model.norm.weight", "lm_head.weight").
@@ -40,6 +41,11 @@ typedef struct kiln_llm_checkpoint {
      * [out, in] layout. KILN_ERROR_NOT_FOUND when absent. NULL when the
      * format has no quantized weights. */
     kiln_status (*read_quantized)(void *user, const char *name, uint32_t *ggml_type, const void **data, size_t *size);
+    /* Optional (AWQ, GPTQ): weight `name` ("….q_proj.weight") as stored,
+     * unpacked into *out (allocated; the caller frees it with
+     * kiln_woq_free). KILN_ERROR_NOT_FOUND when it is not stored
+     * quantized. NULL when the format has no such weights. */
+    kiln_status (*read_woq)(void *user, const char *name, kiln_woq_weight *out);
     /* The checkpoint's own chat template (Jinja source) and the BOS / EOS
      * token texts it is rendered with; owned, NULL when absent. */
     char *chat_template;
@@ -95,6 +101,10 @@ kiln_status kiln_llm_network_add_section(kiln_network *net, uint32_t id, const v
  * is replaced by opt->progress). */
 kiln_status kiln_llm_build_engine(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
                                   const kiln_build_config *bcfg, kiln_buffer *engine);
+/* The same, written to the file `path` (kiln_build_to_file): the weights
+ * go from the network's constants to the file, held in memory once. */
+kiln_status kiln_llm_build_engine_file(kiln_llm_checkpoint *ck, const kiln_llm_build_options *opt, kiln_registry *reg,
+                                       const kiln_build_config *bcfg, const char *path);
 
 /* ---- importers (import_*.c) -------------------------------------------- */
 

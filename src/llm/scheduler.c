@@ -420,6 +420,14 @@ static void seq_end(kiln_llm_scheduler *sc, sched_seq *q, kiln_llm_finish why, c
     else
         sc->stats.finished++;
     kiln_llm_result *res = make_result(q, why, error);
+    /* Whoever waits for on_finish sees the request counted. */
+    pthread_mutex_lock(&sc->mu);
+    sc->shown.steps = sc->stats.steps;
+    sc->shown.generated_tokens = sc->stats.generated_tokens;
+    sc->shown.finished = sc->stats.finished;
+    sc->shown.cancelled = sc->stats.cancelled;
+    sc->shown.failed = sc->stats.failed;
+    pthread_mutex_unlock(&sc->mu);
     if (q->cb.on_finish)
         q->cb.on_finish(q->cb.user, res);
     else

@@ -542,8 +542,9 @@ kiln_status kiln_network_set_profile_shape(kiln_network *net, int32_t profile, c
 
 /* ---- constants ---------------------------------------------------------------------- */
 
-kiln_status kiln_network_add_constant(kiln_network *net, const char *name, kiln_dtype dtype, const kiln_dims *dims,
-                                      const void *data, kiln_tensor *out)
+/* A constant holding a copy of data, or, with `take`, data itself. */
+static kiln_status add_constant(kiln_network *net, const char *name, kiln_dtype dtype, const kiln_dims *dims,
+                                const void *data, int take, kiln_tensor *out)
 {
     if (!net || !dims || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_network_add_constant: NULL argument");
@@ -571,14 +572,15 @@ kiln_status kiln_network_add_constant(kiln_network *net, const char *name, kiln_
     for (int32_t i = 0; i < dims->rank; i++)
         if ((e[i] = kiln_expr_const(&g->exprs, dims->d[i])) < 0)
             return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "constant \"%s\": out of memory", name);
-    void *copy = malloc(bytes ? bytes : 1);
+    void *copy = take ? (void *)(uintptr_t)data : malloc(bytes ? bytes : 1);
     if (!copy)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "constant \"%s\": out of memory for %zu bytes", name, bytes);
-    if (bytes)
+    if (bytes && !take)
         memcpy(copy, data, bytes);
     int32_t t = kiln_graph_add_tensor(g, name, dtype, dims->rank, e);
     if (t < 0) {
-        free(copy);
+        if (!take)
+            free(copy);
         return kiln_fail_context(KILN_ERROR_OUT_OF_MEMORY, "constant \"%s\"", name);
     }
     kiln_tensor_rec *r = &g->tensors[t];
@@ -588,6 +590,20 @@ kiln_status kiln_network_add_constant(kiln_network *net, const char *name, kiln_
     r->data_owned = 1;
     out->id = t;
     return KILN_OK;
+}
+
+kiln_status kiln_network_add_constant(kiln_network *net, const char *name, kiln_dtype dtype, const kiln_dims *dims,
+                                      const void *data, kiln_tensor *out)
+{
+    return add_constant(net, name, dtype, dims, data, 0, out);
+}
+
+kiln_status kiln_network_add_constant_take(kiln_network *net, const char *name, kiln_dtype dtype, const kiln_dims *dims,
+                                           void *data, kiln_tensor *out)
+{
+    if (!data)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_network_add_constant_take: data is NULL");
+    return add_constant(net, name, dtype, dims, data, 1, out);
 }
 
 /* ---- matmul ----------------------------------------------------------------------- */

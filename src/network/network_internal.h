@@ -10,4 +10,11 @@ struct kiln_network {
     int32_t auto_names;      /* counter for generated layer names */
 };
 
+/* kiln_network_add_constant without the copy: on success the network owns
+ * `data` (malloc'd, at least the constant's bytes) and frees it; on
+ * failure the caller still does. Builds of large checkpoints hand their
+ * converted weights over instead of holding them twice. */
+kiln_status kiln_network_add_constant_take(kiln_network *net, const char *name, kiln_dtype dtype, const kiln_dims *dims,
+                                           void *data, kiln_tensor *out);
+
 #endif

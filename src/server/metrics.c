@@ -10,7 +10,7 @@
 
 /* Bucket bounds in seconds: from a fast GPU's inter-token gap to a long
  * CPU request. */
-static const double bounds[KILN_METRICS_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.25,
+static const double bounds[KILN_METRICS_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                     0.5,   1,      2.5,   5,    10,    30,   60,  300};
 
 void kiln_metrics_init(kiln_metrics *m)

@@ -161,8 +161,8 @@ static int parse_prompt(json_t *root, kiln_openai_request *r, kiln_openai_error 
     json_t *first = json_array_get(p, 0);
     if (json_is_string(first) || json_is_array(first)) {
         if (n > 1)
-            return kiln_openai_error_set(e, 400, "prompt",
-                                         "prompt is a list of %zu prompts; this server takes one prompt per request", n);
+            return kiln_openai_error_set(
+                e, 400, "prompt", "prompt is a list of %zu prompts; this server takes one prompt per request", n);
         if (json_is_string(first)) {
             r->prompt = json_string_value(first);
             r->prompt_len = json_string_length(first);
@@ -185,8 +185,9 @@ static int parse_content(json_t *msg, size_t i, int assistant, kiln_openai_error
     if (!c) {
         if (!assistant)
             return kiln_openai_error_set(e, 400, param, "%s is required", param);
-        return json_object_set_new(msg, "content", json_string("")) ? kiln_openai_error_set(e, 500, param, "out of memory")
-                                                                     : 0;
+        return json_object_set_new(msg, "content", json_string(""))
+                   ? kiln_openai_error_set(e, 500, param, "out of memory")
+                   : 0;
     }
     if (json_is_string(c))
         return 0;
@@ -369,17 +370,26 @@ static int parse_logprobs(json_t *root, kiln_openai_request *r, kiln_openai_erro
     return 0;
 }
 
-static int parse_sampling(json_t *root, kiln_openai_request *r, kiln_openai_error *e)
+static int parse_sampling(json_t *root, const kiln_llm_sampling *defaults, kiln_openai_request *r, kiln_openai_error *e)
 {
     kiln_llm_sampling *s = &r->sampling;
     kiln_llm_sampling_init(s);
-    if (get_float(root, "temperature", 0, 2, 0, &s->temperature, e) || get_float(root, "top_p", 0, 1, 1, &s->top_p, e) ||
-        get_float(root, "min_p", 0, 1, 0, &s->min_p, e) ||
+    if (defaults) {
+        s->temperature = defaults->temperature;
+        s->top_k = defaults->top_k;
+        s->top_p = defaults->top_p;
+        s->min_p = defaults->min_p;
+        s->repetition_penalty = defaults->repetition_penalty;
+        s->presence_penalty = defaults->presence_penalty;
+        s->frequency_penalty = defaults->frequency_penalty;
+    }
+    if (get_float(root, "temperature", 0, 2, 0, &s->temperature, e) ||
+        get_float(root, "top_p", 0, 1, 1, &s->top_p, e) || get_float(root, "min_p", 0, 1, 0, &s->min_p, e) ||
         get_float(root, "presence_penalty", -2, 2, 0, &s->presence_penalty, e) ||
         get_float(root, "frequency_penalty", -2, 2, 0, &s->frequency_penalty, e) ||
         get_float(root, "repetition_penalty", 0, 100, 1, &s->repetition_penalty, e))
         return e->status;
-    long long k = 0;
+    long long k = s->top_k;
     if (get_int(root, "top_k", -1, INT32_MAX, &k, e))
         return e->status;
     s->top_k = k > 0 ? (int32_t)k : 0; /* -1 and 0 both mean off, as in vLLM */
@@ -393,8 +403,8 @@ static int parse_sampling(json_t *root, kiln_openai_request *r, kiln_openai_erro
     return 0;
 }
 
-int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t len, kiln_openai_request *out,
-                      kiln_openai_error *err)
+int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t len, const kiln_llm_sampling *defaults,
+                      kiln_openai_request *out, kiln_openai_error *err)
 {
     kiln_openai_request r;
     memset(&r, 0, sizeof r);
@@ -414,9 +424,9 @@ int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t le
              (endpoint == KILN_OPENAI_COMPLETIONS ? parse_prompt(root, &r, err) : parse_messages(root, &r, err)) ||
              get_int(root, "max_tokens", 1, INT32_MAX, &max_tokens, err) ||
              get_int(root, "max_completion_tokens", 1, INT32_MAX, &max_completion, err) ||
-             parse_sampling(root, &r, err) || parse_stop(root, &r, err) || get_bool(root, "stream", &r.stream, err) ||
-             parse_logprobs(root, &r, err) || get_bool(root, "ignore_eos", &r.ignore_eos, err) ||
-             parse_unsupported(root, &r, err))
+             parse_sampling(root, defaults, &r, err) || parse_stop(root, &r, err) ||
+             get_bool(root, "stream", &r.stream, err) || parse_logprobs(root, &r, err) ||
+             get_bool(root, "ignore_eos", &r.ignore_eos, err) || parse_unsupported(root, &r, err))
         st = err->status;
     const char *user = NULL;
     if (!st && get_string(root, "user", &user, err))
@@ -426,7 +436,8 @@ int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t le
         if (!json_is_object(so))
             st = bad(err, "stream_options", "an object", so);
         else if (!r.stream)
-            st = kiln_openai_error_set(err, 400, "stream_options", "stream_options is only allowed when stream is true");
+            st =
+                kiln_openai_error_set(err, 400, "stream_options", "stream_options is only allowed when stream is true");
         else if (!json_is_boolean(json_object_get(so, "include_usage")) && member(so, "include_usage"))
             st = bad(err, "stream_options.include_usage", "a boolean", json_object_get(so, "include_usage"));
         else
@@ -457,9 +468,11 @@ void kiln_openai_request_free(kiln_openai_request *r)
 
 char *kiln_openai_error_json(const kiln_openai_error *e)
 {
-    json_t *o = json_pack("{s:{s:s, s:s, s:o, s:o}}", "error", "message", e->message, "type", e->type, "param",
-                          e->param[0] ? json_string(e->param) : json_null(), "code",
-                          e->code ? json_string(e->code) : json_null());
+    /* the message may quote the bad bytes of a body (jansson's errors do) */
+    json_t *o =
+        json_pack("{s:{s:o, s:s, s:o, s:o}}", "error", "message", kiln_openai_text(e->message, strlen(e->message)),
+                  "type", e->type, "param", e->param[0] ? kiln_openai_text(e->param, strlen(e->param)) : json_null(),
+                  "code", e->code ? json_string(e->code) : json_null());
     char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return s;
@@ -557,10 +570,10 @@ json_t *kiln_openai_logprobs_json(kiln_openai_endpoint endpoint, const kiln_open
                                                      kiln_openai_text(t[i].top_text[j], t[i].top_len[j]), "logprob",
                                                      logprob_json(t[i].top_logprob[j]), "bytes",
                                                      bytes_json(t[i].top_text[j], t[i].top_len[j])));
-            json_array_append_new(content, json_pack("{s:o, s:o, s:o, s:o}", "token",
-                                                     kiln_openai_text(t[i].text, t[i].len), "logprob",
-                                                     logprob_json(t[i].logprob), "bytes",
-                                                     bytes_json(t[i].text, t[i].len), "top_logprobs", top));
+            json_array_append_new(content,
+                                  json_pack("{s:o, s:o, s:o, s:o}", "token", kiln_openai_text(t[i].text, t[i].len),
+                                            "logprob", logprob_json(t[i].logprob), "bytes",
+                                            bytes_json(t[i].text, t[i].len), "top_logprobs", top));
         }
         return json_pack("{s:o}", "content", content);
     }

@@ -61,12 +61,14 @@ typedef struct kiln_openai_request {
 #define KILN_OPENAI_MAX_STOP 16
 #define KILN_OPENAI_MAX_STOP_LEN 1024
 
-/* Parses and validates a body. On failure fills *err (status 400 and the
- * field at fault, e.g. "temperature must be a number in [0, 2], got a
- * string") and leaves *out zeroed; on success the caller frees *out with
- * kiln_openai_request_free. */
-int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t len, kiln_openai_request *out,
-                      kiln_openai_error *err);
+/* Parses and validates a body. Sampling fields the body leaves out take
+ * their value from `defaults` (its seed is not used), or, when it is NULL,
+ * kiln_llm_sampling_init's neutral ones (OpenAI's: temperature 1, top_p
+ * 1). On failure fills *err (status 400 and the field at fault, e.g.
+ * "temperature must be a number in [0, 2], got a string") and leaves *out
+ * zeroed; on success the caller frees *out with kiln_openai_request_free. */
+int kiln_openai_parse(kiln_openai_endpoint endpoint, const char *body, size_t len, const kiln_llm_sampling *defaults,
+                      kiln_openai_request *out, kiln_openai_error *err);
 
 /* NULL or zeroed is a no-op. */
 void kiln_openai_request_free(kiln_openai_request *r);

@@ -39,7 +39,7 @@ struct kiln_server {
     char *model, *api_key;
     int port;
     long long started;
-    atomic_int draining;
+    atomic_int draining, listening;
     atomic_uint_fast64_t counter; /* request ids and default seeds */
     uint64_t salt;
     /* generations not finished, and those still tied to a connection */
@@ -180,8 +180,8 @@ static json_t *token_logprobs(gen *g, const kiln_llm_token *t)
     kiln_llm_detokenize(llm, &t->id, 1, &text, &len);
     for (int32_t j = 0; j < n_top; j++)
         kiln_llm_detokenize(llm, &t->top_ids[j], 1, &top_text[j], &top_len[j]);
-    kiln_openai_token_logprobs lp = {text ? text : "", len, t->logprob, n_top, (const char *const *)top_text,
-                                     top_len, t->top_logprobs};
+    kiln_openai_token_logprobs lp = {text ? text : "", len, t->logprob, n_top, (const char *const *)top_text, top_len,
+                                     t->top_logprobs};
     for (int32_t j = 0; j < n_top; j++)
         if (!top_text[j])
             top_text[j] = (char *)"";
@@ -268,6 +268,9 @@ static void on_finish(void *user, kiln_llm_result *r)
     pthread_mutex_lock(&g->lock);
     kiln_metrics_observe(&srv->metrics, KILN_HIST_E2E, now_s() - g->t_submit);
     const char *reason = r ? kiln_openai_finish_reason(r->finish) : NULL;
+    /* a cancel is the client's hang-up unless the server is draining */
+    if (r && r->finish == KILN_LLM_FINISH_CANCELLED && !atomic_load(&srv->draining))
+        kiln_metrics_count_disconnect(&srv->metrics);
     if (!r) {
         gen_error_body(g, 500, "%s", "the server ran out of memory for the answer");
     } else if (!reason) {
@@ -283,8 +286,8 @@ static void on_finish(void *user, kiln_llm_result *r)
             gen_event(g, kiln_openai_usage_chunk_json(g->endpoint, g->rid, g->created, srv->model, r->n_prompt_ids,
                                                       r->n_ids));
     } else {
-        json_t *o = kiln_openai_response_json(g->endpoint, g->rid, g->created, srv->model, r->text, r->text_len,
-                                              reason, g->lp_tokens, r->n_prompt_ids, r->n_ids);
+        json_t *o = kiln_openai_response_json(g->endpoint, g->rid, g->created, srv->model, r->text, r->text_len, reason,
+                                              g->lp_tokens, r->n_prompt_ids, r->n_ids);
         g->lp_tokens = NULL;
         char *s = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);
@@ -354,7 +357,6 @@ static void *watch_main(void *arg)
             if (ev[i].data.u64 == 0)
                 return NULL;
             sched_cancel(srv, ev[i].data.u64);
-            kiln_metrics_count_disconnect(&srv->metrics);
         }
     }
 }
@@ -373,8 +375,8 @@ static void watch_add(gen *g)
 
 /* ---- responses ------------------------------------------------------------------------------------------------ */
 
-static enum MHD_Result send_response(kiln_server *srv, struct MHD_Connection *mc, int status,
-                                     struct MHD_Response *resp, const char *type)
+static enum MHD_Result send_response(kiln_server *srv, struct MHD_Connection *mc, int status, struct MHD_Response *resp,
+                                     const char *type)
 {
     if (!resp)
         return MHD_NO;
@@ -390,8 +392,7 @@ static enum MHD_Result send_response(kiln_server *srv, struct MHD_Connection *mc
 static enum MHD_Result send_text(kiln_server *srv, struct MHD_Connection *mc, int status, const char *text,
                                  const char *type)
 {
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
     return send_response(srv, mc, status, resp, type);
 }
 
@@ -467,8 +468,8 @@ static int prepare(kiln_server *srv, kiln_openai_request *r, int32_t **ids, size
     if (r->endpoint == KILN_OPENAI_COMPLETIONS && !r->prompt) {
         for (size_t i = 0; i < r->n_prompt_ids; i++)
             if (r->prompt_ids[i] >= info->vocab_size)
-                return kiln_openai_error_set(e, 400, param, "prompt token %zu is %d, outside the vocabulary (0..%d)",
-                                             i, (int)r->prompt_ids[i], (int)info->vocab_size - 1);
+                return kiln_openai_error_set(e, 400, param, "prompt token %zu is %d, outside the vocabulary (0..%d)", i,
+                                             (int)r->prompt_ids[i], (int)info->vocab_size - 1);
         *ids = malloc(sizeof **ids * (r->n_prompt_ids ? r->n_prompt_ids : 1));
         if (!*ids)
             return kiln_openai_error_set(e, 500, param, "out of memory for the prompt");
@@ -513,7 +514,7 @@ static enum MHD_Result start_generation(kiln_server *srv, struct MHD_Connection 
     if (atomic_load(&srv->draining))
         return fail(srv, mc, 503, NULL, NULL, "%s", "the server is shutting down");
     kiln_openai_request r;
-    if (kiln_openai_parse(endpoint, c->body ? c->body : "", c->len, &r, &e))
+    if (kiln_openai_parse(endpoint, c->body ? c->body : "", c->len, &srv->o.sampling, &r, &e))
         return send_error(srv, mc, &e);
     if (r.model && strcmp(r.model, srv->model) != 0) {
         kiln_openai_error_set(&e, 404, "model", "the model `%s` does not exist; this server serves `%s`", r.model,
@@ -608,8 +609,8 @@ static enum MHD_Result start_generation(kiln_server *srv, struct MHD_Connection 
     watch_add(g);
     enum MHD_Result ret = MHD_YES;
     if (g->stream) {
-        struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, g,
-                                                                      stream_free);
+        struct MHD_Response *resp =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, stream_read, g, stream_free);
         if (resp) {
             g->refs++;
             MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
@@ -648,7 +649,8 @@ static enum MHD_Result finish_generation(kiln_server *srv, struct MHD_Connection
     g->out = NULL;
     g->out_len = g->out_cap = 0;
     pthread_mutex_unlock(&g->lock);
-    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body ? body : (void *)"", body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    struct MHD_Response *resp = MHD_create_response_from_buffer(len, body ? body : (void *)"",
+                                                                body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
     if (!resp)
         free(body);
     return send_response(srv, mc, status, resp, "application/json");
@@ -678,8 +680,7 @@ static int authorized(kiln_server *srv, struct MHD_Connection *mc)
     return diff == 0;
 }
 
-static enum MHD_Result route(kiln_server *srv, struct MHD_Connection *mc, const char *url, const char *method,
-                             conn *c)
+static enum MHD_Result route(kiln_server *srv, struct MHD_Connection *mc, const char *url, const char *method, conn *c)
 {
     int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/health")) {
@@ -770,8 +771,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *mc, const ch
     if (c->too_big) {
         char limit[32];
         snprintf(limit, sizeof limit, "%zu", srv->o.max_body);
-        return fail(srv, mc, 413, NULL, NULL, "the request body is larger than this server's limit of %s bytes",
-                    limit);
+        return fail(srv, mc, 413, NULL, NULL, "the request body is larger than this server's limit of %s bytes", limit);
     }
     return route(srv, mc, url, method, c);
 }
@@ -797,10 +797,8 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
         int cancel = !g->done;
         uint64_t id = g->id;
         pthread_mutex_unlock(&g->lock);
-        if (cancel) {
+        if (cancel)
             sched_cancel(srv, id);
-            kiln_metrics_count_disconnect(&srv->metrics);
-        }
         pthread_mutex_lock(&srv->lock);
         srv->n_attached--;
         pthread_mutex_unlock(&srv->lock);
@@ -812,7 +810,10 @@ static void on_completed(void *cls, struct MHD_Connection *mc, void **con_cls, e
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
 {
-    (void)cls;
+    kiln_server *srv = cls;
+    /* before it listens, kiln_server_start's error says it in one line */
+    if (!atomic_load(&srv->listening))
+        return;
     fputs("kiln: serve: ", stderr);
     vfprintf(stderr, fmt, ap);
 }
@@ -826,10 +827,11 @@ void kiln_server_options_init(kiln_server_options *o)
     o->port = 8000;
     o->max_queue = 1024;
     o->max_connections = 1024;
-    o->timeout_s = 600;
+    o->timeout_s = 60;
     o->max_body = 16u << 20;
     o->max_header = 64u << 10;
     o->prefix_caching = 1;
+    kiln_llm_sampling_init(&o->sampling);
 }
 
 static void server_free(kiln_server *s)
@@ -881,6 +883,13 @@ int kiln_server_start(kiln_llm *llm, const kiln_server_options *o, kiln_server *
         server_free(s);
         return -1;
     }
+    json_t *name = json_string(s->model); /* NULL unless UTF-8: every answer carries it */
+    json_decref(name);
+    if (!name || !s->model[0]) {
+        snprintf(err, err_len, "the model name must be non-empty UTF-8");
+        server_free(s);
+        return -1;
+    }
 
     kiln_llm_scheduler_options so;
     kiln_llm_scheduler_options_init(&so);
@@ -918,7 +927,7 @@ int kiln_server_start(kiln_llm *llm, const kiln_server_options *o, kiln_server *
     unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                                  MHD_OPTION_CONNECTION_LIMIT, limit, MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, o->max_header, MHD_OPTION_LISTEN_BACKLOG_SIZE,
@@ -933,6 +942,7 @@ int kiln_server_start(kiln_llm *llm, const kiln_server_options *o, kiln_server *
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? (int)di->port : o->port;
+    atomic_store(&s->listening, 1);
     *out = s;
     return 0;
 }

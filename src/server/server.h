@@ -28,10 +28,14 @@ typedef struct kiln_server_options {
     size_t max_body;        /* request body bytes */
     size_t max_header;      /* bytes of the request line and headers */
     int prefix_caching;     /* share KV blocks of identical prompt prefixes */
+    /* What a request's absent sampling fields mean (the seed is not used:
+     * a request without one gets a fresh seed). Default: neutral
+     * (kiln_llm_sampling_init). */
+    kiln_llm_sampling sampling;
 } kiln_server_options;
 
-/* Defaults: 127.0.0.1:8000, no key, queue 1024, 1024 connections, 600 s,
- * 16 MiB bodies, 64 KiB headers, prefix caching on. */
+/* Defaults: 127.0.0.1:8000, no key, queue 1024, 1024 connections, 60 s,
+ * 16 MiB bodies, 64 KiB headers, prefix caching on, neutral sampling. */
 void kiln_server_options_init(kiln_server_options *o);
 
 /* Starts the scheduler on `llm` (the server's until kiln_server_stop) and

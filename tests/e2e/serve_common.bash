@@ -7,7 +7,9 @@ if ! "$KILN" --help | grep -q '^  serve '; then
   exit 77
 fi
 
-SERVE_ENGINE=$TMP/tiny.engine
+# KILN_SERVE_ENGINE: another engine to serve instead (the load test's soak
+# on a real model); it is served under the same name, "tiny".
+SERVE_ENGINE=${KILN_SERVE_ENGINE:-$TMP/tiny.engine}
 SERVE_PID=
 trap '[ -n "$SERVE_PID" ] && kill -KILL "$SERVE_PID" 2>/dev/null; rm -rf "$TMP"' EXIT
 
@@ -51,4 +53,26 @@ serve_stop() {
 # series NAME names with its labels (kiln_requests_total{model="tiny",outcome="cancelled"}).
 metric() {
   curl -s "$SERVE_URL/metrics" | awk -v n="$1" 'index($1, n) == 1 && (length($1) == length(n) || substr($1, length(n) + 1, 1) == "{") {print $2; exit}'
+}
+
+# need_openai: OpenAI's Python client, pinned, in the project's .venv
+# (installed once; under a lock, as the serve tests may run in parallel).
+# Sets venv; skips the test when it cannot be had.
+need_openai() {
+  venv=$KILN_SOURCE_DIR/.venv
+  local pin=openai==3.51.0
+  local have="import importlib.metadata as m, sys; sys.exit(m.version('openai') != '${pin#*==}')"
+  "$venv/bin/python" -c "$have" 2>/dev/null && return 0
+  (
+    flock 9
+    "$venv/bin/python" -c "$have" 2>/dev/null && exit 0
+    if [[ ! -x $venv/bin/python ]] && ! python3 -m venv "$venv"; then
+      echo "SKIP: cannot create a Python venv at $venv"
+      exit 77
+    fi
+    if ! "$venv/bin/pip" install --quiet "$pin"; then
+      echo "SKIP: pip could not install $pin (no access to the package registry?)"
+      exit 77
+    fi
+  ) 9>"$KILN_SOURCE_DIR/.venv.lock" || exit $?
 }

@@ -7,18 +7,7 @@ set -u
 source "$(dirname "$0")/common.bash"
 source "$(dirname "$0")/serve_common.bash"
 
-venv=$KILN_SOURCE_DIR/.venv
-pin=openai==3.51.0
-if ! "$venv/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('openai') != '${pin#*==}')" 2>/dev/null; then
-  if [[ ! -x $venv/bin/python ]] && ! python3 -m venv "$venv"; then
-    echo "SKIP: cannot create a Python venv at $venv"
-    exit 77
-  fi
-  if ! "$venv/bin/pip" install --quiet "$pin"; then
-    echo "SKIP: pip could not install $pin (no access to the package registry?)"
-    exit 77
-  fi
-fi
+need_openai
 
 serve_start --api-key test-key
 expect_ok "kiln run reference" "$KILN" run "$SERVE_ENGINE" -p "Once upon a time" -n 10 --temperature 0 --ignore-eos --json

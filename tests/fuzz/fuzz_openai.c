@@ -8,10 +8,16 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
+    kiln_llm_sampling defaults; /* kiln serve's: llama.cpp's */
+    kiln_llm_sampling_init(&defaults);
+    defaults.temperature = 0.8f;
+    defaults.top_k = 40;
+    defaults.top_p = 0.95f;
+    defaults.min_p = 0.05f;
     for (int ep = KILN_OPENAI_COMPLETIONS; ep <= KILN_OPENAI_CHAT; ep++) {
         kiln_openai_request r;
         kiln_openai_error e;
-        int st = kiln_openai_parse((kiln_openai_endpoint)ep, (const char *)data, size, &r, &e);
+        int st = kiln_openai_parse((kiln_openai_endpoint)ep, (const char *)data, size, &defaults, &r, &e);
         if (st != 0) {
             if ((st != 400 && st != 500) || !e.message[0] || r.root)
                 abort(); /* a refusal is a 400 with a message, and leaves nothing behind */

@@ -10,6 +10,7 @@
 #      lead; skipped and said so when unset): a bf16 CUDA engine's
 #      perplexity on tests/data/text within 1% of the f32 CPU engine's,
 #      argmax agreement >= 97%;
+#      and each quantized weight format beside it (tests/gpu/quant_quality.sh);
 #  (c) benchmarks on random-weight checkpoints of the Llama-3.1-8B and
 #      Llama-3.2-1B shapes (tools/make_random_checkpoint.py): build time and
 #      peak host RSS, engine open, decode and prefill (`kiln bench`), each
@@ -27,6 +28,7 @@
 # result"), DIR/llm-bench.txt (the benchmark table) and DIR/llm.log (every
 # command's output). Exit status 1 when a check fails or a benchmark misses
 # its target. Knobs (environment):
+#   KILN_LLM_HF            1 (default): part (a); 0 skips it
 #   KILN_LLM_RUN_PROMPTS   prompts per engine checked through `kiln run` (default 4 of 8)
 #   KILN_LLM_BENCH_MODELS  "8b 1b" (default), a subset, or "" to skip (c)
 #   KILN_LLM_BENCH_8K      1 (default): the 8,192-token-context decode at 8B
@@ -90,7 +92,9 @@ fi
 
 # ---- (a) tiny checkpoints against transformers ------------------------------------------
 refs=$work/refs
-if [ $have_torch -eq 0 ]; then
+if [ "${KILN_LLM_HF:-1}" = 0 ]; then
+    row "llm: HF references" "SKIPPED: KILN_LLM_HF=0"
+elif [ $have_torch -eq 0 ]; then
     row "llm: HF references" "SKIPPED: no torch/transformers/numpy with CUDA here"
 else
     say "HF references"
@@ -143,6 +147,10 @@ PY
     else
         row "llm default model: perplexity" "FAIL (build or kiln perplexity failed, see llm.log)"
     fi
+    # the quantized weight formats beside bf16 (issue 10's quality table)
+    say "quantized formats"
+    while IFS=$'\t' read -r name res; do row "$name" "$res"; done < <(bash tests/gpu/quant_quality.sh "$kiln" "$gguf" \
+        "$backend" "$work" "$text" 2>>"$log")
 fi
 echo "llm: (b) done ($(elapsed))" >>"$log"
 
@@ -239,6 +247,38 @@ for m in ${KILN_LLM_BENCH_MODELS-8b 1b}; do
         else
             bench_line "$label prefill $n" "-" ">= $prefill_target tok/s" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
         fi
+    done
+
+    # weight-only int8 / int4 and fp8 W8A8 (issue 10): batch-1 decode
+    # against the floor of their own (smaller) weights; targets int4 >= 0.80,
+    # fp8 >= 0.90; fp8 prefill of 2048 tokens >= 60,000 tok/s
+    for w in int8 int4 fp8; do
+        ew=$work/$m-$w.engine
+        j=$work/bench-$m-$w.json
+        flags="--dtype bf16 --weights $w"
+        [ "$w" = fp8 ] && flags="--dtype fp8"
+        if "$kiln" build "$ck" --backend "$backend" $flags $extra -o "$ew" >>"$log" 2>&1 &&
+           bench_json "$j" "$ew" --prompt-len 128 --gen-len 256 --reps 3; then
+            frac=$(jget "$j" '["floor_fraction"]')
+            bench_line "$label $w decode 128+256, batch 1" \
+                "$(jget "$j" '["decode_tok_s"]' | xargs printf '%.1f') tok/s = $(printf '%.3f' "$frac") floor" \
+                "$(case $w in int4) echo ">= 0.80 of floor" ;; fp8) echo ">= 0.90 of floor" ;; *) echo "(reported)" ;; esac)" \
+                "floor $(jget "$j" '["decode_floor_tok_s"]' | xargs printf '%.0f') tok/s ($(jget "$j" '["weight_bytes_per_token"]' | xargs printf '%.0f' | awk '{printf "%.2f", $1 / 1e9}') GB/token)" \
+                "$(case $w in int4) verdict "$frac >= 0.80" ;; fp8) verdict "$frac >= 0.90" ;; *) echo "(reported)" ;; esac)"
+        else
+            bench_line "$label $w decode 128+256" "-" "-" "" "FAIL (build or bench, see llm.log)"
+        fi
+        if [ "$w" = fp8 ] && [ "$m" = 8b ] && [ -f "$ew" ]; then
+            j=$work/bench-$m-fp8-prefill.json
+            if bench_json "$j" "$ew" --prompt-len 2048 --gen-len 2 --reps 3; then
+                p=$(jget "$j" '["prefill_tok_s"]')
+                bench_line "$label fp8 prefill 2048" "$(printf '%.0f' "$p") tok/s" ">= 60000 tok/s" \
+                    "ttft $(jget "$j" '["ttft_ms"]' | xargs printf '%.2f') ms" "$(verdict "$p >= 60000")"
+            else
+                bench_line "$label fp8 prefill 2048" "-" ">= 60000 tok/s" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
+            fi
+        fi
+        rm -f "$ew"
     done
 
     if [ "$m" = 8b ] && [ "${KILN_LLM_BENCH_8K:-1}" = 1 ]; then

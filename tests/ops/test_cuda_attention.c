@@ -2,8 +2,9 @@
  * the same random q, k, v and the same randomly filled paged cache, with a
  * shuffled block table whose unused entries are out of range (a kernel
  * that reads past a sequence's length gets NaN and fails):
- *   - decode, batch 1..64, lengths mixed from 1 to past 8192 (the split
- *     path and its combine, one split, CTAs past a length);
+ *   - decode, batch 1..64, lengths mixed from 1 to past 8192 (splits merged
+ *     in a thread-block cluster, and with KILN_ATTENTION_CLUSTER=0 by the
+ *     combine kernel; one split; splits past a length);
  *   - prefill of several sequences packed without padding (tensor-core
  *     kernel for f16/bf16), chunked prefill onto a filled cache, decodes
  *     and a prompt in one step;
@@ -327,6 +328,11 @@ static void test_decode_long(void)
     run_all(&(step){"decode batch 1, 8300 tokens", 32, 8, 128, 16, 0, 0, 0, 1, ones, len1});
     run_all(&(step){"decode batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
     run_step(&(step){"decode batch 1 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len1}, KILN_DTYPE_BF16);
+    /* the splits merged by kat_combine instead of inside a cluster */
+    setenv("KILN_ATTENTION_CLUSTER", "0", 1);
+    run_all(&(step){"decode batch 3, lengths 1/9001/77, no cluster", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    run_step(&(step){"decode batch 1 (graph), no cluster", 32, 8, 128, 16, 0, 0, 1, 1, ones, len1}, KILN_DTYPE_BF16);
+    unsetenv("KILN_ATTENTION_CLUSTER");
 }
 
 static void test_decode_batch(void)

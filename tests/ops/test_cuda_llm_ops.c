@@ -5,7 +5,13 @@
  * RMSNorm and AddRMSNorm, RoPE (no/linear/llama3 scaling, half-split and
  * interleaved pairs, partial rotary, the packed qkv row, in place), SwiGLU
  * (apart and packed), QuantMatMul (Q8_0, Q4_0, Q4_1; T = 1 … 512; k a
- * multiple of 256, where the GEMV loads 16 bytes at a time, and not).
+ * multiple of 256, where the GEMV loads 16 bytes at a time, and not; the K
+ * formats Q4_K, Q5_K, Q6_K, T = 1 … 200),
+ * WeightOnlyMatMul (int8 and int4, per channel and in groups; T = 1 … 64,
+ * the GEMV up to 8 rows and the tiled kernel past it), Fp8MatMul (the
+ * per-token quantization, the GEMV up to 8 rows, cuBLASLt's FP8 GEMM past
+ * it and the GEMV over row groups where n is not a multiple of 4; f32
+ * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32).
  * f32, f16 and bf16; odd sizes; T = 1 and T = 512.
  *
  * test_graph_capture runs each plugin again inside a CUDA graph capture
@@ -35,7 +41,8 @@
 static kiln_cuda_device *dev;
 static cudaStream_t stream;
 static kiln_registry *reg;
-static int use_graph; /* run_both enqueues inside a stream capture, then replays it */
+static int use_graph;    /* run_both enqueues inside a stream capture, then replays it */
+static double tol_floor; /* > 0: the least tolerance run_both uses */
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -160,9 +167,10 @@ static void compare(const char *what, const buf *o, double tol)
 }
 
 /* Runs the plugin on the CPU (host buffers, `ws` as workspace) and as a
- * plugin layer on the CUDA backend (device buffers), then compares every
- * output. */
-static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, buf *out, int32_t n_out, void *ws)
+ * plugin layer on the CUDA backend (device buffers, ws_dev as workspace),
+ * then compares every output. */
+static void run_both_ws(const char *what, kiln_plugin *p, buf *in, int32_t n_in, buf *out, int32_t n_out, void *ws,
+                        void *ws_dev)
 {
     kiln_tensor_desc d[8];
     const void *hin[6];
@@ -185,7 +193,13 @@ static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, bu
     layer.n_inputs = n_in;
     layer.n_outputs = n_out;
     layer.tactic = -1;
-    kiln_cuda_args ga = {.layer = &layer, .inputs = din, .outputs = dout, .plugin = p, .device = dev, .stream = stream};
+    kiln_cuda_args ga = {.layer = &layer,
+                         .inputs = din,
+                         .outputs = dout,
+                         .plugin = p,
+                         .device = dev,
+                         .stream = stream,
+                         .workspace = ws_dev};
     test_checks_ += 3;
     if (!p->ops->supports(p, KILN_BACKEND_CUDA, d, n_in, n_out) ||
         !(p->ops->backends & KILN_BACKEND_BIT(KILN_BACKEND_CUDA)) || !(p->ops->flags & KILN_PLUGIN_FLAG_CAPTURE_SAFE)) {
@@ -228,7 +242,13 @@ static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, bu
         return;
     }
     for (int32_t i = 0; i < n_out; i++)
-        compare(what, &out[i], tol_for(out[i].desc.dtype));
+        compare(what, &out[i], tol_for(out[i].desc.dtype) > tol_floor ? tol_for(out[i].desc.dtype) : tol_floor);
+}
+
+/* run_both_ws for plugins that need no device workspace. */
+static void run_both(const char *what, kiln_plugin *p, buf *in, int32_t n_in, buf *out, int32_t n_out, void *ws)
+{
+    run_both_ws(what, p, in, n_in, out, n_out, ws, NULL);
 }
 
 static kiln_field fi32(const char *name, const int32_t *v)
@@ -348,6 +368,12 @@ static void test_rope(void)
                 }
     check_rope("llama3", 0, 64, 2, KILN_DTYPE_BF16, 7, 1);
     check_rope("none", 1, 48, 0, KILN_DTYPE_F32, 5, 1);
+    /* more rotated heads than one block's group (256 threads / 32 pairs =
+     * 8 heads): two groups, and the copy slice for the v heads / the dims
+     * past rotary_dim */
+    check_rope("llama3", 0, 64, 4, KILN_DTYPE_BF16, 33, 0);
+    check_rope("linear", 1, 48, 4, KILN_DTYPE_F16, 1, 0);
+    check_rope("none", 0, 64, 4, KILN_DTYPE_F32, 9, 1);
 }
 
 /* ---- SwiGLU --------------------------------------------------------------------------------- */
@@ -416,6 +442,68 @@ static buf random_blocks(const qfmt *f, int32_t n, int32_t k)
     return b;
 }
 
+/* n rows of k / 256 K-format super-blocks: random bytes (quants, packed
+ * sub-scales, Q6_K's int8 sub-scales) with f16 super-block scales of
+ * trained magnitudes (Q4_K/Q5_K: d, dmin at bytes 0-3; Q6_K: d last). */
+static buf random_kblocks(const qfmt *f, int32_t n, int32_t k)
+{
+    const kiln_host_api *h = kiln_host();
+    int64_t row = (int64_t)(k / 256) * (int64_t)f->block_bytes;
+    buf b = buf_new(KILN_DTYPE_U8, n, row);
+    uint8_t *p = b.host;
+    for (int64_t i = 0; i < (int64_t)n * (k / 256); i++) {
+        uint8_t *blk = p + i * (int64_t)f->block_bytes;
+        for (size_t j = 0; j < f->block_bytes; j++)
+            blk[j] = (uint8_t)rng_next();
+        size_t at = f->block_bytes == 210 ? 208 : 0;
+        uint16_t d = h->float_to_half(rng_float(0.0005f, 0.003f));
+        blk[at] = (uint8_t)d, blk[at + 1] = (uint8_t)(d >> 8);
+        if (f->has_min) {
+            uint16_t m = h->float_to_half(rng_float(0.0005f, 0.003f));
+            blk[2] = (uint8_t)m, blk[3] = (uint8_t)(m >> 8);
+        }
+    }
+    buf_upload(&b);
+    return b;
+}
+
+/* The K formats: k a multiple of 256; the K GEMV up to 16 rows (in groups
+ * of 8) and the tiled kernel past it. */
+static void test_qmatmul_k(void)
+{
+    const qfmt fmts[] = {{"Q4_K", 144, 1}, {"Q5_K", 176, 1}, {"Q6_K", 210, 0}};
+    const int32_t shapes[][2] = {{7, 256}, {257, 2048}, {130, 4352}};
+    const int64_t ts[] = {1, 3, 9, 16, 17, 200};
+    for (size_t fi = 0; fi < 3; fi++)
+        for (size_t si = 0; si < 3; si++) {
+            int32_t n = shapes[si][0], k = shapes[si][1];
+            kiln_field f[3] = {fstr("format", fmts[fi].name), fi32("n", &n), fi32("k", &k)};
+            kiln_plugin *p = make("QuantMatMul", f, 3);
+            if (!p)
+                continue;
+            buf w = random_kblocks(&fmts[fi], n, k);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+                    kiln_dtype t = float_types[ti];
+                    int64_t rows = ts[ri];
+                    buf in[2] = {buf_random(t, rows, k, -1, 1), w};
+                    buf out = buf_output(t, rows, n);
+                    kiln_tensor_desc d[3] = {in[0].desc, w.desc, out.desc};
+                    size_t wsz = p->ops->workspace_size ? p->ops->workspace_size(p, d, 2, d + 2, 1) : 0;
+                    void *ws = malloc(wsz ? wsz : 1);
+                    char what[96];
+                    snprintf(what, sizeof what, "QuantMatMul %s %s T %lld n %d k %d", fmts[fi].name, dtype_name(t),
+                             (long long)rows, n, k);
+                    run_both(what, p, in, 2, &out, 1, ws);
+                    free(ws);
+                    buf_free(&in[0]);
+                    buf_free(&out);
+                }
+            buf_free(&w);
+            p->ops->destroy(p);
+        }
+}
+
 static void test_qmatmul(void)
 {
     const qfmt fmts[] = {{"Q8_0", 34, 0}, {"Q4_0", 18, 0}, {"Q4_1", 20, 1}};
@@ -452,6 +540,133 @@ static void test_qmatmul(void)
             buf_free(&w);
             p->ops->destroy(p);
         }
+}
+
+/* ---- WeightOnlyMatMul ------------------------------------------------------------------------ */
+
+/* Random quantized weights in WeightOnlyMatMul's layout: q all bytes, f32
+ * scales of trained magnitudes, int4 zeros 0..15. */
+static void random_woq(int32_t bits, int32_t group, int32_t n, int32_t k, buf *q, buf *s, buf *z)
+{
+    int32_t ng = k / group;
+    *q = buf_new(KILN_DTYPE_U8, n, (int64_t)k * bits / 8);
+    for (size_t i = 0; i < q->bytes; i++)
+        ((uint8_t *)q->host)[i] = (uint8_t)rng_next();
+    *s = buf_new(KILN_DTYPE_F32, n, ng);
+    for (int64_t i = 0; i < (int64_t)n * ng; i++)
+        ((float *)s->host)[i] = rng_float(0.001f, 0.05f);
+    *z = buf_new(KILN_DTYPE_U8, n, ng);
+    for (int64_t i = 0; i < (int64_t)n * ng; i++)
+        ((uint8_t *)z->host)[i] = (uint8_t)(rng_next() % 16);
+    buf_upload(q);
+    buf_upload(s);
+    buf_upload(z);
+}
+
+static void test_woq(void)
+{
+    /* n odd and not a multiple of the rows per block; k from one warp's
+     * share of a vector up to several loads per lane; groups of 32, 128
+     * and the whole row (per channel) */
+    const int32_t shapes[][3] = {{7, 96, 32}, {257, 2048, 128}, {130, 4096, 4096}, {33, 640, 128}};
+    const int64_t ts[] = {1, 2, 3, 5, 8, 9, 64};
+    const int32_t bits_of[] = {8, 4};
+    for (size_t bi = 0; bi < 2; bi++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            int32_t bits = bits_of[bi], n = shapes[si][0], k = shapes[si][1], g = shapes[si][2];
+            kiln_field f[4] = {fi32("bits", &bits), fi32("group_size", &g), fi32("n", &n), fi32("k", &k)};
+            kiln_plugin *p = make("WeightOnlyMatMul", f, 4);
+            if (!p)
+                continue;
+            buf q, s, z;
+            random_woq(bits, g, n, k, &q, &s, &z);
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+                    kiln_dtype t = float_types[ti];
+                    int64_t rows = ts[ri];
+                    int32_t n_in = bits == 4 ? 4 : 3;
+                    buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
+                    buf out = buf_output(t, rows, n);
+                    kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
+                    d[n_in] = out.desc;
+                    size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+                    void *ws = malloc(wsz ? wsz : 1);
+                    char what[112];
+                    snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d", bits, g,
+                             dtype_name(t), (long long)rows, n, k);
+                    run_both(what, p, in, n_in, &out, 1, ws);
+                    free(ws);
+                    buf_free(&in[0]);
+                    buf_free(&out);
+                }
+            buf_free(&q);
+            buf_free(&s);
+            buf_free(&z);
+            p->ops->destroy(p);
+        }
+}
+
+/* ---- Fp8MatMul --------------------------------------------------------------------------------- */
+
+/* E4M3 codes of every finite value (NaN codes nudged to their neighbour)
+ * and per-channel scales. */
+static void random_fp8(int32_t n, int32_t k, buf *w, buf *s)
+{
+    *w = buf_new(KILN_DTYPE_U8, n, k);
+    uint8_t *p = w->host;
+    for (size_t i = 0; i < w->bytes; i++) {
+        p[i] = (uint8_t)rng_next();
+        if ((p[i] & 0x7F) == 0x7F)
+            p[i] ^= 1;
+    }
+    *s = buf_new(KILN_DTYPE_F32, n, 0);
+    for (int32_t i = 0; i < n; i++)
+        ((float *)s->host)[i] = rng_float(0.001f, 0.01f);
+    buf_upload(w);
+    buf_upload(s);
+}
+
+static void test_fp8(void)
+{
+    /* n a multiple of 4 (cuBLASLt's GEMM past 8 rows) and not (the GEMV
+     * over row groups) */
+    const int32_t shapes[][2] = {{16, 64}, {256, 2048}, {100, 4096}, {33, 4096}};
+    const int64_t ts[] = {1, 2, 5, 8, 9, 64, 300};
+    tol_floor = 1e-3;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        int32_t n = shapes[si][0], k = shapes[si][1];
+        kiln_field f[2] = {fi32("n", &n), fi32("k", &k)};
+        kiln_plugin *p = make("Fp8MatMul", f, 2);
+        if (!p)
+            continue;
+        buf w, s;
+        random_fp8(n, k, &w, &s);
+        for (size_t ti = 0; ti < 3; ti++)
+            for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+                kiln_dtype t = float_types[ti];
+                int64_t rows = ts[ri];
+                buf in[3] = {buf_random(t, rows, k, -2, 2), w, s};
+                buf out = buf_output(t, rows, n);
+                kiln_tensor_desc d[4] = {in[0].desc, w.desc, s.desc, out.desc};
+                size_t wsz = p->ops->workspace_size(p, d, 3, d + 3, 1);
+                void *ws_host = malloc(wsz ? wsz : 1), *ws_dev = NULL;
+                if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
+                    fprintf(stderr, "cannot allocate the workspace\n");
+                    exit(1);
+                }
+                char what[96];
+                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d", dtype_name(t), (long long)rows, n, k);
+                run_both_ws(what, p, in, 3, &out, 1, ws_host, ws_dev);
+                free(ws_host);
+                cudaFree(ws_dev);
+                buf_free(&in[0]);
+                buf_free(&out);
+            }
+        buf_free(&w);
+        buf_free(&s);
+        p->ops->destroy(p);
+    }
+    tol_floor = 0;
 }
 
 /* Every plugin once more, each launch captured into a graph and replayed. */
@@ -496,11 +711,54 @@ static void test_graph_capture(void)
         buf_free(&y);
         qm->ops->destroy(qm);
     }
+    const int32_t four = 4, g128 = 128;
+    kiln_field wf[4] = {fi32("bits", &four), fi32("group_size", &g128), fi32("n", &n), fi32("k", &k)};
+    kiln_plugin *wq = make("WeightOnlyMatMul", wf, 4);
+    if (wq) {
+        buf in[4];
+        in[0] = buf_random(KILN_DTYPE_BF16, 1, k, -1, 1);
+        random_woq(4, 128, n, k, &in[1], &in[2], &in[3]);
+        buf y = buf_output(KILN_DTYPE_BF16, 1, n);
+        float ws[16 * (2048 + 257)];
+        run_both("WeightOnlyMatMul int4 bf16 in a graph", wq, in, 4, &y, 1, ws);
+        for (int i = 0; i < 4; i++)
+            buf_free(&in[i]);
+        buf_free(&y);
+        wq->ops->destroy(wq);
+    }
+    /* both FP8 paths: the GEMV (1 row) and cuBLASLt (64 rows) */
+    const int32_t n16 = 256;
+    kiln_field ff[2] = {fi32("n", &n16), fi32("k", &k)};
+    kiln_plugin *f8 = make("Fp8MatMul", ff, 2);
+    for (int64_t rows = 1; f8 && rows <= 64; rows += 63) {
+        buf in[3];
+        in[0] = buf_random(KILN_DTYPE_BF16, rows, k, -1, 1);
+        random_fp8(n16, k, &in[1], &in[2]);
+        buf y = buf_output(KILN_DTYPE_BF16, rows, n16);
+        kiln_tensor_desc d[4] = {in[0].desc, in[1].desc, in[2].desc, y.desc};
+        size_t wsz = f8->ops->workspace_size(f8, d, 3, d + 3, 1);
+        void *wh = malloc(wsz), *wd = NULL;
+        if (cudaMalloc(&wd, wsz) != cudaSuccess) {
+            fprintf(stderr, "cannot allocate the workspace\n");
+            exit(1);
+        }
+        tol_floor = 1e-3;
+        run_both_ws(rows == 1 ? "Fp8MatMul bf16 T 1 in a graph" : "Fp8MatMul bf16 T 64 in a graph", f8, in, 3, &y, 1,
+                    wh, wd);
+        tol_floor = 0;
+        free(wh);
+        cudaFree(wd);
+        for (int i = 0; i < 3; i++)
+            buf_free(&in[i]);
+        buf_free(&y);
+    }
+    if (f8)
+        f8->ops->destroy(f8);
     use_graph = 0;
 }
 
-static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul),
-                                   TEST(test_graph_capture)};
+static const test_case_ tests[] = {TEST(test_rmsnorm),   TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul),
+                                   TEST(test_qmatmul_k), TEST(test_woq),  TEST(test_fp8),    TEST(test_graph_capture)};
 
 int main(void)
 {

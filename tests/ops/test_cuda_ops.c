@@ -21,6 +21,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_internal.h"
 #include "core/dtype.h"
 
 #include <cuda_runtime.h>
@@ -426,9 +427,11 @@ static const mshape matmul_shapes[] = {
      * not a multiple of its rows per block, and K past its unrolled chunk */
     {2, 2, 2, 0, 1, {1, 4096}, {1001, 4096}, {1, 1001}},
     {2, 2, 2, 0, 1, {3, 264}, {77, 264}, {3, 77}},
+    {2, 2, 2, 0, 1, {1, 264}, {77, 264}, {1, 77}},
     {2, 2, 2, 0, 1, {8, 1032}, {2500, 1032}, {8, 2500}},
     {3, 2, 3, 0, 1, {1, 5, 2056}, {33, 2056}, {1, 5, 33}},
-    {2, 2, 2, 0, 1, {2, 13}, {9, 13}, {2, 9}}, /* K too short for 16-byte rows: cuBLASLt */
+    {2, 2, 2, 0, 1, {2, 13}, {9, 13}, {2, 9}},       /* K too short for 16-byte rows: cuBLASLt */
+    {2, 2, 2, 0, 1, {300, 72}, {40, 72}, {300, 40}}, /* tuned over buckets 4..512 rows */
 };
 
 static void test_matmul(void)
@@ -445,11 +448,12 @@ static void test_matmul(void)
             char what[96];
             snprintf(what, sizeof what, "matmul %s shape %zu", kiln_dtype_name(dt), s);
             run_both(what, &l, in, 2, &out, NULL, tol_for(dt, 1e-4));
-            /* the tuned tactic must run and agree too */
-            if (s == 1 || s == sizeof matmul_shapes / sizeof matmul_shapes[0] - 1) {
+            /* the tuned tactic must run and agree too (each tuned
+             * shape is one tall GEMM: the buckets' candidates are set) */
+            if (s == 1 || s >= sizeof matmul_shapes / sizeof matmul_shapes[0] - 2) {
                 int64_t tactic = -2;
                 CHECK_OK(kiln_cuda_matmul_tune(dev, &l, &in[0].dev, &in[1].dev, &out.dev, &tactic));
-                CHECK(tactic >= 0 && tactic < KILN_CUDA_MATMUL_CANDIDATES);
+                CHECK(tactic >= 0 && (tactic & KILN_CUDA_TACTIC_TUNED));
                 l.tactic = tactic;
                 cudaMemset(out.dev.data, 0xff, out.bytes);
                 snprintf(what, sizeof what, "matmul %s shape %zu tactic %lld", kiln_dtype_name(dt), s,
@@ -460,6 +464,32 @@ static void test_matmul(void)
             pair_free(&in[1]);
             pair_free(&out);
         }
+    /* the GEMV's other block shapes (1 and 4 weight rows a block) on the
+     * one-row products */
+    const int32_t rows[2] = {1, 4};
+    for (size_t v = 0; v < 2; v++) {
+        kcu_gemv_set_rows(rows[v]);
+        for (size_t t = 0; t < 3; t++)
+            for (size_t s = 0; s < sizeof matmul_shapes / sizeof matmul_shapes[0]; s++) {
+                const mshape *sh = &matmul_shapes[s];
+                if (!sh->tb || sh->ta || sh->ra != 2 || sh->a[0] != 1)
+                    continue;
+                kiln_dtype dt = float_types[t];
+                pair in[2] = {pair_input(dt, dims_of(sh->ra, sh->a), -1, 1),
+                              pair_input(dt, dims_of(sh->rb, sh->b), -1, 1)};
+                pair out = pair_output(dt, dims_of(sh->rc, sh->c));
+                kiln_layer l = layer_new("matmul", KILN_OP_MATMUL, 2);
+                l.p.matmul.transpose_b = 1;
+                char what[96];
+                snprintf(what, sizeof what, "matmul %s shape %zu, GEMV %d rows a block", kiln_dtype_name(dt), s,
+                         (int)rows[v]);
+                run_both(what, &l, in, 2, &out, NULL, tol_for(dt, 1e-4));
+                pair_free(&in[0]);
+                pair_free(&in[1]);
+                pair_free(&out);
+            }
+    }
+    kcu_gemv_set_rows(2);
 }
 
 /* ---- reduce and softmax ---------------------------------------------------------------------- */

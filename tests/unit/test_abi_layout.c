@@ -186,8 +186,12 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_build_options, progress_user, 48);
     CHECK_OFFSET(kiln_llm_build_options, backend, 56);
     CHECK_OFFSET(kiln_llm_build_options, reserved, 60);
-    CHECK_SIZE(kiln_llm_build_options, 64);
-    CHECK_ENDS_AT(kiln_llm_build_options, reserved);
+    CHECK_OFFSET(kiln_llm_build_options, weights, 64);
+    CHECK_OFFSET(kiln_llm_build_options, weights_group, 68);
+    CHECK_OFFSET(kiln_llm_build_options, weights_lm_head, 72);
+    CHECK_OFFSET(kiln_llm_build_options, reserved2, 76);
+    CHECK_SIZE(kiln_llm_build_options, 80);
+    CHECK_ENDS_AT(kiln_llm_build_options, reserved2);
     CHECK_INIT(kiln_llm_build_options, kiln_llm_build_options_init);
 
     CHECK_OFFSET(kiln_llm_options, struct_size, 0);
@@ -198,9 +202,9 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_options, kv_cache_fraction, 24);
     CHECK_OFFSET(kiln_llm_options, no_cuda_graphs, 28);
     CHECK_OFFSET(kiln_llm_options, n_threads, 32);
-    CHECK_OFFSET(kiln_llm_options, reserved2, 36);
+    CHECK_OFFSET(kiln_llm_options, no_prefix_caching, 36);
     CHECK_SIZE(kiln_llm_options, 40);
-    CHECK_ENDS_AT(kiln_llm_options, reserved2);
+    CHECK_ENDS_AT(kiln_llm_options, no_prefix_caching);
     CHECK_INIT(kiln_llm_options, kiln_llm_options_init);
 
     CHECK_OFFSET(kiln_llm_info, struct_size, 0);

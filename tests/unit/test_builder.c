@@ -1162,7 +1162,9 @@ static void test_build_public_api(void)
     CHECK(g.n_layers == 1 && g.layers[0].op == KILN_OP_FUSED && g.arena_size == 512);
     kiln_graph_free(&g);
 
-    /* To a file: written whole, no temp file left behind. */
+    /* To a file: written whole (the weights streamed from the network,
+     * the same bytes as the engine built in memory), no temp file left
+     * behind. */
     char dir[] = "/tmp/kiln_builder_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
     char path[256];
@@ -1173,6 +1175,10 @@ static void test_build_public_api(void)
     if (f) {
         fseek(f, 0, SEEK_END);
         CHECK((size_t)ftell(f) == buf.size);
+        fseek(f, 0, SEEK_SET);
+        unsigned char *back = malloc(buf.size);
+        CHECK(back && fread(back, 1, buf.size, f) == buf.size && memcmp(back, buf.data, buf.size) == 0);
+        free(back);
         fclose(f);
     }
     char cmd[600];

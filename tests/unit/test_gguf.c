@@ -2,6 +2,9 @@
  * ggml project's `gguf` Python package (tests/data/gguf/make_fixtures.py). */
 #include "test.h"
 
+#include <jansson.h>
+#include <kiln/kiln.h>
+
 #include "llm/gguf.h"
 
 #define DATA "tests/data/gguf/"
@@ -102,6 +105,57 @@ static void test_dequantize_matches_gguf_package(void)
     kiln_gguf_close(g);
 }
 
+/* Tensors llama.cpp's quantizer wrote (tests/data/llm/quantized/
+ * make_model.py: Q4_K, Q5_K, Q6_K and Q5_1 of its Q4_K_M, Q5_K_M and Q5_1
+ * files) against the gguf package's dequantize of them, bit for bit. */
+static void test_llamacpp_tensors_match_gguf_package(void)
+{
+    const char *dir = "tests/data/llm/quantized/";
+    char path[512];
+    snprintf(path, sizeof path, "%srefs.json", dir);
+    json_t *refs = json_load_file(path, 0, NULL), *deq = json_object_get(refs, "dequantized");
+    CHECK(json_object_size(deq) == 4);
+    const char *npy;
+    json_t *kind;
+    json_object_foreach(deq, npy, kind)
+    {
+        /* "<file type>.<tensor>.npy" from model-<file type>.gguf */
+        const char *dot = strchr(npy, '.');
+        size_t len = strlen(npy);
+        CHECK(dot && len > 4 && strcmp(npy + len - 4, ".npy") == 0);
+        if (!dot || len <= 4)
+            continue;
+        char file[512], tensor[128];
+        snprintf(file, sizeof file, "%smodel-%.*s.gguf", dir, (int)(dot - npy), npy);
+        snprintf(tensor, sizeof tensor, "%.*s", (int)(npy + len - 4 - dot - 1), dot + 1);
+        kiln_gguf *g = NULL;
+        CHECK_OK(kiln_gguf_open(file, &g));
+        const kiln_gguf_tensor *t = g ? kiln_gguf_find_tensor(g, tensor) : NULL;
+        CHECK(t != NULL);
+        snprintf(path, sizeof path, "%s%s", dir, npy);
+        kiln_dtype dt;
+        kiln_dims dims;
+        void *want = NULL;
+        size_t size = 0;
+        CHECK_OK(kiln_npy_read(path, &dt, &dims, &want, &size));
+        if (t && want) {
+            CHECK(strcmp(kiln_ggml_type_name(t->type), json_string_value(kind)) == 0);
+            CHECK(dt == KILN_DTYPE_F32 && dims.rank == 2 && dims.d[0] == t->ne[1] && dims.d[1] == t->ne[0] &&
+                  size == (size_t)t->n_elements * sizeof(float));
+            float *got = malloc((size_t)t->n_elements * sizeof(float));
+            CHECK_OK(kiln_ggml_dequantize(t->type, t->data, t->n_elements, got));
+            int same = size == (size_t)t->n_elements * sizeof(float) && memcmp(got, want, size) == 0;
+            if (!same)
+                fprintf(stderr, "%s: %s differs from the gguf package's dequantize\n", file, tensor);
+            CHECK(same);
+            free(got);
+        }
+        kiln_free(want);
+        kiln_gguf_close(g);
+    }
+    json_decref(refs);
+}
+
 /* Every prefix of a valid file is refused with a format error, never a crash. */
 static void test_truncated(void)
 {
@@ -148,6 +202,10 @@ static void test_unsupported_type(void)
     CHECK_FAILS(kiln_ggml_dequantize(KILN_GGML_Q8_0, block, 31, out), KILN_ERROR_INVALID_ARGUMENT, "multiple");
 }
 
-static const test_case_ tests[] = {TEST(test_metadata), TEST(test_dequantize_matches_gguf_package),
-                                   TEST(test_truncated), TEST(test_bad_headers), TEST(test_unsupported_type)};
+static const test_case_ tests[] = {TEST(test_metadata),
+                                   TEST(test_dequantize_matches_gguf_package),
+                                   TEST(test_llamacpp_tensors_match_gguf_package),
+                                   TEST(test_truncated),
+                                   TEST(test_bad_headers),
+                                   TEST(test_unsupported_type)};
 TEST_MAIN(tests)

@@ -586,6 +586,50 @@ static void test_native_builds(void)
     }
 }
 
+/* A GGUF whose matmul weights QuantMatMul's CUDA kernels cannot read
+ * (llama.cpp's Q5_1 file: Q5_1 with a Q6_K output projection) builds for
+ * CUDA with those weights expanded to the engine dtype and a warning that
+ * names them; for the CPU every format stays native, with no warning. */
+static char build_warning[512];
+static void keep_warning(void *user, kiln_log_level level, const char *message)
+{
+    if (level == KILN_LOG_WARNING && strstr(message, "no CUDA kernel"))
+        snprintf(build_warning, sizeof build_warning, "%s", message);
+}
+
+static void test_cuda_expands_formats_without_kernel(void)
+{
+    const kiln_backend backends[2] = {KILN_BACKEND_CPU, KILN_BACKEND_CUDA};
+    const char *kept[2] = {"Q5_1,Q6_K", "Q6_K"};
+    kiln_set_log(keep_warning, NULL, KILN_LOG_WARNING);
+    for (int i = 0; i < 2; i++) {
+        kiln_llm_checkpoint *ck = NULL;
+        CHECK_OK(kiln_llm_import_gguf(DATA "quantized/model-q5_1.gguf", &ck));
+        if (!ck)
+            continue;
+        kiln_llm_build_options opt;
+        kiln_llm_build_options_init(&opt);
+        opt.native = 1;
+        opt.backend = backends[i];
+        opt.dtype = i == 0 ? KILN_DTYPE_F32 : KILN_DTYPE_BF16;
+        opt.max_seq_len = 32;
+        build_warning[0] = '\0';
+        kiln_network *net = NULL;
+        CHECK_OK(kiln_llm_build_network(ck, &opt, reg, &net));
+        if (strcmp(ck->config.quantized, kept[i]) != 0)
+            fprintf(stderr, "%s build keeps \"%s\", expected \"%s\"\n", i ? "cuda" : "cpu", ck->config.quantized,
+                    kept[i]);
+        CHECK(strcmp(ck->config.quantized, kept[i]) == 0);
+        if (i == 0)
+            CHECK(build_warning[0] == '\0');
+        else
+            CHECK(strstr(build_warning, "Q5_1") && strstr(build_warning, "bf16") && !strstr(build_warning, "Q6_K"));
+        kiln_network_destroy(net);
+        kiln_llm_checkpoint_free(ck);
+    }
+    kiln_set_log(NULL, NULL, KILN_LOG_WARNING);
+}
+
 static const test_case_ tests[] = {TEST(test_network_shape_and_finite),
                                    TEST(test_batched_and_incremental_agree),
                                    TEST(test_half_dtypes),
@@ -593,7 +637,8 @@ static const test_case_ tests[] = {TEST(test_network_shape_and_finite),
                                    TEST(test_refs_hf),
                                    TEST(test_refs_gguf_and_llama2c),
                                    TEST(test_gguf_quantized_close),
-                                   TEST(test_native_builds)};
+                                   TEST(test_native_builds),
+                                   TEST(test_cuda_expands_formats_without_kernel)};
 
 int main(void)
 {

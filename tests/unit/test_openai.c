@@ -8,7 +8,7 @@
 
 static int parse(kiln_openai_endpoint ep, const char *body, kiln_openai_request *r, kiln_openai_error *e)
 {
-    return kiln_openai_parse(ep, body, strlen(body), r, e);
+    return kiln_openai_parse(ep, body, strlen(body), NULL, r, e);
 }
 
 /* The body fails with 400, param `param`, and a message containing needle. */
@@ -65,10 +65,28 @@ static void test_chat_fields(void)
     kiln_openai_request_free(&r);
 
     /* defaults: OpenAI's temperature 1 and top_p 1, nothing else */
-    CHECK(parse(KILN_OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":null}", &r, &e) ==
-          0);
+    CHECK(parse(KILN_OPENAI_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":null}", &r, &e) == 0);
     CHECK(r.model == NULL && r.max_tokens == -1 && r.logprobs == -1 && !r.stream && r.n_stop == 0 && !r.has_seed);
     CHECK(r.sampling.temperature == 1.0f && r.sampling.top_p == 1.0f && r.sampling.top_k == 0);
+    kiln_openai_request_free(&r);
+}
+
+/* Sampling fields a request leaves out take the server's defaults; those
+ * it gives win. */
+static void test_defaults(void)
+{
+    kiln_llm_sampling d;
+    kiln_llm_sampling_init(&d);
+    d.temperature = 0.8f;
+    d.top_k = 40;
+    d.top_p = 0.95f;
+    d.min_p = 0.05f;
+    kiln_openai_request r;
+    kiln_openai_error e;
+    const char *body = "{\"prompt\":\"a\",\"temperature\":0,\"top_k\":-1}";
+    CHECK(kiln_openai_parse(KILN_OPENAI_COMPLETIONS, body, strlen(body), &d, &r, &e) == 0);
+    CHECK(r.sampling.temperature == 0.0f && r.sampling.top_k == 0);
+    CHECK(r.sampling.top_p == 0.95f && r.sampling.min_p == 0.05f && r.sampling.repetition_penalty == 1.0f);
     kiln_openai_request_free(&r);
 }
 
@@ -121,8 +139,9 @@ static void test_bad_requests(void)
     check_bad(C, "{\"prompt\":\"a\",\"stop\":5}", "stop", "a string or a list of strings");
     check_bad(C, "{\"prompt\":\"a\",\"stop\":[\"a\",7]}", "stop[1]", "must be a string");
     check_bad(C, "{\"prompt\":\"a\",\"stop\":[\"\"]}", "stop", "stop[0] must be 1 to 1024 bytes");
-    check_bad(C, "{\"prompt\":\"a\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\","
-                 "\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}",
+    check_bad(C,
+              "{\"prompt\":\"a\",\"stop\":[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\",\"10\",\"11\","
+              "\"12\",\"13\",\"14\",\"15\",\"16\",\"17\"]}",
               "stop", "at most 16");
     check_bad(C, "{\"prompt\":\"a\",\"n\":2}", "n", "n must be 1");
     check_bad(C, "{\"prompt\":\"a\",\"best_of\":3}", "best_of", "best_of must be 1");
@@ -154,7 +173,8 @@ static void test_bad_requests(void)
               "needs logprobs");
     check_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", "tools",
               "not supported");
-    check_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}",
+    check_bad(H,
+              "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}",
               "response_format", "only");
     /* a NUL in a string: jansson refuses it, so no C string is cut short */
     check_bad(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"}]}", "", "not valid JSON");
@@ -172,6 +192,15 @@ static void test_responses(void)
     CHECK(!strcmp(json_string_value(json_object_get(err, "param")), "temperature"));
     CHECK(json_is_null(json_object_get(err, "code")));
     json_decref(o);
+    free(s);
+
+    /* a body's bad bytes quoted in the message (jansson's error text does)
+     * still give an error object */
+    kiln_openai_request r;
+    const char bad_body[] = "{\"prompt\":\"a\",\"ob\\\xc5\x97\xdd\xdd\"}";
+    CHECK(kiln_openai_parse(KILN_OPENAI_COMPLETIONS, bad_body, sizeof bad_body - 1, NULL, &r, &e) == 400);
+    s = kiln_openai_error_json(&e);
+    CHECK(s && strstr(s, "not valid JSON"));
     free(s);
 
     CHECK(!strcmp(kiln_openai_finish_reason(KILN_LLM_FINISH_EOS), "stop"));
@@ -222,6 +251,6 @@ static void test_responses(void)
     json_decref(o);
 }
 
-static const test_case_ tests[] = {TEST(test_chat_fields), TEST(test_completion_prompts), TEST(test_bad_requests),
-                                   TEST(test_responses)};
+static const test_case_ tests[] = {TEST(test_chat_fields), TEST(test_defaults), TEST(test_completion_prompts),
+                                   TEST(test_bad_requests), TEST(test_responses)};
 TEST_MAIN(tests)

@@ -340,6 +340,9 @@ int cli_bench(int argc, char **argv)
     long copy_mb = 0;
     kiln_llm_options lo;
     kiln_llm_options_init(&lo);
+    /* Every repetition computes its prompt: the same prompt again must not
+     * be served from the prefix cache the previous one filled. */
+    lo.no_prefix_caching = 1;
     int handled = 0;
     bench_report r;
     memset(&r, 0, sizeof r);

@@ -27,10 +27,24 @@ static const char build_llm_help[] =
     "                        without a GPU too (its tactics are then heuristic)\n"
     "  --dtype T             f32, f16 or bf16: weights, activations, KV cache; native:\n"
     "                        the GGUF's matmul weights kept as stored (Q4_0, Q4_1, Q5_0,\n"
-    "                        Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16; on cuda only Q4_0,\n"
-    "                        Q4_1, Q8_0, the others expanded), the rest f32 on the cpu,\n"
+    "                        Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16; on cuda Q4_0, Q4_1,\n"
+    "                        Q8_0 and the K formats, the others expanded), the rest f32\n"
+    "                        on the cpu,\n"
     "                        bf16 on cuda (the default for a .gguf;\n"
-    "                        otherwise f32 on the cpu, bf16 on cuda)\n"
+    "                        otherwise f32 on the cpu, bf16 on cuda); fp8: decoder\n"
+    "                        matmuls in FP8 E4M3 (weights scaled per output channel at\n"
+    "                        build, activations per token when run, kiln/Fp8MatMul),\n"
+    "                        the rest bf16 on cuda, f32 on the cpu\n"
+    "  --weights W           int8: decoder matmul weights quantized at build to int8,\n"
+    "                        a scale per output channel (or per --weights-group\n"
+    "                        values); int4: int4 with a scale and zero point per\n"
+    "                        --weights-group values (default 128);\n"
+    "                        activations stay in --dtype (kiln/WeightOnlyMatMul). AWQ\n"
+    "                        and GPTQ checkpoints keep their int4 weights as stored\n"
+    "  --weights-group N     values per scale, a multiple of 32 (default: int8 a\n"
+    "                        whole row, int4 128)\n"
+    "  --quantize-lm-head    --weights applies to the output projection too (default:\n"
+    "                        kept in --dtype)\n"
     "  --max-batch N         sequences per step (default 8)\n"
     "  --max-seq-len N       tokens per sequence (default min(4096, the model's context))\n"
     "  --max-tokens N        new tokens per step (default max-seq-len)\n"
@@ -40,8 +54,9 @@ static const char build_llm_help[] =
     "  -h, --help            show this help\n";
 
 static const char *const llm_valued[] = {
-    "-o",          "--output",  "--dtype",   "--max-batch", "--max-seq-len", "--max-tokens", "--block-size",
-    "--tokenizer", "--plugins", "--backend", NULL};
+    "-o",           "--output",        "--dtype",     "--max-batch", "--max-seq-len",
+    "--max-tokens", "--block-size",    "--tokenizer", "--plugins",   "--backend",
+    "--weights",    "--weights-group", NULL};
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -134,9 +149,11 @@ int cli_build_llm(int argc, char **argv)
             out = val;
         } else if (!strcmp(o, "--dtype")) {
             opt.native = !strcmp(val, "native");
-            float_given = !opt.native;
+            float_given = !opt.native && strcmp(val, "fp8") != 0;
             if (opt.native)
                 opt.dtype = KILN_DTYPE_F32;
+            else if (!strcmp(val, "fp8"))
+                opt.weights = KILN_LLM_WEIGHTS_FP8;
             else if (!strcmp(val, "f32"))
                 opt.dtype = KILN_DTYPE_F32;
             else if (!strcmp(val, "f16"))
@@ -144,9 +161,25 @@ int cli_build_llm(int argc, char **argv)
             else if (!strcmp(val, "bf16"))
                 opt.dtype = KILN_DTYPE_BF16;
             else {
-                status = cli_usage("build", "unknown --dtype \"%s\" (native, f32, f16 or bf16)", val);
+                status = cli_usage("build", "unknown --dtype \"%s\" (native, f32, f16, bf16 or fp8)", val);
                 goto done;
             }
+        } else if (!strcmp(o, "--weights")) {
+            if (!strcmp(val, "int8"))
+                opt.weights = KILN_LLM_WEIGHTS_INT8;
+            else if (!strcmp(val, "int4"))
+                opt.weights = KILN_LLM_WEIGHTS_INT4;
+            else if (!strcmp(val, "dtype"))
+                opt.weights = KILN_LLM_WEIGHTS_DTYPE;
+            else {
+                status = cli_usage("build", "unknown --weights \"%s\" (int8, int4 or dtype)", val);
+                goto done;
+            }
+        } else if (!strcmp(o, "--weights-group")) {
+            if ((status = parse_i32(o, val, &opt.weights_group)) != CLI_OK)
+                goto done;
+        } else if (!strcmp(o, "--quantize-lm-head")) {
+            opt.weights_lm_head = 1;
         } else if (!strcmp(o, "--max-batch")) {
             if ((status = parse_i32(o, val, &opt.max_batch)) != CLI_OK)
                 goto done;

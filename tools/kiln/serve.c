@@ -29,13 +29,22 @@ static const char serve_help[] =
     "                           name without its extension)\n"
     "  --max-queue N            requests waiting for a batch slot before 429 (default 1024)\n"
     "  --max-connections N      open connections at once (default 1024)\n"
-    "  --timeout S              close a connection idle for S seconds (default 600)\n"
+    "  --timeout S              close a connection idle for S seconds (default 60)\n"
     "  --max-body-mb N          largest request body (default 16)\n"
     "  --drain S                seconds requests may finish after SIGTERM (default 30)\n"
     "  --no-prefix-cache        do not share KV blocks of identical prompt prefixes\n"
     "  --kv-cache-blocks N      exactly N KV-cache blocks (overrides --kv-cache-mb)\n" CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
-    "  -h, --help               show this help\n";
+    "  -h, --help               show this help\n"
+    "\n"
+    "sampling of requests that leave a field out (as `kiln run`: llama.cpp's defaults):\n"
+    "  --temperature T          0 is greedy (default 0.8)\n"
+    "  --top-k K                keep the K most likely tokens, 0 = off (default 40)\n"
+    "  --top-p P                keep the smallest set with probability >= P (default 0.95)\n"
+    "  --min-p P                keep tokens with p >= P * max p (default 0.05)\n"
+    "  --repeat-penalty R       HF repetition penalty (default 1 = off)\n"
+    "  --presence-penalty X     OpenAI presence penalty (default 0)\n"
+    "  --frequency-penalty X    OpenAI frequency penalty (default 0)\n";
 
 /* The engine's file name without folders and extension. */
 static char *default_model_name(const char *path)
@@ -51,9 +60,19 @@ static char *default_model_name(const char *path)
 
 int cli_serve(int argc, char **argv)
 {
-    static const char *const valued[] = {"--host",       "--port",           "--api-key",  "--model-name",
-                                         "--max-queue",  "--max-connections", "--timeout", "--max-body-mb",
-                                         "--drain",      "--kv-cache-blocks", "--plugins", CLI_LLM_MEMORY_VALUED,
+    static const char *const valued[] = {"--host",
+                                         "--port",
+                                         "--api-key",
+                                         "--model-name",
+                                         "--max-queue",
+                                         "--max-connections",
+                                         "--timeout",
+                                         "--max-body-mb",
+                                         "--drain",
+                                         "--kv-cache-blocks",
+                                         "--plugins",
+                                         CLI_LLM_MEMORY_VALUED,
+                                         CLI_LLM_SAMPLING_VALUED,
                                          NULL};
     cli_args a;
     cli_args_init(&a, "serve", argc, argv);
@@ -68,6 +87,7 @@ int cli_serve(int argc, char **argv)
         so.api_key = NULL;
     kiln_llm_options lo;
     kiln_llm_options_init(&lo);
+    cli_llm_sampling_default(&so.sampling);
     int st = libs ? CLI_OK : cli_error("out of memory");
     while (st == CLI_OK && (opt = cli_args_next(&a, valued, &val))) {
         int handled = 0;
@@ -103,8 +123,10 @@ int cli_serve(int argc, char **argv)
             lo.kv_cache_blocks = (int32_t)n;
         else if (!strcmp(opt, "--plugins"))
             libs[n_libs++] = val;
-        else if (st == CLI_OK && (st = cli_llm_memory_option("serve", opt, val, &lo, &handled)) == CLI_OK &&
-                 !handled)
+        else if (!strcmp(opt, "--seed"))
+            st = cli_usage("serve", "--seed: each request gives its own seed, or gets a fresh one");
+        else if (st == CLI_OK && (st = cli_llm_memory_option("serve", opt, val, &lo, &handled)) == CLI_OK && !handled &&
+                 (st = cli_llm_sampling_option("serve", opt, val, &so.sampling, &handled)) == CLI_OK && !handled)
             st = cli_usage("serve", "unknown option %s", opt);
     }
     if (st == CLI_OK && help)

@@ -42,8 +42,9 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
     const char *pdl = getenv("KILN_CUDA_PDL");
     kcu_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
     kcu_gemv_set_pdl(!(pdl && strcmp(pdl, "0") == 0));
-    const char *gemv = getenv("KILN_CUDA_GEMV");
+    const char *gemv = getenv("KILN_CUDA_GEMV"), *rows = getenv("KILN_CUDA_GEMV_ROWS");
     d->gemv = !(gemv && strcmp(gemv, "0") == 0);
+    kcu_gemv_set_rows(rows ? (int32_t)atoi(rows) : 2);
     kiln_status st = KILN_OK;
     cudaError_t e = cudaGetDevice(&d->ordinal);
     int sms = 0;
@@ -65,6 +66,8 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
         }
     }
     d->sms = sms;
+    if (st == KILN_OK)
+        st = kiln_cuda_matmul_cache_create(d);
     if (st != KILN_OK) {
         kiln_cuda_device_destroy(d);
         return st;
@@ -77,6 +80,7 @@ void kiln_cuda_device_destroy(kiln_cuda_device *dev)
 {
     if (!dev)
         return;
+    kiln_cuda_matmul_cache_destroy(dev);
     if (dev->lt)
         cublasLtDestroy(dev->lt);
     cudaFree(dev->lt_workspace);

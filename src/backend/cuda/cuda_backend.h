@@ -63,21 +63,41 @@ kiln_status kiln_cuda_run_layer(const kiln_cuda_args *args);
 kiln_status kiln_cuda_device_check(kiln_cuda_device *dev, const kiln_graph *graph);
 
 /* ---- matmul tactics -------------------------------------------------------------------
- * A matmul's tactic is the index of a cuBLASLt heuristic candidate
- * (cublasLtMatmulAlgoGetHeuristic, at most KILN_CUDA_MATMUL_CANDIDATES).
- * At run time the heuristic is asked again for the actual shapes and
- * candidate `tactic` is used when it exists, else candidate 0 (tactic -1
- * also means 0). f32 matmuls compute in exact f32 (CUBLAS_COMPUTE_32F, no
- * TF32) so they agree with the CPU reference; f16/bf16 accumulate in f32. */
+ * A matmul's tactic picks a cuBLASLt algorithm per bucket of row counts m
+ * (the rows of the GEMM as launched, batches folded): bucket b holds m in
+ * (2^(b-1), 2^b] (bucket 0: m = 1; m past 2^(KILN_CUDA_TACTIC_BUCKETS - 1)
+ * takes the last bucket). With KILN_CUDA_TACTIC_TUNED set, nibble b
+ * (bits 4b..4b+3) is the index of the candidate that
+ * cublasLtMatmulAlgoGetHeuristic (at most KILN_CUDA_MATMUL_CANDIDATES)
+ * lists for the same problem at m = 2^b, or KILN_CUDA_TACTIC_DEFAULT; at
+ * run time that algorithm is used when cublasLtMatmulAlgoCheck accepts it
+ * for the actual m, else the heuristic's first candidate for the actual
+ * shape, which is also what tactic -1 (no tuning: built without a GPU)
+ * and any value without the flag (an index tuned at one unknown m by an
+ * older build) mean. Plans are cached per device, keyed by the problem,
+ * so the heuristic runs once per shape, not once per launch. f32 matmuls
+ * compute in exact f32 (CUBLAS_COMPUTE_32F, no TF32) so they agree with
+ * the CPU reference; f16/bf16 accumulate in f32. */
 #define KILN_CUDA_MATMUL_CANDIDATES 8
+#define KILN_CUDA_TACTIC_BUCKETS 15
+#define KILN_CUDA_TACTIC_DEFAULT 15
+#define KILN_CUDA_TACTIC_TUNED ((int64_t)1 << 62)
 
-/* Times every heuristic candidate of matmul layer `layer` for operands of
- * the given dims and dtypes (`data` is ignored: scratch buffers are
- * allocated and freed here, so call it at build time only), a few
- * repetitions each with CUDA events on a private stream, and stores the
- * index of the fastest in *tactic. Call at the profile's opt shapes. */
+/* Times the heuristic candidates of matmul layer `layer` for operands of
+ * the given dims and dtypes at each bucket's m = 2^b up to the bucket of
+ * the dims' own m (the largest the layer runs: call with the profile's max
+ * shapes), a few repetitions each with CUDA events on a private stream,
+ * and stores the winners in *tactic (format above). `data` is ignored:
+ * scratch buffers are allocated and freed here, so call it at build time
+ * only. Results are remembered per problem in `dev`, so layers of one
+ * shape are timed once. Buckets of at most KCU_GEMV_MAX_M rows, which the
+ * GEMV kernel runs, keep the default. */
 kiln_status kiln_cuda_matmul_tune(kiln_cuda_device *dev, const kiln_layer *layer, const kiln_exec_tensor *a,
                                   const kiln_exec_tensor *b, const kiln_exec_tensor *c, int64_t *tactic);
+
+/* The device's plan cache (cuda_matmul.c), made and freed with the device. */
+kiln_status kiln_cuda_matmul_cache_create(kiln_cuda_device *dev);
+void kiln_cuda_matmul_cache_destroy(kiln_cuda_device *dev);
 
 /* Bytes of cuBLASLt workspace the device preallocates (at create, never in
  * a launch). A matmul launch uses args->workspace instead when the layer

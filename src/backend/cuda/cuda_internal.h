@@ -130,6 +130,10 @@ int32_t kcu_gemv_supported(int32_t m, int32_t wdtype, int32_t ydtype, const void
 int kcu_gemv(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx, const void *w, void *y, int64_t ldy,
              int64_t n, int64_t k, void *stream);
 void kcu_gemv_set_pdl(int32_t on);
+/* Rows of w per block for one-row products: 1, 2 (the default) or 4, each
+ * with 8 loads a lane in flight (process-wide; KILN_CUDA_GEMV_ROWS at
+ * device creation, for kiln_bench's sweep). */
+void kcu_gemv_set_rows(int32_t rows);
 int kcu_launch_ew_fast(const kcu_fast_args *a, int32_t sms, void *stream);
 
 /* Integer binary (is_binary) or unary (neg/abs/relu) over int64 compute,

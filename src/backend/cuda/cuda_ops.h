@@ -23,6 +23,7 @@ struct kiln_cuda_device {
     cublasLtHandle_t lt;
     void *lt_workspace;  /* KILN_CUDA_CUBLASLT_WORKSPACE bytes */
     kcu_error_word *err; /* device memory */
+    struct mm_cache *mm; /* cuBLASLt plans by problem (cuda_matmul.c) */
 };
 
 static inline const char *layer_name(const kiln_cuda_args *a)

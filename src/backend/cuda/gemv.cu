@@ -15,8 +15,7 @@
 namespace
 {
 
-constexpr int kWarps = 4;  /* warps per block */
-constexpr int kUnroll = 4; /* 16-byte loads per lane and row in flight */
+constexpr int kWarps = 4; /* warps per block */
 
 __device__ __forceinline__ void unpack(const uint4 &v, float *f, const __nv_bfloat16 *)
 {
@@ -76,7 +75,7 @@ __device__ __forceinline__ void pdl_release_and_wait()
  * 0.76-0.88 of the copy floor at decode shapes against 0.93-1.04 for this
  * split, bench/README.md). K is a multiple of the vector width E; rows of x
  * and w and the pointers are 16-byte aligned (kcu_gemv_supported). */
-template <typename T, typename TO, int M, int ROWS>
+template <typename T, typename TO, int M, int ROWS, int kUnroll>
 __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const T *__restrict__ x, int64_t ldx, const T *__restrict__ w, TO *__restrict__ y, int64_t ldy,
                 int32_t n, int32_t k)
@@ -165,12 +164,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 int gemv_pdl = 1;
+int gemv_rows = 2; /* rows per block of the one-row kernels (kcu_gemv_set_rows) */
 
-template <typename T, typename TO, int M>
-cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
-                     cudaStream_t stream)
+/* ROWS rows per block, kUnroll loads per lane and row in flight (ROWS *
+ * kUnroll = 8 for every variant). */
+template <typename T, typename TO, int M, int ROWS, int kUnroll>
+cudaError_t launch_rows(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
+                        cudaStream_t stream)
 {
-    constexpr int ROWS = 2;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -180,7 +181,19 @@ cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = gemv_pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, gemv_kernel<T, TO, M, ROWS>, (const T *)x, ldx, (const T *)w, (TO *)y, ldy, n, k);
+    return cudaLaunchKernelEx(&cfg, gemv_kernel<T, TO, M, ROWS, kUnroll>, (const T *)x, ldx, (const T *)w, (TO *)y, ldy,
+                              n, k);
+}
+
+template <typename T, typename TO, int M>
+cudaError_t launch_m(const void *x, int64_t ldx, const void *w, void *y, int64_t ldy, int32_t n, int32_t k,
+                     cudaStream_t stream)
+{
+    if (M == 1 && gemv_rows == 1)
+        return launch_rows<T, TO, M, 1, 8>(x, ldx, w, y, ldy, n, k, stream);
+    if (M == 1 && gemv_rows == 4)
+        return launch_rows<T, TO, M, 4, 2>(x, ldx, w, y, ldy, n, k, stream);
+    return launch_rows<T, TO, M, 2, 4>(x, ldx, w, y, ldy, n, k, stream);
 }
 
 template <typename T, typename TO>
@@ -202,6 +215,8 @@ cudaError_t launch_t(int32_t m, const void *x, int64_t ldx, const void *w, void 
 } /* namespace */
 
 extern "C" void kcu_gemv_set_pdl(int32_t on) { gemv_pdl = on != 0; }
+
+extern "C" void kcu_gemv_set_rows(int32_t rows) { gemv_rows = rows == 1 || rows == 4 ? rows : 2; }
 
 extern "C" int32_t kcu_gemv_supported(int32_t m, int32_t wdtype, int32_t ydtype, const void *x, int64_t ldx,
                                       const void *w, const void *y, int64_t ldy, int64_t n, int64_t k)

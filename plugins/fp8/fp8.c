@@ -1,0 +1,252 @@
+/* Fp8MatMul (kiln/Fp8MatMul/1): y = x · Wᵀ in FP8 E4M3 (W8A8), the form
+ * Hopper's tensor cores run at twice the bf16 rate. W is stored as E4M3
+ * codes with an f32 scale per output channel; each row (token) of x is
+ * quantized when the layer runs, with its own dynamic scale:
+ *
+ *   a = max |x[r, :]|;  sx = a / 448;  xq = e4m3(x · (448 / a))  (0 when a = 0)
+ *   y[r, c] = (Σ_i f32(xq[r, i]) · f32(w[c, i])) · sx · sw[c]
+ *
+ * with the products summed in f32 and y rounded once to its dtype. The CPU
+ * computes exactly this (the reference: every E4M3 value is exact in f32,
+ * so only the order of the sums differs from the GPU); the CUDA kernels
+ * (fp8_cuda.cu) quantize x the same way, then run a GEMV for few rows and
+ * cuBLASLt's FP8 GEMM (TN, f32 accumulation) for more.
+ *
+ * Inputs:  x: f32, f16 or bf16, [..., K].
+ *          w: u8 (E4M3 codes), [N, K].
+ *          w_scale: f32, [N].
+ * Output:  y: dtype of x, [..., N].
+ * Fields:  n, k (i32), k a multiple of 16.
+ * Blob v1: two int32: n, k.
+ * Workspace: the quantized rows of x and their scales, and for more rows
+ * than the GEMV takes the GEMM's f32 result and cuBLASLt's scratch. */
+#include <stdint.h>
+
+#include "core/fp8.h"
+#include "plugin_cuda.h"
+#include "plugin_util.h"
+
+#define NAME "Fp8MatMul"
+#define BLOB_VERSION 1u
+
+typedef struct fp8_params {
+    int32_t n, k;
+} fp8_params;
+
+typedef struct fp8mm {
+    kiln_plugin base;
+    fp8_params p;
+} fp8mm;
+
+static const kiln_host_api *host;
+static const kiln_plugin_ops fp8_ops;
+
+static kiln_status fp8_new(const fp8_params *p, kiln_plugin **out)
+{
+    if (p->n <= 0 || p->k <= 0 || p->k % 16 != 0)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n = %d and k = %d must be positive, k a multiple of 16",
+                          p->n, p->k);
+    fp8mm *f = calloc(1, sizeof *f);
+    if (!f)
+        return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
+    f->base.struct_size = sizeof f->base;
+    f->base.abi_version = KILN_PLUGIN_ABI_VERSION;
+    f->base.ops = &fp8_ops;
+    f->p = *p;
+    *out = &f->base;
+    return KILN_OK;
+}
+
+static int32_t fp8_num_outputs(const kiln_plugin *self) { return 1; }
+
+static kiln_status fp8_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
+                                     kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
+{
+    const fp8_params *p = &((const fp8mm *)self)->p;
+    if (n_in != 3 || in[0].rank < 1 || in[1].rank != 2 || in[2].rank != 1)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., K], w [N, K] and w_scale [N]");
+    int64_t v;
+    if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &v) && v != p->k)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": x has %lld columns, k is %d", (long long)v, p->k);
+    if ((host->expr_is_constant(eb, in[1].d[0], &v) && v != p->n) ||
+        (host->expr_is_constant(eb, in[1].d[1], &v) && v != p->k) ||
+        (host->expr_is_constant(eb, in[2].d[0], &v) && v != p->n))
+        return host->fail(KILN_ERROR_SHAPE, NAME ": w must be [%d, %d] and w_scale [%d]", p->n, p->k, p->n);
+    out[0] = in[0];
+    out[0].d[in[0].rank - 1] = host->expr_constant(eb, p->n);
+    return KILN_OK;
+}
+
+static kiln_status fp8_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
+                                     int32_t n_out)
+{
+    out[0] = in[0];
+    return KILN_OK;
+}
+
+static int32_t fp8_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
+                            int32_t n_out)
+{
+    int backend_ok = backend == KILN_BACKEND_CPU;
+#ifdef KILN_HAVE_CUDA
+    /* asked when an engine is built and loaded: cuBLASLt is set up here,
+     * never inside a captured step; without a GPU (a build for one) the
+     * setup fails and enqueue reports it */
+    if (backend == KILN_BACKEND_CUDA) {
+        (void)kiln_fp8_cuda_init();
+        backend_ok = 1;
+    }
+#endif
+    return backend_ok && n_in == 3 && n_out == 1 && plugin_is_float(d[0].dtype) && d[1].dtype == KILN_DTYPE_U8 &&
+           d[2].dtype == KILN_DTYPE_F32 && d[3].dtype == d[0].dtype;
+}
+
+static size_t fp8_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
+                                 const kiln_tensor_desc *out, int32_t n_out)
+{
+    const fp8_params *p = &((const fp8mm *)self)->p;
+    int64_t rows = plugin_desc_count(&in[0]) / p->k;
+    return kiln_fp8_workspace(rows, p->n, p->k);
+}
+
+typedef struct fp8_job {
+    const fp8_params *p;
+    int64_t rows;
+    const uint8_t *xq, *w;
+    const float *sx, *sw;
+    const void *x;
+    void *y;
+    kiln_dtype t;
+} fp8_job;
+
+/* Output columns [begin, end) for every row. */
+static void fp8_range(void *arg, int64_t begin, int64_t end)
+{
+    const fp8_job *j = arg;
+    const int64_t k = j->p->k, n = j->p->n;
+    float lut[256];
+    for (int c = 0; c < 256; c++)
+        lut[c] = kiln_e4m3_to_f32((uint8_t)c);
+    for (int64_t c = begin; c < end; c++) {
+        const uint8_t *wr = j->w + c * k;
+        for (int64_t r = 0; r < j->rows; r++) {
+            const uint8_t *xr = j->xq + r * k;
+            float acc = 0;
+            for (int64_t i = 0; i < k; i++)
+                acc += lut[xr[i]] * lut[wr[i]];
+            plugin_store(host, j->y, j->t, r * n + c, acc * j->sx[r] * j->sw[c]);
+        }
+    }
+}
+
+static kiln_status fp8_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
+                               const void *const *in, int32_t n_in, const kiln_tensor_desc *out_desc, void *const *out,
+                               int32_t n_out, void *workspace, void *stream)
+{
+    const fp8_params *p = &((const fp8mm *)self)->p;
+    const kiln_dims *xd = &in_desc[0].dims;
+    if (n_in != 3 || xd->rank < 1 || xd->d[xd->rank - 1] != p->k ||
+        plugin_desc_count(&in_desc[1]) != (int64_t)p->n * p->k || plugin_desc_count(&in_desc[2]) != p->n)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": x's last dim must be k = %d, w [%d, %d], w_scale [%d]", p->k, p->n,
+                          p->k, p->n);
+    kiln_dtype t = in_desc[0].dtype;
+    int64_t rows = plugin_desc_count(&in_desc[0]) / p->k;
+    if (rows == 0)
+        return KILN_OK;
+    if (!workspace)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": no workspace for the quantized activations");
+#ifdef KILN_HAVE_CUDA
+    if (backend == KILN_BACKEND_CUDA) {
+        int e = kiln_fp8_matmul_cuda(in[0], in[1], in[2], out[0], (int32_t)t, rows, p->n, p->k, workspace,
+                                     kiln_fp8_workspace(rows, p->n, p->k), stream);
+        return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_fp8_cuda_error(e)) : KILN_OK;
+    }
+#endif
+    /* the workspace starts with the quantized rows, then their scales */
+    uint8_t *xq = workspace;
+    float *sx = (float *)((char *)workspace + kiln_fp8_workspace_scales(rows, p->k));
+    for (int64_t r = 0; r < rows; r++) {
+        float a = 0;
+        for (int64_t i = 0; i < p->k; i++) {
+            float v = fabsf(plugin_load(host, in[0], t, r * p->k + i));
+            a = v > a ? v : a;
+        }
+        float inv = a > 0 ? KILN_E4M3_MAX / a : 0.0f;
+        sx[r] = a / KILN_E4M3_MAX;
+        for (int64_t i = 0; i < p->k; i++)
+            xq[r * p->k + i] = kiln_f32_to_e4m3(plugin_load(host, in[0], t, r * p->k + i) * inv);
+    }
+    fp8_job job = {p, rows, xq, in[1], sx, in[2], in[0], out[0], t};
+    host->parallel_for(stream, p->n, fp8_range, &job);
+    return KILN_OK;
+}
+
+static kiln_status fp8_serialize(const kiln_plugin *self, void *buf, size_t *size)
+{
+    return plugin_pod_serialize(host, NAME, &((const fp8mm *)self)->p, sizeof(fp8_params), buf, size);
+}
+
+static kiln_status fp8_clone(const kiln_plugin *self, kiln_plugin **out)
+{
+    return plugin_pod_clone(host, self, sizeof(fp8mm), out);
+}
+
+static void fp8_destroy(kiln_plugin *self) { free(self); }
+
+static const kiln_plugin_ops fp8_ops = {
+    .struct_size = sizeof(kiln_plugin_ops),
+    .abi_version = KILN_PLUGIN_ABI_VERSION,
+    .flags = KILN_PLUGIN_FLAG_CAPTURE_SAFE,
+    .backends = PLUGIN_BUILTIN_BACKENDS,
+    .num_outputs = fp8_num_outputs,
+    .output_shapes = fp8_output_shapes,
+    .output_dtypes = fp8_output_dtypes,
+    .supports = fp8_supports,
+    .workspace_size = fp8_workspace_size,
+    .enqueue = fp8_enqueue,
+    .serialize = fp8_serialize,
+    .clone = fp8_clone,
+    .destroy = fp8_destroy,
+};
+
+static kiln_status fp8_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
+{
+    fp8_params p = {plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0)};
+    return fp8_new(&p, out);
+}
+
+static kiln_status fp8_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
+                                   kiln_plugin **out)
+{
+    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof(fp8_params));
+    if (s != KILN_OK)
+        return s;
+    fp8_params p;
+    memcpy(&p, blob, sizeof p);
+    return fp8_new(&p, out);
+}
+
+static const kiln_field_spec fp8_fields[] = {
+    PLUGIN_FIELD_REQUIRED("n", KILN_FIELD_I32, "output features (rows of w)"),
+    PLUGIN_FIELD_REQUIRED("k", KILN_FIELD_I32, "input features, a multiple of 16"),
+};
+
+static const kiln_plugin_creator fp8_creator = {
+    .struct_size = sizeof(kiln_plugin_creator),
+    .abi_version = KILN_PLUGIN_ABI_VERSION,
+    .name = NAME,
+    .version = "1",
+    .plugin_namespace = "kiln",
+    .fields = fp8_fields,
+    .n_fields = sizeof fp8_fields / sizeof fp8_fields[0],
+    .blob_version = BLOB_VERSION,
+    .create = fp8_create,
+    .deserialize = fp8_deserialize,
+    .description = "x · Wᵀ in FP8 E4M3: W per-channel scaled, x quantized per token at run time, f32 sums",
+};
+
+kiln_status kiln_fp8_register(const kiln_host_api *h, kiln_registry *reg)
+{
+    host = h;
+    return h->register_creator(reg, &fp8_creator);
+}

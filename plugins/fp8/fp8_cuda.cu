@@ -1,0 +1,312 @@
+/* Fp8MatMul on CUDA (the semantics are fp8.c's):
+ *  1. each row of x is quantized to E4M3 with its dynamic scale, one block
+ *     a row (max |x| by a block reduction, then the same f32 operations as
+ *     the CPU);
+ *  2. up to KILN_FP8_GEMV_MAX_ROWS rows (decode): a GEMV over the E4M3
+ *     weights built like the bf16 one (src/backend/cuda/gemv.cu): 16-byte
+ *     loads, split-K over warps, the first weight loads before the PDL
+ *     wait; E4M3 pairs become floats through the hardware's fp8x2 → f16x2
+ *     conversion, exact, and are summed in f32;
+ *  3. more rows (prefill): cuBLASLt's FP8 GEMM, W as the transposed first
+ *     operand (the TN layout Hopper's FP8 kernels take), f32 accumulation
+ *     into an f32 result in the workspace, then one kernel scales each
+ *     element by its row's and column's scales and rounds it to y's dtype.
+ *     Where cuBLASLt offers no kernel (n not a multiple of 4), the GEMV
+ *     runs over groups of rows instead. */
+#include <mutex>
+#include <stdio.h>
+
+#include "plugin_cuda.h"
+
+#include "backend/cuda/cuda_common.cuh"
+#include "core/fp8.h"
+
+#include <cublasLt.h>
+#include <cuda_fp8.h>
+
+namespace
+{
+
+constexpr int kWarps = 4;
+constexpr int kUnroll = 2;
+constexpr int kRows = 2; /* weight rows per GEMV block */
+
+cublasLtHandle_t fp8_lt;
+int fp8_lt_status = -1;
+std::once_flag fp8_lt_once;
+
+/* 1. quantization ------------------------------------------------------------------------- */
+
+template <int XT>
+__global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
+{
+    __shared__ float red[8];
+    kcu_after_prior(x, xq, k, 0);
+    const int64_t r = blockIdx.x;
+    float a = 0.0f;
+    for (int32_t i = threadIdx.x; i < k; i += 256)
+        a = fmaxf(a, fabsf(kcu_load_float(x, XT, r * k + i)));
+    for (int o = 16; o > 0; o >>= 1)
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = a;
+    __syncthreads();
+    a = red[0];
+    for (int i = 1; i < 8; i++)
+        a = fmaxf(a, red[i]);
+    const float inv = a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
+    if (threadIdx.x == 0)
+        sx[r] = __fdiv_rn(a, KILN_E4M3_MAX);
+    for (int32_t i = threadIdx.x; i < k; i += 256)
+        xq[r * k + i] = kiln_f32_to_e4m3(__fmul_rn(kcu_load_float(x, XT, r * k + i), inv));
+}
+
+/* 2. GEMV ----------------------------------------------------------------------------------- */
+
+__device__ __forceinline__ uint4 fp8_load_stream(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* 16 E4M3 codes as floats. */
+__device__ __forceinline__ void fp8_unpack(const uint4 &v, float *f)
+{
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[i] >> (16 * h)), __NV_E4M3);
+            float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&r));
+            f[4 * i + 2 * h] = p.x;
+            f[4 * i + 2 * h + 1] = p.y;
+        }
+    }
+}
+
+/* m (<= M) rows of xq against kRows weight rows per block; y = Σ · sx · sw. */
+template <int XT, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+    fp8_gemv_kernel(const uint8_t *__restrict__ xq, const float *__restrict__ sx, const uint8_t *__restrict__ w,
+                    const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k)
+{
+    constexpr int E = 16, STEP = 32 * E;
+    __shared__ float part[kWarps][M][kRows];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int64_t row0 = (int64_t)blockIdx.x * kRows;
+    const int64_t kq = ((int64_t)k / E + kWarps - 1) / kWarps * E;
+    const int64_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
+    const uint8_t *wr[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; r++)
+        wr[r] = w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k;
+    uint4 buf[kUnroll][kRows];
+#pragma unroll
+    for (int u = 0; u < kUnroll; u++) {
+        const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
+#pragma unroll
+        for (int r = 0; r < kRows; r++)
+            buf[u][r] = kk < k1 ? fp8_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+    }
+    kcu_after_prior(xq, y, k, n);
+
+    float acc[M][kRows];
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int r = 0; r < kRows; r++)
+            acc[i][r] = 0.0f;
+    for (int64_t base = k0; base < k1; base += (int64_t)kUnroll * STEP) {
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+            const int64_t kk = base + (int64_t)u * STEP + lane * E;
+            if (kk < k1) {
+#pragma unroll
+                for (int r = 0; r < kRows; r++) {
+                    float wf[E];
+                    fp8_unpack(buf[u][r], wf);
+#pragma unroll
+                    for (int i = 0; i < M; i++) {
+                        if (i < m) {
+                            float xf[E];
+                            fp8_unpack(__ldg(reinterpret_cast<const uint4 *>(xq + (int64_t)i * k + kk)), xf);
+#pragma unroll
+                            for (int e = 0; e < E; e++)
+                                acc[i][r] = fmaf(xf[e], wf[e], acc[i][r]);
+                        }
+                    }
+                }
+            }
+            const int64_t next = kk + (int64_t)kUnroll * STEP;
+#pragma unroll
+            for (int r = 0; r < kRows; r++)
+                buf[u][r] = next < k1 ? fp8_load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < M; i++)
+#pragma unroll
+        for (int r = 0; r < kRows; r++) {
+            float v = kcu_warp_sum(acc[i][r]);
+            if (lane == 0)
+                part[wid][i][r] = v;
+        }
+    __syncthreads();
+    for (int t = threadIdx.x; t < M * kRows; t += kWarps * 32) {
+        const int i = t / kRows, r = t % kRows;
+        if (i < m && row0 + r < n) {
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kWarps; j++)
+                v += part[j][i][r];
+            kcu_store_float(y, XT, (int64_t)i * n + row0 + r, __fmul_rn(__fmul_rn(v, sx[i]), sw[row0 + r]));
+        }
+    }
+}
+
+template <int XT, int M>
+cudaError_t fp8_gemv(const uint8_t *xq, const float *sx, const uint8_t *w, const float *sw, void *y, int32_t m,
+                     int32_t n, int32_t k, cudaStream_t s)
+{
+    return kcu_launch_cfg(fp8_gemv_kernel<XT, M>, dim3((unsigned)(((int64_t)n + kRows - 1) / kRows)), dim3(kWarps * 32),
+                          s, xq, sx, w, sw, y, m, n, k);
+}
+
+/* Rows [0, rows) in groups of up to 8 through the GEMV; y's rows are n
+ * elements of XT apart. */
+template <int XT>
+cudaError_t fp8_gemv_rows(const uint8_t *xq, const float *sx, const uint8_t *w, const float *sw, void *y, int64_t rows,
+                          int32_t n, int32_t k, cudaStream_t s)
+{
+    const size_t es = XT == KILN_DTYPE_F32 ? 4 : 2;
+    for (int64_t r0 = 0; r0 < rows; r0 += KILN_FP8_GEMV_MAX_ROWS) {
+        const int32_t m = (int32_t)(rows - r0 < KILN_FP8_GEMV_MAX_ROWS ? rows - r0 : KILN_FP8_GEMV_MAX_ROWS);
+        const uint8_t *xr = xq + r0 * k;
+        void *yr = (char *)y + (size_t)(r0 * n) * es;
+        cudaError_t e = m == 1   ? fp8_gemv<XT, 1>(xr, sx + r0, w, sw, yr, m, n, k, s)
+                        : m == 2 ? fp8_gemv<XT, 2>(xr, sx + r0, w, sw, yr, m, n, k, s)
+                        : m <= 4 ? fp8_gemv<XT, 4>(xr, sx + r0, w, sw, yr, m, n, k, s)
+                                 : fp8_gemv<XT, 8>(xr, sx + r0, w, sw, yr, m, n, k, s);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return cudaSuccess;
+}
+
+/* 3. GEMM epilogue ----------------------------------------------------------------------- */
+
+template <int XT>
+__global__ void __launch_bounds__(256)
+    fp8_scale_kernel(const float *d, const float *sx, const float *sw, void *y, int64_t rows, int32_t n)
+{
+    kcu_after_prior(d, y, rows, n);
+    const int64_t total = rows * n;
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (int64_t)gridDim.x * 256)
+        kcu_store_float(y, XT, i, __fmul_rn(__fmul_rn(d[i], sx[i / n]), sw[i % n]));
+}
+
+/* cuBLASLt: D [rows, n] (row-major, f32) = Xq · Wᵀ, computed column-major as
+ * Dᵀ [n, rows] = op(W)ᵀ · Xqᵀ with W [k, n] column-major transposed. Returns
+ * a cuBLAS status (0: launched), or -1 when cuBLASLt has no kernel. */
+int fp8_gemm(const uint8_t *xq, const uint8_t *w, float *d, int64_t rows, int32_t n, int32_t k, void *lt_ws,
+             cudaStream_t s)
+{
+    cublasLtMatmulDescOpaque_t desc;
+    cublasLtMatrixLayoutOpaque_t la, lb, lc;
+    cublasLtMatmulPreferenceOpaque_t pref;
+    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    const size_t ws = KILN_FP8_LT_WORKSPACE;
+    cublasStatus_t st = cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&la, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)n, k);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&lb, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)rows, k);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&lc, CUDA_R_32F, (uint64_t)n, (uint64_t)rows, n);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceInit(&pref);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return (int)st;
+    cublasLtMatmulHeuristicResult_t algo;
+    int found = 0;
+    st = cublasLtMatmulAlgoGetHeuristic(fp8_lt, &desc, &la, &lb, &lc, &lc, &pref, 1, &algo, &found);
+    if (st != CUBLAS_STATUS_SUCCESS || found < 1)
+        return -1;
+    const float one = 1.0f, zero = 0.0f;
+    return (int)cublasLtMatmul(fp8_lt, &desc, &one, w, &la, xq, &lb, &zero, d, &lc, d, &lc, &algo.algo, lt_ws, ws, s);
+}
+
+template <int XT>
+int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t rows, int32_t n, int32_t k, char *ws,
+            cudaStream_t s)
+{
+    uint8_t *xq = (uint8_t *)ws;
+    float *sx = (float *)(ws + kiln_fp8_workspace_scales(rows, k));
+    cudaError_t e = kcu_launch_cfg(fp8_quantize_kernel<XT>, dim3((unsigned)rows), dim3(256), s, x, xq, sx, k);
+    if (e != cudaSuccess)
+        return (int)e;
+    if (rows > KILN_FP8_GEMV_MAX_ROWS && n % 4 == 0) {
+        float *d = (float *)(ws + kiln_fp8_workspace_result(rows, k));
+        void *lt_ws = (char *)d + kiln_fp8_align((size_t)(rows * n) * sizeof(float));
+        int st = fp8_gemm(xq, w, d, rows, n, k, lt_ws, s);
+        if (st > 0)
+            return 10000 + st;
+        if (st == 0) {
+            const int64_t blocks = (rows * n + 255) / 256;
+            return (int)kcu_launch_cfg(fp8_scale_kernel<XT>, dim3((unsigned)(blocks < 65535 ? blocks : 65535)),
+                                       dim3(256), s, (const float *)d, (const float *)sx, sw, y, rows, n);
+        }
+    }
+    return (int)fp8_gemv_rows<XT>(xq, sx, w, sw, y, rows, n, k, s);
+}
+
+} /* namespace */
+
+extern "C" int kiln_fp8_cuda_init(void)
+{
+    std::call_once(fp8_lt_once, [] { fp8_lt_status = (int)cublasLtCreate(&fp8_lt); });
+    return fp8_lt_status == 0 ? 0 : 10000 + fp8_lt_status;
+}
+
+extern "C" int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_scale, void *y, int32_t dtype,
+                                    int64_t rows, int32_t n, int32_t k, void *workspace, size_t workspace_size,
+                                    void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (rows <= 0 || n <= 0)
+        return 0;
+    int e = kiln_fp8_cuda_init();
+    if (e)
+        return e;
+    /* the GEMV's 16-byte loads: k is a multiple of 16, so only the bases matter */
+    if (!workspace || workspace_size < kiln_fp8_workspace(rows, n, k) || (uintptr_t)w % 16 || rows > INT32_MAX)
+        return (int)cudaErrorInvalidValue;
+    const uint8_t *wb = (const uint8_t *)w;
+    const float *sw = (const float *)w_scale;
+    char *ws = (char *)workspace;
+    switch (dtype) {
+    case KILN_DTYPE_F16: return fp8_run<KILN_DTYPE_F16>(x, wb, sw, y, rows, n, k, ws, s);
+    case KILN_DTYPE_BF16: return fp8_run<KILN_DTYPE_BF16>(x, wb, sw, y, rows, n, k, ws, s);
+    default: return fp8_run<KILN_DTYPE_F32>(x, wb, sw, y, rows, n, k, ws, s);
+    }
+}
+
+extern "C" const char *kiln_fp8_cuda_error(int code)
+{
+    static thread_local char buf[96];
+    if (code >= 10000)
+        snprintf(buf, sizeof buf, "cuBLASLt status %d", code - 10000);
+    else
+        snprintf(buf, sizeof buf, "CUDA error %d (%s)", code, cudaGetErrorString((cudaError_t)code));
+    return buf;
+}

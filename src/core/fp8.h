@@ -1,0 +1,51 @@
+/* FP8 E4M3 (OCP 8-bit floating point, the "fn" variant Hopper's tensor
+ * cores take): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+ * infinities, S.1111.111 is NaN, the largest finite value is 448 and
+ * subnormals are M · 2^-9. Written once for the host and the device
+ * (KILN_HD, src/core/scalar.h): the FP8 plugin's CPU reference, the
+ * build-time weight quantizer and the CUDA kernels round alike. */
+#ifndef KILN_CORE_FP8_H
+#define KILN_CORE_FP8_H
+
+#include "core/scalar.h"
+
+#if defined(__CUDACC__)
+#include <cuda_fp8.h>
+#endif
+
+#define KILN_E4M3_MAX 448.0f
+
+/* The value of E4M3 code c (exact in f32). */
+KILN_HD float kiln_e4m3_to_f32(uint8_t c)
+{
+    const int e = (c >> 3) & 15, m = c & 7;
+    float v = e == 15 && m == 7 ? NAN : e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
+    return c & 0x80 ? -v : v;
+}
+
+/* f rounded to the nearest E4M3 value, ties to even, saturating to ±448
+ * (NaN stays NaN), as cvt.rn.satfinite.e4m3x2.f32 does on the GPU. */
+KILN_HD uint8_t kiln_f32_to_e4m3(float f)
+{
+#if defined(__CUDA_ARCH__)
+    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
+#else
+    if (isnan(f))
+        return 0x7F;
+    const uint8_t s = signbit(f) ? 0x80 : 0;
+    float a = fabsf(f);
+    if (a >= KILN_E4M3_MAX)
+        return s | 0x7E;
+    if (a < 0.015625f) /* below 2^-6: subnormal steps of 2^-9 (8 steps reach 2^-6, code 0x08) */
+        return s | (uint8_t)rintf(a * 512.0f);
+    int e;
+    frexpf(a, &e);                        /* a = m · 2^e, m in [0.5, 1): a in [2^(e-1), 2^e) */
+    int q = (int)rintf(ldexpf(a, 4 - e)); /* 8..16 steps of 2^(e-4) */
+    if (q == 16)
+        q = 8, e++;
+    int code = (e - 1 + 7) << 3 | (q - 8);
+    return (uint8_t)(s | (code > 0x7E ? 0x7E : code));
+#endif
+}
+
+#endif

@@ -1,0 +1,333 @@
+/* Weight-only quantization (llm/woq.h, kiln/WeightOnlyMatMul) on the CPU:
+ * - round-to-nearest: every weight within half a step of its dequantized
+ *   value, int8 scales max|w| / 127, zero exact in int4;
+ * - AWQ and GPTQ words unpacked to the positions their formats define
+ *   (hand-placed nibbles);
+ * - the plugin (f32 and bf16 activations, per channel and grouped) against
+ *   y = x · Wᵀ computed here in double from the formats' definitions,
+ *   w = s · q and w = s · (q − z), with q, s, z random;
+ * - FP8 E4M3 (src/core/fp8.h) at values the OCP format fixes (448, 1, the
+ *   subnormals, ties to even, saturation, NaN) and every code back and
+ *   forth; Fp8MatMul on the CPU against its definition in double. */
+#include "test.h"
+
+#include <kiln/plugin.h>
+
+#include "core/fp8.h"
+#include "core/threadpool.h"
+#include "llm/woq.h"
+
+static kiln_registry *reg;
+static kiln_threadpool *pool;
+
+static uint32_t rng = 77;
+static uint32_t next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 17;
+    rng ^= rng << 5;
+    return rng;
+}
+static float uniform(float lo, float hi) { return lo + (hi - lo) * (float)(next() >> 8) / 16777216.0f; }
+
+static void test_rtn(void)
+{
+    const int64_t n = 5, k = 256;
+    float *w = malloc(sizeof(float) * n * k), *d = malloc(sizeof(float) * n * k);
+    for (int64_t i = 0; i < n * k; i++)
+        w[i] = uniform(-0.1f, 0.3f);
+    w[7] = 0.0f;
+    for (int bits = 8; bits >= 4; bits -= 4) {
+        int32_t group = bits == 8 ? (int32_t)k : 64;
+        kiln_woq_weight q;
+        CHECK_OK(kiln_woq_quantize(w, n, k, bits, group, "test", &q));
+        kiln_woq_dequantize(&q, d);
+        double worst = 0;
+        for (int64_t r = 0; r < n; r++)
+            for (int64_t i = 0; i < k; i++) {
+                float s = q.scales[r * (k / group) + i / group];
+                double e = fabs((double)d[r * k + i] - w[r * k + i]) / s;
+                worst = e > worst ? e : worst;
+            }
+        CHECK(worst <= 0.5 + 1e-3);
+        CHECK(d[7] == 0.0f);
+        if (bits == 8) {
+            float amax = 0;
+            for (int64_t i = 0; i < k; i++)
+                amax = fabsf(w[i]) > amax ? fabsf(w[i]) : amax;
+            CHECK_NEAR(q.scales[0], amax / 127.0f, 1e-9);
+        }
+        kiln_woq_free(&q);
+    }
+    kiln_woq_weight q;
+    CHECK_FAILS(kiln_woq_quantize(w, n, k, 4, 48, "w48", &q), KILN_ERROR_UNSUPPORTED, "group size 48");
+    CHECK_FAILS(kiln_woq_quantize(w, n, 100, 8, 100, "w100", &q), KILN_ERROR_UNSUPPORTED, "multiple of 32");
+    w[3] = NAN;
+    CHECK_FAILS(kiln_woq_quantize(w, n, k, 4, 64, "wnan", &q), KILN_ERROR_FORMAT, "NaN");
+    free(w);
+    free(d);
+}
+
+static int q4(const kiln_woq_weight *w, int64_t r, int64_t i)
+{
+    uint8_t b = w->q[r * (w->k / 2) + i / 2];
+    return i & 1 ? b >> 4 : b & 0x0F;
+}
+
+/* AWQ: qweight [k, n / 8], nibble i of word c holds output 8c + (0, 2, 4,
+ * 6, 1, 3, 5, 7)[i]; GPTQ: qweight [k / 8, n], nibble j of row r holds
+ * input 8r + j; GPTQ v1 zeros are stored minus one. */
+static void test_layouts(void)
+{
+    const int64_t n = 16, k = 32;
+    int32_t qw[32 * 2] = {0}, qz[2] = {0};
+    float sc[16];
+    for (int i = 0; i < 16; i++)
+        sc[i] = 0.5f + (float)i;
+    qw[3 * 2 + 1] = 5 << 4;      /* input 3, word 1, nibble 1: output 8 + 2 */
+    qz[0] = (int32_t)(9u << 28); /* word 0, nibble 7: output 7 */
+    kiln_woq_weight w;
+    CHECK_OK(kiln_woq_from_awq(qw, qz, sc, n, k, 32, "awq", &w));
+    CHECK(q4(&w, 10, 3) == 5);
+    CHECK(q4(&w, 9, 3) == 0 && q4(&w, 10, 2) == 0);
+    CHECK(w.zeros[7] == 9 && w.zeros[3] == 0);
+    CHECK(w.scales[10] == 10.5f);
+    kiln_woq_free(&w);
+
+    int32_t gq[4 * 16] = {0}, gz[2] = {0}, gidx[32];
+    for (int i = 0; i < 32; i++)
+        gidx[i] = 0;
+    gq[1 * 16 + 5] = 9 << 8; /* row 1, output 5, nibble 2: input 10 */
+    gz[0] = 6 << 12;         /* output 3 stores 6: zero 7 */
+    CHECK_OK(kiln_woq_from_gptq(gq, gz, sc, gidx, n, k, 32, 1, 1, "gptq", &w));
+    CHECK(q4(&w, 5, 10) == 9);
+    CHECK(q4(&w, 5, 9) == 0 && q4(&w, 4, 10) == 0);
+    CHECK(w.zeros[3] == 7 && w.zeros[0] == 1);
+    kiln_woq_free(&w);
+    CHECK_OK(kiln_woq_from_gptq(gq, gz, sc, NULL, n, k, 32, 1, 0, "gptq2", &w));
+    CHECK(w.zeros[3] == 6 && w.zeros[0] == 0);
+    kiln_woq_free(&w);
+    gidx[31] = 1;
+    CHECK_FAILS(kiln_woq_from_gptq(gq, gz, sc, gidx, n, k, 32, 1, 1, "act", &w), KILN_ERROR_UNSUPPORTED, "desc_act");
+}
+
+static kiln_tensor_desc desc2(kiln_dtype t, int64_t a, int64_t b)
+{
+    kiln_tensor_desc d;
+    memset(&d, 0, sizeof d);
+    d.struct_size = sizeof d;
+    d.abi_version = KILN_PLUGIN_ABI_VERSION;
+    d.dtype = t;
+    d.dims.rank = 2;
+    d.dims.d[0] = a;
+    d.dims.d[1] = b;
+    return d;
+}
+
+static kiln_field fi32(const char *name, const int32_t *v)
+{
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_I32, 1, v};
+}
+
+static void check_plugin(int32_t bits, int32_t group, kiln_dtype t)
+{
+    const kiln_host_api *h = kiln_host();
+    int32_t n = 37, k = 384, rows = 21, ng = k / group;
+    kiln_field f[4] = {fi32("bits", &bits), fi32("group_size", &group), fi32("n", &n), fi32("k", &k)};
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "WeightOnlyMatMul", "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    CHECK(c != NULL);
+    if (!c || kiln_plugin_create(c, f, 4, &p) != KILN_OK) {
+        CHECK(0);
+        return;
+    }
+    uint8_t *q = malloc((size_t)n * k * bits / 8), *z = malloc((size_t)n * ng);
+    float *s = malloc(sizeof(float) * n * ng), *xf = malloc(sizeof(float) * rows * k);
+    uint16_t *xh = malloc(2 * (size_t)rows * k), *yh = malloc(2 * (size_t)rows * n);
+    float *y = malloc(sizeof(float) * rows * n);
+    for (int64_t i = 0; i < (int64_t)n * k * bits / 8; i++)
+        q[i] = (uint8_t)next();
+    for (int64_t i = 0; i < (int64_t)n * ng; i++) {
+        s[i] = uniform(0.001f, 0.05f);
+        z[i] = (uint8_t)(next() % 16);
+    }
+    for (int64_t i = 0; i < (int64_t)rows * k; i++) {
+        xf[i] = uniform(-1, 1);
+        if (t == KILN_DTYPE_BF16) {
+            xh[i] = h->float_to_bf16(xf[i]);
+            xf[i] = h->bf16_to_float(xh[i]);
+        }
+    }
+    kiln_tensor_desc d[5] = {desc2(t, rows, k), desc2(KILN_DTYPE_U8, n, (int64_t)k * bits / 8),
+                             desc2(KILN_DTYPE_F32, n, ng), desc2(KILN_DTYPE_U8, n, ng)};
+    int32_t n_in = bits == 4 ? 4 : 3;
+    d[n_in] = desc2(t, rows, n);
+    const void *in[4] = {t == KILN_DTYPE_F32 ? (const void *)xf : xh, q, s, z};
+    void *out[1] = {t == KILN_DTYPE_F32 ? (void *)y : yh};
+    size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+    void *ws = malloc(wsz ? wsz : 1);
+    CHECK(p->ops->supports(p, KILN_BACKEND_CPU, d, n_in, 1));
+    CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, n_in, d + n_in, out, 1, ws, pool));
+    double diff = 0, ref = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t o = 0; o < n; o++) {
+            double acc = 0;
+            for (int64_t i = 0; i < k; i++) {
+                int64_t g = o * ng + i / group;
+                double w;
+                if (bits == 8) {
+                    w = (double)s[g] * (int8_t)q[o * k + i];
+                } else {
+                    uint8_t b = q[o * (k / 2) + i / 2];
+                    w = (double)s[g] * ((i & 1 ? b >> 4 : b & 15) - z[g]);
+                }
+                acc += w * xf[r * k + i];
+            }
+            double got = t == KILN_DTYPE_F32 ? y[r * n + o] : h->bf16_to_float(yh[r * n + o]);
+            diff += (got - acc) * (got - acc);
+            ref += acc * acc;
+        }
+    double rel = sqrt(diff / ref), tol = t == KILN_DTYPE_F32 ? 1e-6 : 4e-3;
+    if (!(rel <= tol))
+        fprintf(stderr, "int%d g%d %s: relative error %.3g > %g\n", bits, group, t == KILN_DTYPE_F32 ? "f32" : "bf16",
+                rel, tol);
+    CHECK(rel <= tol);
+    free(q), free(z), free(s), free(xf), free(xh), free(yh), free(y), free(ws);
+    p->ops->destroy(p);
+}
+
+static void test_plugin(void)
+{
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_OK(kiln_threadpool_create(2, &pool));
+    check_plugin(8, 384, KILN_DTYPE_F32);
+    check_plugin(8, 128, KILN_DTYPE_BF16);
+    check_plugin(4, 128, KILN_DTYPE_F32);
+    check_plugin(4, 32, KILN_DTYPE_BF16);
+    /* values the creator refuses, each named */
+    int32_t bits = 3, g = 128, n = 8, k = 256;
+    kiln_field f[4] = {fi32("bits", &bits), fi32("group_size", &g), fi32("n", &n), fi32("k", &k)};
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "WeightOnlyMatMul", "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    CHECK_FAILS(kiln_plugin_create(c, f, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "bits 3");
+    bits = 4, g = 96;
+    CHECK_FAILS(kiln_plugin_create(c, f, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "group_size 96");
+    kiln_threadpool_destroy(pool);
+    kiln_registry_destroy(reg);
+}
+
+static void test_e4m3(void)
+{
+    const struct {
+        float f;
+        uint8_t c;
+    } cases[] = {{448.0f, 0x7E},        {1.0f, 0x38},          {0.5f, 0x30},   {0.015625f, 0x08}, {0.001953125f, 0x01},
+                 {1.0625f, 0x38},       {1.1875f, 0x3A},       {-3.0f, 0xC4},  {500.0f, 0x7E},    {-1e9f, 0xFE},
+                 {0.0009765625f, 0x00}, {0.0029296875f, 0x02}, {240.0f, 0x77}, {-0.0f, 0x80},     {0.0f, 0x00}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        uint8_t c = kiln_f32_to_e4m3(cases[i].f);
+        if (c != cases[i].c)
+            fprintf(stderr, "e4m3(%g) = 0x%02X, expected 0x%02X\n", cases[i].f, c, cases[i].c);
+        CHECK(c == cases[i].c);
+    }
+    CHECK(kiln_f32_to_e4m3(NAN) == 0x7F);
+    CHECK(isnan(kiln_e4m3_to_f32(0x7F)) && isnan(kiln_e4m3_to_f32(0xFF)));
+    CHECK(kiln_e4m3_to_f32(0x7E) == 448.0f && kiln_e4m3_to_f32(0x01) == 0.001953125f);
+    int bad = 0;
+    for (int c = 0; c < 256; c++)
+        if ((c & 0x7F) != 0x7F)
+            bad += kiln_f32_to_e4m3(kiln_e4m3_to_f32((uint8_t)c)) != c;
+    CHECK(bad == 0);
+    /* values are increasing in the code: the rounding is to a neighbour */
+    for (int c = 0; c < 0x7E; c++)
+        CHECK(kiln_e4m3_to_f32((uint8_t)c) < kiln_e4m3_to_f32((uint8_t)(c + 1)));
+}
+
+static void check_fp8_plugin(kiln_dtype t, int32_t rows)
+{
+    const kiln_host_api *h = kiln_host();
+    int32_t n = 24, k = 160;
+    kiln_field f[2] = {fi32("n", &n), fi32("k", &k)};
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "Fp8MatMul", "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    CHECK(c != NULL);
+    if (!c || kiln_plugin_create(c, f, 2, &p) != KILN_OK) {
+        CHECK(0);
+        return;
+    }
+    uint8_t *w = malloc((size_t)n * k);
+    float *sw = malloc(sizeof(float) * n), *xf = malloc(sizeof(float) * rows * k),
+          *y = malloc(sizeof(float) * rows * n);
+    uint16_t *xh = malloc(2 * (size_t)rows * k), *yh = malloc(2 * (size_t)rows * n);
+    for (int64_t i = 0; i < (int64_t)n * k; i++) {
+        w[i] = (uint8_t)next();
+        if ((w[i] & 0x7F) == 0x7F)
+            w[i] ^= 1;
+    }
+    for (int64_t i = 0; i < n; i++)
+        sw[i] = uniform(0.001f, 0.01f);
+    for (int64_t i = 0; i < (int64_t)rows * k; i++) {
+        xf[i] = uniform(-2, 2);
+        if (t == KILN_DTYPE_BF16) {
+            xh[i] = h->float_to_bf16(xf[i]);
+            xf[i] = h->bf16_to_float(xh[i]);
+        }
+    }
+    for (int64_t i = 0; i < k; i++)
+        xf[i] = 0; /* a row of zeros: scale 0, output 0 */
+    if (t == KILN_DTYPE_BF16)
+        for (int64_t i = 0; i < k; i++)
+            xh[i] = 0;
+    kiln_tensor_desc d[4] = {desc2(t, rows, k), desc2(KILN_DTYPE_U8, n, k), desc2(KILN_DTYPE_F32, n, 1),
+                             desc2(t, rows, n)};
+    d[2].dims.rank = 1;
+    const void *in[3] = {t == KILN_DTYPE_F32 ? (const void *)xf : xh, w, sw};
+    void *out[1] = {t == KILN_DTYPE_F32 ? (void *)y : yh};
+    size_t wsz = p->ops->workspace_size(p, d, 3, d + 3, 1);
+    void *ws = malloc(wsz ? wsz : 1);
+    CHECK(p->ops->supports(p, KILN_BACKEND_CPU, d, 3, 1));
+    CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 3, d + 3, out, 1, ws, pool));
+    /* the definition: per-row scale max|x| / 448, x · 448 / max rounded to
+     * E4M3, products of the exact values, times both scales */
+    double diff = 0, ref = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        float a = 0;
+        for (int64_t i = 0; i < k; i++)
+            a = fabsf(xf[r * k + i]) > a ? fabsf(xf[r * k + i]) : a;
+        float inv = a > 0 ? 448.0f / a : 0.0f;
+        for (int64_t o = 0; o < n; o++) {
+            double acc = 0;
+            for (int64_t i = 0; i < k; i++)
+                acc += (double)kiln_e4m3_to_f32(kiln_f32_to_e4m3(xf[r * k + i] * inv)) * kiln_e4m3_to_f32(w[o * k + i]);
+            acc *= (double)(a / 448.0f) * sw[o];
+            double got = t == KILN_DTYPE_F32 ? y[r * n + o] : h->bf16_to_float(yh[r * n + o]);
+            if (r == 0)
+                CHECK(got == 0.0);
+            diff += (got - acc) * (got - acc);
+            ref += acc * acc;
+        }
+    }
+    double rel = sqrt(diff / ref), tol = t == KILN_DTYPE_F32 ? 1e-6 : 4e-3;
+    if (!(rel <= tol))
+        fprintf(stderr, "Fp8MatMul %s: relative error %.3g > %g\n", t == KILN_DTYPE_F32 ? "f32" : "bf16", rel, tol);
+    CHECK(rel <= tol);
+    free(w), free(sw), free(xf), free(y), free(xh), free(yh), free(ws);
+    p->ops->destroy(p);
+    /* k not a multiple of 16 is refused */
+    k = 40;
+    CHECK_FAILS(kiln_plugin_create(c, f, 2, &p), KILN_ERROR_INVALID_ARGUMENT, "multiple of 16");
+}
+
+static void test_fp8_plugin(void)
+{
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_OK(kiln_threadpool_create(2, &pool));
+    check_fp8_plugin(KILN_DTYPE_F32, 3);
+    check_fp8_plugin(KILN_DTYPE_BF16, 17);
+    kiln_threadpool_destroy(pool);
+    kiln_registry_destroy(reg);
+}
+
+static const test_case_ tests[] = {TEST(test_rtn), TEST(test_layouts), TEST(test_plugin), TEST(test_e4m3),
+                                   TEST(test_fp8_plugin)};
+TEST_MAIN(tests)
