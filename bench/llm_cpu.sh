@@ -121,7 +121,7 @@ PY
   fi
   if [ "$peer_ok" = 1 ]; then
     "$py" bench/llamacpp_peer.py "$gguf" "$tmp/$model.ids.json" $gen_len "$runs" "$(cat "$tmp/$model.threads")" \
-      >"$tmp/$model.peer.json"
+      >"$tmp/$model.peer.json" || { echo "kiln: warning: llama.cpp failed on $model" >&2; rm -f "$tmp/$model.peer.json"; }
   fi
 done
 

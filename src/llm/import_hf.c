@@ -283,17 +283,11 @@ kiln_status kiln_llm_hf_parse_config(const char *text, size_t len, const char *w
 
 /* ---- weights ------------------------------------------------------------ */
 
-/* config.json's quantization_config, when the linear layers are stored
- * quantized */
-enum { HF_QUANT_NONE, HF_QUANT_AWQ, HF_QUANT_GPTQ };
-
 typedef struct hf_weights {
     kiln_safetensors **shards;
     char **shard_paths;
     int32_t n_shards;
-    int32_t quant;       /* HF_QUANT_* */
-    int32_t group;       /* group_size; -1: a whole row */
-    int32_t zero_offset; /* GPTQ v1 stores zero points minus 1 */
+    kiln_llm_quant_config quant; /* how the linear layers are stored */
 } hf_weights;
 
 static void hf_weights_free(void *user)
@@ -405,7 +399,8 @@ static kiln_status hf_read_woq(void *user, const char *name, kiln_woq_weight *ou
     hf_weights *w = user;
     size_t len = strlen(name);
     char base[192], qname[200];
-    if (w->quant == HF_QUANT_NONE || len < 8 || len - 7 >= sizeof base || strcmp(name + len - 7, ".weight") != 0)
+    if (w->quant.method == KILN_LLM_QUANT_NONE || len < 8 || len - 7 >= sizeof base ||
+        strcmp(name + len - 7, ".weight") != 0)
         return KILN_ERROR_NOT_FOUND;
     memcpy(base, name, len - 7);
     base[len - 7] = '\0';
@@ -418,15 +413,16 @@ static kiln_status hf_read_woq(void *user, const char *name, kiln_woq_weight *ou
     if (qd.rank != 2)
         return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" has rank %d, expected 2", qname, qd.rank);
     /* AWQ: [k, n / 8]; GPTQ: [k / 8, n] */
-    int64_t k = w->quant == HF_QUANT_AWQ ? qd.d[0] : qd.d[0] * 8, n = w->quant == HF_QUANT_AWQ ? qd.d[1] * 8 : qd.d[1];
-    int32_t group = w->group < 0 ? (int32_t)k : w->group;
+    const int awq = w->quant.method == KILN_LLM_QUANT_AWQ;
+    int64_t k = awq ? qd.d[0] : qd.d[0] * 8, n = awq ? qd.d[1] * 8 : qd.d[1];
+    int32_t group = w->quant.group < 0 ? (int32_t)k : w->quant.group;
     if (k <= 0 || n <= 0 || k % group != 0 || k > (1 << 30) || n > (1 << 30))
         return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\": %lld inputs are not a multiple of group_size %d", qname,
                          (long long)k, group);
     int64_t ng = k / group;
     KILN_TRY(hf_quant_part(w, base, "qzeros", KILN_DTYPE_I32, ng, n / 8, &qzeros));
     KILN_TRY(hf_quant_part(w, base, "scales", KILN_DTYPE_F16, ng, n, &scales16));
-    if (w->quant == HF_QUANT_GPTQ) {
+    if (!awq) {
         kiln_dims gd;
         snprintf(qname, sizeof qname, "%s.g_idx", base);
         st = hf_find_raw(w, qname, KILN_DTYPE_I32, &gd, &g_idx);
@@ -441,18 +437,19 @@ static kiln_status hf_read_woq(void *user, const char *name, kiln_woq_weight *ou
     kiln_convert(scales, KILN_DTYPE_F32, scales16, KILN_DTYPE_F16, ng * n);
     /* the files are little-endian int32, as this machine (kiln's engines
      * assume it too) */
-    if (w->quant == HF_QUANT_AWQ)
+    if (awq)
         st = kiln_woq_from_awq(qweight, qzeros, scales, n, k, group, base, out);
     else
-        st = kiln_woq_from_gptq(qweight, qzeros, scales, g_idx, n, k, group, (int32_t)ng, w->zero_offset, base, out);
+        st = kiln_woq_from_gptq(qweight, qzeros, scales, g_idx, n, k, group, (int32_t)ng, w->quant.zero_offset, base,
+                                out);
     free(scales);
     return st;
 }
 
-/* quantization_config of config.json: AWQ (GEMM layout) and GPTQ, 4 bits. */
-static kiln_status parse_quant_config(const char *text, size_t len, const char *what, hf_weights *w)
+kiln_status kiln_llm_hf_parse_quant_config(const char *text, size_t len, const char *what, kiln_llm_quant_config *out)
 {
     jfile f;
+    kiln_llm_quant_config qc = {KILN_LLM_QUANT_NONE, 0, 0}, *w = &qc;
     KILN_TRY(load_json(text, len, what, &f));
     json_t *q = json_object_get(f.root, "quantization_config");
     kiln_status st = KILN_OK;
@@ -500,10 +497,12 @@ static kiln_status parse_quant_config(const char *text, size_t len, const char *
         }
         w->zero_offset = fmt && strcmp(fmt, "gptq_v2") == 0 ? 0 : 1;
     }
-    w->quant = awq ? HF_QUANT_AWQ : HF_QUANT_GPTQ;
+    w->method = awq ? KILN_LLM_QUANT_AWQ : KILN_LLM_QUANT_GPTQ;
     w->group = (int32_t)group;
 done:
     json_decref(f.root);
+    if (st == KILN_OK)
+        *out = qc;
     return st;
 }
 
@@ -745,7 +744,7 @@ kiln_status kiln_llm_import_hf(const char *dir, kiln_llm_checkpoint **out)
     if (st == KILN_OK)
         st = kiln_llm_hf_parse_config(text, len, path, &ck->config);
     if (st == KILN_OK)
-        st = parse_quant_config(text, len, path, ck->weight_user);
+        st = kiln_llm_hf_parse_quant_config(text, len, path, &((hf_weights *)ck->weight_user)->quant);
     free(text);
     free(path);
     path = NULL;

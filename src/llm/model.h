@@ -127,6 +127,21 @@ kiln_status kiln_llm_import_llama2c(const char *path, const char *tokenizer_path
 kiln_status kiln_llm_llama2c_parse_header(const void *data, size_t file_size, const char *what, kiln_llm_config *cfg,
                                           int *shared, size_t *weights_bytes);
 
+/* config.json's quantization_config: how a checkpoint's linear layers
+ * are stored (AWQ's GEMM layout or GPTQ's, 4 bits). */
+typedef struct kiln_llm_quant_config {
+    int32_t method;      /* KILN_LLM_QUANT_* */
+    int32_t group;       /* group_size; -1: a whole row */
+    int32_t zero_offset; /* GPTQ's original format stores zero points minus 1 */
+} kiln_llm_quant_config;
+
+enum { KILN_LLM_QUANT_NONE, KILN_LLM_QUANT_AWQ, KILN_LLM_QUANT_GPTQ };
+
+/* Parses config.json's quantization_config (method NONE when absent);
+ * what kiln cannot read as stored (other methods or bit widths, AWQ's GEMV
+ * layout) is refused naming the key. Exposed for the fuzz target. */
+kiln_status kiln_llm_hf_parse_quant_config(const char *text, size_t len, const char *what, kiln_llm_quant_config *out);
+
 /* Parses a Hugging Face config.json text into the shape part of *cfg.
  * Errors name `what` (the file) and the key. Exposed for the fuzz target. */
 kiln_status kiln_llm_hf_parse_config(const char *text, size_t len, const char *what, kiln_llm_config *cfg);

@@ -71,6 +71,14 @@ expect_ok "--kv-cache-fraction and --no-cuda-graphs on the cpu" "$KILN" run "$E"
 python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); sys.exit(a["generated_ids"] != b["generated_ids"] or a["kv_cache"] != b["kv_cache"])' \
   "$TMP/a.json" "$OUT" && PASSED=$((PASSED + 1)) || fail "memory options changed a cpu run"
 expect_error 2 "--kv-cache-fraction out of range" "--kv-cache-fraction expects a number in (0, 1]" "$KILN" run "$E" -p "hello" --kv-cache-fraction 1.5
+# --threads: one and three threads give the greedy tokens of the default
+# pool (kernels split work without reordering sums), and say so.
+for n in 1 3; do
+  expect_ok "--threads $n" "$KILN" run "$E" -p "hello" -n 12 --temperature 0 --threads $n --json
+  python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); sys.exit(a["generated_ids"] != b["generated_ids"] or b["threads"] != int(sys.argv[3]))' \
+    "$TMP/a.json" "$OUT" $n && PASSED=$((PASSED + 1)) || fail "--threads $n changed the tokens or was not reported"
+done
+expect_error 2 "--threads out of range" "--threads" "$KILN" run "$E" -p "hello" --threads 0
 expect_ok "greedy again gives the same tokens" "$KILN" run "$E" -p "hello" -n 12 --temperature 0 --json
 python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); sys.exit(a["generated_ids"] != b["generated_ids"])' \
   "$TMP/a.json" "$OUT" && PASSED=$((PASSED + 1)) || fail "greedy runs differ"

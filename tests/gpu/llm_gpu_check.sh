@@ -11,6 +11,8 @@
 #      perplexity on tests/data/text within 1% of the f32 CPU engine's,
 #      argmax agreement >= 97%;
 #      and each quantized weight format beside it (tests/gpu/quant_quality.sh);
+#      llama.cpp's tiny Q4_K_M / Q5_K_M files kept as stored on the GPU
+#      (QuantMatMul's K kernels) against their f32 CPU engines;
 #  (c) benchmarks on random-weight checkpoints of the Llama-3.1-8B and
 #      Llama-3.2-1B shapes (tools/make_random_checkpoint.py): build time and
 #      peak host RSS, engine open, decode and prefill (`kiln bench`), each
@@ -152,6 +154,30 @@ PY
     while IFS=$'\t' read -r name res; do row "$name" "$res"; done < <(bash tests/gpu/quant_quality.sh "$kiln" "$gguf" \
         "$backend" "$work" "$text" 2>>"$log")
 fi
+# K-quant GGUFs as llama.cpp wrote them (tests/data/llm/quantized, Q4_K_M and
+# Q5_K_M: Q4_K, Q5_K, Q6_K weights) kept as stored on the GPU (QuantMatMul's
+# K kernels, bf16 activations) against the CPU engine of the same file with
+# f32 weights: teacher-forced logits, mean KL and argmax agreement.
+for q in q4_k_m q5_k_m; do
+    f=tests/data/llm/quantized/model-$q.gguf
+    say "K-quants $q"
+    if "$kiln" build "$f" --backend "$backend" -o "$work/kq-$q.engine" >>"$log" 2>&1 &&
+       "$kiln" build "$f" --dtype f32 -o "$work/kq-$q-f32.engine" >>"$log" 2>&1 &&
+       "$kiln" perplexity "$work/kq-$q.engine" "$text" --window 256 --compare "$work/kq-$q-f32.engine" --json \
+           >"$work/kq-$q.json" 2>>"$log"; then
+        while IFS=$'\t' read -r name res; do row "$name" "$res"; done < <(python3 - "$work/kq-$q.json" "$q" "$backend" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))["compare"]
+ok = c["kl_mean"] <= 0.02 and c["argmax_agreement"] >= 0.9
+print("llm %s native %s vs f32 cpu\t%s (mean KL %.5f nats, limit 0.02; argmax agreement %.4f, limit 0.9)"
+      % (sys.argv[2], sys.argv[3], "pass" if ok else "FAIL", c["kl_mean"], c["argmax_agreement"]))
+PY
+        )
+    else
+        row "llm $q native $backend vs f32 cpu" "FAIL (build or kiln perplexity failed, see llm.log)"
+    fi
+    rm -f "$work/kq-$q.engine" "$work/kq-$q-f32.engine"
+done
 echo "llm: (b) done ($(elapsed))" >>"$log"
 
 # ---- (c) benchmarks ----------------------------------------------------------------------
