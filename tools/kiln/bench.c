@@ -48,7 +48,7 @@ static const char bench_help[] =
     "its mean decode length, at the measured copy bandwidth (bytes read +\n"
     "written per second).\n";
 
-static double now_ms(void)
+double bench_now_ms(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -61,8 +61,7 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-/* The q-quantile (0..1) of v[0..n), sorting v; nearest rank. */
-static double quantile(double *v, size_t n, double q)
+double bench_quantile(double *v, size_t n, double q)
 {
     if (n == 0)
         return 0;
@@ -87,7 +86,7 @@ static int on_token(void *user, int32_t request, int32_t token, const char *text
     (void)len;
     if (token < 0 || request < 0 || request >= c->batch || c->count[request] >= c->gen_len)
         return 0;
-    c->times[(size_t)request * (size_t)c->gen_len + (size_t)c->count[request]++] = now_ms();
+    c->times[(size_t)request * (size_t)c->gen_len + (size_t)c->count[request]++] = bench_now_ms();
     return 0;
 }
 
@@ -103,7 +102,7 @@ static int run_rep(kiln_llm *llm, const kiln_llm_request *const *reqs, rep_clock
     if (!res)
         return cli_error("out of memory");
     memset(c->count, 0, sizeof *c->count * (size_t)c->batch);
-    c->t0 = now_ms();
+    c->t0 = bench_now_ms();
     kiln_status s = kiln_llm_generate(llm, reqs, c->batch, on_token, c, res);
     for (int32_t i = 0; i < c->batch; i++)
         kiln_llm_result_free(res[i]);
@@ -278,19 +277,19 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
     if (st == CLI_OK) {
         for (size_t k = 0; k < R; k++)
             v[k] = reps[k].prefill_tok_s;
-        r->prefill_tok_s = quantile(v, R, 0.5);
+        r->prefill_tok_s = bench_quantile(v, R, 0.5);
         r->prefill_min = v[0];
         r->prefill_max = v[R - 1];
         for (size_t k = 0; k < R; k++)
             v[k] = reps[k].decode_tok_s;
-        r->decode_tok_s = quantile(v, R, 0.5);
+        r->decode_tok_s = bench_quantile(v, R, 0.5);
         r->decode_min = v[0];
         r->decode_max = v[R - 1];
         for (size_t k = 0; k < R; k++)
             v[k] = reps[k].ttft_ms;
-        r->ttft_ms = quantile(v, R, 0.5);
-        r->itl_p50 = quantile(itl, n_itl, 0.5);
-        r->itl_p99 = quantile(itl, n_itl, 0.99);
+        r->ttft_ms = bench_quantile(v, R, 0.5);
+        r->itl_p50 = bench_quantile(itl, n_itl, 0.5);
+        r->itl_p99 = bench_quantile(itl, n_itl, 0.99);
         /* Before the copy, whose buffers are not the engine's. */
         struct rusage ru;
         r->peak_rss_mb = getrusage(RUSAGE_SELF, &ru) == 0 ? (double)ru.ru_maxrss / 1024.0 : 0;
@@ -387,10 +386,10 @@ int cli_bench(int argc, char **argv)
     kiln_llm *llm = NULL;
     if (st == CLI_OK && !help) {
         r.engine = a.positional[0];
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         st = cli_llm_open(r.engine, libs, n_libs, &lo, &reg, &llm);
         if (st == CLI_OK)
-            st = bench(llm, now_ms() - t0, copy_mb, &r);
+            st = bench(llm, bench_now_ms() - t0, copy_mb, &r);
         if (st == CLI_OK)
             st = print_report(&r, json);
     }

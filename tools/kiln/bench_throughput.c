@@ -64,13 +64,6 @@ typedef struct tp_options {
 
 /* ---- clocks and random numbers -------------------------------------------------------- */
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static uint64_t next_u64(uint64_t *x)
 {
     *x ^= *x >> 12;
@@ -93,22 +86,6 @@ static long draw_len(uint64_t *x, long mean, int dist, double spread, long lo, l
         v = (double)mean * (1.0 + spread * normal(x));
     long n = (long)llround(v);
     return n < lo ? lo : n > hi ? hi : n;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* The q-quantile (0..1) of v[0..n), sorting v; nearest rank. */
-static double quantile(double *v, size_t n, double q)
-{
-    if (n == 0)
-        return 0;
-    qsort(v, n, sizeof *v, cmp_double);
-    size_t i = (size_t)(q * (double)n);
-    return v[i < n ? i : n - 1];
 }
 
 /* ---- requests and their clocks ----------------------------------------------------------- */
@@ -138,7 +115,7 @@ static int tp_on_token(void *user, const kiln_llm_token *tok)
     tp_req *r = user;
     if (tok->id < 0)
         return 0;
-    double t = now_ms();
+    double t = bench_now_ms();
     if (r->tokens == 0)
         r->t_first = t;
     else if (r->tokens - 1 < r->n_out - 1)
@@ -171,13 +148,13 @@ static int submit_all(kiln_llm_scheduler *sc, tp_run *run, tp_req *reqs, long n,
     cb.on_token = tp_on_token;
     cb.on_finish = tp_on_finish;
     for (long i = 0; i < n; i++) {
-        double wait = t0 + (arrive ? arrive[i] : 0) - now_ms();
+        double wait = t0 + (arrive ? arrive[i] : 0) - bench_now_ms();
         if (wait > 0) {
             struct timespec ts = {(time_t)(wait / 1e3), (long)(fmod(wait, 1e3) * 1e6)};
             nanosleep(&ts, NULL);
         }
         cb.user = &reqs[i];
-        reqs[i].t_submit = now_ms();
+        reqs[i].t_submit = bench_now_ms();
         if (kiln_llm_submit(sc, &reqs[i].req, &cb, NULL) != KILN_OK) {
             int st = cli_kiln_error();
             /* What was submitted still ends; wait for it before returning. */
@@ -347,10 +324,10 @@ static int throughput(kiln_llm *llm, const tp_options *o, tp_report *rep)
     if (st == CLI_OK && kiln_llm_scheduler_start(llm, &so, &sc) != KILN_OK)
         st = cli_kiln_error();
     if (st == CLI_OK && W > 0)
-        st = submit_all(sc, &run, warm, W, NULL, now_ms());
+        st = submit_all(sc, &run, warm, W, NULL, bench_now_ms());
     kiln_llm_scheduler_stats before = {.struct_size = sizeof before};
     kiln_llm_scheduler_stats_get(sc, &before);
-    double t0 = now_ms();
+    double t0 = bench_now_ms();
     run.ended = 0;
     if (st == CLI_OK)
         st = submit_all(sc, &run, reqs, N, o->rate > 0 ? arrive : NULL, t0);
@@ -387,11 +364,11 @@ static int throughput(kiln_llm *llm, const tp_options *o, tp_report *rep)
             rep->total_tok_s =
                 rep->duration_s > 0 ? (double)(rep->prompt_tokens + rep->output_tokens) / rep->duration_s : 0;
             rep->requests_s = rep->duration_s > 0 ? (double)N / rep->duration_s : 0;
-            rep->ttft_p50 = quantile(ttft, (size_t)N, 0.5);
-            rep->ttft_p99 = quantile(ttft, (size_t)N, 0.99);
+            rep->ttft_p50 = bench_quantile(ttft, (size_t)N, 0.5);
+            rep->ttft_p99 = bench_quantile(ttft, (size_t)N, 0.99);
             rep->ttft_max = ttft[N - 1];
-            rep->itl_p50 = quantile(itl, n_itl, 0.5);
-            rep->itl_p99 = quantile(itl, n_itl, 0.99);
+            rep->itl_p50 = bench_quantile(itl, n_itl, 0.5);
+            rep->itl_p99 = bench_quantile(itl, n_itl, 0.99);
             /* Counters of the timed requests alone (the peak covers all). */
             rep->stats.steps -= before.steps;
             rep->stats.preemptions -= before.preemptions;

@@ -77,6 +77,11 @@ int cli_detokenize(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 /* kiln bench --throughput (bench_throughput.c). */
 int cli_bench_throughput(int argc, char **argv);
+/* bench.c's clock and statistics, shared by both bench modes: a monotonic
+ * clock in ms, and the q-quantile (0..1) of v[0..n), sorting v, nearest
+ * rank (0 for n = 0). */
+double bench_now_ms(void);
+double bench_quantile(double *v, size_t n, double q);
 int cli_perplexity(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 
