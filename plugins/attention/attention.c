@@ -37,6 +37,7 @@
  */
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "plugin_util.h"
@@ -423,6 +424,162 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
     }
 }
 
+/* ---- prefill tiles (AVX-512) ------------------------------------------------------------
+ * Steps of more than ATTN_SPLIT_TOKENS tokens, with f32 q, k, v and cache,
+ * a head_dim of 64 or 128 and query groups of at most 16 heads: a task
+ * takes the query heads of one kv head for ATTN_LANES / group consecutive
+ * tokens of one sequence, one query row per lane of a 512-bit register
+ * (q transposed once, [dim][lane]). Each tile of 16 keys costs 16 · hd
+ * FMAs for the scores (a key's dims broadcast against q's lanes) and as
+ * many for the values, the online softmax runs lane by lane on whole
+ * registers, and e^x is a polynomial on registers instead of a libm call
+ * per score. KILN_ATTENTION_ISA=c runs the portable kernel above instead
+ * (the tests compare both with a double-precision reference). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(PLUGIN_NO_CLONES)
+#include <immintrin.h>
+#define ATTN_AVX512 1
+#define ATTN_LANES 16
+#define AVX512_FN __attribute__((target("avx512f,fma")))
+#define ATTN_UNROLL _Pragma("GCC unroll 16")
+
+/* e^x on 16 floats: x = n·ln2 + r, |r| <= ln2/2, e^r by its Taylor
+ * polynomial of degree 7 (relative error below 1e-8 before rounding),
+ * times 2^n; x below -104 (and -inf) gives 0. */
+__attribute__((target("avx512f,fma"), always_inline)) static inline __m512 exp16(__m512 x)
+{
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.5f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 e = _mm512_set1_ps(1.0f / 5040);
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 720));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 120));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 24));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 6));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(e, n);
+}
+
+/* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
+ * head kvh (lane = token · group + head), head_dim HD. */
+#define ATTN_TILE_FN(NAME, HD) \
+    AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t0, int64_t nt, int64_t kvh) \
+    { \
+        const attn_params *p = j->p; \
+        const int64_t bs = p->block_size, G = p->n_heads / p->n_kv_heads, lanes = nt * G; \
+        float qt[HD][ATTN_LANES] __attribute__((aligned(64))), ot[HD][ATTN_LANES] __attribute__((aligned(64))); \
+        float kpad[ATTN_LANES * (HD)], vpad[ATTN_LANES * (HD)]; \
+        int32_t pos[ATTN_LANES]; \
+        const float *q = j->q, *cache = j->cache; \
+        for (int64_t lane = 0; lane < ATTN_LANES; lane++) { \
+            int64_t t = t0 + (lane < lanes ? lane : lanes - 1) / G, h = kvh * G + lane % G; \
+            pos[lane] = (int32_t)position_of(j, s, t); \
+            for (int64_t d = 0; d < (HD); d++) { \
+                qt[d][lane] = lane < lanes ? q[t * j->q_ld + h * (HD) + d] * p->scale : 0.0f; \
+                ot[d][lane] = 0.0f; \
+            } \
+        } \
+        const __m512i vpos = _mm512_loadu_si512(pos); \
+        const int64_t first = position_of(j, s, t0), keys = position_of(j, s, t0 + nt - 1) + 1; \
+        const __m512 ninf = _mm512_set1_ps(-INFINITY); \
+        __m512 m = ninf, l = _mm512_setzero_ps(); \
+        for (int64_t k0 = 0; k0 < keys;) { \
+            int64_t n = bs - k0 % bs; \
+            n = n < keys - k0 ? n : keys - k0; \
+            n = n < ATTN_LANES ? n : ATTN_LANES; \
+            const float *K = cache + cache_index(j, s, k0, 0, kvh), *V = cache + cache_index(j, s, k0, 1, kvh); \
+            if (n < ATTN_LANES) { \
+                /* a short tile: its rows padded with zeros (their scores masked below) */ \
+                memset(kpad, 0, sizeof kpad); \
+                memset(vpad, 0, sizeof vpad); \
+                memcpy(kpad, K, sizeof(float) * (size_t)(n * (HD))); \
+                memcpy(vpad, V, sizeof(float) * (size_t)(n * (HD))); \
+                K = kpad, V = vpad; \
+            } \
+            __m512 sc[ATTN_LANES]; \
+            ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) sc[i] = _mm512_setzero_ps(); \
+            for (int64_t d = 0; d < (HD); d++) { \
+                __m512 qd = _mm512_load_ps(qt[d]); \
+                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
+                    sc[i] = _mm512_fmadd_ps(qd, _mm512_set1_ps(K[i * (HD) + d]), sc[i]); \
+            } \
+            if (k0 + ATTN_LANES - 1 > first || n < ATTN_LANES) \
+                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) { \
+                    __mmask16 hide = i < n ? _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)(k0 + i)), vpos) \
+                                           : (__mmask16)0xFFFF; \
+                    sc[i] = _mm512_mask_mov_ps(sc[i], hide, ninf); \
+                } \
+            __m512 mx = m; \
+            ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) mx = _mm512_max_ps(mx, sc[i]); \
+            __m512 corr = exp16(_mm512_sub_ps(m, mx)), sum = _mm512_setzero_ps(); \
+            ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) { \
+                sc[i] = exp16(_mm512_sub_ps(sc[i], mx)); \
+                sum = _mm512_add_ps(sum, sc[i]); \
+            } \
+            l = _mm512_fmadd_ps(l, corr, sum); \
+            m = mx; \
+            for (int64_t d = 0; d < (HD); d++) { \
+                __m512 o = _mm512_mul_ps(_mm512_load_ps(ot[d]), corr); \
+                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
+                    o = _mm512_fmadd_ps(sc[i], _mm512_set1_ps(V[i * (HD) + d]), o); \
+                _mm512_store_ps(ot[d], o); \
+            } \
+            k0 += n; \
+        } \
+        float inv[ATTN_LANES]; \
+        _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l)); \
+        float *out = j->out; \
+        for (int64_t lane = 0; lane < lanes; lane++) { \
+            float *o = out + ((t0 + lane / G) * p->n_heads + kvh * G + lane % G) * (HD); \
+            for (int64_t d = 0; d < (HD); d++) \
+                o[d] = ot[d][lane] * inv[lane]; \
+        } \
+    }
+
+ATTN_TILE_FN(attn_tile_64, 64)
+ATTN_TILE_FN(attn_tile_128, 128)
+
+/* Tasks are (tile of a sequence's tokens, kv head); the tiles of sequence
+ * s follow those of the sequences before it. */
+static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
+{
+    const attn_job *j = arg;
+    const attn_params *p = j->p;
+    const int64_t per = ATTN_LANES / (p->n_heads / p->n_kv_heads);
+    for (int64_t task = begin; task < end; task++) {
+        int64_t tile = task / p->n_kv_heads, kvh = task % p->n_kv_heads, s = 0, before = 0;
+        for (; s < j->n_seqs; s++) {
+            int64_t n = (j->qstart[s + 1] - j->qstart[s] + per - 1) / per;
+            if (tile < before + n)
+                break;
+            before += n;
+        }
+        int64_t t0 = j->qstart[s] + (tile - before) * per, nt = j->qstart[s + 1] - t0;
+        nt = nt < per ? nt : per;
+        (p->head_dim == 64 ? attn_tile_64 : attn_tile_128)(j, s, t0, nt, kvh);
+    }
+}
+
+/* The tile tasks of this step, or 0 where the portable kernel runs. */
+static int64_t attn_tile_count(const attn_job *j, int64_t tokens)
+{
+    const attn_params *p = j->p;
+    int64_t group = p->n_heads / p->n_kv_heads;
+    const char *isa = getenv("KILN_ATTENTION_ISA");
+    if (tokens <= ATTN_SPLIT_TOKENS || j->t != KILN_DTYPE_F32 || j->ct != KILN_DTYPE_F32 || group > ATTN_LANES ||
+        (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) ||
+        !__builtin_cpu_supports("avx512f"))
+        return 0;
+    int64_t per = ATTN_LANES / group, tiles = 0;
+    for (int64_t s = 0; s < j->n_seqs; s++)
+        tiles += (j->qstart[s + 1] - j->qstart[s] + per - 1) / per;
+    return tiles * p->n_kv_heads;
+}
+#endif
+
 /* Merges the key chunks of each (token, query head). */
 static void attn_merge(void *arg, int64_t begin, int64_t end)
 {
@@ -528,6 +685,13 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
     if (s != KILN_OK)
         return s;
     host->parallel_for(stream, tokens, attn_append, &job);
+#ifdef ATTN_AVX512
+    int64_t tile_tasks = attn_tile_count(&job, tokens);
+    if (tile_tasks > 0) {
+        host->parallel_for(stream, tile_tasks, attn_tile_tasks, &job);
+        return KILN_OK;
+    }
+#endif
     int64_t max_keys = 1;
     for (int64_t i = 0; i < job.n_seqs; i++)
         max_keys = seq_lens[i] > max_keys ? seq_lens[i] : max_keys;

@@ -15,10 +15,14 @@
  * f32 activations, converted in registers. KILN_QMATMUL_ISA=c|avx2 forces
  * a kernel set (tests run each).
  *
- * Many rows of x (prefill) run as a tiled GEMM: threads take ranges of
- * weight rows; within a range QMM_TILE weight rows at a time stay in L1
- * while every group of four rows of x passes over them, each weight block
- * unpacked once for the four.
+ * Many rows of x (prefill) run as a tiled GEMM. With AVX-512 VNNI
+ * (kiln_qmm_gemm_pick): the rows of x are quantized once, in parallel, in
+ * the GEMM layout; threads take tiles of QMM_GEMM_LANES weight rows, each
+ * unpacked once into bytes and per-sub-block scales (qmatmul_cpu.h) and
+ * multiplied by every row of x, eight at a time. Elsewhere: threads take
+ * ranges of weight rows; within a range QMM_TILE weight rows at a time
+ * stay in L1 while every group of four rows of x passes over them, each
+ * weight block unpacked once for the four.
  *
  * Inputs:  x: f32, f16 or bf16, [..., K].
  *          w: u8, [N, K / block * block_bytes]: N rows of ggml blocks, the
@@ -30,12 +34,16 @@
  * Fields:  format (string): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
  *          F16 or BF16; n, k (i32): N and K, K a multiple of 32 (256 for
  *          the K formats).
- * Blob v1: three int32: ggml type number (8, 2, 3, 6, 7, 12, 13, 14, 1,
- *          30), n, k.
+ * Blob v2: four int32: ggml type number (8, 2, 3, 6, 7, 12, 13, 14, 1,
+ *          30), n, k, and the rows of x the workspace holds for the tiled
+ *          GEMM (QMM_GEMM_ROWS); v1 (the first three) is still read, and
+ *          such an engine, whose workspace was sized before the GEMM,
+ *          runs the four-row kernels.
  *
  * The CUDA kernels (qmatmul_cuda.cu) cover Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
  * and Q6_K; the LLM builder expands the other formats for CUDA engines.
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -44,11 +52,17 @@
 #include "qmatmul/qmatmul_cpu.h"
 
 #define NAME "QuantMatMul"
-#define BLOB_VERSION 1u
+#define BLOB_VERSION 2u
 
 typedef struct qmm_params {
     int32_t type, n, k;
+    /* rows of x whose GEMM-layout activations the workspace holds; 0 (a v1
+     * blob, built before the tiled GEMM): the four-row kernels only */
+    int32_t gemm_rows;
 } qmm_params;
+
+/* Blob bytes of each schema version (v1 lacks gemm_rows). */
+static const size_t blob_sizes[BLOB_VERSION] = {offsetof(qmm_params, gemm_rows), sizeof(qmm_params)};
 
 typedef struct qmm {
     kiln_plugin base;
@@ -57,6 +71,11 @@ typedef struct qmm {
 
 static const kiln_host_api *host;
 static const kiln_plugin_ops qmm_ops;
+
+/* Rows of x the tiled GEMM takes at a time (a 512-token prompt in one
+ * pass over the weights), and the fewest it is used for. */
+#define QMM_GEMM_ROWS 512
+#define QMM_GEMM_MIN_ROWS 8
 
 #define FORMAT_LIST "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16 or BF16"
 
@@ -72,6 +91,9 @@ static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": n = %d and k = %d must be positive, k a multiple of %d for %s", p->n, p->k, kb,
                           f->name);
+    if (p->gemm_rows < 0 || p->gemm_rows > QMM_GEMM_ROWS)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": gemm_rows = %d is not in 0..%d", p->gemm_rows,
+                          QMM_GEMM_ROWS);
     qmm *q = calloc(1, sizeof *q);
     if (!q)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -143,7 +165,8 @@ static int32_t qmm_supports(const kiln_plugin *self, kiln_backend backend, const
 #define QMM_TILE 8
 
 /* Workspace per chunk of rows: their quantized activations, then (f16/bf16
- * x) their f32 x and f32 y. */
+ * x) their f32 x and f32 y; for the tiled GEMM (f32 x) up to gemm_rows
+ * rows in its layout. */
 static size_t qmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
                                  const kiln_tensor_desc *out, int32_t n_out)
 {
@@ -153,7 +176,13 @@ static size_t qmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc
     size_t per_row = kiln_qmm_act_row_bytes(kiln_qmm_format(p->type), p->k);
     if (in[0].dtype != KILN_DTYPE_F32)
         per_row += ((size_t)p->k + (size_t)p->n) * sizeof(float);
-    return (size_t)(rows < chunk ? rows : chunk) * per_row;
+    size_t legacy = (size_t)(rows < chunk ? rows : chunk) * per_row;
+    if (in[0].dtype != KILN_DTYPE_F32 || p->gemm_rows == 0 || kiln_qmm_format(p->type)->act_block == 0)
+        return legacy;
+    int64_t gr = rows < p->gemm_rows ? rows : p->gemm_rows;
+    size_t gemm = (size_t)((gr + QMM_GEMM_PANEL - 1) / QMM_GEMM_PANEL) *
+                  kiln_qmm_gemm_panel_bytes(kiln_qmm_format(p->type), p->k);
+    return gemm > legacy ? gemm : legacy;
 }
 
 typedef struct qmm_job {
@@ -164,6 +193,8 @@ typedef struct qmm_job {
     const void *x;
     float *y;
     qmm_kernels ks;
+    const float *xf; /* f32 rows to quantize into q */
+    void *q;
 } qmm_job;
 
 /* Output columns [begin, end) in tiles of QMM_TILE weight rows; each tile
@@ -184,6 +215,48 @@ static void qmm_range(void *arg, int64_t begin, int64_t end)
             for (int64_t c = c0; c < c1; c++)
                 j->ks.one(j->type, j->w + (size_t)c * j->wrow, (const char *)j->x + (size_t)r * j->xs, j->xs, j->k,
                           j->y + r * j->n + c);
+    }
+}
+
+/* Quantizes rows [begin, end) of f32 x for the four-row kernels. */
+static void qmm_quantize_rows(void *arg, int64_t begin, int64_t end)
+{
+    const qmm_job *j = arg;
+    const qmm_format *f = kiln_qmm_format(j->type);
+    for (int64_t r = begin; r < end; r++)
+        kiln_qmm_quantize_row(f, j->ks.quant, j->xf + r * j->k, j->k, (char *)j->q + (size_t)r * j->xs);
+}
+
+typedef struct gemm_job {
+    const qmm_format *f;
+    int32_t k, n;
+    int64_t rows;
+    size_t wrow, panel; /* bytes per weight row and per panel of x */
+    const uint8_t *w;
+    const float *xf;
+    void *x; /* rows in the GEMM layout */
+    float *y;
+    qmm_gemm_fn gemm;
+    qmm_quant_fn quant;
+} gemm_job;
+
+/* Rows [begin, end) of x into their panels; rows past j->rows pad the last. */
+static void gemm_quantize_rows(void *arg, int64_t begin, int64_t end)
+{
+    const gemm_job *j = arg;
+    for (int64_t r = begin; r < end; r++)
+        kiln_qmm_gemm_quantize_row(j->f, j->quant, r < j->rows ? j->xf + r * j->k : NULL, j->k,
+                                   (char *)j->x + (size_t)(r / QMM_GEMM_PANEL) * j->panel, (int32_t)(r % QMM_GEMM_PANEL));
+}
+
+/* Tiles [begin, end) of QMM_GEMM_LANES weight rows, each against every row. */
+static void gemm_tiles(void *arg, int64_t begin, int64_t end)
+{
+    const gemm_job *j = arg;
+    for (int64_t t = begin; t < end; t++) {
+        int64_t c0 = t * QMM_GEMM_LANES;
+        int32_t n_w = (int32_t)(j->n - c0 < QMM_GEMM_LANES ? j->n - c0 : QMM_GEMM_LANES);
+        j->gemm(j->f->type, j->w + (size_t)c0 * j->wrow, j->wrow, n_w, j->k, j->x, j->rows, j->y + c0, j->n);
     }
 }
 
@@ -216,8 +289,28 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
 #endif
     if (rows == 0)
         return KILN_OK;
-    qmm_job job = {p->type, p->k, 0, p->n, (size_t)wrow, 0, in[1], NULL, NULL, {0}};
-    kiln_qmm_kernels_pick(f, env_or_empty("KILN_QMATMUL_ISA"), env_or_empty("KILN_QMATMUL_F32ACT")[0] == '1', &job.ks);
+    const char *isa = env_or_empty("KILN_QMATMUL_ISA");
+    int f32act = env_or_empty("KILN_QMATMUL_F32ACT")[0] == '1';
+    qmm_job job = {p->type, p->k, 0, p->n, (size_t)wrow, 0, in[1], NULL, NULL, {0}, NULL, NULL};
+    kiln_qmm_kernels_pick(f, isa, f32act, &job.ks);
+    qmm_gemm_fn gemm = NULL;
+    if (t == KILN_DTYPE_F32 && !f32act && p->gemm_rows > 0 && rows >= QMM_GEMM_MIN_ROWS)
+        gemm = kiln_qmm_gemm_pick(f, isa);
+    if (gemm) {
+        if (!workspace)
+            return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": no workspace for the quantized activations");
+        gemm_job gj = {f, p->k, p->n, 0, (size_t)wrow, kiln_qmm_gemm_panel_bytes(f, p->k), in[1], NULL, workspace,
+                       NULL, gemm, job.ks.quant};
+        for (int64_t r0 = 0; r0 < rows; r0 += p->gemm_rows) {
+            gj.rows = rows - r0 < p->gemm_rows ? rows - r0 : p->gemm_rows;
+            gj.xf = (const float *)in[0] + r0 * p->k;
+            gj.y = (float *)out[0] + r0 * p->n;
+            host->parallel_for(stream, (gj.rows + QMM_GEMM_PANEL - 1) / QMM_GEMM_PANEL * QMM_GEMM_PANEL,
+                               gemm_quantize_rows, &gj);
+            host->parallel_for(stream, (p->n + QMM_GEMM_LANES - 1) / QMM_GEMM_LANES, gemm_tiles, &gj);
+        }
+        return KILN_OK;
+    }
     size_t qrow = job.ks.f32_act ? 0 : kiln_qmm_act_row_bytes(f, p->k);
     if ((qrow || t != KILN_DTYPE_F32) && !workspace)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": no workspace for the converted activations");
@@ -233,9 +326,8 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
                 xf[i] = plugin_load(host, in[0], t, r0 * p->k + i);
         }
         if (qrow) {
-            for (int64_t r = 0; r < nr; r++)
-                kiln_qmm_quantize_row(f, xf + r * p->k, p->k, (char *)workspace + (size_t)r * qrow);
-            job.x = workspace, job.xs = qrow;
+            job.x = job.q = workspace, job.xs = qrow, job.xf = xf;
+            host->parallel_for(stream, nr, qmm_quantize_rows, &job);
         } else {
             job.x = xf, job.xs = (size_t)p->k * sizeof(float);
         }
@@ -284,18 +376,17 @@ static kiln_status qmm_create(const kiln_plugin_creator *c, const kiln_field *f,
     const qmm_format *qf = kiln_qmm_format_named(s);
     if (!qf)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": format \"%s\" is not " FORMAT_LIST, s);
-    qmm_params p = {qf->type, plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0)};
+    qmm_params p = {qf->type, plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0), QMM_GEMM_ROWS};
     return qmm_new(&p, out);
 }
 
 static kiln_status qmm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                    kiln_plugin **out)
 {
-    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof(qmm_params));
+    qmm_params p = {0};
+    kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, blob_sizes, version, blob, size, &p);
     if (s != KILN_OK)
         return s;
-    qmm_params p;
-    memcpy(&p, blob, sizeof p);
     return qmm_new(&p, out);
 }
 

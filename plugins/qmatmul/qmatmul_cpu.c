@@ -60,8 +60,9 @@ size_t kiln_qmm_act_row_bytes(const qmm_format *f, int32_t k)
     return 0;
 }
 
-/* n values at d = max|x| / 127, q = round(x / d); returns d. */
-static float quantize_values(const float *x, int n, int8_t *q)
+/* n values at d = max|x| / 127, q = round(x / d) (halves away from
+ * zero); returns d. The portable reference of the AVX-512 quantizer. */
+static float quantize_values(const float *x, int32_t n, int8_t *q)
 {
     float amax = 0;
     for (int j = 0; j < n; j++)
@@ -72,12 +73,12 @@ static float quantize_values(const float *x, int n, int8_t *q)
     return d;
 }
 
-void kiln_qmm_quantize_row(const qmm_format *f, const float *x, int32_t k, void *out)
+void kiln_qmm_quantize_row(const qmm_format *f, qmm_quant_fn quant, const float *x, int32_t k, void *out)
 {
     if (f->act_block == 32) {
         qmm_q8 *b = out;
         for (int32_t i = 0; i < k / 32; i++, b++, x += 32) {
-            b->d = quantize_values(x, 32, b->q);
+            b->d = quant(x, 32, b->q);
             int32_t sum = 0;
             for (int j = 0; j < 32; j++)
                 sum += b->q[j];
@@ -86,13 +87,47 @@ void kiln_qmm_quantize_row(const qmm_format *f, const float *x, int32_t k, void 
     } else {
         qmm_q8k *b = out;
         for (int32_t i = 0; i < k / 256; i++, b++, x += 256) {
-            b->d = quantize_values(x, 256, b->q);
+            b->d = quant(x, 256, b->q);
             for (int g = 0; g < 16; g++) {
                 int32_t sum = 0;
                 for (int j = 0; j < 16; j++)
                     sum += b->q[16 * g + j];
                 b->bsums[g] = (int16_t)sum;
             }
+        }
+    }
+}
+
+/* ---- the GEMM layout of x (qmatmul_cpu.h) ------------------------------------------ */
+
+int32_t kiln_qmm_gemm_sub(const qmm_format *f) { return f->type == QMM_Q6_K ? 16 : 32; }
+
+size_t kiln_qmm_gemm_panel_bytes(const qmm_format *f, int32_t k)
+{
+    return QMM_GEMM_PANEL * ((size_t)k + 2 * sizeof(float) * (size_t)(k / kiln_qmm_gemm_sub(f)));
+}
+
+void kiln_qmm_gemm_quantize_row(const qmm_format *f, qmm_quant_fn quant, const float *x, int32_t k, void *panel,
+                                int32_t slot)
+{
+    const int32_t sub = kiln_qmm_gemm_sub(f), nsub = k / sub, P = QMM_GEMM_PANEL;
+    uint8_t *q = panel;
+    float *xd = (float *)(q + (size_t)P * (size_t)k), *xsum = xd + (size_t)P * (size_t)nsub;
+    int8_t qb[256];
+    for (int32_t b = 0; b < k; b += f->act_block) {
+        float d = 0;
+        if (x)
+            d = quant(x + b, f->act_block, qb);
+        else
+            memset(qb, 0, sizeof qb);
+        for (int32_t e = 0; e < f->act_block; e += 4)
+            memcpy(q + ((size_t)(b + e) / 4 * P + (size_t)slot) * 4, qb + e, 4);
+        for (int32_t j = 0; j < f->act_block / sub; j++) {
+            int32_t sum = 0;
+            for (int e = 0; e < sub; e++)
+                sum += qb[j * sub + e];
+            xd[(size_t)(b / sub + j) * P + (size_t)slot] = d;
+            xsum[(size_t)(b / sub + j) * P + (size_t)slot] = d * (float)sum;
         }
     }
 }
@@ -585,6 +620,194 @@ static const qmm_kernel simd[N_FORMATS][4] = {
     {bf16_avx2_1, bf16_avx2_4, bf16_avx2_1, bf16_avx2_4},
 };
 
+/* ---- the tiled GEMM (AVX-512 VNNI; qmatmul_cpu.h) --------------------------------- */
+
+/* Values of a weight tile unpacked at a time: 16 KiB of u and 8 KiB of
+ * scales stay in L1 while groups of x rows pass over them. */
+#define GEMM_KC 1024
+
+typedef struct gemm_tile {
+    uint32_t u[GEMM_KC / 4][QMM_GEMM_LANES]; /* four u of each weight row */
+    float sc[GEMM_KC / 16][QMM_GEMM_LANES], mn[GEMM_KC / 16][QMM_GEMM_LANES];
+} gemm_tile;
+
+/* Values [e0, e0 + n) of one weight row as unsigned bytes u and, per
+ * sub-block, sc and mn with w = sc · u + mn (the formulas of
+ * core/ggml_block.h with the offsets moved into mn). */
+__attribute__((target(VNNI_TARGET))) static void gemm_unpack(int32_t type, const uint8_t *w, int32_t e0, int32_t n,
+                                                             uint8_t *u, float *sc, float *mn)
+{
+    const qmm_format *f = kiln_qmm_format(type);
+    const uint8_t *b = w + (size_t)(e0 / f->block) * (size_t)f->bytes;
+    if (f->block == 32) {
+        const int off = type == QMM_Q8_0 ? 128 : type == QMM_Q4_0 ? 8 : type == QMM_Q5_0 ? 16 : 0;
+        for (int32_t e = 0; e < n; e += 32, b += f->bytes, u += 32) {
+            __m256i v = _mm256_add_epi8(q32_bytes(type, b), _mm256_set1_epi8((char)off));
+            _mm256_storeu_si256((__m256i *)u, v);
+            __m128 dm = f16x2(b);
+            float d = _mm_cvtss_f32(dm);
+            *sc++ = d;
+            *mn++ = off ? -(float)off * d : _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1));
+        }
+        return;
+    }
+    const __m256i lo4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1), hi2 = _mm256_set1_epi8(0x30);
+    for (int32_t e = 0; e < n; e += 256, b += f->bytes, u += 256) {
+        if (type == QMM_Q6_K) {
+            for (int h = 0; h < 2; h++) {
+                __m256i ql0 = _mm256_loadu_si256((const __m256i *)(b + 64 * h));
+                __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
+                __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
+                __m256i *o = (__m256i *)(u + 128 * h);
+                _mm256_storeu_si256(o, _mm256_or_si256(_mm256_and_si256(ql0, lo4),
+                                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)));
+                _mm256_storeu_si256(o + 1, _mm256_or_si256(_mm256_and_si256(ql1, lo4),
+                                                           _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)));
+                _mm256_storeu_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), lo4),
+                                                           _mm256_and_si256(qh, hi2)));
+                _mm256_storeu_si256(o + 3, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), lo4),
+                                                           _mm256_and_si256(_mm256_srli_epi16(qh, 2), hi2)));
+            }
+            float d = f16x1(b + 208);
+            for (int t = 0; t < 16; t++) {
+                float ds = d * (float)(int8_t)b[192 + t];
+                *sc++ = ds;
+                *mn++ = -32.0f * ds;
+            }
+            continue;
+        }
+        uint8_t s6[8], m6[8];
+        kq_scales(b + 4, s6, m6);
+        __m128 dm = f16x2(b);
+        float d = _mm_cvtss_f32(dm), dmin = _mm_cvtss_f32(_mm_shuffle_ps(dm, dm, 1));
+        const uint8_t *qs = b + (type == QMM_Q5_K ? 48 : 16);
+        __m256i qh = type == QMM_Q5_K ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256i bytes = _mm256_loadu_si256((const __m256i *)(qs + 32 * g));
+            __m256i lo = _mm256_and_si256(bytes, lo4), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), lo4);
+            if (type == QMM_Q5_K) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 1), one), 4));
+                qh = _mm256_srli_epi16(qh, 2);
+            }
+            _mm256_storeu_si256((__m256i *)(u + 64 * g), lo);
+            _mm256_storeu_si256((__m256i *)(u + 64 * g + 32), hi);
+        }
+        for (int j = 0; j < 8; j++) {
+            *sc++ = d * (float)s6[j];
+            *mn++ = -(dmin * (float)m6[j]);
+        }
+    }
+}
+
+/* The tile's n_w weight rows, values [e0, e0 + n), interleaved; lanes past
+ * n_w are zero. */
+__attribute__((target(VNNI_TARGET))) static void gemm_unpack_tile(int32_t type, const uint8_t *w, size_t wrow,
+                                                                  int32_t n_w, int32_t e0, int32_t n, int32_t sub,
+                                                                  gemm_tile *t)
+{
+    uint8_t u[GEMM_KC];
+    float sc[GEMM_KC / 16], mn[GEMM_KC / 16];
+    for (int32_t c = 0; c < QMM_GEMM_LANES; c++) {
+        if (c < n_w) {
+            gemm_unpack(type, w + (size_t)c * wrow, e0, n, u, sc, mn);
+        } else {
+            memset(u, 0, (size_t)n);
+            memset(sc, 0, sizeof sc);
+            memset(mn, 0, sizeof mn);
+        }
+        for (int32_t i = 0; i < n / 4; i++)
+            memcpy(&t->u[i][c], u + 4 * i, 4);
+        for (int32_t j = 0; j < n / sub; j++)
+            t->sc[j][c] = sc[j], t->mn[j][c] = mn[j];
+    }
+}
+
+/* One panel of x against the tile's values [e0, e0 + n) of k: the first
+ * `valid` of its rows of y (ldy apart, the lanes of mask) set, or added to
+ * when add. Per sub-block: SUB / 4 vpdpbusd per row, then its scaling. */
+#define GEMM_PANEL_FN(NAME, SUB) \
+    __attribute__((target(VNNI_TARGET))) static void NAME(const gemm_tile *t, int32_t n, const uint8_t *panel, \
+                                                          int32_t e0, int32_t k, float *y, int64_t ldy, int valid, \
+                                                          __mmask16 mask, int add) \
+    { \
+        enum { P = QMM_GEMM_PANEL }; \
+        const int32_t nsub = k / (SUB), j0 = e0 / (SUB); \
+        const int32_t *q = (const int32_t *)panel + (size_t)(e0 / 4) * P; \
+        const float *xd = (const float *)(panel + (size_t)P * (size_t)k) + (size_t)j0 * P; \
+        const float *xsum = xd + (size_t)nsub * P; \
+        __m512 acc[P]; \
+        UNROLLED_FOR (r, P) \
+            acc[r] = _mm512_setzero_ps(); \
+        for (int32_t j = 0; j < n / (SUB); j++, xd += P, xsum += P) { \
+            __m512i is[P]; \
+            UNROLLED_FOR (r, P) \
+                is[r] = _mm512_setzero_si512(); \
+            UNROLLED_FOR (s, (SUB) / 4) { \
+                __m512i wv = _mm512_loadu_si512(t->u[j * ((SUB) / 4) + s]); \
+                UNROLLED_FOR (r, P) \
+                    is[r] = _mm512_dpbusd_epi32(is[r], wv, _mm512_set1_epi32(q[r])); \
+                q += P; \
+            } \
+            __m512 sc = _mm512_loadu_ps(t->sc[j]), mn = _mm512_loadu_ps(t->mn[j]); \
+            UNROLLED_FOR (r, P) { \
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is[r]), _mm512_mul_ps(sc, _mm512_set1_ps(xd[r])), acc[r]); \
+                acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(xsum[r]), acc[r]); \
+            } \
+        } \
+        UNROLLED_FOR (r, P) { \
+            if (r >= valid) \
+                break; \
+            float *yr = y + r * ldy; \
+            _mm512_mask_storeu_ps(yr, mask, add ? _mm512_add_ps(acc[r], _mm512_maskz_loadu_ps(mask, yr)) : acc[r]); \
+        } \
+    }
+
+GEMM_PANEL_FN(gemm_panel_32, 32)
+GEMM_PANEL_FN(gemm_panel_16, 16)
+
+__attribute__((target(VNNI_TARGET))) static void gemm_vnni(int32_t type, const uint8_t *w, size_t wrow, int32_t n_w,
+                                                           int32_t k, const void *x, int64_t rows, float *y, int64_t ldy)
+{
+    gemm_tile t;
+    const qmm_format *f = kiln_qmm_format(type);
+    const int32_t sub = kiln_qmm_gemm_sub(f);
+    const size_t pb = kiln_qmm_gemm_panel_bytes(f, k);
+    const __mmask16 mask = (__mmask16)((1u << n_w) - 1u);
+    for (int32_t e0 = 0; e0 < k; e0 += GEMM_KC) {
+        int32_t n = k - e0 < GEMM_KC ? k - e0 : GEMM_KC;
+        gemm_unpack_tile(type, w, wrow, n_w, e0, n, sub, &t);
+        for (int64_t r = 0; r < rows; r += QMM_GEMM_PANEL) {
+            const uint8_t *panel = (const uint8_t *)x + (size_t)(r / QMM_GEMM_PANEL) * pb;
+            int valid = rows - r < QMM_GEMM_PANEL ? (int)(rows - r) : QMM_GEMM_PANEL;
+            (sub == 16 ? gemm_panel_16 : gemm_panel_32)(&t, n, panel, e0, k, y + r * ldy, ldy, valid, mask, e0 > 0);
+        }
+    }
+}
+
+/* quantize_values with AVX-512, n a multiple of 16, bit for bit: the same
+ * max, scale and product, and roundf's rounding (halves away from zero)
+ * from the truncation and the exact remainder. */
+__attribute__((target(VNNI_TARGET))) static float quant_avx512(const float *x, int32_t n, int8_t *q)
+{
+    __m512 m = _mm512_setzero_ps();
+    for (int32_t j = 0; j < n; j += 16)
+        m = _mm512_max_ps(m, _mm512_abs_ps(_mm512_loadu_ps(x + j)));
+    float amax = _mm512_reduce_max_ps(m);
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m512 vid = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f);
+    const __m512i sign = _mm512_set1_epi32((int)0x80000000u), one = _mm512_set1_epi32(0x3f800000);
+    for (int32_t j = 0; j < n; j += 16) {
+        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + j), vid);
+        __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+        __m512 step = _mm512_castsi512_ps(_mm512_or_si512(one, _mm512_and_si512(sign, _mm512_castps_si512(v))));
+        t = _mm512_mask_add_ps(t, up, t, step);
+        _mm_storeu_si128((__m128i *)(q + j), _mm512_cvtsepi32_epi8(_mm512_cvttps_epi32(t)));
+    }
+    return d;
+}
+
 /* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
  * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+BW+VNNI. F16C through cpuid leaf 1
  * (ECX bit 29): clang's __builtin_cpu_supports does not know it. */
@@ -608,6 +831,7 @@ static int cpu_features(void)
 void kiln_qmm_kernels_pick(const qmm_format *f, const char *isa, int f32_act, qmm_kernels *out)
 {
     out->f32_act = f32_act || f->act_block == 0;
+    out->quant = quantize_values;
     out->one = out->f32_act ? f32act_c_1 : qdot_c;
     out->four = out->f32_act ? f32act_c_4 : qdot_c_4;
 #ifdef QMM_X86
@@ -621,7 +845,18 @@ void kiln_qmm_kernels_pick(const qmm_format *f, const char *isa, int f32_act, qm
         return;
     }
     const qmm_kernel *k = simd[f - formats];
+    if (vnni)
+        out->quant = quant_avx512;
     out->one = k[vnni ? 2 : 0];
     out->four = k[vnni ? 3 : 1];
 #endif
+}
+
+qmm_gemm_fn kiln_qmm_gemm_pick(const qmm_format *f, const char *isa)
+{
+#ifdef QMM_X86
+    if (f->act_block != 0 && strcmp(isa, "c") != 0 && strcmp(isa, "avx2") != 0 && (cpu_features() & 2))
+        return gemm_vnni;
+#endif
+    return NULL;
 }

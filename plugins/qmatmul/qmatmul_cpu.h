@@ -51,8 +51,14 @@ typedef struct qmm_q8k {
 
 /* Bytes of one row of k quantized activations for format f (0: f32). */
 size_t kiln_qmm_act_row_bytes(const qmm_format *f, int32_t k);
+
+/* Quantizes n values (n a multiple of 16): q = round(x / d) with halves
+ * away from zero, d = max|x| / 127 returned; every implementation gives
+ * the same bytes. */
+typedef float (*qmm_quant_fn)(const float *x, int32_t n, int8_t *q);
+
 /* Quantizes one row of k values (k a multiple of f->act_block). */
-void kiln_qmm_quantize_row(const qmm_format *f, const float *x, int32_t k, void *out);
+void kiln_qmm_quantize_row(const qmm_format *f, qmm_quant_fn quant, const float *x, int32_t k, void *out);
 
 /* One weight row w (k values) against R rows of x (R = 1 or 4), xs bytes
  * apart, each either quantized (kiln_qmm_quantize_row) or f32: out[r]. */
@@ -60,6 +66,7 @@ typedef void (*qmm_kernel)(int32_t type, const uint8_t *w, const void *x, size_t
 
 typedef struct qmm_kernels {
     qmm_kernel one, four;
+    qmm_quant_fn quant;
     int f32_act; /* x is f32 (F16/BF16, or f32 activations asked for) */
 } qmm_kernels;
 
@@ -67,5 +74,41 @@ typedef struct qmm_kernels {
  * VNNI, anything else the best the CPU has; f32_act nonzero: dequantize to
  * f32 and multiply f32 activations (the exact path). */
 void kiln_qmm_kernels_pick(const qmm_format *f, const char *isa, int f32_act, qmm_kernels *out);
+
+/* ---- the tiled GEMM (many rows of x; AVX-512 VNNI) ----
+ * Each weight row is cut into sub-blocks of kiln_qmm_gemm_sub(f) values
+ * (16 for Q6_K, else 32) whose weights are w = sc · u + mn with u an
+ * unsigned byte (the stored quant, offset so that it is unsigned) and sc,
+ * mn floats. A tile of QMM_GEMM_LANES weight rows is unpacked into that
+ * form once, interleaved so that one 512-bit register holds four
+ * consecutive u of every row, and then meets every row of x: each vpdpbusd
+ * multiplies four u of sixteen weight rows by four broadcast q of one row
+ * of x. The integer sums are those of the dot kernels above (exact), and
+ * each sub-block is scaled once in f32:
+ *   Σ w·x ≈ Σ_j xd_j · sc_j · Σ u·q + mn_j · (xd_j · Σ q).
+ * The rows of x in the GEMM layout come in panels of QMM_GEMM_PANEL rows
+ * (the last one padded with zero rows): the int8 q of the panel's rows
+ * (quantized as kiln_qmm_quantize_row does) four by four, [k / 4][panel
+ * row][4], then per sub-block each row's f32 xd, then per sub-block each
+ * row's f32 xd · Σ q. */
+#define QMM_GEMM_LANES 16
+#define QMM_GEMM_PANEL 8
+
+int32_t kiln_qmm_gemm_sub(const qmm_format *f);
+size_t kiln_qmm_gemm_panel_bytes(const qmm_format *f, int32_t k);
+/* Quantizes one row of k values of x into row `slot` of a panel; x NULL:
+ * a zero row (padding). */
+void kiln_qmm_gemm_quantize_row(const qmm_format *f, qmm_quant_fn quant, const float *x, int32_t k, void *panel,
+                                int32_t slot);
+
+/* y[r · ldy + c] = Σ w_c · x_r for the n_w (<= QMM_GEMM_LANES) weight rows
+ * at w (wrow bytes apart) and `rows` rows of x in panels at x. */
+typedef void (*qmm_gemm_fn)(int32_t type, const uint8_t *w, size_t wrow, int32_t n_w, int32_t k, const void *x,
+                            int64_t rows, float *y, int64_t ldy);
+
+/* The tiled GEMM for f with this isa (KILN_QMATMUL_ISA), or NULL where it
+ * does not run: formats without 8-bit activations, isa "c" or "avx2", or a
+ * CPU without AVX-512 VNNI (the four-row kernels serve those). */
+qmm_gemm_fn kiln_qmm_gemm_pick(const qmm_format *f, const char *isa);
 
 #endif

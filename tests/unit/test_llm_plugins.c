@@ -354,9 +354,9 @@ static void check_attention_packed(kiln_dtype t)
  * it wrote, for long decode steps (keys split into chunks and merged) and
  * prefill, with a query group larger than the kernel's sub-group (MQA with
  * 18 heads) and plain GQA. */
-static void check_attention_reference(int32_t nh, int32_t nkv, int64_t cached, int64_t T_per_seq)
+static void check_attention_reference(int32_t nh, int32_t nkv, int32_t hd, int64_t cached, int64_t T_per_seq)
 {
-    const int32_t hd = 16, bs = 16;
+    const int32_t bs = 16;
     const int64_t S = 2, max_blocks = (cached + T_per_seq + bs - 1) / bs, n_blocks = S * max_blocks, T = S * T_per_seq;
     const int64_t qw = nh * hd, kw = nkv * hd;
     kiln_field f[4] = {fi32("n_heads", &nh), fi32("n_kv_heads", &nkv), fi32("head_dim", &hd), fi32("block_size", &bs)};
@@ -389,7 +389,7 @@ static void check_attention_reference(int32_t nh, int32_t nkv, int64_t cached, i
             int64_t s = t / T_per_seq, pos = seq_lens[s] - T_per_seq + t % T_per_seq;
             for (int32_t h = 0; h < nh; h++) {
                 int32_t kvh = h / (nh / nkv);
-                double m = -1e300, l = 0, acc[16] = {0}, sc[1024];
+                double m = -1e300, l = 0, acc[128] = {0}, sc[1024];
                 for (int64_t j = 0; j <= pos; j++) {
                     int64_t blk = table[s * max_blocks + j / bs];
                     const float *kr = cache + (((blk * 2 + 0) * nkv + kvh) * bs + j % bs) * hd;
@@ -414,6 +414,9 @@ static void check_attention_reference(int32_t nh, int32_t nkv, int64_t cached, i
                 }
             }
         }
+        if (!(sqrt(err / norm) < 1e-5))
+            fprintf(stderr, "attention %d/%d heads of %d, %lld cached, %lld new: error %.3g\n", nh, nkv, hd,
+                    (long long)cached, (long long)T_per_seq, sqrt(err / norm));
         CHECK(sqrt(err / norm) < 1e-5);
         free(workspace);
         a->ops->destroy(a);
@@ -421,11 +424,23 @@ static void check_attention_reference(int32_t nh, int32_t nkv, int64_t cached, i
     free(table), free(q), free(k), free(v), free(cache), free(out);
 }
 
+/* Each case on the portable kernel and on the best the CPU has (with
+ * AVX-512, prefill steps of head_dim 64 and 128 take the tiled kernel:
+ * tiles of 16 / group tokens, short key tiles at a sequence's end). */
 static void test_attention_reference(void)
 {
-    check_attention_reference(18, 1, 700, 1); /* decode, keys in 3 chunks, 3 sub-groups of the MQA group */
-    check_attention_reference(9, 3, 900, 4);  /* decode of 4 tokens per sequence, GQA */
-    check_attention_reference(6, 2, 40, 37);  /* prefill beyond the split limit: one chunk */
+    for (int isa = 0; isa < 2; isa++) {
+        if (isa == 0)
+            setenv("KILN_ATTENTION_ISA", "c", 1);
+        check_attention_reference(18, 1, 16, 700, 1); /* decode, keys in 3 chunks, 3 sub-groups of the MQA group */
+        check_attention_reference(9, 3, 16, 900, 4);  /* decode of 4 tokens per sequence, GQA */
+        check_attention_reference(6, 2, 16, 40, 37);  /* prefill beyond the split limit: one chunk */
+        check_attention_reference(9, 3, 64, 0, 29);   /* SmolLM2's heads, a prompt: tiles of 5 tokens */
+        check_attention_reference(32, 8, 64, 21, 40); /* a 1B's heads after a cached prefix: tiles of 4 */
+        check_attention_reference(4, 4, 128, 5, 19);  /* MHA, head_dim 128: tiles of 16 tokens */
+        check_attention_reference(32, 2, 64, 3, 12);  /* a group of 16: one token a tile */
+        unsetenv("KILN_ATTENTION_ISA");
+    }
 }
 
 static void test_attention_packed(void)

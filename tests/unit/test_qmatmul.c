@@ -18,6 +18,7 @@
 
 #include "core/threadpool.h"
 #include "llm/gguf.h"
+#include "qmatmul/qmatmul_cpu.h"
 #include "llm/llm_config.h"
 
 typedef struct fmt {
@@ -325,8 +326,9 @@ static void check_bound_q8(const kiln_plugin_creator *c, const fmt *f, int32_t k
 
 /* 8-bit activations: the formats that use them, with k of 1 to 9 blocks
  * (32-element formats) or 1 to 3 (K), rows 1 (decode), 3 (below the
- * four-row kernels), 17 and 70 (GEMM tiles, a remainder, more rows than
- * one quantized chunk of 64). */
+ * four-row kernels), 17, 45 and 70 (GEMM tiles, a remainder, more rows
+ * than one quantized chunk of 64; with AVX-512 VNNI the tiled GEMM, whose
+ * k = 1280 spans two of its unpacked chunks). */
 static void q8_body(const kiln_plugin_creator *c, void *pool)
 {
     for (size_t i = 0; i < N_FMTS; i++) {
@@ -337,6 +339,7 @@ static void q8_body(const kiln_plugin_creator *c, void *pool)
         check_exact_q8(c, f, k1, 7, 1, pool);
         check_exact_q8(c, f, k2, 33, 3, pool);
         check_exact_q8(c, f, 256, 9, 70, pool);
+        check_exact_q8(c, f, 1280, 37, 45, pool); /* the tiled GEMM: k over two unpacked chunks, 8/4/1-row groups */
         check_bound_q8(c, f, k1, 7, 1, pool);
         check_bound_q8(c, f, k2, 129, 17, pool);
         check_bound_q8(c, f, 256, 5, 70, pool);
@@ -367,13 +370,15 @@ static void test_simd_vs_c(void)
 {
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
-    const int32_t t = 9, n = 21;
-    for (size_t i = 0; i < N_FMTS && c; i++) {
-        const fmt *f = &fmts[i];
-        int32_t k = f->block == 256 ? 512 : 160;
+    /* 9 x 21: the four-row kernels or one GEMM tile and a masked one; 45 x
+     * 37 with k 1280: the GEMM's row groups of 8, 4 and 1 and two chunks */
+    for (size_t i = 0; i < 2 * N_FMTS && c; i++) {
+        const fmt *f = &fmts[i % N_FMTS];
+        const int32_t t = i < N_FMTS ? 9 : 45, n = i < N_FMTS ? 21 : 37;
+        int32_t k = i >= N_FMTS ? 1280 : f->block == 256 ? 512 : 160;
         uint8_t *w = random_blocks(f, n, k);
         float *wf = malloc(sizeof(float) * (size_t)n * (size_t)k), *x = malloc(sizeof(float) * (size_t)t * (size_t)k);
-        float yc[9 * 21], ys[9 * 21];
+        float *yc = malloc(sizeof(float) * (size_t)t * (size_t)n), *ys = malloc(sizeof(float) * (size_t)t * (size_t)n);
         CHECK_OK(kiln_ggml_dequantize(f->type, w, (int64_t)n * k, wf));
         for (int64_t j = 0; j < (int64_t)t * k; j++)
             x[j] = uniform(-2, 2);
@@ -394,17 +399,49 @@ static void test_simd_vs_c(void)
                     ok &= fabs((double)ys[r * n + o] - yc[r * n + o]) <= 1e-5 * mag;
                 }
             if (!ok)
-                fprintf(stderr, "%s on %s differs from the C kernel\n", f->name, isas[s]);
+                fprintf(stderr, "%s on %s (%d rows) differs from the C kernel\n", f->name, isas[s], t);
             CHECK(ok);
         }
         unsetenv("KILN_QMATMUL_ISA");
         if (p)
             p->ops->destroy(p);
+        free(ys);
+        free(yc);
         free(x);
         free(wf);
         free(w);
     }
     kiln_registry_destroy(reg);
+}
+
+/* Every activation quantizer gives the portable one's bytes and scale:
+ * random blocks, halves (ties, rounded away from zero), an all-zero block. */
+static void test_quantizers(void)
+{
+    const char *isas[3] = {"c", "avx2", "best"};
+    qmm_kernels ref, ks;
+    kiln_qmm_kernels_pick(kiln_qmm_format(KILN_GGML_Q8_0), "c", 0, &ref);
+    float x[256];
+    int8_t qr[256], qs[256];
+    for (int trial = 0; trial < 40; trial++) {
+        int n = trial % 2 ? 256 : 32;
+        for (int j = 0; j < n; j++)
+            x[j] = trial % 4 < 2 ? uniform(-3, 3) : (float)((int)(next_u32() % 255) - 127) + 0.5f;
+        if (trial % 4 >= 2)
+            x[next_u32() % (uint32_t)n] = 127.0f; /* d = 1: every other value a tie */
+        if (trial == 39)
+            for (int j = 0; j < n; j++)
+                x[j] = 0.0f;
+        float dr = ref.quant(x, n, qr);
+        if (trial == 2)
+            for (int j = 0; j < n; j++)
+                CHECK(x[j] == 127.0f || qr[j] == (int8_t)(x[j] > 0 ? x[j] + 0.5f : x[j] - 0.5f));
+        for (int i = 1; i < 3; i++) {
+            kiln_qmm_kernels_pick(kiln_qmm_format(KILN_GGML_Q4_K), isas[i], 0, &ks);
+            float ds = ks.quant(x, n, qs);
+            CHECK(ds == dr && memcmp(qs, qr, (size_t)n) == 0);
+        }
+    }
 }
 
 /* f16/bf16 activations: y equals the f32 product of the widened x,
@@ -429,6 +466,9 @@ static void test_half_activations(void)
         }
         kiln_plugin *p = NULL;
         CHECK_OK(make(c, "Q4_1", n, k, &p));
+        /* the f32 product through the four-row kernels that half x takes
+         * (the tiled GEMM for f32 x sums in another order) */
+        setenv("KILN_QMATMUL_ISA", "avx2", 1);
         CHECK_OK(run(p, &fmts[2], xf, t, k, w, n, yf, NULL));
         kiln_tensor_desc d[3] = {desc(dt, t, k), desc(KILN_DTYPE_U8, n, (int64_t)(k / 32) * 20), desc(dt, t, n)};
         CHECK(p && p->ops->workspace_size(p, d, 2, d + 2, 1) == sizeof ws);
@@ -436,6 +476,7 @@ static void test_half_activations(void)
         void *out[1] = {yh};
         if (p)
             CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 2, d + 2, out, 1, ws, NULL));
+        unsetenv("KILN_QMATMUL_ISA");
         int same = 1;
         for (int i = 0; i < t * n; i++)
             same &= yh[i] == (dt == KILN_DTYPE_F16 ? h->float_to_half(yf[i]) : h->float_to_bf16(yf[i]));
@@ -459,18 +500,33 @@ static void test_blob_round_trip(void)
     CHECK_OK(make(c, "Q4_1", 9, 96, &p));
     size_t size = 0;
     CHECK_OK(p->ops->serialize(p, NULL, &size));
-    CHECK(size == 12);
-    int32_t blob[3] = {0};
+    CHECK(size == 16);
+    int32_t blob[4] = {0};
     CHECK_OK(p->ops->serialize(p, blob, &size));
-    CHECK(blob[0] == 3 && blob[1] == 9 && blob[2] == 96); /* ggml's number for Q4_1 */
+    /* ggml's number for Q4_1, n, k, the GEMM's rows of x */
+    CHECK(blob[0] == 3 && blob[1] == 9 && blob[2] == 96 && blob[3] == 512);
     CHECK_OK(c->deserialize(c, c->blob_version, blob, size, &q));
-    int32_t again[3] = {0};
+    int32_t again[4] = {0};
     size = sizeof again;
     CHECK(q && q->ops->serialize(q, again, &size) == KILN_OK && memcmp(again, blob, sizeof blob) == 0);
     if (q)
         q->ops->destroy(q);
-    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, 8, &q), KILN_ERROR_FORMAT, "QuantMatMul blob is 8 bytes");
+    /* a v1 blob (an engine built before the GEMM): read, with no GEMM rows,
+     * so the workspace is what that engine reserved */
+    CHECK(c->blob_version == 2);
+    CHECK_OK(c->deserialize(c, 1, blob, 12, &q));
+    size = sizeof again;
+    CHECK(q && q->ops->serialize(q, again, &size) == KILN_OK && again[3] == 0);
+    kiln_tensor_desc d[3] = {desc(KILN_DTYPE_F32, 100, 96), desc(KILN_DTYPE_U8, 9, 60), desc(KILN_DTYPE_F32, 100, 9)};
+    CHECK(q && q->ops->workspace_size(q, d, 2, d + 2, 1) == 64 * 3 * 40);
+    CHECK(p->ops->workspace_size(p, d, 2, d + 2, 1) == 104 * (96 + 2 * 4 * 3)); /* 13 panels of 8 rows */
+    if (q)
+        q->ops->destroy(q);
+    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, 8, &q), KILN_ERROR_FORMAT, "QuantMatMul blob v2 is 8 bytes");
     CHECK_FAILS(c->deserialize(c, c->blob_version + 1, blob, size, &q), KILN_ERROR_VERSION, "newer");
+    blob[3] = 513;
+    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "gemm_rows = 513");
+    blob[3] = 512;
     blob[0] = 10; /* Q2_K */
     CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "ggml type 10");
     p->ops->destroy(p);
@@ -544,6 +600,7 @@ static const test_case_ tests[] = {TEST(test_formulas),
                                    TEST(test_products),
                                    TEST(test_q8_activations),
                                    TEST(test_simd_vs_c),
+                                   TEST(test_quantizers),
                                    TEST(test_half_activations),
                                    TEST(test_blob_round_trip),
                                    TEST(test_bad_fields_and_shapes),
