@@ -444,10 +444,13 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
 
 /* e^x on 16 floats: x = n·ln2 + r, |r| <= ln2/2, e^r by its Taylor
  * polynomial of degree 7 (relative error below 1e-8 before rounding),
- * times 2^n; x below -104 (and -inf) gives 0. */
+ * times 2^n. Below -87 (and -inf) it is 0, not a subnormal: the weights of
+ * keys far below the maximum (and of masked ones) would otherwise make
+ * every FMA that reads them take a microcode assist. */
 __attribute__((target("avx512f,fma"), always_inline)) static inline __m512 exp16(__m512 x)
 {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-104.0f)), _mm512_set1_ps(88.5f));
+    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.5f));
     __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -460,7 +463,7 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline __m512 exp16
     e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
     e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
     e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(e, n);
+    return _mm512_maskz_scalef_ps(keep, e, n);
 }
 
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
@@ -521,11 +524,14 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline __m512 exp16
             } \
             l = _mm512_fmadd_ps(l, corr, sum); \
             m = mx; \
-            for (int64_t d = 0; d < (HD); d++) { \
-                __m512 o = _mm512_mul_ps(_mm512_load_ps(ot[d]), corr); \
+            /* eight dims at a time: eight independent FMA chains */ \
+            for (int64_t d = 0; d < (HD); d += 8) { \
+                __m512 o[8]; \
+                ATTN_UNROLL for (int e = 0; e < 8; e++) o[e] = _mm512_mul_ps(_mm512_load_ps(ot[d + e]), corr); \
                 ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
-                    o = _mm512_fmadd_ps(sc[i], _mm512_set1_ps(V[i * (HD) + d]), o); \
-                _mm512_store_ps(ot[d], o); \
+                    ATTN_UNROLL for (int e = 0; e < 8; e++) \
+                        o[e] = _mm512_fmadd_ps(sc[i], _mm512_set1_ps(V[i * (HD) + d + e]), o[e]); \
+                ATTN_UNROLL for (int e = 0; e < 8; e++) _mm512_store_ps(ot[d + e], o[e]); \
             } \
             k0 += n; \
         } \
