@@ -34,6 +34,41 @@
 #define PLUGIN_SIMD
 #endif
 
+/* AVX-512 kernels beside the portable ones (x86-64 with GCC or clang, not
+ * where clones are off): PLUGIN_AVX512_FN functions run only where
+ * plugin_has_avx512(). */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(PLUGIN_NO_CLONES)
+#include <immintrin.h>
+#define PLUGIN_AVX512 1
+#define PLUGIN_AVX512_FN __attribute__((target("avx512f,fma")))
+
+static inline int plugin_has_avx512(void) { return __builtin_cpu_supports("avx512f"); }
+
+/* e^x on 16 floats: x = n·ln2 + r, |r| <= ln2/2, e^r by its Taylor
+ * polynomial of degree 7 (relative error below 1e-8 before rounding),
+ * times 2^n. Below -87 (and -inf) it is 0, not a subnormal: the weights of
+ * keys far below the maximum (and of masked ones) would otherwise make
+ * every FMA that reads them take a microcode assist. */
+__attribute__((target("avx512f,fma"), always_inline)) static inline __m512 plugin_exp16(__m512 x)
+{
+    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.5f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 e = _mm512_set1_ps(1.0f / 5040);
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 720));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 120));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 24));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 6));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
+    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(keep, e, n);
+}
+#endif
+
 /* The field named `name` among schema-checked fields, or NULL. */
 static inline const kiln_field *plugin_field(const kiln_field *fields, int32_t n, const char *name)
 {

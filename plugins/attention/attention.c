@@ -328,6 +328,11 @@ static inline const float *cache_rows(const attn_job *j, int64_t base, int64_t n
 #define ATTN_SPLIT_TOKENS 8
 #define ATTN_CHUNK 256
 
+/* e^z for the softmax's z <= 0: 0 below -87, where expf would return a
+ * subnormal (or 0) through libm's slow underflow path, and the subnormal
+ * would make every later FMA that reads it slow too. */
+static inline float attn_exp(float z) { return z < -87.0f ? 0.0f : expf(z); }
+
 /* Softmax state of one query head over some keys. */
 typedef struct attn_acc {
     float m, l, acc[ATTN_MAX_HEAD_DIM];
@@ -370,14 +375,14 @@ PLUGIN_SIMD static void attn_task(const attn_job *j, int64_t t, int64_t kvh, int
                 tile_max = score[g][i] > tile_max ? score[g][i] : tile_max;
             if (tile_max > st[g].m) {
                 /* exp(-inf) = 0 clears the empty accumulator of the first tile */
-                float correction = expf(st[g].m - tile_max);
+                float correction = attn_exp(st[g].m - tile_max);
                 st[g].l *= correction;
                 for (int64_t d = 0; d < hd; d++)
                     st[g].acc[d] *= correction;
                 st[g].m = tile_max;
             }
             for (int64_t i = 0; i < n; i++) {
-                score[g][i] = expf(score[g][i] - st[g].m);
+                score[g][i] = attn_exp(score[g][i] - st[g].m);
                 st[g].l += score[g][i];
             }
         }
@@ -435,41 +440,15 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
  * registers, and e^x is a polynomial on registers instead of a libm call
  * per score. KILN_ATTENTION_ISA=c runs the portable kernel above instead
  * (the tests compare both with a double-precision reference). */
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(PLUGIN_NO_CLONES)
-#include <immintrin.h>
+#ifdef PLUGIN_AVX512
 #define ATTN_AVX512 1
 #define ATTN_LANES 16
-#define AVX512_FN __attribute__((target("avx512f,fma")))
 #define ATTN_UNROLL _Pragma("GCC unroll 16")
-
-/* e^x on 16 floats: x = n·ln2 + r, |r| <= ln2/2, e^r by its Taylor
- * polynomial of degree 7 (relative error below 1e-8 before rounding),
- * times 2^n. Below -87 (and -inf) it is 0, not a subnormal: the weights of
- * keys far below the maximum (and of masked ones) would otherwise make
- * every FMA that reads them take a microcode assist. */
-__attribute__((target("avx512f,fma"), always_inline)) static inline __m512 exp16(__m512 x)
-{
-    __mmask16 keep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ);
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.5f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 e = _mm512_set1_ps(1.0f / 5040);
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 720));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 120));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 24));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f / 6));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(0.5f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
-    e = _mm512_fmadd_ps(e, r, _mm512_set1_ps(1.0f));
-    return _mm512_maskz_scalef_ps(keep, e, n);
-}
 
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
  * head kvh (lane = token · group + head), head_dim HD. */
 #define ATTN_TILE_FN(NAME, HD) \
-    AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t0, int64_t nt, int64_t kvh) \
+    PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t0, int64_t nt, int64_t kvh) \
     { \
         const attn_params *p = j->p; \
         const int64_t bs = p->block_size, G = p->n_heads / p->n_kv_heads, lanes = nt * G; \
@@ -517,9 +496,9 @@ __attribute__((target("avx512f,fma"), always_inline)) static inline __m512 exp16
                 } \
             __m512 mx = m; \
             ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) mx = _mm512_max_ps(mx, sc[i]); \
-            __m512 corr = exp16(_mm512_sub_ps(m, mx)), sum = _mm512_setzero_ps(); \
+            __m512 corr = plugin_exp16(_mm512_sub_ps(m, mx)), sum = _mm512_setzero_ps(); \
             ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) { \
-                sc[i] = exp16(_mm512_sub_ps(sc[i], mx)); \
+                sc[i] = plugin_exp16(_mm512_sub_ps(sc[i], mx)); \
                 sum = _mm512_add_ps(sum, sc[i]); \
             } \
             l = _mm512_fmadd_ps(l, corr, sum); \
@@ -577,7 +556,7 @@ static int64_t attn_tile_count(const attn_job *j, int64_t tokens)
     const char *isa = getenv("KILN_ATTENTION_ISA");
     if (tokens <= ATTN_SPLIT_TOKENS || j->t != KILN_DTYPE_F32 || j->ct != KILN_DTYPE_F32 || group > ATTN_LANES ||
         (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) ||
-        !__builtin_cpu_supports("avx512f"))
+        !plugin_has_avx512())
         return 0;
     int64_t per = ATTN_LANES / group, tiles = 0;
     for (int64_t s = 0; s < j->n_seqs; s++)
@@ -605,7 +584,7 @@ static void attn_merge(void *arg, int64_t begin, int64_t end)
             const float *pc = pp + c * part_floats(p);
             if (!(pc[1] > 0.0f))
                 continue;
-            float w = expf(pc[0] - m);
+            float w = attn_exp(pc[0] - m);
             l += w * pc[1];
             for (int64_t d = 0; d < hd; d++)
                 acc[d] += w * pc[2 + d];
