@@ -700,26 +700,75 @@ __attribute__((target(VNNI_TARGET))) static void gemm_unpack(int32_t type, const
     }
 }
 
+/* Sixteen registers of sixteen 32-bit values, rows to columns: unpack
+ * pairs of rows by 32 and 64 bits within each 128-bit lane, then move
+ * the lanes (a 4 x 4 transpose of 128-bit blocks). */
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void transpose16(__m512i r[16])
+{
+    __m512i t[16];
+    UNROLLED_FOR (i, 8) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    UNROLLED_FOR (i, 4) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    /* r[4i + e], 128-bit lane L: rows 4i..4i+3 of column 4L + e */
+    UNROLLED_FOR (e, 4) {
+        __m512i x0 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0x44), x1 = _mm512_shuffle_i32x4(r[e], r[4 + e], 0xEE);
+        __m512i x2 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0x44);
+        __m512i x3 = _mm512_shuffle_i32x4(r[8 + e], r[12 + e], 0xEE);
+        t[e] = _mm512_shuffle_i32x4(x0, x2, 0x88);
+        t[4 + e] = _mm512_shuffle_i32x4(x0, x2, 0xDD);
+        t[8 + e] = _mm512_shuffle_i32x4(x1, x3, 0x88);
+        t[12 + e] = _mm512_shuffle_i32x4(x1, x3, 0xDD);
+    }
+    UNROLLED_FOR (i, 16)
+        r[i] = t[i];
+}
+
 /* The tile's n_w weight rows, values [e0, e0 + n), interleaved; lanes past
- * n_w are zero. */
+ * n_w are zero. Each row is unpacked on its own, then sixteen rows of
+ * sixteen 32-bit groups at a time are transposed in registers. */
 __attribute__((target(VNNI_TARGET))) static void gemm_unpack_tile(int32_t type, const uint8_t *w, size_t wrow,
                                                                   int32_t n_w, int32_t e0, int32_t n, int32_t sub,
                                                                   gemm_tile *t)
 {
-    uint8_t u[GEMM_KC];
-    float sc[GEMM_KC / 16], mn[GEMM_KC / 16];
+    /* rows of u and of the scales, padded to whole groups of 64 bytes */
+    uint8_t u[QMM_GEMM_LANES][GEMM_KC] __attribute__((aligned(64)));
+    float sc[QMM_GEMM_LANES][GEMM_KC / 16] __attribute__((aligned(64)));
+    float mn[QMM_GEMM_LANES][GEMM_KC / 16] __attribute__((aligned(64)));
     for (int32_t c = 0; c < QMM_GEMM_LANES; c++) {
         if (c < n_w) {
-            gemm_unpack(type, w + (size_t)c * wrow, e0, n, u, sc, mn);
+            gemm_unpack(type, w + (size_t)c * wrow, e0, n, u[c], sc[c], mn[c]);
         } else {
-            memset(u, 0, (size_t)n);
-            memset(sc, 0, sizeof sc);
-            memset(mn, 0, sizeof mn);
+            memset(u[c], 0, sizeof u[c]);
+            memset(sc[c], 0, sizeof sc[c]);
+            memset(mn[c], 0, sizeof mn[c]);
         }
-        for (int32_t i = 0; i < n / 4; i++)
-            memcpy(&t->u[i][c], u + 4 * i, 4);
-        for (int32_t j = 0; j < n / sub; j++)
-            t->sc[j][c] = sc[j], t->mn[j][c] = mn[j];
+    }
+    __m512i r[16];
+    for (int32_t g = 0; g < (n + 63) / 64; g++) {
+        UNROLLED_FOR (c, 16)
+            r[c] = _mm512_load_si512(u[c] + 64 * g);
+        transpose16(r);
+        UNROLLED_FOR (i, 16)
+            _mm512_storeu_si512(t->u[16 * g + i], r[i]);
+    }
+    for (int32_t g = 0; g < (n / sub + 15) / 16; g++) {
+        UNROLLED_FOR (c, 16)
+            r[c] = _mm512_castps_si512(_mm512_load_ps(sc[c] + 16 * g));
+        transpose16(r);
+        UNROLLED_FOR (i, 16)
+            _mm512_storeu_si512(t->sc[16 * g + i], r[i]);
+        UNROLLED_FOR (c, 16)
+            r[c] = _mm512_castps_si512(_mm512_load_ps(mn[c] + 16 * g));
+        transpose16(r);
+        UNROLLED_FOR (i, 16)
+            _mm512_storeu_si512(t->mn[16 * g + i], r[i]);
     }
 }
 

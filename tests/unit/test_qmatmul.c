@@ -370,8 +370,8 @@ static void test_simd_vs_c(void)
 {
     kiln_registry *reg = NULL;
     const kiln_plugin_creator *c = creator(&reg);
-    /* 9 x 21: the four-row kernels or one GEMM tile and a masked one; 45 x
-     * 37 with k 1280: the GEMM's row groups of 8, 4 and 1 and two chunks */
+    /* 9 x 21: the four-row kernels; 45 x 37 with k 1280: with AVX-512
+     * VNNI the tiled GEMM, a masked tile, a padded panel and two chunks */
     for (size_t i = 0; i < 2 * N_FMTS && c; i++) {
         const fmt *f = &fmts[i % N_FMTS];
         const int32_t t = i < N_FMTS ? 9 : 45, n = i < N_FMTS ? 21 : 37;
