@@ -93,6 +93,7 @@ const char *kiln_fp8_cuda_error(int code);
 #define KILN_FUSEDMM_NONE 0
 #define KILN_FUSEDMM_SWIGLU 1   /* rows of W interleaved gate, up: y [rows, n / 2] */
 #define KILN_FUSEDMM_RESIDUAL 2 /* y = residual + x · Wᵀ */
+#define KILN_FUSEDMM_ROPE 3     /* RoPE over the packed qkv row; W's rotated pairs adjacent */
 #define KILN_FUSEDMM_NO_ALGO 20000 /* code: cuBLASLt offered no GEMM */
 #define KILN_FUSEDMM_LT_WORKSPACE ((size_t)4 << 20)
 
@@ -113,11 +114,20 @@ static inline size_t kiln_fusedmm_workspace(int64_t rows, int64_t n, int64_t k, 
     return kiln_fusedmm_workspace_lt(rows, n, k, es) + KILN_FUSEDMM_LT_WORKSPACE;
 }
 
+/* The rope epilogue's rotation, passed to the kernels by value: the first
+ * rotated_heads heads of a row are rotated (as kiln/RoPE). */
+typedef struct kiln_fusedmm_rope {
+    int32_t rotated_heads, head_dim, rotary_dim, interleaved;
+    float inv_freq[ROPE_MAX_PAIRS];
+} kiln_fusedmm_rope;
+
 typedef struct kiln_fusedmm_cuda_args {
     const void *x;           /* [rows, k] */
     const void *w;           /* [n, k] */
     const void *norm_weight; /* [k], or NULL: no RMSNorm prologue */
     const void *residual;    /* [rows, n] with KILN_FUSEDMM_RESIDUAL */
+    const int32_t *positions; /* [rows] with KILN_FUSEDMM_ROPE */
+    kiln_fusedmm_rope rope;
     void *y;
     void *workspace;
     size_t workspace_size;

@@ -6,13 +6,15 @@
  *    with the RMSNorm prologue each block first sums the squares of its x
  *    rows (K values, read from L2) and normalizes x as it loads it; the
  *    epilogue adds the residual, or (weight rows interleaved gate, up)
- *    combines the block's two rows into silu(gate) * up. The intermediate
- *    tensors (the norm's output, gate/up) never reach memory.
+ *    combines the block's two rows into silu(gate) * up, or (the weight's
+ *    rotated pairs adjacent) rotates the block's pair as RoPE does. The
+ *    intermediate tensors (the norm's output, gate/up) never reach memory.
  *  - any other row count (prefill): the unfused kernels: RMSNorm into the
  *    workspace (rmsnorm_cuda.cu), cuBLASLt's GEMM (f32 accumulation, TN),
  *    then one elementwise kernel for the epilogue. */
 #include <mutex>
 #include <stdio.h>
+#include <type_traits>
 
 #include "plugin_cuda.h"
 
@@ -53,10 +55,41 @@ __device__ __forceinline__ float silu_times(int t, float g, float u)
 /* x [M, k], w [n, k], nw [k] (norm), res and y [M, n] (y [M, n / 2] with
  * SwiGLU), all of dtype DT, k a multiple of the vector width, x, w and nw
  * 16-byte aligned. */
+/* The rotation of the pair (a, b) = (p0, p1) of row m as kiln/RoPE
+ * computes it: pair i of head h, stored at its place in the packed row. */
+template <int DT>
+__device__ __forceinline__ void rope_store(const kiln_fusedmm_rope &rope, const int32_t *pos, void *y, int64_t m,
+                                           int64_t n, int64_t row0, float p0, float p1)
+{
+    const int64_t h = row0 / rope.head_dim, o = row0 % rope.head_dim;
+    int64_t a = row0, b = row0 + 1;
+    if (h < rope.rotated_heads && o < rope.rotary_dim) {
+        const int i = (int)(o / 2), half = rope.rotary_dim / 2;
+        a = h * rope.head_dim + (rope.interleaved ? 2 * i : i);
+        b = h * rope.head_dim + (rope.interleaved ? 2 * i + 1 : i + half);
+        float s, c;
+        sincosf(__fmul_rn((float)pos[m], rope.inv_freq[i]), &s, &c);
+        c = kcu_round_float(DT, c);
+        s = kcu_round_float(DT, s);
+        const float y0 = __fsub_rn(kcu_round_float(DT, __fmul_rn(p0, c)), kcu_round_float(DT, __fmul_rn(p1, s)));
+        const float y1 = __fadd_rn(kcu_round_float(DT, __fmul_rn(p1, c)), kcu_round_float(DT, __fmul_rn(p0, s)));
+        p0 = y0, p1 = y1;
+    }
+    kcu_store_float(y, DT, m * n + a, p0);
+    kcu_store_float(y, DT, m * n + b, p1);
+}
+
+struct no_rope {
+};
+
+/* The rotation reaches the kernel by value only in the rope form. */
+template <int EPI>
+using rope_arg = typename std::conditional<EPI == KILN_FUSEDMM_ROPE, kiln_fusedmm_rope, no_rope>::type;
+
 template <int DT, int M, int NORM, int EPI>
 __global__ void __launch_bounds__(kWarps * 32)
     fmm_gemv_kernel(const void *x, const void *w, const void *nw, const void *res, void *y, int32_t n, int32_t k,
-                    float eps)
+                    float eps, const rope_arg<EPI> rope)
 {
     constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* elements per 16-byte vector */
     constexpr int ES = 16 / E;                      /* bytes per element */
@@ -179,7 +212,20 @@ __global__ void __launch_bounds__(kWarps * 32)
                 part[wid][m][r] = v;
         }
     __syncthreads();
-    if (EPI == KILN_FUSEDMM_SWIGLU) {
+    if constexpr (EPI == KILN_FUSEDMM_ROPE) {
+        /* rows row0 and row0 + 1: a rotated pair (n is even) */
+        if (threadIdx.x < M && row0 < n) {
+            const int m = threadIdx.x;
+            float p0 = 0.0f, p1 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kWarps; j++) {
+                p0 += part[j][m][0];
+                p1 += part[j][m][1];
+            }
+            rope_store<DT>(rope, (const int32_t *)res, y, m, n, row0, kcu_round_float(DT, p0),
+                           kcu_round_float(DT, p1));
+        }
+    } else if (EPI == KILN_FUSEDMM_SWIGLU) {
         /* rows row0 (gate) and row0 + 1 (up) of the interleaved weight */
         if (threadIdx.x < M && row0 < n) {
             const int m = threadIdx.x;
@@ -210,14 +256,22 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int DT, int M, int NORM, int EPI>
 cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
+    rope_arg<EPI> rope;
+    const void *res = a->residual;
+    if constexpr (EPI == KILN_FUSEDMM_ROPE) {
+        rope = a->rope;
+        res = a->positions;
+    }
     return kcu_launch_cfg(fmm_gemv_kernel<DT, M, NORM, EPI>, dim3((unsigned)((a->n + kRows - 1) / kRows)),
-                          dim3(kWarps * 32), s, a->x, a->w, a->norm_weight, a->residual, a->y, a->n, a->k, a->epsilon);
+                          dim3(kWarps * 32), s, a->x, a->w, a->norm_weight, res, a->y, a->n, a->k, a->epsilon, rope);
 }
 
-/* The three forms a decoder layer uses; the others take the GEMM path. */
+/* The four forms a decoder layer uses; the others take the GEMM path. */
 template <int DT, int M>
 cudaError_t gemv_mode(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
+    if (a->epilogue == KILN_FUSEDMM_ROPE)
+        return gemv_launch<DT, M, 1, KILN_FUSEDMM_ROPE>(a, s);
     if (a->epilogue == KILN_FUSEDMM_SWIGLU)
         return gemv_launch<DT, M, 1, KILN_FUSEDMM_SWIGLU>(a, s);
     if (a->epilogue == KILN_FUSEDMM_RESIDUAL)
@@ -237,6 +291,21 @@ cudaError_t gemv_rows(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 }
 
 /* 2. prefill: RMSNorm, cuBLASLt, epilogue ----------------------------------------------------- */
+
+/* The rope epilogue over t [rows, n], the GEMM's result in DT: one
+ * thread a pair of columns. */
+template <int DT>
+__global__ void __launch_bounds__(256)
+    fmm_rope_kernel(const void *t, const int32_t *pos, void *y, int64_t rows, int32_t n, const kiln_fusedmm_rope rope)
+{
+    kcu_after_prior(t, pos, rows, n);
+    const int64_t pairs = rows * (n / 2);
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < pairs; i += (int64_t)gridDim.x * 256) {
+        const int64_t m = i / (n / 2), row0 = 2 * (i % (n / 2));
+        rope_store<DT>(rope, pos, y, m, n, row0, kcu_load_float(t, DT, m * n + row0),
+                       kcu_load_float(t, DT, m * n + row0 + 1));
+    }
+}
 
 /* y = t + res (residual) or y[r, c] = silu(t[r, 2c]) * t[r, 2c + 1]
  * (SwiGLU over the interleaved product), t the GEMM's result in DT. */
@@ -360,9 +429,12 @@ int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
         return st < 0 ? KILN_FUSEDMM_NO_ALGO : 10000 + st;
     if (a->epilogue == KILN_FUSEDMM_NONE)
         return 0;
-    const int64_t count = a->rows * (a->epilogue == KILN_FUSEDMM_SWIGLU ? a->n / 2 : a->n);
+    const int64_t count = a->rows * (a->epilogue == KILN_FUSEDMM_RESIDUAL ? a->n : a->n / 2);
     const int64_t blocks = (count + 255) / 256;
     const dim3 grid((unsigned)(blocks < 132 * 16 ? blocks : 132 * 16));
+    if (a->epilogue == KILN_FUSEDMM_ROPE)
+        return (int)kcu_launch_cfg(fmm_rope_kernel<DT>, grid, dim3(256), s, (const void *)t, a->positions, a->y, a->rows,
+                                   a->n, a->rope);
     if (a->epilogue == KILN_FUSEDMM_SWIGLU)
         return (int)kcu_launch_cfg(fmm_epilogue_kernel<DT, KILN_FUSEDMM_SWIGLU>, grid, dim3(256), s, (const void *)t,
                                    a->residual, a->y, count);

@@ -161,8 +161,43 @@ static kiln_status read_weight_into(builder *b, const char *hf, int32_t rank, in
 /* Weights `hf[0..n)`, each [rows[i], d1] (or [rows[i]] when d1 is 0),
  * stacked along their first axis into one constant `cname`: the fused
  * projections' [Nq + Nk + Nv, K] and [2 * I, K] weights and their biases. */
+static kiln_status add_weights_permuted(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
+                                        const char *cname, int rope_pairs, kiln_tensor *out);
+
 static kiln_status add_weights(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
                                const char *cname, kiln_tensor *out)
+{
+    return add_weights_permuted(b, hf, rows, n, d1, cname, 0, out);
+}
+
+/* Rows of the stacked [Wq; Wk; Wv] (`row` bytes each) reordered for
+ * kiln/FusedMatMul's rope epilogue: in each rotated head, output dims j
+ * and j + rotary_dim / 2 become rows 2j and 2j + 1 (HF's half-split
+ * rotation; GGUF's adjacent pairs are in place already). */
+static kiln_status rope_pair_rows(builder *b, unsigned char *w, size_t row)
+{
+    const kiln_llm_config *c = &b->ck->config;
+    const int64_t half = c->rope.rotary_dim / 2, heads = (int64_t)c->n_heads + c->n_kv_heads;
+    if (c->rope.interleaved)
+        return KILN_OK;
+    unsigned char *tmp = malloc((size_t)(2 * half) * row);
+    if (!tmp)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory reordering the qkv rows");
+    for (int64_t h = 0; h < heads; h++) {
+        unsigned char *head = w + (size_t)(h * c->head_dim) * row;
+        memcpy(tmp, head, (size_t)(2 * half) * row);
+        for (int64_t j = 0; j < half; j++) {
+            memcpy(head + (size_t)(2 * j) * row, tmp + (size_t)j * row, row);
+            memcpy(head + (size_t)(2 * j + 1) * row, tmp + (size_t)(j + half) * row, row);
+        }
+    }
+    free(tmp);
+    return KILN_OK;
+}
+
+/* add_weights, with the rows reordered by rope_pair_rows when rope_pairs. */
+static kiln_status add_weights_permuted(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
+                                        const char *cname, int rope_pairs, kiln_tensor *out)
 {
     int64_t total = 0;
     for (int32_t i = 0; i < n; i++)
@@ -176,6 +211,8 @@ static kiln_status add_weights(builder *b, const char *const *hf, const int64_t 
     for (int32_t i = 0, at = 0; i < n && st == KILN_OK; at += (int32_t)rows[i], i++)
         st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, b->opt->dtype, (char *)buf + (size_t)at * row,
                               (size_t)rows[i] * row);
+    if (st == KILN_OK && rope_pairs)
+        st = rope_pair_rows(b, buf, row);
     kiln_dims dims = d1 ? dims2(total, d1) : dims1(total);
     if (st == KILN_OK)
         st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
@@ -681,10 +718,11 @@ static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kil
     return KILN_OK;
 }
 
-/* RoPE over x of n_heads heads, or with n_kv_heads > 0 over the packed
- * qkv row (n_heads q heads, then the k and v heads). */
-static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor positions, int32_t n_heads,
-                        int32_t n_kv_heads, kiln_tensor *y)
+/* A layer of plugin `plugin_name` with the fields `pre` then kiln/RoPE's
+ * fields for n_heads heads (and n_kv_heads > 0: the packed qkv row). */
+static kiln_status rope_layer(builder *b, const char *name, const char *plugin_name, const kiln_field *pre,
+                              int32_t n_pre, const kiln_tensor *in, int32_t n_in, int32_t n_heads, int32_t n_kv_heads,
+                              kiln_tensor *y)
 {
     const kiln_llm_config *c = &b->ck->config;
     const kiln_llm_rope *r = &c->rope;
@@ -695,8 +733,10 @@ static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor
     const char *scaling = r->scaling == KILN_LLM_ROPE_LLAMA3   ? "llama3"
                           : r->scaling == KILN_LLM_ROPE_LINEAR ? "linear"
                                                                : "none";
-    kiln_field f[11];
+    kiln_field f[16];
     int32_t nf = 0;
+    for (int32_t i = 0; i < n_pre && i < 5; i++)
+        f[nf++] = pre[i];
     f[nf++] = field_i32("n_heads", &n_heads);
     if (n_kv_heads > 0)
         f[nf++] = field_i32("n_kv_heads", &n_kv_heads);
@@ -712,8 +752,34 @@ static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor
         f[nf++] = field_f32("high_freq_factor", &hi);
         f[nf++] = field_i32("original_max_position", &omax);
     }
+    return plugin(b, name, plugin_name, f, nf, in, n_in, y);
+}
+
+/* RoPE over x of n_heads heads, or with n_kv_heads > 0 over the packed
+ * qkv row (n_heads q heads, then the k and v heads). */
+static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor positions, int32_t n_heads,
+                        int32_t n_kv_heads, kiln_tensor *y)
+{
     kiln_tensor in[2] = {x, positions};
-    return plugin(b, name, "RoPE", f, nf, in, 2, y);
+    return rope_layer(b, name, "RoPE", NULL, 0, in, 2, n_heads, n_kv_heads, y);
+}
+
+/* qkv = RoPE(RMSNorm(x) · Wᵀ) through kiln/FusedMatMul's rope epilogue,
+ * w the stacked [Wq; Wk; Wv] with its rotated pairs adjacent
+ * (rope_pair_rows). */
+static kiln_status fused_qkv_rope(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, int64_t n, int64_t k,
+                                  const char *norm_hf, kiln_tensor positions, kiln_tensor *qkv)
+{
+    const kiln_llm_config *c = &b->ck->config;
+    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = 1;
+    float eps = (float)c->rms_norm_eps;
+    kiln_field f[5] = {field_i32("n", &nn), field_i32("k", &kk), field_i32("norm", &norm), field_f32("epsilon", &eps),
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, "rope"}};
+    char wname[160];
+    kiln_tensor in[4] = {x, w, {0}, positions};
+    snprintf(wname, sizeof wname, "%s.weight", norm_hf);
+    KILN_TRY(add_weight(b, wname, 1, k, 0, &in[2]));
+    return rope_layer(b, lname, "FusedMatMul", f, 5, in, 4, c->n_heads, c->n_kv_heads, qkv);
 }
 
 typedef struct step_inputs {
@@ -767,12 +833,18 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
         snprintf(wn[i], sizeof wn[i], "%s.weight", hf[i]);
     }
     kiln_tensor w, qkv, a, m;
-    snprintf(cname, sizeof cname, "%s.self_attn.qkv_proj.weight", p);
-    KILN_TRY(add_weights(b, wp, widths, 3, H, cname, &w));
-    snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul", p);
     snprintf(norm, sizeof norm, "%s.input_layernorm", p);
-    KILN_TRY(fused_matmul(b, lname, *x, w, qd + 2 * kvd, H, norm, "none", NULL, &qkv));
-    if (c->qkv_bias) {
+    if (!c->qkv_bias) {
+        /* RoPE in the GEMV's epilogue: a rotated pair's rows side by side */
+        snprintf(cname, sizeof cname, "%s.self_attn.qkv_rope_pairs.weight", p);
+        KILN_TRY(add_weights_permuted(b, wp, widths, 3, H, cname, 1, &w));
+        snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul_rope", p);
+        KILN_TRY(fused_qkv_rope(b, lname, *x, w, qd + 2 * kvd, H, norm, in->positions, &qkv));
+    } else {
+        snprintf(cname, sizeof cname, "%s.self_attn.qkv_proj.weight", p);
+        KILN_TRY(add_weights(b, wp, widths, 3, H, cname, &w));
+        snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul", p);
+        KILN_TRY(fused_matmul(b, lname, *x, w, qd + 2 * kvd, H, norm, "none", NULL, &qkv));
         char bn[3][160];
         const char *bp[3] = {bn[0], bn[1], bn[2]};
         kiln_tensor bt;
@@ -782,9 +854,9 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
         KILN_TRY(add_weights(b, bp, widths, 3, 0, cname, &bt));
         snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.add_bias", p);
         KILN_TRY(kiln_network_add_binary(b->net, lname, KILN_BINARY_ADD, qkv, bt, &qkv));
+        snprintf(lname, sizeof lname, "%s.self_attn.qkv_rope", p);
+        KILN_TRY(rope(b, lname, qkv, in->positions, c->n_heads, c->n_kv_heads, &qkv));
     }
-    snprintf(lname, sizeof lname, "%s.self_attn.qkv_rope", p);
-    KILN_TRY(rope(b, lname, qkv, in->positions, c->n_heads, c->n_kv_heads, &qkv));
     const int32_t one = 1;
     kiln_field f[5] = {field_i32("n_heads", &c->n_heads), field_i32("n_kv_heads", &c->n_kv_heads),
                        field_i32("head_dim", &c->head_dim), field_i32("block_size", &o->block_size),

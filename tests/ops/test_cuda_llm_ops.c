@@ -12,7 +12,8 @@
  * per-token quantization, the GEMV up to 8 rows, cuBLASLt's FP8 GEMM past
  * it and the GEMV over row groups where n is not a multiple of 4; f32
  * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32),
- * FusedMatMul (every prologue and epilogue, the GEMV at 1, 2, 4, 8 rows
+ * FusedMatMul (every prologue and epilogue, RoPE's half-split and
+ * interleaved pairs, partial rotary, the GEMV at 1, 2, 4, 8 rows
  * and cuBLASLt past it or where the GEMV does not apply).
  * f32, f16 and bf16; odd sizes; T = 1 and T = 512.
  *
@@ -715,6 +716,53 @@ static void check_fused_matmul(kiln_dtype t, int32_t n, int32_t k, int32_t norm,
     p->ops->destroy(p);
 }
 
+/* FusedMatMul's rope epilogue (RMSNorm, GEMV, RoPE of the packed row). */
+static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_dim, const char *scaling, int64_t rows)
+{
+    const int32_t nh = 8, nkv = 2, hd = 128, k = 1024, n = (nh + 2 * nkv) * hd, one = 1;
+    const float eps = 1e-5f, theta = 500000.0f, factor = 8.0f;
+    kiln_field f[13] = {fi32("n", &n),
+                        fi32("k", &k),
+                        fi32("norm", &one),
+                        ff32("epsilon", &eps),
+                        fstr("epilogue", "rope"),
+                        fi32("n_heads", &nh),
+                        fi32("n_kv_heads", &nkv),
+                        fi32("head_dim", &hd),
+                        ff32("theta", &theta),
+                        fi32("rotary_dim", &rotary_dim),
+                        fi32("interleaved", &interleaved),
+                        fstr("scaling", scaling),
+                        ff32("factor", &factor)};
+    kiln_plugin *p = make("FusedMatMul", f, 13);
+    if (!p)
+        return;
+    const float wr = 1.0f / sqrtf((float)k);
+    buf in[4] = {buf_random(t, rows, k, -2, 2), buf_random(t, n, k, -wr, wr), buf_random(t, k, 0, 0.5f, 1.5f),
+                 buf_new(KILN_DTYPE_I32, rows, 0)};
+    for (int64_t r = 0; r < rows; r++)
+        ((int32_t *)in[3].host)[r] = (int32_t)((r * 977 + 3) % 8192);
+    buf_upload(&in[3]);
+    buf y = buf_output(t, rows, n);
+    kiln_tensor_desc d[5] = {in[0].desc, in[1].desc, in[2].desc, in[3].desc, y.desc};
+    size_t wsz = p->ops->workspace_size(p, d, 4, d + 4, 1);
+    void *wh = malloc(wsz), *wd = NULL;
+    if (cudaMalloc(&wd, wsz) != cudaSuccess) {
+        fprintf(stderr, "cannot allocate the workspace\n");
+        exit(1);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "FusedMatMul rope %s%s interleaved %d rotary %d %s T %lld", dtype_name(t),
+             use_graph ? " in a graph" : "", interleaved, rotary_dim, scaling, (long long)rows);
+    run_both_ws(what, p, in, 4, &y, 1, wh, wd);
+    free(wh);
+    cudaFree(wd);
+    for (int i = 0; i < 4; i++)
+        buf_free(&in[i]);
+    buf_free(&y);
+    p->ops->destroy(p);
+}
+
 static void test_fused_matmul(void)
 {
     static const struct {
@@ -726,6 +774,11 @@ static void test_fused_matmul(void)
         for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
             for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++)
                 check_fused_matmul(float_types[ti], 256, 2048, forms[fi].norm, forms[fi].epilogue, big_rows[ri]);
+            if (fi == 0)
+                for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++) {
+                    check_fused_rope(float_types[ti], 0, 128, "llama3", big_rows[ri]);
+                    check_fused_rope(float_types[ti], 1, 64, "none", big_rows[ri]);
+                }
             /* k not a multiple of the 16-byte vector (the GEMM path), odd sizes */
             for (size_t ri = 0; ri < sizeof small_rows / sizeof small_rows[0]; ri++) {
                 check_fused_matmul(float_types[ti], 10, 36, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
@@ -822,6 +875,8 @@ static void test_graph_capture(void)
     check_fused_matmul(KILN_DTYPE_BF16, 2048, 1024, 1, "swiglu", 1);
     check_fused_matmul(KILN_DTYPE_BF16, 1024, 2048, 0, "residual", 8);
     check_fused_matmul(KILN_DTYPE_BF16, 2048, 1024, 1, "none", 64);
+    check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", 1);
+    check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", 64);
     use_graph = 0;
 }
 

@@ -5,7 +5,7 @@
  * SwiGLU on gate and up apart, packed-qkv PagedAttention against q, k, v
  * given apart; QuantGather's rows against the Q8_0 formula and the
  * host's ggml dequantization; FusedMatMul against RMSNorm, a plain
- * matmul and SwiGLU or the residual add.
+ * matmul and SwiGLU, the residual add or RoPE.
  * Each fused path runs the same f32 arithmetic on the same rounded values,
  * so the results must agree bit for bit. Old (v1) blobs still load. */
 #include "test.h"
@@ -633,6 +633,83 @@ static void check_fused_matmul(kiln_dtype t, int32_t norm, const char *epilogue,
     free(x), free(w), free(nw), free(res), free(h), free(prod), free(ref), free(y);
 }
 
+/* FusedMatMul's rope epilogue against RMSNorm, a plain matmul and RoPE on
+ * the packed row; the plugin gets W with each rotated pair's rows side by
+ * side (half-split pairs; interleaved pairs are adjacent as stored). */
+static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_dim, int64_t rows)
+{
+    const int32_t nh = 4, nkv = 2, hd = 16, k = 24, n = (nh + 2 * nkv) * hd, one = 1;
+    const float eps = 1e-5f, theta = 10000.0f, factor = 8.0f;
+    kiln_field f[14] = {fi32("n", &n),
+                        fi32("k", &k),
+                        fi32("norm", &one),
+                        ff32("epsilon", &eps),
+                        fstr("epilogue", "rope"),
+                        fi32("n_heads", &nh),
+                        fi32("n_kv_heads", &nkv),
+                        fi32("head_dim", &hd),
+                        ff32("theta", &theta),
+                        fi32("rotary_dim", &rotary_dim),
+                        fi32("interleaved", &interleaved),
+                        fstr("scaling", "llama3"),
+                        ff32("factor", &factor)};
+    kiln_field fn = ff32("epsilon", &eps);
+    kiln_plugin *p = make("FusedMatMul", f, 13), *rms = make("RMSNorm", &fn, 1), *rope = make("RoPE", f + 5, 8);
+    size_t es = esize(t);
+    void *x = random_buf(t, rows * k), *w = random_buf(t, (int64_t)n * k), *nw = random_buf(t, k);
+    void *wp = malloc((size_t)(n * k) * es), *h = malloc((size_t)(rows * k) * es);
+    void *prod = malloc((size_t)(rows * n) * es), *ref = malloc((size_t)(rows * n) * es), *y = malloc((size_t)(rows * n) * es);
+    int32_t pos[3] = {5, 1000, 0};
+    /* the plugin's weight: rows j and j + rotary_dim / 2 of each q and k head side by side */
+    memcpy(wp, w, (size_t)(n * k) * es);
+    for (int32_t hh = 0; hh < nh + nkv && !interleaved; hh++)
+        for (int32_t j = 0; j < rotary_dim / 2; j++)
+            for (int32_t pr = 0; pr < 2; pr++)
+                memcpy((char *)wp + (size_t)((hh * hd + 2 * j + pr) * k) * es,
+                       (const char *)w + (size_t)((hh * hd + j + pr * rotary_dim / 2) * k) * es, (size_t)k * es);
+    if (p && rms && rope) {
+        kiln_tensor_desc dn[3] = {DESC(t, rows, k), DESC(t, k), DESC(t, rows, k)};
+        const void *in_n[2] = {x, nw};
+        void *out_n[1] = {h};
+        CHECK_OK(run(rms, dn, in_n, 2, out_n, 1));
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < n; c++) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < k; i++)
+                    acc += load(h, t, r * k + i) * load(w, t, c * k + i);
+                store(prod, t, r * n + c, acc);
+            }
+        kiln_tensor_desc dr[3] = {DESC(t, rows, n), DESC(KILN_DTYPE_I32, rows), DESC(t, rows, n)};
+        const void *in_r[2] = {prod, pos};
+        void *out_r[1] = {ref};
+        CHECK_OK(run(rope, dr, in_r, 2, out_r, 1));
+        kiln_tensor_desc d[5] = {DESC(t, rows, k), DESC(t, n, k), DESC(t, k), DESC(KILN_DTYPE_I32, rows),
+                                 DESC(t, rows, n)};
+        const void *in[4] = {x, wp, nw, pos};
+        void *out[1] = {y};
+        CHECK(p->ops->supports(p, KILN_BACKEND_CPU, d, 4, 1));
+        void *ws = malloc(p->ops->workspace_size(p, d, 4, d + 4, 1));
+        CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 4, d + 4, out, 1, ws, pool));
+        free(ws);
+        const float tol = t == KILN_DTYPE_F32 ? 1e-5f : t == KILN_DTYPE_F16 ? 2e-3f : 1.6e-2f;
+        float worst = 0.0f, scale = 0.0f;
+        for (int64_t i = 0; i < rows * n; i++) {
+            worst = fmaxf(worst, fabsf(load(y, t, i) - load(ref, t, i)));
+            scale = fmaxf(scale, fabsf(load(ref, t, i)));
+        }
+        CHECK(scale > 0.0f && worst <= tol * scale);
+        /* the rotation did happen: the reference differs from the plain product */
+        CHECK(memcmp(ref, prod, (size_t)(rows * n) * es) != 0);
+    }
+    if (p)
+        p->ops->destroy(p);
+    if (rms)
+        rms->ops->destroy(rms);
+    if (rope)
+        rope->ops->destroy(rope);
+    free(x), free(w), free(nw), free(wp), free(h), free(prod), free(ref), free(y);
+}
+
 static void test_fused_matmul(void)
 {
     for (int ti = 0; ti < 3; ti++)
@@ -641,6 +718,9 @@ static void test_fused_matmul(void)
             check_fused_matmul(float_types[ti], 1, "swiglu", rows);
             check_fused_matmul(float_types[ti], 0, "residual", rows);
             check_fused_matmul(float_types[ti], 0, "none", rows);
+            check_fused_rope(float_types[ti], 0, 16, rows);
+            check_fused_rope(float_types[ti], 0, 8, rows);
+            check_fused_rope(float_types[ti], 1, 16, rows);
         }
     /* refused: an unknown epilogue, swiglu over an odd n, norm without epsilon */
     const int32_t n = 9, k = 8, one = 1;
