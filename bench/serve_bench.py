@@ -77,18 +77,31 @@ async def run(args, part, parts):
     u = urllib.parse.urlparse(args.url)
     rng = random.Random(0)
     arrivals = random.Random(1 + part)
-    results, tasks = [], []
+    results, tasks, bodies = [], [], []
+    for i in range(args.requests):  # made before the clock starts, as kiln bench makes its requests
+        prompt = [rng.randrange(args.vocab) for _ in range(args.input_len)]
+        if i % parts == part:
+            bodies.append({"prompt": prompt, "max_tokens": args.output_len, "temperature": 0, "ignore_eos": True,
+                           "stream": True, "stream_options": {"include_usage": True}})
     t0 = time.perf_counter()
-    for i in range(args.requests):
-        body = {"prompt": [rng.randrange(args.vocab) for _ in range(args.input_len)], "max_tokens": args.output_len,
-                "temperature": 0, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        if i % parts != part:
-            continue
+    for body in bodies:
         tasks.append(asyncio.create_task(one(u.hostname, u.port or 80, "/v1/completions", body, results)))
         if args.rate > 0:
             await asyncio.sleep(arrivals.expovariate(args.rate / parts))
     await asyncio.gather(*tasks)
     return t0, results
+
+
+async def warm_up(args):
+    """Untimed requests first, as kiln bench's --warmup: the server's first
+    steps pay for lazily made GPU plans and pages touched once."""
+    u = urllib.parse.urlparse(args.url)
+    rng = random.Random(12345)
+    results = []
+    await asyncio.gather(*(one(u.hostname, u.port or 80, "/v1/completions",
+                               {"prompt": [rng.randrange(args.vocab) for _ in range(args.input_len)],
+                                "max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True},
+                               results) for _ in range(args.warmup)))
 
 
 def run_part(job):
@@ -104,10 +117,13 @@ def main():
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rate", type=float, default=0, help="Poisson arrivals per second (0: all at once)")
+    ap.add_argument("--warmup", type=int, default=4, help="untimed requests first (default 4, as kiln bench)")
     ap.add_argument("--procs", type=int, default=4, help="client processes sharing the requests (default 4)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     args.procs = max(1, min(args.procs, args.requests))
+    if args.warmup > 0:
+        asyncio.run(warm_up(args))
     # time.perf_counter is CLOCK_MONOTONIC on Linux: one clock for every process
     with multiprocessing.get_context("fork").Pool(args.procs) as pool:
         parts = pool.map(run_part, [(args, p) for p in range(args.procs)])
