@@ -7,9 +7,10 @@
 #      (tests/gpu/hf_reference.py): logits at every position, teacher-forced
 #      greedy, and `kiln run` greedy on KILN_LLM_RUN_PROMPTS prompts;
 #  (b) the default model (SmolLM2 GGUF at $KILN_DEFAULT_GGUF, carried by the
-#      lead; skipped and said so when unset): a bf16 CUDA engine's
-#      perplexity on tests/data/text within 1% of the f32 CPU engine's,
-#      argmax agreement >= 97%;
+#      lead; skipped and said so when unset): the CUDA engines' (native, the
+#      default for a GGUF, and every weight in bf16) perplexity on
+#      tests/data/text within 1% of the f32 CPU engine's, argmax agreement
+#      >= 97%;
 #      and each quantized weight format beside it (tests/gpu/quant_quality.sh);
 #      llama.cpp's tiny Q4_K_M / Q5_K_M files kept as stored on the GPU
 #      (QuantMatMul's K kernels) against their f32 CPU engines;
@@ -133,25 +134,35 @@ if [ -z "$gguf" ] || [ ! -f "$gguf" ]; then
     row "llm default model: perplexity" "SKIPPED: KILN_DEFAULT_GGUF is not set to a GGUF file"
 else
     say "default model"
-    # max-batch 32: scoring feeds up to max_batch tokens per step
-    if "$kiln" build "$gguf" --backend "$backend" --dtype bf16 --max-batch 32 -o "$work/default-bf16.engine" >>"$log" 2>&1 &&
-       "$kiln" build "$gguf" --dtype f32 --max-batch 32 -o "$work/default-f32-cpu.engine" >>"$log" 2>&1 &&
-       "$kiln" perplexity "$work/default-bf16.engine" "$text" --compare "$work/default-f32-cpu.engine" --json \
-           >"$work/default-ppl.json" 2>>"$log"; then
-        cat "$work/default-ppl.json" >>"$log"
-        while IFS=$'\t' read -r name res; do row "$name" "$res"; done < <(python3 - "$work/default-ppl.json" "$backend" <<'PY'
+    # max-batch 32: scoring feeds up to max_batch tokens per step. Two GPU
+    # engines against the f32 CPU one: `native` (what `kiln build GGUF
+    # --backend cuda` makes: the matmul weights as stored, read by
+    # QuantMatMul's CUDA kernels, activations/embedding/KV in bf16) and
+    # `--dtype bf16` (every weight expanded to bf16, as an HF bf16 load).
+    if "$kiln" build "$gguf" --dtype f32 --max-batch 32 -o "$work/default-f32-cpu.engine" >>"$log" 2>&1; then
+        for dt in native bf16; do
+            if "$kiln" build "$gguf" --backend "$backend" --dtype $dt --max-batch 32 -o "$work/default-$dt.engine" >>"$log" 2>&1 &&
+               "$kiln" perplexity "$work/default-$dt.engine" "$text" --compare "$work/default-f32-cpu.engine" --json \
+                   >"$work/default-ppl-$dt.json" 2>>"$log"; then
+                cat "$work/default-ppl-$dt.json" >>"$log"
+                while IFS=$'\t' read -r name res; do row "$name" "$res"; done < <(python3 - "$work/default-ppl-$dt.json" "$backend" "$dt" <<'PY'
 import json, sys
 o = json.load(open(sys.argv[1]))
 c = o["compare"]
 ratio = o["perplexity"] / c["perplexity"]
-print("llm default model: perplexity bf16 %s\t%s (%.4f vs f32 cpu %.4f: %+.2f%%, limit 1%%; %d tokens)"
-      % (sys.argv[2], "pass" if abs(ratio - 1) <= 0.01 else "FAIL", o["perplexity"], c["perplexity"], (ratio - 1) * 100, o["tokens"]))
-print("llm default model: argmax agreement\t%s (%.4f, limit 0.97; mean KL %.5f nats)"
-      % ("pass" if c["argmax_agreement"] >= 0.97 else "FAIL", c["argmax_agreement"], c["kl_mean"]))
+what = "%s %s" % (sys.argv[3], sys.argv[2])
+print("llm default model %s: perplexity\t%s (%.4f vs f32 cpu %.4f: %+.2f%%, limit 1%%; %d tokens)"
+      % (what, "pass" if abs(ratio - 1) <= 0.01 else "FAIL", o["perplexity"], c["perplexity"], (ratio - 1) * 100, o["tokens"]))
+print("llm default model %s: argmax agreement\t%s (%.4f, limit 0.97; mean KL %.5f nats)"
+      % (what, "pass" if c["argmax_agreement"] >= 0.97 else "FAIL", c["argmax_agreement"], c["kl_mean"]))
 PY
-        )
+                )
+            else
+                row "llm default model $dt: perplexity" "FAIL (build or kiln perplexity failed, see llm.log)"
+            fi
+        done
     else
-        row "llm default model: perplexity" "FAIL (build or kiln perplexity failed, see llm.log)"
+        row "llm default model: f32 cpu engine" "FAIL (kiln build, see llm.log)"
     fi
     # the quantized weight formats beside bf16 (issue 10's quality table)
     say "quantized formats"
