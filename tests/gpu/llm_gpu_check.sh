@@ -42,6 +42,7 @@
 #                          by default; unset the value, KILN_LLM_BENCH_1000=, to skip them)
 #   KILN_HF_PEER           1 (default): time HF transformers on each checkpoint
 #   KILN_HF_PEER_COMPILE   1: the peer uses a static cache + torch.compile (default eager)
+#   KILN_LLM_BENCH_TIMEOUT seconds one `kiln bench` may run (default 900)
 #   KILN_LLM_WORK          scratch folder (default $KILN_BUILD_DIR/llm-work; needs ~40 GB for 8B)
 #   KILN_LLM_BACKEND       cuda (default); cpu tries the script's logic on a machine without a GPU
 set -uo pipefail
@@ -209,7 +210,7 @@ bench_json() { # bench_json OUT ENGINE ARGS...: kiln bench --json into OUT; stde
     local out=$1
     shift
     say "kiln bench $*"
-    "$kiln" bench "$@" --json >"$out" 2>"$out.err"
+    timeout "${KILN_LLM_BENCH_TIMEOUT:-900}" "$kiln" bench "$@" --json >"$out" 2>"$out.err"
     local rc=$?
     cat "$out.err" "$out" >>"$log"
     return $rc
