@@ -107,18 +107,15 @@ static int32_t fusedmm_n_inputs(const fusedmm_params *p)
     return 2 + p->norm + (p->epilogue == KILN_FUSEDMM_RESIDUAL || p->epilogue == KILN_FUSEDMM_ROPE);
 }
 
-static int64_t fusedmm_width(const fusedmm_params *p)
-{
-    return p->epilogue == KILN_FUSEDMM_SWIGLU ? p->n / 2 : p->n;
-}
+static int64_t fusedmm_width(const fusedmm_params *p) { return p->epilogue == KILN_FUSEDMM_SWIGLU ? p->n / 2 : p->n; }
 
 static kiln_status fusedmm_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
                                          kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
 {
     const fusedmm_params *p = &((const fusedmm *)self)->p;
     if (n_in != fusedmm_n_inputs(p) || in[0].rank < 1 || in[1].rank != 2 || (p->norm && in[2].rank != 1))
-        return host->fail(KILN_ERROR_SHAPE,
-                          NAME ": expects x [..., K], w [N, K]%s%s", p->norm ? ", norm_weight [K]" : "",
+        return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., K], w [N, K]%s%s",
+                          p->norm ? ", norm_weight [K]" : "",
                           p->epilogue == KILN_FUSEDMM_RESIDUAL ? ", residual [..., N]" : "");
     int64_t v;
     if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &v) && v != p->k)
@@ -181,7 +178,7 @@ typedef struct fusedmm_job {
     const fusedmm *f;
     const fusedmm_params *p;
     int64_t rows;
-    const float *xf; /* [rows, k]: x, normalized with the prologue */
+    const float *xf;     /* [rows, k]: x, normalized with the prologue */
     const void *w, *res; /* res: the residual, or the positions (rope) */
     void *y;
     kiln_dtype t;
@@ -261,8 +258,8 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         (p->epilogue == KILN_FUSEDMM_ROPE && plugin_desc_count(&in_desc[n_in - 1]) != rows) ||
         plugin_desc_count(&out_desc[0]) != rows * fusedmm_width(p))
         return host->fail(KILN_ERROR_SHAPE,
-                          NAME ": x's last dim must be k = %d, w [%d, %d]; residual, positions and y of x's rows",
-                          p->k, p->n, p->k);
+                          NAME ": x's last dim must be k = %d, w [%d, %d]; residual, positions and y of x's rows", p->k,
+                          p->n, p->k);
     kiln_dtype t = in_desc[0].dtype;
     const void *nw = p->norm ? in[2] : NULL, *res = fusedmm_n_inputs(p) > 2 + p->norm ? in[n_in - 1] : NULL;
     if (rows == 0)

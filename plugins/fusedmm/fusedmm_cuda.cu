@@ -187,7 +187,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                         /* the norm's output as RMSNorm stores it: the
                          * normalized value rounded, times the weight, rounded */
                         if (NORM)
-                            xf[e] = kcu_round_float(DT, __fmul_rn(kcu_round_float(DT, __fmul_rn(xf[e], inv[m])), nf[e]));
+                            xf[e] =
+                                kcu_round_float(DT, __fmul_rn(kcu_round_float(DT, __fmul_rn(xf[e], inv[m])), nf[e]));
                     }
 #pragma unroll
                     for (int r = 0; r < kRows; r++)
@@ -222,8 +223,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                 p0 += part[j][m][0];
                 p1 += part[j][m][1];
             }
-            rope_store<DT>(rope, (const int32_t *)res, y, m, n, row0, kcu_round_float(DT, p0),
-                           kcu_round_float(DT, p1));
+            rope_store<DT>(rope, (const int32_t *)res, y, m, n, row0, kcu_round_float(DT, p0), kcu_round_float(DT, p1));
         }
     } else if (EPI == KILN_FUSEDMM_SWIGLU) {
         /* rows row0 (gate) and row0 + 1 (up) of the interleaved weight */
@@ -253,8 +253,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
-template <int DT, int M, int NORM, int EPI>
-cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+template <int DT, int M, int NORM, int EPI> cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
     rope_arg<EPI> rope;
     const void *res = a->residual;
@@ -267,8 +266,7 @@ cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 }
 
 /* The four forms a decoder layer uses; the others take the GEMM path. */
-template <int DT, int M>
-cudaError_t gemv_mode(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+template <int DT, int M> cudaError_t gemv_mode(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
     if (a->epilogue == KILN_FUSEDMM_ROPE)
         return gemv_launch<DT, M, 1, KILN_FUSEDMM_ROPE>(a, s);
@@ -279,8 +277,7 @@ cudaError_t gemv_mode(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     return gemv_launch<DT, M, 1, KILN_FUSEDMM_NONE>(a, s);
 }
 
-template <int DT>
-cudaError_t gemv_rows(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+template <int DT> cudaError_t gemv_rows(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
     switch (a->rows) {
     case 1: return gemv_mode<DT, 1>(a, s);
@@ -366,7 +363,8 @@ int lt_gemm(int32_t dt, const void *src, const void *w, void *d, int64_t rows, i
     if (st != CUBLAS_STATUS_SUCCESS)
         return (int)st;
     const uintptr_t es = dt == KILN_DTYPE_F32 ? 4 : 2;
-    const uint32_t align = align_of((uintptr_t)src | (uintptr_t)w | (uintptr_t)d | (uintptr_t)k * es | (uintptr_t)n * es);
+    const uint32_t align =
+        align_of((uintptr_t)src | (uintptr_t)w | (uintptr_t)d | (uintptr_t)k * es | (uintptr_t)n * es);
     cublasLtMatmulAlgo_t algo;
     int have = 0, at = -1;
     {
@@ -409,8 +407,7 @@ int lt_gemm(int32_t dt, const void *src, const void *w, void *d, int64_t rows, i
                                KILN_FUSEDMM_LT_WORKSPACE, s);
 }
 
-template <int DT>
-int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
     char *ws = (char *)a->workspace;
     const void *src = a->x;
@@ -433,8 +430,8 @@ int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     const int64_t blocks = (count + 255) / 256;
     const dim3 grid((unsigned)(blocks < 132 * 16 ? blocks : 132 * 16));
     if (a->epilogue == KILN_FUSEDMM_ROPE)
-        return (int)kcu_launch_cfg(fmm_rope_kernel<DT>, grid, dim3(256), s, (const void *)t, a->positions, a->y, a->rows,
-                                   a->n, a->rope);
+        return (int)kcu_launch_cfg(fmm_rope_kernel<DT>, grid, dim3(256), s, (const void *)t, a->positions, a->y,
+                                   a->rows, a->n, a->rope);
     if (a->epilogue == KILN_FUSEDMM_SWIGLU)
         return (int)kcu_launch_cfg(fmm_epilogue_kernel<DT, KILN_FUSEDMM_SWIGLU>, grid, dim3(256), s, (const void *)t,
                                    a->residual, a->y, count);
