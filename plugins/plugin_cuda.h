@@ -95,7 +95,10 @@ const char *kiln_fp8_cuda_error(int code);
 #define KILN_FUSEDMM_RESIDUAL 2 /* y = residual + x · Wᵀ */
 #define KILN_FUSEDMM_ROPE 3     /* RoPE over the packed qkv row; W's rotated pairs adjacent */
 #define KILN_FUSEDMM_NO_ALGO 20000 /* code: cuBLASLt offered no GEMM */
-#define KILN_FUSEDMM_LT_WORKSPACE ((size_t)4 << 20)
+/* cuBLASLt's scratch: the native matmul's (KILN_GPU_MATMUL_WORKSPACE), so
+ * that its heuristic picks the prefill GEMMs' algorithm from the same
+ * candidates as for the unfused layers' matmuls */
+#define KILN_FUSEDMM_LT_WORKSPACE ((size_t)32 << 20)
 
 /* Workspace, each part 256-aligned: rows of x as f32 (the CPU) or
  * normalized in the dtype (the GPU's GEMM path), the GEMM's result in the

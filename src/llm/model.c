@@ -1163,14 +1163,20 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     c->block_size = o.block_size;
     c->quantized[0] = '\0';
     builder b = {.ck = ck, .opt = &o};
-    /* Decoder layers fused (their decode step one GEMV per matrix with
-     * the norms, residual adds and SwiGLU inside) only with
-     * KILN_LLM_FUSE=1, on either backend (on the CPU it runs the fused
-     * layers' reference: tests): on the H200 the fused GEMVs measured
-     * slower than the unfused layers (1B decode 729 against 902 tok/s,
-     * bench/README.md), so CUDA builds stay unfused until they are not. */
+    /* Decoder layers fuse on CUDA (their decode step is one GEMV per
+     * matrix with the norms, residual adds and SwiGLU inside); on the CPU
+     * they stay apart, where the matmuls run through OpenBLAS.
+     * KILN_LLM_FUSE=0 or 1 overrides either (1 on the CPU runs the fused
+     * layers' reference: tests). The first fused GEMVs measured slower
+     * than the unfused layers on the H200 (1B decode 729 against 902
+     * tok/s): their norm prologue cost about as much arithmetic as the
+     * dot products at 2 weight rows a block. At 8 rows a block
+     * (plugins/fusedmm/fusedmm_cuda.cu) it is a quarter of that; this
+     * default stands only while the H200's A/B (KILN_LLM_FUSE=0 against
+     * the default, bench/README.md) has the fused layers ahead. */
     const char *fuse_env = getenv("KILN_LLM_FUSE");
-    b.fuse = fuse_env && fuse_env[0] == '1';
+    b.fuse = fuse_env && (fuse_env[0] == '0' || fuse_env[0] == '1') ? fuse_env[0] == '1'
+                                                                    : o.backend == KILN_BACKEND_CUDA;
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
         return kiln_fail(KILN_ERROR_NOT_FOUND,
                          "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");
