@@ -14,7 +14,19 @@
  *        head (a row: a new token and one query head of the group), keys
  *        in tiles of 64 read from the paged cache into shared memory,
  *        online softmax in registers; the score matrix never exists;
- *      - kat_decode (head_dim 64 or 128, 16-byte aligned rows): a CTA per
+ *      - kat_pipe (head_dim 64 or 128, 16-byte aligned rows; the default
+ *        decode): a CTA per (token, kv head, up to 8 query heads of it,
+ *        split), so the query heads of one KV head share every K/V load.
+ *        Each warp streams whole K and V rows of its keys into shared
+ *        memory through a 4-stage cp.async pipeline (12 KB in flight per
+ *        warp) and runs its own online softmax; warps merge at the end.
+ *        The grid's G splits come from shapes (tokens, longest possible
+ *        sequence: none when the tokens fill the GPU), and each token runs
+ *        only as many as its actual length fills (KAT_PIPE_SPLIT_KEYS keys
+ *        at least each), so a graph captured for a bucket serves every
+ *        context length. Splits merge in a cluster (G <= 16) or through
+ *        kat_combine;
+ *      - kat_decode (KILN_ATTENTION_DECODE=split, to compare): a CTA per
  *        (token, kv head, up to 8 query heads of it, split), so the query
  *        heads of one KV head share every K/V load; the keys are cut into
  *        tiles and split z takes tiles z, z + G, z + 2G, ... (flash
@@ -26,12 +38,12 @@
  *        head, split), one key per thread: slow, for what the fast kernels
  *        do not take (e.g. the tiny test models' head_dim 16).
  *   3. kat_combine, when G > 1 splits ran outside a cluster (kat_generic,
- *      or KILN_ATTENTION_CLUSTER=0): merges the per-split partial (max,
- *      sum, output) from the workspace.
+ *      kat_pipe with G > 16, or KILN_ATTENTION_CLUSTER=0): merges the
+ *      per-split partial (max, sum, output) from the workspace.
  * G is chosen on the host from shapes alone (tokens, max_blocks, heads),
  * never from seq_lens or query_start, so a step can be captured in a CUDA
- * graph; splits past a sequence's tiles do no work (in a cluster they
- * only join the merge).
+ * graph; splits past a sequence's tiles (kat_pipe: past what its length
+ * fills) do no work (in a cluster they only join the merge).
  *
  * Inconsistent metadata (query_start not running 0..T, a length past the
  * table, a block outside the cache) cannot be reported from the device: the
@@ -1075,9 +1087,10 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
     const int ge = kat_pipe_splits(nk, G);
     if (z >= ge && !cluster)
         return;
-    /* this split's keys [k0, k1), in whole CTA stages */
-    const int64_t stages = (nk + L::CTA_ROWS - 1) / L::CTA_ROWS, per = (stages + ge - 1) / ge;
-    const int64_t k0 = min((int64_t)z * per * L::CTA_ROWS, nk), k1 = min(k0 + per * L::CTA_ROWS, nk);
+    /* this split's keys [k0, k1): its even share of whole CTA stages */
+    const int64_t stages = (nk + L::CTA_ROWS - 1) / L::CTA_ROWS, zc = z < ge ? z : ge;
+    const int64_t k0 = min(zc * stages / ge * L::CTA_ROWS, nk);
+    const int64_t k1 = min((zc + (z < ge)) * stages / ge * L::CTA_ROWS, nk);
     const int64_t n_st = (k1 - k0 + ROWS - 1) / ROWS; /* warp stages of the split */
     const int n_my = (int)(n_st > warp ? (n_st - warp + W - 1) / W : 0);
 
