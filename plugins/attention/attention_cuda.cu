@@ -1012,6 +1012,7 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
 #define KAT_PIPE_STAGE_BYTES 4096 /* K and V bytes of one stage of one warp */
 #define KAT_PIPE_SPLIT_KEYS 256 /* fewest keys a split takes (kat_combine's `tile`) */
 #define KAT_PIPE_CTAS 264       /* CTAs to aim for when splitting: two per SM on 132 SMs */
+#define KAT_MAX_DEVICES 64      /* devices whose kat_pipe smem limit is remembered as set */
 
 /* Layout of kat_pipe for storage DT and head_dim D: a row is NV 16-byte
  * vectors read by LPR lanes, a warp reads RPW rows at a time, and a stage
@@ -1458,14 +1459,18 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, int32_t
 {
     typedef kat_pipe_shape<DT, D> L;
     const int n_hg = (a.n_heads / a.n_kv_heads + HG - 1) / HG;
-    /* once: the pipeline's shared memory is past the default 48 KB */
-    static int8_t smem_ok;
-    if (!smem_ok) {
-        cudaError_t e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)L::SMEM);
+    /* once per device: the pipeline's shared memory is past the default 48 KB */
+    static int8_t smem_ok[KAT_MAX_DEVICES];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    if (dev < 0 || dev >= KAT_MAX_DEVICES || !smem_ok[dev]) {
+        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::SMEM);
         if (e != cudaSuccess)
             return e;
-        smem_ok = 1;
+        if (dev >= 0 && dev < KAT_MAX_DEVICES)
+            smem_ok[dev] = 1;
     }
     cudaLaunchAttribute attr[2];
     int n = 0;
@@ -1489,7 +1494,7 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, int32_t
     if (cluster) {
         static int8_t ok[KAT_MAX_CLUSTER + 1]; /* as in kat_launch_decode_hg */
         if (!ok[g]) {
-            cudaError_t e = cudaSuccess;
+            e = cudaSuccess;
             if (g > 8)
                 e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
             int clusters = 0;
