@@ -1,7 +1,7 @@
 /* attention_bench: kiln/PagedAttention on the GPU at the Llama-3.1-8B shape
  * (32 query heads, 8 kv heads, head_dim 128, bf16, KV blocks of 16 tokens).
  *
- *   attention_bench [--reps N]
+ *   attention_bench [--reps N] [--sweep]
  *
  * Decode (one new token per sequence): batch 1 and 64 at context 8192
  * (batch 1 also with a block table sized for 131072 tokens, as an engine
@@ -17,7 +17,9 @@
  * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
  * ("graph", as the engine replays decode). Inputs rotate among copies
  * whose caches together exceed the L2 cache, so a small case is not timed
- * out of L2. Prefill of one 512- and one 2048-token prompt: causal
+ * out of L2. With --sweep, kat_pipe runs again at KILN_ATTENTION_PIPE_CTAS
+ * = 128, 528 and 1056 (the CTAs it aims for when splitting; default 264).
+ * Prefill of one 512- and one 2048-token prompt: causal
  * attention FLOPs (4 * heads * head_dim per query-key pair at or before
  * the query) per second. Every figure is the median of --reps (default 50)
  * runs timed with CUDA events after warm-up. Needs a GPU (exits 77 without
@@ -38,7 +40,7 @@
 
 static cudaStream_t stream;
 static cudaEvent_t ev0, ev1;
-static int reps = 50;
+static int reps = 50, sweep;
 
 static int cmp_float(const void *a, const void *b)
 {
@@ -271,10 +273,14 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
     }
     const int64_t mb = dc->mb ? dc->mb : (longest + BS - 1) / BS;
     const double bytes = tokens * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
-    static const char *const kernels[2] = {"pipe", "split"};
-    for (int k = 0; k < 2; k++) {
-        if (k)
+    /* kat_pipe, kat_decode, then (--sweep) kat_pipe at other split targets */
+    static const char *const kernels[5] = {"pipe", "split", "p128", "p528", "p1056"};
+    static const char *const targets[5] = {NULL, NULL, "128", "528", "1056"};
+    for (int k = 0; k < (sweep ? 5 : 2); k++) {
+        if (k == 1)
             setenv("KILN_ATTENTION_DECODE", "split", 1);
+        if (targets[k])
+            setenv("KILN_ATTENTION_PIPE_CTAS", targets[k], 1);
         attn_job j;
         attn_setup(&j, dev, reg, dc->S, 1, lens, mb);
         float ms = time_ms(run_attn, &j), gms = time_graph_ms(&j);
@@ -283,6 +289,7 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
                bytes / 1e6, bw / 1e12, 100.0 * bw / copy_bw);
         attn_free(&j);
         unsetenv("KILN_ATTENTION_DECODE");
+        unsetenv("KILN_ATTENTION_PIPE_CTAS");
     }
     free(lens);
 }
@@ -292,8 +299,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 5) {
             reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--sweep") == 0) {
+            sweep = 1;
         } else {
-            fprintf(stderr, "usage: attention_bench [--reps N (>= 5)]\n");
+            fprintf(stderr, "usage: attention_bench [--reps N (>= 5)] [--sweep]\n");
             return 2;
         }
     }

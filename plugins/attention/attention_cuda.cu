@@ -1012,6 +1012,7 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
 #define KAT_PIPE_STAGE_BYTES 4096 /* K and V bytes of one stage of one warp */
 #define KAT_PIPE_SPLIT_KEYS 256 /* fewest keys a split takes (kat_combine's `tile`) */
 #define KAT_PIPE_CTAS 264       /* CTAs to aim for when splitting: two per SM on 132 SMs */
+#define KAT_PIPE_CTAS_MAX 1056  /* the most KILN_ATTENTION_PIPE_CTAS may ask for (the workspace's) */
 #define KAT_MAX_DEVICES 64      /* devices whose kat_pipe smem limit is remembered as set */
 
 /* Layout of kat_pipe for storage DT and head_dim D: a row is NV 16-byte
@@ -1335,13 +1336,13 @@ static int32_t kat_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t
 }
 
 /* Splits kat_pipe is launched with for `ctas` CTAs per token: about
- * KAT_PIPE_CTAS CTAs in all, one when the tokens alone give that many (a
- * large batch: no merge at all), at most KAT_MAX_SPLITS and no more than
- * the longest possible sequence has KAT_PIPE_SPLIT_KEYS pieces. The
- * device runs only as many as the actual length fills (kat_pipe_splits). */
-static int32_t kat_pipe_grid_splits(int64_t tokens, int64_t ctas, int64_t max_ctx)
+ * `target` CTAs in all, one when the tokens alone give that many (a large
+ * batch: no merge at all), at most KAT_MAX_SPLITS and no more than the
+ * longest possible sequence has KAT_PIPE_SPLIT_KEYS pieces. The device
+ * runs only as many as the actual length fills (kat_pipe_splits). */
+static int32_t kat_pipe_grid_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t target)
 {
-    int64_t g = (KAT_PIPE_CTAS + tokens * ctas - 1) / (tokens * ctas);
+    int64_t g = (target + tokens * ctas - 1) / (tokens * ctas);
     const int64_t pieces = (max_ctx + KAT_PIPE_SPLIT_KEYS - 1) / KAT_PIPE_SPLIT_KEYS;
     g = g < pieces ? g : pieces;
     g = g < KAT_MAX_SPLITS ? g : KAT_MAX_SPLITS;
@@ -1370,7 +1371,7 @@ extern "C" size_t kiln_attention_cuda_workspace(int64_t tokens, int64_t n_seqs, 
             b = kat_parts_bytes(t, n_heads, head_dim, kat_splits(t, fast_ctas, max_ctx, tile));
             most = b > most ? b : most;
         }
-        b = kat_parts_bytes(t, n_heads, head_dim, kat_pipe_grid_splits(t, fast_ctas, max_ctx));
+        b = kat_parts_bytes(t, n_heads, head_dim, kat_pipe_grid_splits(t, fast_ctas, max_ctx, KAT_PIPE_CTAS_MAX));
         most = b > most ? b : most;
     }
     return most;
@@ -1574,13 +1575,23 @@ static int kat_use_pipe(void)
     return !(e && strcmp(e, "split") == 0);
 }
 
+/* The CTAs kat_pipe aims for when it splits: KAT_PIPE_CTAS, or
+ * KILN_ATTENTION_PIPE_CTAS (8..KAT_PIPE_CTAS_MAX; attention_bench --sweep
+ * times several); read at each launch (a graph keeps its capture's). */
+static int64_t kat_pipe_target(void)
+{
+    const char *e = getenv("KILN_ATTENTION_PIPE_CTAS");
+    long v = e ? strtol(e, NULL, 10) : 0;
+    return v >= 8 && v <= KAT_PIPE_CTAS_MAX ? v : KAT_PIPE_CTAS;
+}
+
 /* kat_pipe for a step (fast shapes, not prefill), then kat_combine when
  * its splits did not merge in clusters. */
 static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused, cudaStream_t st)
 {
     const int hg = kat_hg(a.n_heads, a.n_kv_heads);
     const int64_t ctas = (int64_t)a.n_kv_heads * ((a.n_heads / a.n_kv_heads + hg - 1) / hg);
-    const int32_t g = kat_pipe_grid_splits(a.tokens, ctas, a.max_blocks * a.block_size);
+    const int32_t g = kat_pipe_grid_splits(a.tokens, ctas, a.max_blocks * a.block_size, kat_pipe_target());
     int32_t cluster = g > 1 && g <= KAT_MAX_CLUSTER && kat_use_cluster();
     cudaError_t e = cudaErrorNotSupported;
     if (cluster) {

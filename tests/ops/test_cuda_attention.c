@@ -6,6 +6,8 @@
  *     in a thread-block cluster, and with KILN_ATTENTION_CLUSTER=0 by the
  *     combine kernel; one split; splits past a length); one sequence of
  *     20000 tokens beside one of 5 (more splits than a cluster holds);
+ *     KILN_ATTENTION_PIPE_CTAS at its largest (44 splits) and smallest
+ *     (no split of 9001 keys);
  *     many sequences in one step: 300 of 1000..2000 tokens and 1024 of
  *     128..256 tokens (no split); GQA groups of 1, 4 and 8 at head_dim 64
  *     and 128; all of it with the pipelined kernel (kat_pipe, the
@@ -335,6 +337,12 @@ static void test_decode_long(void)
     run_step(&(step){"decode batch 1 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len1}, KILN_DTYPE_BF16);
     static const int32_t len2[2] = {20000, 5};
     run_all(&(step){"decode batch 2, lengths 20000/5", 32, 8, 128, 16, 0, 0, 0, 2, ones, len2});
+    /* kat_pipe's split targets at both ends: 44 splits through kat_combine, and none */
+    setenv("KILN_ATTENTION_PIPE_CTAS", "1056", 1);
+    run_all(&(step){"decode batch 3, lengths 1/9001/77, 44 splits", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    setenv("KILN_ATTENTION_PIPE_CTAS", "8", 1);
+    run_all(&(step){"decode batch 3, lengths 1/9001/77, one split", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    unsetenv("KILN_ATTENTION_PIPE_CTAS");
     /* the splits merged by kat_combine instead of inside a cluster */
     setenv("KILN_ATTENTION_CLUSTER", "0", 1);
     run_all(&(step){"decode batch 3, lengths 1/9001/77, no cluster", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
