@@ -1043,13 +1043,39 @@ __device__ __forceinline__ int kat_pipe_splits(int64_t nk, int G)
     return (int)(g < G ? g : G);
 }
 
+/* Sums HG values over the N lanes of an aligned lane group (lane index
+ * lv in it) and leaves each lane the total of one of them, value lv /
+ * (N / HG): the first log2(HG) butterfly steps halve the values each lane
+ * carries (a lane keeps one half and sends the other), the rest add the
+ * one left. HG - 1 + log2(N / HG) shuffles instead of HG * log2(N). */
+template <int HG, int N> __device__ __forceinline__ float kat_reduce_scatter(float *v, int lv)
+{
+    static_assert(HG <= N && N <= 32, "kat_reduce_scatter");
+#pragma unroll
+    for (int c = HG, o = N / 2; c > 1; c /= 2, o /= 2) {
+        const bool upper = (lv & o) != 0;
+#pragma unroll
+        for (int i = 0; i < c / 2; i++) {
+            const float send = upper ? v[i] : v[i + c / 2], keep = upper ? v[i + c / 2] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+#pragma unroll
+    for (int o = N / HG / 2; o > 0; o /= 2)
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    return v[0];
+}
+
 /* Grid: x = token, y = kv head * n_hg + group of HG query heads, z =
  * split (G = gridDim.z; the first kat_pipe_splits(keys, G) take a
  * contiguous range of keys each, the others only take part in a cluster
  * merge). Each warp runs its own online softmax over stages w, w + 4, ...
- * of its split (each lane group over its rows), KAT_PIPE_STAGES - 1 stages
- * of cp.async in flight, so a CTA keeps 48 KB of K and V loads in flight;
- * warps and lane groups merge once at the end. `fused` and the handling of
+ * of its split (each lane group over its rows, each lane keeping the state
+ * of one query head: the scores' reduction ends scattered over the lanes,
+ * kat_reduce_scatter, and the probabilities are fetched by shuffles for
+ * P.V), KAT_PIPE_STAGES - 1 stages of cp.async in flight, so a CTA keeps
+ * 48 KB of K and V loads in flight; warps and lane groups merge once at
+ * the end. `fused` and the handling of
  * inconsistent metadata are kat_decode's. The output: written directly
  * (G == 1), merged in the cluster (`cluster`), or partials for kat_combine. */
 template <int DT, int D, int HG>
@@ -1097,7 +1123,11 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
     const int n_my = (int)(n_st > warp ? (n_st - warp + W - 1) / W : 0);
 
     const int sub = lane / LPR, lv = lane % LPR;
-    float q[HG][PER], acc[HG][PER], m[HG], l[HG];
+    /* after kat_reduce_scatter lane lv holds query head lv / HS; the lanes
+     * of this lane group that hold head g are head_lane + g * HS + ... */
+    constexpr int HS = LPR / HG;
+    const int head_lane = sub * LPR;
+    float q[HG][PER], acc[HG][PER], m_own = -INFINITY, l_own = 0.0f;
 #pragma unroll
     for (int g = 0; g < HG; g++) {
         uint4 u = make_uint4(0, 0, 0, 0);
@@ -1107,8 +1137,6 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
 #pragma unroll
         for (int e = 0; e < PER; e++)
             acc[g][e] = 0.0f;
-        m[g] = -INFINITY;
-        l[g] = 0.0f;
     }
     const float sl2 = a.scale * KAT_LOG2E;
     const int64_t vd = kat_vdelta(a);
@@ -1168,43 +1196,45 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
         kat_cp_wait<S - 1>();
         const unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
         const int64_t kb = stage_key(j);
-        float s[NP][HG];
+        /* scores: lane (sub, lv) ends with the whole dot product of its
+         * rows for query head hd (kat_reduce_scatter) */
+        float p[NP];
 #pragma unroll
         for (int i = 0; i < NP; i++) {
             const int r = (i * RPW + sub) * NV + lv;
-            float kf[PER];
+            float kf[PER], d[HG];
             kat_type<DT>::unpack(*(const uint4 *)(sk + r * 16), kf);
 #pragma unroll
             for (int g = 0; g < HG; g++) {
-                float d = 0.0f;
+                d[g] = 0.0f;
 #pragma unroll
                 for (int e = 0; e < PER; e++)
-                    d = fmaf(q[g][e], kf[e], d);
-#pragma unroll
-                for (int o = LPR / 2; o > 0; o >>= 1)
-                    d += __shfl_xor_sync(0xffffffffu, d, o);
-                s[i][g] = kb + i * RPW + sub < k1 ? d * sl2 : -INFINITY;
+                    d[g] = fmaf(q[g][e], kf[e], d[g]);
             }
+            const float x = kat_reduce_scatter<HG, LPR>(d, lv);
+            p[i] = kb + i * RPW + sub < k1 ? x * sl2 : -INFINITY;
         }
-        /* online softmax of this lane group's rows */
+        /* online softmax of head hd over this lane group's rows */
+        float mt = p[0];
+#pragma unroll
+        for (int i = 1; i < NP; i++)
+            mt = fmaxf(mt, p[i]);
+        const float mn = fmaxf(m_own, mt), mu = mn == -INFINITY ? 0.0f : mn, c = exp2f(m_own - mu);
+        m_own = mn;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            p[i] = exp2f(p[i] - mu);
+            sum += p[i];
+        }
+        l_own = fmaf(l_own, c, sum);
+        /* every lane weighs V for all heads: each head's factors from a lane that has them */
 #pragma unroll
         for (int g = 0; g < HG; g++) {
-            float mt = s[0][g];
-#pragma unroll
-            for (int i = 1; i < NP; i++)
-                mt = fmaxf(mt, s[i][g]);
-            const float mn = fmaxf(m[g], mt), mu = mn == -INFINITY ? 0.0f : mn, c = exp2f(m[g] - mu);
-            m[g] = mn;
-            float sum = 0.0f;
-#pragma unroll
-            for (int i = 0; i < NP; i++) {
-                s[i][g] = exp2f(s[i][g] - mu);
-                sum += s[i][g];
-            }
-            l[g] = fmaf(l[g], c, sum);
+            const float cg = HG == 1 ? c : __shfl_sync(0xffffffffu, c, head_lane + g * HS);
 #pragma unroll
             for (int e = 0; e < PER; e++)
-                acc[g][e] *= c;
+                acc[g][e] *= cg;
         }
 #pragma unroll
         for (int i = 0; i < NP; i++) {
@@ -1212,10 +1242,12 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
             float vf[PER];
             kat_type<DT>::unpack(*(const uint4 *)(sv + r * 16), vf);
 #pragma unroll
-            for (int g = 0; g < HG; g++)
+            for (int g = 0; g < HG; g++) {
+                const float pg = HG == 1 ? p[i] : __shfl_sync(0xffffffffu, p[i], head_lane + g * HS);
 #pragma unroll
                 for (int e = 0; e < PER; e++)
-                    acc[g][e] = fmaf(s[i][g], vf[e], acc[g][e]);
+                    acc[g][e] = fmaf(pg, vf[e], acc[g][e]);
+            }
         }
     }
     kat_cp_wait<0>();
@@ -1223,6 +1255,12 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
     /* merge the lane groups of the warp, then the warps (through the
      * pipeline's shared memory, free now) */
     float *s_o = (float *)kat_smem; /* [W][HG][D], then [HG][D] merged */
+    float m[HG], l[HG];
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        m[g] = HG == 1 ? m_own : __shfl_sync(0xffffffffu, m_own, head_lane + g * HS);
+        l[g] = HG == 1 ? l_own : __shfl_sync(0xffffffffu, l_own, head_lane + g * HS);
+    }
 #pragma unroll
     for (int g = 0; g < HG; g++) {
         float M = m[g];
