@@ -332,8 +332,8 @@ int main(int argc, char **argv)
     printf("kiln/PagedAttention, Llama-3.1-8B shape: %d query / %d kv heads, head_dim %d, bf16, block %d; sm_%d\n", NH,
            NKV, HD, BS, (int)arch);
     printf("device copy (cudaMemcpyAsync D2D 1 GiB, read + written): %.2f TB/s\n\n", copy_bw / 1e12);
-    printf("%-34s %-6s %10s %10s %12s %9s %11s\n", "decode (one new token each)", "kernel", "launch us",
-           "graph us", "KV read MB", "TB/s", "of copy bw");
+    printf("%-34s %-6s %10s %10s %12s %9s %11s\n", "decode (one new token each)", "kernel", "launch us", "graph us",
+           "KV read MB", "TB/s", "of copy bw");
     static const decode_case cases[] = {
         {"batch 1, context 8192", 1, 8192, 8192, 0},
         {"batch 1, 8192, table for 131072", 1, 8192, 8192, 131072 / BS},

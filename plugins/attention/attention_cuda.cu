@@ -1008,12 +1008,12 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
 
 /* ---- 2d. decode, pipelined: whole rows of K and V through shared memory --------------- */
 
-#define KAT_PIPE_STAGES 4       /* cp.async stages per warp: three in flight while one is used */
+#define KAT_PIPE_STAGES 4         /* cp.async stages per warp: three in flight while one is used */
 #define KAT_PIPE_STAGE_BYTES 4096 /* K and V bytes of one stage of one warp */
-#define KAT_PIPE_SPLIT_KEYS 256 /* fewest keys a split takes (kat_combine's `tile`) */
-#define KAT_PIPE_CTAS 264       /* CTAs to aim for when splitting: two per SM on 132 SMs */
-#define KAT_PIPE_CTAS_MAX 1056  /* the most KILN_ATTENTION_PIPE_CTAS may ask for (the workspace's) */
-#define KAT_MAX_DEVICES 64      /* devices whose kat_pipe smem limit is remembered as set */
+#define KAT_PIPE_SPLIT_KEYS 256   /* fewest keys a split takes (kat_combine's `tile`) */
+#define KAT_PIPE_CTAS 264         /* CTAs to aim for when splitting: two per SM on 132 SMs */
+#define KAT_PIPE_CTAS_MAX 1056    /* the most KILN_ATTENTION_PIPE_CTAS may ask for (the workspace's) */
+#define KAT_MAX_DEVICES 64        /* devices whose kat_pipe smem limit is remembered as set */
 
 /* Layout of kat_pipe for storage DT and head_dim D: a row is NV 16-byte
  * vectors read by LPR lanes, a warp reads RPW rows at a time, and a stage
@@ -1167,8 +1167,9 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
                 } else {
                     const int32_t blk = __ldg(&table[(int32_t)kp / a.block_size]);
                     if (blk >= 0 && blk < a.n_blocks) {
-                        const int64_t o = (((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size +
-                                           (int32_t)kp % a.block_size) * D + lv * PER;
+                        const int64_t o =
+                            (((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)kp % a.block_size) * D +
+                            lv * PER;
                         ks = cache + o * (16 / PER);
                         vs = cache + (o + vd) * (16 / PER);
                         n = 16;
@@ -1551,8 +1552,8 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, int32_t
 }
 
 template <int DT, int D>
-static cudaError_t kat_launch_pipe(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
-                                   int32_t cluster, cudaStream_t st)
+static cudaError_t kat_launch_pipe(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused, int32_t cluster,
+                                   cudaStream_t st)
 {
     if (hg == 1)
         return kat_launch_pipe_hg<DT, D, 1>(a, g, fused, cluster, st);
