@@ -430,10 +430,10 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
 }
 
 /* ---- prefill tiles (AVX-512) ------------------------------------------------------------
- * Steps of more than ATTN_SPLIT_TOKENS tokens, with f32 q, k, v and cache,
- * a head_dim of 64 or 128 and query groups of at most 16 heads: a task
- * takes the query heads of one kv head for ATTN_LANES / group consecutive
- * tokens of one sequence, one query row per lane of a 512-bit register
+ * Steps with f32 q, k, v and cache, a head_dim of 64 or 128 and query
+ * groups of at most 16 heads: a task takes the query heads of one kv head
+ * for ATTN_LANES / group consecutive tokens of one sequence (and, in a
+ * decode step, one chunk of its keys, merged by attn_merge), one query row per lane of a 512-bit register
  * (q transposed once, [dim][lane]). Each tile of 16 keys costs 16 · hd
  * FMAs for the scores (a key's dims broadcast against q's lanes) and as
  * many for the values, the online softmax runs lane by lane on whole
@@ -446,9 +446,11 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
 #define ATTN_UNROLL _Pragma("GCC unroll 16")
 
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
- * head kvh (lane = token · group + head), head_dim HD. */
+ * head kvh (lane = token · group + head), head_dim HD, the keys of chunk
+ * c (all of them when j->part is NULL; else the partial results go there
+ * for attn_merge). */
 #define ATTN_TILE_FN(NAME, HD) \
-    PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t0, int64_t nt, int64_t kvh) \
+    PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t0, int64_t nt, int64_t kvh, int64_t c) \
     { \
         const attn_params *p = j->p; \
         const int64_t bs = p->block_size, G = p->n_heads / p->n_kv_heads, lanes = nt * G; \
@@ -468,9 +470,10 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
         const int64_t first = position_of(j, s, t0), keys = position_of(j, s, t0 + nt - 1) + 1; \
         const __m512 ninf = _mm512_set1_ps(-INFINITY); \
         __m512 m = ninf, l = _mm512_setzero_ps(); \
-        for (int64_t k0 = 0; k0 < keys;) { \
+        const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
+        for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
             int64_t n = bs - k0 % bs; \
-            n = n < keys - k0 ? n : keys - k0; \
+            n = n < k_end - k0 ? n : k_end - k0; \
             n = n < ATTN_LANES ? n : ATTN_LANES; \
             const float *K = cache + cache_index(j, s, k0, 0, kvh), *V = cache + cache_index(j, s, k0, 1, kvh); \
             if (n < ATTN_LANES) { \
@@ -515,6 +518,20 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
             k0 += n; \
         } \
         float inv[ATTN_LANES]; \
+        if (j->part) { \
+            float ms[ATTN_LANES], ls[ATTN_LANES]; \
+            _mm512_storeu_ps(ms, m); \
+            _mm512_storeu_ps(ls, l); \
+            for (int64_t lane = 0; lane < lanes; lane++) { \
+                int64_t h = (t0 + lane / G) * p->n_heads + kvh * G + lane % G; \
+                float *pp = j->part + (h * j->n_chunks + c) * part_floats(p); \
+                pp[0] = ms[lane]; \
+                pp[1] = ls[lane]; \
+                for (int64_t d = 0; d < (HD); d++) \
+                    pp[2 + d] = ot[d][lane]; \
+            } \
+            return; \
+        } \
         _mm512_storeu_ps(inv, _mm512_div_ps(_mm512_set1_ps(1.0f), l)); \
         float *out = j->out; \
         for (int64_t lane = 0; lane < lanes; lane++) { \
@@ -527,15 +544,16 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
 ATTN_TILE_FN(attn_tile_64, 64)
 ATTN_TILE_FN(attn_tile_128, 128)
 
-/* Tasks are (tile of a sequence's tokens, kv head); the tiles of sequence
- * s follow those of the sequences before it. */
+/* Tasks are (tile of a sequence's tokens, kv head, key chunk); the tiles
+ * of sequence s follow those of the sequences before it. */
 static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
 {
     const attn_job *j = arg;
     const attn_params *p = j->p;
     const int64_t per = ATTN_LANES / (p->n_heads / p->n_kv_heads);
     for (int64_t task = begin; task < end; task++) {
-        int64_t tile = task / p->n_kv_heads, kvh = task % p->n_kv_heads, s = 0, before = 0;
+        int64_t c = task % j->n_chunks, rest = task / j->n_chunks;
+        int64_t tile = rest / p->n_kv_heads, kvh = rest % p->n_kv_heads, s = 0, before = 0;
         for (; s < j->n_seqs; s++) {
             int64_t n = (j->qstart[s + 1] - j->qstart[s] + per - 1) / per;
             if (tile < before + n)
@@ -544,17 +562,18 @@ static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
         }
         int64_t t0 = j->qstart[s] + (tile - before) * per, nt = j->qstart[s + 1] - t0;
         nt = nt < per ? nt : per;
-        (p->head_dim == 64 ? attn_tile_64 : attn_tile_128)(j, s, t0, nt, kvh);
+        (p->head_dim == 64 ? attn_tile_64 : attn_tile_128)(j, s, t0, nt, kvh, c);
     }
 }
 
-/* The tile tasks of this step, or 0 where the portable kernel runs. */
+/* The tiles of this step times its kv heads, or 0 where the portable
+ * kernel runs. */
 static int64_t attn_tile_count(const attn_job *j, int64_t tokens)
 {
     const attn_params *p = j->p;
     int64_t group = p->n_heads / p->n_kv_heads;
     const char *isa = getenv("KILN_ATTENTION_ISA");
-    if (tokens <= ATTN_SPLIT_TOKENS || j->t != KILN_DTYPE_F32 || j->ct != KILN_DTYPE_F32 || group > ATTN_LANES ||
+    if (j->t != KILN_DTYPE_F32 || j->ct != KILN_DTYPE_F32 || group > ATTN_LANES ||
         (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) ||
         !plugin_has_avx512())
         return 0;
@@ -670,13 +689,6 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
     if (s != KILN_OK)
         return s;
     host->parallel_for(stream, tokens, attn_append, &job);
-#ifdef ATTN_AVX512
-    int64_t tile_tasks = attn_tile_count(&job, tokens);
-    if (tile_tasks > 0) {
-        host->parallel_for(stream, tile_tasks, attn_tile_tasks, &job);
-        return KILN_OK;
-    }
-#endif
     int64_t max_keys = 1;
     for (int64_t i = 0; i < job.n_seqs; i++)
         max_keys = seq_lens[i] > max_keys ? seq_lens[i] : max_keys;
@@ -684,7 +696,13 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
         job.part = workspace;
     else
         attn_plan(p, ATTN_SPLIT_TOKENS + 1, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.chunk);
-    host->parallel_for(stream, tokens * job.n_sub * job.n_chunks, attn_tasks, &job);
+#ifdef ATTN_AVX512
+    int64_t tile_tasks = attn_tile_count(&job, tokens);
+    if (tile_tasks > 0)
+        host->parallel_for(stream, tile_tasks * job.n_chunks, attn_tile_tasks, &job);
+    else
+#endif
+        host->parallel_for(stream, tokens * job.n_sub * job.n_chunks, attn_tasks, &job);
     if (job.part)
         host->parallel_for(stream, tokens * p->n_heads, attn_merge, &job);
     return KILN_OK;

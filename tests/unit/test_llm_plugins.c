@@ -436,8 +436,9 @@ static void check_attention_reference(int32_t nh, int32_t nkv, int32_t hd, int64
 }
 
 /* Each case on the portable kernel and on the best the CPU has (with
- * AVX-512, prefill steps of head_dim 64 and 128 take the tiled kernel:
- * tiles of 16 / group tokens, short key tiles at a sequence's end). */
+ * AVX-512, steps of head_dim 64 and 128 take the tiled kernel: tiles of
+ * 16 / group tokens, short key tiles at a sequence's end, decode steps'
+ * key chunks). */
 static void test_attention_reference(void)
 {
     for (int isa = 0; isa < 2; isa++) {
@@ -450,6 +451,9 @@ static void test_attention_reference(void)
         check_attention_reference(32, 8, 64, 21, 40); /* a 1B's heads after a cached prefix: tiles of 4 */
         check_attention_reference(4, 4, 128, 5, 19);  /* MHA, head_dim 128: tiles of 16 tokens */
         check_attention_reference(32, 2, 64, 3, 12);  /* a group of 16: one token a tile */
+        check_attention_reference(9, 3, 64, 700, 1);  /* SmolLM2's decode: keys in 3 chunks, merged */
+        check_attention_reference(32, 8, 64, 300, 4); /* a 1B's decode of 4 tokens, chunks */
+        check_attention_reference(8, 8, 128, 40, 3);  /* a decode step shorter than one chunk */
         unsetenv("KILN_ATTENTION_ISA");
     }
 }
