@@ -488,19 +488,21 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
             ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) sc[i] = _mm512_setzero_ps(); \
             for (int64_t d = 0; d < (HD); d++) { \
                 __m512 qd = _mm512_load_ps(qt[d]); \
-                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
-                    sc[i] = _mm512_fmadd_ps(qd, _mm512_set1_ps(K[i * (HD) + d]), sc[i]); \
+                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) sc[i] = \
+                    _mm512_fmadd_ps(qd, _mm512_set1_ps(K[i * (HD) + d]), sc[i]); \
             } \
             if (k0 + ATTN_LANES - 1 > first || n < ATTN_LANES) \
-                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) { \
-                    __mmask16 hide = i < n ? _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)(k0 + i)), vpos) \
-                                           : (__mmask16)0xFFFF; \
+                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
+                { \
+                    __mmask16 hide = \
+                        i < n ? _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)(k0 + i)), vpos) : (__mmask16)0xFFFF; \
                     sc[i] = _mm512_mask_mov_ps(sc[i], hide, ninf); \
                 } \
             __m512 mx = m; \
             ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) mx = _mm512_max_ps(mx, sc[i]); \
             __m512 corr = plugin_exp16(_mm512_sub_ps(m, mx)), sum = _mm512_setzero_ps(); \
-            ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) { \
+            ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
+            { \
                 sc[i] = plugin_exp16(_mm512_sub_ps(sc[i], mx)); \
                 sum = _mm512_add_ps(sum, sc[i]); \
             } \
@@ -510,9 +512,8 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
             for (int64_t d = 0; d < (HD); d += 8) { \
                 __m512 o[8]; \
                 ATTN_UNROLL for (int e = 0; e < 8; e++) o[e] = _mm512_mul_ps(_mm512_load_ps(ot[d + e]), corr); \
-                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
-                    ATTN_UNROLL for (int e = 0; e < 8; e++) \
-                        o[e] = _mm512_fmadd_ps(sc[i], _mm512_set1_ps(V[i * (HD) + d + e]), o[e]); \
+                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) ATTN_UNROLL for (int e = 0; e < 8; e++) o[e] = \
+                    _mm512_fmadd_ps(sc[i], _mm512_set1_ps(V[i * (HD) + d + e]), o[e]); \
                 ATTN_UNROLL for (int e = 0; e < 8; e++) _mm512_store_ps(ot[d + e], o[e]); \
             } \
             k0 += n; \
@@ -574,8 +575,7 @@ static int64_t attn_tile_count(const attn_job *j, int64_t tokens)
     int64_t group = p->n_heads / p->n_kv_heads;
     const char *isa = getenv("KILN_ATTENTION_ISA");
     if (j->t != KILN_DTYPE_F32 || j->ct != KILN_DTYPE_F32 || group > ATTN_LANES ||
-        (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) ||
-        !plugin_has_avx512())
+        (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) || !plugin_has_avx512())
         return 0;
     int64_t per = ATTN_LANES / group, tiles = 0;
     for (int64_t s = 0; s < j->n_seqs; s++)

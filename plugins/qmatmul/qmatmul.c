@@ -248,7 +248,8 @@ static void gemm_quantize_rows(void *arg, int64_t begin, int64_t end)
     const gemm_job *j = arg;
     for (int64_t r = begin; r < end; r++)
         kiln_qmm_gemm_quantize_row(j->f, j->quant, r < j->rows ? j->xf + r * j->k : NULL, j->k,
-                                   (char *)j->x + (size_t)(r / QMM_GEMM_PANEL) * j->panel, (int32_t)(r % QMM_GEMM_PANEL));
+                                   (char *)j->x + (size_t)(r / QMM_GEMM_PANEL) * j->panel,
+                                   (int32_t)(r % QMM_GEMM_PANEL));
 }
 
 /* Tiles [begin, end) of QMM_GEMM_LANES weight rows, each against every row. */
@@ -301,8 +302,8 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
     if (gemm) {
         if (!workspace)
             return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": no workspace for the quantized activations");
-        gemm_job gj = {f, p->k, p->n, 0, (size_t)wrow, kiln_qmm_gemm_panel_bytes(f, p->k), in[1], NULL, workspace,
-                       NULL, gemm, job.ks.quant};
+        gemm_job gj = {f,     p->k, p->n,      0,    (size_t)wrow, kiln_qmm_gemm_panel_bytes(f, p->k),
+                       in[1], NULL, workspace, NULL, gemm,         job.ks.quant};
         for (int64_t r0 = 0; r0 < rows; r0 += p->gemm_rows) {
             gj.rows = rows - r0 < p->gemm_rows ? rows - r0 : p->gemm_rows;
             gj.xf = (const float *)in[0] + r0 * p->k;

@@ -659,8 +659,8 @@ __attribute__((target(VNNI_TARGET))) static void gemm_unpack(int32_t type, const
                 __m256i ql1 = _mm256_loadu_si256((const __m256i *)(b + 64 * h + 32));
                 __m256i qh = _mm256_loadu_si256((const __m256i *)(b + 128 + 32 * h));
                 __m256i *o = (__m256i *)(u + 128 * h);
-                _mm256_storeu_si256(o, _mm256_or_si256(_mm256_and_si256(ql0, lo4),
-                                                       _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)));
+                _mm256_storeu_si256(
+                    o, _mm256_or_si256(_mm256_and_si256(ql0, lo4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), hi2)));
                 _mm256_storeu_si256(o + 1, _mm256_or_si256(_mm256_and_si256(ql1, lo4),
                                                            _mm256_and_si256(_mm256_slli_epi16(qh, 2), hi2)));
                 _mm256_storeu_si256(o + 2, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), lo4),
@@ -816,7 +816,8 @@ GEMM_PANEL_FN(gemm_panel_32, 32)
 GEMM_PANEL_FN(gemm_panel_16, 16)
 
 __attribute__((target(VNNI_TARGET))) static void gemm_vnni(int32_t type, const uint8_t *w, size_t wrow, int32_t n_w,
-                                                           int32_t k, const void *x, int64_t rows, float *y, int64_t ldy)
+                                                           int32_t k, const void *x, int64_t rows, float *y,
+                                                           int64_t ldy)
 {
     gemm_tile t;
     const qmm_format *f = kiln_qmm_format(type);

@@ -33,9 +33,9 @@ typedef struct job {
     kiln_parallel_fn fn;
     void *arg;
     int64_t n, chunk, n_chunks;
-    atomic_llong next;    /* next chunk to take */
-    atomic_int holders;   /* workers inside the job (changed under the pool mutex) */
-    int32_t listed;    /* on the pool's list (pool mutex) */
+    atomic_llong next;  /* next chunk to take */
+    atomic_int holders; /* workers inside the job (changed under the pool mutex) */
+    int32_t listed;     /* on the pool's list (pool mutex) */
     struct job *prev, *nextjob;
 } job;
 
@@ -48,7 +48,7 @@ struct kiln_threadpool {
     pthread_cond_t idle; /* a worker left a job */
     job *head;
     int32_t stop;
-    int32_t sleeping;  /* workers waiting on `work` (pool mutex) */
+    int32_t sleeping;   /* workers waiting on `work` (pool mutex) */
     atomic_uint listed; /* jobs listed so far: what idle workers poll */
 };
 
