@@ -443,7 +443,9 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
 #ifdef PLUGIN_AVX512
 #define ATTN_AVX512 1
 #define ATTN_LANES 16
-#define ATTN_UNROLL _Pragma("GCC unroll 16")
+/* Loops over lanes and dims of constant count, unrolled so that their
+ * registers stay registers. */
+#define UNROLLED_FOR(i, n) _Pragma("GCC unroll 16") for (int i = 0; i < (n); i++)
 
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
  * head kvh (lane = token · group + head), head_dim HD, the keys of chunk
@@ -485,24 +487,24 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
                 K = kpad, V = vpad; \
             } \
             __m512 sc[ATTN_LANES]; \
-            ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) sc[i] = _mm512_setzero_ps(); \
+            UNROLLED_FOR (i, ATTN_LANES) \
+                sc[i] = _mm512_setzero_ps(); \
             for (int64_t d = 0; d < (HD); d++) { \
                 __m512 qd = _mm512_load_ps(qt[d]); \
-                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) sc[i] = \
-                    _mm512_fmadd_ps(qd, _mm512_set1_ps(K[i * (HD) + d]), sc[i]); \
+                UNROLLED_FOR (i, ATTN_LANES) \
+                    sc[i] = _mm512_fmadd_ps(qd, _mm512_set1_ps(K[i * (HD) + d]), sc[i]); \
             } \
             if (k0 + ATTN_LANES - 1 > first || n < ATTN_LANES) \
-                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
-                { \
+                UNROLLED_FOR (i, ATTN_LANES) { \
                     __mmask16 hide = \
                         i < n ? _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)(k0 + i)), vpos) : (__mmask16)0xFFFF; \
                     sc[i] = _mm512_mask_mov_ps(sc[i], hide, ninf); \
                 } \
             __m512 mx = m; \
-            ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) mx = _mm512_max_ps(mx, sc[i]); \
+            UNROLLED_FOR (i, ATTN_LANES) \
+                mx = _mm512_max_ps(mx, sc[i]); \
             __m512 corr = plugin_exp16(_mm512_sub_ps(m, mx)), sum = _mm512_setzero_ps(); \
-            ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) \
-            { \
+            UNROLLED_FOR (i, ATTN_LANES) { \
                 sc[i] = plugin_exp16(_mm512_sub_ps(sc[i], mx)); \
                 sum = _mm512_add_ps(sum, sc[i]); \
             } \
@@ -511,10 +513,13 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
             /* eight dims at a time: eight independent FMA chains */ \
             for (int64_t d = 0; d < (HD); d += 8) { \
                 __m512 o[8]; \
-                ATTN_UNROLL for (int e = 0; e < 8; e++) o[e] = _mm512_mul_ps(_mm512_load_ps(ot[d + e]), corr); \
-                ATTN_UNROLL for (int i = 0; i < ATTN_LANES; i++) ATTN_UNROLL for (int e = 0; e < 8; e++) o[e] = \
-                    _mm512_fmadd_ps(sc[i], _mm512_set1_ps(V[i * (HD) + d + e]), o[e]); \
-                ATTN_UNROLL for (int e = 0; e < 8; e++) _mm512_store_ps(ot[d + e], o[e]); \
+                UNROLLED_FOR (e, 8) \
+                    o[e] = _mm512_mul_ps(_mm512_load_ps(ot[d + e]), corr); \
+                UNROLLED_FOR (i, ATTN_LANES) \
+                    UNROLLED_FOR (e, 8) \
+                        o[e] = _mm512_fmadd_ps(sc[i], _mm512_set1_ps(V[i * (HD) + d + e]), o[e]); \
+                UNROLLED_FOR (e, 8) \
+                    _mm512_store_ps(ot[d + e], o[e]); \
             } \
             k0 += n; \
         } \
