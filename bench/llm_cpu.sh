@@ -40,7 +40,10 @@ mkdir -p "$build/bench"
 # The formats kiln's QuantMatMul keeps as stored, from its field's
 # description: a GGUF whose matmul weights are in others would build into
 # an f32 engine several times the GGUF's size, which is not the comparison.
-"$kiln" plugins | awk '/^"QuantMatMul"/{on=1} on && /format/{print; exit}' | grep -o 'Q[0-9]_[0-9A-Z]*' | sort -u \
+# (kiln's listing is written to a file first: awk leaving at its match
+# would otherwise end kiln with SIGPIPE, which pipefail turns into an exit)
+"$kiln" plugins >"$tmp/plugins.txt"
+awk '/^"QuantMatMul"/{on=1} on && /format/{print; exit}' "$tmp/plugins.txt" | grep -o 'Q[0-9]_[0-9A-Z]*' | sort -u \
   >"$tmp/native_formats"
 
 for model in $models; do
