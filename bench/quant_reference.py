@@ -27,8 +27,11 @@ are compared with, default f32):
              the nearest E4M3 value (ties to even, saturating at 448)
 A suffix picks the variants a format can take: `+mse` searches each
 row's/group's clipping for the least weight error (still round-to-nearest),
-`+lm` quantizes the output projection too (otherwise kept unquantized), and
-`@bf16` runs the format with bf16 rounding as in `bf16`.
+`+lm` quantizes the output projection too (otherwise kept unquantized),
+`+keep=A:B` keeps the matmuls named unquantized (attn_v, L3 for a layer,
+L3.attn_v) and `+only=A:B` quantizes only those, fp8's `+wonly` / `+aonly`
+quantize only the weights / only the activations, and `@bf16` runs the
+format with bf16 rounding as in `bf16`.
 
 --engine FMT=PATH compares kiln's quantized constants in an engine file
 (read as docs/engine-format.md defines it) element by element with this
@@ -199,6 +202,7 @@ def parse_format(spec):
     keep = [p[5:].split(":") for p in parts[1:] if p.startswith("keep=")]
     only = [p[5:].split(":") for p in parts[1:] if p.startswith("only=")]
     return {"name": spec, "kind": parts[0], "mse": "mse" in parts[1:], "lm": "lm" in parts[1:],
+            "fp8_w": "aonly" not in parts[1:], "fp8_a": "wonly" not in parts[1:],
             "bf16": acts == "bf16" or parts[0] == "bf16", "keep": keep[0] if keep else [],
             "only": only[0] if only else []}
 
@@ -222,7 +226,7 @@ def quantize_weight(fmt, w):
     if kind == "int4":
         return int4_dequant(*int4_quant(w, group_of(k, 128), int4_mse_range if fmt["mse"] else None))
     if kind == "fp8":
-        return fp8_dequant_rows(w)
+        return fp8_dequant_rows(w) if fmt["fp8_w"] else w
     if kind == "bf16":
         return w.astype(ml_dtypes.bfloat16).astype(F32)
     return w
@@ -249,7 +253,7 @@ class Model:
                 q = is_quantized(fmt, i, m)
                 L[m] = np.ascontiguousarray((quantize_weight(fmt, w[f"blk.{i}.{m}.weight"]) if q else
                                              rw(w[f"blk.{i}.{m}.weight"])).T)
-                L[m + ".fp8"] = q and fmt["kind"] == "fp8"
+                L[m + ".fp8"] = q and fmt["kind"] == "fp8" and fmt["fp8_a"]
             self.layers.append(L)
 
     def r(self, x):
