@@ -18,7 +18,7 @@ are compared with, default f32):
              (what a bf16 engine on the GPU computes, up to summation order)
   int8       weight-only, symmetric, a scale per output channel: s = max|w|/127,
              q = round(w / s) in [-127, 127]
-  int8-g128  the same with a scale per 128 inputs
+  int8-g128  the same with a scale per 128 inputs (int8-gN, int4-gN: per N)
   int4       weight-only, asymmetric, groups of 128 inputs (96 where 128 does not
              divide the input size, as kiln does): lo = min(w, 0), hi = max(w, 0),
              s = (hi - lo) / 15, z = round(-lo / s), q = clamp(round(w / s) + z, 0, 15)
@@ -221,10 +221,11 @@ def quantize_weight(fmt, w):
     kind, k = fmt["kind"], w.shape[1]
     if kind == "int8":
         return int8_dequant(*int8_quant(w, k, int8_mse_scale if fmt["mse"] else None))
-    if kind == "int8-g128":
-        return int8_dequant(*int8_quant(w, group_of(k, 128), int8_mse_scale if fmt["mse"] else None))
-    if kind == "int4":
-        return int4_dequant(*int4_quant(w, group_of(k, 128), int4_mse_range if fmt["mse"] else None))
+    if kind.startswith("int8-g"):
+        return int8_dequant(*int8_quant(w, group_of(k, int(kind[6:])), int8_mse_scale if fmt["mse"] else None))
+    if kind.startswith("int4"):
+        group = group_of(k, int(kind[6:]) if kind.startswith("int4-g") else 128)
+        return int4_dequant(*int4_quant(w, group, int4_mse_range if fmt["mse"] else None))
     if kind == "fp8":
         return fp8_dequant_rows(w) if fmt["fp8_w"] else w
     if kind == "bf16":
