@@ -1,16 +1,29 @@
 /* attention_bench: kiln/PagedAttention on the GPU at the Llama-3.1-8B shape
  * (32 query heads, 8 kv heads, head_dim 128, bf16, KV blocks of 16 tokens).
  *
- *   attention_bench [--reps N]
+ *   attention_bench [--reps N] [--sweep]
  *
- * Decode (one new token per sequence, every sequence 8192 tokens long) at
- * batch 1 and 64: the step's time (cache write, attention, split combine)
- * and the KV-cache bytes it must read over that time, as a fraction of the
- * device-to-device copy bandwidth measured in the same run (bytes read +
- * written). Prefill of one 512- and one 2048-token prompt: causal attention
- * FLOPs (4 * heads * head_dim per query-key pair at or before the query)
- * per second. Every figure is the median of --reps (default 50) runs timed
- * with CUDA events after warm-up. Needs a GPU (exits 77 without one). */
+ * Decode (one new token per sequence): batch 1 and 64 at context 8192
+ * (batch 1 also with a block table sized for 131072 tokens, as an engine
+ * built for a long max context has it: the splits follow the actual
+ * length), 512 sequences of lengths uniform in 1000..2000 and 1024 of
+ * 128..256 (continuous batching's many mixed sequences). For each: the
+ * step's time (cache write, attention, split combine) and the KV-cache
+ * bytes it must read over that time, as a fraction of the device-to-device
+ * copy bandwidth measured in the same run (bytes read + written). Each
+ * case runs twice, with the default decode kernel (kat_pipe) and with
+ * KILN_ATTENTION_DECODE=split (the previous kat_decode). Two times: one
+ * launch between two events ("launch", includes the host's launch cost
+ * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
+ * ("graph", as the engine replays decode). Inputs rotate among copies
+ * whose caches together exceed the L2 cache, so a small case is not timed
+ * out of L2. With --sweep, kat_pipe runs again at KILN_ATTENTION_PIPE_CTAS
+ * = 128, 528 and 1056 (the CTAs it aims for when splitting; default 264).
+ * Prefill of one 512- and one 2048-token prompt: causal
+ * attention FLOPs (4 * heads * head_dim per query-key pair at or before
+ * the query) per second. Every figure is the median of --reps (default 50)
+ * runs timed with CUDA events after warm-up. Needs a GPU (exits 77 without
+ * one). */
 #include <cuda_runtime_api.h>
 #include <kiln/kiln.h>
 #include <kiln/registry.h>
@@ -27,7 +40,7 @@
 
 static cudaStream_t stream;
 static cudaEvent_t ev0, ev1;
-static int reps = 50;
+static int reps = 50, sweep;
 
 static int cmp_float(const void *a, const void *b)
 {
@@ -74,12 +87,17 @@ static void run_copy(void *arg)
     CU(cudaMemcpyAsync(c->dst, c->src, c->bytes, cudaMemcpyDeviceToDevice, stream));
 }
 
-/* One attention step: the plugin layer with its inputs on the device. */
+/* One attention step: the plugin layer with its inputs on the device, in
+ * `n_rot` copies that successive runs take in turn. */
+#define MAX_ROT 8
+#define GRAPH_STEPS 8
+
 typedef struct attn_job {
     kiln_cuda_device *dev;
     kiln_plugin *pl;
     kiln_layer layer;
-    kiln_exec_tensor in[7], out;
+    kiln_exec_tensor in[MAX_ROT][7], out[MAX_ROT];
+    int n_rot, rot;
     void *ws;
 } attn_job;
 
@@ -87,16 +105,45 @@ static void run_attn(void *arg)
 {
     attn_job *j = arg;
     kiln_cuda_args a = {.layer = &j->layer,
-                        .inputs = j->in,
-                        .outputs = &j->out,
+                        .inputs = j->in[j->rot],
+                        .outputs = &j->out[j->rot],
                         .plugin = j->pl,
                         .workspace = j->ws,
                         .device = j->dev,
                         .stream = stream};
+    j->rot = (j->rot + 1) % j->n_rot;
     if (kiln_cuda_run_layer(&a) != KILN_OK) {
         fprintf(stderr, "attention_bench: %s\n", kiln_last_error());
         exit(1);
     }
+}
+
+/* Median milliseconds of one step replayed from a graph of GRAPH_STEPS. */
+static float time_graph_ms(attn_job *j)
+{
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t ge = NULL;
+    CU(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < GRAPH_STEPS; i++)
+        run_attn(j);
+    CU(cudaStreamEndCapture(stream, &g));
+    CU(cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 3; i++)
+        CU(cudaGraphLaunch(ge, stream));
+    float *t = malloc((size_t)reps * sizeof *t);
+    for (int i = 0; i < reps; i++) {
+        CU(cudaEventRecord(ev0, stream));
+        CU(cudaGraphLaunch(ge, stream));
+        CU(cudaEventRecord(ev1, stream));
+        CU(cudaEventSynchronize(ev1));
+        CU(cudaEventElapsedTime(&t[i], ev0, ev1));
+    }
+    qsort(t, (size_t)reps, sizeof *t, cmp_float);
+    float m = t[reps / 2] / GRAPH_STEPS;
+    free(t);
+    CU(cudaGraphExecDestroy(ge));
+    CU(cudaGraphDestroy(g));
+    return m;
 }
 
 static void *dev_alloc(size_t bytes, int fill_random)
@@ -106,7 +153,7 @@ static void *dev_alloc(size_t bytes, int fill_random)
     if (fill_random) {
         /* small bf16 values (exponent of 0.5..1, random mantissa and sign) */
         uint16_t *h = malloc(bytes);
-        uint32_t x = 12345;
+        uint32_t x = 12345 + (uint32_t)bytes;
         for (size_t i = 0; i < bytes / 2; i++) {
             x = x * 1664525u + 1013904223u;
             h[i] = (uint16_t)(0x3f00u | ((x >> 16) & 0x807fu));
@@ -117,8 +164,11 @@ static void *dev_alloc(size_t bytes, int fill_random)
     return d;
 }
 
-/* Sets up S sequences of `len` tokens, `n_new` of them new this step. */
-static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, int64_t S, int64_t n_new, int64_t len)
+/* Sets up S sequences of lens[s] tokens, `n_new` of them new this step,
+ * with block tables `mb` blocks wide (at least the longest sequence's),
+ * in enough copies that their caches exceed 256 MB (L2 is 50 MB). */
+static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, int64_t S, int64_t n_new,
+                       const int32_t *lens, int64_t mb)
 {
     const kiln_plugin_creator *c = kiln_registry_find(reg, "PagedAttention", "1", "kiln", NULL);
     const char *names[4] = {"n_heads", "n_kv_heads", "head_dim", "block_size"};
@@ -135,37 +185,47 @@ static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, i
         fprintf(stderr, "attention_bench: cannot create the plugin: %s\n", kiln_last_error());
         exit(1);
     }
-    const int64_t T = S * n_new, mb = (len + BS - 1) / BS, nb = S * mb;
-    int32_t *table = malloc((size_t)(S * mb) * sizeof *table), *lens = malloc((size_t)S * sizeof *lens);
-    int32_t *qs = malloc((size_t)(S + 1) * sizeof *qs);
-    for (int64_t i = 0; i < S * mb; i++)
-        table[i] = (int32_t)i;
+    int64_t nb = 0;
+    for (int64_t s = 0; s < S; s++)
+        nb += (lens[s] + BS - 1) / BS;
+    const int64_t T = S * n_new;
+    const size_t cache_bytes = (size_t)(nb * 2 * NKV * BS * HD) * 2;
+    j->n_rot = (int)(((size_t)256 << 20) / cache_bytes + 1);
+    j->n_rot = j->n_rot > MAX_ROT ? MAX_ROT : j->n_rot;
+    j->rot = 0;
+    int32_t *table = malloc((size_t)(S * mb) * sizeof *table), *qs = malloc((size_t)(S + 1) * sizeof *qs);
+    int64_t next = 0;
     for (int64_t s = 0; s < S; s++) {
-        lens[s] = (int32_t)len;
+        int64_t b = (lens[s] + BS - 1) / BS;
+        for (int64_t i = 0; i < mb; i++)
+            table[s * mb + i] = i < b ? (int32_t)next++ : 0;
         qs[s] = (int32_t)(s * n_new);
     }
     qs[S] = (int32_t)T;
     kiln_dims dq = {.rank = 2, .d = {T, NH * HD}}, dk = {.rank = 2, .d = {T, NKV * HD}};
     kiln_dims dc = {.rank = 5, .d = {nb, 2, NKV, BS, HD}}, dt = {.rank = 2, .d = {S, mb}};
     kiln_dims ds = {.rank = 1, .d = {S}}, dqs = {.rank = 1, .d = {S + 1}};
-    j->in[0] = (kiln_exec_tensor){dev_alloc((size_t)(T * NH * HD) * 2, 1), KILN_DTYPE_BF16, dq};
-    j->in[1] = (kiln_exec_tensor){dev_alloc((size_t)(T * NKV * HD) * 2, 1), KILN_DTYPE_BF16, dk};
-    j->in[2] = (kiln_exec_tensor){dev_alloc((size_t)(T * NKV * HD) * 2, 1), KILN_DTYPE_BF16, dk};
-    j->in[3] = (kiln_exec_tensor){dev_alloc((size_t)(nb * 2 * NKV * BS * HD) * 2, 1), KILN_DTYPE_BF16, dc};
-    j->in[4] = (kiln_exec_tensor){dev_alloc((size_t)(S * mb) * 4, 0), KILN_DTYPE_I32, dt};
-    j->in[5] = (kiln_exec_tensor){dev_alloc((size_t)S * 4, 0), KILN_DTYPE_I32, ds};
-    j->in[6] = (kiln_exec_tensor){dev_alloc((size_t)(S + 1) * 4, 0), KILN_DTYPE_I32, dqs};
-    CU(cudaMemcpy(j->in[4].data, table, (size_t)(S * mb) * 4, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(j->in[5].data, lens, (size_t)S * 4, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(j->in[6].data, qs, (size_t)(S + 1) * 4, cudaMemcpyHostToDevice));
-    j->out = (kiln_exec_tensor){dev_alloc((size_t)(T * NH * HD) * 2, 0), KILN_DTYPE_BF16, dq};
+    for (int r = 0; r < j->n_rot; r++) {
+        kiln_exec_tensor *in = j->in[r];
+        in[0] = (kiln_exec_tensor){dev_alloc((size_t)(T * NH * HD) * 2, 1), KILN_DTYPE_BF16, dq};
+        in[1] = (kiln_exec_tensor){dev_alloc((size_t)(T * NKV * HD) * 2, 1), KILN_DTYPE_BF16, dk};
+        in[2] = (kiln_exec_tensor){dev_alloc((size_t)(T * NKV * HD) * 2, 1), KILN_DTYPE_BF16, dk};
+        in[3] = (kiln_exec_tensor){dev_alloc(cache_bytes, 1), KILN_DTYPE_BF16, dc};
+        in[4] = (kiln_exec_tensor){dev_alloc((size_t)(S * mb) * 4, 0), KILN_DTYPE_I32, dt};
+        in[5] = (kiln_exec_tensor){dev_alloc((size_t)S * 4, 0), KILN_DTYPE_I32, ds};
+        in[6] = (kiln_exec_tensor){dev_alloc((size_t)(S + 1) * 4, 0), KILN_DTYPE_I32, dqs};
+        CU(cudaMemcpy(in[4].data, table, (size_t)(S * mb) * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(in[5].data, lens, (size_t)S * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(in[6].data, qs, (size_t)(S + 1) * 4, cudaMemcpyHostToDevice));
+        j->out[r] = (kiln_exec_tensor){dev_alloc((size_t)(T * NH * HD) * 2, 0), KILN_DTYPE_BF16, dq};
+    }
     kiln_tensor_desc d[8];
     for (int i = 0; i < 8; i++)
         d[i] = (kiln_tensor_desc){.struct_size = sizeof(kiln_tensor_desc),
                                   .abi_version = KILN_PLUGIN_ABI_VERSION,
-                                  .dtype = i < 7 ? j->in[i].dtype : j->out.dtype,
+                                  .dtype = i < 7 ? j->in[0][i].dtype : j->out[0].dtype,
                                   .format = KILN_FORMAT_LINEAR,
-                                  .dims = i < 7 ? j->in[i].dims : j->out.dims};
+                                  .dims = i < 7 ? j->in[0][i].dims : j->out[0].dims};
     size_t ws = j->pl->ops->workspace_size(j->pl, d, 7, d + 7, 1);
     j->ws = ws ? dev_alloc(ws, 0) : NULL;
     j->dev = dev;
@@ -177,17 +237,61 @@ static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, i
     j->layer.tactic = -1;
     j->layer.workspace = ws;
     free(table);
-    free(lens);
     free(qs);
 }
 
 static void attn_free(attn_job *j)
 {
-    for (int i = 0; i < 7; i++)
-        cudaFree(j->in[i].data);
-    cudaFree(j->out.data);
+    for (int r = 0; r < j->n_rot; r++) {
+        for (int i = 0; i < 7; i++)
+            cudaFree(j->in[r][i].data);
+        cudaFree(j->out[r].data);
+    }
     cudaFree(j->ws);
     j->pl->ops->destroy(j->pl);
+}
+
+/* A decode case: S sequences, lengths lo + (uniform 0..hi - lo), tables
+ * `mb` blocks wide (0: the longest sequence's). */
+typedef struct decode_case {
+    const char *name;
+    int64_t S;
+    int32_t lo, hi;
+    int64_t mb;
+} decode_case;
+
+static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode_case *dc, double copy_bw)
+{
+    int32_t *lens = malloc((size_t)dc->S * sizeof *lens), longest = 1;
+    uint32_t x = 777;
+    double tokens = 0;
+    for (int64_t s = 0; s < dc->S; s++) {
+        x = x * 1664525u + 1013904223u;
+        lens[s] = dc->lo + (dc->hi > dc->lo ? (int32_t)((x >> 8) % (uint32_t)(dc->hi - dc->lo + 1)) : 0);
+        longest = lens[s] > longest ? lens[s] : longest;
+        tokens += lens[s];
+    }
+    const int64_t mb = dc->mb ? dc->mb : (longest + BS - 1) / BS;
+    const double bytes = tokens * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
+    /* kat_pipe, kat_decode, then (--sweep) kat_pipe at other split targets */
+    static const char *const kernels[5] = {"pipe", "split", "p128", "p528", "p1056"};
+    static const char *const targets[5] = {NULL, NULL, "128", "528", "1056"};
+    for (int k = 0; k < (sweep ? 5 : 2); k++) {
+        if (k == 1)
+            setenv("KILN_ATTENTION_DECODE", "split", 1);
+        if (targets[k])
+            setenv("KILN_ATTENTION_PIPE_CTAS", targets[k], 1);
+        attn_job j;
+        attn_setup(&j, dev, reg, dc->S, 1, lens, mb);
+        float ms = time_ms(run_attn, &j), gms = time_graph_ms(&j);
+        double bw = bytes / (gms * 1e-3);
+        printf("%-34s %-6s %10.1f %10.1f %12.1f %9.2f %10.0f%%\n", dc->name, kernels[k], ms * 1e3, gms * 1e3,
+               bytes / 1e6, bw / 1e12, 100.0 * bw / copy_bw);
+        attn_free(&j);
+        unsetenv("KILN_ATTENTION_DECODE");
+        unsetenv("KILN_ATTENTION_PIPE_CTAS");
+    }
+    free(lens);
 }
 
 int main(int argc, char **argv)
@@ -195,8 +299,10 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 5) {
             reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--sweep") == 0) {
+            sweep = 1;
         } else {
-            fprintf(stderr, "usage: attention_bench [--reps N (>= 5)]\n");
+            fprintf(stderr, "usage: attention_bench [--reps N (>= 5)] [--sweep]\n");
             return 2;
         }
     }
@@ -226,24 +332,24 @@ int main(int argc, char **argv)
     printf("kiln/PagedAttention, Llama-3.1-8B shape: %d query / %d kv heads, head_dim %d, bf16, block %d; sm_%d\n", NH,
            NKV, HD, BS, (int)arch);
     printf("device copy (cudaMemcpyAsync D2D 1 GiB, read + written): %.2f TB/s\n\n", copy_bw / 1e12);
-    printf("%-26s %10s %12s %9s %11s\n", "decode", "time us", "KV read MB", "TB/s", "of copy bw");
-    const int64_t ctx = 8192, batches[2] = {1, 64};
-    for (int b = 0; b < 2; b++) {
-        attn_job j;
-        attn_setup(&j, dev, reg, batches[b], 1, ctx);
-        float ms = time_ms(run_attn, &j);
-        double bytes = (double)batches[b] * ctx * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
-        double bw = bytes / (ms * 1e-3);
-        char name[64];
-        snprintf(name, sizeof name, "batch %lld, context %lld", (long long)batches[b], (long long)ctx);
-        printf("%-26s %10.1f %12.1f %9.2f %10.0f%%\n", name, ms * 1e3, bytes / 1e6, bw / 1e12, 100.0 * bw / copy_bw);
-        attn_free(&j);
-    }
+    printf("%-34s %-6s %10s %10s %12s %9s %11s\n", "decode (one new token each)", "kernel", "launch us", "graph us",
+           "KV read MB", "TB/s", "of copy bw");
+    static const decode_case cases[] = {
+        {"batch 1, context 8192", 1, 8192, 8192, 0},
+        {"batch 1, 8192, table for 131072", 1, 8192, 8192, 131072 / BS},
+        {"batch 64, context 8192", 64, 8192, 8192, 0},
+        {"512 sequences, 1000..2000", 512, 1000, 2000, 0},
+        {"1024 sequences, 128..256", 1024, 128, 256, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        bench_decode(dev, reg, &cases[i], copy_bw);
+    printf("(TB/s and of copy bw from the graph time)\n");
     printf("\n%-26s %10s %12s %9s\n", "prefill (one prompt)", "time us", "GFLOP", "TFLOP/s");
     const int64_t lens[2] = {512, 2048};
     for (int i = 0; i < 2; i++) {
         attn_job j;
-        attn_setup(&j, dev, reg, 1, lens[i], lens[i]);
+        const int32_t len = (int32_t)lens[i];
+        attn_setup(&j, dev, reg, 1, lens[i], &len, (len + BS - 1) / BS);
         float ms = time_ms(run_attn, &j);
         double pairs = (double)lens[i] * (double)(lens[i] + 1) / 2.0;
         double flop = 4.0 * NH * HD * pairs;

@@ -1,5 +1,5 @@
 /* kiln's built-in plugins (RMSNorm, RoPE, SwiGLU, PagedAttention,
- * QuantMatMul, QuantGather, WeightOnlyMatMul, Fp8MatMul, Sample, all in
+ * QuantMatMul, QuantGather, WeightOnlyMatMul, Fp8MatMul, FusedMatMul, Sample, all in
  * namespace "kiln"), registered into every registry under the library name
  * KILN_BUILTIN_LIBRARY. */
 #ifndef KILN_PLUGINS_BUILTIN_H

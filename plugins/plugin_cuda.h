@@ -88,6 +88,68 @@ int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_scale, void
 /* Text of a code kiln_fp8_matmul_cuda or kiln_fp8_cuda_init returned. */
 const char *kiln_fp8_cuda_error(int code);
 
+/* FusedMatMul (plugins/fusedmm/fusedmm.c): y = epilogue(prologue(x) · Wᵀ).
+ * Epilogues: */
+#define KILN_FUSEDMM_NONE 0
+#define KILN_FUSEDMM_SWIGLU 1   /* rows of W interleaved gate, up: y [rows, n / 2] */
+#define KILN_FUSEDMM_RESIDUAL 2 /* y = residual + x · Wᵀ */
+#define KILN_FUSEDMM_ROPE 3     /* RoPE over the packed qkv row; W's rotated pairs adjacent */
+#define KILN_FUSEDMM_NO_ALGO 20000 /* code: cuBLASLt offered no GEMM */
+/* cuBLASLt's scratch: the native matmul's (KILN_GPU_MATMUL_WORKSPACE), so
+ * that its heuristic picks the prefill GEMMs' algorithm from the same
+ * candidates as for the unfused layers' matmuls */
+#define KILN_FUSEDMM_LT_WORKSPACE ((size_t)32 << 20)
+
+/* Workspace, each part 256-aligned: rows of x as f32 (the CPU) or
+ * normalized in the dtype (the GPU's GEMM path), the GEMM's result in the
+ * dtype (`es` bytes a value) before an epilogue, cuBLASLt's scratch. */
+static inline size_t kiln_fusedmm_align(size_t b) { return (b + 255) & ~(size_t)255; }
+static inline size_t kiln_fusedmm_workspace_t(int64_t rows, int64_t k)
+{
+    return kiln_fusedmm_align((size_t)(rows * k) * sizeof(float));
+}
+static inline size_t kiln_fusedmm_workspace_lt(int64_t rows, int64_t n, int64_t k, size_t es)
+{
+    return kiln_fusedmm_workspace_t(rows, k) + kiln_fusedmm_align((size_t)(rows * n) * es);
+}
+static inline size_t kiln_fusedmm_workspace(int64_t rows, int64_t n, int64_t k, size_t es)
+{
+    return kiln_fusedmm_workspace_lt(rows, n, k, es) + KILN_FUSEDMM_LT_WORKSPACE;
+}
+
+/* The rope epilogue's rotation, passed to the kernels by value: the first
+ * rotated_heads heads of a row are rotated (as kiln/RoPE). */
+typedef struct kiln_fusedmm_rope {
+    int32_t rotated_heads, head_dim, rotary_dim, interleaved;
+    float inv_freq[ROPE_MAX_PAIRS];
+} kiln_fusedmm_rope;
+
+typedef struct kiln_fusedmm_cuda_args {
+    const void *x;           /* [rows, k] */
+    const void *w;           /* [n, k] */
+    const void *norm_weight; /* [k], or NULL: no RMSNorm prologue */
+    const void *residual;    /* [rows, n] with KILN_FUSEDMM_RESIDUAL */
+    const int32_t *positions; /* [rows] with KILN_FUSEDMM_ROPE */
+    kiln_fusedmm_rope rope;
+    void *y;
+    void *workspace;
+    size_t workspace_size;
+    int64_t rows;
+    int32_t n, k, epilogue, dtype; /* every tensor of dtype (f32, f16, bf16) */
+    float epsilon;
+} kiln_fusedmm_cuda_args;
+
+/* Sets up the process's cuBLASLt handle for the prefill GEMM once; 0 when
+ * it is ready (called from the plugin's supports, outside any capture). */
+int kiln_fusedmm_cuda_init(void);
+
+/* Launches the fused layer on `stream`. Returns 0, a cudaError_t, a
+ * cuBLAS status + 10000 or KILN_FUSEDMM_NO_ALGO. */
+int kiln_fusedmm_cuda(const kiln_fusedmm_cuda_args *a, void *stream);
+
+/* Text of a code kiln_fusedmm_cuda returned. */
+const char *kiln_fusedmm_cuda_error(int code);
+
 /* PagedAttention (plugins/attention/attention_cuda.cu): one step's cache
  * write and attention. q, k and v point at head 0 of token 0 and their
  * rows are q_ld, k_ld and v_ld elements apart (separate tensors, or the

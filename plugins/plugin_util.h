@@ -182,5 +182,6 @@ kiln_status kiln_qgather_register(const kiln_host_api *host, kiln_registry *reg)
 kiln_status kiln_sample_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_woq_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_fp8_register(const kiln_host_api *host, kiln_registry *reg);
+kiln_status kiln_fusedmm_register(const kiln_host_api *host, kiln_registry *reg);
 
 #endif

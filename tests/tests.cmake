@@ -10,6 +10,12 @@ foreach(src ${KILN_UNIT_TESTS})
     ENVIRONMENT "KILN_BUILD_DIR=${CMAKE_BINARY_DIR};KILN_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
     SKIP_RETURN_CODE 77)
 endforeach()
+# The LLM tests again with the decoder layers built fused (kiln/FusedMatMul,
+# what CUDA builds use), against the same HF references.
+add_test(NAME unit.test_llm_model_fused COMMAND test_llm_model WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+set_tests_properties(unit.test_llm_model_fused PROPERTIES
+  ENVIRONMENT "KILN_LLM_FUSE=1;KILN_BUILD_DIR=${CMAKE_BINARY_DIR};KILN_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
+  SKIP_RETURN_CODE 77)
 
 # Test plugins: tests/plugins/<name>.c, each a MODULE built against plugin.h alone.
 file(GLOB KILN_TEST_PLUGINS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/plugins/*.c)

@@ -14,7 +14,19 @@
  *        head (a row: a new token and one query head of the group), keys
  *        in tiles of 64 read from the paged cache into shared memory,
  *        online softmax in registers; the score matrix never exists;
- *      - kat_decode (head_dim 64 or 128, 16-byte aligned rows): a CTA per
+ *      - kat_pipe (head_dim 64 or 128, 16-byte aligned rows; the default
+ *        decode): a CTA per (token, kv head, up to 8 query heads of it,
+ *        split), so the query heads of one KV head share every K/V load.
+ *        Each warp streams whole K and V rows of its keys into shared
+ *        memory through a 4-stage cp.async pipeline (12 KB in flight per
+ *        warp) and runs its own online softmax; warps merge at the end.
+ *        The grid's G splits come from shapes (tokens, longest possible
+ *        sequence: none when the tokens fill the GPU), and each token runs
+ *        only as many as its actual length fills (KAT_PIPE_SPLIT_KEYS keys
+ *        at least each), so a graph captured for a bucket serves every
+ *        context length. Splits merge in a cluster (G <= 16) or through
+ *        kat_combine;
+ *      - kat_decode (KILN_ATTENTION_DECODE=split, to compare): a CTA per
  *        (token, kv head, up to 8 query heads of it, split), so the query
  *        heads of one KV head share every K/V load; the keys are cut into
  *        tiles and split z takes tiles z, z + G, z + 2G, ... (flash
@@ -26,12 +38,12 @@
  *        head, split), one key per thread: slow, for what the fast kernels
  *        do not take (e.g. the tiny test models' head_dim 16).
  *   3. kat_combine, when G > 1 splits ran outside a cluster (kat_generic,
- *      or KILN_ATTENTION_CLUSTER=0): merges the per-split partial (max,
- *      sum, output) from the workspace.
+ *      kat_pipe with G > 16, or KILN_ATTENTION_CLUSTER=0): merges the
+ *      per-split partial (max, sum, output) from the workspace.
  * G is chosen on the host from shapes alone (tokens, max_blocks, heads),
  * never from seq_lens or query_start, so a step can be captured in a CUDA
- * graph; splits past a sequence's tiles do no work (in a cluster they
- * only join the merge).
+ * graph; splits past a sequence's tiles (kat_pipe: past what its length
+ * fills) do no work (in a cluster they only join the merge).
  *
  * Inconsistent metadata (query_start not running 0..T, a length past the
  * table, a block outside the cache) cannot be reported from the device: the
@@ -272,28 +284,23 @@ template <int DT, int D> struct kat_shape {
     static_assert(NV % LPR == 0 && TILE % RPS == 0 && TILE % 32 == 0, "kat_decode layout");
 };
 
-/* The end of kat_decode when the G splits of a (token, head group) are
- * one thread-block cluster (G = the cluster's size along z): each CTA sums
- * its warps' rows into s_red[0] and publishes (m, l) in s_m / s_l; after
- * a cluster barrier, CTA r merges output elements r, r + G, ... reading
- * every split's partials from its shared memory (distributed shared
- * memory), and writes them. No workspace and no combine launch. A second
- * barrier keeps each CTA's shared memory alive until all have read it. */
-template <int DT, int D, int HG>
-__device__ __forceinline__ void kat_cluster_merge(const kiln_attention_cuda_args &a, float (*s_red)[HG][D], float *s_m,
-                                                  float *s_l, int bad, int ng, int64_t row0)
+/* Merges the G splits of one (token, head group) that form a
+ * thread-block cluster (G = the cluster's size along z): s_o holds this
+ * CTA's unnormalized output rows (ng x D), s_m / s_l its softmax max and
+ * sum per head. After a cluster barrier, CTA r merges output elements r,
+ * r + G, ... reading every split's partials from its shared memory
+ * (distributed shared memory), and writes them: no workspace and no
+ * combine launch. A second barrier keeps each CTA's shared memory alive
+ * until all have read it. */
+template <int DT, int D>
+__device__ __forceinline__ void kat_cluster_combine(const kiln_attention_cuda_args &a, float *s_o, float *s_m,
+                                                    float *s_l, int ng, int64_t row0, int threads)
 {
     cg::cluster_group cl = cg::this_cluster();
     const int G = (int)cl.num_blocks(), r = (int)cl.block_rank();
-    for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
-        int g = i / D, d = i % D;
-        s_red[0][g][d] = (s_red[0][g][d] + s_red[1][g][d]) + (s_red[2][g][d] + s_red[3][g][d]);
-    }
-    if (bad && threadIdx.x < HG)
-        s_l[threadIdx.x] = kat_nan();
     cl.sync();
-    for (int i = r + G * threadIdx.x; i < ng * D; i += G * KAT_THREADS) {
-        const int g = i / D, d = i % D;
+    for (int i = r + G * (int)threadIdx.x; i < ng * D; i += G * threads) {
+        const int g = i / D;
         float M = -INFINITY;
         for (int z = 0; z < G; z++)
             M = fmaxf(M, cl.map_shared_rank(s_m, z)[g]);
@@ -302,11 +309,26 @@ __device__ __forceinline__ void kat_cluster_merge(const kiln_attention_cuda_args
         for (int z = 0; z < G; z++) {
             float w = exp2f(cl.map_shared_rank(s_m, z)[g] - Mu);
             L = fmaf(cl.map_shared_rank(s_l, z)[g], w, L);
-            O = fmaf(cl.map_shared_rank(&s_red[0][g][d], z)[0], w, O);
+            O = fmaf(cl.map_shared_rank(s_o, z)[i], w, O);
         }
-        kat_type<DT>::store(a.out, (row0 + g) * D + d, O / L);
+        kat_type<DT>::store(a.out, row0 * D + i, O / L);
     }
     cl.sync();
+}
+
+/* The end of kat_decode in a cluster: each CTA sums its warps' rows into
+ * s_red[0] and marks a bad split (NaN sum), then kat_cluster_combine. */
+template <int DT, int D, int HG>
+__device__ __forceinline__ void kat_cluster_merge(const kiln_attention_cuda_args &a, float (*s_red)[HG][D], float *s_m,
+                                                  float *s_l, int bad, int ng, int64_t row0)
+{
+    for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
+        int g = i / D, d = i % D;
+        s_red[0][g][d] = (s_red[0][g][d] + s_red[1][g][d]) + (s_red[2][g][d] + s_red[3][g][d]);
+    }
+    if (bad && threadIdx.x < HG)
+        s_l[threadIdx.x] = kat_nan();
+    kat_cluster_combine<DT, D>(a, &s_red[0][0][0], s_m, s_l, ng, row0, KAT_THREADS);
 }
 
 /* Grid: x = token, y = kv head * n_hg + group of HG query heads, z =
@@ -984,6 +1006,342 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
 #undef KAT_ROW
 }
 
+/* ---- 2d. decode, pipelined: whole rows of K and V through shared memory --------------- */
+
+#define KAT_PIPE_STAGES 4         /* cp.async stages per warp: three in flight while one is used */
+#define KAT_PIPE_STAGE_BYTES 4096 /* K and V bytes of one stage of one warp */
+#define KAT_PIPE_SPLIT_KEYS 256   /* fewest keys a split takes (kat_combine's `tile`) */
+#define KAT_PIPE_CTAS 264         /* CTAs to aim for when splitting: two per SM on 132 SMs */
+#define KAT_PIPE_CTAS_MAX 1056    /* the most KILN_ATTENTION_PIPE_CTAS may ask for (the workspace's) */
+#define KAT_MAX_DEVICES 64        /* devices whose kat_pipe smem limit is remembered as set */
+
+/* Layout of kat_pipe for storage DT and head_dim D: a row is NV 16-byte
+ * vectors read by LPR lanes, a warp reads RPW rows at a time, and a stage
+ * is ROWS rows of K and of V, NP passes of RPW rows. Lane (sub, lv) copies
+ * vector lv of rows sub, sub + RPW, ... of a stage into shared memory and
+ * is the only one to read them back, so cp.async.wait_group alone orders
+ * the copy before the use: no barrier in the loop. */
+template <int DT, int D> struct kat_pipe_shape {
+    static constexpr int PER = kat_type<DT>::per;
+    static constexpr int NV = D / PER;
+    static constexpr int LPR = NV;
+    static constexpr int RPW = 32 / LPR;
+    static constexpr int ROWS = KAT_PIPE_STAGE_BYTES / (2 * NV * 16);
+    static constexpr int NP = ROWS / RPW;
+    static constexpr int CTA_ROWS = ROWS * (KAT_THREADS / 32); /* keys of one stage of all warps */
+    static constexpr size_t SMEM = (size_t)KAT_PIPE_STAGES * KAT_PIPE_STAGE_BYTES * (KAT_THREADS / 32);
+    static_assert(NV <= 32 && 32 % NV == 0 && ROWS % RPW == 0, "kat_pipe layout");
+};
+
+/* The splits that run for a token of nk keys when G were launched: from
+ * the actual length, so a short sequence in a step planned for long ones
+ * is not cut into pieces too small to fill the pipeline. kat_combine with
+ * tile KAT_PIPE_SPLIT_KEYS counts the same. */
+__device__ __forceinline__ int kat_pipe_splits(int64_t nk, int G)
+{
+    int64_t g = (nk + KAT_PIPE_SPLIT_KEYS - 1) / KAT_PIPE_SPLIT_KEYS;
+    return (int)(g < G ? g : G);
+}
+
+/* Sums HG values over the N lanes of an aligned lane group (lane index
+ * lv in it) and leaves each lane the total of one of them, value lv /
+ * (N / HG): the first log2(HG) butterfly steps halve the values each lane
+ * carries (a lane keeps one half and sends the other), the rest add the
+ * one left. HG - 1 + log2(N / HG) shuffles instead of HG * log2(N). */
+template <int HG, int N> __device__ __forceinline__ float kat_reduce_scatter(float *v, int lv)
+{
+    static_assert(HG <= N && N <= 32, "kat_reduce_scatter");
+#pragma unroll
+    for (int c = HG, o = N / 2; c > 1; c /= 2, o /= 2) {
+        const bool upper = (lv & o) != 0;
+#pragma unroll
+        for (int i = 0; i < c / 2; i++) {
+            const float send = upper ? v[i] : v[i + c / 2], keep = upper ? v[i + c / 2] : v[i];
+            v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+        }
+    }
+#pragma unroll
+    for (int o = N / HG / 2; o > 0; o /= 2)
+        v[0] += __shfl_xor_sync(0xffffffffu, v[0], o);
+    return v[0];
+}
+
+/* Grid: x = token, y = kv head * n_hg + group of HG query heads, z =
+ * split (G = gridDim.z; the first kat_pipe_splits(keys, G) take a
+ * contiguous range of keys each, the others only take part in a cluster
+ * merge). Each warp runs its own online softmax over stages w, w + 4, ...
+ * of its split (each lane group over its rows, each lane keeping the state
+ * of one query head: the scores' reduction ends scattered over the lanes,
+ * kat_reduce_scatter, and the probabilities are fetched by shuffles for
+ * P.V), KAT_PIPE_STAGES - 1 stages of cp.async in flight, so a CTA keeps
+ * 48 KB of K and V loads in flight; warps and lane groups merge once at
+ * the end. `fused` and the handling of
+ * inconsistent metadata are kat_decode's. The output: written directly
+ * (G == 1), merged in the cluster (`cluster`), or partials for kat_combine. */
+template <int DT, int D, int HG>
+__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
+    kat_pipe(kiln_attention_cuda_args a, int32_t fused, int32_t cluster)
+{
+    typedef kat_pipe_shape<DT, D> L;
+    constexpr int PER = L::PER, NV = L::NV, LPR = L::LPR, RPW = L::RPW, ROWS = L::ROWS, NP = L::NP;
+    constexpr int S = KAT_PIPE_STAGES, W = KAT_THREADS / 32;
+    extern __shared__ __align__(16) unsigned char kat_smem[];
+    __shared__ float s_mw[W][HG], s_lw[W][HG], s_m[HG], s_l[HG];
+
+    kcu_after_prior();
+    const int G = gridDim.z, z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int gq = a.n_heads / a.n_kv_heads, n_hg = (gq + HG - 1) / HG;
+    const int kvh = blockIdx.y / n_hg, h0 = kvh * gq + (blockIdx.y % n_hg) * HG;
+    const int ng = min(HG, kvh * gq + gq - h0);
+    const int64_t t = blockIdx.x, row0 = t * a.n_heads + h0;
+    kat_tok k = kat_token(a, t);
+    if (!k.valid) { /* a whole cluster leaves here together */
+        if (G == 1 || (cluster && z == 0))
+            for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS)
+                kat_type<DT>::store(a.out, row0 * D + i, kat_nan());
+        return;
+    }
+    const int64_t nk = k.pos + 1;
+    const int64_t n_old = fused ? k.n_old : nk; /* keys from here on come from the inputs */
+    if (fused && z == 0 && blockIdx.y % n_hg == 0) {
+        int64_t dst = kat_krow(a, k.s, k.pos, kvh);
+        if (dst >= 0 && threadIdx.x < 2 * NV) {
+            int kind = threadIdx.x / NV, u = threadIdx.x % NV;
+            const uint4 *src = (const uint4 *)((const char *)(kind ? a.v : a.k) +
+                                               (t * (kind ? a.v_ld : a.k_ld) + (int64_t)kvh * D) * (16 / PER));
+            ((uint4 *)((char *)a.cache + (dst + kind * kat_vdelta(a)) * (16 / PER)))[u] = src[u];
+        }
+    }
+    const int ge = kat_pipe_splits(nk, G);
+    if (z >= ge && !cluster)
+        return;
+    /* this split's keys [k0, k1): its even share of whole CTA stages */
+    const int64_t stages = (nk + L::CTA_ROWS - 1) / L::CTA_ROWS, zc = z < ge ? z : ge;
+    const int64_t k0 = min(zc * stages / ge * L::CTA_ROWS, nk);
+    const int64_t k1 = min((zc + (z < ge)) * stages / ge * L::CTA_ROWS, nk);
+    const int64_t n_st = (k1 - k0 + ROWS - 1) / ROWS; /* warp stages of the split */
+    const int n_my = (int)(n_st > warp ? (n_st - warp + W - 1) / W : 0);
+
+    const int sub = lane / LPR, lv = lane % LPR;
+    /* after kat_reduce_scatter lane lv holds query head lv / HS; the lanes
+     * of this lane group that hold head g are head_lane + g * HS + ... */
+    constexpr int HS = LPR / HG;
+    const int head_lane = sub * LPR;
+    float q[HG][PER], acc[HG][PER], m_own = -INFINITY, l_own = 0.0f;
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        uint4 u = make_uint4(0, 0, 0, 0);
+        if (g < ng)
+            u = *(const uint4 *)((const char *)a.q + ((t * a.q_ld + (int64_t)(h0 + g) * D) + lv * PER) * (16 / PER));
+        kat_type<DT>::unpack(u, q[g]);
+#pragma unroll
+        for (int e = 0; e < PER; e++)
+            acc[g][e] = 0.0f;
+    }
+    const float sl2 = a.scale * KAT_LOG2E;
+    const int64_t vd = kat_vdelta(a);
+    const char *cache = (const char *)a.cache;
+    const char *kin = (const char *)a.k + (k.first * a.k_ld + (int64_t)kvh * D + lv * PER) * (16 / PER);
+    const char *vin = (const char *)a.v + (k.first * a.v_ld + (int64_t)kvh * D + lv * PER) * (16 / PER);
+    const int32_t *table = a.table + k.s * a.max_blocks;
+    unsigned char *mine = kat_smem + (size_t)warp * S * KAT_PIPE_STAGE_BYTES;
+    int bad = 0;
+
+    /* the first key of this warp's j-th stage */
+    auto stage_key = [&](int j) { return k0 + ((int64_t)j * W + warp) * ROWS; };
+    /* cp.async of stage j into slot j % S: K and V of this lane's rows
+     * (past the split's keys: zeros, masked later) */
+    auto issue = [&](int j) {
+        unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
+        const int64_t kb = stage_key(j);
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            const int64_t kp = kb + i * RPW + sub;
+            const char *ks = cache, *vs = cache;
+            int n = 0;
+            if (kp < k1) {
+                if (kp >= n_old) {
+                    ks = kin + (kp - n_old) * a.k_ld * (16 / PER);
+                    vs = vin + (kp - n_old) * a.v_ld * (16 / PER);
+                    n = 16;
+                } else {
+                    const int32_t blk = __ldg(&table[(int32_t)kp / a.block_size]);
+                    if (blk >= 0 && blk < a.n_blocks) {
+                        const int64_t o =
+                            (((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)kp % a.block_size) * D +
+                            lv * PER;
+                        ks = cache + o * (16 / PER);
+                        vs = cache + (o + vd) * (16 / PER);
+                        n = 16;
+                    } else {
+                        bad = 1;
+                    }
+                }
+            }
+            const int r = (i * RPW + sub) * NV + lv;
+            kat_cp_async16(sk + r * 16, ks, n);
+            kat_cp_async16(sv + r * 16, vs, n);
+        }
+    };
+
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) {
+        if (j < n_my)
+            issue(j);
+        kat_cp_commit(); /* empty groups keep the count: stage j is group j */
+    }
+    for (int j = 0; j < n_my; j++) {
+        if (j + S - 1 < n_my)
+            issue(j + S - 1); /* into the slot stage j - 1 used: this lane is done with it */
+        kat_cp_commit();
+        kat_cp_wait<S - 1>();
+        const unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
+        const int64_t kb = stage_key(j);
+        /* scores: lane (sub, lv) ends with the whole dot product of its
+         * rows for query head hd (kat_reduce_scatter) */
+        float p[NP];
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            const int r = (i * RPW + sub) * NV + lv;
+            float kf[PER], d[HG];
+            kat_type<DT>::unpack(*(const uint4 *)(sk + r * 16), kf);
+#pragma unroll
+            for (int g = 0; g < HG; g++) {
+                d[g] = 0.0f;
+#pragma unroll
+                for (int e = 0; e < PER; e++)
+                    d[g] = fmaf(q[g][e], kf[e], d[g]);
+            }
+            const float x = kat_reduce_scatter<HG, LPR>(d, lv);
+            p[i] = kb + i * RPW + sub < k1 ? x * sl2 : -INFINITY;
+        }
+        /* online softmax of head hd over this lane group's rows */
+        float mt = p[0];
+#pragma unroll
+        for (int i = 1; i < NP; i++)
+            mt = fmaxf(mt, p[i]);
+        const float mn = fmaxf(m_own, mt), mu = mn == -INFINITY ? 0.0f : mn, c = exp2f(m_own - mu);
+        m_own = mn;
+        float sum = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            p[i] = exp2f(p[i] - mu);
+            sum += p[i];
+        }
+        l_own = fmaf(l_own, c, sum);
+        /* every lane weighs V for all heads: each head's factors from a lane that has them */
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            const float cg = HG == 1 ? c : __shfl_sync(0xffffffffu, c, head_lane + g * HS);
+#pragma unroll
+            for (int e = 0; e < PER; e++)
+                acc[g][e] *= cg;
+        }
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            const int r = (i * RPW + sub) * NV + lv;
+            float vf[PER];
+            kat_type<DT>::unpack(*(const uint4 *)(sv + r * 16), vf);
+#pragma unroll
+            for (int g = 0; g < HG; g++) {
+                const float pg = HG == 1 ? p[i] : __shfl_sync(0xffffffffu, p[i], head_lane + g * HS);
+#pragma unroll
+                for (int e = 0; e < PER; e++)
+                    acc[g][e] = fmaf(pg, vf[e], acc[g][e]);
+            }
+        }
+    }
+    kat_cp_wait<0>();
+
+    /* merge the lane groups of the warp, then the warps (through the
+     * pipeline's shared memory, free now) */
+    float *s_o = (float *)kat_smem; /* [W][HG][D], then [HG][D] merged */
+    float m[HG], l[HG];
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        m[g] = HG == 1 ? m_own : __shfl_sync(0xffffffffu, m_own, head_lane + g * HS);
+        l[g] = HG == 1 ? l_own : __shfl_sync(0xffffffffu, l_own, head_lane + g * HS);
+    }
+#pragma unroll
+    for (int g = 0; g < HG; g++) {
+        float M = m[g];
+#pragma unroll
+        for (int o = LPR; o < 32; o <<= 1)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        const float w = exp2f(m[g] - (M == -INFINITY ? 0.0f : M));
+        float lg = l[g] * w;
+#pragma unroll
+        for (int o = LPR; o < 32; o <<= 1)
+            lg += __shfl_xor_sync(0xffffffffu, lg, o);
+#pragma unroll
+        for (int e = 0; e < PER; e++) {
+            float x = acc[g][e] * w;
+#pragma unroll
+            for (int o = LPR; o < 32; o <<= 1)
+                x += __shfl_xor_sync(0xffffffffu, x, o);
+            acc[g][e] = x;
+        }
+        m[g] = M;
+        l[g] = lg;
+    }
+    __syncthreads(); /* every warp is done with its slots */
+    if (sub == 0)
+#pragma unroll
+        for (int g = 0; g < HG; g++)
+#pragma unroll
+            for (int e = 0; e < PER; e++)
+                s_o[(warp * HG + g) * D + lv * PER + e] = acc[g][e];
+    if (lane == 0)
+#pragma unroll
+        for (int g = 0; g < HG; g++) {
+            s_mw[warp][g] = m[g];
+            s_lw[warp][g] = l[g];
+        }
+    bad = __syncthreads_or(bad);
+    if (threadIdx.x < HG) {
+        const int g = threadIdx.x;
+        float M = s_mw[0][g];
+        for (int w = 1; w < W; w++)
+            M = fmaxf(M, s_mw[w][g]);
+        float lg = 0.0f;
+        for (int w = 0; w < W; w++)
+            lg = fmaf(s_lw[w][g], exp2f(s_mw[w][g] - (M == -INFINITY ? 0.0f : M)), lg);
+        s_m[g] = M;
+        s_l[g] = bad ? kat_nan() : lg;
+    }
+    float *s_out = s_o + W * HG * D;
+    for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
+        const int g = i / D;
+        float M = s_mw[0][g];
+        for (int w = 1; w < W; w++)
+            M = fmaxf(M, s_mw[w][g]);
+        const float Mu = M == -INFINITY ? 0.0f : M;
+        float o = 0.0f;
+        for (int w = 0; w < W; w++)
+            o = fmaf(s_o[(w * HG) * D + i], exp2f(s_mw[w][g] - Mu), o);
+        s_out[i] = o;
+    }
+    __syncthreads();
+    if (cluster) {
+        kat_cluster_combine<DT, D>(a, s_out, s_m, s_l, ng, row0, KAT_THREADS);
+        return;
+    }
+    kat_parts parts = kat_parts_of(a, G);
+    for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
+        const int g = i / D, d = i % D;
+        const int64_t row = row0 + g;
+        if (G == 1) {
+            kat_type<DT>::store(a.out, row * D + d, s_out[i] / s_l[g]);
+        } else {
+            parts.o[(row * G + z) * D + d] = s_out[i];
+            if (d == 0) {
+                parts.ml[(row * G + z) * 2] = s_m[g];
+                parts.ml[(row * G + z) * 2 + 1] = s_l[g];
+            }
+        }
+    }
+}
+
 /* ---- host: plans and launches --------------------------------------------------------- */
 
 /* Query heads a kat_decode CTA takes. */
@@ -1016,6 +1374,20 @@ static int32_t kat_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t
     return (int32_t)(g < 1 ? 1 : g);
 }
 
+/* Splits kat_pipe is launched with for `ctas` CTAs per token: about
+ * `target` CTAs in all, one when the tokens alone give that many (a large
+ * batch: no merge at all), at most KAT_MAX_SPLITS and no more than the
+ * longest possible sequence has KAT_PIPE_SPLIT_KEYS pieces. The device
+ * runs only as many as the actual length fills (kat_pipe_splits). */
+static int32_t kat_pipe_grid_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t target)
+{
+    int64_t g = (target + tokens * ctas - 1) / (tokens * ctas);
+    const int64_t pieces = (max_ctx + KAT_PIPE_SPLIT_KEYS - 1) / KAT_PIPE_SPLIT_KEYS;
+    g = g < pieces ? g : pieces;
+    g = g < KAT_MAX_SPLITS ? g : KAT_MAX_SPLITS;
+    return (int32_t)(g < 1 ? 1 : g);
+}
+
 static size_t kat_parts_bytes(int64_t tokens, int32_t n_heads, int32_t head_dim, int32_t g)
 {
     return g > 1 ? (size_t)tokens * (size_t)n_heads * (size_t)g * ((size_t)head_dim + 2) * sizeof(float) : 0;
@@ -1038,6 +1410,8 @@ extern "C" size_t kiln_attention_cuda_workspace(int64_t tokens, int64_t n_seqs, 
             b = kat_parts_bytes(t, n_heads, head_dim, kat_splits(t, fast_ctas, max_ctx, tile));
             most = b > most ? b : most;
         }
+        b = kat_parts_bytes(t, n_heads, head_dim, kat_pipe_grid_splits(t, fast_ctas, max_ctx, KAT_PIPE_CTAS_MAX));
+        most = b > most ? b : most;
     }
     return most;
 }
@@ -1117,6 +1491,94 @@ static cudaError_t kat_launch_decode_dt(const kiln_attention_cuda_args &a, int h
                             : kat_launch_decode<DT, 128>(a, hg, g, fused, cluster, st);
 }
 
+/* Launches kat_pipe<DT, D, HG> with G splits, as clusters of G when
+ * `cluster` (cudaErrorNotSupported when the device cannot place them). */
+template <int DT, int D, int HG>
+static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, int32_t g, int32_t fused, int32_t cluster,
+                                      cudaStream_t st)
+{
+    typedef kat_pipe_shape<DT, D> L;
+    const int n_hg = (a.n_heads / a.n_kv_heads + HG - 1) / HG;
+    /* once per device: the pipeline's shared memory is past the default 48 KB */
+    static int8_t smem_ok[KAT_MAX_DEVICES];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    if (dev < 0 || dev >= KAT_MAX_DEVICES || !smem_ok[dev]) {
+        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::SMEM);
+        if (e != cudaSuccess)
+            return e;
+        if (dev >= 0 && dev < KAT_MAX_DEVICES)
+            smem_ok[dev] = 1;
+    }
+    cudaLaunchAttribute attr[2];
+    int n = 0;
+    if (kcu_pdl) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = 1;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = (unsigned)g;
+    }
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
+    cfg.blockDim = dim3(KAT_THREADS);
+    cfg.dynamicSmemBytes = L::SMEM;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = (unsigned)n;
+    if (cluster) {
+        static int8_t ok[KAT_MAX_CLUSTER + 1]; /* as in kat_launch_decode_hg */
+        if (!ok[g]) {
+            e = cudaSuccess;
+            if (g > 8)
+                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+            int clusters = 0;
+            cudaLaunchConfig_t probe = cfg;
+            probe.stream = NULL;
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG>, &probe);
+            ok[g] = e == cudaSuccess && clusters > 0 ? 1 : -1;
+            (void)cudaGetLastError();
+        }
+        if (ok[g] < 0)
+            return cudaErrorNotSupported;
+    }
+    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG>, a, fused, cluster);
+}
+
+template <int DT, int D>
+static cudaError_t kat_launch_pipe(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused, int32_t cluster,
+                                   cudaStream_t st)
+{
+    if (hg == 1)
+        return kat_launch_pipe_hg<DT, D, 1>(a, g, fused, cluster, st);
+    if (hg == 4)
+        return kat_launch_pipe_hg<DT, D, 4>(a, g, fused, cluster, st);
+    return kat_launch_pipe_hg<DT, D, 8>(a, g, fused, cluster, st);
+}
+
+static cudaError_t kat_launch_pipe_any(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
+                                       int32_t cluster, cudaStream_t st)
+{
+    const int d64 = a.head_dim == 64;
+    switch (a.dtype) {
+    case KILN_DTYPE_F32:
+        return d64 ? kat_launch_pipe<KILN_DTYPE_F32, 64>(a, hg, g, fused, cluster, st)
+                   : kat_launch_pipe<KILN_DTYPE_F32, 128>(a, hg, g, fused, cluster, st);
+    case KILN_DTYPE_F16:
+        return d64 ? kat_launch_pipe<KILN_DTYPE_F16, 64>(a, hg, g, fused, cluster, st)
+                   : kat_launch_pipe<KILN_DTYPE_F16, 128>(a, hg, g, fused, cluster, st);
+    default:
+        return d64 ? kat_launch_pipe<KILN_DTYPE_BF16, 64>(a, hg, g, fused, cluster, st)
+                   : kat_launch_pipe<KILN_DTYPE_BF16, 128>(a, hg, g, fused, cluster, st);
+    }
+}
+
 /* Splits as a cluster for `ctas` CTAs per token: the smallest power of two
  * that gives about two CTAs per SM over the step, at most
  * KAT_MAX_CLUSTER and no more than the tiles of the longest sequence (1:
@@ -1141,6 +1603,51 @@ static int kat_use_cluster(void)
 {
     const char *e = getenv("KILN_ATTENTION_CLUSTER");
     return !kat_cluster_refused && !(e && strcmp(e, "0") == 0);
+}
+
+/* KILN_ATTENTION_DECODE=split selects kat_decode (with its clusters or
+ * split and combine) instead of kat_pipe for decode, to time both in one
+ * run; read at each launch. */
+static int kat_use_pipe(void)
+{
+    const char *e = getenv("KILN_ATTENTION_DECODE");
+    return !(e && strcmp(e, "split") == 0);
+}
+
+/* The CTAs kat_pipe aims for when it splits: KAT_PIPE_CTAS, or
+ * KILN_ATTENTION_PIPE_CTAS (8..KAT_PIPE_CTAS_MAX; attention_bench --sweep
+ * times several); read at each launch (a graph keeps its capture's). */
+static int64_t kat_pipe_target(void)
+{
+    const char *e = getenv("KILN_ATTENTION_PIPE_CTAS");
+    long v = e ? strtol(e, NULL, 10) : 0;
+    return v >= 8 && v <= KAT_PIPE_CTAS_MAX ? v : KAT_PIPE_CTAS;
+}
+
+/* kat_pipe for a step (fast shapes, not prefill), then kat_combine when
+ * its splits did not merge in clusters. */
+static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused, cudaStream_t st)
+{
+    const int hg = kat_hg(a.n_heads, a.n_kv_heads);
+    const int64_t ctas = (int64_t)a.n_kv_heads * ((a.n_heads / a.n_kv_heads + hg - 1) / hg);
+    const int32_t g = kat_pipe_grid_splits(a.tokens, ctas, a.max_blocks * a.block_size, kat_pipe_target());
+    int32_t cluster = g > 1 && g <= KAT_MAX_CLUSTER && kat_use_cluster();
+    cudaError_t e = cudaErrorNotSupported;
+    if (cluster) {
+        e = kat_launch_pipe_any(a, hg, g, fused, 1, st);
+        if (e == cudaSuccess)
+            return e;
+        /* clusters of this size cannot run here: split and combine, from now on */
+        (void)cudaGetLastError();
+        kat_cluster_refused = 1;
+    }
+    if (g > 1 && !a.workspace)
+        return cudaErrorInvalidValue;
+    e = kat_launch_pipe_any(a, hg, g, fused, 0, st);
+    if (e != cudaSuccess || g == 1)
+        return e;
+    return kcu_launch_cfg(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), dim3(KAT_THREADS), st, a, g,
+                          (int32_t)KAT_PIPE_SPLIT_KEYS);
 }
 
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)
@@ -1176,6 +1683,8 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
         return (int)e;
     }
 
+    if (fast && kat_use_pipe())
+        return (int)kat_run_pipe(a, fused, st);
     int32_t g, tile;
     if (fast) {
         int hg = kat_hg(a.n_heads, a.n_kv_heads);

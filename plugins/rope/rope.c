@@ -31,20 +31,12 @@
 
 #include "plugin_cuda.h"
 #include "plugin_util.h"
+#include "rope/rope_params.h"
 
 #define NAME "RoPE"
 #define BLOB_VERSION 2u
 
-enum { SCALING_NONE = 0, SCALING_LINEAR, SCALING_LLAMA3 };
-
 static const kiln_host_api *host;
-
-typedef struct rope_params {
-    int32_t n_heads, head_dim, rotary_dim, interleaved, scaling;
-    float theta, factor, low_freq_factor, high_freq_factor;
-    int32_t original_max_position;
-    int32_t n_kv_heads;
-} rope_params;
 
 /* Blob bytes of each schema version (v1 lacks n_kv_heads). */
 static const size_t blob_sizes[BLOB_VERSION] = {offsetof(rope_params, n_kv_heads), sizeof(rope_params)};
@@ -57,53 +49,11 @@ typedef struct rope {
 
 static const kiln_plugin_ops rope_ops;
 
-/* inv_freq as HF computes it in f32, then the Llama 3 or linear scaling. */
-static void rope_frequencies(rope *r)
-{
-    const rope_params *p = &r->p;
-    int32_t dim = p->rotary_dim;
-    for (int32_t i = 0; i < dim / 2; i++) {
-        float inv = 1.0f / powf(p->theta, (float)(2 * i) / (float)dim);
-        if (p->scaling == SCALING_LINEAR) {
-            inv /= p->factor;
-        } else if (p->scaling == SCALING_LLAMA3) {
-            float old = (float)p->original_max_position;
-            float low_wavelen = old / p->low_freq_factor, high_wavelen = old / p->high_freq_factor;
-            float wavelen = 2.0f * (float)M_PI / inv;
-            if (wavelen > low_wavelen) {
-                inv /= p->factor;
-            } else if (!(wavelen < high_wavelen)) {
-                float smooth = (old / wavelen - p->low_freq_factor) / (p->high_freq_factor - p->low_freq_factor);
-                inv = (1.0f - smooth) * inv / p->factor + smooth * inv;
-            }
-        }
-        r->inv_freq[i] = inv;
-    }
-}
-
 static kiln_status rope_new(const rope_params *p, kiln_plugin **out)
 {
-    if (p->n_heads < 1 || p->head_dim < 2 || p->head_dim % 2)
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads must be >= 1 and head_dim even, got %d and %d",
-                          p->n_heads, p->head_dim);
-    if (p->n_kv_heads < 0 || p->n_kv_heads > (1 << 20) || p->n_heads > (1 << 20) || p->head_dim > (1 << 16))
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n_heads %d, n_kv_heads %d or head_dim %d out of range",
-                          p->n_heads, p->n_kv_heads, p->head_dim);
-    if (p->rotary_dim < 2 || p->rotary_dim > p->head_dim || p->rotary_dim % 2 || p->rotary_dim / 2 > ROPE_MAX_PAIRS)
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
-                          NAME ": field \"rotary_dim\" %d must be even and in [2, head_dim %d] (at most %d)",
-                          p->rotary_dim, p->head_dim, 2 * ROPE_MAX_PAIRS);
-    if (!(p->theta > 1.0f) || !isfinite(p->theta))
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"theta\" must be > 1, got %g", (double)p->theta);
-    if (p->scaling < SCALING_NONE || p->scaling > SCALING_LLAMA3 || (p->interleaved != 0 && p->interleaved != 1))
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": bad scaling or interleaved value");
-    if (p->scaling != SCALING_NONE && !(p->factor > 0.0f))
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"factor\" must be > 0");
-    if (p->scaling == SCALING_LLAMA3 &&
-        (!(p->high_freq_factor > p->low_freq_factor) || !(p->low_freq_factor > 0.0f) || p->original_max_position < 1))
-        return host->fail(
-            KILN_ERROR_INVALID_ARGUMENT,
-            NAME ": llama3 scaling needs high_freq_factor > low_freq_factor > 0 and original_max_position >= 1");
+    kiln_status st = rope_params_check(host, NAME, p);
+    if (st != KILN_OK)
+        return st;
     rope *r = calloc(1, sizeof *r);
     if (!r)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -111,7 +61,7 @@ static kiln_status rope_new(const rope_params *p, kiln_plugin **out)
     r->base.abi_version = KILN_PLUGIN_ABI_VERSION;
     r->base.ops = &rope_ops;
     r->p = *p;
-    rope_frequencies(r);
+    rope_params_frequencies(&r->p, r->inv_freq);
     *out = &r->base;
     return KILN_OK;
 }
@@ -256,30 +206,10 @@ static const kiln_plugin_ops rope_ops = {
 
 static kiln_status rope_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
 {
-    rope_params p = {0};
-    p.n_heads = plugin_field_i32(f, n, "n_heads", 0);
-    p.head_dim = plugin_field_i32(f, n, "head_dim", 0);
-    p.rotary_dim = plugin_field_i32(f, n, "rotary_dim", 0);
-    if (p.rotary_dim == 0)
-        p.rotary_dim = p.head_dim;
-    p.interleaved = plugin_field_i32(f, n, "interleaved", 0);
-    p.theta = plugin_field_f32(f, n, "theta", 0.0f);
-    p.factor = plugin_field_f32(f, n, "factor", 1.0f);
-    p.low_freq_factor = plugin_field_f32(f, n, "low_freq_factor", 1.0f);
-    p.high_freq_factor = plugin_field_f32(f, n, "high_freq_factor", 4.0f);
-    p.original_max_position = plugin_field_i32(f, n, "original_max_position", 8192);
-    p.n_kv_heads = plugin_field_i32(f, n, "n_kv_heads", 0);
-    const kiln_field *scaling = plugin_field(f, n, "scaling");
-    const char *kind = scaling ? scaling->data : "none";
-    if (strcmp(kind, "none") == 0)
-        p.scaling = SCALING_NONE;
-    else if (strcmp(kind, "linear") == 0)
-        p.scaling = SCALING_LINEAR;
-    else if (strcmp(kind, "llama3") == 0)
-        p.scaling = SCALING_LLAMA3;
-    else
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
-                          NAME ": field \"scaling\" is \"%s\"; expected none, linear or llama3", kind);
+    rope_params p;
+    kiln_status st = rope_params_read(host, NAME, f, n, &p);
+    if (st != KILN_OK)
+        return st;
     return rope_new(&p, out);
 }
 

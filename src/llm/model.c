@@ -104,6 +104,7 @@ typedef struct builder {
     int64_t n_weights, done_weights;
     char name[160];
     char expanded[64]; /* formats expanded for want of a CUDA kernel */
+    int fuse;          /* decoder layers of plain weights as kiln/FusedMatMul (fused_layer) */
 } builder;
 
 static void progress(builder *b, const char *what)
@@ -160,8 +161,43 @@ static kiln_status read_weight_into(builder *b, const char *hf, int32_t rank, in
 /* Weights `hf[0..n)`, each [rows[i], d1] (or [rows[i]] when d1 is 0),
  * stacked along their first axis into one constant `cname`: the fused
  * projections' [Nq + Nk + Nv, K] and [2 * I, K] weights and their biases. */
+static kiln_status add_weights_permuted(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
+                                        const char *cname, int rope_pairs, kiln_tensor *out);
+
 static kiln_status add_weights(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
                                const char *cname, kiln_tensor *out)
+{
+    return add_weights_permuted(b, hf, rows, n, d1, cname, 0, out);
+}
+
+/* Rows of the stacked [Wq; Wk; Wv] (`row` bytes each) reordered for
+ * kiln/FusedMatMul's rope epilogue: in each rotated head, output dims j
+ * and j + rotary_dim / 2 become rows 2j and 2j + 1 (HF's half-split
+ * rotation; GGUF's adjacent pairs are in place already). */
+static kiln_status rope_pair_rows(builder *b, unsigned char *w, size_t row)
+{
+    const kiln_llm_config *c = &b->ck->config;
+    const int64_t half = c->rope.rotary_dim / 2, heads = (int64_t)c->n_heads + c->n_kv_heads;
+    if (c->rope.interleaved)
+        return KILN_OK;
+    unsigned char *tmp = malloc((size_t)(2 * half) * row);
+    if (!tmp)
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory reordering the qkv rows");
+    for (int64_t h = 0; h < heads; h++) {
+        unsigned char *head = w + (size_t)(h * c->head_dim) * row;
+        memcpy(tmp, head, (size_t)(2 * half) * row);
+        for (int64_t j = 0; j < half; j++) {
+            memcpy(head + (size_t)(2 * j) * row, tmp + (size_t)j * row, row);
+            memcpy(head + (size_t)(2 * j + 1) * row, tmp + (size_t)(j + half) * row, row);
+        }
+    }
+    free(tmp);
+    return KILN_OK;
+}
+
+/* add_weights, with the rows reordered by rope_pair_rows when rope_pairs. */
+static kiln_status add_weights_permuted(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
+                                        const char *cname, int rope_pairs, kiln_tensor *out)
 {
     int64_t total = 0;
     for (int32_t i = 0; i < n; i++)
@@ -175,6 +211,8 @@ static kiln_status add_weights(builder *b, const char *const *hf, const int64_t 
     for (int32_t i = 0, at = 0; i < n && st == KILN_OK; at += (int32_t)rows[i], i++)
         st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, b->opt->dtype, (char *)buf + (size_t)at * row,
                               (size_t)rows[i] * row);
+    if (st == KILN_OK && rope_pairs)
+        st = rope_pair_rows(b, buf, row);
     kiln_dims dims = d1 ? dims2(total, d1) : dims1(total);
     if (st == KILN_OK)
         st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
@@ -592,6 +630,71 @@ static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t
     return KILN_OK;
 }
 
+/* Weights `gate` and `up` ([rows, d1] each) as one constant `cname`
+ * [2 * rows, d1] whose rows alternate: row 2i is gate's row i, row 2i + 1
+ * up's (kiln/FusedMatMul's SwiGLU epilogue finds a pair in one block). */
+static kiln_status add_weights_interleaved(builder *b, const char *gate, const char *up, int64_t rows, int64_t d1,
+                                           const char *cname, kiln_tensor *out)
+{
+    size_t es = dtype_size(b->opt->dtype), row = (size_t)d1 * es, part = (size_t)rows * row;
+    unsigned char *buf = malloc(2 * part), *tmp = malloc(part);
+    kiln_status st = buf && tmp ? KILN_OK
+                                : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)",
+                                            cname, 2 * part);
+    const char *src[2] = {gate, up};
+    for (int h = 0; h < 2 && st == KILN_OK; h++) {
+        st = read_weight_into(b, src[h], 2, rows, d1, b->opt->dtype, tmp, part);
+        for (int64_t r = 0; r < rows && st == KILN_OK; r++)
+            memcpy(buf + (size_t)(2 * r + h) * row, tmp + (size_t)r * row, row);
+    }
+    free(tmp);
+    kiln_dims dims = dims2(2 * rows, d1);
+    if (st == KILN_OK)
+        st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
+    if (st != KILN_OK)
+        free(buf);
+    return st;
+}
+
+/* Whether checkpoint weight `wname` becomes a constant in the engine
+ * dtype (not QuantMatMul, WeightOnlyMatMul or Fp8MatMul). */
+static int plain_weight(builder *b, const char *wname)
+{
+    const void *data;
+    size_t size;
+    kiln_woq_weight qw;
+    if (b->opt->weights != KILN_LLM_WEIGHTS_DTYPE || quant_format(b, wname, &data, &size) >= 0)
+        return 0;
+    if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, wname, &qw) == KILN_OK) {
+        kiln_woq_free(&qw);
+        return 0;
+    }
+    return 1;
+}
+
+/* y = epilogue(RMSNorm(x) · Wᵀ) (norm_hf non-NULL: HF norm `norm_hf`) or
+ * y = residual + x · Wᵀ through kiln/FusedMatMul named `lname`. */
+static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, int64_t n, int64_t k,
+                                const char *norm_hf, const char *epilogue, const kiln_tensor *residual,
+                                kiln_tensor *y)
+{
+    const kiln_llm_config *c = &b->ck->config;
+    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL;
+    float eps = (float)c->rms_norm_eps;
+    kiln_field f[5] = {field_i32("n", &nn), field_i32("k", &kk), field_i32("norm", &norm), field_f32("epsilon", &eps),
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue}};
+    kiln_tensor in[3] = {x, w};
+    int32_t n_in = 2;
+    if (norm_hf) {
+        char wname[160];
+        snprintf(wname, sizeof wname, "%s.weight", norm_hf);
+        KILN_TRY(add_weight(b, wname, 1, k, 0, &in[n_in++]));
+    }
+    if (residual)
+        in[n_in++] = *residual;
+    return plugin(b, lname, "FusedMatMul", f, 5, in, n_in, y);
+}
+
 /* y = RMSNorm(x) with HF weight `hf`.weight; with residual non-NULL the
  * residual add before it is fused in (kiln/AddRMSNorm): *x becomes x +
  * residual and y its norm. */
@@ -615,10 +718,11 @@ static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kil
     return KILN_OK;
 }
 
-/* RoPE over x of n_heads heads, or with n_kv_heads > 0 over the packed
- * qkv row (n_heads q heads, then the k and v heads). */
-static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor positions, int32_t n_heads,
-                        int32_t n_kv_heads, kiln_tensor *y)
+/* A layer of plugin `plugin_name` with the fields `pre` then kiln/RoPE's
+ * fields for n_heads heads (and n_kv_heads > 0: the packed qkv row). */
+static kiln_status rope_layer(builder *b, const char *name, const char *plugin_name, const kiln_field *pre,
+                              int32_t n_pre, const kiln_tensor *in, int32_t n_in, int32_t n_heads, int32_t n_kv_heads,
+                              kiln_tensor *y)
 {
     const kiln_llm_config *c = &b->ck->config;
     const kiln_llm_rope *r = &c->rope;
@@ -629,8 +733,10 @@ static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor
     const char *scaling = r->scaling == KILN_LLM_ROPE_LLAMA3   ? "llama3"
                           : r->scaling == KILN_LLM_ROPE_LINEAR ? "linear"
                                                                : "none";
-    kiln_field f[11];
+    kiln_field f[16];
     int32_t nf = 0;
+    for (int32_t i = 0; i < n_pre && i < 5; i++)
+        f[nf++] = pre[i];
     f[nf++] = field_i32("n_heads", &n_heads);
     if (n_kv_heads > 0)
         f[nf++] = field_i32("n_kv_heads", &n_kv_heads);
@@ -646,8 +752,34 @@ static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor
         f[nf++] = field_f32("high_freq_factor", &hi);
         f[nf++] = field_i32("original_max_position", &omax);
     }
+    return plugin(b, name, plugin_name, f, nf, in, n_in, y);
+}
+
+/* RoPE over x of n_heads heads, or with n_kv_heads > 0 over the packed
+ * qkv row (n_heads q heads, then the k and v heads). */
+static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor positions, int32_t n_heads,
+                        int32_t n_kv_heads, kiln_tensor *y)
+{
     kiln_tensor in[2] = {x, positions};
-    return plugin(b, name, "RoPE", f, nf, in, 2, y);
+    return rope_layer(b, name, "RoPE", NULL, 0, in, 2, n_heads, n_kv_heads, y);
+}
+
+/* qkv = RoPE(RMSNorm(x) · Wᵀ) through kiln/FusedMatMul's rope epilogue,
+ * w the stacked [Wq; Wk; Wv] with its rotated pairs adjacent
+ * (rope_pair_rows). */
+static kiln_status fused_qkv_rope(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, int64_t n, int64_t k,
+                                  const char *norm_hf, kiln_tensor positions, kiln_tensor *qkv)
+{
+    const kiln_llm_config *c = &b->ck->config;
+    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = 1;
+    float eps = (float)c->rms_norm_eps;
+    kiln_field f[5] = {field_i32("n", &nn), field_i32("k", &kk), field_i32("norm", &norm), field_f32("epsilon", &eps),
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, "rope"}};
+    char wname[160];
+    kiln_tensor in[4] = {x, w, {0}, positions};
+    snprintf(wname, sizeof wname, "%s.weight", norm_hf);
+    KILN_TRY(add_weight(b, wname, 1, k, 0, &in[2]));
+    return rope_layer(b, lname, "FusedMatMul", f, 5, in, 4, c->n_heads, c->n_kv_heads, qkv);
 }
 
 typedef struct step_inputs {
@@ -682,13 +814,101 @@ static kiln_status add_inputs(builder *b, int32_t max_blocks, step_inputs *in)
     return KILN_OK;
 }
 
-/* One decoder layer. *x is the residual stream; *pending, when has_pending,
- * is the previous layer's MLP output not yet added to it: that add is
- * fused with this layer's first norm, and this layer leaves its own MLP
- * output in *pending for the next norm (a layer's two residual adds each
- * ride on the norm that follows them). */
+/* The decoder layer of plain weights as four kiln/FusedMatMul layers
+ * around RoPE and attention: each norm rides on the matmul after it, each
+ * residual add on the matmul before it (the O and down projections write
+ * the updated residual stream *x), SwiGLU on the gate/up matmul. */
+static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in, kiln_tensor cache, kiln_tensor *x)
+{
+    const kiln_llm_config *c = &b->ck->config;
+    const kiln_llm_build_options *o = b->opt;
+    int64_t H = c->hidden_size, I = c->intermediate_size, qd = (int64_t)c->n_heads * c->head_dim,
+            kvd = (int64_t)c->n_kv_heads * c->head_dim;
+    char hf[3][160], wn[3][160], cname[176], lname[176], norm[128];
+    const char *wp[3] = {wn[0], wn[1], wn[2]};
+    const int64_t widths[3] = {qd, kvd, kvd};
+    const char *parts[3] = {"q_proj", "k_proj", "v_proj"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(hf[i], sizeof hf[i], "%s.self_attn.%s", p, parts[i]);
+        snprintf(wn[i], sizeof wn[i], "%s.weight", hf[i]);
+    }
+    kiln_tensor w, qkv, a, m;
+    snprintf(norm, sizeof norm, "%s.input_layernorm", p);
+    if (!c->qkv_bias) {
+        /* RoPE in the GEMV's epilogue: a rotated pair's rows side by side */
+        snprintf(cname, sizeof cname, "%s.self_attn.qkv_rope_pairs.weight", p);
+        KILN_TRY(add_weights_permuted(b, wp, widths, 3, H, cname, 1, &w));
+        snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul_rope", p);
+        KILN_TRY(fused_qkv_rope(b, lname, *x, w, qd + 2 * kvd, H, norm, in->positions, &qkv));
+    } else {
+        snprintf(cname, sizeof cname, "%s.self_attn.qkv_proj.weight", p);
+        KILN_TRY(add_weights(b, wp, widths, 3, H, cname, &w));
+        snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul", p);
+        KILN_TRY(fused_matmul(b, lname, *x, w, qd + 2 * kvd, H, norm, "none", NULL, &qkv));
+        char bn[3][160];
+        const char *bp[3] = {bn[0], bn[1], bn[2]};
+        kiln_tensor bt;
+        for (int i = 0; i < 3; i++)
+            snprintf(bn[i], sizeof bn[i], "%s.bias", hf[i]);
+        snprintf(cname, sizeof cname, "%s.self_attn.qkv_proj.bias", p);
+        KILN_TRY(add_weights(b, bp, widths, 3, 0, cname, &bt));
+        snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.add_bias", p);
+        KILN_TRY(kiln_network_add_binary(b->net, lname, KILN_BINARY_ADD, qkv, bt, &qkv));
+        snprintf(lname, sizeof lname, "%s.self_attn.qkv_rope", p);
+        KILN_TRY(rope(b, lname, qkv, in->positions, c->n_heads, c->n_kv_heads, &qkv));
+    }
+    const int32_t one = 1;
+    kiln_field f[5] = {field_i32("n_heads", &c->n_heads), field_i32("n_kv_heads", &c->n_kv_heads),
+                       field_i32("head_dim", &c->head_dim), field_i32("block_size", &o->block_size),
+                       field_i32("packed_qkv", &one)};
+    kiln_tensor ain[5] = {qkv, cache, in->block_table, in->seq_lens, in->query_start};
+    snprintf(lname, sizeof lname, "%s.self_attn.attention", p);
+    KILN_TRY(plugin(b, lname, "PagedAttention", f, 5, ain, 5, &a));
+
+    snprintf(wn[0], sizeof wn[0], "%s.self_attn.o_proj.weight", p);
+    KILN_TRY(add_weight(b, wn[0], 2, H, qd, &w));
+    snprintf(lname, sizeof lname, "%s.self_attn.o_proj.matmul_add", p);
+    KILN_TRY(fused_matmul(b, lname, a, w, H, qd, NULL, "residual", x, x));
+
+    snprintf(wn[0], sizeof wn[0], "%s.mlp.gate_proj.weight", p);
+    snprintf(wn[1], sizeof wn[1], "%s.mlp.up_proj.weight", p);
+    snprintf(cname, sizeof cname, "%s.mlp.gate_up_interleaved.weight", p);
+    KILN_TRY(add_weights_interleaved(b, wn[0], wn[1], I, H, cname, &w));
+    snprintf(lname, sizeof lname, "%s.mlp.gate_up_proj.norm_matmul_swiglu", p);
+    snprintf(norm, sizeof norm, "%s.post_attention_layernorm", p);
+    KILN_TRY(fused_matmul(b, lname, *x, w, 2 * I, H, norm, "swiglu", NULL, &m));
+
+    snprintf(wn[0], sizeof wn[0], "%s.mlp.down_proj.weight", p);
+    KILN_TRY(add_weight(b, wn[0], 2, H, I, &w));
+    snprintf(lname, sizeof lname, "%s.mlp.down_proj.matmul_add", p);
+    return fused_matmul(b, lname, m, w, H, I, NULL, "residual", x, x);
+}
+
+/* Whether layer `p` ("model.layers.N") is built by fused_layer: the build
+ * fuses and every matrix of the layer is plain. */
+static int layer_fuses(builder *b, const char *p)
+{
+    static const char *const mats[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                       "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    char wname[160];
+    if (!b->fuse)
+        return 0;
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        snprintf(wname, sizeof wname, "%s.%s.weight", p, mats[i]);
+        if (!plain_weight(b, wname))
+            return 0;
+    }
+    return 1;
+}
+
+/* One decoder layer. *x is the residual stream; *pending, when
+ * *has_pending, is the previous layer's MLP output not yet added to it:
+ * that add is fused with this layer's first norm, and this layer leaves
+ * its own MLP output in *pending for the next norm (a layer's two
+ * residual adds each ride on the norm that follows them). A fused layer
+ * (fused_layer) adds what is pending first and leaves nothing pending. */
 static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_tensor *x, kiln_tensor *pending,
-                             int has_pending)
+                             int *has_pending)
 {
     const kiln_llm_config *c = &b->ck->config;
     kiln_network *net = b->net;
@@ -710,9 +930,18 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     mx.d[0] = KILN_LLM_MAX_KV_BLOCKS;
     KILN_TRY(kiln_network_set_profile_shape(net, 0, n, &mn, &mn, &mx));
 
+    if (layer_fuses(b, p)) {
+        if (*has_pending) {
+            snprintf(n, sizeof n, "%s.residual_add", p);
+            KILN_TRY(kiln_network_add_binary(net, n, KILN_BINARY_ADD, *x, *pending, x));
+        }
+        *has_pending = 0;
+        return fused_layer(b, p, in, cache, x);
+    }
     kiln_tensor h, qkv, a;
     snprintf(n, sizeof n, "%s.input_layernorm", p);
-    KILN_TRY(rmsnorm(b, n, x, has_pending ? pending : NULL, &h));
+    KILN_TRY(rmsnorm(b, n, x, *has_pending ? pending : NULL, &h));
+    *has_pending = 1;
     char qn[160], kn[160], vn[160], fused[160];
     snprintf(qn, sizeof qn, "%s.self_attn.q_proj", p);
     snprintf(kn, sizeof kn, "%s.self_attn.k_proj", p);
@@ -831,10 +1060,11 @@ static kiln_status build(builder *b, int32_t max_blocks)
         KILN_TRY(kiln_network_add_gather(b->net, "embed", emb, in.tokens, 0, &x));
     }
     kiln_tensor pending;
+    int has_pending = 0;
     for (int32_t l = 0; l < c->n_layers; l++)
-        KILN_TRY(add_layer(b, l, &in, &x, &pending, l > 0));
+        KILN_TRY(add_layer(b, l, &in, &x, &pending, &has_pending));
     kiln_tensor h, lm, logits;
-    KILN_TRY(rmsnorm(b, "model.norm", &x, &pending, &h));
+    KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h));
     KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", h, in.last_token, 0, &h));
     /* Tied: the output projection reads the quantized embedding the gather
      * reads; or, when the gather reads f32 rows, a quantized copy of its
@@ -933,6 +1163,20 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     c->block_size = o.block_size;
     c->quantized[0] = '\0';
     builder b = {.ck = ck, .opt = &o};
+    /* Decoder layers fuse on CUDA (their decode step is one GEMV per
+     * matrix with the norms, residual adds and SwiGLU inside); on the CPU
+     * they stay apart, where the matmuls run through OpenBLAS.
+     * KILN_LLM_FUSE=0 or 1 overrides either (1 on the CPU runs the fused
+     * layers' reference: tests). The first fused GEMVs measured slower
+     * than the unfused layers on the H200 (1B decode 729 against 902
+     * tok/s): their norm prologue cost about as much arithmetic as the
+     * dot products at 2 weight rows a block. At 8 rows a block
+     * (plugins/fusedmm/fusedmm_cuda.cu) it is a quarter of that; this
+     * default stands only while the H200's A/B (KILN_LLM_FUSE=0 against
+     * the default, bench/README.md) has the fused layers ahead. */
+    const char *fuse_env = getenv("KILN_LLM_FUSE");
+    b.fuse = fuse_env && (fuse_env[0] == '0' || fuse_env[0] == '1') ? fuse_env[0] == '1'
+                                                                    : o.backend == KILN_BACKEND_CUDA;
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
         return kiln_fail(KILN_ERROR_NOT_FOUND,
                          "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");

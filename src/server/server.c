@@ -113,6 +113,10 @@ typedef struct gen {
     size_t chars; /* characters of text so far, for completions' text_offset */
     double t_submit, t_last;
     size_t n_tokens;
+    /* A streamed token's event around its text (see token_event), made at
+     * the first token; NULL until then, or when the slow path is needed. */
+    char *ev_head, *ev_tail;
+    size_t ev_head_len, ev_tail_len;
 } gen;
 
 static void gen_unref(gen *g)
@@ -125,6 +129,7 @@ static void gen_unref(gen *g)
     pthread_mutex_destroy(&g->lock);
     json_decref(g->lp_tokens);
     free(g->out);
+    free(g->ev_head);
     free(g);
 }
 
@@ -157,6 +162,51 @@ static void gen_event(gen *g, json_t *o)
     gen_append(g, s, strlen(s));
     gen_append(g, "\n\n", 2);
     free(s);
+}
+
+/* The event of one streamed token without logprobs: every running request
+ * gets one a step, up to a thousand on a GPU, written by the step thread
+ * while the GPU waits for the next step. The bytes are those of
+ * kiln_openai_chunk_json through json_dumps by construction: that chunk is
+ * dumped once with a marker for its text, the text around the marker kept,
+ * and each token's text only is escaped by jansson. 0 when the token needs
+ * the general path (a chat token with no text: an empty delta). */
+static int token_event(gen *g, const char *text, size_t len)
+{
+    static const char marker[] = "\\u0001\\u0002\\u0003";
+    if (g->endpoint == KILN_OPENAI_CHAT && len == 0)
+        return 0;
+    if (!g->ev_head) {
+        json_t *o = kiln_openai_chunk_json(g->endpoint, g->rid, g->created, g->srv->model, NULL, "\x01\x02\x03", 3,
+                                           NULL, NULL, g->include_usage);
+        char *d = o ? json_dumps(o, JSON_COMPACT) : NULL;
+        json_decref(o);
+        char *m = NULL;
+        for (char *p = d; p && (p = strstr(p, marker)); p++)
+            m = p; /* the last one: the text comes after the id and the model */
+        if (!m || m == d || m[-1] != '"' || m[sizeof marker - 1] != '"') {
+            free(d);
+            return 0;
+        }
+        g->ev_head_len = (size_t)(m - 1 - d);
+        g->ev_tail = m + sizeof marker; /* after the closing quote */
+        g->ev_tail_len = strlen(g->ev_tail);
+        g->ev_head = d;
+    }
+    json_t *t = kiln_openai_text(text, len);
+    char *q = t ? json_dumps(t, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+    json_decref(t);
+    if (!q) {
+        g->oom = 1;
+        return 1;
+    }
+    gen_append(g, "data: ", 6);
+    gen_append(g, g->ev_head, g->ev_head_len);
+    gen_append(g, q, strlen(q));
+    gen_append(g, g->ev_tail, g->ev_tail_len);
+    gen_append(g, "\n\n", 2);
+    free(q);
+    return 1;
 }
 
 /* Wakes the connection when it waits for what was just written. */
@@ -226,7 +276,9 @@ static int on_token(void *user, const kiln_llm_token *t)
     }
     json_t *lp = g->logprobs >= 0 && t->id >= 0 ? token_logprobs(g, t) : NULL;
     if (g->stream) {
-        if (t->len > 0 || lp) {
+        if (!lp && t->len > 0 && token_event(g, t->text, t->len)) {
+            gen_wake(g);
+        } else if (t->len > 0 || lp) {
             const char *text = g->endpoint == KILN_OPENAI_CHAT && t->len == 0 ? NULL : t->text;
             gen_event(g, kiln_openai_chunk_json(g->endpoint, g->rid, g->created, srv->model, NULL, text ? text : "",
                                                 t->len, NULL, lp, g->include_usage));

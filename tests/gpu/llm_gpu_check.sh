@@ -7,9 +7,10 @@
 #      (tests/gpu/hf_reference.py): logits at every position, teacher-forced
 #      greedy, and `kiln run` greedy on KILN_LLM_RUN_PROMPTS prompts;
 #  (b) the default model (SmolLM2 GGUF at $KILN_DEFAULT_GGUF, carried by the
-#      lead; skipped and said so when unset): a bf16 CUDA engine's
-#      perplexity on tests/data/text within 1% of the f32 CPU engine's,
-#      argmax agreement >= 97%;
+#      lead; skipped and said so when unset): the CUDA engines' (native, the
+#      default for a GGUF, and every weight in bf16) perplexity on
+#      tests/data/text within 1% of the f32 CPU engine's, argmax agreement
+#      >= 97%;
 #      and each quantized weight format beside it (tests/gpu/quant_quality.sh);
 #      llama.cpp's tiny Q4_K_M / Q5_K_M files kept as stored on the GPU
 #      (QuantMatMul's K kernels) against their f32 CPU engines;
@@ -35,8 +36,13 @@
 #   KILN_LLM_BENCH_MODELS  "8b 1b" (default), a subset, or "" to skip (c)
 #   KILN_LLM_BENCH_8K      1 (default): the 8,192-token-context decode at 8B
 #   KILN_LLM_BENCH_THROUGHPUT 1 (default): the throughput runs at 8B
+#   KILN_LLM_BENCH_SERVE   1 (default): kiln serve at the 1,024 x 128/128 load beside them
+#   KILN_LLM_BENCH_QUANT   "int8 int4 fp8" (default) or a subset: the quantized engines' decode
+#   KILN_LLM_BENCH_1000    admission flags of the 1,000 x 1,000/1,000 runs ('"" --no-evict'
+#                          by default; unset the value, KILN_LLM_BENCH_1000=, to skip them)
 #   KILN_HF_PEER           1 (default): time HF transformers on each checkpoint
 #   KILN_HF_PEER_COMPILE   1: the peer uses a static cache + torch.compile (default eager)
+#   KILN_LLM_BENCH_TIMEOUT seconds one `kiln bench` may run (default 900)
 #   KILN_LLM_WORK          scratch folder (default $KILN_BUILD_DIR/llm-work; needs ~40 GB for 8B)
 #   KILN_LLM_BACKEND       cuda (default); cpu tries the script's logic on a machine without a GPU
 set -uo pipefail
@@ -129,25 +135,35 @@ if [ -z "$gguf" ] || [ ! -f "$gguf" ]; then
     row "llm default model: perplexity" "SKIPPED: KILN_DEFAULT_GGUF is not set to a GGUF file"
 else
     say "default model"
-    # max-batch 32: scoring feeds up to max_batch tokens per step
-    if "$kiln" build "$gguf" --backend "$backend" --dtype bf16 --max-batch 32 -o "$work/default-bf16.engine" >>"$log" 2>&1 &&
-       "$kiln" build "$gguf" --dtype f32 --max-batch 32 -o "$work/default-f32-cpu.engine" >>"$log" 2>&1 &&
-       "$kiln" perplexity "$work/default-bf16.engine" "$text" --compare "$work/default-f32-cpu.engine" --json \
-           >"$work/default-ppl.json" 2>>"$log"; then
-        cat "$work/default-ppl.json" >>"$log"
-        while IFS=$'\t' read -r name res; do row "$name" "$res"; done < <(python3 - "$work/default-ppl.json" "$backend" <<'PY'
+    # max-batch 32: scoring feeds up to max_batch tokens per step. Two GPU
+    # engines against the f32 CPU one: `native` (what `kiln build GGUF
+    # --backend cuda` makes: the matmul weights as stored, read by
+    # QuantMatMul's CUDA kernels, activations/embedding/KV in bf16) and
+    # `--dtype bf16` (every weight expanded to bf16, as an HF bf16 load).
+    if "$kiln" build "$gguf" --dtype f32 --max-batch 32 -o "$work/default-f32-cpu.engine" >>"$log" 2>&1; then
+        for dt in native bf16; do
+            if "$kiln" build "$gguf" --backend "$backend" --dtype $dt --max-batch 32 -o "$work/default-$dt.engine" >>"$log" 2>&1 &&
+               "$kiln" perplexity "$work/default-$dt.engine" "$text" --compare "$work/default-f32-cpu.engine" --json \
+                   >"$work/default-ppl-$dt.json" 2>>"$log"; then
+                cat "$work/default-ppl-$dt.json" >>"$log"
+                while IFS=$'\t' read -r name res; do row "$name" "$res"; done < <(python3 - "$work/default-ppl-$dt.json" "$backend" "$dt" <<'PY'
 import json, sys
 o = json.load(open(sys.argv[1]))
 c = o["compare"]
 ratio = o["perplexity"] / c["perplexity"]
-print("llm default model: perplexity bf16 %s\t%s (%.4f vs f32 cpu %.4f: %+.2f%%, limit 1%%; %d tokens)"
-      % (sys.argv[2], "pass" if abs(ratio - 1) <= 0.01 else "FAIL", o["perplexity"], c["perplexity"], (ratio - 1) * 100, o["tokens"]))
-print("llm default model: argmax agreement\t%s (%.4f, limit 0.97; mean KL %.5f nats)"
-      % ("pass" if c["argmax_agreement"] >= 0.97 else "FAIL", c["argmax_agreement"], c["kl_mean"]))
+what = "%s %s" % (sys.argv[3], sys.argv[2])
+print("llm default model %s: perplexity\t%s (%.4f vs f32 cpu %.4f: %+.2f%%, limit 1%%; %d tokens)"
+      % (what, "pass" if abs(ratio - 1) <= 0.01 else "FAIL", o["perplexity"], c["perplexity"], (ratio - 1) * 100, o["tokens"]))
+print("llm default model %s: argmax agreement\t%s (%.4f, limit 0.97; mean KL %.5f nats)"
+      % (what, "pass" if c["argmax_agreement"] >= 0.97 else "FAIL", c["argmax_agreement"], c["kl_mean"]))
 PY
-        )
+                )
+            else
+                row "llm default model $dt: perplexity" "FAIL (build or kiln perplexity failed, see llm.log)"
+            fi
+        done
     else
-        row "llm default model: perplexity" "FAIL (build or kiln perplexity failed, see llm.log)"
+        row "llm default model: f32 cpu engine" "FAIL (kiln build, see llm.log)"
     fi
     # the quantized weight formats beside bf16 (issue 10's quality table)
     say "quantized formats"
@@ -194,10 +210,40 @@ bench_json() { # bench_json OUT ENGINE ARGS...: kiln bench --json into OUT; stde
     local out=$1
     shift
     say "kiln bench $*"
-    "$kiln" bench "$@" --json >"$out" 2>"$out.err"
+    timeout "${KILN_LLM_BENCH_TIMEOUT:-900}" "$kiln" bench "$@" --json >"$out" 2>"$out.err"
     local rc=$?
     cat "$out.err" "$out" >>"$log"
     return $rc
+}
+
+# serve_compare LABEL ENGINE BENCH_JSON REQUESTS IN OUT: `kiln serve` ENGINE on
+# a loopback port, bench/serve_bench.py sends the workload `kiln bench
+# --throughput` ran (BENCH_JSON), and the row compares the two's output tok/s
+# (issue 11: within 5%) with the latencies as vLLM's benchmark_serving prints them.
+serve_compare() {
+    local label=$1 engine=$2 bj=$3 n=$4 in=$5 out=$6 port=18431 js=$work/serve-$1.json i
+    say "kiln serve $engine + serve_bench.py $n x $in/$out"
+    "$kiln" serve "$engine" --port $port --max-queue $((n * 2)) --max-connections $((n * 2)) >>"$log" 2>&1 &
+    local spid=$!
+    for i in $(seq 1 240); do
+        python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$port/health', timeout=1)" 2>/dev/null && break
+        kill -0 $spid 2>/dev/null || break
+        sleep 0.5
+    done
+    if python3 bench/serve_bench.py --url http://127.0.0.1:$port --vocab "$(jget "$bj" '["vocab"]' || echo 128256)" \
+           --requests "$n" --input-len "$in" --output-len "$out" --procs 8 --json >"$js" 2>>"$log"; then
+        cat "$js" >>"$log"
+        local ratio
+        ratio=$(python3 -c "import json,sys; print('%.3f' % (json.load(open(sys.argv[1]))['output_tok_s'] / json.load(open(sys.argv[2]))['output_tok_s']))" "$js" "$bj")
+        bench_line "$label serve $n x $in/$out (OpenAI API)" "$(jget "$js" '["output_tok_s"]' | xargs printf '%.0f') out tok/s = $ratio x bench" \
+            ">= 0.95 x kiln bench" \
+            "$(python3 -c "import json,sys; o=json.load(open(sys.argv[1])); print('ttft %.0f/%.0f tpot %.1f/%.1f itl %.1f/%.1f ms (median/p99)' % (o['ttft_ms']['median'], o['ttft_ms']['p99'], o['tpot_ms']['median'], o['tpot_ms']['p99'], o['itl_ms']['median'], o['itl_ms']['p99']))" "$js")" \
+            "$(verdict "$ratio >= 0.95")"
+    else
+        bench_line "$label serve $n x $in/$out (OpenAI API)" "-" ">= 0.95 x kiln bench" "" "FAIL (serve_bench.py, see llm.log)"
+    fi
+    kill -TERM $spid 2>/dev/null
+    wait $spid 2>/dev/null
 }
 
 for m in ${KILN_LLM_BENCH_MODELS-8b 1b}; do
@@ -278,7 +324,7 @@ for m in ${KILN_LLM_BENCH_MODELS-8b 1b}; do
     # weight-only int8 / int4 and fp8 W8A8 (issue 10): batch-1 decode
     # against the floor of their own (smaller) weights; targets int4 >= 0.80,
     # fp8 >= 0.90; fp8 prefill of 2048 tokens >= 60,000 tok/s
-    for w in int8 int4 fp8; do
+    for w in ${KILN_LLM_BENCH_QUANT-int8 int4 fp8}; do
         ew=$work/$m-$w.engine
         j=$work/bench-$m-$w.json
         flags="--dtype bf16 --weights $w"
@@ -347,7 +393,12 @@ for m in ${KILN_LLM_BENCH_MODELS-8b 1b}; do
             else
                 bench_line "$label throughput 1024 x 128/128" "-" ">= 20000 out tok/s" "" "FAIL ($(tail -n1 "$j.err" | cut -c1-80))"
             fi
-            for adm in "" --no-evict; do
+            # kiln serve at the same load (issue 11): the OpenAI server's
+            # throughput at saturation within 5% of the scheduler's own
+            if [ "${KILN_LLM_BENCH_SERVE:-1}" = 1 ] && [ -f "$j" ]; then
+                serve_compare "$label" "$et" "$j" 1024 128 128
+            fi
+            for adm in ${KILN_LLM_BENCH_1000-"" --no-evict}; do
                 j=$work/tp-$m-1000$adm.json
                 if bench_json "$j" "$et" --throughput --requests 1000 --input-len 1000 --output-len 1000 $adm; then
                     tp_line "$label throughput 1000 x 1000/1000 $adm" "$j" 12000

@@ -4,7 +4,14 @@
  * that reads past a sequence's length gets NaN and fails):
  *   - decode, batch 1..64, lengths mixed from 1 to past 8192 (splits merged
  *     in a thread-block cluster, and with KILN_ATTENTION_CLUSTER=0 by the
- *     combine kernel; one split; splits past a length);
+ *     combine kernel; one split; splits past a length); one sequence of
+ *     20000 tokens beside one of 5 (more splits than a cluster holds);
+ *     KILN_ATTENTION_PIPE_CTAS at its largest (44 splits) and smallest
+ *     (no split of 9001 keys);
+ *     many sequences in one step: 300 of 1000..2000 tokens and 1024 of
+ *     128..256 tokens (no split); GQA groups of 1, 4 and 8 at head_dim 64
+ *     and 128; all of it with the pipelined kernel (kat_pipe, the
+ *     default) and a part again with KILN_ATTENTION_DECODE=split (kat_decode);
  *   - prefill of several sequences packed without padding (tensor-core
  *     kernel for f16/bf16), chunked prefill onto a filled cache, decodes
  *     and a prompt in one step;
@@ -328,11 +335,66 @@ static void test_decode_long(void)
     run_all(&(step){"decode batch 1, 8300 tokens", 32, 8, 128, 16, 0, 0, 0, 1, ones, len1});
     run_all(&(step){"decode batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
     run_step(&(step){"decode batch 1 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len1}, KILN_DTYPE_BF16);
+    static const int32_t len2[2] = {20000, 5};
+    run_all(&(step){"decode batch 2, lengths 20000/5", 32, 8, 128, 16, 0, 0, 0, 2, ones, len2});
+    /* kat_pipe's split targets at both ends: 44 splits through kat_combine, and none */
+    setenv("KILN_ATTENTION_PIPE_CTAS", "1056", 1);
+    run_all(&(step){"decode batch 3, lengths 1/9001/77, 44 splits", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    setenv("KILN_ATTENTION_PIPE_CTAS", "8", 1);
+    run_all(&(step){"decode batch 3, lengths 1/9001/77, one split", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    unsetenv("KILN_ATTENTION_PIPE_CTAS");
     /* the splits merged by kat_combine instead of inside a cluster */
     setenv("KILN_ATTENTION_CLUSTER", "0", 1);
     run_all(&(step){"decode batch 3, lengths 1/9001/77, no cluster", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
     run_step(&(step){"decode batch 1 (graph), no cluster", 32, 8, 128, 16, 0, 0, 1, 1, ones, len1}, KILN_DTYPE_BF16);
     unsetenv("KILN_ATTENTION_CLUSTER");
+}
+
+/* Many sequences in one decode step, as continuous batching forms them:
+ * the tokens alone fill the GPU, so every sequence is one split. */
+static void test_decode_many(void)
+{
+    static int32_t n_new[1024], lens[1024];
+    for (int i = 0; i < 1024; i++) {
+        n_new[i] = 1;
+        lens[i] = 128 + (int32_t)(rng_next() % 129);
+    }
+    lens[3] = 1;
+    run_all(&(step){"decode 1024 sequences of 128..256", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
+    for (int i = 0; i < 300; i++)
+        lens[i] = 1000 + (int32_t)(rng_next() % 1001);
+    run_all(&(step){"decode 300 sequences of 1000..2000", 32, 8, 128, 16, 0, 0, 0, 300, n_new, lens});
+    run_step(&(step){"decode 300 sequences of 1000..2000 (graph)", 32, 8, 128, 16, 0, 0, 1, 300, n_new, lens},
+             KILN_DTYPE_BF16);
+}
+
+/* GQA groups of 1, 4 and 8 query heads per kv head at both fast head
+ * dims, lengths long and short, odd against the block size. */
+static void test_decode_groups(void)
+{
+    static const int32_t lens[4] = {4099, 1, 333, 17};
+    static const int32_t dims[2] = {64, 128}, groups[3] = {1, 4, 8};
+    for (int d = 0; d < 2; d++)
+        for (int g = 0; g < 3; g++) {
+            char name[64];
+            snprintf(name, sizeof name, "decode %d per kv head", groups[g]);
+            run_all(&(step){name, 4 * groups[g], 4, dims[d], 16, 0, 0, 0, 4, ones, lens});
+        }
+}
+
+/* The previous decode kernel (kat_decode), kept selectable to time both. */
+static void test_decode_split_kernel(void)
+{
+    setenv("KILN_ATTENTION_DECODE", "split", 1);
+    static const int32_t len1[1] = {8300}, len3[3] = {1, 9001, 77}, lens5[5] = {1, 700, 129, 3000, 64};
+    run_all(&(step){"kat_decode: batch 1, 8300 tokens", 32, 8, 128, 16, 0, 0, 0, 1, ones, len1});
+    run_all(&(step){"kat_decode: batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    run_all(&(step){"kat_decode: MQA", 8, 1, 64, 16, 0, 0, 0, 5, ones, lens5});
+    run_all(&(step){"kat_decode: 12 per kv head, block 1", 24, 2, 64, 1, 0, 0, 0, 5, ones, lens5});
+    setenv("KILN_ATTENTION_CLUSTER", "0", 1);
+    run_all(&(step){"kat_decode: batch 3, no cluster", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    unsetenv("KILN_ATTENTION_CLUSTER");
+    unsetenv("KILN_ATTENTION_DECODE");
 }
 
 static void test_decode_batch(void)
@@ -462,8 +524,9 @@ static void test_bad_block(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_decode_long), TEST(test_decode_batch),    TEST(test_decode_heads), TEST(test_decode_generic),
-    TEST(test_prefill),     TEST(test_chunked_prefill), TEST(test_bad_block),
+    TEST(test_decode_long),     TEST(test_decode_batch),  TEST(test_decode_heads),        TEST(test_decode_generic),
+    TEST(test_decode_many),     TEST(test_decode_groups), TEST(test_decode_split_kernel), TEST(test_prefill),
+    TEST(test_chunked_prefill), TEST(test_bad_block),
 };
 
 int main(void)

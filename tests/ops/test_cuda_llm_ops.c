@@ -11,7 +11,10 @@
  * the GEMV up to 8 rows and the tiled kernel past it), Fp8MatMul (the
  * per-token quantization, the GEMV up to 8 rows, cuBLASLt's FP8 GEMM past
  * it and the GEMV over row groups where n is not a multiple of 4; f32
- * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32).
+ * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32),
+ * FusedMatMul (every prologue and epilogue, RoPE's half-split and
+ * interleaved pairs, partial rotary, the GEMV at 1, 2, 4, 8 rows
+ * and cuBLASLt past it or where the GEMV does not apply).
  * f32, f16 and bf16; odd sizes; T = 1 and T = 512.
  *
  * test_graph_capture runs each plugin again inside a CUDA graph capture
@@ -669,6 +672,121 @@ static void test_fp8(void)
     tol_floor = 0;
 }
 
+/* ---- FusedMatMul ---------------------------------------------------------------------------- */
+
+/* One FusedMatMul case: the GEMV at 1, 2, 4 and 8 rows (the RMSNorm with
+ * no epilogue or with SwiGLU, the residual add without the norm), the
+ * unfused kernels with cuBLASLt at any other row count or form. */
+static void check_fused_matmul(kiln_dtype t, int32_t n, int32_t k, int32_t norm, const char *epilogue, int64_t rows)
+{
+    const float eps = 1e-5f;
+    const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
+    kiln_field f[5] = {fi32("n", &n), fi32("k", &k), fi32("norm", &norm), ff32("epsilon", &eps),
+                       fstr("epilogue", epilogue)};
+    kiln_plugin *p = make("FusedMatMul", f, 5);
+    if (!p)
+        return;
+    const float wr = 1.0f / sqrtf((float)k);
+    buf in[4] = {buf_random(t, rows, k, -2, 2), buf_random(t, n, k, -wr, wr)};
+    int32_t n_in = 2;
+    if (norm)
+        in[n_in++] = buf_random(t, k, 0, 0.5f, 1.5f);
+    if (residual)
+        in[n_in++] = buf_random(t, rows, n, -1, 1);
+    buf y = buf_output(t, rows, swiglu ? n / 2 : n);
+    kiln_tensor_desc d[5];
+    for (int32_t i = 0; i < n_in; i++)
+        d[i] = in[i].desc;
+    d[n_in] = y.desc;
+    size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+    void *wh = malloc(wsz), *wd = NULL;
+    if (cudaMalloc(&wd, wsz) != cudaSuccess) {
+        fprintf(stderr, "cannot allocate the workspace\n");
+        exit(1);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "FusedMatMul %s%s norm %d %s T %lld n %d k %d", dtype_name(t),
+             use_graph ? " in a graph" : "", norm, epilogue, (long long)rows, n, k);
+    run_both_ws(what, p, in, n_in, &y, 1, wh, wd);
+    free(wh);
+    cudaFree(wd);
+    for (int32_t i = 0; i < n_in; i++)
+        buf_free(&in[i]);
+    buf_free(&y);
+    p->ops->destroy(p);
+}
+
+/* FusedMatMul's rope epilogue (RMSNorm, GEMV, RoPE of the packed row). */
+static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_dim, const char *scaling, int64_t rows)
+{
+    const int32_t nh = 8, nkv = 2, hd = 128, k = 1024, n = (nh + 2 * nkv) * hd, one = 1;
+    const float eps = 1e-5f, theta = 500000.0f, factor = 8.0f;
+    kiln_field f[13] = {fi32("n", &n),
+                        fi32("k", &k),
+                        fi32("norm", &one),
+                        ff32("epsilon", &eps),
+                        fstr("epilogue", "rope"),
+                        fi32("n_heads", &nh),
+                        fi32("n_kv_heads", &nkv),
+                        fi32("head_dim", &hd),
+                        ff32("theta", &theta),
+                        fi32("rotary_dim", &rotary_dim),
+                        fi32("interleaved", &interleaved),
+                        fstr("scaling", scaling),
+                        ff32("factor", &factor)};
+    kiln_plugin *p = make("FusedMatMul", f, 13);
+    if (!p)
+        return;
+    const float wr = 1.0f / sqrtf((float)k);
+    buf in[4] = {buf_random(t, rows, k, -2, 2), buf_random(t, n, k, -wr, wr), buf_random(t, k, 0, 0.5f, 1.5f),
+                 buf_new(KILN_DTYPE_I32, rows, 0)};
+    for (int64_t r = 0; r < rows; r++)
+        ((int32_t *)in[3].host)[r] = (int32_t)((r * 977 + 3) % 8192);
+    buf_upload(&in[3]);
+    buf y = buf_output(t, rows, n);
+    kiln_tensor_desc d[5] = {in[0].desc, in[1].desc, in[2].desc, in[3].desc, y.desc};
+    size_t wsz = p->ops->workspace_size(p, d, 4, d + 4, 1);
+    void *wh = malloc(wsz), *wd = NULL;
+    if (cudaMalloc(&wd, wsz) != cudaSuccess) {
+        fprintf(stderr, "cannot allocate the workspace\n");
+        exit(1);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "FusedMatMul rope %s%s interleaved %d rotary %d %s T %lld", dtype_name(t),
+             use_graph ? " in a graph" : "", interleaved, rotary_dim, scaling, (long long)rows);
+    run_both_ws(what, p, in, 4, &y, 1, wh, wd);
+    free(wh);
+    cudaFree(wd);
+    for (int i = 0; i < 4; i++)
+        buf_free(&in[i]);
+    buf_free(&y);
+    p->ops->destroy(p);
+}
+
+static void test_fused_matmul(void)
+{
+    static const struct {
+        int32_t norm;
+        const char *epilogue;
+    } forms[] = {{1, "none"}, {1, "swiglu"}, {0, "residual"}, {0, "none"}, {1, "residual"}};
+    const int64_t big_rows[] = {1, 2, 4, 8, 9, 64}, small_rows[] = {1, 3, 8};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
+            for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++)
+                check_fused_matmul(float_types[ti], 256, 2048, forms[fi].norm, forms[fi].epilogue, big_rows[ri]);
+            if (fi == 0)
+                for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++) {
+                    check_fused_rope(float_types[ti], 0, 128, "llama3", big_rows[ri]);
+                    check_fused_rope(float_types[ti], 1, 64, "none", big_rows[ri]);
+                }
+            /* k not a multiple of the 16-byte vector (the GEMM path), odd sizes */
+            for (size_t ri = 0; ri < sizeof small_rows / sizeof small_rows[0]; ri++) {
+                check_fused_matmul(float_types[ti], 10, 36, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
+                check_fused_matmul(float_types[ti], 34, 64, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
+            }
+        }
+}
+
 /* Every plugin once more, each launch captured into a graph and replayed. */
 static void test_graph_capture(void)
 {
@@ -754,11 +872,17 @@ static void test_graph_capture(void)
     }
     if (f8)
         f8->ops->destroy(f8);
+    check_fused_matmul(KILN_DTYPE_BF16, 2048, 1024, 1, "swiglu", 1);
+    check_fused_matmul(KILN_DTYPE_BF16, 1024, 2048, 0, "residual", 8);
+    check_fused_matmul(KILN_DTYPE_BF16, 2048, 1024, 1, "none", 64);
+    check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", 1);
+    check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", 64);
     use_graph = 0;
 }
 
-static const test_case_ tests[] = {TEST(test_rmsnorm),   TEST(test_rope), TEST(test_swiglu), TEST(test_qmatmul),
-                                   TEST(test_qmatmul_k), TEST(test_woq),  TEST(test_fp8),    TEST(test_graph_capture)};
+static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope),         TEST(test_swiglu),
+                                   TEST(test_qmatmul), TEST(test_qmatmul_k),     TEST(test_woq),
+                                   TEST(test_fp8),     TEST(test_fused_matmul), TEST(test_graph_capture)};
 
 int main(void)
 {

@@ -4,7 +4,8 @@
  * packed qkv row against RoPE on q and k apart, packed SwiGLU against
  * SwiGLU on gate and up apart, packed-qkv PagedAttention against q, k, v
  * given apart; QuantGather's rows against the Q8_0 formula and the
- * host's ggml dequantization.
+ * host's ggml dequantization; FusedMatMul against RMSNorm, a plain
+ * matmul and SwiGLU, the residual add or RoPE.
  * Each fused path runs the same f32 arithmetic on the same rounded values,
  * so the results must agree bit for bit. Old (v1) blobs still load. */
 #include "test.h"
@@ -540,6 +541,200 @@ static void teardown(void)
     kiln_registry_destroy(reg);
 }
 
+/* ---------------------------------------------------------------------------
+ * FusedMatMul against RMSNorm, a plain matmul (f32 sums, rounded to the
+ * dtype) and SwiGLU on the gate and up columns or the residual add
+ * ------------------------------------------------------------------------- */
+
+static void check_fused_matmul(kiln_dtype t, int32_t norm, const char *epilogue, int64_t rows)
+{
+    const int32_t n = 10, k = 24;
+    const float eps = 1e-5f;
+    const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
+    const int64_t width = swiglu ? n / 2 : n;
+    kiln_field f[5] = {fi32("n", &n), fi32("k", &k), fi32("norm", &norm), ff32("epsilon", &eps),
+                       fstr("epilogue", epilogue)};
+    kiln_field fn = ff32("epsilon", &eps);
+    kiln_plugin *p = make("FusedMatMul", f, 5), *rms = make("RMSNorm", &fn, 1), *sw = make("SwiGLU", NULL, 0);
+    size_t es = esize(t);
+    void *x = random_buf(t, rows * k), *w = random_buf(t, (int64_t)n * k), *nw = random_buf(t, k);
+    void *res = random_buf(t, rows * n), *h = malloc((size_t)(rows * k) * es), *prod = malloc((size_t)(rows * n) * es);
+    void *ref = malloc((size_t)(rows * width) * es), *y = malloc((size_t)(rows * width) * es);
+    if (p && rms && sw) {
+        /* the reference: h = RMSNorm(x) (or x), prod = h · wᵀ */
+        if (norm) {
+            kiln_tensor_desc dn[3] = {DESC(t, rows, k), DESC(t, k), DESC(t, rows, k)};
+            const void *in_n[2] = {x, nw};
+            void *out_n[1] = {h};
+            CHECK_OK(run(rms, dn, in_n, 2, out_n, 1));
+        } else {
+            memcpy(h, x, (size_t)(rows * k) * es);
+        }
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < n; c++) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < k; i++)
+                    acc += load(h, t, r * k + i) * load(w, t, c * k + i);
+                store(prod, t, r * n + c, acc);
+            }
+        if (swiglu) {
+            /* rows 2i and 2i + 1 of w are gate_i and up_i: even and odd columns */
+            void *g = malloc((size_t)(rows * width) * es), *u = malloc((size_t)(rows * width) * es);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < width; c++) {
+                    store(g, t, r * width + c, load(prod, t, r * n + 2 * c));
+                    store(u, t, r * width + c, load(prod, t, r * n + 2 * c + 1));
+                }
+            kiln_tensor_desc ds[3] = {DESC(t, rows, width), DESC(t, rows, width), DESC(t, rows, width)};
+            const void *in_s[2] = {g, u};
+            void *out_s[1] = {ref};
+            CHECK_OK(run(sw, ds, in_s, 2, out_s, 1));
+            free(g), free(u);
+        } else {
+            for (int64_t i = 0; i < rows * n; i++)
+                store(ref, t, i, load(prod, t, i) + (residual ? load(res, t, i) : 0.0f));
+        }
+        kiln_tensor_desc d[5];
+        const void *in[4] = {x, w};
+        int32_t n_in = 2;
+        d[0] = DESC(t, rows, k), d[1] = DESC(t, n, k);
+        if (norm)
+            d[n_in] = DESC(t, k), in[n_in++] = nw;
+        if (residual)
+            d[n_in] = DESC(t, rows, n), in[n_in++] = res;
+        d[n_in] = DESC(t, rows, width);
+        void *out[1] = {y};
+        CHECK(p->ops->supports(p, KILN_BACKEND_CPU, d, n_in, 1));
+        size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+        void *ws = malloc(wsz);
+        CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, n_in, d + n_in, out, 1, ws, pool));
+        free(ws);
+        /* the same f32 arithmetic in the same order: a difference is at
+         * most one rounding of the dtype, from contracted multiply-adds */
+        const float tol = t == KILN_DTYPE_F32 ? 1e-5f : t == KILN_DTYPE_F16 ? 2e-3f : 1.6e-2f;
+        float worst = 0.0f, scale = 0.0f;
+        for (int64_t i = 0; i < rows * width; i++) {
+            worst = fmaxf(worst, fabsf(load(y, t, i) - load(ref, t, i)));
+            scale = fmaxf(scale, fabsf(load(ref, t, i)));
+        }
+        CHECK(scale > 0.0f && worst <= tol * scale);
+        /* a residual input of the wrong size is refused */
+        if (residual) {
+            d[n_in - 1] = DESC(t, rows, n - 1);
+            CHECK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, n_in, d + n_in, out, 1, y, pool) == KILN_ERROR_SHAPE);
+        }
+    }
+    if (p)
+        p->ops->destroy(p);
+    if (rms)
+        rms->ops->destroy(rms);
+    if (sw)
+        sw->ops->destroy(sw);
+    free(x), free(w), free(nw), free(res), free(h), free(prod), free(ref), free(y);
+}
+
+/* FusedMatMul's rope epilogue against RMSNorm, a plain matmul and RoPE on
+ * the packed row; the plugin gets W with each rotated pair's rows side by
+ * side (half-split pairs; interleaved pairs are adjacent as stored). */
+static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_dim, int64_t rows)
+{
+    const int32_t nh = 4, nkv = 2, hd = 16, k = 24, n = (nh + 2 * nkv) * hd, one = 1;
+    const float eps = 1e-5f, theta = 10000.0f, factor = 8.0f;
+    kiln_field f[14] = {fi32("n", &n),
+                        fi32("k", &k),
+                        fi32("norm", &one),
+                        ff32("epsilon", &eps),
+                        fstr("epilogue", "rope"),
+                        fi32("n_heads", &nh),
+                        fi32("n_kv_heads", &nkv),
+                        fi32("head_dim", &hd),
+                        ff32("theta", &theta),
+                        fi32("rotary_dim", &rotary_dim),
+                        fi32("interleaved", &interleaved),
+                        fstr("scaling", "llama3"),
+                        ff32("factor", &factor)};
+    kiln_field fn = ff32("epsilon", &eps);
+    kiln_plugin *p = make("FusedMatMul", f, 13), *rms = make("RMSNorm", &fn, 1), *rope = make("RoPE", f + 5, 8);
+    size_t es = esize(t);
+    void *x = random_buf(t, rows * k), *w = random_buf(t, (int64_t)n * k), *nw = random_buf(t, k);
+    void *wp = malloc((size_t)(n * k) * es), *h = malloc((size_t)(rows * k) * es);
+    void *prod = malloc((size_t)(rows * n) * es), *ref = malloc((size_t)(rows * n) * es), *y = malloc((size_t)(rows * n) * es);
+    int32_t pos[3] = {5, 1000, 0};
+    /* the plugin's weight: rows j and j + rotary_dim / 2 of each q and k head side by side */
+    memcpy(wp, w, (size_t)(n * k) * es);
+    for (int32_t hh = 0; hh < nh + nkv && !interleaved; hh++)
+        for (int32_t j = 0; j < rotary_dim / 2; j++)
+            for (int32_t pr = 0; pr < 2; pr++)
+                memcpy((char *)wp + (size_t)((hh * hd + 2 * j + pr) * k) * es,
+                       (const char *)w + (size_t)((hh * hd + j + pr * rotary_dim / 2) * k) * es, (size_t)k * es);
+    if (p && rms && rope) {
+        kiln_tensor_desc dn[3] = {DESC(t, rows, k), DESC(t, k), DESC(t, rows, k)};
+        const void *in_n[2] = {x, nw};
+        void *out_n[1] = {h};
+        CHECK_OK(run(rms, dn, in_n, 2, out_n, 1));
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t c = 0; c < n; c++) {
+                float acc = 0.0f;
+                for (int64_t i = 0; i < k; i++)
+                    acc += load(h, t, r * k + i) * load(w, t, c * k + i);
+                store(prod, t, r * n + c, acc);
+            }
+        kiln_tensor_desc dr[3] = {DESC(t, rows, n), DESC(KILN_DTYPE_I32, rows), DESC(t, rows, n)};
+        const void *in_r[2] = {prod, pos};
+        void *out_r[1] = {ref};
+        CHECK_OK(run(rope, dr, in_r, 2, out_r, 1));
+        kiln_tensor_desc d[5] = {DESC(t, rows, k), DESC(t, n, k), DESC(t, k), DESC(KILN_DTYPE_I32, rows),
+                                 DESC(t, rows, n)};
+        const void *in[4] = {x, wp, nw, pos};
+        void *out[1] = {y};
+        CHECK(p->ops->supports(p, KILN_BACKEND_CPU, d, 4, 1));
+        void *ws = malloc(p->ops->workspace_size(p, d, 4, d + 4, 1));
+        CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 4, d + 4, out, 1, ws, pool));
+        free(ws);
+        const float tol = t == KILN_DTYPE_F32 ? 1e-5f : t == KILN_DTYPE_F16 ? 2e-3f : 1.6e-2f;
+        float worst = 0.0f, scale = 0.0f;
+        for (int64_t i = 0; i < rows * n; i++) {
+            worst = fmaxf(worst, fabsf(load(y, t, i) - load(ref, t, i)));
+            scale = fmaxf(scale, fabsf(load(ref, t, i)));
+        }
+        CHECK(scale > 0.0f && worst <= tol * scale);
+        /* the rotation did happen: the reference differs from the plain product */
+        CHECK(memcmp(ref, prod, (size_t)(rows * n) * es) != 0);
+    }
+    if (p)
+        p->ops->destroy(p);
+    if (rms)
+        rms->ops->destroy(rms);
+    if (rope)
+        rope->ops->destroy(rope);
+    free(x), free(w), free(nw), free(wp), free(h), free(prod), free(ref), free(y);
+}
+
+static void test_fused_matmul(void)
+{
+    for (int ti = 0; ti < 3; ti++)
+        for (int64_t rows = 1; rows <= 3; rows += 2) {
+            check_fused_matmul(float_types[ti], 1, "none", rows);
+            check_fused_matmul(float_types[ti], 1, "swiglu", rows);
+            check_fused_matmul(float_types[ti], 0, "residual", rows);
+            check_fused_matmul(float_types[ti], 0, "none", rows);
+            check_fused_rope(float_types[ti], 0, 16, rows);
+            check_fused_rope(float_types[ti], 0, 8, rows);
+            check_fused_rope(float_types[ti], 1, 16, rows);
+        }
+    /* refused: an unknown epilogue, swiglu over an odd n, norm without epsilon */
+    const int32_t n = 9, k = 8, one = 1;
+    const float zero = 0.0f;
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "FusedMatMul", "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    kiln_field bad[2][4] = {{fi32("n", &n), fi32("k", &k), fstr("epilogue", "gelu"), fi32("norm", &one)},
+                            {fi32("n", &n), fi32("k", &k), fstr("epilogue", "swiglu"), ff32("epsilon", &zero)}};
+    CHECK_FAILS(kiln_plugin_create(c, bad[0], 3, &p), KILN_ERROR_INVALID_ARGUMENT, "epilogue");
+    CHECK_FAILS(kiln_plugin_create(c, bad[1], 3, &p), KILN_ERROR_INVALID_ARGUMENT, "swiglu");
+    bad[0][2] = fstr("epilogue", "none");
+    CHECK_FAILS(kiln_plugin_create(c, bad[0], 4, &p), KILN_ERROR_INVALID_ARGUMENT, "epsilon");
+}
+
 static const test_case_ tests[] = {TEST(setup),
                                    TEST(test_add_rmsnorm),
                                    TEST(test_rope_packed),
@@ -547,5 +742,6 @@ static const test_case_ tests[] = {TEST(setup),
                                    TEST(test_attention_packed),
                                    TEST(test_attention_reference),
                                    TEST(test_quant_gather),
+                                   TEST(test_fused_matmul),
                                    TEST(teardown)};
 TEST_MAIN(tests)

@@ -115,12 +115,17 @@ __device__ __forceinline__ float kcu_load_float(const void *p, int t, int64_t i)
 
 __device__ __forceinline__ void kcu_store_float(void *p, int t, int64_t i, float v) { kiln_elem_store_f32(p, t, i, v); }
 
+/* The rounding is scalar.h's (to nearest even), done by the conversion
+ * instructions, one each way: the fused GEMV rounds every normalized
+ * element twice (plugins/fusedmm), and scalar.h's bit arithmetic took
+ * about eight instructions a rounding. A NaN stays a NaN (its payload may
+ * change, which no float comparison sees). */
 __device__ __forceinline__ float kcu_round_float(int t, float v)
 {
     if (t == KILN_DTYPE_F16)
-        return kiln_f16_to_f32(kiln_f32_to_f16(v));
+        return __half2float(__float2half_rn(v));
     if (t == KILN_DTYPE_BF16)
-        return kiln_bf16_to_f32(kiln_f32_to_bf16(v));
+        return __bfloat162float(__float2bfloat16_rn(v));
     return v;
 }
 

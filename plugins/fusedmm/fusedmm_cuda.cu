@@ -1,0 +1,544 @@
+/* FusedMatMul on CUDA (the semantics are fusedmm.c's):
+ *  - 1, 2, 4 or 8 rows of x (decode; the graph buckets pad to these): one
+ *    GEMV kernel built like src/backend/cuda/gemv.cu (4 warps split K,
+ *    16-byte streaming loads, the first weight loads issued before the PDL
+ *    wait) with the rest of the fused layer inside: with the RMSNorm
+ *    prologue each block first sums the squares of its x rows (K values,
+ *    read from L2) and normalizes each x element once for its 8 (or 4)
+ *    weight rows; the epilogue adds the residual, or (weight rows
+ *    interleaved gate, up) combines a pair of rows into silu(gate) * up,
+ *    or (the weight's rotated pairs adjacent) rotates a pair as RoPE does.
+ *    The intermediate tensors (the norm's output, gate/up) never reach
+ *    memory.
+ *  - any other row count (prefill): RMSNorm into the workspace
+ *    (rmsnorm_cuda.cu), cuBLASLt's GEMM (f32 accumulation, TN), the
+ *    residual add in the GEMM's own epilogue (beta = 1: the product is not
+ *    rounded before the add, one rounding where the CPU reference has
+ *    two), RoPE or SwiGLU as one elementwise kernel after it. */
+#include <mutex>
+#include <stdio.h>
+#include <type_traits>
+
+#include "plugin_cuda.h"
+
+#include "backend/cuda/cuda_common.cuh"
+
+#include <cublasLt.h>
+
+namespace
+{
+
+constexpr int kWarps = 4;
+
+cublasLtHandle_t fmm_lt;
+int fmm_lt_status = -1;
+std::once_flag fmm_lt_once;
+
+/* 16-byte load that skips L1 allocation: the weight is read exactly once
+ * (as gemv.cu's). */
+__device__ __forceinline__ uint4 load_stream(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float silu_times(int t, float g, float u)
+{
+    const float s = kcu_round_float(t, __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))));
+    return __fmul_rn(s, u);
+}
+
+/* 1. the fused GEMV ------------------------------------------------------------------------ */
+
+/* The 16-byte vector v of dtype DT as floats (E of them). */
+template <int DT> __device__ __forceinline__ void unpack(const uint4 &v, float *f)
+{
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        if constexpr (DT == KILN_DTYPE_BF16) {
+            f[2 * i] = __uint_as_float(u[i] << 16);
+            f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+        } else if constexpr (DT == KILN_DTYPE_F16) {
+            const float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&u[i]));
+            f[2 * i] = p.x;
+            f[2 * i + 1] = p.y;
+        } else {
+            f[i] = __uint_as_float(u[i]);
+        }
+    }
+}
+
+/* The rotation of the pair (a, b) = (p0, p1) of row m (at position pos)
+ * as kiln/RoPE computes it: pair i of head h, stored at its place in the
+ * packed row. */
+template <int DT>
+__device__ __forceinline__ void rope_store(const kiln_fusedmm_rope &rope, float pos, void *y, int64_t m, int64_t n,
+                                           int64_t row0, float p0, float p1)
+{
+    const int64_t h = row0 / rope.head_dim, o = row0 % rope.head_dim;
+    int64_t a = row0, b = row0 + 1;
+    if (h < rope.rotated_heads && o < rope.rotary_dim) {
+        const int i = (int)(o / 2), half = rope.rotary_dim / 2;
+        a = h * rope.head_dim + (rope.interleaved ? 2 * i : i);
+        b = h * rope.head_dim + (rope.interleaved ? 2 * i + 1 : i + half);
+        float s, c;
+        sincosf(__fmul_rn(pos, rope.inv_freq[i]), &s, &c);
+        c = kcu_round_float(DT, c);
+        s = kcu_round_float(DT, s);
+        const float y0 = __fsub_rn(kcu_round_float(DT, __fmul_rn(p0, c)), kcu_round_float(DT, __fmul_rn(p1, s)));
+        const float y1 = __fadd_rn(kcu_round_float(DT, __fmul_rn(p1, c)), kcu_round_float(DT, __fmul_rn(p0, s)));
+        p0 = y0, p1 = y1;
+    }
+    kcu_store_float(y, DT, m * n + a, p0);
+    kcu_store_float(y, DT, m * n + b, p1);
+}
+
+struct no_rope {
+};
+
+/* The rotation reaches the kernel by value only in the rope form. */
+template <int EPI>
+using rope_arg = typename std::conditional<EPI == KILN_FUSEDMM_ROPE, kiln_fusedmm_rope, no_rope>::type;
+
+/* Weight rows a block computes (ROWS) and 16-byte loads of each row a lane
+ * keeps in flight (UNROLL). The residual form has gemv.cu's shape (2 rows,
+ * 4 loads). The norm forms add per block a pass over x for the sum of
+ * squares, a __syncthreads, and the normalization of each x element (two
+ * multiplies, two roundings) besides the rows' FMAs: at 2 rows a block
+ * that was about 6 instructions per weight byte, the SM's whole issue rate
+ * at the memory's (x and the norm weight also came from L2, as many bytes
+ * as the weight rows), and the fused layers ran slower than the unfused
+ * ones. At 8 rows (4 at 4 or 8 rows of x, where the accumulators take the
+ * registers) it is about 1.5 instructions per byte, near the plain GEMV's
+ * 1.25, and the L2 reads a quarter of the weight bytes; 2 loads a row
+ * issue a 2048-long row's whole share of the lane before the wait on the
+ * previous kernel. An even row count keeps SwiGLU's gate/up pairs and
+ * RoPE's rotated pairs inside one block. */
+template <int M, int NORM> struct gemv_shape {
+    static constexpr int rows = NORM ? (M <= 2 ? 8 : 4) : 2;
+    static constexpr int unroll = NORM ? 2 : 4;
+};
+
+/* x [M, k], w [n, k], nw [k] (norm), res and y [M, n] (y [M, n / 2] with
+ * SwiGLU), all of dtype DT, k a multiple of the vector width, x, w and nw
+ * 16-byte aligned. Each block computes ROWS rows of y for the M rows of x;
+ * its kWarps warps split k into contiguous quarters (as gemv.cu's). */
+template <int DT, int M, int NORM, int EPI, int ROWS, int UNROLL>
+__global__ void __launch_bounds__(kWarps * 32)
+    fmm_gemv_kernel(const void *x, const void *w, const void *nw, const void *res, void *y, int32_t n, int32_t k,
+                    float eps, const rope_arg<EPI> rope)
+{
+    constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* elements per 16-byte vector */
+    constexpr int ES = 16 / E;                      /* bytes per element */
+    constexpr int STEP = 32 * E;
+    constexpr int NU = NORM ? UNROLL : 1; /* vectors of the norm weight held */
+    __shared__ float part[kWarps][M][ROWS];
+    __shared__ float sq[kWarps][M];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int64_t row0 = (int64_t)blockIdx.x * ROWS;
+    const int64_t kq = ((int64_t)k / E + kWarps - 1) / kWarps * E;
+    const int64_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
+    const char *xb = (const char *)x, *nb = (const char *)nw;
+
+    /* rows past n read the last row: loaded, never stored */
+    const char *wr[ROWS];
+#pragma unroll
+    for (int r = 0; r < ROWS; r++)
+        wr[r] = (const char *)w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k * ES;
+    /* the first vectors of w and of the norm weight before the wait: both
+     * are constants, only x and res depend on the previous kernel */
+    uint4 buf[UNROLL][ROWS], nbuf[NU];
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++) {
+        const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            buf[u][r] = kk < k1 ? load_stream(wr[r] + kk * ES) : make_uint4(0, 0, 0, 0);
+        if constexpr (NORM)
+            nbuf[u] = kk < k1 ? __ldg((const uint4 *)(nb + kk * ES)) : make_uint4(0, 0, 0, 0);
+    }
+    kcu_after_prior(x, res, n, k);
+
+    /* the epilogue's operand (the residual, or the row's position) loaded
+     * now, so that its round trip overlaps the products instead of
+     * following them */
+    float ev = 0.0f;
+    if constexpr (EPI == KILN_FUSEDMM_RESIDUAL) {
+        const int64_t r = row0 + threadIdx.x % ROWS;
+        if (threadIdx.x < M * ROWS && r < n)
+            ev = kcu_load_float(res, DT, (int64_t)(threadIdx.x / ROWS) * n + r);
+    } else if constexpr (EPI == KILN_FUSEDMM_ROPE) {
+        if (threadIdx.x < M * (ROWS / 2))
+            ev = (float)((const int32_t *)res)[threadIdx.x / (ROWS / 2)];
+    }
+
+    /* the RMSNorm statistics of each row over all of k, as rmsnorm.c; the
+     * x vectors stay in L1 for the products below */
+    float inv[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        inv[m] = 1.0f;
+    if constexpr (NORM) {
+        float ss[M];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            ss[m] = 0.0f;
+            /* unrolled so that a thread's loads of x (2 at k = 2048) are in
+         * flight together, not one L2 round trip after another */
+#pragma unroll 4
+        for (int64_t v = threadIdx.x; v < k / E; v += kWarps * 32)
+#pragma unroll
+            for (int m = 0; m < M; m++) {
+                float f[E];
+                unpack<DT>(__ldg((const uint4 *)(xb + ((int64_t)m * k + v * E) * ES)), f);
+#pragma unroll
+                for (int e = 0; e < E; e++)
+                    ss[m] = __fadd_rn(ss[m], __fmul_rn(f[e], f[e]));
+            }
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            const float s = kcu_warp_sum(ss[m]);
+            if (lane == 0)
+                sq[wid][m] = s;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float total = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kWarps; j++)
+                total += sq[j][m];
+            inv[m] = 1.0f / sqrtf(total / (float)k + eps);
+        }
+    }
+
+    float acc[M][ROWS];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++)
+            acc[m][r] = 0.0f;
+    for (int64_t base = k0; base < k1; base += (int64_t)UNROLL * STEP) {
+#pragma unroll
+        for (int u = 0; u < UNROLL; u++) {
+            const int64_t kk = base + (int64_t)u * STEP + lane * E;
+            if (kk < k1) {
+                /* the x vectors of this position, normalized once for all
+                 * ROWS rows as RMSNorm stores its output: the normalized
+                 * value rounded, times the weight, rounded */
+                float xf[M][E];
+#pragma unroll
+                for (int m = 0; m < M; m++)
+                    unpack<DT>(__ldg((const uint4 *)(xb + ((int64_t)m * k + kk) * ES)), xf[m]);
+                if constexpr (NORM) {
+                    float nf[E];
+                    unpack<DT>(nbuf[u], nf);
+#pragma unroll
+                    for (int m = 0; m < M; m++)
+#pragma unroll
+                        for (int e = 0; e < E; e++)
+                            xf[m][e] =
+                                kcu_round_float(DT, __fmul_rn(kcu_round_float(DT, __fmul_rn(xf[m][e], inv[m])), nf[e]));
+                }
+#pragma unroll
+                for (int r = 0; r < ROWS; r++) {
+                    float wf[E];
+                    unpack<DT>(buf[u][r], wf);
+#pragma unroll
+                    for (int m = 0; m < M; m++)
+#pragma unroll
+                        for (int e = 0; e < E; e++)
+                            acc[m][r] = fmaf(xf[m][e], wf[e], acc[m][r]);
+                }
+            }
+            /* refill this slot with the vector UNROLL loads ahead */
+            const int64_t next = kk + (int64_t)UNROLL * STEP;
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                buf[u][r] = next < k1 ? load_stream(wr[r] + next * ES) : make_uint4(0, 0, 0, 0);
+            if constexpr (NORM)
+                nbuf[u] = next < k1 ? __ldg((const uint4 *)(nb + next * ES)) : make_uint4(0, 0, 0, 0);
+        }
+    }
+
+#pragma unroll
+    for (int m = 0; m < M; m++)
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const float v = kcu_warp_sum(acc[m][r]);
+            if (lane == 0)
+                part[wid][m][r] = v;
+        }
+    __syncthreads();
+    if constexpr (EPI == KILN_FUSEDMM_ROPE || EPI == KILN_FUSEDMM_SWIGLU) {
+        /* rows r0 and r0 + 1: a rotated pair, or gate and up of the
+         * interleaved weight (n is even) */
+        constexpr int PAIRS = ROWS / 2;
+        if (threadIdx.x < M * PAIRS) {
+            const int m = threadIdx.x / PAIRS, p = threadIdx.x % PAIRS;
+            const int64_t r0 = row0 + 2 * p;
+            if (r0 < n) {
+                float a = 0.0f, b = 0.0f;
+#pragma unroll
+                for (int j = 0; j < kWarps; j++) {
+                    a += part[j][m][2 * p];
+                    b += part[j][m][2 * p + 1];
+                }
+                if constexpr (EPI == KILN_FUSEDMM_ROPE)
+                    rope_store<DT>(rope, ev, y, m, n, r0, kcu_round_float(DT, a), kcu_round_float(DT, b));
+                else
+                    kcu_store_float(y, DT, (int64_t)m * (n / 2) + r0 / 2,
+                                    silu_times(DT, kcu_round_float(DT, a), kcu_round_float(DT, b)));
+            }
+        }
+    } else if (threadIdx.x < M * ROWS) {
+        const int m = threadIdx.x / ROWS, r = threadIdx.x % ROWS;
+        if (row0 + r < n) {
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kWarps; j++)
+                v += part[j][m][r];
+            const int64_t at = (int64_t)m * n + row0 + r;
+            if (EPI == KILN_FUSEDMM_RESIDUAL)
+                v = __fadd_rn(kcu_round_float(DT, v), ev);
+            kcu_store_float(y, DT, at, v);
+        }
+    }
+}
+
+template <int DT, int M, int NORM, int EPI> cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+{
+    using shape = gemv_shape<M, NORM>;
+    rope_arg<EPI> rope;
+    const void *res = a->residual;
+    if constexpr (EPI == KILN_FUSEDMM_ROPE) {
+        rope = a->rope;
+        res = a->positions;
+    }
+    return kcu_launch_cfg(fmm_gemv_kernel<DT, M, NORM, EPI, shape::rows, shape::unroll>,
+                          dim3((unsigned)((a->n + shape::rows - 1) / shape::rows)), dim3(kWarps * 32), s, a->x, a->w,
+                          a->norm_weight, res, a->y, a->n, a->k, a->epsilon, rope);
+}
+
+/* The four forms a decoder layer uses; the others take the GEMM path. */
+template <int DT, int M> cudaError_t gemv_mode(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+{
+    if (a->epilogue == KILN_FUSEDMM_ROPE)
+        return gemv_launch<DT, M, 1, KILN_FUSEDMM_ROPE>(a, s);
+    if (a->epilogue == KILN_FUSEDMM_SWIGLU)
+        return gemv_launch<DT, M, 1, KILN_FUSEDMM_SWIGLU>(a, s);
+    if (a->epilogue == KILN_FUSEDMM_RESIDUAL)
+        return gemv_launch<DT, M, 0, KILN_FUSEDMM_RESIDUAL>(a, s);
+    return gemv_launch<DT, M, 1, KILN_FUSEDMM_NONE>(a, s);
+}
+
+template <int DT> cudaError_t gemv_rows(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+{
+    switch (a->rows) {
+    case 1: return gemv_mode<DT, 1>(a, s);
+    case 2: return gemv_mode<DT, 2>(a, s);
+    case 4: return gemv_mode<DT, 4>(a, s);
+    default: return gemv_mode<DT, 8>(a, s);
+    }
+}
+
+/* 2. prefill: RMSNorm, cuBLASLt, epilogue ----------------------------------------------------- */
+
+/* The rope epilogue over t [rows, n], the GEMM's result in DT: one
+ * thread a pair of columns. */
+template <int DT>
+__global__ void __launch_bounds__(256)
+    fmm_rope_kernel(const void *t, const int32_t *pos, void *y, int64_t rows, int32_t n, const kiln_fusedmm_rope rope)
+{
+    kcu_after_prior(t, pos, rows, n);
+    const int64_t pairs = rows * (n / 2);
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < pairs; i += (int64_t)gridDim.x * 256) {
+        const int64_t m = i / (n / 2), row0 = 2 * (i % (n / 2));
+        rope_store<DT>(rope, (float)pos[m], y, m, n, row0, kcu_load_float(t, DT, m * n + row0),
+                       kcu_load_float(t, DT, m * n + row0 + 1));
+    }
+}
+
+/* y[r, c] = silu(t[r, 2c]) * t[r, 2c + 1] (SwiGLU over the interleaved
+ * product), t the GEMM's result in DT. */
+template <int DT> __global__ void __launch_bounds__(256) fmm_swiglu_kernel(const void *t, void *y, int64_t count)
+{
+    kcu_after_prior(t, y, count, DT);
+    for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < count; i += (int64_t)gridDim.x * 256)
+        kcu_store_float(y, DT, i, silu_times(DT, kcu_load_float(t, DT, 2 * i), kcu_load_float(t, DT, 2 * i + 1)));
+}
+
+/* The heuristic's algorithm by problem: prefill runs the same few shapes
+ * every step, and the heuristic costs host time at each launch. */
+struct algo_slot {
+    int used;
+    int32_t dtype, n, k;
+    int64_t rows;
+    uint32_t align;
+    cublasLtMatmulAlgo_t algo;
+};
+constexpr int kSlots = 64;
+algo_slot slots[kSlots];
+std::mutex slots_lock;
+
+/* The largest power of two up to 256 dividing every address. */
+uint32_t align_of(uintptr_t a)
+{
+    a |= 256;
+    return (uint32_t)(a & (~a + 1));
+}
+
+/* d [rows, n] = src [rows, k] · wᵀ (+ c [rows, n] when c is not NULL, in
+ * cuBLASLt's epilogue: the residual add), all of dtype dt, computed
+ * column-major as dᵀ = op(W)ᵀ · srcᵀ. Returns a cuBLAS status (0:
+ * launched), or -1 when cuBLASLt has no kernel. */
+int lt_gemm(int32_t dt, const void *src, const void *w, const void *c, void *d, int64_t rows, int32_t n, int32_t k,
+            void *lt_ws, cudaStream_t s)
+{
+    const cudaDataType_t ty = dt == KILN_DTYPE_F16 ? CUDA_R_16F : dt == KILN_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    cublasLtMatmulDescOpaque_t desc;
+    cublasLtMatrixLayoutOpaque_t la, lb, lc;
+    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
+    /* exact f32 (no TF32) so an f32 engine agrees with the CPU reference */
+    cublasStatus_t st = cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&la, ty, (uint64_t)k, (uint64_t)n, k);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&lb, ty, (uint64_t)k, (uint64_t)rows, k);
+    if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatrixLayoutInit(&lc, ty, (uint64_t)n, (uint64_t)rows, n);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return (int)st;
+    const uintptr_t es = dt == KILN_DTYPE_F32 ? 4 : 2;
+    const uint32_t align =
+        align_of((uintptr_t)src | (uintptr_t)w | (uintptr_t)c | (uintptr_t)d | (uintptr_t)k * es | (uintptr_t)n * es);
+    cublasLtMatmulAlgo_t algo;
+    int have = 0, at = -1;
+    {
+        std::lock_guard<std::mutex> g(slots_lock);
+        for (int i = 0; i < kSlots && !have; i++) {
+            const algo_slot &sl = slots[i];
+            if (sl.used && sl.dtype == dt && sl.n == n && sl.k == k && sl.rows == rows && sl.align == align) {
+                algo = sl.algo;
+                have = 1;
+            } else if (!sl.used && at < 0) {
+                at = i;
+            }
+        }
+    }
+    if (!have) {
+        cublasLtMatmulPreferenceOpaque_t pref;
+        const size_t ws = KILN_FUSEDMM_LT_WORKSPACE;
+        st = cublasLtMatmulPreferenceInit(&pref);
+        if (st == CUBLAS_STATUS_SUCCESS)
+            st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        const cublasLtMatmulPreferenceAttributes_t al[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
+            st = cublasLtMatmulPreferenceSetAttribute(&pref, al[i], &align, sizeof align);
+        if (st != CUBLAS_STATUS_SUCCESS)
+            return (int)st;
+        cublasLtMatmulHeuristicResult_t h;
+        int found = 0;
+        st = cublasLtMatmulAlgoGetHeuristic(fmm_lt, &desc, &la, &lb, &lc, &lc, &pref, 1, &h, &found);
+        if (st != CUBLAS_STATUS_SUCCESS || found < 1)
+            return -1;
+        algo = h.algo;
+        std::lock_guard<std::mutex> g(slots_lock);
+        if (at >= 0 && !slots[at].used)
+            slots[at] = algo_slot{1, dt, n, k, rows, align, algo};
+    }
+    const float one = 1.0f, beta = c ? 1.0f : 0.0f;
+    return (int)cublasLtMatmul(fmm_lt, &desc, &one, w, &la, src, &lb, &beta, c ? c : d, &lc, d, &lc, &algo, lt_ws,
+                               KILN_FUSEDMM_LT_WORKSPACE, s);
+}
+
+template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+{
+    char *ws = (char *)a->workspace;
+    const void *src = a->x;
+    if (a->norm_weight) {
+        void *xn = ws;
+        int e = kiln_rmsnorm_cuda(a->x, NULL, a->norm_weight, NULL, xn, DT, DT, a->rows, a->k, a->epsilon, s);
+        if (e)
+            return e;
+        src = xn;
+    }
+    const size_t es = DT == KILN_DTYPE_F32 ? 4 : 2;
+    /* the residual add in the GEMM's epilogue (beta = 1): no kernel of its
+     * own and no pass over the product */
+    const int direct = a->epilogue == KILN_FUSEDMM_NONE || a->epilogue == KILN_FUSEDMM_RESIDUAL;
+    void *t = direct ? a->y : ws + kiln_fusedmm_workspace_t(a->rows, a->k);
+    void *lt_ws = ws + kiln_fusedmm_workspace_lt(a->rows, a->n, a->k, es);
+    int st = lt_gemm(DT, src, a->w, a->epilogue == KILN_FUSEDMM_RESIDUAL ? a->residual : NULL, t, a->rows, a->n, a->k,
+                     lt_ws, s);
+    if (st)
+        return st < 0 ? KILN_FUSEDMM_NO_ALGO : 10000 + st;
+    if (direct)
+        return 0;
+    const int64_t count = a->rows * (a->n / 2);
+    const int64_t blocks = (count + 255) / 256;
+    const dim3 grid((unsigned)(blocks < 132 * 16 ? blocks : 132 * 16));
+    if (a->epilogue == KILN_FUSEDMM_ROPE)
+        return (int)kcu_launch_cfg(fmm_rope_kernel<DT>, grid, dim3(256), s, (const void *)t, a->positions, a->y,
+                                   a->rows, a->n, a->rope);
+    return (int)kcu_launch_cfg(fmm_swiglu_kernel<DT>, grid, dim3(256), s, (const void *)t, a->y, count);
+}
+
+} /* namespace */
+
+extern "C" int kiln_fusedmm_cuda_init(void)
+{
+    std::call_once(fmm_lt_once, [] { fmm_lt_status = (int)cublasLtCreate(&fmm_lt); });
+    return fmm_lt_status == 0 ? 0 : 10000 + fmm_lt_status;
+}
+
+extern "C" int kiln_fusedmm_cuda(const kiln_fusedmm_cuda_args *a, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (a->rows <= 0 || a->n <= 0)
+        return 0;
+    const int64_t e = a->dtype == KILN_DTYPE_F32 ? 4 : 8;
+    const uintptr_t addr = (uintptr_t)a->x | (uintptr_t)a->w | (uintptr_t)a->norm_weight;
+    /* the GEMV's forms: the norm before no epilogue or SwiGLU, the residual add without it */
+    const int form = a->epilogue == KILN_FUSEDMM_RESIDUAL ? !a->norm_weight : a->norm_weight != NULL;
+    if (form && (a->rows == 1 || a->rows == 2 || a->rows == 4 || a->rows == 8) && a->k % e == 0 && addr % 16 == 0) {
+        switch (a->dtype) {
+        case KILN_DTYPE_F16: return (int)gemv_rows<KILN_DTYPE_F16>(a, s);
+        case KILN_DTYPE_BF16: return (int)gemv_rows<KILN_DTYPE_BF16>(a, s);
+        default: return (int)gemv_rows<KILN_DTYPE_F32>(a, s);
+        }
+    }
+    int e0 = kiln_fusedmm_cuda_init();
+    if (e0)
+        return e0;
+    const size_t es = a->dtype == KILN_DTYPE_F32 ? 4 : 2;
+    if (!a->workspace || a->workspace_size < kiln_fusedmm_workspace(a->rows, a->n, a->k, es))
+        return (int)cudaErrorInvalidValue;
+    switch (a->dtype) {
+    case KILN_DTYPE_F16: return gemm_path<KILN_DTYPE_F16>(a, s);
+    case KILN_DTYPE_BF16: return gemm_path<KILN_DTYPE_BF16>(a, s);
+    default: return gemm_path<KILN_DTYPE_F32>(a, s);
+    }
+}
+
+extern "C" const char *kiln_fusedmm_cuda_error(int code)
+{
+    static thread_local char buf[96];
+    if (code == KILN_FUSEDMM_NO_ALGO)
+        snprintf(buf, sizeof buf, "cuBLASLt has no algorithm for this GEMM");
+    else if (code >= 10000)
+        snprintf(buf, sizeof buf, "cuBLASLt status %d", code - 10000);
+    else
+        snprintf(buf, sizeof buf, "CUDA error %d (%s)", code, cudaGetErrorString((cudaError_t)code));
+    return buf;
+}
