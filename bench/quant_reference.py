@@ -412,7 +412,7 @@ def main():
               f"kiln {fmt} constants vs reference: {r}", flush=True)
     windows = [[int(t) for t in line.replace(",", " ").replace("[", " ").replace("]", " ").split()]
                for line in open(a.ids) if line.strip()]
-    formats = [parse_format(f) for f in a.formats.split(",")]
+    formats = [parse_format(f) for f in a.formats.split(",") if f]  # --formats "": only --engine
     ref, ref_lp = None, []
     for fmt in formats:
         model = Model(w, cfg, fmt)
