@@ -7,8 +7,10 @@
 #
 #   bash bench/quant_quality.sh KILN GGUF WORK_DIR [TEXT]
 #
-# PY (default .venv-ref/bin/python) runs the reference; without numpy, gguf
-# and ml_dtypes the reference columns say so and stay empty. The CPU engines
+# PY (default .venv-ref/bin/python) runs the reference (python3 -m venv
+# .venv-ref && .venv-ref/bin/pip install numpy==2.4.6 gguf==0.19.0
+# ml_dtypes==0.6.0, the versions measured with); without them the
+# reference columns stay empty and stderr says why. The CPU engines
 # keep f32 activations, so the f32 engine is the reference here (a bf16
 # engine's own distance from it is the bf16 row); tests/gpu/quant_quality.sh
 # is the same table on the GPU against the bf16 engine. Takes about 20

@@ -343,7 +343,7 @@ def engine_constants(path):
     return out
 
 
-def stacked(w, cfg, i, parts):
+def stacked(w, i, parts):
     return np.concatenate([w[f"blk.{i}.{p}.weight"] for p in parts])
 
 
@@ -362,7 +362,7 @@ def compare_engine(fmt, path, w, cfg):
             name = f"model.layers.{i}.{hf}.weight"
             if name not in c:
                 sys.exit(f"{path}: no constant {name} (is it a {fmt} engine?)")
-            src = stacked(w, cfg, i, parts)
+            src = stacked(w, i, parts)
             n, k = src.shape
             if kind in ("int8", "int8-g128"):
                 group = k if kind == "int8" else group_of(k, 128)
