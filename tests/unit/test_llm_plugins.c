@@ -658,7 +658,8 @@ static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_d
     size_t es = esize(t);
     void *x = random_buf(t, rows * k), *w = random_buf(t, (int64_t)n * k), *nw = random_buf(t, k);
     void *wp = malloc((size_t)(n * k) * es), *h = malloc((size_t)(rows * k) * es);
-    void *prod = malloc((size_t)(rows * n) * es), *ref = malloc((size_t)(rows * n) * es), *y = malloc((size_t)(rows * n) * es);
+    void *prod = malloc((size_t)(rows * n) * es), *ref = malloc((size_t)(rows * n) * es),
+         *y = malloc((size_t)(rows * n) * es);
     int32_t pos[3] = {5, 1000, 0};
     /* the plugin's weight: rows j and j + rotary_dim / 2 of each q and k head side by side */
     memcpy(wp, w, (size_t)(n * k) * es);
