@@ -18,7 +18,7 @@
  * ("graph", as the engine replays decode). Inputs rotate among copies
  * whose caches together exceed the L2 cache, so a small case is not timed
  * out of L2. With --sweep, kat_pipe runs again at KILN_ATTENTION_PIPE_CTAS
- * = 128, 528 and 1056 (the CTAs it aims for when splitting; default 264).
+ * = 128, 264 and 1056 (the CTAs it aims for when splitting; default 528).
  * Prefill of one 512- and one 2048-token prompt: causal
  * attention FLOPs (4 * heads * head_dim per query-key pair at or before
  * the query) per second. Every figure is the median of --reps (default 50)
@@ -274,8 +274,8 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
     const int64_t mb = dc->mb ? dc->mb : (longest + BS - 1) / BS;
     const double bytes = tokens * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
     /* kat_pipe, kat_decode, then (--sweep) kat_pipe at other split targets */
-    static const char *const kernels[5] = {"pipe", "split", "p128", "p528", "p1056"};
-    static const char *const targets[5] = {NULL, NULL, "128", "528", "1056"};
+    static const char *const kernels[5] = {"pipe", "split", "p128", "p264", "p1056"};
+    static const char *const targets[5] = {NULL, NULL, "128", "264", "1056"};
     for (int k = 0; k < (sweep ? 5 : 2); k++) {
         if (k == 1)
             setenv("KILN_ATTENTION_DECODE", "split", 1);

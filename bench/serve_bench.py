@@ -75,8 +75,8 @@ async def run(args, part, parts):
     fixed-seed workload; with --rate, arrivals at rate / parts (independent
     Poisson streams add up to one at the full rate)."""
     u = urllib.parse.urlparse(args.url)
-    rng = random.Random(0)
-    arrivals = random.Random(1 + part)
+    rng = random.Random(args.seed)
+    arrivals = random.Random(args.seed * 1000003 + 1 + part)
     results, tasks, bodies = [], [], []
     for i in range(args.requests):  # made before the clock starts, as kiln bench makes its requests
         prompt = [rng.randrange(args.vocab) for _ in range(args.input_len)]
@@ -96,7 +96,7 @@ async def warm_up(args):
     """Untimed requests first, as kiln bench's --warmup: the server's first
     steps pay for lazily made GPU plans and pages touched once."""
     u = urllib.parse.urlparse(args.url)
-    rng = random.Random(12345)
+    rng = random.Random("warm-up")  # prompts none of the timed runs send
     results = []
     await asyncio.gather(*(one(u.hostname, u.port or 80, "/v1/completions",
                                {"prompt": [rng.randrange(args.vocab) for _ in range(args.input_len)],
@@ -117,6 +117,8 @@ def main():
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--rate", type=float, default=0, help="Poisson arrivals per second (0: all at once)")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="the prompts' seed (default 0): a run that repeats one finds its prompts in the prefix cache")
     ap.add_argument("--warmup", type=int, default=4, help="untimed requests first (default 4, as kiln bench)")
     ap.add_argument("--procs", type=int, default=4, help="client processes sharing the requests (default 4)")
     ap.add_argument("--json", action="store_true")

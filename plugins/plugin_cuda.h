@@ -91,9 +91,9 @@ const char *kiln_fp8_cuda_error(int code);
 /* FusedMatMul (plugins/fusedmm/fusedmm.c): y = epilogue(prologue(x) · Wᵀ).
  * Epilogues: */
 #define KILN_FUSEDMM_NONE 0
-#define KILN_FUSEDMM_SWIGLU 1   /* rows of W interleaved gate, up: y [rows, n / 2] */
-#define KILN_FUSEDMM_RESIDUAL 2 /* y = residual + x · Wᵀ */
-#define KILN_FUSEDMM_ROPE 3     /* RoPE over the packed qkv row; W's rotated pairs adjacent */
+#define KILN_FUSEDMM_SWIGLU 1      /* rows of W interleaved gate, up: y [rows, n / 2] */
+#define KILN_FUSEDMM_RESIDUAL 2    /* y = residual + x · Wᵀ */
+#define KILN_FUSEDMM_ROPE 3        /* RoPE over the packed qkv row; W's rotated pairs adjacent */
 #define KILN_FUSEDMM_NO_ALGO 20000 /* code: cuBLASLt offered no GEMM */
 /* cuBLASLt's scratch: the native matmul's (KILN_GPU_MATMUL_WORKSPACE), so
  * that its heuristic picks the prefill GEMMs' algorithm from the same
@@ -125,10 +125,10 @@ typedef struct kiln_fusedmm_rope {
 } kiln_fusedmm_rope;
 
 typedef struct kiln_fusedmm_cuda_args {
-    const void *x;           /* [rows, k] */
-    const void *w;           /* [n, k] */
-    const void *norm_weight; /* [k], or NULL: no RMSNorm prologue */
-    const void *residual;    /* [rows, n] with KILN_FUSEDMM_RESIDUAL */
+    const void *x;            /* [rows, k] */
+    const void *w;            /* [n, k] */
+    const void *norm_weight;  /* [k], or NULL: no RMSNorm prologue */
+    const void *residual;     /* [rows, n] with KILN_FUSEDMM_RESIDUAL */
     const int32_t *positions; /* [rows] with KILN_FUSEDMM_ROPE */
     kiln_fusedmm_rope rope;
     void *y;

@@ -1008,12 +1008,15 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
 
 /* ---- 2d. decode, pipelined: whole rows of K and V through shared memory --------------- */
 
+/* KAT_PIPE_CTAS: the CTAs to aim for when splitting, four per SM on 132
+ * SMs (attention_bench --sweep on the H200: batch 64 at 8192 context in
+ * 767 us against 876 at two per SM, every other case equal). */
 #define KAT_PIPE_STAGES 4         /* cp.async stages per warp: three in flight while one is used */
 #define KAT_PIPE_STAGE_BYTES 4096 /* K and V bytes of one stage of one warp */
 #define KAT_PIPE_SPLIT_KEYS 256   /* fewest keys a split takes (kat_combine's `tile`) */
-#define KAT_PIPE_CTAS 264         /* CTAs to aim for when splitting: two per SM on 132 SMs */
-#define KAT_PIPE_CTAS_MAX 1056    /* the most KILN_ATTENTION_PIPE_CTAS may ask for (the workspace's) */
-#define KAT_MAX_DEVICES 64        /* devices whose kat_pipe smem limit is remembered as set */
+#define KAT_PIPE_CTAS 528
+#define KAT_PIPE_CTAS_MAX 1056 /* the most KILN_ATTENTION_PIPE_CTAS may ask for (the workspace's) */
+#define KAT_MAX_DEVICES 64     /* devices whose kat_pipe smem limit is remembered as set */
 
 /* Layout of kat_pipe for storage DT and head_dim D: a row is NV 16-byte
  * vectors read by LPR lanes, a warp reads RPW rows at a time, and a stage

@@ -675,13 +675,15 @@ static int plain_weight(builder *b, const char *wname)
 /* y = epilogue(RMSNorm(x) · Wᵀ) (norm_hf non-NULL: HF norm `norm_hf`) or
  * y = residual + x · Wᵀ through kiln/FusedMatMul named `lname`. */
 static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, int64_t n, int64_t k,
-                                const char *norm_hf, const char *epilogue, const kiln_tensor *residual,
-                                kiln_tensor *y)
+                                const char *norm_hf, const char *epilogue, const kiln_tensor *residual, kiln_tensor *y)
 {
     const kiln_llm_config *c = &b->ck->config;
     int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[5] = {field_i32("n", &nn), field_i32("k", &kk), field_i32("norm", &norm), field_f32("epsilon", &eps),
+    kiln_field f[5] = {field_i32("n", &nn),
+                       field_i32("k", &kk),
+                       field_i32("norm", &norm),
+                       field_f32("epsilon", &eps),
                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue}};
     kiln_tensor in[3] = {x, w};
     int32_t n_in = 2;
@@ -773,7 +775,10 @@ static kiln_status fused_qkv_rope(builder *b, const char *lname, kiln_tensor x, 
     const kiln_llm_config *c = &b->ck->config;
     int32_t nn = (int32_t)n, kk = (int32_t)k, norm = 1;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[5] = {field_i32("n", &nn), field_i32("k", &kk), field_i32("norm", &norm), field_f32("epsilon", &eps),
+    kiln_field f[5] = {field_i32("n", &nn),
+                       field_i32("k", &kk),
+                       field_i32("norm", &norm),
+                       field_f32("epsilon", &eps),
                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, "rope"}};
     char wname[160];
     kiln_tensor in[4] = {x, w, {0}, positions};
@@ -1175,8 +1180,8 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
      * default stands only while the H200's A/B (KILN_LLM_FUSE=0 against
      * the default, bench/README.md) has the fused layers ahead. */
     const char *fuse_env = getenv("KILN_LLM_FUSE");
-    b.fuse = fuse_env && (fuse_env[0] == '0' || fuse_env[0] == '1') ? fuse_env[0] == '1'
-                                                                    : o.backend == KILN_BACKEND_CUDA;
+    b.fuse =
+        fuse_env && (fuse_env[0] == '0' || fuse_env[0] == '1') ? fuse_env[0] == '1' : o.backend == KILN_BACKEND_CUDA;
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
         return kiln_fail(KILN_ERROR_NOT_FOUND,
                          "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");

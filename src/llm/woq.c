@@ -73,22 +73,25 @@ kiln_status kiln_woq_quantize(const float *src, int64_t n, int64_t k, int32_t bi
                 kiln_woq_free(&w);
                 return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)r);
             }
+            /* w / s divided, not multiplied by 1 / s: the rounded
+             * reciprocal moves values that sit on a half (a group with
+             * max = -min has z = 7.5) to the other side */
             if (bits == 8) {
-                float amax = -lo > hi ? -lo : hi, s = amax / 127.0f, inv = s > 0 ? 1.0f / s : 0.0f;
+                float amax = -lo > hi ? -lo : hi, s = amax / 127.0f;
                 w.scales[r * ng + g] = s;
                 for (int32_t i = 0; i < group; i++) {
-                    float q = roundf(x[i] * inv);
+                    float q = s > 0 ? roundf(x[i] / s) : 0.0f;
                     w.q[r * k + g * group + i] = (uint8_t)(int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
                 }
                 continue;
             }
-            float s = (hi - lo) / 15.0f, inv = s > 0 ? 1.0f / s : 0.0f;
-            float zf = roundf(-lo * inv);
+            float s = (hi - lo) / 15.0f;
+            float zf = s > 0 ? roundf(-lo / s) : 0.0f;
             int z = zf > 15 ? 15 : zf < 0 ? 0 : (int)zf;
             w.scales[r * ng + g] = s;
             w.zeros[r * ng + g] = (uint8_t)z;
             for (int32_t i = 0; i < group; i++) {
-                float q = roundf(x[i] * inv) + (float)z;
+                float q = (s > 0 ? roundf(x[i] / s) : 0.0f) + (float)z;
                 set_q4(&w, r, g * group + i, q > 15 ? 15 : q < 0 ? 0 : (int)q);
             }
         }

@@ -881,7 +881,7 @@ static void test_graph_capture(void)
 }
 
 static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope),         TEST(test_swiglu),
-                                   TEST(test_qmatmul), TEST(test_qmatmul_k),     TEST(test_woq),
+                                   TEST(test_qmatmul), TEST(test_qmatmul_k),    TEST(test_woq),
                                    TEST(test_fp8),     TEST(test_fused_matmul), TEST(test_graph_capture)};
 
 int main(void)

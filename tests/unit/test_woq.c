@@ -1,6 +1,7 @@
 /* Weight-only quantization (llm/woq.h, kiln/WeightOnlyMatMul) on the CPU:
  * - round-to-nearest: every weight within half a step of its dequantized
- *   value, int8 scales max|w| / 127, zero exact in int4;
+ *   value, int8 scales max|w| / 127, zero exact in int4; int8, int4 and
+ *   FP8 weights byte for byte as numpy quantizes them (tests/data/woq);
  * - AWQ and GPTQ words unpacked to the positions their formats define
  *   (hand-placed nibbles);
  * - the plugin (f32 and bf16 activations, per channel and grouped) against
@@ -72,6 +73,80 @@ static int q4(const kiln_woq_weight *w, int64_t r, int64_t i)
 {
     uint8_t b = w->q[r * (w->k / 2) + i / 2];
     return i & 1 ? b >> 4 : b & 0x0F;
+}
+
+/* Reads tests/data/woq/NAME.npy: `count` elements of dtype `t`, or NULL. */
+static void *fixture(const char *name, kiln_dtype t, size_t count)
+{
+    char path[128];
+    snprintf(path, sizeof path, "tests/data/woq/%s.npy", name);
+    kiln_dtype got;
+    kiln_dims dims;
+    void *data = NULL;
+    size_t size;
+    CHECK_OK(kiln_npy_read(path, &got, &dims, &data, &size));
+    if (data && (got != t || size != count * kiln_dtype_size(t))) {
+        fprintf(stderr, "%s: unexpected dtype or size\n", path);
+        CHECK(0);
+        kiln_free(data);
+        data = NULL;
+    }
+    return data;
+}
+
+/* The build-time quantizers against numpy's quantization of the same
+ * weights from the formats' definitions (tests/data/woq/make_reference.py:
+ * rows with ties, all positive, all zero), byte for byte. */
+static void test_rtn_reference(void)
+{
+    const int64_t n = 8, k = 384;
+    float *w = fixture("w", KILN_DTYPE_F32, (size_t)(n * k));
+    if (!w)
+        return;
+    const struct {
+        const char *name;
+        int32_t bits, group;
+    } cases[] = {{"int8", 8, 384}, {"int8g", 8, 128}, {"int4", 4, 128}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char qn[32], sn[32];
+        snprintf(qn, sizeof qn, "%s.q", cases[c].name);
+        snprintf(sn, sizeof sn, "%s.s", cases[c].name);
+        size_t groups = (size_t)(n * (k / cases[c].group));
+        uint8_t *q = fixture(qn, cases[c].bits == 8 ? KILN_DTYPE_I8 : KILN_DTYPE_U8, (size_t)(n * k));
+        float *s = fixture(sn, KILN_DTYPE_F32, groups);
+        uint8_t *z = cases[c].bits == 4 ? fixture("int4.z", KILN_DTYPE_U8, groups) : NULL;
+        kiln_woq_weight got;
+        CHECK_OK(kiln_woq_quantize(w, n, k, cases[c].bits, cases[c].group, "fixture", &got));
+        int bad_q = 0, bad_s = 0, bad_z = 0;
+        for (int64_t r = 0; q && r < n; r++)
+            for (int64_t i = 0; i < k; i++)
+                bad_q += (cases[c].bits == 8 ? got.q[r * k + i] : (uint8_t)q4(&got, r, i)) != q[r * k + i];
+        for (size_t g = 0; s && g < groups; g++) {
+            bad_s += got.scales[g] != s[g];
+            bad_z += z && got.zeros[g] != z[g];
+        }
+        if (bad_q || bad_s || bad_z)
+            fprintf(stderr, "%s: %d values, %d scales, %d zeros differ from numpy's\n", cases[c].name, bad_q, bad_s,
+                    bad_z);
+        CHECK(bad_q == 0 && bad_s == 0 && bad_z == 0);
+        kiln_woq_free(&got);
+        kiln_free(q);
+        kiln_free(s);
+        kiln_free(z);
+    }
+    uint8_t *q = fixture("fp8.q", KILN_DTYPE_U8, (size_t)(n * k)), *codes = malloc((size_t)(n * k));
+    float *s = fixture("fp8.s", KILN_DTYPE_F32, (size_t)n), scales[8];
+    CHECK_OK(kiln_fp8_quantize(w, n, k, "fixture", codes, scales));
+    int bad = 0;
+    for (int64_t i = 0; q && i < n * k; i++)
+        bad += codes[i] != q[i];
+    for (int64_t r = 0; s && r < n; r++)
+        bad += scales[r] != s[r];
+    CHECK(q && s && bad == 0);
+    kiln_free(q);
+    kiln_free(s);
+    free(codes);
+    kiln_free(w);
 }
 
 /* AWQ: qweight [k, n / 8], nibble i of word c holds output 8c + (0, 2, 4,
@@ -328,6 +403,6 @@ static void test_fp8_plugin(void)
     kiln_registry_destroy(reg);
 }
 
-static const test_case_ tests[] = {TEST(test_rtn), TEST(test_layouts), TEST(test_plugin), TEST(test_e4m3),
-                                   TEST(test_fp8_plugin)};
+static const test_case_ tests[] = {TEST(test_rtn),    TEST(test_rtn_reference), TEST(test_layouts),
+                                   TEST(test_plugin), TEST(test_e4m3),          TEST(test_fp8_plugin)};
 TEST_MAIN(tests)
