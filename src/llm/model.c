@@ -1176,9 +1176,10 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
      * than the unfused layers on the H200 (1B decode 729 against 902
      * tok/s): their norm prologue cost about as much arithmetic as the
      * dot products at 2 weight rows a block. At 8 rows a block
-     * (plugins/fusedmm/fusedmm_cuda.cu) it is a quarter of that; this
-     * default stands only while the H200's A/B (KILN_LLM_FUSE=0 against
-     * the default, bench/README.md) has the fused layers ahead. */
+     * (plugins/fusedmm/fusedmm_cuda.cu) it is a quarter of that, and the
+     * H200's same-run A/B has the fused layers ahead (1B decode 927.5
+     * against 877.0 tok/s, 8B 226.9 against 213.0; prefill about even:
+     * bench/README.md). */
     const char *fuse_env = getenv("KILN_LLM_FUSE");
     b.fuse =
         fuse_env && (fuse_env[0] == '0' || fuse_env[0] == '1') ? fuse_env[0] == '1' : o.backend == KILN_BACKEND_CUDA;
