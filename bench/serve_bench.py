@@ -70,6 +70,12 @@ async def one(host, port, path, body, out):
                 "prompt_tokens": usage["prompt_tokens"] if usage else 0})
 
 
+def request_body(args, prompt):
+    """One request of the workload: greedy, exactly --output-len tokens, streamed with usage."""
+    return {"prompt": prompt, "max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+
+
 async def run(args, part, parts):
     """This process's share: requests part, part + parts, ... of the same
     fixed-seed workload; with --rate, arrivals at rate / parts (independent
@@ -81,8 +87,7 @@ async def run(args, part, parts):
     for i in range(args.requests):  # made before the clock starts, as kiln bench makes its requests
         prompt = [rng.randrange(args.vocab) for _ in range(args.input_len)]
         if i % parts == part:
-            bodies.append({"prompt": prompt, "max_tokens": args.output_len, "temperature": 0, "ignore_eos": True,
-                           "stream": True, "stream_options": {"include_usage": True}})
+            bodies.append(request_body(args, prompt))
     t0 = time.perf_counter()
     for body in bodies:
         tasks.append(asyncio.create_task(one(u.hostname, u.port or 80, "/v1/completions", body, results)))
@@ -99,8 +104,7 @@ async def warm_up(args):
     rng = random.Random("warm-up")  # prompts none of the timed runs send
     results = []
     await asyncio.gather(*(one(u.hostname, u.port or 80, "/v1/completions",
-                               {"prompt": [rng.randrange(args.vocab) for _ in range(args.input_len)],
-                                "max_tokens": args.output_len, "temperature": 0, "ignore_eos": True, "stream": True},
+                               request_body(args, [rng.randrange(args.vocab) for _ in range(args.input_len)]),
                                results) for _ in range(args.warmup)))
 
 
