@@ -149,6 +149,14 @@ static void gen_append(gen *g, const char *s, size_t n)
     g->out_len += n;
 }
 
+/* One server-sent event whose data is s. */
+static void gen_sse(gen *g, const char *s)
+{
+    gen_append(g, "data: ", 6);
+    gen_append(g, s, strlen(s));
+    gen_append(g, "\n\n", 2);
+}
+
 /* One server-sent event holding `o` (stolen). */
 static void gen_event(gen *g, json_t *o)
 {
@@ -158,9 +166,7 @@ static void gen_event(gen *g, json_t *o)
         g->oom = 1;
         return;
     }
-    gen_append(g, "data: ", 6);
-    gen_append(g, s, strlen(s));
-    gen_append(g, "\n\n", 2);
+    gen_sse(g, s);
     free(s);
 }
 
@@ -302,9 +308,7 @@ static void gen_error_body(gen *g, int status, const char *fmt, const char *deta
         return;
     }
     if (g->stream) {
-        gen_append(g, "data: ", 6);
-        gen_append(g, s, strlen(s));
-        gen_append(g, "\n\n", 2);
+        gen_sse(g, s);
     } else {
         g->out_len = 0;
         gen_append(g, s, strlen(s));
