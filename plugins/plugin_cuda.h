@@ -16,9 +16,12 @@ extern "C" {
 #endif
 
 /* RMSNorm over `rows` rows of h; with residual non-NULL (AddRMSNorm),
- * sum = x + residual is stored first and normalized. */
-int kiln_rmsnorm_cuda(const void *x, const void *residual, const void *weight, void *sum, void *y, int32_t dtype,
-                      int32_t weight_dtype, int64_t rows, int64_t h, float epsilon, void *stream);
+ * sum = x + residual is stored first (in x's dtype) and normalized. x
+ * and sum, the residual, y and the weight each have their own dtype (an
+ * f32 residual stream with bf16 layer outputs and norms). */
+int kiln_rmsnorm_cuda(const void *x, const void *residual, const void *weight, void *sum, void *y, int32_t x_dtype,
+                      int32_t residual_dtype, int32_t y_dtype, int32_t weight_dtype, int64_t rows, int64_t h,
+                      float epsilon, void *stream);
 
 #define ROPE_MAX_PAIRS 256
 
@@ -135,7 +138,10 @@ typedef struct kiln_fusedmm_cuda_args {
     void *workspace;
     size_t workspace_size;
     int64_t rows;
-    int32_t n, k, epilogue, dtype; /* every tensor of dtype (f32, f16, bf16) */
+    int32_t n, k, epilogue;
+    int32_t dtype;   /* w's and norm_weight's (f32, f16, bf16), the product's */
+    int32_t x_dtype; /* dtype, or f32 with the norm prologue (a residual stream in f32) */
+    int32_t y_dtype; /* dtype, or f32 with the residual epilogue (the residual's too) */
     float epsilon;
 } kiln_fusedmm_cuda_args;
 

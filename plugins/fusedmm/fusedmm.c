@@ -4,13 +4,16 @@
  * tensors never reach memory:
  *
  *   prologue (norm = 1):  x ← RMSNorm(x) with norm_weight and epsilon, as
- *                         kiln/RMSNorm computes and rounds it;
- *   product:              p = x · Wᵀ, summed in f32, rounded to the dtype
+ *                         kiln/RMSNorm computes and rounds it with y in
+ *                         w's dtype;
+ *   product:              p = x · Wᵀ, summed in f32, rounded to w's dtype
  *                         (what a separate matmul would store);
  *   epilogue "none":      y = p;
- *            "residual":  y = residual + p (the residual add of a decoder
- *                         layer: the O and down projections write the
- *                         updated residual stream);
+ *            "residual":  y = residual + p, added in f32 and rounded to
+ *                         the residual's dtype (the residual add of a
+ *                         decoder layer: the O and down projections write
+ *                         the updated residual stream, f32 in a bf16 or
+ *                         f16 engine);
  *            "swiglu":    rows of W interleave the gate and up projections
  *                         (row 2i is gate_i, row 2i + 1 is up_i) and
  *                         y[:, i] = SwiGLU(p[:, 2i], p[:, 2i + 1]) as
@@ -31,9 +34,12 @@
  *
  * Inputs:  x [..., k]; w [n, k]; norm_weight [k] when norm = 1;
  *          residual [..., n] with the residual epilogue, positions i32
- *          [tokens] with rope. The float tensors f32, f16 or bf16, one
- *          dtype.
- * Output:  y [..., n] ([..., n / 2] with swiglu), dtype of x.
+ *          [tokens] with rope. w f32, f16 or bf16 and norm_weight of
+ *          w's dtype; x of w's dtype, or f32 with norm = 1 (the f32
+ *          residual stream of a bf16 engine); the residual of w's dtype
+ *          or f32.
+ * Output:  y [..., n] ([..., n / 2] with swiglu): the residual's dtype
+ *          with the residual epilogue, else w's.
  * Fields:  n, k (i32, required); norm (i32, default 0); epsilon (f32,
  *          required > 0 with norm); epilogue (string: none, residual,
  *          swiglu, rope; default none; swiglu needs n even); with rope,
@@ -140,7 +146,8 @@ static kiln_status fusedmm_output_shapes(const kiln_plugin *self, const kiln_sha
 static kiln_status fusedmm_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
                                          int32_t n_out)
 {
-    out[0] = in[0];
+    const fusedmm_params *p = &((const fusedmm *)self)->p;
+    out[0] = p->epilogue == KILN_FUSEDMM_RESIDUAL ? in[n_in - 1] : in[1];
     return KILN_OK;
 }
 
@@ -158,20 +165,25 @@ static int32_t fusedmm_supports(const kiln_plugin *self, kiln_backend backend, c
         backend_ok = 1;
     }
 #endif
-    if (!backend_ok || n_in != fusedmm_n_inputs(p) || n_out != 1 || !plugin_is_float(d[0].dtype))
+    if (!backend_ok || n_in != fusedmm_n_inputs(p) || n_out != 1 || !plugin_is_float(d[1].dtype))
         return 0;
-    const int32_t pos = p->epilogue == KILN_FUSEDMM_ROPE ? n_in - 1 : -1;
-    for (int32_t i = 1; i < n_in + n_out; i++)
-        if (d[i].dtype != (i == pos ? KILN_DTYPE_I32 : d[0].dtype))
-            return 0;
-    return 1;
+    const kiln_dtype t = d[1].dtype, y = d[n_in].dtype;
+    if (d[0].dtype != t && !(p->norm && d[0].dtype == KILN_DTYPE_F32))
+        return 0;
+    if (p->norm && d[2].dtype != t)
+        return 0;
+    if (p->epilogue == KILN_FUSEDMM_ROPE && d[n_in - 1].dtype != KILN_DTYPE_I32)
+        return 0;
+    if (p->epilogue == KILN_FUSEDMM_RESIDUAL)
+        return (y == t || y == KILN_DTYPE_F32) && d[n_in - 1].dtype == y;
+    return y == t;
 }
 
 static size_t fusedmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
                                      const kiln_tensor_desc *out, int32_t n_out)
 {
     const fusedmm_params *p = &((const fusedmm *)self)->p;
-    return kiln_fusedmm_workspace(plugin_desc_count(&in[0]) / p->k, p->n, p->k, plugin_float_size(in[0].dtype));
+    return kiln_fusedmm_workspace(plugin_desc_count(&in[0]) / p->k, p->n, p->k, plugin_float_size(in[1].dtype));
 }
 
 typedef struct fusedmm_job {
@@ -181,7 +193,7 @@ typedef struct fusedmm_job {
     const float *xf;     /* [rows, k]: x, normalized with the prologue */
     const void *w, *res; /* res: the residual, or the positions (rope) */
     void *y;
-    kiln_dtype t;
+    kiln_dtype t, yt; /* w's, y's (and the residual's) */
 } fusedmm_job;
 
 /* The product of row r of xf with row c of w, rounded to the dtype. */
@@ -239,9 +251,9 @@ static void fusedmm_range(void *arg, int64_t begin, int64_t end)
             } else {
                 v = fusedmm_dot(j, r, c);
                 if (j->p->epilogue == KILN_FUSEDMM_RESIDUAL)
-                    v += plugin_load(host, j->res, j->t, r * width + c);
+                    v += plugin_load(host, j->res, j->yt, r * width + c);
             }
-            plugin_store(host, j->y, j->t, r * width + c, v);
+            plugin_store(host, j->y, j->yt, r * width + c, v);
         }
 }
 
@@ -260,7 +272,7 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         return host->fail(KILN_ERROR_SHAPE,
                           NAME ": x's last dim must be k = %d, w [%d, %d]; residual, positions and y of x's rows", p->k,
                           p->n, p->k);
-    kiln_dtype t = in_desc[0].dtype;
+    const kiln_dtype xt = in_desc[0].dtype, t = in_desc[1].dtype, yt = out_desc[0].dtype;
     const void *nw = p->norm ? in[2] : NULL, *res = fusedmm_n_inputs(p) > 2 + p->norm ? in[n_in - 1] : NULL;
     if (rows == 0)
         return KILN_OK;
@@ -283,18 +295,20 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         a.workspace = workspace;
         a.workspace_size = kiln_fusedmm_workspace(rows, p->n, p->k, plugin_float_size(t));
         a.rows = rows, a.n = p->n, a.k = p->k, a.epilogue = p->epilogue, a.dtype = (int32_t)t;
+        a.x_dtype = (int32_t)xt, a.y_dtype = (int32_t)yt;
         a.epsilon = p->epsilon;
         int e = kiln_fusedmm_cuda(&a, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_fusedmm_cuda_error(e)) : KILN_OK;
     }
 #endif
     /* x as f32 rows in the workspace, normalized as kiln/RMSNorm does:
-     * the normalized value rounded to the dtype, times the weight, rounded */
+     * the normalized value rounded to x's dtype, times the weight, rounded
+     * to w's */
     float *xf = workspace;
     for (int64_t r = 0; r < rows; r++) {
         float *xr = xf + r * p->k, inv = 1.0f;
         for (int64_t i = 0; i < p->k; i++)
-            xr[i] = plugin_load(host, in[0], t, r * p->k + i);
+            xr[i] = plugin_load(host, in[0], xt, r * p->k + i);
         if (!nw)
             continue;
         float ss = 0.0f;
@@ -302,9 +316,9 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
             ss += xr[i] * xr[i];
         inv = 1.0f / sqrtf(ss / (float)p->k + p->epsilon);
         for (int64_t i = 0; i < p->k; i++)
-            xr[i] = plugin_round(host, t, plugin_round(host, t, xr[i] * inv) * plugin_load(host, nw, t, i));
+            xr[i] = plugin_round(host, t, plugin_round(host, xt, xr[i] * inv) * plugin_load(host, nw, t, i));
     }
-    fusedmm_job job = {(const fusedmm *)self, p, rows, xf, in[1], res, out[0], t};
+    fusedmm_job job = {(const fusedmm *)self, p, rows, xf, in[1], res, out[0], t, yt};
     host->parallel_for(stream, p->epilogue == KILN_FUSEDMM_ROPE ? p->n / 2 : fusedmm_width(p), fusedmm_range, &job);
     return KILN_OK;
 }

@@ -14,7 +14,11 @@
  *    (rmsnorm_cuda.cu), cuBLASLt's GEMM (f32 accumulation, TN), the
  *    residual add in the GEMM's own epilogue (beta = 1: the product is not
  *    rounded before the add, one rounding where the CPU reference has
- *    two), RoPE or SwiGLU as one elementwise kernel after it. */
+ *    two), RoPE or SwiGLU as one elementwise kernel after it.
+ * The residual stream of a bf16/f16 engine is f32: the norm forms then
+ * read an f32 x and the residual form adds into an f32 residual and
+ * writes f32 (the kernels' S, "stream", dtype; cuBLASLt's C and D in f32
+ * with bf16/f16 A and B, one of its documented type combinations). */
 #include <mutex>
 #include <stdio.h>
 #include <type_traits>
@@ -123,11 +127,26 @@ template <int M, int NORM> struct gemv_shape {
     static constexpr int unroll = NORM ? 2 : 4;
 };
 
+/* E values of x (dtype S) from element i on, as floats: one 16-byte load
+ * of DT-wide values, or two when S is f32 and DT is 16-bit. */
+template <int DT, int S, int E> __device__ __forceinline__ void load_x(const char *x, int64_t i, float *f)
+{
+    if constexpr (S == DT) {
+        unpack<DT>(__ldg((const uint4 *)(x + i * (16 / E))), f);
+    } else {
+        static_assert(S == KILN_DTYPE_F32 && E == 8, "an f32 x beside 16-bit weights");
+        unpack<KILN_DTYPE_F32>(__ldg((const uint4 *)(x + i * 4)), f);
+        unpack<KILN_DTYPE_F32>(__ldg((const uint4 *)(x + i * 4 + 16)), f + 4);
+    }
+}
+
 /* x [M, k], w [n, k], nw [k] (norm), res and y [M, n] (y [M, n / 2] with
- * SwiGLU), all of dtype DT, k a multiple of the vector width, x, w and nw
- * 16-byte aligned. Each block computes ROWS rows of y for the M rows of x;
- * its kWarps warps split k into contiguous quarters (as gemv.cu's). */
-template <int DT, int M, int NORM, int EPI, int ROWS, int UNROLL>
+ * SwiGLU), w and nw of dtype DT; x of dtype S with the norm (else DT), res
+ * and y of dtype S with the residual epilogue (else y in DT); k a
+ * multiple of the vector width, x, w and nw 16-byte aligned. Each block
+ * computes ROWS rows of y for the M rows of x; its kWarps warps split k
+ * into contiguous quarters (as gemv.cu's). */
+template <int DT, int S, int M, int NORM, int EPI, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(kWarps * 32)
     fmm_gemv_kernel(const void *x, const void *w, const void *nw, const void *res, void *y, int32_t n, int32_t k,
                     float eps, const rope_arg<EPI> rope)
@@ -170,7 +189,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     if constexpr (EPI == KILN_FUSEDMM_RESIDUAL) {
         const int64_t r = row0 + threadIdx.x % ROWS;
         if (threadIdx.x < M * ROWS && r < n)
-            ev = kcu_load_float(res, DT, (int64_t)(threadIdx.x / ROWS) * n + r);
+            ev = kcu_load_float(res, S, (int64_t)(threadIdx.x / ROWS) * n + r);
     } else if constexpr (EPI == KILN_FUSEDMM_ROPE) {
         if (threadIdx.x < M * (ROWS / 2))
             ev = (float)((const int32_t *)res)[threadIdx.x / (ROWS / 2)];
@@ -194,7 +213,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
             for (int m = 0; m < M; m++) {
                 float f[E];
-                unpack<DT>(__ldg((const uint4 *)(xb + ((int64_t)m * k + v * E) * ES)), f);
+                load_x<DT, NORM ? S : DT, E>(xb, (int64_t)m * k + v * E, f);
 #pragma unroll
                 for (int e = 0; e < E; e++)
                     ss[m] = __fadd_rn(ss[m], __fmul_rn(f[e], f[e]));
@@ -233,7 +252,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                 float xf[M][E];
 #pragma unroll
                 for (int m = 0; m < M; m++)
-                    unpack<DT>(__ldg((const uint4 *)(xb + ((int64_t)m * k + kk) * ES)), xf[m]);
+                    load_x<DT, NORM ? S : DT, E>(xb, (int64_t)m * k + kk, xf[m]);
                 if constexpr (NORM) {
                     float nf[E];
                     unpack<DT>(nbuf[u], nf);
@@ -242,7 +261,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
                         for (int e = 0; e < E; e++)
                             xf[m][e] =
-                                kcu_round_float(DT, __fmul_rn(kcu_round_float(DT, __fmul_rn(xf[m][e], inv[m])), nf[e]));
+                                kcu_round_float(DT, __fmul_rn(kcu_round_float(S, __fmul_rn(xf[m][e], inv[m])), nf[e]));
                 }
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) {
@@ -303,14 +322,16 @@ __global__ void __launch_bounds__(kWarps * 32)
             for (int j = 0; j < kWarps; j++)
                 v += part[j][m][r];
             const int64_t at = (int64_t)m * n + row0 + r;
-            if (EPI == KILN_FUSEDMM_RESIDUAL)
-                v = __fadd_rn(kcu_round_float(DT, v), ev);
-            kcu_store_float(y, DT, at, v);
+            if constexpr (EPI == KILN_FUSEDMM_RESIDUAL)
+                kcu_store_float(y, S, at, __fadd_rn(kcu_round_float(DT, v), ev));
+            else
+                kcu_store_float(y, DT, at, v);
         }
     }
 }
 
-template <int DT, int M, int NORM, int EPI> cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+template <int DT, int S, int M, int NORM, int EPI>
+cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
     using shape = gemv_shape<M, NORM>;
     rope_arg<EPI> rope;
@@ -319,31 +340,38 @@ template <int DT, int M, int NORM, int EPI> cudaError_t gemv_launch(const kiln_f
         rope = a->rope;
         res = a->positions;
     }
-    return kcu_launch_cfg(fmm_gemv_kernel<DT, M, NORM, EPI, shape::rows, shape::unroll>,
+    return kcu_launch_cfg(fmm_gemv_kernel<DT, S, M, NORM, EPI, shape::rows, shape::unroll>,
                           dim3((unsigned)((a->n + shape::rows - 1) / shape::rows)), dim3(kWarps * 32), s, a->x, a->w,
                           a->norm_weight, res, a->y, a->n, a->k, a->epsilon, rope);
 }
 
 /* The four forms a decoder layer uses; the others take the GEMM path. */
-template <int DT, int M> cudaError_t gemv_mode(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+template <int DT, int S, int M> cudaError_t gemv_mode(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
     if (a->epilogue == KILN_FUSEDMM_ROPE)
-        return gemv_launch<DT, M, 1, KILN_FUSEDMM_ROPE>(a, s);
+        return gemv_launch<DT, S, M, 1, KILN_FUSEDMM_ROPE>(a, s);
     if (a->epilogue == KILN_FUSEDMM_SWIGLU)
-        return gemv_launch<DT, M, 1, KILN_FUSEDMM_SWIGLU>(a, s);
+        return gemv_launch<DT, S, M, 1, KILN_FUSEDMM_SWIGLU>(a, s);
     if (a->epilogue == KILN_FUSEDMM_RESIDUAL)
-        return gemv_launch<DT, M, 0, KILN_FUSEDMM_RESIDUAL>(a, s);
-    return gemv_launch<DT, M, 1, KILN_FUSEDMM_NONE>(a, s);
+        return gemv_launch<DT, S, M, 0, KILN_FUSEDMM_RESIDUAL>(a, s);
+    return gemv_launch<DT, S, M, 1, KILN_FUSEDMM_NONE>(a, s);
 }
 
-template <int DT> cudaError_t gemv_rows(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
+template <int DT, int S> cudaError_t gemv_rows(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
     switch (a->rows) {
-    case 1: return gemv_mode<DT, 1>(a, s);
-    case 2: return gemv_mode<DT, 2>(a, s);
-    case 4: return gemv_mode<DT, 4>(a, s);
-    default: return gemv_mode<DT, 8>(a, s);
+    case 1: return gemv_mode<DT, S, 1>(a, s);
+    case 2: return gemv_mode<DT, S, 2>(a, s);
+    case 4: return gemv_mode<DT, S, 4>(a, s);
+    default: return gemv_mode<DT, S, 8>(a, s);
     }
+}
+
+/* S: the stream's dtype, DT's own or f32 (x with the norm, the residual
+ * and y with the residual add). */
+template <int DT> cudaError_t gemv_stream(const kiln_fusedmm_cuda_args *a, int32_t stream, cudaStream_t s)
+{
+    return stream == DT ? gemv_rows<DT, DT>(a, s) : gemv_rows<DT, KILN_DTYPE_F32>(a, s);
 }
 
 /* 2. prefill: RMSNorm, cuBLASLt, epilogue ----------------------------------------------------- */
@@ -376,7 +404,7 @@ template <int DT> __global__ void __launch_bounds__(256) fmm_swiglu_kernel(const
  * every step, and the heuristic costs host time at each launch. */
 struct algo_slot {
     int used;
-    int32_t dtype, n, k;
+    int32_t dtype, d_dtype, n, k;
     int64_t rows;
     uint32_t align;
     cublasLtMatmulAlgo_t algo;
@@ -392,14 +420,20 @@ uint32_t align_of(uintptr_t a)
     return (uint32_t)(a & (~a + 1));
 }
 
+cudaDataType_t lt_type(int32_t dt)
+{
+    return dt == KILN_DTYPE_F16 ? CUDA_R_16F : dt == KILN_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+}
+
 /* d [rows, n] = src [rows, k] · wᵀ (+ c [rows, n] when c is not NULL, in
- * cuBLASLt's epilogue: the residual add), all of dtype dt, computed
+ * cuBLASLt's epilogue: the residual add), src and w of dtype dt, c and d
+ * of dtype ddt (dt, or f32 for an f32 residual stream), computed
  * column-major as dᵀ = op(W)ᵀ · srcᵀ. Returns a cuBLAS status (0:
  * launched), or -1 when cuBLASLt has no kernel. */
-int lt_gemm(int32_t dt, const void *src, const void *w, const void *c, void *d, int64_t rows, int32_t n, int32_t k,
-            void *lt_ws, cudaStream_t s)
+int lt_gemm(int32_t dt, int32_t ddt, const void *src, const void *w, const void *c, void *d, int64_t rows, int32_t n,
+            int32_t k, void *lt_ws, cudaStream_t s)
 {
-    const cudaDataType_t ty = dt == KILN_DTYPE_F16 ? CUDA_R_16F : dt == KILN_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_32F;
+    const cudaDataType_t ty = lt_type(dt);
     cublasLtMatmulDescOpaque_t desc;
     cublasLtMatrixLayoutOpaque_t la, lb, lc;
     const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
@@ -414,19 +448,20 @@ int lt_gemm(int32_t dt, const void *src, const void *w, const void *c, void *d, 
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatrixLayoutInit(&lb, ty, (uint64_t)k, (uint64_t)rows, k);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatrixLayoutInit(&lc, ty, (uint64_t)n, (uint64_t)rows, n);
+        st = cublasLtMatrixLayoutInit(&lc, lt_type(ddt), (uint64_t)n, (uint64_t)rows, n);
     if (st != CUBLAS_STATUS_SUCCESS)
         return (int)st;
-    const uintptr_t es = dt == KILN_DTYPE_F32 ? 4 : 2;
-    const uint32_t align =
-        align_of((uintptr_t)src | (uintptr_t)w | (uintptr_t)c | (uintptr_t)d | (uintptr_t)k * es | (uintptr_t)n * es);
+    const uintptr_t es = dt == KILN_DTYPE_F32 ? 4 : 2, des = ddt == KILN_DTYPE_F32 ? 4 : 2;
+    const uint32_t align = align_of((uintptr_t)src | (uintptr_t)w | (uintptr_t)c | (uintptr_t)d | (uintptr_t)k * es |
+                                    (uintptr_t)n * es | (uintptr_t)n * des);
     cublasLtMatmulAlgo_t algo;
     int have = 0, at = -1;
     {
         std::lock_guard<std::mutex> g(slots_lock);
         for (int i = 0; i < kSlots && !have; i++) {
             const algo_slot &sl = slots[i];
-            if (sl.used && sl.dtype == dt && sl.n == n && sl.k == k && sl.rows == rows && sl.align == align) {
+            if (sl.used && sl.dtype == dt && sl.d_dtype == ddt && sl.n == n && sl.k == k && sl.rows == rows &&
+                sl.align == align) {
                 algo = sl.algo;
                 have = 1;
             } else if (!sl.used && at < 0) {
@@ -455,7 +490,7 @@ int lt_gemm(int32_t dt, const void *src, const void *w, const void *c, void *d, 
         algo = h.algo;
         std::lock_guard<std::mutex> g(slots_lock);
         if (at >= 0 && !slots[at].used)
-            slots[at] = algo_slot{1, dt, n, k, rows, align, algo};
+            slots[at] = algo_slot{1, dt, ddt, n, k, rows, align, algo};
     }
     const float one = 1.0f, beta = c ? 1.0f : 0.0f;
     return (int)cublasLtMatmul(fmm_lt, &desc, &one, w, &la, src, &lb, &beta, c ? c : d, &lc, d, &lc, &algo, lt_ws,
@@ -468,7 +503,8 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     const void *src = a->x;
     if (a->norm_weight) {
         void *xn = ws;
-        int e = kiln_rmsnorm_cuda(a->x, NULL, a->norm_weight, NULL, xn, DT, DT, a->rows, a->k, a->epsilon, s);
+        int e = kiln_rmsnorm_cuda(a->x, NULL, a->norm_weight, NULL, xn, a->x_dtype, DT, DT, DT, a->rows, a->k,
+                                  a->epsilon, s);
         if (e)
             return e;
         src = xn;
@@ -479,8 +515,8 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     const int direct = a->epilogue == KILN_FUSEDMM_NONE || a->epilogue == KILN_FUSEDMM_RESIDUAL;
     void *t = direct ? a->y : ws + kiln_fusedmm_workspace_t(a->rows, a->k);
     void *lt_ws = ws + kiln_fusedmm_workspace_lt(a->rows, a->n, a->k, es);
-    int st = lt_gemm(DT, src, a->w, a->epilogue == KILN_FUSEDMM_RESIDUAL ? a->residual : NULL, t, a->rows, a->n, a->k,
-                     lt_ws, s);
+    int st = lt_gemm(DT, direct ? a->y_dtype : DT, src, a->w, a->epilogue == KILN_FUSEDMM_RESIDUAL ? a->residual : NULL,
+                     t, a->rows, a->n, a->k, lt_ws, s);
     if (st)
         return st < 0 ? KILN_FUSEDMM_NO_ALGO : 10000 + st;
     if (direct)
@@ -511,11 +547,14 @@ extern "C" int kiln_fusedmm_cuda(const kiln_fusedmm_cuda_args *a, void *stream)
     const uintptr_t addr = (uintptr_t)a->x | (uintptr_t)a->w | (uintptr_t)a->norm_weight;
     /* the GEMV's forms: the norm before no epilogue or SwiGLU, the residual add without it */
     const int form = a->epilogue == KILN_FUSEDMM_RESIDUAL ? !a->norm_weight : a->norm_weight != NULL;
-    if (form && (a->rows == 1 || a->rows == 2 || a->rows == 4 || a->rows == 8) && a->k % e == 0 && addr % 16 == 0) {
+    /* the stream's dtype: x's with the norm, y's with the residual add */
+    const int32_t stream_dt = a->norm_weight ? a->x_dtype : a->y_dtype;
+    if (form && (a->rows == 1 || a->rows == 2 || a->rows == 4 || a->rows == 8) && a->k % e == 0 && addr % 16 == 0 &&
+        (stream_dt == a->dtype || stream_dt == KILN_DTYPE_F32)) {
         switch (a->dtype) {
-        case KILN_DTYPE_F16: return (int)gemv_rows<KILN_DTYPE_F16>(a, s);
-        case KILN_DTYPE_BF16: return (int)gemv_rows<KILN_DTYPE_BF16>(a, s);
-        default: return (int)gemv_rows<KILN_DTYPE_F32>(a, s);
+        case KILN_DTYPE_F16: return (int)gemv_stream<KILN_DTYPE_F16>(a, stream_dt, s);
+        case KILN_DTYPE_BF16: return (int)gemv_stream<KILN_DTYPE_BF16>(a, stream_dt, s);
+        default: return (int)gemv_stream<KILN_DTYPE_F32>(a, stream_dt, s);
         }
     }
     int e0 = kiln_fusedmm_cuda_init();

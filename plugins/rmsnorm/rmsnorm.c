@@ -4,17 +4,26 @@
  * multiply).
  *
  * Inputs:  x [..., H] (f32/f16/bf16), weight [H] (f32/f16/bf16).
- * Output:  y, shape and dtype of x.
- * Fields:  epsilon (f32, required).
- * Blob v1: epsilon as f32.
+ * Output:  y, shape of x, dtype output_dtype (default x's). The
+ *          normalized value is rounded to x's dtype (HF rounds it to the
+ *          input dtype), the product with the weight to y's: an f32 x
+ *          (the residual stream of a bf16 or f16 LLM engine, docs/llm.md)
+ *          with a bf16 y is rounded once, at the store.
+ * Fields:  epsilon (f32, required); output_dtype (string: input, f32,
+ *          f16 or bf16; default input, x's dtype).
+ * Blob v2: epsilon as f32, then y's dtype as i32 (-1: x's). v1 (epsilon
+ *          alone, engines built before output_dtype) reads as y in x's
+ *          dtype.
  *
  * AddRMSNorm (kiln/AddRMSNorm/1): the residual add fused with the norm
  * that follows it, so the sum is read once instead of written and read
- * again: sum = x + residual (rounded to x's dtype, as the separate add
- * stores it), y = RMSNorm(sum).
+ * again: sum = x + residual, added in f32 and rounded to x's dtype (as
+ * the separate add stores it), y = RMSNorm(sum). The residual may be of
+ * another float dtype than x: a bf16 engine keeps its residual stream x
+ * in f32 and adds each layer's bf16 output into it.
  *
- * Inputs:  x, residual [..., H] (same shape and dtype), weight [H].
- * Outputs: sum, y: shape and dtype of x.
+ * Inputs:  x, residual [..., H] (same shape; float dtypes), weight [H].
+ * Outputs: sum (shape and dtype of x), y (shape of x, dtype output_dtype).
  * Fields and blob: as RMSNorm.
  *
  * The CUDA kernels (rmsnorm_cuda.cu) follow the same arithmetic.
@@ -26,7 +35,7 @@
 
 #define NAME "RMSNorm"
 #define ADD_NAME "AddRMSNorm"
-#define BLOB_VERSION 1u
+#define BLOB_VERSION 2u
 
 static const kiln_host_api *host;
 
@@ -34,17 +43,21 @@ typedef struct rmsnorm {
     kiln_plugin base;
     struct {
         float epsilon;
+        int32_t output_dtype; /* kiln_dtype of y; -1: x's */
     } p;
     int32_t add; /* AddRMSNorm: inputs x, residual, weight; outputs sum, y */
 } rmsnorm;
 
 static const kiln_plugin_ops rmsnorm_ops;
 
-static kiln_status rmsnorm_new(float epsilon, int32_t add, kiln_plugin **out)
+static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t add, kiln_plugin **out)
 {
     if (!(epsilon > 0.0f) || !isfinite(epsilon))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: field \"epsilon\" must be a positive number, got %g",
                           add ? ADD_NAME : NAME, (double)epsilon);
+    if (output_dtype != -1 && !plugin_is_float((kiln_dtype)output_dtype))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: output dtype %d is not f32, f16 or bf16",
+                          add ? ADD_NAME : NAME, output_dtype);
     rmsnorm *r = calloc(1, sizeof *r);
     if (!r)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -52,6 +65,7 @@ static kiln_status rmsnorm_new(float epsilon, int32_t add, kiln_plugin **out)
     r->base.abi_version = KILN_PLUGIN_ABI_VERSION;
     r->base.ops = &rmsnorm_ops;
     r->p.epsilon = epsilon;
+    r->p.output_dtype = output_dtype;
     r->add = add;
     *out = &r->base;
     return KILN_OK;
@@ -84,35 +98,42 @@ static kiln_status rmsnorm_output_shapes(const kiln_plugin *self, const kiln_sha
     return KILN_OK;
 }
 
+/* The dtype of y for an x of dtype xt. */
+static kiln_dtype rmsnorm_y_dtype(const rmsnorm *r, kiln_dtype xt)
+{
+    return r->p.output_dtype < 0 ? xt : (kiln_dtype)r->p.output_dtype;
+}
+
 static kiln_status rmsnorm_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
                                          int32_t n_out)
 {
+    const rmsnorm *r = (const rmsnorm *)self;
     out[0] = in[0];
-    if (((const rmsnorm *)self)->add)
-        out[1] = in[0];
+    out[r->add] = rmsnorm_y_dtype(r, in[0]);
     return KILN_OK;
 }
 
 static int32_t rmsnorm_supports(const kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *d, int32_t n_in,
                                 int32_t n_out)
 {
-    int32_t add = ((const rmsnorm *)self)->add;
+    const rmsnorm *r = (const rmsnorm *)self;
+    int32_t add = r->add;
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
     backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
 #endif
-    if (!backend_ok || n_in != 2 + add || n_out != 1 + add || !plugin_is_float(d[0].dtype) ||
-        !plugin_is_float(d[1 + add].dtype))
+    if (!backend_ok || n_in != 2 + add || n_out != 1 + add)
         return 0;
-    for (int32_t i = 1; i < n_in + n_out; i++)
-        if (i != 1 + add && d[i].dtype != d[0].dtype)
+    for (int32_t i = 0; i < n_in; i++)
+        if (!plugin_is_float(d[i].dtype))
             return 0;
-    return 1;
+    /* inputs x, [residual,] weight; outputs [sum,] y */
+    return (!add || d[n_in].dtype == d[0].dtype) && d[n_in + add].dtype == rmsnorm_y_dtype(r, d[0].dtype);
 }
 
 typedef struct rmsnorm_job {
     const rmsnorm *r;
-    kiln_dtype xt, wt;
+    kiln_dtype xt, rt, wt, yt; /* x and sum, residual, weight, y */
     const void *x, *res, *w; /* res: NULL without the add */
     void *sum, *y;
     int64_t h;
@@ -121,7 +142,7 @@ typedef struct rmsnorm_job {
 static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
 {
     const rmsnorm_job *j = arg;
-    kiln_dtype xt = j->xt, wt = j->wt;
+    kiln_dtype xt = j->xt, rt = j->rt, wt = j->wt, yt = j->yt;
     /* with the add, the rounded sum is stored first and every later read
      * takes it from there, exactly as a separate add then RMSNorm would */
     const void *src = j->res ? j->sum : j->x;
@@ -131,16 +152,16 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
         for (int64_t i = 0; i < j->h; i++) {
             if (j->res)
                 plugin_store(host, j->sum, xt, base + i,
-                             plugin_load(host, j->x, xt, base + i) + plugin_load(host, j->res, xt, base + i));
+                             plugin_load(host, j->x, xt, base + i) + plugin_load(host, j->res, rt, base + i));
             float v = plugin_load(host, src, xt, base + i);
             ss += v * v;
         }
         float inv = 1.0f / sqrtf(ss / (float)j->h + j->r->p.epsilon);
         for (int64_t i = 0; i < j->h; i++) {
-            /* Round the normalized value to the storage dtype first, as HF does. */
+            /* Round the normalized value to x's dtype first, as HF does. */
             float n = plugin_load(host, src, xt, base + i) * inv;
             n = plugin_round(host, xt, n);
-            plugin_store(host, j->y, xt, base + i, n * plugin_load(host, j->w, wt, i));
+            plugin_store(host, j->y, yt, base + i, n * plugin_load(host, j->w, wt, i));
         }
     }
 }
@@ -163,12 +184,13 @@ static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, cons
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
         int e = kiln_rmsnorm_cuda(in[0], add ? in[1] : NULL, in[1 + add], add ? out[0] : NULL, out[add], x->dtype,
-                                  w->dtype, rows, h, r->p.epsilon, stream);
+                                  in_desc[add].dtype, out_desc[add].dtype, w->dtype, rows, h, r->p.epsilon, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, "%s: kernel launch failed (cuda error %d)", add ? ADD_NAME : NAME, e)
                  : KILN_OK;
     }
 #endif
-    rmsnorm_job job = {r, x->dtype, w->dtype, in[0], add ? in[1] : NULL, in[1 + add], add ? out[0] : NULL, out[add], h};
+    rmsnorm_job job = {r,     x->dtype,         in_desc[add].dtype, w->dtype, out_desc[add].dtype, in[0], add ? in[1] : NULL,
+                       in[1 + add], add ? out[0] : NULL, out[add], h};
     host->parallel_for(stream, rows, rmsnorm_rows, &job);
     return KILN_OK;
 }
@@ -204,22 +226,37 @@ static const kiln_plugin_ops rmsnorm_ops = {
 /* user_data of the AddRMSNorm creator is non-NULL. */
 static kiln_status rmsnorm_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
 {
-    return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), c->user_data != NULL, out);
+    static const struct {
+        const char *name;
+        int32_t dtype;
+    } names[] = {{"input", -1}, {"f32", KILN_DTYPE_F32}, {"f16", KILN_DTYPE_F16}, {"bf16", KILN_DTYPE_BF16}};
+    const kiln_field *of = plugin_field(f, n, "output_dtype");
+    const char *want = of ? of->data : "input";
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(want, names[i].name) == 0)
+            return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), names[i].dtype, c->user_data != NULL, out);
+    return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                      "%s: field \"output_dtype\" is \"%s\"; expected input, f32, f16 or bf16", c->name, want);
 }
 
 static kiln_status rmsnorm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                        kiln_plugin **out)
 {
-    float eps;
-    kiln_status s = plugin_pod_check_blob(host, c->name, BLOB_VERSION, version, size, sizeof eps);
+    /* v1 holds epsilon alone: y in x's dtype */
+    static const size_t sizes[BLOB_VERSION] = {sizeof(float), sizeof(float) + sizeof(int32_t)};
+    struct {
+        float epsilon;
+        int32_t output_dtype;
+    } p = {0.0f, -1};
+    kiln_status s = plugin_pod_read_blob(host, c->name, BLOB_VERSION, sizes, version, blob, size, &p);
     if (s != KILN_OK)
         return s;
-    memcpy(&eps, blob, sizeof eps);
-    return rmsnorm_new(eps, c->user_data != NULL, out);
+    return rmsnorm_new(p.epsilon, p.output_dtype, c->user_data != NULL, out);
 }
 
 static const kiln_field_spec rmsnorm_fields[] = {
     PLUGIN_FIELD_REQUIRED("epsilon", KILN_FIELD_F32, "added to the mean square before the square root"),
+    PLUGIN_FIELD_OPTIONAL("output_dtype", KILN_FIELD_STRING, "input", "dtype of y: input (x's), f32, f16 or bf16"),
 };
 
 static const kiln_plugin_creator rmsnorm_creator = {
@@ -229,7 +266,7 @@ static const kiln_plugin_creator rmsnorm_creator = {
     .version = "1",
     .plugin_namespace = "kiln",
     .fields = rmsnorm_fields,
-    .n_fields = 1,
+    .n_fields = sizeof rmsnorm_fields / sizeof rmsnorm_fields[0],
     .blob_version = BLOB_VERSION,
     .create = rmsnorm_create,
     .deserialize = rmsnorm_deserialize,
@@ -243,7 +280,7 @@ static const kiln_plugin_creator add_rmsnorm_creator = {
     .version = "1",
     .plugin_namespace = "kiln",
     .fields = rmsnorm_fields,
-    .n_fields = 1,
+    .n_fields = sizeof rmsnorm_fields / sizeof rmsnorm_fields[0],
     .blob_version = BLOB_VERSION,
     .create = rmsnorm_create,
     .deserialize = rmsnorm_deserialize,

@@ -1,7 +1,10 @@
 /* RMSNorm and AddRMSNorm on CUDA: one block per row (grid-stride over
  * rows), f32 statistics, the same roundings as rmsnorm.c: the sum of the
- * add rounded to the storage dtype, the normalized value rounded before
- * the weight multiply. Only the order of the sum of squares differs. */
+ * add rounded to x's dtype, the normalized value rounded to x's dtype
+ * before the weight multiply, the product to y's. Only the order of the
+ * sum of squares differs. x (and sum), the residual, y and the weight
+ * each have a dtype of their own: a bf16 or f16 engine keeps its residual
+ * stream in f32 (docs/llm.md). */
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
@@ -9,8 +12,8 @@
 #define RMS_THREADS 256
 
 __global__ void __launch_bounds__(RMS_THREADS)
-    rmsnorm_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int t, int wt, int64_t rows,
-                   int64_t h, float eps)
+    rmsnorm_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int t, int rt, int yt, int wt,
+                   int64_t rows, int64_t h, float eps)
 {
     __shared__ float part[RMS_THREADS / 32];
     kcu_after_prior(x, w, rows, t);
@@ -20,7 +23,7 @@ __global__ void __launch_bounds__(RMS_THREADS)
         for (int64_t i = threadIdx.x; i < h; i += blockDim.x) {
             float v = kcu_load_float(x, t, base + i);
             if (res) {
-                v = kcu_round_float(t, __fadd_rn(v, kcu_load_float(res, t, base + i)));
+                v = kcu_round_float(t, __fadd_rn(v, kcu_load_float(res, rt, base + i)));
                 kcu_store_float(sum, t, base + i, v);
             }
             ss = __fadd_rn(ss, __fmul_rn(v, v));
@@ -38,29 +41,59 @@ __global__ void __launch_bounds__(RMS_THREADS)
             /* the sum as this thread stored it (right even when sum is x) */
             float v = kcu_load_float(res ? sum : x, t, base + i);
             float n = kcu_round_float(t, __fmul_rn(v, inv));
-            kcu_store_float(y, t, base + i, __fmul_rn(n, kcu_load_float(w, wt, i)));
+            kcu_store_float(y, yt, base + i, __fmul_rn(n, kcu_load_float(w, wt, i)));
         }
     }
 }
 
-/* The common case, rows of at most RMS_THREADS * RMS_MAX_VEC 16-byte
- * vectors (8192 bf16/f16 or 4096 f32 values) with 16-byte aligned rows:
- * each thread loads its vectors of x (and of the residual) into registers
- * up front, so a row costs two memory latencies instead of one per element
+/* The common case, rows of at most RMS_THREADS * RMS_MAX_VEC vectors of E
+ * values (8192 values when y is bf16/f16, 4096 in f32) with 16-byte
+ * aligned rows, x in y's dtype or in f32 and the residual in y's: each
+ * thread loads its vectors of x (and of the residual) into registers up
+ * front, so a row costs two memory latencies instead of one per element
  * the thread owns (the loop above: measured 16 us a row at h = 2048 on the
  * H200, this one a few). Same roundings; the sum of squares is added in
  * another order. */
 #define RMS_MAX_VEC 4
 
-template <int DT>
+/* E values of dtype T from the E-value vector v of p (16-byte loads: two
+ * when T is f32 and E is 8), and the reverse. */
+template <int T, int E> __device__ __forceinline__ void rms_load(const void *p, int64_t v, float *f)
+{
+    constexpr int PER = T == KILN_DTYPE_F32 ? 4 : 8;
+    static_assert(E % PER == 0, "a vector is whole 16-byte loads");
+#pragma unroll
+    for (int q = 0; q < E / PER; q++) {
+        const uint4 u = ((const uint4 *)p)[v * (E / PER) + q];
+#pragma unroll
+        for (int e = 0; e < PER; e++)
+            f[q * PER + e] = kcu_load_float(&u, T, e);
+    }
+}
+
+template <int T, int E> __device__ __forceinline__ void rms_store(void *p, int64_t v, const float *f)
+{
+    constexpr int PER = T == KILN_DTYPE_F32 ? 4 : 8;
+#pragma unroll
+    for (int q = 0; q < E / PER; q++) {
+        uint4 u;
+#pragma unroll
+        for (int e = 0; e < PER; e++)
+            kcu_store_float(&u, T, e, f[q * PER + e]);
+        ((uint4 *)p)[v * (E / PER) + q] = u;
+    }
+}
+
+template <int XT, int YT>
 __global__ void __launch_bounds__(RMS_THREADS)
     rmsnorm_vec_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int wt, int wvec,
                        int64_t rows, int64_t h, float eps)
 {
-    constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* values per 16-byte vector */
+    /* values per vector: one 16-byte vector of y (and of the residual) */
+    constexpr int E = YT == KILN_DTYPE_F32 ? 4 : 8;
     __shared__ float part[RMS_THREADS / 32];
     const int64_t nvec = h / E;
-    /* With `wvec` (the weight in DT, 16-byte aligned) this thread's weight
+    /* With `wvec` (the weight in YT, 16-byte aligned) this thread's weight
      * vectors are loaded before the wait on the previous kernel: the
      * weight is a constant, and its latency would otherwise follow the
      * reduction on every row's critical path. */
@@ -72,15 +105,21 @@ __global__ void __launch_bounds__(RMS_THREADS)
     }
     kcu_after_prior(x, w, rows, wt);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
-        const uint4 *xr = (const uint4 *)x + row * nvec;
-        uint4 v[RMS_MAX_VEC], r[RMS_MAX_VEC];
+        const char *xr = (const char *)x + row * h * (XT == KILN_DTYPE_F32 ? 4 : 2);
+        float v[RMS_MAX_VEC][E];
 #pragma unroll
         for (int j = 0; j < RMS_MAX_VEC; j++) {
             const int64_t k = threadIdx.x + (int64_t)j * RMS_THREADS;
             if (k < nvec) {
-                v[j] = xr[k];
-                if (res)
-                    r[j] = ((const uint4 *)res + row * nvec)[k];
+                rms_load<XT, E>(xr, k, v[j]);
+                if (res) {
+                    float r[E];
+                    rms_load<YT, E>((const char *)res + row * h * (YT == KILN_DTYPE_F32 ? 4 : 2), k, r);
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        v[j][e] = kcu_round_float(XT, __fadd_rn(v[j][e], r[e]));
+                    rms_store<XT, E>((char *)sum + row * h * (XT == KILN_DTYPE_F32 ? 4 : 2), k, v[j]);
+                }
             }
         }
         float ss = 0.0f;
@@ -88,18 +127,9 @@ __global__ void __launch_bounds__(RMS_THREADS)
         for (int j = 0; j < RMS_MAX_VEC; j++) {
             const int64_t k = threadIdx.x + (int64_t)j * RMS_THREADS;
             if (k < nvec) {
-                if (res) {
 #pragma unroll
-                    for (int e = 0; e < E; e++)
-                        kcu_store_float(&v[j], DT, e,
-                                        __fadd_rn(kcu_load_float(&v[j], DT, e), kcu_load_float(&r[j], DT, e)));
-                    ((uint4 *)sum + row * nvec)[k] = v[j];
-                }
-#pragma unroll
-                for (int e = 0; e < E; e++) {
-                    const float f = kcu_load_float(&v[j], DT, e);
-                    ss = __fadd_rn(ss, __fmul_rn(f, f));
-                }
+                for (int e = 0; e < E; e++)
+                    ss = __fadd_rn(ss, __fmul_rn(v[j][e], v[j][e]));
             }
         }
         ss = kcu_warp_sum(ss);
@@ -118,9 +148,9 @@ __global__ void __launch_bounds__(RMS_THREADS)
                 uint4 o;
 #pragma unroll
                 for (int e = 0; e < E; e++) {
-                    const float n = kcu_round_float(DT, __fmul_rn(kcu_load_float(&v[j], DT, e), inv));
-                    const float wf = wvec ? kcu_load_float(&wr[j], DT, e) : kcu_load_float(w, wt, k * E + e);
-                    kcu_store_float(&o, DT, e, __fmul_rn(n, wf));
+                    const float n = kcu_round_float(XT, __fmul_rn(v[j][e], inv));
+                    const float wf = wvec ? kcu_load_float(&wr[j], YT, e) : kcu_load_float(w, wt, k * E + e);
+                    kcu_store_float(&o, YT, e, __fmul_rn(n, wf));
                 }
                 ((uint4 *)y + row * nvec)[k] = o;
             }
@@ -129,27 +159,32 @@ __global__ void __launch_bounds__(RMS_THREADS)
 }
 
 extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void *weight, void *sum, void *y,
-                                 int32_t dtype, int32_t weight_dtype, int64_t rows, int64_t h, float epsilon,
-                                 void *stream)
+                                 int32_t x_dtype, int32_t residual_dtype, int32_t y_dtype, int32_t weight_dtype,
+                                 int64_t rows, int64_t h, float epsilon, void *stream)
 {
     if (rows <= 0)
         return 0;
     unsigned blocks = (unsigned)(rows < 65535 ? rows : 65535);
     cudaStream_t st = (cudaStream_t)stream;
-    const int64_t e = dtype == KILN_DTYPE_F32 ? 4 : 8;
+    const int64_t e = y_dtype == KILN_DTYPE_F32 ? 4 : 8;
     const uintptr_t addr = (uintptr_t)x | (uintptr_t)residual | (uintptr_t)sum | (uintptr_t)y;
-    const int wvec = weight_dtype == dtype && (uintptr_t)weight % 16 == 0;
-    if (h % e == 0 && h / e <= (int64_t)RMS_THREADS * RMS_MAX_VEC && addr % 16 == 0) {
-        if (dtype == KILN_DTYPE_BF16)
-            return (int)kcu_launch_cfg(rmsnorm_vec_kernel<KILN_DTYPE_BF16>, dim3(blocks), dim3(RMS_THREADS), st, x,
-                                       residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
-        if (dtype == KILN_DTYPE_F16)
-            return (int)kcu_launch_cfg(rmsnorm_vec_kernel<KILN_DTYPE_F16>, dim3(blocks), dim3(RMS_THREADS), st, x,
-                                       residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
-        if (dtype == KILN_DTYPE_F32)
-            return (int)kcu_launch_cfg(rmsnorm_vec_kernel<KILN_DTYPE_F32>, dim3(blocks), dim3(RMS_THREADS), st, x,
-                                       residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
+    const int wvec = weight_dtype == y_dtype && (uintptr_t)weight % 16 == 0;
+    /* the vector kernel's pairs: x in y's dtype, or an f32 x (the residual
+     * stream) with a bf16 or f16 y; the residual in y's dtype */
+    const int pair = x_dtype == y_dtype || (x_dtype == KILN_DTYPE_F32 && y_dtype != KILN_DTYPE_F32);
+    if (pair && (!residual || residual_dtype == y_dtype) && h % e == 0 &&
+        h / e <= (int64_t)RMS_THREADS * RMS_MAX_VEC && addr % 16 == 0) {
+#define RMS_VEC(XT, YT) \
+    if (x_dtype == XT && y_dtype == YT) \
+        return (int)kcu_launch_cfg(rmsnorm_vec_kernel<XT, YT>, dim3(blocks), dim3(RMS_THREADS), st, x, residual, weight, \
+                                   sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
+        RMS_VEC(KILN_DTYPE_BF16, KILN_DTYPE_BF16)
+        RMS_VEC(KILN_DTYPE_F16, KILN_DTYPE_F16)
+        RMS_VEC(KILN_DTYPE_F32, KILN_DTYPE_F32)
+        RMS_VEC(KILN_DTYPE_F32, KILN_DTYPE_BF16)
+        RMS_VEC(KILN_DTYPE_F32, KILN_DTYPE_F16)
+#undef RMS_VEC
     }
     return (int)kcu_launch_cfg(rmsnorm_kernel, dim3(blocks), dim3(RMS_THREADS), st, x, residual, weight, sum, y,
-                               (int)dtype, (int)weight_dtype, rows, h, epsilon);
+                               (int)x_dtype, (int)residual_dtype, (int)y_dtype, (int)weight_dtype, rows, h, epsilon);
 }
