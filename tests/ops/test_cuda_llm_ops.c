@@ -2,7 +2,8 @@
  * same plugin instance enqueued on KILN_BACKEND_CPU; on the GPU it runs as
  * a plugin layer through the CUDA backend, as an engine runs it), on
  * random inputs:
- * RMSNorm and AddRMSNorm, RoPE (no/linear/llama3 scaling, half-split and
+ * RMSNorm and AddRMSNorm (also with an f32 x and sum, the residual
+ * stream of a bf16/f16 engine, beside a 16-bit residual, weight and y), RoPE (no/linear/llama3 scaling, half-split and
  * interleaved pairs, partial rotary, the packed qkv row, in place), SwiGLU
  * (apart and packed), QuantMatMul (Q8_0, Q4_0, Q4_1; T = 1 … 512; k a
  * multiple of 256, where the GEMV loads 16 bytes at a time, and not; the K
@@ -14,7 +15,9 @@
  * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32),
  * FusedMatMul (every prologue and epilogue, RoPE's half-split and
  * interleaved pairs, partial rotary, the GEMV at 1, 2, 4, 8 rows
- * and cuBLASLt past it or where the GEMV does not apply).
+ * and cuBLASLt past it or where the GEMV does not apply; with bf16/f16
+ * weights also an f32 x into the norm and an f32 residual and y, the
+ * f32 outputs then within the weights' dtype's tolerance).
  * f32, f16 and bf16; odd sizes; T = 1 and T = 512.
  *
  * test_graph_capture runs each plugin again inside a CUDA graph capture
@@ -319,6 +322,48 @@ static void test_rmsnorm(void)
             }
     norm->ops->destroy(norm);
     add->ops->destroy(add);
+}
+
+/* The residual stream in f32 beside 16-bit layer outputs: x and sum f32,
+ * the residual, weight and y in t (the vector kernel), and once the
+ * residual in f32 too (the generic kernel). */
+static void test_rmsnorm_mixed(void)
+{
+    const int64_t hs[] = {7, 2048, 4099};
+    const float eps = 1e-5f;
+    const kiln_dtype half[2] = {KILN_DTYPE_BF16, KILN_DTYPE_F16};
+    for (size_t ti = 0; ti < 2; ti++) {
+        const kiln_dtype t = half[ti];
+        kiln_field f[2] = {ff32("epsilon", &eps), fstr("output_dtype", dtype_name(t))};
+        kiln_plugin *norm = make("RMSNorm", f, 2), *add = make("AddRMSNorm", f, 2);
+        if (!norm || !add)
+            return;
+        for (size_t hi = 0; hi < 3; hi++)
+            for (size_t ri = 0; ri < 2; ri++)
+                for (int rf = 0; rf < 1 + (hi == 1); rf++) {
+                    const int64_t h = hs[hi], rows = token_counts[ri];
+                    const kiln_dtype rt = rf ? KILN_DTYPE_F32 : t;
+                    buf in[3] = {buf_random(KILN_DTYPE_F32, rows, h, -30, 30), buf_random(rt, rows, h, -3, 3),
+                                 buf_random(t, h, 0, 0.5f, 1.5f)};
+                    buf out[2] = {buf_output(KILN_DTYPE_F32, rows, h), buf_output(t, rows, h)};
+                    char what[128];
+                    snprintf(what, sizeof what, "RMSNorm f32 -> %s rows %lld h %lld", dtype_name(t), (long long)rows,
+                             (long long)h);
+                    buf nin[2] = {in[0], in[2]};
+                    if (!rf)
+                        run_both(what, norm, nin, 2, &out[1], 1, NULL);
+                    cudaMemset(out[1].dev, 0xff, out[1].bytes);
+                    snprintf(what, sizeof what, "AddRMSNorm f32 + %s -> %s rows %lld h %lld", dtype_name(rt),
+                             dtype_name(t), (long long)rows, (long long)h);
+                    run_both(what, add, in, 3, out, 2, NULL);
+                    for (int i = 0; i < 3; i++)
+                        buf_free(&in[i]);
+                    buf_free(&out[0]);
+                    buf_free(&out[1]);
+                }
+        norm->ops->destroy(norm);
+        add->ops->destroy(add);
+    }
 }
 
 /* ---- RoPE ----------------------------------------------------------------------------------- */
@@ -676,24 +721,28 @@ static void test_fp8(void)
 
 /* One FusedMatMul case: the GEMV at 1, 2, 4 and 8 rows (the RMSNorm with
  * no epilogue or with SwiGLU, the residual add without the norm), the
- * unfused kernels with cuBLASLt at any other row count or form. */
-static void check_fused_matmul(kiln_dtype t, int32_t n, int32_t k, int32_t norm, const char *epilogue, int64_t rows)
+ * unfused kernels with cuBLASLt at any other row count or form. w in t;
+ * st is t or f32, the dtype of x with the norm and of the residual and y
+ * with the residual add (an f32 residual stream). */
+static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k, int32_t norm, const char *epilogue,
+                               int64_t rows)
 {
     const float eps = 1e-5f;
     const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
+    const kiln_dtype xt = norm ? st : t, yt = residual ? st : t;
     kiln_field f[5] = {fi32("n", &n), fi32("k", &k), fi32("norm", &norm), ff32("epsilon", &eps),
                        fstr("epilogue", epilogue)};
     kiln_plugin *p = make("FusedMatMul", f, 5);
     if (!p)
         return;
     const float wr = 1.0f / sqrtf((float)k);
-    buf in[4] = {buf_random(t, rows, k, -2, 2), buf_random(t, n, k, -wr, wr)};
+    buf in[4] = {buf_random(xt, rows, k, -2, 2), buf_random(t, n, k, -wr, wr)};
     int32_t n_in = 2;
     if (norm)
         in[n_in++] = buf_random(t, k, 0, 0.5f, 1.5f);
     if (residual)
-        in[n_in++] = buf_random(t, rows, n, -1, 1);
-    buf y = buf_output(t, rows, swiglu ? n / 2 : n);
+        in[n_in++] = buf_random(yt, rows, n, -1, 1);
+    buf y = buf_output(yt, rows, swiglu ? n / 2 : n);
     kiln_tensor_desc d[5];
     for (int32_t i = 0; i < n_in; i++)
         d[i] = in[i].desc;
@@ -704,10 +753,16 @@ static void check_fused_matmul(kiln_dtype t, int32_t n, int32_t k, int32_t norm,
         fprintf(stderr, "cannot allocate the workspace\n");
         exit(1);
     }
-    char what[128];
-    snprintf(what, sizeof what, "FusedMatMul %s%s norm %d %s T %lld n %d k %d", dtype_name(t),
-             use_graph ? " in a graph" : "", norm, epilogue, (long long)rows, n, k);
+    char what[160];
+    snprintf(what, sizeof what, "FusedMatMul %s%s%s norm %d %s T %lld n %d k %d", dtype_name(t),
+             st != t ? " (f32 stream)" : "", use_graph ? " in a graph" : "", norm, epilogue, (long long)rows, n, k);
+    /* an f32 y holds a product rounded (GEMV) or not (cuBLASLt's
+     * epilogue) to t: t's tolerance */
+    const double floor_was = tol_floor;
+    if (tol_for(t) > tol_floor)
+        tol_floor = tol_for(t);
     run_both_ws(what, p, in, n_in, &y, 1, wh, wd);
+    tol_floor = floor_was;
     free(wh);
     cudaFree(wd);
     for (int32_t i = 0; i < n_in; i++)
@@ -772,8 +827,14 @@ static void test_fused_matmul(void)
     const int64_t big_rows[] = {1, 2, 4, 8, 9, 64}, small_rows[] = {1, 3, 8};
     for (size_t ti = 0; ti < 3; ti++)
         for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
-            for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++)
-                check_fused_matmul(float_types[ti], 256, 2048, forms[fi].norm, forms[fi].epilogue, big_rows[ri]);
+            const kiln_dtype t = float_types[ti];
+            for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++) {
+                check_fused_matmul(t, t, 256, 2048, forms[fi].norm, forms[fi].epilogue, big_rows[ri]);
+                /* the f32 residual stream: x into the norm, residual and y */
+                if (t != KILN_DTYPE_F32 && (forms[fi].norm || fi == 2))
+                    check_fused_matmul(t, KILN_DTYPE_F32, 256, 2048, forms[fi].norm, forms[fi].epilogue,
+                                       big_rows[ri]);
+            }
             if (fi == 0)
                 for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++) {
                     check_fused_rope(float_types[ti], 0, 128, "llama3", big_rows[ri]);
@@ -781,8 +842,11 @@ static void test_fused_matmul(void)
                 }
             /* k not a multiple of the 16-byte vector (the GEMM path), odd sizes */
             for (size_t ri = 0; ri < sizeof small_rows / sizeof small_rows[0]; ri++) {
-                check_fused_matmul(float_types[ti], 10, 36, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
-                check_fused_matmul(float_types[ti], 34, 64, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
+                check_fused_matmul(t, t, 10, 36, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
+                check_fused_matmul(t, t, 34, 64, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
+                if (t != KILN_DTYPE_F32 && (forms[fi].norm || fi == 2))
+                    check_fused_matmul(t, KILN_DTYPE_F32, 34, 64, forms[fi].norm, forms[fi].epilogue,
+                                       small_rows[ri]);
             }
         }
 }
@@ -804,6 +868,19 @@ static void test_graph_capture(void)
         buf_free(&out[0]);
         buf_free(&out[1]);
         add->ops->destroy(add);
+    }
+    kiln_field fm[2] = {f, fstr("output_dtype", "bf16")};
+    kiln_plugin *addm = make("AddRMSNorm", fm, 2);
+    if (addm) {
+        buf in[3] = {buf_random(KILN_DTYPE_F32, 1, 2048, -30, 30), buf_random(KILN_DTYPE_BF16, 1, 2048, -3, 3),
+                     buf_random(KILN_DTYPE_BF16, 2048, 0, 0.5f, 1.5f)};
+        buf out[2] = {buf_output(KILN_DTYPE_F32, 1, 2048), buf_output(KILN_DTYPE_BF16, 1, 2048)};
+        run_both("AddRMSNorm f32 + bf16 -> bf16 in a graph", addm, in, 3, out, 2, NULL);
+        for (int i = 0; i < 3; i++)
+            buf_free(&in[i]);
+        buf_free(&out[0]);
+        buf_free(&out[1]);
+        addm->ops->destroy(addm);
     }
     check_rope("llama3", 0, 64, 2, KILN_DTYPE_BF16, 1, 0);
     const int32_t one = 1, n = 257, k = 2048;
@@ -872,15 +949,19 @@ static void test_graph_capture(void)
     }
     if (f8)
         f8->ops->destroy(f8);
-    check_fused_matmul(KILN_DTYPE_BF16, 2048, 1024, 1, "swiglu", 1);
-    check_fused_matmul(KILN_DTYPE_BF16, 1024, 2048, 0, "residual", 8);
-    check_fused_matmul(KILN_DTYPE_BF16, 2048, 1024, 1, "none", 64);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 2048, 1024, 1, "swiglu", 1);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 1024, 2048, 0, "residual", 8);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 2048, 1024, 1, "none", 64);
+    /* a bf16 engine's layer: the f32 stream into the norm, out of the residual add */
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 2048, 1024, 1, "swiglu", 1);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 1024, 2048, 0, "residual", 8);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 1024, 2048, 0, "residual", 64);
     check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", 1);
     check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", 64);
     use_graph = 0;
 }
 
-static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rope),         TEST(test_swiglu),
+static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rmsnorm_mixed), TEST(test_rope),         TEST(test_swiglu),
                                    TEST(test_qmatmul), TEST(test_qmatmul_k),    TEST(test_woq),
                                    TEST(test_fp8),     TEST(test_fused_matmul), TEST(test_graph_capture)};
 

@@ -7,7 +7,11 @@
  * host's ggml dequantization; FusedMatMul against RMSNorm, a plain
  * matmul and SwiGLU, the residual add or RoPE.
  * Each fused path runs the same f32 arithmetic on the same rounded values,
- * so the results must agree bit for bit. Old (v1) blobs still load. */
+ * so the results must agree bit for bit. Old (v1) blobs still load.
+ * The mixed dtypes of an f32 residual stream in a bf16/f16 engine
+ * (AddRMSNorm: x f32 + a bf16 residual, y bf16) against the definition
+ * in double; FusedMatMul with an f32 x or residual against the
+ * composition of the mixed RMSNorm, a matmul and an f32 add. */
 #include "test.h"
 
 #include <kiln/plugin.h>
@@ -187,6 +191,95 @@ static void test_add_rmsnorm(void)
         norm->ops->destroy(norm);
     if (add)
         add->ops->destroy(add);
+}
+
+/* ---------------------------------------------------------------------------
+ * AddRMSNorm and RMSNorm with an f32 x (the residual stream) and a bf16 or
+ * f16 residual, weight and y, against the definition in double: sum = x +
+ * residual (one f32 rounding: exact in double, then rounded), y =
+ * sum / sqrt(mean(sum²) + eps) · weight, rounded once to y's dtype
+ * ------------------------------------------------------------------------- */
+
+static void test_add_rmsnorm_mixed(void)
+{
+    const float eps = 1e-6f;
+    const int64_t rows = 4, h = 96;
+    const kiln_dtype half[2] = {KILN_DTYPE_BF16, KILN_DTYPE_F16};
+    for (int hi = 0; hi < 2; hi++) {
+        const kiln_dtype t = half[hi];
+        kiln_field f[2] = {ff32("epsilon", &eps), fstr("output_dtype", t == KILN_DTYPE_BF16 ? "bf16" : "f16")};
+        kiln_plugin *norm = make("RMSNorm", f, 2), *add = make("AddRMSNorm", f, 2);
+        if (!norm || !add)
+            break;
+        kiln_dtype in_t[3] = {KILN_DTYPE_F32, t, t}, out_t[2];
+        CHECK_OK(add->ops->output_dtypes(add, in_t, 3, out_t, 2));
+        CHECK(out_t[0] == KILN_DTYPE_F32 && out_t[1] == t);
+        /* x spans several binades, so that the f32 sum keeps bits a
+         * 16-bit sum would round away */
+        float *x = malloc((size_t)(rows * h) * sizeof(float)), *sum = malloc((size_t)(rows * h) * sizeof(float));
+        void *res = random_buf(t, rows * h), *w = random_buf(t, h), *y = malloc((size_t)(rows * h) * 2),
+             *yn = malloc((size_t)(rows * h) * 2);
+        for (int64_t i = 0; i < rows * h; i++)
+            x[i] = uniform(-1.0f, 1.0f) * (float)(1 << (i % 7));
+        kiln_tensor_desc d[5] = {DESC(KILN_DTYPE_F32, rows, h), DESC(t, rows, h), DESC(t, h),
+                                 DESC(KILN_DTYPE_F32, rows, h), DESC(t, rows, h)};
+        const void *in[3] = {x, res, w};
+        void *out[2] = {sum, y};
+        CHECK_OK(run(add, d, in, 3, out, 2));
+        /* RMSNorm alone: y of the f32 sum */
+        kiln_tensor_desc dn[3] = {DESC(KILN_DTYPE_F32, rows, h), DESC(t, h), DESC(t, rows, h)};
+        const void *in_n[2] = {sum, w};
+        void *out_n[1] = {yn};
+        CHECK_OK(run(norm, dn, in_n, 2, out_n, 1));
+        CHECK(memcmp(y, yn, (size_t)(rows * h) * 2) == 0);
+        int64_t finer = 0, bad_sum = 0, bad_y = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            double ss = 0.0;
+            for (int64_t i = r * h; i < (r + 1) * h; i++) {
+                double s = (double)x[i] + (double)load(res, t, i);
+                bad_sum += sum[i] != (float)s;
+                ss += (double)(float)s * (double)(float)s;
+            }
+            double inv = 1.0 / sqrt(ss / (double)h + (double)eps);
+            for (int64_t i = r * h; i < (r + 1) * h; i++) {
+                double want = (double)sum[i] * inv * (double)load(w, t, i - r * h), got = load(y, t, i);
+                /* one rounding to t: at most half a unit in the last
+                 * place (2^-8 of the value in bf16, 2^-11 in f16; f16's
+                 * subnormals 2^-25), and f32's own roundings */
+                double ulp = t == KILN_DTYPE_BF16 ? 1.0 / 128 : 1.0 / 1024;
+                bad_y += fabs(got - want) > (ulp / 2 + 1e-6) * fabs(want) + 3e-8;
+            }
+        }
+        /* the stream held bits a 16-bit sum would not have */
+        for (int64_t i = 0; i < rows * h; i++) {
+            uint16_t one;
+            store(&one, t, 0, sum[i]);
+            finer += load(&one, t, 0) != sum[i];
+        }
+        CHECK(bad_sum == 0);
+        CHECK(bad_y == 0);
+        CHECK(finer > rows * h / 2);
+        /* y must be of output_dtype: an f32 y is refused */
+        d[4] = DESC(KILN_DTYPE_F32, rows, h);
+        CHECK(!add->ops->supports(add, KILN_BACKEND_CPU, d, 3, 2));
+        /* a v1 blob (epsilon alone) loads as y in x's dtype */
+        check_blob(add, "AddRMSNorm", 1, sizeof(float));
+        const kiln_plugin_creator *c = kiln_registry_find(reg, "AddRMSNorm", "1", "kiln", NULL);
+        kiln_plugin *v1 = NULL;
+        CHECK_OK(c->deserialize(c, 1, &eps, sizeof eps, &v1));
+        if (v1) {
+            CHECK_OK(v1->ops->output_dtypes(v1, in_t, 3, out_t, 2));
+            CHECK(out_t[0] == KILN_DTYPE_F32 && out_t[1] == KILN_DTYPE_F32);
+            v1->ops->destroy(v1);
+        }
+        free(x), free(sum), free(res), free(w), free(y), free(yn);
+        norm->ops->destroy(norm);
+        add->ops->destroy(add);
+    }
+    const kiln_plugin_creator *c = kiln_registry_find(reg, "RMSNorm", "1", "kiln", NULL);
+    kiln_field bad[2] = {ff32("epsilon", &eps), fstr("output_dtype", "int8")};
+    kiln_plugin *p = NULL;
+    CHECK_FAILS(kiln_plugin_create(c, bad, 2, &p), KILN_ERROR_INVALID_ARGUMENT, "output_dtype");
 }
 
 /* ---------------------------------------------------------------------------
@@ -575,24 +668,32 @@ static void teardown(void)
  * dtype) and SwiGLU on the gate and up columns or the residual add
  * ------------------------------------------------------------------------- */
 
-static void check_fused_matmul(kiln_dtype t, int32_t norm, const char *epilogue, int64_t rows)
+static const char *dtype_field(kiln_dtype t)
+{
+    return t == KILN_DTYPE_F32 ? "f32" : t == KILN_DTYPE_F16 ? "f16" : "bf16";
+}
+
+/* w in t; x in st with the norm (else t), the residual and y in st with
+ * the residual add: st is t, or f32 (a bf16/f16 engine's residual stream) */
+static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const char *epilogue, int64_t rows)
 {
     const int32_t n = 10, k = 24;
     const float eps = 1e-5f;
     const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
     const int64_t width = swiglu ? n / 2 : n;
+    const kiln_dtype xt = norm ? st : t, yt = residual ? st : t;
     kiln_field f[5] = {fi32("n", &n), fi32("k", &k), fi32("norm", &norm), ff32("epsilon", &eps),
                        fstr("epilogue", epilogue)};
-    kiln_field fn = ff32("epsilon", &eps);
-    kiln_plugin *p = make("FusedMatMul", f, 5), *rms = make("RMSNorm", &fn, 1), *sw = make("SwiGLU", NULL, 0);
+    kiln_field fn[2] = {ff32("epsilon", &eps), fstr("output_dtype", dtype_field(t))};
+    kiln_plugin *p = make("FusedMatMul", f, 5), *rms = make("RMSNorm", fn, 2), *sw = make("SwiGLU", NULL, 0);
     size_t es = esize(t);
-    void *x = random_buf(t, rows * k), *w = random_buf(t, (int64_t)n * k), *nw = random_buf(t, k);
-    void *res = random_buf(t, rows * n), *h = malloc((size_t)(rows * k) * es), *prod = malloc((size_t)(rows * n) * es);
-    void *ref = malloc((size_t)(rows * width) * es), *y = malloc((size_t)(rows * width) * es);
+    void *x = random_buf(xt, rows * k), *w = random_buf(t, (int64_t)n * k), *nw = random_buf(t, k);
+    void *res = random_buf(yt, rows * n), *h = malloc((size_t)(rows * k) * es), *prod = malloc((size_t)(rows * n) * es);
+    void *ref = malloc((size_t)(rows * width) * esize(yt)), *y = malloc((size_t)(rows * width) * esize(yt));
     if (p && rms && sw) {
         /* the reference: h = RMSNorm(x) (or x), prod = h · wᵀ */
         if (norm) {
-            kiln_tensor_desc dn[3] = {DESC(t, rows, k), DESC(t, k), DESC(t, rows, k)};
+            kiln_tensor_desc dn[3] = {DESC(xt, rows, k), DESC(t, k), DESC(t, rows, k)};
             const void *in_n[2] = {x, nw};
             void *out_n[1] = {h};
             CHECK_OK(run(rms, dn, in_n, 2, out_n, 1));
@@ -621,17 +722,20 @@ static void check_fused_matmul(kiln_dtype t, int32_t norm, const char *epilogue,
             free(g), free(u);
         } else {
             for (int64_t i = 0; i < rows * n; i++)
-                store(ref, t, i, load(prod, t, i) + (residual ? load(res, t, i) : 0.0f));
+                store(ref, yt, i, load(prod, t, i) + (residual ? load(res, yt, i) : 0.0f));
         }
         kiln_tensor_desc d[5];
         const void *in[4] = {x, w};
         int32_t n_in = 2;
-        d[0] = DESC(t, rows, k), d[1] = DESC(t, n, k);
+        d[0] = DESC(xt, rows, k), d[1] = DESC(t, n, k);
         if (norm)
             d[n_in] = DESC(t, k), in[n_in++] = nw;
         if (residual)
-            d[n_in] = DESC(t, rows, n), in[n_in++] = res;
-        d[n_in] = DESC(t, rows, width);
+            d[n_in] = DESC(yt, rows, n), in[n_in++] = res;
+        d[n_in] = DESC(yt, rows, width);
+        kiln_dtype dt[4] = {d[0].dtype, d[1].dtype, d[2].dtype, d[3].dtype}, out_t;
+        CHECK_OK(p->ops->output_dtypes(p, dt, n_in, &out_t, 1));
+        CHECK(out_t == yt);
         void *out[1] = {y};
         CHECK(p->ops->supports(p, KILN_BACKEND_CPU, d, n_in, 1));
         size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
@@ -643,13 +747,19 @@ static void check_fused_matmul(kiln_dtype t, int32_t norm, const char *epilogue,
         const float tol = t == KILN_DTYPE_F32 ? 1e-5f : t == KILN_DTYPE_F16 ? 2e-3f : 1.6e-2f;
         float worst = 0.0f, scale = 0.0f;
         for (int64_t i = 0; i < rows * width; i++) {
-            worst = fmaxf(worst, fabsf(load(y, t, i) - load(ref, t, i)));
-            scale = fmaxf(scale, fabsf(load(ref, t, i)));
+            worst = fmaxf(worst, fabsf(load(y, yt, i) - load(ref, yt, i)));
+            scale = fmaxf(scale, fabsf(load(ref, yt, i)));
         }
         CHECK(scale > 0.0f && worst <= tol * scale);
+        /* the residual and y differ in dtype: refused */
+        if (residual && st != t) {
+            d[n_in] = DESC(t, rows, width);
+            CHECK(!p->ops->supports(p, KILN_BACKEND_CPU, d, n_in, 1));
+            d[n_in] = DESC(yt, rows, width);
+        }
         /* a residual input of the wrong size is refused */
         if (residual) {
-            d[n_in - 1] = DESC(t, rows, n - 1);
+            d[n_in - 1] = DESC(yt, rows, n - 1);
             CHECK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, n_in, d + n_in, out, 1, y, pool) == KILN_ERROR_SHAPE);
         }
     }
@@ -744,10 +854,16 @@ static void test_fused_matmul(void)
 {
     for (int ti = 0; ti < 3; ti++)
         for (int64_t rows = 1; rows <= 3; rows += 2) {
-            check_fused_matmul(float_types[ti], 1, "none", rows);
-            check_fused_matmul(float_types[ti], 1, "swiglu", rows);
-            check_fused_matmul(float_types[ti], 0, "residual", rows);
-            check_fused_matmul(float_types[ti], 0, "none", rows);
+            const kiln_dtype t = float_types[ti];
+            check_fused_matmul(t, t, 1, "none", rows);
+            check_fused_matmul(t, t, 1, "swiglu", rows);
+            check_fused_matmul(t, t, 0, "residual", rows);
+            check_fused_matmul(t, t, 0, "none", rows);
+            /* the f32 residual stream of a bf16/f16 engine */
+            check_fused_matmul(t, KILN_DTYPE_F32, 1, "none", rows);
+            check_fused_matmul(t, KILN_DTYPE_F32, 1, "swiglu", rows);
+            check_fused_matmul(t, KILN_DTYPE_F32, 0, "residual", rows);
+            check_fused_matmul(t, KILN_DTYPE_F32, 1, "residual", rows);
             check_fused_rope(float_types[ti], 0, 16, rows);
             check_fused_rope(float_types[ti], 0, 8, rows);
             check_fused_rope(float_types[ti], 1, 16, rows);
@@ -767,6 +883,7 @@ static void test_fused_matmul(void)
 
 static const test_case_ tests[] = {TEST(setup),
                                    TEST(test_add_rmsnorm),
+                                   TEST(test_add_rmsnorm_mixed),
                                    TEST(test_rope_packed),
                                    TEST(test_swiglu_packed),
                                    TEST(test_attention_packed),
