@@ -141,7 +141,7 @@ typedef struct kiln_fusedmm_cuda_args {
     int32_t n, k, epilogue;
     int32_t dtype;   /* w's and norm_weight's (f32, f16, bf16), the product's */
     int32_t x_dtype; /* dtype, or f32 with the norm prologue (a residual stream in f32) */
-    int32_t y_dtype; /* dtype, or f32 with the residual epilogue (the residual's too) */
+    int32_t y_dtype; /* dtype, or f32 with the residual epilogue (the residual's too) or none */
     float epsilon;
 } kiln_fusedmm_cuda_args;
 

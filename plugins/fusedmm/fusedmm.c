@@ -8,7 +8,8 @@
  *                         w's dtype;
  *   product:              p = x · Wᵀ, summed in f32, rounded to w's dtype
  *                         (what a separate matmul would store);
- *   epilogue "none":      y = p;
+ *   epilogue "none":      y = p; with output_dtype f32 the sums are
+ *                         stored unrounded (an LLM's logits);
  *            "residual":  y = residual + p, added in f32 and rounded to
  *                         the residual's dtype (the residual add of a
  *                         decoder layer: the O and down projections write
@@ -39,27 +40,32 @@
  *          residual stream of a bf16 engine); the residual of w's dtype
  *          or f32.
  * Output:  y [..., n] ([..., n / 2] with swiglu): the residual's dtype
- *          with the residual epilogue, else w's.
+ *          with the residual epilogue, f32 with output_dtype f32, else
+ *          w's.
  * Fields:  n, k (i32, required); norm (i32, default 0); epsilon (f32,
  *          required > 0 with norm); epilogue (string: none, residual,
  *          swiglu, rope; default none; swiglu needs n even); with rope,
- *          kiln/RoPE's fields (n = (n_heads + 2 n_kv_heads) head_dim).
- * Blob v1: n, k, norm, epilogue (i32), epsilon (f32), then kiln/RoPE's
- *          blob (rope/rope_params.h; zeros without rope).
+ *          kiln/RoPE's fields (n = (n_heads + 2 n_kv_heads) head_dim);
+ *          output_dtype (string: default, or f32 with epilogue none).
+ * Blob v2: n, k, norm, epilogue (i32), epsilon (f32), kiln/RoPE's blob
+ *          (rope/rope_params.h; zeros without rope), then y's dtype
+ *          (i32; -1: the default). v1 lacks the last: the default.
  * Workspace: kiln_fusedmm_workspace (plugin_cuda.h). */
 #include <math.h>
+#include <stddef.h>
 
 #include "plugin_cuda.h"
 #include "plugin_util.h"
 #include "rope/rope_params.h"
 
 #define NAME "FusedMatMul"
-#define BLOB_VERSION 1u
+#define BLOB_VERSION 2u
 
 typedef struct fusedmm_params {
     int32_t n, k, norm, epilogue;
     float epsilon;
     rope_params rope;
+    int32_t output_dtype; /* KILN_DTYPE_F32 (epilogue none), or -1: the default */
 } fusedmm_params;
 
 typedef struct fusedmm {
@@ -83,6 +89,10 @@ static kiln_status fusedmm_new(const fusedmm_params *p, kiln_plugin **out)
         (p->epilogue == KILN_FUSEDMM_SWIGLU && p->n % 2))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": epilogue %d with n = %d (swiglu needs n even)",
                           p->epilogue, p->n);
+    if (p->output_dtype != -1 && (p->output_dtype != KILN_DTYPE_F32 || p->epilogue != KILN_FUSEDMM_NONE))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": output dtype %d with epilogue %d (only an f32 y, with epilogue none)",
+                          p->output_dtype, p->epilogue);
     if (p->epilogue == KILN_FUSEDMM_ROPE) {
         kiln_status st = rope_params_check(host, NAME, &p->rope);
         if (st != KILN_OK)
@@ -147,7 +157,9 @@ static kiln_status fusedmm_output_dtypes(const kiln_plugin *self, const kiln_dty
                                          int32_t n_out)
 {
     const fusedmm_params *p = &((const fusedmm *)self)->p;
-    out[0] = p->epilogue == KILN_FUSEDMM_RESIDUAL ? in[n_in - 1] : in[1];
+    out[0] = p->epilogue == KILN_FUSEDMM_RESIDUAL ? in[n_in - 1]
+             : p->output_dtype >= 0              ? (kiln_dtype)p->output_dtype
+                                                 : in[1];
     return KILN_OK;
 }
 
@@ -176,7 +188,7 @@ static int32_t fusedmm_supports(const kiln_plugin *self, kiln_backend backend, c
         return 0;
     if (p->epilogue == KILN_FUSEDMM_RESIDUAL)
         return (y == t || y == KILN_DTYPE_F32) && d[n_in - 1].dtype == y;
-    return y == t;
+    return y == (p->output_dtype >= 0 ? (kiln_dtype)p->output_dtype : t);
 }
 
 static size_t fusedmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
@@ -194,9 +206,10 @@ typedef struct fusedmm_job {
     const void *w, *res; /* res: the residual, or the positions (rope) */
     void *y;
     kiln_dtype t, yt; /* w's, y's (and the residual's) */
+    kiln_dtype pt;    /* the product's: t, or f32 for an f32 y without epilogue */
 } fusedmm_job;
 
-/* The product of row r of xf with row c of w, rounded to the dtype. */
+/* The product of row r of xf with row c of w, rounded to pt. */
 static float fusedmm_dot(const fusedmm_job *j, int64_t r, int64_t c)
 {
     const int64_t k = j->p->k;
@@ -204,7 +217,7 @@ static float fusedmm_dot(const fusedmm_job *j, int64_t r, int64_t c)
     float acc = 0.0f;
     for (int64_t i = 0; i < k; i++)
         acc += xr[i] * plugin_load(host, j->w, j->t, c * k + i);
-    return plugin_round(host, j->t, acc);
+    return plugin_round(host, j->pt, acc);
 }
 
 /* W rows 2q and 2q + 1 for every row, rotated as kiln/RoPE rotates and
@@ -318,7 +331,7 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         for (int64_t i = 0; i < p->k; i++)
             xr[i] = plugin_round(host, t, plugin_round(host, xt, xr[i] * inv) * plugin_load(host, nw, t, i));
     }
-    fusedmm_job job = {(const fusedmm *)self, p, rows, xf, in[1], res, out[0], t, yt};
+    fusedmm_job job = {(const fusedmm *)self, p, rows, xf, in[1], res, out[0], t, yt, p->output_dtype >= 0 ? yt : t};
     host->parallel_for(stream, p->epilogue == KILN_FUSEDMM_ROPE ? p->n / 2 : fusedmm_width(p), fusedmm_range, &job);
     return KILN_OK;
 }
@@ -373,17 +386,29 @@ static kiln_status fusedmm_create(const kiln_plugin_creator *c, const kiln_field
         if (st != KILN_OK)
             return st;
     }
+    const kiln_field *od = plugin_field(f, n, "output_dtype");
+    const char *want = od ? od->data : "default";
+    if (strcmp(want, "f32") == 0)
+        p.output_dtype = KILN_DTYPE_F32;
+    else if (strcmp(want, "default") == 0)
+        p.output_dtype = -1;
+    else
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"output_dtype\" is \"%s\"; expected default or f32",
+                          want);
     return fusedmm_new(&p, out);
 }
 
 static kiln_status fusedmm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                        kiln_plugin **out)
 {
-    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof(fusedmm_params));
+    /* v1: without output_dtype */
+    static const size_t sizes[BLOB_VERSION] = {offsetof(fusedmm_params, output_dtype), sizeof(fusedmm_params)};
+    fusedmm_params p;
+    memset(&p, 0, sizeof p);
+    p.output_dtype = -1;
+    kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, sizes, version, blob, size, &p);
     if (s != KILN_OK)
         return s;
-    fusedmm_params p;
-    memcpy(&p, blob, sizeof p);
     return fusedmm_new(&p, out);
 }
 
@@ -410,6 +435,8 @@ static const kiln_field_spec fusedmm_fields[] = {
     PLUGIN_FIELD_OPTIONAL("high_freq_factor", KILN_FIELD_F32, &four_f32, "rope: llama3 high frequency factor"),
     PLUGIN_FIELD_OPTIONAL("original_max_position", KILN_FIELD_I32, &default_max_position,
                           "rope: llama3 original context length"),
+    PLUGIN_FIELD_OPTIONAL("output_dtype", KILN_FIELD_STRING, "default",
+                          "dtype of y: default (the residual's, else w's) or f32 (epilogue none: unrounded sums)"),
 };
 
 static const kiln_plugin_creator fusedmm_creator = {

@@ -142,14 +142,15 @@ template <int DT, int S, int E> __device__ __forceinline__ void load_x(const cha
 
 /* x [M, k], w [n, k], nw [k] (norm), res and y [M, n] (y [M, n / 2] with
  * SwiGLU), w and nw of dtype DT; x of dtype S with the norm (else DT), res
- * and y of dtype S with the residual epilogue (else y in DT); k a
+ * and y of dtype S with the residual epilogue (else y in DT, or in ydt
+ * without an epilogue: f32 logits, stored unrounded); k a
  * multiple of the vector width, x, w and nw 16-byte aligned. Each block
  * computes ROWS rows of y for the M rows of x; its kWarps warps split k
  * into contiguous quarters (as gemv.cu's). */
 template <int DT, int S, int M, int NORM, int EPI, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(kWarps * 32)
     fmm_gemv_kernel(const void *x, const void *w, const void *nw, const void *res, void *y, int32_t n, int32_t k,
-                    float eps, const rope_arg<EPI> rope)
+                    float eps, int ydt, const rope_arg<EPI> rope)
 {
     constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* elements per 16-byte vector */
     constexpr int ES = 16 / E;                      /* bytes per element */
@@ -325,7 +326,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             if constexpr (EPI == KILN_FUSEDMM_RESIDUAL)
                 kcu_store_float(y, S, at, __fadd_rn(kcu_round_float(DT, v), ev));
             else
-                kcu_store_float(y, DT, at, v);
+                kcu_store_float(y, ydt, at, v);
         }
     }
 }
@@ -342,7 +343,7 @@ cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     }
     return kcu_launch_cfg(fmm_gemv_kernel<DT, S, M, NORM, EPI, shape::rows, shape::unroll>,
                           dim3((unsigned)((a->n + shape::rows - 1) / shape::rows)), dim3(kWarps * 32), s, a->x, a->w,
-                          a->norm_weight, res, a->y, a->n, a->k, a->epsilon, rope);
+                          a->norm_weight, res, a->y, a->n, a->k, a->epsilon, (int)a->y_dtype, rope);
 }
 
 /* The four forms a decoder layer uses; the others take the GEMM path. */

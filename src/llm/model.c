@@ -673,18 +673,22 @@ static int plain_weight(builder *b, const char *wname)
 }
 
 /* y = epilogue(RMSNorm(x) · Wᵀ) (norm_hf non-NULL: HF norm `norm_hf`) or
- * y = residual + x · Wᵀ through kiln/FusedMatMul named `lname`. */
+ * y = residual + x · Wᵀ through kiln/FusedMatMul named `lname`; y in
+ * `output_dtype` ("default" or "f32", FusedMatMul's field). */
 static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, int64_t n, int64_t k,
-                                const char *norm_hf, const char *epilogue, const kiln_tensor *residual, kiln_tensor *y)
+                                const char *norm_hf, const char *epilogue, const kiln_tensor *residual,
+                                const char *output_dtype, kiln_tensor *y)
 {
     const kiln_llm_config *c = &b->ck->config;
     int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[5] = {field_i32("n", &nn),
+    kiln_field f[6] = {field_i32("n", &nn),
                        field_i32("k", &kk),
                        field_i32("norm", &norm),
                        field_f32("epsilon", &eps),
-                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue}};
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue},
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1,
+                        output_dtype}};
     kiln_tensor in[3] = {x, w};
     int32_t n_in = 2;
     if (norm_hf) {
@@ -694,7 +698,7 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
     }
     if (residual)
         in[n_in++] = *residual;
-    return plugin(b, lname, "FusedMatMul", f, 5, in, n_in, y);
+    return plugin(b, lname, "FusedMatMul", f, 6, in, n_in, y);
 }
 
 /* y = RMSNorm(x) with HF weight `hf`.weight; with residual non-NULL the
@@ -852,7 +856,7 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
         snprintf(cname, sizeof cname, "%s.self_attn.qkv_proj.weight", p);
         KILN_TRY(add_weights(b, wp, widths, 3, H, cname, &w));
         snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul", p);
-        KILN_TRY(fused_matmul(b, lname, *x, w, qd + 2 * kvd, H, norm, "none", NULL, &qkv));
+        KILN_TRY(fused_matmul(b, lname, *x, w, qd + 2 * kvd, H, norm, "none", NULL, "default", &qkv));
         char bn[3][160];
         const char *bp[3] = {bn[0], bn[1], bn[2]};
         kiln_tensor bt;
@@ -876,7 +880,7 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
     snprintf(wn[0], sizeof wn[0], "%s.self_attn.o_proj.weight", p);
     KILN_TRY(add_weight(b, wn[0], 2, H, qd, &w));
     snprintf(lname, sizeof lname, "%s.self_attn.o_proj.matmul_add", p);
-    KILN_TRY(fused_matmul(b, lname, a, w, H, qd, NULL, "residual", x, x));
+    KILN_TRY(fused_matmul(b, lname, a, w, H, qd, NULL, "residual", x, "default", x));
 
     snprintf(wn[0], sizeof wn[0], "%s.mlp.gate_proj.weight", p);
     snprintf(wn[1], sizeof wn[1], "%s.mlp.up_proj.weight", p);
@@ -884,12 +888,12 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
     KILN_TRY(add_weights_interleaved(b, wn[0], wn[1], I, H, cname, &w));
     snprintf(lname, sizeof lname, "%s.mlp.gate_up_proj.norm_matmul_swiglu", p);
     snprintf(norm, sizeof norm, "%s.post_attention_layernorm", p);
-    KILN_TRY(fused_matmul(b, lname, *x, w, 2 * I, H, norm, "swiglu", NULL, &m));
+    KILN_TRY(fused_matmul(b, lname, *x, w, 2 * I, H, norm, "swiglu", NULL, "default", &m));
 
     snprintf(wn[0], sizeof wn[0], "%s.mlp.down_proj.weight", p);
     KILN_TRY(add_weight(b, wn[0], 2, H, I, &w));
     snprintf(lname, sizeof lname, "%s.mlp.down_proj.matmul_add", p);
-    return fused_matmul(b, lname, m, w, H, I, NULL, "residual", x, x);
+    return fused_matmul(b, lname, m, w, H, I, NULL, "residual", x, "default", x);
 }
 
 /* Whether layer `p` ("model.layers.N") is built by fused_layer: the build
@@ -1080,14 +1084,28 @@ static kiln_status build(builder *b, int32_t max_blocks)
     for (int32_t l = 0; l < c->n_layers; l++)
         KILN_TRY(add_layer(b, l, &in, &x, &pending, &has_pending));
     kiln_tensor h, lm, logits;
+    int done = 0;
+    const char *lm_src = c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+    const int64_t vocab = c->vocab_size;
+    if (b->fuse && !has_pending && lm_fmt < 0 && plain_weight(b, lm_src)) {
+        /* The final norm and the output projection as one FusedMatMul over
+         * the last tokens' rows of the f32 stream, writing f32 logits: the
+         * unfused head rounds them to the dtype first, which cost 0.5
+         * points of argmax agreement with the f32 engine (docs/llm.md). */
+        KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", x, in.last_token, 0, &x));
+        if (c->tied_embeddings)
+            lm = emb;
+        else
+            KILN_TRY(add_weight(b, "lm_head.weight", 2, c->vocab_size, c->hidden_size, &lm));
+        KILN_TRY(fused_matmul(b, "lm_head", x, lm, vocab, c->hidden_size, "model.norm", "none", NULL, "f32",
+                              &logits));
+        return kiln_network_mark_output(b->net, logits, "logits");
+    }
     KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h));
     KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", h, in.last_token, 0, &h));
     /* Tied: the output projection reads the quantized embedding the gather
      * reads; or, when the gather reads f32 rows, a quantized copy of its
      * own where the checkpoint stores one. */
-    int done = 0;
-    const char *lm_src = c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-    const int64_t vocab = c->vocab_size;
     if (lm_fmt >= 0) {
         KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h,
                              "lm_head", &logits));

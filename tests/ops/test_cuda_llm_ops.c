@@ -723,16 +723,21 @@ static void test_fp8(void)
  * no epilogue or with SwiGLU, the residual add without the norm), the
  * unfused kernels with cuBLASLt at any other row count or form. w in t;
  * st is t or f32, the dtype of x with the norm and of the residual and y
- * with the residual add (an f32 residual stream). */
+ * with the residual add (an f32 residual stream); f32_out (epilogue
+ * none): y in f32, unrounded (an LLM's logits). */
 static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k, int32_t norm, const char *epilogue,
-                               int64_t rows)
+                               int64_t rows, int f32_out)
 {
     const float eps = 1e-5f;
     const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
-    const kiln_dtype xt = norm ? st : t, yt = residual ? st : t;
-    kiln_field f[5] = {fi32("n", &n), fi32("k", &k), fi32("norm", &norm), ff32("epsilon", &eps),
-                       fstr("epilogue", epilogue)};
-    kiln_plugin *p = make("FusedMatMul", f, 5);
+    const kiln_dtype xt = norm ? st : t, yt = residual ? st : f32_out ? KILN_DTYPE_F32 : t;
+    kiln_field f[6] = {fi32("n", &n),
+                       fi32("k", &k),
+                       fi32("norm", &norm),
+                       ff32("epsilon", &eps),
+                       fstr("epilogue", epilogue),
+                       fstr("output_dtype", f32_out ? "f32" : "default")};
+    kiln_plugin *p = make("FusedMatMul", f, 6);
     if (!p)
         return;
     const float wr = 1.0f / sqrtf((float)k);
@@ -754,8 +759,9 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k
         exit(1);
     }
     char what[160];
-    snprintf(what, sizeof what, "FusedMatMul %s%s%s norm %d %s T %lld n %d k %d", dtype_name(t),
-             st != t ? " (f32 stream)" : "", use_graph ? " in a graph" : "", norm, epilogue, (long long)rows, n, k);
+    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s norm %d %s T %lld n %d k %d", dtype_name(t),
+             st != t ? " (f32 stream)" : "", f32_out ? " (f32 y)" : "", use_graph ? " in a graph" : "", norm, epilogue,
+             (long long)rows, n, k);
     /* an f32 y holds a product rounded (GEMV) or not (cuBLASLt's
      * epilogue) to t: t's tolerance */
     const double floor_was = tol_floor;
@@ -829,11 +835,15 @@ static void test_fused_matmul(void)
         for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
             const kiln_dtype t = float_types[ti];
             for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++) {
-                check_fused_matmul(t, t, 256, 2048, forms[fi].norm, forms[fi].epilogue, big_rows[ri]);
+                check_fused_matmul(t, t, 256, 2048, forms[fi].norm, forms[fi].epilogue, big_rows[ri], 0);
                 /* the f32 residual stream: x into the norm, residual and y */
                 if (t != KILN_DTYPE_F32 && (forms[fi].norm || fi == 2))
                     check_fused_matmul(t, KILN_DTYPE_F32, 256, 2048, forms[fi].norm, forms[fi].epilogue,
-                                       big_rows[ri]);
+                                       big_rows[ri], 0);
+                /* an LLM's head: the f32 stream's norm into f32 logits */
+                if (fi == 0)
+                    check_fused_matmul(t, t == KILN_DTYPE_F32 ? t : KILN_DTYPE_F32, 256, 2048, 1, "none",
+                                       big_rows[ri], 1);
             }
             if (fi == 0)
                 for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++) {
@@ -842,11 +852,11 @@ static void test_fused_matmul(void)
                 }
             /* k not a multiple of the 16-byte vector (the GEMM path), odd sizes */
             for (size_t ri = 0; ri < sizeof small_rows / sizeof small_rows[0]; ri++) {
-                check_fused_matmul(t, t, 10, 36, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
-                check_fused_matmul(t, t, 34, 64, forms[fi].norm, forms[fi].epilogue, small_rows[ri]);
+                check_fused_matmul(t, t, 10, 36, forms[fi].norm, forms[fi].epilogue, small_rows[ri], 0);
+                check_fused_matmul(t, t, 34, 64, forms[fi].norm, forms[fi].epilogue, small_rows[ri], 0);
                 if (t != KILN_DTYPE_F32 && (forms[fi].norm || fi == 2))
                     check_fused_matmul(t, KILN_DTYPE_F32, 34, 64, forms[fi].norm, forms[fi].epilogue,
-                                       small_rows[ri]);
+                                       small_rows[ri], 0);
             }
         }
 }
@@ -949,13 +959,14 @@ static void test_graph_capture(void)
     }
     if (f8)
         f8->ops->destroy(f8);
-    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 2048, 1024, 1, "swiglu", 1);
-    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 1024, 2048, 0, "residual", 8);
-    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 2048, 1024, 1, "none", 64);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 2048, 1024, 1, "swiglu", 1, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 1024, 2048, 0, "residual", 8, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_BF16, 2048, 1024, 1, "none", 64, 0);
     /* a bf16 engine's layer: the f32 stream into the norm, out of the residual add */
-    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 2048, 1024, 1, "swiglu", 1);
-    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 1024, 2048, 0, "residual", 8);
-    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 1024, 2048, 0, "residual", 64);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 2048, 1024, 1, "swiglu", 1, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 1024, 2048, 0, "residual", 8, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 1024, 2048, 0, "residual", 64, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 4096, 1024, 1, "none", 4, 1);
     check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", 1);
     check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", 64);
     use_graph = 0;

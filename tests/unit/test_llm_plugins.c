@@ -674,21 +674,31 @@ static const char *dtype_field(kiln_dtype t)
 }
 
 /* w in t; x in st with the norm (else t), the residual and y in st with
- * the residual add: st is t, or f32 (a bf16/f16 engine's residual stream) */
-static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const char *epilogue, int64_t rows)
+ * the residual add: st is t, or f32 (a bf16/f16 engine's residual
+ * stream); f32_out (epilogue none): y in f32, the sums unrounded (an
+ * LLM's logits) */
+static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const char *epilogue, int64_t rows,
+                               int f32_out)
 {
     const int32_t n = 10, k = 24;
     const float eps = 1e-5f;
     const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
     const int64_t width = swiglu ? n / 2 : n;
-    const kiln_dtype xt = norm ? st : t, yt = residual ? st : t;
-    kiln_field f[5] = {fi32("n", &n), fi32("k", &k), fi32("norm", &norm), ff32("epsilon", &eps),
-                       fstr("epilogue", epilogue)};
+    const kiln_dtype xt = norm ? st : t, yt = residual ? st : f32_out ? KILN_DTYPE_F32 : t;
+    /* the product as the reference stores it: rounded to t, or not */
+    const kiln_dtype pt = f32_out ? KILN_DTYPE_F32 : t;
+    kiln_field f[6] = {fi32("n", &n),
+                       fi32("k", &k),
+                       fi32("norm", &norm),
+                       ff32("epsilon", &eps),
+                       fstr("epilogue", epilogue),
+                       fstr("output_dtype", f32_out ? "f32" : "default")};
     kiln_field fn[2] = {ff32("epsilon", &eps), fstr("output_dtype", dtype_field(t))};
-    kiln_plugin *p = make("FusedMatMul", f, 5), *rms = make("RMSNorm", fn, 2), *sw = make("SwiGLU", NULL, 0);
+    kiln_plugin *p = make("FusedMatMul", f, 6), *rms = make("RMSNorm", fn, 2), *sw = make("SwiGLU", NULL, 0);
     size_t es = esize(t);
     void *x = random_buf(xt, rows * k), *w = random_buf(t, (int64_t)n * k), *nw = random_buf(t, k);
-    void *res = random_buf(yt, rows * n), *h = malloc((size_t)(rows * k) * es), *prod = malloc((size_t)(rows * n) * es);
+    void *res = random_buf(yt, rows * n), *h = malloc((size_t)(rows * k) * es),
+         *prod = malloc((size_t)(rows * n) * esize(pt));
     void *ref = malloc((size_t)(rows * width) * esize(yt)), *y = malloc((size_t)(rows * width) * esize(yt));
     if (p && rms && sw) {
         /* the reference: h = RMSNorm(x) (or x), prod = h · wᵀ */
@@ -705,7 +715,7 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const 
                 float acc = 0.0f;
                 for (int64_t i = 0; i < k; i++)
                     acc += load(h, t, r * k + i) * load(w, t, c * k + i);
-                store(prod, t, r * n + c, acc);
+                store(prod, pt, r * n + c, acc);
             }
         if (swiglu) {
             /* rows 2i and 2i + 1 of w are gate_i and up_i: even and odd columns */
@@ -722,7 +732,7 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const 
             free(g), free(u);
         } else {
             for (int64_t i = 0; i < rows * n; i++)
-                store(ref, yt, i, load(prod, t, i) + (residual ? load(res, yt, i) : 0.0f));
+                store(ref, yt, i, load(prod, pt, i) + (residual ? load(res, yt, i) : 0.0f));
         }
         kiln_tensor_desc d[5];
         const void *in[4] = {x, w};
@@ -855,15 +865,17 @@ static void test_fused_matmul(void)
     for (int ti = 0; ti < 3; ti++)
         for (int64_t rows = 1; rows <= 3; rows += 2) {
             const kiln_dtype t = float_types[ti];
-            check_fused_matmul(t, t, 1, "none", rows);
-            check_fused_matmul(t, t, 1, "swiglu", rows);
-            check_fused_matmul(t, t, 0, "residual", rows);
-            check_fused_matmul(t, t, 0, "none", rows);
+            check_fused_matmul(t, t, 1, "none", rows, 0);
+            check_fused_matmul(t, t, 1, "swiglu", rows, 0);
+            check_fused_matmul(t, t, 0, "residual", rows, 0);
+            check_fused_matmul(t, t, 0, "none", rows, 0);
             /* the f32 residual stream of a bf16/f16 engine */
-            check_fused_matmul(t, KILN_DTYPE_F32, 1, "none", rows);
-            check_fused_matmul(t, KILN_DTYPE_F32, 1, "swiglu", rows);
-            check_fused_matmul(t, KILN_DTYPE_F32, 0, "residual", rows);
-            check_fused_matmul(t, KILN_DTYPE_F32, 1, "residual", rows);
+            check_fused_matmul(t, KILN_DTYPE_F32, 1, "none", rows, 0);
+            check_fused_matmul(t, KILN_DTYPE_F32, 1, "swiglu", rows, 0);
+            check_fused_matmul(t, KILN_DTYPE_F32, 0, "residual", rows, 0);
+            check_fused_matmul(t, KILN_DTYPE_F32, 1, "residual", rows, 0);
+            /* an LLM's head: the f32 stream's norm into unrounded f32 logits */
+            check_fused_matmul(t, KILN_DTYPE_F32, 1, "none", rows, 1);
             check_fused_rope(float_types[ti], 0, 16, rows);
             check_fused_rope(float_types[ti], 0, 8, rows);
             check_fused_rope(float_types[ti], 1, 16, rows);
@@ -879,6 +891,20 @@ static void test_fused_matmul(void)
     CHECK_FAILS(kiln_plugin_create(c, bad[1], 3, &p), KILN_ERROR_INVALID_ARGUMENT, "swiglu");
     bad[0][2] = fstr("epilogue", "none");
     CHECK_FAILS(kiln_plugin_create(c, bad[0], 4, &p), KILN_ERROR_INVALID_ARGUMENT, "epsilon");
+    /* output_dtype: f32, and only without an epilogue */
+    kiln_field od[4] = {fi32("n", &n), fi32("k", &k), fstr("epilogue", "residual"), fstr("output_dtype", "f32")};
+    CHECK_FAILS(kiln_plugin_create(c, od, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "output dtype");
+    od[2] = fstr("epilogue", "none"), od[3] = fstr("output_dtype", "bf16");
+    CHECK_FAILS(kiln_plugin_create(c, od, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "output_dtype");
+    /* a v1 blob (before output_dtype: 4 bytes shorter) loads */
+    od[3] = fstr("output_dtype", "f32");
+    CHECK_OK(kiln_plugin_create(c, od, 4, &p));
+    size_t size = 0;
+    if (p) {
+        CHECK_OK(p->ops->serialize(p, NULL, &size));
+        check_blob(p, "FusedMatMul", 1, size - sizeof(int32_t));
+        p->ops->destroy(p);
+    }
 }
 
 static const test_case_ tests[] = {TEST(setup),
