@@ -430,7 +430,7 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
 }
 
 /* ---- prefill tiles (AVX-512) ------------------------------------------------------------
- * Steps with f32 q, k, v and cache, a head_dim of 64 or 128 and query
+ * Steps with f32 q, k and v, an f32 or f16 cache, a head_dim of 64 or 128 and query
  * groups of at most 16 heads: a task takes the query heads of one kv head
  * for ATTN_LANES / group consecutive tokens of one sequence (and, in a
  * decode step, one chunk of its keys, merged by attn_merge), one query row per lane of a 512-bit register
@@ -438,7 +438,9 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
  * FMAs for the scores (a key's dims broadcast against q's lanes) and as
  * many for the values, the online softmax runs lane by lane on whole
  * registers, and e^x is a polynomial on registers instead of a libm call
- * per score. KILN_ATTENTION_ISA=c runs the portable kernel above instead
+ * per score. A decode row (one token of a sequence in the tile) takes
+ * attn_row instead, keys in the lanes. The cache may be f32 or f16 (its
+ * rows widened to f32 a tile at a time). KILN_ATTENTION_ISA=c runs the portable kernel above instead
  * (the tests compare both with a double-precision reference). */
 #ifdef PLUGIN_AVX512
 #define ATTN_AVX512 1
