@@ -106,6 +106,7 @@ typedef struct builder {
     char expanded[64]; /* formats expanded for want of a CUDA kernel */
     int fuse;          /* decoder layers of plain weights as kiln/FusedMatMul (fused_layer) */
     kiln_dtype kv_dtype; /* the KV cache's (kiln_llm_build_options.kv_cache resolved) */
+    kiln_dtype stream;   /* the residual stream's: f32 (the dtype with KILN_LLM_RESIDUAL=dtype) */
 } builder;
 
 static void progress(builder *b, const char *what)
@@ -946,9 +947,9 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     if (layer_fuses(b, p)) {
         if (*has_pending) {
             kiln_tensor m = *pending;
-            if (o->dtype != KILN_DTYPE_F32) {
+            if (b->stream != o->dtype) {
                 snprintf(n, sizeof n, "%s.residual_f32", p);
-                KILN_TRY(kiln_network_add_cast(net, n, m, KILN_DTYPE_F32, &m));
+                KILN_TRY(kiln_network_add_cast(net, n, m, b->stream, &m));
             }
             snprintf(n, sizeof n, "%s.residual_add", p);
             KILN_TRY(kiln_network_add_binary(net, n, KILN_BINARY_ADD, *x, m, x));
@@ -1056,6 +1057,8 @@ static kiln_status quant_embedding(builder *b, kiln_tensor tokens, kiln_tensor *
                             field_i32("k", &k)};
     kiln_tensor in[2] = {*table, tokens};
     KILN_TRY(plugin(b, "embed", "QuantGather", fields, 3, in, 2, x));
+    if (b->stream != KILN_DTYPE_F32)
+        KILN_TRY(kiln_network_add_cast(b->net, "embed_cast", *x, b->stream, x));
     list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, name);
     *lm_fmt = c->tied_embeddings ? f : -1;
     b->done_weights++;
@@ -1077,8 +1080,8 @@ static kiln_status build(builder *b, int32_t max_blocks)
         /* the residual stream x is f32 in every engine: the sum of the
          * layers' outputs, rounded to 8 bits at every add in bf16, cost
          * 1.1 points of argmax agreement with the f32 engine (docs/llm.md) */
-        if (b->opt->dtype != KILN_DTYPE_F32)
-            KILN_TRY(kiln_network_add_cast(b->net, "embed_f32", x, KILN_DTYPE_F32, &x));
+        if (b->stream != b->opt->dtype)
+            KILN_TRY(kiln_network_add_cast(b->net, "embed_f32", x, b->stream, &x));
     }
     kiln_tensor pending;
     int has_pending = 0;
@@ -1225,6 +1228,11 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     const char *fuse_env = getenv("KILN_LLM_FUSE");
     b.fuse =
         fuse_env && (fuse_env[0] == '0' || fuse_env[0] == '1') ? fuse_env[0] == '1' : o.backend == KILN_BACKEND_CUDA;
+    /* The residual stream is f32 (docs/llm.md); KILN_LLM_RESIDUAL=dtype
+     * keeps it in the engine dtype, as HF transformers' bf16 models do,
+     * for A/B runs (speed, and the logits of HF's own bf16 forward). */
+    const char *res_env = getenv("KILN_LLM_RESIDUAL");
+    b.stream = res_env && strcmp(res_env, "dtype") == 0 ? o.dtype : KILN_DTYPE_F32;
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
         return kiln_fail(KILN_ERROR_NOT_FOUND,
                          "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");
