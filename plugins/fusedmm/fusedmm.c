@@ -158,8 +158,8 @@ static kiln_status fusedmm_output_dtypes(const kiln_plugin *self, const kiln_dty
 {
     const fusedmm_params *p = &((const fusedmm *)self)->p;
     out[0] = p->epilogue == KILN_FUSEDMM_RESIDUAL ? in[n_in - 1]
-             : p->output_dtype >= 0              ? (kiln_dtype)p->output_dtype
-                                                 : in[1];
+             : p->output_dtype >= 0               ? (kiln_dtype)p->output_dtype
+                                                  : in[1];
     return KILN_OK;
 }
 
@@ -393,8 +393,8 @@ static kiln_status fusedmm_create(const kiln_plugin_creator *c, const kiln_field
     else if (strcmp(want, "default") == 0)
         p.output_dtype = -1;
     else
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"output_dtype\" is \"%s\"; expected default or f32",
-                          want);
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": field \"output_dtype\" is \"%s\"; expected default or f32", want);
     return fusedmm_new(&p, out);
 }
 

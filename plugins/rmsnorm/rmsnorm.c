@@ -189,8 +189,17 @@ static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, cons
                  : KILN_OK;
     }
 #endif
-    rmsnorm_job job = {r,     x->dtype,         in_desc[add].dtype, w->dtype, out_desc[add].dtype, in[0], add ? in[1] : NULL,
-                       in[1 + add], add ? out[0] : NULL, out[add], h};
+    rmsnorm_job job = {r,
+                       x->dtype,
+                       in_desc[add].dtype,
+                       w->dtype,
+                       out_desc[add].dtype,
+                       in[0],
+                       add ? in[1] : NULL,
+                       in[1 + add],
+                       add ? out[0] : NULL,
+                       out[add],
+                       h};
     host->parallel_for(stream, rows, rmsnorm_rows, &job);
     return KILN_OK;
 }

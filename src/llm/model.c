@@ -684,13 +684,13 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
     const kiln_llm_config *c = &b->ck->config;
     int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[6] = {field_i32("n", &nn),
-                       field_i32("k", &kk),
-                       field_i32("norm", &norm),
-                       field_f32("epsilon", &eps),
-                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue},
-                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1,
-                        output_dtype}};
+    kiln_field f[6] = {
+        field_i32("n", &nn),
+        field_i32("k", &kk),
+        field_i32("norm", &norm),
+        field_f32("epsilon", &eps),
+        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue},
+        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1, output_dtype}};
     kiln_tensor in[3] = {x, w};
     int32_t n_in = 2;
     if (norm_hf) {
@@ -1101,8 +1101,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
             lm = emb;
         else
             KILN_TRY(add_weight(b, "lm_head.weight", 2, c->vocab_size, c->hidden_size, &lm));
-        KILN_TRY(fused_matmul(b, "lm_head", x, lm, vocab, c->hidden_size, "model.norm", "none", NULL, "f32",
-                              &logits));
+        KILN_TRY(fused_matmul(b, "lm_head", x, lm, vocab, c->hidden_size, "model.norm", "none", NULL, "f32", &logits));
         return kiln_network_mark_output(b->net, logits, "logits");
     }
     KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h));

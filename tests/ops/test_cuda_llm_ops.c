@@ -838,12 +838,12 @@ static void test_fused_matmul(void)
                 check_fused_matmul(t, t, 256, 2048, forms[fi].norm, forms[fi].epilogue, big_rows[ri], 0);
                 /* the f32 residual stream: x into the norm, residual and y */
                 if (t != KILN_DTYPE_F32 && (forms[fi].norm || fi == 2))
-                    check_fused_matmul(t, KILN_DTYPE_F32, 256, 2048, forms[fi].norm, forms[fi].epilogue,
-                                       big_rows[ri], 0);
+                    check_fused_matmul(t, KILN_DTYPE_F32, 256, 2048, forms[fi].norm, forms[fi].epilogue, big_rows[ri],
+                                       0);
                 /* an LLM's head: the f32 stream's norm into f32 logits */
                 if (fi == 0)
-                    check_fused_matmul(t, t == KILN_DTYPE_F32 ? t : KILN_DTYPE_F32, 256, 2048, 1, "none",
-                                       big_rows[ri], 1);
+                    check_fused_matmul(t, t == KILN_DTYPE_F32 ? t : KILN_DTYPE_F32, 256, 2048, 1, "none", big_rows[ri],
+                                       1);
             }
             if (fi == 0)
                 for (size_t ri = 0; ri < sizeof big_rows / sizeof big_rows[0]; ri++) {
@@ -855,8 +855,8 @@ static void test_fused_matmul(void)
                 check_fused_matmul(t, t, 10, 36, forms[fi].norm, forms[fi].epilogue, small_rows[ri], 0);
                 check_fused_matmul(t, t, 34, 64, forms[fi].norm, forms[fi].epilogue, small_rows[ri], 0);
                 if (t != KILN_DTYPE_F32 && (forms[fi].norm || fi == 2))
-                    check_fused_matmul(t, KILN_DTYPE_F32, 34, 64, forms[fi].norm, forms[fi].epilogue,
-                                       small_rows[ri], 0);
+                    check_fused_matmul(t, KILN_DTYPE_F32, 34, 64, forms[fi].norm, forms[fi].epilogue, small_rows[ri],
+                                       0);
             }
         }
 }
@@ -972,9 +972,9 @@ static void test_graph_capture(void)
     use_graph = 0;
 }
 
-static const test_case_ tests[] = {TEST(test_rmsnorm), TEST(test_rmsnorm_mixed), TEST(test_rope),         TEST(test_swiglu),
-                                   TEST(test_qmatmul), TEST(test_qmatmul_k),    TEST(test_woq),
-                                   TEST(test_fp8),     TEST(test_fused_matmul), TEST(test_graph_capture)};
+static const test_case_ tests[] = {
+    TEST(test_rmsnorm),   TEST(test_rmsnorm_mixed), TEST(test_rope), TEST(test_swiglu),       TEST(test_qmatmul),
+    TEST(test_qmatmul_k), TEST(test_woq),           TEST(test_fp8),  TEST(test_fused_matmul), TEST(test_graph_capture)};
 
 int main(void)
 {

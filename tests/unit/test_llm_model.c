@@ -290,8 +290,29 @@ static void test_batched_and_incremental_agree(void)
     runner_free(&r);
 }
 
+static int tensor_dtype(const runner *r, const char *name)
+{
+    const kiln_graph *g = &r->engine->graph;
+    for (int32_t t = 0; t < g->n_tensors; t++)
+        if (strcmp(g->tensors[t].name, name) == 0)
+            return (int)g->tensors[t].dtype;
+    return -1;
+}
+
+/* The dtype of the first output of layer `name`, or -1. */
+static int layer_dtype(const runner *r, const char *name)
+{
+    const kiln_graph *g = &r->engine->graph;
+    for (int32_t l = 0; l < g->n_layers; l++)
+        if (strcmp(g->layers[l].name, name) == 0)
+            return (int)g->tensors[g->layers[l].outputs[0]].dtype;
+    return -1;
+}
+
 /* f16 and bf16 engines stay close to the f32 one (the dtype's precision
- * over two layers). */
+ * over two layers), with their residual stream in f32 (docs/llm.md): the
+ * sum out of layer 0's second residual add (the unfused AddRMSNorm's or
+ * the fused o_proj's), and with the fused head f32 logits unrounded. */
 static void test_half_dtypes(void)
 {
     runner r32, r16, rb16;
@@ -307,6 +328,10 @@ static void test_half_dtypes(void)
     CHECK(rel_err(b, a, 320) < 1e-2);
     CHECK(rel_err(c, a, 320) < 6e-2);
     CHECK(rel_err(b, a, 320) > 0); /* the engine really computes in f16 */
+    const int fused = layer_dtype(&rb16, "model.layers.0.post_attention_layernorm") < 0;
+    const char *sum = fused ? "model.layers.0.self_attn.o_proj.matmul_add" : "model.layers.0.post_attention_layernorm";
+    CHECK(layer_dtype(&rb16, sum) == KILN_DTYPE_F32 && layer_dtype(&r16, sum) == KILN_DTYPE_F32);
+    CHECK(layer_dtype(&rb16, "lm_head") == (fused ? KILN_DTYPE_F32 : KILN_DTYPE_BF16));
     runner_free(&r32);
     runner_free(&r16);
     runner_free(&rb16);
@@ -524,14 +549,6 @@ static kiln_status read_quantized_mixed(void *user, const char *name, uint32_t *
  * 8-bit activations (llama.cpp's arithmetic: about 1% of error, as bf16
  * activations give). */
 /* The dtype of the engine's tensor `name`, -1 when it has none. */
-static int tensor_dtype(const runner *r, const char *name)
-{
-    const kiln_graph *g = &r->engine->graph;
-    for (int32_t t = 0; t < g->n_tensors; t++)
-        if (strcmp(g->tensors[t].name, name) == 0)
-            return (int)g->tensors[t].dtype;
-    return -1;
-}
 
 static void test_native_builds(void)
 {
