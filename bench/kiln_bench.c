@@ -133,7 +133,7 @@ typedef struct result {
     char error[512];
 } result;
 
-#define MAX_RESULTS 48
+#define MAX_RESULTS 64
 static result results[MAX_RESULTS];
 static int n_results;
 static json_t *json_out;
@@ -798,6 +798,31 @@ int main(int argc, char **argv)
         if (st)
             snprintf(r->error, sizeof r->error, "%s", failure);
     }
+
+    /* the WeightOnlyMatMul GEMVs (KILN_WOQ_GEMV) at the quantized rows'
+     * shapes: the f32 one (the default before the tensor-core one) and the
+     * tensor-core one with 16 and 32 rows a warp; informational rows */
+    static const struct {
+        int bits;
+        int64_t n, k;
+    } woq_ab[] = {{QB_INT8, 28672, 4096}, {QB_INT4, 28672, 4096}, {QB_INT4, 4096, 14336}, {QB_INT4, 6144, 4096}};
+    static const char *const woq_gemv[] = {"f32", "tc16", "tc32"};
+    static char woq_names[sizeof woq_ab / sizeof woq_ab[0]][3][72];
+    for (size_t i = 0; i < sizeof woq_ab / sizeof woq_ab[0]; i++)
+        for (size_t v = 0; v < 3; v++) {
+            char *name = woq_names[i][v];
+            snprintf(name, sizeof woq_names[i][v], "%s %lldx%lld, KILN_WOQ_GEMV=%s",
+                     woq_ab[i].bits == QB_INT4 ? "int4 g128" : "int8", (long long)woq_ab[i].n, (long long)woq_ab[i].k,
+                     woq_gemv[v]);
+            result *r = new_result(name, "(A/B)");
+            setenv("KILN_WOQ_GEMV", woq_gemv[v], 1);
+            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, woq_ab[i].bits, woq_ab[i].n, woq_ab[i].k, 0, r)
+                                 : fail("no copy bandwidth to compare with");
+            unsetenv("KILN_WOQ_GEMV");
+            if (st)
+                snprintf(r->error, sizeof r->error, "%s", failure);
+            r->meets = 1;
+        }
 
     int all = 1;
     json_t *list_json = json_array();

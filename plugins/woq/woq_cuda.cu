@@ -2,19 +2,41 @@
  * (w = s · (q − z)), layouts in woq.c. Products accumulate in f32 and y is
  * rounded once to its dtype.
  *
- * Few rows of x (decode, rows <= WOQ_GEMV_MAX_ROWS): a GEMV built like the
- * bf16 one (src/backend/cuda/gemv.cu), since at these shapes the matmul is
- * one pass over the weight bytes: each block owns ROWS weight rows, its
- * warps split k into contiguous parts, every lane reads 16 bytes of each
- * row per load (32 int4 or 16 int8 weights, always inside one group as
- * groups are multiples of 32) with kUnroll loads in flight, and the first
- * loads of the constant weights, scales and zeros are issued before the
- * wait on the previous kernel (PDL). Dequantization stays in registers: a
- * quantized value becomes a float by OR-ing it into the mantissa of 2^23
- * and subtracting 2^23 + zero in one exact add (no integer-to-float
- * conversion, which issues at a quarter of the FMA rate); a 16-byte
- * vector's products with x are summed unscaled and multiplied by its
- * group's scale once.
+ * Few rows of x (decode, rows <= WOQ_GEMV_MAX_ROWS), bf16 or f16 x, groups
+ * that are multiples of a chunk (128 int4 or 64 int8 weights): a GEMV on
+ * the tensor cores (woq_tc_kernel). At these shapes the matmul is one pass
+ * over the weight bytes, and a GEMV that dequantizes and multiplies in f32
+ * issues about 4 instructions a 4-bit weight, which leaves it issue-bound
+ * far below the memory (0.23 of the copy floor on the H200, bench/README.md).
+ * Here a 4-bit value becomes a 16-bit float operand with a shift and one
+ * LOP3 per two weights (placed into the mantissa of a power of two, so the
+ * operand is exactly MAG + v), and mma.m16n8k16 takes 16 weight rows by
+ * 16 k by the 8 rows of x (B; rows past m are zeros) per instruction, with
+ * f32 accumulation: about 1.8 instructions a weight in all. The offset MAG
+ * and the zero point are taken out per chunk in f32 with Σ x, which a mma
+ * with ones for A gives, and the group's scale multiplies the chunk's sum.
+ * Precision: x keeps its own 16 bits and the weight operands are exact, so
+ * every product is exact and the sums are f32 (the tensor cores' adds);
+ * the one loss against f32 arithmetic is that the partial sums carry
+ * MAG · Σ x (MAG 128 for bf16, 64 for f16, 17 MAG + 128 for int8's two
+ * nibbles) before it is subtracted, an absolute error of a few f32 ulps of
+ * MAG · Σ|x| per chunk: about 1e-5 of y for random data, far below the
+ * rounding of y to bf16 (2^-9) or f16 (2^-11). An infinite x gives NaN
+ * where the f32 reference may give an infinity.
+ *
+ * Otherwise (f32 x, groups of 32 or 64 for int4, 32 for int8, or
+ * KILN_WOQ_GEMV=f32): a GEMV in f32 built like the bf16 one
+ * (src/backend/cuda/gemv.cu): each block owns ROWS weight rows, its warps
+ * split k into contiguous parts, every lane reads 16 bytes of each row per
+ * load (32 int4 or 16 int8 weights, always inside one group as groups are
+ * multiples of 32) with kUnroll loads in flight. A quantized value becomes
+ * a float by OR-ing it into the mantissa of 2^23 and subtracting 2^23 +
+ * zero in one exact add (no integer-to-float conversion, which issues at a
+ * quarter of the FMA rate); a 16-byte vector's products with x are summed
+ * unscaled and multiplied by its group's scale once.
+ *
+ * Both GEMVs issue their first loads of the constant weights, scales and
+ * zeros before the wait on the previous kernel (PDL).
  *
  * Many rows (prefill): a tiled kernel, 64 x-rows by 64 weight rows per
  * block, each step of 32 along k dequantized into shared memory with the
@@ -22,6 +44,9 @@
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
+
+#include <stdlib.h>
+#include <string.h>
 
 #define WOQ_GEMV_MAX_ROWS 8
 #define WOQ_TILE 64
@@ -202,6 +227,219 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
+/* ---- the tensor-core GEMV (bf16 and f16 x) ---------------------------------------------- */
+
+/* A warp owns 16 x RT weight rows; in mma.m16n8k16's fragments lane
+ * 4g + t holds weight rows g and g + 8 of each 16 and x row g (a column
+ * of B), and the k slots 2t, 2t + 1, 2t + 8, 2t + 9 of each mma. Which
+ * physical k a slot stands for is free as long as A and B agree and it
+ * depends on t alone: lane (g, t) takes the 16 bytes at t * 16 of the
+ * chunk (4 lanes x 16 bytes = 64 bytes of each row: 128 int4 or 64 int8
+ * weights) and the x values at the same k. */
+static_assert(WOQ_GEMV_MAX_ROWS <= 8, "the x rows are the 8 columns of the mma");
+constexpr int kTcMaxWarps = 16;  /* warps of a block, splitting k */
+constexpr int kTcTarget = 4096;  /* warps a launch aims for (the k split grows until it has them) */
+constexpr int kTcInFlight = 4;   /* chunks x row tiles a lane has in flight */
+
+/* Dequantization into mma operands, per x dtype: a nibble v goes into the
+ * mantissa of a 16-bit float whose exponent makes the nibble's last bit
+ * worth 1, so the operand is exactly MAG + v with one LOP3 (mask, then
+ * XOR with the magic: the magic's bits lie outside the mask, and an XOR
+ * inside it flips the sign bit of int8's high nibble). Pair j of a 32-bit
+ * word holds nibbles j and j + 4 (its low and high half). bf16: v at
+ * mantissa bits 0-3 of 128.0. f16: v at bits 4-7 of 64.0 (bits 0-3 of
+ * 1024.0 would work too, but a smaller MAG loses less in the offset
+ * subtraction, see the header). */
+template <int XT> struct woq_tc;
+template <> struct woq_tc<KILN_DTYPE_BF16> {
+    static constexpr float MAG = 128.0f;
+    static constexpr uint32_t MAGIC = 0x43004300u, MASK = 0x000f000fu, FLIP = 0x00080008u, ONE = 0x3f803f80u;
+    static __device__ __forceinline__ uint32_t pair(uint32_t w, int j, uint32_t c) { return ((w >> (4 * j)) & MASK) ^ c; }
+    static __device__ __forceinline__ void mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+};
+template <> struct woq_tc<KILN_DTYPE_F16> {
+    static constexpr float MAG = 64.0f;
+    static constexpr uint32_t MAGIC = 0x54005400u, MASK = 0x00f000f0u, FLIP = 0x00800080u, ONE = 0x3c003c00u;
+    static __device__ __forceinline__ uint32_t pair(uint32_t w, int j, uint32_t c)
+    {
+        return ((j == 0 ? w << 4 : w >> (4 * j - 4)) & MASK) ^ c;
+    }
+    static __device__ __forceinline__ void mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+};
+
+__device__ __forceinline__ uint32_t woq_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+/* One block: 16 x RT weight rows (blockIdx.x) for the m <= 8 rows of x;
+ * its warps split the chunks of k into contiguous runs and add up in
+ * shared memory. Each chunk lies in one group (group % chunk == 0, checked
+ * by the launcher), so its sums are scaled once: per chunk the mma sums
+ * D = Σ (MAG + v) x over the unscaled operands, and a mma with ones for A
+ * gives S = Σ x of the same k, shared by every row. Then
+ *   int4: Σ (q − z) x = D − (MAG + z) S
+ *   int8: q = 16 (h ^ 8) + l − 128 for the nibbles h, l of its byte, so
+ *         Σ q x = 16 D_h + D_l − (17 MAG + 128) S,
+ * in f32, times the group's scale. The first chunks of the
+ * constant weights, scales and zeros are loaded before the PDL wait. */
+template <int XT, int BITS, int RT>
+__global__ void __launch_bounds__(kTcMaxWarps * 32)
+    woq_tc_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
+                  const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
+                  int32_t group)
+{
+    using T = woq_tc<XT>;
+    constexpr int CK = BITS == 4 ? 128 : 64, U = kTcInFlight / RT;
+    __shared__ float part[kTcMaxWarps][RT * 4][32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t row_bytes = (int64_t)k * BITS / 8, ng = k / group, row0 = (int64_t)blockIdx.x * 16 * RT;
+    const int nch = k / CK, cpw = (nch + warps - 1) / warps;
+    const int c0 = wid * cpw < nch ? wid * cpw : nch, c1 = c0 + cpw < nch ? c0 + cpw : nch;
+
+    /* rows past n read the last row: loaded, never stored */
+    const uint8_t *qr[RT][2];
+    int64_t rs[RT][2]; /* first scale (and zero) of the row */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = row0 + 16 * rt + 8 * h + g < n ? row0 + 16 * rt + 8 * h + g : n - 1;
+            qr[rt][h] = q + row * row_bytes + t * 16;
+            rs[rt][h] = row * ng;
+        }
+    uint4 buf[U][RT][2];
+    float sb[U][RT][2], ob[U][RT][2]; /* the chunk's scale and offset (MAG + z; int8: 17 MAG + 128) */
+    const float off8 = 17.0f * T::MAG + 128.0f;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int c = c0 + u;
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int64_t gi = rs[rt][h] + (c < c1 ? (int64_t)c * CK / group : 0);
+                buf[u][rt][h] = c < c1 ? woq_load_stream(qr[rt][h] + (int64_t)c * 64) : make_uint4(0, 0, 0, 0);
+                sb[u][rt][h] = c < c1 ? __ldg(scales + gi) : 0.0f;
+                ob[u][rt][h] = BITS == 4 ? T::MAG + (c < c1 ? (float)__ldg(zeros + gi) : 0.0f) : off8;
+            }
+    }
+    kcu_after_prior(x, y, k, n);
+
+    /* lanes whose x row is past m give B = 0: their columns are not stored */
+    const bool xin = g < m;
+    const uint4 *xr = reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(xin ? g : 0) * k + t * (CK / 4));
+    float acc[RT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[rt][e] = 0.0f;
+    for (int base = c0; base < c1; base += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int c = base + u;
+            if (c < c1) {
+                /* CK / 8 16-byte vectors of x per lane and chunk */
+                const uint4 *xc = xr + (int64_t)c * (CK / 8);
+                float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        d[rt][e] = dh[rt][e] = 0.0f;
+                if (BITS == 4) {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
+                        const uint4 xv = xin ? __ldg(xc + i) : make_uint4(0, 0, 0, 0);
+                        const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
+                        const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
+                        T::mma(dz, T::ONE, T::ONE, T::ONE, T::ONE, b0, b1);
+                        T::mma(dz, T::ONE, T::ONE, T::ONE, T::ONE, b2, b3);
+#pragma unroll
+                        for (int rt = 0; rt < RT; rt++) {
+                            const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
+                            T::mma(d[rt], T::pair(wa, 0, T::MAGIC), T::pair(wb, 0, T::MAGIC), T::pair(wa, 1, T::MAGIC),
+                                   T::pair(wb, 1, T::MAGIC), b0, b1);
+                            T::mma(d[rt], T::pair(wa, 2, T::MAGIC), T::pair(wb, 2, T::MAGIC), T::pair(wa, 3, T::MAGIC),
+                                   T::pair(wb, 3, T::MAGIC), b2, b3);
+                        }
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
+                         * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
+                        const uint4 xv = xin ? __ldg(xc + i / 2) : make_uint4(0, 0, 0, 0);
+                        const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
+                        const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
+                        T::mma(dz, T::ONE, T::ONE, T::ONE, T::ONE, b0, b1);
+                        constexpr uint32_t HI = T::MAGIC ^ T::FLIP;
+#pragma unroll
+                        for (int rt = 0; rt < RT; rt++) {
+                            const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
+                            T::mma(d[rt], T::pair(wa, 0, T::MAGIC), T::pair(wb, 0, T::MAGIC), T::pair(wa, 2, T::MAGIC),
+                                   T::pair(wb, 2, T::MAGIC), b0, b1);
+                            T::mma(dh[rt], T::pair(wa, 1, HI), T::pair(wb, 1, HI), T::pair(wa, 3, HI),
+                                   T::pair(wb, 3, HI), b0, b1);
+                        }
+                    }
+                }
+                /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1) */
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const float v = BITS == 4 ? d[rt][e] : fmaf(16.0f, dh[rt][e], d[rt][e]);
+                        acc[rt][e] = fmaf(sb[u][rt][e >> 1], fmaf(-ob[u][rt][e >> 1], dz[e & 1], v), acc[rt][e]);
+                    }
+            }
+            /* refill this slot with the chunk U ahead */
+            const int cn = c + U;
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int64_t gi = rs[rt][h] + (cn < c1 ? (int64_t)cn * CK / group : 0);
+                    buf[u][rt][h] = cn < c1 ? woq_load_stream(qr[rt][h] + (int64_t)cn * 64) : make_uint4(0, 0, 0, 0);
+                    sb[u][rt][h] = cn < c1 ? __ldg(scales + gi) : 0.0f;
+                    ob[u][rt][h] = BITS == 4 ? T::MAG + (cn < c1 ? (float)__ldg(zeros + gi) : 0.0f) : off8;
+                }
+        }
+    }
+
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            part[wid][rt * 4 + e][lane] = acc[rt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < RT * 4 * 32; i += blockDim.x) {
+        const int l = i & 31, j = i >> 5, e = j & 3;
+        const int col = 2 * (l & 3) + (e & 1);
+        const int64_t row = row0 + 16 * (j >> 2) + (l >> 2) + 8 * (e >> 1);
+        if (col < m && row < n) {
+            float v = 0.0f;
+            for (int w = 0; w < warps; w++)
+                v += part[w][j][l];
+            kcu_store_float(y, XT, (int64_t)col * n + row, v);
+        }
+    }
+}
+
 /* Weight (c, kk) with the CPU's formula: one multiply of s and q − z. */
 template <int BITS>
 __device__ __forceinline__ float woq_weight(const uint8_t *q, const float *scales, const uint8_t *zeros, int64_t c,
@@ -268,14 +506,56 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
                           dim3(kWarps * 32), s, x, q, scales, zeros, y, m, n, k, group);
 }
 
+/* KILN_WOQ_GEMV selects the GEMV for rows <= WOQ_GEMV_MAX_ROWS, for timing
+ * them in one run and testing each: "f32" the f32 one for every x dtype,
+ * "tc16" or "tc32" the tensor-core one with that many rows a warp; else
+ * (unset) the tensor-core one with the rows below. Read at each launch (a
+ * graph keeps what its capture chose). */
+static int woq_gemv_choice(void)
+{
+    const char *e = getenv("KILN_WOQ_GEMV");
+    if (!e)
+        return 0;
+    return !strcmp(e, "f32") ? -1 : !strcmp(e, "tc16") ? 1 : !strcmp(e, "tc32") ? 2 : 0;
+}
+
+/* The tensor-core GEMV: 32 rows a warp (fewer x loads and mma with ones
+ * per weight) where that still gives kTcTarget warps with a k split of 2,
+ * else 16; the k split doubles (up to kTcMaxWarps warps of a block, each
+ * with 4 chunks or more) until the launch has kTcTarget warps: short runs
+ * of k per warp kept the memory busy for the bf16 GEMV (gemv.cu). */
+template <int XT, int BITS>
+cudaError_t woq_tc_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
+                          int32_t m, int32_t n, int32_t k, int32_t group, int rt, cudaStream_t s)
+{
+    constexpr int CK = BITS == 4 ? 128 : 64;
+    const int64_t nch = k / CK, tiles32 = ((int64_t)n + 31) / 32;
+    if (rt == 0)
+        rt = tiles32 * 2 >= kTcTarget ? 2 : 1;
+    const int64_t tiles = rt == 2 ? tiles32 : ((int64_t)n + 15) / 16;
+    int warps = 1;
+    while (warps < kTcMaxWarps && tiles * warps < kTcTarget && 8 * warps <= nch)
+        warps *= 2;
+    if (rt == 2)
+        return kcu_launch_cfg(woq_tc_kernel<XT, BITS, 2>, dim3((unsigned)tiles), dim3(warps * 32), s, x, q, scales,
+                              zeros, y, m, n, k, group);
+    return kcu_launch_cfg(woq_tc_kernel<XT, BITS, 1>, dim3((unsigned)tiles), dim3(warps * 32), s, x, q, scales, zeros,
+                          y, m, n, k, group);
+}
+
 template <int XT, int BITS>
 cudaError_t woq_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
                        int64_t rows, int32_t n, int32_t k, int32_t group, cudaStream_t s)
 {
-    /* the GEMV reads x and w 16 bytes at a time: k is a multiple of 32, so
+    /* the GEMVs read x and w 16 bytes at a time: k is a multiple of 32, so
      * the rows are 16-byte multiples and only the base pointers matter */
     if (rows <= WOQ_GEMV_MAX_ROWS && ((uintptr_t)x | (uintptr_t)q) % 16 == 0) {
         const int32_t m = (int32_t)rows;
+        if constexpr (XT != KILN_DTYPE_F32) {
+            const int choice = woq_gemv_choice();
+            if (group % (BITS == 4 ? 128 : 64) == 0 && choice >= 0)
+                return woq_tc_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, choice, s);
+        }
         if (m == 1)
             return woq_gemv<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, s);
         if (m == 2)
