@@ -10,19 +10,19 @@
  * far below the memory (0.23 of the copy floor on the H200, bench/README.md).
  * Here a 4-bit value becomes a 16-bit float operand with a shift and one
  * LOP3 per two weights (placed into the mantissa of a power of two, so the
- * operand is exactly MAG + v), and mma.m16n8k16 takes 16 weight rows by
- * 16 k by the 8 rows of x (B; rows past m are zeros) per instruction, with
- * f32 accumulation: about 1.8 instructions a weight in all. The offset MAG
- * and the zero point are taken out per chunk in f32 with Σ x, which a mma
- * with ones for A gives, and the group's scale multiplies the chunk's sum.
- * Precision: x keeps its own 16 bits and the weight operands are exact, so
- * every product is exact and the sums are f32 (the tensor cores' adds);
- * the one loss against f32 arithmetic is that the partial sums carry
- * MAG · Σ x (MAG 128 for bf16, 64 for f16, 17 MAG + 128 for int8's two
- * nibbles) before it is subtracted, an absolute error of a few f32 ulps of
- * MAG · Σ|x| per chunk: about 1e-5 of y for random data, far below the
- * rounding of y to bf16 (2^-9) or f16 (2^-11). An infinite x gives NaN
- * where the f32 reference may give an infinity.
+ * operand is exactly MAG + v), and one mma.m16n8k16 multiplies 16 weight
+ * rows by 16 k by the 8 rows of x (B; rows past m repeat row 0 and are not
+ * stored) with f32 accumulation: about 2 instructions a weight in all. The
+ * offset MAG and the zero point are taken out per chunk in f32 with Σ x,
+ * which a mma with ones for A gives, and the group's scale multiplies the
+ * chunk's sum. Precision: x keeps its own 16 bits and the weight operands
+ * are exact, so every product is exact and the sums are f32 (the tensor
+ * cores' adds); the one loss against f32 arithmetic is that the partial
+ * sums carry MAG · Σ x (MAG 128 for bf16, 64 for f16; 17 MAG + 128 for
+ * int8's two nibbles) until it is subtracted, an absolute error of a few
+ * f32 ulps of MAG · Σ|x| per chunk: about 1e-5 of y for random data, far
+ * below the rounding of y to bf16 (2^-9) or f16 (2^-11). An infinite x
+ * gives NaN where the f32 reference may give an infinity.
  *
  * Otherwise (f32 x, groups of 32 or 64 for int4, 32 for int8, or
  * KILN_WOQ_GEMV=f32): a GEMV in f32 built like the bf16 one
@@ -310,37 +310,49 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
     const int c0 = wid * cpw < nch ? wid * cpw : nch, c1 = c0 + cpw < nch ? c0 + cpw : nch;
 
     /* rows past n read the last row: loaded, never stored */
-    const uint8_t *qr[RT][2];
-    int64_t rs[RT][2]; /* first scale (and zero) of the row */
+    const uint8_t *qr[RT][2], *zr[RT][2];
+    const float *sr[RT][2];
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t row = row0 + 16 * rt + 8 * h + g < n ? row0 + 16 * rt + 8 * h + g : n - 1;
             qr[rt][h] = q + row * row_bytes + t * 16;
-            rs[rt][h] = row * ng;
+            sr[rt][h] = scales + row * ng;
+            zr[rt][h] = zeros + row * ng;
         }
     uint4 buf[U][RT][2];
     float sb[U][RT][2], ob[U][RT][2]; /* the chunk's scale and offset (MAG + z; int8: 17 MAG + 128) */
     const float off8 = 17.0f * T::MAG + 128.0f;
+    /* chunks are loaded in order, c0, c0 + 1, ...: the group of the next
+     * one is counted along instead of divided out at each load */
+    const int cpg = group / CK;
+    int gl = c0 / cpg, rl = c0 - gl * cpg;
+    /* a slot past c1 is left as it is: it is never used */
+    auto load = [&](int u, int c) {
+        if (c < c1) {
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-        const int c = c0 + u;
+            for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-        for (int rt = 0; rt < RT; rt++)
+                for (int h = 0; h < 2; h++) {
+                    buf[u][rt][h] = woq_load_stream(qr[rt][h] + c * 64);
+                    sb[u][rt][h] = __ldg(sr[rt][h] + gl);
+                    ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
+                }
+        }
+        if (++rl == cpg) {
+            rl = 0;
+            gl++;
+        }
+    };
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int64_t gi = rs[rt][h] + (c < c1 ? (int64_t)c * CK / group : 0);
-                buf[u][rt][h] = c < c1 ? woq_load_stream(qr[rt][h] + (int64_t)c * 64) : make_uint4(0, 0, 0, 0);
-                sb[u][rt][h] = c < c1 ? __ldg(scales + gi) : 0.0f;
-                ob[u][rt][h] = BITS == 4 ? T::MAG + (c < c1 ? (float)__ldg(zeros + gi) : 0.0f) : off8;
-            }
-    }
+    for (int u = 0; u < U; u++)
+        load(u, c0 + u);
     kcu_after_prior(x, y, k, n);
 
-    /* lanes whose x row is past m give B = 0: their columns are not stored */
-    const bool xin = g < m;
-    const uint4 *xr = reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(xin ? g : 0) * k + t * (CK / 4));
+    /* lanes whose x row is past m read row 0 (no branch, no masking): their
+     * columns of the products are not stored */
+    const uint4 *xr = reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(g < m ? g : 0) * k + t * (CK / 4));
     float acc[RT][4];
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
@@ -364,7 +376,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
 #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
-                        const uint4 xv = xin ? __ldg(xc + i) : make_uint4(0, 0, 0, 0);
+                        const uint4 xv = __ldg(xc + i);
                         const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
                         const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
                         T::mma(dz, T::ONE, T::ONE, T::ONE, T::ONE, b0, b1);
@@ -383,7 +395,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
                     for (int i = 0; i < 4; i++) {
                         /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
                          * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
-                        const uint4 xv = xin ? __ldg(xc + i / 2) : make_uint4(0, 0, 0, 0);
+                        const uint4 xv = __ldg(xc + i / 2);
                         const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
                         const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
                         T::mma(dz, T::ONE, T::ONE, T::ONE, T::ONE, b0, b1);
@@ -408,16 +420,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
                     }
             }
             /* refill this slot with the chunk U ahead */
-            const int cn = c + U;
-#pragma unroll
-            for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    const int64_t gi = rs[rt][h] + (cn < c1 ? (int64_t)cn * CK / group : 0);
-                    buf[u][rt][h] = cn < c1 ? woq_load_stream(qr[rt][h] + (int64_t)cn * 64) : make_uint4(0, 0, 0, 0);
-                    sb[u][rt][h] = cn < c1 ? __ldg(scales + gi) : 0.0f;
-                    ob[u][rt][h] = BITS == 4 ? T::MAG + (cn < c1 ? (float)__ldg(zeros + gi) : 0.0f) : off8;
-                }
+            load(u, c + U);
         }
     }
 
