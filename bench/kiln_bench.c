@@ -823,6 +823,24 @@ int main(int argc, char **argv)
                 snprintf(r->error, sizeof r->error, "%s", failure);
             r->meets = 1;
         }
+    /* the tensor-core GEMV's k split (KILN_WOQ_GEMV_SPLIT warps a block) at
+     * the two int4 shapes of the targets */
+    static const char *const woq_split[] = {"2", "4", "8", "16"};
+    static char split_names[2][4][72];
+    for (size_t i = 0; i < 2; i++)
+        for (size_t v = 0; v < 4; v++) {
+            char *name = split_names[i][v];
+            snprintf(name, sizeof split_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_SPLIT=%s",
+                     (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_split[v]);
+            result *r = new_result(name, "(A/B)");
+            setenv("KILN_WOQ_GEMV_SPLIT", woq_split[v], 1);
+            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
+                                 : fail("no copy bandwidth to compare with");
+            unsetenv("KILN_WOQ_GEMV_SPLIT");
+            if (st)
+                snprintf(r->error, sizeof r->error, "%s", failure);
+            r->meets = 1;
+        }
 
     int all = 1;
     json_t *list_json = json_array();

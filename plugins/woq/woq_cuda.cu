@@ -237,9 +237,33 @@ __global__ void __launch_bounds__(kWarps * 32)
  * chunk (4 lanes x 16 bytes = 64 bytes of each row: 128 int4 or 64 int8
  * weights) and the x values at the same k. */
 static_assert(WOQ_GEMV_MAX_ROWS <= 8, "the x rows are the 8 columns of the mma");
-constexpr int kTcMaxWarps = 16;  /* warps of a block, splitting k */
-constexpr int kTcTarget = 4096;  /* warps a launch aims for (the k split grows until it has them) */
-constexpr int kTcInFlight = 4;   /* chunks x row tiles a lane has in flight */
+constexpr int kTcMaxWarps = 16; /* warps of a block, splitting k */
+constexpr int kTcTarget = 4096; /* warps a launch aims for (the k split grows until it has them) */
+constexpr int kTcInFlight = 3;  /* chunks a lane has in flight with 16 rows a warp (2 with 32) */
+
+/* The value through an empty asm: the compiler keeps it in a register
+ * instead of recomputing it at each use. */
+__device__ __forceinline__ uint32_t woq_pin(uint32_t v)
+{
+    asm volatile("" : "+r"(v));
+    return v;
+}
+
+template <typename P> __device__ __forceinline__ const P *woq_pin(const P *p)
+{
+    uint64_t v = (uint64_t)p;
+    asm volatile("" : "+l"(v));
+    return (const P *)v;
+}
+
+/* (a & b) ^ c in one LOP3: written as C, the compiler splits it in two
+ * when b and c are both immediates. */
+__device__ __forceinline__ uint32_t woq_and_xor(uint32_t a, uint32_t b, uint32_t c)
+{
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
 
 /* Dequantization into mma operands, per x dtype: a nibble v goes into the
  * mantissa of a 16-bit float whose exponent makes the nibble's last bit
@@ -254,7 +278,10 @@ template <int XT> struct woq_tc;
 template <> struct woq_tc<KILN_DTYPE_BF16> {
     static constexpr float MAG = 128.0f;
     static constexpr uint32_t MAGIC = 0x43004300u, MASK = 0x000f000fu, FLIP = 0x00080008u, ONE = 0x3f803f80u;
-    static __device__ __forceinline__ uint32_t pair(uint32_t w, int j, uint32_t c) { return ((w >> (4 * j)) & MASK) ^ c; }
+    static __device__ __forceinline__ uint32_t pair(uint32_t w, int j, uint32_t mask, uint32_t c)
+    {
+        return woq_and_xor(w >> (4 * j), mask, c);
+    }
     static __device__ __forceinline__ void mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1)
     {
@@ -267,9 +294,9 @@ template <> struct woq_tc<KILN_DTYPE_BF16> {
 template <> struct woq_tc<KILN_DTYPE_F16> {
     static constexpr float MAG = 64.0f;
     static constexpr uint32_t MAGIC = 0x54005400u, MASK = 0x00f000f0u, FLIP = 0x00800080u, ONE = 0x3c003c00u;
-    static __device__ __forceinline__ uint32_t pair(uint32_t w, int j, uint32_t c)
+    static __device__ __forceinline__ uint32_t pair(uint32_t w, int j, uint32_t mask, uint32_t c)
     {
-        return ((j == 0 ? w << 4 : w >> (4 * j - 4)) & MASK) ^ c;
+        return woq_and_xor(j == 0 ? w << 4 : w >> (4 * j - 4), mask, c);
     }
     static __device__ __forceinline__ void mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
                                                uint32_t b0, uint32_t b1)
@@ -281,7 +308,10 @@ template <> struct woq_tc<KILN_DTYPE_F16> {
     }
 };
 
-__device__ __forceinline__ uint32_t woq_word(const uint4 &v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+__device__ __forceinline__ uint32_t woq_word(const uint4 &v, int i)
+{
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
 
 /* One block: 16 x RT weight rows (blockIdx.x) for the m <= 8 rows of x;
  * its warps split the chunks of k into contiguous runs and add up in
@@ -301,7 +331,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
                   int32_t group)
 {
     using T = woq_tc<XT>;
-    constexpr int CK = BITS == 4 ? 128 : 64, U = kTcInFlight / RT;
+    constexpr int CK = BITS == 4 ? 128 : 64, U = RT == 1 ? kTcInFlight : 2;
     __shared__ float part[kTcMaxWarps][RT * 4][32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -309,7 +339,10 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
     const int nch = k / CK, cpw = (nch + warps - 1) / warps;
     const int c0 = wid * cpw < nch ? wid * cpw : nch, c1 = c0 + cpw < nch ? c0 + cpw : nch;
 
-    /* rows past n read the last row: loaded, never stored */
+    /* rows past n read the last row: loaded, never stored. The pointers and
+     * constants the loop uses are pinned (woq_pin): left to itself, the
+     * compiler recomputed them at every chunk, a third of the loop's
+     * instructions. */
     const uint8_t *qr[RT][2], *zr[RT][2];
     const float *sr[RT][2];
 #pragma unroll
@@ -317,25 +350,26 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int64_t row = row0 + 16 * rt + 8 * h + g < n ? row0 + 16 * rt + 8 * h + g : n - 1;
-            qr[rt][h] = q + row * row_bytes + t * 16;
-            sr[rt][h] = scales + row * ng;
-            zr[rt][h] = zeros + row * ng;
+            qr[rt][h] = woq_pin(q + row * row_bytes + t * 16);
+            sr[rt][h] = woq_pin(scales + row * ng);
+            zr[rt][h] = BITS == 4 ? woq_pin(zeros + row * ng) : zeros; /* int8 has none */
         }
+    const uint32_t one = woq_pin(T::ONE), mask = woq_pin(T::MASK), lo = woq_pin(T::MAGIC),
+                   hi = woq_pin(T::MAGIC ^ T::FLIP);
     uint4 buf[U][RT][2];
     float sb[U][RT][2], ob[U][RT][2]; /* the chunk's scale and offset (MAG + z; int8: 17 MAG + 128) */
     const float off8 = 17.0f * T::MAG + 128.0f;
-    /* chunks are loaded in order, c0, c0 + 1, ...: the group of the next
-     * one is counted along instead of divided out at each load */
+    /* chunks are loaded in order, c0, c0 + 1, ...: the group of the next one
+     * is counted along instead of divided out at each load */
     const int cpg = group / CK;
     int gl = c0 / cpg, rl = c0 - gl * cpg;
-    /* a slot past c1 is left as it is: it is never used */
-    auto load = [&](int u, int c) {
-        if (c < c1) {
+    auto load = [&](int u, int c, bool valid) {
+        if (valid) {
 #pragma unroll
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    buf[u][rt][h] = woq_load_stream(qr[rt][h] + c * 64);
+                    buf[u][rt][h] = woq_load_stream(qr[rt][h] + (uint32_t)c * 64u);
                     sb[u][rt][h] = __ldg(sr[rt][h] + gl);
                     ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
                 }
@@ -347,80 +381,90 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
     };
 #pragma unroll
     for (int u = 0; u < U; u++)
-        load(u, c0 + u);
+        load(u, c0 + u, c0 + u < c1);
     kcu_after_prior(x, y, k, n);
 
     /* lanes whose x row is past m read row 0 (no branch, no masking): their
      * columns of the products are not stored */
-    const uint4 *xr = reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(g < m ? g : 0) * k + t * (CK / 4));
+    const uint4 *xr =
+        woq_pin(reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(g < m ? g : 0) * k + t * (CK / 4)));
     float acc[RT][4];
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             acc[rt][e] = 0.0f;
-    for (int base = c0; base < c1; base += U) {
+    auto process = [&](int u, int c) {
+        /* CK / 8 16-byte vectors of x per lane and chunk */
+        const uint4 *xc = xr + (uint32_t)c * (CK / 8);
+        float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                d[rt][e] = dh[rt][e] = 0.0f;
+        if (BITS == 4) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
+                const uint4 xv = __ldg(xc + i);
+                const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
+                const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
+                T::mma(dz, one, one, one, one, b0, b1);
+                T::mma(dz, one, one, one, one, b2, b3);
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
+                    const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
+                    T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 1, mask, lo),
+                           T::pair(wb, 1, mask, lo), b0, b1);
+                    T::mma(d[rt], T::pair(wa, 2, mask, lo), T::pair(wb, 2, mask, lo), T::pair(wa, 3, mask, lo),
+                           T::pair(wb, 3, mask, lo), b2, b3);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
+                 * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
+                const uint4 xv = __ldg(xc + i / 2);
+                const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
+                const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
+                T::mma(dz, one, one, one, one, b0, b1);
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
+                    const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
+                    T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 2, mask, lo),
+                           T::pair(wb, 2, mask, lo), b0, b1);
+                    T::mma(dh[rt], T::pair(wa, 1, mask, hi), T::pair(wb, 1, mask, hi), T::pair(wa, 3, mask, hi),
+                           T::pair(wb, 3, mask, hi), b0, b1);
+                }
+            }
+        }
+        /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1) */
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float v = BITS == 4 ? d[rt][e] : fmaf(16.0f, dh[rt][e], d[rt][e]);
+                acc[rt][e] = fmaf(sb[u][rt][e >> 1], fmaf(-ob[u][rt][e >> 1], dz[e & 1], v), acc[rt][e]);
+            }
+    };
+    /* each slot is refilled with the chunk U ahead once used: no tests
+     * while that chunk is inside the warp's run, then a tail with them */
+    int c = c0;
+    for (; c + 2 * U <= c1; c += U) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const int c = base + u;
-            if (c < c1) {
-                /* CK / 8 16-byte vectors of x per lane and chunk */
-                const uint4 *xc = xr + (int64_t)c * (CK / 8);
-                float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
+            process(u, c + u);
+            load(u, c + U + u, true);
+        }
+    }
+    for (; c < c1; c += U) {
 #pragma unroll
-                for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        d[rt][e] = dh[rt][e] = 0.0f;
-                if (BITS == 4) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
-                        const uint4 xv = __ldg(xc + i);
-                        const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
-                        const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
-                        T::mma(dz, T::ONE, T::ONE, T::ONE, T::ONE, b0, b1);
-                        T::mma(dz, T::ONE, T::ONE, T::ONE, T::ONE, b2, b3);
-#pragma unroll
-                        for (int rt = 0; rt < RT; rt++) {
-                            const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
-                            T::mma(d[rt], T::pair(wa, 0, T::MAGIC), T::pair(wb, 0, T::MAGIC), T::pair(wa, 1, T::MAGIC),
-                                   T::pair(wb, 1, T::MAGIC), b0, b1);
-                            T::mma(d[rt], T::pair(wa, 2, T::MAGIC), T::pair(wb, 2, T::MAGIC), T::pair(wa, 3, T::MAGIC),
-                                   T::pair(wb, 3, T::MAGIC), b2, b3);
-                        }
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
-                         * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
-                        const uint4 xv = __ldg(xc + i / 2);
-                        const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
-                        const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
-                        T::mma(dz, T::ONE, T::ONE, T::ONE, T::ONE, b0, b1);
-                        constexpr uint32_t HI = T::MAGIC ^ T::FLIP;
-#pragma unroll
-                        for (int rt = 0; rt < RT; rt++) {
-                            const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
-                            T::mma(d[rt], T::pair(wa, 0, T::MAGIC), T::pair(wb, 0, T::MAGIC), T::pair(wa, 2, T::MAGIC),
-                                   T::pair(wb, 2, T::MAGIC), b0, b1);
-                            T::mma(dh[rt], T::pair(wa, 1, HI), T::pair(wb, 1, HI), T::pair(wa, 3, HI),
-                                   T::pair(wb, 3, HI), b0, b1);
-                        }
-                    }
-                }
-                /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1) */
-#pragma unroll
-                for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const float v = BITS == 4 ? d[rt][e] : fmaf(16.0f, dh[rt][e], d[rt][e]);
-                        acc[rt][e] = fmaf(sb[u][rt][e >> 1], fmaf(-ob[u][rt][e >> 1], dz[e & 1], v), acc[rt][e]);
-                    }
-            }
-            /* refill this slot with the chunk U ahead */
-            load(u, c + U);
+        for (int u = 0; u < U; u++) {
+            if (c + u < c1)
+                process(u, c + u);
+            load(u, c + U + u, c + U + u < c1);
         }
     }
 
@@ -512,8 +556,9 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
 /* KILN_WOQ_GEMV selects the GEMV for rows <= WOQ_GEMV_MAX_ROWS, for timing
  * them in one run and testing each: "f32" the f32 one for every x dtype,
  * "tc16" or "tc32" the tensor-core one with that many rows a warp; else
- * (unset) the tensor-core one with the rows below. Read at each launch (a
- * graph keeps what its capture chose). */
+ * (unset) the tensor-core one with the rows below. KILN_WOQ_GEMV_SPLIT
+ * (1 to kTcMaxWarps) sets the tensor-core one's warps a block (its k
+ * split). Read at each launch (a graph keeps what its capture chose). */
 static int woq_gemv_choice(void)
 {
     const char *e = getenv("KILN_WOQ_GEMV");
@@ -526,7 +571,10 @@ static int woq_gemv_choice(void)
  * per weight) where that still gives kTcTarget warps with a k split of 2,
  * else 16; the k split doubles (up to kTcMaxWarps warps of a block, each
  * with 4 chunks or more) until the launch has kTcTarget warps: short runs
- * of k per warp kept the memory busy for the bf16 GEMV (gemv.cu). */
+ * of k per warp kept the memory busy for the bf16 GEMV (gemv.cu).
+ * Occupancy: about 100-128 registers a thread (ptxas), 16 warps an SM,
+ * each with 16 rows x 64 bytes x kTcInFlight chunks (or 32 rows x 2) in
+ * flight: 48-64 KB an SM. */
 template <int XT, int BITS>
 cudaError_t woq_tc_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
                           int32_t m, int32_t n, int32_t k, int32_t group, int rt, cudaStream_t s)
@@ -539,6 +587,9 @@ cudaError_t woq_tc_launch(const void *x, const uint8_t *q, const float *scales, 
     int warps = 1;
     while (warps < kTcMaxWarps && tiles * warps < kTcTarget && 8 * warps <= nch)
         warps *= 2;
+    const char *split = getenv("KILN_WOQ_GEMV_SPLIT");
+    if (split && atoi(split) >= 1 && atoi(split) <= kTcMaxWarps)
+        warps = atoi(split);
     if (rt == 2)
         return kcu_launch_cfg(woq_tc_kernel<XT, BITS, 2>, dim3((unsigned)tiles), dim3(warps * 32), s, x, q, scales,
                               zeros, y, m, n, k, group);

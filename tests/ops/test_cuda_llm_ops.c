@@ -580,8 +580,9 @@ static void test_woq(void)
                                  {9, 256, 128}, {5, 192, 64},     {61, 14336, 128}};
     const int64_t ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 64};
     /* the GEMVs (KILN_WOQ_GEMV) for bf16 and f16 x: the default choice, the
-     * f32 one, the tensor-core one with 32 rows a warp */
-    const char *const gemv[] = {NULL, "f32", "tc32"};
+     * f32 one, the tensor-core one with 32 rows a warp, and with 16 warps a
+     * block (KILN_WOQ_GEMV_SPLIT), which leaves some without chunks */
+    const char *const gemv[][2] = {{NULL, NULL}, {"f32", NULL}, {"tc32", NULL}, {"tc16", "16"}};
     const int32_t bits_of[] = {8, 4};
     for (size_t bi = 0; bi < 2; bi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -606,14 +607,18 @@ static void test_woq(void)
                         d[n_in] = out.desc;
                         size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
                         void *ws = malloc(wsz ? wsz : 1);
-                        char what[128];
-                        snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d%s%s", bits, g,
-                                 dtype_name(t), (long long)rows, n, k, gemv[v] ? " KILN_WOQ_GEMV=" : "",
-                                 gemv[v] ? gemv[v] : "");
-                        if (gemv[v])
-                            setenv("KILN_WOQ_GEMV", gemv[v], 1);
+                        char what[160];
+                        snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d%s%s%s%s", bits, g,
+                                 dtype_name(t), (long long)rows, n, k, gemv[v][0] ? " KILN_WOQ_GEMV=" : "",
+                                 gemv[v][0] ? gemv[v][0] : "", gemv[v][1] ? " KILN_WOQ_GEMV_SPLIT=" : "",
+                                 gemv[v][1] ? gemv[v][1] : "");
+                        if (gemv[v][0])
+                            setenv("KILN_WOQ_GEMV", gemv[v][0], 1);
+                        if (gemv[v][1])
+                            setenv("KILN_WOQ_GEMV_SPLIT", gemv[v][1], 1);
                         run_both(what, p, in, n_in, &out, 1, ws);
                         unsetenv("KILN_WOQ_GEMV");
+                        unsetenv("KILN_WOQ_GEMV_SPLIT");
                         free(ws);
                         buf_free(&in[0]);
                         buf_free(&out);
