@@ -8,7 +8,10 @@
  * The kernels are the ones the plugin picks (KILN_QMATMUL_ISA and
  * KILN_QMATMUL_F32ACT apply). Weights are random blocks with sane scales.
  *
- *     qmatmul_bench [--threads N] [--reps N] [--formats Q4_K,Q6_K,...]
+ * --decode-mib sets the decode weights' size: a few MiB stay in the caches
+ * and show what the kernel itself can do, apart from DRAM.
+ *
+ *     qmatmul_bench [--threads N] [--reps N] [--formats Q4_K,Q6_K,...] [--decode-mib N]
  */
 #include <cblas.h>
 #include <kiln/kiln.h>
@@ -158,6 +161,7 @@ static double time_sgemm(int64_t rows, int64_t n, int64_t k, int reps)
 int main(int argc, char **argv)
 {
     int threads = 0, reps = 5;
+    double decode_mib = 1024;
     const char *list = "Q8_0,Q4_0,Q4_1,Q5_0,Q5_1,Q4_K,Q5_K,Q6_K,F16,BF16";
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--threads") && i + 1 < argc)
@@ -166,8 +170,11 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--formats") && i + 1 < argc)
             list = argv[++i];
+        else if (!strcmp(argv[i], "--decode-mib") && i + 1 < argc && atof(argv[i + 1]) > 0)
+            decode_mib = atof(argv[++i]);
         else {
-            fprintf(stderr, "usage: qmatmul_bench [--threads N] [--reps N (1-64)] [--formats Q4_K,Q6_K,...]\n");
+            fprintf(stderr, "usage: qmatmul_bench [--threads N] [--reps N (1-64)] [--formats Q4_K,Q6_K,...] "
+                            "[--decode-mib N]\n");
             return 2;
         }
     }
@@ -183,10 +190,10 @@ int main(int argc, char **argv)
     const int64_t k = 4096, pre_rows = 512, pre_n = 4096;
     openblas_set_num_threads(kiln_threadpool_size(pool));
     double blas = time_sgemm(pre_rows, pre_n, k, reps);
-    printf("threads %d, isa %s, f32 activations %s; decode: 1 row, ~1 GiB of weights, k %lld; prefill: %lld x %lld x "
+    printf("threads %d, isa %s, f32 activations %s; decode: 1 row, ~%.0f MiB of weights, k %lld; prefill: %lld x %lld x "
            "%lld\n",
            kiln_threadpool_size(pool), getenv("KILN_QMATMUL_ISA") ? getenv("KILN_QMATMUL_ISA") : "best",
-           getenv("KILN_QMATMUL_F32ACT") ? getenv("KILN_QMATMUL_F32ACT") : "0", (long long)k, (long long)pre_rows,
+           getenv("KILN_QMATMUL_F32ACT") ? getenv("KILN_QMATMUL_F32ACT") : "0", decode_mib, (long long)k, (long long)pre_rows,
            (long long)pre_n, (long long)k);
     printf("%-6s %8s %14s %16s\n", "format", "bits/w", "decode GB/s", "prefill GFLOP/s");
     printf("%-6s %8s %14s %16.1f\n", "sgemm", "32.0", "-", 2.0 * pre_rows * pre_n * k / blas / 1e9);
@@ -202,7 +209,7 @@ int main(int argc, char **argv)
             return 2;
         }
         double bits = 8.0 * (double)kiln_ggml_block_bytes(type) / (double)kiln_ggml_block_elements(type);
-        int64_t n_dec = (int64_t)((double)(1ull << 30) * 8.0 / bits / (double)k);
+        int64_t n_dec = (int64_t)(decode_mib * (1 << 20) * 8.0 / bits / (double)k);
         double t_dec, t_pre;
         size_t wb_dec, wb_pre;
         rc = time_qmm(c, pool, type, 1, n_dec, k, reps, &t_dec, &wb_dec) ||

@@ -82,11 +82,19 @@ typedef struct kiln_llm_build_options {
     int32_t weights;
     int32_t weights_group;   /* values per scale, a multiple of 32; 0 (default): int8 a row, int4 128 */
     int32_t weights_lm_head; /* nonzero: the output projection too (default: kept in dtype) */
-    int32_t reserved2;
+    /* The KV cache's element type, KILN_LLM_KV_*: AUTO (default) is F16 in
+     * a native CPU engine (its matmuls already run on 8-bit activations, as
+     * llama.cpp's do beside its f16 cache; half the bytes a decode step
+     * reads from the cache) and dtype otherwise. On CUDA the cache is in
+     * dtype: another type is refused. */
+    int32_t kv_cache;
 } kiln_llm_build_options;
 
 /* kiln_llm_build_options.weights */
 enum { KILN_LLM_WEIGHTS_DTYPE = 0, KILN_LLM_WEIGHTS_INT8 = 1, KILN_LLM_WEIGHTS_INT4 = 2, KILN_LLM_WEIGHTS_FP8 = 3 };
+
+/* kiln_llm_build_options.kv_cache */
+enum { KILN_LLM_KV_AUTO = 0, KILN_LLM_KV_F32 = 1, KILN_LLM_KV_F16 = 2, KILN_LLM_KV_BF16 = 3 };
 
 /* Defaults as written above. */
 KILN_API void kiln_llm_build_options_init(kiln_llm_build_options *options);

@@ -430,7 +430,7 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
 }
 
 /* ---- prefill tiles (AVX-512) ------------------------------------------------------------
- * Steps with f32 q, k, v and cache, a head_dim of 64 or 128 and query
+ * Steps with f32 q, k and v, an f32 or f16 cache, a head_dim of 64 or 128 and query
  * groups of at most 16 heads: a task takes the query heads of one kv head
  * for ATTN_LANES / group consecutive tokens of one sequence (and, in a
  * decode step, one chunk of its keys, merged by attn_merge), one query row per lane of a 512-bit register
@@ -438,7 +438,9 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
  * FMAs for the scores (a key's dims broadcast against q's lanes) and as
  * many for the values, the online softmax runs lane by lane on whole
  * registers, and e^x is a polynomial on registers instead of a libm call
- * per score. KILN_ATTENTION_ISA=c runs the portable kernel above instead
+ * per score. A decode row (one token of a sequence in the tile) takes
+ * attn_row instead, keys in the lanes. The cache may be f32 or f16 (its
+ * rows widened to f32 a tile at a time). KILN_ATTENTION_ISA=c runs the portable kernel above instead
  * (the tests compare both with a double-precision reference). */
 #ifdef PLUGIN_AVX512
 #define ATTN_AVX512 1
@@ -446,6 +448,136 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
 /* Loops over lanes and dims of constant count, unrolled so that their
  * registers stay registers. */
 #define UNROLLED_FOR(i, n) _Pragma("GCC unroll 16") for (int i = 0; i < (n); i++)
+
+/* ATTN_LANES rows of hd values from cache element `base` (n of them real,
+ * the rest zeros) as f32 in dst: f16 widened exactly by vcvtph2ps. */
+PLUGIN_AVX512_FN static inline void attn_rows_f32(const attn_job *j, int64_t base, int64_t n, int64_t hd, float *dst)
+{
+    if (j->ct == KILN_DTYPE_F16) {
+        const uint16_t *src = (const uint16_t *)j->cache + base;
+        for (int64_t e = 0; e < n * hd; e += 16)
+            _mm512_storeu_ps(dst + e, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + e))));
+    } else {
+        memcpy(dst, (const float *)j->cache + base, sizeof(float) * (size_t)(n * hd));
+    }
+    memset(dst + n * hd, 0, sizeof(float) * (size_t)((ATTN_LANES - n) * hd));
+}
+
+/* Sixteen vectors to one: lane i of the result is the sum of v[i]'s
+ * lanes. A tree of unpacks and 128-bit shuffles, 45 instructions where
+ * sixteen horizontal sums would take about twice as many. */
+PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
+{
+    __m512 a[8], b[4], c[2];
+    /* pairs: [x0+x2, y0+y2, x1+x3, y1+y3] in each 128-bit lane */
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    /* quads: [x, y, z, w] per 128-bit lane, each a lane's sum of four */
+    for (int i = 0; i < 4; i++) {
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+        b[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    /* across the 128-bit lanes: even with odd ones, twice */
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
+/* One decode row: token t of sequence s, the G query heads of kv head
+ * kvh, the keys of chunk c. Keys go in the lanes: a tile of 16 keys is 16
+ * dot products per query head (each a vector of partial sums, folded into
+ * one vector of 16 scores by attn_sum16), the softmax runs on that vector,
+ * and the values are summed row by row into the head's output. A group of
+ * three heads fills 16 lanes where the prefill tile above would use 3. */
+#define ATTN_ROW_FN(NAME, HD) \
+    PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t, int64_t kvh, int64_t c) \
+    { \
+        const attn_params *p = j->p; \
+        const int64_t bs = p->block_size, G = p->n_heads / p->n_kv_heads, h0 = kvh * G; \
+        enum { NV = (HD) / 16 }; \
+        float qs[ATTN_LANES][HD] __attribute__((aligned(64))), os[ATTN_LANES][HD] __attribute__((aligned(64))); \
+        float kbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))), vbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))); \
+        float ms[ATTN_LANES], ls[ATTN_LANES], pw[ATTN_LANES] __attribute__((aligned(64))); \
+        const float *q = (const float *)j->q + t * j->q_ld + h0 * (HD); \
+        const __m512 scale = _mm512_set1_ps(p->scale); \
+        for (int64_t g = 0; g < G; g++) { \
+            UNROLLED_FOR (v, NV) { \
+                _mm512_store_ps(qs[g] + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(q + g * (HD) + 16 * v), scale)); \
+                _mm512_store_ps(os[g] + 16 * v, _mm512_setzero_ps()); \
+            } \
+            ms[g] = -INFINITY, ls[g] = 0.0f; \
+        } \
+        const int64_t keys = position_of(j, s, t) + 1; \
+        const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
+        for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
+            int64_t n = bs - k0 % bs; \
+            n = n < k_end - k0 ? n : k_end - k0; \
+            n = n < ATTN_LANES ? n : ATTN_LANES; \
+            const float *K = kbuf, *V = vbuf; \
+            if (j->ct == KILN_DTYPE_F16 || n < ATTN_LANES) { \
+                attn_rows_f32(j, cache_index(j, s, k0, 0, kvh), n, HD, kbuf); \
+                attn_rows_f32(j, cache_index(j, s, k0, 1, kvh), n, HD, vbuf); \
+            } else { \
+                K = (const float *)j->cache + cache_index(j, s, k0, 0, kvh); \
+                V = (const float *)j->cache + cache_index(j, s, k0, 1, kvh); \
+            } \
+            const __mmask16 real = (__mmask16)((1u << n) - 1u); \
+            for (int64_t g = 0; g < G; g++) { \
+                __m512 part[ATTN_LANES]; \
+                UNROLLED_FOR (i, ATTN_LANES) { \
+                    part[i] = _mm512_mul_ps(_mm512_load_ps(qs[g]), _mm512_loadu_ps(K + i * (HD))); \
+                    UNROLLED_FOR (v, NV - 1) \
+                        part[i] = _mm512_fmadd_ps(_mm512_load_ps(qs[g] + 16 * (v + 1)), \
+                                                  _mm512_loadu_ps(K + i * (HD) + 16 * (v + 1)), part[i]); \
+                } \
+                __m512 sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), real, attn_sum16(part)); \
+                float mx = _mm512_reduce_max_ps(sc); \
+                mx = mx > ms[g] ? mx : ms[g]; \
+                /* exp(-inf) = 0 clears the empty accumulator of the first tile */ \
+                __m512 corr = plugin_exp16(_mm512_set1_ps(ms[g] - mx)); \
+                __m512 pv = plugin_exp16(_mm512_sub_ps(sc, _mm512_set1_ps(mx))); \
+                ls[g] = ls[g] * _mm512_cvtss_f32(corr) + _mm512_reduce_add_ps(pv); \
+                ms[g] = mx; \
+                _mm512_store_ps(pw, pv); \
+                /* two sets of accumulators, even and odd keys: twice the FMA chains */ \
+                __m512 o0[NV], o1[NV]; \
+                UNROLLED_FOR (v, NV) \
+                    o0[v] = _mm512_mul_ps(_mm512_load_ps(os[g] + 16 * v), corr), o1[v] = _mm512_setzero_ps(); \
+                for (int64_t i = 0; i + 1 < n; i += 2) { \
+                    __m512 w0 = _mm512_set1_ps(pw[i]), w1 = _mm512_set1_ps(pw[i + 1]); \
+                    UNROLLED_FOR (v, NV) { \
+                        o0[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(V + i * (HD) + 16 * v), o0[v]); \
+                        o1[v] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(V + (i + 1) * (HD) + 16 * v), o1[v]); \
+                    } \
+                } \
+                if (n % 2) { \
+                    __m512 w0 = _mm512_set1_ps(pw[n - 1]); \
+                    UNROLLED_FOR (v, NV) \
+                        o0[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(V + (n - 1) * (HD) + 16 * v), o0[v]); \
+                } \
+                UNROLLED_FOR (v, NV) \
+                    _mm512_store_ps(os[g] + 16 * v, _mm512_add_ps(o0[v], o1[v])); \
+            } \
+            k0 += n; \
+        } \
+        for (int64_t g = 0; g < G; g++) { \
+            if (j->part) { \
+                float *pp = j->part + ((t * p->n_heads + h0 + g) * j->n_chunks + c) * part_floats(p); \
+                pp[0] = ms[g]; \
+                pp[1] = ls[g]; \
+                memcpy(pp + 2, os[g], sizeof(float) * (HD)); \
+                continue; \
+            } \
+            float *o = (float *)j->out + (t * p->n_heads + h0 + g) * (HD), inv = 1.0f / ls[g]; \
+            for (int64_t d = 0; d < (HD); d++) \
+                o[d] = os[g][d] * inv; \
+        } \
+    }
+
+ATTN_ROW_FN(attn_row_64, 64)
+ATTN_ROW_FN(attn_row_128, 128)
 
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
  * head kvh (lane = token · group + head), head_dim HD, the keys of chunk
@@ -459,7 +591,7 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
         float qt[HD][ATTN_LANES] __attribute__((aligned(64))), ot[HD][ATTN_LANES] __attribute__((aligned(64))); \
         float kpad[ATTN_LANES * (HD)], vpad[ATTN_LANES * (HD)]; \
         int32_t pos[ATTN_LANES]; \
-        const float *q = j->q, *cache = j->cache; \
+        const float *q = j->q; \
         for (int64_t lane = 0; lane < ATTN_LANES; lane++) { \
             int64_t t = t0 + (lane < lanes ? lane : lanes - 1) / G, h = kvh * G + lane % G; \
             pos[lane] = (int32_t)position_of(j, s, t); \
@@ -477,14 +609,14 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
             int64_t n = bs - k0 % bs; \
             n = n < k_end - k0 ? n : k_end - k0; \
             n = n < ATTN_LANES ? n : ATTN_LANES; \
-            const float *K = cache + cache_index(j, s, k0, 0, kvh), *V = cache + cache_index(j, s, k0, 1, kvh); \
-            if (n < ATTN_LANES) { \
-                /* a short tile: its rows padded with zeros (their scores masked below) */ \
-                memset(kpad, 0, sizeof kpad); \
-                memset(vpad, 0, sizeof vpad); \
-                memcpy(kpad, K, sizeof(float) * (size_t)(n * (HD))); \
-                memcpy(vpad, V, sizeof(float) * (size_t)(n * (HD))); \
-                K = kpad, V = vpad; \
+            const float *K = kpad, *V = vpad; \
+            if (j->ct == KILN_DTYPE_F16 || n < ATTN_LANES) { \
+                /* f16 rows widened, a short tile's rows padded with zeros (their scores masked below) */ \
+                attn_rows_f32(j, cache_index(j, s, k0, 0, kvh), n, HD, kpad); \
+                attn_rows_f32(j, cache_index(j, s, k0, 1, kvh), n, HD, vpad); \
+            } else { \
+                K = (const float *)j->cache + cache_index(j, s, k0, 0, kvh); \
+                V = (const float *)j->cache + cache_index(j, s, k0, 1, kvh); \
             } \
             __m512 sc[ATTN_LANES]; \
             UNROLLED_FOR (i, ATTN_LANES) \
@@ -568,7 +700,10 @@ static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
         }
         int64_t t0 = j->qstart[s] + (tile - before) * per, nt = j->qstart[s + 1] - t0;
         nt = nt < per ? nt : per;
-        (p->head_dim == 64 ? attn_tile_64 : attn_tile_128)(j, s, t0, nt, kvh, c);
+        if (nt == 1)
+            (p->head_dim == 64 ? attn_row_64 : attn_row_128)(j, s, t0, kvh, c);
+        else
+            (p->head_dim == 64 ? attn_tile_64 : attn_tile_128)(j, s, t0, nt, kvh, c);
     }
 }
 
@@ -579,7 +714,7 @@ static int64_t attn_tile_count(const attn_job *j, int64_t tokens)
     const attn_params *p = j->p;
     int64_t group = p->n_heads / p->n_kv_heads;
     const char *isa = getenv("KILN_ATTENTION_ISA");
-    if (j->t != KILN_DTYPE_F32 || j->ct != KILN_DTYPE_F32 || group > ATTN_LANES ||
+    if (j->t != KILN_DTYPE_F32 || (j->ct != KILN_DTYPE_F32 && j->ct != KILN_DTYPE_F16) || group > ATTN_LANES ||
         (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) || !plugin_has_avx512())
         return 0;
     int64_t per = ATTN_LANES / group, tiles = 0;

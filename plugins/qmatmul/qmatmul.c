@@ -36,9 +36,11 @@
  *          the K formats).
  * Blob v2: four int32: ggml type number (8, 2, 3, 6, 7, 12, 13, 14, 1,
  *          30), n, k, and the rows of x the workspace holds for the tiled
- *          GEMM (QMM_GEMM_ROWS); v1 (the first three) is still read, and
- *          such an engine, whose workspace was sized before the GEMM,
- *          runs the four-row kernels.
+ *          GEMM (QMM_GEMM_ROWS); v3 adds a fifth, 1 where the workspace
+ *          also holds one row of x packed for the decode GEMV of Q4_0 and
+ *          Q4_1. v1 (the first three) and v2 are still read: such an
+ *          engine, whose workspace was sized before the GEMM (v1) or the
+ *          GEMV (v2), runs the kernels it was sized for.
  *
  * The CUDA kernels (qmatmul_cuda.cu) cover Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
  * and Q6_K; the LLM builder expands the other formats for CUDA engines.
@@ -52,17 +54,21 @@
 #include "qmatmul/qmatmul_cpu.h"
 
 #define NAME "QuantMatMul"
-#define BLOB_VERSION 2u
+#define BLOB_VERSION 3u
 
 typedef struct qmm_params {
     int32_t type, n, k;
     /* rows of x whose GEMM-layout activations the workspace holds; 0 (a v1
      * blob, built before the tiled GEMM): the four-row kernels only */
     int32_t gemm_rows;
+    /* 1: the workspace also holds one row of x packed for the decode GEMV
+     * (qmatmul_cpu.h); 0 (v1 and v2 blobs, sized before it): not used */
+    int32_t gemv_x;
 } qmm_params;
 
-/* Blob bytes of each schema version (v1 lacks gemm_rows). */
-static const size_t blob_sizes[BLOB_VERSION] = {offsetof(qmm_params, gemm_rows), sizeof(qmm_params)};
+/* Blob bytes of each schema version (v1 lacks gemm_rows, v2 gemv_x). */
+static const size_t blob_sizes[BLOB_VERSION] = {offsetof(qmm_params, gemm_rows), offsetof(qmm_params, gemv_x),
+                                                sizeof(qmm_params)};
 
 typedef struct qmm {
     kiln_plugin base;
@@ -93,6 +99,8 @@ static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": n = %d and k = %d must be positive, k a multiple of %d for %s", p->n, p->k, kb,
                           f->name);
+    if (p->gemv_x != 0 && p->gemv_x != 1)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": gemv_x = %d is not 0 or 1", p->gemv_x);
     if (p->gemm_rows < 0 || p->gemm_rows > QMM_GEMM_ROWS)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": gemm_rows = %d is not in 0..%d", p->gemm_rows,
                           QMM_GEMM_ROWS);
@@ -178,7 +186,8 @@ static size_t qmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc
     size_t per_row = kiln_qmm_act_row_bytes(kiln_qmm_format(p->type), p->k);
     if (in[0].dtype != KILN_DTYPE_F32)
         per_row += ((size_t)p->k + (size_t)p->n) * sizeof(float);
-    size_t legacy = (size_t)(rows < chunk ? rows : chunk) * per_row;
+    /* + the decode GEMV's packed row of x */
+    size_t legacy = (size_t)(rows < chunk ? rows : chunk) * per_row + (p->gemv_x ? kiln_qmm_gemv4_x_bytes(p->k) : 0);
     if (in[0].dtype != KILN_DTYPE_F32 || p->gemm_rows == 0 || kiln_qmm_format(p->type)->act_block == 0)
         return legacy;
     int64_t gr = rows < p->gemm_rows ? rows : p->gemm_rows;
@@ -197,7 +206,16 @@ typedef struct qmm_job {
     qmm_kernels ks;
     const float *xf; /* f32 rows to quantize into q */
     void *q;
+    qmm_gemv4_fn gemv4; /* one row of x: the decode GEMV over x packed at xg */
+    const void *xg;
 } qmm_job;
+
+/* Output columns [begin, end) of one row of x by the decode GEMV. */
+static void qmm_gemv4_range(void *arg, int64_t begin, int64_t end)
+{
+    const qmm_job *j = arg;
+    j->gemv4(j->w + (size_t)begin * j->wrow, j->wrow, end - begin, j->k, j->xg, j->y + begin);
+}
 
 /* Output columns [begin, end) in tiles of QMM_TILE weight rows; each tile
  * meets every row of x, four at a time. */
@@ -294,7 +312,7 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         return KILN_OK;
     const char *isa = env_or_empty("KILN_QMATMUL_ISA");
     int f32act = env_or_empty("KILN_QMATMUL_F32ACT")[0] == '1';
-    qmm_job job = {p->type, p->k, 0, p->n, (size_t)wrow, 0, in[1], NULL, NULL, {0}, NULL, NULL};
+    qmm_job job = {p->type, p->k, 0, p->n, (size_t)wrow, 0, in[1], NULL, NULL, {0}, NULL, NULL, NULL, NULL};
     kiln_qmm_kernels_pick(f, isa, f32act, &job.ks);
     qmm_gemm_fn gemm = NULL;
     if (t == KILN_DTYPE_F32 && !f32act && p->gemm_rows > 0 && rows >= QMM_GEMM_MIN_ROWS)
@@ -336,7 +354,14 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         }
         job.rows = nr;
         job.y = t == KILN_DTYPE_F32 ? (float *)out[0] + r0 * p->n : yf;
-        host->parallel_for(stream, p->n, qmm_range, &job);
+        job.gemv4 = nr == 1 && qrow && p->gemv_x ? kiln_qmm_gemv4_pick(f, isa, job.ks.f32_act) : NULL;
+        if (job.gemv4) {
+            /* after the quantized row in the workspace (qmm_workspace_size) */
+            void *xg = (char *)workspace + qrow;
+            kiln_qmm_gemv4_pack_x(job.q, p->k, xg);
+            job.xg = xg;
+        }
+        host->parallel_for(stream, p->n, job.gemv4 ? qmm_gemv4_range : qmm_range, &job);
         if (t != KILN_DTYPE_F32)
             for (int64_t i = 0; i < nr * p->n; i++)
                 plugin_store(host, out[0], t, r0 * p->n + i, yf[i]);
@@ -379,7 +404,7 @@ static kiln_status qmm_create(const kiln_plugin_creator *c, const kiln_field *f,
     const qmm_format *qf = kiln_qmm_format_named(s);
     if (!qf)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": format \"%s\" is not " FORMAT_LIST, s);
-    qmm_params p = {qf->type, plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0), QMM_GEMM_ROWS};
+    qmm_params p = {qf->type, plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0), QMM_GEMM_ROWS, 1};
     return qmm_new(&p, out);
 }
 

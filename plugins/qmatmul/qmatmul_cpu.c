@@ -858,6 +858,92 @@ __attribute__((target(VNNI_TARGET))) static float quant_avx512(const float *x, i
     return d;
 }
 
+/* ---- the decode GEMV for Q4_0 and Q4_1 (AVX-512 VBMI + VNNI; qmatmul_cpu.h) -------------- */
+
+#define VBMI_TARGET "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi"
+
+void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out)
+{
+    const qmm_q8 *x = xq;
+    qmm_gemv4_x *g = out;
+    int32_t nb = k / 32;
+    memset(g, 0, sizeof *g * (size_t)((nb + 3) / 4));
+    for (int32_t b = 0; b < nb; b++) {
+        qmm_gemv4_x *gi = g + b / 4;
+        int j = b % 4;
+        memcpy(gi->lo + 16 * j, x[b].q, 16);
+        memcpy(gi->hi + 16 * j, x[b].q + 16, 16);
+        for (int l = 0; l < 4; l++)
+            gi->d[4 * j + l] = x[b].d;
+        gi->s[4 * j] = x[b].ds;
+    }
+}
+
+/* One group of four blocks at WG: bytes 0..63 under AMASK and 64..79
+ * under BMASK (masked loads: a row's last group reads zeros past the
+ * row's end, never the memory there), the permutes iq and isc. */
+#define GEMV4_GROUP(HAS_MIN, WG, AMASK, BMASK, XG, ACC, ACCM) \
+    do { \
+        __m512i a_ = _mm512_maskz_loadu_epi8(AMASK, (WG)); \
+        __m512i b_ = _mm512_castsi128_si512(_mm_maskz_loadu_epi8(BMASK, (WG) + 64)); \
+        __m512i q_ = _mm512_permutex2var_epi8(a_, iq, b_); \
+        __m512i lo_ = _mm512_and_si512(q_, m4), hi_ = _mm512_and_si512(_mm512_srli_epi16(q_, 4), m4); \
+        __m512i is_ = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo_, _mm512_loadu_si512((XG)->lo)); \
+        is_ = _mm512_dpbusd_epi32(is_, hi_, _mm512_loadu_si512((XG)->hi)); \
+        __m512i sc_ = _mm512_permutex2var_epi8(a_, isc, b_); \
+        __m512 dw_ = _mm512_cvtph_ps(_mm512_castsi512_si256(sc_)); \
+        ACC = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is_), _mm512_mul_ps(dw_, _mm512_loadu_ps((XG)->d)), ACC); \
+        ACCM = _mm512_fmadd_ps(HAS_MIN ? _mm512_cvtph_ps(_mm512_extracti64x4_epi64(sc_, 1)) : dw_, \
+                               _mm512_loadu_ps((XG)->s), ACCM); \
+    } while (0)
+
+/* Weight rows [0, n_rows) against x packed by kiln_qmm_gemv4_pack_x.
+ * Q4_0's w = d·(q − 8) is Q4_1's form with m = −8·d: its min sums are
+ * taken with d and multiplied by −8 at the end (exact, a power of two). */
+#define GEMV4_FN(NAME, BB, QOFF, HAS_MIN) \
+    __attribute__((target(VBMI_TARGET))) static void NAME(const uint8_t *w, size_t wrow, int64_t n_rows, int32_t k, \
+                                                          const void *xg, float *y) \
+    { \
+        uint8_t iqb[64] __attribute__((aligned(64))), iscb[64] __attribute__((aligned(64))); \
+        for (int j = 0; j < 4; j++) \
+            for (int i = 0; i < 16; i++) \
+                iqb[16 * j + i] = (uint8_t)((BB) * j + (QOFF) + i); \
+        for (int l = 0; l < 16; l++) \
+            for (int e = 0; e < 2; e++) { \
+                iscb[2 * l + e] = (uint8_t)((BB) * (l / 4) + e); \
+                iscb[32 + 2 * l + e] = (uint8_t)((BB) * (l / 4) + (HAS_MIN ? 2 : 0) + e); \
+            } \
+        const __m512i iq = _mm512_load_si512(iqb), isc = _mm512_load_si512(iscb), m4 = _mm512_set1_epi8(0x0F); \
+        const int32_t nb = k / 32, full = nb / 4, tail = nb % 4; \
+        const __mmask64 all = ~(__mmask64)0, tail_a = ((__mmask64)1 << ((BB) * tail)) - 1; \
+        const __mmask16 full_b = (__mmask16)((1u << (4 * (BB) - 64)) - 1); \
+        const qmm_gemv4_x *x = xg; \
+        for (int64_t r = 0; r < n_rows; r++) { \
+            const uint8_t *wr = w + (size_t)r * wrow; \
+            __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps(); \
+            __m512 accm0 = _mm512_setzero_ps(), accm1 = _mm512_setzero_ps(); \
+            int32_t g = 0; \
+            for (; g + 1 < full; g += 2) { \
+                _mm_prefetch((const char *)wr + 4 * (BB) * g + 1024, _MM_HINT_T0); \
+                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * g, all, full_b, x + g, acc0, accm0); \
+                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * (g + 1), all, full_b, x + g + 1, acc1, accm1); \
+            } \
+            if (g < full) { \
+                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * g, all, full_b, x + g, acc0, accm0); \
+                g++; \
+            } \
+            if (tail) \
+                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * g, tail_a, 0, x + g, acc1, accm1); \
+            __m512 accm = _mm512_add_ps(accm0, accm1); \
+            if (!(HAS_MIN)) \
+                accm = _mm512_mul_ps(accm, _mm512_set1_ps(-8.0f)); \
+            y[r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc0, acc1), accm)); \
+        } \
+    }
+
+GEMV4_FN(gemv4_q4_0, 18, 2, 0)
+GEMV4_FN(gemv4_q4_1, 20, 4, 1)
+
 /* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
  * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+BW+VNNI. F16C through cpuid leaf 1
  * (ECX bit 29): clang's __builtin_cpu_supports does not know it. */
@@ -900,6 +986,22 @@ void kiln_qmm_kernels_pick(const qmm_format *f, const char *isa, int f32_act, qm
     out->one = k[vnni ? 2 : 0];
     out->four = k[vnni ? 3 : 1];
 #endif
+}
+
+qmm_gemv4_fn kiln_qmm_gemv4_pick(const qmm_format *f, const char *isa, int f32_act)
+{
+#ifdef QMM_X86
+    static _Atomic int vbmi = -1;
+    if (vbmi < 0)
+        vbmi = (cpu_features() & 2) && __builtin_cpu_supports("avx512vbmi");
+    if (f32_act || !vbmi || strcmp(isa, "c") == 0 || strcmp(isa, "avx2") == 0)
+        return NULL;
+    if (f->type == QMM_Q4_0)
+        return gemv4_q4_0;
+    if (f->type == QMM_Q4_1)
+        return gemv4_q4_1;
+#endif
+    return NULL;
 }
 
 qmm_gemm_fn kiln_qmm_gemm_pick(const qmm_format *f, const char *isa)

@@ -111,4 +111,29 @@ typedef void (*qmm_gemm_fn)(int32_t type, const uint8_t *w, size_t wrow, int32_t
  * CPU without AVX-512 VNNI (the four-row kernels serve those). */
 qmm_gemm_fn kiln_qmm_gemm_pick(const qmm_format *f, const char *isa);
 
+/* ---- the decode GEMV for Q4_0 and Q4_1 (AVX-512 VBMI + VNNI) ----
+ * One row of x against many weight rows, four blocks of a weight row a
+ * step: their bytes are two loads and two byte permutes (vpermt2b) gather
+ * the 64 quant bytes (block j in 128-bit lane j) and the f16 scales (and
+ * mins) spread over the lanes of their block, against x repacked once per
+ * call to match. About 4 instructions a block where the one-row kernel
+ * above takes over 20: that kernel is bound by its instructions at ~7 GB/s
+ * of weights per core, below what two cores can read. The integer sums
+ * are those of the other kernels (exact). */
+typedef struct qmm_gemv4_x {
+    int8_t lo[64], hi[64]; /* q[0..15] and q[16..31] of block j in lane j */
+    float d[16];           /* block j's d in lanes 4j..4j+3 */
+    float s[16];           /* block j's ds in lane 4j, 0 elsewhere */
+} qmm_gemv4_x;
+
+/* Bytes of x packed for k values (groups of four blocks, the last padded). */
+static inline size_t kiln_qmm_gemv4_x_bytes(int32_t k) { return (size_t)((k / 32 + 3) / 4) * sizeof(qmm_gemv4_x); }
+/* One row of k quantized activations (kiln_qmm_quantize_row) repacked. */
+void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out);
+/* y[r] = w_r · x for n_rows weight rows wrow bytes apart. */
+typedef void (*qmm_gemv4_fn)(const uint8_t *w, size_t wrow, int64_t n_rows, int32_t k, const void *xg, float *y);
+/* The GEMV for f, or NULL: formats other than Q4_0/Q4_1, isa "c" or
+ * "avx2", f32 activations, or a CPU without AVX-512 VBMI and VNNI. */
+qmm_gemv4_fn kiln_qmm_gemv4_pick(const qmm_format *f, const char *isa, int f32_act);
+
 #endif

@@ -105,6 +105,7 @@ typedef struct builder {
     char name[160];
     char expanded[64]; /* formats expanded for want of a CUDA kernel */
     int fuse;          /* decoder layers of plain weights as kiln/FusedMatMul (fused_layer) */
+    kiln_dtype kv_dtype; /* the KV cache's (kiln_llm_build_options.kv_cache resolved) */
 } builder;
 
 static void progress(builder *b, const char *what)
@@ -929,7 +930,7 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     cd.rank = 5;
     cd.d[0] = -1, cd.d[1] = 2, cd.d[2] = c->n_kv_heads, cd.d[3] = o->block_size, cd.d[4] = c->head_dim;
     snprintf(n, sizeof n, "kv_cache.%d", l);
-    KILN_TRY(kiln_network_add_input(net, n, o->dtype, &cd, &cache));
+    KILN_TRY(kiln_network_add_input(net, n, b->kv_dtype, &cd, &cache));
     kiln_dims mn = cd, mx = cd;
     mn.d[0] = 1;
     mx.d[0] = KILN_LLM_MAX_KV_BLOCKS;
@@ -1139,6 +1140,18 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     if (o.weights < KILN_LLM_WEIGHTS_DTYPE || o.weights > KILN_LLM_WEIGHTS_FP8)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weights %d is not dtype, int8, int4 or fp8",
                          o.weights);
+    if (o.kv_cache < KILN_LLM_KV_AUTO || o.kv_cache > KILN_LLM_KV_BF16)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: kv_cache %d is not auto, f32, f16 or bf16",
+                         o.kv_cache);
+    static const kiln_dtype kv_types[] = {KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+    kiln_dtype kv_dtype = o.kv_cache != KILN_LLM_KV_AUTO ? kv_types[o.kv_cache]
+                          : o.native && o.backend == KILN_BACKEND_CPU && o.dtype == KILN_DTYPE_F32 ? KILN_DTYPE_F16
+                                                                                                   : o.dtype;
+    if (o.backend == KILN_BACKEND_CUDA && kv_dtype != o.dtype)
+        return kiln_fail(KILN_ERROR_UNSUPPORTED,
+                         "LLM build: a %s KV cache with %s activations: the CUDA attention keeps the cache in the "
+                         "activations' dtype",
+                         kiln_dtype_name(kv_dtype), kiln_dtype_name(o.dtype));
     if (o.weights_group < 0 || o.weights_group % 32 != 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
                          "LLM build: weight group size %d is not a positive multiple of 32", o.weights_group);
@@ -1167,7 +1180,7 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     c->max_tokens = o.max_tokens;
     c->block_size = o.block_size;
     c->quantized[0] = '\0';
-    builder b = {.ck = ck, .opt = &o};
+    builder b = {.ck = ck, .opt = &o, .kv_dtype = kv_dtype};
     /* Decoder layers fuse on CUDA (their decode step is one GEMV per
      * matrix with the norms, residual adds and SwiGLU inside); on the CPU
      * they stay apart, where the matmuls run through OpenBLAS.

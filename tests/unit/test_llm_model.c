@@ -41,6 +41,7 @@ static void runner_free(runner *r)
 
 /* Nonzero: runners build with quantized GGUF weights kept (opt.native). */
 static int native_build;
+static int32_t kv_cache_opt; /* KILN_LLM_KV_*: the runners' KV cache type */
 
 static kiln_status runner_open_ck(runner *r, kiln_llm_checkpoint *ck, kiln_dtype dtype)
 {
@@ -49,6 +50,7 @@ static kiln_status runner_open_ck(runner *r, kiln_llm_checkpoint *ck, kiln_dtype
     kiln_llm_build_options_init(&opt);
     opt.dtype = dtype;
     opt.native = native_build;
+    opt.kv_cache = kv_cache_opt;
     opt.max_seq_len = 64;
     opt.max_batch = 4;
     opt.block_size = 8;
@@ -535,12 +537,16 @@ static void test_native_builds(void)
 {
     const char *files[] = {DATA "smollm/model-q8_0.gguf", DATA "qwen2/model-q8_0.gguf"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        runner ref, nat, mixed, half;
-        float lr[320], ln[320], lm[320], lh[320], lq[320];
+        runner ref, nat, mixed, half, nat16;
+        float lr[320], ln[320], lm[320], lh[320], lq[320], l16[320];
         CHECK_OK(runner_open(&ref, "gguf", files[i], KILN_DTYPE_F32));
         native_build = 1;
-        CHECK_OK(runner_open(&nat, "gguf", files[i], KILN_DTYPE_F32));
+        /* the default native engine: an f16 KV cache (as llama.cpp's) */
+        CHECK_OK(runner_open(&nat16, "gguf", files[i], KILN_DTYPE_F32));
         CHECK_OK(runner_open(&half, "gguf", files[i], KILN_DTYPE_BF16));
+        /* the others keep an f32 cache, so that only the weights' arithmetic differs */
+        kv_cache_opt = KILN_LLM_KV_F32;
+        CHECK_OK(runner_open(&nat, "gguf", files[i], KILN_DTYPE_F32));
         kiln_llm_checkpoint *ck = NULL;
         CHECK_OK(kiln_llm_import_gguf(files[i], &ck));
         memset(&mixed, 0, sizeof mixed);
@@ -551,6 +557,7 @@ static void test_native_builds(void)
             kiln_llm_checkpoint_free(ck);
         }
         native_build = 0;
+        kv_cache_opt = KILN_LLM_KV_AUTO;
         CHECK(strcmp(ref.cfg.quantized, "") == 0 && strcmp(nat.cfg.quantized, "Q8_0") == 0 &&
               strcmp(mixed.cfg.quantized, "Q8_0") == 0);
         /* The native engine keeps the (tied) embedding as stored, one
@@ -561,28 +568,36 @@ static void test_native_builds(void)
             CHECK(tensor_dtype(&nat, "lm_head.weight") == -1 || !nat.cfg.tied_embeddings);
             CHECK(nat.engine->image_size * 3 < ref.engine->image_size);
         }
-        if (ref.ctx && nat.ctx && mixed.ctx && half.ctx) {
+        if (nat16.engine && nat.engine) {
+            CHECK(tensor_dtype(&nat16, "kv_cache.0") == KILN_DTYPE_F16);
+            CHECK(tensor_dtype(&nat, "kv_cache.0") == KILN_DTYPE_F32);
+        }
+        if (ref.ctx && nat.ctx && mixed.ctx && half.ctx && nat16.ctx) {
             setenv("KILN_QMATMUL_F32ACT", "1", 1);
             CHECK_OK(prefill(&ref, prompt, PROMPT_LEN, lr));
             CHECK_OK(prefill(&nat, prompt, PROMPT_LEN, ln));
+            CHECK_OK(prefill(&nat16, prompt, PROMPT_LEN, l16));
             CHECK_OK(prefill(&mixed, prompt, PROMPT_LEN, lm));
             CHECK_OK(prefill(&half, prompt, PROMPT_LEN, lh));
             unsetenv("KILN_QMATMUL_F32ACT");
             CHECK_OK(prefill(&nat, prompt, PROMPT_LEN, lq));
             double en = rel_err(ln, lr, 320), em = rel_err(lm, lr, 320), eh = rel_err(lh, lr, 320);
-            double eq = rel_err(lq, lr, 320);
-            int ok = en < 1e-5 && em < 1e-5 && eh < 5e-2 && eh > 0 && eq < 5e-2 && eq > 0;
+            double eq = rel_err(lq, lr, 320), e16 = rel_err(l16, lr, 320);
+            /* the f16 cache: keys and values rounded to 11 significant bits
+             * (2^-11 = 4.9e-4 each) through a few layers */
+            int ok = en < 1e-5 && em < 1e-5 && eh < 5e-2 && eh > 0 && eq < 5e-2 && eq > 0 && e16 < 2e-3 && e16 > 0;
             if (!ok)
                 fprintf(stderr,
-                        "%s: native %g, mixed %g, native bf16 %g, native 8-bit activations %g relative to the "
-                        "dequantized f32 build\n",
-                        files[i], en, em, eh, eq);
+                        "%s: native %g, mixed %g, native bf16 %g, native 8-bit activations %g, native with an f16 "
+                        "KV cache %g relative to the dequantized f32 build\n",
+                        files[i], en, em, eh, eq, e16);
             CHECK(ok);
         }
         runner_free(&ref);
         runner_free(&nat);
         runner_free(&mixed);
         runner_free(&half);
+        runner_free(&nat16);
     }
 }
 

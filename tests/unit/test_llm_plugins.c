@@ -364,8 +364,11 @@ static void check_attention_packed(kiln_dtype t)
 /* PagedAttention against softmax(q·K/sqrt(d))·V in double over the cache
  * it wrote, for long decode steps (keys split into chunks and merged) and
  * prefill, with a query group larger than the kernel's sub-group (MQA with
- * 18 heads) and plain GQA. */
-static void check_attention_reference(int32_t nh, int32_t nkv, int32_t hd, int64_t cached, int64_t T_per_seq)
+ * 18 heads) and plain GQA. The cache in f32 or f16 (ct): the reference
+ * reads the values the cache holds, so an f16 cache is held to the same
+ * tolerance (its rounding happened when the keys were stored). */
+static void check_attention_reference_ct(int32_t nh, int32_t nkv, int32_t hd, int64_t cached, int64_t T_per_seq,
+                                         kiln_dtype ct)
 {
     const int32_t bs = 16;
     const int64_t S = 2, max_blocks = (cached + T_per_seq + bs - 1) / bs, n_blocks = S * max_blocks, T = S * T_per_seq;
@@ -384,17 +387,24 @@ static void check_attention_reference(int32_t nh, int32_t nkv, int32_t hd, int64
         k[i] *= 4.0f;
     for (int64_t i = 0; i < cache_n; i++)
         cache[i] *= 4.0f;
+    /* the cache as the plugin holds it (f16: the same values rounded), and
+     * read back after the step as f32 for the reference */
+    void *cache_t = malloc((size_t)cache_n * esize(ct));
+    for (int64_t i = 0; i < cache_n; i++)
+        store(cache_t, ct, i, cache[i]);
     float *out = malloc(sizeof(float) * (size_t)(T * qw));
     kiln_tensor_desc d[8] = {DESC(KILN_DTYPE_F32, T, qw),         DESC(KILN_DTYPE_F32, T, kw),
-                             DESC(KILN_DTYPE_F32, T, kw),         DESC(KILN_DTYPE_F32, n_blocks, 2, nkv, bs, hd),
+                             DESC(KILN_DTYPE_F32, T, kw),         DESC(ct, n_blocks, 2, nkv, bs, hd),
                              DESC(KILN_DTYPE_I32, S, max_blocks), DESC(KILN_DTYPE_I32, S),
                              DESC(KILN_DTYPE_I32, S + 1),         DESC(KILN_DTYPE_F32, T, qw)};
-    const void *in[7] = {q, k, v, cache, table, seq_lens, qstart};
+    const void *in[7] = {q, k, v, cache_t, table, seq_lens, qstart};
     void *o[1] = {out};
     if (a) {
         size_t ws = a->ops->workspace_size(a, d, 7, d + 7, 1);
         void *workspace = malloc(ws ? ws : 1);
         CHECK_OK(a->ops->enqueue(a, KILN_BACKEND_CPU, d, in, 7, d + 7, o, 1, workspace, pool));
+        for (int64_t i = 0; i < cache_n; i++)
+            cache[i] = load(cache_t, ct, i);
         double err = 0, norm = 0;
         for (int64_t t = 0; t < T; t++) {
             int64_t s = t / T_per_seq, pos = seq_lens[s] - T_per_seq + t % T_per_seq;
@@ -426,13 +436,18 @@ static void check_attention_reference(int32_t nh, int32_t nkv, int32_t hd, int64
             }
         }
         if (!(sqrt(err / norm) < 1e-5))
-            fprintf(stderr, "attention %d/%d heads of %d, %lld cached, %lld new: error %.3g\n", nh, nkv, hd,
-                    (long long)cached, (long long)T_per_seq, sqrt(err / norm));
+            fprintf(stderr, "attention %d/%d heads of %d, %lld cached, %lld new, cache %s: error %.3g\n", nh, nkv, hd,
+                    (long long)cached, (long long)T_per_seq, ct == KILN_DTYPE_F16 ? "f16" : "f32", sqrt(err / norm));
         CHECK(sqrt(err / norm) < 1e-5);
         free(workspace);
         a->ops->destroy(a);
     }
-    free(table), free(q), free(k), free(v), free(cache), free(out);
+    free(table), free(q), free(k), free(v), free(cache), free(cache_t), free(out);
+}
+
+static void check_attention_reference(int32_t nh, int32_t nkv, int32_t hd, int64_t cached, int64_t T_per_seq)
+{
+    check_attention_reference_ct(nh, nkv, hd, cached, T_per_seq, KILN_DTYPE_F32);
 }
 
 /* Each case on the portable kernel and on the best the CPU has (with
@@ -454,6 +469,13 @@ static void test_attention_reference(void)
         check_attention_reference(9, 3, 64, 700, 1);  /* SmolLM2's decode: keys in 3 chunks, merged */
         check_attention_reference(32, 8, 64, 300, 4); /* a 1B's decode of 4 tokens, chunks */
         check_attention_reference(8, 8, 128, 40, 3);  /* a decode step shorter than one chunk */
+        check_attention_reference(32, 8, 128, 517, 1); /* an 8B's decode: keys in lanes, head_dim 128 */
+        check_attention_reference(9, 3, 64, 5, 1);    /* a decode row shorter than one key tile */
+        /* an f16 cache: decode rows (chunks, a short last tile) and prefill tiles widen it */
+        check_attention_reference_ct(9, 3, 64, 700, 1, KILN_DTYPE_F16);
+        check_attention_reference_ct(32, 8, 128, 45, 1, KILN_DTYPE_F16);
+        check_attention_reference_ct(9, 3, 64, 21, 29, KILN_DTYPE_F16);
+        check_attention_reference_ct(4, 4, 128, 5, 19, KILN_DTYPE_F16);
         unsetenv("KILN_ATTENTION_ISA");
     }
 }

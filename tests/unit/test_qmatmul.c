@@ -338,10 +338,13 @@ static void q8_body(const kiln_plugin_creator *c, void *pool)
         int32_t k1 = f->block, k2 = f->block == 256 ? 768 : 576;
         check_exact_q8(c, f, k1, 7, 1, pool);
         check_exact_q8(c, f, k2, 33, 3, pool);
+        check_exact_q8(c, f, k2, 33, 1, pool);   /* Q4_0/Q4_1 decode GEMV: 4 groups and a tail of 2 */
+        check_exact_q8(c, f, 1280, 19, 1, pool); /* 10 groups, none partial */
         check_exact_q8(c, f, 256, 9, 70, pool);
         check_exact_q8(c, f, 1280, 37, 45, pool); /* the tiled GEMM: k over two unpacked chunks, 8/4/1-row groups */
         check_bound_q8(c, f, k1, 7, 1, pool);
         check_bound_q8(c, f, k2, 129, 17, pool);
+        check_bound_q8(c, f, k2, 129, 1, pool);
         check_bound_q8(c, f, 256, 5, 70, pool);
     }
 }
@@ -456,8 +459,9 @@ static void test_half_activations(void)
     for (int ti = 0; ti < 2 && c; ti++) {
         kiln_dtype dt = types[ti];
         uint8_t *w = random_blocks(&fmts[2], n, k);
-        /* workspace: 16 rows of 3 quantized blocks (40 bytes each), f32 x, f32 y */
-        float xf[21 * 96], yf[21 * 7], ws[16 * 3 * 10 + 16 * 96 + 16 * 7];
+        /* workspace: 16 rows of 3 quantized blocks (40 bytes each), f32 x,
+         * f32 y, one row packed for the decode GEMV (256 bytes) */
+        float xf[21 * 96], yf[21 * 7], ws[16 * 3 * 10 + 16 * 96 + 16 * 7 + 64];
         uint16_t xh[21 * 96], yh[21 * 7];
         for (int i = 0; i < t * k; i++) {
             float v = uniform(-1, 1);
@@ -500,20 +504,20 @@ static void test_blob_round_trip(void)
     CHECK_OK(make(c, "Q4_1", 9, 96, &p));
     size_t size = 0;
     CHECK_OK(p->ops->serialize(p, NULL, &size));
-    CHECK(size == 16);
-    int32_t blob[4] = {0};
+    CHECK(size == 20);
+    int32_t blob[5] = {0};
     CHECK_OK(p->ops->serialize(p, blob, &size));
-    /* ggml's number for Q4_1, n, k, the GEMM's rows of x */
-    CHECK(blob[0] == 3 && blob[1] == 9 && blob[2] == 96 && blob[3] == 512);
+    /* ggml's number for Q4_1, n, k, the GEMM's rows of x, the GEMV's x */
+    CHECK(blob[0] == 3 && blob[1] == 9 && blob[2] == 96 && blob[3] == 512 && blob[4] == 1);
     CHECK_OK(c->deserialize(c, c->blob_version, blob, size, &q));
-    int32_t again[4] = {0};
+    int32_t again[5] = {0};
     size = sizeof again;
     CHECK(q && q->ops->serialize(q, again, &size) == KILN_OK && memcmp(again, blob, sizeof blob) == 0);
     if (q)
         q->ops->destroy(q);
     /* a v1 blob (an engine built before the GEMM): read, with no GEMM rows,
      * so the workspace is what that engine reserved */
-    CHECK(c->blob_version == 2);
+    CHECK(c->blob_version == 3);
     CHECK_OK(c->deserialize(c, 1, blob, 12, &q));
     size = sizeof again;
     CHECK(q && q->ops->serialize(q, again, &size) == KILN_OK && again[3] == 0);
@@ -522,11 +526,23 @@ static void test_blob_round_trip(void)
     CHECK(p->ops->workspace_size(p, d, 2, d + 2, 1) == 104 * (96 + 2 * 4 * 3)); /* 13 panels of 8 rows */
     if (q)
         q->ops->destroy(q);
-    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, 8, &q), KILN_ERROR_FORMAT, "QuantMatMul blob v2 is 8 bytes");
+    /* a v2 blob (before the decode GEMV): one row of f16 x takes its
+     * quantized blocks, f32 x and f32 y; a v3 one adds the row packed for
+     * the GEMV (one group of 256 bytes) */
+    CHECK_OK(c->deserialize(c, 2, blob, 16, &q));
+    kiln_tensor_desc d1[3] = {desc(KILN_DTYPE_F16, 1, 96), desc(KILN_DTYPE_U8, 9, 60), desc(KILN_DTYPE_F16, 1, 9)};
+    CHECK(q && q->ops->workspace_size(q, d1, 2, d1 + 2, 1) == 3 * 40 + (96 + 9) * 4);
+    CHECK(p->ops->workspace_size(p, d1, 2, d1 + 2, 1) == 3 * 40 + (96 + 9) * 4 + 256);
+    if (q)
+        q->ops->destroy(q);
+    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, 8, &q), KILN_ERROR_FORMAT, "QuantMatMul blob v3 is 8 bytes");
     CHECK_FAILS(c->deserialize(c, c->blob_version + 1, blob, size, &q), KILN_ERROR_VERSION, "newer");
     blob[3] = 513;
     CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "gemm_rows = 513");
     blob[3] = 512;
+    blob[4] = 2;
+    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "gemv_x = 2");
+    blob[4] = 1;
     blob[0] = 10; /* Q2_K */
     CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "ggml type 10");
     p->ops->destroy(p);
