@@ -256,6 +256,21 @@ template <typename P> __device__ __forceinline__ const P *woq_pin(const P *p)
     return (const P *)v;
 }
 
+/* A lane's 16 bytes of a chunk, not kept in L1, with L2 fetching the
+ * 256 bytes around them from memory: the warp's next 3 chunks of the row
+ * (its run of k is contiguous). ptxas issues a loop iteration's loads at
+ * its end, after all its mma (seen in the SASS, with or without register
+ * pressure), so a warp waits a full load latency each iteration; with the
+ * 256-byte fetches 3 in 4 of those loads hit L2. */
+__device__ __forceinline__ uint4 woq_load_chunk(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 /* (a & b) ^ c in one LOP3: written as C, the compiler splits it in two
  * when b and c are both immediates. */
 __device__ __forceinline__ uint32_t woq_and_xor(uint32_t a, uint32_t b, uint32_t c)
@@ -369,7 +384,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    buf[u][rt][h] = woq_load_stream(qr[rt][h] + (uint32_t)c * 64u);
+                    buf[u][rt][h] = woq_load_chunk(qr[rt][h] + (uint32_t)c * 64u);
                     sb[u][rt][h] = __ldg(sr[rt][h] + gl);
                     ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
                 }
