@@ -841,6 +841,24 @@ int main(int argc, char **argv)
                 snprintf(r->error, sizeof r->error, "%s", failure);
             r->meets = 1;
         }
+    /* and its L2 prefetch distance (KILN_WOQ_GEMV_PREFETCH chunks; 8 by
+     * default, 0 none) */
+    static const char *const woq_pf[] = {"0", "4", "16"};
+    static char pf_names[2][3][72];
+    for (size_t i = 0; i < 2; i++)
+        for (size_t v = 0; v < 3; v++) {
+            char *name = pf_names[i][v];
+            snprintf(name, sizeof pf_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_PREFETCH=%s",
+                     (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_pf[v]);
+            result *r = new_result(name, "(A/B)");
+            setenv("KILN_WOQ_GEMV_PREFETCH", woq_pf[v], 1);
+            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
+                                 : fail("no copy bandwidth to compare with");
+            unsetenv("KILN_WOQ_GEMV_PREFETCH");
+            if (st)
+                snprintf(r->error, sizeof r->error, "%s", failure);
+            r->meets = 1;
+        }
 
     int all = 1;
     json_t *list_json = json_array();

@@ -240,6 +240,7 @@ static_assert(WOQ_GEMV_MAX_ROWS <= 8, "the x rows are the 8 columns of the mma")
 constexpr int kTcMaxWarps = 16; /* warps of a block, splitting k */
 constexpr int kTcTarget = 4096; /* warps a launch aims for (the k split grows until it has them) */
 constexpr int kTcInFlight = 3;  /* chunks a lane has in flight with 16 rows a warp (2 with 32) */
+constexpr int kTcPrefetch = 8;  /* chunks ahead of a load its L2 prefetch goes (KILN_WOQ_GEMV_PREFETCH) */
 
 /* The value through an empty asm: the compiler keeps it in a register
  * instead of recomputing it at each use. */
@@ -260,8 +261,9 @@ template <typename P> __device__ __forceinline__ const P *woq_pin(const P *p)
  * 256 bytes around them from memory: the warp's next 3 chunks of the row
  * (its run of k is contiguous). ptxas issues a loop iteration's loads at
  * its end, after all its mma (seen in the SASS, with or without register
- * pressure), so a warp waits a full load latency each iteration; with the
- * 256-byte fetches 3 in 4 of those loads hit L2. */
+ * pressure), so a warp waits a load latency each iteration: with the
+ * 256-byte fetches and an L2 prefetch further ahead (woq_prefetch) most of
+ * those loads hit L2. */
 __device__ __forceinline__ uint4 woq_load_chunk(const void *p)
 {
     uint4 v;
@@ -270,6 +272,9 @@ __device__ __forceinline__ uint4 woq_load_chunk(const void *p)
                  : "l"(p));
     return v;
 }
+
+/* An L2 prefetch of a chunk further ahead: no register waits for it. */
+__device__ __forceinline__ void woq_prefetch(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 
 /* (a & b) ^ c in one LOP3: written as C, the compiler splits it in two
  * when b and c are both immediates. */
@@ -343,7 +348,7 @@ template <int XT, int BITS, int RT>
 __global__ void __launch_bounds__(kTcMaxWarps * 32)
     woq_tc_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
                   const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
-                  int32_t group)
+                  int32_t group, int32_t pf)
 {
     using T = woq_tc<XT>;
     constexpr int CK = BITS == 4 ? 128 : 64, U = RT == 1 ? kTcInFlight : 2;
@@ -378,13 +383,18 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
      * is counted along instead of divided out at each load */
     const int cpg = group / CK;
     int gl = c0 / cpg, rl = c0 - gl * cpg;
+    /* with each chunk's loads, an L2 prefetch of the chunk pf ahead (the
+     * run's last one near its end) */
     auto load = [&](int u, int c, bool valid) {
         if (valid) {
+            const uint32_t ahead = (uint32_t)(c + pf < c1 ? c + pf : c1 - 1) * 64u;
 #pragma unroll
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     buf[u][rt][h] = woq_load_chunk(qr[rt][h] + (uint32_t)c * 64u);
+                    if (pf > 0)
+                        woq_prefetch(qr[rt][h] + ahead);
                     sb[u][rt][h] = __ldg(sr[rt][h] + gl);
                     ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
                 }
@@ -573,7 +583,8 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
  * "tc16" or "tc32" the tensor-core one with that many rows a warp; else
  * (unset) the tensor-core one with the rows below. KILN_WOQ_GEMV_SPLIT
  * (1 to kTcMaxWarps) sets the tensor-core one's warps a block (its k
- * split). Read at each launch (a graph keeps what its capture chose). */
+ * split), KILN_WOQ_GEMV_PREFETCH its L2 prefetch distance in chunks (0:
+ * none). Read at each launch (a graph keeps what its capture chose). */
 static int woq_gemv_choice(void)
 {
     const char *e = getenv("KILN_WOQ_GEMV");
@@ -602,14 +613,15 @@ cudaError_t woq_tc_launch(const void *x, const uint8_t *q, const float *scales, 
     int warps = 1;
     while (warps < kTcMaxWarps && tiles * warps < kTcTarget && 8 * warps <= nch)
         warps *= 2;
-    const char *split = getenv("KILN_WOQ_GEMV_SPLIT");
+    const char *split = getenv("KILN_WOQ_GEMV_SPLIT"), *ahead = getenv("KILN_WOQ_GEMV_PREFETCH");
     if (split && atoi(split) >= 1 && atoi(split) <= kTcMaxWarps)
         warps = atoi(split);
+    const int32_t pf = ahead && atoi(ahead) >= 0 ? atoi(ahead) : kTcPrefetch;
     if (rt == 2)
         return kcu_launch_cfg(woq_tc_kernel<XT, BITS, 2>, dim3((unsigned)tiles), dim3(warps * 32), s, x, q, scales,
-                              zeros, y, m, n, k, group);
+                              zeros, y, m, n, k, group, pf);
     return kcu_launch_cfg(woq_tc_kernel<XT, BITS, 1>, dim3((unsigned)tiles), dim3(warps * 32), s, x, q, scales, zeros,
-                          y, m, n, k, group);
+                          y, m, n, k, group, pf);
 }
 
 template <int XT, int BITS>
