@@ -6,13 +6,15 @@
  * that are multiples of a chunk (128 int4 or 64 int8 weights): a GEMV on
  * the tensor cores (woq_tc_kernel). At these shapes the matmul is one pass
  * over the weight bytes, and a GEMV that dequantizes and multiplies in f32
- * issues about 4 instructions a 4-bit weight, which leaves it issue-bound
- * far below the memory (0.23 of the copy floor on the H200, bench/README.md).
+ * issues about 8 instructions a 4-bit weight in its loop (SASS), which
+ * leaves it issue-bound far below the memory (0.23 of the copy floor on
+ * the H200, bench/README.md).
  * Here a 4-bit value becomes a 16-bit float operand with a shift and one
  * LOP3 per two weights (placed into the mantissa of a power of two, so the
  * operand is exactly MAG + v), and one mma.m16n8k16 multiplies 16 weight
  * rows by 16 k by the 8 rows of x (B; rows past m repeat row 0 and are not
- * stored) with f32 accumulation: about 2 instructions a weight in all. The
+ * stored) with f32 accumulation: about 2.3 instructions a weight in the
+ * loop (SASS: 149 for a lane's chunk of 2 x 32 int4 weights). The
  * offset MAG and the zero point are taken out per chunk in f32 with Σ x,
  * which a mma with ones for A gives, and the group's scale multiplies the
  * chunk's sum. Precision: x keeps its own 16 bits and the weight operands
@@ -24,7 +26,8 @@
  * below the rounding of y to bf16 (2^-9) or f16 (2^-11). An infinite x
  * gives NaN where the f32 reference may give an infinity.
  *
- * Otherwise (f32 x, groups of 32 or 64 for int4, 32 for int8, or
+ * Otherwise (f32 x, which 16-bit operands would round far past the f32
+ * tolerance; groups that are not multiples of a chunk; or
  * KILN_WOQ_GEMV=f32): a GEMV in f32 built like the bf16 one
  * (src/backend/cuda/gemv.cu): each block owns ROWS weight rows, its warps
  * split k into contiguous parts, every lane reads 16 bytes of each row per
