@@ -587,7 +587,8 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
  * (unset) the tensor-core one with the rows below. KILN_WOQ_GEMV_SPLIT
  * (1 to kTcMaxWarps) sets the tensor-core one's warps a block (its k
  * split), KILN_WOQ_GEMV_PREFETCH its L2 prefetch distance in chunks (0:
- * none). Read at each launch (a graph keeps what its capture chose). */
+ * none, at most 64). Read at each launch (a graph keeps what its capture
+ * chose). */
 static int woq_gemv_choice(void)
 {
     const char *e = getenv("KILN_WOQ_GEMV");
@@ -619,7 +620,7 @@ cudaError_t woq_tc_launch(const void *x, const uint8_t *q, const float *scales, 
     const char *split = getenv("KILN_WOQ_GEMV_SPLIT"), *ahead = getenv("KILN_WOQ_GEMV_PREFETCH");
     if (split && atoi(split) >= 1 && atoi(split) <= kTcMaxWarps)
         warps = atoi(split);
-    const int32_t pf = ahead && atoi(ahead) >= 0 ? atoi(ahead) : kTcPrefetch;
+    const int32_t pf = ahead && atoi(ahead) >= 0 && atoi(ahead) <= 64 ? atoi(ahead) : kTcPrefetch;
     if (rt == 2)
         return kcu_launch_cfg(woq_tc_kernel<XT, BITS, 2>, dim3((unsigned)tiles), dim3(warps * 32), s, x, q, scales,
                               zeros, y, m, n, k, group, pf);
