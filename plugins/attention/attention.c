@@ -326,7 +326,7 @@ static inline const float *cache_rows(const attn_job *j, int64_t base, int64_t n
  * ATTN_CHUNK (rounded to whole blocks) so that even one sequence with few
  * kv heads gives every thread work; partial results are merged after. */
 #define ATTN_SPLIT_TOKENS 8
-#define ATTN_CHUNK 256
+#define ATTN_CHUNK 128
 
 /* e^z for the softmax's z <= 0: 0 below -87, where expf would return a
  * subnormal (or 0) through libm's slow underflow path, and the subnormal

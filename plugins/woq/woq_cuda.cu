@@ -2,19 +2,44 @@
  * (w = s · (q − z)), layouts in woq.c. Products accumulate in f32 and y is
  * rounded once to its dtype.
  *
- * Few rows of x (decode, rows <= WOQ_GEMV_MAX_ROWS): a GEMV built like the
- * bf16 one (src/backend/cuda/gemv.cu), since at these shapes the matmul is
- * one pass over the weight bytes: each block owns ROWS weight rows, its
- * warps split k into contiguous parts, every lane reads 16 bytes of each
- * row per load (32 int4 or 16 int8 weights, always inside one group as
- * groups are multiples of 32) with kUnroll loads in flight, and the first
- * loads of the constant weights, scales and zeros are issued before the
- * wait on the previous kernel (PDL). Dequantization stays in registers: a
- * quantized value becomes a float by OR-ing it into the mantissa of 2^23
- * and subtracting 2^23 + zero in one exact add (no integer-to-float
- * conversion, which issues at a quarter of the FMA rate); a 16-byte
- * vector's products with x are summed unscaled and multiplied by its
- * group's scale once.
+ * Few rows of x (decode, rows <= WOQ_GEMV_MAX_ROWS), bf16 or f16 x, groups
+ * that are multiples of a chunk (128 int4 or 64 int8 weights): a GEMV on
+ * the tensor cores (woq_tc_kernel). At these shapes the matmul is one pass
+ * over the weight bytes, and a GEMV that dequantizes and multiplies in f32
+ * issues about 8 instructions a 4-bit weight in its loop (SASS), which
+ * leaves it issue-bound far below the memory (0.23 of the copy floor on
+ * the H200, bench/README.md).
+ * Here a 4-bit value becomes a 16-bit float operand with a shift and one
+ * LOP3 per two weights (placed into the mantissa of a power of two, so the
+ * operand is exactly MAG + v), and one mma.m16n8k16 multiplies 16 weight
+ * rows by 16 k by the 8 rows of x (B; rows past m repeat row 0 and are not
+ * stored) with f32 accumulation: about 2.3 instructions a weight in the
+ * loop (SASS: 149 for a lane's chunk of 2 x 32 int4 weights). The
+ * offset MAG and the zero point are taken out per chunk in f32 with Σ x,
+ * which a mma with ones for A gives, and the group's scale multiplies the
+ * chunk's sum. Precision: x keeps its own 16 bits and the weight operands
+ * are exact, so every product is exact and the sums are f32 (the tensor
+ * cores' adds); the one loss against f32 arithmetic is that the partial
+ * sums carry MAG · Σ x (MAG 128 for bf16, 64 for f16; 17 MAG + 128 for
+ * int8's two nibbles) until it is subtracted, an absolute error of a few
+ * f32 ulps of MAG · Σ|x| per chunk: about 1e-5 of y for random data, far
+ * below the rounding of y to bf16 (2^-9) or f16 (2^-11). An infinite x
+ * gives NaN where the f32 reference may give an infinity.
+ *
+ * Otherwise (f32 x, which 16-bit operands would round far past the f32
+ * tolerance; groups that are not multiples of a chunk; or
+ * KILN_WOQ_GEMV=f32): a GEMV in f32 built like the bf16 one
+ * (src/backend/cuda/gemv.cu): each block owns ROWS weight rows, its warps
+ * split k into contiguous parts, every lane reads 16 bytes of each row per
+ * load (32 int4 or 16 int8 weights, always inside one group as groups are
+ * multiples of 32) with kUnroll loads in flight. A quantized value becomes
+ * a float by OR-ing it into the mantissa of 2^23 and subtracting 2^23 +
+ * zero in one exact add (no integer-to-float conversion, which issues at a
+ * quarter of the FMA rate); a 16-byte vector's products with x are summed
+ * unscaled and multiplied by its group's scale once.
+ *
+ * Both GEMVs issue their first loads of the constant weights, scales and
+ * zeros before the wait on the previous kernel (PDL).
  *
  * Many rows (prefill): a tiled kernel, 64 x-rows by 64 weight rows per
  * block, each step of 32 along k dequantized into shared memory with the
@@ -22,6 +47,9 @@
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
+
+#include <stdlib.h>
+#include <string.h>
 
 #define WOQ_GEMV_MAX_ROWS 8
 #define WOQ_TILE 64
@@ -202,6 +230,291 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
+/* ---- the tensor-core GEMV (bf16 and f16 x) ---------------------------------------------- */
+
+/* A warp owns 16 x RT weight rows; in mma.m16n8k16's fragments lane
+ * 4g + t holds weight rows g and g + 8 of each 16 and x row g (a column
+ * of B), and the k slots 2t, 2t + 1, 2t + 8, 2t + 9 of each mma. Which
+ * physical k a slot stands for is free as long as A and B agree and it
+ * depends on t alone: lane (g, t) takes the 16 bytes at t * 16 of the
+ * chunk (4 lanes x 16 bytes = 64 bytes of each row: 128 int4 or 64 int8
+ * weights) and the x values at the same k. */
+static_assert(WOQ_GEMV_MAX_ROWS <= 8, "the x rows are the 8 columns of the mma");
+constexpr int kTcMaxWarps = 16; /* warps of a block, splitting k */
+constexpr int kTcTarget = 4096; /* warps a launch aims for (the k split grows until it has them) */
+constexpr int kTcInFlight = 3;  /* chunks a lane has in flight with 16 rows a warp (2 with 32) */
+constexpr int kTcPrefetch = 8;  /* chunks ahead of a load its L2 prefetch goes (KILN_WOQ_GEMV_PREFETCH) */
+
+/* The value through an empty asm: the compiler keeps it in a register
+ * instead of recomputing it at each use. */
+__device__ __forceinline__ uint32_t woq_pin(uint32_t v)
+{
+    asm volatile("" : "+r"(v));
+    return v;
+}
+
+template <typename P> __device__ __forceinline__ const P *woq_pin(const P *p)
+{
+    uint64_t v = (uint64_t)p;
+    asm volatile("" : "+l"(v));
+    return (const P *)v;
+}
+
+/* A lane's 16 bytes of a chunk, not kept in L1, with L2 fetching the
+ * 256 bytes around them from memory: the warp's next 3 chunks of the row
+ * (its run of k is contiguous). ptxas issues a loop iteration's loads at
+ * its end, after all its mma (seen in the SASS, with or without register
+ * pressure), so a warp waits a load latency each iteration: with the
+ * 256-byte fetches and an L2 prefetch further ahead (woq_prefetch) most of
+ * those loads hit L2. */
+__device__ __forceinline__ uint4 woq_load_chunk(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+/* An L2 prefetch of a chunk further ahead: no register waits for it. */
+__device__ __forceinline__ void woq_prefetch(const void *p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+/* (a & b) ^ c in one LOP3: written as C, the compiler splits it in two
+ * when b and c are both immediates. */
+__device__ __forceinline__ uint32_t woq_and_xor(uint32_t a, uint32_t b, uint32_t c)
+{
+    uint32_t d;
+    asm("lop3.b32 %0, %1, %2, %3, 0x6a;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+/* Dequantization into mma operands, per x dtype: a nibble v goes into the
+ * mantissa of a 16-bit float whose exponent makes the nibble's last bit
+ * worth 1, so the operand is exactly MAG + v with one LOP3 (mask, then
+ * XOR with the magic: the magic's bits lie outside the mask, and an XOR
+ * inside it flips the sign bit of int8's high nibble). Pair j of a 32-bit
+ * word holds nibbles j and j + 4 (its low and high half). bf16: v at
+ * mantissa bits 0-3 of 128.0. f16: v at bits 4-7 of 64.0 (bits 0-3 of
+ * 1024.0 would work too, but a smaller MAG loses less in the offset
+ * subtraction, see the header). */
+template <int XT> struct woq_tc;
+template <> struct woq_tc<KILN_DTYPE_BF16> {
+    static constexpr float MAG = 128.0f;
+    static constexpr uint32_t MAGIC = 0x43004300u, MASK = 0x000f000fu, FLIP = 0x00080008u, ONE = 0x3f803f80u;
+    static __device__ __forceinline__ uint32_t pair(uint32_t w, int j, uint32_t mask, uint32_t c)
+    {
+        return woq_and_xor(w >> (4 * j), mask, c);
+    }
+    static __device__ __forceinline__ void mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+};
+template <> struct woq_tc<KILN_DTYPE_F16> {
+    static constexpr float MAG = 64.0f;
+    static constexpr uint32_t MAGIC = 0x54005400u, MASK = 0x00f000f0u, FLIP = 0x00800080u, ONE = 0x3c003c00u;
+    static __device__ __forceinline__ uint32_t pair(uint32_t w, int j, uint32_t mask, uint32_t c)
+    {
+        return woq_and_xor(j == 0 ? w << 4 : w >> (4 * j - 4), mask, c);
+    }
+    static __device__ __forceinline__ void mma(float *d, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1)
+    {
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                     "{%0,%1,%2,%3};"
+                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                     : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+};
+
+__device__ __forceinline__ uint32_t woq_word(const uint4 &v, int i)
+{
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* One block: 16 x RT weight rows (blockIdx.x) for the m <= 8 rows of x;
+ * its warps split the chunks of k into contiguous runs and add up in
+ * shared memory. Each chunk lies in one group (group % chunk == 0, checked
+ * by the launcher), so its sums are scaled once: per chunk the mma sums
+ * D = Σ (MAG + v) x over the unscaled operands, and a mma with ones for A
+ * gives S = Σ x of the same k, shared by every row. Then
+ *   int4: Σ (q − z) x = D − (MAG + z) S
+ *   int8: q = 16 (h ^ 8) + l − 128 for the nibbles h, l of its byte, so
+ *         Σ q x = 16 D_h + D_l − (17 MAG + 128) S,
+ * in f32, times the group's scale. The first chunks of the
+ * constant weights, scales and zeros are loaded before the PDL wait. */
+template <int XT, int BITS, int RT>
+__global__ void __launch_bounds__(kTcMaxWarps * 32)
+    woq_tc_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
+                  const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
+                  int32_t group, int32_t pf)
+{
+    using T = woq_tc<XT>;
+    constexpr int CK = BITS == 4 ? 128 : 64, U = RT == 1 ? kTcInFlight : 2;
+    __shared__ float part[kTcMaxWarps][RT * 4][32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t row_bytes = (int64_t)k * BITS / 8, ng = k / group, row0 = (int64_t)blockIdx.x * 16 * RT;
+    const int nch = k / CK, cpw = (nch + warps - 1) / warps;
+    const int c0 = wid * cpw < nch ? wid * cpw : nch, c1 = c0 + cpw < nch ? c0 + cpw : nch;
+
+    /* rows past n read the last row: loaded, never stored. The pointers and
+     * constants the loop uses are pinned (woq_pin): left to itself, the
+     * compiler recomputed them at every chunk, a third of the loop's
+     * instructions. */
+    const uint8_t *qr[RT][2], *zr[RT][2];
+    const float *sr[RT][2];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t row = row0 + 16 * rt + 8 * h + g < n ? row0 + 16 * rt + 8 * h + g : n - 1;
+            qr[rt][h] = woq_pin(q + row * row_bytes + t * 16);
+            sr[rt][h] = woq_pin(scales + row * ng);
+            zr[rt][h] = BITS == 4 ? woq_pin(zeros + row * ng) : zeros; /* int8 has none */
+        }
+    const uint32_t one = woq_pin(T::ONE), mask = woq_pin(T::MASK), lo = woq_pin(T::MAGIC),
+                   hi = woq_pin(T::MAGIC ^ T::FLIP);
+    uint4 buf[U][RT][2];
+    float sb[U][RT][2], ob[U][RT][2]; /* the chunk's scale and offset (MAG + z; int8: 17 MAG + 128) */
+    const float off8 = 17.0f * T::MAG + 128.0f;
+    /* chunks are loaded in order, c0, c0 + 1, ...: the group of the next one
+     * is counted along instead of divided out at each load */
+    const int cpg = group / CK;
+    int gl = c0 / cpg, rl = c0 - gl * cpg;
+    /* with each chunk's loads, an L2 prefetch of the chunk pf ahead (the
+     * run's last one near its end) */
+    auto load = [&](int u, int c, bool valid) {
+        if (valid) {
+            const uint32_t ahead = (uint32_t)(c + pf < c1 ? c + pf : c1 - 1) * 64u;
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    buf[u][rt][h] = woq_load_chunk(qr[rt][h] + (uint32_t)c * 64u);
+                    if (pf > 0)
+                        woq_prefetch(qr[rt][h] + ahead);
+                    sb[u][rt][h] = __ldg(sr[rt][h] + gl);
+                    ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
+                }
+        }
+        if (++rl == cpg) {
+            rl = 0;
+            gl++;
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < U; u++)
+        load(u, c0 + u, c0 + u < c1);
+    kcu_after_prior(x, y, k, n);
+
+    /* lanes whose x row is past m read row 0 (no branch, no masking): their
+     * columns of the products are not stored */
+    const uint4 *xr =
+        woq_pin(reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(g < m ? g : 0) * k + t * (CK / 4)));
+    float acc[RT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[rt][e] = 0.0f;
+    auto process = [&](int u, int c) {
+        /* CK / 8 16-byte vectors of x per lane and chunk */
+        const uint4 *xc = xr + (uint32_t)c * (CK / 8);
+        float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                d[rt][e] = dh[rt][e] = 0.0f;
+        if (BITS == 4) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
+                const uint4 xv = __ldg(xc + i);
+                const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
+                const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
+                T::mma(dz, one, one, one, one, b0, b1);
+                T::mma(dz, one, one, one, one, b2, b3);
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
+                    const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
+                    T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 1, mask, lo),
+                           T::pair(wb, 1, mask, lo), b0, b1);
+                    T::mma(d[rt], T::pair(wa, 2, mask, lo), T::pair(wb, 2, mask, lo), T::pair(wa, 3, mask, lo),
+                           T::pair(wb, 3, mask, lo), b2, b3);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
+                 * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
+                const uint4 xv = __ldg(xc + i / 2);
+                const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
+                const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
+                T::mma(dz, one, one, one, one, b0, b1);
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++) {
+                    const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
+                    T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 2, mask, lo),
+                           T::pair(wb, 2, mask, lo), b0, b1);
+                    T::mma(dh[rt], T::pair(wa, 1, mask, hi), T::pair(wb, 1, mask, hi), T::pair(wa, 3, mask, hi),
+                           T::pair(wb, 3, mask, hi), b0, b1);
+                }
+            }
+        }
+        /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1) */
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float v = BITS == 4 ? d[rt][e] : fmaf(16.0f, dh[rt][e], d[rt][e]);
+                acc[rt][e] = fmaf(sb[u][rt][e >> 1], fmaf(-ob[u][rt][e >> 1], dz[e & 1], v), acc[rt][e]);
+            }
+    };
+    /* each slot is refilled with the chunk U ahead once used: no tests
+     * while that chunk is inside the warp's run, then a tail with them */
+    int c = c0;
+    for (; c + 2 * U <= c1; c += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            process(u, c + u);
+            load(u, c + U + u, true);
+        }
+    }
+    for (; c < c1; c += U) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            if (c + u < c1)
+                process(u, c + u);
+            load(u, c + U + u, c + U + u < c1);
+        }
+    }
+
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            part[wid][rt * 4 + e][lane] = acc[rt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < RT * 4 * 32; i += blockDim.x) {
+        const int l = i & 31, j = i >> 5, e = j & 3;
+        const int col = 2 * (l & 3) + (e & 1);
+        const int64_t row = row0 + 16 * (j >> 2) + (l >> 2) + 8 * (e >> 1);
+        if (col < m && row < n) {
+            float v = 0.0f;
+            for (int w = 0; w < warps; w++)
+                v += part[w][j][l];
+            kcu_store_float(y, XT, (int64_t)col * n + row, v);
+        }
+    }
+}
+
 /* Weight (c, kk) with the CPU's formula: one multiply of s and q − z. */
 template <int BITS>
 __device__ __forceinline__ float woq_weight(const uint8_t *q, const float *scales, const uint8_t *zeros, int64_t c,
@@ -268,14 +581,66 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
                           dim3(kWarps * 32), s, x, q, scales, zeros, y, m, n, k, group);
 }
 
+/* KILN_WOQ_GEMV selects the GEMV for rows <= WOQ_GEMV_MAX_ROWS, for timing
+ * them in one run and testing each: "f32" the f32 one for every x dtype,
+ * "tc16" or "tc32" the tensor-core one with that many rows a warp; else
+ * (unset) the tensor-core one with the rows below. KILN_WOQ_GEMV_SPLIT
+ * (1 to kTcMaxWarps) sets the tensor-core one's warps a block (its k
+ * split), KILN_WOQ_GEMV_PREFETCH its L2 prefetch distance in chunks (0:
+ * none, at most 64). Read at each launch (a graph keeps what its capture
+ * chose). */
+static int woq_gemv_choice(void)
+{
+    const char *e = getenv("KILN_WOQ_GEMV");
+    if (!e)
+        return 0;
+    return !strcmp(e, "f32") ? -1 : !strcmp(e, "tc16") ? 1 : !strcmp(e, "tc32") ? 2 : 0;
+}
+
+/* The tensor-core GEMV: 32 rows a warp (fewer x loads and mma with ones
+ * per weight) where that still gives kTcTarget warps with a k split of 2,
+ * else 16; the k split doubles (up to kTcMaxWarps warps of a block, each
+ * with 4 chunks or more) until the launch has kTcTarget warps: short runs
+ * of k per warp kept the memory busy for the bf16 GEMV (gemv.cu).
+ * Occupancy: about 100-128 registers a thread (ptxas), 16 warps an SM,
+ * each with 16 rows x 64 bytes x kTcInFlight chunks (or 32 rows x 2) in
+ * flight: 48-64 KB an SM. */
+template <int XT, int BITS>
+cudaError_t woq_tc_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
+                          int32_t m, int32_t n, int32_t k, int32_t group, int rt, cudaStream_t s)
+{
+    constexpr int CK = BITS == 4 ? 128 : 64;
+    const int64_t nch = k / CK, tiles32 = ((int64_t)n + 31) / 32;
+    if (rt == 0)
+        rt = tiles32 * 2 >= kTcTarget ? 2 : 1;
+    const int64_t tiles = rt == 2 ? tiles32 : ((int64_t)n + 15) / 16;
+    int warps = 1;
+    while (warps < kTcMaxWarps && tiles * warps < kTcTarget && 8 * warps <= nch)
+        warps *= 2;
+    const char *split = getenv("KILN_WOQ_GEMV_SPLIT"), *ahead = getenv("KILN_WOQ_GEMV_PREFETCH");
+    if (split && atoi(split) >= 1 && atoi(split) <= kTcMaxWarps)
+        warps = atoi(split);
+    const int32_t pf = ahead && atoi(ahead) >= 0 && atoi(ahead) <= 64 ? atoi(ahead) : kTcPrefetch;
+    if (rt == 2)
+        return kcu_launch_cfg(woq_tc_kernel<XT, BITS, 2>, dim3((unsigned)tiles), dim3(warps * 32), s, x, q, scales,
+                              zeros, y, m, n, k, group, pf);
+    return kcu_launch_cfg(woq_tc_kernel<XT, BITS, 1>, dim3((unsigned)tiles), dim3(warps * 32), s, x, q, scales, zeros,
+                          y, m, n, k, group, pf);
+}
+
 template <int XT, int BITS>
 cudaError_t woq_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
                        int64_t rows, int32_t n, int32_t k, int32_t group, cudaStream_t s)
 {
-    /* the GEMV reads x and w 16 bytes at a time: k is a multiple of 32, so
+    /* the GEMVs read x and w 16 bytes at a time: k is a multiple of 32, so
      * the rows are 16-byte multiples and only the base pointers matter */
     if (rows <= WOQ_GEMV_MAX_ROWS && ((uintptr_t)x | (uintptr_t)q) % 16 == 0) {
         const int32_t m = (int32_t)rows;
+        if constexpr (XT != KILN_DTYPE_F32) {
+            const int choice = woq_gemv_choice();
+            if (group % (BITS == 4 ? 128 : 64) == 0 && choice >= 0)
+                return woq_tc_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, choice, s);
+        }
         if (m == 1)
             return woq_gemv<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, s);
         if (m == 2)

@@ -9,7 +9,10 @@
  * multiple of 256, where the GEMV loads 16 bytes at a time, and not; the K
  * formats Q4_K, Q5_K, Q6_K, T = 1 … 200),
  * WeightOnlyMatMul (int8 and int4, per channel and in groups; T = 1 … 64,
- * the GEMV up to 8 rows and the tiled kernel past it), Fp8MatMul (the
+ * the GEMV at every T up to 8, both of them, tensor-core and f32, and the
+ * tiled kernel past it; the tensor-core GEMV's error, about 1e-5 of y, is
+ * far below the bf16 and f16 tolerances, which stand for the rounding of
+ * y), Fp8MatMul (the
  * per-token quantization, the GEMV up to 8 rows, cuBLASLt's FP8 GEMM past
  * it and the GEMV over row groups where n is not a multiple of 4; f32
  * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32),
@@ -613,11 +616,20 @@ static void random_woq(int32_t bits, int32_t group, int32_t n, int32_t k, buf *q
 
 static void test_woq(void)
 {
-    /* n odd and not a multiple of the rows per block; k from one warp's
-     * share of a vector up to several loads per lane; groups of 32, 128
-     * and the whole row (per channel) */
-    const int32_t shapes[][3] = {{7, 96, 32}, {257, 2048, 128}, {130, 4096, 4096}, {33, 640, 128}};
-    const int64_t ts[] = {1, 2, 3, 5, 8, 9, 64};
+    /* n odd, below and past the 16 rows of the tensor-core GEMV's warp
+     * tile; k from one warp's share of a vector up to 14336 (there that
+     * GEMV splits k over 16 warps of 7 chunks, past its 4 in flight); groups
+     * of 32 and 64 (int4: the f32 GEMV, as a chunk of the tensor-core one
+     * spans 128 weights; int8 64 is the tensor-core one's), 128 and the
+     * whole row (per channel) */
+    const int32_t shapes[][3] = {{7, 96, 32},   {257, 2048, 128}, {130, 4096, 4096}, {33, 640, 128},
+                                 {9, 256, 128}, {5, 192, 64},     {61, 14336, 128}};
+    const int64_t ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 64};
+    /* the GEMVs (KILN_WOQ_GEMV) for bf16 and f16 x at T 1, 5 and 8 (the
+     * default choice at every T): the f32 one, the tensor-core one with 32
+     * rows a warp, and with 16 warps a block (KILN_WOQ_GEMV_SPLIT), which
+     * leaves some without chunks */
+    const char *const gemv[][2] = {{NULL, NULL}, {"f32", NULL}, {"tc32", NULL}, {"tc16", "16"}};
     const int32_t bits_of[] = {8, 4};
     for (size_t bi = 0; bi < 2; bi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -629,24 +641,35 @@ static void test_woq(void)
             buf q, s, z;
             random_woq(bits, g, n, k, &q, &s, &z);
             for (size_t ti = 0; ti < 3; ti++)
-                for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
-                    kiln_dtype t = float_types[ti];
-                    int64_t rows = ts[ri];
-                    int32_t n_in = bits == 4 ? 4 : 3;
-                    buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
-                    buf out = buf_output(t, rows, n);
-                    kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
-                    d[n_in] = out.desc;
-                    size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
-                    void *ws = malloc(wsz ? wsz : 1);
-                    char what[112];
-                    snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d", bits, g,
-                             dtype_name(t), (long long)rows, n, k);
-                    run_both(what, p, in, n_in, &out, 1, ws);
-                    free(ws);
-                    buf_free(&in[0]);
-                    buf_free(&out);
-                }
+                for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++)
+                    for (size_t v = 0; v < sizeof gemv / sizeof gemv[0]; v++) {
+                        kiln_dtype t = float_types[ti];
+                        int64_t rows = ts[ri];
+                        if (v > 0 && (t == KILN_DTYPE_F32 || (rows != 1 && rows != 5 && rows != 8)))
+                            continue;
+                        int32_t n_in = bits == 4 ? 4 : 3;
+                        buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
+                        buf out = buf_output(t, rows, n);
+                        kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
+                        d[n_in] = out.desc;
+                        size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+                        void *ws = malloc(wsz ? wsz : 1);
+                        char what[160];
+                        snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d%s%s%s%s", bits, g,
+                                 dtype_name(t), (long long)rows, n, k, gemv[v][0] ? " KILN_WOQ_GEMV=" : "",
+                                 gemv[v][0] ? gemv[v][0] : "", gemv[v][1] ? " KILN_WOQ_GEMV_SPLIT=" : "",
+                                 gemv[v][1] ? gemv[v][1] : "");
+                        if (gemv[v][0])
+                            setenv("KILN_WOQ_GEMV", gemv[v][0], 1);
+                        if (gemv[v][1])
+                            setenv("KILN_WOQ_GEMV_SPLIT", gemv[v][1], 1);
+                        run_both(what, p, in, n_in, &out, 1, ws);
+                        unsetenv("KILN_WOQ_GEMV");
+                        unsetenv("KILN_WOQ_GEMV_SPLIT");
+                        free(ws);
+                        buf_free(&in[0]);
+                        buf_free(&out);
+                    }
             buf_free(&q);
             buf_free(&s);
             buf_free(&z);
