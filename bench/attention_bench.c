@@ -3,7 +3,9 @@
  *
  *   attention_bench [--reps N] [--sweep]
  *
- * Decode (one new token per sequence): batch 1 and 64 at context 8192
+ * Decode (one new token per sequence): batch 1 at contexts 136 (also with
+ * a table sized for an 8448-token engine: the splits planned for it, as a
+ * decode step right after a short prompt runs them), 1024 and 8192, batch 64 at context 8192
  * (batch 1 also with a block table sized for 131072 tokens, as an engine
  * built for a long max context has it: the splits follow the actual
  * length), 512 sequences of lengths uniform in 1000..2000 and 1024 of
@@ -11,8 +13,10 @@
  * step's time (cache write, attention, split combine) and the KV-cache
  * bytes it must read over that time, as a fraction of the device-to-device
  * copy bandwidth measured in the same run (bytes read + written). Each
- * case runs twice, with the default decode kernel (kat_pipe) and with
- * KILN_ATTENTION_DECODE=split (the previous kat_decode). Two times: one
+ * case runs three times: the default decode kernel (kat_pipe), kat_pipe
+ * with KILN_ATTENTION_CLUSTER=0 (splits merged by kat_combine instead of in
+ * a thread-block cluster) and KILN_ATTENTION_DECODE=split (the previous
+ * kat_decode). Two times: one
  * launch between two events ("launch", includes the host's launch cost
  * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
  * ("graph", as the engine replays decode). Inputs rotate among copies
@@ -274,10 +278,12 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
     const int64_t mb = dc->mb ? dc->mb : (longest + BS - 1) / BS;
     const double bytes = tokens * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
     /* kat_pipe, kat_decode, then (--sweep) kat_pipe at other split targets */
-    static const char *const kernels[5] = {"pipe", "split", "p128", "p264", "p1056"};
-    static const char *const targets[5] = {NULL, NULL, "128", "264", "1056"};
-    for (int k = 0; k < (sweep ? 5 : 2); k++) {
+    static const char *const kernels[6] = {"pipe", "nocl", "split", "p128", "p264", "p1056"};
+    static const char *const targets[6] = {NULL, NULL, NULL, "128", "264", "1056"};
+    for (int k = 0; k < (sweep ? 6 : 3); k++) {
         if (k == 1)
+            setenv("KILN_ATTENTION_CLUSTER", "0", 1);
+        if (k == 2)
             setenv("KILN_ATTENTION_DECODE", "split", 1);
         if (targets[k])
             setenv("KILN_ATTENTION_PIPE_CTAS", targets[k], 1);
@@ -289,6 +295,7 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
                bytes / 1e6, bw / 1e12, 100.0 * bw / copy_bw);
         attn_free(&j);
         unsetenv("KILN_ATTENTION_DECODE");
+        unsetenv("KILN_ATTENTION_CLUSTER");
         unsetenv("KILN_ATTENTION_PIPE_CTAS");
     }
     free(lens);
@@ -335,6 +342,9 @@ int main(int argc, char **argv)
     printf("%-34s %-6s %10s %10s %12s %9s %11s\n", "decode (one new token each)", "kernel", "launch us", "graph us",
            "KV read MB", "TB/s", "of copy bw");
     static const decode_case cases[] = {
+        {"batch 1, context 136", 1, 136, 136, 0},
+        {"batch 1, 136, table for 8448", 1, 136, 136, 8448 / BS},
+        {"batch 1, context 1024", 1, 1024, 1024, 0},
         {"batch 1, context 8192", 1, 8192, 8192, 0},
         {"batch 1, 8192, table for 131072", 1, 8192, 8192, 131072 / BS},
         {"batch 64, context 8192", 64, 8192, 8192, 0},
