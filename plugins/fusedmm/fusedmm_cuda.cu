@@ -331,28 +331,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
-/* The share of the SMs' block slots that `blocks` keep busy over the
- * waves they take (1: every wave full), `per_sm` blocks fitting an SM. */
-static double fmm_wave_use(int64_t blocks, int per_sm)
-{
-    int dev = 0, sms = 0;
-    if (per_sm < 1 || cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms < 1)
-        return 1.0;
-    const int64_t slots = (int64_t)sms * per_sm, waves = (blocks + slots - 1) / slots;
-    return (double)blocks / (double)(waves * slots);
-}
-
-/* Blocks of `kernel` that fit an SM, asked once per kernel. */
-template <typename K> static int fmm_per_sm(K kernel, int *cached)
-{
-    if (*cached < 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(cached, kernel, kWarps * 32, 0) != cudaSuccess) {
-        (void)cudaGetLastError();
-        *cached = 0;
-    }
-    return *cached;
-}
-
 template <int DT, int S, int M, int NORM, int EPI>
 cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
@@ -362,26 +340,6 @@ cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     if constexpr (EPI == KILN_FUSEDMM_ROPE) {
         rope = a->rope;
         res = a->positions;
-    }
-    if constexpr (NORM && M == 1) {
-        /* Eight rows a block fill 4 blocks an SM (the registers): the 8B
-         * qkv GEMV's 768 blocks are 1.45 waves of the H200's 528 slots, its
-         * second wave half empty, and it measured 0.74 of the copy
-         * bandwidth where gate/up's 6.8 waves reached 1.0 (ncu). Six rows
-         * a block make 1024 blocks, 1.94 waves. The launch takes the row
-         * count whose waves are fuller; KILN_FUSEDMM_ROWS=6 or 8 forces
-         * one (A/B, tests). */
-        auto k8 = fmm_gemv_kernel<DT, S, M, NORM, EPI, 8, shape::unroll>;
-        auto k6 = fmm_gemv_kernel<DT, S, M, NORM, EPI, 6, shape::unroll>;
-        static int per8 = -1, per6 = -1;
-        const char *e = getenv("KILN_FUSEDMM_ROWS");
-        const int forced = e && (e[0] == '6' || e[0] == '8') && !e[1] ? e[0] - '0' : 0;
-        const bool six = forced ? forced == 6
-                                : fmm_wave_use((a->n + 5) / 6, fmm_per_sm(k6, &per6)) >
-                                      fmm_wave_use((a->n + 7) / 8, fmm_per_sm(k8, &per8)) + 0.02;
-        return kcu_launch_cfg(six ? k6 : k8, dim3((unsigned)((a->n + (six ? 5 : 7)) / (six ? 6 : 8))),
-                              dim3(kWarps * 32), s, a->x, a->w, a->norm_weight, res, a->y, a->n, a->k, a->epsilon,
-                              (int)a->y_dtype, rope);
     }
     return kcu_launch_cfg(fmm_gemv_kernel<DT, S, M, NORM, EPI, shape::rows, shape::unroll>,
                           dim3((unsigned)((a->n + shape::rows - 1) / shape::rows)), dim3(kWarps * 32), s, a->x, a->w,
