@@ -356,8 +356,9 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         job.y = t == KILN_DTYPE_F32 ? (float *)out[0] + r0 * p->n : yf;
         job.gemv4 = nr == 1 && qrow && p->gemv_x ? kiln_qmm_gemv4_pick(f, isa, job.ks.f32_act) : NULL;
         if (job.gemv4) {
-            /* after the quantized row in the workspace (qmm_workspace_size) */
-            void *xg = (char *)workspace + qrow;
+            /* after the quantized row and (f16/bf16 x) the row's f32 x and y,
+             * in the room qmm_workspace_size adds for it */
+            void *xg = (char *)workspace + qrow + (t != KILN_DTYPE_F32 ? ((size_t)p->k + (size_t)p->n) * sizeof(float) : 0);
             kiln_qmm_gemv4_pack_x(job.q, p->k, xg);
             job.xg = xg;
         }

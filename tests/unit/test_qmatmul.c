@@ -485,6 +485,21 @@ static void test_half_activations(void)
         for (int i = 0; i < t * n; i++)
             same &= yh[i] == (dt == KILN_DTYPE_F16 ? h->float_to_half(yf[i]) : h->float_to_bf16(yf[i]));
         CHECK(same);
+        /* one row (a decode step) on the best kernels: with AVX-512 VBMI the
+         * Q4_1 decode GEMV, whose packed x follows the row's f32 x and y in
+         * the workspace; the same bits as the f32 call on that row, rounded */
+        if (p) {
+            float y1[7];
+            uint16_t yh1[7];
+            CHECK_OK(run(p, &fmts[2], xf, 1, k, w, n, y1, NULL));
+            kiln_tensor_desc d1[3] = {desc(dt, 1, k), d[1], desc(dt, 1, n)};
+            void *ws1 = malloc(p->ops->workspace_size(p, d1, 2, d1 + 2, 1)), *out1[1] = {yh1};
+            CHECK_OK(p->ops->enqueue(p, KILN_BACKEND_CPU, d1, in, 2, d1 + 2, out1, 1, ws1, NULL));
+            for (int i = 0; i < n; i++)
+                same &= yh1[i] == (dt == KILN_DTYPE_F16 ? h->float_to_half(y1[i]) : h->float_to_bf16(y1[i]));
+            CHECK(same);
+            free(ws1);
+        }
         if (p)
             p->ops->destroy(p);
         free(w);
