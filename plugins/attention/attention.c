@@ -463,6 +463,29 @@ PLUGIN_AVX512_FN static inline void attn_rows_f32(const attn_job *j, int64_t bas
     memset(dst + n * hd, 0, sizeof(float) * (size_t)((ATTN_LANES - n) * hd));
 }
 
+/* The next tile of keys from k0 (at most ATTN_LANES, never past k_end or
+ * the end of k0's block, so its rows are contiguous): its length, and its
+ * K and V rows as f32 — in place for a whole f32 tile, else widened from
+ * f16 and padded with zero rows into kbuf and vbuf. */
+PLUGIN_AVX512_FN static inline int64_t attn_tile_rows(const attn_job *j, int64_t s, int64_t kvh, int64_t k0,
+                                                      int64_t k_end, int64_t hd, float *kbuf, float *vbuf,
+                                                      const float **K, const float **V)
+{
+    const int64_t bs = j->p->block_size;
+    int64_t n = bs - k0 % bs;
+    n = n < k_end - k0 ? n : k_end - k0;
+    n = n < ATTN_LANES ? n : ATTN_LANES;
+    if (j->ct == KILN_DTYPE_F16 || n < ATTN_LANES) {
+        attn_rows_f32(j, cache_index(j, s, k0, 0, kvh), n, hd, kbuf);
+        attn_rows_f32(j, cache_index(j, s, k0, 1, kvh), n, hd, vbuf);
+        *K = kbuf, *V = vbuf;
+    } else {
+        *K = (const float *)j->cache + cache_index(j, s, k0, 0, kvh);
+        *V = (const float *)j->cache + cache_index(j, s, k0, 1, kvh);
+    }
+    return n;
+}
+
 /* Sixteen vectors to one: lane i of the result is the sum of v[i]'s
  * lanes. A tree of unpacks and 128-bit shuffles, 45 instructions where
  * sixteen horizontal sums would take about twice as many. */
@@ -495,7 +518,7 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
     PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t, int64_t kvh, int64_t c) \
     { \
         const attn_params *p = j->p; \
-        const int64_t bs = p->block_size, G = p->n_heads / p->n_kv_heads, h0 = kvh * G; \
+        const int64_t G = p->n_heads / p->n_kv_heads, h0 = kvh * G; \
         enum { NV = (HD) / 16 }; \
         float qs[ATTN_LANES][HD] __attribute__((aligned(64))), os[ATTN_LANES][HD] __attribute__((aligned(64))); \
         float kbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))), vbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))); \
@@ -512,17 +535,8 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
         const int64_t keys = position_of(j, s, t) + 1; \
         const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
         for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
-            int64_t n = bs - k0 % bs; \
-            n = n < k_end - k0 ? n : k_end - k0; \
-            n = n < ATTN_LANES ? n : ATTN_LANES; \
-            const float *K = kbuf, *V = vbuf; \
-            if (j->ct == KILN_DTYPE_F16 || n < ATTN_LANES) { \
-                attn_rows_f32(j, cache_index(j, s, k0, 0, kvh), n, HD, kbuf); \
-                attn_rows_f32(j, cache_index(j, s, k0, 1, kvh), n, HD, vbuf); \
-            } else { \
-                K = (const float *)j->cache + cache_index(j, s, k0, 0, kvh); \
-                V = (const float *)j->cache + cache_index(j, s, k0, 1, kvh); \
-            } \
+            const float *K, *V; \
+            const int64_t n = attn_tile_rows(j, s, kvh, k0, k_end, HD, kbuf, vbuf, &K, &V); \
             const __mmask16 real = (__mmask16)((1u << n) - 1u); \
             for (int64_t g = 0; g < G; g++) { \
                 __m512 part[ATTN_LANES]; \
@@ -587,7 +601,7 @@ ATTN_ROW_FN(attn_row_128, 128)
     PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t0, int64_t nt, int64_t kvh, int64_t c) \
     { \
         const attn_params *p = j->p; \
-        const int64_t bs = p->block_size, G = p->n_heads / p->n_kv_heads, lanes = nt * G; \
+        const int64_t G = p->n_heads / p->n_kv_heads, lanes = nt * G; \
         float qt[HD][ATTN_LANES] __attribute__((aligned(64))), ot[HD][ATTN_LANES] __attribute__((aligned(64))); \
         float kpad[ATTN_LANES * (HD)], vpad[ATTN_LANES * (HD)]; \
         int32_t pos[ATTN_LANES]; \
@@ -606,18 +620,9 @@ ATTN_ROW_FN(attn_row_128, 128)
         __m512 m = ninf, l = _mm512_setzero_ps(); \
         const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
         for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
-            int64_t n = bs - k0 % bs; \
-            n = n < k_end - k0 ? n : k_end - k0; \
-            n = n < ATTN_LANES ? n : ATTN_LANES; \
-            const float *K = kpad, *V = vpad; \
-            if (j->ct == KILN_DTYPE_F16 || n < ATTN_LANES) { \
-                /* f16 rows widened, a short tile's rows padded with zeros (their scores masked below) */ \
-                attn_rows_f32(j, cache_index(j, s, k0, 0, kvh), n, HD, kpad); \
-                attn_rows_f32(j, cache_index(j, s, k0, 1, kvh), n, HD, vpad); \
-            } else { \
-                K = (const float *)j->cache + cache_index(j, s, k0, 0, kvh); \
-                V = (const float *)j->cache + cache_index(j, s, k0, 1, kvh); \
-            } \
+            /* a short tile's padding rows: their scores masked below */ \
+            const float *K, *V; \
+            const int64_t n = attn_tile_rows(j, s, kvh, k0, k_end, HD, kpad, vpad, &K, &V); \
             __m512 sc[ATTN_LANES]; \
             UNROLLED_FOR (i, ATTN_LANES) \
                 sc[i] = _mm512_setzero_ps(); \
