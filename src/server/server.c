@@ -642,8 +642,12 @@ static enum MHD_Result start_generation(kiln_server *srv, struct MHD_Connection 
     if (st != KILN_OK) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", st == KILN_ERROR_CANCELLED && !srv->sched ? "stopped" : kiln_last_error());
-        kiln_llm_scheduler_stats stats;
-        int full = st == KILN_ERROR_LIMIT && sched_stats(srv, &stats) && stats.waiting >= srv->o.max_queue;
+        /* a full queue (429) from the refusal itself: KILN_ERROR_LIMIT also
+         * means a request that never fits (400), and the queue's length read
+         * after the refusal may already have drained (a race seen in the
+         * queue-full test under load). kiln_llm_submit names the queue in
+         * exactly this refusal (llm.h; test_scheduler checks the words). */
+        int full = st == KILN_ERROR_LIMIT && strstr(msg, "the queue holds") != NULL;
         g->mc = NULL;
         pthread_mutex_unlock(&g->lock);
         pthread_mutex_lock(&srv->lock);
