@@ -360,6 +360,11 @@ INLINE_AVX2 __m256i q32_bytes(int32_t type, const uint8_t *b)
         } \
     } while (0)
 
+/* Bytes of weights asked for ahead of the two blocks a step reads: the
+ * SmolLM2 LM head (Q8_0, 30 MB) took 2.1-2.4 ms a decode step at 1,024,
+ * 1.6-1.9 at 3,072 (2,048 and 4,096 in between). */
+#define QMM_Q32_AHEAD 3072
+
 /* Two blocks a step on two sets of accumulators (two FMA chains). */
 #define Q32_FN(NAME, TARGET, TYPE, PRODUCT, R) \
     __attribute__((target(TARGET))) static void NAME(int32_t type, const uint8_t *w, const void *x, size_t xs, \
@@ -376,7 +381,7 @@ INLINE_AVX2 __m256i q32_bytes(int32_t type, const uint8_t *b)
             acc0[r] = acc1[r] = _mm256_setzero_ps(), accm[r] = 0; \
         int32_t nb = k / 32, i = 0; \
         for (; i + 1 < nb; i += 2, w += 2 * bb) { \
-            _mm_prefetch((const char *)w + 1024, _MM_HINT_T0); \
+            _mm_prefetch((const char *)w + QMM_Q32_AHEAD, _MM_HINT_T0); \
             Q32_BLOCK(TYPE, PRODUCT, R, acc0, w, x, i); \
             Q32_BLOCK(TYPE, PRODUCT, R, acc1, w + bb, x, i + 1); \
         } \
@@ -897,6 +902,13 @@ void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out)
                                _mm512_loadu_ps((XG)->s), ACCM); \
     } while (0)
 
+/* Bytes of weights asked for ahead of their use, every line of them (a
+ * step reads 2·4·BB bytes, under three lines): on the 2-core host the
+ * layers' GEMVs went from 6.3-6.8 to 4.6-5.0 ms a SmolLM2 decode step
+ * against one line per step 1,024 bytes ahead; 1,536 and 3,072 were
+ * slower than 2,048, and L2 hints (T1) too. */
+#define QMM_GEMV4_AHEAD 2048
+
 /* Weight rows [0, n_rows) against x packed by kiln_qmm_gemv4_pack_x.
  * Q4_0's w = d·(q − 8) is Q4_1's form with m = −8·d: its min sums are
  * taken with d and multiplied by −8 at the end (exact, a power of two). */
@@ -924,7 +936,8 @@ void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out)
             __m512 accm0 = _mm512_setzero_ps(), accm1 = _mm512_setzero_ps(); \
             int32_t g = 0; \
             for (; g + 1 < full; g += 2) { \
-                _mm_prefetch((const char *)wr + 4 * (BB) * g + 1024, _MM_HINT_T0); \
+                UNROLLED_FOR (o, 3) \
+                    _mm_prefetch((const char *)wr + 4 * (BB) * g + QMM_GEMV4_AHEAD + 64 * o, _MM_HINT_T0); \
                 GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * g, all, full_b, x + g, acc0, accm0); \
                 GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * (g + 1), all, full_b, x + g + 1, acc1, accm1); \
             } \

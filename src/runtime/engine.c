@@ -406,6 +406,50 @@ static kiln_status engine_from_image(kiln_registry *reg, void *image, size_t siz
     return KILN_OK;
 }
 
+/* Host memory for an engine image that the CPU will read every step: 2 MiB
+ * aligned and offered transparent huge pages (where the kernel allows them
+ * on request, as "madvise" mode does). A decode step streams all the
+ * weights; with 4 KiB pages every page is a TLB miss, which a VM pays for
+ * twice over. Measured on the 2-core host (SmolLM2, 512-token prompt): the
+ * layers' GEMVs 10-15% faster, decode 106-108 -> 118-123 tok/s. */
+static void *host_image_alloc(size_t size)
+{
+    const size_t huge = (size_t)2 << 20;
+    void *p = NULL;
+    if (size < 2 * huge) /* a small engine (the tests' many) gains nothing from it */
+        return posix_memalign(&p, 4096, size ? size : 1) == 0 ? p : NULL;
+    size_t rounded = (size + huge - 1) / huge * huge;
+    if (posix_memalign(&p, huge, rounded) != 0)
+        return NULL;
+#ifdef MADV_HUGEPAGE
+    (void)madvise(p, rounded, MADV_HUGEPAGE); /* advice: without it the image still works */
+#endif
+    return p;
+}
+
+/* A CPU engine's file read into host_image_alloc memory, a slice at a time
+ * from its mapping with each slice dropped once copied, so the process
+ * never holds the file twice (peak resident memory is a measured target).
+ * Other targets keep the mapping: their weights are copied to the device
+ * once. Takes ownership of the mapping. */
+static kiln_status host_image_from_map(void *map, size_t size, void **image)
+{
+    void *copy = host_image_alloc(size);
+    if (!copy) {
+        munmap(map, size);
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a %zu-byte engine", size);
+    }
+    const size_t slice = (size_t)8 << 20; /* a multiple of the page size */
+    for (size_t off = 0; off < size; off += slice) {
+        size_t n = size - off < slice ? size - off : slice;
+        memcpy((char *)copy + off, (char *)map + off, n);
+        (void)madvise((char *)map + off, n, MADV_DONTNEED);
+    }
+    munmap(map, size);
+    *image = copy;
+    return KILN_OK;
+}
+
 kiln_status kiln_engine_load(kiln_registry *reg, const char *path, kiln_engine **out)
 {
     if (!path || !out)
@@ -413,7 +457,15 @@ kiln_status kiln_engine_load(kiln_registry *reg, const char *path, kiln_engine *
     void *map;
     size_t size;
     KILN_TRY(kiln_engine_map_file(path, &map, &size));
-    kiln_status s = engine_from_image(reg, map, size, 1, out);
+    kiln_engine_header_info hdr;
+    int mapped = 1;
+    if (kiln_engine_read_header(map, size, &hdr) == KILN_OK && hdr.backend == KILN_BACKEND_CPU) {
+        kiln_status hs = host_image_from_map(map, size, &map);
+        if (hs != KILN_OK)
+            return kiln_fail_context(hs, "%s", path);
+        mapped = 0;
+    }
+    kiln_status s = engine_from_image(reg, map, size, mapped, out);
     if (s != KILN_OK)
         return kiln_fail_context(s, "%s", path);
     return KILN_OK;
@@ -423,10 +475,10 @@ kiln_status kiln_engine_load_memory(kiln_registry *reg, const void *data, size_t
 {
     if (!data || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_load_memory: data and out are required");
-    /* Aligned like a mapping, so weights keep the alignment the file gives
-     * them. */
-    void *copy = NULL;
-    if (posix_memalign(&copy, 4096, size ? size : 1) != 0)
+    /* Aligned at least like a mapping, so weights keep the alignment the
+     * file gives them. */
+    void *copy = host_image_alloc(size);
+    if (!copy)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory copying a %zu-byte engine", size);
     memcpy(copy, data, size);
     return engine_from_image(reg, copy, size, 0, out);
