@@ -133,7 +133,7 @@ typedef struct result {
     char error[512];
 } result;
 
-#define MAX_RESULTS 64
+#define MAX_RESULTS 80
 static result results[MAX_RESULTS];
 static int n_results;
 static json_t *json_out;
@@ -535,21 +535,18 @@ static int add_random_constant(kiln_network *net, const char *name, kiln_dtype t
 
 enum { QB_FP8 = 0, QB_INT4 = 4, QB_INT8 = 8 };
 
-/* y[1, N] = x[1, K] · Wᵀ with W int8 (per channel), int4 (groups of 128)
- * or FP8 E4M3 (per channel, x quantized per token), bf16 x and y: one
- * plugin layer, 20 back to back. Floor: the bytes of the quantized weight,
- * its scales and zero points at the copy bandwidth. `bits` is a QB_*. */
-static int bench_quant_gemv(double copy_bw, int bits, int64_t n, int64_t k, double target, result *res)
+/* An engine of one plugin layer, y[m, N] = x[m, K] · Wᵀ with W int8 (per
+ * channel), int4 (groups of 128) or FP8 E4M3 (per channel, x quantized
+ * per token), bf16 x and y, W a constant of random codes, its I/O bound.
+ * `bits` is a QB_*. */
+static int quant_engine(int bits, int64_t m, int64_t n, int64_t k, engine_run *r)
 {
     kiln_network *net = NULL;
-    engine_run r;
-    memset(&r, 0, sizeof r);
     KT(kiln_network_create(reg, &net));
-    kiln_dims dx = {.rank = 2, .d = {1, k}};
+    kiln_dims dx = {.rank = 2, .d = {m, k}};
     kiln_tensor in[4], y;
     int32_t nn = (int32_t)n, kk = (int32_t)k, b = bits, g = bits == 4 ? 128 : (int32_t)k, n_out = 0;
     int64_t ng = k / g;
-    size_t wbytes = bits == 4 ? (size_t)(n * k / 2) + (size_t)(n * ng) * 5 : (size_t)(n * k) + (size_t)n * 4;
     int rc = kiln_network_add_input(net, "x", KILN_DTYPE_BF16, &dx, &in[0]) == KILN_OK ? 0 : fail("network");
     if (rc == 0)
         rc = add_random_constant(net, "q", KILN_DTYPE_U8, n, bits == 4 ? k / 2 : k, &in[1]);
@@ -570,10 +567,23 @@ static int bench_quant_gemv(double copy_bw, int bits, int64_t n, int64_t k, doub
             rc = fail("network: %s", kiln_last_error());
     }
     if (rc == 0)
-        rc = build_engine(net, 0, &r);
+        rc = build_engine(net, 0, r);
     kiln_network_destroy(net);
     if (rc == 0)
-        rc = bind_io(&r, (size_t)k * 2, 0, (size_t)n * 2);
+        rc = bind_io(r, (size_t)(m * k) * 2, 0, (size_t)(m * n) * 2);
+    return rc;
+}
+
+/* y[1, N] = x[1, K] · Wᵀ (quant_engine), 20 back to back. Floor: the bytes
+ * of the quantized weight, its scales and zero points at the copy
+ * bandwidth. */
+static int bench_quant_gemv(double copy_bw, int bits, int64_t n, int64_t k, double target, result *res)
+{
+    engine_run r;
+    memset(&r, 0, sizeof r);
+    int64_t ng = k / (bits == 4 ? 128 : k);
+    size_t wbytes = bits == 4 ? (size_t)(n * k / 2) + (size_t)(n * ng) * 5 : (size_t)(n * k) + (size_t)n * 4;
+    int rc = quant_engine(bits, 1, n, k, &r);
     double ms = 0;
     if (rc == 0)
         rc = time_gpu(enqueue_fn, &r, 20, &ms, NULL);
@@ -587,6 +597,40 @@ static int bench_quant_gemv(double copy_bw, int bits, int64_t n, int64_t k, doub
     res->meets = res->fraction >= target;
     snprintf(res->note, sizeof res->note, "floor: the quantized weight's bytes (with scales%s) at the copy bandwidth",
              bits == 4 ? " and zero points" : "");
+    return 0;
+}
+
+/* y[m, N] = x[m, K] · Wᵀ with W int4 (groups of 128) or int8 past the
+ * GEMVs' rows (prefill: W dequantized to bf16 in the workspace, then
+ * cuBLASLt), 4 back to back. Floor: cuBLASLt's bf16 GEMM of the same shape
+ * (heuristic #1, a bf16 W) in this run, what a bf16 engine's matmul runs. */
+static int bench_woq_prefill(int bits, int64_t m, int64_t n, int64_t k, double target, result *res)
+{
+    engine_run r;
+    memset(&r, 0, sizeof r);
+    int rc = quant_engine(bits, m, n, k, &r);
+    void *w = NULL;
+    if (rc == 0 && cudaMalloc(&w, (size_t)(n * k) * 2) != cudaSuccess)
+        rc = fail("cannot allocate a bf16 weight of %lld x %lld", (long long)n, (long long)k);
+    if (rc == 0 && cudaMemset(w, 0x3c, (size_t)(n * k) * 2) != cudaSuccess)
+        rc = fail("cudaMemset failed");
+    double ms = 0, peer_ms = 0;
+    if (rc == 0)
+        rc = time_gpu(enqueue_fn, &r, 4, &ms, NULL);
+    const lt_shape sw = {(uint64_t)k, (uint64_t)n, k}, sx = {(uint64_t)k, (uint64_t)m, k},
+                   sy = {(uint64_t)n, (uint64_t)m, n};
+    if (rc == 0)
+        rc = cublaslt_time(w, r.in[0], r.out, sw, 1, sx, sy, 4, &peer_ms);
+    cudaFree(w);
+    engine_run_free(&r);
+    if (rc)
+        return rc;
+    double flops = 2.0 * (double)m * (double)n * (double)k;
+    snprintf(res->kiln, sizeof res->kiln, "%.0f TFLOP/s (%.3f ms)", flops / (ms * 1e-3) / 1e12, ms);
+    snprintf(res->peer, sizeof res->peer, "bf16 cuBLASLt %.0f TFLOP/s", flops / (peer_ms * 1e-3) / 1e12);
+    res->fraction = peer_ms / ms;
+    res->meets = res->fraction >= target;
+    snprintf(res->note, sizeof res->note, "floor: cuBLASLt's bf16 GEMM of the same shape in this run");
     return 0;
 }
 
@@ -746,6 +790,8 @@ int main(int argc, char **argv)
         {"int4 g128 decode 1x4096 . 28672x4096", ">= 0.80 of copy", 8},
         {"int4 g128 decode 1x14336 . 4096x14336", ">= 0.80 of copy", 9},
         {"fp8 decode 1x4096 . 28672x4096", ">= 0.90 of copy", 10},
+        {"int4 g128 prefill 2048x14336 . 4096x14336", ">= 0.80 of bf16 GEMM", 11},
+        {"int4 g128 prefill 2048x4096 . 28672x4096", ">= 0.80 of bf16 GEMM", 12},
         {"200-layer chain: graph vs plain", ">= 2.5x faster", 3},
     };
     /* GEMV variants (KILN_CUDA_GEMV_ROWS) at the decode shapes of
@@ -787,6 +833,10 @@ int main(int argc, char **argv)
             st = bench_quant_gemv(copy_bw, QB_INT4, 4096, 14336, 0.80, r);
         else if (list[i].which == 10)
             st = bench_quant_gemv(copy_bw, QB_FP8, 28672, 4096, 0.90, r);
+        else if (list[i].which == 11)
+            st = bench_woq_prefill(QB_INT4, 2048, 4096, 14336, 0.80, r);
+        else if (list[i].which == 12)
+            st = bench_woq_prefill(QB_INT4, 2048, 28672, 4096, 0.80, r);
         else if (list[i].which == 0)
             st = bench_scale_bias(copy_bw, r);
         else if (list[i].which == 1)
@@ -859,6 +909,20 @@ int main(int argc, char **argv)
                 snprintf(r->error, sizeof r->error, "%s", failure);
             r->meets = 1;
         }
+
+    /* where the tensor-core GEMV over groups of 8 rows (up to
+     * KILN_WOQ_LOOP_MAX_ROWS = 32) hands over to dequantization and
+     * cuBLASLt: the last row count of one and the first of the other,
+     * against the bf16 GEMM; informational */
+    static const int64_t woq_edge[] = {32, 33};
+    static char edge_names[2][72];
+    for (size_t v = 0; v < 2; v++) {
+        snprintf(edge_names[v], sizeof edge_names[v], "int4 g128 %lldx4096 . 28672x4096", (long long)woq_edge[v]);
+        result *r = new_result(edge_names[v], "(A/B)");
+        if (bench_woq_prefill(QB_INT4, woq_edge[v], 28672, 4096, 0, r))
+            snprintf(r->error, sizeof r->error, "%s", failure);
+        r->meets = 1;
+    }
 
     int all = 1;
     json_t *list_json = json_array();

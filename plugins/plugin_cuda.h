@@ -49,12 +49,6 @@ int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, i
 int kiln_qmatmul_cuda(int32_t type, const void *x, const uint8_t *w, void *y, int32_t dtype, int64_t rows, int32_t n,
                       int32_t k, void *stream);
 
-/* y [rows, n] = x [rows, k] · Wᵀ with W in WeightOnlyMatMul's layout
- * (plugins/woq/woq.c): q u8 rows of k · bits / 8 bytes, scales f32 and,
- * for 4 bits, zeros u8 [n, k / group]; x and y of `dtype`. */
-int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, const void *q, const void *scales,
-                         const void *zeros, void *y, int32_t dtype, int64_t rows, int32_t n, int32_t k, void *stream);
-
 /* Fp8MatMul (plugins/fp8/fp8.c): the workspace holds the rows of x in
  * E4M3 [rows, k], their scales f32 [rows], and beyond the GEMV's rows the
  * GEMM's f32 result [rows, n] and cuBLASLt's scratch, each 256-aligned.
@@ -153,8 +147,65 @@ int kiln_fusedmm_cuda_init(void);
  * cuBLAS status + 10000 or KILN_FUSEDMM_NO_ALGO. */
 int kiln_fusedmm_cuda(const kiln_fusedmm_cuda_args *a, void *stream);
 
-/* Text of a code kiln_fusedmm_cuda returned. */
+/* y [rows, n] (rows ldy elements apart) = x [rows, k] · wᵀ, w [n, k], all of
+ * `dtype`: cuBLASLt's GEMM as the prefill path above runs it (f32
+ * accumulation; the same cache of algorithms), for other plugins' prefill
+ * (WeightOnlyMatMul's dequantized weights). lt_workspace holds
+ * KILN_FUSEDMM_LT_WORKSPACE bytes. Returns a code as kiln_fusedmm_cuda. */
+int kiln_fusedmm_gemm_cuda(int32_t dtype, const void *x, const void *w, void *y, int64_t rows, int32_t n, int32_t k,
+                           int64_t ldy, void *lt_workspace, void *stream);
+
+/* Text of a code kiln_fusedmm_cuda or kiln_fusedmm_gemm_cuda returned. */
 const char *kiln_fusedmm_cuda_error(int code);
+
+/* y [rows, n] = x [rows, k] · Wᵀ with W in WeightOnlyMatMul's layout
+ * (plugins/woq/woq.c): q u8 rows of k · bits / 8 bytes, scales f32 and,
+ * for 4 bits, zeros u8 [n, k / group]; x and y of `dtype` (`es` bytes an
+ * element). Up to KILN_WOQ_GEMV_MAX_ROWS rows (decode) a GEMV; with
+ * 16-bit x and groups the tensor-core GEMV takes (multiples of 128 int4
+ * or 64 int8 weights), up to KILN_WOQ_LOOP_MAX_ROWS rows that GEMV over
+ * groups of 8 rows; past that (prefill) W is dequantized into the
+ * workspace in slices of kiln_woq_slice_rows weight rows, in x's dtype,
+ * and each slice multiplied by cuBLASLt (FusedMatMul's GEMM). */
+#define KILN_WOQ_GEMV_MAX_ROWS 8
+#define KILN_WOQ_LOOP_MAX_ROWS 32
+#define KILN_WOQ_SLICE_BYTES ((size_t)256 << 20) /* a slice's dequantized weights, at most about */
+
+/* The most rows a launch runs without the GEMM (so without workspace). */
+static inline int64_t kiln_woq_gemv_rows(int32_t bits, int32_t group, size_t es)
+{
+    return es == 2 && group % (bits == 4 ? 128 : 64) == 0 ? KILN_WOQ_LOOP_MAX_ROWS : KILN_WOQ_GEMV_MAX_ROWS;
+}
+
+/* Weight rows dequantized at a time: all n when they fit in
+ * KILN_WOQ_SLICE_BYTES, else n split evenly into slices of a multiple of
+ * 128 rows (so every slice's first column of y is 256-byte aligned). */
+static inline int64_t kiln_woq_slice_rows(int64_t n, int64_t k, size_t es)
+{
+    const size_t row = (size_t)k * es;
+    if ((size_t)n * row <= KILN_WOQ_SLICE_BYTES)
+        return n;
+    const int64_t slices = (int64_t)(((size_t)n * row + KILN_WOQ_SLICE_BYTES - 1) / KILN_WOQ_SLICE_BYTES);
+    const int64_t r = ((n + slices - 1) / slices + 127) / 128 * 128;
+    return r < n ? r : n;
+}
+
+/* Device workspace for `rows` rows of x: none up to kiln_woq_gemv_rows,
+ * else a slice of dequantized weights (256-aligned) and cuBLASLt's
+ * scratch. */
+static inline size_t kiln_woq_cuda_workspace(int32_t bits, int32_t group, int64_t rows, int64_t n, int64_t k, size_t es)
+{
+    if (rows <= kiln_woq_gemv_rows(bits, group, es))
+        return 0;
+    return (((size_t)kiln_woq_slice_rows(n, k, es) * (size_t)k * es + 255) & ~(size_t)255) + KILN_FUSEDMM_LT_WORKSPACE;
+}
+
+int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, const void *q, const void *scales,
+                         const void *zeros, void *y, int32_t dtype, int64_t rows, int32_t n, int32_t k, void *workspace,
+                         size_t workspace_size, void *stream);
+
+/* Text of a code kiln_woq_matmul_cuda returned. */
+const char *kiln_woq_cuda_error(int code);
 
 /* PagedAttention (plugins/attention/attention_cuda.cu): one step's cache
  * write and attention. q, k and v point at head 0 of token 0 and their

@@ -406,7 +406,7 @@ template <int DT> __global__ void __launch_bounds__(256) fmm_swiglu_kernel(const
 struct algo_slot {
     int used;
     int32_t dtype, d_dtype, n, k;
-    int64_t rows;
+    int64_t rows, ld;
     uint32_t align;
     cublasLtMatmulAlgo_t algo;
 };
@@ -428,11 +428,11 @@ cudaDataType_t lt_type(int32_t dt)
 
 /* d [rows, n] = src [rows, k] · wᵀ (+ c [rows, n] when c is not NULL, in
  * cuBLASLt's epilogue: the residual add), src and w of dtype dt, c and d
- * of dtype ddt (dt, or f32 for an f32 residual stream), computed
- * column-major as dᵀ = op(W)ᵀ · srcᵀ. Returns a cuBLAS status (0:
- * launched), or -1 when cuBLASLt has no kernel. */
+ * of dtype ddt (dt, or f32 for an f32 residual stream), rows of c and d
+ * ld elements apart, computed column-major as dᵀ = op(W)ᵀ · srcᵀ. Returns
+ * a cuBLAS status (0: launched), or -1 when cuBLASLt has no kernel. */
 int lt_gemm(int32_t dt, int32_t ddt, const void *src, const void *w, const void *c, void *d, int64_t rows, int32_t n,
-            int32_t k, void *lt_ws, cudaStream_t s)
+            int32_t k, int64_t ld, void *lt_ws, cudaStream_t s)
 {
     const cudaDataType_t ty = lt_type(dt);
     cublasLtMatmulDescOpaque_t desc;
@@ -449,12 +449,12 @@ int lt_gemm(int32_t dt, int32_t ddt, const void *src, const void *w, const void 
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatrixLayoutInit(&lb, ty, (uint64_t)k, (uint64_t)rows, k);
     if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatrixLayoutInit(&lc, lt_type(ddt), (uint64_t)n, (uint64_t)rows, n);
+        st = cublasLtMatrixLayoutInit(&lc, lt_type(ddt), (uint64_t)n, (uint64_t)rows, ld);
     if (st != CUBLAS_STATUS_SUCCESS)
         return (int)st;
     const uintptr_t es = dt == KILN_DTYPE_F32 ? 4 : 2, des = ddt == KILN_DTYPE_F32 ? 4 : 2;
     const uint32_t align = align_of((uintptr_t)src | (uintptr_t)w | (uintptr_t)c | (uintptr_t)d | (uintptr_t)k * es |
-                                    (uintptr_t)n * es | (uintptr_t)n * des);
+                                    (uintptr_t)n * es | (uintptr_t)ld * des);
     cublasLtMatmulAlgo_t algo;
     int have = 0, at = -1;
     {
@@ -462,7 +462,7 @@ int lt_gemm(int32_t dt, int32_t ddt, const void *src, const void *w, const void 
         for (int i = 0; i < kSlots && !have; i++) {
             const algo_slot &sl = slots[i];
             if (sl.used && sl.dtype == dt && sl.d_dtype == ddt && sl.n == n && sl.k == k && sl.rows == rows &&
-                sl.align == align) {
+                sl.ld == ld && sl.align == align) {
                 algo = sl.algo;
                 have = 1;
             } else if (!sl.used && at < 0) {
@@ -491,7 +491,7 @@ int lt_gemm(int32_t dt, int32_t ddt, const void *src, const void *w, const void 
         algo = h.algo;
         std::lock_guard<std::mutex> g(slots_lock);
         if (at >= 0 && !slots[at].used)
-            slots[at] = algo_slot{1, dt, ddt, n, k, rows, align, algo};
+            slots[at] = algo_slot{1, dt, ddt, n, k, rows, ld, align, algo};
     }
     const float one = 1.0f, beta = c ? 1.0f : 0.0f;
     return (int)cublasLtMatmul(fmm_lt, &desc, &one, w, &la, src, &lb, &beta, c ? c : d, &lc, d, &lc, &algo, lt_ws,
@@ -517,7 +517,7 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     void *t = direct ? a->y : ws + kiln_fusedmm_workspace_t(a->rows, a->k);
     void *lt_ws = ws + kiln_fusedmm_workspace_lt(a->rows, a->n, a->k, es);
     int st = lt_gemm(DT, direct ? a->y_dtype : DT, src, a->w, a->epilogue == KILN_FUSEDMM_RESIDUAL ? a->residual : NULL,
-                     t, a->rows, a->n, a->k, lt_ws, s);
+                     t, a->rows, a->n, a->k, a->n, lt_ws, s);
     if (st)
         return st < 0 ? KILN_FUSEDMM_NO_ALGO : 10000 + st;
     if (direct)
@@ -537,6 +537,18 @@ extern "C" int kiln_fusedmm_cuda_init(void)
 {
     std::call_once(fmm_lt_once, [] { fmm_lt_status = (int)cublasLtCreate(&fmm_lt); });
     return fmm_lt_status == 0 ? 0 : 10000 + fmm_lt_status;
+}
+
+extern "C" int kiln_fusedmm_gemm_cuda(int32_t dtype, const void *x, const void *w, void *y, int64_t rows, int32_t n,
+                                      int32_t k, int64_t ldy, void *lt_workspace, void *stream)
+{
+    if (rows <= 0 || n <= 0)
+        return 0;
+    int e = kiln_fusedmm_cuda_init();
+    if (e)
+        return e;
+    const int st = lt_gemm(dtype, dtype, x, w, NULL, y, rows, n, k, ldy, lt_workspace, (cudaStream_t)stream);
+    return st < 0 ? KILN_FUSEDMM_NO_ALGO : st ? 10000 + st : 0;
 }
 
 extern "C" int kiln_fusedmm_cuda(const kiln_fusedmm_cuda_args *a, void *stream)

@@ -21,7 +21,10 @@
  *          accumulated in f32 and y rounded once, as a bf16 linear layer does.
  * Fields:  bits (i32): 8 or 4; group_size (i32): a multiple of 32 that
  *          divides k; n, k (i32), k a multiple of 32.
- * Blob v1: four int32: bits, group_size, n, k. */
+ * Blob v1: four int32: bits, group_size, n, k.
+ * Workspace: on the CPU, f32 copies of up to 16 rows of f16/bf16 x and y;
+ * on CUDA past the GEMVs' rows, a dequantized slice of W and cuBLASLt's
+ * scratch (kiln_woq_cuda_workspace, plugin_cuda.h). */
 #include <stdint.h>
 
 #include "plugin_cuda.h"
@@ -105,7 +108,13 @@ static int32_t woq_supports(const kiln_plugin *self, kiln_backend backend, const
     const woq_params *p = &((const woq *)self)->p;
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
-    backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
+    /* asked when an engine is built and loaded: the prefill GEMM's cuBLASLt
+     * handle is set up here, never inside a captured step (without a GPU
+     * the setup fails and a prefill's enqueue reports it) */
+    if (backend == KILN_BACKEND_CUDA) {
+        (void)kiln_fusedmm_cuda_init();
+        backend_ok = 1;
+    }
 #endif
     return backend_ok && n_in == woq_n_inputs(p) && n_out == 1 && plugin_is_float(d[0].dtype) &&
            d[1].dtype == KILN_DTYPE_U8 && d[2].dtype == KILN_DTYPE_F32 &&
@@ -118,14 +127,24 @@ static int32_t woq_supports(const kiln_plugin *self, kiln_backend backend, const
 /* Weights of a row dequantized at a time and shared by every row of x. */
 #define WOQ_CHUNK 256
 
+/* The CPU's f32 copies (f16/bf16 x) or, where CUDA is built in, the
+ * GPU's dequantized slice of W and cuBLASLt's scratch when the rows pass
+ * the GEMVs (kiln_woq_cuda_workspace): the larger, as the size cannot
+ * depend on the backend. */
 static size_t woq_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
                                  const kiln_tensor_desc *out, int32_t n_out)
 {
     const woq_params *p = &((const woq *)self)->p;
-    if (in[0].dtype == KILN_DTYPE_F32)
-        return 0;
     int64_t rows = plugin_desc_count(&in[0]) / p->k;
-    return (size_t)(rows < WOQ_HALF_ROWS ? rows : WOQ_HALF_ROWS) * ((size_t)p->k + (size_t)p->n) * sizeof(float);
+    size_t cpu = in[0].dtype == KILN_DTYPE_F32 ? 0
+                                               : (size_t)(rows < WOQ_HALF_ROWS ? rows : WOQ_HALF_ROWS) *
+                                                     ((size_t)p->k + (size_t)p->n) * sizeof(float);
+#ifdef KILN_HAVE_CUDA
+    size_t gpu = kiln_woq_cuda_workspace(p->bits, p->group, rows, p->n, p->k, plugin_float_size(in[0].dtype));
+    return gpu > cpu ? gpu : cpu;
+#else
+    return cpu;
+#endif
 }
 
 /* Weights [k0, k0 + len) of row c as f32: s · q or s · (q − z), one
@@ -212,9 +231,10 @@ static kiln_status woq_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         return KILN_OK;
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
+        size_t ws = kiln_woq_cuda_workspace(p->bits, p->group, rows, p->n, p->k, plugin_float_size(t));
         int e = kiln_woq_matmul_cuda(p->bits, p->group, in[0], in[1], in[2], zeros, out[0], (int32_t)t, rows, p->n,
-                                     p->k, stream);
-        return e ? host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed (cuda error %d)", e) : KILN_OK;
+                                     p->k, workspace, ws, stream);
+        return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_woq_cuda_error(e)) : KILN_OK;
     }
 #endif
     woq_job job = {p, rows, in[0], in[1], zeros, in[2], out[0]};

@@ -2,7 +2,7 @@
  * (w = s · (q − z)), layouts in woq.c. Products accumulate in f32 and y is
  * rounded once to its dtype.
  *
- * Few rows of x (decode, rows <= WOQ_GEMV_MAX_ROWS), bf16 or f16 x, groups
+ * Few rows of x (decode, rows <= KILN_WOQ_GEMV_MAX_ROWS), bf16 or f16 x, groups
  * that are multiples of a chunk (128 int4 or 64 int8 weights): a GEMV on
  * the tensor cores (woq_tc_kernel). At these shapes the matmul is one pass
  * over the weight bytes, and a GEMV that dequantizes and multiplies in f32
@@ -41,18 +41,41 @@
  * Both GEMVs issue their first loads of the constant weights, scales and
  * zeros before the wait on the previous kernel (PDL).
  *
- * Many rows (prefill): a tiled kernel, 64 x-rows by 64 weight rows per
- * block, each step of 32 along k dequantized into shared memory with the
- * CPU's formula: the weights are read rows / 64 times. */
+ * 9 to 32 rows with 16-bit x and the tensor-core GEMV's groups (batched
+ * decode, short chunks): that GEMV over groups of 8 rows, each pass
+ * reading the 0.5 (int4) or 1 (int8) bytes a weight again at about 0.45
+ * of the copy bandwidth (bench/README.md), so about 1.1 (2.2) bytes a
+ * weight at copy speed; the GEMM path below moves 4.5 bytes a weight for
+ * int4 (0.5 read + 2 written + 2 read by the GEMM; int8 5) near copy
+ * speed: 4 passes cost about as much (KILN_WOQ_LOOP_MAX_ROWS; kiln_bench's
+ * rows at 32 and 33 show the hand-over).
+ *
+ * More rows (prefill), or f32 x past 8 rows: W is dequantized in slices
+ * (all of it when its 16-bit copy fits in KILN_WOQ_SLICE_BYTES) into the
+ * workspace in x's dtype, each weight the CPU's f32 value s · (q − z) or
+ * s · q rounded once to bf16/f16 (f32 x: kept exactly), and cuBLASLt
+ * multiplies each slice (FusedMatMul's GEMM, f32 accumulation) into its
+ * columns of y. The cost against the GEMM, Llama-3.1-8B's down projection
+ * (n 4096, k 14336, int4) at 2,048 rows on the H200: the dequantization
+ * moves 29 MB + 117 MB ≈ 147 MB, about 35 us at ~4.2 TB/s; the GEMM is
+ * 2 · 2048 · 4096 · 14336 = 241 GFLOP, about 0.37 ms at ~650 TFLOP/s:
+ * under 10 %. At 128 rows the GEMM (7.5 GFLOP) is bound by reading the
+ * 117 MB copy instead, and the step costs about 4.5 bytes a weight:
+ * ~0.07 ms, where the old tiled f32 kernel took milliseconds.
+ * Precision: rounding w to bf16 (f16) is a relative error of at most
+ * 2^-8 (2^-11) per product, uniform within that, so for products of
+ * random signs ‖Δy‖ / ‖y‖ is at most about 2^-8 / √3 ≈ 2.3e-3 (2.8e-4):
+ * the size of the rounding of y itself, and the rounding any bf16 (f16)
+ * checkpoint's weights already carry. (Exact 16-bit operands would need
+ * the scales out of the GEMM, i.e. a GEMM of our own.) */
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define WOQ_GEMV_MAX_ROWS 8
-#define WOQ_TILE 64
 
 namespace
 {
@@ -239,7 +262,7 @@ __global__ void __launch_bounds__(kWarps * 32)
  * depends on t alone: lane (g, t) takes the 16 bytes at t * 16 of the
  * chunk (4 lanes x 16 bytes = 64 bytes of each row: 128 int4 or 64 int8
  * weights) and the x values at the same k. */
-static_assert(WOQ_GEMV_MAX_ROWS <= 8, "the x rows are the 8 columns of the mma");
+static_assert(KILN_WOQ_GEMV_MAX_ROWS <= 8, "the x rows are the 8 columns of the mma");
 constexpr int kTcMaxWarps = 16; /* warps of a block, splitting k */
 constexpr int kTcTarget = 4096; /* warps a launch aims for (the k split grows until it has them) */
 constexpr int kTcInFlight = 3;  /* chunks a lane has in flight with 16 rows a warp (2 with 32) */
@@ -515,60 +538,53 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
     }
 }
 
-/* Weight (c, kk) with the CPU's formula: one multiply of s and q − z. */
-template <int BITS>
-__device__ __forceinline__ float woq_weight(const uint8_t *q, const float *scales, const uint8_t *zeros, int64_t c,
-                                            int64_t kk, int32_t k, int32_t group)
-{
-    const int64_t g = c * (k / group) + kk / group;
-    if (BITS == 8)
-        return __fmul_rn(scales[g], (float)(int8_t)q[c * k + kk]);
-    const uint8_t b = q[c * (k / 2) + kk / 2];
-    const int v = kk & 1 ? b >> 4 : b & 0x0F;
-    return __fmul_rn(scales[g], (float)(v - zeros[g]));
-}
-
-template <int XT, int BITS>
+/* The prefill path's dequantization: weight rows [0, vecs / (k / E)) of
+ * q into w, [rows, k] of OT, one 16-byte vector of q (E weights, inside
+ * one group) per thread and step of a grid-stride loop. Each weight is the
+ * CPU's f32 value, s · (q − z) or s · q in one rounded multiply of exact
+ * operands (woq_unpack), then rounded to OT once (to nearest even; f32:
+ * kept). The wait on the previous kernel comes first: it may still read
+ * the workspace this writes (the previous layer's GEMM). */
+template <int OT, int BITS>
 __global__ void __launch_bounds__(256)
-    woq_tiled_kernel(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int64_t rows,
-                     int32_t n, int32_t k, int32_t group)
+    woq_dequant_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scales,
+                       const uint8_t *__restrict__ zeros, void *__restrict__ w, int64_t vecs, int32_t k, int32_t group)
 {
-    __shared__ float xs[32][WOQ_TILE + 4], ws[32][WOQ_TILE + 4];
-    kcu_after_prior(x, q, rows, n);
-    const int tid = threadIdx.x, ty = tid / 16, tx = tid % 16;
-    const int64_t tiles_n = (n + WOQ_TILE - 1) / WOQ_TILE, tiles = (rows + WOQ_TILE - 1) / WOQ_TILE * tiles_n;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-        const int64_t r0 = tile / tiles_n * WOQ_TILE, c0 = tile % tiles_n * WOQ_TILE;
-        float acc[4][4] = {};
-        for (int64_t k0 = 0; k0 < k; k0 += 32) {
-            __syncthreads();
-            for (int e = tid; e < 32 * WOQ_TILE; e += 256) {
-                const int r = e / 32, kk = e % 32;
-                xs[kk][r] = r0 + r < rows ? kcu_load_float(x, XT, (r0 + r) * k + k0 + kk) : 0.0f;
-                ws[kk][r] = c0 + r < n ? woq_weight<BITS>(q, scales, zeros, c0 + r, k0 + kk, k, group) : 0.0f;
-            }
-            __syncthreads();
-#pragma unroll 8
-            for (int kk = 0; kk < 32; kk++) {
-                float xr[4], wr[4];
+    constexpr int E = woq_vec<BITS>::E;
+    kcu_after_prior(q, w, vecs, k);
+    const int64_t vpr = k / E, ng = k / group;
+    const float zbase = BITS == 4 ? 8388608.0f : 8388736.0f; /* as the GEMV's */
+    for (int64_t v = (int64_t)blockIdx.x * 256 + threadIdx.x; v < vecs; v += (int64_t)gridDim.x * 256) {
+        const int64_t r = v / vpr, g = r * ng + (v - r * vpr) * E / group;
+        const uint4 b = woq_load_stream(q + v * 16);
+        float f[E];
+        woq_unpack<BITS>(b, zbase + (BITS == 4 ? (float)__ldg(zeros + g) : 0.0f), f);
+        const float sc = __ldg(scales + g);
 #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    xr[i] = xs[kk][ty * 4 + i];
-                    wr[i] = ws[kk][tx * 4 + i];
+        for (int e = 0; e < E; e++)
+            f[e] = __fmul_rn(sc, f[e]);
+        if (OT == KILN_DTYPE_F32) {
+            float4 *o = reinterpret_cast<float4 *>((float *)w + v * E);
+#pragma unroll
+            for (int i = 0; i < E / 4; i++)
+                o[i] = make_float4(f[4 * i], f[4 * i + 1], f[4 * i + 2], f[4 * i + 3]);
+        } else {
+            uint32_t h[E / 2];
+#pragma unroll
+            for (int i = 0; i < E / 2; i++) {
+                if (OT == KILN_DTYPE_BF16) {
+                    const __nv_bfloat162 p = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+                    h[i] = *reinterpret_cast<const uint32_t *>(&p);
+                } else {
+                    const __half2 p = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+                    h[i] = *reinterpret_cast<const uint32_t *>(&p);
                 }
-#pragma unroll
-                for (int i = 0; i < 4; i++)
-#pragma unroll
-                    for (int j = 0; j < 4; j++)
-                        acc[i][j] = fmaf(xr[i], wr[j], acc[i][j]);
             }
+            uint4 *o = reinterpret_cast<uint4 *>((uint16_t *)w + v * E);
+#pragma unroll
+            for (int i = 0; i < E / 8; i++)
+                o[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
         }
-        for (int i = 0; i < 4; i++)
-            for (int j = 0; j < 4; j++) {
-                const int64_t r = r0 + ty * 4 + i, c = c0 + tx * 4 + j;
-                if (r < rows && c < n)
-                    kcu_store_float(y, XT, r * n + c, acc[i][j]);
-            }
     }
 }
 
@@ -581,7 +597,7 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
                           dim3(kWarps * 32), s, x, q, scales, zeros, y, m, n, k, group);
 }
 
-/* KILN_WOQ_GEMV selects the GEMV for rows <= WOQ_GEMV_MAX_ROWS, for timing
+/* KILN_WOQ_GEMV selects the GEMV for rows <= KILN_WOQ_GEMV_MAX_ROWS, for timing
  * them in one run and testing each: "f32" the f32 one for every x dtype,
  * "tc16" or "tc32" the tensor-core one with that many rows a warp; else
  * (unset) the tensor-core one with the rows below. KILN_WOQ_GEMV_SPLIT
@@ -628,40 +644,77 @@ cudaError_t woq_tc_launch(const void *x, const uint8_t *q, const float *scales, 
                           y, m, n, k, group, pf);
 }
 
+/* m <= KILN_WOQ_GEMV_MAX_ROWS rows of x (16-byte aligned, as q) through
+ * a GEMV. */
 template <int XT, int BITS>
-cudaError_t woq_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
-                       int64_t rows, int32_t n, int32_t k, int32_t group, cudaStream_t s)
+cudaError_t woq_gemv_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
+                            int32_t m, int32_t n, int32_t k, int32_t group, cudaStream_t s)
 {
-    /* the GEMVs read x and w 16 bytes at a time: k is a multiple of 32, so
-     * the rows are 16-byte multiples and only the base pointers matter */
-    if (rows <= WOQ_GEMV_MAX_ROWS && ((uintptr_t)x | (uintptr_t)q) % 16 == 0) {
-        const int32_t m = (int32_t)rows;
-        if constexpr (XT != KILN_DTYPE_F32) {
-            const int choice = woq_gemv_choice();
-            if (group % (BITS == 4 ? 128 : 64) == 0 && choice >= 0)
-                return woq_tc_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, choice, s);
-        }
-        if (m == 1)
-            return woq_gemv<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, s);
-        if (m == 2)
-            return woq_gemv<XT, BITS, 2>(x, q, scales, zeros, y, m, n, k, group, s);
-        if (m <= 4)
-            return woq_gemv<XT, BITS, 4>(x, q, scales, zeros, y, m, n, k, group, s);
-        return woq_gemv<XT, BITS, 8>(x, q, scales, zeros, y, m, n, k, group, s);
+    if constexpr (XT != KILN_DTYPE_F32) {
+        const int choice = woq_gemv_choice();
+        if (group % (BITS == 4 ? 128 : 64) == 0 && choice >= 0)
+            return woq_tc_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, choice, s);
     }
-    const int64_t tiles = (rows + WOQ_TILE - 1) / WOQ_TILE * ((n + WOQ_TILE - 1) / WOQ_TILE);
-    return kcu_launch_cfg(woq_tiled_kernel<XT, BITS>, dim3((unsigned)(tiles < 65535 ? tiles : 65535)), dim3(256), s, x,
-                          q, scales, zeros, y, rows, n, k, group);
+    if (m == 1)
+        return woq_gemv<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, s);
+    if (m == 2)
+        return woq_gemv<XT, BITS, 2>(x, q, scales, zeros, y, m, n, k, group, s);
+    if (m <= 4)
+        return woq_gemv<XT, BITS, 4>(x, q, scales, zeros, y, m, n, k, group, s);
+    return woq_gemv<XT, BITS, 8>(x, q, scales, zeros, y, m, n, k, group, s);
+}
+
+/* The GEMV over groups of up to 8 rows where kiln_woq_gemv_rows allows
+ * (its x and y rows: k and n are multiples of 32 and 1, x's rows stay
+ * 16-byte aligned); else each slice of W dequantized into the workspace
+ * and multiplied by cuBLASLt into its columns of y (rows n apart). */
+template <int XT, int BITS>
+int woq_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int64_t rows,
+               int32_t n, int32_t k, int32_t group, void *ws, size_t ws_size, cudaStream_t s)
+{
+    constexpr size_t es = XT == KILN_DTYPE_F32 ? 4 : 2;
+    if (rows <= kiln_woq_gemv_rows(BITS, group, es) && ((uintptr_t)x | (uintptr_t)q) % 16 == 0) {
+        for (int64_t r0 = 0; r0 < rows; r0 += KILN_WOQ_GEMV_MAX_ROWS) {
+            const int32_t m = (int32_t)(rows - r0 < KILN_WOQ_GEMV_MAX_ROWS ? rows - r0 : KILN_WOQ_GEMV_MAX_ROWS);
+            const cudaError_t e = woq_gemv_launch<XT, BITS>((const char *)x + (size_t)(r0 * k) * es, q, scales, zeros,
+                                                            (char *)y + (size_t)(r0 * n) * es, m, n, k, group, s);
+            if (e != cudaSuccess)
+                return (int)e;
+        }
+        return 0;
+    }
+    /* the workspace of the most rows, whatever rows is here */
+    if (!ws || ws_size < kiln_woq_cuda_workspace(BITS, group, INT64_MAX, n, k, es))
+        return (int)cudaErrorInvalidValue;
+    if ((uintptr_t)q % 16)
+        return (int)cudaErrorMisalignedAddress;
+    const int64_t slice = kiln_woq_slice_rows(n, k, es), ng = k / group, row_bytes = (int64_t)k * BITS / 8;
+    void *lt_ws = (char *)ws + ((size_t)(slice * k) * es + 255) / 256 * 256;
+    for (int64_t n0 = 0; n0 < n; n0 += slice) {
+        const int32_t nc = (int32_t)(n - n0 < slice ? n - n0 : slice);
+        const int64_t vecs = (int64_t)nc * k / woq_vec<BITS>::E;
+        cudaError_t e =
+            kcu_launch_cfg(woq_dequant_kernel<XT, BITS>, dim3(kcu_blocks(vecs, 0, 1)), dim3(256), s, q + n0 * row_bytes,
+                           scales + n0 * ng, BITS == 4 ? zeros + n0 * ng : zeros, ws, vecs, k, group);
+        if (e != cudaSuccess)
+            return (int)e;
+        const int st = kiln_fusedmm_gemm_cuda(XT, x, ws, (char *)y + (size_t)n0 * es, rows, nc, k, n, lt_ws, s);
+        if (st)
+            return st;
+    }
+    return 0;
 }
 
 template <int BITS>
-cudaError_t woq_dispatch(int32_t dtype, const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros,
-                         void *y, int64_t rows, int32_t n, int32_t k, int32_t group, cudaStream_t s)
+int woq_dispatch(int32_t dtype, const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
+                 int64_t rows, int32_t n, int32_t k, int32_t group, void *ws, size_t ws_size, cudaStream_t s)
 {
     switch (dtype) {
-    case KILN_DTYPE_F16: return woq_launch<KILN_DTYPE_F16, BITS>(x, q, scales, zeros, y, rows, n, k, group, s);
-    case KILN_DTYPE_BF16: return woq_launch<KILN_DTYPE_BF16, BITS>(x, q, scales, zeros, y, rows, n, k, group, s);
-    default: return woq_launch<KILN_DTYPE_F32, BITS>(x, q, scales, zeros, y, rows, n, k, group, s);
+    case KILN_DTYPE_F16:
+        return woq_launch<KILN_DTYPE_F16, BITS>(x, q, scales, zeros, y, rows, n, k, group, ws, ws_size, s);
+    case KILN_DTYPE_BF16:
+        return woq_launch<KILN_DTYPE_BF16, BITS>(x, q, scales, zeros, y, rows, n, k, group, ws, ws_size, s);
+    default: return woq_launch<KILN_DTYPE_F32, BITS>(x, q, scales, zeros, y, rows, n, k, group, ws, ws_size, s);
     }
 }
 
@@ -669,13 +722,22 @@ cudaError_t woq_dispatch(int32_t dtype, const void *x, const uint8_t *q, const f
 
 extern "C" int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, const void *q, const void *scales,
                                     const void *zeros, void *y, int32_t dtype, int64_t rows, int32_t n, int32_t k,
-                                    void *stream)
+                                    void *workspace, size_t workspace_size, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     if (rows <= 0 || n <= 0)
         return 0;
     const uint8_t *qb = (const uint8_t *)q, *zb = (const uint8_t *)zeros;
     const float *sc = (const float *)scales;
-    return bits == 4 ? (int)woq_dispatch<4>(dtype, x, qb, sc, zb, y, rows, n, k, group, s)
-                     : (int)woq_dispatch<8>(dtype, x, qb, sc, zb, y, rows, n, k, group, s);
+    return bits == 4 ? woq_dispatch<4>(dtype, x, qb, sc, zb, y, rows, n, k, group, workspace, workspace_size, s)
+                     : woq_dispatch<8>(dtype, x, qb, sc, zb, y, rows, n, k, group, workspace, workspace_size, s);
+}
+
+extern "C" const char *kiln_woq_cuda_error(int code)
+{
+    if (code >= 10000)
+        return kiln_fusedmm_cuda_error(code);
+    static thread_local char buf[96];
+    snprintf(buf, sizeof buf, "CUDA error %d (%s)", code, cudaGetErrorString((cudaError_t)code));
+    return buf;
 }

@@ -8,11 +8,17 @@
  * (apart and packed), QuantMatMul (Q8_0, Q4_0, Q4_1; T = 1 … 512; k a
  * multiple of 256, where the GEMV loads 16 bytes at a time, and not; the K
  * formats Q4_K, Q5_K, Q6_K, T = 1 … 200),
- * WeightOnlyMatMul (int8 and int4, per channel and in groups; T = 1 … 64,
- * the GEMV at every T up to 8, both of them, tensor-core and f32, and the
- * tiled kernel past it; the tensor-core GEMV's error, about 1e-5 of y, is
- * far below the bf16 and f16 tolerances, which stand for the rounding of
- * y), Fp8MatMul (the
+ * WeightOnlyMatMul (int8 and int4, per channel and in groups; T = 1 … 300,
+ * the GEMV at every T up to 8, both of them, tensor-core and f32, the
+ * tensor-core one over groups of 8 rows up to 32, and past that (f32 x:
+ * past 8) W dequantized to x's dtype and cuBLASLt's GEMM, also in two
+ * slices of W; the tensor-core GEMV's error, about 1e-5 of y, is far
+ * below the bf16 and f16 tolerances, which stand for the rounding of y;
+ * the GEMM path rounds each weight to bf16 (f16) as well, at most 2^-8
+ * (2^-11) relative, so ‖Δy‖ / ‖y‖ ≈ 1.5e-3 (2e-4) on random data: still
+ * several times inside 1e-2 (1e-3), while a wrong weight, scale, zero
+ * or column of y is far outside; with f32 x it dequantizes exactly and
+ * keeps the f32 tolerance), Fp8MatMul (the
  * per-token quantization, the GEMV up to 8 rows, cuBLASLt's FP8 GEMM past
  * it and the GEMV over row groups where n is not a multiple of 4; f32
  * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32),
@@ -624,7 +630,10 @@ static void test_woq(void)
      * whole row (per channel) */
     const int32_t shapes[][3] = {{7, 96, 32},   {257, 2048, 128}, {130, 4096, 4096}, {33, 640, 128},
                                  {9, 256, 128}, {5, 192, 64},     {61, 14336, 128}};
-    const int64_t ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 64};
+    /* past 8 rows: the tensor-core GEMV over groups of 8 up to 32 rows
+     * (bf16/f16 x, groups of whole chunks), else (and from 33) W
+     * dequantized into the workspace and cuBLASLt's GEMM */
+    const int64_t ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 32, 33, 64, 128, 300};
     /* the GEMVs (KILN_WOQ_GEMV) for bf16 and f16 x at T 1, 5 and 8 (the
      * default choice at every T): the f32 one, the tensor-core one with 32
      * rows a warp, and with 16 warps a block (KILN_WOQ_GEMV_SPLIT), which
@@ -653,7 +662,11 @@ static void test_woq(void)
                         kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
                         d[n_in] = out.desc;
                         size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
-                        void *ws = malloc(wsz ? wsz : 1);
+                        void *ws = malloc(wsz ? wsz : 1), *ws_dev = NULL;
+                        if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
+                            fprintf(stderr, "cannot allocate the workspace\n");
+                            exit(1);
+                        }
                         char what[160];
                         snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d%s%s%s%s", bits, g,
                                  dtype_name(t), (long long)rows, n, k, gemv[v][0] ? " KILN_WOQ_GEMV=" : "",
@@ -663,10 +676,11 @@ static void test_woq(void)
                             setenv("KILN_WOQ_GEMV", gemv[v][0], 1);
                         if (gemv[v][1])
                             setenv("KILN_WOQ_GEMV_SPLIT", gemv[v][1], 1);
-                        run_both(what, p, in, n_in, &out, 1, ws);
+                        run_both_ws(what, p, in, n_in, &out, 1, ws, ws_dev);
                         unsetenv("KILN_WOQ_GEMV");
                         unsetenv("KILN_WOQ_GEMV_SPLIT");
                         free(ws);
+                        cudaFree(ws_dev);
                         buf_free(&in[0]);
                         buf_free(&out);
                     }
@@ -675,6 +689,38 @@ static void test_woq(void)
             buf_free(&z);
             p->ops->destroy(p);
         }
+    /* W past KILN_WOQ_SLICE_BYTES in x's dtype: dequantized and multiplied
+     * in two slices, the second's columns of y from 8320 on (f32 x, whose
+     * dequantized weights are the CPU's exactly, so the tolerance is the
+     * summation order's) */
+    for (size_t bi = 0; bi < 2; bi++) {
+        int32_t bits = bits_of[bi], n = 16500, k = 4096, g = bits == 4 ? 128 : k;
+        kiln_field f[4] = {fi32("bits", &bits), fi32("group_size", &g), fi32("n", &n), fi32("k", &k)};
+        kiln_plugin *p = make("WeightOnlyMatMul", f, 4);
+        if (!p)
+            continue;
+        buf in[4];
+        in[0] = buf_random(KILN_DTYPE_F32, 9, k, -1, 1);
+        random_woq(bits, g, n, k, &in[1], &in[2], &in[3]);
+        int32_t n_in = bits == 4 ? 4 : 3;
+        buf out = buf_output(KILN_DTYPE_F32, 9, n);
+        kiln_tensor_desc d[5] = {in[0].desc, in[1].desc, in[2].desc, in[3].desc};
+        d[n_in] = out.desc;
+        size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+        void *ws_dev = NULL;
+        if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
+            fprintf(stderr, "cannot allocate the workspace\n");
+            exit(1);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d f32 T 9 n %d k %d (two slices)", bits, g, n, k);
+        run_both_ws(what, p, in, n_in, &out, 1, NULL, ws_dev);
+        cudaFree(ws_dev);
+        for (int i = 0; i < 4; i++)
+            buf_free(&in[i]);
+        buf_free(&out);
+        p->ops->destroy(p);
+    }
 }
 
 /* ---- Fp8MatMul --------------------------------------------------------------------------------- */
