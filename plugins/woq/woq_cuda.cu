@@ -55,8 +55,10 @@
  * workspace in x's dtype, each weight the CPU's f32 value s · (q − z) or
  * s · q rounded once to bf16/f16 (f32 x: kept exactly), and cuBLASLt
  * multiplies each slice (FusedMatMul's GEMM, f32 accumulation) into its
- * columns of y. The cost against the GEMM, Llama-3.1-8B's down projection
- * (n 4096, k 14336, int4) at 2,048 rows on the H200: the dequantization
+ * columns of y (where it offers no kernel for the layout, the GEMV runs
+ * over groups of 8 rows instead). The cost against the GEMM, at
+ * Llama-3.1-8B's down projection (n 4096, k 14336, int4) and 2,048 rows
+ * on the H200: the dequantization
  * moves 29 MB + 117 MB ≈ 147 MB, about 35 us at ~4.2 TB/s; the GEMM is
  * 2 · 2048 · 4096 · 14336 = 241 GFLOP, about 0.37 ms at ~650 TFLOP/s:
  * under 10 %. At 128 rows the GEMM (7.5 GFLOP) is bound by reading the
@@ -664,25 +666,35 @@ cudaError_t woq_gemv_launch(const void *x, const uint8_t *q, const float *scales
     return woq_gemv<XT, BITS, 8>(x, q, scales, zeros, y, m, n, k, group, s);
 }
 
-/* The GEMV over groups of up to 8 rows where kiln_woq_gemv_rows allows
- * (its x and y rows: k and n are multiples of 32 and 1, x's rows stay
- * 16-byte aligned); else each slice of W dequantized into the workspace
- * and multiplied by cuBLASLt into its columns of y (rows n apart). */
+/* The GEMV over groups of up to 8 rows of x and y (k is a multiple of
+ * 32, so x's rows stay 16-byte aligned). */
+template <int XT, int BITS>
+cudaError_t woq_gemv_groups(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
+                            int64_t rows, int32_t n, int32_t k, int32_t group, cudaStream_t s)
+{
+    constexpr size_t es = XT == KILN_DTYPE_F32 ? 4 : 2;
+    for (int64_t r0 = 0; r0 < rows; r0 += KILN_WOQ_GEMV_MAX_ROWS) {
+        const int32_t m = (int32_t)(rows - r0 < KILN_WOQ_GEMV_MAX_ROWS ? rows - r0 : KILN_WOQ_GEMV_MAX_ROWS);
+        const cudaError_t e = woq_gemv_launch<XT, BITS>((const char *)x + (size_t)(r0 * k) * es, q, scales, zeros,
+                                                        (char *)y + (size_t)(r0 * n) * es, m, n, k, group, s);
+        if (e != cudaSuccess)
+            return e;
+    }
+    return cudaSuccess;
+}
+
+/* The GEMV over groups of rows where kiln_woq_gemv_rows allows; else each
+ * slice of W dequantized into the workspace and multiplied by cuBLASLt
+ * into its columns of y (rows n apart), or, where cuBLASLt offers no
+ * kernel for the layout, the GEMV over groups of rows after all. */
 template <int XT, int BITS>
 int woq_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int64_t rows,
                int32_t n, int32_t k, int32_t group, void *ws, size_t ws_size, cudaStream_t s)
 {
     constexpr size_t es = XT == KILN_DTYPE_F32 ? 4 : 2;
-    if (rows <= kiln_woq_gemv_rows(BITS, group, es) && ((uintptr_t)x | (uintptr_t)q) % 16 == 0) {
-        for (int64_t r0 = 0; r0 < rows; r0 += KILN_WOQ_GEMV_MAX_ROWS) {
-            const int32_t m = (int32_t)(rows - r0 < KILN_WOQ_GEMV_MAX_ROWS ? rows - r0 : KILN_WOQ_GEMV_MAX_ROWS);
-            const cudaError_t e = woq_gemv_launch<XT, BITS>((const char *)x + (size_t)(r0 * k) * es, q, scales, zeros,
-                                                            (char *)y + (size_t)(r0 * n) * es, m, n, k, group, s);
-            if (e != cudaSuccess)
-                return (int)e;
-        }
-        return 0;
-    }
+    const bool aligned = ((uintptr_t)x | (uintptr_t)q) % 16 == 0;
+    if (rows <= kiln_woq_gemv_rows(BITS, group, es) && aligned)
+        return (int)woq_gemv_groups<XT, BITS>(x, q, scales, zeros, y, rows, n, k, group, s);
     /* the workspace of the most rows, whatever rows is here */
     if (!ws || ws_size < kiln_woq_cuda_workspace(BITS, group, INT64_MAX, n, k, es))
         return (int)cudaErrorInvalidValue;
@@ -699,6 +711,8 @@ int woq_launch(const void *x, const uint8_t *q, const float *scales, const uint8
         if (e != cudaSuccess)
             return (int)e;
         const int st = kiln_fusedmm_gemm_cuda(XT, x, ws, (char *)y + (size_t)n0 * es, rows, nc, k, n, lt_ws, s);
+        if (st == KILN_FUSEDMM_NO_ALGO && aligned)
+            return (int)woq_gemv_groups<XT, BITS>(x, q, scales, zeros, y, rows, n, k, group, s);
         if (st)
             return st;
     }
