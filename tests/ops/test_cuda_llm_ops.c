@@ -988,18 +988,30 @@ static void test_graph_capture(void)
     const int32_t four = 4, g128 = 128;
     kiln_field wf[4] = {fi32("bits", &four), fi32("group_size", &g128), fi32("n", &n), fi32("k", &k)};
     kiln_plugin *wq = make("WeightOnlyMatMul", wf, 4);
-    if (wq) {
+    /* the GEMV (1 row) and the dequantization with cuBLASLt (128 rows) */
+    for (int64_t rows = 1; wq && rows <= 128; rows += 127) {
         buf in[4];
-        in[0] = buf_random(KILN_DTYPE_BF16, 1, k, -1, 1);
+        in[0] = buf_random(KILN_DTYPE_BF16, rows, k, -1, 1);
         random_woq(4, 128, n, k, &in[1], &in[2], &in[3]);
-        buf y = buf_output(KILN_DTYPE_BF16, 1, n);
-        float ws[16 * (2048 + 257)];
-        run_both("WeightOnlyMatMul int4 bf16 in a graph", wq, in, 4, &y, 1, ws);
+        buf y = buf_output(KILN_DTYPE_BF16, rows, n);
+        kiln_tensor_desc d[5] = {in[0].desc, in[1].desc, in[2].desc, in[3].desc, y.desc};
+        size_t wsz = wq->ops->workspace_size(wq, d, 4, d + 4, 1);
+        void *wh = malloc(wsz ? wsz : 1), *wd = NULL;
+        if (cudaMalloc(&wd, wsz ? wsz : 1) != cudaSuccess) {
+            fprintf(stderr, "cannot allocate the workspace\n");
+            exit(1);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "WeightOnlyMatMul int4 bf16 T %lld in a graph", (long long)rows);
+        run_both_ws(what, wq, in, 4, &y, 1, wh, wd);
+        free(wh);
+        cudaFree(wd);
         for (int i = 0; i < 4; i++)
             buf_free(&in[i]);
         buf_free(&y);
-        wq->ops->destroy(wq);
     }
+    if (wq)
+        wq->ops->destroy(wq);
     /* both FP8 paths: the GEMV (1 row) and cuBLASLt (64 rows) */
     const int32_t n16 = 256;
     kiln_field ff[2] = {fi32("n", &n16), fi32("k", &k)};
