@@ -541,40 +541,45 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
 }
 
 /* The prefill path's dequantization: weight rows [0, vecs / (k / E)) of
- * q into w, [rows, k] of OT, one 16-byte vector of q (E weights, inside
- * one group) per thread and step of a grid-stride loop. Each weight is the
- * CPU's f32 value, s · (q − z) or s · q in one rounded multiply of exact
- * operands (woq_unpack), then rounded to OT once (to nearest even; f32:
- * kept). The wait on the previous kernel comes first: it may still read
- * the workspace this writes (the previous layer's GEMM). */
+ * q into w, [rows, k] of OT. A warp takes 32 consecutive 16-byte vectors
+ * of q (E weights each, inside one group) per step of a grid-stride loop,
+ * one a lane; each weight is the CPU's f32 value, s · (q − z) or s · q in
+ * one rounded multiply of exact operands (woq_unpack), then rounded to OT
+ * once (to nearest even; f32: kept). A lane's E outputs are contiguous
+ * (32 to 128 bytes), so stored directly each 16-byte store of the warp
+ * would cover every other half of 32 sectors: they go through shared
+ * memory and leave as 16-byte stores of consecutive lanes, whole sectors.
+ * The wait on the previous kernel comes first: it may still read the
+ * workspace this writes (the previous layer's GEMM). */
 template <int OT, int BITS>
 __global__ void __launch_bounds__(256)
     woq_dequant_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scales,
                        const uint8_t *__restrict__ zeros, void *__restrict__ w, int64_t vecs, int32_t k, int32_t group)
 {
-    constexpr int E = woq_vec<BITS>::E;
+    constexpr int E = woq_vec<BITS>::E, CPV = E * (OT == KILN_DTYPE_F32 ? 4 : 2) / 16; /* 16-byte outputs a vector */
+    __shared__ uint4 stage[8][32 * CPV];
     kcu_after_prior(q, w, vecs, k);
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t vpr = k / E, ng = k / group;
     const float zbase = BITS == 4 ? 8388608.0f : 8388736.0f; /* as the GEMV's */
-    for (int64_t v = (int64_t)blockIdx.x * 256 + threadIdx.x; v < vecs; v += (int64_t)gridDim.x * 256) {
-        const int64_t r = v / vpr, g = r * ng + (v - r * vpr) * E / group;
-        const uint4 b = woq_load_stream(q + v * 16);
-        float f[E];
-        woq_unpack<BITS>(b, zbase + (BITS == 4 ? (float)__ldg(zeros + g) : 0.0f), f);
-        const float sc = __ldg(scales + g);
+    uint4 *st = stage[wid], *out = reinterpret_cast<uint4 *>(w);
+    for (int64_t base = ((int64_t)blockIdx.x * 8 + wid) * 32; base < vecs; base += (int64_t)gridDim.x * 256) {
+        const int64_t v = base + lane;
+        if (v < vecs) {
+            const int64_t r = v / vpr, g = r * ng + (v - r * vpr) * E / group;
+            const uint4 b = woq_load_stream(q + v * 16);
+            float f[E];
+            woq_unpack<BITS>(b, zbase + (BITS == 4 ? (float)__ldg(zeros + g) : 0.0f), f);
+            const float sc = __ldg(scales + g);
+            uint32_t h[CPV * 4];
 #pragma unroll
-        for (int e = 0; e < E; e++)
-            f[e] = __fmul_rn(sc, f[e]);
-        if (OT == KILN_DTYPE_F32) {
-            float4 *o = reinterpret_cast<float4 *>((float *)w + v * E);
+            for (int e = 0; e < E; e++)
+                f[e] = __fmul_rn(sc, f[e]);
 #pragma unroll
-            for (int i = 0; i < E / 4; i++)
-                o[i] = make_float4(f[4 * i], f[4 * i + 1], f[4 * i + 2], f[4 * i + 3]);
-        } else {
-            uint32_t h[E / 2];
-#pragma unroll
-            for (int i = 0; i < E / 2; i++) {
-                if (OT == KILN_DTYPE_BF16) {
+            for (int i = 0; i < CPV * 4; i++) {
+                if constexpr (OT == KILN_DTYPE_F32) {
+                    h[i] = __float_as_uint(f[i]);
+                } else if constexpr (OT == KILN_DTYPE_BF16) {
                     const __nv_bfloat162 p = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
                     h[i] = *reinterpret_cast<const uint32_t *>(&p);
                 } else {
@@ -582,11 +587,17 @@ __global__ void __launch_bounds__(256)
                     h[i] = *reinterpret_cast<const uint32_t *>(&p);
                 }
             }
-            uint4 *o = reinterpret_cast<uint4 *>((uint16_t *)w + v * E);
 #pragma unroll
-            for (int i = 0; i < E / 8; i++)
-                o[i] = make_uint4(h[4 * i], h[4 * i + 1], h[4 * i + 2], h[4 * i + 3]);
+            for (int c = 0; c < CPV; c++)
+                st[lane * CPV + c] = make_uint4(h[4 * c], h[4 * c + 1], h[4 * c + 2], h[4 * c + 3]);
         }
+        __syncwarp();
+        const int64_t chunks = (vecs - base < 32 ? vecs - base : 32) * CPV;
+#pragma unroll
+        for (int c = lane; c < 32 * CPV; c += 32)
+            if (c < chunks)
+                out[base * CPV + c] = st[c];
+        __syncwarp();
     }
 }
 
