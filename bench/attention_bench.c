@@ -15,13 +15,15 @@
  * copy bandwidth measured in the same run (bytes read + written). Each
  * case runs with every variant of the decode in `variants` below, one row
  * each: `pipe` the default (kat_pipe: cached keys' loads issued before the
- * wait on the previous kernel, splits of at least 64 keys, the grid's
- * splits capped at a cluster's 16), `late` without the early loads
- * (KILN_ATTENTION_PIPE_EARLY=0), `k32` and `k256` with splits of at least
+ * wait on the previous kernel, one block-table read per warp stage, splits
+ * of at least 64 keys, the grid's splits capped at a cluster's 16), `late`
+ * without the early loads (KILN_ATTENTION_PIPE_EARLY=0), `rowtab` with a
+ * table read per key (KILN_ATTENTION_PIPE_STAGE_BLOCK=0), `k32` and `k256`
+ * with splits of at least
  * 32 and 256 keys (KILN_ATTENTION_PIPE_SPLIT_KEYS), `nocap` without the
  * cap (KILN_ATTENTION_PIPE_CAP=0), `nocl` with the splits merged by
  * kat_combine instead of in a thread-block cluster
- * (KILN_ATTENTION_CLUSTER=0), `prev` the previous default (all three
+ * (KILN_ATTENTION_CLUSTER=0), `prev` the previous default (all four
  * choices undone) and `split` the older kat_decode
  * (KILN_ATTENTION_DECODE=split). Two times: one
  * launch between two events ("launch", includes the host's launch cost
@@ -267,18 +269,20 @@ static void attn_free(attn_job *j)
  * kernel; with --sweep the last three too. */
 typedef struct variant {
     const char *name;
-    const char *env[6]; /* variable, value pairs (NULL: fewer) */
+    const char *env[8]; /* variable, value pairs (NULL: fewer) */
 } variant;
 
 static const variant variants[] = {
     {"pipe", {NULL}},
     {"late", {"KILN_ATTENTION_PIPE_EARLY", "0"}},
+    {"rowtab", {"KILN_ATTENTION_PIPE_STAGE_BLOCK", "0"}},
     {"k32", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "32"}},
     {"k256", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"}},
     {"nocap", {"KILN_ATTENTION_PIPE_CAP", "0"}},
     {"nocl", {"KILN_ATTENTION_CLUSTER", "0"}},
     {"prev",
-     {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS", "256", "KILN_ATTENTION_PIPE_CAP", "0"}},
+     {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS", "256",
+      "KILN_ATTENTION_PIPE_CAP", "0"}},
     {"split", {"KILN_ATTENTION_DECODE", "split"}},
     {"p128", {"KILN_ATTENTION_PIPE_CTAS", "128"}},
     {"p264", {"KILN_ATTENTION_PIPE_CTAS", "264"}},
@@ -309,7 +313,7 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
     const int64_t mb = dc->mb ? dc->mb : (longest + BS - 1) / BS;
     const double bytes = tokens * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
     for (int k = 0; k < (sweep ? N_VARIANTS : N_VARIANTS - 3); k++) {
-        for (int i = 0; i < 6 && variants[k].env[i]; i += 2)
+        for (int i = 0; i < 8 && variants[k].env[i]; i += 2)
             setenv(variants[k].env[i], variants[k].env[i + 1], 1);
         attn_job j;
         attn_setup(&j, dev, reg, dc->S, 1, lens, mb);
@@ -318,7 +322,7 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
         printf("%-34s %-7s %10.1f %10.1f %12.1f %9.2f %10.0f%%\n", dc->name, variants[k].name, ms * 1e3, gms * 1e3,
                bytes / 1e6, bw / 1e12, 100.0 * bw / copy_bw);
         attn_free(&j);
-        for (int i = 0; i < 6 && variants[k].env[i]; i += 2)
+        for (int i = 0; i < 8 && variants[k].env[i]; i += 2)
             unsetenv(variants[k].env[i]);
     }
     free(lens);

@@ -1040,6 +1040,8 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
 #define KAT_PIPE_CTAS 528
 #define KAT_PIPE_CTAS_MAX 1056 /* the most KILN_ATTENTION_PIPE_CTAS may ask for (the workspace's) */
 #define KAT_MAX_DEVICES 64     /* devices whose kat_pipe smem limit is remembered as set */
+#define KAT_PIPE_EARLY 1       /* kat_pipe's opts: cached keys' loads before the wait */
+#define KAT_PIPE_STAGE_BLOCK 2 /* one table read a warp stage where the block size allows */
 
 /* Layout of kat_pipe for storage DT and head_dim D: a row is NV 16-byte
  * vectors read by LPR lanes, a warp reads RPW rows at a time, and a stage
@@ -1107,7 +1109,7 @@ template <int HG, int N> __device__ __forceinline__ float kat_reduce_scatter(flo
  * (G == 1), merged in the cluster (`cluster`), or partials for kat_combine. */
 template <int DT, int D, int HG>
 __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
-    kat_pipe(kiln_attention_cuda_args a, int32_t fused, int32_t cluster, int32_t split_keys, int32_t early)
+    kat_pipe(kiln_attention_cuda_args a, int32_t fused, int32_t cluster, int32_t split_keys, int32_t opts)
 {
     typedef kat_pipe_shape<DT, D> L;
     constexpr int PER = L::PER, NV = L::NV, LPR = L::LPR, RPW = L::RPW, ROWS = L::ROWS, NP = L::NP;
@@ -1136,6 +1138,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
      * written (output, cache, workspace) and whatever the previous kernel
      * makes (q, k, v) comes after the wait. Without `early` everything
      * does, as before. */
+    const bool early = (opts & KAT_PIPE_EARLY) != 0;
     if (early)
         kat_launch_dependents();
     else
@@ -1184,19 +1187,51 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
         vs = cache + (o + vd) * (16 / PER);
         return 16;
     };
+    /* With a block size that is a multiple of ROWS (and
+     * KAT_PIPE_STAGE_BLOCK), the ROWS keys of a warp stage, which starts
+     * at a multiple of ROWS, lie in one block: one table read and one
+     * address a stage instead of one a row, a sixth or so of the loop's
+     * instructions at 8 keys a stage (64-bit address arithmetic and a
+     * division by the block size per row), which the many short
+     * sequences of continuous batching, bound by instruction issue rather
+     * than by memory, pay on every key. */
+    const bool stage_block = (opts & KAT_PIPE_STAGE_BLOCK) && a.block_size % ROWS == 0;
     /* cp.async of stage j into slot j % S: K and V of this lane's rows
      * (past the split's keys: zeros, masked later); `ahead` (before the
      * wait) leaves out the rows of this step's keys */
     auto issue = [&](int j, bool ahead) {
         unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
         const int64_t kb = stage_key(j);
+        const char *bk = cache; /* with stage_block: this lane's vector of the stage's first row */
+        int bn = 0;
+        if (stage_block && kb < n_old && kb < k1) {
+            const int32_t blk = __ldg(&table[(int32_t)kb / a.block_size]);
+            if (blk >= 0 && blk < a.n_blocks) {
+                bk =
+                    cache + ((((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)kb % a.block_size) * D +
+                             lv * PER) *
+                                (16 / PER);
+                bn = 16;
+            } else {
+                bad = 1; /* as source() would for the stage's first key */
+            }
+        }
 #pragma unroll
         for (int i = 0; i < NP; i++) {
             const int64_t kp = kb + i * RPW + sub;
             if (ahead && kp >= k.n_old && kp < k1)
                 continue;
             const char *ks = cache, *vs = cache;
-            const int n = kp < k1 ? source(kp, ks, vs) : 0;
+            int n = 0;
+            if (kp < k1 && stage_block && kp < n_old) {
+                n = bn;
+                if (n) {
+                    ks = bk + (int64_t)(i * RPW + sub) * D * (16 / PER);
+                    vs = ks + vd * (16 / PER);
+                }
+            } else if (kp < k1) {
+                n = source(kp, ks, vs);
+            }
             const int r = (i * RPW + sub) * NV + lv;
             kat_cp_async16(sk + r * 16, ks, n);
             kat_cp_async16(sv + r * 16, vs, n);
@@ -1205,7 +1240,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
 #pragma unroll
     for (int j = 0; j < S - 1; j++) {
         if (j < n_my)
-            issue(j, early != 0);
+            issue(j, early);
         kat_cp_commit(); /* empty groups keep the count: stage j is group j */
     }
     if (early)
@@ -1571,9 +1606,9 @@ static cudaError_t kat_launch_decode_dt(const kiln_attention_cuda_args &a, int h
 }
 
 /* What a kat_pipe launch was planned with (kat_run_pipe): g splits, as
- * clusters of g when `cluster`; the kernel's fused, split_keys and early. */
+ * clusters of g when `cluster`; the kernel's fused, split_keys and opts. */
 struct kat_pipe_plan {
-    int32_t g, fused, cluster, keys, early;
+    int32_t g, fused, cluster, keys, opts;
 };
 
 /* Launches kat_pipe<DT, D, HG> for plan p (cudaErrorNotSupported when the
@@ -1633,7 +1668,7 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
         if (ok[g] < 0)
             return cudaErrorNotSupported;
     }
-    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG>, a, p.fused, cluster, p.keys, p.early);
+    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG>, a, p.fused, cluster, p.keys, p.opts);
 }
 
 template <int DT, int D>
@@ -1750,8 +1785,9 @@ static int32_t kat_pipe_keys(const kiln_attention_cuda_args &a)
  * 8,448 tokens planned 33 splits, so each step paid a kat_combine launch
  * (and a trip of the partials through memory) even at a few keys; 16
  * splits of 8,192 keys (128 CTAs) timed the same as 32 (--sweep p128).
- * KILN_ATTENTION_PIPE_EARLY=0 keeps every read after the wait (kat_pipe's
- * `early`). */
+ * KILN_ATTENTION_PIPE_EARLY=0 keeps every read after the wait, and
+ * KILN_ATTENTION_PIPE_STAGE_BLOCK=0 reads the block table for every key
+ * (kat_pipe's opts, as before). */
 static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused, cudaStream_t st)
 {
     const int hg = kat_hg(a.n_heads, a.n_kv_heads);
@@ -1760,7 +1796,8 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
     p.keys = kat_pipe_keys(a);
     p.g = kat_pipe_grid_splits(a.tokens, ctas, a.max_blocks * a.block_size, kat_pipe_target(), p.keys);
     p.fused = fused;
-    p.early = !kat_env_off("KILN_ATTENTION_PIPE_EARLY");
+    p.opts = (kat_env_off("KILN_ATTENTION_PIPE_EARLY") ? 0 : KAT_PIPE_EARLY) |
+             (kat_env_off("KILN_ATTENTION_PIPE_STAGE_BLOCK") ? 0 : KAT_PIPE_STAGE_BLOCK);
     p.cluster = p.g > 1 && kat_use_cluster();
     if (p.cluster && p.g > KAT_MAX_CLUSTER && !kat_env_off("KILN_ATTENTION_PIPE_CAP"))
         p.g = KAT_MAX_CLUSTER;

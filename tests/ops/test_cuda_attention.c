@@ -14,7 +14,8 @@
  *     default) and a part again with KILN_ATTENTION_DECODE=split (kat_decode);
  *     short and long contexts in tables sized for 8448 tokens under each of
  *     kat_pipe's settings (cached keys loaded before the wait on the
- *     previous kernel or after it, splits of at least 16, 64 or 256 keys,
+ *     previous kernel or after it, block-table reads per stage or per key,
+ *     splits of at least 16, 64 or 256 keys,
  *     the grid's splits capped at a cluster's or not, no cluster);
  *   - prefill of several sequences packed without padding (tensor-core
  *     kernel for f16/bf16), chunked prefill onto a filled cache, decodes
@@ -393,7 +394,8 @@ static void test_decode_groups(void)
 
 /* kat_pipe's choices, each undone alone and all together, as
  * attention_bench times them: the loads of cached keys before the wait on
- * the previous kernel (KILN_ATTENTION_PIPE_EARLY), the fewest keys a split
+ * the previous kernel (KILN_ATTENTION_PIPE_EARLY), one block-table read a
+ * warp stage (KILN_ATTENTION_PIPE_STAGE_BLOCK), the fewest keys a split
  * takes (KILN_ATTENTION_PIPE_SPLIT_KEYS; 16 makes one f32 CTA stage a
  * split), the grid's splits capped at a cluster's (KILN_ATTENTION_PIPE_CAP),
  * and no cluster at all. Short contexts in tables sized for 8448 tokens
@@ -404,19 +406,21 @@ static void test_decode_groups(void)
  * them; a graph replay. */
 static void test_decode_variants(void)
 {
-    static const char *const settings[][6] = {
+    static const char *const settings[][8] = {
         {NULL},
         {"KILN_ATTENTION_PIPE_EARLY", "0"},
+        {"KILN_ATTENTION_PIPE_STAGE_BLOCK", "0"},
         {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "16"},
         {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"},
         {"KILN_ATTENTION_PIPE_CAP", "0"},
         {"KILN_ATTENTION_CLUSTER", "0"},
-        {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS", "256", "KILN_ATTENTION_PIPE_CAP", "0"},
+        {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS",
+         "256", "KILN_ATTENTION_PIPE_CAP", "0"},
     };
     static const int32_t len136[1] = {136}, len1[1] = {1}, len17[1] = {17}, len3[3] = {1, 9001, 77};
     static const int32_t lens4[4] = {1, 5, 40, 300}, lens5[5] = {1, 700, 129, 3000, 64};
     for (size_t v = 0; v < sizeof settings / sizeof settings[0]; v++) {
-        for (int i = 0; i < 6 && settings[v][i]; i += 2)
+        for (int i = 0; i < 8 && settings[v][i]; i += 2)
             setenv(settings[v][i], settings[v][i + 1], 1);
         printf("  with %s=%s%s\n", settings[v][0] ? settings[v][0] : "defaults", settings[v][0] ? settings[v][1] : "",
                settings[v][2] ? " and more" : "");
@@ -432,7 +436,7 @@ static void test_decode_variants(void)
         run_step(&(step){"decode batch 1, 136 of 8448 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len136},
                  KILN_DTYPE_BF16);
         table_blocks = 0;
-        for (int i = 0; i < 6 && settings[v][i]; i += 2)
+        for (int i = 0; i < 8 && settings[v][i]; i += 2)
             unsetenv(settings[v][i]);
     }
 }
