@@ -19,9 +19,9 @@
  * of at least 64 keys, the grid's splits capped at a cluster's 16), `late`
  * without the early loads (KILN_ATTENTION_PIPE_EARLY=0), `rowtab` with a
  * table read per key (KILN_ATTENTION_PIPE_STAGE_BLOCK=0), `k32` and `k256`
- * with splits of at least
- * 32 and 256 keys (KILN_ATTENTION_PIPE_SPLIT_KEYS), `nocap` without the
- * cap (KILN_ATTENTION_PIPE_CAP=0), `nocl` with the splits merged by
+ * with splits of at least 32 and 256 keys (KILN_ATTENTION_PIPE_SPLIT_KEYS),
+ * `cap8` with the cap at 8 and `nocap` without it (KILN_ATTENTION_PIPE_CAP),
+ * `nocl` with the splits merged by
  * kat_combine instead of in a thread-block cluster
  * (KILN_ATTENTION_CLUSTER=0), `prev` the previous default (all four
  * choices undone) and `split` the older kat_decode
@@ -278,6 +278,7 @@ static const variant variants[] = {
     {"rowtab", {"KILN_ATTENTION_PIPE_STAGE_BLOCK", "0"}},
     {"k32", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "32"}},
     {"k256", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"}},
+    {"cap8", {"KILN_ATTENTION_PIPE_CAP", "8"}},
     {"nocap", {"KILN_ATTENTION_PIPE_CAP", "0"}},
     {"nocl", {"KILN_ATTENTION_CLUSTER", "0"}},
     {"prev",

@@ -1778,13 +1778,26 @@ static int32_t kat_pipe_keys(const kiln_attention_cuda_args &a)
     return (keys + stage - 1) / stage * stage;
 }
 
+/* The most splits kat_pipe's grid plans where clusters run:
+ * KAT_MAX_CLUSTER, or KILN_ATTENTION_PIPE_CAP (2..16; 0: no cap). A
+ * cluster is placed only when its CTAs fit in one GPC at once, which may
+ * hold back a cluster of 16 while the previous kernel still fills the SMs
+ * (the early loads wait for it too); 8 places sooner, at the price of half
+ * the CTAs on one long sequence. */
+static int32_t kat_pipe_cap(void)
+{
+    const char *e = getenv("KILN_ATTENTION_PIPE_CAP");
+    long v = e ? strtol(e, NULL, 10) : -1;
+    return v == 0 || (v >= 2 && v <= KAT_MAX_CLUSTER) ? (int32_t)v : KAT_MAX_CLUSTER;
+}
+
 /* kat_pipe for a step (fast shapes, not prefill), then kat_combine when
- * its splits did not merge in clusters. The grid's splits are capped at a
- * cluster's KAT_MAX_CLUSTER where clusters run (KILN_ATTENTION_PIPE_CAP=0
- * leaves them uncapped, as before): a batch of one in an engine built for
- * 8,448 tokens planned 33 splits, so each step paid a kat_combine launch
- * (and a trip of the partials through memory) even at a few keys; 16
- * splits of 8,192 keys (128 CTAs) timed the same as 32 (--sweep p128).
+ * its splits did not merge in clusters. The grid's splits are capped at
+ * kat_pipe_cap() where clusters run (KILN_ATTENTION_PIPE_CAP=0 leaves them
+ * uncapped, as before): a batch of one in an engine built for 8,448 tokens
+ * planned 33 splits, so each step paid a kat_combine launch (and a trip of
+ * the partials through memory) even at a few keys (attention_bench's rows
+ * nocap and pipe compare the two at 8,192 keys, where the splits matter).
  * KILN_ATTENTION_PIPE_EARLY=0 keeps every read after the wait, and
  * KILN_ATTENTION_PIPE_STAGE_BLOCK=0 reads the block table for every key
  * (kat_pipe's opts, as before). */
@@ -1799,8 +1812,9 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
     p.opts = (kat_env_off("KILN_ATTENTION_PIPE_EARLY") ? 0 : KAT_PIPE_EARLY) |
              (kat_env_off("KILN_ATTENTION_PIPE_STAGE_BLOCK") ? 0 : KAT_PIPE_STAGE_BLOCK);
     p.cluster = p.g > 1 && kat_use_cluster();
-    if (p.cluster && p.g > KAT_MAX_CLUSTER && !kat_env_off("KILN_ATTENTION_PIPE_CAP"))
-        p.g = KAT_MAX_CLUSTER;
+    const int32_t cap = kat_pipe_cap();
+    if (p.cluster && cap && p.g > cap)
+        p.g = cap;
     p.cluster = p.cluster && p.g <= KAT_MAX_CLUSTER;
     cudaError_t e = cudaErrorNotSupported;
     if (p.cluster) {

@@ -16,7 +16,7 @@
  *     kat_pipe's settings (cached keys loaded before the wait on the
  *     previous kernel or after it, block-table reads per stage or per key,
  *     splits of at least 16, 64 or 256 keys,
- *     the grid's splits capped at a cluster's or not, no cluster);
+ *     the grid's splits capped at 16, at 2 or not, no cluster);
  *   - prefill of several sequences packed without padding (tensor-core
  *     kernel for f16/bf16), chunked prefill onto a filled cache, decodes
  *     and a prompt in one step;
@@ -397,7 +397,7 @@ static void test_decode_groups(void)
  * the previous kernel (KILN_ATTENTION_PIPE_EARLY), one block-table read a
  * warp stage (KILN_ATTENTION_PIPE_STAGE_BLOCK), the fewest keys a split
  * takes (KILN_ATTENTION_PIPE_SPLIT_KEYS; 16 makes one f32 CTA stage a
- * split), the grid's splits capped at a cluster's (KILN_ATTENTION_PIPE_CAP),
+ * split), the grid's splits capped (KILN_ATTENTION_PIPE_CAP: 16, 2, none),
  * and no cluster at all. Short contexts in tables sized for 8448 tokens
  * (the 8B engine's: many splits planned, one to a few run, the others only
  * join the merge or leave), new keys inside the first stages (read after
@@ -413,6 +413,7 @@ static void test_decode_variants(void)
         {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "16"},
         {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"},
         {"KILN_ATTENTION_PIPE_CAP", "0"},
+        {"KILN_ATTENTION_PIPE_CAP", "2"},
         {"KILN_ATTENTION_CLUSTER", "0"},
         {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS",
          "256", "KILN_ATTENTION_PIPE_CAP", "0"},
