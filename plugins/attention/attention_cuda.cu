@@ -1787,7 +1787,10 @@ static int32_t kat_pipe_keys(const kiln_attention_cuda_args &a)
 static int32_t kat_pipe_cap(void)
 {
     const char *e = getenv("KILN_ATTENTION_PIPE_CAP");
-    long v = e ? strtol(e, NULL, 10) : -1;
+    char *end = NULL;
+    long v = e ? strtol(e, &end, 10) : -1;
+    if (e && (end == e || *end)) /* not a number: the default */
+        v = -1;
     return v == 0 || (v >= 2 && v <= KAT_MAX_CLUSTER) ? (int32_t)v : KAT_MAX_CLUSTER;
 }
 
