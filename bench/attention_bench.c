@@ -21,7 +21,8 @@
  * table read per key (KILN_ATTENTION_PIPE_STAGE_BLOCK=0), `k32` and `k256`
  * with splits of at least 32 and 256 keys (KILN_ATTENTION_PIPE_SPLIT_KEYS),
  * `cap8` with the cap at 8 and `nocap` without it (KILN_ATTENTION_PIPE_CAP),
- * `nocl` with the splits merged by
+ * `s3` with 3 pipeline stages a warp instead of 4, so 4 CTAs fit an SM
+ * (KILN_ATTENTION_PIPE_STAGES=3), `nocl` with the splits merged by
  * kat_combine instead of in a thread-block cluster
  * (KILN_ATTENTION_CLUSTER=0), `prev` the previous default (all four
  * choices undone) and `split` the older kat_decode
@@ -280,6 +281,7 @@ static const variant variants[] = {
     {"k256", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"}},
     {"cap8", {"KILN_ATTENTION_PIPE_CAP", "8"}},
     {"nocap", {"KILN_ATTENTION_PIPE_CAP", "0"}},
+    {"s3", {"KILN_ATTENTION_PIPE_STAGES", "3"}},
     {"nocl", {"KILN_ATTENTION_CLUSTER", "0"}},
     {"prev",
      {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS", "256",

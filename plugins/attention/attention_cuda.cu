@@ -1034,6 +1034,7 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
  * SMs (attention_bench --sweep on the H200: batch 64 at 8192 context in
  * 767 us against 876 at two per SM, every other case equal). */
 #define KAT_PIPE_STAGES 4          /* cp.async stages per warp: three in flight while one is used */
+#define KAT_PIPE_STAGES_FEW 3      /* KILN_ATTENTION_PIPE_STAGES=3: a fourth CTA per SM (see kat_pipe_stages) */
 #define KAT_PIPE_STAGE_BYTES 4096  /* K and V bytes of one stage of one warp */
 #define KAT_PIPE_SPLIT_KEYS 64     /* fewest keys a split takes by default (see kat_pipe_keys) */
 #define KAT_PIPE_SPLIT_KEYS_MIN 16 /* the smallest CTA stage (f32, head_dim 128): the workspace's bound */
@@ -1057,7 +1058,6 @@ template <int DT, int D> struct kat_pipe_shape {
     static constexpr int ROWS = KAT_PIPE_STAGE_BYTES / (2 * NV * 16);
     static constexpr int NP = ROWS / RPW;
     static constexpr int CTA_ROWS = ROWS * (KAT_THREADS / 32); /* keys of one stage of all warps */
-    static constexpr size_t SMEM = (size_t)KAT_PIPE_STAGES * KAT_PIPE_STAGE_BYTES * (KAT_THREADS / 32);
     static_assert(NV <= 32 && 32 % NV == 0 && ROWS % RPW == 0, "kat_pipe layout");
 };
 
@@ -1102,24 +1102,24 @@ template <int HG, int N> __device__ __forceinline__ float kat_reduce_scatter(flo
  * of its split (each lane group over its rows, each lane keeping the state
  * of one query head: the scores' reduction ends scattered over the lanes,
  * kat_reduce_scatter, and the probabilities are fetched by shuffles for
- * P.V), KAT_PIPE_STAGES - 1 stages of cp.async in flight, so a CTA keeps
- * 48 KB of K and V loads in flight; warps and lane groups merge once at
- * the end. `fused` and the handling of
+ * P.V), S - 1 stages of cp.async in flight (S = KAT_PIPE_STAGES: a CTA
+ * keeps 48 KB of K and V loads in flight); warps and lane groups merge
+ * once at the end. `fused` and the handling of
  * inconsistent metadata are kat_decode's. The output: written directly
  * (G == 1), merged in the cluster (`cluster`), or partials for kat_combine. */
-template <int DT, int D, int HG>
-__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
+template <int DT, int D, int HG, int S>
+__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 4 : 3) : 2)
     kat_pipe(kiln_attention_cuda_args a, int32_t fused, int32_t cluster, int32_t split_keys, int32_t opts)
 {
     typedef kat_pipe_shape<DT, D> L;
     constexpr int PER = L::PER, NV = L::NV, LPR = L::LPR, RPW = L::RPW, ROWS = L::ROWS, NP = L::NP;
-    constexpr int S = KAT_PIPE_STAGES, W = KAT_THREADS / 32;
+    constexpr int W = KAT_THREADS / 32;
     extern __shared__ __align__(16) unsigned char kat_smem[];
     __shared__ float s_mw[W][HG], s_lw[W][HG], s_m[HG], s_l[HG];
 
     /* With `early`, what no kernel of this step writes is read before the
-     * wait on the previous kernel: the metadata, and the first
-     * KAT_PIPE_STAGES - 1 stages of the keys cached by earlier steps
+     * wait on the previous kernel: the metadata, and the first S - 1
+     * stages of the keys cached by earlier steps
      * (positions below k.n_old), so those loads fly while the previous
      * kernel (the qkv projection) still runs and only q and the new keys'
      * rows are read after the wait. Why that is safe under programmatic
@@ -1606,18 +1606,19 @@ static cudaError_t kat_launch_decode_dt(const kiln_attention_cuda_args &a, int h
 }
 
 /* What a kat_pipe launch was planned with (kat_run_pipe): g splits, as
- * clusters of g when `cluster`; the kernel's fused, split_keys and opts. */
+ * clusters of g when `cluster`; the kernel's fused, split_keys and opts;
+ * its pipeline's stages. */
 struct kat_pipe_plan {
-    int32_t g, fused, cluster, keys, opts;
+    int32_t g, fused, cluster, keys, opts, stages;
 };
 
-/* Launches kat_pipe<DT, D, HG> for plan p (cudaErrorNotSupported when the
- * device cannot place its clusters). */
-template <int DT, int D, int HG>
+/* Launches kat_pipe<DT, D, HG, S> for plan p (cudaErrorNotSupported when
+ * the device cannot place its clusters). */
+template <int DT, int D, int HG, int S>
 static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const kat_pipe_plan &p, cudaStream_t st)
 {
     const int32_t g = p.g, cluster = p.cluster;
-    typedef kat_pipe_shape<DT, D> L;
+    const size_t smem = (size_t)S * KAT_PIPE_STAGE_BYTES * (KAT_THREADS / 32);
     const int n_hg = (a.n_heads / a.n_kv_heads + HG - 1) / HG;
     /* once per device: the pipeline's shared memory is past the default 48 KB */
     static int8_t smem_ok[KAT_MAX_DEVICES];
@@ -1626,7 +1627,7 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
     if (e != cudaSuccess)
         return e;
     if (dev < 0 || dev >= KAT_MAX_DEVICES || !smem_ok[dev]) {
-        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::SMEM);
+        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
         if (dev >= 0 && dev < KAT_MAX_DEVICES)
@@ -1647,7 +1648,7 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
     cfg.blockDim = dim3(KAT_THREADS);
-    cfg.dynamicSmemBytes = L::SMEM;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = attr;
     cfg.numAttrs = (unsigned)n;
@@ -1656,29 +1657,32 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
         if (!ok[g]) {
             e = cudaSuccess;
             if (g > 8)
-                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
             int clusters = 0;
             cudaLaunchConfig_t probe = cfg;
             probe.stream = NULL;
             if (e == cudaSuccess)
-                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG>, &probe);
+                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG, S>, &probe);
             ok[g] = e == cudaSuccess && clusters > 0 ? 1 : -1;
             (void)cudaGetLastError();
         }
         if (ok[g] < 0)
             return cudaErrorNotSupported;
     }
-    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG>, a, p.fused, cluster, p.keys, p.opts);
+    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG, S>, a, p.fused, cluster, p.keys, p.opts);
 }
 
 template <int DT, int D>
 static cudaError_t kat_launch_pipe(const kiln_attention_cuda_args &a, int hg, const kat_pipe_plan &p, cudaStream_t st)
 {
+    const int few = p.stages == KAT_PIPE_STAGES_FEW; /* groups of 8 heads keep 4 stages: registers allow 2 CTAs */
     if (hg == 1)
-        return kat_launch_pipe_hg<DT, D, 1>(a, p, st);
+        return few ? kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES_FEW>(a, p, st)
+                   : kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES>(a, p, st);
     if (hg == 4)
-        return kat_launch_pipe_hg<DT, D, 4>(a, p, st);
-    return kat_launch_pipe_hg<DT, D, 8>(a, p, st);
+        return few ? kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES_FEW>(a, p, st)
+                   : kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES>(a, p, st);
+    return kat_launch_pipe_hg<DT, D, 8, KAT_PIPE_STAGES>(a, p, st);
 }
 
 static cudaError_t kat_launch_pipe_any(const kiln_attention_cuda_args &a, int hg, const kat_pipe_plan &p,
@@ -1778,6 +1782,20 @@ static int32_t kat_pipe_keys(const kiln_attention_cuda_args &a)
     return (keys + stage - 1) / stage * stage;
 }
 
+/* The cp.async stages of each kat_pipe warp: KAT_PIPE_STAGES, or
+ * KILN_ATTENTION_PIPE_STAGES=3 (KAT_PIPE_STAGES_FEW) for groups of up to 4
+ * query heads: 48 KB of shared memory a CTA instead of 64 and at most 128
+ * registers a thread (no spills at sm_90), so 4 CTAs fit an SM instead of
+ * 3. Many short sequences (1024 of 128..256 keys: every sequence one CTA
+ * of 4-8 warp stages a warp) are bound by instruction latency with 12 warps
+ * an SM, not by memory: 16 hide more of it, with the same 144 KB of loads
+ * in flight per SM. */
+static int32_t kat_pipe_stages(void)
+{
+    const char *e = getenv("KILN_ATTENTION_PIPE_STAGES");
+    return e && strcmp(e, "3") == 0 ? KAT_PIPE_STAGES_FEW : KAT_PIPE_STAGES;
+}
+
 /* The most splits kat_pipe's grid plans where clusters run:
  * KAT_MAX_CLUSTER, or KILN_ATTENTION_PIPE_CAP (2..16; 0: no cap). A
  * cluster is placed only when its CTAs fit in one GPC at once, which may
@@ -1812,6 +1830,7 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
     p.keys = kat_pipe_keys(a);
     p.g = kat_pipe_grid_splits(a.tokens, ctas, a.max_blocks * a.block_size, kat_pipe_target(), p.keys);
     p.fused = fused;
+    p.stages = kat_pipe_stages();
     p.opts = (kat_env_off("KILN_ATTENTION_PIPE_EARLY") ? 0 : KAT_PIPE_EARLY) |
              (kat_env_off("KILN_ATTENTION_PIPE_STAGE_BLOCK") ? 0 : KAT_PIPE_STAGE_BLOCK);
     p.cluster = p.g > 1 && kat_use_cluster();

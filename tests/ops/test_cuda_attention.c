@@ -16,7 +16,8 @@
  *     kat_pipe's settings (cached keys loaded before the wait on the
  *     previous kernel or after it, block-table reads per stage or per key,
  *     splits of at least 16, 64 or 256 keys,
- *     the grid's splits capped at 16, at 2 or not, no cluster);
+ *     the grid's splits capped at 16, at 2 or not, no cluster, 3 pipeline
+ *     stages);
  *   - prefill of several sequences packed without padding (tensor-core
  *     kernel for f16/bf16), chunked prefill onto a filled cache, decodes
  *     and a prompt in one step;
@@ -398,7 +399,8 @@ static void test_decode_groups(void)
  * warp stage (KILN_ATTENTION_PIPE_STAGE_BLOCK), the fewest keys a split
  * takes (KILN_ATTENTION_PIPE_SPLIT_KEYS; 16 makes one f32 CTA stage a
  * split), the grid's splits capped (KILN_ATTENTION_PIPE_CAP: 16, 2, none),
- * and no cluster at all. Short contexts in tables sized for 8448 tokens
+ * no cluster at all, and 3 pipeline stages instead of 4
+ * (KILN_ATTENTION_PIPE_STAGES). Short contexts in tables sized for 8448 tokens
  * (the 8B engine's: many splits planned, one to a few run, the others only
  * join the merge or leave), new keys inside the first stages (read after
  * the wait), from the k and v inputs or, with k and v off 16-byte
@@ -414,6 +416,7 @@ static void test_decode_variants(void)
         {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"},
         {"KILN_ATTENTION_PIPE_CAP", "0"},
         {"KILN_ATTENTION_PIPE_CAP", "2"},
+        {"KILN_ATTENTION_PIPE_STAGES", "3"},
         {"KILN_ATTENTION_CLUSTER", "0"},
         {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS",
          "256", "KILN_ATTENTION_PIPE_CAP", "0"},
@@ -434,6 +437,7 @@ static void test_decode_variants(void)
         run_all(&(step){"decode batch 4, short, packed qkv", 32, 8, 64, 16, 1, 0, 0, 4, ones, lens4});
         run_all(&(step){"decode MQA, block 7", 8, 1, 64, 7, 0, 0, 0, 5, ones, lens5});
         run_all(&(step){"decode 8 per kv head, block 1", 16, 2, 128, 1, 0, 0, 0, 5, ones, lens5});
+        run_all(&(step){"decode MHA, head_dim 64", 8, 8, 64, 16, 0, 0, 0, 5, ones, lens5});
         run_step(&(step){"decode batch 1, 136 of 8448 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len136},
                  KILN_DTYPE_BF16);
         table_blocks = 0;
