@@ -13,10 +13,20 @@
  * step's time (cache write, attention, split combine) and the KV-cache
  * bytes it must read over that time, as a fraction of the device-to-device
  * copy bandwidth measured in the same run (bytes read + written). Each
- * case runs three times: the default decode kernel (kat_pipe), kat_pipe
- * with KILN_ATTENTION_CLUSTER=0 (splits merged by kat_combine instead of in
- * a thread-block cluster) and KILN_ATTENTION_DECODE=split (the previous
- * kat_decode). Two times: one
+ * case runs with every variant of the decode in `variants` below, one row
+ * each: `pipe` the default (kat_pipe: cached keys' loads issued before the
+ * wait on the previous kernel, one block-table read per warp stage, splits
+ * of at least 64 keys, the grid's splits capped at a cluster's 16), `late`
+ * without the early loads (KILN_ATTENTION_PIPE_EARLY=0), `rowtab` with a
+ * table read per key (KILN_ATTENTION_PIPE_STAGE_BLOCK=0), `k32` and `k256`
+ * with splits of at least 32 and 256 keys (KILN_ATTENTION_PIPE_SPLIT_KEYS),
+ * `cap8` with the cap at 8 and `nocap` without it (KILN_ATTENTION_PIPE_CAP),
+ * `s3` with 3 pipeline stages a warp instead of 4, so 4 CTAs fit an SM
+ * (KILN_ATTENTION_PIPE_STAGES=3), `nocl` with the splits merged by
+ * kat_combine instead of in a thread-block cluster
+ * (KILN_ATTENTION_CLUSTER=0), `prev` the previous default (all four
+ * choices undone) and `split` the older kat_decode
+ * (KILN_ATTENTION_DECODE=split). Two times: one
  * launch between two events ("launch", includes the host's launch cost
  * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
  * ("graph", as the engine replays decode). Inputs rotate among copies
@@ -255,6 +265,34 @@ static void attn_free(attn_job *j)
     j->pl->ops->destroy(j->pl);
 }
 
+/* The kernels and settings each decode case runs with: the default, then
+ * each of its choices undone alone, the previous default, the older
+ * kernel; with --sweep the last three too. */
+typedef struct variant {
+    const char *name;
+    const char *env[8]; /* variable, value pairs (NULL: fewer) */
+} variant;
+
+static const variant variants[] = {
+    {"pipe", {NULL}},
+    {"late", {"KILN_ATTENTION_PIPE_EARLY", "0"}},
+    {"rowtab", {"KILN_ATTENTION_PIPE_STAGE_BLOCK", "0"}},
+    {"k32", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "32"}},
+    {"k256", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"}},
+    {"cap8", {"KILN_ATTENTION_PIPE_CAP", "8"}},
+    {"nocap", {"KILN_ATTENTION_PIPE_CAP", "0"}},
+    {"s3", {"KILN_ATTENTION_PIPE_STAGES", "3"}},
+    {"nocl", {"KILN_ATTENTION_CLUSTER", "0"}},
+    {"prev",
+     {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS", "256",
+      "KILN_ATTENTION_PIPE_CAP", "0"}},
+    {"split", {"KILN_ATTENTION_DECODE", "split"}},
+    {"p128", {"KILN_ATTENTION_PIPE_CTAS", "128"}},
+    {"p264", {"KILN_ATTENTION_PIPE_CTAS", "264"}},
+    {"p1056", {"KILN_ATTENTION_PIPE_CTAS", "1056"}},
+};
+#define N_VARIANTS (int)(sizeof variants / sizeof variants[0])
+
 /* A decode case: S sequences, lengths lo + (uniform 0..hi - lo), tables
  * `mb` blocks wide (0: the longest sequence's). */
 typedef struct decode_case {
@@ -277,26 +315,18 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
     }
     const int64_t mb = dc->mb ? dc->mb : (longest + BS - 1) / BS;
     const double bytes = tokens * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
-    /* kat_pipe, kat_decode, then (--sweep) kat_pipe at other split targets */
-    static const char *const kernels[6] = {"pipe", "nocl", "split", "p128", "p264", "p1056"};
-    static const char *const targets[6] = {NULL, NULL, NULL, "128", "264", "1056"};
-    for (int k = 0; k < (sweep ? 6 : 3); k++) {
-        if (k == 1)
-            setenv("KILN_ATTENTION_CLUSTER", "0", 1);
-        if (k == 2)
-            setenv("KILN_ATTENTION_DECODE", "split", 1);
-        if (targets[k])
-            setenv("KILN_ATTENTION_PIPE_CTAS", targets[k], 1);
+    for (int k = 0; k < (sweep ? N_VARIANTS : N_VARIANTS - 3); k++) {
+        for (int i = 0; i < 8 && variants[k].env[i]; i += 2)
+            setenv(variants[k].env[i], variants[k].env[i + 1], 1);
         attn_job j;
         attn_setup(&j, dev, reg, dc->S, 1, lens, mb);
         float ms = time_ms(run_attn, &j), gms = time_graph_ms(&j);
         double bw = bytes / (gms * 1e-3);
-        printf("%-34s %-6s %10.1f %10.1f %12.1f %9.2f %10.0f%%\n", dc->name, kernels[k], ms * 1e3, gms * 1e3,
+        printf("%-34s %-7s %10.1f %10.1f %12.1f %9.2f %10.0f%%\n", dc->name, variants[k].name, ms * 1e3, gms * 1e3,
                bytes / 1e6, bw / 1e12, 100.0 * bw / copy_bw);
         attn_free(&j);
-        unsetenv("KILN_ATTENTION_DECODE");
-        unsetenv("KILN_ATTENTION_CLUSTER");
-        unsetenv("KILN_ATTENTION_PIPE_CTAS");
+        for (int i = 0; i < 8 && variants[k].env[i]; i += 2)
+            unsetenv(variants[k].env[i]);
     }
     free(lens);
 }
@@ -339,7 +369,7 @@ int main(int argc, char **argv)
     printf("kiln/PagedAttention, Llama-3.1-8B shape: %d query / %d kv heads, head_dim %d, bf16, block %d; sm_%d\n", NH,
            NKV, HD, BS, (int)arch);
     printf("device copy (cudaMemcpyAsync D2D 1 GiB, read + written): %.2f TB/s\n\n", copy_bw / 1e12);
-    printf("%-34s %-6s %10s %10s %12s %9s %11s\n", "decode (one new token each)", "kernel", "launch us", "graph us",
+    printf("%-34s %-7s %10s %10s %12s %9s %11s\n", "decode (one new token each)", "kernel", "launch us", "graph us",
            "KV read MB", "TB/s", "of copy bw");
     static const decode_case cases[] = {
         {"batch 1, context 136", 1, 136, 136, 0},

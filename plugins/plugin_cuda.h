@@ -234,8 +234,13 @@ size_t kiln_attention_cuda_workspace(int64_t tokens, int64_t n_seqs, int64_t max
 
 /* Launches the cache write and the attention on `stream` (a cudaStream_t):
  * only launches, no allocation, no synchronization, no reads of device
- * data on the host. Returns a cudaError_t (0 on success); a step that needs
- * a workspace but got none is cudaErrorInvalidValue. */
+ * data on the host. The decode kernel reads table, seq_lens, qstart and
+ * the cache rows before each sequence's new tokens before it waits on the
+ * previous kernel of the stream (programmatic dependent launch): no kernel
+ * that may still run may write them (step inputs copied before the step,
+ * a cache written by earlier, finished steps). Returns a cudaError_t (0 on
+ * success); a step that needs a workspace but got none is
+ * cudaErrorInvalidValue. */
 int kiln_attention_cuda(const kiln_attention_cuda_args *a, void *stream);
 
 /* Text of a code kiln_attention_cuda returned. */

@@ -10,10 +10,13 @@
  *   1 k            [T, n_kv_heads * head_dim]
  *   2 v            [T, n_kv_heads * head_dim]
  *   3 kv_cache     [n_blocks, 2, n_kv_heads, block_size, head_dim]  written in place:
- *                  the caller binds it and keeps it across steps
+ *                  the caller binds it and keeps it across steps; nothing
+ *                  but this op writes it while a step runs (the CUDA decode
+ *                  reads cached keys before waiting on the previous kernel)
  *   4 block_table  i32 [S, max_blocks]  cache block of each sequence's j-th block
  *   5 seq_lens     i32 [S]   tokens in each sequence after this step
  *   6 query_start  i32 [S+1] offsets of each sequence's new tokens in q (0, ..., T)
+ *                  (4-6 are step inputs, written by no kernel of the step)
  * Output: [T, n_heads * head_dim], dtype of q.
  * Fields: n_heads, n_kv_heads, head_dim, block_size (i32, required);
  *         scale (f32, default 0 = 1/sqrt(head_dim));

@@ -21,11 +21,13 @@
  *        memory through a 4-stage cp.async pipeline (12 KB in flight per
  *        warp) and runs its own online softmax; warps merge at the end.
  *        The grid's G splits come from shapes (tokens, longest possible
- *        sequence: none when the tokens fill the GPU), and each token runs
- *        only as many as its actual length fills (KAT_PIPE_SPLIT_KEYS keys
- *        at least each), so a graph captured for a bucket serves every
- *        context length. Splits merge in a cluster (G <= 16) or through
- *        kat_combine;
+ *        sequence: none when the tokens fill the GPU; at most a cluster's
+ *        16 where clusters run), and each token runs only as many as its
+ *        actual length fills (KAT_PIPE_SPLIT_KEYS keys at least each), so
+ *        a graph captured for a bucket serves every context length. Splits
+ *        merge in a cluster (G <= 16) or through kat_combine. The loads of
+ *        the first stages of cached keys are issued before the wait on the
+ *        previous kernel (kat_pipe says why that is safe);
  *      - kat_decode (KILN_ATTENTION_DECODE=split, to compare): a CTA per
  *        (token, kv head, up to 8 query heads of it, split), so the query
  *        heads of one KV head share every K/V load; the keys are cut into
@@ -38,7 +40,8 @@
  *        head, split), one key per thread: slow, for what the fast kernels
  *        do not take (e.g. the tiny test models' head_dim 16).
  *   3. kat_combine, when G > 1 splits ran outside a cluster (kat_generic,
- *      kat_pipe with G > 16, or KILN_ATTENTION_CLUSTER=0): merges the
+ *      kat_pipe with G > 16 (KILN_ATTENTION_PIPE_CAP=0) or
+ *      KILN_ATTENTION_CLUSTER=0): merges the
  *      per-split partial (max, sum, output) from the workspace.
  * G is chosen on the host from shapes alone (tokens, max_blocks, heads),
  * never from seq_lens or query_start, so a step can be captured in a CUDA
@@ -73,6 +76,22 @@ namespace cg = cooperative_groups;
 #define KAT_LOG2E 1.4426950408889634f
 
 static_assert(KAT_MAX_SPLITS == KAT_THREADS, "kat_combine weighs one split per thread");
+
+/* The two halves of kcu_after_prior, for kat_pipe's reads before the wait
+ * (see there why they are safe). */
+__device__ __forceinline__ void kat_launch_dependents()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void kat_wait_prior()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 /* ---- metadata ----------------------------------------------------------------------- */
 
@@ -284,29 +303,31 @@ template <int DT, int D> struct kat_shape {
     static_assert(NV % LPR == 0 && TILE % RPS == 0 && TILE % 32 == 0, "kat_decode layout");
 };
 
-/* Merges the G splits of one (token, head group) that form a
- * thread-block cluster (G = the cluster's size along z): s_o holds this
- * CTA's unnormalized output rows (ng x D), s_m / s_l its softmax max and
- * sum per head. After a cluster barrier, CTA r merges output elements r,
- * r + G, ... reading every split's partials from its shared memory
+/* Merges the splits of one (token, head group) that form a thread-block
+ * cluster (its size along z): s_o holds this CTA's unnormalized output
+ * rows (ng x D), s_m / s_l its softmax max and sum per head. Only the
+ * first n CTAs of the cluster took keys (the others' partials are empty:
+ * max -inf, sum and output 0, which would add exact zeros), so only they
+ * are read. After a cluster barrier, CTA r < n merges output elements r,
+ * r + n, ... reading those splits' partials from their shared memory
  * (distributed shared memory), and writes them: no workspace and no
  * combine launch. A second barrier keeps each CTA's shared memory alive
- * until all have read it. */
+ * until all have read it; every CTA of the cluster takes part in both. */
 template <int DT, int D>
 __device__ __forceinline__ void kat_cluster_combine(const kiln_attention_cuda_args &a, float *s_o, float *s_m,
-                                                    float *s_l, int ng, int64_t row0, int threads)
+                                                    float *s_l, int ng, int64_t row0, int threads, int n)
 {
     cg::cluster_group cl = cg::this_cluster();
-    const int G = (int)cl.num_blocks(), r = (int)cl.block_rank();
+    const int r = (int)cl.block_rank();
     cl.sync();
-    for (int i = r + G * (int)threadIdx.x; i < ng * D; i += G * threads) {
+    for (int i = r + n * (int)threadIdx.x; r < n && i < ng * D; i += n * threads) {
         const int g = i / D;
         float M = -INFINITY;
-        for (int z = 0; z < G; z++)
+        for (int z = 0; z < n; z++)
             M = fmaxf(M, cl.map_shared_rank(s_m, z)[g]);
         const float Mu = M == -INFINITY ? 0.0f : M;
         float L = 0.0f, O = 0.0f;
-        for (int z = 0; z < G; z++) {
+        for (int z = 0; z < n; z++) {
             float w = exp2f(cl.map_shared_rank(s_m, z)[g] - Mu);
             L = fmaf(cl.map_shared_rank(s_l, z)[g], w, L);
             O = fmaf(cl.map_shared_rank(s_o, z)[i], w, O);
@@ -328,7 +349,8 @@ __device__ __forceinline__ void kat_cluster_merge(const kiln_attention_cuda_args
     }
     if (bad && threadIdx.x < HG)
         s_l[threadIdx.x] = kat_nan();
-    kat_cluster_combine<DT, D>(a, &s_red[0][0][0], s_m, s_l, ng, row0, KAT_THREADS);
+    kat_cluster_combine<DT, D>(a, &s_red[0][0][0], s_m, s_l, ng, row0, KAT_THREADS,
+                               (int)cg::this_cluster().num_blocks());
 }
 
 /* Grid: x = token, y = kv head * n_hg + group of HG query heads, z =
@@ -1011,12 +1033,16 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
 /* KAT_PIPE_CTAS: the CTAs to aim for when splitting, four per SM on 132
  * SMs (attention_bench --sweep on the H200: batch 64 at 8192 context in
  * 767 us against 876 at two per SM, every other case equal). */
-#define KAT_PIPE_STAGES 4         /* cp.async stages per warp: three in flight while one is used */
-#define KAT_PIPE_STAGE_BYTES 4096 /* K and V bytes of one stage of one warp */
-#define KAT_PIPE_SPLIT_KEYS 256   /* fewest keys a split takes (kat_combine's `tile`) */
+#define KAT_PIPE_STAGES 4          /* cp.async stages per warp: three in flight while one is used */
+#define KAT_PIPE_STAGES_FEW 3      /* KILN_ATTENTION_PIPE_STAGES=3: a fourth CTA per SM (see kat_pipe_stages) */
+#define KAT_PIPE_STAGE_BYTES 4096  /* K and V bytes of one stage of one warp */
+#define KAT_PIPE_SPLIT_KEYS 64     /* fewest keys a split takes by default (see kat_pipe_keys) */
+#define KAT_PIPE_SPLIT_KEYS_MIN 16 /* the smallest CTA stage (f32, head_dim 128): the workspace's bound */
 #define KAT_PIPE_CTAS 528
 #define KAT_PIPE_CTAS_MAX 1056 /* the most KILN_ATTENTION_PIPE_CTAS may ask for (the workspace's) */
 #define KAT_MAX_DEVICES 64     /* devices whose kat_pipe smem limit is remembered as set */
+#define KAT_PIPE_EARLY 1       /* kat_pipe's opts: cached keys' loads before the wait */
+#define KAT_PIPE_STAGE_BLOCK 2 /* one table read a warp stage where the block size allows */
 
 /* Layout of kat_pipe for storage DT and head_dim D: a row is NV 16-byte
  * vectors read by LPR lanes, a warp reads RPW rows at a time, and a stage
@@ -1032,17 +1058,17 @@ template <int DT, int D> struct kat_pipe_shape {
     static constexpr int ROWS = KAT_PIPE_STAGE_BYTES / (2 * NV * 16);
     static constexpr int NP = ROWS / RPW;
     static constexpr int CTA_ROWS = ROWS * (KAT_THREADS / 32); /* keys of one stage of all warps */
-    static constexpr size_t SMEM = (size_t)KAT_PIPE_STAGES * KAT_PIPE_STAGE_BYTES * (KAT_THREADS / 32);
     static_assert(NV <= 32 && 32 % NV == 0 && ROWS % RPW == 0, "kat_pipe layout");
 };
 
 /* The splits that run for a token of nk keys when G were launched: from
- * the actual length, so a short sequence in a step planned for long ones
- * is not cut into pieces too small to fill the pipeline. kat_combine with
- * tile KAT_PIPE_SPLIT_KEYS counts the same. */
-__device__ __forceinline__ int kat_pipe_splits(int64_t nk, int G)
+ * the actual length, `keys` (a multiple of the CTA stage, so that each
+ * split gets at least one stage) at least each, so a short sequence in a
+ * step planned for long ones is not cut into pieces too small to fill the
+ * pipeline. kat_combine with tile `keys` counts the same. */
+__device__ __forceinline__ int kat_pipe_splits(int64_t nk, int G, int keys)
 {
-    int64_t g = (nk + KAT_PIPE_SPLIT_KEYS - 1) / KAT_PIPE_SPLIT_KEYS;
+    int64_t g = (nk + keys - 1) / keys;
     return (int)(g < G ? g : G);
 }
 
@@ -1076,36 +1102,155 @@ template <int HG, int N> __device__ __forceinline__ float kat_reduce_scatter(flo
  * of its split (each lane group over its rows, each lane keeping the state
  * of one query head: the scores' reduction ends scattered over the lanes,
  * kat_reduce_scatter, and the probabilities are fetched by shuffles for
- * P.V), KAT_PIPE_STAGES - 1 stages of cp.async in flight, so a CTA keeps
- * 48 KB of K and V loads in flight; warps and lane groups merge once at
- * the end. `fused` and the handling of
+ * P.V), S - 1 stages of cp.async in flight (S = KAT_PIPE_STAGES: a CTA
+ * keeps 48 KB of K and V loads in flight); warps and lane groups merge
+ * once at the end. `fused` and the handling of
  * inconsistent metadata are kat_decode's. The output: written directly
  * (G == 1), merged in the cluster (`cluster`), or partials for kat_combine. */
-template <int DT, int D, int HG>
-__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
-    kat_pipe(kiln_attention_cuda_args a, int32_t fused, int32_t cluster)
+template <int DT, int D, int HG, int S>
+__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 4 : 3) : 2)
+    kat_pipe(kiln_attention_cuda_args a, int32_t fused, int32_t cluster, int32_t split_keys, int32_t opts)
 {
     typedef kat_pipe_shape<DT, D> L;
     constexpr int PER = L::PER, NV = L::NV, LPR = L::LPR, RPW = L::RPW, ROWS = L::ROWS, NP = L::NP;
-    constexpr int S = KAT_PIPE_STAGES, W = KAT_THREADS / 32;
+    constexpr int W = KAT_THREADS / 32;
     extern __shared__ __align__(16) unsigned char kat_smem[];
     __shared__ float s_mw[W][HG], s_lw[W][HG], s_m[HG], s_l[HG];
 
-    kcu_after_prior();
+    /* With `early`, what no kernel of this step writes is read before the
+     * wait on the previous kernel: the metadata, and the first S - 1
+     * stages of the keys cached by earlier steps
+     * (positions below k.n_old), so those loads fly while the previous
+     * kernel (the qkv projection) still runs and only q and the new keys'
+     * rows are read after the wait. Why that is safe under programmatic
+     * dependent launch: this kernel may start once every CTA of the
+     * previous one has passed its launch_dependents, which kiln's kernels
+     * do first (kcu_after_prior), so that kernel, and the ones before it
+     * that started the same way, may still run; what is read before the
+     * wait must therefore be written by no kernel of the stream not known
+     * to be finished. kiln/PagedAttention's contract (attention.c) gives
+     * that: block_table, seq_lens and query_start are step inputs, and
+     * kv_cache is bound by the caller and kept across steps, written only
+     * by this plugin's cache write (kat_write, or the fused write below),
+     * at positions k.n_old and later, which are read after the wait. The
+     * LLM runtime copies the inputs before a step's kernels and waits for
+     * each step to end before the next (kiln_llm_step_run). Whatever is
+     * written (output, cache, workspace) and whatever the previous kernel
+     * makes (q, k, v) comes after the wait. Without `early` everything
+     * does, as before. */
+    const bool early = (opts & KAT_PIPE_EARLY) != 0;
+    if (early)
+        kat_launch_dependents();
+    else
+        kcu_after_prior();
     const int G = gridDim.z, z = blockIdx.z, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int gq = a.n_heads / a.n_kv_heads, n_hg = (gq + HG - 1) / HG;
     const int kvh = blockIdx.y / n_hg, h0 = kvh * gq + (blockIdx.y % n_hg) * HG;
     const int ng = min(HG, kvh * gq + gq - h0);
     const int64_t t = blockIdx.x, row0 = t * a.n_heads + h0;
     kat_tok k = kat_token(a, t);
+    const int64_t nk = k.valid ? k.pos + 1 : 0; /* an invalid token reads no keys */
+    const int64_t n_old = fused ? k.n_old : nk; /* keys from here on come from the inputs */
+    const int ge = kat_pipe_splits(nk, G, split_keys);
+    /* this split's keys [k0, k1): its even share of whole CTA stages */
+    const int64_t stages = (nk + L::CTA_ROWS - 1) / L::CTA_ROWS, zc = z < ge ? z : ge;
+    const int64_t k0 = ge ? min(zc * stages / ge * L::CTA_ROWS, nk) : 0;
+    const int64_t k1 = ge ? min((zc + (z < ge)) * stages / ge * L::CTA_ROWS, nk) : 0;
+    const int64_t n_st = (k1 - k0 + ROWS - 1) / ROWS; /* warp stages of the split */
+    const int n_my = (int)(n_st > warp ? (n_st - warp + W - 1) / W : 0);
+    const int sub = lane / LPR, lv = lane % LPR;
+    const int64_t vd = kat_vdelta(a);
+    const char *cache = (const char *)a.cache;
+    const char *kin = (const char *)a.k + (k.first * a.k_ld + (int64_t)kvh * D + lv * PER) * (16 / PER);
+    const char *vin = (const char *)a.v + (k.first * a.v_ld + (int64_t)kvh * D + lv * PER) * (16 / PER);
+    const int32_t *table = a.table + k.s * a.max_blocks;
+    unsigned char *mine = kat_smem + (size_t)warp * S * KAT_PIPE_STAGE_BYTES;
+    int bad = 0;
+    /* the first key of this warp's j-th stage */
+    auto stage_key = [&](int j) { return k0 + ((int64_t)j * W + warp) * ROWS; };
+    /* Where this lane's K and V vectors of key kp (< k1) come from: 16
+     * bytes each, or 0 for a block outside the cache (zeros, NaN outputs). */
+    auto source = [&](int64_t kp, const char *&ks, const char *&vs) {
+        if (kp >= n_old) {
+            ks = kin + (kp - n_old) * a.k_ld * (16 / PER);
+            vs = vin + (kp - n_old) * a.v_ld * (16 / PER);
+            return 16;
+        }
+        const int32_t blk = __ldg(&table[(int32_t)kp / a.block_size]);
+        if (blk < 0 || blk >= a.n_blocks) {
+            bad = 1;
+            return 0;
+        }
+        const int64_t o =
+            (((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)kp % a.block_size) * D + lv * PER;
+        ks = cache + o * (16 / PER);
+        vs = cache + (o + vd) * (16 / PER);
+        return 16;
+    };
+    /* With a block size that is a multiple of ROWS (and
+     * KAT_PIPE_STAGE_BLOCK), the ROWS keys of a warp stage, which starts
+     * at a multiple of ROWS, lie in one block: one table read and one
+     * address a stage instead of one a row, a sixth or so of the loop's
+     * instructions at 8 keys a stage (64-bit address arithmetic and a
+     * division by the block size per row), which the many short
+     * sequences of continuous batching, bound by instruction issue rather
+     * than by memory, pay on every key. */
+    const bool stage_block = (opts & KAT_PIPE_STAGE_BLOCK) && a.block_size % ROWS == 0;
+    /* cp.async of stage j into slot j % S: K and V of this lane's rows
+     * (past the split's keys: zeros, masked later); `ahead` (before the
+     * wait) leaves out the rows of this step's keys */
+    auto issue = [&](int j, bool ahead) {
+        unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
+        const int64_t kb = stage_key(j);
+        const char *bk = cache; /* with stage_block: this lane's vector of the stage's first row */
+        int bn = 0;
+        if (stage_block && kb < n_old && kb < k1) {
+            const int32_t blk = __ldg(&table[(int32_t)kb / a.block_size]);
+            if (blk >= 0 && blk < a.n_blocks) {
+                bk =
+                    cache + ((((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)kb % a.block_size) * D +
+                             lv * PER) *
+                                (16 / PER);
+                bn = 16;
+            } else {
+                bad = 1; /* as source() would for the stage's first key */
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < NP; i++) {
+            const int64_t kp = kb + i * RPW + sub;
+            if (ahead && kp >= k.n_old && kp < k1)
+                continue;
+            const char *ks = cache, *vs = cache;
+            int n = 0;
+            if (kp < k1 && stage_block && kp < n_old) {
+                n = bn;
+                if (n) {
+                    ks = bk + (int64_t)(i * RPW + sub) * D * (16 / PER);
+                    vs = ks + vd * (16 / PER);
+                }
+            } else if (kp < k1) {
+                n = source(kp, ks, vs);
+            }
+            const int r = (i * RPW + sub) * NV + lv;
+            kat_cp_async16(sk + r * 16, ks, n);
+            kat_cp_async16(sv + r * 16, vs, n);
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < S - 1; j++) {
+        if (j < n_my)
+            issue(j, early);
+        kat_cp_commit(); /* empty groups keep the count: stage j is group j */
+    }
+    if (early)
+        kat_wait_prior();
     if (!k.valid) { /* a whole cluster leaves here together */
         if (G == 1 || (cluster && z == 0))
             for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS)
                 kat_type<DT>::store(a.out, row0 * D + i, kat_nan());
         return;
     }
-    const int64_t nk = k.pos + 1;
-    const int64_t n_old = fused ? k.n_old : nk; /* keys from here on come from the inputs */
     if (fused && z == 0 && blockIdx.y % n_hg == 0) {
         int64_t dst = kat_krow(a, k.s, k.pos, kvh);
         if (dst >= 0 && threadIdx.x < 2 * NV) {
@@ -1115,17 +1260,13 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
             ((uint4 *)((char *)a.cache + (dst + kind * kat_vdelta(a)) * (16 / PER)))[u] = src[u];
         }
     }
-    const int ge = kat_pipe_splits(nk, G);
-    if (z >= ge && !cluster)
+    if (z >= ge) { /* no keys, nothing issued: in a cluster that merges it only joins the barriers */
+        if (cluster && ge > 1) {
+            cg::this_cluster().sync();
+            cg::this_cluster().sync();
+        }
         return;
-    /* this split's keys [k0, k1): its even share of whole CTA stages */
-    const int64_t stages = (nk + L::CTA_ROWS - 1) / L::CTA_ROWS, zc = z < ge ? z : ge;
-    const int64_t k0 = min(zc * stages / ge * L::CTA_ROWS, nk);
-    const int64_t k1 = min((zc + (z < ge)) * stages / ge * L::CTA_ROWS, nk);
-    const int64_t n_st = (k1 - k0 + ROWS - 1) / ROWS; /* warp stages of the split */
-    const int n_my = (int)(n_st > warp ? (n_st - warp + W - 1) / W : 0);
-
-    const int sub = lane / LPR, lv = lane % LPR;
+    }
     /* after kat_reduce_scatter lane lv holds query head lv / HS; the lanes
      * of this lane group that hold head g are head_lane + g * HS + ... */
     constexpr int HS = LPR / HG;
@@ -1141,61 +1282,28 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
         for (int e = 0; e < PER; e++)
             acc[g][e] = 0.0f;
     }
-    const float sl2 = a.scale * KAT_LOG2E;
-    const int64_t vd = kat_vdelta(a);
-    const char *cache = (const char *)a.cache;
-    const char *kin = (const char *)a.k + (k.first * a.k_ld + (int64_t)kvh * D + lv * PER) * (16 / PER);
-    const char *vin = (const char *)a.v + (k.first * a.v_ld + (int64_t)kvh * D + lv * PER) * (16 / PER);
-    const int32_t *table = a.table + k.s * a.max_blocks;
-    unsigned char *mine = kat_smem + (size_t)warp * S * KAT_PIPE_STAGE_BYTES;
-    int bad = 0;
-
-    /* the first key of this warp's j-th stage */
-    auto stage_key = [&](int j) { return k0 + ((int64_t)j * W + warp) * ROWS; };
-    /* cp.async of stage j into slot j % S: K and V of this lane's rows
-     * (past the split's keys: zeros, masked later) */
-    auto issue = [&](int j) {
-        unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
-        const int64_t kb = stage_key(j);
+    /* the rows `early` left out of the first stages (this step's keys),
+     * loaded by the lane that reads them back: its own stores come before
+     * its reads, so no cp.async group needs to cover them */
+    if (early)
+        for (int j = 0; j < S - 1 && j < n_my; j++) {
+            unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
 #pragma unroll
-        for (int i = 0; i < NP; i++) {
-            const int64_t kp = kb + i * RPW + sub;
-            const char *ks = cache, *vs = cache;
-            int n = 0;
-            if (kp < k1) {
-                if (kp >= n_old) {
-                    ks = kin + (kp - n_old) * a.k_ld * (16 / PER);
-                    vs = vin + (kp - n_old) * a.v_ld * (16 / PER);
-                    n = 16;
-                } else {
-                    const int32_t blk = __ldg(&table[(int32_t)kp / a.block_size]);
-                    if (blk >= 0 && blk < a.n_blocks) {
-                        const int64_t o =
-                            (((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)kp % a.block_size) * D +
-                            lv * PER;
-                        ks = cache + o * (16 / PER);
-                        vs = cache + (o + vd) * (16 / PER);
-                        n = 16;
-                    } else {
-                        bad = 1;
-                    }
-                }
+            for (int i = 0; i < NP; i++) {
+                const int64_t kp = stage_key(j) + i * RPW + sub;
+                if (kp < k.n_old || kp >= k1)
+                    continue;
+                const char *ks = cache, *vs = cache;
+                const int n = source(kp, ks, vs);
+                const int r = (i * RPW + sub) * NV + lv;
+                *(uint4 *)(sk + r * 16) = n ? *(const uint4 *)ks : make_uint4(0, 0, 0, 0);
+                *(uint4 *)(sv + r * 16) = n ? *(const uint4 *)vs : make_uint4(0, 0, 0, 0);
             }
-            const int r = (i * RPW + sub) * NV + lv;
-            kat_cp_async16(sk + r * 16, ks, n);
-            kat_cp_async16(sv + r * 16, vs, n);
         }
-    };
-
-#pragma unroll
-    for (int j = 0; j < S - 1; j++) {
-        if (j < n_my)
-            issue(j);
-        kat_cp_commit(); /* empty groups keep the count: stage j is group j */
-    }
+    const float sl2 = a.scale * KAT_LOG2E;
     for (int j = 0; j < n_my; j++) {
         if (j + S - 1 < n_my)
-            issue(j + S - 1); /* into the slot stage j - 1 used: this lane is done with it */
+            issue(j + S - 1, false); /* into the slot stage j - 1 used: this lane is done with it */
         kat_cp_commit();
         kat_cp_wait<S - 1>();
         const unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
@@ -1325,15 +1433,17 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
         s_out[i] = o;
     }
     __syncthreads();
-    if (cluster) {
-        kat_cluster_combine<DT, D>(a, s_out, s_m, s_l, ng, row0, KAT_THREADS);
+    if (cluster && ge > 1) {
+        kat_cluster_combine<DT, D>(a, s_out, s_m, s_l, ng, row0, KAT_THREADS, ge);
         return;
     }
+    /* one split (of one, or the only one of its cluster that took keys,
+     * the others having left without a barrier): the output as it is */
     kat_parts parts = kat_parts_of(a, G);
     for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
         const int g = i / D, d = i % D;
         const int64_t row = row0 + g;
-        if (G == 1) {
+        if (G == 1 || cluster) {
             kat_type<DT>::store(a.out, row * D + d, s_out[i] / s_l[g]);
         } else {
             parts.o[(row * G + z) * D + d] = s_out[i];
@@ -1380,12 +1490,12 @@ static int32_t kat_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t
 /* Splits kat_pipe is launched with for `ctas` CTAs per token: about
  * `target` CTAs in all, one when the tokens alone give that many (a large
  * batch: no merge at all), at most KAT_MAX_SPLITS and no more than the
- * longest possible sequence has KAT_PIPE_SPLIT_KEYS pieces. The device
- * runs only as many as the actual length fills (kat_pipe_splits). */
-static int32_t kat_pipe_grid_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t target)
+ * longest possible sequence has pieces of `keys`. The device runs only as
+ * many as the actual length fills (kat_pipe_splits). */
+static int32_t kat_pipe_grid_splits(int64_t tokens, int64_t ctas, int64_t max_ctx, int64_t target, int64_t keys)
 {
     int64_t g = (target + tokens * ctas - 1) / (tokens * ctas);
-    const int64_t pieces = (max_ctx + KAT_PIPE_SPLIT_KEYS - 1) / KAT_PIPE_SPLIT_KEYS;
+    const int64_t pieces = (max_ctx + keys - 1) / keys;
     g = g < pieces ? g : pieces;
     g = g < KAT_MAX_SPLITS ? g : KAT_MAX_SPLITS;
     return (int32_t)(g < 1 ? 1 : g);
@@ -1413,7 +1523,8 @@ extern "C" size_t kiln_attention_cuda_workspace(int64_t tokens, int64_t n_seqs, 
             b = kat_parts_bytes(t, n_heads, head_dim, kat_splits(t, fast_ctas, max_ctx, tile));
             most = b > most ? b : most;
         }
-        b = kat_parts_bytes(t, n_heads, head_dim, kat_pipe_grid_splits(t, fast_ctas, max_ctx, KAT_PIPE_CTAS_MAX));
+        b = kat_parts_bytes(t, n_heads, head_dim,
+                            kat_pipe_grid_splits(t, fast_ctas, max_ctx, KAT_PIPE_CTAS_MAX, KAT_PIPE_SPLIT_KEYS_MIN));
         most = b > most ? b : most;
     }
     return most;
@@ -1494,13 +1605,20 @@ static cudaError_t kat_launch_decode_dt(const kiln_attention_cuda_args &a, int h
                             : kat_launch_decode<DT, 128>(a, hg, g, fused, cluster, st);
 }
 
-/* Launches kat_pipe<DT, D, HG> with G splits, as clusters of G when
- * `cluster` (cudaErrorNotSupported when the device cannot place them). */
-template <int DT, int D, int HG>
-static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, int32_t g, int32_t fused, int32_t cluster,
-                                      cudaStream_t st)
+/* What a kat_pipe launch was planned with (kat_run_pipe): g splits, as
+ * clusters of g when `cluster`; the kernel's fused, split_keys and opts;
+ * its pipeline's stages. */
+struct kat_pipe_plan {
+    int32_t g, fused, cluster, keys, opts, stages;
+};
+
+/* Launches kat_pipe<DT, D, HG, S> for plan p (cudaErrorNotSupported when
+ * the device cannot place its clusters). */
+template <int DT, int D, int HG, int S>
+static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const kat_pipe_plan &p, cudaStream_t st)
 {
-    typedef kat_pipe_shape<DT, D> L;
+    const int32_t g = p.g, cluster = p.cluster;
+    const size_t smem = (size_t)S * KAT_PIPE_STAGE_BYTES * (KAT_THREADS / 32);
     const int n_hg = (a.n_heads / a.n_kv_heads + HG - 1) / HG;
     /* once per device: the pipeline's shared memory is past the default 48 KB */
     static int8_t smem_ok[KAT_MAX_DEVICES];
@@ -1509,7 +1627,7 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, int32_t
     if (e != cudaSuccess)
         return e;
     if (dev < 0 || dev >= KAT_MAX_DEVICES || !smem_ok[dev]) {
-        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)L::SMEM);
+        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
         if (dev >= 0 && dev < KAT_MAX_DEVICES)
@@ -1530,7 +1648,7 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, int32_t
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
     cfg.blockDim = dim3(KAT_THREADS);
-    cfg.dynamicSmemBytes = L::SMEM;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = attr;
     cfg.numAttrs = (unsigned)n;
@@ -1539,47 +1657,59 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, int32_t
         if (!ok[g]) {
             e = cudaSuccess;
             if (g > 8)
-                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
             int clusters = 0;
             cudaLaunchConfig_t probe = cfg;
             probe.stream = NULL;
             if (e == cudaSuccess)
-                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG>, &probe);
+                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG, S>, &probe);
             ok[g] = e == cudaSuccess && clusters > 0 ? 1 : -1;
             (void)cudaGetLastError();
         }
         if (ok[g] < 0)
             return cudaErrorNotSupported;
     }
-    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG>, a, fused, cluster);
+    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG, S>, a, p.fused, cluster, p.keys, p.opts);
 }
 
 template <int DT, int D>
-static cudaError_t kat_launch_pipe(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused, int32_t cluster,
-                                   cudaStream_t st)
+static cudaError_t kat_launch_pipe(const kiln_attention_cuda_args &a, int hg, const kat_pipe_plan &p, cudaStream_t st)
 {
+    const int few = p.stages == KAT_PIPE_STAGES_FEW; /* groups of 8 heads keep 4 stages: registers allow 2 CTAs */
     if (hg == 1)
-        return kat_launch_pipe_hg<DT, D, 1>(a, g, fused, cluster, st);
+        return few ? kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES_FEW>(a, p, st)
+                   : kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES>(a, p, st);
     if (hg == 4)
-        return kat_launch_pipe_hg<DT, D, 4>(a, g, fused, cluster, st);
-    return kat_launch_pipe_hg<DT, D, 8>(a, g, fused, cluster, st);
+        return few ? kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES_FEW>(a, p, st)
+                   : kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES>(a, p, st);
+    return kat_launch_pipe_hg<DT, D, 8, KAT_PIPE_STAGES>(a, p, st);
 }
 
-static cudaError_t kat_launch_pipe_any(const kiln_attention_cuda_args &a, int hg, int32_t g, int32_t fused,
-                                       int32_t cluster, cudaStream_t st)
+static cudaError_t kat_launch_pipe_any(const kiln_attention_cuda_args &a, int hg, const kat_pipe_plan &p,
+                                       cudaStream_t st)
 {
     const int d64 = a.head_dim == 64;
     switch (a.dtype) {
     case KILN_DTYPE_F32:
-        return d64 ? kat_launch_pipe<KILN_DTYPE_F32, 64>(a, hg, g, fused, cluster, st)
-                   : kat_launch_pipe<KILN_DTYPE_F32, 128>(a, hg, g, fused, cluster, st);
+        return d64 ? kat_launch_pipe<KILN_DTYPE_F32, 64>(a, hg, p, st)
+                   : kat_launch_pipe<KILN_DTYPE_F32, 128>(a, hg, p, st);
     case KILN_DTYPE_F16:
-        return d64 ? kat_launch_pipe<KILN_DTYPE_F16, 64>(a, hg, g, fused, cluster, st)
-                   : kat_launch_pipe<KILN_DTYPE_F16, 128>(a, hg, g, fused, cluster, st);
+        return d64 ? kat_launch_pipe<KILN_DTYPE_F16, 64>(a, hg, p, st)
+                   : kat_launch_pipe<KILN_DTYPE_F16, 128>(a, hg, p, st);
     default:
-        return d64 ? kat_launch_pipe<KILN_DTYPE_BF16, 64>(a, hg, g, fused, cluster, st)
-                   : kat_launch_pipe<KILN_DTYPE_BF16, 128>(a, hg, g, fused, cluster, st);
+        return d64 ? kat_launch_pipe<KILN_DTYPE_BF16, 64>(a, hg, p, st)
+                   : kat_launch_pipe<KILN_DTYPE_BF16, 128>(a, hg, p, st);
     }
+}
+
+/* Keys of one CTA stage of kat_pipe (f16 lays out as bf16). */
+static int32_t kat_pipe_cta_rows(int32_t dtype, int32_t head_dim)
+{
+    if (dtype == KILN_DTYPE_F32)
+        return head_dim == 64 ? kat_pipe_shape<KILN_DTYPE_F32, 64>::CTA_ROWS
+                              : kat_pipe_shape<KILN_DTYPE_F32, 128>::CTA_ROWS;
+    return head_dim == 64 ? kat_pipe_shape<KILN_DTYPE_BF16, 64>::CTA_ROWS
+                          : kat_pipe_shape<KILN_DTYPE_BF16, 128>::CTA_ROWS;
 }
 
 /* Splits as a cluster for `ctas` CTAs per token: the smallest power of two
@@ -1627,30 +1757,104 @@ static int64_t kat_pipe_target(void)
     return v >= 8 && v <= KAT_PIPE_CTAS_MAX ? v : KAT_PIPE_CTAS;
 }
 
+/* Whether environment variable `name` is "0" (a default-on choice turned
+ * off); read at each launch (a graph keeps its capture's). */
+static int kat_env_off(const char *name)
+{
+    const char *e = getenv(name);
+    return e && strcmp(e, "0") == 0;
+}
+
+/* The fewest keys a kat_pipe split takes: KAT_PIPE_SPLIT_KEYS, or
+ * KILN_ATTENTION_PIPE_SPLIT_KEYS (16..8192), rounded up to whole CTA
+ * stages so that every split that runs has one. Was 256, which left a
+ * context of 136 keys (bf16, head_dim 128) to one CTA per kv head reading
+ * all of it four or five warp stages deep after its wait; at 64 it is
+ * three CTAs of one or two stages a warp, every load issued at once (and
+ * with `early` before the wait), the merge in their cluster; from 1,024
+ * keys on at batch 1 the grid's splits (16) decide as before. */
+static int32_t kat_pipe_keys(const kiln_attention_cuda_args &a)
+{
+    const char *e = getenv("KILN_ATTENTION_PIPE_SPLIT_KEYS");
+    long v = e ? strtol(e, NULL, 10) : 0;
+    const int32_t keys = v >= KAT_PIPE_SPLIT_KEYS_MIN && v <= 8192 ? (int32_t)v : KAT_PIPE_SPLIT_KEYS;
+    const int32_t stage = kat_pipe_cta_rows(a.dtype, a.head_dim);
+    return (keys + stage - 1) / stage * stage;
+}
+
+/* The cp.async stages of each kat_pipe warp: KAT_PIPE_STAGES, or
+ * KILN_ATTENTION_PIPE_STAGES=3 (KAT_PIPE_STAGES_FEW) for groups of up to 4
+ * query heads: 48 KB of shared memory a CTA instead of 64 and at most 128
+ * registers a thread (no spills at sm_90), so 4 CTAs fit an SM instead of
+ * 3. Many short sequences (1024 of 128..256 keys: every sequence one CTA
+ * of 4-8 warp stages a warp) are bound by instruction latency with 12 warps
+ * an SM, not by memory: 16 hide more of it, with the same 144 KB of loads
+ * in flight per SM. */
+static int32_t kat_pipe_stages(void)
+{
+    const char *e = getenv("KILN_ATTENTION_PIPE_STAGES");
+    return e && strcmp(e, "3") == 0 ? KAT_PIPE_STAGES_FEW : KAT_PIPE_STAGES;
+}
+
+/* The most splits kat_pipe's grid plans where clusters run:
+ * KAT_MAX_CLUSTER, or KILN_ATTENTION_PIPE_CAP (2..16; 0: no cap). A
+ * cluster is placed only when its CTAs fit in one GPC at once, which may
+ * hold back a cluster of 16 while the previous kernel still fills the SMs
+ * (the early loads wait for it too); 8 places sooner, at the price of half
+ * the CTAs on one long sequence. */
+static int32_t kat_pipe_cap(void)
+{
+    const char *e = getenv("KILN_ATTENTION_PIPE_CAP");
+    char *end = NULL;
+    long v = e ? strtol(e, &end, 10) : -1;
+    if (e && (end == e || *end)) /* not a number: the default */
+        v = -1;
+    return v == 0 || (v >= 2 && v <= KAT_MAX_CLUSTER) ? (int32_t)v : KAT_MAX_CLUSTER;
+}
+
 /* kat_pipe for a step (fast shapes, not prefill), then kat_combine when
- * its splits did not merge in clusters. */
+ * its splits did not merge in clusters. The grid's splits are capped at
+ * kat_pipe_cap() where clusters run (KILN_ATTENTION_PIPE_CAP=0 leaves them
+ * uncapped, as before): a batch of one in an engine built for 8,448 tokens
+ * planned 33 splits, so each step paid a kat_combine launch (and a trip of
+ * the partials through memory) even at a few keys (attention_bench's rows
+ * nocap and pipe compare the two at 8,192 keys, where the splits matter).
+ * KILN_ATTENTION_PIPE_EARLY=0 keeps every read after the wait, and
+ * KILN_ATTENTION_PIPE_STAGE_BLOCK=0 reads the block table for every key
+ * (kat_pipe's opts, as before). */
 static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused, cudaStream_t st)
 {
     const int hg = kat_hg(a.n_heads, a.n_kv_heads);
     const int64_t ctas = (int64_t)a.n_kv_heads * ((a.n_heads / a.n_kv_heads + hg - 1) / hg);
-    const int32_t g = kat_pipe_grid_splits(a.tokens, ctas, a.max_blocks * a.block_size, kat_pipe_target());
-    int32_t cluster = g > 1 && g <= KAT_MAX_CLUSTER && kat_use_cluster();
+    kat_pipe_plan p;
+    p.keys = kat_pipe_keys(a);
+    p.g = kat_pipe_grid_splits(a.tokens, ctas, a.max_blocks * a.block_size, kat_pipe_target(), p.keys);
+    p.fused = fused;
+    p.stages = kat_pipe_stages();
+    p.opts = (kat_env_off("KILN_ATTENTION_PIPE_EARLY") ? 0 : KAT_PIPE_EARLY) |
+             (kat_env_off("KILN_ATTENTION_PIPE_STAGE_BLOCK") ? 0 : KAT_PIPE_STAGE_BLOCK);
+    p.cluster = p.g > 1 && kat_use_cluster();
+    const int32_t cap = kat_pipe_cap();
+    if (p.cluster && cap && p.g > cap)
+        p.g = cap;
+    p.cluster = p.cluster && p.g <= KAT_MAX_CLUSTER;
     cudaError_t e = cudaErrorNotSupported;
-    if (cluster) {
-        e = kat_launch_pipe_any(a, hg, g, fused, 1, st);
+    if (p.cluster) {
+        e = kat_launch_pipe_any(a, hg, p, st);
         if (e == cudaSuccess)
             return e;
         /* clusters of this size cannot run here: split and combine, from now on */
         (void)cudaGetLastError();
         kat_cluster_refused = 1;
+        p.cluster = 0;
     }
-    if (g > 1 && !a.workspace)
+    if (p.g > 1 && !a.workspace)
         return cudaErrorInvalidValue;
-    e = kat_launch_pipe_any(a, hg, g, fused, 0, st);
-    if (e != cudaSuccess || g == 1)
+    e = kat_launch_pipe_any(a, hg, p, st);
+    if (e != cudaSuccess || p.g == 1)
         return e;
-    return kcu_launch_cfg(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), dim3(KAT_THREADS), st, a, g,
-                          (int32_t)KAT_PIPE_SPLIT_KEYS);
+    return kcu_launch_cfg(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), dim3(KAT_THREADS), st, a, p.g,
+                          p.keys);
 }
 
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)

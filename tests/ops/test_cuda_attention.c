@@ -12,6 +12,12 @@
  *     128..256 tokens (no split); GQA groups of 1, 4 and 8 at head_dim 64
  *     and 128; all of it with the pipelined kernel (kat_pipe, the
  *     default) and a part again with KILN_ATTENTION_DECODE=split (kat_decode);
+ *     short and long contexts in tables sized for 8448 tokens under each of
+ *     kat_pipe's settings (cached keys loaded before the wait on the
+ *     previous kernel or after it, block-table reads per stage or per key,
+ *     splits of at least 16, 64 or 256 keys,
+ *     the grid's splits capped at 16, at 2 or not, no cluster, 3 pipeline
+ *     stages);
  *   - prefill of several sequences packed without padding (tensor-core
  *     kernel for f16/bf16), chunked prefill onto a filled cache, decodes
  *     and a prompt in one step;
@@ -107,6 +113,10 @@ typedef struct step {
     const int32_t *n_new, *lens;
 } step;
 
+/* Block table width of the next steps when wider than the longest
+ * sequence's + 2: as an engine built for a longer context plans them. */
+static int64_t table_blocks;
+
 static double rel_norm_tol(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 2e-5 : t == KILN_DTYPE_F16 ? 2e-3 : 1e-2; }
 
 static kiln_status run_gpu(const kiln_layer *l, const kiln_exec_tensor *din, const kiln_exec_tensor *dout,
@@ -158,6 +168,7 @@ static void run_step(const step *c, kiln_dtype dt)
         max_blocks = b > max_blocks ? b : max_blocks;
     }
     max_blocks += 2; /* table entries past every length: out of range */
+    max_blocks = table_blocks > max_blocks ? table_blocks : max_blocks;
     const int64_t n_blocks = need + 3, qw = (int64_t)c->nh * c->hd, kvw = (int64_t)c->nkv * c->hd;
 
     /* block table: a shuffled assignment of the cache's blocks */
@@ -382,6 +393,59 @@ static void test_decode_groups(void)
         }
 }
 
+/* kat_pipe's choices, each undone alone and all together, as
+ * attention_bench times them: the loads of cached keys before the wait on
+ * the previous kernel (KILN_ATTENTION_PIPE_EARLY), one block-table read a
+ * warp stage (KILN_ATTENTION_PIPE_STAGE_BLOCK), the fewest keys a split
+ * takes (KILN_ATTENTION_PIPE_SPLIT_KEYS; 16 makes one f32 CTA stage a
+ * split), the grid's splits capped (KILN_ATTENTION_PIPE_CAP: 16, 2, none),
+ * no cluster at all, and 3 pipeline stages instead of 4
+ * (KILN_ATTENTION_PIPE_STAGES). Short contexts in tables sized for 8448 tokens
+ * (the 8B engine's: many splits planned, one to a few run, the others only
+ * join the merge or leave), new keys inside the first stages (read after
+ * the wait), from the k and v inputs or, with k and v off 16-byte
+ * alignment, from the cache kat_write filled just before; long ones beside
+ * them; a graph replay. */
+static void test_decode_variants(void)
+{
+    static const char *const settings[][8] = {
+        {NULL},
+        {"KILN_ATTENTION_PIPE_EARLY", "0"},
+        {"KILN_ATTENTION_PIPE_STAGE_BLOCK", "0"},
+        {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "16"},
+        {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"},
+        {"KILN_ATTENTION_PIPE_CAP", "0"},
+        {"KILN_ATTENTION_PIPE_CAP", "2"},
+        {"KILN_ATTENTION_PIPE_STAGES", "3"},
+        {"KILN_ATTENTION_CLUSTER", "0"},
+        {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS",
+         "256", "KILN_ATTENTION_PIPE_CAP", "0"},
+    };
+    static const int32_t len136[1] = {136}, len1[1] = {1}, len17[1] = {17}, len3[3] = {1, 9001, 77};
+    static const int32_t lens4[4] = {1, 5, 40, 300}, lens5[5] = {1, 700, 129, 3000, 64};
+    for (size_t v = 0; v < sizeof settings / sizeof settings[0]; v++) {
+        for (int i = 0; i < 8 && settings[v][i]; i += 2)
+            setenv(settings[v][i], settings[v][i + 1], 1);
+        printf("  with %s=%s%s\n", settings[v][0] ? settings[v][0] : "defaults", settings[v][0] ? settings[v][1] : "",
+               settings[v][2] ? " and more" : "");
+        table_blocks = 8448 / 16;
+        run_all(&(step){"decode batch 1, 136 of 8448", 32, 8, 128, 16, 0, 0, 0, 1, ones, len136});
+        run_all(&(step){"decode batch 1, 1 of 8448", 32, 8, 128, 16, 0, 0, 0, 1, ones, len1});
+        run_all(&(step){"decode batch 1, 17 of 8448, head_dim 64", 32, 8, 64, 16, 0, 0, 0, 1, ones, len17});
+        run_all(&(step){"decode batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+        run_all(&(step){"decode batch 4, short, unaligned k, v", 8, 2, 128, 16, 0, 2, 0, 4, ones, lens4});
+        run_all(&(step){"decode batch 4, short, packed qkv", 32, 8, 64, 16, 1, 0, 0, 4, ones, lens4});
+        run_all(&(step){"decode MQA, block 7", 8, 1, 64, 7, 0, 0, 0, 5, ones, lens5});
+        run_all(&(step){"decode 8 per kv head, block 1", 16, 2, 128, 1, 0, 0, 0, 5, ones, lens5});
+        run_all(&(step){"decode MHA, head_dim 64", 8, 8, 64, 16, 0, 0, 0, 5, ones, lens5});
+        run_step(&(step){"decode batch 1, 136 of 8448 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len136},
+                 KILN_DTYPE_BF16);
+        table_blocks = 0;
+        for (int i = 0; i < 8 && settings[v][i]; i += 2)
+            unsetenv(settings[v][i]);
+    }
+}
+
 /* The previous decode kernel (kat_decode), kept selectable to time both. */
 static void test_decode_split_kernel(void)
 {
@@ -526,7 +590,7 @@ static void test_bad_block(void)
 static const test_case_ tests[] = {
     TEST(test_decode_long),     TEST(test_decode_batch),  TEST(test_decode_heads),        TEST(test_decode_generic),
     TEST(test_decode_many),     TEST(test_decode_groups), TEST(test_decode_split_kernel), TEST(test_prefill),
-    TEST(test_chunked_prefill), TEST(test_bad_block),
+    TEST(test_chunked_prefill), TEST(test_bad_block),     TEST(test_decode_variants),
 };
 
 int main(void)
