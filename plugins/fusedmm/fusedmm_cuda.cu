@@ -56,6 +56,9 @@ __device__ __forceinline__ uint4 load_stream(const void *p)
     return v;
 }
 
+/* A line into L1 without a register waiting for it. */
+__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+
 __device__ __forceinline__ float silu_times(int t, float g, float u)
 {
     const float s = kcu_round_float(t, __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))));
@@ -204,6 +207,17 @@ __global__ void __launch_bounds__(kWarps * 32)
             nbuf[u] = kk < k1 ? __ldg((const uint4 *)(nb + kk * ES)) : make_uint4(0, 0, 0, 0);
     }
     kcu_after_prior(x, res, n, k);
+    if constexpr (NORM == 2) {
+        /* every x vector this lane reads below asked for into L1 now, as
+         * NORM 1's pass over x leaves them there, but with nothing waiting
+         * on them: past the first step (k > 2048 in bf16) the loop's x
+         * loads would otherwise each wait a round trip to L2 */
+        constexpr int XS = S == DT ? ES : 4; /* bytes per x element (load_x's) */
+        for (int64_t kk = k0 + lane * E; kk < k1; kk += STEP)
+#pragma unroll
+            for (int m = 0; m < M; m++)
+                prefetch_l1(xb + ((int64_t)m * k + kk) * XS);
+    }
 
     /* the epilogue's operand (the residual, or the row's position) loaded
      * now, so that its round trip overlaps the products instead of
