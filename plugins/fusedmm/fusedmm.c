@@ -43,7 +43,7 @@
  * GEMM takes x normalized in w's dtype: there norm = 2 rounds as norm =
  * 1 does, which the GPU op tests' tolerances cover).
  *
- * Inputs:  x [..., k]; w [n, k]; norm_weight [k] when norm = 1;
+ * Inputs:  x [..., k]; w [n, k]; norm_weight [k] when norm = 1 or 2;
  *          residual [..., n] with the residual epilogue, positions i32
  *          [tokens] with rope. w f32, f16 or bf16 and norm_weight of
  *          w's dtype; x of w's dtype, or f32 with a norm (the f32
@@ -52,8 +52,9 @@
  * Output:  y [..., n] ([..., n / 2] with swiglu): the residual's dtype
  *          with the residual epilogue, f32 with output_dtype f32, else
  *          w's.
- * Fields:  n, k (i32, required); norm (i32: 0, 1 or 2; default 0); epsilon (f32,
- *          required > 0 with norm); epilogue (string: none, residual,
+ * Fields:  n, k (i32, required); norm (i32: 0, 1 or 2; default 0;
+ *          an older kiln refuses 2 by name); epsilon (f32, required > 0
+ *          with norm); epilogue (string: none, residual,
  *          swiglu, rope; default none; swiglu needs n even); with rope,
  *          kiln/RoPE's fields (n = (n_heads + 2 n_kv_heads) head_dim);
  *          output_dtype (string: default, or f32 with epilogue none).
