@@ -99,8 +99,7 @@ const char *kiln_fp8_cuda_error(int code);
 
 /* Workspace, each part 256-aligned: rows of x as f32 (the CPU) or
  * normalized in the dtype (the GPU's GEMM path), the GEMM's result in the
- * dtype (`es` bytes a value) before an epilogue (on the CPU: the rows'
- * scales of the deferred norm), cuBLASLt's scratch. */
+ * dtype (`es` bytes a value) before an epilogue, cuBLASLt's scratch. */
 static inline size_t kiln_fusedmm_align(size_t b) { return (b + 255) & ~(size_t)255; }
 static inline size_t kiln_fusedmm_workspace_t(int64_t rows, int64_t k)
 {
@@ -125,7 +124,7 @@ typedef struct kiln_fusedmm_rope {
 typedef struct kiln_fusedmm_cuda_args {
     const void *x;            /* [rows, k] */
     const void *w;            /* [n, k] */
-    const void *norm_weight;  /* [k], or NULL: no RMSNorm */
+    const void *norm_weight;  /* [k], or NULL: no RMSNorm prologue */
     const void *residual;     /* [rows, n] with KILN_FUSEDMM_RESIDUAL */
     const int32_t *positions; /* [rows] with KILN_FUSEDMM_ROPE */
     kiln_fusedmm_rope rope;
@@ -137,7 +136,6 @@ typedef struct kiln_fusedmm_cuda_args {
     int32_t dtype;   /* w's and norm_weight's (f32, f16, bf16), the product's */
     int32_t x_dtype; /* dtype, or f32 with the norm prologue (a residual stream in f32) */
     int32_t y_dtype; /* dtype, or f32 with the residual epilogue (the residual's too) or none */
-    int32_t norm;    /* with norm_weight: 1 (x normalized first) or 2 (the scale applied to the sums) */
     float epsilon;
 } kiln_fusedmm_cuda_args;
 

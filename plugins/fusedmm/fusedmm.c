@@ -8,14 +8,6 @@
  *                         w's dtype;
  *   product:              p = x · Wᵀ, summed in f32, rounded to w's dtype
  *                         (what a separate matmul would store);
- *   deferred norm         p = s · ((x ∘ norm_weight) · Wᵀ), with the
- *   (norm = 2):           row's s = 1 / sqrt(mean(x²) + epsilon) (as
- *                         kiln/RMSNorm's) applied to the f32 sums before
- *                         they are rounded to w's dtype, x ∘ norm_weight
- *                         unrounded f32: RMSNorm and the matmul in one
- *                         pass over x (the statistics need not come
- *                         first), equal to norm = 1 up to the roundings
- *                         (norm = 1 also rounds each normalized element);
  *   epilogue "none":      y = p; with output_dtype f32 the sums are
  *                         stored unrounded (an LLM's logits);
  *            "residual":  y = residual + p, added in f32 and rounded to
@@ -39,22 +31,19 @@
  * the order of the f32 sums. This CPU code is the reference (a plain
  * column-parallel loop, not a fast CPU path: CPU engines are built
  * unfused); the CUDA kernels (fusedmm_cuda.cu) run one GEMV for 1, 2, 4
- * or 8 rows and the unfused kernels with cuBLASLt's GEMM otherwise (the
- * GEMM takes x normalized in w's dtype: there norm = 2 rounds as norm =
- * 1 does, which the GPU op tests' tolerances cover).
+ * or 8 rows and the unfused kernels with cuBLASLt's GEMM otherwise.
  *
- * Inputs:  x [..., k]; w [n, k]; norm_weight [k] when norm = 1 or 2;
+ * Inputs:  x [..., k]; w [n, k]; norm_weight [k] when norm = 1;
  *          residual [..., n] with the residual epilogue, positions i32
  *          [tokens] with rope. w f32, f16 or bf16 and norm_weight of
- *          w's dtype; x of w's dtype, or f32 with a norm (the f32
+ *          w's dtype; x of w's dtype, or f32 with norm = 1 (the f32
  *          residual stream of a bf16 engine); the residual of w's dtype
  *          or f32.
  * Output:  y [..., n] ([..., n / 2] with swiglu): the residual's dtype
  *          with the residual epilogue, f32 with output_dtype f32, else
  *          w's.
- * Fields:  n, k (i32, required); norm (i32: 0, 1 or 2; default 0;
- *          an older kiln refuses 2 by name); epsilon (f32, required > 0
- *          with norm); epilogue (string: none, residual,
+ * Fields:  n, k (i32, required); norm (i32, default 0); epsilon (f32,
+ *          required > 0 with norm); epilogue (string: none, residual,
  *          swiglu, rope; default none; swiglu needs n even); with rope,
  *          kiln/RoPE's fields (n = (n_heads + 2 n_kv_heads) head_dim);
  *          output_dtype (string: default, or f32 with epilogue none).
@@ -92,9 +81,9 @@ static kiln_status fusedmm_new(const fusedmm_params *p, kiln_plugin **out)
 {
     if (p->n <= 0 || p->k <= 0)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n = %d and k = %d must be positive", p->n, p->k);
-    if (p->norm < 0 || p->norm > 2 || (p->norm && !(p->epsilon > 0.0f && isfinite(p->epsilon))))
+    if ((p->norm != 0 && p->norm != 1) || (p->norm && !(p->epsilon > 0.0f && isfinite(p->epsilon))))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
-                          NAME ": field \"norm\" is %d (0, 1 or 2) and \"epsilon\" %g (a positive number with norm)",
+                          NAME ": field \"norm\" is %d (0 or 1) and \"epsilon\" %g (a positive number with norm)",
                           p->norm, (double)p->epsilon);
     if (p->epilogue < KILN_FUSEDMM_NONE || p->epilogue > KILN_FUSEDMM_ROPE ||
         (p->epilogue == KILN_FUSEDMM_SWIGLU && p->n % 2))
@@ -131,7 +120,7 @@ static int32_t fusedmm_num_outputs(const kiln_plugin *self) { return 1; }
 /* x, w, then norm_weight (norm), then residual or positions (rope) */
 static int32_t fusedmm_n_inputs(const fusedmm_params *p)
 {
-    return 2 + (p->norm != 0) + (p->epilogue == KILN_FUSEDMM_RESIDUAL || p->epilogue == KILN_FUSEDMM_ROPE);
+    return 2 + p->norm + (p->epilogue == KILN_FUSEDMM_RESIDUAL || p->epilogue == KILN_FUSEDMM_ROPE);
 }
 
 static int64_t fusedmm_width(const fusedmm_params *p) { return p->epilogue == KILN_FUSEDMM_SWIGLU ? p->n / 2 : p->n; }
@@ -213,8 +202,7 @@ typedef struct fusedmm_job {
     const fusedmm *f;
     const fusedmm_params *p;
     int64_t rows;
-    const float *xf;     /* [rows, k]: x, normalized with norm = 1, times norm_weight with 2 */
-    const float *scale;  /* [rows]: each row's 1 / rms with norm = 2, else NULL */
+    const float *xf;     /* [rows, k]: x, normalized with the prologue */
     const void *w, *res; /* res: the residual, or the positions (rope) */
     void *y;
     kiln_dtype t, yt; /* w's, y's (and the residual's) */
@@ -229,7 +217,7 @@ static float fusedmm_dot(const fusedmm_job *j, int64_t r, int64_t c)
     float acc = 0.0f;
     for (int64_t i = 0; i < k; i++)
         acc += xr[i] * plugin_load(host, j->w, j->t, c * k + i);
-    return plugin_round(host, j->pt, j->scale ? acc * j->scale[r] : acc);
+    return plugin_round(host, j->pt, acc);
 }
 
 /* W rows 2q and 2q + 1 for every row, rotated as kiln/RoPE rotates and
@@ -298,7 +286,7 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
                           NAME ": x's last dim must be k = %d, w [%d, %d]; residual, positions and y of x's rows", p->k,
                           p->n, p->k);
     const kiln_dtype xt = in_desc[0].dtype, t = in_desc[1].dtype, yt = out_desc[0].dtype;
-    const void *nw = p->norm ? in[2] : NULL, *res = fusedmm_n_inputs(p) > 2 + (p->norm != 0) ? in[n_in - 1] : NULL;
+    const void *nw = p->norm ? in[2] : NULL, *res = fusedmm_n_inputs(p) > 2 + p->norm ? in[n_in - 1] : NULL;
     if (rows == 0)
         return KILN_OK;
     if (!workspace)
@@ -321,19 +309,15 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         a.workspace_size = kiln_fusedmm_workspace(rows, p->n, p->k, plugin_float_size(t));
         a.rows = rows, a.n = p->n, a.k = p->k, a.epilogue = p->epilogue, a.dtype = (int32_t)t;
         a.x_dtype = (int32_t)xt, a.y_dtype = (int32_t)yt;
-        a.norm = p->norm, a.epsilon = p->epsilon;
+        a.epsilon = p->epsilon;
         int e = kiln_fusedmm_cuda(&a, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_fusedmm_cuda_error(e)) : KILN_OK;
     }
 #endif
-    /* x as f32 rows in the workspace, normalized as kiln/RMSNorm does
-     * (norm = 1: the normalized value rounded to x's dtype, times the
-     * weight, rounded to w's), or times the weight with each row's scale
-     * kept for the sums (norm = 2; past the rows, where the GEMM's
-     * workspace has room) */
-    float *xf = workspace, *scale = NULL;
-    if (p->norm == 2)
-        scale = (float *)((char *)workspace + kiln_fusedmm_workspace_t(rows, p->k));
+    /* x as f32 rows in the workspace, normalized as kiln/RMSNorm does:
+     * the normalized value rounded to x's dtype, times the weight, rounded
+     * to w's */
+    float *xf = workspace;
     for (int64_t r = 0; r < rows; r++) {
         float *xr = xf + r * p->k, inv = 1.0f;
         for (int64_t i = 0; i < p->k; i++)
@@ -344,17 +328,10 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         for (int64_t i = 0; i < p->k; i++)
             ss += xr[i] * xr[i];
         inv = 1.0f / sqrtf(ss / (float)p->k + p->epsilon);
-        if (scale) {
-            scale[r] = inv;
-            for (int64_t i = 0; i < p->k; i++)
-                xr[i] *= plugin_load(host, nw, t, i);
-            continue;
-        }
         for (int64_t i = 0; i < p->k; i++)
             xr[i] = plugin_round(host, t, plugin_round(host, xt, xr[i] * inv) * plugin_load(host, nw, t, i));
     }
-    const kiln_dtype pt = p->output_dtype >= 0 ? yt : t;
-    fusedmm_job job = {(const fusedmm *)self, p, rows, xf, scale, in[1], res, out[0], t, yt, pt};
+    fusedmm_job job = {(const fusedmm *)self, p, rows, xf, in[1], res, out[0], t, yt, p->output_dtype >= 0 ? yt : t};
     host->parallel_for(stream, p->epilogue == KILN_FUSEDMM_ROPE ? p->n / 2 : fusedmm_width(p), fusedmm_range, &job);
     return KILN_OK;
 }
@@ -441,8 +418,7 @@ static const float zero_f32 = 0.0f, one_f32 = 1.0f, four_f32 = 4.0f;
 static const kiln_field_spec fusedmm_fields[] = {
     PLUGIN_FIELD_REQUIRED("n", KILN_FIELD_I32, "output features (rows of w)"),
     PLUGIN_FIELD_REQUIRED("k", KILN_FIELD_I32, "input features"),
-    PLUGIN_FIELD_OPTIONAL("norm", KILN_FIELD_I32, &zero_i32,
-                          "1: RMSNorm x with norm_weight first; 2: the same, its scale applied to the sums"),
+    PLUGIN_FIELD_OPTIONAL("norm", KILN_FIELD_I32, &zero_i32, "1: RMSNorm x with norm_weight first"),
     PLUGIN_FIELD_OPTIONAL("epsilon", KILN_FIELD_F32, &zero_f32, "the RMSNorm's epsilon (with norm)"),
     PLUGIN_FIELD_OPTIONAL("epilogue", KILN_FIELD_STRING, "none",
                           "none, residual (y = residual + x·Wᵀ), swiglu (w rows interleaved gate, up) or rope"),

@@ -3,22 +3,15 @@
  *    GEMV kernel built like src/backend/cuda/gemv.cu (4 warps split K,
  *    16-byte streaming loads, the first weight loads issued before the PDL
  *    wait) with the rest of the fused layer inside: with the RMSNorm
- *    prologue (norm 1) each block first sums the squares of its x rows (K
- *    values, read from L2) and normalizes each x element once for its 8
- *    (or 4) weight rows; with the deferred norm (norm 2) it sums the
- *    squares in the same pass as the products, over the x elements it
- *    loads for them, multiplies each by the norm weight, and scales the
- *    sums by the row's 1 / rms where the warps' partial sums meet (no
- *    pass before the products, no barrier); the epilogue adds the
- *    residual, or (weight rows
+ *    prologue each block first sums the squares of its x rows (K values,
+ *    read from L2) and normalizes each x element once for its 8 (or 4)
+ *    weight rows; the epilogue adds the residual, or (weight rows
  *    interleaved gate, up) combines a pair of rows into silu(gate) * up,
  *    or (the weight's rotated pairs adjacent) rotates a pair as RoPE does.
  *    The intermediate tensors (the norm's output, gate/up) never reach
  *    memory.
  *  - any other row count (prefill): RMSNorm into the workspace
- *    (rmsnorm_cuda.cu; either norm: the GEMM needs x normalized in the
- *    dtype, and one kernel over a few hundred rows costs little beside
- *    the GEMM), cuBLASLt's GEMM (f32 accumulation, TN), the
+ *    (rmsnorm_cuda.cu), cuBLASLt's GEMM (f32 accumulation, TN), the
  *    residual add in the GEMM's own epilogue (beta = 1: the product is not
  *    rounded before the add, one rounding where the CPU reference has
  *    two), RoPE or SwiGLU as one elementwise kernel after it.
@@ -55,9 +48,6 @@ __device__ __forceinline__ uint4 load_stream(const void *p)
                  : "l"(p));
     return v;
 }
-
-/* A line into L1 without a register waiting for it. */
-__device__ __forceinline__ void prefetch_l1(const void *p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 
 __device__ __forceinline__ float silu_times(int t, float g, float u)
 {
@@ -122,11 +112,7 @@ using rope_arg = typename std::conditional<EPI == KILN_FUSEDMM_ROPE, kiln_fusedm
  * keeps in flight (UNROLL). The residual form has gemv.cu's shape (2 rows,
  * 4 loads). The norm forms add per block a pass over x for the sum of
  * squares, a __syncthreads, and the normalization of each x element (two
- * multiplies, two roundings) besides the rows' FMAs (NORM 1; NORM 2, the
- * deferred norm, drops the pass and the barrier, squares each x element
- * where it loads it for the products and multiplies it by the weight
- * once, and takes the same shape, its x bytes from L2 being the same
- * share of the weight's): at 2 rows a block
+ * multiplies, two roundings) besides the rows' FMAs: at 2 rows a block
  * that was about 6 instructions per weight byte, the SM's whole issue rate
  * at the memory's (x and the norm weight also came from L2, as many bytes
  * as the weight rows), and the fused layers ran slower than the unfused
@@ -152,17 +138,6 @@ template <int DT, int S, int E> __device__ __forceinline__ void load_x(const cha
         unpack<KILN_DTYPE_F32>(__ldg((const uint4 *)(x + i * 4)), f);
         unpack<KILN_DTYPE_F32>(__ldg((const uint4 *)(x + i * 4 + 16)), f + 4);
     }
-}
-
-/* Row m's RMSNorm scale 1 / sqrt(mean(x²) + eps) from the warps' sums of
- * its squares (rmsnorm.c's expression). */
-template <int M> __device__ __forceinline__ float deferred_scale(const float (*sq)[M], int m, int32_t k, float eps)
-{
-    float total = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kWarps; j++)
-        total += sq[j][m];
-    return 1.0f / sqrtf(total / (float)k + eps);
 }
 
 /* x [M, k], w [n, k], nw [k] (norm), res and y [M, n] (y [M, n / 2] with
@@ -207,17 +182,6 @@ __global__ void __launch_bounds__(kWarps * 32)
             nbuf[u] = kk < k1 ? __ldg((const uint4 *)(nb + kk * ES)) : make_uint4(0, 0, 0, 0);
     }
     kcu_after_prior(x, res, n, k);
-    if constexpr (NORM == 2) {
-        /* every x vector this lane reads below asked for into L1 now, as
-         * NORM 1's pass over x leaves them there, but with nothing waiting
-         * on them: past the first step (k > 2048 in bf16) the loop's x
-         * loads would otherwise each wait a round trip to L2 */
-        constexpr int XS = S == DT ? ES : 4; /* bytes per x element (load_x's) */
-        for (int64_t kk = k0 + lane * E; kk < k1; kk += STEP)
-#pragma unroll
-            for (int m = 0; m < M; m++)
-                prefetch_l1(xb + ((int64_t)m * k + kk) * XS);
-    }
 
     /* the epilogue's operand (the residual, or the row's position) loaded
      * now, so that its round trip overlaps the products instead of
@@ -232,16 +196,18 @@ __global__ void __launch_bounds__(kWarps * 32)
             ev = (float)((const int32_t *)res)[threadIdx.x / (ROWS / 2)];
     }
 
-    /* the RMSNorm statistics of each row: with NORM 1 over all of k
-     * before the products, as rmsnorm.c (the x vectors stay in L1 for the
-     * products below); with NORM 2 each thread's share of them beside its
-     * products, reduced with them at the end */
-    float inv[M], ss[M];
+    /* the RMSNorm statistics of each row over all of k, as rmsnorm.c; the
+     * x vectors stay in L1 for the products below */
+    float inv[M];
 #pragma unroll
     for (int m = 0; m < M; m++)
-        inv[m] = 1.0f, ss[m] = 0.0f;
-    if constexpr (NORM == 1) {
-        /* unrolled so that a thread's loads of x (2 at k = 2048) are in
+        inv[m] = 1.0f;
+    if constexpr (NORM) {
+        float ss[M];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+            ss[m] = 0.0f;
+            /* unrolled so that a thread's loads of x (2 at k = 2048) are in
          * flight together, not one L2 round trip after another */
 #pragma unroll 4
         for (int64_t v = threadIdx.x; v < k / E; v += kWarps * 32)
@@ -288,7 +254,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
                 for (int m = 0; m < M; m++)
                     load_x<DT, NORM ? S : DT, E>(xb, (int64_t)m * k + kk, xf[m]);
-                if constexpr (NORM == 1) {
+                if constexpr (NORM) {
                     float nf[E];
                     unpack<DT>(nbuf[u], nf);
 #pragma unroll
@@ -297,18 +263,6 @@ __global__ void __launch_bounds__(kWarps * 32)
                         for (int e = 0; e < E; e++)
                             xf[m][e] =
                                 kcu_round_float(DT, __fmul_rn(kcu_round_float(S, __fmul_rn(xf[m][e], inv[m])), nf[e]));
-                } else if constexpr (NORM == 2) {
-                    /* the square for the statistics, then x times the
-                     * weight, unrounded: the scale comes after the sums */
-                    float nf[E];
-                    unpack<DT>(nbuf[u], nf);
-#pragma unroll
-                    for (int m = 0; m < M; m++)
-#pragma unroll
-                        for (int e = 0; e < E; e++) {
-                            ss[m] = fmaf(xf[m][e], xf[m][e], ss[m]);
-                            xf[m][e] = __fmul_rn(xf[m][e], nf[e]);
-                        }
                 }
 #pragma unroll
                 for (int r = 0; r < ROWS; r++) {
@@ -332,19 +286,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 
 #pragma unroll
-    for (int m = 0; m < M; m++) {
+    for (int m = 0; m < M; m++)
 #pragma unroll
         for (int r = 0; r < ROWS; r++) {
             const float v = kcu_warp_sum(acc[m][r]);
             if (lane == 0)
                 part[wid][m][r] = v;
         }
-        if constexpr (NORM == 2) {
-            const float v = kcu_warp_sum(ss[m]);
-            if (lane == 0)
-                sq[wid][m] = v;
-        }
-    }
     __syncthreads();
     if constexpr (EPI == KILN_FUSEDMM_ROPE || EPI == KILN_FUSEDMM_SWIGLU) {
         /* rows r0 and r0 + 1: a rotated pair, or gate and up of the
@@ -360,10 +308,6 @@ __global__ void __launch_bounds__(kWarps * 32)
                     a += part[j][m][2 * p];
                     b += part[j][m][2 * p + 1];
                 }
-                if constexpr (NORM == 2) {
-                    const float sc = deferred_scale<M>(sq, m, k, eps);
-                    a = __fmul_rn(a, sc), b = __fmul_rn(b, sc);
-                }
                 if constexpr (EPI == KILN_FUSEDMM_ROPE)
                     rope_store<DT>(rope, ev, y, m, n, r0, kcu_round_float(DT, a), kcu_round_float(DT, b));
                 else
@@ -378,8 +322,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
             for (int j = 0; j < kWarps; j++)
                 v += part[j][m][r];
-            if constexpr (NORM == 2)
-                v = __fmul_rn(v, deferred_scale<M>(sq, m, k, eps));
             const int64_t at = (int64_t)m * n + row0 + r;
             if constexpr (EPI == KILN_FUSEDMM_RESIDUAL)
                 kcu_store_float(y, S, at, __fadd_rn(kcu_round_float(DT, v), ev));
@@ -404,22 +346,16 @@ cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
                           a->norm_weight, res, a->y, a->n, a->k, a->epsilon, (int)a->y_dtype, rope);
 }
 
-/* The four forms a decoder layer uses (the norms either way); the others
- * take the GEMM path. */
-template <int DT, int S, int M, int NORM> cudaError_t gemv_norm(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
-{
-    if (a->epilogue == KILN_FUSEDMM_ROPE)
-        return gemv_launch<DT, S, M, NORM, KILN_FUSEDMM_ROPE>(a, s);
-    if (a->epilogue == KILN_FUSEDMM_SWIGLU)
-        return gemv_launch<DT, S, M, NORM, KILN_FUSEDMM_SWIGLU>(a, s);
-    return gemv_launch<DT, S, M, NORM, KILN_FUSEDMM_NONE>(a, s);
-}
-
+/* The four forms a decoder layer uses; the others take the GEMM path. */
 template <int DT, int S, int M> cudaError_t gemv_mode(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
+    if (a->epilogue == KILN_FUSEDMM_ROPE)
+        return gemv_launch<DT, S, M, 1, KILN_FUSEDMM_ROPE>(a, s);
+    if (a->epilogue == KILN_FUSEDMM_SWIGLU)
+        return gemv_launch<DT, S, M, 1, KILN_FUSEDMM_SWIGLU>(a, s);
     if (a->epilogue == KILN_FUSEDMM_RESIDUAL)
         return gemv_launch<DT, S, M, 0, KILN_FUSEDMM_RESIDUAL>(a, s);
-    return a->norm == 2 ? gemv_norm<DT, S, M, 2>(a, s) : gemv_norm<DT, S, M, 1>(a, s);
+    return gemv_launch<DT, S, M, 1, KILN_FUSEDMM_NONE>(a, s);
 }
 
 template <int DT, int S> cudaError_t gemv_rows(const kiln_fusedmm_cuda_args *a, cudaStream_t s)

@@ -103,9 +103,8 @@ typedef struct builder {
     const kiln_llm_build_options *opt;
     int64_t n_weights, done_weights;
     char name[160];
-    char expanded[64];   /* formats expanded for want of a CUDA kernel */
-    int fuse;            /* decoder layers of plain weights as kiln/FusedMatMul (fused_layer) */
-    int32_t fuse_norm;   /* their norms: FusedMatMul's norm (2; 1 with KILN_LLM_FUSE_NORM=prologue) */
+    char expanded[64]; /* formats expanded for want of a CUDA kernel */
+    int fuse;          /* decoder layers of plain weights as kiln/FusedMatMul (fused_layer) */
     kiln_dtype kv_dtype; /* the KV cache's (kiln_llm_build_options.kv_cache resolved) */
     kiln_dtype stream;   /* the residual stream's: f32 (the dtype with KILN_LLM_RESIDUAL=dtype) */
 } builder;
@@ -683,7 +682,7 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
                                 const char *output_dtype, kiln_tensor *y)
 {
     const kiln_llm_config *c = &b->ck->config;
-    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf ? b->fuse_norm : 0;
+    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL;
     float eps = (float)c->rms_norm_eps;
     kiln_field f[6] = {
         field_i32("n", &nn),
@@ -783,7 +782,7 @@ static kiln_status fused_qkv_rope(builder *b, const char *lname, kiln_tensor x, 
                                   const char *norm_hf, kiln_tensor positions, kiln_tensor *qkv)
 {
     const kiln_llm_config *c = &b->ck->config;
-    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = b->fuse_norm;
+    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = 1;
     float eps = (float)c->rms_norm_eps;
     kiln_field f[5] = {field_i32("n", &nn),
                        field_i32("k", &kk),
@@ -1231,13 +1230,6 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     /* The residual stream is f32 (docs/llm.md); KILN_LLM_RESIDUAL=dtype
      * keeps it in the engine dtype, as HF transformers' bf16 models do,
      * for A/B runs (speed, and the logits of HF's own bf16 forward). */
-    /* A fused layer's norms scale the GEMV's sums by each row's 1 / rms
-     * (FusedMatMul's norm 2: the statistics summed in the same pass over
-     * x as the products, no pass over x before them in every block);
-     * KILN_LLM_FUSE_NORM=prologue builds the norm 1 form (x normalized
-     * first, as the separate RMSNorm rounds it) to compare both. */
-    const char *norm_env = getenv("KILN_LLM_FUSE_NORM");
-    b.fuse_norm = norm_env && strcmp(norm_env, "prologue") == 0 ? 1 : 2;
     const char *res_env = getenv("KILN_LLM_RESIDUAL");
     b.stream = res_env && strcmp(res_env, "dtype") == 0 ? o.dtype : KILN_DTYPE_F32;
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
