@@ -20,7 +20,7 @@
  * without the early loads (KILN_ATTENTION_PIPE_EARLY=0), `rowtab` with a
  * table read per key (KILN_ATTENTION_PIPE_STAGE_BLOCK=0), `k32` and `k256`
  * with splits of at least 32 and 256 keys (KILN_ATTENTION_PIPE_SPLIT_KEYS),
- * `cap8` with the cap at 8 and `nocap` without it (KILN_ATTENTION_PIPE_CAP),
+ * `cap8` and `cap16` with the splits capped at 8 and 16 (KILN_ATTENTION_PIPE_CAP),
  * `s3` with 3 pipeline stages a warp instead of 4, so 4 CTAs fit an SM
  * (KILN_ATTENTION_PIPE_STAGES=3), `nocl` with the splits merged by
  * kat_combine instead of in a thread-block cluster
@@ -280,7 +280,7 @@ static const variant variants[] = {
     {"k32", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "32"}},
     {"k256", {"KILN_ATTENTION_PIPE_SPLIT_KEYS", "256"}},
     {"cap8", {"KILN_ATTENTION_PIPE_CAP", "8"}},
-    {"nocap", {"KILN_ATTENTION_PIPE_CAP", "0"}},
+    {"cap16", {"KILN_ATTENTION_PIPE_CAP", "16"}},
     {"s3", {"KILN_ATTENTION_PIPE_STAGES", "3"}},
     {"nocl", {"KILN_ATTENTION_CLUSTER", "0"}},
     {"prev",

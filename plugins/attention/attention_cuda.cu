@@ -1809,16 +1809,17 @@ static int32_t kat_pipe_cap(void)
     long v = e ? strtol(e, &end, 10) : -1;
     if (e && (end == e || *end)) /* not a number: the default */
         v = -1;
-    return v == 0 || (v >= 2 && v <= KAT_MAX_CLUSTER) ? (int32_t)v : KAT_MAX_CLUSTER;
+    return v >= 2 && v <= KAT_MAX_CLUSTER ? (int32_t)v : 0;
 }
 
 /* kat_pipe for a step (fast shapes, not prefill), then kat_combine when
- * its splits did not merge in clusters. The grid's splits are capped at
- * kat_pipe_cap() where clusters run (KILN_ATTENTION_PIPE_CAP=0 leaves them
- * uncapped, as before): a batch of one in an engine built for 8,448 tokens
- * planned 33 splits, so each step paid a kat_combine launch (and a trip of
- * the partials through memory) even at a few keys (attention_bench's rows
- * nocap and pipe compare the two at 8,192 keys, where the splits matter).
+ * its splits did not merge in clusters. KILN_ATTENTION_PIPE_CAP=N (2..16)
+ * caps the grid's splits at N where clusters run, so that a batch of one in
+ * an engine built for 8,448 tokens merges in a cluster instead of paying a
+ * kat_combine launch; measured on the H200 (attention_bench, graph time) the
+ * cap of 16 gained nothing at 136 and 1,024 keys (7.0 / 9.1 us either way)
+ * and cost 1.7 us at 8,192 keys (27.4 against 25.7), so by default the
+ * grid is uncapped (rows pipe and cap8 of attention_bench).
  * KILN_ATTENTION_PIPE_EARLY=0 keeps every read after the wait, and
  * KILN_ATTENTION_PIPE_STAGE_BLOCK=0 reads the block table for every key
  * (kat_pipe's opts, as before). */

@@ -458,7 +458,10 @@ static void test_matmul(void)
                 cudaMemset(out.dev.data, 0xff, out.bytes);
                 snprintf(what, sizeof what, "matmul %s shape %zu tactic %lld", kiln_dtype_name(dt), s,
                          (long long)tactic);
-                run_both(what, &l, in, 2, &out, NULL, tol_for(dt, 1e-4));
+                /* the fastest tactic may split k and add the partial
+                 * products in the output type: f16 rounds twice there (2
+                 * ulps seen on the H200 in one of several runs) */
+                run_both(what, &l, in, 2, &out, NULL, dt == KILN_DTYPE_F16 ? 2e-3 : tol_for(dt, 1e-4));
             }
             pair_free(&in[0]);
             pair_free(&in[1]);
