@@ -1,8 +1,8 @@
 /* The CUDA backend's device (cuBLASLt handle, workspace, error word),
  * plugin dispatch and the layer dispatch to the op families' entries
  * (cuda_ops.h). Launches only: nothing here allocates device memory or
- * synchronizes once a device exists, except kiln_cuda_device_check, which
- * runs outside enqueue. */
+ * synchronizes once a device exists, except kiln_cuda_device_check's reset
+ * after an error, which runs outside enqueue. */
 #ifdef KILN_HAVE_CUDA
 
 #include "backend/cuda/cuda_ops.h"
@@ -56,6 +56,12 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
         e = cudaMalloc((void **)&d->err, sizeof *d->err);
     if (e == cudaSuccess)
         e = cudaMemset(d->err, 0, sizeof *d->err);
+    if (e == cudaSuccess)
+        e = cudaHostAlloc((void **)&d->report, sizeof *d->report, cudaHostAllocMapped);
+    if (e == cudaSuccess) {
+        memset(d->report, 0, sizeof *d->report);
+        e = cudaHostGetDevicePointer((void **)&d->report_dev, d->report, 0);
+    }
     if (e != cudaSuccess) {
         st = kiln_fail(KILN_ERROR_BACKEND, "%s: setup failed: %s", who, cudaGetErrorString(e));
     } else {
@@ -85,6 +91,8 @@ void kiln_cuda_device_destroy(kiln_cuda_device *dev)
         cublasLtDestroy(dev->lt);
     cudaFree(dev->lt_workspace);
     cudaFree(dev->err);
+    if (dev->report)
+        cudaFreeHost(dev->report);
     free(dev);
 }
 
@@ -92,11 +100,12 @@ kiln_status kiln_cuda_device_check(kiln_cuda_device *dev, const kiln_graph *grap
 {
     if (!dev)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_cuda_device_check: no device");
-    kcu_error_word w;
-    CU_CHECK("CUDA device", cudaMemcpy(&w, dev->err, sizeof w, cudaMemcpyDeviceToHost));
-    if (!w.flag)
+    volatile kcu_error_word *r = dev->report;
+    if (!r->flag)
         return KILN_OK;
+    const kcu_error_word w = {r->flag, r->layer, r->index, r->position};
     CU_CHECK("CUDA device", cudaMemset(dev->err, 0, sizeof *dev->err));
+    r->flag = 0;
     const char *name = graph && w.layer >= 0 && w.layer < graph->n_layers && graph->layers[w.layer].name
                            ? graph->layers[w.layer].name
                            : "?";

@@ -175,10 +175,11 @@ int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t width, int
                     int32_t sms, void *stream);
 
 /* out[i, j, c] = data[i, idx[j], c] for i < outer, j < n_idx, c < inner;
- * an index outside [0, dim) is clamped and recorded in *err. */
+ * an index outside [0, dim) is clamped; the first one claims *err (device
+ * memory) and is recorded in *report (host memory mapped for the device). */
 int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, void *out, int64_t outer, int64_t n_idx,
-                      int64_t inner, int64_t dim, int32_t esize, kcu_error_word *err, int32_t layer, int32_t sms,
-                      void *stream);
+                      int64_t inner, int64_t dim, int32_t esize, kcu_error_word *err, kcu_error_word *report,
+                      int32_t layer, int32_t sms, void *stream);
 
 /* n elements converted between dtypes (as kiln_convert). */
 int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t n, int32_t sms,

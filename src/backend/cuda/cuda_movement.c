@@ -144,7 +144,8 @@ kiln_status cuda_run_gather(const kiln_cuda_args *a)
                         ? (int32_t)(a->layer - a->graph->layers)
                         : -1;
     KCU_CHECK(a, kcu_launch_gather(x->data, ix->data, ix->dtype == KILN_DTYPE_I64, o->data, outer, n_idx, inner, dim,
-                                   (int32_t)esize, a->device->err, index, a->device->sms, a->stream));
+                                   (int32_t)esize, a->device->err, a->device->report_dev, index, a->device->sms,
+                                   a->stream));
     return KILN_OK;
 }
 

@@ -26,7 +26,7 @@ __global__ void kcu_band_kernel(const E *src, E *dst, int64_t rows, int64_t widt
 
 template <typename E, typename I>
 __global__ void kcu_gather_kernel(const E *data, const I *idx, E *out, int64_t outer, int64_t n_idx, int64_t inner,
-                                  int64_t dim, kcu_error_word *err, int layer)
+                                  int64_t dim, kcu_error_word *err, kcu_error_word *report, int layer)
 {
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x, n = outer * n_idx * inner;
@@ -34,10 +34,12 @@ __global__ void kcu_gather_kernel(const E *data, const I *idx, E *out, int64_t o
         int64_t c = o % inner, j = (o / inner) % n_idx, i = o / (inner * n_idx);
         int64_t v = (int64_t)idx[j];
         if (v < 0 || v >= dim) {
-            if (atomicCAS(&err->flag, 0, 1) == 0) {
-                err->layer = layer;
-                err->index = v;
-                err->position = j;
+            if (atomicCAS(&err->flag, 0, 1) == 0) { /* the first error is reported */
+                report->layer = layer;
+                report->index = v;
+                report->position = j;
+                __threadfence_system();
+                *(volatile int32_t *)&report->flag = 1;
             }
             v = v < 0 ? 0 : dim - 1;
         }
@@ -86,7 +88,7 @@ extern "C" int kcu_launch_band(const void *src, void *dst, int64_t rows, int64_t
 
 extern "C" int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, void *out, int64_t outer,
                                  int64_t n_idx, int64_t inner, int64_t dim, int32_t esize, kcu_error_word *err,
-                                 int32_t layer, int32_t sms, void *stream)
+                                 kcu_error_word *report, int32_t layer, int32_t sms, void *stream)
 {
     if (outer <= 0 || n_idx <= 0 || inner <= 0)
         return cudaSuccess;
@@ -95,9 +97,9 @@ extern "C" int kcu_launch_gather(const void *data, const void *idx, int32_t idx_
     cudaError_t e = cudaSuccess;
 #define KCU_LAUNCH_GATHER(E) \
     e = idx_is_i64 ? kcu_launch(kcu_gather_kernel<E, int64_t>, blocks, s, (const E *)data, (const int64_t *)idx, \
-                                (E *)out, outer, n_idx, inner, dim, err, (int)layer) \
+                                (E *)out, outer, n_idx, inner, dim, err, report, (int)layer) \
                    : kcu_launch(kcu_gather_kernel<E, int32_t>, blocks, s, (const E *)data, (const int32_t *)idx, \
-                                (E *)out, outer, n_idx, inner, dim, err, (int)layer)
+                                (E *)out, outer, n_idx, inner, dim, err, report, (int)layer)
     KCU_BY_ESIZE(esize, KCU_LAUNCH_GATHER)
 #undef KCU_LAUNCH_GATHER
     return (int)e;

@@ -22,7 +22,12 @@ struct kiln_cuda_device {
     int32_t gemv; /* small-m matmuls through kcu_gemv */
     cublasLtHandle_t lt;
     void *lt_workspace;  /* KILN_CUDA_CUBLASLT_WORKSPACE bytes */
-    kcu_error_word *err; /* device memory */
+    kcu_error_word *err; /* device memory: claimed with an atomic by the first error */
+    /* the first error's record, written by the kernel that claimed err into
+     * mapped pinned memory, so the check after a synchronize reads host
+     * memory instead of a synchronous copy a step (~10 us of a decode step) */
+    kcu_error_word *report;     /* host address */
+    kcu_error_word *report_dev; /* its device alias */
     struct mm_cache *mm; /* cuBLASLt plans by problem (cuda_matmul.c) */
 };
 
