@@ -39,6 +39,7 @@
  * gives NaN outputs instead of an error (never an access out of bounds).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -172,9 +173,14 @@ typedef struct attn_job {
     int64_t n_sub, sub, n_chunks, chunk;
     float *part;
     /* AVX-512 kernels: kv heads a decode row task takes together (1 in a
-     * step that also has tiles of several tokens) */
-    int64_t row_kv;
+     * step that also has tiles of several tokens); with chunks in a step
+     * of decode rows only, the chunks done of each (token, row task),
+     * whose last merges them (NULL: attn_merge runs after) */
+    int64_t row_kv, rows_only;
+    atomic_int *done;
 } attn_job;
+
+static void attn_merge(void *arg, int64_t begin, int64_t end);
 
 /* Sequence holding packed token t: the last s with qstart[s] <= t. */
 static int64_t seq_of(const attn_job *j, int64_t t)
@@ -561,26 +567,22 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
             const __mmask16 real = (__mmask16)((1u << n) - 1u); \
             if (n < ATTN_LANES) /* the padding rows' scores are masked, but read: keep them defined */ \
                 memset(kbuf + n * (HD), 0, sizeof(float) * (size_t)((ATTN_LANES - n) * (HD))); \
+            /* the next tile's rows are fetched while this one is computed: \
+             * a block's runs are too short for the hardware prefetcher */ \
+            const int next = k0 + n < keys; \
             for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
                 const void *kp = (const char *)j->cache + cache_index(j, s, k0, 0, kvh) * ((F16) ? 2 : 4); \
-                const void *vp = (const char *)j->cache + cache_index(j, s, k0, 1, kvh) * ((F16) ? 2 : 4); \
-                /* the next tile's rows are fetched while this one is computed: \
-                 * a tile's 2-4 KB runs are too short for the hardware prefetcher */ \
-                const char *kpn = NULL, *vpn = NULL; \
-                if (k0 + n < keys) { \
-                    kpn = (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ((F16) ? 2 : 4); \
-                    vpn = (const char *)j->cache + cache_index(j, s, k0 + n, 1, kvh) * ((F16) ? 2 : 4); \
-                } \
+                const char *kpn = \
+                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ((F16) ? 2 : 4) : NULL; \
                 for (int64_t e = 0; e < n * (HD); e += 16) { \
                     if (kpn && (e * ((F16) ? 2 : 4)) % 64 == 0) \
                         _mm_prefetch(kpn + e * ((F16) ? 2 : 4), _MM_HINT_T0); \
                     _mm512_store_ps(kbuf + e, ATTN_LOAD16(F16, kp, e)); \
                 } \
-                const int64_t g0 = (kvh - kv0) * G; \
-                for (int64_t g = 0; g < G; g++) { \
+                for (int64_t g = (kvh - kv0) * G; g < (kvh - kv0 + 1) * G; g++) { \
                     __m512 qv[NV], part[ATTN_LANES]; \
                     UNROLLED_FOR (v, NV) \
-                        qv[v] = _mm512_load_ps(qs[g0 + g] + 16 * v); \
+                        qv[v] = _mm512_load_ps(qs[g] + 16 * v); \
                     UNROLLED_FOR (i, ATTN_LANES) { \
                         part[i] = _mm512_mul_ps(qv[0], _mm512_load_ps(kbuf + i * (HD))); \
                         UNROLLED_FOR (v, NV - 1) \
@@ -590,21 +592,28 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
                     __m512 sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), real, attn_sum16(part)); \
                     float mx = _mm512_reduce_max_ps(sc); \
                     cs[g] = 1.0f; \
-                    if (mx > ms[g0 + g]) { \
+                    if (mx > ms[g]) { \
                         /* a new max rescales what came before; exp(-inf) = 0 clears the empty first one */ \
-                        cs[g] = _mm512_cvtss_f32(plugin_exp16(_mm512_set1_ps(ms[g0 + g] - mx))); \
-                        ms[g0 + g] = mx; \
+                        cs[g] = _mm512_cvtss_f32(plugin_exp16(_mm512_set1_ps(ms[g] - mx))); \
+                        ms[g] = mx; \
                     } \
-                    __m512 pv = plugin_exp16(_mm512_sub_ps(sc, _mm512_set1_ps(ms[g0 + g]))); \
-                    ls[g0 + g] = ls[g0 + g] * cs[g] + _mm512_reduce_add_ps(pv); \
+                    __m512 pv = plugin_exp16(_mm512_sub_ps(sc, _mm512_set1_ps(ms[g]))); \
+                    ls[g] = ls[g] * cs[g] + _mm512_reduce_add_ps(pv); \
                     _mm512_store_ps(pw[g], pv); \
                 } \
+            } \
+            /* the values after every kv head's keys: a block is read front to back */ \
+            for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
+                const void *vp = (const char *)j->cache + cache_index(j, s, k0, 1, kvh) * ((F16) ? 2 : 4); \
+                const char *vpn = \
+                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 1, kvh) * ((F16) ? 2 : 4) : NULL; \
+                const int64_t g0 = (kvh - kv0) * G; \
                 for (int64_t gb = 0; gb < G; gb += HB) { \
                     __m512 o[HB][NV]; \
                     UNROLLED_FOR (b, HB) \
                         UNROLLED_FOR (v, NV) \
                             o[b][v] = gb + b < G ? _mm512_mul_ps(_mm512_load_ps(os[g0 + gb + b] + 16 * v), \
-                                                                 _mm512_set1_ps(cs[gb + b])) \
+                                                                 _mm512_set1_ps(cs[g0 + gb + b])) \
                                                  : _mm512_setzero_ps(); \
                     for (int64_t i = 0; i < n; i++) { \
                         if (vpn && gb == 0) \
@@ -615,7 +624,7 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
                             x[v] = ATTN_LOAD16(F16, vp, i * (HD) + 16 * v); \
                         UNROLLED_FOR (b, HB) \
                             if (gb + b < G) { \
-                                __m512 w = _mm512_set1_ps(pw[gb + b][i]); \
+                                __m512 w = _mm512_set1_ps(pw[g0 + gb + b][i]); \
                                 UNROLLED_FOR (v, NV) \
                                     o[b][v] = _mm512_fmadd_ps(w, x[v], o[b][v]); \
                             } \
@@ -640,6 +649,11 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
             for (int64_t d = 0; d < (HD); d++) \
                 o[d] = os[g][d] * inv; \
         } \
+        /* the last chunk of these heads to finish merges them (the add \
+         * orders the other chunks' partial results before the merge's reads) */ \
+        const int64_t kv_tasks = (p->n_kv_heads + j->row_kv - 1) / j->row_kv; \
+        if (j->done && atomic_fetch_add(&j->done[t * kv_tasks + kv0 / j->row_kv], 1) == j->n_chunks - 1) \
+            attn_merge((void *)j, t * p->n_heads + h0, t * p->n_heads + h0 + H); \
     }
 
 ATTN_ROW_FN(attn_row_64_f32, 64, 0)
@@ -782,12 +796,13 @@ static int64_t attn_tile_count(attn_job *j, int64_t tokens)
     if (j->t != KILN_DTYPE_F32 || (j->ct != KILN_DTYPE_F32 && j->ct != KILN_DTYPE_F16) || group > ATTN_LANES ||
         (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) || !plugin_has_avx512())
         return 0;
-    int64_t per = ATTN_LANES / group, tiles = 0, rows_only = 1;
+    int64_t per = ATTN_LANES / group, tiles = 0;
+    j->rows_only = 1;
     for (int64_t s = 0; s < j->n_seqs; s++) {
         tiles += (j->qstart[s + 1] - j->qstart[s] + per - 1) / per;
-        rows_only = rows_only && j->qstart[s + 1] - j->qstart[s] == 1;
+        j->rows_only = j->rows_only && j->qstart[s + 1] - j->qstart[s] == 1;
     }
-    j->row_kv = rows_only ? (per < p->n_kv_heads ? per : p->n_kv_heads) : 1;
+    j->row_kv = j->rows_only ? (per < p->n_kv_heads ? per : p->n_kv_heads) : 1;
     return tiles * ((p->n_kv_heads + j->row_kv - 1) / j->row_kv);
 }
 #endif
@@ -894,7 +909,9 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
                     0,
                     0,
                     NULL,
-                    1};
+                    1,
+                    0,
+                    NULL};
     kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
     if (s != KILN_OK)
         return s;
@@ -908,12 +925,19 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
         attn_plan(p, ATTN_SPLIT_TOKENS + 1, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.chunk);
 #ifdef ATTN_AVX512
     int64_t tile_tasks = attn_tile_count(&job, tokens);
+    if (tile_tasks > 0 && job.part && job.rows_only) {
+        /* decode rows only: each group's last chunk merges (one pass over
+         * the pool fewer a layer); the counters follow the partial results */
+        job.done = (atomic_int *)(job.part + (size_t)tokens * (size_t)p->n_heads * (size_t)job.n_chunks * part_floats(p));
+        for (int64_t i = 0; i < tile_tasks; i++)
+            atomic_init(&job.done[i], 0);
+    }
     if (tile_tasks > 0)
         host->parallel_for(stream, tile_tasks * job.n_chunks, attn_tile_tasks, &job);
     else
 #endif
         host->parallel_for(stream, tokens * job.n_sub * job.n_chunks, attn_tasks, &job);
-    if (job.part)
+    if (job.part && !job.done)
         host->parallel_for(stream, tokens * p->n_heads, attn_merge, &job);
     return KILN_OK;
 }
@@ -1004,9 +1028,10 @@ static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tenso
      * most (rounded up), which the plan of that many keys reaches. */
     int64_t tokens = in[0].dims.d[0], n_sub, sub, n_chunks, chunk, keys = in[meta + 1].dims.d[1] * p->block_size;
     keys = keys < ATTN_SPLITS * ATTN_MIN_CHUNK ? keys : ATTN_SPLITS * ATTN_MIN_CHUNK;
-    size_t cpu =
-        attn_plan(p, tokens < ATTN_SPLIT_TOKENS ? tokens : ATTN_SPLIT_TOKENS, keys, &n_sub, &sub, &n_chunks, &chunk) *
-        sizeof(float);
+    int64_t split = tokens < ATTN_SPLIT_TOKENS ? tokens : ATTN_SPLIT_TOKENS;
+    size_t cpu = attn_plan(p, split, keys, &n_sub, &sub, &n_chunks, &chunk) * sizeof(float);
+    if (cpu > 0) /* and the chunk counters of a step of decode rows (attn_job.done) */
+        cpu += (size_t)split * (size_t)p->n_kv_heads * sizeof(atomic_int);
 #ifdef KILN_HAVE_CUDA
     size_t cuda = kiln_attention_cuda_workspace(tokens, in[meta + 1].dims.d[0], in[meta + 1].dims.d[1], p->n_heads,
                                                 p->n_kv_heads, p->head_dim, p->block_size);

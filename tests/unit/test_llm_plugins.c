@@ -565,6 +565,7 @@ static void test_attention_reference(void)
         check_attention_reference(32, 8, 128, 517, 1); /* an 8B's decode: keys in lanes, head_dim 128 */
         check_attention_reference(9, 3, 64, 5, 1);    /* a decode row shorter than one key tile */
         check_attention_reference(8, 8, 128, 40, 1);  /* MHA decode: eight kv heads a task, two heads a V pass */
+        check_attention_reference(16, 1, 64, 300, 1); /* a decode group of 16 heads: one kv head a task, chunks */
         /* an f16 cache: decode rows (chunks, a short last tile) and prefill tiles widen it */
         check_attention_reference_ct(9, 3, 64, 700, 1, KILN_DTYPE_F16);
         check_attention_reference_ct(32, 8, 128, 45, 1, KILN_DTYPE_F16);
