@@ -586,8 +586,8 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
                     UNROLLED_FOR (i, ATTN_LANES) { \
                         part[i] = _mm512_mul_ps(qv[0], _mm512_load_ps(kbuf + i * (HD))); \
                         UNROLLED_FOR (v, NV - 1) \
-                            part[i] = _mm512_fmadd_ps(qv[v + 1], _mm512_load_ps(kbuf + i * (HD) + 16 * (v + 1)), \
-                                                      part[i]); \
+                            part[i] = \
+                                _mm512_fmadd_ps(qv[v + 1], _mm512_load_ps(kbuf + i * (HD) + 16 * (v + 1)), part[i]); \
                     } \
                     __m512 sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), real, attn_sum16(part)); \
                     float mx = _mm512_reduce_max_ps(sc); \
@@ -928,7 +928,8 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
     if (tile_tasks > 0 && job.part && job.rows_only) {
         /* decode rows only: each group's last chunk merges (one pass over
          * the pool fewer a layer); the counters follow the partial results */
-        job.done = (atomic_int *)(job.part + (size_t)tokens * (size_t)p->n_heads * (size_t)job.n_chunks * part_floats(p));
+        job.done =
+            (atomic_int *)(job.part + (size_t)tokens * (size_t)p->n_heads * (size_t)job.n_chunks * part_floats(p));
         for (int64_t i = 0; i < tile_tasks; i++)
             atomic_init(&job.done[i], 0);
     }

@@ -134,7 +134,7 @@ static int32_t rmsnorm_supports(const kiln_plugin *self, kiln_backend backend, c
 typedef struct rmsnorm_job {
     const rmsnorm *r;
     kiln_dtype xt, rt, wt, yt; /* x and sum, residual, weight, y */
-    const void *x, *res, *w; /* res: NULL without the add */
+    const void *x, *res, *w;   /* res: NULL without the add */
     void *sum, *y;
     int64_t h;
 } rmsnorm_job;
@@ -146,8 +146,8 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
     /* with the add, the rounded sum is stored first and every later read
      * takes it from there, exactly as a separate add then RMSNorm would */
     const void *src = j->res ? j->sum : j->x;
-    const int all_f32 = xt == KILN_DTYPE_F32 && (!j->res || rt == KILN_DTYPE_F32) && wt == KILN_DTYPE_F32 &&
-                        yt == KILN_DTYPE_F32;
+    const int all_f32 =
+        xt == KILN_DTYPE_F32 && (!j->res || rt == KILN_DTYPE_F32) && wt == KILN_DTYPE_F32 && yt == KILN_DTYPE_F32;
     for (int64_t row = begin; row < end; row++) {
         int64_t base = row * j->h;
         float part[8] = {0}, buf[64];
