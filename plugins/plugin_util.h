@@ -143,6 +143,28 @@ static inline float plugin_round(const kiln_host_api *h, kiln_dtype t, float v)
     }
 }
 
+/* The sum of squares of RMSNorm, in one fixed order: value i goes into
+ * partial sum i % 8, and the eight are added pairwise. The partial sums
+ * vectorize (a single running sum waits on each add), and kiln/RMSNorm
+ * and kiln/FusedMatMul's prologue, which must agree bit for bit, both
+ * sum this way: part holds the partial sums so far (zeros to begin). */
+static inline void plugin_sum_squares_add(float part[8], int64_t i0, const float *x, int64_t n)
+{
+    int64_t i = 0;
+    for (; i < n && (i0 + i) % 8; i++)
+        part[(i0 + i) % 8] += x[i] * x[i];
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            part[k] += x[i + k] * x[i + k];
+    for (; i < n; i++)
+        part[(i0 + i) % 8] += x[i] * x[i];
+}
+
+static inline float plugin_sum_squares_total(const float part[8])
+{
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
 /* Built-ins keep their whole state in one flat struct without pointers,
  * so cloning is a copy and the blob is the bytes of their parameters. */
 #include <stdlib.h>

@@ -39,6 +39,7 @@
  * gives NaN outputs instead of an error (never an access out of bounds).
  */
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -171,7 +172,15 @@ typedef struct attn_job {
      * `part` (NULL: one chunk, written straight to out) */
     int64_t n_sub, sub, n_chunks, chunk;
     float *part;
+    /* AVX-512 kernels: kv heads a decode row task takes together (1 in a
+     * step that also has tiles of several tokens); with chunks in a step
+     * of decode rows only, the chunks done of each (token, row task),
+     * whose last merges them (NULL: attn_merge runs after) */
+    int64_t row_kv, rows_only;
+    atomic_int *done;
 } attn_job;
+
+static void attn_merge(void *arg, int64_t begin, int64_t end);
 
 /* Sequence holding packed token t: the last s with qstart[s] <= t. */
 static int64_t seq_of(const attn_job *j, int64_t t)
@@ -325,11 +334,13 @@ static inline const float *cache_rows(const attn_job *j, int64_t base, int64_t n
 /* Query heads of one kv head attended together: each k and v row read
  * from the cache serves all of them. */
 #define ATTN_SUB 8
-/* Decode steps of up to this many tokens split the keys into chunks of
- * ATTN_CHUNK (rounded to whole blocks) so that even one sequence with few
- * kv heads gives every thread work; partial results are merged after. */
+/* Decode steps of up to ATTN_SPLIT_TOKENS tokens split the keys into up
+ * to ATTN_SPLITS chunks of whole 16-key tiles, at least ATTN_MIN_CHUNK
+ * keys each, so that even one sequence with few kv heads gives every
+ * thread work in near-equal shares; partial results are merged after. */
 #define ATTN_SPLIT_TOKENS 8
-#define ATTN_CHUNK 128
+#define ATTN_SPLITS 16
+#define ATTN_MIN_CHUNK 32
 
 /* e^z for the softmax's z <= 0: 0 below -87, where expf would return a
  * subnormal (or 0) through libm's slow underflow path, and the subnormal
@@ -511,24 +522,36 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
     return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
 }
 
-/* One decode row: token t of sequence s, the G query heads of kv head
- * kvh, the keys of chunk c. Keys go in the lanes: a tile of 16 keys is 16
- * dot products per query head (each a vector of partial sums, folded into
- * one vector of 16 scores by attn_sum16), the softmax runs on that vector,
- * and the values are summed row by row into the head's output. A group of
- * three heads fills 16 lanes where the prefill tile above would use 3. */
-#define ATTN_ROW_FN(NAME, HD) \
-    PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t, int64_t kvh, int64_t c) \
+/* Sixteen cache values from element e of a cache row pointer as f32: an
+ * f16 cache widened by vcvtph2ps as it is read. */
+#define ATTN_LOAD16(F16, base, e) \
+    ((F16) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(base) + (e)))) \
+           : _mm512_loadu_ps((const float *)(base) + (e)))
+
+/* One decode row: token t of sequence s, the query heads of kv heads
+ * [kv0, kv0 + nkv) (at most ATTN_LANES heads), the keys of chunk c. The
+ * tiles of a block's kv heads are taken one after another, so a task
+ * reads its chunk's cache as one contiguous run (the blocks of a
+ * sequence are handed out in order). Keys go in the lanes: a tile of 16
+ * keys is 16 dot products per query head (each a vector of partial sums,
+ * folded into one vector of 16 scores by attn_sum16), and the softmax
+ * runs on that vector; a group of three heads fills 16 lanes where the
+ * prefill tile above would use 3. K is widened once a tile into kbuf for
+ * the group's heads; each V row is widened once as it is read and summed
+ * into the outputs of up to HB heads held in registers. */
+#define ATTN_ROW_FN(NAME, HD, F16) \
+    PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t, int64_t kv0, int64_t nkv, int64_t c) \
     { \
         const attn_params *p = j->p; \
-        const int64_t G = p->n_heads / p->n_kv_heads, h0 = kvh * G; \
-        enum { NV = (HD) / 16 }; \
+        const int64_t G = p->n_heads / p->n_kv_heads, h0 = kv0 * G, H = nkv * G, bs = p->block_size; \
+        enum { NV = (HD) / 16, HB = 16 / NV }; \
         float qs[ATTN_LANES][HD] __attribute__((aligned(64))), os[ATTN_LANES][HD] __attribute__((aligned(64))); \
-        float kbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))), vbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))); \
-        float ms[ATTN_LANES], ls[ATTN_LANES], pw[ATTN_LANES] __attribute__((aligned(64))); \
+        float kbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))); \
+        float pw[ATTN_LANES][ATTN_LANES] __attribute__((aligned(64))), cs[ATTN_LANES]; \
+        float ms[ATTN_LANES], ls[ATTN_LANES]; \
         const float *q = (const float *)j->q + t * j->q_ld + h0 * (HD); \
         const __m512 scale = _mm512_set1_ps(p->scale); \
-        for (int64_t g = 0; g < G; g++) { \
+        for (int64_t g = 0; g < H; g++) { \
             UNROLLED_FOR (v, NV) { \
                 _mm512_store_ps(qs[g] + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(q + g * (HD) + 16 * v), scale)); \
                 _mm512_store_ps(os[g] + 16 * v, _mm512_setzero_ps()); \
@@ -538,48 +561,83 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
         const int64_t keys = position_of(j, s, t) + 1; \
         const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
         for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
-            const float *K, *V; \
-            const int64_t n = attn_tile_rows(j, s, kvh, k0, k_end, HD, kbuf, vbuf, &K, &V); \
+            int64_t n = bs - k0 % bs; \
+            n = n < k_end - k0 ? n : k_end - k0; \
+            n = n < ATTN_LANES ? n : ATTN_LANES; \
             const __mmask16 real = (__mmask16)((1u << n) - 1u); \
-            for (int64_t g = 0; g < G; g++) { \
-                __m512 part[ATTN_LANES]; \
-                UNROLLED_FOR (i, ATTN_LANES) { \
-                    part[i] = _mm512_mul_ps(_mm512_load_ps(qs[g]), _mm512_loadu_ps(K + i * (HD))); \
-                    UNROLLED_FOR (v, NV - 1) \
-                        part[i] = _mm512_fmadd_ps(_mm512_load_ps(qs[g] + 16 * (v + 1)), \
-                                                  _mm512_loadu_ps(K + i * (HD) + 16 * (v + 1)), part[i]); \
+            if (n < ATTN_LANES) /* the padding rows' scores are masked, but read: keep them defined */ \
+                memset(kbuf + n * (HD), 0, sizeof(float) * (size_t)((ATTN_LANES - n) * (HD))); \
+            /* the next tile's rows are fetched while this one is computed: \
+             * a block's runs are too short for the hardware prefetcher */ \
+            const int next = k0 + n < keys; \
+            for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
+                const void *kp = (const char *)j->cache + cache_index(j, s, k0, 0, kvh) * ((F16) ? 2 : 4); \
+                const char *kpn = \
+                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ((F16) ? 2 : 4) : NULL; \
+                for (int64_t e = 0; e < n * (HD); e += 16) { \
+                    if (kpn && (e * ((F16) ? 2 : 4)) % 64 == 0) \
+                        _mm_prefetch(kpn + e * ((F16) ? 2 : 4), _MM_HINT_T0); \
+                    _mm512_store_ps(kbuf + e, ATTN_LOAD16(F16, kp, e)); \
                 } \
-                __m512 sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), real, attn_sum16(part)); \
-                float mx = _mm512_reduce_max_ps(sc); \
-                mx = mx > ms[g] ? mx : ms[g]; \
-                /* exp(-inf) = 0 clears the empty accumulator of the first tile */ \
-                __m512 corr = plugin_exp16(_mm512_set1_ps(ms[g] - mx)); \
-                __m512 pv = plugin_exp16(_mm512_sub_ps(sc, _mm512_set1_ps(mx))); \
-                ls[g] = ls[g] * _mm512_cvtss_f32(corr) + _mm512_reduce_add_ps(pv); \
-                ms[g] = mx; \
-                _mm512_store_ps(pw, pv); \
-                /* two sets of accumulators, even and odd keys: twice the FMA chains */ \
-                __m512 o0[NV], o1[NV]; \
-                UNROLLED_FOR (v, NV) \
-                    o0[v] = _mm512_mul_ps(_mm512_load_ps(os[g] + 16 * v), corr), o1[v] = _mm512_setzero_ps(); \
-                for (int64_t i = 0; i + 1 < n; i += 2) { \
-                    __m512 w0 = _mm512_set1_ps(pw[i]), w1 = _mm512_set1_ps(pw[i + 1]); \
-                    UNROLLED_FOR (v, NV) { \
-                        o0[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(V + i * (HD) + 16 * v), o0[v]); \
-                        o1[v] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(V + (i + 1) * (HD) + 16 * v), o1[v]); \
-                    } \
-                } \
-                if (n % 2) { \
-                    __m512 w0 = _mm512_set1_ps(pw[n - 1]); \
+                for (int64_t g = (kvh - kv0) * G; g < (kvh - kv0 + 1) * G; g++) { \
+                    __m512 qv[NV], part[ATTN_LANES]; \
                     UNROLLED_FOR (v, NV) \
-                        o0[v] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(V + (n - 1) * (HD) + 16 * v), o0[v]); \
+                        qv[v] = _mm512_load_ps(qs[g] + 16 * v); \
+                    UNROLLED_FOR (i, ATTN_LANES) { \
+                        part[i] = _mm512_mul_ps(qv[0], _mm512_load_ps(kbuf + i * (HD))); \
+                        UNROLLED_FOR (v, NV - 1) \
+                            part[i] = \
+                                _mm512_fmadd_ps(qv[v + 1], _mm512_load_ps(kbuf + i * (HD) + 16 * (v + 1)), part[i]); \
+                    } \
+                    __m512 sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), real, attn_sum16(part)); \
+                    float mx = _mm512_reduce_max_ps(sc); \
+                    cs[g] = 1.0f; \
+                    if (mx > ms[g]) { \
+                        /* a new max rescales what came before; exp(-inf) = 0 clears the empty first one */ \
+                        cs[g] = _mm512_cvtss_f32(plugin_exp16(_mm512_set1_ps(ms[g] - mx))); \
+                        ms[g] = mx; \
+                    } \
+                    __m512 pv = plugin_exp16(_mm512_sub_ps(sc, _mm512_set1_ps(ms[g]))); \
+                    ls[g] = ls[g] * cs[g] + _mm512_reduce_add_ps(pv); \
+                    _mm512_store_ps(pw[g], pv); \
                 } \
-                UNROLLED_FOR (v, NV) \
-                    _mm512_store_ps(os[g] + 16 * v, _mm512_add_ps(o0[v], o1[v])); \
+            } \
+            /* the values after every kv head's keys: a block is read front to back */ \
+            for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
+                const void *vp = (const char *)j->cache + cache_index(j, s, k0, 1, kvh) * ((F16) ? 2 : 4); \
+                const char *vpn = \
+                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 1, kvh) * ((F16) ? 2 : 4) : NULL; \
+                const int64_t g0 = (kvh - kv0) * G; \
+                for (int64_t gb = 0; gb < G; gb += HB) { \
+                    __m512 o[HB][NV]; \
+                    UNROLLED_FOR (b, HB) \
+                        UNROLLED_FOR (v, NV) \
+                            o[b][v] = gb + b < G ? _mm512_mul_ps(_mm512_load_ps(os[g0 + gb + b] + 16 * v), \
+                                                                 _mm512_set1_ps(cs[g0 + gb + b])) \
+                                                 : _mm512_setzero_ps(); \
+                    for (int64_t i = 0; i < n; i++) { \
+                        if (vpn && gb == 0) \
+                            for (int64_t off = 0; off < (HD) * ((F16) ? 2 : 4); off += 64) \
+                                _mm_prefetch(vpn + i * (HD) * ((F16) ? 2 : 4) + off, _MM_HINT_T0); \
+                        __m512 x[NV]; \
+                        UNROLLED_FOR (v, NV) \
+                            x[v] = ATTN_LOAD16(F16, vp, i * (HD) + 16 * v); \
+                        UNROLLED_FOR (b, HB) \
+                            if (gb + b < G) { \
+                                __m512 w = _mm512_set1_ps(pw[g0 + gb + b][i]); \
+                                UNROLLED_FOR (v, NV) \
+                                    o[b][v] = _mm512_fmadd_ps(w, x[v], o[b][v]); \
+                            } \
+                    } \
+                    UNROLLED_FOR (b, HB) \
+                        if (gb + b < G) \
+                            UNROLLED_FOR (v, NV) \
+                                _mm512_store_ps(os[g0 + gb + b] + 16 * v, o[b][v]); \
+                } \
             } \
             k0 += n; \
         } \
-        for (int64_t g = 0; g < G; g++) { \
+        for (int64_t g = 0; g < H; g++) { \
             if (j->part) { \
                 float *pp = j->part + ((t * p->n_heads + h0 + g) * j->n_chunks + c) * part_floats(p); \
                 pp[0] = ms[g]; \
@@ -591,10 +649,17 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
             for (int64_t d = 0; d < (HD); d++) \
                 o[d] = os[g][d] * inv; \
         } \
+        /* the last chunk of these heads to finish merges them (the add \
+         * orders the other chunks' partial results before the merge's reads) */ \
+        const int64_t kv_tasks = (p->n_kv_heads + j->row_kv - 1) / j->row_kv; \
+        if (j->done && atomic_fetch_add(&j->done[t * kv_tasks + kv0 / j->row_kv], 1) == j->n_chunks - 1) \
+            attn_merge((void *)j, t * p->n_heads + h0, t * p->n_heads + h0 + H); \
     }
 
-ATTN_ROW_FN(attn_row_64, 64)
-ATTN_ROW_FN(attn_row_128, 128)
+ATTN_ROW_FN(attn_row_64_f32, 64, 0)
+ATTN_ROW_FN(attn_row_128_f32, 128, 0)
+ATTN_ROW_FN(attn_row_64_f16, 64, 1)
+ATTN_ROW_FN(attn_row_128_f16, 128, 1)
 
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
  * head kvh (lane = token · group + head), head_dim HD, the keys of chunk
@@ -697,9 +762,10 @@ static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
     const attn_job *j = arg;
     const attn_params *p = j->p;
     const int64_t per = ATTN_LANES / (p->n_heads / p->n_kv_heads);
+    const int64_t kv_tasks = (p->n_kv_heads + j->row_kv - 1) / j->row_kv;
     for (int64_t task = begin; task < end; task++) {
         int64_t c = task % j->n_chunks, rest = task / j->n_chunks;
-        int64_t tile = rest / p->n_kv_heads, kvh = rest % p->n_kv_heads, s = 0, before = 0;
+        int64_t tile = rest / kv_tasks, kvh = rest % kv_tasks * j->row_kv, s = 0, before = 0;
         for (; s < j->n_seqs; s++) {
             int64_t n = (j->qstart[s + 1] - j->qstart[s] + per - 1) / per;
             if (tile < before + n)
@@ -708,16 +774,21 @@ static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
         }
         int64_t t0 = j->qstart[s] + (tile - before) * per, nt = j->qstart[s + 1] - t0;
         nt = nt < per ? nt : per;
-        if (nt == 1)
-            (p->head_dim == 64 ? attn_row_64 : attn_row_128)(j, s, t0, kvh, c);
-        else
+        if (nt == 1) {
+            int64_t nkv = p->n_kv_heads - kvh < j->row_kv ? p->n_kv_heads - kvh : j->row_kv;
+            if (j->ct == KILN_DTYPE_F16)
+                (p->head_dim == 64 ? attn_row_64_f16 : attn_row_128_f16)(j, s, t0, kvh, nkv, c);
+            else
+                (p->head_dim == 64 ? attn_row_64_f32 : attn_row_128_f32)(j, s, t0, kvh, nkv, c);
+        } else
             (p->head_dim == 64 ? attn_tile_64 : attn_tile_128)(j, s, t0, nt, kvh, c);
     }
 }
 
-/* The tiles of this step times its kv heads, or 0 where the portable
- * kernel runs. */
-static int64_t attn_tile_count(const attn_job *j, int64_t tokens)
+/* The tiles of this step times its kv heads' tasks (a step of one new
+ * token per sequence takes up to ATTN_LANES query heads a task: j->row_kv
+ * kv heads), or 0 where the portable kernel runs. */
+static int64_t attn_tile_count(attn_job *j, int64_t tokens)
 {
     const attn_params *p = j->p;
     int64_t group = p->n_heads / p->n_kv_heads;
@@ -726,9 +797,13 @@ static int64_t attn_tile_count(const attn_job *j, int64_t tokens)
         (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) || !plugin_has_avx512())
         return 0;
     int64_t per = ATTN_LANES / group, tiles = 0;
-    for (int64_t s = 0; s < j->n_seqs; s++)
+    j->rows_only = 1;
+    for (int64_t s = 0; s < j->n_seqs; s++) {
         tiles += (j->qstart[s + 1] - j->qstart[s] + per - 1) / per;
-    return tiles * p->n_kv_heads;
+        j->rows_only = j->rows_only && j->qstart[s + 1] - j->qstart[s] == 1;
+    }
+    j->row_kv = j->rows_only ? (per < p->n_kv_heads ? per : p->n_kv_heads) : 1;
+    return tiles * ((p->n_kv_heads + j->row_kv - 1) / j->row_kv);
 }
 #endif
 
@@ -769,7 +844,8 @@ static size_t attn_plan(const attn_params *p, int64_t tokens, int64_t max_keys, 
     int64_t group = p->n_heads / p->n_kv_heads;
     *sub = group < ATTN_SUB ? group : ATTN_SUB;
     *n_sub = p->n_kv_heads * ((group + *sub - 1) / *sub);
-    *chunk = (ATTN_CHUNK + p->block_size - 1) / p->block_size * p->block_size;
+    *chunk = ((max_keys + ATTN_SPLITS - 1) / ATTN_SPLITS + 15) / 16 * 16;
+    *chunk = *chunk > ATTN_MIN_CHUNK ? *chunk : ATTN_MIN_CHUNK;
     *n_chunks = tokens <= ATTN_SPLIT_TOKENS ? (max_keys + *chunk - 1) / *chunk : 1;
     if (*n_chunks <= 1) {
         *n_chunks = 1;
@@ -832,6 +908,9 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
                     0,
                     0,
                     0,
+                    NULL,
+                    1,
+                    0,
                     NULL};
     kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
     if (s != KILN_OK)
@@ -846,12 +925,20 @@ static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void 
         attn_plan(p, ATTN_SPLIT_TOKENS + 1, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.chunk);
 #ifdef ATTN_AVX512
     int64_t tile_tasks = attn_tile_count(&job, tokens);
+    if (tile_tasks > 0 && job.part && job.rows_only) {
+        /* decode rows only: each group's last chunk merges (one pass over
+         * the pool fewer a layer); the counters follow the partial results */
+        job.done =
+            (atomic_int *)(job.part + (size_t)tokens * (size_t)p->n_heads * (size_t)job.n_chunks * part_floats(p));
+        for (int64_t i = 0; i < tile_tasks; i++)
+            atomic_init(&job.done[i], 0);
+    }
     if (tile_tasks > 0)
         host->parallel_for(stream, tile_tasks * job.n_chunks, attn_tile_tasks, &job);
     else
 #endif
         host->parallel_for(stream, tokens * job.n_sub * job.n_chunks, attn_tasks, &job);
-    if (job.part)
+    if (job.part && !job.done)
         host->parallel_for(stream, tokens * p->n_heads, attn_merge, &job);
     return KILN_OK;
 }
@@ -938,10 +1025,14 @@ static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tenso
     int32_t meta = p->packed_qkv ? 1 : 3;
     if (n_in != meta + 4 || in[0].dims.rank != 2 || in[meta + 1].dims.rank != 2)
         return 0;
-    int64_t tokens = in[0].dims.d[0], n_sub, sub, n_chunks, chunk;
-    size_t cpu = attn_plan(p, tokens < ATTN_SPLIT_TOKENS ? tokens : ATTN_SPLIT_TOKENS,
-                           in[meta + 1].dims.d[1] * p->block_size, &n_sub, &sub, &n_chunks, &chunk) *
-                 sizeof(float);
+    /* A step's chunks number min(ATTN_SPLITS, keys / ATTN_MIN_CHUNK) at
+     * most (rounded up), which the plan of that many keys reaches. */
+    int64_t tokens = in[0].dims.d[0], n_sub, sub, n_chunks, chunk, keys = in[meta + 1].dims.d[1] * p->block_size;
+    keys = keys < ATTN_SPLITS * ATTN_MIN_CHUNK ? keys : ATTN_SPLITS * ATTN_MIN_CHUNK;
+    int64_t split = tokens < ATTN_SPLIT_TOKENS ? tokens : ATTN_SPLIT_TOKENS;
+    size_t cpu = attn_plan(p, split, keys, &n_sub, &sub, &n_chunks, &chunk) * sizeof(float);
+    if (cpu > 0) /* and the chunk counters of a step of decode rows (attn_job.done) */
+        cpu += (size_t)split * (size_t)p->n_kv_heads * sizeof(atomic_int);
 #ifdef KILN_HAVE_CUDA
     size_t cuda = kiln_attention_cuda_workspace(tokens, in[meta + 1].dims.d[0], in[meta + 1].dims.d[1], p->n_heads,
                                                 p->n_kv_heads, p->head_dim, p->block_size);

@@ -324,10 +324,9 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
             xr[i] = plugin_load(host, in[0], xt, r * p->k + i);
         if (!nw)
             continue;
-        float ss = 0.0f;
-        for (int64_t i = 0; i < p->k; i++)
-            ss += xr[i] * xr[i];
-        inv = 1.0f / sqrtf(ss / (float)p->k + p->epsilon);
+        float part[8] = {0};
+        plugin_sum_squares_add(part, 0, xr, p->k);
+        inv = 1.0f / sqrtf(plugin_sum_squares_total(part) / (float)p->k + p->epsilon);
         for (int64_t i = 0; i < p->k; i++)
             xr[i] = plugin_round(host, t, plugin_round(host, xt, xr[i] * inv) * plugin_load(host, nw, t, i));
     }

@@ -134,7 +134,7 @@ static int32_t rmsnorm_supports(const kiln_plugin *self, kiln_backend backend, c
 typedef struct rmsnorm_job {
     const rmsnorm *r;
     kiln_dtype xt, rt, wt, yt; /* x and sum, residual, weight, y */
-    const void *x, *res, *w; /* res: NULL without the add */
+    const void *x, *res, *w;   /* res: NULL without the add */
     void *sum, *y;
     int64_t h;
 } rmsnorm_job;
@@ -146,17 +146,40 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
     /* with the add, the rounded sum is stored first and every later read
      * takes it from there, exactly as a separate add then RMSNorm would */
     const void *src = j->res ? j->sum : j->x;
+    const int all_f32 =
+        xt == KILN_DTYPE_F32 && (!j->res || rt == KILN_DTYPE_F32) && wt == KILN_DTYPE_F32 && yt == KILN_DTYPE_F32;
     for (int64_t row = begin; row < end; row++) {
         int64_t base = row * j->h;
-        float ss = 0.0f;
-        for (int64_t i = 0; i < j->h; i++) {
-            if (j->res)
-                plugin_store(host, j->sum, xt, base + i,
-                             plugin_load(host, j->x, xt, base + i) + plugin_load(host, j->res, rt, base + i));
-            float v = plugin_load(host, src, xt, base + i);
-            ss += v * v;
+        float part[8] = {0}, buf[64];
+        if (all_f32) {
+            /* the same arithmetic without a conversion per element: one
+             * decode step runs two of these per layer */
+            const float *x = (const float *)j->x + base, *w = j->w;
+            float *s = j->res ? (float *)j->sum + base : NULL, *y = (float *)j->y + base;
+            if (s) {
+                const float *r = (const float *)j->res + base;
+                for (int64_t i = 0; i < j->h; i++)
+                    s[i] = x[i] + r[i];
+                x = s;
+            }
+            plugin_sum_squares_add(part, 0, x, j->h);
+            float inv = 1.0f / sqrtf(plugin_sum_squares_total(part) / (float)j->h + j->r->p.epsilon);
+            for (int64_t i = 0; i < j->h; i++)
+                y[i] = x[i] * inv * w[i];
+            continue;
         }
-        float inv = 1.0f / sqrtf(ss / (float)j->h + j->r->p.epsilon);
+        for (int64_t i0 = 0; i0 < j->h; i0 += 64) {
+            int64_t n = j->h - i0 < 64 ? j->h - i0 : 64;
+            for (int64_t i = 0; i < n; i++) {
+                if (j->res)
+                    plugin_store(host, j->sum, xt, base + i0 + i,
+                                 plugin_load(host, j->x, xt, base + i0 + i) +
+                                     plugin_load(host, j->res, rt, base + i0 + i));
+                buf[i] = plugin_load(host, src, xt, base + i0 + i);
+            }
+            plugin_sum_squares_add(part, i0, buf, n);
+        }
+        float inv = 1.0f / sqrtf(plugin_sum_squares_total(part) / (float)j->h + j->r->p.epsilon);
         for (int64_t i = 0; i < j->h; i++) {
             /* Round the normalized value to x's dtype first, as HF does. */
             float n = plugin_load(host, src, xt, base + i) * inv;

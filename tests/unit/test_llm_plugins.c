@@ -552,18 +552,20 @@ static void test_attention_reference(void)
     for (int isa = 0; isa < 2; isa++) {
         if (isa == 0)
             setenv("KILN_ATTENTION_ISA", "c", 1);
-        check_attention_reference(18, 1, 16, 700, 1); /* decode, keys in chunks, 3 sub-groups of the MQA group */
-        check_attention_reference(9, 3, 16, 900, 4);  /* decode of 4 tokens per sequence, GQA */
-        check_attention_reference(6, 2, 16, 40, 37);  /* prefill beyond the split limit: one chunk */
-        check_attention_reference(9, 3, 64, 0, 29);   /* SmolLM2's heads, a prompt: tiles of 5 tokens */
-        check_attention_reference(32, 8, 64, 21, 40); /* a 1B's heads after a cached prefix: tiles of 4 */
-        check_attention_reference(4, 4, 128, 5, 19);  /* MHA, head_dim 128: tiles of 16 tokens */
-        check_attention_reference(32, 2, 64, 3, 12);  /* a group of 16: one token a tile */
-        check_attention_reference(9, 3, 64, 700, 1);  /* SmolLM2's decode: keys in chunks, merged */
-        check_attention_reference(32, 8, 64, 300, 4); /* a 1B's decode of 4 tokens, chunks */
-        check_attention_reference(8, 8, 128, 40, 3);  /* a decode step shorter than one chunk */
+        check_attention_reference(18, 1, 16, 700, 1);  /* decode, keys in chunks, 3 sub-groups of the MQA group */
+        check_attention_reference(9, 3, 16, 900, 4);   /* decode of 4 tokens per sequence, GQA */
+        check_attention_reference(6, 2, 16, 40, 37);   /* prefill beyond the split limit: one chunk */
+        check_attention_reference(9, 3, 64, 0, 29);    /* SmolLM2's heads, a prompt: tiles of 5 tokens */
+        check_attention_reference(32, 8, 64, 21, 40);  /* a 1B's heads after a cached prefix: tiles of 4 */
+        check_attention_reference(4, 4, 128, 5, 19);   /* MHA, head_dim 128: tiles of 16 tokens */
+        check_attention_reference(32, 2, 64, 3, 12);   /* a group of 16: one token a tile */
+        check_attention_reference(9, 3, 64, 700, 1);   /* SmolLM2's decode: keys in chunks, merged */
+        check_attention_reference(32, 8, 64, 300, 4);  /* a 1B's decode of 4 tokens, chunks */
+        check_attention_reference(8, 8, 128, 40, 3);   /* a decode step shorter than one chunk */
         check_attention_reference(32, 8, 128, 517, 1); /* an 8B's decode: keys in lanes, head_dim 128 */
-        check_attention_reference(9, 3, 64, 5, 1);    /* a decode row shorter than one key tile */
+        check_attention_reference(9, 3, 64, 5, 1);     /* a decode row shorter than one key tile */
+        check_attention_reference(8, 8, 128, 40, 1);   /* MHA decode: eight kv heads a task, two heads a V pass */
+        check_attention_reference(16, 1, 64, 300, 1);  /* a decode group of 16 heads: one kv head a task, chunks */
         /* an f16 cache: decode rows (chunks, a short last tile) and prefill tiles widen it */
         check_attention_reference_ct(9, 3, 64, 700, 1, KILN_DTYPE_F16);
         check_attention_reference_ct(32, 8, 128, 45, 1, KILN_DTYPE_F16);

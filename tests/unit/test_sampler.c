@@ -55,6 +55,43 @@ static void test_greedy(void)
     CHECK(kiln_sampler_sample(l, 6, &p, &rng, c) == 1);
 }
 
+/* The first index of the largest value, NaN never taken (and a NaN at
+ * index 0 kept, as nothing compares greater): the definition, one element
+ * at a time. */
+static int32_t argmax_scan(const float *l, int32_t n)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (l[i] > l[best])
+            best = i;
+    return best;
+}
+
+/* The vectorized argmax against the scan: lengths around its 16-element
+ * stride, values from a small set (many ties), NaN and infinities mixed
+ * in, the max in the tail, and a NaN first. */
+static void test_argmax_scan(void)
+{
+    static const float pool[8] = {-1.0f, 0.5f, 2.0f, 2.0f, -INFINITY, INFINITY, NAN, -0.0f};
+    float l[80];
+    uint32_t x = 12345;
+    int same = 1;
+    for (int32_t n = 1; n <= 80; n++)
+        for (int rep = 0; rep < 40; rep++) {
+            for (int32_t i = 0; i < n; i++) {
+                x = x * 1664525u + 1013904223u;
+                /* infinities and NaN only in some rounds, so finite maxima are tested too */
+                l[i] = pool[(x >> 24) % (rep % 2 ? 8 : 4)];
+            }
+            if (rep % 5 == 4)
+                l[n - 1] = 3.0f;
+            if (rep % 7 == 6)
+                l[0] = NAN;
+            same &= kiln_sampler_argmax(l, n) == argmax_scan(l, n);
+        }
+    CHECK(same);
+}
+
 static void test_top_k(void)
 {
     const double probs[6] = {0.05, 0.30, 0.10, 0.25, 0.20, 0.10};
@@ -583,6 +620,7 @@ static const test_case_ tests[] = {
     TEST(test_sample_layer_matches_sampler),
     TEST(test_sample_layer_penalties),
     TEST(test_greedy),
+    TEST(test_argmax_scan),
     TEST(test_top_k),
     TEST(test_top_k_large_vocab),
     TEST(test_top_p),
