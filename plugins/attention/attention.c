@@ -918,8 +918,8 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
     void *cache = (void *)(uintptr_t)in[meta];
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
-        if (in_desc[meta].dtype != in_desc[0].dtype)
-            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q");
+        if (in_desc[meta].dtype != in_desc[0].dtype && in_desc[meta].dtype != KILN_DTYPE_U8)
+            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q or be u8 (FP8)");
         size_t es = plugin_float_size(in_desc[0].dtype);
         const char *q = in[0];
         kiln_attention_cuda_args a = {.q = q,
@@ -943,7 +943,8 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
                                       .head_dim = p->head_dim,
                                       .block_size = p->block_size,
                                       .scale = p->scale,
-                                      .dtype = in_desc[0].dtype};
+                                      .dtype = in_desc[0].dtype,
+                                      .cache_dtype = in_desc[meta].dtype};
         if (p->packed_qkv) {
             a.k = q + q_width * es;
             a.v = q + (q_width + kv_width) * es;

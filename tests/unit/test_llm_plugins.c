@@ -718,6 +718,7 @@ static void test_attention_fp8(void)
         check_attention_fp8(9, 3, 64, 700, 1, KILN_DTYPE_F32);  /* SmolLM2's decode: keys in chunks */
         check_attention_fp8(32, 8, 128, 45, 1, KILN_DTYPE_F32); /* an 8B's decode, a short last tile */
         check_attention_fp8(9, 3, 64, 21, 29, KILN_DTYPE_F32);  /* prefill after a cached prefix */
+        check_attention_fp8(9, 3, 64, 300, 8, KILN_DTYPE_F32);  /* chunks of 8 tokens, as kiln perplexity scores */
         check_attention_fp8(4, 4, 128, 5, 19, KILN_DTYPE_F32);  /* MHA prefill, tiles of 16 tokens */
         check_attention_fp8(6, 2, 16, 40, 37, KILN_DTYPE_F32);  /* head_dim 16: the portable kernel */
         check_attention_fp8(9, 3, 64, 300, 2, KILN_DTYPE_BF16);
