@@ -12,7 +12,12 @@
  *   3 kv_cache     [n_blocks, 2, n_kv_heads, block_size, head_dim]  written in place:
  *                  the caller binds it and keeps it across steps; nothing
  *                  but this op writes it while a step runs (the CUDA decode
- *                  reads cached keys before waiting on the previous kernel)
+ *                  reads cached keys before waiting on the previous kernel).
+ *                  f32, f16, bf16, or u8 holding FP8 E4M3 codes (an FP8
+ *                  cache): new keys and values are rounded to the nearest
+ *                  E4M3 value, ties to even, scale 1, saturating at ±448
+ *                  (NaN stays NaN; core/fp8.h), and every key read back,
+ *                  this step's too, is the rounded one
  *   4 block_table  i32 [S, max_blocks]  cache block of each sequence's j-th block
  *   5 seq_lens     i32 [S]   tokens in each sequence after this step
  *   6 query_start  i32 [S+1] offsets of each sequence's new tokens in q (0, ..., T)
@@ -33,7 +38,7 @@
  * (no scratch memory); tasks of (token, head) are spread over the pool.
  *
  * CUDA (attention_cuda.cu, when built with nvcc): the same semantics for
- * f32, f16 and bf16 with the cache in the dtype of q; decode splits long
+ * f32, f16 and bf16 with the cache in the dtype of q or FP8; decode splits long
  * sequences over the workspace (workspace_size). The metadata lives on the
  * device, so it is not checked on the host there: inconsistent metadata
  * gives NaN outputs instead of an error (never an access out of bounds).

@@ -1,7 +1,16 @@
 /* PagedAttention on the GPU: the same semantics as the CPU reference in
  * attention.c (cache write, then causal attention of each new token to
  * its sequence's cached and new tokens), f32 softmax statistics and f32
- * accumulation for every storage dtype.
+ * accumulation for every storage dtype. An FP8 cache (cache_dtype u8:
+ * E4M3 codes) is written by kat_write, which rounds each value as
+ * core/fp8.h does (satfinite, ties to even), and read as E4M3 widened to
+ * f32 (or to f16/bf16 for the tensor cores, exactly) right after the
+ * loads: by kat_pipe (8 codes a lane where a 16-bit cache gives 8
+ * values, so a stage holds twice the keys), kat_prefill (the tiles
+ * converted on their way to shared memory instead of cp.async) and
+ * kat_generic (f32 activations, other head dims). kat_decode does not
+ * take it (the FP8 cache always runs kat_pipe), nor does the fused cache
+ * write: the new keys are read back rounded from the cache, as on the CPU.
  *
  * One step is one to three launches, all taking part in programmatic
  * dependent launch (kcu_launch_cfg, kcu_after_prior):
