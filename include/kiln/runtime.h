@@ -71,9 +71,10 @@ KILN_API kiln_status kiln_context_run_reference(kiln_context *ctx);
  * a memcpy. */
 KILN_API kiln_status kiln_context_copy_input(kiln_context *ctx, const char *name, const void *host, size_t bytes);
 
-/* Copies an I/O tensor's current contents to host memory. On CUDA it is
- * enqueued on the context's stream (device to pinned staging, then staging
- * to `host` from a host callback): `host` must stay valid and is filled
+/* Copies an I/O tensor's current contents to host memory. On CUDA the
+ * device-to-staging copy is enqueued on the context's stream and the
+ * staging-to-`host` copy happens in kiln_context_synchronize (or when the
+ * same tensor is copied out again): `host` must stay valid and is filled
  * only after kiln_context_synchronize. On the CPU it is a memcpy. */
 KILN_API kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *host, size_t bytes);
 

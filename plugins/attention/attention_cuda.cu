@@ -1278,6 +1278,12 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
     const char *kin = (const char *)a.k + (k.first * a.k_ld + (int64_t)kvh * D + lv * PER) * (16 / PER);
     const char *vin = (const char *)a.v + (k.first * a.v_ld + (int64_t)kvh * D + lv * PER) * (16 / PER);
     const int32_t *table = a.table + k.s * a.max_blocks;
+    /* a split past the keys outside a cluster writes nothing (the cache
+     * write and an invalid token's NaN output are split 0's): it leaves
+     * before the wait, so its slot on the SM is free while the previous
+     * kernel ends and the next one starts */
+    if (early && !cluster && z > 0 && z >= ge)
+        return;
     unsigned char *mine = kat_smem + (size_t)warp * S * KAT_PIPE_STAGE_BYTES;
     int bad = 0;
     /* the first key of this warp's j-th stage */
