@@ -29,7 +29,8 @@
  *   - an FP8 cache (E4M3 codes in u8): the cache write rounding (some k and
  *     v values past ±448: saturated), kat_pipe's decode (splits in a
  *     cluster and through kat_combine, GQA groups of 1, 4 and 8, block 7,
- *     a graph), kat_prefill's tiles (prefill, chunked prefill onto an FP8
+ *     3 pipeline stages, splits of 256 keys, a short context in a long
+ *     table, a graph), kat_prefill's tiles (prefill, chunked prefill onto an FP8
  *     cache, a mixed step) and kat_generic (f32 activations, head_dim 16,
  *     unaligned q).
  * The GPU output is poisoned with NaN before each launch. Tolerance on the
@@ -568,6 +569,18 @@ static void test_fp8_cache(void)
     setenv("KILN_ATTENTION_PIPE_EARLY", "0", 1);
     run_all(&(step){"fp8: decode batch 5, loads after the wait", 32, 8, 64, 16, 0, 0, 0, 5, ones, lens5});
     unsetenv("KILN_ATTENTION_PIPE_EARLY");
+    setenv("KILN_ATTENTION_PIPE_STAGES", "3", 1);
+    run_all(&(step){"fp8: decode batch 5, 3 pipeline stages", 16, 4, 128, 16, 0, 0, 0, 5, ones, lens5});
+    unsetenv("KILN_ATTENTION_PIPE_STAGES");
+    setenv("KILN_ATTENTION_PIPE_SPLIT_KEYS", "256", 1);
+    setenv("KILN_ATTENTION_PIPE_CAP", "0", 1);
+    run_all(&(step){"fp8: decode batch 3, splits of 256 keys, uncapped", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    unsetenv("KILN_ATTENTION_PIPE_SPLIT_KEYS");
+    unsetenv("KILN_ATTENTION_PIPE_CAP");
+    table_blocks = 8448 / 16; /* short contexts in an 8B engine's tables: splits that only join the merge */
+    static const int32_t len136[1] = {136};
+    run_all(&(step){"fp8: decode batch 1, 136 of 8448", 32, 8, 128, 16, 0, 0, 0, 1, ones, len136});
+    table_blocks = 0;
     static const int32_t n_new[4] = {100, 1, 64, 250}, fresh[4] = {100, 1, 64, 250};
     run_all(&(step){"fp8: prefill 4 sequences", 32, 8, 128, 16, 0, 0, 0, 4, n_new, fresh});
     run_all(&(step){"fp8: prefill, head_dim 64 MQA", 8, 1, 64, 16, 0, 0, 0, 4, n_new, fresh});
