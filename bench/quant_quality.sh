@@ -21,7 +21,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 text=${4:-$root/tests/data/text/declaration_of_independence.txt}
 py=${PY:-$root/.venv-ref/bin/python}
 mkdir -p "$work"
-formats=(bf16 int8 int8-g128 int4 fp8)
+formats=(bf16 int8 int8-g128 int4 fp8 kv-fp8)
 build() {
     local name=$1
     shift
@@ -33,6 +33,7 @@ build int8 --dtype f32 --weights int8
 build int8-g128 --dtype f32 --weights int8 --weights-group 128
 build int4 --dtype f32 --weights int4
 build fp8 --dtype fp8
+build kv-fp8 --dtype f32 --kv-dtype fp8
 # the windows kiln perplexity cuts from the text, as token ids, so that
 # both sides score exactly the same tokens
 python3 - "$kiln" "$work/f32.engine" "$text" "$work/ids.txt" <<'PY'
@@ -68,7 +69,7 @@ for line in open(f"{work}/reference.jsonl"):
     o = json.loads(line)
     ref[o["format"]] = o
 # the issue's bars: perplexity within X of the unquantized engine, argmax agreement
-bars = {"int8": (0.5, None), "int8-g128": (0.5, None), "int4": (5.0, None), "fp8": (1.0, 0.95)}
+bars = {"int8": (0.5, None), "int8-g128": (0.5, None), "int4": (5.0, None), "fp8": (1.0, 0.95), "kv-fp8": (0.5, None)}
 print("| format | kiln ppl | delta | argmax | KL | reference ppl | delta | argmax | KL | bar | kiln |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
 first = True

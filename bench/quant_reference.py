@@ -25,6 +25,11 @@ are compared with, default f32):
   fp8        W8A8 E4M3: weights with a scale per output channel (max|w| / 448),
              activations with a scale per token (max|x| / 448), both rounded to
              the nearest E4M3 value (ties to even, saturating at 448)
+  kv-fp8     f32 weights, the KV cache in E4M3: every key (after RoPE) and value
+             rounded to the nearest E4M3 value with a scale of 1, saturating at
+             448 (kiln build --kv-dtype fp8); attention in f32
+  kv-fp8-rows  the same with a scale per token and kv head (max|row| / 448), a
+             design kiln does not build: what a dynamic scale would change
 A suffix picks the variants a format can take: `+mse` searches each
 row's/group's clipping for the least weight error (still round-to-nearest),
 `+lm` quantizes the output projection too (otherwise kept unquantized),
@@ -294,6 +299,10 @@ class Model:
             q = rope(self.mm(h, L, "attn_q").reshape(T, H, d))
             k = rope(self.mm(h, L, "attn_k").reshape(T, KV, d))
             v = self.mm(h, L, "attn_v").reshape(T, KV, d)
+            if self.fmt["kind"] == "kv-fp8":
+                k, v = e4m3(k).astype(F32), e4m3(v).astype(F32)
+            elif self.fmt["kind"] == "kv-fp8-rows":
+                k, v = fp8_dequant_rows(k), fp8_dequant_rows(v)
             k, v = np.repeat(k, H // KV, 1), np.repeat(v, H // KV, 1)
             s = q.transpose(1, 0, 2) @ k.transpose(1, 2, 0) / F32(math.sqrt(d)) + mask
             s = np.exp(s - s.max(-1, keepdims=True))

@@ -223,7 +223,8 @@ typedef struct kiln_attention_cuda_args {
     int64_t tokens, n_seqs, max_blocks, n_blocks;
     int32_t n_heads, n_kv_heads, head_dim, block_size;
     float scale;
-    int32_t dtype; /* of q, k, v, the cache and out (f32, f16, bf16) */
+    int32_t dtype;       /* of q, k, v and out (f32, f16, bf16) */
+    int32_t cache_dtype; /* of the cache: dtype, or KILN_DTYPE_U8 for FP8 E4M3 codes */
 } kiln_attention_cuda_args;
 
 /* Device scratch bytes a step of at most `tokens` tokens, `n_seqs`

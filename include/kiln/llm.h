@@ -85,8 +85,11 @@ typedef struct kiln_llm_build_options {
     /* The KV cache's element type, KILN_LLM_KV_*: AUTO (default) is F16 in
      * a native CPU engine (its matmuls already run on 8-bit activations, as
      * llama.cpp's do beside its f16 cache; half the bytes a decode step
-     * reads from the cache) and dtype otherwise. On CUDA the cache is in
-     * dtype: another type is refused. */
+     * reads from the cache) and dtype otherwise. FP8 stores E4M3 codes
+     * (a u8 cache tensor; one byte a value, half of f16's): keys and values
+     * rounded to nearest even with a fixed scale of 1, saturating at ±448
+     * (docs/llm.md says why and where that limit lies). On CUDA the cache
+     * is in dtype or FP8: another type is refused. */
     int32_t kv_cache;
 } kiln_llm_build_options;
 
@@ -94,7 +97,7 @@ typedef struct kiln_llm_build_options {
 enum { KILN_LLM_WEIGHTS_DTYPE = 0, KILN_LLM_WEIGHTS_INT8 = 1, KILN_LLM_WEIGHTS_INT4 = 2, KILN_LLM_WEIGHTS_FP8 = 3 };
 
 /* kiln_llm_build_options.kv_cache */
-enum { KILN_LLM_KV_AUTO = 0, KILN_LLM_KV_F32 = 1, KILN_LLM_KV_F16 = 2, KILN_LLM_KV_BF16 = 3 };
+enum { KILN_LLM_KV_AUTO = 0, KILN_LLM_KV_F32 = 1, KILN_LLM_KV_F16 = 2, KILN_LLM_KV_BF16 = 3, KILN_LLM_KV_FP8 = 4 };
 
 /* Defaults as written above. */
 KILN_API void kiln_llm_build_options_init(kiln_llm_build_options *options);
@@ -159,7 +162,7 @@ typedef struct kiln_llm_info {
     const char *architecture;  /* "llama", "qwen2", ... */
     const char *chat_template; /* "jinja" (the checkpoint's own template), or the
                                     built-in "chatml", "llama3", "llama2", or NULL */
-    kiln_dtype dtype;          /* KV-cache dtype (the engine's) */
+    kiln_dtype dtype;          /* KV-cache dtype (the engine's; FP8_E4M3 for its u8 codes) */
     int32_t vocab_size;
     int32_t n_layers;
     int32_t max_seq_len;  /* tokens per sequence, prompt included */

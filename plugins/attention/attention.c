@@ -12,7 +12,12 @@
  *   3 kv_cache     [n_blocks, 2, n_kv_heads, block_size, head_dim]  written in place:
  *                  the caller binds it and keeps it across steps; nothing
  *                  but this op writes it while a step runs (the CUDA decode
- *                  reads cached keys before waiting on the previous kernel)
+ *                  reads cached keys before waiting on the previous kernel).
+ *                  f32, f16, bf16, or u8 holding FP8 E4M3 codes (an FP8
+ *                  cache): new keys and values are rounded to the nearest
+ *                  E4M3 value, ties to even, scale 1, saturating at ±448
+ *                  (NaN stays NaN; core/fp8.h), and every key read back,
+ *                  this step's too, is the rounded one
  *   4 block_table  i32 [S, max_blocks]  cache block of each sequence's j-th block
  *   5 seq_lens     i32 [S]   tokens in each sequence after this step
  *   6 query_start  i32 [S+1] offsets of each sequence's new tokens in q (0, ..., T)
@@ -33,7 +38,7 @@
  * (no scratch memory); tasks of (token, head) are spread over the pool.
  *
  * CUDA (attention_cuda.cu, when built with nvcc): the same semantics for
- * f32, f16 and bf16 with the cache in the dtype of q; decode splits long
+ * f32, f16 and bf16 with the cache in the dtype of q or FP8; decode splits long
  * sequences over the workspace (workspace_size). The metadata lives on the
  * device, so it is not checked on the host there: inconsistent metadata
  * gives NaN outputs instead of an error (never an access out of bounds).
@@ -44,6 +49,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/fp8.h"
 #include "plugin_util.h"
 
 #ifdef KILN_HAVE_CUDA
@@ -68,6 +74,7 @@ static const size_t blob_sizes[BLOB_VERSION] = {offsetof(attn_params, packed_qkv
 typedef struct attention {
     kiln_plugin base;
     attn_params p;
+    float e4m3[256]; /* the value of each E4M3 code: an FP8 cache read through a table */
 } attention;
 
 static const kiln_plugin_ops attention_ops;
@@ -95,6 +102,8 @@ static kiln_status attention_new(const attn_params *p, kiln_plugin **out)
     a->p = *p;
     if (a->p.scale == 0.0f)
         a->p.scale = 1.0f / sqrtf((float)p->head_dim);
+    for (int c = 0; c < 256; c++)
+        a->e4m3[c] = kiln_e4m3_to_f32((uint8_t)c);
     *out = &a->base;
     return KILN_OK;
 }
@@ -147,9 +156,12 @@ static int32_t attention_supports(const kiln_plugin *self, kiln_backend backend,
     int32_t meta = p->packed_qkv ? 1 : 3; /* index of kv_cache */
     if (!(PLUGIN_BUILTIN_BACKENDS & KILN_BACKEND_BIT(backend)) || n_in != meta + 4 || n_out != 1)
         return 0;
-    if (backend != KILN_BACKEND_CPU && d[meta].dtype != d[0].dtype)
-        return 0; /* the CUDA kernels keep the cache in the activations' dtype */
-    for (int i = 0; i <= meta; i++)
+    /* the CUDA kernels keep the cache in the activations' dtype or in FP8 */
+    if (backend != KILN_BACKEND_CPU && d[meta].dtype != d[0].dtype && d[meta].dtype != KILN_DTYPE_U8)
+        return 0;
+    if (!plugin_is_float(d[meta].dtype) && d[meta].dtype != KILN_DTYPE_U8)
+        return 0;
+    for (int i = 0; i < meta; i++)
         if (!plugin_is_float(d[i].dtype))
             return 0;
     for (int i = 1; i < meta; i++)
@@ -161,7 +173,8 @@ static int32_t attention_supports(const kiln_plugin *self, kiln_backend backend,
 
 typedef struct attn_job {
     const attn_params *p;
-    kiln_dtype t, ct;      /* activation and cache dtypes */
+    kiln_dtype t, ct;      /* activation and cache dtypes (u8: E4M3 codes) */
+    const float *e4m3;     /* the value of each E4M3 code */
     const void *q, *k, *v; /* head 0 of token 0 */
     int64_t q_ld, kv_ld;   /* elements from one token's row to the next */
     void *cache, *out;
@@ -219,6 +232,14 @@ static void attn_append(void *arg, int64_t begin, int64_t end)
         for (int64_t h = 0; h < p->n_kv_heads; h++) {
             int64_t src = t * j->kv_ld + h * p->head_dim;
             int64_t kdst = cache_index(j, s, pos, 0, h), vdst = cache_index(j, s, pos, 1, h);
+            if (j->ct == KILN_DTYPE_U8) {
+                uint8_t *c = j->cache;
+                for (int64_t d = 0; d < p->head_dim; d++) {
+                    c[kdst + d] = kiln_f32_to_e4m3(plugin_load(host, j->k, j->t, src + d));
+                    c[vdst + d] = kiln_f32_to_e4m3(plugin_load(host, j->v, j->t, src + d));
+                }
+                continue;
+            }
             for (int64_t d = 0; d < p->head_dim; d++) {
                 plugin_store(host, j->cache, j->ct, kdst + d, plugin_load(host, j->k, j->t, src + d));
                 plugin_store(host, j->cache, j->ct, vdst + d, plugin_load(host, j->v, j->t, src + d));
@@ -322,6 +343,11 @@ static inline const float *cache_rows(const attn_job *j, int64_t base, int64_t n
 {
     if (j->ct == KILN_DTYPE_F32)
         return (const float *)j->cache + base;
+    if (j->ct == KILN_DTYPE_U8) {
+        for (int64_t d = 0; d < n * j->p->head_dim; d++)
+            buf[d] = j->e4m3[((const uint8_t *)j->cache)[base + d]];
+        return buf;
+    }
     for (int64_t d = 0; d < n * j->p->head_dim; d++)
         buf[d] = plugin_load(host, j->cache, j->ct, base + d);
     return buf;
@@ -471,6 +497,19 @@ PLUGIN_AVX512_FN static inline void attn_rows_f32(const attn_job *j, int64_t bas
         const uint16_t *src = (const uint16_t *)j->cache + base;
         for (int64_t e = 0; e < n * hd; e += 16)
             _mm512_storeu_ps(dst + e, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + e))));
+    } else if (j->ct == KILN_DTYPE_U8) {
+        /* E4M3 code c has the f16 bits (c & 0x7F) << 7 (sign at bit 15)
+         * times 2^8: the exponent biases differ by 8 and f16 holds every
+         * E4M3 subnormal; NaN (S.1111.111) set apart */
+        const uint8_t *src = (const uint8_t *)j->cache + base;
+        const __m512i low7 = _mm512_set1_epi32(0x7F), sign = _mm512_set1_epi32(0x80);
+        for (int64_t e = 0; e < n * hd; e += 16) {
+            __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + e)));
+            __m512i mag = _mm512_and_si512(c, low7);
+            __m512i h = _mm512_or_si512(_mm512_slli_epi32(mag, 7), _mm512_slli_epi32(_mm512_and_si512(c, sign), 8));
+            __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_set1_ps(256.0f));
+            _mm512_storeu_ps(dst + e, _mm512_mask_mov_ps(x, _mm512_cmpeq_epi32_mask(mag, low7), _mm512_set1_ps(NAN)));
+        }
     } else {
         memcpy(dst, (const float *)j->cache + base, sizeof(float) * (size_t)(n * hd));
     }
@@ -489,7 +528,7 @@ PLUGIN_AVX512_FN static inline int64_t attn_tile_rows(const attn_job *j, int64_t
     int64_t n = bs - k0 % bs;
     n = n < k_end - k0 ? n : k_end - k0;
     n = n < ATTN_LANES ? n : ATTN_LANES;
-    if (j->ct == KILN_DTYPE_F16 || n < ATTN_LANES) {
+    if (j->ct != KILN_DTYPE_F32 || n < ATTN_LANES) {
         attn_rows_f32(j, cache_index(j, s, k0, 0, kvh), n, hd, kbuf);
         attn_rows_f32(j, cache_index(j, s, k0, 1, kvh), n, hd, vbuf);
         *K = kbuf, *V = vbuf;
@@ -793,7 +832,8 @@ static int64_t attn_tile_count(attn_job *j, int64_t tokens)
     const attn_params *p = j->p;
     int64_t group = p->n_heads / p->n_kv_heads;
     const char *isa = getenv("KILN_ATTENTION_ISA");
-    if (j->t != KILN_DTYPE_F32 || (j->ct != KILN_DTYPE_F32 && j->ct != KILN_DTYPE_F16) || group > ATTN_LANES ||
+    if (j->t != KILN_DTYPE_F32 || (j->ct != KILN_DTYPE_F32 && j->ct != KILN_DTYPE_F16 && j->ct != KILN_DTYPE_U8) ||
+        group > ATTN_LANES ||
         (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) || !plugin_has_avx512())
         return 0;
     int64_t per = ATTN_LANES / group, tiles = 0;
@@ -883,15 +923,17 @@ static kiln_status attention_check(const attn_job *j, int64_t tokens, int64_t n_
 /* The CPU attention of T tokens whose q, k and v rows start at q, k and v and
  * are q_ld and kv_ld elements apart: separate tensors and the packed qkv
  * row are the same call. */
-static kiln_status attention_run(const attn_params *p, kiln_dtype t, const void *q, const void *k, const void *v,
+static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q, const void *k, const void *v,
                                  int64_t q_ld, int64_t kv_ld, int64_t tokens, const kiln_tensor_desc *cache_desc,
                                  void *cache, const kiln_tensor_desc *table_desc, const int32_t *table,
                                  const int32_t *seq_lens, const int32_t *qstart, void *out, void *workspace,
                                  void *stream)
 {
+    const attn_params *p = &a->p;
     attn_job job = {p,
                     t,
                     cache_desc->dtype,
+                    a->e4m3,
                     q,
                     k,
                     v,
@@ -968,8 +1010,8 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
     void *cache = (void *)(uintptr_t)in[meta];
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
-        if (in_desc[meta].dtype != in_desc[0].dtype)
-            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q");
+        if (in_desc[meta].dtype != in_desc[0].dtype && in_desc[meta].dtype != KILN_DTYPE_U8)
+            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q or be u8 (FP8)");
         size_t es = plugin_float_size(in_desc[0].dtype);
         const char *q = in[0];
         kiln_attention_cuda_args a = {.q = q,
@@ -993,7 +1035,8 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
                                       .head_dim = p->head_dim,
                                       .block_size = p->block_size,
                                       .scale = p->scale,
-                                      .dtype = in_desc[0].dtype};
+                                      .dtype = in_desc[0].dtype,
+                                      .cache_dtype = in_desc[meta].dtype};
         if (p->packed_qkv) {
             a.k = q + q_width * es;
             a.v = q + (q_width + kv_width) * es;
@@ -1008,11 +1051,11 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
     if (p->packed_qkv) {
         const char *qkv = in[0];
         size_t es = plugin_float_size(in_desc[0].dtype);
-        return attention_run(p, in_desc[0].dtype, qkv, qkv + q_width * es, qkv + (q_width + kv_width) * es,
+        return attention_run((const attention *)self, in_desc[0].dtype, qkv, qkv + q_width * es, qkv + (q_width + kv_width) * es,
                              q_width + 2 * kv_width, q_width + 2 * kv_width, tokens, &in_desc[1], cache, &in_desc[2],
                              in[2], in[3], in[4], out[0], workspace, stream);
     }
-    return attention_run(p, in_desc[0].dtype, in[0], in[1], in[2], q_width, kv_width, tokens, &in_desc[3], cache,
+    return attention_run((const attention *)self, in_desc[0].dtype, in[0], in[1], in[2], q_width, kv_width, tokens, &in_desc[3], cache,
                          &in_desc[4], in[4], in[5], in[6], out[0], workspace, stream);
 }
 

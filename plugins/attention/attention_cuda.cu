@@ -1,7 +1,16 @@
 /* PagedAttention on the GPU: the same semantics as the CPU reference in
  * attention.c (cache write, then causal attention of each new token to
  * its sequence's cached and new tokens), f32 softmax statistics and f32
- * accumulation for every storage dtype.
+ * accumulation for every storage dtype. An FP8 cache (cache_dtype u8:
+ * E4M3 codes) is written by kat_write, which rounds each value as
+ * core/fp8.h does (satfinite, ties to even), and read as E4M3 widened to
+ * f32 (or to f16/bf16 for the tensor cores, exactly) right after the
+ * loads: by kat_pipe (8 codes a lane where a 16-bit cache gives 8
+ * values, so a stage holds twice the keys), kat_prefill (the tiles
+ * converted on their way to shared memory instead of cp.async) and
+ * kat_generic (f32 activations, other head dims). kat_decode does not
+ * take it (the FP8 cache always runs kat_pipe), nor does the fused cache
+ * write: the new keys are read back rounded from the cache, as on the CPU.
  *
  * One step is one to three launches, all taking part in programmatic
  * dependent launch (kcu_launch_cfg, kcu_after_prior):
@@ -57,6 +66,7 @@
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
+#include "core/fp8.h"
 
 #include <cooperative_groups.h>
 #include <cuda_bf16.h>
@@ -217,6 +227,17 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_write(kiln_attention_cuda_arg
     if (!k.valid)
         return;
     const int64_t D = a.head_dim, vd = kat_vdelta(a);
+    if (a.cache_dtype == KILN_DTYPE_U8) { /* FP8: each value rounded to E4M3 (core/fp8.h) */
+        uint8_t *c = (uint8_t *)a.cache;
+        for (int64_t i = threadIdx.x; i < D * a.n_kv_heads; i += blockDim.x) {
+            int64_t h = i / D, d = i % D, dst = kat_krow(a, k.s, k.pos, h);
+            if (dst < 0)
+                return;
+            c[dst + d] = kiln_f32_to_e4m3(kcu_load_float(a.k, a.dtype, t * a.k_ld + h * D + d));
+            c[dst + vd + d] = kiln_f32_to_e4m3(kcu_load_float(a.v, a.dtype, t * a.v_ld + h * D + d));
+        }
+        return;
+    }
     const int64_t units = vec ? D * es / 16 : D, total = units * a.n_kv_heads;
     for (int64_t i = threadIdx.x; i < total; i += blockDim.x) {
         int64_t h = i / units, u = i % units;
@@ -240,6 +261,39 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_write(kiln_attention_cuda_arg
 }
 
 /* ---- storage types ------------------------------------------------------------------- */
+
+/* Two E4M3 codes (the first in the low byte) as f32, through the f16
+ * conversion instruction: every E4M3 value is an f16 value. */
+__device__ __forceinline__ float2 kat_e4m3x2(uint32_t c)
+{
+    __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c & 0xffffu), __NV_E4M3);
+    return __half22float2(*(const __half2 *)&h);
+}
+
+/* Element i of the cache as f32, whatever it holds. */
+__device__ __forceinline__ float kat_cache_load(const kiln_attention_cuda_args &a, int64_t i)
+{
+    if (a.cache_dtype == KILN_DTYPE_U8)
+        return kat_e4m3x2(((const uint8_t *)a.cache)[i]).x;
+    return kcu_load_float(a.cache, a.dtype, i);
+}
+
+/* N E4M3 codes (N = 4 or 8, the bytes at p, aligned to N) as f32. */
+template <int N> __device__ __forceinline__ void kat_e4m3_unpack(const void *p, float *f)
+{
+    uint32_t w[2];
+    if (N == 8) {
+        const uint2 u = *(const uint2 *)p;
+        w[0] = u.x, w[1] = u.y;
+    } else {
+        w[0] = *(const uint32_t *)p, w[1] = 0;
+    }
+#pragma unroll
+    for (int i = 0; i < N / 2; i++) {
+        const float2 x = kat_e4m3x2(w[i / 2] >> (16 * (i % 2)));
+        f[2 * i] = x.x, f[2 * i + 1] = x.y;
+    }
+}
 
 template <int DT> struct kat_type;
 template <> struct kat_type<KILN_DTYPE_F32> {
@@ -630,7 +684,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kiln_attention_cuda_a
         if (off >= 0) {
             float dot = 0.0f;
             for (int d = 0; d < D; d++)
-                dot = fmaf(s_q[d], kcu_load_float(a.cache, dt, off + d), dot);
+                dot = fmaf(s_q[d], kat_cache_load(a, off + d), dot);
             s = dot * sl2;
         }
         s_off[threadIdx.x] = off;
@@ -653,7 +707,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kiln_attention_cuda_a
             for (int i = 0; i < KAT_GENERIC_DIMS; i++) {
                 int d = threadIdx.x + i * KAT_THREADS;
                 if (d < D)
-                    acc[i] = fmaf(pj, kcu_load_float(a.cache, dt, vrow + d), acc[i]);
+                    acc[i] = fmaf(pj, kat_cache_load(a, vrow + d), acc[i]);
             }
         }
         __syncthreads();
@@ -757,6 +811,27 @@ __device__ __forceinline__ void kat_cp_async16(void *smem, const void *src, int 
 
 __device__ __forceinline__ void kat_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
+/* Eight cache values from element `off` (off < 0: zeros) into 16 bytes of
+ * shared memory at dst, as DT: by cp.async from a cache in DT, by a load
+ * and a conversion from E4M3 codes (F8; exact: f16 and bf16 hold every
+ * E4M3 value), whose store the kernel's barriers publish as they do the
+ * cp.async groups' data. */
+template <int DT, bool F8> __device__ __forceinline__ void kat_prefill_load(uint16_t *dst, const void *cache, int64_t off)
+{
+    if (!F8) {
+        kat_cp_async16(dst, off >= 0 ? (const uint16_t *)cache + off : cache, off >= 0 ? 16 : 0);
+        return;
+    }
+    uint4 u = make_uint4(0, 0, 0, 0);
+    if (off >= 0) {
+        float f[8];
+        kat_e4m3_unpack<8>((const uint8_t *)cache + off, f);
+        u = make_uint4(kat_mma<DT>::pack(f[0], f[1]), kat_mma<DT>::pack(f[2], f[3]), kat_mma<DT>::pack(f[4], f[5]),
+                       kat_mma<DT>::pack(f[6], f[7]));
+    }
+    *(uint4 *)dst = u;
+}
+
 template <int N> __device__ __forceinline__ void kat_cp_wait()
 {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
@@ -833,9 +908,11 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
  * head. The rows of a sequence are its (new token, query head of the kv
  * head) pairs, token-major, so the query heads of a group share every K/V
  * tile and a decode sequence in a mixed step costs one K/V pass, not one
- * per head. Warp w owns rows 16w..16w+15 of the tile; in the mma fragments
+ * per head. F8: the cache holds E4M3 codes, widened to DT on their way
+ * into shared memory (kat_prefill_load). Warp w owns rows 16w..16w+15 of the tile; in the mma fragments
  * lane l holds rows l/4 and l/4 + 8 and columns 2(l%4), +1. */
-template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
+template <int DT, int D, bool F8>
+__global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
 {
     constexpr int LDS = D + 8; /* smem row pitch (elements): 16-byte rows, no bank conflicts */
     constexpr int KC = D / 16; /* k-steps of QK^T */
@@ -888,7 +965,6 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
     float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
     const float sl2 = a.scale * KAT_LOG2E;
     const int64_t vd = kat_vdelta(a);
-    const uint16_t *cache = (const uint16_t *)a.cache;
 
     /* Pipeline: K of tile kt + 1 loads during P V of tile kt, V of tile kt
      * during Q K^T of tile kt; one cp.async group each, so wait_group 1
@@ -906,7 +982,7 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
     for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
         int r = c / (D / 8), col = (c % (D / 8)) * 8;
         int64_t off = s_off[0][r];
-        kat_cp_async16(&sK[r * LDS + col], off >= 0 ? cache + off + col : cache, off >= 0 ? 16 : 0);
+        kat_prefill_load<DT, F8>(&sK[r * LDS + col], a.cache, off >= 0 ? off + col : -1);
     }
     kat_cp_commit();
     for (int64_t kt = 0; kt < n_kt; kt++) {
@@ -915,7 +991,7 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
         for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
             int r = c / (D / 8), col = (c % (D / 8)) * 8;
             int64_t off = s_off[cur][r];
-            kat_cp_async16(&sV[r * LDS + col], off >= 0 ? cache + off + vd + col : cache, off >= 0 ? 16 : 0);
+            kat_prefill_load<DT, F8>(&sV[r * LDS + col], a.cache, off >= 0 ? off + vd + col : -1);
         }
         kat_cp_commit();
         if (kt + 1 < n_kt && threadIdx.x < KAT_BK) {
@@ -991,7 +1067,7 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
             for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
                 int r = c / (D / 8), col = (c % (D / 8)) * 8;
                 int64_t off = s_off[cur ^ 1][r];
-                kat_cp_async16(&sK[r * LDS + col], off >= 0 ? cache + off + col : cache, off >= 0 ? 16 : 0);
+                kat_prefill_load<DT, F8>(&sK[r * LDS + col], a.cache, off >= 0 ? off + col : -1);
             }
             kat_cp_commit();
         }
@@ -1044,22 +1120,56 @@ template <int DT, int D> __global__ void __launch_bounds__(KAT_THREADS) kat_pref
 #define KAT_PIPE_EARLY 1       /* kat_pipe's opts: cached keys' loads before the wait */
 #define KAT_PIPE_STAGE_BLOCK 2 /* one table read a warp stage where the block size allows */
 
-/* Layout of kat_pipe for storage DT and head_dim D: a row is NV 16-byte
- * vectors read by LPR lanes, a warp reads RPW rows at a time, and a stage
- * is ROWS rows of K and of V, NP passes of RPW rows. Lane (sub, lv) copies
- * vector lv of rows sub, sub + RPW, ... of a stage into shared memory and
- * is the only one to read them back, so cp.async.wait_group alone orders
- * the copy before the use: no barrier in the loop. */
-template <int DT, int D> struct kat_pipe_shape {
+/* Layout of kat_pipe for activations DT and head_dim D: a row is NV
+ * vectors of PER elements (16 bytes of q), read by LPR lanes, a warp reads
+ * RPW rows at a time, and a stage is ROWS rows of K and of V, NP passes of
+ * RPW rows. A vector of the cache is VB bytes: 16 in DT, PER with F8 (E4M3
+ * codes, one byte each: a stage holds twice the rows). Lane (sub, lv)
+ * copies vector lv of rows sub, sub + RPW, ... of a stage into shared
+ * memory and is the only one to read them back, so cp.async.wait_group
+ * alone orders the copy before the use: no barrier in the loop. */
+template <int DT, int D, bool F8 = false> struct kat_pipe_shape {
     static constexpr int PER = kat_type<DT>::per;
     static constexpr int NV = D / PER;
+    static constexpr int VB = F8 ? PER : 16;
     static constexpr int LPR = NV;
     static constexpr int RPW = 32 / LPR;
-    static constexpr int ROWS = KAT_PIPE_STAGE_BYTES / (2 * NV * 16);
+    static constexpr int ROWS = KAT_PIPE_STAGE_BYTES / (2 * NV * VB);
     static constexpr int NP = ROWS / RPW;
     static constexpr int CTA_ROWS = ROWS * (KAT_THREADS / 32); /* keys of one stage of all warps */
     static_assert(NV <= 32 && 32 % NV == 0 && ROWS % RPW == 0, "kat_pipe layout");
 };
+
+/* cp.async of VB bytes (16, 8 or 4; n = 0: zeros), and the same copy done
+ * by the lane itself. */
+template <int VB> __device__ __forceinline__ void kat_cp_async(void *smem, const void *src, int n)
+{
+    if (VB == 16) {
+        kat_cp_async16(smem, src, n);
+        return;
+    }
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(s), "l"(src), "n"(VB), "r"(n) : "memory");
+}
+
+template <int VB> __device__ __forceinline__ void kat_copy(void *dst, const void *src, int n)
+{
+    if (VB == 16)
+        *(uint4 *)dst = n ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+    else if (VB == 8)
+        *(uint2 *)dst = n ? *(const uint2 *)src : make_uint2(0, 0);
+    else
+        *(uint32_t *)dst = n ? *(const uint32_t *)src : 0u;
+}
+
+/* A cache vector of kat_pipe from shared memory as PER f32 values. */
+template <int DT, bool F8> __device__ __forceinline__ void kat_pipe_unpack(const unsigned char *p, float *f)
+{
+    if (F8)
+        kat_e4m3_unpack<kat_type<DT>::per>(p, f);
+    else
+        kat_type<DT>::unpack(*(const uint4 *)p, f);
+}
 
 /* The splits that run for a token of nk keys when G were launched: from
  * the actual length, `keys` (a multiple of the CTA stage, so that each
@@ -1107,12 +1217,16 @@ template <int HG, int N> __device__ __forceinline__ float kat_reduce_scatter(flo
  * once at the end. `fused` and the handling of
  * inconsistent metadata are kat_decode's. The output: written directly
  * (G == 1), merged in the cluster (`cluster`), or partials for kat_combine. */
-template <int DT, int D, int HG, int S>
+template <int DT, int D, int HG, int S, bool F8>
 __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 4 : 3) : 2)
-    kat_pipe(kiln_attention_cuda_args a, int32_t fused, int32_t cluster, int32_t split_keys, int32_t opts)
+    kat_pipe(kiln_attention_cuda_args a, int32_t fused_in, int32_t cluster, int32_t split_keys, int32_t opts)
 {
-    typedef kat_pipe_shape<DT, D> L;
-    constexpr int PER = L::PER, NV = L::NV, LPR = L::LPR, RPW = L::RPW, ROWS = L::ROWS, NP = L::NP;
+    typedef kat_pipe_shape<DT, D, F8> L;
+    constexpr int PER = L::PER, NV = L::NV, LPR = L::LPR, RPW = L::RPW, ROWS = L::ROWS, NP = L::NP, VB = L::VB;
+    constexpr int CES = F8 ? 1 : 16 / PER; /* bytes of a cache element */
+    /* an FP8 cache is written by kat_write and read back rounded, new keys
+     * too (as the CPU reads them), so never fused */
+    const int32_t fused = F8 ? 0 : fused_in;
     constexpr int W = KAT_THREADS / 32;
     extern __shared__ __align__(16) unsigned char kat_smem[];
     __shared__ float s_mw[W][HG], s_lw[W][HG], s_m[HG], s_l[HG];
@@ -1189,9 +1303,9 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
         }
         const int64_t o =
             (((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)kp % a.block_size) * D + lv * PER;
-        ks = cache + o * (16 / PER);
-        vs = cache + (o + vd) * (16 / PER);
-        return 16;
+        ks = cache + o * CES;
+        vs = cache + (o + vd) * CES;
+        return VB;
     };
     /* With a block size that is a multiple of ROWS (and
      * KAT_PIPE_STAGE_BLOCK), the ROWS keys of a warp stage, which starts
@@ -1216,8 +1330,8 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
                 bk =
                     cache + ((((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)kb % a.block_size) * D +
                              lv * PER) *
-                                (16 / PER);
-                bn = 16;
+                                CES;
+                bn = VB;
             } else {
                 bad = 1; /* as source() would for the stage's first key */
             }
@@ -1232,15 +1346,15 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
             if (kp < k1 && stage_block && kp < n_old) {
                 n = bn;
                 if (n) {
-                    ks = bk + (int64_t)(i * RPW + sub) * D * (16 / PER);
-                    vs = ks + vd * (16 / PER);
+                    ks = bk + (int64_t)(i * RPW + sub) * D * CES;
+                    vs = ks + vd * CES;
                 }
             } else if (kp < k1) {
                 n = source(kp, ks, vs);
             }
             const int r = (i * RPW + sub) * NV + lv;
-            kat_cp_async16(sk + r * 16, ks, n);
-            kat_cp_async16(sv + r * 16, vs, n);
+            kat_cp_async<VB>(sk + r * VB, ks, n);
+            kat_cp_async<VB>(sv + r * VB, vs, n);
         }
     };
 #pragma unroll
@@ -1302,8 +1416,8 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
                 const char *ks = cache, *vs = cache;
                 const int n = source(kp, ks, vs);
                 const int r = (i * RPW + sub) * NV + lv;
-                *(uint4 *)(sk + r * 16) = n ? *(const uint4 *)ks : make_uint4(0, 0, 0, 0);
-                *(uint4 *)(sv + r * 16) = n ? *(const uint4 *)vs : make_uint4(0, 0, 0, 0);
+                kat_copy<VB>(sk + r * VB, ks, n);
+                kat_copy<VB>(sv + r * VB, vs, n);
             }
         }
     const float sl2 = a.scale * KAT_LOG2E;
@@ -1321,7 +1435,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
         for (int i = 0; i < NP; i++) {
             const int r = (i * RPW + sub) * NV + lv;
             float kf[PER], d[HG];
-            kat_type<DT>::unpack(*(const uint4 *)(sk + r * 16), kf);
+            kat_pipe_unpack<DT, F8>(sk + r * VB, kf);
 #pragma unroll
             for (int g = 0; g < HG; g++) {
                 d[g] = 0.0f;
@@ -1358,7 +1472,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
         for (int i = 0; i < NP; i++) {
             const int r = (i * RPW + sub) * NV + lv;
             float vf[PER];
-            kat_type<DT>::unpack(*(const uint4 *)(sv + r * 16), vf);
+            kat_pipe_unpack<DT, F8>(sv + r * VB, vf);
 #pragma unroll
             for (int g = 0; g < HG; g++) {
                 const float pg = HG == 1 ? p[i] : __shfl_sync(0xffffffffu, p[i], head_lane + g * HS);
@@ -1618,9 +1732,9 @@ struct kat_pipe_plan {
     int32_t g, fused, cluster, keys, opts, stages;
 };
 
-/* Launches kat_pipe<DT, D, HG, S> for plan p (cudaErrorNotSupported when
- * the device cannot place its clusters). */
-template <int DT, int D, int HG, int S>
+/* Launches kat_pipe<DT, D, HG, S, F8> for plan p (cudaErrorNotSupported
+ * when the device cannot place its clusters). */
+template <int DT, int D, int HG, int S, bool F8>
 static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const kat_pipe_plan &p, cudaStream_t st)
 {
     const int32_t g = p.g, cluster = p.cluster;
@@ -1633,7 +1747,7 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
     if (e != cudaSuccess)
         return e;
     if (dev < 0 || dev >= KAT_MAX_DEVICES || !smem_ok[dev]) {
-        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess)
             return e;
         if (dev >= 0 && dev < KAT_MAX_DEVICES)
@@ -1663,54 +1777,62 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
         if (!ok[g]) {
             e = cudaSuccess;
             if (g > 8)
-                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S, F8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
             int clusters = 0;
             cudaLaunchConfig_t probe = cfg;
             probe.stream = NULL;
             if (e == cudaSuccess)
-                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG, S>, &probe);
+                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG, S, F8>, &probe);
             ok[g] = e == cudaSuccess && clusters > 0 ? 1 : -1;
             (void)cudaGetLastError();
         }
         if (ok[g] < 0)
             return cudaErrorNotSupported;
     }
-    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG, S>, a, p.fused, cluster, p.keys, p.opts);
+    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG, S, F8>, a, p.fused, cluster, p.keys, p.opts);
 }
 
-template <int DT, int D>
+template <int DT, int D, bool F8>
 static cudaError_t kat_launch_pipe(const kiln_attention_cuda_args &a, int hg, const kat_pipe_plan &p, cudaStream_t st)
 {
     const int few = p.stages == KAT_PIPE_STAGES_FEW; /* groups of 8 heads keep 4 stages: registers allow 2 CTAs */
     if (hg == 1)
-        return few ? kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES_FEW>(a, p, st)
-                   : kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES>(a, p, st);
+        return few ? kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES_FEW, F8>(a, p, st)
+                   : kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES, F8>(a, p, st);
     if (hg == 4)
-        return few ? kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES_FEW>(a, p, st)
-                   : kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES>(a, p, st);
-    return kat_launch_pipe_hg<DT, D, 8, KAT_PIPE_STAGES>(a, p, st);
+        return few ? kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES_FEW, F8>(a, p, st)
+                   : kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES, F8>(a, p, st);
+    return kat_launch_pipe_hg<DT, D, 8, KAT_PIPE_STAGES, F8>(a, p, st);
 }
 
 static cudaError_t kat_launch_pipe_any(const kiln_attention_cuda_args &a, int hg, const kat_pipe_plan &p,
                                        cudaStream_t st)
 {
     const int d64 = a.head_dim == 64;
+    if (a.cache_dtype == KILN_DTYPE_U8) /* f16 or bf16 activations (kiln_attention_cuda) */
+        return a.dtype == KILN_DTYPE_F16 ? (d64 ? kat_launch_pipe<KILN_DTYPE_F16, 64, true>(a, hg, p, st)
+                                                : kat_launch_pipe<KILN_DTYPE_F16, 128, true>(a, hg, p, st))
+                                         : (d64 ? kat_launch_pipe<KILN_DTYPE_BF16, 64, true>(a, hg, p, st)
+                                                : kat_launch_pipe<KILN_DTYPE_BF16, 128, true>(a, hg, p, st));
     switch (a.dtype) {
     case KILN_DTYPE_F32:
-        return d64 ? kat_launch_pipe<KILN_DTYPE_F32, 64>(a, hg, p, st)
-                   : kat_launch_pipe<KILN_DTYPE_F32, 128>(a, hg, p, st);
+        return d64 ? kat_launch_pipe<KILN_DTYPE_F32, 64, false>(a, hg, p, st)
+                   : kat_launch_pipe<KILN_DTYPE_F32, 128, false>(a, hg, p, st);
     case KILN_DTYPE_F16:
-        return d64 ? kat_launch_pipe<KILN_DTYPE_F16, 64>(a, hg, p, st)
-                   : kat_launch_pipe<KILN_DTYPE_F16, 128>(a, hg, p, st);
+        return d64 ? kat_launch_pipe<KILN_DTYPE_F16, 64, false>(a, hg, p, st)
+                   : kat_launch_pipe<KILN_DTYPE_F16, 128, false>(a, hg, p, st);
     default:
-        return d64 ? kat_launch_pipe<KILN_DTYPE_BF16, 64>(a, hg, p, st)
-                   : kat_launch_pipe<KILN_DTYPE_BF16, 128>(a, hg, p, st);
+        return d64 ? kat_launch_pipe<KILN_DTYPE_BF16, 64, false>(a, hg, p, st)
+                   : kat_launch_pipe<KILN_DTYPE_BF16, 128, false>(a, hg, p, st);
     }
 }
 
 /* Keys of one CTA stage of kat_pipe (f16 lays out as bf16). */
-static int32_t kat_pipe_cta_rows(int32_t dtype, int32_t head_dim)
+static int32_t kat_pipe_cta_rows(int32_t dtype, int32_t cache_dtype, int32_t head_dim)
 {
+    if (cache_dtype == KILN_DTYPE_U8)
+        return head_dim == 64 ? kat_pipe_shape<KILN_DTYPE_BF16, 64, true>::CTA_ROWS
+                              : kat_pipe_shape<KILN_DTYPE_BF16, 128, true>::CTA_ROWS;
     if (dtype == KILN_DTYPE_F32)
         return head_dim == 64 ? kat_pipe_shape<KILN_DTYPE_F32, 64>::CTA_ROWS
                               : kat_pipe_shape<KILN_DTYPE_F32, 128>::CTA_ROWS;
@@ -1784,7 +1906,7 @@ static int32_t kat_pipe_keys(const kiln_attention_cuda_args &a)
     const char *e = getenv("KILN_ATTENTION_PIPE_SPLIT_KEYS");
     long v = e ? strtol(e, NULL, 10) : 0;
     const int32_t keys = v >= KAT_PIPE_SPLIT_KEYS_MIN && v <= 8192 ? (int32_t)v : KAT_PIPE_SPLIT_KEYS;
-    const int32_t stage = kat_pipe_cta_rows(a.dtype, a.head_dim);
+    const int32_t stage = kat_pipe_cta_rows(a.dtype, a.cache_dtype, a.head_dim);
     return (keys + stage - 1) / stage * stage;
 }
 
@@ -1864,6 +1986,16 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
                           p.keys);
 }
 
+template <int DT>
+static cudaError_t kat_launch_prefill(const kiln_attention_cuda_args &a, int f8, dim3 grid, cudaStream_t st)
+{
+    if (f8)
+        return a.head_dim == 64 ? kcu_launch_cfg(kat_prefill<DT, 64, true>, grid, dim3(KAT_THREADS), st, a)
+                                : kcu_launch_cfg(kat_prefill<DT, 128, true>, grid, dim3(KAT_THREADS), st, a);
+    return a.head_dim == 64 ? kcu_launch_cfg(kat_prefill<DT, 64, false>, grid, dim3(KAT_THREADS), st, a)
+                            : kcu_launch_cfg(kat_prefill<DT, 128, false>, grid, dim3(KAT_THREADS), st, a);
+}
+
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)
 {
     const kiln_attention_cuda_args &a = *ap;
@@ -1872,15 +2004,20 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
         return (int)cudaSuccess;
     const size_t es = a.dtype == KILN_DTYPE_F32 ? 4 : 2;
     const int64_t D = a.head_dim, max_ctx = a.max_blocks * a.block_size;
-    const int cache16 = ((uintptr_t)a.cache & 15) == 0 && (D * es) % 16 == 0;
+    /* an FP8 cache (E4M3 codes) with f16 or bf16 activations takes the fast
+     * kernels (kat_prefill, kat_pipe; kat_write rounds the new rows), with
+     * f32 ones kat_generic */
+    const int f8 = a.cache_dtype == KILN_DTYPE_U8;
+    const int cache16 = ((uintptr_t)a.cache & 15) == 0 && (D * (f8 ? 1 : es)) % 16 == 0;
     const int kv16 = kat_aligned(a.k, a.k_ld, es) && kat_aligned(a.v, a.v_ld, es);
-    const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) && ((uintptr_t)a.out & 3) == 0;
+    const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) && ((uintptr_t)a.out & 3) == 0 &&
+                     !(f8 && a.dtype == KILN_DTYPE_F32);
     const int prefill = fast && a.dtype != KILN_DTYPE_F32 && a.tokens > a.n_seqs;
-    const int32_t fused = fast && !prefill && kv16; /* kat_decode writes the cache itself */
+    const int32_t fused = fast && !prefill && kv16 && !f8; /* kat_decode writes the cache itself */
     cudaError_t e = cudaSuccess;
     if (!fused)
         e = kcu_launch_cfg(kat_write, dim3((unsigned)a.tokens), dim3(KAT_THREADS), st, a, (int32_t)es,
-                           (int32_t)(cache16 && kv16));
+                           (int32_t)(cache16 && kv16 && !f8));
     if (e != cudaSuccess)
         return (int)e;
 
@@ -1888,16 +2025,11 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
         /* at most sum(ceil(n_new * gq / BQ)) <= (T * gq + (BQ - 1) * min(S, T)) / BQ tiles */
         int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
         dim3 grid((unsigned)((a.tokens * gq + (KAT_BQ - 1) * busy + KAT_BQ - 1) / KAT_BQ), (unsigned)a.n_kv_heads);
-        if (a.dtype == KILN_DTYPE_F16)
-            e = D == 64 ? kcu_launch_cfg(kat_prefill<KILN_DTYPE_F16, 64>, grid, dim3(KAT_THREADS), st, a)
-                        : kcu_launch_cfg(kat_prefill<KILN_DTYPE_F16, 128>, grid, dim3(KAT_THREADS), st, a);
-        else
-            e = D == 64 ? kcu_launch_cfg(kat_prefill<KILN_DTYPE_BF16, 64>, grid, dim3(KAT_THREADS), st, a)
-                        : kcu_launch_cfg(kat_prefill<KILN_DTYPE_BF16, 128>, grid, dim3(KAT_THREADS), st, a);
-        return (int)e;
+        return (int)(a.dtype == KILN_DTYPE_F16 ? kat_launch_prefill<KILN_DTYPE_F16>(a, f8, grid, st)
+                                               : kat_launch_prefill<KILN_DTYPE_BF16>(a, f8, grid, st));
     }
 
-    if (fast && kat_use_pipe())
+    if (fast && (kat_use_pipe() || f8)) /* kat_decode reads no FP8 cache */
         return (int)kat_run_pipe(a, fused, st);
     int32_t g, tile;
     if (fast) {

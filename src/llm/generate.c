@@ -413,7 +413,7 @@ static void fill_info(kiln_llm *llm)
     info->abi_version = KILN_API_VERSION;
     info->architecture = c->architecture;
     info->chat_template = llm->chat ? "jinja" : kiln_llm_chat_template_name(c->chat_template);
-    info->dtype = llm->kv_dtype;
+    info->dtype = llm->kv_dtype == KILN_DTYPE_U8 ? KILN_DTYPE_FP8_E4M3 : llm->kv_dtype; /* u8: E4M3 codes */
     info->vocab_size = c->vocab_size;
     info->n_layers = c->n_layers;
     info->max_seq_len = c->max_seq_len;

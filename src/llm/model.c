@@ -1171,17 +1171,20 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     if (o.weights < KILN_LLM_WEIGHTS_DTYPE || o.weights > KILN_LLM_WEIGHTS_FP8)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: weights %d is not dtype, int8, int4 or fp8",
                          o.weights);
-    if (o.kv_cache < KILN_LLM_KV_AUTO || o.kv_cache > KILN_LLM_KV_BF16)
-        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: kv_cache %d is not auto, f32, f16 or bf16",
+    if (o.kv_cache < KILN_LLM_KV_AUTO || o.kv_cache > KILN_LLM_KV_FP8)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "LLM build: kv_cache %d is not auto, f32, f16, bf16 or fp8",
                          o.kv_cache);
-    static const kiln_dtype kv_types[] = {KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16};
+    /* an FP8 cache is a u8 tensor of E4M3 codes (kiln/PagedAttention), as
+     * Fp8MatMul's weights: the fp8 dtypes are reserved in the graph */
+    static const kiln_dtype kv_types[] = {KILN_DTYPE_F32, KILN_DTYPE_F32, KILN_DTYPE_F16, KILN_DTYPE_BF16,
+                                          KILN_DTYPE_U8};
     kiln_dtype kv_dtype = o.kv_cache != KILN_LLM_KV_AUTO ? kv_types[o.kv_cache]
                           : o.native && o.backend == KILN_BACKEND_CPU && o.dtype == KILN_DTYPE_F32 ? KILN_DTYPE_F16
                                                                                                    : o.dtype;
-    if (o.backend == KILN_BACKEND_CUDA && kv_dtype != o.dtype)
+    if (o.backend == KILN_BACKEND_CUDA && kv_dtype != o.dtype && kv_dtype != KILN_DTYPE_U8)
         return kiln_fail(KILN_ERROR_UNSUPPORTED,
                          "LLM build: a %s KV cache with %s activations: the CUDA attention keeps the cache in the "
-                         "activations' dtype",
+                         "activations' dtype or in fp8",
                          kiln_dtype_name(kv_dtype), kiln_dtype_name(o.dtype));
     if (o.weights_group < 0 || o.weights_group % 32 != 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,

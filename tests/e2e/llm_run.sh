@@ -79,6 +79,14 @@ for n in 1 3; do
     "$TMP/a.json" "$OUT" $n && PASSED=$((PASSED + 1)) || fail "--threads $n changed the tokens or was not reported"
 done
 expect_error 2 "--threads out of range" "--threads" "$KILN" run "$E" -p "hello" --threads 0
+# An FP8 KV cache: the same blocks in a quarter of the f32 cache's bytes
+# (one byte a value), and greedy text from it.
+expect_ok "build --kv-dtype fp8" "$KILN" build "$TMP/tiny.bin" --tokenizer "$TMP/tok.bin" --kv-dtype fp8 -o "$TMP/fp8kv.engine"
+expect_ok "run an fp8-cache engine" "$KILN" run "$TMP/fp8kv.engine" -p "hello" -n 12 --temperature 0 --json
+python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); ka, kb = a["kv_cache"], b["kv_cache"]; sys.exit(not (kb["blocks"] == ka["blocks"] and 4 * kb["bytes"] == ka["bytes"] and len(b["generated_ids"]) == 12))' \
+  "$TMP/a.json" "$OUT" && PASSED=$((PASSED + 1)) || fail "fp8 cache: not a quarter of the f32 cache's bytes: $(cat "$OUT")"
+expect_error 2 "--kv-dtype unknown" "unknown --kv-dtype \"fp4\" (auto, f32, f16, bf16 or fp8)" \
+  "$KILN" build "$TMP/tiny.bin" --tokenizer "$TMP/tok.bin" --kv-dtype fp4 -o "$TMP/x.engine"
 expect_ok "greedy again gives the same tokens" "$KILN" run "$E" -p "hello" -n 12 --temperature 0 --json
 python3 -c 'import json,sys; a=json.load(open(sys.argv[1])); b=json.load(open(sys.argv[2])); sys.exit(a["generated_ids"] != b["generated_ids"])' \
   "$TMP/a.json" "$OUT" && PASSED=$((PASSED + 1)) || fail "greedy runs differ"

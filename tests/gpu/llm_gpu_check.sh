@@ -11,7 +11,8 @@
 #      default for a GGUF, and every weight in bf16) perplexity on
 #      tests/data/text within 1% of the f32 CPU engine's, argmax agreement
 #      >= 97%;
-#      and each quantized weight format beside it (tests/gpu/quant_quality.sh);
+#      and each quantized weight format (and the FP8 KV cache) beside it
+#      (tests/gpu/quant_quality.sh);
 #      llama.cpp's tiny Q4_K_M / Q5_K_M files kept as stored on the GPU
 #      (QuantMatMul's K kernels) against their f32 CPU engines;
 #  (c) benchmarks on random-weight checkpoints of the Llama-3.1-8B and

@@ -25,7 +25,14 @@
  *   - head_dim 64 and 128 (fast kernels), 16, 80 and 256 (generic kernel),
  *     block sizes 16, 7 and 1; packed qkv; q or k and v views off 16-byte
  *     alignment (other kernels, the separate cache write);
- *   - f32, f16, bf16; a decode and a prefill step replayed from a CUDA graph.
+ *   - f32, f16, bf16; a decode and a prefill step replayed from a CUDA graph;
+ *   - an FP8 cache (E4M3 codes in u8): the cache write rounding (some k and
+ *     v values past ±448: saturated), kat_pipe's decode (splits in a
+ *     cluster and through kat_combine, GQA groups of 1, 4 and 8, block 7,
+ *     3 pipeline stages, splits of 256 keys, a short context in a long
+ *     table, a graph), kat_prefill's tiles (prefill, chunked prefill onto an FP8
+ *     cache, a mixed step) and kat_generic (f32 activations, head_dim 16,
+ *     unaligned q).
  * The GPU output is poisoned with NaN before each launch. Tolerance on the
  * output, ||gpu - cpu|| / ||cpu||: f32 2e-5 (both sum up to 9000 terms in
  * f32, in different orders: about sqrt(n/2) * 2^-24 apart), f16 2e-3 and
@@ -113,6 +120,10 @@ typedef struct step {
     const int32_t *n_new, *lens;
 } step;
 
+/* Set: the next steps keep the cache in FP8 (u8 E4M3 codes) instead of
+ * the activations' dtype. */
+static int cache_fp8;
+
 /* Block table width of the next steps when wider than the longest
  * sequence's + 2: as an engine built for a longer context plans them. */
 static int64_t table_blocks;
@@ -150,16 +161,18 @@ static kiln_status run_gpu(const kiln_layer *l, const kiln_exec_tensor *din, con
 static void run_step(const step *c, kiln_dtype dt)
 {
     char what[160];
-    snprintf(what, sizeof what, "%s %s (heads %d/%d, head_dim %d, block %d%s%s%s)", c->name, kiln_dtype_name(dt), c->nh,
-             c->nkv, c->hd, c->bs, c->packed ? ", packed" : "",
+    snprintf(what, sizeof what, "%s %s (heads %d/%d, head_dim %d, block %d%s%s%s%s)", c->name, kiln_dtype_name(dt),
+             c->nh, c->nkv, c->hd, c->bs, c->packed ? ", packed" : "",
              c->misalign == 1   ? ", q unaligned"
              : c->misalign == 2 ? ", k v unaligned"
                                 : "",
-             c->graph ? ", graph" : "");
+             c->graph ? ", graph" : "", cache_fp8 ? ", fp8 cache" : "");
     kiln_plugin *pl = make_plugin(c->nh, c->nkv, c->hd, c->bs, c->packed);
     if (!pl)
         return;
     const size_t es = kiln_dtype_size(dt);
+    const kiln_dtype ct = cache_fp8 ? KILN_DTYPE_U8 : dt;
+    const size_t ces = kiln_dtype_size(ct);
     int64_t T = 0, need = 0, max_blocks = 1;
     for (int32_t s = 0; s < c->S; s++) {
         int64_t b = (c->lens[s] + c->bs - 1) / c->bs;
@@ -201,12 +214,18 @@ static void run_step(const step *c, kiln_dtype dt)
         int64_t n = T * widths[i] + 1;
         h_act[i] = malloc((size_t)n * es);
         fill(h_act[i], dt, n, -2.0f, 2.0f);
+        for (int64_t j = 0; cache_fp8 && j < n; j += 101) /* past E4M3's 448 too: saturated in the cache */
+            kiln_store_f32(h_act[i], dt, j, rng_float(-600.0f, 600.0f));
         d_act[i] = dev_copy(h_act[i], (size_t)n * es);
     }
     const int64_t cache_n = n_blocks * 2 * kvw * c->bs;
-    void *h_cache = malloc((size_t)cache_n * es), *g_cache = malloc((size_t)cache_n * es);
-    fill(h_cache, dt, cache_n, -1.0f, 1.0f);
-    void *d_cache = dev_copy(h_cache, (size_t)cache_n * es);
+    void *h_cache = malloc((size_t)cache_n * ces), *g_cache = malloc((size_t)cache_n * ces);
+    if (cache_fp8) /* E4M3 codes of magnitude up to 3.75 (0x47), either sign, no NaN */
+        for (int64_t i = 0; i < cache_n; i++)
+            ((uint8_t *)h_cache)[i] = (uint8_t)((rng_next() >> 20) % 0x48 | ((rng_next() >> 30) & 0x80));
+    else
+        fill(h_cache, dt, cache_n, -1.0f, 1.0f);
+    void *d_cache = dev_copy(h_cache, (size_t)cache_n * ces);
     void *d_table = dev_copy(table, (size_t)(c->S * max_blocks) * sizeof *table);
     void *d_lens = dev_copy(c->lens, (size_t)c->S * sizeof(int32_t));
     void *d_qstart = dev_copy(qstart, (size_t)(c->S + 1) * sizeof *qstart);
@@ -225,8 +244,8 @@ static void run_step(const step *c, kiln_dtype dt)
         din[n_in] = (kiln_exec_tensor){(char *)d_act[i] + o, dt, d};
     }
     kiln_dims cd = {.rank = 5, .d = {n_blocks, 2, c->nkv, c->bs, c->hd}};
-    hin[n_in] = (kiln_exec_tensor){h_cache, dt, cd};
-    din[n_in++] = (kiln_exec_tensor){d_cache, dt, cd};
+    hin[n_in] = (kiln_exec_tensor){h_cache, ct, cd};
+    din[n_in++] = (kiln_exec_tensor){d_cache, ct, cd};
     kiln_dims td = {.rank = 2, .d = {c->S, max_blocks}}, sd = {.rank = 1, .d = {c->S}},
               qd = {.rank = 1, .d = {c->S + 1}};
     hin[n_in] = (kiln_exec_tensor){table, KILN_DTYPE_I32, td};
@@ -273,7 +292,7 @@ static void run_step(const step *c, kiln_dtype dt)
         test_failures_++;
         fprintf(stderr, "%s: %s %s\n", what, st != KILN_OK ? kiln_last_error() : "", cudaGetErrorString(e));
     } else if (cudaMemcpy(g_out, d_out, (size_t)out_n * es, cudaMemcpyDeviceToHost) != cudaSuccess ||
-               cudaMemcpy(g_cache, d_cache, (size_t)cache_n * es, cudaMemcpyDeviceToHost) != cudaSuccess) {
+               cudaMemcpy(g_cache, d_cache, (size_t)cache_n * ces, cudaMemcpyDeviceToHost) != cudaSuccess) {
         test_failures_++;
         fprintf(stderr, "%s: copying results back failed\n", what);
     } else {
@@ -295,13 +314,13 @@ static void run_step(const step *c, kiln_dtype dt)
                         (long long)(bad % qw / c->hd), kiln_load_f32((char *)g_out + off, dt, bad));
             fprintf(stderr, "\n");
         }
-        if (memcmp(g_cache, h_cache, (size_t)cache_n * es) != 0) {
+        if (memcmp(g_cache, h_cache, (size_t)cache_n * ces) != 0) {
             test_failures_++;
             int64_t i = 0;
-            while (memcmp((char *)g_cache + i * es, (char *)h_cache + i * es, es) == 0)
+            while (memcmp((char *)g_cache + i * ces, (char *)h_cache + i * ces, ces) == 0)
                 i++;
             fprintf(stderr, "%s: cache element %lld differs: gpu %g, cpu %g\n", what, (long long)i,
-                    kiln_load_f32(g_cache, dt, i), kiln_load_f32(h_cache, dt, i));
+                    kiln_load_f32(g_cache, ct, i), kiln_load_f32(h_cache, ct, i));
         }
         printf("  %-60s rel %.2e\n", what, rel);
     }
@@ -520,6 +539,59 @@ static void test_chunked_prefill(void)
     run_all(&(step){"mixed step, MQA head_dim 64", 16, 1, 64, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
 }
 
+/* ---- FP8 cache ------------------------------------------------------------------------ */
+
+/* The cache as E4M3 codes: every kernel that reads or writes it, against
+ * the CPU plugin, whose cache write rounds as core/fp8.h does (its op test,
+ * tests/unit/test_llm_plugins.c, holds it to an encoder written from the
+ * spec); the cache must come back byte for byte. */
+static void test_fp8_cache(void)
+{
+    cache_fp8 = 1;
+    static const int32_t len3[3] = {1, 9001, 77}, len1[1] = {8300}, lens4[4] = {4099, 1, 333, 17};
+    static const int32_t lens5[5] = {1, 700, 129, 3000, 64};
+    run_all(&(step){"fp8: decode batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    run_step(&(step){"fp8: decode batch 1 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len1}, KILN_DTYPE_BF16);
+    static const int32_t dims[2] = {64, 128}, groups[3] = {1, 4, 8};
+    for (int d = 0; d < 2; d++)
+        for (int g = 0; g < 3; g++) {
+            char name[64];
+            snprintf(name, sizeof name, "fp8: decode %d per kv head", groups[g]);
+            run_all(&(step){name, 4 * groups[g], 4, dims[d], 16, 0, 0, 0, 4, ones, lens4});
+        }
+    run_all(&(step){"fp8: decode MQA, block 7", 8, 1, 64, 7, 0, 0, 0, 5, ones, lens5});
+    run_all(&(step){"fp8: decode packed qkv", 32, 8, 128, 16, 1, 0, 0, 5, ones, lens5});
+    run_all(&(step){"fp8: decode unaligned q", 8, 2, 128, 16, 0, 1, 0, 5, ones, lens5});
+    run_all(&(step){"fp8: decode head_dim 16", 4, 2, 16, 16, 0, 0, 0, 5, ones, lens5});
+    setenv("KILN_ATTENTION_CLUSTER", "0", 1);
+    run_all(&(step){"fp8: decode batch 3, no cluster", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    unsetenv("KILN_ATTENTION_CLUSTER");
+    setenv("KILN_ATTENTION_PIPE_EARLY", "0", 1);
+    run_all(&(step){"fp8: decode batch 5, loads after the wait", 32, 8, 64, 16, 0, 0, 0, 5, ones, lens5});
+    unsetenv("KILN_ATTENTION_PIPE_EARLY");
+    setenv("KILN_ATTENTION_PIPE_STAGES", "3", 1);
+    run_all(&(step){"fp8: decode batch 5, 3 pipeline stages", 16, 4, 128, 16, 0, 0, 0, 5, ones, lens5});
+    unsetenv("KILN_ATTENTION_PIPE_STAGES");
+    setenv("KILN_ATTENTION_PIPE_SPLIT_KEYS", "256", 1);
+    setenv("KILN_ATTENTION_PIPE_CAP", "0", 1);
+    run_all(&(step){"fp8: decode batch 3, splits of 256 keys, uncapped", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    unsetenv("KILN_ATTENTION_PIPE_SPLIT_KEYS");
+    unsetenv("KILN_ATTENTION_PIPE_CAP");
+    table_blocks = 8448 / 16; /* short contexts in an 8B engine's tables: splits that only join the merge */
+    static const int32_t len136[1] = {136};
+    run_all(&(step){"fp8: decode batch 1, 136 of 8448", 32, 8, 128, 16, 0, 0, 0, 1, ones, len136});
+    table_blocks = 0;
+    static const int32_t n_new[4] = {100, 1, 64, 250}, fresh[4] = {100, 1, 64, 250};
+    run_all(&(step){"fp8: prefill 4 sequences", 32, 8, 128, 16, 0, 0, 0, 4, n_new, fresh});
+    run_all(&(step){"fp8: prefill, head_dim 64 MQA", 8, 1, 64, 16, 0, 0, 0, 4, n_new, fresh});
+    static const int32_t c_new[3] = {50, 130, 1}, c_lens[3] = {350, 207, 4000};
+    run_all(&(step){"fp8: chunked prefill onto a filled cache", 32, 8, 128, 16, 0, 0, 0, 3, c_new, c_lens});
+    static const int32_t mixed_new[5] = {1, 1, 1, 40, 1}, mixed_lens[5] = {1, 5000, 300, 40, 17};
+    run_all(&(step){"fp8: mixed step, 4 decodes and a prompt", 32, 8, 128, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
+    run_step(&(step){"fp8: prefill (graph)", 32, 8, 128, 16, 0, 0, 1, 4, n_new, fresh}, KILN_DTYPE_F16);
+    cache_fp8 = 0;
+}
+
 /* A block outside the cache cannot be reported from the device: the
  * sequence's outputs turn NaN, the rest of the batch stays right, nothing
  * is written out of bounds (the run must not fault). */
@@ -590,7 +662,7 @@ static void test_bad_block(void)
 static const test_case_ tests[] = {
     TEST(test_decode_long),     TEST(test_decode_batch),  TEST(test_decode_heads),        TEST(test_decode_generic),
     TEST(test_decode_many),     TEST(test_decode_groups), TEST(test_decode_split_kernel), TEST(test_prefill),
-    TEST(test_chunked_prefill), TEST(test_bad_block),     TEST(test_decode_variants),
+    TEST(test_chunked_prefill), TEST(test_bad_block),     TEST(test_decode_variants), TEST(test_fp8_cache),
 };
 
 int main(void)

@@ -12,6 +12,8 @@
  *   and without; batch invariance: a prompt decoded in a batch of 8 gives
  *   the tokens it gives alone; the KV cache capped at what max_batch full
  *   sequences use;
+ * - an FP8 KV cache: CUDA greedy tokens the CPU's (with the same cache),
+ *   or in its top 5 where they part;
  * - the scheduler (issue 9): 65 requests of mixed lengths, greedy and
  *   seeded-sampled, together with preemptions forced by a 12-block cache,
  *   each with exactly the tokens it gets alone.
@@ -310,14 +312,20 @@ static void test_sample_logprobs(void)
 static const char *const prompts[8] = {"Hello",     "The capital of France is", "1, 2, 3,",       "Once upon a time",
                                        "def f(x):", "The quick brown fox",      "Water boils at", "I think that"};
 
-static kiln_status build_to(const char *dir, kiln_backend backend, const char *path)
+static kiln_status build_kv(const char *dir, kiln_backend backend, int32_t kv_cache, const char *path)
 {
     kiln_llm_build_options opt;
     kiln_llm_build_options_init(&opt);
     opt.backend = backend;
     opt.dtype = KILN_DTYPE_F32;
     opt.max_seq_len = 96;
+    opt.kv_cache = kv_cache;
     return kiln_llm_build(dir, &opt, path);
+}
+
+static kiln_status build_to(const char *dir, kiln_backend backend, const char *path)
+{
+    return build_kv(dir, backend, KILN_LLM_KV_AUTO, path);
 }
 
 typedef struct opened {
@@ -421,6 +429,84 @@ static void test_generation(void)
         close_llm(&cpu);
         close_llm(&gpu);
         close_llm(&plain);
+    }
+    remove(cpu_path);
+    remove(gpu_path);
+}
+
+/* How many logits exceed token `tok`'s at position `at` (0: its argmax). */
+typedef struct rank_at {
+    size_t at;
+    int32_t tok, vocab, rank;
+} rank_at;
+
+static void rank_fn(void *user, size_t position, const float *logits)
+{
+    rank_at *r = user;
+    if (position != r->at)
+        return;
+    r->rank = 0;
+    for (int32_t i = 0; i < r->vocab; i++)
+        r->rank += logits[i] > logits[r->tok];
+}
+
+/* FP8 KV cache (E4M3 codes): f32 engines of two tiny checkpoints on CUDA
+ * (kat_write's rounding, kat_generic at head_dim 16; the fast kernels are
+ * in ops.test_cuda_attention) against the CPU engine with the same cache.
+ * A key that lands on an E4M3 rounding boundary may go either way with
+ * the order of the sums before it, so the greedy tokens must be the CPU's
+ * or, where they first part, the CUDA token must be among the CPU
+ * engine's top 5 after the same prefix. */
+static void test_generation_fp8_kv(void)
+{
+    static const char *const families[] = {"llama", "qwen2"};
+    char cpu_path[128], gpu_path[128], dir[128];
+    snprintf(cpu_path, sizeof cpu_path, "/tmp/kiln-ops-llm-cpu-fp8kv-%d.engine", (int)getpid());
+    snprintf(gpu_path, sizeof gpu_path, "/tmp/kiln-ops-llm-cuda-fp8kv-%d.engine", (int)getpid());
+    for (size_t f = 0; f < sizeof families / sizeof families[0]; f++) {
+        snprintf(dir, sizeof dir, "tests/data/llm/%s", families[f]);
+        CHECK_OK(build_kv(dir, KILN_BACKEND_CPU, KILN_LLM_KV_FP8, cpu_path));
+        CHECK_OK(build_kv(dir, KILN_BACKEND_CUDA, KILN_LLM_KV_FP8, gpu_path));
+        opened cpu, gpu;
+        CHECK_OK(open_llm(&cpu, cpu_path, 0));
+        CHECK_OK(open_llm(&gpu, gpu_path, 1));
+        if (cpu.llm && gpu.llm) {
+            const kiln_llm_info *info = kiln_llm_info_get(gpu.llm);
+            CHECK(info->dtype == KILN_DTYPE_FP8_E4M3 && info->n_blocks > 0);
+            kiln_llm_result *ref[8] = {0}, *got[8] = {0};
+            CHECK_OK(greedy_runs(cpu.llm, 0, ref));
+            CHECK_OK(greedy_runs(gpu.llm, 1, got));
+            int same = 0, near = 0;
+            for (int i = 0; i < 8; i++) {
+                if (!ref[i] || !got[i] || ref[i]->n_ids != 32 || got[i]->n_ids != 32) {
+                    CHECK(0);
+                    continue;
+                }
+                size_t d = 0;
+                while (d < 32 && ref[i]->ids[d] == got[i]->ids[d])
+                    d++;
+                if (d == 32) {
+                    same++;
+                    continue;
+                }
+                int32_t seq[160];
+                size_t n = ref[i]->n_prompt_ids + d;
+                memcpy(seq, ref[i]->prompt_ids, sizeof(int32_t) * ref[i]->n_prompt_ids);
+                memcpy(seq + ref[i]->n_prompt_ids, ref[i]->ids, sizeof(int32_t) * d);
+                rank_at r = {n - 1, got[i]->ids[d], kiln_llm_info_get(cpu.llm)->vocab_size, -1};
+                CHECK_OK(kiln_llm_score(cpu.llm, seq, n, rank_fn, &r));
+                CHECK(r.rank >= 0 && r.rank < 5);
+                near += r.rank >= 0 && r.rank < 5;
+                printf("%-10s fp8 kv: prompt %d parts at token %zu, the cuda token ranks %d on the cpu\n", families[f],
+                       i, d, r.rank);
+            }
+            printf("%-10s fp8 kv: cuda = cpu greedy for %d of 8 prompts, the others in the cpu's top 5: %d\n",
+                   families[f], same, near);
+            free_results(ref);
+            free_results(got);
+        }
+        close_llm(&cpu);
+        close_llm(&gpu);
     }
     remove(cpu_path);
     remove(gpu_path);
@@ -552,7 +638,7 @@ static void test_scheduler_invariance(void)
 }
 
 static const test_case_ tests[] = {TEST(test_sample_layer), TEST(test_sample_logprobs), TEST(test_generation),
-                                   TEST(test_scheduler_invariance)};
+                                   TEST(test_generation_fp8_kv), TEST(test_scheduler_invariance)};
 
 static int run_tests(void)
 {

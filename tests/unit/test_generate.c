@@ -5,7 +5,8 @@
  * not change greedy tokens, chunked prefill equals whole prefill, limits are
  * refused with their numbers, cancellation and stop strings work, seeded
  * sampling is reproducible, the decode step allocates nothing, and the
- * sampling layer chooses what host sampling chooses. */
+ * sampling layer chooses what host sampling chooses; an FP8 KV cache
+ * keeps the f16 cache's greedy tokens (or its top 5 where they part). */
 #include "test.h"
 
 #include <kiln/llm.h>
@@ -740,6 +741,108 @@ static void test_not_an_llm_engine(void)
     kiln_registry_destroy(reg);
 }
 
+/* The tiny model built with a KV cache of kv_cache (KILN_LLM_KV_*) and
+ * opened; the engine file is removed once open. */
+static int open_kv_engine(int32_t kv_cache, tiny *t)
+{
+    memset(t, 0, sizeof *t);
+    kiln_llm_checkpoint *ck = tiny_checkpoint();
+    CHECK(ck != NULL);
+    if (!ck)
+        return 0;
+    ck->config.max_position_embeddings = 64;
+    kiln_llm_build_options opt;
+    kiln_llm_build_options_init(&opt);
+    opt.max_batch = 4;
+    opt.max_seq_len = 64;
+    opt.max_tokens = 16;
+    opt.block_size = 4;
+    opt.kv_cache = kv_cache;
+    kiln_buffer buf = {0};
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/kiln-test-generate-kv%d-%d.engine", (int)kv_cache, (int)getpid());
+    CHECK_OK(kiln_registry_create(&t->reg));
+    kiln_status s = kiln_llm_build_engine(ck, &opt, t->reg, NULL, &buf);
+    CHECK_OK(s);
+    kiln_llm_checkpoint_free(ck);
+    int ok = s == KILN_OK && tiny_write_file(path, &buf);
+    kiln_buffer_free(&buf);
+    kiln_llm_options lo;
+    kiln_llm_options_init(&lo);
+    if (ok)
+        CHECK_OK(kiln_llm_open(t->reg, path, &lo, &t->llm));
+    unlink(path);
+    return ok && t->llm != NULL;
+}
+
+typedef struct top5 {
+    size_t at;      /* the position whose logits are wanted */
+    int32_t tok;    /* the token to look for */
+    int32_t vocab;
+    int rank;       /* how many logits exceed tok's: 0 = argmax */
+} top5;
+
+static void rank_of(void *user, size_t position, const float *logits)
+{
+    top5 *r = user;
+    if (position != r->at)
+        return;
+    r->rank = 0;
+    for (int32_t i = 0; i < r->vocab; i++)
+        r->rank += logits[i] > logits[r->tok];
+}
+
+/* An FP8 (E4M3) cache against an f16 one: the cache takes half the bytes
+ * for the same blocks, and greedy generation gives the same tokens, or,
+ * where it first differs, the FP8 engine's token is among the f16 engine's
+ * top 5 after the same (teacher-forced) prefix. */
+static void test_fp8_kv_cache(void)
+{
+    tiny h, q;
+    int ok_h = open_kv_engine(KILN_LLM_KV_F16, &h), ok_q = open_kv_engine(KILN_LLM_KV_FP8, &q);
+    if (ok_h && ok_q) {
+        const kiln_llm_info *ih = kiln_llm_info_get(h.llm), *iq = kiln_llm_info_get(q.llm);
+        CHECK(ih->dtype == KILN_DTYPE_F16 && iq->dtype == KILN_DTYPE_FP8_E4M3);
+        CHECK(iq->cache_bytes * 2 == ih->cache_bytes * iq->n_blocks / ih->n_blocks);
+        CHECK(iq->cache_bytes == (size_t)iq->n_blocks * 2 * KV_HEADS * 4 * HEAD_DIM * LAYERS);
+        const char *prompts[4] = {"hello world", "the", "a quick brown fox", "0123"};
+        int same = 0;
+        for (int i = 0; i < 4; i++) {
+            kiln_llm_request r = greedy(prompts[i], 24);
+            kiln_llm_result *a = NULL, *b = NULL;
+            CHECK_OK(generate1(h.llm, &r, NULL, NULL, &a));
+            CHECK_OK(generate1(q.llm, &r, NULL, NULL, &b));
+            if (a && b && a->n_ids == 24 && b->n_ids == 24) {
+                size_t d = 0;
+                while (d < 24 && a->ids[d] == b->ids[d])
+                    d++;
+                same += d == 24;
+                if (d < 24) {
+                    int32_t seq[64];
+                    size_t n = a->n_prompt_ids + d;
+                    memcpy(seq, a->prompt_ids, sizeof(int32_t) * a->n_prompt_ids);
+                    memcpy(seq + a->n_prompt_ids, a->ids, sizeof(int32_t) * d);
+                    top5 r5 = {n - 1, b->ids[d], VOCAB, -1};
+                    CHECK_OK(kiln_llm_score(h.llm, seq, n, rank_of, &r5));
+                    if (getenv("KILN_TEST_VERBOSE") || !(r5.rank >= 0 && r5.rank < 5))
+                        fprintf(stderr, "fp8 kv: prompt %d differs at token %zu, rank %d in the f16 engine\n", i, d,
+                                r5.rank);
+                    CHECK(r5.rank >= 0 && r5.rank < 5);
+                }
+            } else {
+                CHECK(0);
+            }
+            kiln_llm_result_free(a);
+            kiln_llm_result_free(b);
+        }
+        fprintf(stderr, "fp8 kv: %d of 4 prompts give the f16 cache's 24 greedy tokens\n", same);
+    }
+    if (ok_h)
+        tiny_close(&h);
+    if (ok_q)
+        tiny_close(&q);
+}
+
 static void cleanup(void)
 {
     if (engine_path[0]) {
@@ -764,6 +867,7 @@ static const test_case_ tests[] = {
     TEST(test_struct_size_read),
     TEST(test_sections_and_description),
     TEST(test_not_an_llm_engine),
+    TEST(test_fp8_kv_cache),
     TEST(cleanup),
 };
 

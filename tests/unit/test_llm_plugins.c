@@ -5,7 +5,8 @@
  * SwiGLU on gate and up apart, packed-qkv PagedAttention against q, k, v
  * given apart; QuantGather's rows against the Q8_0 formula and the
  * host's ggml dequantization; FusedMatMul against RMSNorm, a plain
- * matmul and SwiGLU, the residual add or RoPE.
+ * matmul and SwiGLU, the residual add or RoPE. PagedAttention with an FP8
+ * cache against a reference E4M3 encoder and attention in double.
  * Each fused path runs the same f32 arithmetic on the same rounded values,
  * so the results must agree bit for bit. Old (v1) blobs still load.
  * The mixed dtypes of an f32 residual stream in a bf16/f16 engine
@@ -575,6 +576,163 @@ static void test_attention_reference(void)
     }
 }
 
+/* E4M3 from the OCP 8-bit floating point spec, written here apart from the
+ * codec under test: code c is (-1)^s · 2^(e-7) · (1 + m/8), or m/8 · 2^-6
+ * when e = 0; S.1111.111 is NaN and 448 the largest finite value. */
+static double ref_e4m3_value(int c)
+{
+    int e = (c >> 3) & 15, m = c & 7;
+    double v = e == 0 ? m / 8.0 * ldexp(1.0, -6) : (1.0 + m / 8.0) * ldexp(1.0, e - 7);
+    return c & 0x80 ? -v : v;
+}
+
+/* f rounded to the nearest finite E4M3 value by search over the codes,
+ * ties to the even code (an even last mantissa bit); beyond 448 it
+ * saturates (the satfinite conversion); NaN is 0x7F. */
+static uint8_t ref_e4m3(float f)
+{
+    static double value[0x7F];
+    if (value[0x7E] == 0)
+        for (int c = 0; c < 0x7F; c++)
+            value[c] = ref_e4m3_value(c);
+    if (isnan(f))
+        return 0x7F;
+    double a = fabs((double)f), best_d = INFINITY;
+    int best = 0;
+    for (int c = 0; c < 0x7F; c++) {
+        double d = fabs(value[c] - a);
+        if (d < best_d || (d == best_d && !(c & 1)))
+            best = c, best_d = d;
+    }
+    return (uint8_t)((signbit(f) ? 0x80 : 0) | best);
+}
+
+/* PagedAttention with an FP8 (E4M3 codes in u8) cache: the cache after the
+ * step must hold exactly the codes ref_e4m3 gives for the new keys and
+ * values (activations of dtype t, so bf16 ones are rounded first) and
+ * leave every other byte alone, and the output must be softmax(q·K/sqrt(d))·V
+ * in double over the values those codes stand for. Some new keys and values
+ * lie beyond ±448 (saturated) or below 2^-6 (subnormal codes). */
+static void check_attention_fp8(int32_t nh, int32_t nkv, int32_t hd, int64_t cached, int64_t T_per_seq, kiln_dtype t)
+{
+    const int32_t bs = 16;
+    const int64_t S = 2, max_blocks = (cached + T_per_seq + bs - 1) / bs, n_blocks = S * max_blocks, T = S * T_per_seq;
+    const int64_t qw = nh * hd, kw = nkv * hd;
+    kiln_field f[4] = {fi32("n_heads", &nh), fi32("n_kv_heads", &nkv), fi32("head_dim", &hd), fi32("block_size", &bs)};
+    kiln_plugin *a = make("PagedAttention", f, 4);
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)(S * max_blocks));
+    for (int64_t i = 0; i < S * max_blocks; i++) /* blocks interleaved between the sequences */
+        table[i] = (int32_t)((i % max_blocks) * S + i / max_blocks);
+    int32_t seq_lens[2] = {(int32_t)(cached + T_per_seq), (int32_t)(cached / 2 + T_per_seq)};
+    int32_t qstart[3] = {0, (int32_t)T_per_seq, (int32_t)T};
+    int64_t cache_n = n_blocks * 2 * kw * bs;
+    void *q = random_buf(t, T * qw), *k = malloc((size_t)(T * kw) * esize(t)), *v = malloc((size_t)(T * kw) * esize(t));
+    for (int64_t i = 0; i < T * kw; i++) {
+        store(k, t, i, uniform(-4.0f, 4.0f));
+        store(v, t, i, uniform(-1.0f, 1.0f));
+    }
+    static const float special[] = {1000.0f, -600.0f, 460.0f, 0.004f, -0.0009f, 0.0f, 300.0f, -0.012f};
+    for (int i = 0; i < 8; i++) {
+        store(k, t, (i * 37) % (T * kw), special[i] / (fabsf(special[i]) > 100.0f ? 8.0f : 1.0f));
+        store(v, t, (i * 53) % (T * kw), special[i]);
+    }
+    uint8_t *cache = malloc((size_t)cache_n), *want = malloc((size_t)cache_n);
+    for (int64_t i = 0; i < cache_n; i++) /* E4M3 codes up to 0x4B (5.5) of either sign */
+        cache[i] = (uint8_t)((int)uniform(0.0f, 76.0f) | (uniform(0.0f, 1.0f) < 0.5f ? 0x80 : 0));
+    memcpy(want, cache, (size_t)cache_n);
+    for (int64_t tok = 0; tok < T; tok++) {
+        int64_t s = tok / T_per_seq, pos = seq_lens[s] - T_per_seq + tok % T_per_seq;
+        int64_t blk = table[s * max_blocks + pos / bs];
+        for (int32_t h = 0; h < nkv; h++)
+            for (int32_t e = 0; e < hd; e++) {
+                want[(((blk * 2 + 0) * nkv + h) * bs + pos % bs) * hd + e] = ref_e4m3(load(k, t, tok * kw + h * hd + e));
+                want[(((blk * 2 + 1) * nkv + h) * bs + pos % bs) * hd + e] = ref_e4m3(load(v, t, tok * kw + h * hd + e));
+            }
+    }
+    void *out = malloc((size_t)(T * qw) * esize(t));
+    kiln_tensor_desc d[8] = {DESC(t, T, qw),
+                             DESC(t, T, kw),
+                             DESC(t, T, kw),
+                             DESC(KILN_DTYPE_U8, n_blocks, 2, nkv, bs, hd),
+                             DESC(KILN_DTYPE_I32, S, max_blocks),
+                             DESC(KILN_DTYPE_I32, S),
+                             DESC(KILN_DTYPE_I32, S + 1),
+                             DESC(t, T, qw)};
+    const void *in[7] = {q, k, v, cache, table, seq_lens, qstart};
+    void *o[1] = {out};
+    if (a) {
+        CHECK(a->ops->supports(a, KILN_BACKEND_CPU, d, 7, 1));
+        size_t ws = a->ops->workspace_size(a, d, 7, d + 7, 1);
+        void *workspace = malloc(ws ? ws : 1);
+        CHECK_OK(a->ops->enqueue(a, KILN_BACKEND_CPU, d, in, 7, d + 7, o, 1, workspace, pool));
+        CHECK(memcmp(cache, want, (size_t)cache_n) == 0);
+        double err = 0, norm = 0;
+        for (int64_t tok = 0; tok < T; tok++) {
+            int64_t s = tok / T_per_seq, pos = seq_lens[s] - T_per_seq + tok % T_per_seq;
+            for (int32_t h = 0; h < nh; h++) {
+                int32_t kvh = h / (nh / nkv);
+                double m = -1e300, l = 0, acc[128] = {0}, sc[1024];
+                for (int64_t j = 0; j <= pos; j++) {
+                    int64_t blk = table[s * max_blocks + j / bs];
+                    const uint8_t *kr = want + (((blk * 2 + 0) * nkv + kvh) * bs + j % bs) * hd;
+                    double dot = 0;
+                    for (int32_t e = 0; e < hd; e++)
+                        dot += (double)load(q, t, tok * qw + h * hd + e) * ref_e4m3_value(kr[e]);
+                    sc[j] = dot / sqrt((double)hd);
+                    m = sc[j] > m ? sc[j] : m;
+                }
+                for (int64_t j = 0; j <= pos; j++) {
+                    int64_t blk = table[s * max_blocks + j / bs];
+                    const uint8_t *vr = want + (((blk * 2 + 1) * nkv + kvh) * bs + j % bs) * hd;
+                    double w = exp(sc[j] - m);
+                    l += w;
+                    for (int32_t e = 0; e < hd; e++)
+                        acc[e] += w * ref_e4m3_value(vr[e]);
+                }
+                for (int32_t e = 0; e < hd; e++) {
+                    double want_o = acc[e] / l, got = load(out, t, tok * qw + h * hd + e);
+                    err += (got - want_o) * (got - want_o);
+                    norm += want_o * want_o;
+                }
+            }
+        }
+        /* f32 arithmetic, then the output rounded to t */
+        double tol = t == KILN_DTYPE_F32 ? 1e-5 : t == KILN_DTYPE_F16 ? 1e-3 : 6e-3;
+        if (!(sqrt(err / norm) < tol))
+            fprintf(stderr, "fp8 attention %d/%d heads of %d, %lld cached, %lld new, %s: error %.3g\n", nh, nkv, hd,
+                    (long long)cached, (long long)T_per_seq, kiln_dtype_name(t), sqrt(err / norm));
+        CHECK(sqrt(err / norm) < tol);
+        free(workspace);
+        a->ops->destroy(a);
+    }
+    free(table), free(q), free(k), free(v), free(cache), free(want), free(out);
+}
+
+/* The FP8 cache on the portable kernel and on the tiled one (f32
+ * activations, head_dim 64 and 128): decode chunks, short key tiles,
+ * prefill tiles; bf16 activations on the portable kernel. The reference
+ * encoder itself against points of the spec: 448 the largest, 2^-9 the
+ * smallest subnormal, 1.0625 between 1 and 1.125 rounds to the even 1. */
+static void test_attention_fp8(void)
+{
+    CHECK(ref_e4m3(448.0f) == 0x7E && ref_e4m3(1e9f) == 0x7E && ref_e4m3(-1e9f) == 0xFE);
+    CHECK(ref_e4m3(0.001953125f) == 0x01 && ref_e4m3(1.0625f) == 0x38 && ref_e4m3(1.1875f) == 0x3A);
+    CHECK(ref_e4m3_value(0x7E) == 448.0 && ref_e4m3_value(0x38) == 1.0 && ref_e4m3_value(0x08) == 0.015625);
+    for (int isa = 0; isa < 2; isa++) {
+        if (isa == 0)
+            setenv("KILN_ATTENTION_ISA", "c", 1);
+        check_attention_fp8(9, 3, 64, 700, 1, KILN_DTYPE_F32);  /* SmolLM2's decode: keys in chunks */
+        check_attention_fp8(32, 8, 128, 45, 1, KILN_DTYPE_F32); /* an 8B's decode, a short last tile */
+        check_attention_fp8(9, 3, 64, 21, 29, KILN_DTYPE_F32);  /* prefill after a cached prefix */
+        check_attention_fp8(9, 3, 64, 300, 8, KILN_DTYPE_F32);  /* chunks of 8 tokens, as kiln perplexity scores */
+        check_attention_fp8(4, 4, 128, 5, 19, KILN_DTYPE_F32);  /* MHA prefill, tiles of 16 tokens */
+        check_attention_fp8(6, 2, 16, 40, 37, KILN_DTYPE_F32);  /* head_dim 16: the portable kernel */
+        check_attention_fp8(9, 3, 64, 300, 2, KILN_DTYPE_BF16);
+        check_attention_fp8(8, 2, 64, 33, 17, KILN_DTYPE_F16);
+        unsetenv("KILN_ATTENTION_ISA");
+    }
+}
+
 static void test_attention_packed(void)
 {
     check_attention_packed(KILN_DTYPE_F32);
@@ -938,6 +1096,7 @@ static const test_case_ tests[] = {TEST(setup),
                                    TEST(test_swiglu_packed),
                                    TEST(test_attention_packed),
                                    TEST(test_attention_reference),
+                                   TEST(test_attention_fp8),
                                    TEST(test_quant_gather),
                                    TEST(test_fused_matmul),
                                    TEST(teardown)};

@@ -45,10 +45,11 @@ static const char build_llm_help[] =
     "                        whole row, int4 128)\n"
     "  --quantize-lm-head    --weights applies to the output projection too (default:\n"
     "                        kept in --dtype)\n"
-    "  --kv-dtype T          auto (default), f32, f16 or bf16: the KV cache's type;\n"
+    "  --kv-dtype T          auto (default), f32, f16, bf16 or fp8: the KV cache's type;\n"
     "                        auto is f16 in a native cpu engine (as llama.cpp's cache;\n"
     "                        half the bytes a decode step reads) and --dtype otherwise;\n"
-    "                        on cuda the cache is in --dtype\n"
+    "                        fp8: E4M3, scale 1, saturating at +-448 (twice f16's\n"
+    "                        tokens); on cuda the cache is in --dtype or fp8\n"
     "  --max-batch N         sequences per step (default 8)\n"
     "  --max-seq-len N       tokens per sequence (default min(4096, the model's context))\n"
     "  --max-tokens N        new tokens per step (default max-seq-len)\n"
@@ -180,15 +181,15 @@ int cli_build_llm(int argc, char **argv)
                 goto done;
             }
         } else if (!strcmp(o, "--kv-dtype")) {
-            static const char *const kv_names[] = {"auto", "f32", "f16", "bf16"};
+            static const char *const kv_names[] = {"auto", "f32", "f16", "bf16", "fp8"};
             int k = 0;
-            while (k < 4 && strcmp(val, kv_names[k]) != 0)
+            while (k < 5 && strcmp(val, kv_names[k]) != 0)
                 k++;
-            if (k == 4) {
-                status = cli_usage("build", "unknown --kv-dtype \"%s\" (auto, f32, f16 or bf16)", val);
+            if (k == 5) {
+                status = cli_usage("build", "unknown --kv-dtype \"%s\" (auto, f32, f16, bf16 or fp8)", val);
                 goto done;
             }
-            opt.kv_cache = k; /* KILN_LLM_KV_AUTO, _F32, _F16, _BF16 in this order */
+            opt.kv_cache = k; /* KILN_LLM_KV_AUTO, _F32, _F16, _BF16, _FP8 in this order */
         } else if (!strcmp(o, "--weights-group")) {
             if ((status = parse_i32(o, val, &opt.weights_group)) != CLI_OK)
                 goto done;
