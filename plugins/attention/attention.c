@@ -489,6 +489,19 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
  * registers stay registers. */
 #define UNROLLED_FOR(i, n) _Pragma("GCC unroll 16") for (int i = 0; i < (n); i++)
 
+/* 16 E4M3 codes as f32: code c has the f16 bits (c & 0x7F) << 7 (sign at
+ * bit 15) times 2^8 (the exponent biases differ by 8 and f16 holds every
+ * E4M3 subnormal); NaN (S.1111.111) set apart. */
+PLUGIN_AVX512_FN static inline __m512 attn_e4m3x16(const uint8_t *src)
+{
+    const __m512i low7 = _mm512_set1_epi32(0x7F), sign = _mm512_set1_epi32(0x80);
+    __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)src));
+    __m512i mag = _mm512_and_si512(c, low7);
+    __m512i h = _mm512_or_si512(_mm512_slli_epi32(mag, 7), _mm512_slli_epi32(_mm512_and_si512(c, sign), 8));
+    __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_set1_ps(256.0f));
+    return _mm512_mask_mov_ps(x, _mm512_cmpeq_epi32_mask(mag, low7), _mm512_set1_ps(NAN));
+}
+
 /* ATTN_LANES rows of hd values from cache element `base` (n of them real,
  * the rest zeros) as f32 in dst: f16 widened exactly by vcvtph2ps. */
 PLUGIN_AVX512_FN static inline void attn_rows_f32(const attn_job *j, int64_t base, int64_t n, int64_t hd, float *dst)
@@ -502,14 +515,8 @@ PLUGIN_AVX512_FN static inline void attn_rows_f32(const attn_job *j, int64_t bas
          * times 2^8: the exponent biases differ by 8 and f16 holds every
          * E4M3 subnormal; NaN (S.1111.111) set apart */
         const uint8_t *src = (const uint8_t *)j->cache + base;
-        const __m512i low7 = _mm512_set1_epi32(0x7F), sign = _mm512_set1_epi32(0x80);
-        for (int64_t e = 0; e < n * hd; e += 16) {
-            __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(src + e)));
-            __m512i mag = _mm512_and_si512(c, low7);
-            __m512i h = _mm512_or_si512(_mm512_slli_epi32(mag, 7), _mm512_slli_epi32(_mm512_and_si512(c, sign), 8));
-            __m512 x = _mm512_mul_ps(_mm512_cvtph_ps(_mm512_cvtepi32_epi16(h)), _mm512_set1_ps(256.0f));
-            _mm512_storeu_ps(dst + e, _mm512_mask_mov_ps(x, _mm512_cmpeq_epi32_mask(mag, low7), _mm512_set1_ps(NAN)));
-        }
+        for (int64_t e = 0; e < n * hd; e += 16)
+            _mm512_storeu_ps(dst + e, attn_e4m3x16(src + e));
     } else {
         memcpy(dst, (const float *)j->cache + base, sizeof(float) * (size_t)(n * hd));
     }
@@ -563,9 +570,14 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
 
 /* Sixteen cache values from element e of a cache row pointer as f32: an
  * f16 cache widened by vcvtph2ps as it is read. */
-#define ATTN_LOAD16(F16, base, e) \
-    ((F16) ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(base) + (e)))) \
-           : _mm512_loadu_ps((const float *)(base) + (e)))
+/* 16 cache values from element e of base as f32: the cache's kind K is
+ * 0 (f32), 1 (f16, widened by vcvtph2ps) or 2 (FP8 E4M3 codes, as
+ * attn_rows_f32 widens them); ATTN_ES its element bytes. */
+#define ATTN_ES(K) ((K) == 1 ? 2 : (K) == 2 ? 1 : 4)
+#define ATTN_LOAD16(K, base, e) \
+    ((K) == 1   ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(base) + (e)))) \
+     : (K) == 2 ? attn_e4m3x16((const uint8_t *)(base) + (e)) \
+                : _mm512_loadu_ps((const float *)(base) + (e)))
 
 /* One decode row: token t of sequence s, the query heads of kv heads
  * [kv0, kv0 + nkv) (at most ATTN_LANES heads), the keys of chunk c. The
@@ -578,7 +590,7 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
  * prefill tile above would use 3. K is widened once a tile into kbuf for
  * the group's heads; each V row is widened once as it is read and summed
  * into the outputs of up to HB heads held in registers. */
-#define ATTN_ROW_FN(NAME, HD, F16) \
+#define ATTN_ROW_FN(NAME, HD, K) \
     PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t, int64_t kv0, int64_t nkv, int64_t c) \
     { \
         const attn_params *p = j->p; \
@@ -610,13 +622,13 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
              * a block's runs are too short for the hardware prefetcher */ \
             const int next = k0 + n < keys; \
             for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
-                const void *kp = (const char *)j->cache + cache_index(j, s, k0, 0, kvh) * ((F16) ? 2 : 4); \
+                const void *kp = (const char *)j->cache + cache_index(j, s, k0, 0, kvh) * ATTN_ES(K); \
                 const char *kpn = \
-                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ((F16) ? 2 : 4) : NULL; \
+                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ATTN_ES(K) : NULL; \
                 for (int64_t e = 0; e < n * (HD); e += 16) { \
-                    if (kpn && (e * ((F16) ? 2 : 4)) % 64 == 0) \
-                        _mm_prefetch(kpn + e * ((F16) ? 2 : 4), _MM_HINT_T0); \
-                    _mm512_store_ps(kbuf + e, ATTN_LOAD16(F16, kp, e)); \
+                    if (kpn && (e * ATTN_ES(K)) % 64 == 0) \
+                        _mm_prefetch(kpn + e * ATTN_ES(K), _MM_HINT_T0); \
+                    _mm512_store_ps(kbuf + e, ATTN_LOAD16(K, kp, e)); \
                 } \
                 for (int64_t g = (kvh - kv0) * G; g < (kvh - kv0 + 1) * G; g++) { \
                     __m512 qv[NV], part[ATTN_LANES]; \
@@ -643,9 +655,9 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
             } \
             /* the values after every kv head's keys: a block is read front to back */ \
             for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
-                const void *vp = (const char *)j->cache + cache_index(j, s, k0, 1, kvh) * ((F16) ? 2 : 4); \
+                const void *vp = (const char *)j->cache + cache_index(j, s, k0, 1, kvh) * ATTN_ES(K); \
                 const char *vpn = \
-                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 1, kvh) * ((F16) ? 2 : 4) : NULL; \
+                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 1, kvh) * ATTN_ES(K) : NULL; \
                 const int64_t g0 = (kvh - kv0) * G; \
                 for (int64_t gb = 0; gb < G; gb += HB) { \
                     __m512 o[HB][NV]; \
@@ -656,11 +668,11 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
                                                  : _mm512_setzero_ps(); \
                     for (int64_t i = 0; i < n; i++) { \
                         if (vpn && gb == 0) \
-                            for (int64_t off = 0; off < (HD) * ((F16) ? 2 : 4); off += 64) \
-                                _mm_prefetch(vpn + i * (HD) * ((F16) ? 2 : 4) + off, _MM_HINT_T0); \
+                            for (int64_t off = 0; off < (HD) * ATTN_ES(K); off += 64) \
+                                _mm_prefetch(vpn + i * (HD) * ATTN_ES(K) + off, _MM_HINT_T0); \
                         __m512 x[NV]; \
                         UNROLLED_FOR (v, NV) \
-                            x[v] = ATTN_LOAD16(F16, vp, i * (HD) + 16 * v); \
+                            x[v] = ATTN_LOAD16(K, vp, i * (HD) + 16 * v); \
                         UNROLLED_FOR (b, HB) \
                             if (gb + b < G) { \
                                 __m512 w = _mm512_set1_ps(pw[g0 + gb + b][i]); \
@@ -699,6 +711,8 @@ ATTN_ROW_FN(attn_row_64_f32, 64, 0)
 ATTN_ROW_FN(attn_row_128_f32, 128, 0)
 ATTN_ROW_FN(attn_row_64_f16, 64, 1)
 ATTN_ROW_FN(attn_row_128_f16, 128, 1)
+ATTN_ROW_FN(attn_row_64_fp8, 64, 2)
+ATTN_ROW_FN(attn_row_128_fp8, 128, 2)
 
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
  * head kvh (lane = token · group + head), head_dim HD, the keys of chunk
@@ -817,6 +831,8 @@ static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
             int64_t nkv = p->n_kv_heads - kvh < j->row_kv ? p->n_kv_heads - kvh : j->row_kv;
             if (j->ct == KILN_DTYPE_F16)
                 (p->head_dim == 64 ? attn_row_64_f16 : attn_row_128_f16)(j, s, t0, kvh, nkv, c);
+            else if (j->ct == KILN_DTYPE_U8)
+                (p->head_dim == 64 ? attn_row_64_fp8 : attn_row_128_fp8)(j, s, t0, kvh, nkv, c);
             else
                 (p->head_dim == 64 ? attn_row_64_f32 : attn_row_128_f32)(j, s, t0, kvh, nkv, c);
         } else
