@@ -24,12 +24,14 @@ KILN_HD float kiln_e4m3_to_f32(uint8_t c)
 }
 
 /* f rounded to the nearest E4M3 value, ties to even, saturating to ±448
- * (NaN stays NaN), as cvt.rn.satfinite.e4m3x2.f32 does on the GPU. */
+ * (NaN stays NaN). The device runs this same code rather than
+ * cvt.rn.satfinite.e4m3x2.f32, so that GPU caches and activations hold
+ * the host's codes by construction. With the instruction, the f32
+ * FP8-cache prefill op test differed from the CPU by 4.5e-5 (relative)
+ * where every other f32 case agrees to 1e-6 (bench/README.md, seventh
+ * session); that this change removes it is not yet checked on a GPU. */
 KILN_HD uint8_t kiln_f32_to_e4m3(float f)
 {
-#if defined(__CUDA_ARCH__)
-    return (uint8_t)__nv_cvt_float_to_fp8(f, __NV_SATFINITE, __NV_E4M3);
-#else
     if (isnan(f))
         return 0x7F;
     const uint8_t s = signbit(f) ? 0x80 : 0;
@@ -45,7 +47,6 @@ KILN_HD uint8_t kiln_f32_to_e4m3(float f)
         q = 8, e++;
     int code = (e - 1 + 7) << 3 | (q - 8);
     return (uint8_t)(s | (code > 0x7E ? 0x7E : code));
-#endif
 }
 
 #endif
