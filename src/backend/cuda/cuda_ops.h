@@ -25,7 +25,8 @@ struct kiln_cuda_device {
     kcu_error_word *err; /* device memory: claimed with an atomic by the first error */
     /* the first error's record, written by the kernel that claimed err into
      * mapped pinned memory, so the check after a synchronize reads host
-     * memory instead of a synchronous copy a step (~10 us of a decode step) */
+     * memory instead of making a synchronous device copy every step (its
+     * cost alone was not measured) */
     kcu_error_word *report;     /* host address */
     kcu_error_word *report_dev; /* its device alias */
     struct mm_cache *mm; /* cuBLASLt plans by problem (cuda_matmul.c) */
