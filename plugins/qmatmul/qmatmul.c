@@ -34,13 +34,18 @@
  * Fields:  format (string): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
  *          F16 or BF16; n, k (i32): N and K, K a multiple of 32 (256 for
  *          the K formats).
+ *          panels (i32, optional, default 0): 1 where w holds Q4_0 or Q4_1
+ *          rows in the row-panel layout of qmatmul_cpu.h (CPU only; n a
+ *          multiple of 16): what the LLM builder writes for CPU engines,
+ *          whose decode GEMV then reads 16 rows a block column.
  * Blob v2: four int32: ggml type number (8, 2, 3, 6, 7, 12, 13, 14, 1,
  *          30), n, k, and the rows of x the workspace holds for the tiled
  *          GEMM (QMM_GEMM_ROWS); v3 adds a fifth, 1 where the workspace
  *          also holds one row of x packed for the decode GEMV of Q4_0 and
- *          Q4_1. v1 (the first three) and v2 are still read: such an
- *          engine, whose workspace was sized before the GEMM (v1) or the
- *          GEMV (v2), runs the kernels it was sized for.
+ *          Q4_1; v4 a sixth, panels. v1 (the first three), v2 and v3 are
+ *          still read: such an engine, whose workspace was sized before
+ *          the GEMM (v1) or the GEMV (v2), runs the kernels it was sized
+ *          for.
  *
  * The CUDA kernels (qmatmul_cuda.cu) cover Q8_0, Q4_0, Q4_1, Q4_K, Q5_K
  * and Q6_K; the LLM builder expands the other formats for CUDA engines.
@@ -54,7 +59,7 @@
 #include "qmatmul/qmatmul_cpu.h"
 
 #define NAME "QuantMatMul"
-#define BLOB_VERSION 3u
+#define BLOB_VERSION 4u
 
 typedef struct qmm_params {
     int32_t type, n, k;
@@ -64,11 +69,14 @@ typedef struct qmm_params {
     /* 1: the workspace also holds one row of x packed for the decode GEMV
      * (qmatmul_cpu.h); 0 (v1 and v2 blobs, sized before it): not used */
     int32_t gemv_x;
+    /* 1: w is in the row-panel layout (qmatmul_cpu.h); 0 (and v1-v3
+     * blobs): as stored */
+    int32_t panels;
 } qmm_params;
 
-/* Blob bytes of each schema version (v1 lacks gemm_rows, v2 gemv_x). */
+/* Blob bytes of each schema version (v1 lacks gemm_rows, v2 gemv_x, v3 panels). */
 static const size_t blob_sizes[BLOB_VERSION] = {offsetof(qmm_params, gemm_rows), offsetof(qmm_params, gemv_x),
-                                                sizeof(qmm_params)};
+                                                offsetof(qmm_params, panels), sizeof(qmm_params)};
 
 typedef struct qmm {
     kiln_plugin base;
@@ -87,6 +95,7 @@ static const kiln_plugin_ops qmm_ops;
 
 #define FORMAT_LIST "Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, F16 or BF16"
 
+
 static int64_t row_bytes(const qmm_format *f, int32_t k) { return (int64_t)k / f->block * f->bytes; }
 
 static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out)
@@ -101,6 +110,12 @@ static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out)
                           f->name);
     if (p->gemv_x != 0 && p->gemv_x != 1)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": gemv_x = %d is not 0 or 1", p->gemv_x);
+    if (p->panels != 0 && (p->panels != 1 || !kiln_qmm_panel_format(f) || p->n % QMM_PANEL_ROWS != 0 ||
+                           row_bytes(f, p->k) > QMM_PANEL_ROW_BYTES))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": panels = %d: 1 takes Q4_0 or Q4_1 with n (%d) a multiple of %d and rows of at most "
+                               "%d bytes; 0 the stored layout",
+                          p->panels, p->n, QMM_PANEL_ROWS, QMM_PANEL_ROW_BYTES);
     if (p->gemm_rows < 0 || p->gemm_rows > QMM_GEMM_ROWS)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": gemm_rows = %d is not in 0..%d", p->gemm_rows,
                           QMM_GEMM_ROWS);
@@ -157,7 +172,8 @@ static int32_t qmm_supports(const kiln_plugin *self, kiln_backend backend, const
 {
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
-    backend_ok = backend_ok || (backend == KILN_BACKEND_CUDA && cuda_format(((const qmm *)self)->p.type));
+    const qmm_params *p = &((const qmm *)self)->p;
+    backend_ok = backend_ok || (backend == KILN_BACKEND_CUDA && cuda_format(p->type) && !p->panels);
 #endif
     return backend_ok && n_in == 2 && n_out == 1 && plugin_is_float(d[0].dtype) && d[1].dtype == KILN_DTYPE_U8 &&
            d[2].dtype == d[0].dtype;
@@ -197,7 +213,7 @@ static size_t qmm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc
 }
 
 typedef struct qmm_job {
-    int32_t type, k;
+    int32_t type, k, panels;
     int64_t rows, n;
     size_t wrow, xs; /* bytes per weight row and per row of x as the kernels read it */
     const uint8_t *w;
@@ -208,7 +224,16 @@ typedef struct qmm_job {
     void *q;
     qmm_gemv4_fn gemv4; /* one row of x: the decode GEMV over x packed at xg */
     const void *xg;
+    qmm_panel_fn panel; /* one row of x, w in panels: the panel GEMV */
 } qmm_job;
+
+/* Panels [begin, end) of one row of x by the panel GEMV. */
+static void qmm_panel_range(void *arg, int64_t begin, int64_t end)
+{
+    const qmm_job *j = arg;
+    j->panel(j->w + (size_t)(begin * QMM_PANEL_ROWS) * j->wrow, j->wrow, end - begin, j->k, j->q,
+             j->y + begin * QMM_PANEL_ROWS);
+}
 
 /* Output columns [begin, end) of one row of x by the decode GEMV. */
 static void qmm_gemv4_range(void *arg, int64_t begin, int64_t end)
@@ -218,22 +243,33 @@ static void qmm_gemv4_range(void *arg, int64_t begin, int64_t end)
 }
 
 /* Output columns [begin, end) in tiles of QMM_TILE weight rows; each tile
- * meets every row of x, four at a time. */
+ * meets every row of x, four at a time. A weight in panels is read as
+ * stored rows, a tile's worth at a time on the stack. */
 static void qmm_range(void *arg, int64_t begin, int64_t end)
 {
     const qmm_job *j = arg;
     float o[4];
-    for (int64_t c0 = begin; c0 < end; c0 += QMM_TILE) {
-        int64_t c1 = c0 + QMM_TILE < end ? c0 + QMM_TILE : end, r = 0;
+    uint8_t rows[QMM_PANEL_ROW_BYTES];
+    int64_t tile = QMM_TILE;
+    if (j->panels && tile * (int64_t)j->wrow > QMM_PANEL_ROW_BYTES)
+        tile = QMM_PANEL_ROW_BYTES / (int64_t)j->wrow; /* >= 1: qmm_new bounds wrow */
+    for (int64_t c0 = begin; c0 < end; c0 += tile) {
+        int64_t c1 = c0 + tile < end ? c0 + tile : end, r = 0;
+        const uint8_t *w = j->w + (size_t)c0 * j->wrow;
+        if (j->panels) {
+            kiln_qmm_panel_rows(kiln_qmm_format(j->type), j->w, j->wrow, c0, c1 - c0, rows);
+            w = rows;
+        }
         for (; r + 4 <= j->rows; r += 4)
             for (int64_t c = c0; c < c1; c++) {
-                j->ks.four(j->type, j->w + (size_t)c * j->wrow, (const char *)j->x + (size_t)r * j->xs, j->xs, j->k, o);
+                j->ks.four(j->type, w + (size_t)(c - c0) * j->wrow, (const char *)j->x + (size_t)r * j->xs, j->xs, j->k,
+                           o);
                 for (int i = 0; i < 4; i++)
                     j->y[(r + i) * j->n + c] = o[i];
             }
         for (; r < j->rows; r++)
             for (int64_t c = c0; c < c1; c++)
-                j->ks.one(j->type, j->w + (size_t)c * j->wrow, (const char *)j->x + (size_t)r * j->xs, j->xs, j->k,
+                j->ks.one(j->type, w + (size_t)(c - c0) * j->wrow, (const char *)j->x + (size_t)r * j->xs, j->xs, j->k,
                           j->y + r * j->n + c);
     }
 }
@@ -249,7 +285,7 @@ static void qmm_quantize_rows(void *arg, int64_t begin, int64_t end)
 
 typedef struct gemm_job {
     const qmm_format *f;
-    int32_t k, n;
+    int32_t k, n, panels;
     int64_t rows;
     size_t wrow, panel; /* bytes per weight row and per panel of x */
     const uint8_t *w;
@@ -277,7 +313,7 @@ static void gemm_tiles(void *arg, int64_t begin, int64_t end)
     for (int64_t t = begin; t < end; t++) {
         int64_t c0 = t * QMM_GEMM_LANES;
         int32_t n_w = (int32_t)(j->n - c0 < QMM_GEMM_LANES ? j->n - c0 : QMM_GEMM_LANES);
-        j->gemm(j->f->type, j->w + (size_t)c0 * j->wrow, j->wrow, n_w, j->k, j->x, j->rows, j->y + c0, j->n);
+        j->gemm(j->f->type, j->w + (size_t)c0 * j->wrow, j->wrow, n_w, j->panels, j->k, j->x, j->rows, j->y + c0, j->n);
     }
 }
 
@@ -312,7 +348,8 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         return KILN_OK;
     const char *isa = env_or_empty("KILN_QMATMUL_ISA");
     int f32act = env_or_empty("KILN_QMATMUL_F32ACT")[0] == '1';
-    qmm_job job = {p->type, p->k, 0, p->n, (size_t)wrow, 0, in[1], NULL, NULL, {0}, NULL, NULL, NULL, NULL};
+    qmm_job job = {p->type, p->k, p->panels, 0,    p->n, (size_t)wrow, 0,    in[1],
+                   NULL,    NULL, {0},       NULL, NULL, NULL,         NULL, NULL};
     kiln_qmm_kernels_pick(f, isa, f32act, &job.ks);
     qmm_gemm_fn gemm = NULL;
     if (t == KILN_DTYPE_F32 && !f32act && p->gemm_rows > 0 && rows >= QMM_GEMM_MIN_ROWS)
@@ -320,8 +357,8 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
     if (gemm) {
         if (!workspace)
             return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": no workspace for the quantized activations");
-        gemm_job gj = {f,     p->k, p->n,      0,    (size_t)wrow, kiln_qmm_gemm_panel_bytes(f, p->k),
-                       in[1], NULL, workspace, NULL, gemm,         job.ks.quant};
+        gemm_job gj = {f,     p->k, p->n,      p->panels, 0,    (size_t)wrow, kiln_qmm_gemm_panel_bytes(f, p->k),
+                       in[1], NULL, workspace, NULL,      gemm, job.ks.quant};
         for (int64_t r0 = 0; r0 < rows; r0 += p->gemm_rows) {
             gj.rows = rows - r0 < p->gemm_rows ? rows - r0 : p->gemm_rows;
             gj.xf = (const float *)in[0] + r0 * p->k;
@@ -354,15 +391,21 @@ static kiln_status qmm_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         }
         job.rows = nr;
         job.y = t == KILN_DTYPE_F32 ? (float *)out[0] + r0 * p->n : yf;
-        job.gemv4 = nr == 1 && qrow && p->gemv_x ? kiln_qmm_gemv4_pick(f, isa, job.ks.f32_act) : NULL;
-        if (job.gemv4) {
+        job.panel = nr == 1 && qrow && p->panels ? kiln_qmm_panel_pick(f, isa, job.ks.f32_act) : NULL;
+        job.gemv4 = nr == 1 && qrow && p->gemv_x && !p->panels ? kiln_qmm_gemv4_pick(f, isa, job.ks.f32_act) : NULL;
+        if (job.panel) {
+            host->parallel_for(stream, p->n / QMM_PANEL_ROWS, qmm_panel_range, &job);
+        } else if (job.gemv4) {
             /* after the quantized row and (f16/bf16 x) the row's f32 x and y,
              * in the room qmm_workspace_size adds for it */
-            void *xg = (char *)workspace + qrow + (t != KILN_DTYPE_F32 ? ((size_t)p->k + (size_t)p->n) * sizeof(float) : 0);
+            void *xg =
+                (char *)workspace + qrow + (t != KILN_DTYPE_F32 ? ((size_t)p->k + (size_t)p->n) * sizeof(float) : 0);
             kiln_qmm_gemv4_pack_x(job.q, p->k, xg);
             job.xg = xg;
+            host->parallel_for(stream, p->n, qmm_gemv4_range, &job);
+        } else {
+            host->parallel_for(stream, p->n, qmm_range, &job);
         }
-        host->parallel_for(stream, p->n, job.gemv4 ? qmm_gemv4_range : qmm_range, &job);
         if (t != KILN_DTYPE_F32)
             for (int64_t i = 0; i < nr * p->n; i++)
                 plugin_store(host, out[0], t, r0 * p->n + i, yf[i]);
@@ -405,7 +448,8 @@ static kiln_status qmm_create(const kiln_plugin_creator *c, const kiln_field *f,
     const qmm_format *qf = kiln_qmm_format_named(s);
     if (!qf)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": format \"%s\" is not " FORMAT_LIST, s);
-    qmm_params p = {qf->type, plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0), QMM_GEMM_ROWS, 1};
+    qmm_params p = {qf->type, plugin_field_i32(f, n, "n", 0),     plugin_field_i32(f, n, "k", 0), QMM_GEMM_ROWS,
+                    1,        plugin_field_i32(f, n, "panels", 0)};
     return qmm_new(&p, out);
 }
 
@@ -419,10 +463,14 @@ static kiln_status qmm_deserialize(const kiln_plugin_creator *c, uint32_t versio
     return qmm_new(&p, out);
 }
 
+static const int32_t zero_i32 = 0;
+
 static const kiln_field_spec qmm_fields[] = {
     PLUGIN_FIELD_REQUIRED("format", KILN_FIELD_STRING, "format of w: " FORMAT_LIST),
     PLUGIN_FIELD_REQUIRED("n", KILN_FIELD_I32, "output features (rows of w)"),
     PLUGIN_FIELD_REQUIRED("k", KILN_FIELD_I32, "input features, a multiple of 32 (256 for the K formats)"),
+    PLUGIN_FIELD_OPTIONAL("panels", KILN_FIELD_I32, &zero_i32,
+                          "1: w is Q4_0/Q4_1 in 16-row panels (CPU; n a multiple of 16), 0: as stored"),
 };
 
 static const kiln_plugin_creator qmm_creator = {

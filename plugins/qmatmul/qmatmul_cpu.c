@@ -132,6 +132,50 @@ void kiln_qmm_gemm_quantize_row(const qmm_format *f, qmm_quant_fn quant, const f
     }
 }
 
+/* ---- the row-panel layout (qmatmul_cpu.h) ---------------------------------------- */
+
+int kiln_qmm_panel_format(const qmm_format *f) { return f->type == QMM_Q4_0 || f->type == QMM_Q4_1; }
+
+/* Byte offsets in a block column of a panel: quants at 0 (4 x 64), d at
+ * 256, m at 288; in a stored block: d at 0, m at 2, quants at qs. */
+static int panel_qs(const qmm_format *f) { return f->type == QMM_Q4_1 ? 4 : 2; }
+
+void kiln_qmm_panel_block(const qmm_format *f, const uint8_t *w, size_t wrow, int64_t r, int32_t b, uint8_t *out)
+{
+    const int64_t lane = r % QMM_PANEL_ROWS;
+    const uint8_t *c = w + (size_t)(r - lane) * wrow + (size_t)b * QMM_PANEL_ROWS * (size_t)f->bytes;
+    memcpy(out, c + 256 + 2 * lane, 2);
+    if (f->type == QMM_Q4_1)
+        memcpy(out + 2, c + 288 + 2 * lane, 2);
+    for (int s = 0; s < 4; s++)
+        memcpy(out + panel_qs(f) + 4 * s, c + 64 * s + 4 * lane, 4);
+}
+
+void kiln_qmm_panel_rows(const qmm_format *f, const uint8_t *w, size_t wrow, int64_t r0, int64_t count, uint8_t *out)
+{
+    const int32_t nb = (int32_t)(wrow / (size_t)f->bytes);
+    for (int64_t r = r0; r < r0 + count; r++)
+        for (int32_t b = 0; b < nb; b++, out += f->bytes)
+            kiln_qmm_panel_block(f, w, wrow, r, b, out);
+}
+
+void kiln_qmm_panel_pack(const qmm_format *f, const uint8_t *w, int64_t n, int32_t k, uint8_t *out)
+{
+    const size_t wrow = (size_t)(k / 32) * (size_t)f->bytes;
+    for (int64_t p = 0; p < n; p += QMM_PANEL_ROWS)
+        for (int32_t b = 0; b < k / 32; b++) {
+            uint8_t *c = out + (size_t)p * wrow + (size_t)b * QMM_PANEL_ROWS * (size_t)f->bytes;
+            for (int r = 0; r < QMM_PANEL_ROWS; r++) {
+                const uint8_t *blk = w + (size_t)(p + r) * wrow + (size_t)b * (size_t)f->bytes;
+                memcpy(c + 256 + 2 * r, blk, 2);
+                if (f->type == QMM_Q4_1)
+                    memcpy(c + 288 + 2 * r, blk + 2, 2);
+                for (int s = 0; s < 4; s++)
+                    memcpy(c + 64 * s + 4 * r, blk + panel_qs(f) + 4 * s, 4);
+            }
+        }
+}
+
 /* ---- portable C: the reference ---------------------------------------------------- */
 
 /* Weight j of a 32-element block as an integer q with w = d·q + c. */
@@ -736,18 +780,25 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void transpose
 }
 
 /* The tile's n_w weight rows, values [e0, e0 + n), interleaved; lanes past
- * n_w are zero. Each row is unpacked on its own, then sixteen rows of
- * sixteen 32-bit groups at a time are transposed in registers. */
+ * n_w are zero. Each row is unpacked on its own (from panels: its blocks
+ * gathered as stored first), then sixteen rows of sixteen 32-bit groups
+ * at a time are transposed in registers. */
 __attribute__((target(VNNI_TARGET))) static void gemm_unpack_tile(int32_t type, const uint8_t *w, size_t wrow,
                                                                   int32_t n_w, int32_t e0, int32_t n, int32_t sub,
-                                                                  gemm_tile *t)
+                                                                  int panel, gemm_tile *t)
 {
     /* rows of u and of the scales, padded to whole groups of 64 bytes */
     uint8_t u[QMM_GEMM_LANES][GEMM_KC] __attribute__((aligned(64)));
     float sc[QMM_GEMM_LANES][GEMM_KC / 16] __attribute__((aligned(64)));
     float mn[QMM_GEMM_LANES][GEMM_KC / 16] __attribute__((aligned(64)));
     for (int32_t c = 0; c < QMM_GEMM_LANES; c++) {
-        if (c < n_w) {
+        if (c < n_w && panel) {
+            const qmm_format *f = kiln_qmm_format(type);
+            uint8_t blocks[GEMM_KC / 32 * 20]; /* panel formats: at most 20 bytes a block */
+            for (int32_t b = 0; b < n / 32; b++)
+                kiln_qmm_panel_block(f, w, wrow, c, e0 / 32 + b, blocks + (size_t)b * (size_t)f->bytes);
+            gemm_unpack(type, blocks, 0, n, u[c], sc[c], mn[c]);
+        } else if (c < n_w) {
             gemm_unpack(type, w + (size_t)c * wrow, e0, n, u[c], sc[c], mn[c]);
         } else {
             memset(u[c], 0, sizeof u[c]);
@@ -821,7 +872,7 @@ GEMM_PANEL_FN(gemm_panel_32, 32)
 GEMM_PANEL_FN(gemm_panel_16, 16)
 
 __attribute__((target(VNNI_TARGET))) static void gemm_vnni(int32_t type, const uint8_t *w, size_t wrow, int32_t n_w,
-                                                           int32_t k, const void *x, int64_t rows, float *y,
+                                                           int panel, int32_t k, const void *x, int64_t rows, float *y,
                                                            int64_t ldy)
 {
     gemm_tile t;
@@ -831,7 +882,7 @@ __attribute__((target(VNNI_TARGET))) static void gemm_vnni(int32_t type, const u
     const __mmask16 mask = (__mmask16)((1u << n_w) - 1u);
     for (int32_t e0 = 0; e0 < k; e0 += GEMM_KC) {
         int32_t n = k - e0 < GEMM_KC ? k - e0 : GEMM_KC;
-        gemm_unpack_tile(type, w, wrow, n_w, e0, n, sub, &t);
+        gemm_unpack_tile(type, w, wrow, n_w, e0, n, sub, panel, &t);
         for (int64_t r = 0; r < rows; r += QMM_GEMM_PANEL) {
             const uint8_t *panel = (const uint8_t *)x + (size_t)(r / QMM_GEMM_PANEL) * pb;
             int valid = rows - r < QMM_GEMM_PANEL ? (int)(rows - r) : QMM_GEMM_PANEL;
@@ -919,7 +970,7 @@ void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out)
         uint8_t iqb[64] __attribute__((aligned(64))), iscb[64] __attribute__((aligned(64))); \
         for (int j = 0; j < 4; j++) \
             for (int i = 0; i < 16; i++) \
-                iqb[16 * j + i] = (uint8_t)((BB) * j + (QOFF) + i); \
+                iqb[16 * j + i] = (uint8_t)((BB)*j + (QOFF) + i); \
         for (int l = 0; l < 16; l++) \
             for (int e = 0; e < 2; e++) { \
                 iscb[2 * l + e] = (uint8_t)((BB) * (l / 4) + e); \
@@ -927,8 +978,8 @@ void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out)
             } \
         const __m512i iq = _mm512_load_si512(iqb), isc = _mm512_load_si512(iscb), m4 = _mm512_set1_epi8(0x0F); \
         const int32_t nb = k / 32, full = nb / 4, tail = nb % 4; \
-        const __mmask64 all = ~(__mmask64)0, tail_a = ((__mmask64)1 << ((BB) * tail)) - 1; \
-        const __mmask16 full_b = (__mmask16)((1u << (4 * (BB) - 64)) - 1); \
+        const __mmask64 all = ~(__mmask64)0, tail_a = ((__mmask64)1 << ((BB)*tail)) - 1; \
+        const __mmask16 full_b = (__mmask16)((1u << (4 * (BB)-64)) - 1); \
         const qmm_gemv4_x *x = xg; \
         for (int64_t r = 0; r < n_rows; r++) { \
             const uint8_t *wr = w + (size_t)r * wrow; \
@@ -937,16 +988,16 @@ void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out)
             int32_t g = 0; \
             for (; g + 1 < full; g += 2) { \
                 UNROLLED_FOR (o, 3) \
-                    _mm_prefetch((const char *)wr + 4 * (BB) * g + QMM_GEMV4_AHEAD + 64 * o, _MM_HINT_T0); \
-                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * g, all, full_b, x + g, acc0, accm0); \
+                    _mm_prefetch((const char *)wr + 4 * (BB)*g + QMM_GEMV4_AHEAD + 64 * o, _MM_HINT_T0); \
+                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB)*g, all, full_b, x + g, acc0, accm0); \
                 GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * (g + 1), all, full_b, x + g + 1, acc1, accm1); \
             } \
             if (g < full) { \
-                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * g, all, full_b, x + g, acc0, accm0); \
+                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB)*g, all, full_b, x + g, acc0, accm0); \
                 g++; \
             } \
             if (tail) \
-                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB) * g, tail_a, 0, x + g, acc1, accm1); \
+                GEMV4_GROUP(HAS_MIN, wr + 4 * (BB)*g, tail_a, 0, x + g, acc1, accm1); \
             __m512 accm = _mm512_add_ps(accm0, accm1); \
             if (!(HAS_MIN)) \
                 accm = _mm512_mul_ps(accm, _mm512_set1_ps(-8.0f)); \
@@ -956,6 +1007,55 @@ void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out)
 
 GEMV4_FN(gemv4_q4_0, 18, 2, 0)
 GEMV4_FN(gemv4_q4_1, 20, 4, 1)
+
+/* ---- the panel GEMV (AVX-512 VNNI; qmatmul_cpu.h) ----------------------------------------- */
+
+/* Bytes of panels asked for ahead of the column being read (every line). */
+#define QMM_PANEL_AHEAD 2048
+
+/* 16 rows a panel, one lane a row: per block column the four quant
+ * vectors' low and high nibbles against x's quant bytes 0..15 and 16..31
+ * (four at a time, broadcast), then the column's 16 d (and m) converted
+ * at once. Q4_0's w = d·(q − 8) is Q4_1's form with m = −8·d, as in the
+ * GEMV above. Two sets of f32 accumulators for odd and even columns. */
+#define PANEL_FN(NAME, BB, HAS_MIN) \
+    __attribute__((target(VNNI_TARGET))) static void NAME(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k, \
+                                                          const void *xq, float *y) \
+    { \
+        const qmm_q8 *x = xq; \
+        const int32_t nb = k / 32; \
+        const __m512i m4 = _mm512_set1_epi8(0x0F); \
+        for (int64_t p = 0; p < n_panels; p++) { \
+            const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow; \
+            __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; \
+            __m512 accm[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; \
+            for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * (BB)) { \
+                UNROLLED_FOR (o, (QMM_PANEL_ROWS * (BB) + 63) / 64) \
+                    _mm_prefetch((const char *)c + QMM_PANEL_AHEAD + 64 * o, _MM_HINT_T0); \
+                int32_t xq4[8]; \
+                memcpy(xq4, x[b].q, 32); \
+                __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(); \
+                UNROLLED_FOR (s, 4) { \
+                    __m512i q = _mm512_loadu_si512((const void *)(c + 64 * s)); \
+                    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(q, m4), _mm512_set1_epi32(xq4[s])); \
+                    hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4), \
+                                             _mm512_set1_epi32(xq4[4 + s])); \
+                } \
+                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 256))); \
+                __m512 m = HAS_MIN ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 288))) : d; \
+                acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), \
+                                             _mm512_mul_ps(d, _mm512_set1_ps(x[b].d)), acc[b & 1]); \
+                accm[b & 1] = _mm512_fmadd_ps(m, _mm512_set1_ps(x[b].ds), accm[b & 1]); \
+            } \
+            __m512 am = _mm512_add_ps(accm[0], accm[1]); \
+            if (!(HAS_MIN)) \
+                am = _mm512_mul_ps(am, _mm512_set1_ps(-8.0f)); \
+            _mm512_storeu_ps(y + p * QMM_PANEL_ROWS, _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), am)); \
+        } \
+    }
+
+PANEL_FN(panel_q4_0, 18, 0)
+PANEL_FN(panel_q4_1, 20, 1)
 
 /* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
  * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+BW+VNNI. F16C through cpuid leaf 1
@@ -1013,6 +1113,19 @@ qmm_gemv4_fn kiln_qmm_gemv4_pick(const qmm_format *f, const char *isa, int f32_a
         return gemv4_q4_0;
     if (f->type == QMM_Q4_1)
         return gemv4_q4_1;
+#endif
+    return NULL;
+}
+
+qmm_panel_fn kiln_qmm_panel_pick(const qmm_format *f, const char *isa, int f32_act)
+{
+#ifdef QMM_X86
+    if (f32_act || !(cpu_features() & 2) || strcmp(isa, "c") == 0 || strcmp(isa, "avx2") == 0)
+        return NULL;
+    if (f->type == QMM_Q4_0)
+        return panel_q4_0;
+    if (f->type == QMM_Q4_1)
+        return panel_q4_1;
 #endif
     return NULL;
 }

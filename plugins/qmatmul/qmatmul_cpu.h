@@ -102,9 +102,10 @@ void kiln_qmm_gemm_quantize_row(const qmm_format *f, qmm_quant_fn quant, const f
                                 int32_t slot);
 
 /* y[r · ldy + c] = Σ w_c · x_r for the n_w (<= QMM_GEMM_LANES) weight rows
- * at w (wrow bytes apart) and `rows` rows of x in panels at x. */
-typedef void (*qmm_gemm_fn)(int32_t type, const uint8_t *w, size_t wrow, int32_t n_w, int32_t k, const void *x,
-                            int64_t rows, float *y, int64_t ldy);
+ * at w (wrow bytes apart; panel: the one panel of the row-panel layout
+ * below at w) and `rows` rows of x in panels at x. */
+typedef void (*qmm_gemm_fn)(int32_t type, const uint8_t *w, size_t wrow, int32_t n_w, int panel, int32_t k,
+                            const void *x, int64_t rows, float *y, int64_t ldy);
 
 /* The tiled GEMM for f with this isa (KILN_QMATMUL_ISA), or NULL where it
  * does not run: formats without 8-bit activations, isa "c" or "avx2", or a
@@ -135,5 +136,42 @@ typedef void (*qmm_gemv4_fn)(const uint8_t *w, size_t wrow, int64_t n_rows, int3
 /* The GEMV for f, or NULL: formats other than Q4_0/Q4_1, isa "c" or
  * "avx2", f32 activations, or a CPU without AVX-512 VBMI and VNNI. */
 qmm_gemv4_fn kiln_qmm_gemv4_pick(const qmm_format *f, const char *isa, int f32_act);
+
+/* ---- the row-panel layout of Q4_0 and Q4_1 (CPU engines) ----
+ * The stored layout keeps each block's scale beside its quants, so a
+ * one-row GEMV spends most of its instructions moving scales into the
+ * lanes of their block (the GEMV above: ~16 vector uops for 4 blocks).
+ * In panels the bytes of QMM_PANEL_ROWS consecutive weight rows are
+ * interleaved by block column: for column b, four 64-byte vectors (vector
+ * s holds quant bytes 4s..4s+3 of row r in lane r), then the 16 rows' f16
+ * d, then (Q4_1) their f16 m: the same bytes as the 16 blocks, in another
+ * order. A decode step then takes 16 rows' blocks a column at a time, one
+ * lane a row: 8 vpdpbusd against x's quant bytes broadcast, the scales
+ * converted 16 at once, no horizontal sums (~28 uops for 16 blocks).
+ * Every other path (the GEMM, the four-row and portable kernels, f32
+ * activations) reads panels as rows of stored blocks through
+ * kiln_qmm_panel_block. A weight in panels has n a multiple of 16. */
+#define QMM_PANEL_ROWS 16
+/* The longest row (bytes) a weight in panels may have: the kernels that
+ * read stored rows get them from panels into a buffer this size on the
+ * stack. */
+#define QMM_PANEL_ROW_BYTES 32768
+
+/* 1 where f has the panel layout (Q4_0, Q4_1). */
+int kiln_qmm_panel_format(const qmm_format *f);
+/* n rows of k values in the stored layout (w) into panels (out, as many
+ * bytes); n a multiple of QMM_PANEL_ROWS. */
+void kiln_qmm_panel_pack(const qmm_format *f, const uint8_t *w, int64_t n, int32_t k, uint8_t *out);
+/* Block b of row r of the weight in panels at w (rows wrow bytes) as
+ * stored: f->bytes bytes at out. */
+void kiln_qmm_panel_block(const qmm_format *f, const uint8_t *w, size_t wrow, int64_t r, int32_t b, uint8_t *out);
+/* Rows [r0, r0 + count) of a weight in panels, as stored, into out. */
+void kiln_qmm_panel_rows(const qmm_format *f, const uint8_t *w, size_t wrow, int64_t r0, int64_t count, uint8_t *out);
+/* y[r] = w_r · x for the 16 · n_panels rows in panels at w, x one row of
+ * quantized activations (kiln_qmm_quantize_row). */
+typedef void (*qmm_panel_fn)(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k, const void *xq, float *y);
+/* The panel GEMV for f, or NULL: formats without panels, isa "c" or
+ * "avx2", f32 activations, or a CPU without AVX-512 VNNI. */
+qmm_panel_fn kiln_qmm_panel_pick(const qmm_format *f, const char *isa, int f32_act);
 
 #endif

@@ -9,6 +9,7 @@
 #include "network/network_internal.h"
 #include "llm/gguf.h"
 #include "llm/jinja.h"
+#include "qmatmul/qmatmul_cpu.h"
 
 void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck)
 {
@@ -302,16 +303,18 @@ static int quant_format(builder *b, const char *wname, const void **data, size_t
 }
 
 /* y = x·Wᵀ through kiln/QuantMatMul named `lname`, W the constant w of
- * `rows` rows of `in_dim` values in block format `fmt`. */
+ * `rows` rows of `in_dim` values in block format `fmt` (panels: in the
+ * row-panel layout, qmatmul_cpu.h). */
 static kiln_status quant_layer(builder *b, const char *fmt, kiln_tensor w, int64_t rows, int64_t in_dim, kiln_tensor x,
-                               const char *lname, kiln_tensor *y)
+                               int32_t panels, const char *lname, kiln_tensor *y)
 {
     int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
-    kiln_field fields[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, fmt},
+    kiln_field fields[4] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, fmt},
                             field_i32("n", &nn),
-                            field_i32("k", &k)};
+                            field_i32("k", &k),
+                            field_i32("panels", &panels)};
     kiln_tensor in[2] = {x, w};
-    KILN_TRY(plugin(b, lname, "QuantMatMul", fields, 3, in, 2, y));
+    KILN_TRY(plugin(b, lname, "QuantMatMul", fields, panels ? 4 : 3, in, 2, y));
     /* the LLMC config lists the formats kept, in first-use order */
     list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, fmt);
     return KILN_OK;
@@ -357,19 +360,26 @@ static kiln_status quant_matmul(builder *b, const char *const *wname, const int6
     }
     kiln_dims wd = dims2(rows, (int64_t)row);
     kiln_tensor w;
-    if (n_parts == 1) {
+    /* CPU engines keep Q4_0/Q4_1 in 16-row panels: the decode GEMV reads
+     * them at 2-3x the rate of stored blocks (qmatmul_cpu.h) */
+    const qmm_format *qf = kiln_qmm_format((int32_t)type);
+    int32_t panels = b->opt->backend == KILN_BACKEND_CPU && qf && kiln_qmm_panel_format(qf) &&
+                     rows % QMM_PANEL_ROWS == 0 && row <= QMM_PANEL_ROW_BYTES;
+    if (n_parts == 1 && !panels) {
         KILN_TRY(kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &wd, data[0], &w));
     } else {
-        unsigned char *cat = malloc(total);
+        unsigned char *cat = malloc(panels ? 2 * total : total);
         if (!cat)
             return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", cname, total);
-        for (int32_t i = 0, at = 0; i < n_parts; at += (int)size[i], i++)
+        for (size_t i = 0, at = 0; i < (size_t)n_parts; at += size[i], i++)
             memcpy(cat + at, data[i], size[i]);
-        kiln_status st = kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &wd, cat, &w);
+        if (panels)
+            kiln_qmm_panel_pack(qf, cat, rows, (int32_t)in_dim, cat + total);
+        kiln_status st = kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &wd, panels ? cat + total : cat, &w);
         free(cat);
         KILN_TRY(st);
     }
-    KILN_TRY(quant_layer(b, fname, w, rows, in_dim, x, lname, y));
+    KILN_TRY(quant_layer(b, fname, w, rows, in_dim, x, panels, lname, y));
     b->done_weights += n_parts;
     progress(b, "converting weights");
     *done = 1;
@@ -1110,7 +1120,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
      * reads; or, when the gather reads f32 rows, a quantized copy of its
      * own where the checkpoint stores one. */
     if (lm_fmt >= 0) {
-        KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h,
+        KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h, 0,
                              "lm_head", &logits));
         b->done_weights++;
         done = 1;

@@ -11,7 +11,10 @@
  *    power-of-two scales, small sub-scales), else within the quantization
  *    bound d/2 · Σ|w| per activation block (32 values, 256 for the K
  *    formats; d = max|x| / 127 of ggml's Q8 formula) plus 1e-5 of Σ|x·w|;
- *  - each SIMD kernel set against the portable C one on the same input. */
+ *  - each SIMD kernel set against the portable C one on the same input;
+ *  - Q4_0 and Q4_1 weights in the row-panel layout (kiln_qmm_panel_pack,
+ *    what CPU engines hold) through the same checks on every path: the
+ *    panel GEMV, the GEMM and the row kernels reading them as stored. */
 #include "test.h"
 
 #include <kiln/plugin.h>
@@ -106,10 +109,16 @@ static const kiln_plugin_creator *creator(kiln_registry **reg)
     return c;
 }
 
+/* 1: make() and run() put Q4_0/Q4_1 weights in panels (n a multiple of 16). */
+static int32_t panels_on;
+
+static int panel_fmt(const char *format) { return !strcmp(format, "Q4_0") || !strcmp(format, "Q4_1"); }
+
 static kiln_status make(const kiln_plugin_creator *c, const char *format, int32_t n, int32_t k, kiln_plugin **p)
 {
-    kiln_field f[3] = {fstr("format", format), fi32("n", &n), fi32("k", &k)};
-    return kiln_plugin_create(c, f, 3, p);
+    int32_t one = 1;
+    kiln_field f[4] = {fstr("format", format), fi32("n", &n), fi32("k", &k), fi32("panels", &one)};
+    return kiln_plugin_create(c, f, panels_on && panel_fmt(format) ? 4 : 3, p);
 }
 
 static kiln_tensor_desc desc(kiln_dtype t, int64_t d0, int64_t d1)
@@ -131,12 +140,18 @@ static kiln_status run(kiln_plugin *p, const fmt *f, const float *x, int32_t t, 
     kiln_tensor_desc d[3] = {desc(KILN_DTYPE_F32, t, k),
                              desc(KILN_DTYPE_U8, n, (int64_t)(k / f->block) * (int64_t)f->block_bytes),
                              desc(KILN_DTYPE_F32, t, n)};
-    const void *in[2] = {x, w};
+    uint8_t *packed = NULL;
+    if (panels_on && panel_fmt(f->name)) {
+        packed = malloc((size_t)n * (size_t)(k / f->block) * f->block_bytes);
+        kiln_qmm_panel_pack(kiln_qmm_format_named(f->name), w, n, k, packed);
+    }
+    const void *in[2] = {x, packed ? packed : w};
     void *out[1] = {y};
     size_t wsz = p->ops->workspace_size(p, d, 2, d + 2, 1);
     void *ws = wsz ? malloc(wsz) : NULL;
     kiln_status s = p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, 2, d + 2, out, 1, ws, stream);
     free(ws);
+    free(packed);
     return s;
 }
 
@@ -349,6 +364,34 @@ static void q8_body(const kiln_plugin_creator *c, void *pool)
     }
 }
 
+/* Q4_0 and Q4_1 in panels: 1, 3 and 4 panels of 16 rows, one row of x
+ * (the panel GEMV; k of 1, 18 and 40 blocks), 3 (the row kernels) and 45
+ * and 70 (the GEMM, k over two of its unpacked chunks). */
+static void panel_q8_body(const kiln_plugin_creator *c, void *pool)
+{
+    for (size_t i = 0; i < N_FMTS; i++) {
+        const fmt *f = &fmts[i];
+        if (!panel_fmt(f->name))
+            continue;
+        check_exact_q8(c, f, 32, 16, 1, pool);
+        check_exact_q8(c, f, 576, 48, 1, pool);
+        check_exact_q8(c, f, 576, 48, 3, pool);
+        check_exact_q8(c, f, 1280, 64, 1, pool);
+        check_exact_q8(c, f, 1280, 32, 45, pool);
+        check_bound_q8(c, f, 576, 48, 1, pool);
+        check_bound_q8(c, f, 576, 48, 17, pool);
+        check_bound_q8(c, f, 256, 16, 70, pool);
+    }
+}
+
+/* f32 activations on panels: the rows read as stored. */
+static void panel_products_body(const kiln_plugin_creator *c, void *pool)
+{
+    for (size_t i = 0; i < N_FMTS; i++)
+        if (panel_fmt(fmts[i].name))
+            check_products(c, &fmts[i], 576, 48, pool);
+}
+
 static void formulas_body(const kiln_plugin_creator *c, void *pool)
 {
     for (size_t i = 0; i < N_FMTS; i++)
@@ -510,6 +553,13 @@ static void test_half_activations(void)
 static void test_formulas(void) { each_kernel(formulas_body, 1); }
 static void test_products(void) { each_kernel(products_body, 1); }
 static void test_q8_activations(void) { each_kernel(q8_body, 0); }
+static void test_panels(void)
+{
+    panels_on = 1;
+    each_kernel(panel_q8_body, 0);
+    each_kernel(panel_products_body, 1);
+    panels_on = 0;
+}
 
 static void test_blob_round_trip(void)
 {
@@ -519,20 +569,20 @@ static void test_blob_round_trip(void)
     CHECK_OK(make(c, "Q4_1", 9, 96, &p));
     size_t size = 0;
     CHECK_OK(p->ops->serialize(p, NULL, &size));
-    CHECK(size == 20);
-    int32_t blob[5] = {0};
+    CHECK(size == 24);
+    int32_t blob[6] = {0};
     CHECK_OK(p->ops->serialize(p, blob, &size));
-    /* ggml's number for Q4_1, n, k, the GEMM's rows of x, the GEMV's x */
-    CHECK(blob[0] == 3 && blob[1] == 9 && blob[2] == 96 && blob[3] == 512 && blob[4] == 1);
+    /* ggml's number for Q4_1, n, k, the GEMM's rows of x, the GEMV's x, not in panels */
+    CHECK(blob[0] == 3 && blob[1] == 9 && blob[2] == 96 && blob[3] == 512 && blob[4] == 1 && blob[5] == 0);
     CHECK_OK(c->deserialize(c, c->blob_version, blob, size, &q));
-    int32_t again[5] = {0};
+    int32_t again[6] = {0};
     size = sizeof again;
     CHECK(q && q->ops->serialize(q, again, &size) == KILN_OK && memcmp(again, blob, sizeof blob) == 0);
     if (q)
         q->ops->destroy(q);
     /* a v1 blob (an engine built before the GEMM): read, with no GEMM rows,
      * so the workspace is what that engine reserved */
-    CHECK(c->blob_version == 3);
+    CHECK(c->blob_version == 4);
     CHECK_OK(c->deserialize(c, 1, blob, 12, &q));
     size = sizeof again;
     CHECK(q && q->ops->serialize(q, again, &size) == KILN_OK && again[3] == 0);
@@ -550,7 +600,14 @@ static void test_blob_round_trip(void)
     CHECK(p->ops->workspace_size(p, d1, 2, d1 + 2, 1) == 3 * 40 + (96 + 9) * 4 + 256);
     if (q)
         q->ops->destroy(q);
-    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, 8, &q), KILN_ERROR_FORMAT, "QuantMatMul blob v3 is 8 bytes");
+    /* a v3 blob: not in panels */
+    CHECK_OK(c->deserialize(c, 3, blob, 20, &q));
+    size = sizeof again;
+    CHECK(q && q->ops->serialize(q, again, &size) == KILN_OK && size == 24 && again[5] == 0);
+    if (q)
+        q->ops->destroy(q);
+    size = sizeof blob;
+    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, 8, &q), KILN_ERROR_FORMAT, "QuantMatMul blob v4 is 8 bytes");
     CHECK_FAILS(c->deserialize(c, c->blob_version + 1, blob, size, &q), KILN_ERROR_VERSION, "newer");
     blob[3] = 513;
     CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "gemm_rows = 513");
@@ -558,6 +615,9 @@ static void test_blob_round_trip(void)
     blob[4] = 2;
     CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "gemv_x = 2");
     blob[4] = 1;
+    blob[5] = 1; /* panels: n = 9 is not a multiple of 16 */
+    CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "panels = 1");
+    blob[5] = 0;
     blob[0] = 10; /* Q2_K */
     CHECK_FAILS(c->deserialize(c, c->blob_version, blob, size, &q), KILN_ERROR_INVALID_ARGUMENT, "ggml type 10");
     p->ops->destroy(p);
@@ -576,6 +636,20 @@ static void test_bad_fields_and_shapes(void)
     int32_t n = 4;
     kiln_field missing[1] = {fi32("n", &n)};
     CHECK(kiln_plugin_create(c, missing, 1, &p) != KILN_OK);
+    /* panels: Q4_0/Q4_1 only, n a multiple of 16 */
+    panels_on = 1;
+    CHECK_FAILS(make(c, "Q4_1", 8, 64, &p), KILN_ERROR_INVALID_ARGUMENT, "panels = 1");
+    CHECK_OK(make(c, "Q4_0", 16, 64, &p));
+    kiln_tensor_desc pd[3] = {desc(KILN_DTYPE_F32, 1, 64), desc(KILN_DTYPE_U8, 16, 36), desc(KILN_DTYPE_F32, 1, 16)};
+    CHECK(p && !p->ops->supports(p, KILN_BACKEND_CUDA, pd, 2, 1) && p->ops->supports(p, KILN_BACKEND_CPU, pd, 2, 1));
+    if (p)
+        p->ops->destroy(p);
+    panels_on = 0;
+    int32_t two = 2, n16 = 16, k64 = 64;
+    kiln_field bad_panels[4] = {fstr("format", "Q8_0"), fi32("n", &n16), fi32("k", &k64), fi32("panels", &two)};
+    CHECK_FAILS(kiln_plugin_create(c, bad_panels, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "panels = 2");
+    bad_panels[3] = fi32("panels", &(int32_t){1});
+    CHECK_FAILS(kiln_plugin_create(c, bad_panels, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "panels = 1");
     CHECK_OK(make(c, "Q8_0", 4, 64, &p));
     float x[2 * 64] = {0}, y[2 * 4];
     uint8_t w[4 * 2 * 34] = {0};
@@ -630,6 +704,7 @@ static void test_llmc_quantized_weights(void)
 static const test_case_ tests[] = {TEST(test_formulas),
                                    TEST(test_products),
                                    TEST(test_q8_activations),
+                                   TEST(test_panels),
                                    TEST(test_simd_vs_c),
                                    TEST(test_quantizers),
                                    TEST(test_half_activations),
