@@ -112,10 +112,11 @@ static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": gemv_x = %d is not 0 or 1", p->gemv_x);
     if (p->panels != 0 && (p->panels != 1 || !kiln_qmm_panel_format(f) || p->n % QMM_PANEL_ROWS != 0 ||
                            row_bytes(f, p->k) > QMM_PANEL_ROW_BYTES))
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
-                          NAME ": panels = %d: 1 takes Q4_0 or Q4_1 with n (%d) a multiple of %d and rows of at most "
-                               "%d bytes; 0 the stored layout",
-                          p->panels, p->n, QMM_PANEL_ROWS, QMM_PANEL_ROW_BYTES);
+        return host->fail(
+            KILN_ERROR_INVALID_ARGUMENT,
+            NAME ": panels = %d: 1 takes Q4_0, Q4_1, Q4_K or Q6_K with n (%d) a multiple of %d and rows of at most "
+                 "%d bytes; 0 the stored layout",
+            p->panels, p->n, QMM_PANEL_ROWS, QMM_PANEL_ROW_BYTES);
     if (p->gemm_rows < 0 || p->gemm_rows > QMM_GEMM_ROWS)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": gemm_rows = %d is not in 0..%d", p->gemm_rows,
                           QMM_GEMM_ROWS);

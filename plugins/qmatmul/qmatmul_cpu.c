@@ -134,21 +134,61 @@ void kiln_qmm_gemm_quantize_row(const qmm_format *f, qmm_quant_fn quant, const f
 
 /* ---- the row-panel layout (qmatmul_cpu.h) ---------------------------------------- */
 
-int kiln_qmm_panel_format(const qmm_format *f) { return f->type == QMM_Q4_0 || f->type == QMM_Q4_1; }
+/* A block's fields in the order a panel's block column holds them: `size`
+ * bytes at `at` in the stored block, interleaved `unit` bytes a row. */
+typedef struct panel_field {
+    int16_t at, size, unit;
+} panel_field;
 
-/* Byte offsets in a block column of a panel: quants at 0 (4 x 64), d at
- * 256, m at 288; in a stored block: d at 0, m at 2, quants at qs. */
-static int panel_qs(const qmm_format *f) { return f->type == QMM_Q4_1 ? 4 : 2; }
+typedef struct panel_layout {
+    int32_t type, n_fields;
+    panel_field fields[4];
+} panel_layout;
+
+static const panel_layout panel_layouts[] = {
+    {QMM_Q4_0, 2, {{2, 16, 4}, {0, 2, 2}}},
+    {QMM_Q4_1, 3, {{4, 16, 4}, {0, 2, 2}, {2, 2, 2}}},
+    /* quants, the twelve bytes of 6-bit scales and mins, d, dmin */
+    {QMM_Q4_K, 4, {{16, 128, 4}, {4, 12, 4}, {0, 2, 2}, {2, 2, 2}}},
+    /* low 4 bits, high 2 bits, the sixteen int8 scales, d */
+    {QMM_Q6_K, 4, {{0, 128, 4}, {128, 64, 4}, {192, 16, 4}, {208, 2, 2}}},
+};
+
+static const panel_layout *panel_layout_of(int32_t type)
+{
+    for (size_t i = 0; i < sizeof panel_layouts / sizeof panel_layouts[0]; i++)
+        if (panel_layouts[i].type == type)
+            return &panel_layouts[i];
+    return NULL;
+}
+
+int kiln_qmm_panel_format(const qmm_format *f) { return panel_layout_of(f->type) != NULL; }
+
+/* Block `lane` of a block column, as stored, into block. */
+static void panel_get(const panel_layout *l, const uint8_t *column, int lane, uint8_t *block)
+{
+    for (int i = 0; i < l->n_fields; i++) {
+        const panel_field *fl = &l->fields[i];
+        for (int v = 0; v < fl->size / fl->unit; v++, column += QMM_PANEL_ROWS * fl->unit)
+            memcpy(block + fl->at + fl->unit * v, column + fl->unit * lane, (size_t)fl->unit);
+    }
+}
+
+/* The stored block into its lane of a block column. */
+static void panel_put(const panel_layout *l, uint8_t *column, int lane, const uint8_t *block)
+{
+    for (int i = 0; i < l->n_fields; i++) {
+        const panel_field *fl = &l->fields[i];
+        for (int v = 0; v < fl->size / fl->unit; v++, column += QMM_PANEL_ROWS * fl->unit)
+            memcpy(column + fl->unit * lane, block + fl->at + fl->unit * v, (size_t)fl->unit);
+    }
+}
 
 void kiln_qmm_panel_block(const qmm_format *f, const uint8_t *w, size_t wrow, int64_t r, int32_t b, uint8_t *out)
 {
     const int64_t lane = r % QMM_PANEL_ROWS;
     const uint8_t *c = w + (size_t)(r - lane) * wrow + (size_t)b * QMM_PANEL_ROWS * (size_t)f->bytes;
-    memcpy(out, c + 256 + 2 * lane, 2);
-    if (f->type == QMM_Q4_1)
-        memcpy(out + 2, c + 288 + 2 * lane, 2);
-    for (int s = 0; s < 4; s++)
-        memcpy(out + panel_qs(f) + 4 * s, c + 64 * s + 4 * lane, 4);
+    panel_get(panel_layout_of(f->type), c, (int)lane, out);
 }
 
 void kiln_qmm_panel_rows(const qmm_format *f, const uint8_t *w, size_t wrow, int64_t r0, int64_t count, uint8_t *out)
@@ -161,19 +201,14 @@ void kiln_qmm_panel_rows(const qmm_format *f, const uint8_t *w, size_t wrow, int
 
 void kiln_qmm_panel_pack(const qmm_format *f, const uint8_t *w, int64_t n, int32_t k, uint8_t *out)
 {
-    const size_t wrow = (size_t)(k / 32) * (size_t)f->bytes;
+    const panel_layout *l = panel_layout_of(f->type);
+    const int32_t nb = k / f->block;
+    const size_t wrow = (size_t)nb * (size_t)f->bytes;
     for (int64_t p = 0; p < n; p += QMM_PANEL_ROWS)
-        for (int32_t b = 0; b < k / 32; b++) {
-            uint8_t *c = out + (size_t)p * wrow + (size_t)b * QMM_PANEL_ROWS * (size_t)f->bytes;
-            for (int r = 0; r < QMM_PANEL_ROWS; r++) {
-                const uint8_t *blk = w + (size_t)(p + r) * wrow + (size_t)b * (size_t)f->bytes;
-                memcpy(c + 256 + 2 * r, blk, 2);
-                if (f->type == QMM_Q4_1)
-                    memcpy(c + 288 + 2 * r, blk + 2, 2);
-                for (int s = 0; s < 4; s++)
-                    memcpy(c + 64 * s + 4 * r, blk + panel_qs(f) + 4 * s, 4);
-            }
-        }
+        for (int32_t b = 0; b < nb; b++)
+            for (int r = 0; r < QMM_PANEL_ROWS; r++)
+                panel_put(l, out + (size_t)p * wrow + (size_t)b * QMM_PANEL_ROWS * (size_t)f->bytes, r,
+                          w + (size_t)(p + r) * wrow + (size_t)b * (size_t)f->bytes);
 }
 
 /* ---- portable C: the reference ---------------------------------------------------- */
@@ -794,9 +829,9 @@ __attribute__((target(VNNI_TARGET))) static void gemm_unpack_tile(int32_t type, 
     for (int32_t c = 0; c < QMM_GEMM_LANES; c++) {
         if (c < n_w && panel) {
             const qmm_format *f = kiln_qmm_format(type);
-            uint8_t blocks[GEMM_KC / 32 * 20]; /* panel formats: at most 20 bytes a block */
-            for (int32_t b = 0; b < n / 32; b++)
-                kiln_qmm_panel_block(f, w, wrow, c, e0 / 32 + b, blocks + (size_t)b * (size_t)f->bytes);
+            uint8_t blocks[GEMM_KC / 256 * 210]; /* panel formats: at most Q6_K's 210 bytes per 256 values */
+            for (int32_t b = 0; b < n / f->block; b++)
+                kiln_qmm_panel_block(f, w, wrow, c, e0 / f->block + b, blocks + (size_t)b * (size_t)f->bytes);
             gemm_unpack(type, blocks, 0, n, u[c], sc[c], mn[c]);
         } else if (c < n_w) {
             gemm_unpack(type, w + (size_t)c * wrow, e0, n, u[c], sc[c], mn[c]);
@@ -1057,6 +1092,128 @@ GEMV4_FN(gemv4_q4_1, 20, 4, 1)
 PANEL_FN(panel_q4_0, 18, 0)
 PANEL_FN(panel_q4_1, 20, 1)
 
+/* Byte j of every 32-bit lane of v, zero-extended to the lane (vpshufb
+ * indexes bytes within each 128-bit quarter: lane i's byte j is 4i + j). */
+#define LANE_BYTE(v, j) \
+    _mm512_shuffle_epi8(v, _mm512_set4_epi32((int)(0x8080800Cu | (uint32_t)(j)), (int)(0x80808008u | (uint32_t)(j)), \
+                                             (int)(0x80808004u | (uint32_t)(j)), (int)(0x80808000u | (uint32_t)(j))))
+
+/* Q4_K in panels: a block column is 32 quant vectors (vector t: bytes
+ * 4t..4t+3 of each row's 128; low nibbles of t = 8g + i are values
+ * 64g + 4i.., high ones 64g + 32 + 4i..), then three vectors of the rows'
+ * twelve scale bytes, then their d and dmin. Per sub-block j of 32 values
+ * an exact integer sum S_j a lane, then Σ sc_j · S_j and Σ m_j · (its
+ * sums of x) in integers, scaled once: llama.cpp's arithmetic, as the
+ * one-row kernel. */
+__attribute__((target(VNNI_TARGET))) static void panel_q4_k(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k,
+                                                            const void *xq, float *y)
+{
+    const qmm_q8k *x = xq;
+    const int32_t nb = k / 256;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), m30 = _mm512_set1_epi8(0x30);
+    for (int64_t p = 0; p < n_panels; p++) {
+        const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow;
+        __m512 acc = _mm512_setzero_ps();
+        for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 144) {
+            const qmm_q8k *xb = x + b;
+            int32_t xq4[64];
+            memcpy(xq4, xb->q, 256);
+            /* the scales as in kq_scales, each lane's four bytes at a time */
+            __m512i a = _mm512_loadu_si512((const void *)(c + 2048)), bm = _mm512_loadu_si512((const void *)(c + 2112));
+            __m512i cc = _mm512_loadu_si512((const void *)(c + 2176));
+            __m512i sc[2] = {_mm512_and_si512(a, m6),
+                             _mm512_or_si512(_mm512_and_si512(cc, m4), _mm512_and_si512(_mm512_srli_epi32(a, 2), m30))};
+            __m512i mn[2] = {_mm512_and_si512(bm, m6),
+                             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(cc, 4), m4),
+                                             _mm512_and_si512(_mm512_srli_epi32(bm, 2), m30))};
+            __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+            UNROLLED_FOR (g, 4) {
+                /* the next column, a quarter of its 36 lines a sub-block pair */
+                UNROLLED_FOR (l, 9)
+                    _mm_prefetch((const char *)c + QMM_PANEL_ROWS * 144 + 576 * g + 64 * l, _MM_HINT_T0);
+                __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+                UNROLLED_FOR (i, 8) {
+                    __m512i q = _mm512_loadu_si512((const void *)(c + 64 * (8 * g + i)));
+                    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(q, m4), _mm512_set1_epi32(xq4[16 * g + i]));
+                    hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
+                                             _mm512_set1_epi32(xq4[16 * g + 8 + i]));
+                }
+                /* sub-blocks 2g and 2g + 1: scale bytes 2g, 2g + 1 of the low or high four */
+                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo, LANE_BYTE(sc[g / 2], 2 * (g % 2))));
+                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(hi, LANE_BYTE(sc[g / 2], 2 * (g % 2) + 1)));
+                int32_t s0 = xb->bsums[4 * g] + xb->bsums[4 * g + 1], s1 = xb->bsums[4 * g + 2] + xb->bsums[4 * g + 3];
+                msum =
+                    _mm512_add_epi32(msum, _mm512_madd_epi16(LANE_BYTE(mn[g / 2], 2 * (g % 2)), _mm512_set1_epi32(s0)));
+                msum = _mm512_add_epi32(
+                    msum, _mm512_madd_epi16(LANE_BYTE(mn[g / 2], 2 * (g % 2) + 1), _mm512_set1_epi32(s1)));
+            }
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 2240)));
+            __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 2272)));
+            __m512 dx = _mm512_set1_ps(xb->d);
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, dx), acc);
+            acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, dx), acc);
+        }
+        _mm512_storeu_ps(y + p * QMM_PANEL_ROWS, acc);
+    }
+}
+
+/* Q6_K in panels: a block column is 32 vectors of the low 4 bits (vector
+ * 16h + i: bytes 4i.. of ql0 = ql[64h..], 16h + 8 + i: of ql1 = ql[64h +
+ * 32..]), 16 of the high 2 bits (8h + i: bytes 4i.. of qh[32h..]), four of
+ * the sixteen int8 scales, then the rows' d. Half h, i: four vectors of
+ * 6-bit values (ql0/ql1 low and high nibbles with qh's bit pairs, as the
+ * one-row kernel) at values 128h + 32v + 4i, sub-block 8h + 2v + i / 4.
+ * The offset 32 comes off as 32 · (x's sum by 16) per sub-block. */
+__attribute__((target(VNNI_TARGET))) static void panel_q6_k(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k,
+                                                            const void *xq, float *y)
+{
+    const qmm_q8k *x = xq;
+    const int32_t nb = k / 256;
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    for (int64_t p = 0; p < n_panels; p++) {
+        const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow;
+        __m512 acc = _mm512_setzero_ps();
+        for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 210) {
+            const qmm_q8k *xb = x + b;
+            int32_t xq4[64];
+            memcpy(xq4, xb->q, 256);
+            __m512i isum = _mm512_setzero_si512();
+            UNROLLED_FOR (h, 2) {
+                /* the next column, half of its 53 lines a half */
+                UNROLLED_FOR (l, 27)
+                    _mm_prefetch((const char *)c + QMM_PANEL_ROWS * 210 + 1728 * h + 64 * l, _MM_HINT_T0);
+                __m512i sj[8];
+                UNROLLED_FOR (j, 8)
+                    sj[j] = _mm512_setzero_si512();
+                UNROLLED_FOR (i, 8) {
+                    __m512i l0 = _mm512_loadu_si512((const void *)(c + 64 * (16 * h + i)));
+                    __m512i l1 = _mm512_loadu_si512((const void *)(c + 64 * (16 * h + 8 + i)));
+                    __m512i qh = _mm512_loadu_si512((const void *)(c + 2048 + 64 * (8 * h + i)));
+                    __m512i v[4] = {
+                        _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),
+                        _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(qh, m30)),
+                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                                        _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30))};
+                    UNROLLED_FOR (t, 4)
+                        sj[2 * t + i / 4] =
+                            _mm512_dpbusd_epi32(sj[2 * t + i / 4], v[t], _mm512_set1_epi32(xq4[32 * h + 8 * t + i]));
+                }
+                /* sub-block 8h + j: (S_j - 32 · Σ x) · sc_j, sc_j byte j % 4 of scale vector 2h + j / 4 */
+                UNROLLED_FOR (j, 8) {
+                    __m512i sv = _mm512_loadu_si512((const void *)(c + 3072 + 64 * (2 * h + j / 4)));
+                    __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sv, 24 - 8 * (j % 4)), 24);
+                    __m512i sx = _mm512_sub_epi32(sj[j], _mm512_set1_epi32(32 * xb->bsums[8 * h + j]));
+                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sx, sc));
+                }
+            }
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 3328)));
+            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(xb->d)), acc);
+        }
+        _mm512_storeu_ps(y + p * QMM_PANEL_ROWS, acc);
+    }
+}
+
 /* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
  * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+BW+VNNI. F16C through cpuid leaf 1
  * (ECX bit 29): clang's __builtin_cpu_supports does not know it. */
@@ -1126,6 +1283,10 @@ qmm_panel_fn kiln_qmm_panel_pick(const qmm_format *f, const char *isa, int f32_a
         return panel_q4_0;
     if (f->type == QMM_Q4_1)
         return panel_q4_1;
+    if (f->type == QMM_Q4_K)
+        return panel_q4_k;
+    if (f->type == QMM_Q6_K)
+        return panel_q6_k;
 #endif
     return NULL;
 }

@@ -112,7 +112,10 @@ static const kiln_plugin_creator *creator(kiln_registry **reg)
 /* 1: make() and run() put Q4_0/Q4_1 weights in panels (n a multiple of 16). */
 static int32_t panels_on;
 
-static int panel_fmt(const char *format) { return !strcmp(format, "Q4_0") || !strcmp(format, "Q4_1"); }
+static int panel_fmt(const char *format)
+{
+    return !strcmp(format, "Q4_0") || !strcmp(format, "Q4_1") || !strcmp(format, "Q4_K") || !strcmp(format, "Q6_K");
+}
 
 static kiln_status make(const kiln_plugin_creator *c, const char *format, int32_t n, int32_t k, kiln_plugin **p)
 {
@@ -364,22 +367,23 @@ static void q8_body(const kiln_plugin_creator *c, void *pool)
     }
 }
 
-/* Q4_0 and Q4_1 in panels: 1, 3 and 4 panels of 16 rows, one row of x
- * (the panel GEMV; k of 1, 18 and 40 blocks), 3 (the row kernels) and 45
- * and 70 (the GEMM, k over two of its unpacked chunks). */
+/* Q4_0, Q4_1, Q4_K and Q6_K in panels: 1, 3 and 4 panels of 16 rows,
+ * one row of x (the panel GEMV; k of 1 to 40 blocks), 3 (the row
+ * kernels) and 45 and 70 (the GEMM, k over two of its unpacked chunks). */
 static void panel_q8_body(const kiln_plugin_creator *c, void *pool)
 {
     for (size_t i = 0; i < N_FMTS; i++) {
         const fmt *f = &fmts[i];
         if (!panel_fmt(f->name))
             continue;
-        check_exact_q8(c, f, 32, 16, 1, pool);
-        check_exact_q8(c, f, 576, 48, 1, pool);
-        check_exact_q8(c, f, 576, 48, 3, pool);
+        int32_t k1 = f->block, k2 = f->block == 256 ? 768 : 576;
+        check_exact_q8(c, f, k1, 16, 1, pool);
+        check_exact_q8(c, f, k2, 48, 1, pool);
+        check_exact_q8(c, f, k2, 48, 3, pool);
         check_exact_q8(c, f, 1280, 64, 1, pool);
         check_exact_q8(c, f, 1280, 32, 45, pool);
-        check_bound_q8(c, f, 576, 48, 1, pool);
-        check_bound_q8(c, f, 576, 48, 17, pool);
+        check_bound_q8(c, f, k2, 48, 1, pool);
+        check_bound_q8(c, f, k2, 48, 17, pool);
         check_bound_q8(c, f, 256, 16, 70, pool);
     }
 }
@@ -389,7 +393,7 @@ static void panel_products_body(const kiln_plugin_creator *c, void *pool)
 {
     for (size_t i = 0; i < N_FMTS; i++)
         if (panel_fmt(fmts[i].name))
-            check_products(c, &fmts[i], 576, 48, pool);
+            check_products(c, &fmts[i], fmts[i].block == 256 ? 768 : 576, 48, pool);
 }
 
 static void formulas_body(const kiln_plugin_creator *c, void *pool)
