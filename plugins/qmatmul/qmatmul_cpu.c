@@ -814,26 +814,120 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline void transpose
         r[i] = t[i];
 }
 
+/* Byte j of every 32-bit lane of v, zero-extended to the lane (vpshufb
+ * indexes bytes within each 128-bit quarter: lane i's byte j is 4i + j). */
+#define LANE_BYTE(v, j) \
+    _mm512_shuffle_epi8(v, _mm512_set4_epi32((int)(0x8080800Cu | (uint32_t)(j)), (int)(0x80808008u | (uint32_t)(j)), \
+                                             (int)(0x80808004u | (uint32_t)(j)), (int)(0x80808000u | (uint32_t)(j))))
+
+/* Q4_K's eight 6-bit scales and mins (kq_scales) for the 16 rows of a
+ * panel: a, b, c the column's three scale vectors (bytes 0-3, 4-7, 8-11
+ * of each row); sc[h] and mn[h] hold sub-blocks 4h..4h+3 in each lane's
+ * bytes. */
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void q4k_panel_scales(__m512i a, __m512i b, __m512i c,
+                                                                                        __m512i sc[2], __m512i mn[2])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), m30 = _mm512_set1_epi8(0x30);
+    sc[0] = _mm512_and_si512(a, m6);
+    sc[1] = _mm512_or_si512(_mm512_and_si512(c, m4), _mm512_and_si512(_mm512_srli_epi32(a, 2), m30));
+    mn[0] = _mm512_and_si512(b, m6);
+    mn[1] =
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(c, 4), m4), _mm512_and_si512(_mm512_srli_epi32(b, 2), m30));
+}
+
+/* Q6_K's 6-bit values from a panel's low-bit vectors l0 (of ql0), l1 (of
+ * ql1) and high-bit vector qh of the same i: v[t] holds values 32t + 4i..
+ * of the half (the one-row kernel's q[0..3]). */
+__attribute__((target(VNNI_TARGET), always_inline)) static inline void q6k_panel_values(__m512i l0, __m512i l1,
+                                                                                        __m512i qh, __m512i v[4])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    v[0] = _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30));
+    v[1] = _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30));
+    v[2] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(qh, m30));
+    v[3] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
+                           _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+}
+
+/* A GEMM tile straight from one panel (its 16 rows are the tile's lanes,
+ * and a panel's quant vectors are already four values a lane): values
+ * [e0, e0 + n) as u, sc and mn of gemm_unpack, without the per-row
+ * unpack and the transposes. */
+__attribute__((target(VNNI_TARGET))) static void gemm_unpack_panel(int32_t type, const uint8_t *w, int32_t e0,
+                                                                   int32_t n, gemm_tile *t)
+{
+    const qmm_format *f = kiln_qmm_format(type);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const uint8_t *c = w + (size_t)(e0 / f->block) * QMM_PANEL_ROWS * (size_t)f->bytes;
+    for (int32_t bb = 0; bb < n / f->block; bb++, c += QMM_PANEL_ROWS * (size_t)f->bytes) {
+        if (type == QMM_Q4_0 || type == QMM_Q4_1) {
+            for (int s = 0; s < 4; s++) {
+                __m512i q = _mm512_loadu_si512((const void *)(c + 64 * s));
+                _mm512_storeu_si512(t->u[8 * bb + s], _mm512_and_si512(q, m4));
+                _mm512_storeu_si512(t->u[8 * bb + 4 + s], _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+            }
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 256)));
+            _mm512_storeu_ps(t->sc[bb], d);
+            _mm512_storeu_ps(t->mn[bb], type == QMM_Q4_1
+                                            ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 288)))
+                                            : _mm512_mul_ps(d, _mm512_set1_ps(-8.0f)));
+        } else if (type == QMM_Q4_K) {
+            for (int g = 0; g < 4; g++)
+                for (int i = 0; i < 8; i++) {
+                    __m512i q = _mm512_loadu_si512((const void *)(c + 64 * (8 * g + i)));
+                    _mm512_storeu_si512(t->u[64 * bb + 16 * g + i], _mm512_and_si512(q, m4));
+                    _mm512_storeu_si512(t->u[64 * bb + 16 * g + 8 + i], _mm512_and_si512(_mm512_srli_epi16(q, 4), m4));
+                }
+            __m512i sc[2], mn[2];
+            q4k_panel_scales(_mm512_loadu_si512((const void *)(c + 2048)), _mm512_loadu_si512((const void *)(c + 2112)),
+                             _mm512_loadu_si512((const void *)(c + 2176)), sc, mn);
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 2240)));
+            __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 2272)));
+            UNROLLED_FOR (j, 8) {
+                _mm512_storeu_ps(t->sc[8 * bb + j], _mm512_mul_ps(d, _mm512_cvtepi32_ps(LANE_BYTE(sc[j / 4], j % 4))));
+                _mm512_storeu_ps(t->mn[8 * bb + j], _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin),
+                                                                  _mm512_cvtepi32_ps(LANE_BYTE(mn[j / 4], j % 4))));
+            }
+        } else { /* Q6_K: sub-blocks of 16 */
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 8; i++) {
+                    __m512i v[4];
+                    q6k_panel_values(_mm512_loadu_si512((const void *)(c + 64 * (16 * h + i))),
+                                     _mm512_loadu_si512((const void *)(c + 64 * (16 * h + 8 + i))),
+                                     _mm512_loadu_si512((const void *)(c + 2048 + 64 * (8 * h + i))), v);
+                    for (int q = 0; q < 4; q++)
+                        _mm512_storeu_si512(t->u[64 * bb + 32 * h + 8 * q + i], v[q]);
+                }
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 3328)));
+            UNROLLED_FOR (j, 16) {
+                __m512i sv = _mm512_loadu_si512((const void *)(c + 3072 + 64 * (j / 4)));
+                __m512 ds = _mm512_mul_ps(
+                    d, _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(sv, 24 - 8 * (j % 4)), 24)));
+                _mm512_storeu_ps(t->sc[16 * bb + j], ds);
+                _mm512_storeu_ps(t->mn[16 * bb + j], _mm512_mul_ps(ds, _mm512_set1_ps(-32.0f)));
+            }
+        }
+    }
+}
+
 /* The tile's n_w weight rows, values [e0, e0 + n), interleaved; lanes past
- * n_w are zero. Each row is unpacked on its own (from panels: its blocks
- * gathered as stored first), then sixteen rows of sixteen 32-bit groups
- * at a time are transposed in registers. */
+ * n_w are zero. Each row is unpacked on its own, then sixteen rows of
+ * sixteen 32-bit groups at a time are transposed in registers; a panel
+ * (always 16 rows) is unpacked as it lies. */
 __attribute__((target(VNNI_TARGET))) static void gemm_unpack_tile(int32_t type, const uint8_t *w, size_t wrow,
                                                                   int32_t n_w, int32_t e0, int32_t n, int32_t sub,
                                                                   int panel, gemm_tile *t)
 {
+    if (panel) {
+        gemm_unpack_panel(type, w, e0, n, t);
+        return;
+    }
     /* rows of u and of the scales, padded to whole groups of 64 bytes */
     uint8_t u[QMM_GEMM_LANES][GEMM_KC] __attribute__((aligned(64)));
     float sc[QMM_GEMM_LANES][GEMM_KC / 16] __attribute__((aligned(64)));
     float mn[QMM_GEMM_LANES][GEMM_KC / 16] __attribute__((aligned(64)));
     for (int32_t c = 0; c < QMM_GEMM_LANES; c++) {
-        if (c < n_w && panel) {
-            const qmm_format *f = kiln_qmm_format(type);
-            uint8_t blocks[GEMM_KC / 256 * 210]; /* panel formats: at most Q6_K's 210 bytes per 256 values */
-            for (int32_t b = 0; b < n / f->block; b++)
-                kiln_qmm_panel_block(f, w, wrow, c, e0 / f->block + b, blocks + (size_t)b * (size_t)f->bytes);
-            gemm_unpack(type, blocks, 0, n, u[c], sc[c], mn[c]);
-        } else if (c < n_w) {
+        if (c < n_w) {
             gemm_unpack(type, w + (size_t)c * wrow, e0, n, u[c], sc[c], mn[c]);
         } else {
             memset(u[c], 0, sizeof u[c]);
@@ -1092,12 +1186,6 @@ GEMV4_FN(gemv4_q4_1, 20, 4, 1)
 PANEL_FN(panel_q4_0, 18, 0)
 PANEL_FN(panel_q4_1, 20, 1)
 
-/* Byte j of every 32-bit lane of v, zero-extended to the lane (vpshufb
- * indexes bytes within each 128-bit quarter: lane i's byte j is 4i + j). */
-#define LANE_BYTE(v, j) \
-    _mm512_shuffle_epi8(v, _mm512_set4_epi32((int)(0x8080800Cu | (uint32_t)(j)), (int)(0x80808008u | (uint32_t)(j)), \
-                                             (int)(0x80808004u | (uint32_t)(j)), (int)(0x80808000u | (uint32_t)(j))))
-
 /* Q4_K in panels: a block column is 32 quant vectors (vector t: bytes
  * 4t..4t+3 of each row's 128; low nibbles of t = 8g + i are values
  * 64g + 4i.., high ones 64g + 32 + 4i..), then three vectors of the rows'
@@ -1110,7 +1198,7 @@ __attribute__((target(VNNI_TARGET))) static void panel_q4_k(const uint8_t *w, si
 {
     const qmm_q8k *x = xq;
     const int32_t nb = k / 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m6 = _mm512_set1_epi8(0x3F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t p = 0; p < n_panels; p++) {
         const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow;
         __m512 acc = _mm512_setzero_ps();
@@ -1121,11 +1209,8 @@ __attribute__((target(VNNI_TARGET))) static void panel_q4_k(const uint8_t *w, si
             /* the scales as in kq_scales, each lane's four bytes at a time */
             __m512i a = _mm512_loadu_si512((const void *)(c + 2048)), bm = _mm512_loadu_si512((const void *)(c + 2112));
             __m512i cc = _mm512_loadu_si512((const void *)(c + 2176));
-            __m512i sc[2] = {_mm512_and_si512(a, m6),
-                             _mm512_or_si512(_mm512_and_si512(cc, m4), _mm512_and_si512(_mm512_srli_epi32(a, 2), m30))};
-            __m512i mn[2] = {_mm512_and_si512(bm, m6),
-                             _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(cc, 4), m4),
-                                             _mm512_and_si512(_mm512_srli_epi32(bm, 2), m30))};
+            __m512i sc[2], mn[2];
+            q4k_panel_scales(a, bm, cc, sc, mn);
             __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
             UNROLLED_FOR (g, 4) {
                 /* the next column, a quarter of its 36 lines a sub-block pair */
@@ -1169,7 +1254,6 @@ __attribute__((target(VNNI_TARGET))) static void panel_q6_k(const uint8_t *w, si
 {
     const qmm_q8k *x = xq;
     const int32_t nb = k / 256;
-    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     for (int64_t p = 0; p < n_panels; p++) {
         const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow;
         __m512 acc = _mm512_setzero_ps();
@@ -1189,12 +1273,8 @@ __attribute__((target(VNNI_TARGET))) static void panel_q6_k(const uint8_t *w, si
                     __m512i l0 = _mm512_loadu_si512((const void *)(c + 64 * (16 * h + i)));
                     __m512i l1 = _mm512_loadu_si512((const void *)(c + 64 * (16 * h + 8 + i)));
                     __m512i qh = _mm512_loadu_si512((const void *)(c + 2048 + 64 * (8 * h + i)));
-                    __m512i v[4] = {
-                        _mm512_or_si512(_mm512_and_si512(l0, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 4), m30)),
-                        _mm512_or_si512(_mm512_and_si512(l1, m4), _mm512_and_si512(_mm512_slli_epi16(qh, 2), m30)),
-                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l0, 4), m4), _mm512_and_si512(qh, m30)),
-                        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l1, 4), m4),
-                                        _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30))};
+                    __m512i v[4];
+                    q6k_panel_values(l0, l1, qh, v);
                     UNROLLED_FOR (t, 4)
                         sj[2 * t + i / 4] =
                             _mm512_dpbusd_epi32(sj[2 * t + i / 4], v[t], _mm512_set1_epi32(xq4[32 * h + 8 * t + i]));
