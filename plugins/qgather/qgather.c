@@ -15,17 +15,22 @@
  * Fields:  format (string): a ggml block format the host dequantizes
  *          (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K ... Q6_K, as far as
  *          host->ggml_dequantize supports it); n, k (i32): N and K, K a
- *          multiple of the format's block.
- * Blob v1: three int32: ggml type number, n, k.
+ *          multiple of the format's block; panels (i32, optional, default
+ *          0): 1 where the table is in QuantMatMul's row-panel layout
+ *          (qmatmul/qmatmul_cpu.h: the tied output projection of a CPU
+ *          engine reads it so), each row gathered back from its panel
+ *          before it is dequantized.
+ * Blob v2: four int32: ggml type number, n, k, panels (v1: the first three).
  *
  * CPU only: the builder uses it for CPU engines. */
 #include <stddef.h>
 #include <stdint.h>
 
 #include "plugin_util.h"
+#include "qmatmul/qmatmul_cpu.h"
 
 #define NAME "QuantGather"
-#define BLOB_VERSION 1u
+#define BLOB_VERSION 2u
 
 /* Block geometry of the ggml formats (the GGUF specification's table). */
 static const struct {
@@ -40,7 +45,11 @@ static const struct {
 
 typedef struct qg_params {
     int32_t type, n, k;
+    int32_t panels; /* 1: the table is in panels (v1 blobs: 0) */
 } qg_params;
+
+/* Blob bytes of each schema version (v1 lacks panels). */
+static const size_t blob_sizes[BLOB_VERSION] = {offsetof(qg_params, panels), sizeof(qg_params)};
 
 typedef struct qgather {
     kiln_plugin base;
@@ -82,6 +91,13 @@ static kiln_status qg_new(const qg_params *p, kiln_plugin **out)
     if (p->n <= 0 || p->k <= 0 || p->k % formats[f].block != 0)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n = %d and k = %d must be positive, k a multiple of %d",
                           p->n, p->k, formats[f].block);
+    const qmm_format *qf = kiln_qmm_format(p->type);
+    if (p->panels != 0 && (p->panels != 1 || !qf || !kiln_qmm_panel_format(qf) || p->n % QMM_PANEL_ROWS != 0 ||
+                           (int64_t)p->k / formats[f].block * formats[f].bytes > QMM_PANEL_ROW_BYTES))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": panels = %d: 1 takes a format with QuantMatMul's panels, n (%d) a multiple of %d and "
+                               "rows of at most %d bytes; 0 the stored layout",
+                          p->panels, p->n, QMM_PANEL_ROWS, QMM_PANEL_ROW_BYTES);
     qgather *q = calloc(1, sizeof *q);
     if (!q)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -141,8 +157,15 @@ static void qg_rows(void *arg, int64_t begin, int64_t end)
 {
     const qg_job *j = arg;
     int64_t rb = row_bytes(j->q), k = j->q->p.k;
-    for (int64_t t = begin; t < end; t++)
-        host->ggml_dequantize((uint32_t)j->q->p.type, j->table + (int64_t)j->ids[t] * rb, k, j->out + t * k);
+    uint8_t row[QMM_PANEL_ROW_BYTES]; /* qg_new bounds a row in panels */
+    for (int64_t t = begin; t < end; t++) {
+        const uint8_t *src = j->table + (int64_t)j->ids[t] * rb;
+        if (j->q->p.panels) {
+            kiln_qmm_panel_rows(kiln_qmm_format(j->q->p.type), j->table, (size_t)rb, j->ids[t], 1, row);
+            src = row;
+        }
+        host->ggml_dequantize((uint32_t)j->q->p.type, src, k, j->out + t * k);
+    }
 }
 
 static kiln_status qg_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
@@ -196,7 +219,8 @@ static kiln_status qg_create(const kiln_plugin_creator *c, const kiln_field *f, 
 {
     const kiln_field *fmt = plugin_field(f, n, "format");
     const char *s = fmt ? fmt->data : "";
-    qg_params p = {-1, plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0)};
+    qg_params p = {-1, plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0),
+                   plugin_field_i32(f, n, "panels", 0)};
     for (int i = 0; i < N_FORMATS; i++)
         if (strcmp(s, formats[i].name) == 0)
             p.type = formats[i].type;
@@ -208,18 +232,21 @@ static kiln_status qg_create(const kiln_plugin_creator *c, const kiln_field *f, 
 static kiln_status qg_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                   kiln_plugin **out)
 {
-    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof(qg_params));
+    qg_params p = {0};
+    kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, blob_sizes, version, blob, size, &p);
     if (s != KILN_OK)
         return s;
-    qg_params p;
-    memcpy(&p, blob, sizeof p);
     return qg_new(&p, out);
 }
+
+static const int32_t zero_i32 = 0;
 
 static const kiln_field_spec qg_fields[] = {
     PLUGIN_FIELD_REQUIRED("format", KILN_FIELD_STRING, "ggml block format of the table: Q8_0, Q4_0, Q4_K, ..."),
     PLUGIN_FIELD_REQUIRED("n", KILN_FIELD_I32, "rows of the table"),
     PLUGIN_FIELD_REQUIRED("k", KILN_FIELD_I32, "values per row, a multiple of the format's block"),
+    PLUGIN_FIELD_OPTIONAL("panels", KILN_FIELD_I32, &zero_i32,
+                          "1: the table is in QuantMatMul's 16-row panels, 0: as stored"),
 };
 
 static const kiln_plugin_creator qg_creator = {

@@ -34,10 +34,11 @@
  * Fields:  format (string): Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K,
  *          F16 or BF16; n, k (i32): N and K, K a multiple of 32 (256 for
  *          the K formats).
- *          panels (i32, optional, default 0): 1 where w holds Q4_0 or Q4_1
- *          rows in the row-panel layout of qmatmul_cpu.h (CPU only; n a
- *          multiple of 16): what the LLM builder writes for CPU engines,
- *          whose decode GEMV then reads 16 rows a block column.
+ *          panels (i32, optional, default 0): 1 where w holds Q8_0, Q4_0,
+ *          Q4_1, Q4_K or Q6_K rows in the row-panel layout of
+ *          qmatmul_cpu.h (CPU only; n a multiple of 16): what the LLM
+ *          builder writes for CPU engines, whose decode GEMV then reads 16
+ *          rows a block column.
  * Blob v2: four int32: ggml type number (8, 2, 3, 6, 7, 12, 13, 14, 1,
  *          30), n, k, and the rows of x the workspace holds for the tiled
  *          GEMM (QMM_GEMM_ROWS); v3 adds a fifth, 1 where the workspace
@@ -114,8 +115,9 @@ static kiln_status qmm_new(const qmm_params *p, kiln_plugin **out)
                            row_bytes(f, p->k) > QMM_PANEL_ROW_BYTES))
         return host->fail(
             KILN_ERROR_INVALID_ARGUMENT,
-            NAME ": panels = %d: 1 takes Q4_0, Q4_1, Q4_K or Q6_K with n (%d) a multiple of %d and rows of at most "
-                 "%d bytes; 0 the stored layout",
+            NAME
+            ": panels = %d: 1 takes Q8_0, Q4_0, Q4_1, Q4_K or Q6_K with n (%d) a multiple of %d and rows of at most "
+            "%d bytes; 0 the stored layout",
             p->panels, p->n, QMM_PANEL_ROWS, QMM_PANEL_ROW_BYTES);
     if (p->gemm_rows < 0 || p->gemm_rows > QMM_GEMM_ROWS)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": gemm_rows = %d is not in 0..%d", p->gemm_rows,
@@ -470,8 +472,9 @@ static const kiln_field_spec qmm_fields[] = {
     PLUGIN_FIELD_REQUIRED("format", KILN_FIELD_STRING, "format of w: " FORMAT_LIST),
     PLUGIN_FIELD_REQUIRED("n", KILN_FIELD_I32, "output features (rows of w)"),
     PLUGIN_FIELD_REQUIRED("k", KILN_FIELD_I32, "input features, a multiple of 32 (256 for the K formats)"),
-    PLUGIN_FIELD_OPTIONAL("panels", KILN_FIELD_I32, &zero_i32,
-                          "1: w is Q4_0/Q4_1 in 16-row panels (CPU; n a multiple of 16), 0: as stored"),
+    PLUGIN_FIELD_OPTIONAL(
+        "panels", KILN_FIELD_I32, &zero_i32,
+        "1: w is in 16-row panels (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; CPU; n a multiple of 16), 0: as stored"),
 };
 
 static const kiln_plugin_creator qmm_creator = {

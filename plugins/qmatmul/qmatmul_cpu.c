@@ -146,6 +146,7 @@ typedef struct panel_layout {
 } panel_layout;
 
 static const panel_layout panel_layouts[] = {
+    {QMM_Q8_0, 2, {{2, 32, 4}, {0, 2, 2}}},
     {QMM_Q4_0, 2, {{2, 16, 4}, {0, 2, 2}}},
     {QMM_Q4_1, 3, {{4, 16, 4}, {0, 2, 2}, {2, 2, 2}}},
     /* quants, the twelve bytes of 6-bit scales and mins, d, dmin */
@@ -860,7 +861,15 @@ __attribute__((target(VNNI_TARGET))) static void gemm_unpack_panel(int32_t type,
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const uint8_t *c = w + (size_t)(e0 / f->block) * QMM_PANEL_ROWS * (size_t)f->bytes;
     for (int32_t bb = 0; bb < n / f->block; bb++, c += QMM_PANEL_ROWS * (size_t)f->bytes) {
-        if (type == QMM_Q4_0 || type == QMM_Q4_1) {
+        if (type == QMM_Q8_0) {
+            /* u = q + 128 (the sign bit flipped), w = d · u - 128 · d */
+            for (int v = 0; v < 8; v++)
+                _mm512_storeu_si512(t->u[8 * bb + v], _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * v)),
+                                                                       _mm512_set1_epi8((char)0x80)));
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 512)));
+            _mm512_storeu_ps(t->sc[bb], d);
+            _mm512_storeu_ps(t->mn[bb], _mm512_mul_ps(d, _mm512_set1_ps(-128.0f)));
+        } else if (type == QMM_Q4_0 || type == QMM_Q4_1) {
             for (int s = 0; s < 4; s++) {
                 __m512i q = _mm512_loadu_si512((const void *)(c + 64 * s));
                 _mm512_storeu_si512(t->u[8 * bb + s], _mm512_and_si512(q, m4));
@@ -1186,6 +1195,47 @@ GEMV4_FN(gemv4_q4_1, 20, 4, 1)
 PANEL_FN(panel_q4_0, 18, 0)
 PANEL_FN(panel_q4_1, 20, 1)
 
+/* Q8_0 in panels: eight vectors of each row's 32 int8 quants four at a
+ * time, then the rows' d. vpdpbusd multiplies unsigned bytes, so the
+ * weights are offset by 128 (a sign-bit flip) and 128 · Σ q of x's block
+ * taken off the exact sum. */
+__attribute__((target(VNNI_TARGET))) static void panel_q8_0(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k,
+                                                            const void *xq, float *y)
+{
+    const qmm_q8 *x = xq;
+    const int32_t nb = k / 32;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    int32_t xsum[QMM_PANEL_ROW_BYTES / 34]; /* 128 · Σ q of each of x's blocks (qmm_new bounds the row) */
+    for (int32_t b = 0; b < nb; b++) {
+        int32_t t = 0;
+        for (int j = 0; j < 32; j++)
+            t += x[b].q[j];
+        xsum[b] = 128 * t;
+    }
+    for (int64_t p = 0; p < n_panels; p++) {
+        const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow;
+        __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 34) {
+            UNROLLED_FOR (o, 9)
+                _mm_prefetch((const char *)c + QMM_PANEL_AHEAD + 64 * o, _MM_HINT_T0);
+            int32_t xq4[8];
+            memcpy(xq4, x[b].q, 32);
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            UNROLLED_FOR (v, 4) {
+                s0 = _mm512_dpbusd_epi32(s0, _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * v)), flip),
+                                         _mm512_set1_epi32(xq4[v]));
+                s1 = _mm512_dpbusd_epi32(s1,
+                                         _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 256 + 64 * v)), flip),
+                                         _mm512_set1_epi32(xq4[4 + v]));
+            }
+            __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(xsum[b]));
+            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 512)));
+            acc[b & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(is), _mm512_mul_ps(d, _mm512_set1_ps(x[b].d)), acc[b & 1]);
+        }
+        _mm512_storeu_ps(y + p * QMM_PANEL_ROWS, _mm512_add_ps(acc[0], acc[1]));
+    }
+}
+
 /* Q4_K in panels: a block column is 32 quant vectors (vector t: bytes
  * 4t..4t+3 of each row's 128; low nibbles of t = 8g + i are values
  * 64g + 4i.., high ones 64g + 32 + 4i..), then three vectors of the rows'
@@ -1359,6 +1409,8 @@ qmm_panel_fn kiln_qmm_panel_pick(const qmm_format *f, const char *isa, int f32_a
 #ifdef QMM_X86
     if (f32_act || !(cpu_features() & 2) || strcmp(isa, "c") == 0 || strcmp(isa, "avx2") == 0)
         return NULL;
+    if (f->type == QMM_Q8_0)
+        return panel_q8_0;
     if (f->type == QMM_Q4_0)
         return panel_q4_0;
     if (f->type == QMM_Q4_1)

@@ -1034,14 +1034,18 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
  * and dequantized per token by kiln/QuantGather, and the file stays about
  * the checkpoint's size. With tied embeddings the output projection must
  * read the same constant, so its format must also be one QuantMatMul
- * reads (*lm_fmt: its index in quant_formats). x->id < 0 when the
- * embedding is not kept quantized (nothing added). */
-static kiln_status quant_embedding(builder *b, kiln_tensor tokens, kiln_tensor *x, kiln_tensor *table, int *lm_fmt)
+ * reads (*lm_fmt: its index in quant_formats), in QuantMatMul's row
+ * panels where the format has them (*panels; the gather reads rows back
+ * out of them). x->id < 0 when the embedding is not kept quantized
+ * (nothing added). */
+static kiln_status quant_embedding(builder *b, kiln_tensor tokens, kiln_tensor *x, kiln_tensor *table, int *lm_fmt,
+                                   int32_t *panels)
 {
     const kiln_llm_config *c = &b->ck->config;
     const char *wname = "model.embed_tokens.weight";
     x->id = -1;
     *lm_fmt = -1;
+    *panels = 0;
     uint32_t type;
     const void *data;
     size_t size;
@@ -1060,13 +1064,25 @@ static kiln_status quant_embedding(builder *b, kiln_tensor tokens, kiln_tensor *
         return kiln_fail(KILN_ERROR_SHAPE, "tensor \"%s\" (%s, %zu bytes) is not [%lld, %lld]", wname, name, size,
                          (long long)c->vocab_size, (long long)c->hidden_size);
     kiln_dims wd = dims2(c->vocab_size, (int64_t)row);
-    KILN_TRY(kiln_network_add_constant(b->net, wname, KILN_DTYPE_U8, &wd, data, table));
+    const qmm_format *qf = kiln_qmm_format((int32_t)type);
+    *panels = c->tied_embeddings && qf && kiln_qmm_panel_format(qf) && c->vocab_size % QMM_PANEL_ROWS == 0 &&
+              row <= QMM_PANEL_ROW_BYTES;
+    if (*panels) {
+        unsigned char *packed = malloc(size);
+        if (!packed)
+            return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", wname, size);
+        kiln_qmm_panel_pack(qf, data, c->vocab_size, (int32_t)c->hidden_size, packed);
+        kiln_status st = kiln_network_add_constant(b->net, wname, KILN_DTYPE_U8, &wd, packed, table);
+        free(packed);
+        KILN_TRY(st);
+    } else {
+        KILN_TRY(kiln_network_add_constant(b->net, wname, KILN_DTYPE_U8, &wd, data, table));
+    }
     int32_t n = (int32_t)c->vocab_size, k = (int32_t)c->hidden_size;
-    kiln_field fields[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, name},
-                            field_i32("n", &n),
-                            field_i32("k", &k)};
+    kiln_field fields[4] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, name},
+                            field_i32("n", &n), field_i32("k", &k), field_i32("panels", panels)};
     kiln_tensor in[2] = {*table, tokens};
-    KILN_TRY(plugin(b, "embed", "QuantGather", fields, 3, in, 2, x));
+    KILN_TRY(plugin(b, "embed", "QuantGather", fields, *panels ? 4 : 3, in, 2, x));
     if (b->stream != KILN_DTYPE_F32)
         KILN_TRY(kiln_network_add_cast(b->net, "embed_cast", *x, b->stream, x));
     list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, name);
@@ -1082,8 +1098,9 @@ static kiln_status build(builder *b, int32_t max_blocks)
     step_inputs in;
     KILN_TRY(add_inputs(b, max_blocks, &in));
     kiln_tensor emb, x, table;
-    int lm_fmt = -1; /* tied and kept quantized: the QuantMatMul format of table */
-    KILN_TRY(quant_embedding(b, in.tokens, &x, &table, &lm_fmt));
+    int lm_fmt = -1;        /* tied and kept quantized: the QuantMatMul format of table */
+    int32_t lm_panels = 0; /* ... and table in its row panels */
+    KILN_TRY(quant_embedding(b, in.tokens, &x, &table, &lm_fmt, &lm_panels));
     if (x.id < 0) {
         KILN_TRY(add_weight(b, "model.embed_tokens.weight", 2, c->vocab_size, c->hidden_size, &emb));
         KILN_TRY(kiln_network_add_gather(b->net, "embed", emb, in.tokens, 0, &x));
@@ -1120,7 +1137,8 @@ static kiln_status build(builder *b, int32_t max_blocks)
      * reads; or, when the gather reads f32 rows, a quantized copy of its
      * own where the checkpoint stores one. */
     if (lm_fmt >= 0) {
-        KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h, 0,
+        KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h,
+                             lm_panels,
                              "lm_head", &logits));
         b->done_weights++;
         done = 1;

@@ -21,6 +21,7 @@
 
 #include "core/threadpool.h"
 #include "llm/gguf.h"
+#include "qmatmul/qmatmul_cpu.h"
 
 static kiln_registry *reg;
 static kiln_threadpool *pool;
@@ -645,8 +646,10 @@ static void check_attention_fp8(int32_t nh, int32_t nkv, int32_t hd, int64_t cac
         int64_t blk = table[s * max_blocks + pos / bs];
         for (int32_t h = 0; h < nkv; h++)
             for (int32_t e = 0; e < hd; e++) {
-                want[(((blk * 2 + 0) * nkv + h) * bs + pos % bs) * hd + e] = ref_e4m3(load(k, t, tok * kw + h * hd + e));
-                want[(((blk * 2 + 1) * nkv + h) * bs + pos % bs) * hd + e] = ref_e4m3(load(v, t, tok * kw + h * hd + e));
+                want[(((blk * 2 + 0) * nkv + h) * bs + pos % bs) * hd + e] =
+                    ref_e4m3(load(k, t, tok * kw + h * hd + e));
+                want[(((blk * 2 + 1) * nkv + h) * bs + pos % bs) * hd + e] =
+                    ref_e4m3(load(v, t, tok * kw + h * hd + e));
             }
     }
     void *out = malloc((size_t)(T * qw) * esize(t));
@@ -795,14 +798,41 @@ static void test_quant_gather(void)
         size_t size = sizeof blob;
         kiln_plugin *again = NULL;
         CHECK_OK(g8->ops->serialize(g8, blob, &size));
-        CHECK(size == 12);
-        CHECK_OK(c->deserialize(c, 1, blob, size, &again));
+        CHECK(size == 16);
+        CHECK_OK(c->deserialize(c, 2, blob, size, &again));
         if (again) {
             CHECK_OK(run(again, d8, in8, 2, o, 1));
             again->ops->destroy(again);
         }
+        CHECK_OK(c->deserialize(c, 1, blob, 12, &again)); /* v1: the table as stored */
+        if (again)
+            again->ops->destroy(again);
         g8->ops->destroy(g8);
     }
+    /* a Q8_0 table of 32 rows in QuantMatMul's panels (what a tied CPU
+     * engine holds): the same rows as from the stored table */
+    const int32_t np = 32, one = 1;
+    int32_t pids[5] = {31, 0, 17, 16, 5};
+    kiln_field fp[4] = {fstr("format", "Q8_0"), fi32("n", &np), fi32("k", &k8), fi32("panels", &one)};
+    kiln_plugin *gp = make("QuantGather", fp, 4), *gs = make("QuantGather", fp, 3);
+    uint8_t *ts = random_blocks(KILN_GGML_Q8_0, np, k8, 0, 1), *tp = malloc((size_t)np * (k8 / 32 * 34));
+    kiln_qmm_panel_pack(kiln_qmm_format(KILN_GGML_Q8_0), ts, np, k8, tp);
+    kiln_tensor_desc dp[3] = {DESC(KILN_DTYPE_U8, np, k8 / 32 * 34), DESC(KILN_DTYPE_I32, 5),
+                              DESC(KILN_DTYPE_F32, 5, k8)};
+    float outs[5 * 64];
+    const void *inp[2] = {tp, pids}, *ins[2] = {ts, pids};
+    void *os[1] = {outs};
+    if (gp && gs) {
+        CHECK_OK(run(gp, dp, inp, 2, o, 1));
+        CHECK_OK(run(gs, dp, ins, 2, os, 1));
+        CHECK(memcmp(out, outs, sizeof outs) == 0);
+    }
+    if (gp)
+        gp->ops->destroy(gp);
+    if (gs)
+        gs->ops->destroy(gs);
+    free(ts);
+    free(tp);
     /* Q4_K (256-value blocks, d and dmin first): rows as the importer's
      * dequantization gives them */
     kiln_field fk[3] = {fstr("format", "Q4_K"), fi32("n", &n), fi32("k", &kk)};
@@ -825,7 +855,9 @@ static void test_quant_gather(void)
     kiln_plugin *p = NULL;
     kiln_field bad_k[3] = {fstr("format", "Q4_K"), fi32("n", &n), fi32("k", &k8)};
     kiln_field bad_f[3] = {fstr("format", "Q9_9"), fi32("n", &n), fi32("k", &k8)};
+    kiln_field bad_p[4] = {fstr("format", "Q8_0"), fi32("n", &n), fi32("k", &k8), fi32("panels", &(int32_t){1})};
     if (c) {
+        CHECK_FAILS(kiln_plugin_create(c, bad_p, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "panels = 1"); /* n = 7 */
         CHECK_FAILS(kiln_plugin_create(c, bad_k, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "multiple of 256");
         CHECK_FAILS(kiln_plugin_create(c, bad_f, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "Q9_9");
     }

@@ -12,7 +12,7 @@
  *    bound d/2 · Σ|w| per activation block (32 values, 256 for the K
  *    formats; d = max|x| / 127 of ggml's Q8 formula) plus 1e-5 of Σ|x·w|;
  *  - each SIMD kernel set against the portable C one on the same input;
- *  - Q4_0 and Q4_1 weights in the row-panel layout (kiln_qmm_panel_pack,
+ *  - Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights in the row-panel layout (kiln_qmm_panel_pack,
  *    what CPU engines hold) through the same checks on every path: the
  *    panel GEMV, the GEMM and the row kernels reading them as stored. */
 #include "test.h"
@@ -114,7 +114,8 @@ static int32_t panels_on;
 
 static int panel_fmt(const char *format)
 {
-    return !strcmp(format, "Q4_0") || !strcmp(format, "Q4_1") || !strcmp(format, "Q4_K") || !strcmp(format, "Q6_K");
+    return !strcmp(format, "Q8_0") || !strcmp(format, "Q4_0") || !strcmp(format, "Q4_1") || !strcmp(format, "Q4_K") ||
+           !strcmp(format, "Q6_K");
 }
 
 static kiln_status make(const kiln_plugin_creator *c, const char *format, int32_t n, int32_t k, kiln_plugin **p)
@@ -367,7 +368,7 @@ static void q8_body(const kiln_plugin_creator *c, void *pool)
     }
 }
 
-/* Q4_0, Q4_1, Q4_K and Q6_K in panels: 1, 3 and 4 panels of 16 rows,
+/* Q8_0, Q4_0, Q4_1, Q4_K and Q6_K in panels: 1, 3 and 4 panels of 16 rows,
  * one row of x (the panel GEMV; k of 1 to 40 blocks), 3 (the row
  * kernels) and 45 and 70 (the GEMM, k over two of its unpacked chunks). */
 static void panel_q8_body(const kiln_plugin_creator *c, void *pool)
@@ -476,9 +477,9 @@ static void test_quantizers(void)
     for (int trial = 0; trial < 40; trial++) {
         int n = trial % 2 ? 256 : 32;
         for (int j = 0; j < n; j++)
-            x[j] = trial % 4 < 2 ? uniform(-3, 3) : (float)((int)(next_u32() % 255) - 127) + 0.5f;
-        if (trial % 4 >= 2)
-            x[next_u32() % (uint32_t)n] = 127.0f; /* d = 1: every other value a tie */
+            x[j] = trial % 4 < 2 ? uniform(-3, 3) : (float)((int)(next_u32() % 254) - 127) + 0.5f;
+        if (trial % 4 >= 2) /* d = 1 (the halves stay below 127): every other value a tie */
+            x[next_u32() % (uint32_t)n] = 127.0f;
         if (trial == 39)
             for (int j = 0; j < n; j++)
                 x[j] = 0.0f;
@@ -640,7 +641,7 @@ static void test_bad_fields_and_shapes(void)
     int32_t n = 4;
     kiln_field missing[1] = {fi32("n", &n)};
     CHECK(kiln_plugin_create(c, missing, 1, &p) != KILN_OK);
-    /* panels: Q4_0/Q4_1 only, n a multiple of 16 */
+    /* panels: not Q5_0 (no panel layout); n a multiple of 16 */
     panels_on = 1;
     CHECK_FAILS(make(c, "Q4_1", 8, 64, &p), KILN_ERROR_INVALID_ARGUMENT, "panels = 1");
     CHECK_OK(make(c, "Q4_0", 16, 64, &p));
@@ -650,7 +651,7 @@ static void test_bad_fields_and_shapes(void)
         p->ops->destroy(p);
     panels_on = 0;
     int32_t two = 2, n16 = 16, k64 = 64;
-    kiln_field bad_panels[4] = {fstr("format", "Q8_0"), fi32("n", &n16), fi32("k", &k64), fi32("panels", &two)};
+    kiln_field bad_panels[4] = {fstr("format", "Q5_0"), fi32("n", &n16), fi32("k", &k64), fi32("panels", &two)};
     CHECK_FAILS(kiln_plugin_create(c, bad_panels, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "panels = 2");
     bad_panels[3] = fi32("panels", &(int32_t){1});
     CHECK_FAILS(kiln_plugin_create(c, bad_panels, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "panels = 1");
