@@ -1148,6 +1148,14 @@ GEMV4_FN(gemv4_q4_1, 20, 4, 1)
 
 /* ---- the panel GEMV (AVX-512 VNNI; qmatmul_cpu.h) ----------------------------------------- */
 
+/* Four quantized activations at p in every 32-bit lane (a broadcast load). */
+__attribute__((target(VNNI_TARGET), always_inline)) static inline __m512i bcast4(const int8_t *p)
+{
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
 /* Bytes of panels asked for ahead of the column being read (every line). */
 #define QMM_PANEL_AHEAD 2048
 
@@ -1170,14 +1178,12 @@ GEMV4_FN(gemv4_q4_1, 20, 4, 1)
             for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * (BB)) { \
                 UNROLLED_FOR (o, (QMM_PANEL_ROWS * (BB) + 63) / 64) \
                     _mm_prefetch((const char *)c + QMM_PANEL_AHEAD + 64 * o, _MM_HINT_T0); \
-                int32_t xq4[8]; \
-                memcpy(xq4, x[b].q, 32); \
                 __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(); \
                 UNROLLED_FOR (s, 4) { \
                     __m512i q = _mm512_loadu_si512((const void *)(c + 64 * s)); \
-                    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(q, m4), _mm512_set1_epi32(xq4[s])); \
+                    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(q, m4), bcast4(x[b].q + 4 * s)); \
                     hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4), \
-                                             _mm512_set1_epi32(xq4[4 + s])); \
+                                             bcast4(x[b].q + 16 + 4 * s)); \
                 } \
                 __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 256))); \
                 __m512 m = HAS_MIN ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 288))) : d; \
@@ -1218,15 +1224,13 @@ __attribute__((target(VNNI_TARGET))) static void panel_q8_0(const uint8_t *w, si
         for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 34) {
             UNROLLED_FOR (o, 9)
                 _mm_prefetch((const char *)c + QMM_PANEL_AHEAD + 64 * o, _MM_HINT_T0);
-            int32_t xq4[8];
-            memcpy(xq4, x[b].q, 32);
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
             UNROLLED_FOR (v, 4) {
                 s0 = _mm512_dpbusd_epi32(s0, _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * v)), flip),
-                                         _mm512_set1_epi32(xq4[v]));
+                                         bcast4(x[b].q + 4 * v));
                 s1 = _mm512_dpbusd_epi32(s1,
                                          _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 256 + 64 * v)), flip),
-                                         _mm512_set1_epi32(xq4[4 + v]));
+                                         bcast4(x[b].q + 16 + 4 * v));
             }
             __m512i is = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(xsum[b]));
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 512)));
@@ -1254,8 +1258,6 @@ __attribute__((target(VNNI_TARGET))) static void panel_q4_k(const uint8_t *w, si
         __m512 acc = _mm512_setzero_ps();
         for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 144) {
             const qmm_q8k *xb = x + b;
-            int32_t xq4[64];
-            memcpy(xq4, xb->q, 256);
             /* the scales as in kq_scales, each lane's four bytes at a time */
             __m512i a = _mm512_loadu_si512((const void *)(c + 2048)), bm = _mm512_loadu_si512((const void *)(c + 2112));
             __m512i cc = _mm512_loadu_si512((const void *)(c + 2176));
@@ -1269,9 +1271,9 @@ __attribute__((target(VNNI_TARGET))) static void panel_q4_k(const uint8_t *w, si
                 __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
                 UNROLLED_FOR (i, 8) {
                     __m512i q = _mm512_loadu_si512((const void *)(c + 64 * (8 * g + i)));
-                    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(q, m4), _mm512_set1_epi32(xq4[16 * g + i]));
+                    lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(q, m4), bcast4(xb->q + 64 * g + 4 * i));
                     hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
-                                             _mm512_set1_epi32(xq4[16 * g + 8 + i]));
+                                             bcast4(xb->q + 64 * g + 32 + 4 * i));
                 }
                 /* sub-blocks 2g and 2g + 1: scale bytes 2g, 2g + 1 of the low or high four */
                 isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo, LANE_BYTE(sc[g / 2], 2 * (g % 2))));
@@ -1309,8 +1311,6 @@ __attribute__((target(VNNI_TARGET))) static void panel_q6_k(const uint8_t *w, si
         __m512 acc = _mm512_setzero_ps();
         for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 210) {
             const qmm_q8k *xb = x + b;
-            int32_t xq4[64];
-            memcpy(xq4, xb->q, 256);
             __m512i isum = _mm512_setzero_si512();
             UNROLLED_FOR (h, 2) {
                 /* the next column, half of its 53 lines a half */
@@ -1327,7 +1327,7 @@ __attribute__((target(VNNI_TARGET))) static void panel_q6_k(const uint8_t *w, si
                     q6k_panel_values(l0, l1, qh, v);
                     UNROLLED_FOR (t, 4)
                         sj[2 * t + i / 4] =
-                            _mm512_dpbusd_epi32(sj[2 * t + i / 4], v[t], _mm512_set1_epi32(xq4[32 * h + 8 * t + i]));
+                            _mm512_dpbusd_epi32(sj[2 * t + i / 4], v[t], bcast4(xb->q + 128 * h + 32 * t + 4 * i));
                 }
                 /* sub-block 8h + j: (S_j - 32 · Σ x) · sc_j, sc_j byte j % 4 of scale vector 2h + j / 4 */
                 UNROLLED_FOR (j, 8) {
