@@ -850,16 +850,18 @@ int main(int argc, char **argv)
     }
 
     /* the WeightOnlyMatMul GEMVs (KILN_WOQ_GEMV) at the quantized rows'
-     * shapes: the f32 one (the default before the tensor-core one) and the
-     * tensor-core one with 16 and 32 rows a warp; informational rows */
+     * shapes: the f32 one, the older tensor-core one (its own choice of
+     * rows a warp: the default before the pipelined one) and the pipelined
+     * one with 16 and 32 rows a warp; informational rows */
     static const struct {
         int bits;
         int64_t n, k;
     } woq_ab[] = {{QB_INT8, 28672, 4096}, {QB_INT4, 28672, 4096}, {QB_INT4, 4096, 14336}, {QB_INT4, 6144, 4096}};
-    static const char *const woq_gemv[] = {"f32", "tc16", "tc32"};
-    static char woq_names[sizeof woq_ab / sizeof woq_ab[0]][3][72];
+    static const char *const woq_gemv[] = {"f32", "tc", "pipe16", "pipe32"};
+    enum { N_GEMV = sizeof woq_gemv / sizeof woq_gemv[0] };
+    static char woq_names[sizeof woq_ab / sizeof woq_ab[0]][N_GEMV][72];
     for (size_t i = 0; i < sizeof woq_ab / sizeof woq_ab[0]; i++)
-        for (size_t v = 0; v < 3; v++) {
+        for (size_t v = 0; v < N_GEMV; v++) {
             char *name = woq_names[i][v];
             snprintf(name, sizeof woq_names[i][v], "%s %lldx%lld, KILN_WOQ_GEMV=%s",
                      woq_ab[i].bits == QB_INT4 ? "int4 g128" : "int8", (long long)woq_ab[i].n, (long long)woq_ab[i].k,
@@ -873,12 +875,13 @@ int main(int argc, char **argv)
                 snprintf(r->error, sizeof r->error, "%s", failure);
             r->meets = 1;
         }
-    /* the tensor-core GEMV's k split (KILN_WOQ_GEMV_SPLIT warps a block) at
-     * the two int4 shapes of the targets */
-    static const char *const woq_split[] = {"2", "4", "8", "16"};
-    static char split_names[2][4][72];
-    for (size_t i = 0; i < 2; i++)
-        for (size_t v = 0; v < 4; v++) {
+    /* the default GEMV's k split (KILN_WOQ_GEMV_SPLIT warps a block) at the
+     * three int4 shapes */
+    static const char *const woq_split[] = {"1", "2", "4", "8", "16"};
+    enum { N_SPLIT = sizeof woq_split / sizeof woq_split[0] };
+    static char split_names[3][N_SPLIT][72];
+    for (size_t i = 0; i < 3; i++)
+        for (size_t v = 0; v < N_SPLIT; v++) {
             char *name = split_names[i][v];
             snprintf(name, sizeof split_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_SPLIT=%s",
                      (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_split[v]);
@@ -887,24 +890,6 @@ int main(int argc, char **argv)
             int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
                                  : fail("no copy bandwidth to compare with");
             unsetenv("KILN_WOQ_GEMV_SPLIT");
-            if (st)
-                snprintf(r->error, sizeof r->error, "%s", failure);
-            r->meets = 1;
-        }
-    /* and its L2 prefetch distance (KILN_WOQ_GEMV_PREFETCH chunks; 8 by
-     * default, 0 none) */
-    static const char *const woq_pf[] = {"0", "4", "16"};
-    static char pf_names[2][3][72];
-    for (size_t i = 0; i < 2; i++)
-        for (size_t v = 0; v < 3; v++) {
-            char *name = pf_names[i][v];
-            snprintf(name, sizeof pf_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_PREFETCH=%s",
-                     (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_pf[v]);
-            result *r = new_result(name, "(A/B)");
-            setenv("KILN_WOQ_GEMV_PREFETCH", woq_pf[v], 1);
-            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
-                                 : fail("no copy bandwidth to compare with");
-            unsetenv("KILN_WOQ_GEMV_PREFETCH");
             if (st)
                 snprintf(r->error, sizeof r->error, "%s", failure);
             r->meets = 1;

@@ -4,7 +4,8 @@
  *
  * Few rows of x (decode, rows <= KILN_WOQ_GEMV_MAX_ROWS), bf16 or f16 x, groups
  * that are multiples of a chunk (128 int4 or 64 int8 weights): a GEMV on
- * the tensor cores (woq_tc_kernel). At these shapes the matmul is one pass
+ * the tensor cores (woq_pipe_kernel; woq_tc_kernel, its predecessor, by
+ * KILN_WOQ_GEMV=tc). At these shapes the matmul is one pass
  * over the weight bytes, and a GEMV that dequantizes and multiplies in f32
  * issues about 8 instructions a 4-bit weight in its loop (SASS), which
  * leaves it issue-bound far below the memory (0.23 of the copy floor on
@@ -12,9 +13,10 @@
  * Here a 4-bit value becomes a 16-bit float operand with a shift and one
  * LOP3 per two weights (placed into the mantissa of a power of two, so the
  * operand is exactly MAG + v), and one mma.m16n8k16 multiplies 16 weight
- * rows by 16 k by the 8 rows of x (B; rows past m repeat row 0 and are not
- * stored) with f32 accumulation: about 2.3 instructions a weight in the
- * loop (SASS: 149 for a lane's chunk of 2 x 32 int4 weights). The
+ * rows by 16 k by the 8 rows of x (B; columns past m are zero, or in
+ * woq_tc_kernel repeat row 0, and are not stored) with f32 accumulation:
+ * about 2.3 instructions a weight in the loop (SASS: 149 for a lane's
+ * chunk of 2 x 32 int4 weights). The
  * offset MAG and the zero point are taken out per chunk in f32 with Σ x,
  * which a mma with ones for A gives, and the group's scale multiplies the
  * chunk's sum. Precision: x keeps its own 16 bits and the weight operands
@@ -25,6 +27,17 @@
  * f32 ulps of MAG · Σ|x| per chunk: about 1e-5 of y for random data, far
  * below the rounding of y to bf16 (2^-9) or f16 (2^-11). An infinite x
  * gives NaN where the f32 reference may give an infinity.
+ * What limited woq_tc_kernel (0.34-0.46 of the copy floor at the 8B int4
+ * shapes) was the bytes in flight: it held its next chunks in registers,
+ * 3 KB a warp at 16 warps an SM, and ptxas issued each iteration's loads
+ * after its products, so a warp waited on memory every chunk; with about
+ * 1.5 us of loaded DRAM latency, 4.8 TB/s needs about 7 MB in flight, 55
+ * KB an SM, all the time. woq_pipe_kernel streams the weights through a
+ * ring in shared memory by cp.async instead: 8 KB a warp always
+ * requested (about 128 KB an SM, 17 MB on the GPU), and sizes its grid to
+ * one wave of the warps the GPU holds, so all of them request their first
+ * 8 KB before the wait on the previous kernel and none waits for blocks
+ * to retire.
  *
  * Otherwise (f32 x, which 16-bit operands would round far past the f32
  * tolerance; groups that are not multiples of a chunk; or
@@ -361,6 +374,71 @@ __device__ __forceinline__ uint32_t woq_word(const uint4 &v, int i)
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+/* One chunk of a warp's 16 x RT weight rows: w holds the lane's 16 bytes
+ * of rows g and g + 8 of each 16, sc and of their group's scale and
+ * offset (MAG + z; int8: 17 MAG + 128), xc the lane's CK / 8 16-byte
+ * vectors of x (read only where xin: else the lane's x row is past m and
+ * its column of B is zero). The chunk's sums, scaled once, go into acc as
+ * woq_tc_kernel's comment derives. */
+template <int XT, int BITS, int RT>
+__device__ __forceinline__ void woq_tc_chunk(const uint4 (&w)[RT][2], const float (&sc)[RT][2],
+                                             const float (&of)[RT][2], const uint4 *xc, bool xin, uint32_t one,
+                                             uint32_t mask, uint32_t lo, uint32_t hi, float (&acc)[RT][4])
+{
+    using T = woq_tc<XT>;
+    float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            d[rt][e] = dh[rt][e] = 0.0f;
+    if (BITS == 4) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
+            const uint4 xv = xin ? __ldg(xc + i) : make_uint4(0, 0, 0, 0);
+            const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
+            const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
+            T::mma(dz, one, one, one, one, b0, b1);
+            T::mma(dz, one, one, one, one, b2, b3);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                const uint32_t wa = woq_word(w[rt][0], i), wb = woq_word(w[rt][1], i);
+                T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 1, mask, lo),
+                       T::pair(wb, 1, mask, lo), b0, b1);
+                T::mma(d[rt], T::pair(wa, 2, mask, lo), T::pair(wb, 2, mask, lo), T::pair(wa, 3, mask, lo),
+                       T::pair(wb, 3, mask, lo), b2, b3);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
+             * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
+            const uint4 xv = xin ? __ldg(xc + i / 2) : make_uint4(0, 0, 0, 0);
+            const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
+            const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
+            T::mma(dz, one, one, one, one, b0, b1);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                const uint32_t wa = woq_word(w[rt][0], i), wb = woq_word(w[rt][1], i);
+                T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 2, mask, lo),
+                       T::pair(wb, 2, mask, lo), b0, b1);
+                T::mma(dh[rt], T::pair(wa, 1, mask, hi), T::pair(wb, 1, mask, hi), T::pair(wa, 3, mask, hi),
+                       T::pair(wb, 3, mask, hi), b0, b1);
+            }
+        }
+    }
+    /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1) */
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float v = BITS == 4 ? d[rt][e] : fmaf(16.0f, dh[rt][e], d[rt][e]);
+            acc[rt][e] = fmaf(sc[rt][e >> 1], fmaf(-of[rt][e >> 1], dz[e & 1], v), acc[rt][e]);
+        }
+}
+
 /* One block: 16 x RT weight rows (blockIdx.x) for the m <= 8 rows of x;
  * its warps split the chunks of k into contiguous runs and add up in
  * shared memory. Each chunk lies in one group (group % chunk == 0, checked
@@ -448,59 +526,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
         for (int e = 0; e < 4; e++)
             acc[rt][e] = 0.0f;
     auto process = [&](int u, int c) {
-        /* CK / 8 16-byte vectors of x per lane and chunk */
-        const uint4 *xc = xr + (uint32_t)c * (CK / 8);
-        float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                d[rt][e] = dh[rt][e] = 0.0f;
-        if (BITS == 4) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
-                const uint4 xv = __ldg(xc + i);
-                const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
-                const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
-                T::mma(dz, one, one, one, one, b0, b1);
-                T::mma(dz, one, one, one, one, b2, b3);
-#pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
-                    T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 1, mask, lo),
-                           T::pair(wb, 1, mask, lo), b0, b1);
-                    T::mma(d[rt], T::pair(wa, 2, mask, lo), T::pair(wb, 2, mask, lo), T::pair(wa, 3, mask, lo),
-                           T::pair(wb, 3, mask, lo), b2, b3);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
-                 * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
-                const uint4 xv = __ldg(xc + i / 2);
-                const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
-                const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
-                T::mma(dz, one, one, one, one, b0, b1);
-#pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
-                    T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 2, mask, lo),
-                           T::pair(wb, 2, mask, lo), b0, b1);
-                    T::mma(dh[rt], T::pair(wa, 1, mask, hi), T::pair(wb, 1, mask, hi), T::pair(wa, 3, mask, hi),
-                           T::pair(wb, 3, mask, hi), b0, b1);
-                }
-            }
-        }
-        /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1) */
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float v = BITS == 4 ? d[rt][e] : fmaf(16.0f, dh[rt][e], d[rt][e]);
-                acc[rt][e] = fmaf(sb[u][rt][e >> 1], fmaf(-ob[u][rt][e >> 1], dz[e & 1], v), acc[rt][e]);
-            }
+        woq_tc_chunk<XT, BITS, RT>(buf[u], sb[u], ob[u], xr + (uint32_t)c * (CK / 8), true, one, mask, lo, hi, acc);
     };
     /* each slot is refilled with the chunk U ahead once used: no tests
      * while that chunk is inside the warp's run, then a tail with them */
@@ -535,6 +561,169 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
             float v = 0.0f;
             for (int w = 0; w < warps; w++)
                 v += part[w][j][l];
+            kcu_store_float(y, XT, (int64_t)col * n + row, v);
+        }
+    }
+}
+
+/* ---- the pipelined tensor-core GEMV (the default) ------------------------------------------- */
+
+/* A warp's weight chunks in flight: kPipeStages 16-row chunks with 16 rows
+ * a warp, half as many 32-row ones (8 KB a warp either way). */
+constexpr int kPipeStages = 8;
+constexpr int kPipeMaxSplit = 16; /* warps of a block, splitting k */
+
+/* 16 bytes from global to shared memory without a register (cp.async,
+ * not kept in L1), with L2 fetching the 256 bytes around them: the
+ * warp's next chunks of the row. */
+__device__ __forceinline__ void woq_cp16(void *smem, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void woq_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+/* Until at most N of the thread's cp.async groups are still in flight. */
+template <int N> __device__ __forceinline__ void woq_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* woq_tc_kernel's arithmetic (woq_tc_chunk) with the weights streamed
+ * through shared memory: each lane copies its own 16 bytes of rows g and
+ * g + 8 of a chunk into a ring of S stages (cp.async; it alone reads them
+ * back, so no barrier), so a warp keeps S chunks (8 KB) in flight without
+ * holding them in registers, and the next load never waits for ptxas's
+ * placement of loads after the products (woq_tc_kernel's stall). The
+ * group's scale and offset ride in registers beside each stage. A block
+ * is `split` warps over one tile of 16 x RT rows, each a contiguous run
+ * of its chunks; the launcher picks split so that the grid fits the GPU
+ * in one wave where it can: every warp's first S chunks are requested
+ * before the wait on the previous kernel, and no warp waits for a block
+ * to retire. Lanes whose x row is past m load no x (zero columns of B).
+ * Dynamic shared memory: split x S x RT KB of ring, then (split > 1) the
+ * warps' partial sums. */
+template <int XT, int BITS, int RT>
+__global__ void __launch_bounds__(kPipeMaxSplit * 32)
+    woq_pipe_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
+                    const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
+                    int32_t group)
+{
+    using T = woq_tc<XT>;
+    constexpr int CK = BITS == 4 ? 128 : 64, S = kPipeStages / RT;
+    extern __shared__ uint4 woq_smem[];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t row_bytes = (int64_t)k * BITS / 8, ng = k / group, row0 = (int64_t)blockIdx.x * 16 * RT;
+    const int nch = k / CK, cpw = (nch + warps - 1) / warps;
+    const int c0 = wid * cpw < nch ? wid * cpw : nch, c1 = c0 + cpw < nch ? c0 + cpw : nch;
+    /* stage u, row half (rt, h): 32 lanes x 16 bytes */
+    uint4 *ring = woq_smem + (size_t)wid * S * RT * 2 * 32 + lane;
+
+    const uint8_t *qr[RT][2], *zr[RT][2];
+    const float *sr[RT][2];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            /* rows past n read the last row: loaded, never stored */
+            const int64_t row = row0 + 16 * rt + 8 * h + g < n ? row0 + 16 * rt + 8 * h + g : n - 1;
+            qr[rt][h] = woq_pin(q + row * row_bytes + t * 16);
+            sr[rt][h] = woq_pin(scales + row * ng);
+            zr[rt][h] = BITS == 4 ? woq_pin(zeros + row * ng) : zeros; /* int8 has none */
+        }
+    const uint32_t one = woq_pin(T::ONE), mask = woq_pin(T::MASK), lo = woq_pin(T::MAGIC),
+                   hi = woq_pin(T::MAGIC ^ T::FLIP);
+    float sb[S][RT][2], ob[S][RT][2];
+    const float off8 = 17.0f * T::MAG + 128.0f;
+    /* chunks are requested in order: the group of the next one is counted
+     * along instead of divided out */
+    const int cpg = group / CK;
+    int gl = c0 / cpg, rl = c0 - gl * cpg;
+    /* chunk c into stage u with its scales and offsets; one cp.async group
+     * a call, empty past the run, so that wait_group<S - 1> always means
+     * "the oldest requested chunk has landed" */
+    auto request = [&](int u, int c) {
+        if (c < c1) {
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    woq_cp16(ring + ((u * RT + rt) * 2 + h) * 32, qr[rt][h] + (uint32_t)c * 64u);
+                    sb[u][rt][h] = __ldg(sr[rt][h] + gl);
+                    ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
+                }
+        }
+        woq_cp_commit();
+        if (++rl == cpg) {
+            rl = 0;
+            gl++;
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < S; u++)
+        request(u, c0 + u);
+    kcu_after_prior(x, y, k, n);
+
+    const bool xin = g < m;
+    const uint4 *xr =
+        woq_pin(reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(xin ? g : 0) * k + t * (CK / 4)));
+    float acc[RT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[rt][e] = 0.0f;
+    for (int c = c0; c < c1; c += S) {
+#pragma unroll
+        for (int u = 0; u < S; u++) {
+            if (c + u < c1) {
+                woq_cp_wait<S - 1>();
+                uint4 w[RT][2];
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        w[rt][h] = ring[((u * RT + rt) * 2 + h) * 32];
+                woq_tc_chunk<XT, BITS, RT>(w, sb[u], ob[u], xr + (uint32_t)(c + u) * (CK / 8), xin, one, mask, lo, hi,
+                                           acc);
+                /* the stage is free: its bytes went into the products above */
+                request(u, c + u + S);
+            }
+        }
+    }
+
+    /* d's layout: lane (g, t) holds rows g (e 0, 1) and g + 8 (e 2, 3) of
+     * each 16, x rows 2t + (e & 1) */
+    if (warps == 1) {
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 2 * t + (e & 1);
+                const int64_t row = row0 + 16 * rt + g + 8 * (e >> 1);
+                if (col < m && row < n)
+                    kcu_store_float(y, XT, (int64_t)col * n + row, acc[rt][e]);
+            }
+        return;
+    }
+    float *part = reinterpret_cast<float *>(woq_smem + (size_t)warps * S * RT * 2 * 32);
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            part[(wid * RT * 4 + rt * 4 + e) * 32 + lane] = acc[rt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < RT * 4 * 32; i += blockDim.x) {
+        const int l = i & 31, j = i >> 5, e = j & 3;
+        const int col = 2 * (l & 3) + (e & 1);
+        const int64_t row = row0 + 16 * (j >> 2) + (l >> 2) + 8 * (e >> 1);
+        if (col < m && row < n) {
+            float v = 0.0f;
+            for (int w = 0; w < warps; w++)
+                v += part[(w * RT * 4 + j) * 32 + l];
             kcu_store_float(y, XT, (int64_t)col * n + row, v);
         }
     }
@@ -611,19 +800,114 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
 }
 
 /* KILN_WOQ_GEMV selects the GEMV for rows <= KILN_WOQ_GEMV_MAX_ROWS, for timing
- * them in one run and testing each: "f32" the f32 one for every x dtype,
- * "tc16" or "tc32" the tensor-core one with that many rows a warp; else
- * (unset) the tensor-core one with the rows below. KILN_WOQ_GEMV_SPLIT
- * (1 to kTcMaxWarps) sets the tensor-core one's warps a block (its k
- * split), KILN_WOQ_GEMV_PREFETCH its L2 prefetch distance in chunks (0:
- * none, at most 64). Read at each launch (a graph keeps what its capture
- * chose). */
-static int woq_gemv_choice(void)
+ * them in one run and testing each: "f32" the f32 one for every x dtype;
+ * "tc16", "tc32" the older tensor-core one (woq_tc_kernel) with that many
+ * rows a warp, "tc" with its own choice; "pipe16", "pipe32" the pipelined
+ * one (woq_pipe_kernel) with that many rows a warp; else (unset) the
+ * pipelined one with its choice of rows. KILN_WOQ_GEMV_SPLIT (1 to 16)
+ * sets either tensor-core one's warps a block (its k split),
+ * KILN_WOQ_GEMV_PREFETCH the older one's L2 prefetch distance in chunks
+ * (0: none, at most 64). Read at each launch (a graph keeps what its
+ * capture chose). */
+enum { WOQ_F32 = -1, WOQ_PIPE = 0, WOQ_TC = 1 };
+static int woq_gemv_choice(int *rt)
 {
     const char *e = getenv("KILN_WOQ_GEMV");
+    *rt = 0;
     if (!e)
+        return WOQ_PIPE;
+    if (!strcmp(e, "f32"))
+        return WOQ_F32;
+    const int tc = !strncmp(e, "tc", 2);
+    const char *rows = e + (tc ? 2 : !strncmp(e, "pipe", 4) ? 4 : 0);
+    *rt = !strcmp(rows, "16") ? 1 : !strcmp(rows, "32") ? 2 : 0;
+    return tc ? WOQ_TC : WOQ_PIPE;
+}
+
+/* The pipelined GEMV's dynamic shared memory for a block of `warps`
+ * warps: their rings, and their partial sums where they split k. */
+static size_t woq_pipe_smem(int warps, int rt)
+{
+    return (size_t)warps * kPipeStages * 1024 + (warps > 1 ? (size_t)warps * (size_t)rt * 512 : 0);
+}
+
+constexpr int kPipeMaxDevices = 16;
+
+/* How many warps of woq_pipe_kernel<XT, BITS, RT> the GPU holds at once
+ * (as blocks of 4 warps); the first call on a device also lets the kernel
+ * use shared memory past the default 48 KB. 0 and *err set on failure. */
+template <int XT, int BITS, int RT> static int woq_pipe_capacity(cudaError_t *err)
+{
+    static int cap[kPipeMaxDevices];
+    int dev = 0, sms = 0, blocks = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess && dev >= 0 && dev < kPipeMaxDevices && cap[dev] > 0)
+        return cap[dev];
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(woq_pipe_kernel<XT, BITS, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)woq_pipe_smem(kPipeMaxSplit, RT));
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    if (e == cudaSuccess)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, woq_pipe_kernel<XT, BITS, RT>, 128,
+                                                          woq_pipe_smem(4, RT));
+    if (e != cudaSuccess) {
+        *err = e;
         return 0;
-    return !strcmp(e, "f32") ? -1 : !strcmp(e, "tc16") ? 1 : !strcmp(e, "tc32") ? 2 : 0;
+    }
+    const int c = sms * blocks * 4 > 0 ? sms * blocks * 4 : 1;
+    if (dev >= 0 && dev < kPipeMaxDevices)
+        cap[dev] = c;
+    return c;
+}
+
+template <int XT, int BITS, int RT>
+cudaError_t woq_pipe_run(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int32_t m,
+                         int32_t n, int32_t k, int32_t group, int64_t tiles, int split, cudaStream_t s)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)tiles);
+    cfg.blockDim = dim3((unsigned)split * 32);
+    cfg.dynamicSmemBytes = woq_pipe_smem(split, RT);
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = kcu_pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, woq_pipe_kernel<XT, BITS, RT>, x, q, scales, zeros, y, m, n, k, group);
+}
+
+/* The pipelined GEMV: 32 rows a warp (half the x loads and mma with ones
+ * per weight of 16) unless n is too small to give the GPU a wave of warps
+ * with them; the k split doubles (up to 16 warps a block, each with 2
+ * chunks or more) while the grid still fits the warps the GPU holds at
+ * once: one wave, every warp's loads requested at its start. At the 8B
+ * decode shapes (132 SMs of 16 warps, 2112): 28672 x 4096 int4 is 896
+ * tiles of 32 rows x 2 warps of 16 chunks (int8: 32), 4096 x 14336 256
+ * tiles of 16 rows x 8 warps of 14, 6144 x 4096 192 of 32 x 8 warps of 4. */
+template <int XT, int BITS>
+cudaError_t woq_pipe_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
+                            int32_t m, int32_t n, int32_t k, int32_t group, int rt, cudaStream_t s)
+{
+    constexpr int CK = BITS == 4 ? 128 : 64;
+    cudaError_t e = cudaSuccess;
+    const int cap1 = woq_pipe_capacity<XT, BITS, 1>(&e), cap2 = woq_pipe_capacity<XT, BITS, 2>(&e);
+    if (e != cudaSuccess)
+        return e;
+    const int64_t nch = k / CK, tiles32 = ((int64_t)n + 31) / 32;
+    if (rt == 0)
+        rt = tiles32 * kPipeMaxSplit >= cap2 ? 2 : 1;
+    const int64_t tiles = rt == 2 ? tiles32 : ((int64_t)n + 15) / 16, cap = rt == 2 ? cap2 : cap1;
+    int split = 1;
+    while (split < kPipeMaxSplit && tiles * split * 2 <= cap && nch >= 4 * split)
+        split *= 2;
+    const char *env = getenv("KILN_WOQ_GEMV_SPLIT");
+    if (env && atoi(env) >= 1 && atoi(env) <= kPipeMaxSplit)
+        split = atoi(env);
+    if (rt == 2)
+        return woq_pipe_run<XT, BITS, 2>(x, q, scales, zeros, y, m, n, k, group, tiles, split, s);
+    return woq_pipe_run<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, tiles, split, s);
 }
 
 /* The tensor-core GEMV: 32 rows a warp (fewer x loads and mma with ones
@@ -664,9 +948,12 @@ cudaError_t woq_gemv_launch(const void *x, const uint8_t *q, const float *scales
                             int32_t m, int32_t n, int32_t k, int32_t group, cudaStream_t s)
 {
     if constexpr (XT != KILN_DTYPE_F32) {
-        const int choice = woq_gemv_choice();
-        if (group % (BITS == 4 ? 128 : 64) == 0 && choice >= 0)
-            return woq_tc_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, choice, s);
+        int rt = 0;
+        const int choice = woq_gemv_choice(&rt);
+        if (group % (BITS == 4 ? 128 : 64) == 0 && choice == WOQ_PIPE)
+            return woq_pipe_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, rt, s);
+        if (group % (BITS == 4 ? 128 : 64) == 0 && choice == WOQ_TC)
+            return woq_tc_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, rt, s);
     }
     if (m == 1)
         return woq_gemv<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, s);

@@ -9,10 +9,11 @@
  * multiple of 256, where the GEMV loads 16 bytes at a time, and not; the K
  * formats Q4_K, Q5_K, Q6_K, T = 1 … 200),
  * WeightOnlyMatMul (int8 and int4, per channel and in groups; T = 1 … 300,
- * the GEMV at every T up to 8, both of them, tensor-core and f32, the
- * tensor-core one over groups of 8 rows up to 32, and past that (f32 x:
- * past 8) W dequantized to x's dtype and cuBLASLt's GEMM, also in two
- * slices of W; the tensor-core GEMV's error, about 1e-5 of y, is far
+ * the GEMV at every T up to 8, each of them: the pipelined tensor-core
+ * one, the older tensor-core one and the f32 one, also at the 8B decode
+ * layers' sizes; the tensor-core one over groups of 8 rows up to 32, and
+ * past that (f32 x: past 8) W dequantized to x's dtype and cuBLASLt's
+ * GEMM, also in two slices of W; the tensor-core GEMV's error, about 1e-5 of y, is far
  * below the bf16 and f16 tolerances, which stand for the rounding of y;
  * the GEMM path rounds each weight to bf16 (f16) as well, at most 2^-8
  * (2^-11) relative, so ‖Δy‖ / ‖y‖ ≈ 1.5e-3 (2e-4) on random data: still
@@ -620,6 +621,39 @@ static void random_woq(int32_t bits, int32_t group, int32_t n, int32_t k, buf *q
     buf_upload(z);
 }
 
+/* One WeightOnlyMatMul case: x [rows, k] of dtype t on both sides, with
+ * KILN_WOQ_GEMV = gemv and KILN_WOQ_GEMV_SPLIT = split where not NULL. */
+static void run_woq(kiln_plugin *p, int32_t bits, int32_t g, int32_t n, int32_t k, buf q, buf s, buf z, kiln_dtype t,
+                    int64_t rows, const char *gemv, const char *split)
+{
+    int32_t n_in = bits == 4 ? 4 : 3;
+    buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
+    buf out = buf_output(t, rows, n);
+    kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
+    d[n_in] = out.desc;
+    size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+    void *ws = malloc(wsz ? wsz : 1), *ws_dev = NULL;
+    if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
+        fprintf(stderr, "cannot allocate the workspace\n");
+        exit(1);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d%s%s%s%s", bits, g, dtype_name(t),
+             (long long)rows, n, k, gemv ? " KILN_WOQ_GEMV=" : "", gemv ? gemv : "",
+             split ? " KILN_WOQ_GEMV_SPLIT=" : "", split ? split : "");
+    if (gemv)
+        setenv("KILN_WOQ_GEMV", gemv, 1);
+    if (split)
+        setenv("KILN_WOQ_GEMV_SPLIT", split, 1);
+    run_both_ws(what, p, in, n_in, &out, 1, ws, ws_dev);
+    unsetenv("KILN_WOQ_GEMV");
+    unsetenv("KILN_WOQ_GEMV_SPLIT");
+    free(ws);
+    cudaFree(ws_dev);
+    buf_free(&in[0]);
+    buf_free(&out);
+}
+
 static void test_woq(void)
 {
     /* n odd, below and past the 16 rows of the tensor-core GEMV's warp
@@ -635,10 +669,13 @@ static void test_woq(void)
      * dequantized into the workspace and cuBLASLt's GEMM */
     const int64_t ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 32, 33, 64, 128, 300};
     /* the GEMVs (KILN_WOQ_GEMV) for bf16 and f16 x at T 1, 5 and 8 (the
-     * default choice at every T): the f32 one, the tensor-core one with 32
-     * rows a warp, and with 16 warps a block (KILN_WOQ_GEMV_SPLIT), which
-     * leaves some without chunks */
-    const char *const gemv[][2] = {{NULL, NULL}, {"f32", NULL}, {"tc32", NULL}, {"tc16", "16"}};
+     * default choice, the pipelined tensor-core one, at every T): the f32
+     * one, the older tensor-core one with 32 rows a warp, and with 16 warps
+     * a block (KILN_WOQ_GEMV_SPLIT), which leaves some without chunks, and
+     * the pipelined one with 16 rows a warp over 16 warps and with 32 rows
+     * over 3 (runs of unequal length) */
+    const char *const gemv[][2] = {{NULL, NULL},   {"f32", NULL},    {"tc32", NULL},
+                                   {"tc16", "16"}, {"pipe16", "16"}, {"pipe32", "3"}};
     const int32_t bits_of[] = {8, 4};
     for (size_t bi = 0; bi < 2; bi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -656,34 +693,37 @@ static void test_woq(void)
                         int64_t rows = ts[ri];
                         if (v > 0 && (t == KILN_DTYPE_F32 || (rows != 1 && rows != 5 && rows != 8)))
                             continue;
-                        int32_t n_in = bits == 4 ? 4 : 3;
-                        buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
-                        buf out = buf_output(t, rows, n);
-                        kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
-                        d[n_in] = out.desc;
-                        size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
-                        void *ws = malloc(wsz ? wsz : 1), *ws_dev = NULL;
-                        if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
-                            fprintf(stderr, "cannot allocate the workspace\n");
-                            exit(1);
-                        }
-                        char what[160];
-                        snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d%s%s%s%s", bits, g,
-                                 dtype_name(t), (long long)rows, n, k, gemv[v][0] ? " KILN_WOQ_GEMV=" : "",
-                                 gemv[v][0] ? gemv[v][0] : "", gemv[v][1] ? " KILN_WOQ_GEMV_SPLIT=" : "",
-                                 gemv[v][1] ? gemv[v][1] : "");
-                        if (gemv[v][0])
-                            setenv("KILN_WOQ_GEMV", gemv[v][0], 1);
-                        if (gemv[v][1])
-                            setenv("KILN_WOQ_GEMV_SPLIT", gemv[v][1], 1);
-                        run_both_ws(what, p, in, n_in, &out, 1, ws, ws_dev);
-                        unsetenv("KILN_WOQ_GEMV");
-                        unsetenv("KILN_WOQ_GEMV_SPLIT");
-                        free(ws);
-                        cudaFree(ws_dev);
-                        buf_free(&in[0]);
-                        buf_free(&out);
+                        run_woq(p, bits, g, n, k, q, s, z, t, rows, gemv[v][0], gemv[v][1]);
                     }
+            buf_free(&q);
+            buf_free(&s);
+            buf_free(&z);
+            p->ops->destroy(p);
+        }
+    /* the decode GEMV at the 8B engine's layer sizes, where the pipelined
+     * one picks its shape as on the real layers (an H200's 132 SMs): n not
+     * a multiple of 32, 4500 past a wave of 16-row tiles (32 rows a warp,
+     * k split over 8 warps) and 1000 (16 rows a warp, k 14336 split over
+     * 16); int4 g128 and int8 per channel; T 1, 2, 4 and 8, bf16 and f16;
+     * and the other row count at T 1 and 8 (bf16) */
+    const int32_t decode[][2] = {{4500, 4096}, {1000, 14336}};
+    const char *const forced[] = {"pipe16", "pipe32"};
+    const int64_t dts[] = {1, 2, 4, 8};
+    for (size_t bi = 0; bi < 2; bi++)
+        for (size_t si = 0; si < sizeof decode / sizeof decode[0]; si++) {
+            int32_t bits = bits_of[bi], n = decode[si][0], k = decode[si][1], g = bits == 4 ? 128 : k;
+            kiln_field f[4] = {fi32("bits", &bits), fi32("group_size", &g), fi32("n", &n), fi32("k", &k)};
+            kiln_plugin *p = make("WeightOnlyMatMul", f, 4);
+            if (!p)
+                continue;
+            buf q, s, z;
+            random_woq(bits, g, n, k, &q, &s, &z);
+            for (size_t ti = 1; ti < 3; ti++)
+                for (size_t ri = 0; ri < sizeof dts / sizeof dts[0]; ri++)
+                    run_woq(p, bits, g, n, k, q, s, z, float_types[ti], dts[ri], NULL, NULL);
+            for (size_t v = 0; v < 2; v++)
+                for (size_t ri = 0; ri < sizeof dts / sizeof dts[0]; ri += 3)
+                    run_woq(p, bits, g, n, k, q, s, z, KILN_DTYPE_BF16, dts[ri], forced[v], NULL);
             buf_free(&q);
             buf_free(&s);
             buf_free(&z);
