@@ -651,7 +651,7 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32)
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    woq_cp16(ring + ((u * RT + rt) * 2 + h) * 32, qr[rt][h] + (uint32_t)c * 64u);
+                    woq_cp16(ring + ((u * RT + rt) * 2 + h) * 32, qr[rt][h] + (int64_t)c * 64);
                     sb[u][rt][h] = __ldg(sr[rt][h] + gl);
                     ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
                 }
@@ -687,7 +687,7 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32)
 #pragma unroll
                     for (int h = 0; h < 2; h++)
                         w[rt][h] = ring[((u * RT + rt) * 2 + h) * 32];
-                woq_tc_chunk<XT, BITS, RT>(w, sb[u], ob[u], xr + (uint32_t)(c + u) * (CK / 8), xin, one, mask, lo, hi,
+                woq_tc_chunk<XT, BITS, RT>(w, sb[u], ob[u], xr + (int64_t)(c + u) * (CK / 8), xin, one, mask, lo, hi,
                                            acc);
                 /* the stage is free: its bytes went into the products above */
                 request(u, c + u + S);
