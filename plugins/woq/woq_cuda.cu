@@ -16,10 +16,10 @@
  * rows by 16 k by the 8 rows of x (B; columns past m are zero, or in
  * woq_tc_kernel repeat row 0, and are not stored) with f32 accumulation:
  * about 2.3 instructions a weight in the loop (SASS: 149 for a lane's
- * chunk of 2 x 32 int4 weights). The
- * offset MAG and the zero point are taken out per chunk in f32 with Σ x,
- * which a mma with ones for A gives, and the group's scale multiplies the
- * chunk's sum. Precision: x keeps its own 16 bits and the weight operands
+ * chunk of 2 x 32 int4 weights). The offset MAG and the zero point are
+ * taken out per chunk in f32 with Σ x, which a mma with ones for A gives
+ * (woq_pipe_kernel: a row of zero weights in the tile, whose sums are
+ * MAG Σ x), and the group's scale multiplies the chunk's sum. Precision: x keeps its own 16 bits and the weight operands
  * are exact, so every product is exact and the sums are f32 (the tensor
  * cores' adds); the one loss against f32 arithmetic is that the partial
  * sums carry MAG · Σ x (MAG 128 for bf16, 64 for f16; 17 MAG + 128 for
@@ -374,16 +374,34 @@ __device__ __forceinline__ uint32_t woq_word(const uint4 &v, int i)
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+/* The lane's x for a chunk: CK / 8 16-byte vectors at xc (4 for int4, 32
+ * k; 2 for int8, 16 k), zeros where !xin (the lane's x row is past m: its
+ * column of B is zero). */
+template <int BITS> struct woq_xvec {
+    static constexpr int N = BITS == 4 ? 4 : 2;
+};
+
+template <int BITS>
+__device__ __forceinline__ void woq_load_xv(const uint4 *xc, bool xin, uint4 (&xv)[woq_xvec<BITS>::N])
+{
+#pragma unroll
+    for (int i = 0; i < woq_xvec<BITS>::N; i++)
+        xv[i] = xin ? __ldg(xc + i) : make_uint4(0, 0, 0, 0);
+}
+
 /* One chunk of a warp's 16 x RT weight rows: w holds the lane's 16 bytes
  * of rows g and g + 8 of each 16, sc and of their group's scale and
- * offset (MAG + z; int8: 17 MAG + 128), xc the lane's CK / 8 16-byte
- * vectors of x (read only where xin: else the lane's x row is past m and
- * its column of B is zero). The chunk's sums, scaled once, go into acc as
- * woq_tc_kernel's comment derives. */
-template <int XT, int BITS, int RT>
+ * offset (MAG + z; int8: 17 MAG + 128), xv the lane's x (woq_load_xv).
+ * The chunk's sums, scaled once, go into acc as woq_tc_kernel's comment
+ * derives. Σ x comes from a mma with ones for A, or (SUMROW) from the
+ * warp's last row (row 15 of the last 16), whose weight bytes are zero:
+ * its operands are all MAG, so its sums are MAG Σ x, exact to divide
+ * (lanes 28-31 hold it; a shuffle brings it to the others), which saves
+ * the mma with ones (2 of 6 mma a 16-row chunk). */
+template <int XT, int BITS, int RT, bool SUMROW>
 __device__ __forceinline__ void woq_tc_chunk(const uint4 (&w)[RT][2], const float (&sc)[RT][2],
-                                             const float (&of)[RT][2], const uint4 *xc, bool xin, uint32_t one,
-                                             uint32_t mask, uint32_t lo, uint32_t hi, float (&acc)[RT][4])
+                                             const float (&of)[RT][2], const uint4 (&xv)[woq_xvec<BITS>::N],
+                                             uint32_t one, uint32_t mask, uint32_t lo, uint32_t hi, float (&acc)[RT][4])
 {
     using T = woq_tc<XT>;
     float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
@@ -396,11 +414,13 @@ __device__ __forceinline__ void woq_tc_chunk(const uint4 (&w)[RT][2], const floa
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
-            const uint4 xv = xin ? __ldg(xc + i) : make_uint4(0, 0, 0, 0);
-            const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
-            const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
-            T::mma(dz, one, one, one, one, b0, b1);
-            T::mma(dz, one, one, one, one, b2, b3);
+            const uint4 v = xv[i];
+            const uint32_t b0 = __byte_perm(v.x, v.z, 0x5410), b1 = __byte_perm(v.x, v.z, 0x7632);
+            const uint32_t b2 = __byte_perm(v.y, v.w, 0x5410), b3 = __byte_perm(v.y, v.w, 0x7632);
+            if (!SUMROW) {
+                T::mma(dz, one, one, one, one, b0, b1);
+                T::mma(dz, one, one, one, one, b2, b3);
+            }
 #pragma unroll
             for (int rt = 0; rt < RT; rt++) {
                 const uint32_t wa = woq_word(w[rt][0], i), wb = woq_word(w[rt][1], i);
@@ -415,10 +435,11 @@ __device__ __forceinline__ void woq_tc_chunk(const uint4 (&w)[RT][2], const floa
         for (int i = 0; i < 4; i++) {
             /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
              * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
-            const uint4 xv = xin ? __ldg(xc + i / 2) : make_uint4(0, 0, 0, 0);
-            const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
+            const uint4 v = xv[i / 2];
+            const uint32_t xa = i & 1 ? v.z : v.x, xb = i & 1 ? v.w : v.y;
             const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
-            T::mma(dz, one, one, one, one, b0, b1);
+            if (!SUMROW)
+                T::mma(dz, one, one, one, one, b0, b1);
 #pragma unroll
             for (int rt = 0; rt < RT; rt++) {
                 const uint32_t wa = woq_word(w[rt][0], i), wb = woq_word(w[rt][1], i);
@@ -429,7 +450,14 @@ __device__ __forceinline__ void woq_tc_chunk(const uint4 (&w)[RT][2], const floa
             }
         }
     }
-    /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1) */
+    /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1); the sum
+     * row is row 15 of d[RT - 1] (its low nibbles for int8: MAG + 0), held
+     * by lane 28 + t as e 2 and 3 */
+    if (SUMROW) {
+        const int src = 28 + (int)(threadIdx.x & 3);
+        dz[0] = __shfl_sync(0xffffffffu, d[RT - 1][2], src) * (1.0f / T::MAG);
+        dz[1] = __shfl_sync(0xffffffffu, d[RT - 1][3], src) * (1.0f / T::MAG);
+    }
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -526,7 +554,9 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
         for (int e = 0; e < 4; e++)
             acc[rt][e] = 0.0f;
     auto process = [&](int u, int c) {
-        woq_tc_chunk<XT, BITS, RT>(buf[u], sb[u], ob[u], xr + (uint32_t)c * (CK / 8), true, one, mask, lo, hi, acc);
+        uint4 xv[woq_xvec<BITS>::N];
+        woq_load_xv<BITS>(xr + (uint32_t)c * (CK / 8), true, xv);
+        woq_tc_chunk<XT, BITS, RT, false>(buf[u], sb[u], ob[u], xv, one, mask, lo, hi, acc);
     };
     /* each slot is refilled with the chunk U ahead once used: no tests
      * while that chunk is inside the warp's run, then a tail with them */
@@ -598,13 +628,15 @@ template <int N> __device__ __forceinline__ void woq_cp_wait()
  * holding them in registers, and the next load never waits for ptxas's
  * placement of loads after the products (woq_tc_kernel's stall). The
  * group's scale and offset ride in registers beside each stage. A block
- * is `split` warps over one tile of 16 x RT rows, each a contiguous run
- * of its chunks; the launcher picks split so that the grid fits the GPU
- * in one wave where it can: every warp's first S chunks are requested
- * before the wait on the previous kernel, and no warp waits for a block
- * to retire. Lanes whose x row is past m load no x (zero columns of B).
- * Dynamic shared memory: split x S x RT KB of ring, then (split > 1) the
- * warps' partial sums. */
+ * is `split` warps over one tile of 16 x RT - 1 weight rows (the warp's
+ * last row is woq_tc_chunk's sum row: zeros in its ring slots, never
+ * loaded or stored), each a contiguous run of its chunks; the launcher
+ * picks split so that the grid fits the GPU in one wave where it can:
+ * every warp's first S chunks are requested before the wait on the
+ * previous kernel, and no warp waits for a block to retire. Lanes whose x
+ * row is past m load no x (zero columns of B); a chunk's x is requested
+ * before the wait for its weights. Dynamic shared memory: split x S x RT
+ * KB of ring, then (split > 1) the warps' partial sums. */
 template <int XT, int BITS, int RT>
 __global__ void __launch_bounds__(kPipeMaxSplit * 32)
     woq_pipe_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
@@ -612,15 +644,21 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32)
                     int32_t group)
 {
     using T = woq_tc<XT>;
-    constexpr int CK = BITS == 4 ? 128 : 64, S = kPipeStages / RT;
+    constexpr int CK = BITS == 4 ? 128 : 64, S = kPipeStages / RT, RR = 16 * RT - 1; /* rows a tile */
     extern __shared__ uint4 woq_smem[];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int64_t row_bytes = (int64_t)k * BITS / 8, ng = k / group, row0 = (int64_t)blockIdx.x * 16 * RT;
+    const int64_t row_bytes = (int64_t)k * BITS / 8, ng = k / group, row0 = (int64_t)blockIdx.x * RR;
     const int nch = k / CK, cpw = (nch + warps - 1) / warps;
     const int c0 = wid * cpw < nch ? wid * cpw : nch, c1 = c0 + cpw < nch ? c0 + cpw : nch;
-    /* stage u, row half (rt, h): 32 lanes x 16 bytes */
+    /* stage u, row half (rt, h): 32 lanes x 16 bytes; the sum row's slots
+     * (lanes 28-31 of the last half) hold zeros throughout */
     uint4 *ring = woq_smem + (size_t)wid * S * RT * 2 * 32 + lane;
+    const bool sum_lane = g == 7;
+    if (sum_lane)
+#pragma unroll
+        for (int u = 0; u < S; u++)
+            ring[((u * RT + RT - 1) * 2 + 1) * 32] = make_uint4(0, 0, 0, 0);
 
     const uint8_t *qr[RT][2], *zr[RT][2];
     const float *sr[RT][2];
@@ -628,14 +666,14 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32)
     for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            /* rows past n read the last row: loaded, never stored */
+            /* rows past n (and the sum row's scales) read the last row:
+             * loaded, never stored */
             const int64_t row = row0 + 16 * rt + 8 * h + g < n ? row0 + 16 * rt + 8 * h + g : n - 1;
             qr[rt][h] = woq_pin(q + row * row_bytes + t * 16);
             sr[rt][h] = woq_pin(scales + row * ng);
             zr[rt][h] = BITS == 4 ? woq_pin(zeros + row * ng) : zeros; /* int8 has none */
         }
-    const uint32_t one = woq_pin(T::ONE), mask = woq_pin(T::MASK), lo = woq_pin(T::MAGIC),
-                   hi = woq_pin(T::MAGIC ^ T::FLIP);
+    const uint32_t mask = woq_pin(T::MASK), lo = woq_pin(T::MAGIC), hi = woq_pin(T::MAGIC ^ T::FLIP);
     float sb[S][RT][2], ob[S][RT][2];
     const float off8 = 17.0f * T::MAG + 128.0f;
     /* chunks are requested in order: the group of the next one is counted
@@ -651,7 +689,8 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32)
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    woq_cp16(ring + ((u * RT + rt) * 2 + h) * 32, qr[rt][h] + (int64_t)c * 64);
+                    if (rt < RT - 1 || h == 0 || !sum_lane)
+                        woq_cp16(ring + ((u * RT + rt) * 2 + h) * 32, qr[rt][h] + (int64_t)c * 64);
                     sb[u][rt][h] = __ldg(sr[rt][h] + gl);
                     ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
                 }
@@ -680,15 +719,15 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32)
 #pragma unroll
         for (int u = 0; u < S; u++) {
             if (c + u < c1) {
+                uint4 xv[woq_xvec<BITS>::N], w[RT][2];
+                woq_load_xv<BITS>(xr + (int64_t)(c + u) * (CK / 8), xin, xv);
                 woq_cp_wait<S - 1>();
-                uint4 w[RT][2];
 #pragma unroll
                 for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++)
                         w[rt][h] = ring[((u * RT + rt) * 2 + h) * 32];
-                woq_tc_chunk<XT, BITS, RT>(w, sb[u], ob[u], xr + (int64_t)(c + u) * (CK / 8), xin, one, mask, lo, hi,
-                                           acc);
+                woq_tc_chunk<XT, BITS, RT, true>(w, sb[u], ob[u], xv, 0u, mask, lo, hi, acc);
                 /* the stage is free: its bytes went into the products above */
                 request(u, c + u + S);
             }
@@ -696,16 +735,15 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32)
     }
 
     /* d's layout: lane (g, t) holds rows g (e 0, 1) and g + 8 (e 2, 3) of
-     * each 16, x rows 2t + (e & 1) */
+     * each 16, x rows 2t + (e & 1); row RR is the sum row */
     if (warps == 1) {
 #pragma unroll
         for (int rt = 0; rt < RT; rt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int col = 2 * t + (e & 1);
-                const int64_t row = row0 + 16 * rt + g + 8 * (e >> 1);
-                if (col < m && row < n)
-                    kcu_store_float(y, XT, (int64_t)col * n + row, acc[rt][e]);
+                const int col = 2 * t + (e & 1), r = 16 * rt + g + 8 * (e >> 1);
+                if (col < m && r < RR && row0 + r < n)
+                    kcu_store_float(y, XT, (int64_t)col * n + row0 + r, acc[rt][e]);
             }
         return;
     }
@@ -718,13 +756,12 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32)
     __syncthreads();
     for (int i = threadIdx.x; i < RT * 4 * 32; i += blockDim.x) {
         const int l = i & 31, j = i >> 5, e = j & 3;
-        const int col = 2 * (l & 3) + (e & 1);
-        const int64_t row = row0 + 16 * (j >> 2) + (l >> 2) + 8 * (e >> 1);
-        if (col < m && row < n) {
+        const int col = 2 * (l & 3) + (e & 1), r = 16 * (j >> 2) + (l >> 2) + 8 * (e >> 1);
+        if (col < m && r < RR && row0 + r < n) {
             float v = 0.0f;
             for (int w = 0; w < warps; w++)
                 v += part[(w * RT * 4 + j) * 32 + l];
-            kcu_store_float(y, XT, (int64_t)col * n + row, v);
+            kcu_store_float(y, XT, (int64_t)col * n + row0 + r, v);
         }
     }
 }
@@ -878,14 +915,15 @@ cudaError_t woq_pipe_run(const void *x, const uint8_t *q, const float *scales, c
     return cudaLaunchKernelEx(&cfg, woq_pipe_kernel<XT, BITS, RT>, x, q, scales, zeros, y, m, n, k, group);
 }
 
-/* The pipelined GEMV: 32 rows a warp (half the x loads and mma with ones
- * per weight of 16) unless n is too small to give the GPU a wave of warps
- * with them; the k split doubles (up to 16 warps a block, each with 2
- * chunks or more) while the grid still fits the warps the GPU holds at
- * once: one wave, every warp's loads requested at its start. At the 8B
- * decode shapes (132 SMs of 16 warps, 2112): 28672 x 4096 int4 is 896
- * tiles of 32 rows x 2 warps of 16 chunks (int8: 32), 4096 x 14336 256
- * tiles of 16 rows x 8 warps of 14, 6144 x 4096 192 of 32 x 8 warps of 4. */
+/* The pipelined GEMV: 32 rows a warp (31 and the sum row: half the x
+ * loads and shuffles per weight of 16) unless n is too small to give the
+ * GPU a wave of warps with them; the k split is as many warps as still
+ * fit the warps the GPU holds at once (at most 16 a block, each with 2
+ * chunks or more, then as few as give the same run length): one wave,
+ * every warp's loads requested at its start. At the 8B decode shapes on
+ * an H200 (132 SMs of 16 warps, 2112): int4 28672 x 4096 is 925 tiles of
+ * 31 rows x 2 warps of 16 chunks (int8: 32), 4096 x 14336 133 x 14 warps
+ * of 8, 6144 x 4096 199 x 8 warps of 4. */
 template <int XT, int BITS>
 cudaError_t woq_pipe_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
                             int32_t m, int32_t n, int32_t k, int32_t group, int rt, cudaStream_t s)
@@ -895,19 +933,22 @@ cudaError_t woq_pipe_launch(const void *x, const uint8_t *q, const float *scales
     const int cap1 = woq_pipe_capacity<XT, BITS, 1>(&e), cap2 = woq_pipe_capacity<XT, BITS, 2>(&e);
     if (e != cudaSuccess)
         return e;
-    const int64_t nch = k / CK, tiles32 = ((int64_t)n + 31) / 32;
+    const int64_t nch = k / CK, tiles32 = ((int64_t)n + 30) / 31;
     if (rt == 0)
         rt = tiles32 * kPipeMaxSplit >= cap2 ? 2 : 1;
-    const int64_t tiles = rt == 2 ? tiles32 : ((int64_t)n + 15) / 16, cap = rt == 2 ? cap2 : cap1;
-    int split = 1;
-    while (split < kPipeMaxSplit && tiles * split * 2 <= cap && nch >= 4 * split)
-        split *= 2;
+    const int64_t tiles = rt == 2 ? tiles32 : ((int64_t)n + 14) / 15, cap = rt == 2 ? cap2 : cap1;
+    int64_t split = cap / tiles;
+    split = split < nch / 2 ? split : nch / 2;
+    split = split < kPipeMaxSplit ? split : kPipeMaxSplit;
+    split = split > 1 ? split : 1;
+    const int64_t cpw = (nch + split - 1) / split;
+    split = (nch + cpw - 1) / cpw;
     const char *env = getenv("KILN_WOQ_GEMV_SPLIT");
     if (env && atoi(env) >= 1 && atoi(env) <= kPipeMaxSplit)
         split = atoi(env);
     if (rt == 2)
-        return woq_pipe_run<XT, BITS, 2>(x, q, scales, zeros, y, m, n, k, group, tiles, split, s);
-    return woq_pipe_run<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, tiles, split, s);
+        return woq_pipe_run<XT, BITS, 2>(x, q, scales, zeros, y, m, n, k, group, tiles, (int)split, s);
+    return woq_pipe_run<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, tiles, (int)split, s);
 }
 
 /* The tensor-core GEMV: 32 rows a warp (fewer x loads and mma with ones

@@ -701,11 +701,11 @@ static void test_woq(void)
             p->ops->destroy(p);
         }
     /* the decode GEMV at the 8B engine's layer sizes, where the pipelined
-     * one picks its shape as on the real layers (an H200's 132 SMs): n not
-     * a multiple of 32, 4500 past a wave of 16-row tiles (32 rows a warp,
-     * k split over 8 warps) and 1000 (16 rows a warp, k 14336 split over
-     * 16); int4 g128 and int8 per channel; T 1, 2, 4 and 8, bf16 and f16;
-     * and the other row count at T 1 and 8 (bf16) */
+     * one picks its shape as on the real layers (on an H200: n 4500 is 146
+     * tiles of 31 rows with k split over 11 warps, 1000 is 67 tiles of 15
+     * rows with k 14336 over 16); n not a multiple of either tile; int4
+     * g128 and int8 per channel; T 1, 2, 4 and 8, bf16 and f16; and the
+     * other tile at T 1 and 8 (bf16) */
     const int32_t decode[][2] = {{4500, 4096}, {1000, 14336}};
     const char *const forced[] = {"pipe16", "pipe32"};
     const int64_t dts[] = {1, 2, 4, 8};
