@@ -638,7 +638,7 @@ template <int N> __device__ __forceinline__ void woq_cp_wait()
  * before the wait for its weights. Dynamic shared memory: split x S x RT
  * KB of ring, then (split > 1) the warps' partial sums. */
 template <int XT, int BITS, int RT>
-__global__ void __launch_bounds__(kPipeMaxSplit * 32)
+__global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
     woq_pipe_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
                     const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
                     int32_t group)
