@@ -13,10 +13,11 @@
  * Here a 4-bit value becomes a 16-bit float operand with a shift and one
  * LOP3 per two weights (placed into the mantissa of a power of two, so the
  * operand is exactly MAG + v), and one mma.m16n8k16 multiplies 16 weight
- * rows by 16 k by the 8 rows of x (B; columns past m are zero, or in
- * woq_tc_kernel repeat row 0, and are not stored) with f32 accumulation:
- * about 2.3 instructions a weight in the loop (SASS: 149 for a lane's
- * chunk of 2 x 32 int4 weights). The offset MAG and the zero point are
+ * rows by 16 k by the 8 rows of x (B; rows past m repeat row 0 and are
+ * not stored) with f32 accumulation: about 2.3 instructions a weight in
+ * woq_tc_kernel's loop (SASS: 149 for a lane's chunk of 2 x 32 int4
+ * weights), about 2 in woq_pipe_kernel's with 32 rows a warp (249 for 4 x
+ * 32 weights). The offset MAG and the zero point are
  * taken out per chunk in f32 with Σ x, which a mma with ones for A gives
  * (woq_pipe_kernel: a row of zero weights in the tile, whose sums are
  * MAG Σ x), and the group's scale multiplies the chunk's sum. Precision: x keeps its own 16 bits and the weight operands
@@ -375,18 +376,16 @@ __device__ __forceinline__ uint32_t woq_word(const uint4 &v, int i)
 }
 
 /* The lane's x for a chunk: CK / 8 16-byte vectors at xc (4 for int4, 32
- * k; 2 for int8, 16 k), zeros where !xin (the lane's x row is past m: its
- * column of B is zero). */
+ * k; 2 for int8, 16 k). */
 template <int BITS> struct woq_xvec {
     static constexpr int N = BITS == 4 ? 4 : 2;
 };
 
-template <int BITS>
-__device__ __forceinline__ void woq_load_xv(const uint4 *xc, bool xin, uint4 (&xv)[woq_xvec<BITS>::N])
+template <int BITS> __device__ __forceinline__ void woq_load_xv(const uint4 *xc, uint4 (&xv)[woq_xvec<BITS>::N])
 {
 #pragma unroll
     for (int i = 0; i < woq_xvec<BITS>::N; i++)
-        xv[i] = xin ? __ldg(xc + i) : make_uint4(0, 0, 0, 0);
+        xv[i] = __ldg(xc + i);
 }
 
 /* One chunk of a warp's 16 x RT weight rows: w holds the lane's 16 bytes
@@ -555,7 +554,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
             acc[rt][e] = 0.0f;
     auto process = [&](int u, int c) {
         uint4 xv[woq_xvec<BITS>::N];
-        woq_load_xv<BITS>(xr + (uint32_t)c * (CK / 8), true, xv);
+        woq_load_xv<BITS>(xr + (uint32_t)c * (CK / 8), xv);
         woq_tc_chunk<XT, BITS, RT, false>(buf[u], sb[u], ob[u], xv, one, mask, lo, hi, acc);
     };
     /* each slot is refilled with the chunk U ahead once used: no tests
@@ -633,10 +632,9 @@ template <int N> __device__ __forceinline__ void woq_cp_wait()
  * loaded or stored), each a contiguous run of its chunks; the launcher
  * picks split so that the grid fits the GPU in one wave where it can:
  * every warp's first S chunks are requested before the wait on the
- * previous kernel, and no warp waits for a block to retire. Lanes whose x
- * row is past m load no x (zero columns of B); a chunk's x is requested
- * before the wait for its weights. Dynamic shared memory: split x S x RT
- * KB of ring, then (split > 1) the warps' partial sums. */
+ * previous kernel, and no warp waits for a block to retire. A chunk's x
+ * is requested before the wait for its weights. Dynamic shared memory:
+ * split x S x RT KB of ring, then (split > 1) the warps' partial sums. */
 template <int XT, int BITS, int RT>
 __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
     woq_pipe_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
@@ -706,9 +704,11 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
         request(u, c0 + u);
     kcu_after_prior(x, y, k, n);
 
-    const bool xin = g < m;
+    /* lanes whose x row is past m read row 0 (the same 64 bytes as its own
+     * lanes: no more L1 traffic than skipping it); their columns of the
+     * products are not stored */
     const uint4 *xr =
-        woq_pin(reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(xin ? g : 0) * k + t * (CK / 4)));
+        woq_pin(reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(g < m ? g : 0) * k + t * (CK / 4)));
     float acc[RT][4];
 #pragma unroll
     for (int rt = 0; rt < RT; rt++)
@@ -720,7 +720,7 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
         for (int u = 0; u < S; u++) {
             if (c + u < c1) {
                 uint4 xv[woq_xvec<BITS>::N], w[RT][2];
-                woq_load_xv<BITS>(xr + (int64_t)(c + u) * (CK / 8), xin, xv);
+                woq_load_xv<BITS>(xr + (int64_t)(c + u) * (CK / 8), xv);
                 woq_cp_wait<S - 1>();
 #pragma unroll
                 for (int rt = 0; rt < RT; rt++)
