@@ -870,32 +870,60 @@ static size_t woq_pipe_smem(int warps, int rt)
 
 constexpr int kPipeMaxDevices = 16;
 
-/* How many warps of woq_pipe_kernel<XT, BITS, RT> the GPU holds at once
- * (as blocks of 4 warps); the first call on a device also lets the kernel
- * use shared memory past the default 48 KB. 0 and *err set on failure. */
-template <int XT, int BITS, int RT> static int woq_pipe_capacity(cudaError_t *err)
+/* How many blocks of 1 to kPipeMaxSplit warps of a pipelined kernel one
+ * SM holds at once (bps[warps]), and the SMs. */
+struct woq_pipe_occ {
+    int sms;
+    int bps[kPipeMaxSplit + 1];
+};
+
+/* woq_pipe_occ of woq_pipe_kernel<XT, BITS, RT> on the current device,
+ * found once a device (the first call also lets the kernel use shared
+ * memory past the default 48 KB); sms 0 and *err set on failure. */
+template <int XT, int BITS, int RT> static woq_pipe_occ woq_pipe_occupancy(cudaError_t *err)
 {
-    static int cap[kPipeMaxDevices];
-    int dev = 0, sms = 0, blocks = 0;
+    static woq_pipe_occ known[kPipeMaxDevices];
+    woq_pipe_occ o = {};
+    int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess && dev >= 0 && dev < kPipeMaxDevices && cap[dev] > 0)
-        return cap[dev];
+    if (e == cudaSuccess && dev >= 0 && dev < kPipeMaxDevices && known[dev].sms > 0)
+        return known[dev];
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(woq_pipe_kernel<XT, BITS, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)woq_pipe_smem(kPipeMaxSplit, RT));
     if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e == cudaSuccess)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, woq_pipe_kernel<XT, BITS, RT>, 128,
-                                                          woq_pipe_smem(4, RT));
+        e = cudaDeviceGetAttribute(&o.sms, cudaDevAttrMultiProcessorCount, dev);
+    for (int w = 1; w <= kPipeMaxSplit && e == cudaSuccess; w++)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.bps[w], woq_pipe_kernel<XT, BITS, RT>, w * 32,
+                                                          woq_pipe_smem(w, RT));
     if (e != cudaSuccess) {
         *err = e;
-        return 0;
+        return woq_pipe_occ{};
     }
-    const int c = sms * blocks * 4 > 0 ? sms * blocks * 4 : 1;
     if (dev >= 0 && dev < kPipeMaxDevices)
-        cap[dev] = c;
-    return c;
+        known[dev] = o;
+    return o;
+}
+
+/* The k split of `tiles` blocks over nch chunks: the most warps a block
+ * (at most kPipeMaxSplit, each with 2 chunks or more) with which every
+ * block is resident at once, then as few as give the same run length
+ * (1 where even single warps take more than one wave). */
+static int woq_pipe_split(const woq_pipe_occ &o, int64_t tiles, int64_t nch)
+{
+    int64_t split = 1;
+    for (int w = 2; w <= kPipeMaxSplit && w <= nch / 2; w++)
+        if (tiles <= (int64_t)o.bps[w] * o.sms)
+            split = w;
+    const int64_t cpw = (nch + split - 1) / split;
+    return (int)((nch + cpw - 1) / cpw);
+}
+
+/* Warps resident at once with `split` warps a block over `tiles` blocks. */
+static int64_t woq_pipe_warps(const woq_pipe_occ &o, int64_t tiles, int split)
+{
+    const int64_t fit = (int64_t)o.bps[split] * o.sms;
+    return (tiles < fit ? tiles : fit) * split;
 }
 
 template <int XT, int BITS, int RT>
@@ -915,40 +943,38 @@ cudaError_t woq_pipe_run(const void *x, const uint8_t *q, const float *scales, c
     return cudaLaunchKernelEx(&cfg, woq_pipe_kernel<XT, BITS, RT>, x, q, scales, zeros, y, m, n, k, group);
 }
 
-/* The pipelined GEMV: 32 rows a warp (31 and the sum row: half the x
- * loads and shuffles per weight of 16) unless n is too small to give the
- * GPU a wave of warps with them; the k split is as many warps as still
- * fit the warps the GPU holds at once (at most 16 a block, each with 2
- * chunks or more, then as few as give the same run length): one wave,
- * every warp's loads requested at its start. At the 8B decode shapes on
- * an H200 (132 SMs of 16 warps, 2112): int4 28672 x 4096 is 925 tiles of
- * 31 rows x 2 warps of 16 chunks (int8: 32), 4096 x 14336 133 x 14 warps
- * of 8, 6144 x 4096 199 x 8 warps of 4. */
+/* The pipelined GEMV with its tile (31 rows a warp and the sum row, or 15
+ * and it) and k split (woq_pipe_split): one wave of blocks, so that every
+ * warp's first loads are requested at its start and none waits for a
+ * block to retire (a block of the second wave would stream its tile alone
+ * after the first: the launch's time twice over). 32-row tiles issue
+ * about 2/3 of the instructions a weight byte of 16-row ones (half the x
+ * loads, byte permutes and shuffles a weight); 16-row ones are taken
+ * where they give 1.5 times the warps (bytes in flight) or more. On an
+ * H200 (132 SMs; 128 registers a thread with 32 rows, 100 with 16): int4
+ * 28672 x 4096 is 925 tiles of 31 rows x 2 warps of 16 chunks (int8 32),
+ * 6144 x 4096 199 x 8 warps of 4, 4096 x 14336 274 tiles of 15 rows x 6
+ * warps of 19 (of 31 rows: 133 x 8 warps, 1,064 warps against 1,644). */
 template <int XT, int BITS>
 cudaError_t woq_pipe_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
                             int32_t m, int32_t n, int32_t k, int32_t group, int rt, cudaStream_t s)
 {
     constexpr int CK = BITS == 4 ? 128 : 64;
     cudaError_t e = cudaSuccess;
-    const int cap1 = woq_pipe_capacity<XT, BITS, 1>(&e), cap2 = woq_pipe_capacity<XT, BITS, 2>(&e);
+    const woq_pipe_occ o1 = woq_pipe_occupancy<XT, BITS, 1>(&e), o2 = woq_pipe_occupancy<XT, BITS, 2>(&e);
     if (e != cudaSuccess)
         return e;
-    const int64_t nch = k / CK, tiles32 = ((int64_t)n + 30) / 31;
+    const int64_t nch = k / CK, tiles1 = ((int64_t)n + 14) / 15, tiles2 = ((int64_t)n + 30) / 31;
+    const int split1 = woq_pipe_split(o1, tiles1, nch), split2 = woq_pipe_split(o2, tiles2, nch);
     if (rt == 0)
-        rt = tiles32 * kPipeMaxSplit >= cap2 ? 2 : 1;
-    const int64_t tiles = rt == 2 ? tiles32 : ((int64_t)n + 14) / 15, cap = rt == 2 ? cap2 : cap1;
-    int64_t split = cap / tiles;
-    split = split < nch / 2 ? split : nch / 2;
-    split = split < kPipeMaxSplit ? split : kPipeMaxSplit;
-    split = split > 1 ? split : 1;
-    const int64_t cpw = (nch + split - 1) / split;
-    split = (nch + cpw - 1) / cpw;
+        rt = 2 * woq_pipe_warps(o1, tiles1, split1) >= 3 * woq_pipe_warps(o2, tiles2, split2) ? 1 : 2;
+    int split = rt == 2 ? split2 : split1;
     const char *env = getenv("KILN_WOQ_GEMV_SPLIT");
     if (env && atoi(env) >= 1 && atoi(env) <= kPipeMaxSplit)
         split = atoi(env);
     if (rt == 2)
-        return woq_pipe_run<XT, BITS, 2>(x, q, scales, zeros, y, m, n, k, group, tiles, (int)split, s);
-    return woq_pipe_run<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, tiles, (int)split, s);
+        return woq_pipe_run<XT, BITS, 2>(x, q, scales, zeros, y, m, n, k, group, tiles2, split, s);
+    return woq_pipe_run<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, tiles1, split, s);
 }
 
 /* The tensor-core GEMV: 32 rows a warp (fewer x loads and mma with ones

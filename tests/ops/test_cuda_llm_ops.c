@@ -701,12 +701,13 @@ static void test_woq(void)
             p->ops->destroy(p);
         }
     /* the decode GEMV at the 8B engine's layer sizes, where the pipelined
-     * one picks its shape as on the real layers (on an H200: n 4500 is 146
-     * tiles of 31 rows with k split over 11 warps, 1000 is 67 tiles of 15
-     * rows with k 14336 over 16); n not a multiple of either tile; int4
-     * g128 and int8 per channel; T 1, 2, 4 and 8, bf16 and f16; and the
-     * other tile at T 1 and 8 (bf16) */
-    const int32_t decode[][2] = {{4500, 4096}, {1000, 14336}};
+     * one picks its tile and k split as on the real layers (on an H200,
+     * int4: n 6000 is 194 tiles of 31 rows with k split over 8 warps, as
+     * the qkv projection; 1000 is 67 tiles of 15 rows with k 14336 over
+     * 16); n not a multiple of either tile; int4 g128 and int8 per
+     * channel; T 1, 2, 4 and 8, bf16 and f16; and the other tile at T 1 and
+     * 8 (bf16) */
+    const int32_t decode[][2] = {{6000, 4096}, {1000, 14336}};
     const char *const forced[] = {"pipe16", "pipe32"};
     const int64_t dts[] = {1, 2, 4, 8};
     for (size_t bi = 0; bi < 2; bi++)
