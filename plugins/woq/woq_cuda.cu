@@ -897,6 +897,7 @@ template <int XT, int BITS, int RT> static woq_pipe_occ woq_pipe_occupancy(cudaE
         e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.bps[w], woq_pipe_kernel<XT, BITS, RT>, w * 32,
                                                           woq_pipe_smem(w, RT));
     if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported through *err, not to the next launch's check */
         *err = e;
         return woq_pipe_occ{};
     }
@@ -1110,6 +1111,20 @@ extern "C" int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, 
     const float *sc = (const float *)scales;
     return bits == 4 ? woq_dispatch<4>(dtype, x, qb, sc, zb, y, rows, n, k, group, workspace, workspace_size, s)
                      : woq_dispatch<8>(dtype, x, qb, sc, zb, y, rows, n, k, group, workspace, workspace_size, s);
+}
+
+extern "C" int kiln_woq_cuda_init(void)
+{
+    cudaError_t e = cudaSuccess;
+    (void)woq_pipe_occupancy<KILN_DTYPE_BF16, 4, 1>(&e);
+    (void)woq_pipe_occupancy<KILN_DTYPE_BF16, 4, 2>(&e);
+    (void)woq_pipe_occupancy<KILN_DTYPE_BF16, 8, 1>(&e);
+    (void)woq_pipe_occupancy<KILN_DTYPE_BF16, 8, 2>(&e);
+    (void)woq_pipe_occupancy<KILN_DTYPE_F16, 4, 1>(&e);
+    (void)woq_pipe_occupancy<KILN_DTYPE_F16, 4, 2>(&e);
+    (void)woq_pipe_occupancy<KILN_DTYPE_F16, 8, 1>(&e);
+    (void)woq_pipe_occupancy<KILN_DTYPE_F16, 8, 2>(&e);
+    return (int)e;
 }
 
 extern "C" const char *kiln_woq_cuda_error(int code)
