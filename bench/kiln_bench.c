@@ -133,7 +133,7 @@ typedef struct result {
     char error[512];
 } result;
 
-#define MAX_RESULTS 80
+#define MAX_RESULTS 96
 static result results[MAX_RESULTS];
 static int n_results;
 static json_t *json_out;
@@ -890,6 +890,24 @@ int main(int argc, char **argv)
             int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
                                  : fail("no copy bandwidth to compare with");
             unsetenv("KILN_WOQ_GEMV_SPLIT");
+            if (st)
+                snprintf(r->error, sizeof r->error, "%s", failure);
+            r->meets = 1;
+        }
+
+    /* and whether its tiles carry the sum row (KILN_WOQ_GEMV_SUMROW) */
+    static const char *const woq_sr[] = {"0", "1"};
+    static char sr_names[3][2][72];
+    for (size_t i = 0; i < 3; i++)
+        for (size_t v = 0; v < 2; v++) {
+            char *name = sr_names[i][v];
+            snprintf(name, sizeof sr_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_SUMROW=%s",
+                     (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_sr[v]);
+            result *r = new_result(name, "(A/B)");
+            setenv("KILN_WOQ_GEMV_SUMROW", woq_sr[v], 1);
+            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
+                                 : fail("no copy bandwidth to compare with");
+            unsetenv("KILN_WOQ_GEMV_SUMROW");
             if (st)
                 snprintf(r->error, sizeof r->error, "%s", failure);
             r->meets = 1;

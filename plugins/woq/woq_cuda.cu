@@ -627,22 +627,22 @@ template <int N> __device__ __forceinline__ void woq_cp_wait()
  * holding them in registers, and the next load never waits for ptxas's
  * placement of loads after the products (woq_tc_kernel's stall). The
  * group's scale and offset ride in registers beside each stage. A block
- * is `split` warps over one tile of 16 x RT - 1 weight rows (the warp's
- * last row is woq_tc_chunk's sum row: zeros in its ring slots, never
- * loaded or stored), each a contiguous run of its chunks; the launcher
+ * is `split` warps over one tile of 16 x RT weight rows, or (SR) 16 x RT
+ * - 1 and woq_tc_chunk's sum row (zeros in its ring slots, never loaded
+ * or stored), each a contiguous run of its chunks; the launcher
  * picks split so that the grid fits the GPU in one wave where it can:
  * every warp's first S chunks are requested before the wait on the
  * previous kernel, and no warp waits for a block to retire. A chunk's x
  * is requested before the wait for its weights. Dynamic shared memory:
  * split x S x RT KB of ring, then (split > 1) the warps' partial sums. */
-template <int XT, int BITS, int RT>
+template <int XT, int BITS, int RT, bool SR>
 __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
     woq_pipe_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
                     const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
                     int32_t group)
 {
     using T = woq_tc<XT>;
-    constexpr int CK = BITS == 4 ? 128 : 64, S = kPipeStages / RT, RR = 16 * RT - 1; /* rows a tile */
+    constexpr int CK = BITS == 4 ? 128 : 64, S = kPipeStages / RT, RR = 16 * RT - SR; /* rows a tile */
     extern __shared__ uint4 woq_smem[];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int g = lane >> 2, t = lane & 3;
@@ -652,7 +652,7 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
     /* stage u, row half (rt, h): 32 lanes x 16 bytes; the sum row's slots
      * (lanes 28-31 of the last half) hold zeros throughout */
     uint4 *ring = woq_smem + (size_t)wid * S * RT * 2 * 32 + lane;
-    const bool sum_lane = g == 7;
+    const bool sum_lane = SR && g == 7;
     if (sum_lane)
 #pragma unroll
         for (int u = 0; u < S; u++)
@@ -671,7 +671,8 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
             sr[rt][h] = woq_pin(scales + row * ng);
             zr[rt][h] = BITS == 4 ? woq_pin(zeros + row * ng) : zeros; /* int8 has none */
         }
-    const uint32_t mask = woq_pin(T::MASK), lo = woq_pin(T::MAGIC), hi = woq_pin(T::MAGIC ^ T::FLIP);
+    const uint32_t mask = woq_pin(T::MASK), lo = woq_pin(T::MAGIC), hi = woq_pin(T::MAGIC ^ T::FLIP),
+                   one = SR ? 0u : woq_pin(T::ONE);
     float sb[S][RT][2], ob[S][RT][2];
     const float off8 = 17.0f * T::MAG + 128.0f;
     /* chunks are requested in order: the group of the next one is counted
@@ -727,7 +728,7 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
 #pragma unroll
                     for (int h = 0; h < 2; h++)
                         w[rt][h] = ring[((u * RT + rt) * 2 + h) * 32];
-                woq_tc_chunk<XT, BITS, RT, true>(w, sb[u], ob[u], xv, 0u, mask, lo, hi, acc);
+                woq_tc_chunk<XT, BITS, RT, SR>(w, sb[u], ob[u], xv, one, mask, lo, hi, acc);
                 /* the stage is free: its bytes went into the products above */
                 request(u, c + u + S);
             }
@@ -735,7 +736,7 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
     }
 
     /* d's layout: lane (g, t) holds rows g (e 0, 1) and g + 8 (e 2, 3) of
-     * each 16, x rows 2t + (e & 1); row RR is the sum row */
+     * each 16, x rows 2t + (e & 1); row RR is the sum row (SR) */
     if (warps == 1) {
 #pragma unroll
         for (int rt = 0; rt < RT; rt++)
@@ -843,6 +844,8 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
  * one (woq_pipe_kernel) with that many rows a warp; else (unset) the
  * pipelined one with its choice of rows. KILN_WOQ_GEMV_SPLIT (1 to 16)
  * sets either tensor-core one's warps a block (its k split),
+ * KILN_WOQ_GEMV_SUMROW (0 or 1) whether the pipelined one's tiles carry
+ * the sum row (woq_pipe_launch),
  * KILN_WOQ_GEMV_PREFETCH the older one's L2 prefetch distance in chunks
  * (0: none, at most 64). Read at each launch (a graph keeps what its
  * capture chose). */
@@ -877,10 +880,10 @@ struct woq_pipe_occ {
     int bps[kPipeMaxSplit + 1];
 };
 
-/* woq_pipe_occ of woq_pipe_kernel<XT, BITS, RT> on the current device,
+/* woq_pipe_occ of woq_pipe_kernel<XT, BITS, RT, SR> on the current device,
  * found once a device (the first call also lets the kernel use shared
  * memory past the default 48 KB); sms 0 and *err set on failure. */
-template <int XT, int BITS, int RT> static woq_pipe_occ woq_pipe_occupancy(cudaError_t *err)
+template <int XT, int BITS, int RT, bool SR> static woq_pipe_occ woq_pipe_occupancy(cudaError_t *err)
 {
     static woq_pipe_occ known[kPipeMaxDevices];
     woq_pipe_occ o = {};
@@ -889,12 +892,12 @@ template <int XT, int BITS, int RT> static woq_pipe_occ woq_pipe_occupancy(cudaE
     if (e == cudaSuccess && dev >= 0 && dev < kPipeMaxDevices && known[dev].sms > 0)
         return known[dev];
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(woq_pipe_kernel<XT, BITS, RT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        e = cudaFuncSetAttribute(woq_pipe_kernel<XT, BITS, RT, SR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)woq_pipe_smem(kPipeMaxSplit, RT));
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&o.sms, cudaDevAttrMultiProcessorCount, dev);
     for (int w = 1; w <= kPipeMaxSplit && e == cudaSuccess; w++)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.bps[w], woq_pipe_kernel<XT, BITS, RT>, w * 32,
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.bps[w], woq_pipe_kernel<XT, BITS, RT, SR>, w * 32,
                                                           woq_pipe_smem(w, RT));
     if (e != cudaSuccess) {
         (void)cudaGetLastError(); /* reported through *err, not to the next launch's check */
@@ -927,7 +930,7 @@ static int64_t woq_pipe_warps(const woq_pipe_occ &o, int64_t tiles, int split)
     return (tiles < fit ? tiles : fit) * split;
 }
 
-template <int XT, int BITS, int RT>
+template <int XT, int BITS, int RT, bool SR>
 cudaError_t woq_pipe_run(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int32_t m,
                          int32_t n, int32_t k, int32_t group, int64_t tiles, int split, cudaStream_t s)
 {
@@ -941,41 +944,67 @@ cudaError_t woq_pipe_run(const void *x, const uint8_t *q, const float *scales, c
     cfg.stream = s;
     cfg.attrs = attr;
     cfg.numAttrs = kcu_pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, woq_pipe_kernel<XT, BITS, RT>, x, q, scales, zeros, y, m, n, k, group);
+    return cudaLaunchKernelEx(&cfg, woq_pipe_kernel<XT, BITS, RT, SR>, x, q, scales, zeros, y, m, n, k, group);
 }
 
-/* The pipelined GEMV with its tile (31 rows a warp and the sum row, or 15
- * and it) and k split (woq_pipe_split): one wave of blocks, so that every
- * warp's first loads are requested at its start and none waits for a
- * block to retire (a block of the second wave would stream its tile alone
- * after the first: the launch's time twice over). 32-row tiles issue
- * about 2/3 of the instructions a weight byte of 16-row ones (half the x
- * loads, byte permutes and shuffles a weight); 16-row ones are taken
- * where they give 1.5 times the warps (bytes in flight) or more. On an
- * H200 (132 SMs; 128 registers a thread with 32 rows, 100 with 16): int4
- * 28672 x 4096 is 925 tiles of 31 rows x 2 warps of 16 chunks (int8 32),
- * 6144 x 4096 199 x 8 warps of 4, 4096 x 14336 274 tiles of 15 rows x 6
- * warps of 19 (of 31 rows: 133 x 8 warps, 1,064 warps against 1,644). */
+/* The pipelined GEMV with its tile and k split (woq_pipe_split): one
+ * wave of blocks, so that every warp's first loads are requested at its
+ * start and none waits for a block to retire (a block of a second wave
+ * would stream its tile alone after the first: the launch's time twice
+ * over). 32 rows a warp issue about 4/5 of the instructions a weight byte
+ * of 16 (half the x loads, byte permutes and Σ x a weight; SASS: 249
+ * against 156 a 16-row chunk for int4), so 16 are taken only where they
+ * give twice the warps (bytes in flight) or more. The sum row (SR) saves
+ * a third of the mma, but where its extra tiles cost warps (n 4096: 133
+ * tiles of 31 rows fit one 8-warp block an SM, 128 of 32 one of 16) the
+ * tile is whole; KILN_WOQ_GEMV_SUMROW=0 or 1 forces it. On an H200 (132
+ * SMs): int4 28672 x 4096 is 925 tiles of 31 rows x 2 warps of 16
+ * chunks, 6144 x 4096 199 x 8 warps of 4, 4096 x 14336 128 tiles of 32
+ * rows x 16 warps of 7. */
+template <int XT, int BITS, bool SR>
+cudaError_t woq_pipe_rt(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int32_t m,
+                        int32_t n, int32_t k, int32_t group, int rt, int64_t tiles, int split, cudaStream_t s)
+{
+    if (rt == 2)
+        return woq_pipe_run<XT, BITS, 2, SR>(x, q, scales, zeros, y, m, n, k, group, tiles, split, s);
+    return woq_pipe_run<XT, BITS, 1, SR>(x, q, scales, zeros, y, m, n, k, group, tiles, split, s);
+}
+
 template <int XT, int BITS>
 cudaError_t woq_pipe_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
                             int32_t m, int32_t n, int32_t k, int32_t group, int rt, cudaStream_t s)
 {
     constexpr int CK = BITS == 4 ? 128 : 64;
     cudaError_t e = cudaSuccess;
-    const woq_pipe_occ o1 = woq_pipe_occupancy<XT, BITS, 1>(&e), o2 = woq_pipe_occupancy<XT, BITS, 2>(&e);
+    /* [16- or 32-row tiles][without, with the sum row] */
+    const woq_pipe_occ occ[2][2] = {
+        {woq_pipe_occupancy<XT, BITS, 1, false>(&e), woq_pipe_occupancy<XT, BITS, 1, true>(&e)},
+        {woq_pipe_occupancy<XT, BITS, 2, false>(&e), woq_pipe_occupancy<XT, BITS, 2, true>(&e)}};
     if (e != cudaSuccess)
         return e;
-    const int64_t nch = k / CK, tiles1 = ((int64_t)n + 14) / 15, tiles2 = ((int64_t)n + 30) / 31;
-    const int split1 = woq_pipe_split(o1, tiles1, nch), split2 = woq_pipe_split(o2, tiles2, nch);
+    const int64_t nch = k / CK;
+    int64_t tiles[2][2], warps[2][2];
+    int split[2][2];
+    for (int r = 0; r < 2; r++)
+        for (int sr = 0; sr < 2; sr++) {
+            const int64_t rows = 16 * (r + 1) - sr;
+            tiles[r][sr] = ((int64_t)n + rows - 1) / rows;
+            split[r][sr] = woq_pipe_split(occ[r][sr], tiles[r][sr], nch);
+            warps[r][sr] = woq_pipe_warps(occ[r][sr], tiles[r][sr], split[r][sr]);
+        }
+    const char *env_sr = getenv("KILN_WOQ_GEMV_SUMROW"), *env_split = getenv("KILN_WOQ_GEMV_SPLIT");
+    int sr1 = warps[0][1] >= warps[0][0], sr2 = warps[1][1] >= warps[1][0];
+    if (env_sr && (!strcmp(env_sr, "0") || !strcmp(env_sr, "1")))
+        sr1 = sr2 = env_sr[0] == '1';
     if (rt == 0)
-        rt = 2 * woq_pipe_warps(o1, tiles1, split1) >= 3 * woq_pipe_warps(o2, tiles2, split2) ? 1 : 2;
-    int split = rt == 2 ? split2 : split1;
-    const char *env = getenv("KILN_WOQ_GEMV_SPLIT");
-    if (env && atoi(env) >= 1 && atoi(env) <= kPipeMaxSplit)
-        split = atoi(env);
-    if (rt == 2)
-        return woq_pipe_run<XT, BITS, 2>(x, q, scales, zeros, y, m, n, k, group, tiles2, split, s);
-    return woq_pipe_run<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, tiles1, split, s);
+        rt = warps[0][sr1] >= 2 * warps[1][sr2] ? 1 : 2;
+    const int sr = rt == 2 ? sr2 : sr1;
+    int sp = split[rt - 1][sr];
+    if (env_split && atoi(env_split) >= 1 && atoi(env_split) <= kPipeMaxSplit)
+        sp = atoi(env_split);
+    if (sr)
+        return woq_pipe_rt<XT, BITS, true>(x, q, scales, zeros, y, m, n, k, group, rt, tiles[rt - 1][1], sp, s);
+    return woq_pipe_rt<XT, BITS, false>(x, q, scales, zeros, y, m, n, k, group, rt, tiles[rt - 1][0], sp, s);
 }
 
 /* The tensor-core GEMV: 32 rows a warp (fewer x loads and mma with ones
@@ -1113,17 +1142,22 @@ extern "C" int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, 
                      : woq_dispatch<8>(dtype, x, qb, sc, zb, y, rows, n, k, group, workspace, workspace_size, s);
 }
 
+/* Every pipelined GEMV's set-up for one x dtype and width. */
+template <int XT, int BITS> static void woq_pipe_init(cudaError_t *e)
+{
+    (void)woq_pipe_occupancy<XT, BITS, 1, false>(e);
+    (void)woq_pipe_occupancy<XT, BITS, 1, true>(e);
+    (void)woq_pipe_occupancy<XT, BITS, 2, false>(e);
+    (void)woq_pipe_occupancy<XT, BITS, 2, true>(e);
+}
+
 extern "C" int kiln_woq_cuda_init(void)
 {
     cudaError_t e = cudaSuccess;
-    (void)woq_pipe_occupancy<KILN_DTYPE_BF16, 4, 1>(&e);
-    (void)woq_pipe_occupancy<KILN_DTYPE_BF16, 4, 2>(&e);
-    (void)woq_pipe_occupancy<KILN_DTYPE_BF16, 8, 1>(&e);
-    (void)woq_pipe_occupancy<KILN_DTYPE_BF16, 8, 2>(&e);
-    (void)woq_pipe_occupancy<KILN_DTYPE_F16, 4, 1>(&e);
-    (void)woq_pipe_occupancy<KILN_DTYPE_F16, 4, 2>(&e);
-    (void)woq_pipe_occupancy<KILN_DTYPE_F16, 8, 1>(&e);
-    (void)woq_pipe_occupancy<KILN_DTYPE_F16, 8, 2>(&e);
+    woq_pipe_init<KILN_DTYPE_BF16, 4>(&e);
+    woq_pipe_init<KILN_DTYPE_BF16, 8>(&e);
+    woq_pipe_init<KILN_DTYPE_F16, 4>(&e);
+    woq_pipe_init<KILN_DTYPE_F16, 8>(&e);
     return (int)e;
 }
 

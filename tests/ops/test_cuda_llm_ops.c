@@ -622,10 +622,12 @@ static void random_woq(int32_t bits, int32_t group, int32_t n, int32_t k, buf *q
 }
 
 /* One WeightOnlyMatMul case: x [rows, k] of dtype t on both sides, with
- * KILN_WOQ_GEMV = gemv and KILN_WOQ_GEMV_SPLIT = split where not NULL. */
+ * KILN_WOQ_GEMV, KILN_WOQ_GEMV_SPLIT and KILN_WOQ_GEMV_SUMROW set to
+ * env[0], env[1] and env[2] where not NULL. */
 static void run_woq(kiln_plugin *p, int32_t bits, int32_t g, int32_t n, int32_t k, buf q, buf s, buf z, kiln_dtype t,
-                    int64_t rows, const char *gemv, const char *split)
+                    int64_t rows, const char *const env[3])
 {
+    static const char *const names[3] = {"KILN_WOQ_GEMV", "KILN_WOQ_GEMV_SPLIT", "KILN_WOQ_GEMV_SUMROW"};
     int32_t n_in = bits == 4 ? 4 : 3;
     buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
     buf out = buf_output(t, rows, n);
@@ -637,17 +639,17 @@ static void run_woq(kiln_plugin *p, int32_t bits, int32_t g, int32_t n, int32_t 
         fprintf(stderr, "cannot allocate the workspace\n");
         exit(1);
     }
-    char what[160];
-    snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d%s%s%s%s", bits, g, dtype_name(t),
-             (long long)rows, n, k, gemv ? " KILN_WOQ_GEMV=" : "", gemv ? gemv : "",
-             split ? " KILN_WOQ_GEMV_SPLIT=" : "", split ? split : "");
-    if (gemv)
-        setenv("KILN_WOQ_GEMV", gemv, 1);
-    if (split)
-        setenv("KILN_WOQ_GEMV_SPLIT", split, 1);
+    char what[224];
+    int len = snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d", bits, g, dtype_name(t),
+                       (long long)rows, n, k);
+    for (int i = 0; i < 3; i++)
+        if (env[i]) {
+            len += snprintf(what + len, sizeof what - (size_t)len, " %s=%s", names[i], env[i]);
+            setenv(names[i], env[i], 1);
+        }
     run_both_ws(what, p, in, n_in, &out, 1, ws, ws_dev);
-    unsetenv("KILN_WOQ_GEMV");
-    unsetenv("KILN_WOQ_GEMV_SPLIT");
+    for (int i = 0; i < 3; i++)
+        unsetenv(names[i]);
     free(ws);
     cudaFree(ws_dev);
     buf_free(&in[0]);
@@ -673,9 +675,11 @@ static void test_woq(void)
      * one, the older tensor-core one with 32 rows a warp, and with 16 warps
      * a block (KILN_WOQ_GEMV_SPLIT), which leaves some without chunks, and
      * the pipelined one with 16 rows a warp over 16 warps and with 32 rows
-     * over 3 (runs of unequal length) */
-    const char *const gemv[][2] = {{NULL, NULL},   {"f32", NULL},    {"tc32", NULL},
-                                   {"tc16", "16"}, {"pipe16", "16"}, {"pipe32", "3"}};
+     * over 3 (runs of unequal length), with and without the sum row
+     * (KILN_WOQ_GEMV_SUMROW) */
+    const char *const gemv[][3] = {{NULL, NULL, NULL},   {"f32", NULL, NULL},   {"tc32", NULL, NULL},
+                                   {"tc16", "16", NULL}, {"pipe16", "16", "0"}, {"pipe16", "16", "1"},
+                                   {"pipe32", "3", "0"}, {"pipe32", "3", "1"}};
     const int32_t bits_of[] = {8, 4};
     for (size_t bi = 0; bi < 2; bi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -693,7 +697,7 @@ static void test_woq(void)
                         int64_t rows = ts[ri];
                         if (v > 0 && (t == KILN_DTYPE_F32 || (rows != 1 && rows != 5 && rows != 8)))
                             continue;
-                        run_woq(p, bits, g, n, k, q, s, z, t, rows, gemv[v][0], gemv[v][1]);
+                        run_woq(p, bits, g, n, k, q, s, z, t, rows, gemv[v]);
                     }
             buf_free(&q);
             buf_free(&s);
@@ -702,13 +706,16 @@ static void test_woq(void)
         }
     /* the decode GEMV at the 8B engine's layer sizes, where the pipelined
      * one picks its tile and k split as on the real layers (on an H200,
-     * int4: n 6000 is 194 tiles of 31 rows with k split over 8 warps, as
-     * the qkv projection; 1000 is 67 tiles of 15 rows with k 14336 over
-     * 16); n not a multiple of either tile; int4 g128 and int8 per
-     * channel; T 1, 2, 4 and 8, bf16 and f16; and the other tile at T 1 and
-     * 8 (bf16) */
-    const int32_t decode[][2] = {{6000, 4096}, {1000, 14336}};
-    const char *const forced[] = {"pipe16", "pipe32"};
+     * int4: n 6000 is 194 tiles of 31 rows and the sum row with k split
+     * over 8 warps, as the qkv projection; 4096, the o projection, 128
+     * whole tiles of 32 rows over 16 warps; 1000 is 67 tiles of 15 rows and
+     * the sum row with k 14336 over 16); n not a multiple of the tiles;
+     * int4 g128 and int8 per channel; T 1, 2, 4 and 8, bf16 and f16; and at
+     * T 1 and 8 (bf16) each tile with and without the sum row */
+    const int32_t decode[][2] = {{6000, 4096}, {4096, 4096}, {1000, 14336}};
+    const char *const forced[][3] = {
+        {"pipe16", NULL, "0"}, {"pipe16", NULL, "1"}, {"pipe32", NULL, "0"}, {"pipe32", NULL, "1"}};
+    const char *const plain[3] = {NULL, NULL, NULL};
     const int64_t dts[] = {1, 2, 4, 8};
     for (size_t bi = 0; bi < 2; bi++)
         for (size_t si = 0; si < sizeof decode / sizeof decode[0]; si++) {
@@ -721,10 +728,10 @@ static void test_woq(void)
             random_woq(bits, g, n, k, &q, &s, &z);
             for (size_t ti = 1; ti < 3; ti++)
                 for (size_t ri = 0; ri < sizeof dts / sizeof dts[0]; ri++)
-                    run_woq(p, bits, g, n, k, q, s, z, float_types[ti], dts[ri], NULL, NULL);
-            for (size_t v = 0; v < 2; v++)
+                    run_woq(p, bits, g, n, k, q, s, z, float_types[ti], dts[ri], plain);
+            for (size_t v = 0; v < sizeof forced / sizeof forced[0]; v++)
                 for (size_t ri = 0; ri < sizeof dts / sizeof dts[0]; ri += 3)
-                    run_woq(p, bits, g, n, k, q, s, z, KILN_DTYPE_BF16, dts[ri], forced[v], NULL);
+                    run_woq(p, bits, g, n, k, q, s, z, KILN_DTYPE_BF16, dts[ri], forced[v]);
             buf_free(&q);
             buf_free(&s);
             buf_free(&z);
