@@ -17,28 +17,34 @@
  * not stored) with f32 accumulation: about 2.3 instructions a weight in
  * woq_tc_kernel's loop (SASS: 149 for a lane's chunk of 2 x 32 int4
  * weights), about 2 in woq_pipe_kernel's with 32 rows a warp (249 for 4 x
- * 32 weights). The offset MAG and the zero point are
- * taken out per chunk in f32 with Σ x, which a mma with ones for A gives
- * (woq_pipe_kernel: a row of zero weights in the tile, whose sums are
- * MAG Σ x), and the group's scale multiplies the chunk's sum. Precision: x keeps its own 16 bits and the weight operands
- * are exact, so every product is exact and the sums are f32 (the tensor
- * cores' adds); the one loss against f32 arithmetic is that the partial
- * sums carry MAG · Σ x (MAG 128 for bf16, 64 for f16; 17 MAG + 128 for
- * int8's two nibbles) until it is subtracted, an absolute error of a few
- * f32 ulps of MAG · Σ|x| per chunk: about 1e-5 of y for random data, far
- * below the rounding of y to bf16 (2^-9) or f16 (2^-11). An infinite x
- * gives NaN where the f32 reference may give an infinity.
- * What limited woq_tc_kernel (0.34-0.46 of the copy floor at the 8B int4
- * shapes) was the bytes in flight: it held its next chunks in registers,
- * 3 KB a warp at 16 warps an SM, and ptxas issued each iteration's loads
- * after its products, so a warp waited on memory every chunk; with about
- * 1.5 us of loaded DRAM latency, 4.8 TB/s needs about 7 MB in flight, 55
- * KB an SM, all the time. woq_pipe_kernel streams the weights through a
- * ring in shared memory by cp.async instead: 8 KB a warp always
- * requested (about 128 KB an SM, 17 MB on the GPU), and sizes its grid to
- * one wave of the warps the GPU holds, so all of them request their first
- * 8 KB before the wait on the previous kernel and none waits for blocks
- * to retire.
+ * 32). The offset MAG and the zero point are taken out per chunk in f32
+ * with Σ x, which a mma with ones for A gives (or, in woq_pipe_kernel's
+ * tiles with a sum row, a row of zero weights, whose sums are MAG Σ x),
+ * and the group's scale multiplies the chunk's sum. Precision: x keeps
+ * its own 16 bits and the weight operands are exact, so every product is
+ * exact and the sums are f32 (the tensor cores' adds); the one loss
+ * against f32 arithmetic is that the partial sums carry MAG · Σ x (MAG
+ * 128 for bf16, 64 for f16; 17 MAG + 128 for int8's two nibbles) until it
+ * is subtracted, an absolute error of a few f32 ulps of MAG · Σ|x| per
+ * chunk: about 1e-5 of y for random data, far below the rounding of y to
+ * bf16 (2^-9) or f16 (2^-11). An infinite x gives NaN where the f32
+ * reference may give an infinity.
+ * What held woq_tc_kernel to 0.34-0.46 of the copy floor at the 8B int4
+ * shapes, by this reasoning (not measured: no profile of it was taken),
+ * is the bytes in flight: it held its next chunks in registers, 3 KB a
+ * warp at 16 warps an SM, and ptxas issued each iteration's loads after
+ * its products, so a warp waited on memory every chunk, and its blocks of
+ * a few chunks a warp retired and started in several waves. At about 4.2
+ * TB/s and an assumed 1-1.5 us of DRAM latency under load, the memory
+ * needs 4-7 MB in flight (30-50 KB an SM) at every moment.
+ * woq_pipe_kernel streams the weights through a ring in shared memory by
+ * cp.async instead: 8 KB a warp always requested (up to 128 KB an SM, 8-17
+ * MB on the GPU at the 8B shapes), and sizes its grid to one wave of the
+ * blocks the GPU holds, so all of them request their first 8 KB before
+ * the wait on the previous kernel and none waits for blocks to retire.
+ * Its loop issues about 2 instructions a weight (0.12 a weight byte with
+ * 32-row tiles): at 4.2 TB/s an SM takes 16 bytes a cycle, 2 of its 4
+ * issue slots a cycle.
  *
  * Otherwise (f32 x, which 16-bit operands would round far past the f32
  * tolerance; groups that are not multiples of a chunk; or
