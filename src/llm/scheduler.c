@@ -994,7 +994,7 @@ static void *sched_thread(void *arg)
     kiln_llm_scheduler *sc = arg;
     for (;;) {
         pthread_mutex_lock(&sc->mu);
-        while (!sc->quit && !sc->in_head && !sc->n_cancel && sc->n_running + sc->n_waiting == 0) {
+        while (!sc->quit && !sc->in_head && !sc->n_cancel && sc->n_running + sc->n_waiting == 0 && !sc->ahead) {
             /* kiln_llm_cancel signals nothing: look at it now and then. */
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
