@@ -732,6 +732,24 @@ static const char *plugin_path(char *buf, size_t size)
     return buf;
 }
 
+/* An informational row: the quantized decode GEMV of `bits` at n x k with
+ * environment variable `var` set to `value` for the run. */
+static void quant_ab_row(double copy_bw, int bits, int64_t n, int64_t k, const char *var, const char *value)
+{
+    static char names[64][80];
+    static int used;
+    char *name = names[used < 63 ? used++ : 63];
+    snprintf(name, sizeof names[0], "%s %lldx%lld, %s=%s",
+             bits == QB_INT4 ? "int4 g128" : bits == QB_INT8 ? "int8" : "fp8", (long long)n, (long long)k, var, value);
+    result *r = new_result(name, "(A/B)");
+    setenv(var, value, 1);
+    int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, bits, n, k, 0, r) : fail("no copy bandwidth to compare with");
+    unsetenv(var);
+    if (st)
+        snprintf(r->error, sizeof r->error, "%s", failure);
+    r->meets = 1;
+}
+
 int main(int argc, char **argv)
 {
     const char *json_path = NULL;
@@ -858,60 +876,25 @@ int main(int argc, char **argv)
         int64_t n, k;
     } woq_ab[] = {{QB_INT8, 28672, 4096}, {QB_INT4, 28672, 4096}, {QB_INT4, 4096, 14336}, {QB_INT4, 6144, 4096}};
     static const char *const woq_gemv[] = {"f32", "tc", "pipe16", "pipe32"};
-    enum { N_GEMV = sizeof woq_gemv / sizeof woq_gemv[0] };
-    static char woq_names[sizeof woq_ab / sizeof woq_ab[0]][N_GEMV][72];
     for (size_t i = 0; i < sizeof woq_ab / sizeof woq_ab[0]; i++)
-        for (size_t v = 0; v < N_GEMV; v++) {
-            char *name = woq_names[i][v];
-            snprintf(name, sizeof woq_names[i][v], "%s %lldx%lld, KILN_WOQ_GEMV=%s",
-                     woq_ab[i].bits == QB_INT4 ? "int4 g128" : "int8", (long long)woq_ab[i].n, (long long)woq_ab[i].k,
-                     woq_gemv[v]);
-            result *r = new_result(name, "(A/B)");
-            setenv("KILN_WOQ_GEMV", woq_gemv[v], 1);
-            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, woq_ab[i].bits, woq_ab[i].n, woq_ab[i].k, 0, r)
-                                 : fail("no copy bandwidth to compare with");
-            unsetenv("KILN_WOQ_GEMV");
-            if (st)
-                snprintf(r->error, sizeof r->error, "%s", failure);
-            r->meets = 1;
-        }
+        for (size_t v = 0; v < sizeof woq_gemv / sizeof woq_gemv[0]; v++)
+            quant_ab_row(copy_bw, woq_ab[i].bits, woq_ab[i].n, woq_ab[i].k, "KILN_WOQ_GEMV", woq_gemv[v]);
     /* the default GEMV's k split (KILN_WOQ_GEMV_SPLIT warps a block) at the
-     * three int4 shapes */
-    static const char *const woq_split[] = {"1", "2", "4", "8", "16"};
-    enum { N_SPLIT = sizeof woq_split / sizeof woq_split[0] };
-    static char split_names[3][N_SPLIT][72];
-    for (size_t i = 0; i < 3; i++)
-        for (size_t v = 0; v < N_SPLIT; v++) {
-            char *name = split_names[i][v];
-            snprintf(name, sizeof split_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_SPLIT=%s",
-                     (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_split[v]);
-            result *r = new_result(name, "(A/B)");
-            setenv("KILN_WOQ_GEMV_SPLIT", woq_split[v], 1);
-            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
-                                 : fail("no copy bandwidth to compare with");
-            unsetenv("KILN_WOQ_GEMV_SPLIT");
-            if (st)
-                snprintf(r->error, sizeof r->error, "%s", failure);
-            r->meets = 1;
-        }
-
-    /* and whether its tiles carry the sum row (KILN_WOQ_GEMV_SUMROW) */
-    static const char *const woq_sr[] = {"0", "1"};
-    static char sr_names[3][2][72];
-    for (size_t i = 0; i < 3; i++)
-        for (size_t v = 0; v < 2; v++) {
-            char *name = sr_names[i][v];
-            snprintf(name, sizeof sr_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_SUMROW=%s",
-                     (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_sr[v]);
-            result *r = new_result(name, "(A/B)");
-            setenv("KILN_WOQ_GEMV_SUMROW", woq_sr[v], 1);
-            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
-                                 : fail("no copy bandwidth to compare with");
-            unsetenv("KILN_WOQ_GEMV_SUMROW");
-            if (st)
-                snprintf(r->error, sizeof r->error, "%s", failure);
-            r->meets = 1;
-        }
+     * three int4 shapes, and whether its tiles carry the sum row
+     * (KILN_WOQ_GEMV_SUMROW) */
+    static const char *const woq_split[] = {"1", "2", "4", "8", "16"}, *const woq_sr[] = {"0", "1"};
+    for (size_t i = 1; i < 4; i++) {
+        for (size_t v = 0; v < sizeof woq_split / sizeof woq_split[0]; v++)
+            quant_ab_row(copy_bw, QB_INT4, woq_ab[i].n, woq_ab[i].k, "KILN_WOQ_GEMV_SPLIT", woq_split[v]);
+        for (size_t v = 0; v < 2; v++)
+            quant_ab_row(copy_bw, QB_INT4, woq_ab[i].n, woq_ab[i].k, "KILN_WOQ_GEMV_SUMROW", woq_sr[v]);
+    }
+    /* Fp8MatMul's decode: one kernel (the default) against quantize then
+     * GEMV (KILN_FP8_GEMV=split) */
+    static const char *const fp8_gemv[] = {"fused", "split"};
+    for (size_t i = 0; i < 2; i++)
+        for (size_t v = 0; v < 2; v++)
+            quant_ab_row(copy_bw, QB_FP8, i ? 4096 : 28672, i ? 14336 : 4096, "KILN_FP8_GEMV", fp8_gemv[v]);
 
     /* where the tensor-core GEMV over groups of 8 rows (up to
      * KILN_WOQ_LOOP_MAX_ROWS = 32) hands over to dequantization and

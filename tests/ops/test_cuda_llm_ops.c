@@ -797,7 +797,7 @@ static void test_fp8(void)
 {
     /* n a multiple of 4 (cuBLASLt's GEMM past 8 rows) and not (the GEMV
      * over row groups) */
-    const int32_t shapes[][2] = {{16, 64}, {256, 2048}, {100, 4096}, {33, 4096}};
+    const int32_t shapes[][2] = {{16, 64}, {256, 2048}, {100, 4096}, {33, 4096}, {1000, 14336}};
     const int64_t ts[] = {1, 2, 5, 8, 9, 64, 300};
     tol_floor = 1e-3;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -808,10 +808,17 @@ static void test_fp8(void)
             continue;
         buf w, s;
         random_fp8(n, k, &w, &s);
+        /* decode rows through the one-kernel GEMV (the default) and the
+         * quantize-then-GEMV pair (KILN_FP8_GEMV=split) */
         for (size_t ti = 0; ti < 3; ti++)
-            for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+            for (size_t ri = 0; ri < sizeof ts / sizeof ts[0] + 4; ri++) {
                 kiln_dtype t = float_types[ti];
-                int64_t rows = ts[ri];
+                const int split = ri >= sizeof ts / sizeof ts[0];
+                int64_t rows = split ? ts[ri - sizeof ts / sizeof ts[0]] : ts[ri];
+                if (n * (int64_t)k > 4096 * 4096 && rows > 8)
+                    continue; /* the large shape is a decode shape */
+                if (split)
+                    setenv("KILN_FP8_GEMV", "split", 1);
                 buf in[3] = {buf_random(t, rows, k, -2, 2), w, s};
                 buf out = buf_output(t, rows, n);
                 kiln_tensor_desc d[4] = {in[0].desc, w.desc, s.desc, out.desc};
@@ -822,8 +829,10 @@ static void test_fp8(void)
                     exit(1);
                 }
                 char what[96];
-                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d", dtype_name(t), (long long)rows, n, k);
+                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d%s", dtype_name(t), (long long)rows, n, k,
+                         split ? ", KILN_FP8_GEMV=split" : "");
                 run_both_ws(what, p, in, 3, &out, 1, ws_host, ws_dev);
+                unsetenv("KILN_FP8_GEMV");
                 free(ws_host);
                 cudaFree(ws_dev);
                 buf_free(&in[0]);
