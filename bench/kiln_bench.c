@@ -740,7 +740,10 @@ static void quant_ab_row(double copy_bw, int bits, int64_t n, int64_t k, const c
     static int used;
     char *name = names[used < 63 ? used++ : 63];
     snprintf(name, sizeof names[0], "%s %lldx%lld, %s=%s",
-             bits == QB_INT4 ? "int4 g128" : bits == QB_INT8 ? "int8" : "fp8", (long long)n, (long long)k, var, value);
+             bits == QB_INT4   ? "int4 g128"
+             : bits == QB_INT8 ? "int8"
+                               : "fp8",
+             (long long)n, (long long)k, var, value);
     result *r = new_result(name, "(A/B)");
     setenv(var, value, 1);
     int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, bits, n, k, 0, r) : fail("no copy bandwidth to compare with");

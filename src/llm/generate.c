@@ -386,7 +386,8 @@ static kiln_status setup_buffers(kiln_llm *llm)
     /* Host sampling only for engines without the sampling layer. */
     h->logits = calloc(llm->has_sampler ? 1 : S * V, sizeof *h->logits);
     llm->cand = calloc(llm->has_sampler ? 1 : V, sizeof *llm->cand);
-    if (!h->next || !h->next_ahead || !h->logits || !llm->cand || !llm->free_slots || !h->logprob || !h->top_ids || !h->top_logprobs)
+    if (!h->next || !h->next_ahead || !h->logits || !llm->cand || !llm->free_slots || !h->logprob || !h->top_ids ||
+        !h->top_logprobs)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
     for (size_t i = 0; i < S; i++)
         llm->free_slots[i] = (int32_t)(S - 1 - i);

@@ -668,7 +668,7 @@ static void test_bad_block(void)
 static const test_case_ tests[] = {
     TEST(test_decode_long),     TEST(test_decode_batch),  TEST(test_decode_heads),        TEST(test_decode_generic),
     TEST(test_decode_many),     TEST(test_decode_groups), TEST(test_decode_split_kernel), TEST(test_prefill),
-    TEST(test_chunked_prefill), TEST(test_bad_block),     TEST(test_decode_variants), TEST(test_fp8_cache),
+    TEST(test_chunked_prefill), TEST(test_bad_block),     TEST(test_decode_variants),     TEST(test_fp8_cache),
 };
 
 int main(void)
