@@ -732,6 +732,19 @@ static const char *plugin_path(char *buf, size_t size)
     return buf;
 }
 
+/* --only STR (repeatable): run only the rows whose name contains one of
+ * them (the device copy, every row's floor, always runs). */
+static const char *only[8];
+static int n_only;
+
+static int wanted(const char *name)
+{
+    for (int i = 0; i < n_only; i++)
+        if (strstr(name, only[i]))
+            return 1;
+    return n_only == 0;
+}
+
 /* An informational row: the quantized decode GEMV of `bits` at n x k with
  * environment variable `var` set to `value` for the run. */
 static void quant_ab_row(double copy_bw, int bits, int64_t n, int64_t k, const char *var, const char *value)
@@ -744,6 +757,8 @@ static void quant_ab_row(double copy_bw, int bits, int64_t n, int64_t k, const c
              : bits == QB_INT8 ? "int8"
                                : "fp8",
              (long long)n, (long long)k, var, value);
+    if (!wanted(name))
+        return;
     result *r = new_result(name, "(A/B)");
     setenv(var, value, 1);
     int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, bits, n, k, 0, r) : fail("no copy bandwidth to compare with");
@@ -759,12 +774,14 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) {
             json_path = argv[++i];
+        } else if (!strcmp(argv[i], "--only") && i + 1 < argc && n_only < 8) {
+            only[n_only++] = argv[++i];
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 20)
                 reps = 20;
         } else {
-            fprintf(stderr, "usage: kiln_bench [--json FILE] [--reps N (>= 20)]\n");
+            fprintf(stderr, "usage: kiln_bench [--json FILE] [--reps N (>= 20)] [--only NAME_PART]...\n");
             return 2;
         }
     }
@@ -826,6 +843,8 @@ int main(int argc, char **argv)
             char *name = names[i][v];
             snprintf(name, sizeof names[i][v], "gemv %lldx%lld, %s rows/block", (long long)sweep[i][0],
                      (long long)sweep[i][1], rows_set[v]);
+            if (!wanted(name))
+                continue;
             result *r = new_result(name, "(sweep)");
             setenv("KILN_CUDA_GEMV_ROWS", rows_set[v], 1);
             int st = copy_bw > 0 ? bench_gemv(copy_bw, sweep[i][0], sweep[i][1], r)
@@ -836,6 +855,8 @@ int main(int argc, char **argv)
             r->meets = 1;
         }
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) {
+        if (!wanted(list[i].name))
+            continue;
         result *r = new_result(list[i].name, list[i].target);
         int st;
         if ((list[i].which < 2 || list[i].which >= 4) && copy_bw <= 0)
@@ -907,6 +928,8 @@ int main(int argc, char **argv)
     static char edge_names[2][72];
     for (size_t v = 0; v < 2; v++) {
         snprintf(edge_names[v], sizeof edge_names[v], "int4 g128 %lldx4096 . 28672x4096", (long long)woq_edge[v]);
+        if (!wanted(edge_names[v]))
+            continue;
         result *r = new_result(edge_names[v], "(A/B)");
         if (bench_woq_prefill(QB_INT4, woq_edge[v], 28672, 4096, 0, r))
             snprintf(r->error, sizeof r->error, "%s", failure);
