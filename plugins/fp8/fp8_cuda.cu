@@ -66,15 +66,6 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_
 
 /* 2. GEMV ----------------------------------------------------------------------------------- */
 
-__device__ __forceinline__ uint4 fp8_load_stream(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* 16 E4M3 codes as floats. */
 __device__ __forceinline__ void fp8_unpack(const uint4 &v, float *f)
 {
@@ -154,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
 #pragma unroll
         for (int r = 0; r < R; r++)
-            buf[u][r] = kk < k1 ? fp8_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+            buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
     }
     kcu_after_prior(x, y, k, n);
 
@@ -237,7 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             const int64_t next = kk + (int64_t)kUnroll * STEP;
 #pragma unroll
             for (int r = 0; r < R; r++)
-                buf[u][r] = next < k1 ? fp8_load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
+                buf[u][r] = next < k1 ? kcu_load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
         }
     }
 #pragma unroll

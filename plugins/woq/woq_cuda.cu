@@ -111,16 +111,6 @@ template <int BITS> struct woq_vec {
     static constexpr int ROWS = BITS == 4 ? 4 : 2; /* weight rows per block */
 };
 
-/* 16-byte load that skips L1 allocation: the weights are read once. */
-__device__ __forceinline__ uint4 woq_load_stream(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* The E values of x from element `off` as f32; x rows are 16-byte aligned
  * (checked by the launcher) and off is a multiple of E. */
 template <int XT, int E> __device__ __forceinline__ void woq_load_x(const void *x, int64_t off, float *xf)
@@ -205,7 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int r = 0; r < ROWS; r++) {
             const bool in = kk < k1;
             const int64_t g = rr[r] * ng + (in ? kk / group : 0);
-            buf[u][r] = in ? woq_load_stream(q + rr[r] * row_bytes + kk * BITS / 8) : make_uint4(0, 0, 0, 0);
+            buf[u][r] = in ? kcu_load_stream(q + rr[r] * row_bytes + kk * BITS / 8) : make_uint4(0, 0, 0, 0);
             sbuf[u][r] = in ? __ldg(scales + g) : 0.0f;
             zbuf[u][r] = zbase + (BITS == 4 && in ? (float)__ldg(zeros + g) : 0.0f);
         }
@@ -247,7 +237,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             for (int r = 0; r < ROWS; r++) {
                 const bool in = next < k1;
                 const int64_t g = rr[r] * ng + (in ? next / group : 0);
-                buf[u][r] = in ? woq_load_stream(q + rr[r] * row_bytes + next * BITS / 8) : make_uint4(0, 0, 0, 0);
+                buf[u][r] = in ? kcu_load_stream(q + rr[r] * row_bytes + next * BITS / 8) : make_uint4(0, 0, 0, 0);
                 sbuf[u][r] = in ? __ldg(scales + g) : 0.0f;
                 zbuf[u][r] = zbase + (BITS == 4 && in ? (float)__ldg(zeros + g) : 0.0f);
             }
@@ -800,7 +790,7 @@ __global__ void __launch_bounds__(256)
         const int64_t v = base + lane;
         if (v < vecs) {
             const int64_t r = v / vpr, g = r * ng + (v - r * vpr) * E / group;
-            const uint4 b = woq_load_stream(q + v * 16);
+            const uint4 b = kcu_load_stream(q + v * 16);
             float f[E];
             woq_unpack<BITS>(b, zbase + (BITS == 4 ? (float)__ldg(zeros + g) : 0.0f), f);
             const float sc = __ldg(scales + g);
