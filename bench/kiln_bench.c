@@ -133,7 +133,7 @@ typedef struct result {
     char error[512];
 } result;
 
-#define MAX_RESULTS 80
+#define MAX_RESULTS 96
 static result results[MAX_RESULTS];
 static int n_results;
 static json_t *json_out;
@@ -732,18 +732,56 @@ static const char *plugin_path(char *buf, size_t size)
     return buf;
 }
 
+/* --only STR (repeatable): run only the rows whose name contains one of
+ * them (the device copy, every row's floor, always runs). */
+static const char *only[8];
+static int n_only;
+
+static int wanted(const char *name)
+{
+    for (int i = 0; i < n_only; i++)
+        if (strstr(name, only[i]))
+            return 1;
+    return n_only == 0;
+}
+
+/* An informational row: the quantized decode GEMV of `bits` at n x k with
+ * environment variable `var` set to `value` for the run. */
+static void quant_ab_row(double copy_bw, int bits, int64_t n, int64_t k, const char *var, const char *value)
+{
+    static char names[64][80];
+    static int used;
+    char *name = names[used < 63 ? used++ : 63];
+    snprintf(name, sizeof names[0], "%s %lldx%lld, %s=%s",
+             bits == QB_INT4   ? "int4 g128"
+             : bits == QB_INT8 ? "int8"
+                               : "fp8",
+             (long long)n, (long long)k, var, value);
+    if (!wanted(name))
+        return;
+    result *r = new_result(name, "(A/B)");
+    setenv(var, value, 1);
+    int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, bits, n, k, 0, r) : fail("no copy bandwidth to compare with");
+    unsetenv(var);
+    if (st)
+        snprintf(r->error, sizeof r->error, "%s", failure);
+    r->meets = 1;
+}
+
 int main(int argc, char **argv)
 {
     const char *json_path = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json") && i + 1 < argc) {
             json_path = argv[++i];
+        } else if (!strcmp(argv[i], "--only") && i + 1 < argc && n_only < 8) {
+            only[n_only++] = argv[++i];
         } else if (!strcmp(argv[i], "--reps") && i + 1 < argc) {
             reps = atoi(argv[++i]);
             if (reps < 20)
                 reps = 20;
         } else {
-            fprintf(stderr, "usage: kiln_bench [--json FILE] [--reps N (>= 20)]\n");
+            fprintf(stderr, "usage: kiln_bench [--json FILE] [--reps N (>= 20)] [--only NAME_PART]...\n");
             return 2;
         }
     }
@@ -805,6 +843,8 @@ int main(int argc, char **argv)
             char *name = names[i][v];
             snprintf(name, sizeof names[i][v], "gemv %lldx%lld, %s rows/block", (long long)sweep[i][0],
                      (long long)sweep[i][1], rows_set[v]);
+            if (!wanted(name))
+                continue;
             result *r = new_result(name, "(sweep)");
             setenv("KILN_CUDA_GEMV_ROWS", rows_set[v], 1);
             int st = copy_bw > 0 ? bench_gemv(copy_bw, sweep[i][0], sweep[i][1], r)
@@ -815,6 +855,8 @@ int main(int argc, char **argv)
             r->meets = 1;
         }
     for (size_t i = 0; i < sizeof list / sizeof list[0]; i++) {
+        if (!wanted(list[i].name))
+            continue;
         result *r = new_result(list[i].name, list[i].target);
         int st;
         if ((list[i].which < 2 || list[i].which >= 4) && copy_bw <= 0)
@@ -850,65 +892,33 @@ int main(int argc, char **argv)
     }
 
     /* the WeightOnlyMatMul GEMVs (KILN_WOQ_GEMV) at the quantized rows'
-     * shapes: the f32 one (the default before the tensor-core one) and the
-     * tensor-core one with 16 and 32 rows a warp; informational rows */
+     * shapes: the f32 one, the older tensor-core one (its own choice of
+     * rows a warp: the default before the pipelined one) and the pipelined
+     * one with 16 and 32 rows a warp; informational rows */
     static const struct {
         int bits;
         int64_t n, k;
     } woq_ab[] = {{QB_INT8, 28672, 4096}, {QB_INT4, 28672, 4096}, {QB_INT4, 4096, 14336}, {QB_INT4, 6144, 4096}};
-    static const char *const woq_gemv[] = {"f32", "tc16", "tc32"};
-    static char woq_names[sizeof woq_ab / sizeof woq_ab[0]][3][72];
+    static const char *const woq_gemv[] = {"f32", "tc", "pipe16", "pipe32"};
     for (size_t i = 0; i < sizeof woq_ab / sizeof woq_ab[0]; i++)
-        for (size_t v = 0; v < 3; v++) {
-            char *name = woq_names[i][v];
-            snprintf(name, sizeof woq_names[i][v], "%s %lldx%lld, KILN_WOQ_GEMV=%s",
-                     woq_ab[i].bits == QB_INT4 ? "int4 g128" : "int8", (long long)woq_ab[i].n, (long long)woq_ab[i].k,
-                     woq_gemv[v]);
-            result *r = new_result(name, "(A/B)");
-            setenv("KILN_WOQ_GEMV", woq_gemv[v], 1);
-            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, woq_ab[i].bits, woq_ab[i].n, woq_ab[i].k, 0, r)
-                                 : fail("no copy bandwidth to compare with");
-            unsetenv("KILN_WOQ_GEMV");
-            if (st)
-                snprintf(r->error, sizeof r->error, "%s", failure);
-            r->meets = 1;
-        }
-    /* the tensor-core GEMV's k split (KILN_WOQ_GEMV_SPLIT warps a block) at
-     * the two int4 shapes of the targets */
-    static const char *const woq_split[] = {"2", "4", "8", "16"};
-    static char split_names[2][4][72];
+        for (size_t v = 0; v < sizeof woq_gemv / sizeof woq_gemv[0]; v++)
+            quant_ab_row(copy_bw, woq_ab[i].bits, woq_ab[i].n, woq_ab[i].k, "KILN_WOQ_GEMV", woq_gemv[v]);
+    /* the default GEMV's k split (KILN_WOQ_GEMV_SPLIT warps a block) at the
+     * three int4 shapes, and whether its tiles carry the sum row
+     * (KILN_WOQ_GEMV_SUMROW) */
+    static const char *const woq_split[] = {"1", "2", "4", "8", "16"}, *const woq_sr[] = {"0", "1"};
+    for (size_t i = 1; i < 4; i++) {
+        for (size_t v = 0; v < sizeof woq_split / sizeof woq_split[0]; v++)
+            quant_ab_row(copy_bw, QB_INT4, woq_ab[i].n, woq_ab[i].k, "KILN_WOQ_GEMV_SPLIT", woq_split[v]);
+        for (size_t v = 0; v < 2; v++)
+            quant_ab_row(copy_bw, QB_INT4, woq_ab[i].n, woq_ab[i].k, "KILN_WOQ_GEMV_SUMROW", woq_sr[v]);
+    }
+    /* Fp8MatMul's decode: one kernel (the default) against quantize then
+     * GEMV (KILN_FP8_GEMV=split) */
+    static const char *const fp8_gemv[] = {"fused", "split"};
     for (size_t i = 0; i < 2; i++)
-        for (size_t v = 0; v < 4; v++) {
-            char *name = split_names[i][v];
-            snprintf(name, sizeof split_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_SPLIT=%s",
-                     (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_split[v]);
-            result *r = new_result(name, "(A/B)");
-            setenv("KILN_WOQ_GEMV_SPLIT", woq_split[v], 1);
-            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
-                                 : fail("no copy bandwidth to compare with");
-            unsetenv("KILN_WOQ_GEMV_SPLIT");
-            if (st)
-                snprintf(r->error, sizeof r->error, "%s", failure);
-            r->meets = 1;
-        }
-    /* and its L2 prefetch distance (KILN_WOQ_GEMV_PREFETCH chunks; 8 by
-     * default, 0 none) */
-    static const char *const woq_pf[] = {"0", "4", "16"};
-    static char pf_names[2][3][72];
-    for (size_t i = 0; i < 2; i++)
-        for (size_t v = 0; v < 3; v++) {
-            char *name = pf_names[i][v];
-            snprintf(name, sizeof pf_names[i][v], "int4 g128 %lldx%lld, KILN_WOQ_GEMV_PREFETCH=%s",
-                     (long long)woq_ab[i + 1].n, (long long)woq_ab[i + 1].k, woq_pf[v]);
-            result *r = new_result(name, "(A/B)");
-            setenv("KILN_WOQ_GEMV_PREFETCH", woq_pf[v], 1);
-            int st = copy_bw > 0 ? bench_quant_gemv(copy_bw, QB_INT4, woq_ab[i + 1].n, woq_ab[i + 1].k, 0, r)
-                                 : fail("no copy bandwidth to compare with");
-            unsetenv("KILN_WOQ_GEMV_PREFETCH");
-            if (st)
-                snprintf(r->error, sizeof r->error, "%s", failure);
-            r->meets = 1;
-        }
+        for (size_t v = 0; v < 2; v++)
+            quant_ab_row(copy_bw, QB_FP8, i ? 4096 : 28672, i ? 14336 : 4096, "KILN_FP8_GEMV", fp8_gemv[v]);
 
     /* where the tensor-core GEMV over groups of 8 rows (up to
      * KILN_WOQ_LOOP_MAX_ROWS = 32) hands over to dequantization and
@@ -918,6 +928,8 @@ int main(int argc, char **argv)
     static char edge_names[2][72];
     for (size_t v = 0; v < 2; v++) {
         snprintf(edge_names[v], sizeof edge_names[v], "int4 g128 %lldx4096 . 28672x4096", (long long)woq_edge[v]);
+        if (!wanted(edge_names[v]))
+            continue;
         result *r = new_result(edge_names[v], "(A/B)");
         if (bench_woq_prefill(QB_INT4, woq_edge[v], 28672, 4096, 0, r))
             snprintf(r->error, sizeof r->error, "%s", failure);

@@ -204,6 +204,12 @@ int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, const void 
                          const void *zeros, void *y, int32_t dtype, int64_t rows, int32_t n, int32_t k, void *workspace,
                          size_t workspace_size, void *stream);
 
+/* Sets up the decode GEMVs on the current device (their shared memory
+ * past 48 KB, the occupancy their grids are sized by), so that no launch
+ * inside a stream capture does it first; a launch does it where this was
+ * not called. Returns a CUDA error code (0: done). */
+int kiln_woq_cuda_init(void);
+
 /* Text of a code kiln_woq_matmul_cuda returned. */
 const char *kiln_woq_cuda_error(int code);
 

@@ -360,6 +360,13 @@ typedef struct kiln_llm_scheduler_options {
     /* Admission (docs/scheduling.md): KILN_LLM_ADMIT_MAX_UTILIZATION
      * (default) or KILN_LLM_ADMIT_NO_EVICT. */
     int32_t admission;
+    /* Running ahead: while a decode step runs, the next one is enqueued
+     * with its tokens fed from the running step's sampled ids on the
+     * device, so the GPU never waits for the host between steps
+     * (docs/scheduling.md). -1 (default): where steps run asynchronously
+     * (CUDA engines); 0: never; 1: wherever a step allows it (on the CPU
+     * it gains nothing: for tests). */
+    int32_t run_ahead;
 } kiln_llm_scheduler_options;
 
 /* Admission policies (TensorRT-LLM's capacity scheduler policies). */
@@ -453,6 +460,8 @@ typedef struct kiln_llm_scheduler_stats {
     uint64_t prompt_tokens;     /* prompt tokens of admitted requests */
     uint64_t generated_tokens;
     uint64_t finished, cancelled, failed;
+    uint64_t steps_ahead;  /* steps enqueued before the host had the tokens they continue (run_ahead) */
+    uint64_t dropped_rows; /* rows of those steps whose request had ended meanwhile */
 } kiln_llm_scheduler_stats;
 
 /* A snapshot taken at the end of the last step (counters since start);

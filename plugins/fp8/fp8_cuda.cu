@@ -2,7 +2,8 @@
  *  1. each row of x is quantized to E4M3 with its dynamic scale, one block
  *     a row (max |x| by a block reduction, then the same f32 operations as
  *     the CPU);
- *  2. up to KILN_FP8_GEMV_MAX_ROWS rows (decode): a GEMV over the E4M3
+ *  2. up to KILN_FP8_GEMV_MAX_ROWS rows (decode): by default one kernel
+ *     that does step 1 itself (fp8_gemv_kernel's FUSED); else a GEMV over the E4M3
  *     weights built like the bf16 one (src/backend/cuda/gemv.cu): 16-byte
  *     loads, split-K over warps, the first weight loads before the PDL
  *     wait; E4M3 pairs become floats through the hardware's fp8x2 → f16x2
@@ -15,6 +16,8 @@
  *     runs over groups of rows instead. */
 #include <mutex>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "plugin_cuda.h"
 
@@ -63,15 +66,6 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_
 
 /* 2. GEMV ----------------------------------------------------------------------------------- */
 
-__device__ __forceinline__ uint4 fp8_load_stream(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* 16 E4M3 codes as floats. */
 __device__ __forceinline__ void fp8_unpack(const uint4 &v, float *f)
 {
@@ -88,76 +82,166 @@ __device__ __forceinline__ void fp8_unpack(const uint4 &v, float *f)
     }
 }
 
-/* m (<= M) rows of xq against kRows weight rows per block; y = Σ · sx · sw. */
-template <int XT, int M>
+/* 16 elements of x (dtype XT) from element i (a multiple of 16, the row
+ * 16-byte aligned) as floats: two or four 16-byte loads. */
+template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, int64_t i, float *f)
+{
+    if constexpr (XT == KILN_DTYPE_F32) {
+        const float4 *p = reinterpret_cast<const float4 *>((const float *)x + i);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float4 v = __ldg(p + j);
+            f[4 * j] = v.x, f[4 * j + 1] = v.y, f[4 * j + 2] = v.z, f[4 * j + 3] = v.w;
+        }
+    } else {
+        const uint4 *p = reinterpret_cast<const uint4 *>((const uint16_t *)x + i);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint4 v = __ldg(p + j);
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float2 q;
+                if constexpr (XT == KILN_DTYPE_BF16)
+                    q = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u[h]));
+                else
+                    q = __half22float2(*reinterpret_cast<const __half2 *>(&u[h]));
+                f[8 * j + 2 * h] = q.x, f[8 * j + 2 * h + 1] = q.y;
+            }
+        }
+    }
+}
+
+/* The decode GEMV: m (<= M) rows of x against R weight rows a block, y =
+ * Σ xq · wq · sx · sw. With FUSED (the default for decode rows) x is the
+ * layer's input and the kernel quantizes it itself: one kernel instead of
+ * fp8_quantize_kernel then this one, whose separate launch and small
+ * blocks held the 8B's FP8 decode to about half its floor. Each block then
+ * takes each row's max |x| over all of k (x is in L1/L2, the weights
+ * already requested before the PDL wait) and rounds x times 448 / max to
+ * E4M3 as it multiplies — the CPU's f32 operations (fp8.c), the rounding
+ * by the hardware's saturating round-to-nearest-even conversion — shared
+ * by the R rows. Without FUSED x holds fp8_quantize_kernel's codes and sx
+ * its scales. */
+template <int XT, int M, int R, bool FUSED>
 __global__ void __launch_bounds__(kWarps * 32)
-    fp8_gemv_kernel(const uint8_t *__restrict__ xq, const float *__restrict__ sx, const uint8_t *__restrict__ w,
+    fp8_gemv_kernel(const void *__restrict__ x, const float *__restrict__ sx_in, const uint8_t *__restrict__ w,
                     const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k)
 {
     constexpr int E = 16, STEP = 32 * E;
-    __shared__ float part[kWarps][M][kRows];
+    __shared__ float part[kWarps][M][R];
+    __shared__ float red[kWarps][M];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    const int64_t row0 = (int64_t)blockIdx.x * kRows;
+    const int64_t row0 = (int64_t)blockIdx.x * R;
     const int64_t kq = ((int64_t)k / E + kWarps - 1) / kWarps * E;
     const int64_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
-    const uint8_t *wr[kRows];
+    const uint8_t *wr[R];
 #pragma unroll
-    for (int r = 0; r < kRows; r++)
+    for (int r = 0; r < R; r++)
         wr[r] = w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k;
-    uint4 buf[kUnroll][kRows];
+    uint4 buf[kUnroll][R];
 #pragma unroll
     for (int u = 0; u < kUnroll; u++) {
         const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
 #pragma unroll
-        for (int r = 0; r < kRows; r++)
-            buf[u][r] = kk < k1 ? fp8_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < R; r++)
+            buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
     }
-    kcu_after_prior(xq, y, k, n);
+    kcu_after_prior(x, y, k, n);
 
-    float acc[M][kRows];
+    /* each row's scale, as fp8_quantize_kernel computes it */
+    float inv[M], sx[M];
+#pragma unroll
+    for (int i = 0; i < M; i++) {
+        float a = 0.0f;
+        if (FUSED && i < m)
+            for (int64_t j = threadIdx.x; j < k; j += kWarps * 32)
+                a = fmaxf(a, fabsf(kcu_load_float(x, XT, (int64_t)i * k + j)));
+        for (int o = 16; FUSED && o > 0; o >>= 1)
+            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        if (FUSED && lane == 0)
+            red[wid][i] = a;
+    }
+    if (FUSED)
+        __syncthreads();
+#pragma unroll
+    for (int i = 0; i < M; i++) {
+        if (!FUSED) {
+            inv[i] = 0.0f;
+            sx[i] = i < m ? sx_in[i] : 0.0f;
+            continue;
+        }
+        float a = red[0][i];
+#pragma unroll
+        for (int j = 1; j < kWarps; j++)
+            a = fmaxf(a, red[j][i]);
+        inv[i] = a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
+        sx[i] = __fdiv_rn(a, KILN_E4M3_MAX);
+    }
+
+    float acc[M][R];
 #pragma unroll
     for (int i = 0; i < M; i++)
 #pragma unroll
-        for (int r = 0; r < kRows; r++)
+        for (int r = 0; r < R; r++)
             acc[i][r] = 0.0f;
     for (int64_t base = k0; base < k1; base += (int64_t)kUnroll * STEP) {
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
             const int64_t kk = base + (int64_t)u * STEP + lane * E;
             if (kk < k1) {
+                /* x's E4M3 values (exact floats), shared by the R rows */
+                float xf[M][E];
 #pragma unroll
-                for (int r = 0; r < kRows; r++) {
+                for (int i = 0; i < M; i++) {
+                    if (i >= m)
+                        continue;
+                    if (!FUSED) {
+                        fp8_unpack(__ldg(reinterpret_cast<const uint4 *>((const uint8_t *)x + (int64_t)i * k + kk)),
+                                   xf[i]);
+                        continue;
+                    }
+                    fp8_load_x16<XT>(x, (int64_t)i * k + kk, xf[i]);
+#pragma unroll
+                    for (int e = 0; e < E; e += 2) {
+                        const __nv_fp8x2_storage_t q = __nv_cvt_float2_to_fp8x2(
+                            make_float2(__fmul_rn(xf[i][e], inv[i]), __fmul_rn(xf[i][e + 1], inv[i])), __NV_SATFINITE,
+                            __NV_E4M3);
+                        __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3);
+                        const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+                        xf[i][e] = v.x;
+                        xf[i][e + 1] = v.y;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
                     float wf[E];
                     fp8_unpack(buf[u][r], wf);
 #pragma unroll
-                    for (int i = 0; i < M; i++) {
-                        if (i < m) {
-                            float xf[E];
-                            fp8_unpack(__ldg(reinterpret_cast<const uint4 *>(xq + (int64_t)i * k + kk)), xf);
+                    for (int i = 0; i < M; i++)
+                        if (i < m)
 #pragma unroll
                             for (int e = 0; e < E; e++)
-                                acc[i][r] = fmaf(xf[e], wf[e], acc[i][r]);
-                        }
-                    }
+                                acc[i][r] = fmaf(xf[i][e], wf[e], acc[i][r]);
                 }
             }
             const int64_t next = kk + (int64_t)kUnroll * STEP;
 #pragma unroll
-            for (int r = 0; r < kRows; r++)
-                buf[u][r] = next < k1 ? fp8_load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
+            for (int r = 0; r < R; r++)
+                buf[u][r] = next < k1 ? kcu_load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
         }
     }
 #pragma unroll
     for (int i = 0; i < M; i++)
 #pragma unroll
-        for (int r = 0; r < kRows; r++) {
+        for (int r = 0; r < R; r++) {
             float v = kcu_warp_sum(acc[i][r]);
             if (lane == 0)
                 part[wid][i][r] = v;
         }
     __syncthreads();
-    for (int t = threadIdx.x; t < M * kRows; t += kWarps * 32) {
-        const int i = t / kRows, r = t % kRows;
+    for (int t = threadIdx.x; t < M * R; t += kWarps * 32) {
+        const int i = t / R, r = t % R;
         if (i < m && row0 + r < n) {
             float v = 0.0f;
 #pragma unroll
@@ -168,12 +252,37 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
+/* m (1..KILN_FP8_GEMV_MAX_ROWS) rows of x through fp8_gemv_kernel with
+ * FUSED: 8 weight rows a block for one or two rows of x, 4 past that
+ * (registers). */
+template <int XT>
+cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, void *y, int32_t m, int32_t n, int32_t k,
+                           cudaStream_t s)
+{
+    auto launch = [&](auto kernel, int rows_a_block) {
+        return kcu_launch_cfg(kernel, dim3((unsigned)(((int64_t)n + rows_a_block - 1) / rows_a_block)),
+                              dim3(kWarps * 32), s, x, (const float *)NULL, w, sw, y, m, n, k);
+    };
+    return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, true>, 8)
+           : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, true>, 8)
+           : m <= 4 ? launch(fp8_gemv_kernel<XT, 4, 4, true>, 4)
+                    : launch(fp8_gemv_kernel<XT, 8, 4, true>, 4);
+}
+
+/* KILN_FP8_GEMV=split keeps the decode path of two kernels (quantize, then
+ * GEMV) to time both; read at each launch (a graph keeps its capture's). */
+bool fp8_use_fused(void)
+{
+    const char *e = getenv("KILN_FP8_GEMV");
+    return !(e && strcmp(e, "split") == 0);
+}
+
 template <int XT, int M>
 cudaError_t fp8_gemv(const uint8_t *xq, const float *sx, const uint8_t *w, const float *sw, void *y, int32_t m,
                      int32_t n, int32_t k, cudaStream_t s)
 {
-    return kcu_launch_cfg(fp8_gemv_kernel<XT, M>, dim3((unsigned)(((int64_t)n + kRows - 1) / kRows)), dim3(kWarps * 32),
-                          s, xq, sx, w, sw, y, m, n, k);
+    return kcu_launch_cfg(fp8_gemv_kernel<XT, M, kRows, false>, dim3((unsigned)(((int64_t)n + kRows - 1) / kRows)),
+                          dim3(kWarps * 32), s, (const void *)xq, sx, w, sw, y, m, n, k);
 }
 
 /* Rows [0, rows) in groups of up to 8 through the GEMV; y's rows are n
@@ -250,6 +359,8 @@ template <int XT>
 int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t rows, int32_t n, int32_t k, char *ws,
             cudaStream_t s)
 {
+    if (rows <= KILN_FP8_GEMV_MAX_ROWS && (uintptr_t)x % 16 == 0 && fp8_use_fused())
+        return (int)fp8_gemv_fused<XT>(x, w, sw, y, (int32_t)rows, n, k, s);
     uint8_t *xq = (uint8_t *)ws;
     float *sx = (float *)(ws + kiln_fp8_workspace_scales(rows, k));
     cudaError_t e = kcu_launch_cfg(fp8_quantize_kernel<XT>, dim3((unsigned)rows), dim3(256), s, x, xq, sx, k);

@@ -38,17 +38,6 @@ cublasLtHandle_t fmm_lt;
 int fmm_lt_status = -1;
 std::once_flag fmm_lt_once;
 
-/* 16-byte load that skips L1 allocation: the weight is read exactly once
- * (as gemv.cu's). */
-__device__ __forceinline__ uint4 load_stream(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 __device__ __forceinline__ float silu_times(int t, float g, float u)
 {
     const float s = kcu_round_float(t, __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))));
@@ -177,7 +166,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
 #pragma unroll
         for (int r = 0; r < ROWS; r++)
-            buf[u][r] = kk < k1 ? load_stream(wr[r] + kk * ES) : make_uint4(0, 0, 0, 0);
+            buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + kk * ES) : make_uint4(0, 0, 0, 0);
         if constexpr (NORM)
             nbuf[u] = kk < k1 ? __ldg((const uint4 *)(nb + kk * ES)) : make_uint4(0, 0, 0, 0);
     }
@@ -279,7 +268,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             const int64_t next = kk + (int64_t)UNROLL * STEP;
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
-                buf[u][r] = next < k1 ? load_stream(wr[r] + next * ES) : make_uint4(0, 0, 0, 0);
+                buf[u][r] = next < k1 ? kcu_load_stream(wr[r] + next * ES) : make_uint4(0, 0, 0, 0);
             if constexpr (NORM)
                 nbuf[u] = next < k1 ? __ldg((const uint4 *)(nb + next * ES)) : make_uint4(0, 0, 0, 0);
         }

@@ -109,10 +109,12 @@ static int32_t woq_supports(const kiln_plugin *self, kiln_backend backend, const
     int backend_ok = backend == KILN_BACKEND_CPU;
 #ifdef KILN_HAVE_CUDA
     /* asked when an engine is built and loaded: the prefill GEMM's cuBLASLt
-     * handle is set up here, never inside a captured step (without a GPU
-     * the setup fails and a prefill's enqueue reports it) */
+     * handle and the decode GEMVs' launch set-up are made here, never
+     * inside a captured step (without a GPU the setup fails and an
+     * enqueue reports it) */
     if (backend == KILN_BACKEND_CUDA) {
         (void)kiln_fusedmm_cuda_init();
+        (void)kiln_woq_cuda_init();
         backend_ok = 1;
     }
 #endif

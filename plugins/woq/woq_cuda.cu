@@ -4,7 +4,8 @@
  *
  * Few rows of x (decode, rows <= KILN_WOQ_GEMV_MAX_ROWS), bf16 or f16 x, groups
  * that are multiples of a chunk (128 int4 or 64 int8 weights): a GEMV on
- * the tensor cores (woq_tc_kernel). At these shapes the matmul is one pass
+ * the tensor cores (woq_pipe_kernel; woq_tc_kernel, its predecessor, by
+ * KILN_WOQ_GEMV=tc). At these shapes the matmul is one pass
  * over the weight bytes, and a GEMV that dequantizes and multiplies in f32
  * issues about 8 instructions a 4-bit weight in its loop (SASS), which
  * leaves it issue-bound far below the memory (0.23 of the copy floor on
@@ -12,19 +13,38 @@
  * Here a 4-bit value becomes a 16-bit float operand with a shift and one
  * LOP3 per two weights (placed into the mantissa of a power of two, so the
  * operand is exactly MAG + v), and one mma.m16n8k16 multiplies 16 weight
- * rows by 16 k by the 8 rows of x (B; rows past m repeat row 0 and are not
- * stored) with f32 accumulation: about 2.3 instructions a weight in the
- * loop (SASS: 149 for a lane's chunk of 2 x 32 int4 weights). The
- * offset MAG and the zero point are taken out per chunk in f32 with Σ x,
- * which a mma with ones for A gives, and the group's scale multiplies the
- * chunk's sum. Precision: x keeps its own 16 bits and the weight operands
- * are exact, so every product is exact and the sums are f32 (the tensor
- * cores' adds); the one loss against f32 arithmetic is that the partial
- * sums carry MAG · Σ x (MAG 128 for bf16, 64 for f16; 17 MAG + 128 for
- * int8's two nibbles) until it is subtracted, an absolute error of a few
- * f32 ulps of MAG · Σ|x| per chunk: about 1e-5 of y for random data, far
- * below the rounding of y to bf16 (2^-9) or f16 (2^-11). An infinite x
- * gives NaN where the f32 reference may give an infinity.
+ * rows by 16 k by the 8 rows of x (B; rows past m repeat row 0 and are
+ * not stored) with f32 accumulation: about 2.3 instructions a weight in
+ * woq_tc_kernel's loop (SASS: 149 for a lane's chunk of 2 x 32 int4
+ * weights), about 2 in woq_pipe_kernel's with 32 rows a warp (249 for 4 x
+ * 32). The offset MAG and the zero point are taken out per chunk in f32
+ * with Σ x, which a mma with ones for A gives (or, in woq_pipe_kernel's
+ * tiles with a sum row, a row of zero weights, whose sums are MAG Σ x),
+ * and the group's scale multiplies the chunk's sum. Precision: x keeps
+ * its own 16 bits and the weight operands are exact, so every product is
+ * exact and the sums are f32 (the tensor cores' adds); the one loss
+ * against f32 arithmetic is that the partial sums carry MAG · Σ x (MAG
+ * 128 for bf16, 64 for f16; 17 MAG + 128 for int8's two nibbles) until it
+ * is subtracted, an absolute error of a few f32 ulps of MAG · Σ|x| per
+ * chunk: about 1e-5 of y for random data, far below the rounding of y to
+ * bf16 (2^-9) or f16 (2^-11). An infinite x gives NaN where the f32
+ * reference may give an infinity.
+ * What held woq_tc_kernel to 0.34-0.46 of the copy floor at the 8B int4
+ * shapes, by this reasoning (not measured: no profile of it was taken),
+ * is the bytes in flight: it held its next chunks in registers, 3 KB a
+ * warp at 16 warps an SM, and ptxas issued each iteration's loads after
+ * its products, so a warp waited on memory every chunk, and its blocks of
+ * a few chunks a warp retired and started in several waves. At about 4.2
+ * TB/s and an assumed 1-1.5 us of DRAM latency under load, the memory
+ * needs 4-7 MB in flight (30-50 KB an SM) at every moment.
+ * woq_pipe_kernel streams the weights through a ring in shared memory by
+ * cp.async instead: 8 KB a warp always requested (up to 128 KB an SM, 8-17
+ * MB on the GPU at the 8B shapes), and sizes its grid to one wave of the
+ * blocks the GPU holds, so all of them request their first 8 KB before
+ * the wait on the previous kernel and none waits for blocks to retire.
+ * Its loop issues about 2 instructions a weight (0.12 a weight byte with
+ * 32-row tiles): at 4.2 TB/s an SM takes 16 bytes a cycle, 2 of its 4
+ * issue slots a cycle.
  *
  * Otherwise (f32 x, which 16-bit operands would round far past the f32
  * tolerance; groups that are not multiples of a chunk; or
@@ -90,16 +110,6 @@ template <int BITS> struct woq_vec {
     static constexpr int E = BITS == 4 ? 32 : 16;
     static constexpr int ROWS = BITS == 4 ? 4 : 2; /* weight rows per block */
 };
-
-/* 16-byte load that skips L1 allocation: the weights are read once. */
-__device__ __forceinline__ uint4 woq_load_stream(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
 
 /* The E values of x from element `off` as f32; x rows are 16-byte aligned
  * (checked by the launcher) and off is a multiple of E. */
@@ -185,7 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int r = 0; r < ROWS; r++) {
             const bool in = kk < k1;
             const int64_t g = rr[r] * ng + (in ? kk / group : 0);
-            buf[u][r] = in ? woq_load_stream(q + rr[r] * row_bytes + kk * BITS / 8) : make_uint4(0, 0, 0, 0);
+            buf[u][r] = in ? kcu_load_stream(q + rr[r] * row_bytes + kk * BITS / 8) : make_uint4(0, 0, 0, 0);
             sbuf[u][r] = in ? __ldg(scales + g) : 0.0f;
             zbuf[u][r] = zbase + (BITS == 4 && in ? (float)__ldg(zeros + g) : 0.0f);
         }
@@ -227,7 +237,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             for (int r = 0; r < ROWS; r++) {
                 const bool in = next < k1;
                 const int64_t g = rr[r] * ng + (in ? next / group : 0);
-                buf[u][r] = in ? woq_load_stream(q + rr[r] * row_bytes + next * BITS / 8) : make_uint4(0, 0, 0, 0);
+                buf[u][r] = in ? kcu_load_stream(q + rr[r] * row_bytes + next * BITS / 8) : make_uint4(0, 0, 0, 0);
                 sbuf[u][r] = in ? __ldg(scales + g) : 0.0f;
                 zbuf[u][r] = zbase + (BITS == 4 && in ? (float)__ldg(zeros + g) : 0.0f);
             }
@@ -361,6 +371,97 @@ __device__ __forceinline__ uint32_t woq_word(const uint4 &v, int i)
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
+/* The lane's x for a chunk: CK / 8 16-byte vectors at xc (4 for int4, 32
+ * k; 2 for int8, 16 k). */
+template <int BITS> struct woq_xvec {
+    static constexpr int N = BITS == 4 ? 4 : 2;
+};
+
+template <int BITS> __device__ __forceinline__ void woq_load_xv(const uint4 *xc, uint4 (&xv)[woq_xvec<BITS>::N])
+{
+#pragma unroll
+    for (int i = 0; i < woq_xvec<BITS>::N; i++)
+        xv[i] = __ldg(xc + i);
+}
+
+/* One chunk of a warp's 16 x RT weight rows: w holds the lane's 16 bytes
+ * of rows g and g + 8 of each 16, sc and of their group's scale and
+ * offset (MAG + z; int8: 17 MAG + 128), xv the lane's x (woq_load_xv).
+ * The chunk's sums, scaled once, go into acc as woq_tc_kernel's comment
+ * derives. Σ x comes from a mma with ones for A, or (SUMROW) from the
+ * warp's last row (row 15 of the last 16), whose weight bytes are zero:
+ * its operands are all MAG, so its sums are MAG Σ x, exact to divide
+ * (lanes 28-31 hold it; a shuffle brings it to the others), which saves
+ * the mma with ones (2 of 6 mma a 16-row chunk). */
+template <int XT, int BITS, int RT, bool SUMROW>
+__device__ __forceinline__ void woq_tc_chunk(const uint4 (&w)[RT][2], const float (&sc)[RT][2],
+                                             const float (&of)[RT][2], const uint4 (&xv)[woq_xvec<BITS>::N],
+                                             uint32_t one, uint32_t mask, uint32_t lo, uint32_t hi, float (&acc)[RT][4])
+{
+    using T = woq_tc<XT>;
+    float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            d[rt][e] = dh[rt][e] = 0.0f;
+    if (BITS == 4) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
+            const uint4 v = xv[i];
+            const uint32_t b0 = __byte_perm(v.x, v.z, 0x5410), b1 = __byte_perm(v.x, v.z, 0x7632);
+            const uint32_t b2 = __byte_perm(v.y, v.w, 0x5410), b3 = __byte_perm(v.y, v.w, 0x7632);
+            if (!SUMROW) {
+                T::mma(dz, one, one, one, one, b0, b1);
+                T::mma(dz, one, one, one, one, b2, b3);
+            }
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                const uint32_t wa = woq_word(w[rt][0], i), wb = woq_word(w[rt][1], i);
+                T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 1, mask, lo),
+                       T::pair(wb, 1, mask, lo), b0, b1);
+                T::mma(d[rt], T::pair(wa, 2, mask, lo), T::pair(wb, 2, mask, lo), T::pair(wa, 3, mask, lo),
+                       T::pair(wb, 3, mask, lo), b2, b3);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
+             * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
+            const uint4 v = xv[i / 2];
+            const uint32_t xa = i & 1 ? v.z : v.x, xb = i & 1 ? v.w : v.y;
+            const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
+            if (!SUMROW)
+                T::mma(dz, one, one, one, one, b0, b1);
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                const uint32_t wa = woq_word(w[rt][0], i), wb = woq_word(w[rt][1], i);
+                T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 2, mask, lo),
+                       T::pair(wb, 2, mask, lo), b0, b1);
+                T::mma(dh[rt], T::pair(wa, 1, mask, hi), T::pair(wb, 1, mask, hi), T::pair(wa, 3, mask, hi),
+                       T::pair(wb, 3, mask, hi), b0, b1);
+            }
+        }
+    }
+    /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1); the sum
+     * row is row 15 of d[RT - 1] (its low nibbles for int8: MAG + 0), held
+     * by lane 28 + t as e 2 and 3 */
+    if (SUMROW) {
+        const int src = 28 + (int)(threadIdx.x & 3);
+        dz[0] = __shfl_sync(0xffffffffu, d[RT - 1][2], src) * (1.0f / T::MAG);
+        dz[1] = __shfl_sync(0xffffffffu, d[RT - 1][3], src) * (1.0f / T::MAG);
+    }
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float v = BITS == 4 ? d[rt][e] : fmaf(16.0f, dh[rt][e], d[rt][e]);
+            acc[rt][e] = fmaf(sc[rt][e >> 1], fmaf(-of[rt][e >> 1], dz[e & 1], v), acc[rt][e]);
+        }
+}
+
 /* One block: 16 x RT weight rows (blockIdx.x) for the m <= 8 rows of x;
  * its warps split the chunks of k into contiguous runs and add up in
  * shared memory. Each chunk lies in one group (group % chunk == 0, checked
@@ -448,59 +549,9 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
         for (int e = 0; e < 4; e++)
             acc[rt][e] = 0.0f;
     auto process = [&](int u, int c) {
-        /* CK / 8 16-byte vectors of x per lane and chunk */
-        const uint4 *xc = xr + (uint32_t)c * (CK / 8);
-        float dz[4] = {0.0f, 0.0f, 0.0f, 0.0f}, d[RT][4], dh[RT][4];
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                d[rt][e] = dh[rt][e] = 0.0f;
-        if (BITS == 4) {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                /* x k 8i..8i+7 of the lane's 32; pairs (j, j + 4) as the nibbles */
-                const uint4 xv = __ldg(xc + i);
-                const uint32_t b0 = __byte_perm(xv.x, xv.z, 0x5410), b1 = __byte_perm(xv.x, xv.z, 0x7632);
-                const uint32_t b2 = __byte_perm(xv.y, xv.w, 0x5410), b3 = __byte_perm(xv.y, xv.w, 0x7632);
-                T::mma(dz, one, one, one, one, b0, b1);
-                T::mma(dz, one, one, one, one, b2, b3);
-#pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
-                    T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 1, mask, lo),
-                           T::pair(wb, 1, mask, lo), b0, b1);
-                    T::mma(d[rt], T::pair(wa, 2, mask, lo), T::pair(wb, 2, mask, lo), T::pair(wa, 3, mask, lo),
-                           T::pair(wb, 3, mask, lo), b2, b3);
-                }
-            }
-        } else {
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                /* x k 4i..4i+3 of the lane's 16; pairs (j, j + 2): nibble pairs 0 and 1 are
-                 * bytes 0 and 2 (low, high nibbles), pairs 2 and 3 bytes 1 and 3 */
-                const uint4 xv = __ldg(xc + i / 2);
-                const uint32_t xa = i & 1 ? xv.z : xv.x, xb = i & 1 ? xv.w : xv.y;
-                const uint32_t b0 = __byte_perm(xa, xb, 0x5410), b1 = __byte_perm(xa, xb, 0x7632);
-                T::mma(dz, one, one, one, one, b0, b1);
-#pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    const uint32_t wa = woq_word(buf[u][rt][0], i), wb = woq_word(buf[u][rt][1], i);
-                    T::mma(d[rt], T::pair(wa, 0, mask, lo), T::pair(wb, 0, mask, lo), T::pair(wa, 2, mask, lo),
-                           T::pair(wb, 2, mask, lo), b0, b1);
-                    T::mma(dh[rt], T::pair(wa, 1, mask, hi), T::pair(wb, 1, mask, hi), T::pair(wa, 3, mask, hi),
-                           T::pair(wb, 3, mask, hi), b0, b1);
-                }
-            }
-        }
-        /* d: rows g (e 0, 1) and g + 8 (e 2, 3), x rows 2t + (e & 1) */
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const float v = BITS == 4 ? d[rt][e] : fmaf(16.0f, dh[rt][e], d[rt][e]);
-                acc[rt][e] = fmaf(sb[u][rt][e >> 1], fmaf(-ob[u][rt][e >> 1], dz[e & 1], v), acc[rt][e]);
-            }
+        uint4 xv[woq_xvec<BITS>::N];
+        woq_load_xv<BITS>(xr + (uint32_t)c * (CK / 8), xv);
+        woq_tc_chunk<XT, BITS, RT, false>(buf[u], sb[u], ob[u], xv, one, mask, lo, hi, acc);
     };
     /* each slot is refilled with the chunk U ahead once used: no tests
      * while that chunk is inside the warp's run, then a tail with them */
@@ -540,6 +591,178 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
     }
 }
 
+/* ---- the pipelined tensor-core GEMV (the default) ------------------------------------------- */
+
+/* A warp's weight chunks in flight: kPipeStages 16-row chunks with 16 rows
+ * a warp, half as many 32-row ones (8 KB a warp either way). */
+constexpr int kPipeStages = 8;
+constexpr int kPipeMaxSplit = 16; /* warps of a block, splitting k */
+
+/* 16 bytes from global to shared memory without a register (cp.async,
+ * not kept in L1), with L2 fetching the 256 bytes around them: the
+ * warp's next chunks of the row. */
+__device__ __forceinline__ void woq_cp16(void *smem, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"((uint32_t)__cvta_generic_to_shared(smem)),
+                 "l"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void woq_cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+/* Until at most N of the thread's cp.async groups are still in flight. */
+template <int N> __device__ __forceinline__ void woq_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* woq_tc_kernel's arithmetic (woq_tc_chunk) with the weights streamed
+ * through shared memory: each lane copies its own 16 bytes of rows g and
+ * g + 8 of a chunk into a ring of S stages (cp.async; it alone reads them
+ * back, so no barrier), so a warp keeps S chunks (8 KB) in flight without
+ * holding them in registers, and the next load never waits for ptxas's
+ * placement of loads after the products (woq_tc_kernel's stall). The
+ * group's scale and offset ride in registers beside each stage. A block
+ * is `split` warps over one tile of 16 x RT weight rows, or (SR) 16 x RT
+ * - 1 and woq_tc_chunk's sum row (zeros in its ring slots, never loaded
+ * or stored), each a contiguous run of its chunks; the launcher
+ * picks split so that the grid fits the GPU in one wave where it can:
+ * every warp's first S chunks are requested before the wait on the
+ * previous kernel, and no warp waits for a block to retire. A chunk's x
+ * is requested before the wait for its weights. Dynamic shared memory:
+ * split x S x RT KB of ring, then (split > 1) the warps' partial sums. */
+template <int XT, int BITS, int RT, bool SR>
+__global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
+    woq_pipe_kernel(const void *__restrict__ x, const uint8_t *__restrict__ q, const float *__restrict__ scales,
+                    const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
+                    int32_t group)
+{
+    using T = woq_tc<XT>;
+    constexpr int CK = BITS == 4 ? 128 : 64, S = kPipeStages / RT, RR = 16 * RT - SR; /* rows a tile */
+    extern __shared__ uint4 woq_smem[];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int64_t row_bytes = (int64_t)k * BITS / 8, ng = k / group, row0 = (int64_t)blockIdx.x * RR;
+    const int nch = k / CK, cpw = (nch + warps - 1) / warps;
+    const int c0 = wid * cpw < nch ? wid * cpw : nch, c1 = c0 + cpw < nch ? c0 + cpw : nch;
+    /* stage u, row half (rt, h): 32 lanes x 16 bytes; the sum row's slots
+     * (lanes 28-31 of the last half) hold zeros throughout */
+    uint4 *ring = woq_smem + (size_t)wid * S * RT * 2 * 32 + lane;
+    const bool sum_lane = SR && g == 7;
+    if (sum_lane)
+#pragma unroll
+        for (int u = 0; u < S; u++)
+            ring[((u * RT + RT - 1) * 2 + 1) * 32] = make_uint4(0, 0, 0, 0);
+
+    const uint8_t *qr[RT][2], *zr[RT][2];
+    const float *sr[RT][2];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            /* rows past n (and the sum row's scales) read the last row:
+             * loaded, never stored */
+            const int64_t row = row0 + 16 * rt + 8 * h + g < n ? row0 + 16 * rt + 8 * h + g : n - 1;
+            qr[rt][h] = woq_pin(q + row * row_bytes + t * 16);
+            sr[rt][h] = woq_pin(scales + row * ng);
+            zr[rt][h] = BITS == 4 ? woq_pin(zeros + row * ng) : zeros; /* int8 has none */
+        }
+    const uint32_t mask = woq_pin(T::MASK), lo = woq_pin(T::MAGIC), hi = woq_pin(T::MAGIC ^ T::FLIP),
+                   one = SR ? 0u : woq_pin(T::ONE);
+    float sb[S][RT][2], ob[S][RT][2];
+    const float off8 = 17.0f * T::MAG + 128.0f;
+    /* chunks are requested in order: the group of the next one is counted
+     * along instead of divided out */
+    const int cpg = group / CK;
+    int gl = c0 / cpg, rl = c0 - gl * cpg;
+    /* chunk c into stage u with its scales and offsets; one cp.async group
+     * a call, empty past the run, so that wait_group<S - 1> always means
+     * "the oldest requested chunk has landed" */
+    auto request = [&](int u, int c) {
+        if (c < c1) {
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    if (rt < RT - 1 || h == 0 || !sum_lane)
+                        woq_cp16(ring + ((u * RT + rt) * 2 + h) * 32, qr[rt][h] + (int64_t)c * 64);
+                    sb[u][rt][h] = __ldg(sr[rt][h] + gl);
+                    ob[u][rt][h] = BITS == 4 ? T::MAG + (float)__ldg(zr[rt][h] + gl) : off8;
+                }
+        }
+        woq_cp_commit();
+        if (++rl == cpg) {
+            rl = 0;
+            gl++;
+        }
+    };
+#pragma unroll
+    for (int u = 0; u < S; u++)
+        request(u, c0 + u);
+    kcu_after_prior(x, y, k, n);
+
+    /* lanes whose x row is past m read row 0 (the same 64 bytes as its own
+     * lanes: no more L1 traffic than skipping it); their columns of the
+     * products are not stored */
+    const uint4 *xr =
+        woq_pin(reinterpret_cast<const uint4 *>((const uint16_t *)x + (int64_t)(g < m ? g : 0) * k + t * (CK / 4)));
+    float acc[RT][4];
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            acc[rt][e] = 0.0f;
+    for (int c = c0; c < c1; c += S) {
+#pragma unroll
+        for (int u = 0; u < S; u++) {
+            if (c + u < c1) {
+                uint4 xv[woq_xvec<BITS>::N], w[RT][2];
+                woq_load_xv<BITS>(xr + (int64_t)(c + u) * (CK / 8), xv);
+                woq_cp_wait<S - 1>();
+#pragma unroll
+                for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++)
+                        w[rt][h] = ring[((u * RT + rt) * 2 + h) * 32];
+                woq_tc_chunk<XT, BITS, RT, SR>(w, sb[u], ob[u], xv, one, mask, lo, hi, acc);
+                /* the stage is free: its bytes went into the products above */
+                request(u, c + u + S);
+            }
+        }
+    }
+
+    /* d's layout: lane (g, t) holds rows g (e 0, 1) and g + 8 (e 2, 3) of
+     * each 16, x rows 2t + (e & 1); row RR is the sum row (SR) */
+    if (warps == 1) {
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int col = 2 * t + (e & 1), r = 16 * rt + g + 8 * (e >> 1);
+                if (col < m && r < RR && row0 + r < n)
+                    kcu_store_float(y, XT, (int64_t)col * n + row0 + r, acc[rt][e]);
+            }
+        return;
+    }
+    float *part = reinterpret_cast<float *>(woq_smem + (size_t)warps * S * RT * 2 * 32);
+#pragma unroll
+    for (int rt = 0; rt < RT; rt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            part[(wid * RT * 4 + rt * 4 + e) * 32 + lane] = acc[rt][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < RT * 4 * 32; i += blockDim.x) {
+        const int l = i & 31, j = i >> 5, e = j & 3;
+        const int col = 2 * (l & 3) + (e & 1), r = 16 * (j >> 2) + (l >> 2) + 8 * (e >> 1);
+        if (col < m && r < RR && row0 + r < n) {
+            float v = 0.0f;
+            for (int w = 0; w < warps; w++)
+                v += part[(w * RT * 4 + j) * 32 + l];
+            kcu_store_float(y, XT, (int64_t)col * n + row0 + r, v);
+        }
+    }
+}
+
 /* The prefill path's dequantization: weight rows [0, vecs / (k / E)) of
  * q into w, [rows, k] of OT. A warp takes 32 consecutive 16-byte vectors
  * of q (E weights each, inside one group) per step of a grid-stride loop,
@@ -567,7 +790,7 @@ __global__ void __launch_bounds__(256)
         const int64_t v = base + lane;
         if (v < vecs) {
             const int64_t r = v / vpr, g = r * ng + (v - r * vpr) * E / group;
-            const uint4 b = woq_load_stream(q + v * 16);
+            const uint4 b = kcu_load_stream(q + v * 16);
             float f[E];
             woq_unpack<BITS>(b, zbase + (BITS == 4 ? (float)__ldg(zeros + g) : 0.0f), f);
             const float sc = __ldg(scales + g);
@@ -611,19 +834,173 @@ cudaError_t woq_gemv(const void *x, const uint8_t *q, const float *scales, const
 }
 
 /* KILN_WOQ_GEMV selects the GEMV for rows <= KILN_WOQ_GEMV_MAX_ROWS, for timing
- * them in one run and testing each: "f32" the f32 one for every x dtype,
- * "tc16" or "tc32" the tensor-core one with that many rows a warp; else
- * (unset) the tensor-core one with the rows below. KILN_WOQ_GEMV_SPLIT
- * (1 to kTcMaxWarps) sets the tensor-core one's warps a block (its k
- * split), KILN_WOQ_GEMV_PREFETCH its L2 prefetch distance in chunks (0:
- * none, at most 64). Read at each launch (a graph keeps what its capture
- * chose). */
-static int woq_gemv_choice(void)
+ * them in one run and testing each: "f32" the f32 one for every x dtype;
+ * "tc16", "tc32" the older tensor-core one (woq_tc_kernel) with that many
+ * rows a warp, "tc" with its own choice; "pipe16", "pipe32" the pipelined
+ * one (woq_pipe_kernel) with that many rows a warp; else (unset) the
+ * pipelined one with its choice of rows. KILN_WOQ_GEMV_SPLIT (1 to 16)
+ * sets either tensor-core one's warps a block (its k split),
+ * KILN_WOQ_GEMV_SUMROW (0 or 1) whether the pipelined one's tiles carry
+ * the sum row (woq_pipe_launch),
+ * KILN_WOQ_GEMV_PREFETCH the older one's L2 prefetch distance in chunks
+ * (0: none, at most 64). Read at each launch (a graph keeps what its
+ * capture chose). */
+enum { WOQ_F32 = -1, WOQ_PIPE = 0, WOQ_TC = 1 };
+static int woq_gemv_choice(int *rt)
 {
     const char *e = getenv("KILN_WOQ_GEMV");
+    *rt = 0;
     if (!e)
-        return 0;
-    return !strcmp(e, "f32") ? -1 : !strcmp(e, "tc16") ? 1 : !strcmp(e, "tc32") ? 2 : 0;
+        return WOQ_PIPE;
+    if (!strcmp(e, "f32"))
+        return WOQ_F32;
+    const int tc = !strncmp(e, "tc", 2);
+    const char *rows = e + (tc ? 2 : !strncmp(e, "pipe", 4) ? 4 : 0);
+    *rt = !strcmp(rows, "16") ? 1 : !strcmp(rows, "32") ? 2 : 0;
+    return tc ? WOQ_TC : WOQ_PIPE;
+}
+
+/* The pipelined GEMV's dynamic shared memory for a block of `warps`
+ * warps: their rings, and their partial sums where they split k. */
+static size_t woq_pipe_smem(int warps, int rt)
+{
+    return (size_t)warps * kPipeStages * 1024 + (warps > 1 ? (size_t)warps * (size_t)rt * 512 : 0);
+}
+
+constexpr int kPipeMaxDevices = 16;
+
+/* How many blocks of 1 to kPipeMaxSplit warps of a pipelined kernel one
+ * SM holds at once (bps[warps]), and the SMs. */
+struct woq_pipe_occ {
+    int sms;
+    int bps[kPipeMaxSplit + 1];
+};
+
+/* woq_pipe_occ of woq_pipe_kernel<XT, BITS, RT, SR> on the current device,
+ * found once a device (the first call also lets the kernel use shared
+ * memory past the default 48 KB); sms 0 and *err set on failure. */
+template <int XT, int BITS, int RT, bool SR> static woq_pipe_occ woq_pipe_occupancy(cudaError_t *err)
+{
+    static woq_pipe_occ known[kPipeMaxDevices];
+    woq_pipe_occ o = {};
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess && dev >= 0 && dev < kPipeMaxDevices && known[dev].sms > 0)
+        return known[dev];
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(woq_pipe_kernel<XT, BITS, RT, SR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)woq_pipe_smem(kPipeMaxSplit, RT));
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&o.sms, cudaDevAttrMultiProcessorCount, dev);
+    for (int w = 1; w <= kPipeMaxSplit && e == cudaSuccess; w++)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&o.bps[w], woq_pipe_kernel<XT, BITS, RT, SR>, w * 32,
+                                                          woq_pipe_smem(w, RT));
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError(); /* reported through *err, not to the next launch's check */
+        *err = e;
+        return woq_pipe_occ{};
+    }
+    if (dev >= 0 && dev < kPipeMaxDevices)
+        known[dev] = o;
+    return o;
+}
+
+/* The k split of `tiles` blocks over nch chunks: the most warps a block
+ * (at most kPipeMaxSplit, each with 2 chunks or more) with which every
+ * block is resident at once, then as few as give the same run length
+ * (1 where even single warps take more than one wave). */
+static int woq_pipe_split(const woq_pipe_occ &o, int64_t tiles, int64_t nch)
+{
+    int64_t split = 1;
+    for (int w = 2; w <= kPipeMaxSplit && w <= nch / 2; w++)
+        if (tiles <= (int64_t)o.bps[w] * o.sms)
+            split = w;
+    const int64_t cpw = (nch + split - 1) / split;
+    return (int)((nch + cpw - 1) / cpw);
+}
+
+/* Warps resident at once with `split` warps a block over `tiles` blocks. */
+static int64_t woq_pipe_warps(const woq_pipe_occ &o, int64_t tiles, int split)
+{
+    const int64_t fit = (int64_t)o.bps[split] * o.sms;
+    return (tiles < fit ? tiles : fit) * split;
+}
+
+template <int XT, int BITS, int RT, bool SR>
+cudaError_t woq_pipe_run(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int32_t m,
+                         int32_t n, int32_t k, int32_t group, int64_t tiles, int split, cudaStream_t s)
+{
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)tiles);
+    cfg.blockDim = dim3((unsigned)split * 32);
+    cfg.dynamicSmemBytes = woq_pipe_smem(split, RT);
+    cfg.stream = s;
+    cfg.attrs = attr;
+    cfg.numAttrs = kcu_pdl ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, woq_pipe_kernel<XT, BITS, RT, SR>, x, q, scales, zeros, y, m, n, k, group);
+}
+
+/* The pipelined GEMV with its tile and k split (woq_pipe_split): one
+ * wave of blocks, so that every warp's first loads are requested at its
+ * start and none waits for a block to retire (a block of a second wave
+ * would stream its tile alone after the first: the launch's time twice
+ * over). 32 rows a warp issue about 4/5 of the instructions a weight byte
+ * of 16 (half the x loads, byte permutes and Σ x a weight; SASS: 249
+ * against 156 a 16-row chunk for int4), so 16 are taken only where they
+ * give twice the warps (bytes in flight) or more. The sum row (SR) saves
+ * a third of the mma, but where its extra tiles cost warps (n 4096: 133
+ * tiles of 31 rows fit one 8-warp block an SM, 128 of 32 one of 16) the
+ * tile is whole; KILN_WOQ_GEMV_SUMROW=0 or 1 forces it. On an H200 (132
+ * SMs): int4 28672 x 4096 is 925 tiles of 31 rows x 2 warps of 16
+ * chunks, 6144 x 4096 199 x 8 warps of 4, 4096 x 14336 128 tiles of 32
+ * rows x 16 warps of 7. */
+template <int XT, int BITS, bool SR>
+cudaError_t woq_pipe_rt(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int32_t m,
+                        int32_t n, int32_t k, int32_t group, int rt, int64_t tiles, int split, cudaStream_t s)
+{
+    if (rt == 2)
+        return woq_pipe_run<XT, BITS, 2, SR>(x, q, scales, zeros, y, m, n, k, group, tiles, split, s);
+    return woq_pipe_run<XT, BITS, 1, SR>(x, q, scales, zeros, y, m, n, k, group, tiles, split, s);
+}
+
+template <int XT, int BITS>
+cudaError_t woq_pipe_launch(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y,
+                            int32_t m, int32_t n, int32_t k, int32_t group, int rt, cudaStream_t s)
+{
+    constexpr int CK = BITS == 4 ? 128 : 64;
+    cudaError_t e = cudaSuccess;
+    /* [16- or 32-row tiles][without, with the sum row] */
+    const woq_pipe_occ occ[2][2] = {
+        {woq_pipe_occupancy<XT, BITS, 1, false>(&e), woq_pipe_occupancy<XT, BITS, 1, true>(&e)},
+        {woq_pipe_occupancy<XT, BITS, 2, false>(&e), woq_pipe_occupancy<XT, BITS, 2, true>(&e)}};
+    if (e != cudaSuccess)
+        return e;
+    const int64_t nch = k / CK;
+    int64_t tiles[2][2], warps[2][2];
+    int split[2][2];
+    for (int r = 0; r < 2; r++)
+        for (int sr = 0; sr < 2; sr++) {
+            const int64_t rows = 16 * (r + 1) - sr;
+            tiles[r][sr] = ((int64_t)n + rows - 1) / rows;
+            split[r][sr] = woq_pipe_split(occ[r][sr], tiles[r][sr], nch);
+            warps[r][sr] = woq_pipe_warps(occ[r][sr], tiles[r][sr], split[r][sr]);
+        }
+    const char *env_sr = getenv("KILN_WOQ_GEMV_SUMROW"), *env_split = getenv("KILN_WOQ_GEMV_SPLIT");
+    int sr1 = warps[0][1] >= warps[0][0], sr2 = warps[1][1] >= warps[1][0];
+    if (env_sr && (!strcmp(env_sr, "0") || !strcmp(env_sr, "1")))
+        sr1 = sr2 = env_sr[0] == '1';
+    if (rt == 0)
+        rt = warps[0][sr1] >= 2 * warps[1][sr2] ? 1 : 2;
+    const int sr = rt == 2 ? sr2 : sr1;
+    int sp = split[rt - 1][sr];
+    if (env_split && atoi(env_split) >= 1 && atoi(env_split) <= kPipeMaxSplit)
+        sp = atoi(env_split);
+    if (sr)
+        return woq_pipe_rt<XT, BITS, true>(x, q, scales, zeros, y, m, n, k, group, rt, tiles[rt - 1][1], sp, s);
+    return woq_pipe_rt<XT, BITS, false>(x, q, scales, zeros, y, m, n, k, group, rt, tiles[rt - 1][0], sp, s);
 }
 
 /* The tensor-core GEMV: 32 rows a warp (fewer x loads and mma with ones
@@ -664,9 +1041,12 @@ cudaError_t woq_gemv_launch(const void *x, const uint8_t *q, const float *scales
                             int32_t m, int32_t n, int32_t k, int32_t group, cudaStream_t s)
 {
     if constexpr (XT != KILN_DTYPE_F32) {
-        const int choice = woq_gemv_choice();
-        if (group % (BITS == 4 ? 128 : 64) == 0 && choice >= 0)
-            return woq_tc_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, choice, s);
+        int rt = 0;
+        const int choice = woq_gemv_choice(&rt);
+        if (group % (BITS == 4 ? 128 : 64) == 0 && choice == WOQ_PIPE)
+            return woq_pipe_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, rt, s);
+        if (group % (BITS == 4 ? 128 : 64) == 0 && choice == WOQ_TC)
+            return woq_tc_launch<XT, BITS>(x, q, scales, zeros, y, m, n, k, group, rt, s);
     }
     if (m == 1)
         return woq_gemv<XT, BITS, 1>(x, q, scales, zeros, y, m, n, k, group, s);
@@ -756,6 +1136,25 @@ extern "C" int kiln_woq_matmul_cuda(int32_t bits, int32_t group, const void *x, 
     const float *sc = (const float *)scales;
     return bits == 4 ? woq_dispatch<4>(dtype, x, qb, sc, zb, y, rows, n, k, group, workspace, workspace_size, s)
                      : woq_dispatch<8>(dtype, x, qb, sc, zb, y, rows, n, k, group, workspace, workspace_size, s);
+}
+
+/* Every pipelined GEMV's set-up for one x dtype and width. */
+template <int XT, int BITS> static void woq_pipe_init(cudaError_t *e)
+{
+    (void)woq_pipe_occupancy<XT, BITS, 1, false>(e);
+    (void)woq_pipe_occupancy<XT, BITS, 1, true>(e);
+    (void)woq_pipe_occupancy<XT, BITS, 2, false>(e);
+    (void)woq_pipe_occupancy<XT, BITS, 2, true>(e);
+}
+
+extern "C" int kiln_woq_cuda_init(void)
+{
+    cudaError_t e = cudaSuccess;
+    woq_pipe_init<KILN_DTYPE_BF16, 4>(&e);
+    woq_pipe_init<KILN_DTYPE_BF16, 8>(&e);
+    woq_pipe_init<KILN_DTYPE_F16, 4>(&e);
+    woq_pipe_init<KILN_DTYPE_F16, 8>(&e);
+    return (int)e;
 }
 
 extern "C" const char *kiln_woq_cuda_error(int code)

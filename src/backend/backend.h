@@ -160,6 +160,9 @@ typedef struct kiln_backend_i {
     /* Copies `bytes` (nonzero, the tensor's size) between host memory and
      * I/O tensor t; to_device: host -> tensor. */
     kiln_status (*copy)(kiln_backend_context *c, int32_t t, void *host, size_t bytes, int to_device);
+    /* Copies `bytes` from I/O tensor src to I/O tensor dst in stream
+     * order (optional: kiln_context_copy_between). */
+    kiln_status (*copy_between)(kiln_backend_context *c, int32_t dst, int32_t src, size_t bytes);
 
     /* ---- graph mode and timing (optional) ---- */
     /* Captures enqueues into graphs and replays them (CUDA graphs); mode

@@ -113,6 +113,7 @@ void kiln_llm_close(kiln_llm *llm)
     free(llm->packed);
     free(llm->free_slots);
     free(h->next);
+    free(h->next_ahead);
     free(h->logits);
     free(h->logprob);
     free(h->top_ids);
@@ -381,10 +382,12 @@ static kiln_status setup_buffers(kiln_llm *llm)
     h->top_logprobs = calloc(S * K, sizeof *h->top_logprobs);
     llm->free_slots = calloc(S, sizeof *llm->free_slots);
     h->next = calloc(S, sizeof *h->next);
+    h->next_ahead = calloc(S, sizeof *h->next_ahead);
     /* Host sampling only for engines without the sampling layer. */
     h->logits = calloc(llm->has_sampler ? 1 : S * V, sizeof *h->logits);
     llm->cand = calloc(llm->has_sampler ? 1 : V, sizeof *llm->cand);
-    if (!h->next || !h->logits || !llm->cand || !llm->free_slots || !h->logprob || !h->top_ids || !h->top_logprobs)
+    if (!h->next || !h->next_ahead || !h->logits || !llm->cand || !llm->free_slots || !h->logprob || !h->top_ids ||
+        !h->top_logprobs)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the generation buffers");
     for (size_t i = 0; i < S; i++)
         llm->free_slots[i] = (int32_t)(S - 1 - i);

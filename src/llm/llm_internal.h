@@ -24,6 +24,7 @@ typedef struct step_host {
     float *params;                  /* [max_batch, n_params] sample_params */
     int32_t *seq;                   /* [max_batch, SAMPLE_SEQ] sample_seq */
     int32_t *next;                  /* [max_batch] next_token */
+    int32_t *next_ahead;            /* [max_batch] next_token of a step run ahead (scheduler.c) */
     float *logits;                  /* [max_batch, vocab]: engines without the sampling layer */
     /* Engines whose sampling layer has the logprob outputs: */
     float *logprob;      /* [max_batch] of the sampled id */
@@ -120,6 +121,15 @@ int32_t kiln_llm_step_bucket(const kiln_llm *llm, int32_t S);
  * (need_logits). One synchronization. With `graph` the step is a decode
  * step padded to a captured batch size and replays its graph. */
 kiln_status kiln_llm_step_run(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits, int need_logprobs);
+
+/* kiln_llm_step_run without the synchronization: next_token's copy goes
+ * to `next` (filled at the next synchronize, or when the following step
+ * copies next_token out: include/kiln/runtime.h). With `feed` the step's
+ * T == S tokens are the previous step's next_token, copied on the device
+ * (h->tokens is not read): a decode step enqueued before the host has
+ * seen the tokens it continues (scheduler.c, "running ahead"). */
+kiln_status kiln_llm_step_enqueue(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits, int need_logprobs,
+                                  int feed, int32_t *next);
 
 /* Captures one CUDA graph per decode batch size bucket (1, 2, 4, ...,
  * max_batch) by running a step of padding rows at each, so that decode

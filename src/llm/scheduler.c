@@ -93,6 +93,14 @@ struct kiln_llm_scheduler {
     sched_seq **running; /* [max_batch] in admission order: the last is the newest */
     int32_t n_running;
     sched_seq **rows; /* [max_batch] the sequence of each row of the step */
+    int32_t *lens;    /* [max_batch] seq_lens of the step's rows */
+    /* Running ahead (run_ahead): a decode step enqueued while the one
+     * before it still runs, fed its tokens on the device. Its rows (NULL:
+     * that request ended meanwhile), their seq_lens, its rows and bucket. */
+    int ahead, run_ahead;
+    sched_seq **ahead_rows;
+    int32_t *ahead_lens;
+    int32_t ahead_S, ahead_B;
     kiln_llm_scheduler_stats stats;
     pthread_t thread;
     int has_thread;
@@ -411,6 +419,13 @@ static void seq_end(kiln_llm_scheduler *sc, sched_seq *q, kiln_llm_finish why, c
     if (why != KILN_LLM_FINISH_ERROR)
         emit(q, &tok, 1);
     q->state = SEQ_DONE;
+    /* A step run ahead may hold a row of it: that row's token is dropped.
+     * Its blocks are reused only by steps enqueued after that one. */
+    for (int32_t s = 0; sc->ahead && s < sc->ahead_S; s++)
+        if (sc->ahead_rows[s] == q) {
+            sc->ahead_rows[s] = NULL;
+            sc->stats.dropped_rows++;
+        }
     kiln_kv_seq_release(&sc->llm->pool, &q->kv);
     slot_release(sc->llm, q);
     if (why == KILN_LLM_FINISH_CANCELLED)
@@ -731,47 +746,31 @@ static void register_blocks(kiln_llm_scheduler *sc, sched_seq *q)
         q->n_hashed = full;
 }
 
-/* Runs a packed step and hands out its tokens. */
-static kiln_status run_packed(kiln_llm_scheduler *sc, int32_t S, int32_t T)
+/* Hands out the tokens of a step that ended: rows[s] (NULL: none) with
+ * seq_lens lens[s] took ids next[s] (or sample from the logits of an
+ * engine without the sampling layer). */
+static void take_tokens(kiln_llm_scheduler *sc, sched_seq **rows, int32_t S, const int32_t *lens, const int32_t *next)
 {
     kiln_llm *llm = sc->llm;
     const int32_t V = llm->cfg.vocab_size;
-    step_host *h = &llm->h;
-    int need_logits = 0, need_logprobs = 0;
-    for (int32_t s = 0; s < S; s++) {
-        sched_seq *q = sc->rows[s];
-        int sample = (size_t)h->seq_lens[s] >= q->n_ids;
-        need_logits |= sample && !llm->has_sampler;
-        need_logprobs |= sample && q->logprobs != NULL;
-    }
-    int32_t B = T == S ? kiln_llm_step_bucket(llm, S) : 0;
-    if (B)
-        kiln_llm_step_pad(llm, S, B);
-    kiln_status st = kiln_llm_step_run(llm, B ? B : T, B ? B : S, B != 0, need_logits, need_logprobs);
-    if (st != KILN_OK) {
-        char why[512];
-        snprintf(why, sizeof why, "%s", kiln_last_error());
-        for (int32_t s = 0; s < S; s++)
-            seq_end(sc, sc->rows[s], KILN_LLM_FINISH_ERROR, why);
-        compact_running(sc);
-        return kiln_fail(st, "%s", why);
-    }
     sc->stats.steps++;
     /* The step's tokens all exist from its end on: one clock read a step, not
      * one a token. */
     const double t = kiln_llm_now_ms();
     for (int32_t s = 0; s < S; s++) {
-        sched_seq *q = sc->rows[s];
-        q->n_cached = (size_t)h->seq_lens[s];
+        sched_seq *q = rows[s];
+        if (!q)
+            continue;
+        q->n_cached = (size_t)lens[s];
         register_blocks(sc, q);
         if (q->n_cached < q->n_ids)
             continue; /* a prefill chunk short of the prompt's end */
         int32_t id;
         if (llm->has_sampler) {
-            id = h->next[s];
+            id = next[s];
         } else {
             /* An engine built without the sampling layer. */
-            float *row = h->logits + (size_t)s * (size_t)V;
+            float *row = llm->h.logits + (size_t)s * (size_t)V;
             if (q->seen)
                 kiln_sampler_penalize(row, V, &q->sampling, q->seen, q->count);
             id = kiln_sampler_sample(row, V, &q->sampling, &q->rng, llm->cand);
@@ -785,7 +784,128 @@ static kiln_status run_packed(kiln_llm_scheduler *sc, int32_t S, int32_t T)
         seq_accept(sc, q, s, id, t);
     }
     compact_running(sc);
+}
+
+/* Whether the decode step of rows[0..S) (seq_lens lens), just enqueued,
+ * may be followed by the next one before its ids reach the host: every
+ * row samples in it and goes on after it unless its token ends it (EOS, a
+ * stop string: the next step's row is then dropped), and the host has
+ * nothing to add to the next step (no request waiting). Rows with a
+ * penalty (state kept on the engine's side per slot), logprobs or an
+ * engine without the sampling layer always wait for the host. */
+static int may_run_ahead(const kiln_llm_scheduler *sc, sched_seq *const *rows, int32_t S, const int32_t *lens)
+{
+    const kiln_llm *llm = sc->llm;
+    if (!sc->run_ahead || !llm->has_sampler || sc->n_waiting > 0 || atomic_load(&llm->cancel))
+        return 0;
+    for (int32_t s = 0; s < S; s++) {
+        const sched_seq *q = rows[s];
+        if (!q || q->state != SEQ_RUNNING || q->cancel || q->slot >= 0 || q->logprobs || (size_t)lens[s] != q->n_ids ||
+            q->n_ids + 1 - q->n_prompt >= (size_t)q->req.max_tokens || q->n_ids + 1 >= (size_t)llm->cfg.max_seq_len)
+            return 0;
+    }
+    return 1;
+}
+
+/* Enqueues the decode step after the one of rows[0..S) (lens, bucket B),
+ * which is still running: each row one position on, its token the running
+ * step's next_token on the device. Leaves *ran 0 without enqueuing
+ * anything when a row's next token finds no block (the next step packed
+ * as usual preempts). On success this step's ids are in llm->h.next: the
+ * ahead step's copy of next_token completes the previous one first
+ * (include/kiln/runtime.h). */
+static kiln_status run_ahead(kiln_llm_scheduler *sc, int32_t S, int32_t B, int *ran)
+{
+    kiln_llm *llm = sc->llm;
+    step_host *h = &llm->h;
+    *ran = 0;
+    for (int32_t s = 0; s < S; s++)
+        if (kiln_kv_seq_grow(&llm->pool, &sc->rows[s]->kv, (int64_t)sc->lens[s] + 1) != KILN_OK)
+            return KILN_OK;
+    for (int32_t s = 0; s < S; s++) {
+        sched_seq *q = sc->rows[s];
+        h->positions[s] = sc->lens[s];
+        h->seq_lens[s] = sc->lens[s] + 1;
+        memcpy(h->block_table + (size_t)s * (size_t)llm->max_blocks, q->kv.blocks,
+               sizeof(int32_t) * (size_t)q->kv.n_blocks);
+        set_sampling_row(llm, s, q, 1);
+        sc->ahead_rows[s] = q;
+        sc->ahead_lens[s] = sc->lens[s] + 1;
+    }
+    sc->ahead = 1;
+    sc->stats.steps_ahead++;
+    sc->ahead_S = S;
+    sc->ahead_B = B;
+    *ran = 1;
+    return kiln_llm_step_enqueue(llm, B ? B : S, B ? B : S, B != 0, 0, 0, 1, h->next_ahead);
+}
+
+/* Runs the step of sc->rows[0..S) (lens sc->lens) that was just enqueued
+ * (B: its graph bucket, decode: every row one token, nothing but ids to
+ * copy out) to its end, running the next one ahead where it may, and hands
+ * out its tokens. On failure every request of the step (and of a step
+ * run ahead) ends with the error. */
+static kiln_status finish_step(kiln_llm_scheduler *sc, int32_t S, int32_t B, int decode, kiln_status st)
+{
+    kiln_llm *llm = sc->llm;
+    int ran = 0;
+    if (st == KILN_OK && decode && may_run_ahead(sc, sc->rows, S, sc->lens))
+        st = run_ahead(sc, S, B, &ran);
+    if (st == KILN_OK && !ran)
+        st = kiln_context_synchronize(llm->ctx);
+    if (st != KILN_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", kiln_last_error());
+        (void)kiln_context_synchronize(llm->ctx);
+        for (int32_t s = 0; s < S; s++)
+            if (sc->rows[s] && sc->rows[s]->state != SEQ_DONE)
+                seq_end(sc, sc->rows[s], KILN_LLM_FINISH_ERROR, why);
+        for (int32_t s = 0; sc->ahead && s < sc->ahead_S; s++)
+            if (sc->ahead_rows[s])
+                seq_end(sc, sc->ahead_rows[s], KILN_LLM_FINISH_ERROR, why);
+        sc->ahead = 0;
+        compact_running(sc);
+        return kiln_fail(st, "%s", why);
+    }
+    take_tokens(sc, sc->rows, S, sc->lens, llm->h.next);
     return KILN_OK;
+}
+
+/* Runs a packed step and hands out its tokens. */
+static kiln_status run_packed(kiln_llm_scheduler *sc, int32_t S, int32_t T)
+{
+    kiln_llm *llm = sc->llm;
+    step_host *h = &llm->h;
+    int need_logits = 0, need_logprobs = 0;
+    for (int32_t s = 0; s < S; s++) {
+        sched_seq *q = sc->rows[s];
+        int sample = (size_t)h->seq_lens[s] >= q->n_ids;
+        need_logits |= sample && !llm->has_sampler;
+        need_logprobs |= sample && q->logprobs != NULL;
+    }
+    int32_t B = T == S ? kiln_llm_step_bucket(llm, S) : 0;
+    if (B)
+        kiln_llm_step_pad(llm, S, B);
+    memcpy(sc->lens, h->seq_lens, sizeof *sc->lens * (size_t)S);
+    kiln_status st = kiln_llm_step_enqueue(llm, B ? B : T, B ? B : S, B != 0, need_logits, need_logprobs, 0, h->next);
+    return finish_step(sc, S, B, T == S && !need_logits && !need_logprobs, st);
+}
+
+/* The step run ahead becomes the current one: runs it to its end (with
+ * the next one ahead where it may) and hands out its tokens. */
+static kiln_status finish_ahead(kiln_llm_scheduler *sc)
+{
+    step_host *h = &sc->llm->h;
+    sched_seq **rows = sc->rows;
+    int32_t *lens = sc->lens, *next = h->next;
+    sc->rows = sc->ahead_rows;
+    sc->lens = sc->ahead_lens;
+    h->next = h->next_ahead;
+    sc->ahead_rows = rows;
+    sc->ahead_lens = lens;
+    h->next_ahead = next;
+    sc->ahead = 0;
+    return finish_step(sc, sc->ahead_S, sc->ahead_B, 1, KILN_OK);
 }
 
 /* Publishes the stats snapshot; under mu. */
@@ -845,7 +965,9 @@ static kiln_status sched_step(kiln_llm_scheduler *sc, int *busy)
     int all = quit || atomic_exchange(&sc->llm->cancel, 0);
     end_cancelled(sc, all);
     kiln_status st = KILN_OK;
-    if (sc->n_running + sc->n_waiting > 0) {
+    if (sc->ahead) {
+        st = finish_ahead(sc);
+    } else if (sc->n_running + sc->n_waiting > 0) {
         int32_t T = 0, S = pack(sc, &T);
         pthread_mutex_lock(&sc->mu);
         publish(sc);
@@ -859,7 +981,7 @@ static kiln_status sched_step(kiln_llm_scheduler *sc, int *busy)
     pthread_mutex_lock(&sc->mu);
     publish(sc);
     if (busy)
-        *busy = sc->n_running + sc->n_waiting + sc->n_in > 0;
+        *busy = sc->n_running + sc->n_waiting + sc->n_in > 0 || sc->ahead;
     pthread_cond_broadcast(&sc->idle);
     pthread_mutex_unlock(&sc->mu);
     return st;
@@ -872,7 +994,7 @@ static void *sched_thread(void *arg)
     kiln_llm_scheduler *sc = arg;
     for (;;) {
         pthread_mutex_lock(&sc->mu);
-        while (!sc->quit && !sc->in_head && !sc->n_cancel && sc->n_running + sc->n_waiting == 0) {
+        while (!sc->quit && !sc->in_head && !sc->n_cancel && sc->n_running + sc->n_waiting == 0 && !sc->ahead) {
             /* kiln_llm_cancel signals nothing: look at it now and then. */
             struct timespec until;
             clock_gettime(CLOCK_REALTIME, &until);
@@ -905,6 +1027,7 @@ void kiln_llm_scheduler_options_init(kiln_llm_scheduler_options *o)
     o->max_queue = 4096;
     o->thread = 1;
     o->prefix_caching = 1;
+    o->run_ahead = -1;
 }
 
 void kiln_llm_callbacks_init(kiln_llm_callbacks *cb)
@@ -920,6 +1043,9 @@ static void sched_free(kiln_llm_scheduler *sc)
 {
     free(sc->running);
     free(sc->rows);
+    free(sc->lens);
+    free(sc->ahead_rows);
+    free(sc->ahead_lens);
     free(sc->cancel_ids);
     pthread_mutex_destroy(&sc->mu);
     pthread_cond_destroy(&sc->work);
@@ -942,6 +1068,9 @@ kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_opt
     if (o.admission != KILN_LLM_ADMIT_MAX_UTILIZATION && o.admission != KILN_LLM_ADMIT_NO_EVICT)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
                          "scheduler admission %d is not MAX_UTILIZATION (0) or NO_EVICT (1)", (int)o.admission);
+    if (o.run_ahead < -1 || o.run_ahead > 1)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "scheduler run_ahead %d is not -1 (auto), 0 or 1",
+                         (int)o.run_ahead);
     kiln_llm_scheduler *sc = calloc(1, sizeof *sc);
     if (!sc)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");
@@ -952,8 +1081,18 @@ kiln_status kiln_llm_scheduler_start(kiln_llm *llm, const kiln_llm_scheduler_opt
     sc->opt = o;
     sc->running = calloc((size_t)llm->max_batch, sizeof *sc->running);
     sc->rows = calloc((size_t)llm->max_batch, sizeof *sc->rows);
-    kiln_status s =
-        sc->running && sc->rows ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");
+    sc->lens = calloc((size_t)llm->max_batch, sizeof *sc->lens);
+    sc->ahead_rows = calloc((size_t)llm->max_batch, sizeof *sc->ahead_rows);
+    sc->ahead_lens = calloc((size_t)llm->max_batch, sizeof *sc->ahead_lens);
+    /* KILN_LLM_RUN_AHEAD=0 or 1 stands for the default (-1), to time both
+     * through callers that take the default (kiln bench, the server) */
+    const char *env = getenv("KILN_LLM_RUN_AHEAD");
+    if (o.run_ahead < 0 && env && (!strcmp(env, "0") || !strcmp(env, "1")))
+        o.run_ahead = env[0] - '0';
+    sc->run_ahead = o.run_ahead < 0 ? kiln_engine_backend(llm->engine) != KILN_BACKEND_CPU : o.run_ahead != 0;
+    kiln_status s = sc->running && sc->rows && sc->lens && sc->ahead_rows && sc->ahead_lens
+                        ? KILN_OK
+                        : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for a scheduler");
     if (s == KILN_OK)
         s = kiln_kv_pool_set_caching(&llm->pool, o.prefix_caching != 0);
     if (s == KILN_OK)

@@ -69,7 +69,8 @@ int32_t kiln_llm_step_bucket(const kiln_llm *llm, int32_t S)
     return 0;
 }
 
-kiln_status kiln_llm_step_run(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits, int need_logprobs)
+kiln_status kiln_llm_step_enqueue(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits, int need_logprobs,
+                                  int feed, int32_t *next)
 {
     step_host *h = &llm->h;
     kiln_context *ctx = llm->ctx;
@@ -78,11 +79,13 @@ kiln_status kiln_llm_step_run(kiln_llm *llm, int32_t T, int32_t S, int graph, in
     /* One copy: every input up to the end of the step's block_table rows. */
     size_t bytes = llm->offset[IN_BLOCK_TABLE] + i4 * (size_t)S * (size_t)llm->max_blocks;
     KILN_TRY(kiln_context_copy_span(ctx, "tokens", llm->packed, bytes));
+    if (feed)
+        KILN_TRY(kiln_context_copy_between(ctx, "tokens", "next_token", i4 * (size_t)T));
     if (llm->n_buckets)
         KILN_TRY(kiln_context_set_cuda_graph(ctx, graph ? KILN_CUDA_GRAPH_ON : KILN_CUDA_GRAPH_PAUSED));
     KILN_TRY(kiln_context_enqueue(ctx, NULL));
     if (llm->has_sampler)
-        KILN_TRY(kiln_context_copy_output(ctx, "next_token", h->next, i4 * (size_t)S));
+        KILN_TRY(kiln_context_copy_output(ctx, "next_token", next, i4 * (size_t)S));
     if (need_logprobs && llm->logprob_top > 0) {
         size_t k = (size_t)llm->logprob_top;
         KILN_TRY(kiln_context_copy_output(ctx, "logprob", h->logprob, sizeof *h->logprob * (size_t)S));
@@ -93,7 +96,13 @@ kiln_status kiln_llm_step_run(kiln_llm *llm, int32_t T, int32_t S, int graph, in
     if (need_logits)
         KILN_TRY(kiln_context_copy_output(ctx, "logits", h->logits,
                                           sizeof *h->logits * (size_t)S * (size_t)llm->cfg.vocab_size));
-    return kiln_context_synchronize(ctx);
+    return KILN_OK;
+}
+
+kiln_status kiln_llm_step_run(kiln_llm *llm, int32_t T, int32_t S, int graph, int need_logits, int need_logprobs)
+{
+    KILN_TRY(kiln_llm_step_enqueue(llm, T, S, graph, need_logits, need_logprobs, 0, llm->h.next));
+    return kiln_context_synchronize(llm->ctx);
 }
 
 kiln_status kiln_llm_capture_graphs(kiln_llm *llm)

@@ -509,6 +509,31 @@ kiln_status kiln_context_copy_output(kiln_context *ctx, const char *name, void *
     return ctx->engine->backend->copy(ctx->backend_context, t, host, bytes, 0);
 }
 
+kiln_status kiln_context_copy_between(kiln_context *ctx, const char *dst, const char *src, size_t bytes)
+{
+    const int32_t t[2] = {find_io(ctx, dst), find_io(ctx, src)};
+    if (t[0] < 0 || t[1] < 0)
+        return KILN_ERROR_NOT_FOUND;
+    KILN_TRY(kiln_context_require_shapes(ctx));
+    size_t have[2];
+    for (int i = 0; i < 2; i++)
+        KILN_TRY(kiln_dims_bytes(&ctx->plan.dims[t[i]], ctx->engine->graph.tensors[t[i]].dtype, &have[i]));
+    if (!(ctx->engine->graph.tensors[t[0]].flags & KILN_TENSOR_INPUT) ||
+        (ctx->engine->graph.tensors[t[0]].flags & KILN_TENSOR_CONSTANT))
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "tensor \"%s\" is not an input the caller fills", dst);
+    if (bytes > have[0] || bytes > have[1])
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT,
+                         "a copy of %zu bytes from \"%s\" (%zu bytes) to \"%s\" (%zu bytes) is past a tensor's end",
+                         bytes, src, have[1], dst, have[0]);
+    if (!bytes)
+        return KILN_OK;
+    const kiln_backend_i *b = ctx->engine->backend;
+    if (!b->copy_between)
+        return kiln_fail(KILN_ERROR_UNSUPPORTED, "the %s backend copies no tensor into another",
+                         kiln_backend_name(ctx->engine->info.backend));
+    return b->copy_between(ctx->backend_context, t[0], t[1], bytes);
+}
+
 /* What a backend without graph mode or device timing answers: `what`
  * ("CUDA graphs need", "GPU time needs") an engine of the GPU backend. */
 static kiln_status lacks(const kiln_context *ctx, const char *what)

@@ -99,4 +99,11 @@ kiln_status kiln_context_io_span(kiln_context *ctx, size_t bytes, void **ptr);
  * that input is not bound there or bytes exceed the span. */
 kiln_status kiln_context_copy_span(kiln_context *ctx, const char *first, const void *host, size_t bytes);
 
+/* Copies the first `bytes` of I/O tensor `src` over the start of input
+ * `dst`, in stream order after what is enqueued (on CUDA a device copy on
+ * the context's stream; on the CPU a memcpy): a step's output fed to the
+ * next step without a trip through the host (the LLM's decode steps run
+ * ahead, src/llm/scheduler.c). */
+kiln_status kiln_context_copy_between(kiln_context *ctx, const char *dst, const char *src, size_t bytes);
+
 #endif

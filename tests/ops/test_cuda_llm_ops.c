@@ -9,10 +9,11 @@
  * multiple of 256, where the GEMV loads 16 bytes at a time, and not; the K
  * formats Q4_K, Q5_K, Q6_K, T = 1 … 200),
  * WeightOnlyMatMul (int8 and int4, per channel and in groups; T = 1 … 300,
- * the GEMV at every T up to 8, both of them, tensor-core and f32, the
- * tensor-core one over groups of 8 rows up to 32, and past that (f32 x:
- * past 8) W dequantized to x's dtype and cuBLASLt's GEMM, also in two
- * slices of W; the tensor-core GEMV's error, about 1e-5 of y, is far
+ * the GEMV at every T up to 8, each of them: the pipelined tensor-core
+ * one, the older tensor-core one and the f32 one, also at the 8B decode
+ * layers' sizes; the tensor-core one over groups of 8 rows up to 32, and
+ * past that (f32 x: past 8) W dequantized to x's dtype and cuBLASLt's
+ * GEMM, also in two slices of W; the tensor-core GEMV's error, about 1e-5 of y, is far
  * below the bf16 and f16 tolerances, which stand for the rounding of y;
  * the GEMM path rounds each weight to bf16 (f16) as well, at most 2^-8
  * (2^-11) relative, so ‖Δy‖ / ‖y‖ ≈ 1.5e-3 (2e-4) on random data: still
@@ -620,6 +621,41 @@ static void random_woq(int32_t bits, int32_t group, int32_t n, int32_t k, buf *q
     buf_upload(z);
 }
 
+/* One WeightOnlyMatMul case: x [rows, k] of dtype t on both sides, with
+ * KILN_WOQ_GEMV, KILN_WOQ_GEMV_SPLIT and KILN_WOQ_GEMV_SUMROW set to
+ * env[0], env[1] and env[2] where not NULL. */
+static void run_woq(kiln_plugin *p, int32_t bits, int32_t g, int32_t n, int32_t k, buf q, buf s, buf z, kiln_dtype t,
+                    int64_t rows, const char *const env[3])
+{
+    static const char *const names[3] = {"KILN_WOQ_GEMV", "KILN_WOQ_GEMV_SPLIT", "KILN_WOQ_GEMV_SUMROW"};
+    int32_t n_in = bits == 4 ? 4 : 3;
+    buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
+    buf out = buf_output(t, rows, n);
+    kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
+    d[n_in] = out.desc;
+    size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
+    void *ws = malloc(wsz ? wsz : 1), *ws_dev = NULL;
+    if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
+        fprintf(stderr, "cannot allocate the workspace\n");
+        exit(1);
+    }
+    char what[224];
+    int len = snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d", bits, g, dtype_name(t),
+                       (long long)rows, n, k);
+    for (int i = 0; i < 3; i++)
+        if (env[i]) {
+            len += snprintf(what + len, sizeof what - (size_t)len, " %s=%s", names[i], env[i]);
+            setenv(names[i], env[i], 1);
+        }
+    run_both_ws(what, p, in, n_in, &out, 1, ws, ws_dev);
+    for (int i = 0; i < 3; i++)
+        unsetenv(names[i]);
+    free(ws);
+    cudaFree(ws_dev);
+    buf_free(&in[0]);
+    buf_free(&out);
+}
+
 static void test_woq(void)
 {
     /* n odd, below and past the 16 rows of the tensor-core GEMV's warp
@@ -635,10 +671,15 @@ static void test_woq(void)
      * dequantized into the workspace and cuBLASLt's GEMM */
     const int64_t ts[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 17, 32, 33, 64, 128, 300};
     /* the GEMVs (KILN_WOQ_GEMV) for bf16 and f16 x at T 1, 5 and 8 (the
-     * default choice at every T): the f32 one, the tensor-core one with 32
-     * rows a warp, and with 16 warps a block (KILN_WOQ_GEMV_SPLIT), which
-     * leaves some without chunks */
-    const char *const gemv[][2] = {{NULL, NULL}, {"f32", NULL}, {"tc32", NULL}, {"tc16", "16"}};
+     * default choice, the pipelined tensor-core one, at every T): the f32
+     * one, the older tensor-core one with 32 rows a warp, and with 16 warps
+     * a block (KILN_WOQ_GEMV_SPLIT), which leaves some without chunks, and
+     * the pipelined one with 16 rows a warp over 16 warps and with 32 rows
+     * over 3 (runs of unequal length), with and without the sum row
+     * (KILN_WOQ_GEMV_SUMROW) */
+    const char *const gemv[][3] = {{NULL, NULL, NULL},   {"f32", NULL, NULL},   {"tc32", NULL, NULL},
+                                   {"tc16", "16", NULL}, {"pipe16", "16", "0"}, {"pipe16", "16", "1"},
+                                   {"pipe32", "3", "0"}, {"pipe32", "3", "1"}};
     const int32_t bits_of[] = {8, 4};
     for (size_t bi = 0; bi < 2; bi++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -656,34 +697,43 @@ static void test_woq(void)
                         int64_t rows = ts[ri];
                         if (v > 0 && (t == KILN_DTYPE_F32 || (rows != 1 && rows != 5 && rows != 8)))
                             continue;
-                        int32_t n_in = bits == 4 ? 4 : 3;
-                        buf in[4] = {buf_random(t, rows, k, -1, 1), q, s, z};
-                        buf out = buf_output(t, rows, n);
-                        kiln_tensor_desc d[5] = {in[0].desc, q.desc, s.desc, z.desc};
-                        d[n_in] = out.desc;
-                        size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
-                        void *ws = malloc(wsz ? wsz : 1), *ws_dev = NULL;
-                        if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
-                            fprintf(stderr, "cannot allocate the workspace\n");
-                            exit(1);
-                        }
-                        char what[160];
-                        snprintf(what, sizeof what, "WeightOnlyMatMul int%d g%d %s T %lld n %d k %d%s%s%s%s", bits, g,
-                                 dtype_name(t), (long long)rows, n, k, gemv[v][0] ? " KILN_WOQ_GEMV=" : "",
-                                 gemv[v][0] ? gemv[v][0] : "", gemv[v][1] ? " KILN_WOQ_GEMV_SPLIT=" : "",
-                                 gemv[v][1] ? gemv[v][1] : "");
-                        if (gemv[v][0])
-                            setenv("KILN_WOQ_GEMV", gemv[v][0], 1);
-                        if (gemv[v][1])
-                            setenv("KILN_WOQ_GEMV_SPLIT", gemv[v][1], 1);
-                        run_both_ws(what, p, in, n_in, &out, 1, ws, ws_dev);
-                        unsetenv("KILN_WOQ_GEMV");
-                        unsetenv("KILN_WOQ_GEMV_SPLIT");
-                        free(ws);
-                        cudaFree(ws_dev);
-                        buf_free(&in[0]);
-                        buf_free(&out);
+                        run_woq(p, bits, g, n, k, q, s, z, t, rows, gemv[v]);
                     }
+            buf_free(&q);
+            buf_free(&s);
+            buf_free(&z);
+            p->ops->destroy(p);
+        }
+    /* the decode GEMV at the 8B engine's layer sizes, where the pipelined
+     * one picks its tile and k split as on the real layers (on an H200,
+     * int4: n 6000 is 194 tiles of 31 rows and the sum row with k split
+     * over 8 warps, as the qkv projection; 4096, the o projection, 128
+     * whole tiles of 32 rows over 16 warps; 1000 is 67 tiles of 15 rows and
+     * the sum row with k 14336 over 16); n not a multiple of the tiles;
+     * int4 g128 and int8 per channel; T 1, 2, 4 and 8 (bf16; f16 at 1 and
+     * 8); and at T 1 and 8 (bf16) each tile with and without the sum row */
+    const int32_t decode[][2] = {{6000, 4096}, {4096, 4096}, {1000, 14336}};
+    const char *const forced[][3] = {
+        {"pipe16", NULL, "0"}, {"pipe16", NULL, "1"}, {"pipe32", NULL, "0"}, {"pipe32", NULL, "1"}};
+    const char *const plain[3] = {NULL, NULL, NULL};
+    const int64_t dts[] = {1, 2, 4, 8};
+    for (size_t bi = 0; bi < 2; bi++)
+        for (size_t si = 0; si < sizeof decode / sizeof decode[0]; si++) {
+            int32_t bits = bits_of[bi], n = decode[si][0], k = decode[si][1], g = bits == 4 ? 128 : k;
+            kiln_field f[4] = {fi32("bits", &bits), fi32("group_size", &g), fi32("n", &n), fi32("k", &k)};
+            kiln_plugin *p = make("WeightOnlyMatMul", f, 4);
+            if (!p)
+                continue;
+            buf q, s, z;
+            random_woq(bits, g, n, k, &q, &s, &z);
+            for (size_t ri = 0; ri < sizeof dts / sizeof dts[0]; ri++) {
+                run_woq(p, bits, g, n, k, q, s, z, KILN_DTYPE_BF16, dts[ri], plain);
+                if (dts[ri] == 1 || dts[ri] == 8)
+                    run_woq(p, bits, g, n, k, q, s, z, KILN_DTYPE_F16, dts[ri], plain);
+            }
+            for (size_t v = 0; v < sizeof forced / sizeof forced[0]; v++)
+                for (size_t ri = 0; ri < sizeof dts / sizeof dts[0]; ri += 3)
+                    run_woq(p, bits, g, n, k, q, s, z, KILN_DTYPE_BF16, dts[ri], forced[v]);
             buf_free(&q);
             buf_free(&s);
             buf_free(&z);
@@ -747,7 +797,7 @@ static void test_fp8(void)
 {
     /* n a multiple of 4 (cuBLASLt's GEMM past 8 rows) and not (the GEMV
      * over row groups) */
-    const int32_t shapes[][2] = {{16, 64}, {256, 2048}, {100, 4096}, {33, 4096}};
+    const int32_t shapes[][2] = {{16, 64}, {256, 2048}, {100, 4096}, {33, 4096}, {1000, 14336}};
     const int64_t ts[] = {1, 2, 5, 8, 9, 64, 300};
     tol_floor = 1e-3;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -758,10 +808,17 @@ static void test_fp8(void)
             continue;
         buf w, s;
         random_fp8(n, k, &w, &s);
+        /* decode rows through the one-kernel GEMV (the default) and the
+         * quantize-then-GEMV pair (KILN_FP8_GEMV=split) */
         for (size_t ti = 0; ti < 3; ti++)
-            for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+            for (size_t ri = 0; ri < sizeof ts / sizeof ts[0] + 4; ri++) {
                 kiln_dtype t = float_types[ti];
-                int64_t rows = ts[ri];
+                const int split = ri >= sizeof ts / sizeof ts[0];
+                int64_t rows = split ? ts[ri - sizeof ts / sizeof ts[0]] : ts[ri];
+                if (n * (int64_t)k > 4096 * 4096 && rows > 8)
+                    continue; /* the large shape is a decode shape */
+                if (split)
+                    setenv("KILN_FP8_GEMV", "split", 1);
                 buf in[3] = {buf_random(t, rows, k, -2, 2), w, s};
                 buf out = buf_output(t, rows, n);
                 kiln_tensor_desc d[4] = {in[0].desc, w.desc, s.desc, out.desc};
@@ -772,8 +829,10 @@ static void test_fp8(void)
                     exit(1);
                 }
                 char what[96];
-                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d", dtype_name(t), (long long)rows, n, k);
+                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d%s", dtype_name(t), (long long)rows, n, k,
+                         split ? ", KILN_FP8_GEMV=split" : "");
                 run_both_ws(what, p, in, 3, &out, 1, ws_host, ws_dev);
+                unsetenv("KILN_FP8_GEMV");
                 free(ws_host);
                 cudaFree(ws_dev);
                 buf_free(&in[0]);

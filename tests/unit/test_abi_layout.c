@@ -299,8 +299,9 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_scheduler_options, thread, 12);
     CHECK_OFFSET(kiln_llm_scheduler_options, prefix_caching, 16);
     CHECK_OFFSET(kiln_llm_scheduler_options, admission, 20);
-    CHECK_SIZE(kiln_llm_scheduler_options, 24);
-    CHECK_ENDS_AT(kiln_llm_scheduler_options, admission);
+    CHECK_OFFSET(kiln_llm_scheduler_options, run_ahead, 24);
+    CHECK_SIZE(kiln_llm_scheduler_options, 28);
+    CHECK_ENDS_AT(kiln_llm_scheduler_options, run_ahead);
     CHECK_INIT(kiln_llm_scheduler_options, kiln_llm_scheduler_options_init);
 
     CHECK_OFFSET(kiln_llm_token, struct_size, 0);
@@ -341,8 +342,10 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_scheduler_stats, finished, 72);
     CHECK_OFFSET(kiln_llm_scheduler_stats, cancelled, 80);
     CHECK_OFFSET(kiln_llm_scheduler_stats, failed, 88);
-    CHECK_SIZE(kiln_llm_scheduler_stats, 96);
-    CHECK_ENDS_AT(kiln_llm_scheduler_stats, failed);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, steps_ahead, 96);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, dropped_rows, 104);
+    CHECK_SIZE(kiln_llm_scheduler_stats, 112);
+    CHECK_ENDS_AT(kiln_llm_scheduler_stats, dropped_rows);
 }
 
 /* Enum values cross the boundary too (and are stored in engine files). */

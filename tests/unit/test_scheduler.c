@@ -220,7 +220,7 @@ static int same_ids(const kiln_llm_result *a, const kiln_llm_result *b)
 /* 65 requests of mixed lengths, all at once on the scheduler's own
  * thread: each gets exactly its tokens alone. With kv_blocks, a cache too
  * small for all of them, so the newest are preempted and recomputed. */
-static void check_invariance(int32_t kv_blocks, int sampled, int32_t admission)
+static void check_invariance(int32_t kv_blocks, int sampled, int32_t admission, int32_t run_ahead)
 {
     tiny t;
     if (!tiny_open(&t, kv_blocks))
@@ -246,6 +246,7 @@ static void check_invariance(int32_t kv_blocks, int sampled, int32_t admission)
     kiln_llm_scheduler_options o;
     kiln_llm_scheduler_options_init(&o);
     o.admission = admission;
+    o.run_ahead = run_ahead;
     kiln_llm_scheduler *sc = NULL;
     CHECK_OK(kiln_llm_scheduler_start(t.llm, &o, &sc));
     for (int i = 0; sc && i < N; i++)
@@ -277,22 +278,39 @@ static void check_invariance(int32_t kv_blocks, int sampled, int32_t admission)
                (unsigned long long)st.steps, (int)st.blocks_peak, (int)st.blocks_total);
     }
     CHECK(st.steps < (uint64_t)N * 20);
+    /* Steps ran ahead (once the queue drained) exactly when asked to. */
+    CHECK(run_ahead ? st.steps_ahead > 0 : st.steps_ahead == 0);
+    if (run_ahead)
+        printf("  %llu of %llu steps ran ahead\n", (unsigned long long)st.steps_ahead, (unsigned long long)st.steps);
     board_free(ref);
     board_free(all);
     tiny_close(&t);
 }
 
-static void test_greedy_alone_equals_among_64(void) { check_invariance(0, 0, KILN_LLM_ADMIT_MAX_UTILIZATION); }
+static void test_greedy_alone_equals_among_64(void) { check_invariance(0, 0, KILN_LLM_ADMIT_MAX_UTILIZATION, 0); }
 
 /* The largest request is 60 + 40 tokens: 25 blocks of 4; 32 blocks hold
  * little more than one. */
-static void test_greedy_preempted_equals_alone(void) { check_invariance(32, 0, KILN_LLM_ADMIT_MAX_UTILIZATION); }
+static void test_greedy_preempted_equals_alone(void) { check_invariance(32, 0, KILN_LLM_ADMIT_MAX_UTILIZATION, 0); }
 
-static void test_seeded_sampling_whatever_else_runs(void) { check_invariance(32, 1, KILN_LLM_ADMIT_MAX_UTILIZATION); }
+static void test_seeded_sampling_whatever_else_runs(void)
+{
+    check_invariance(32, 1, KILN_LLM_ADMIT_MAX_UTILIZATION, 0);
+}
 
 /* NO_EVICT admission on the same tiny cache: nothing is preempted, and
  * the tokens are the same. */
-static void test_no_evict_admission(void) { check_invariance(32, 1, KILN_LLM_ADMIT_NO_EVICT); }
+static void test_no_evict_admission(void) { check_invariance(32, 1, KILN_LLM_ADMIT_NO_EVICT, 0); }
+
+/* Steps run ahead (forced on the CPU, where the backend otherwise waits
+ * for each step): the same tokens as alone without, greedy and sampled
+ * (rows with a penalty wait for the host, the others run ahead), with a
+ * cache small enough to preempt on the way. */
+static void test_run_ahead_changes_nothing(void)
+{
+    check_invariance(0, 0, KILN_LLM_ADMIT_MAX_UTILIZATION, 1);
+    check_invariance(32, 1, KILN_LLM_ADMIT_MAX_UTILIZATION, 1);
+}
 
 typedef struct arrivals {
     kiln_llm_scheduler *sc;
@@ -339,7 +357,7 @@ static void *arrive(void *arg)
     return NULL;
 }
 
-static void test_stress_tiny_cache(void)
+static void check_stress(int32_t run_ahead)
 {
     tiny t;
     /* 31 blocks of 4: the largest request that fits is 124 tokens. */
@@ -347,7 +365,10 @@ static void test_stress_tiny_cache(void)
         return;
     board *b = board_new();
     kiln_llm_scheduler *sc = NULL;
-    CHECK_OK(kiln_llm_scheduler_start(t.llm, NULL, &sc));
+    kiln_llm_scheduler_options o;
+    kiln_llm_scheduler_options_init(&o);
+    o.run_ahead = run_ahead;
+    CHECK_OK(kiln_llm_scheduler_start(t.llm, &o, &sc));
     kiln_llm_scheduler_stats before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
     kiln_llm_scheduler_stats_get(sc, &before);
     arrivals *a = calloc(1, sizeof *a);
@@ -385,12 +406,20 @@ static void test_stress_tiny_cache(void)
     CHECK(before.blocks_used == 0 && after.blocks_used == 0 && after.blocks_total == 31);
     CHECK(after.running == 0 && after.waiting == 0);
     CHECK(after.preemptions > 0);
-    printf("  %d accepted, %d refused, %d cancelled, %llu preemptions, %llu steps\n", accepted, refused, cancelled,
-           (unsigned long long)after.preemptions, (unsigned long long)after.steps);
+    printf("  %d accepted, %d refused, %d cancelled, %llu preemptions, %llu steps (%llu ahead, %llu rows dropped)\n",
+           accepted, refused, cancelled, (unsigned long long)after.preemptions, (unsigned long long)after.steps,
+           (unsigned long long)after.steps_ahead, (unsigned long long)after.dropped_rows);
+    CHECK(run_ahead ? after.steps_ahead > 0 : after.steps_ahead == 0);
     free(a);
     board_free(b);
     tiny_close(&t);
 }
+
+static void test_stress_tiny_cache(void) { check_stress(0); }
+
+/* The same with steps run ahead: requests cancelled by their on_token
+ * while the next step already holds their row. */
+static void test_stress_run_ahead(void) { check_stress(1); }
 
 /* Requests that share a 38-token system prompt: the second and later
  * reuse its 9 full blocks (36 tokens), and produce what they produce
@@ -650,6 +679,8 @@ static const test_case_ tests[] = {
     TEST(test_seeded_sampling_whatever_else_runs),
     TEST(test_no_evict_admission),
     TEST(test_stress_tiny_cache),
+    TEST(test_run_ahead_changes_nothing),
+    TEST(test_stress_run_ahead),
     TEST(test_prefix_cache_reuses_system_prompt),
     TEST(test_queue_cancel_stop),
     TEST(test_refusals),

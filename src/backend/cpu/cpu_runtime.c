@@ -136,6 +136,12 @@ static kiln_status cpu_copy(kiln_backend_context *c, int32_t t, void *host, size
     return KILN_OK;
 }
 
+static kiln_status cpu_copy_between(kiln_backend_context *c, int32_t dst, int32_t src, size_t bytes)
+{
+    memmove(kiln_exec_io_address(c->plan, dst), kiln_exec_io_address(c->plan, src), bytes);
+    return KILN_OK;
+}
+
 const kiln_backend_i kiln_backend_cpu = {
     .kind = KILN_BACKEND_CPU,
     .engine_create = cpu_engine_create,
@@ -148,5 +154,6 @@ const kiln_backend_i kiln_backend_cpu = {
     .synchronize = cpu_synchronize,
     .run_reference = cpu_run_reference,
     .copy = cpu_copy,
+    .copy_between = cpu_copy_between,
     .copy_bandwidth = kiln_cpu_copy_bandwidth,
 };

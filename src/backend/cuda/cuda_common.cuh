@@ -64,6 +64,17 @@ __device__ __forceinline__ void kcu_after_prior(const void *p, const void *q, in
 #endif
 }
 
+/* A 16-byte load that skips L1 allocation: for weights a kernel reads
+ * exactly once (the GEMVs stream them). */
+__device__ __forceinline__ uint4 kcu_load_stream(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
 /* Whether launches use PDL (kcu_set_pdl; cuda_elementwise.cu holds it). */
 extern int kcu_pdl;
 

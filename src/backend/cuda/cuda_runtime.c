@@ -374,6 +374,13 @@ static kiln_status cuda_copy(kiln_backend_context *c, int32_t t, void *host, siz
     return KILN_OK;
 }
 
+static kiln_status cuda_copy_between(kiln_backend_context *c, int32_t dst, int32_t src, size_t bytes)
+{
+    CU(cudaMemcpyAsync(kiln_exec_io_address(c->plan, dst), kiln_exec_io_address(c->plan, src), bytes,
+                       cudaMemcpyDeviceToDevice, c->stream));
+    return KILN_OK;
+}
+
 /* ---- launching ---------------------------------------------------------------------------- */
 
 static const char *layer_what(const kiln_graph *g, const kiln_layer *L)
@@ -831,6 +838,7 @@ const kiln_backend_i kiln_backend_cuda = {
     .synchronize = cuda_synchronize,
     .run_reference = cuda_run_reference,
     .copy = cuda_copy,
+    .copy_between = cuda_copy_between,
     .set_graph_mode = cuda_set_graph_mode,
     .graph_nodes = cuda_graph_nodes,
     .gpu_time = cuda_gpu_time,

@@ -10,7 +10,7 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
-#include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/cuda_common.cuh"
 
 namespace
 {
@@ -50,24 +50,6 @@ __device__ __forceinline__ void store(float v, float *p) { *p = v; }
 __device__ __forceinline__ void store(float v, __nv_bfloat16 *p) { *p = __float2bfloat16_rn(v); }
 __device__ __forceinline__ void store(float v, __half *p) { *p = __float2half_rn(v); }
 
-/* 16-byte load that skips L1 allocation: w is read exactly once. */
-__device__ __forceinline__ uint4 load_stream(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ void pdl_release_and_wait()
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 /* One block computes ROWS consecutive rows of y for all M rows of x; its
  * kWarps warps split K into contiguous quarters, so each warp's chain of
  * dependent loads is short and a block finishes quickly (a long K per warp,
@@ -101,9 +83,9 @@ __global__ void __launch_bounds__(kWarps * 32)
         const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
 #pragma unroll
         for (int r = 0; r < ROWS; r++)
-            buf[u][r] = kk < k1 ? load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+            buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
     }
-    pdl_release_and_wait();
+    kcu_after_prior();
 
     float acc[M][ROWS];
 #pragma unroll
@@ -135,7 +117,7 @@ __global__ void __launch_bounds__(kWarps * 32)
             const int64_t next = kk + (int64_t)kUnroll * STEP;
 #pragma unroll
             for (int r = 0; r < ROWS; r++)
-                buf[u][r] = next < k1 ? load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
+                buf[u][r] = next < k1 ? kcu_load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
         }
     }
 
