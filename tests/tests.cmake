@@ -32,9 +32,12 @@ file(GLOB KILN_E2E_TESTS CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/tests/e2e/*.sh)
 foreach(src ${KILN_E2E_TESTS})
   get_filename_component(name ${src} NAME_WE)
   add_test(NAME e2e.${name} COMMAND bash ${src} WORKING_DIRECTORY ${CMAKE_SOURCE_DIR})
+  # TIMEOUT: past CTest's default 1500 s. Under ASan e2e.default_model
+  # (twelve 48-token runs of the default model) took 1,113 s on a 2-core
+  # machine (eighth session); CI must not fail on a slower hour.
   set_tests_properties(e2e.${name} PROPERTIES
     ENVIRONMENT "KILN_BUILD_DIR=${CMAKE_BINARY_DIR};KILN_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
-    SKIP_RETURN_CODE 77)
+    SKIP_RETURN_CODE 77 TIMEOUT 3000)
 endforeach()
 
 # Fuzz targets: tests/fuzz/fuzz_*.c, libFuzzer, with a corpus in
