@@ -189,8 +189,10 @@ typedef struct attn_job {
      * step that also has tiles of several tokens); with chunks in a step
      * of decode rows only, the chunks done of each (token, row task),
      * whose last merges them (NULL: attn_merge runs after) */
-    int64_t row_kv, rows_only;
+    int64_t row_kv, rows_only, row2;
     atomic_int *done;
+    /* f32 rows appended to an f16 cache by vcvtps2ph (AVX-512 builds) */
+    int vec_append;
 } attn_job;
 
 static void attn_merge(void *arg, int64_t begin, int64_t end);
@@ -223,6 +225,20 @@ static int64_t cache_index(const attn_job *j, int64_t s, int64_t pos, int kind, 
     return (((block * 2 + kind) * p->n_kv_heads + kvh) * p->block_size + pos % p->block_size) * p->head_dim;
 }
 
+#ifdef PLUGIN_AVX512
+/* n f32 values to f16 (round to nearest even, as kiln_f32_to_f16: NaN
+ * stays NaN with its top payload bits), 16 at a time by vcvtps2ph. */
+PLUGIN_AVX512_FN static void attn_f32_to_f16(uint16_t *dst, const float *src, int64_t n)
+{
+    int64_t d = 0;
+    for (; d + 16 <= n; d += 16)
+        _mm256_storeu_si256((__m256i *)(dst + d),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(src + d), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; d < n; d++)
+        dst[d] = host->float_to_half(src[d]);
+}
+#endif
+
 static void attn_append(void *arg, int64_t begin, int64_t end)
 {
     const attn_job *j = arg;
@@ -232,6 +248,13 @@ static void attn_append(void *arg, int64_t begin, int64_t end)
         for (int64_t h = 0; h < p->n_kv_heads; h++) {
             int64_t src = t * j->kv_ld + h * p->head_dim;
             int64_t kdst = cache_index(j, s, pos, 0, h), vdst = cache_index(j, s, pos, 1, h);
+#ifdef PLUGIN_AVX512
+            if (j->vec_append) { /* an f16 cache of f32 rows */
+                attn_f32_to_f16((uint16_t *)j->cache + kdst, (const float *)j->k + src, p->head_dim);
+                attn_f32_to_f16((uint16_t *)j->cache + vdst, (const float *)j->v + src, p->head_dim);
+                continue;
+            }
+#endif
             if (j->ct == KILN_DTYPE_U8) {
                 uint8_t *c = j->cache;
                 for (int64_t d = 0; d < p->head_dim; d++) {
@@ -553,19 +576,51 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
 {
     __m512 a[8], b[4], c[2];
     /* pairs: [x0+x2, y0+y2, x1+x3, y1+y3] in each 128-bit lane */
-    for (int i = 0; i < 8; i++)
+    UNROLLED_FOR (i, 8)
         a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
     /* quads: [x, y, z, w] per 128-bit lane, each a lane's sum of four */
-    for (int i = 0; i < 4; i++) {
+    UNROLLED_FOR (i, 4) {
         __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
         __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
         b[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
     }
     /* across the 128-bit lanes: even with odd ones, twice */
-    for (int i = 0; i < 2; i++)
+    UNROLLED_FOR (i, 2)
         c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
                              _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
     return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
+/* attn_merge on AVX-512, for up to 16 chunks and a head_dim that is a
+ * multiple of 16: each (token, query head)'s chunk maxima and sums in one
+ * vector, their weights one e^x, the partial outputs summed 16 dims at a
+ * time. Chunks past a token's keys (sum 0) left out. */
+PLUGIN_AVX512_FN static void attn_merge16(const attn_job *j, int64_t begin, int64_t end)
+{
+    const attn_params *p = j->p;
+    const int64_t hd = p->head_dim, nc = j->n_chunks, pf = (int64_t)part_floats(p);
+    const __mmask16 chunks = (__mmask16)((1u << nc) - 1u);
+    const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32((int)pf));
+    float w[16] __attribute__((aligned(64)));
+    for (int64_t th = begin; th < end; th++) {
+        const float *pp = j->part + th * nc * pf;
+        __m512 ms = _mm512_mask_i32gather_ps(_mm512_set1_ps(-INFINITY), chunks, stride, pp, 4);
+        __m512 ls = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), chunks, stride, pp + 1, 4);
+        __mmask16 live = _mm512_cmp_ps_mask(ls, _mm512_setzero_ps(), _CMP_GT_OQ);
+        float m = _mm512_mask_reduce_max_ps(live, ms);
+        __m512 wv = _mm512_maskz_mov_ps(live, plugin_exp16(_mm512_sub_ps(ms, _mm512_set1_ps(m))));
+        const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(_mm512_mul_ps(wv, ls)));
+        _mm512_store_ps(w, wv);
+        float *o = (float *)j->out + th * hd;
+        for (int64_t d = 0; d < hd; d += 16) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t c = 0; c < nc; c++)
+                if (live >> c & 1)
+                    acc = _mm512_fmadd_ps(_mm512_set1_ps(w[c]), _mm512_loadu_ps(pp + c * pf + 2 + d), acc);
+            _mm512_storeu_ps(o + d, _mm512_mul_ps(acc, inv));
+        }
+    }
 }
 
 /* Sixteen cache values from element e of a cache row pointer as f32: an
@@ -714,6 +769,198 @@ ATTN_ROW_FN(attn_row_128_f16, 128, 1)
 ATTN_ROW_FN(attn_row_64_fp8, 64, 2)
 ATTN_ROW_FN(attn_row_128_fp8, 128, 2)
 
+/* Sixteen vectors to one: lane i of the result is the largest of v[i]'s
+ * lanes (attn_sum16's tree with max for add). */
+PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
+{
+    __m512 a[8], b[4], c[2];
+    UNROLLED_FOR (i, 8)
+        a[i] = _mm512_max_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    UNROLLED_FOR (i, 4) {
+        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
+        b[i] = _mm512_max_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+    }
+    UNROLLED_FOR (i, 2)
+        c[i] = _mm512_max_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+    return _mm512_max_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
+}
+
+/* Heads whose outputs a V pass holds in registers: NB heads of 64 dims (4
+ * vectors each) and the row's 4 vectors, at most 28 of the 32 registers. */
+#define ATTN_VHEADS 6
+
+/* o[g] = o[g] * cs[g] + sum over rows i < n of pw[g][i] * V[i], for the NB
+ * heads from g0, dims [dh, dh + 64) of V rows HD apart at vp (cache kind
+ * K): each row's 64 values loaded (and widened) once for all NB heads. */
+#define ATTN_VBLOCK(HD, K, NB) \
+    do { \
+        __m512 o[NB][4]; \
+        UNROLLED_FOR (b, NB) \
+            UNROLLED_FOR (v, 4) \
+                o[b][v] = _mm512_mul_ps(_mm512_load_ps(os[g0 + b] + dh + 16 * v), _mm512_set1_ps(cs[g0 + b])); \
+        for (int64_t i = 0; i < n; i++) { \
+            if (vn) \
+                for (int64_t off = 0; off < (HD) * ATTN_ES(K); off += 64) \
+                    _mm_prefetch(vn + i * (HD) * ATTN_ES(K) + off, _MM_HINT_T0); \
+            __m512 x[4]; \
+            UNROLLED_FOR (v, 4) \
+                x[v] = ATTN_LOAD16(K, vp, i * (HD) + dh + 16 * v); \
+            UNROLLED_FOR (b, NB) { \
+                __m512 w = _mm512_set1_ps(pw[g0 + b][i]); \
+                UNROLLED_FOR (v, 4) \
+                    o[b][v] = _mm512_fmadd_ps(w, x[v], o[b][v]); \
+            } \
+        } \
+        UNROLLED_FOR (b, NB) \
+            UNROLLED_FOR (v, 4) \
+                _mm512_store_ps(os[g0 + b] + dh + 16 * v, o[b][v]); \
+    } while (0)
+
+/* One decode row: token t of sequence s, the query heads of kv heads
+ * [kv0, kv0 + nkv) (H = nkv · group <= ATTN_LANES heads), the keys of
+ * chunk c, a tile of up to 16 keys (one block's) at a time, keys in the
+ * lanes. Per tile: each kv head's K rows widened once into kbuf, and per
+ * query head 16 dot products of partial-sum vectors folded into one vector
+ * of 16 scores (attn_sum16); then the softmax of all H heads at once —
+ * their tile maxima folded into one vector (attn_max16), one e^x for every
+ * head's rescale, the running sums kept as vectors (folded once a chunk);
+ * then each kv head's V rows, each widened once and summed into up to
+ * ATTN_VHEADS heads' outputs held in registers (64 dims at a time). A task
+ * reads its chunk front to back, a block's keys for all its kv heads and
+ * then their values, and asks for the next tile's rows while it computes
+ * this one's. */
+#define ATTN_ROW2_FN(NAME, HD, K) \
+    PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t, int64_t kv0, int64_t nkv, int64_t c) \
+    { \
+        const attn_params *p = j->p; \
+        const int64_t G = p->n_heads / p->n_kv_heads, h0 = kv0 * G, H = nkv * G, bs = p->block_size; \
+        enum { NV = (HD) / 16 }; \
+        float qs[ATTN_LANES][HD] __attribute__((aligned(64))), os[ATTN_LANES][HD] __attribute__((aligned(64))); \
+        float kbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))); \
+        float sc[ATTN_LANES][ATTN_LANES] __attribute__((aligned(64))); \
+        float pw[ATTN_LANES][ATTN_LANES] __attribute__((aligned(64))); \
+        float ls[ATTN_LANES][ATTN_LANES] __attribute__((aligned(64))); \
+        float ms[ATTN_LANES] __attribute__((aligned(64))), cs[ATTN_LANES] __attribute__((aligned(64))); \
+        const float *q = (const float *)j->q + t * j->q_ld + h0 * (HD); \
+        const __m512 scale = _mm512_set1_ps(p->scale); \
+        for (int64_t g = 0; g < ATTN_LANES; g++) { \
+            /* rows past H: finite scores, so the fold of maxima stays finite there */ \
+            _mm512_store_ps(sc[g], _mm512_setzero_ps()); \
+            _mm512_store_ps(ls[g], _mm512_setzero_ps()); \
+        } \
+        for (int64_t g = 0; g < H; g++) \
+            UNROLLED_FOR (v, NV) { \
+                _mm512_store_ps(qs[g] + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(q + g * (HD) + 16 * v), scale)); \
+                _mm512_store_ps(os[g] + 16 * v, _mm512_setzero_ps()); \
+            } \
+        __m512 m = _mm512_set1_ps(-INFINITY); /* lane g: head g's running max */ \
+        const int64_t keys = position_of(j, s, t) + 1; \
+        const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
+        for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
+            int64_t n = bs - k0 % bs; \
+            n = n < k_end - k0 ? n : k_end - k0; \
+            n = n < ATTN_LANES ? n : ATTN_LANES; \
+            const __mmask16 real = (__mmask16)((1u << n) - 1u); \
+            const int next = k0 + n < k_end; \
+            for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
+                const void *kp = (const char *)j->cache + cache_index(j, s, k0, 0, kvh) * ATTN_ES(K); \
+                /* the next tile's K rows asked for as this one's are read (its V \
+                 * rows in the V pass): a block's runs are too short for the \
+                 * hardware prefetcher */ \
+                const char *kn = \
+                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ATTN_ES(K) : NULL; \
+                const float *kr = kbuf; \
+                if ((K) == 0 && n == ATTN_LANES) \
+                    kr = kp; \
+                else { \
+                    for (int64_t e = 0; e < n * (HD); e += 16) { \
+                        if (kn && (e * ATTN_ES(K)) % 64 == 0) \
+                            _mm_prefetch(kn + e * ATTN_ES(K), _MM_HINT_T0); \
+                        _mm512_store_ps(kbuf + e, ATTN_LOAD16(K, kp, e)); \
+                    } \
+                    /* the padding rows' scores are masked, but read: keep them defined */ \
+                    for (int64_t e = n * (HD); e < ATTN_LANES * (HD); e += 16) \
+                        _mm512_store_ps(kbuf + e, _mm512_setzero_ps()); \
+                } \
+                for (int64_t g = (kvh - kv0) * G; g < (kvh - kv0 + 1) * G; g++) { \
+                    __m512 part[ATTN_LANES]; \
+                    UNROLLED_FOR (i, ATTN_LANES) { \
+                        part[i] = _mm512_mul_ps(_mm512_load_ps(qs[g]), _mm512_loadu_ps(kr + i * (HD))); \
+                        UNROLLED_FOR (v, NV - 1) \
+                            part[i] = _mm512_fmadd_ps(_mm512_load_ps(qs[g] + 16 * (v + 1)), \
+                                                      _mm512_loadu_ps(kr + i * (HD) + 16 * (v + 1)), part[i]); \
+                    } \
+                    _mm512_store_ps(sc[g], _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), real, attn_sum16(part))); \
+                } \
+            } \
+            { \
+                /* every head's softmax step at once; exp(-inf) = 0 clears the \
+                 * empty accumulators of the first tile */ \
+                __m512 rows[ATTN_LANES]; \
+                UNROLLED_FOR (g, ATTN_LANES) \
+                    rows[g] = _mm512_load_ps(sc[g]); \
+                __m512 mx = _mm512_max_ps(m, attn_max16(rows)); \
+                _mm512_store_ps(cs, plugin_exp16(_mm512_sub_ps(m, mx))); \
+                _mm512_store_ps(ms, mx); \
+                m = mx; \
+            } \
+            for (int64_t g = 0; g < H; g++) { \
+                __m512 pv = plugin_exp16(_mm512_sub_ps(_mm512_load_ps(sc[g]), _mm512_set1_ps(ms[g]))); \
+                _mm512_store_ps(pw[g], pv); \
+                _mm512_store_ps(ls[g], _mm512_fmadd_ps(_mm512_load_ps(ls[g]), _mm512_set1_ps(cs[g]), pv)); \
+            } \
+            /* the values after every kv head's keys: a block is read front to back */ \
+            for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
+                const void *vp = (const char *)j->cache + cache_index(j, s, k0, 1, kvh) * ATTN_ES(K); \
+                const char *vn = \
+                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 1, kvh) * ATTN_ES(K) : NULL; \
+                for (int64_t dh = 0; dh < (HD); dh += 64) \
+                    for (int64_t g0 = (kvh - kv0) * G; g0 < (kvh - kv0 + 1) * G; g0 += ATTN_VHEADS) { \
+                        int64_t nb = (kvh - kv0 + 1) * G - g0; \
+                        switch (nb < ATTN_VHEADS ? nb : ATTN_VHEADS) { \
+                        case 1: ATTN_VBLOCK(HD, K, 1); break; \
+                        case 2: ATTN_VBLOCK(HD, K, 2); break; \
+                        case 3: ATTN_VBLOCK(HD, K, 3); break; \
+                        case 4: ATTN_VBLOCK(HD, K, 4); break; \
+                        case 5: ATTN_VBLOCK(HD, K, 5); break; \
+                        default: ATTN_VBLOCK(HD, K, 6); break; \
+                        } \
+                        vn = NULL; \
+                    } \
+            } \
+            k0 += n; \
+        } \
+        _mm512_store_ps(ms, m); \
+        for (int64_t g = 0; g < H; g++) { \
+            float l = _mm512_reduce_add_ps(_mm512_load_ps(ls[g])); \
+            if (j->part) { \
+                float *pp = j->part + ((t * p->n_heads + h0 + g) * j->n_chunks + c) * part_floats(p); \
+                pp[0] = ms[g]; \
+                pp[1] = l; \
+                memcpy(pp + 2, os[g], sizeof(float) * (HD)); \
+                continue; \
+            } \
+            float *o = (float *)j->out + (t * p->n_heads + h0 + g) * (HD); \
+            const __m512 inv = _mm512_set1_ps(1.0f / l); \
+            UNROLLED_FOR (v, NV) \
+                _mm512_storeu_ps(o + 16 * v, _mm512_mul_ps(_mm512_load_ps(os[g] + 16 * v), inv)); \
+        } \
+        /* the last chunk of these heads to finish merges them (the add \
+         * orders the other chunks' partial results before the merge's reads) */ \
+        const int64_t kv_tasks = (p->n_kv_heads + j->row_kv - 1) / j->row_kv; \
+        if (j->done && atomic_fetch_add(&j->done[t * kv_tasks + kv0 / j->row_kv], 1) == j->n_chunks - 1) \
+            attn_merge16(j, t * p->n_heads + h0, t * p->n_heads + h0 + H); \
+    }
+
+ATTN_ROW2_FN(attn_row2_64_f32, 64, 0)
+ATTN_ROW2_FN(attn_row2_128_f32, 128, 0)
+ATTN_ROW2_FN(attn_row2_64_f16, 64, 1)
+ATTN_ROW2_FN(attn_row2_128_f16, 128, 1)
+ATTN_ROW2_FN(attn_row2_64_fp8, 64, 2)
+ATTN_ROW2_FN(attn_row2_128_fp8, 128, 2)
+
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
  * head kvh (lane = token · group + head), head_dim HD, the keys of chunk
  * c (all of them when j->part is NULL; else the partial results go there
@@ -827,7 +1074,15 @@ static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
         }
         int64_t t0 = j->qstart[s] + (tile - before) * per, nt = j->qstart[s + 1] - t0;
         nt = nt < per ? nt : per;
-        if (nt == 1) {
+        if (nt == 1 && j->row2) {
+            int64_t nkv = p->n_kv_heads - kvh < j->row_kv ? p->n_kv_heads - kvh : j->row_kv;
+            if (j->ct == KILN_DTYPE_F16)
+                (p->head_dim == 64 ? attn_row2_64_f16 : attn_row2_128_f16)(j, s, t0, kvh, nkv, c);
+            else if (j->ct == KILN_DTYPE_U8)
+                (p->head_dim == 64 ? attn_row2_64_fp8 : attn_row2_128_fp8)(j, s, t0, kvh, nkv, c);
+            else
+                (p->head_dim == 64 ? attn_row2_64_f32 : attn_row2_128_f32)(j, s, t0, kvh, nkv, c);
+        } else if (nt == 1) {
             int64_t nkv = p->n_kv_heads - kvh < j->row_kv ? p->n_kv_heads - kvh : j->row_kv;
             if (j->ct == KILN_DTYPE_F16)
                 (p->head_dim == 64 ? attn_row_64_f16 : attn_row_128_f16)(j, s, t0, kvh, nkv, c);
@@ -859,6 +1114,8 @@ static int64_t attn_tile_count(attn_job *j, int64_t tokens)
         j->rows_only = j->rows_only && j->qstart[s + 1] - j->qstart[s] == 1;
     }
     j->row_kv = j->rows_only ? (per < p->n_kv_heads ? per : p->n_kv_heads) : 1;
+    const char *row = getenv("KILN_ATTENTION_ROW");
+    j->row2 = !(row && strcmp(row, "old") == 0);
     return tiles * ((p->n_kv_heads + j->row_kv - 1) / j->row_kv);
 }
 #endif
@@ -969,10 +1226,17 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
                     NULL,
                     1,
                     0,
-                    NULL};
+                    0,
+                    NULL,
+                    0};
     kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
     if (s != KILN_OK)
         return s;
+#ifdef PLUGIN_AVX512
+    const char *isa = getenv("KILN_ATTENTION_ISA");
+    job.vec_append = t == KILN_DTYPE_F32 && job.ct == KILN_DTYPE_F16 && !(isa && strcmp(isa, "c") == 0) &&
+                     plugin_has_avx512();
+#endif
     host->parallel_for(stream, tokens, attn_append, &job);
     int64_t max_keys = 1;
     for (int64_t i = 0; i < job.n_seqs; i++)
