@@ -386,10 +386,15 @@ static inline const float *cache_rows(const attn_job *j, int64_t base, int64_t n
 /* Decode steps of up to ATTN_SPLIT_TOKENS tokens split the keys into up
  * to ATTN_SPLITS chunks of whole 16-key tiles, at least ATTN_MIN_CHUNK
  * keys each, so that even one sequence with few kv heads gives every
- * thread work in near-equal shares; partial results are merged after. */
+ * thread work in near-equal shares; partial results are merged after.
+ * Each chunk costs its own start (its first tile's rows are not
+ * prefetched, its queries set up) and a share of the merge: on two cores
+ * 8 chunks decoded SmolLM2 3-9% faster than 16 (bench/README-llm.md,
+ * ninth session). At most 16 (attn_merge16 holds a chunk a lane). */
 #define ATTN_SPLIT_TOKENS 8
-#define ATTN_SPLITS 16
+#define ATTN_SPLITS 8
 #define ATTN_MIN_CHUNK 32
+_Static_assert(ATTN_SPLITS <= 16, "attn_merge16 takes up to 16 chunks");
 
 /* e^z for the softmax's z <= 0: 0 below -87, where expf would return a
  * subnormal (or 0) through libm's slow underflow path, and the subnormal

@@ -577,6 +577,106 @@ static void test_attention_reference(void)
     }
 }
 
+/* The AVX-512 decode row kernel against the portable kernel
+ * (KILN_ATTENTION_ISA=c) on the same step: three sequences of one new
+ * token each (lengths `cached`, an odd one near half of it, and 1), the
+ * cache in ct. The cache both leave must be the same bytes (an f16 cache's
+ * rows are appended by vcvtps2ph on AVX-512, by kiln_f32_to_f16 in C), and
+ * the outputs agree to 1e-5 relative (both sum in f32, in other orders).
+ * Then an f16 cache appended with values at the edges of f16 (overflow to
+ * inf, subnormals, ties, NaN, -0) is bit-compared the same way. On a CPU
+ * without AVX-512 both runs take the portable kernel. */
+static void check_attention_decode_isa(int32_t nh, int32_t nkv, int32_t hd, int64_t cached, kiln_dtype ct)
+{
+    const int32_t bs = 16;
+    const int64_t S = 3, max_blocks = (cached + 1 + bs - 1) / bs, n_blocks = S * max_blocks, T = S;
+    const int64_t qw = nh * hd, kw = nkv * hd, cache_n = n_blocks * 2 * kw * bs;
+    kiln_field f[4] = {fi32("n_heads", &nh), fi32("n_kv_heads", &nkv), fi32("head_dim", &hd), fi32("block_size", &bs)};
+    kiln_plugin *a = make("PagedAttention", f, 4);
+    int32_t *table = malloc(sizeof(int32_t) * (size_t)(S * max_blocks));
+    for (int64_t i = 0; i < S * max_blocks; i++) /* blocks interleaved between the sequences */
+        table[i] = (int32_t)((i % max_blocks) * S + i / max_blocks);
+    int32_t seq_lens[3] = {(int32_t)(cached + 1), (int32_t)((cached / 2) | 1), 1}, qstart[4] = {0, 1, 2, 3};
+    float *q = random_buf(KILN_DTYPE_F32, T * qw), *k = random_buf(KILN_DTYPE_F32, T * kw);
+    float *v = random_buf(KILN_DTYPE_F32, T * kw);
+    for (int64_t i = 0; i < T * kw; i++)
+        k[i] *= 4.0f;
+    const size_t cache_bytes = (size_t)cache_n * (ct == KILN_DTYPE_U8 ? 1 : esize(ct));
+    unsigned char *cache0 = malloc(cache_bytes), *cache[2] = {malloc(cache_bytes), malloc(cache_bytes)};
+    for (int64_t i = 0; i < cache_n; i++) {
+        float x = uniform(-4.0f, 4.0f);
+        if (ct == KILN_DTYPE_U8) /* any code but NaN's */
+            cache0[i] = (uint8_t)(uniform(0.0f, 255.0f)) & 0xF7;
+        else
+            store(cache0, ct, i, x);
+    }
+    float *out[2] = {malloc(sizeof(float) * (size_t)(T * qw)), malloc(sizeof(float) * (size_t)(T * qw))};
+    kiln_tensor_desc d[8] = {DESC(KILN_DTYPE_F32, T, qw),         DESC(KILN_DTYPE_F32, T, kw),
+                             DESC(KILN_DTYPE_F32, T, kw),         DESC(ct, n_blocks, 2, nkv, bs, hd),
+                             DESC(KILN_DTYPE_I32, S, max_blocks), DESC(KILN_DTYPE_I32, S),
+                             DESC(KILN_DTYPE_I32, S + 1),         DESC(KILN_DTYPE_F32, T, qw)};
+    if (a) {
+        size_t ws = a->ops->workspace_size(a, d, 7, d + 7, 1);
+        void *workspace = malloc(ws ? ws : 1);
+        for (int pass = 0; pass < 2; pass++) {
+            for (int isa = 0; isa < 2; isa++) {
+                if (isa == 0)
+                    setenv("KILN_ATTENTION_ISA", "c", 1);
+                else
+                    unsetenv("KILN_ATTENTION_ISA");
+                memcpy(cache[isa], cache0, cache_bytes);
+                const void *in[7] = {q, k, v, cache[isa], table, seq_lens, qstart};
+                void *o[1] = {out[isa]};
+                CHECK_OK(a->ops->enqueue(a, KILN_BACKEND_CPU, d, in, 7, d + 7, o, 1, workspace, pool));
+            }
+            CHECK(memcmp(cache[0], cache[1], cache_bytes) == 0);
+            if (pass == 1)
+                break;
+            double err = 0, norm = 0;
+            for (int64_t i = 0; i < T * qw; i++) {
+                err += ((double)out[1][i] - out[0][i]) * ((double)out[1][i] - out[0][i]);
+                norm += (double)out[0][i] * out[0][i];
+            }
+            if (!(sqrt(err / norm) < 1e-5))
+                fprintf(stderr, "decode %d/%d heads of %d, %lld cached, cache dtype %d: AVX-512 against C %.3g\n", nh,
+                        nkv, hd, (long long)cached, (int)ct, sqrt(err / norm));
+            CHECK(sqrt(err / norm) < 1e-5);
+            if (ct != KILN_DTYPE_F16)
+                break;
+            /* f16's edges in the rows appended: 65520 rounds up to inf,
+             * 65519 down to 65504; 2^-25 is a tie to 0, 3 * 2^-25 to the
+             * subnormal 2^-23; NaN stays NaN; -0 keeps its sign */
+            static const float edge[] = {65520.0f, -65519.0f, 0x1p-25f, 3 * 0x1p-25f, 0x1.0p-14f, -0.0f, 1e-30f,
+                                         1.00048828125f, 2049.0f, 1e9f};
+            for (int64_t i = 0; i < T * kw; i++) {
+                k[i] = i % 11 == 10 ? NAN : edge[i % 10];
+                v[i] = edge[(i + 3) % 10] * (i % 2 ? -1.0f : 1.0f);
+            }
+        }
+        unsetenv("KILN_ATTENTION_ISA");
+        free(workspace);
+        a->ops->destroy(a);
+    }
+    free(table), free(q), free(k), free(v), free(cache0), free(cache[0]), free(cache[1]), free(out[0]), free(out[1]);
+}
+
+/* The decode row kernel's cases: query groups of 1 (sixteen kv heads a
+ * task), 3 (SmolLM2), 4 (the 1B, Llama's 8B), 5, 8 and 16 (V passes of 6
+ * heads and fewer), head_dim 64 and 128, contexts of one key, a short
+ * last tile, whole chunks and odd lengths, each cache dtype. */
+static void test_attention_decode_isa(void)
+{
+    static const int32_t shapes[][3] = {{16, 16, 64}, {9, 3, 64}, {32, 8, 64}, {15, 3, 64}, {16, 2, 64},
+                                        {16, 1, 64},  {8, 8, 128}, {12, 4, 128}, {32, 8, 128}, {16, 2, 128}};
+    static const int64_t lens[] = {0, 14, 47, 540, 1001};
+    static const kiln_dtype cts[] = {KILN_DTYPE_F16, KILN_DTYPE_F32, KILN_DTYPE_U8};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t l = 0; l < sizeof lens / sizeof lens[0]; l++)
+            for (size_t c = 0; c < 3; c++)
+                if (c == 0 || l == 3) /* f32 and FP8 caches at one length */
+                    check_attention_decode_isa(shapes[s][0], shapes[s][1], shapes[s][2], lens[l], cts[c]);
+}
+
 /* E4M3 from the OCP 8-bit floating point spec, written here apart from the
  * codec under test: code c is (-1)^s · 2^(e-7) · (1 + m/8), or m/8 · 2^-6
  * when e = 0; S.1111.111 is NaN and 448 the largest finite value. */
@@ -1128,6 +1228,7 @@ static const test_case_ tests[] = {TEST(setup),
                                    TEST(test_swiglu_packed),
                                    TEST(test_attention_packed),
                                    TEST(test_attention_reference),
+                                   TEST(test_attention_decode_isa),
                                    TEST(test_attention_fp8),
                                    TEST(test_quant_gather),
                                    TEST(test_fused_matmul),
