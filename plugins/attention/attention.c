@@ -188,8 +188,8 @@ typedef struct attn_job {
     /* AVX-512 kernels: kv heads a decode row task takes together (1 in a
      * step that also has tiles of several tokens); with chunks in a step
      * of decode rows only, the chunks done of each (token, row task),
-     * whose last merges them (NULL: attn_merge runs after) */
-    int64_t row_kv, rows_only, row2;
+     * whose last merges them (NULL: a merge pass runs after) */
+    int64_t row_kv, rows_only;
     atomic_int *done;
     /* f32 rows appended to an f16 cache by vcvtps2ph (AVX-512 builds) */
     int vec_append;
@@ -501,15 +501,17 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
  * Steps with f32 q, k and v, an f32 or f16 cache, a head_dim of 64 or 128 and query
  * groups of at most 16 heads: a task takes the query heads of one kv head
  * for ATTN_LANES / group consecutive tokens of one sequence (and, in a
- * decode step, one chunk of its keys, merged by attn_merge), one query row per lane of a 512-bit register
+ * decode step, one chunk of its keys), one query row per lane of a 512-bit register
  * (q transposed once, [dim][lane]). Each tile of 16 keys costs 16 · hd
  * FMAs for the scores (a key's dims broadcast against q's lanes) and as
  * many for the values, the online softmax runs lane by lane on whole
  * registers, and e^x is a polynomial on registers instead of a libm call
  * per score. A decode row (one token of a sequence in the tile) takes
- * attn_row instead, keys in the lanes. The cache may be f32 or f16 (its
- * rows widened to f32 a tile at a time). KILN_ATTENTION_ISA=c runs the portable kernel above instead
- * (the tests compare both with a double-precision reference). */
+ * attn_row instead, keys in the lanes. The cache may be f32, f16 or FP8
+ * (its rows widened to f32 a tile at a time). Chunks' partial results are
+ * merged by attn_merge16. KILN_ATTENTION_ISA=c runs the portable kernel
+ * above instead (the tests compare both with a double-precision
+ * reference, and the decode rows with the portable kernel). */
 #ifdef PLUGIN_AVX512
 #define ATTN_AVX512 1
 #define ATTN_LANES 16
@@ -628,8 +630,8 @@ PLUGIN_AVX512_FN static void attn_merge16(const attn_job *j, int64_t begin, int6
     }
 }
 
-/* Sixteen cache values from element e of a cache row pointer as f32: an
- * f16 cache widened by vcvtph2ps as it is read. */
+static void attn_merge16_tasks(void *arg, int64_t begin, int64_t end) { attn_merge16(arg, begin, end); }
+
 /* 16 cache values from element e of base as f32: the cache's kind K is
  * 0 (f32), 1 (f16, widened by vcvtph2ps) or 2 (FP8 E4M3 codes, as
  * attn_rows_f32 widens them); ATTN_ES its element bytes. */
@@ -638,141 +640,6 @@ PLUGIN_AVX512_FN static void attn_merge16(const attn_job *j, int64_t begin, int6
     ((K) == 1   ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)(base) + (e)))) \
      : (K) == 2 ? attn_e4m3x16((const uint8_t *)(base) + (e)) \
                 : _mm512_loadu_ps((const float *)(base) + (e)))
-
-/* One decode row: token t of sequence s, the query heads of kv heads
- * [kv0, kv0 + nkv) (at most ATTN_LANES heads), the keys of chunk c. The
- * tiles of a block's kv heads are taken one after another, so a task
- * reads its chunk's cache as one contiguous run (the blocks of a
- * sequence are handed out in order). Keys go in the lanes: a tile of 16
- * keys is 16 dot products per query head (each a vector of partial sums,
- * folded into one vector of 16 scores by attn_sum16), and the softmax
- * runs on that vector; a group of three heads fills 16 lanes where the
- * prefill tile above would use 3. K is widened once a tile into kbuf for
- * the group's heads; each V row is widened once as it is read and summed
- * into the outputs of up to HB heads held in registers. */
-#define ATTN_ROW_FN(NAME, HD, K) \
-    PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t, int64_t kv0, int64_t nkv, int64_t c) \
-    { \
-        const attn_params *p = j->p; \
-        const int64_t G = p->n_heads / p->n_kv_heads, h0 = kv0 * G, H = nkv * G, bs = p->block_size; \
-        enum { NV = (HD) / 16, HB = 16 / NV }; \
-        float qs[ATTN_LANES][HD] __attribute__((aligned(64))), os[ATTN_LANES][HD] __attribute__((aligned(64))); \
-        float kbuf[ATTN_LANES * (HD)] __attribute__((aligned(64))); \
-        float pw[ATTN_LANES][ATTN_LANES] __attribute__((aligned(64))), cs[ATTN_LANES]; \
-        float ms[ATTN_LANES], ls[ATTN_LANES]; \
-        const float *q = (const float *)j->q + t * j->q_ld + h0 * (HD); \
-        const __m512 scale = _mm512_set1_ps(p->scale); \
-        for (int64_t g = 0; g < H; g++) { \
-            UNROLLED_FOR (v, NV) { \
-                _mm512_store_ps(qs[g] + 16 * v, _mm512_mul_ps(_mm512_loadu_ps(q + g * (HD) + 16 * v), scale)); \
-                _mm512_store_ps(os[g] + 16 * v, _mm512_setzero_ps()); \
-            } \
-            ms[g] = -INFINITY, ls[g] = 0.0f; \
-        } \
-        const int64_t keys = position_of(j, s, t) + 1; \
-        const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
-        for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
-            int64_t n = bs - k0 % bs; \
-            n = n < k_end - k0 ? n : k_end - k0; \
-            n = n < ATTN_LANES ? n : ATTN_LANES; \
-            const __mmask16 real = (__mmask16)((1u << n) - 1u); \
-            if (n < ATTN_LANES) /* the padding rows' scores are masked, but read: keep them defined */ \
-                memset(kbuf + n * (HD), 0, sizeof(float) * (size_t)((ATTN_LANES - n) * (HD))); \
-            /* the next tile's rows are fetched while this one is computed: \
-             * a block's runs are too short for the hardware prefetcher */ \
-            const int next = k0 + n < keys; \
-            for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
-                const void *kp = (const char *)j->cache + cache_index(j, s, k0, 0, kvh) * ATTN_ES(K); \
-                const char *kpn = \
-                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ATTN_ES(K) : NULL; \
-                for (int64_t e = 0; e < n * (HD); e += 16) { \
-                    if (kpn && (e * ATTN_ES(K)) % 64 == 0) \
-                        _mm_prefetch(kpn + e * ATTN_ES(K), _MM_HINT_T0); \
-                    _mm512_store_ps(kbuf + e, ATTN_LOAD16(K, kp, e)); \
-                } \
-                for (int64_t g = (kvh - kv0) * G; g < (kvh - kv0 + 1) * G; g++) { \
-                    __m512 qv[NV], part[ATTN_LANES]; \
-                    UNROLLED_FOR (v, NV) \
-                        qv[v] = _mm512_load_ps(qs[g] + 16 * v); \
-                    UNROLLED_FOR (i, ATTN_LANES) { \
-                        part[i] = _mm512_mul_ps(qv[0], _mm512_load_ps(kbuf + i * (HD))); \
-                        UNROLLED_FOR (v, NV - 1) \
-                            part[i] = \
-                                _mm512_fmadd_ps(qv[v + 1], _mm512_load_ps(kbuf + i * (HD) + 16 * (v + 1)), part[i]); \
-                    } \
-                    __m512 sc = _mm512_mask_mov_ps(_mm512_set1_ps(-INFINITY), real, attn_sum16(part)); \
-                    float mx = _mm512_reduce_max_ps(sc); \
-                    cs[g] = 1.0f; \
-                    if (mx > ms[g]) { \
-                        /* a new max rescales what came before; exp(-inf) = 0 clears the empty first one */ \
-                        cs[g] = _mm512_cvtss_f32(plugin_exp16(_mm512_set1_ps(ms[g] - mx))); \
-                        ms[g] = mx; \
-                    } \
-                    __m512 pv = plugin_exp16(_mm512_sub_ps(sc, _mm512_set1_ps(ms[g]))); \
-                    ls[g] = ls[g] * cs[g] + _mm512_reduce_add_ps(pv); \
-                    _mm512_store_ps(pw[g], pv); \
-                } \
-            } \
-            /* the values after every kv head's keys: a block is read front to back */ \
-            for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
-                const void *vp = (const char *)j->cache + cache_index(j, s, k0, 1, kvh) * ATTN_ES(K); \
-                const char *vpn = \
-                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 1, kvh) * ATTN_ES(K) : NULL; \
-                const int64_t g0 = (kvh - kv0) * G; \
-                for (int64_t gb = 0; gb < G; gb += HB) { \
-                    __m512 o[HB][NV]; \
-                    UNROLLED_FOR (b, HB) \
-                        UNROLLED_FOR (v, NV) \
-                            o[b][v] = gb + b < G ? _mm512_mul_ps(_mm512_load_ps(os[g0 + gb + b] + 16 * v), \
-                                                                 _mm512_set1_ps(cs[g0 + gb + b])) \
-                                                 : _mm512_setzero_ps(); \
-                    for (int64_t i = 0; i < n; i++) { \
-                        if (vpn && gb == 0) \
-                            for (int64_t off = 0; off < (HD) * ATTN_ES(K); off += 64) \
-                                _mm_prefetch(vpn + i * (HD) * ATTN_ES(K) + off, _MM_HINT_T0); \
-                        __m512 x[NV]; \
-                        UNROLLED_FOR (v, NV) \
-                            x[v] = ATTN_LOAD16(K, vp, i * (HD) + 16 * v); \
-                        UNROLLED_FOR (b, HB) \
-                            if (gb + b < G) { \
-                                __m512 w = _mm512_set1_ps(pw[g0 + gb + b][i]); \
-                                UNROLLED_FOR (v, NV) \
-                                    o[b][v] = _mm512_fmadd_ps(w, x[v], o[b][v]); \
-                            } \
-                    } \
-                    UNROLLED_FOR (b, HB) \
-                        if (gb + b < G) \
-                            UNROLLED_FOR (v, NV) \
-                                _mm512_store_ps(os[g0 + gb + b] + 16 * v, o[b][v]); \
-                } \
-            } \
-            k0 += n; \
-        } \
-        for (int64_t g = 0; g < H; g++) { \
-            if (j->part) { \
-                float *pp = j->part + ((t * p->n_heads + h0 + g) * j->n_chunks + c) * part_floats(p); \
-                pp[0] = ms[g]; \
-                pp[1] = ls[g]; \
-                memcpy(pp + 2, os[g], sizeof(float) * (HD)); \
-                continue; \
-            } \
-            float *o = (float *)j->out + (t * p->n_heads + h0 + g) * (HD), inv = 1.0f / ls[g]; \
-            for (int64_t d = 0; d < (HD); d++) \
-                o[d] = os[g][d] * inv; \
-        } \
-        /* the last chunk of these heads to finish merges them (the add \
-         * orders the other chunks' partial results before the merge's reads) */ \
-        const int64_t kv_tasks = (p->n_kv_heads + j->row_kv - 1) / j->row_kv; \
-        if (j->done && atomic_fetch_add(&j->done[t * kv_tasks + kv0 / j->row_kv], 1) == j->n_chunks - 1) \
-            attn_merge((void *)j, t * p->n_heads + h0, t * p->n_heads + h0 + H); \
-    }
-
-ATTN_ROW_FN(attn_row_64_f32, 64, 0)
-ATTN_ROW_FN(attn_row_128_f32, 128, 0)
-ATTN_ROW_FN(attn_row_64_f16, 64, 1)
-ATTN_ROW_FN(attn_row_128_f16, 128, 1)
-ATTN_ROW_FN(attn_row_64_fp8, 64, 2)
-ATTN_ROW_FN(attn_row_128_fp8, 128, 2)
 
 /* Sixteen vectors to one: lane i of the result is the largest of v[i]'s
  * lanes (attn_sum16's tree with max for add). */
@@ -836,7 +703,7 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
  * reads its chunk front to back, a block's keys for all its kv heads and
  * then their values, and asks for the next tile's rows while it computes
  * this one's. */
-#define ATTN_ROW2_FN(NAME, HD, K) \
+#define ATTN_ROW_FN(NAME, HD, K) \
     PLUGIN_AVX512_FN static void NAME(const attn_job *j, int64_t s, int64_t t, int64_t kv0, int64_t nkv, int64_t c) \
     { \
         const attn_params *p = j->p; \
@@ -959,12 +826,12 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
             attn_merge16(j, t * p->n_heads + h0, t * p->n_heads + h0 + H); \
     }
 
-ATTN_ROW2_FN(attn_row2_64_f32, 64, 0)
-ATTN_ROW2_FN(attn_row2_128_f32, 128, 0)
-ATTN_ROW2_FN(attn_row2_64_f16, 64, 1)
-ATTN_ROW2_FN(attn_row2_128_f16, 128, 1)
-ATTN_ROW2_FN(attn_row2_64_fp8, 64, 2)
-ATTN_ROW2_FN(attn_row2_128_fp8, 128, 2)
+ATTN_ROW_FN(attn_row_64_f32, 64, 0)
+ATTN_ROW_FN(attn_row_128_f32, 128, 0)
+ATTN_ROW_FN(attn_row_64_f16, 64, 1)
+ATTN_ROW_FN(attn_row_128_f16, 128, 1)
+ATTN_ROW_FN(attn_row_64_fp8, 64, 2)
+ATTN_ROW_FN(attn_row_128_fp8, 128, 2)
 
 /* One task: tokens [t0, t0 + nt) of sequence s, the query heads of kv
  * head kvh (lane = token · group + head), head_dim HD, the keys of chunk
@@ -1079,15 +946,7 @@ static void attn_tile_tasks(void *arg, int64_t begin, int64_t end)
         }
         int64_t t0 = j->qstart[s] + (tile - before) * per, nt = j->qstart[s + 1] - t0;
         nt = nt < per ? nt : per;
-        if (nt == 1 && j->row2) {
-            int64_t nkv = p->n_kv_heads - kvh < j->row_kv ? p->n_kv_heads - kvh : j->row_kv;
-            if (j->ct == KILN_DTYPE_F16)
-                (p->head_dim == 64 ? attn_row2_64_f16 : attn_row2_128_f16)(j, s, t0, kvh, nkv, c);
-            else if (j->ct == KILN_DTYPE_U8)
-                (p->head_dim == 64 ? attn_row2_64_fp8 : attn_row2_128_fp8)(j, s, t0, kvh, nkv, c);
-            else
-                (p->head_dim == 64 ? attn_row2_64_f32 : attn_row2_128_f32)(j, s, t0, kvh, nkv, c);
-        } else if (nt == 1) {
+        if (nt == 1) {
             int64_t nkv = p->n_kv_heads - kvh < j->row_kv ? p->n_kv_heads - kvh : j->row_kv;
             if (j->ct == KILN_DTYPE_F16)
                 (p->head_dim == 64 ? attn_row_64_f16 : attn_row_128_f16)(j, s, t0, kvh, nkv, c);
@@ -1119,8 +978,6 @@ static int64_t attn_tile_count(attn_job *j, int64_t tokens)
         j->rows_only = j->rows_only && j->qstart[s + 1] - j->qstart[s] == 1;
     }
     j->row_kv = j->rows_only ? (per < p->n_kv_heads ? per : p->n_kv_heads) : 1;
-    const char *row = getenv("KILN_ATTENTION_ROW");
-    j->row2 = !(row && strcmp(row, "old") == 0);
     return tiles * ((p->n_kv_heads + j->row_kv - 1) / j->row_kv);
 }
 #endif
@@ -1231,7 +1088,6 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
                     NULL,
                     1,
                     0,
-                    0,
                     NULL,
                     0};
     kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
@@ -1260,12 +1116,15 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
         for (int64_t i = 0; i < tile_tasks; i++)
             atomic_init(&job.done[i], 0);
     }
-    if (tile_tasks > 0)
+    if (tile_tasks > 0) {
         host->parallel_for(stream, tile_tasks * job.n_chunks, attn_tile_tasks, &job);
-    else
+        if (job.part && !job.done)
+            host->parallel_for(stream, tokens * p->n_heads, attn_merge16_tasks, &job);
+        return KILN_OK;
+    }
 #endif
-        host->parallel_for(stream, tokens * job.n_sub * job.n_chunks, attn_tasks, &job);
-    if (job.part && !job.done)
+    host->parallel_for(stream, tokens * job.n_sub * job.n_chunks, attn_tasks, &job);
+    if (job.part)
         host->parallel_for(stream, tokens * p->n_heads, attn_merge, &job);
     return KILN_OK;
 }
