@@ -181,9 +181,10 @@ typedef struct attn_job {
     const int32_t *table, *seq_lens, *qstart;
     int64_t n_seqs, max_blocks;
     /* the work split (attn_plan): query heads of one kv head taken
-     * together, and keys cut into chunks whose partial results wait in
-     * `part` (NULL: one chunk, written straight to out) */
-    int64_t n_sub, sub, n_chunks, chunk;
+     * together, and the first `span` keys cut into n_chunks chunks
+     * (chunk_begin) whose partial results wait in `part` (NULL: one
+     * chunk, written straight to out) */
+    int64_t n_sub, sub, n_chunks, span;
     float *part;
     /* AVX-512 kernels: kv heads a decode row task takes together (1 in a
      * step that also has tiles of several tokens); with chunks in a step
@@ -209,6 +210,15 @@ static int64_t seq_of(const attn_job *j, int64_t t)
             hi = mid - 1;
     }
     return lo;
+}
+
+/* Chunk c of the keys: from chunk_begin(j, c) to chunk_end(j, c), near
+ * equal shares of the span in whole 16-key tiles; the last runs on past
+ * the span (to every key). */
+static int64_t chunk_begin(const attn_job *j, int64_t c) { return c * j->span / j->n_chunks / 16 * 16; }
+static int64_t chunk_end(const attn_job *j, int64_t c)
+{
+    return c + 1 < j->n_chunks ? chunk_begin(j, c + 1) : INT64_MAX;
 }
 
 static int64_t position_of(const attn_job *j, int64_t s, int64_t t)
@@ -384,13 +394,14 @@ static inline const float *cache_rows(const attn_job *j, int64_t base, int64_t n
  * from the cache serves all of them. */
 #define ATTN_SUB 8
 /* Decode steps of up to ATTN_SPLIT_TOKENS tokens split the keys into up
- * to ATTN_SPLITS chunks of whole 16-key tiles, at least ATTN_MIN_CHUNK
- * keys each, so that even one sequence with few kv heads gives every
- * thread work in near-equal shares; partial results are merged after.
- * Each chunk costs its own start (its first tile's rows are not
- * prefetched, its queries set up) and a share of the merge: on two cores
- * 8 chunks decoded SmolLM2 3-9% faster than 16 (bench/README-llm.md,
- * ninth session). At most 16 (attn_merge16 holds a chunk a lane). */
+ * to ATTN_SPLITS near-equal chunks of whole 16-key tiles, ATTN_MIN_CHUNK
+ * keys a chunk on average, so that even one sequence with few kv heads
+ * gives every thread work in near-equal shares (chunk_begin); partial
+ * results are merged after. Each chunk costs its own start (its first
+ * tile's rows are not prefetched, its queries set up) and a share of the
+ * merge: 8 chunks ran SmolLM2's decode attention 3-9% faster than 16
+ * (bench/README-llm.md, ninth session). At most 16 (attn_merge16 holds a
+ * chunk a lane). */
 #define ATTN_SPLIT_TOKENS 8
 #define ATTN_SPLITS 8
 #define ATTN_MIN_CHUNK 32
@@ -474,7 +485,7 @@ static void attn_tasks(void *arg, int64_t begin, int64_t end)
         int64_t kvh = sg / (j->n_sub / p->n_kv_heads), sub = sg % (j->n_sub / p->n_kv_heads);
         int64_t h0 = kvh * group + sub * j->sub, ng = group - sub * j->sub < j->sub ? group - sub * j->sub : j->sub;
         int64_t keys = position_of(j, seq_of(j, t), t) + 1;
-        int64_t k_begin = c * j->chunk, k_end = k_begin + j->chunk < keys ? k_begin + j->chunk : keys;
+        int64_t k_begin = chunk_begin(j, c), k_end = chunk_end(j, c) < keys ? chunk_end(j, c) : keys;
         if (k_begin >= k_end) {
             /* a chunk past this token's keys: an empty partial */
             for (int64_t g = 0; g < ng; g++)
@@ -729,8 +740,8 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
             } \
         __m512 m = _mm512_set1_ps(-INFINITY); /* lane g: head g's running max */ \
         const int64_t keys = position_of(j, s, t) + 1; \
-        const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
-        for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
+        const int64_t k_end = keys < chunk_end(j, c) ? keys : chunk_end(j, c); \
+        for (int64_t k0 = chunk_begin(j, c); k0 < k_end;) { \
             int64_t n = bs - k0 % bs; \
             n = n < k_end - k0 ? n : k_end - k0; \
             n = n < ATTN_LANES ? n : ATTN_LANES; \
@@ -858,8 +869,8 @@ ATTN_ROW_FN(attn_row_128_fp8, 128, 2)
         const int64_t first = position_of(j, s, t0), keys = position_of(j, s, t0 + nt - 1) + 1; \
         const __m512 ninf = _mm512_set1_ps(-INFINITY); \
         __m512 m = ninf, l = _mm512_setzero_ps(); \
-        const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
-        for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
+        const int64_t k_end = keys < chunk_end(j, c) ? keys : chunk_end(j, c); \
+        for (int64_t k0 = chunk_begin(j, c); k0 < k_end;) { \
             /* a short tile's padding rows: their scores masked below */ \
             const float *K, *V; \
             const int64_t n = attn_tile_rows(j, s, kvh, k0, k_end, HD, kpad, vpad, &K, &V); \
@@ -1014,17 +1025,15 @@ static void attn_merge(void *arg, int64_t begin, int64_t end)
 /* How a step's attention is cut into tasks, and the workspace floats the
  * chunks' partial results need (0: none). */
 static size_t attn_plan(const attn_params *p, int64_t tokens, int64_t max_keys, int64_t *n_sub, int64_t *sub,
-                        int64_t *n_chunks, int64_t *chunk)
+                        int64_t *n_chunks, int64_t *span)
 {
     int64_t group = p->n_heads / p->n_kv_heads;
     *sub = group < ATTN_SUB ? group : ATTN_SUB;
     *n_sub = p->n_kv_heads * ((group + *sub - 1) / *sub);
-    *chunk = ((max_keys + ATTN_SPLITS - 1) / ATTN_SPLITS + 15) / 16 * 16;
-    *chunk = *chunk > ATTN_MIN_CHUNK ? *chunk : ATTN_MIN_CHUNK;
-    *n_chunks = tokens <= ATTN_SPLIT_TOKENS ? (max_keys + *chunk - 1) / *chunk : 1;
-    if (*n_chunks <= 1) {
+    *span = max_keys > 0 ? max_keys : 1;
+    *n_chunks = max_keys / ATTN_MIN_CHUNK < ATTN_SPLITS ? max_keys / ATTN_MIN_CHUNK : ATTN_SPLITS;
+    if (tokens > ATTN_SPLIT_TOKENS || *n_chunks <= 1) {
         *n_chunks = 1;
-        *chunk = max_keys > 0 ? max_keys : 1;
         return 0;
     }
     return (size_t)tokens * (size_t)p->n_heads * (size_t)*n_chunks * part_floats(p);
@@ -1102,10 +1111,10 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
     int64_t max_keys = 1;
     for (int64_t i = 0; i < job.n_seqs; i++)
         max_keys = seq_lens[i] > max_keys ? seq_lens[i] : max_keys;
-    if (attn_plan(p, tokens, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.chunk) > 0 && workspace)
+    if (attn_plan(p, tokens, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.span) > 0 && workspace)
         job.part = workspace;
     else
-        attn_plan(p, ATTN_SPLIT_TOKENS + 1, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.chunk);
+        attn_plan(p, ATTN_SPLIT_TOKENS + 1, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.span);
 #ifdef ATTN_AVX512
     int64_t tile_tasks = attn_tile_count(&job, tokens);
     if (tile_tasks > 0 && job.part && job.rows_only) {
@@ -1213,11 +1222,11 @@ static size_t attention_workspace_size(const kiln_plugin *self, const kiln_tenso
     if (n_in != meta + 4 || in[0].dims.rank != 2 || in[meta + 1].dims.rank != 2)
         return 0;
     /* A step's chunks number min(ATTN_SPLITS, keys / ATTN_MIN_CHUNK) at
-     * most (rounded up), which the plan of that many keys reaches. */
-    int64_t tokens = in[0].dims.d[0], n_sub, sub, n_chunks, chunk, keys = in[meta + 1].dims.d[1] * p->block_size;
+     * most, which the plan of that many keys reaches. */
+    int64_t tokens = in[0].dims.d[0], n_sub, sub, n_chunks, span, keys = in[meta + 1].dims.d[1] * p->block_size;
     keys = keys < ATTN_SPLITS * ATTN_MIN_CHUNK ? keys : ATTN_SPLITS * ATTN_MIN_CHUNK;
     int64_t split = tokens < ATTN_SPLIT_TOKENS ? tokens : ATTN_SPLIT_TOKENS;
-    size_t cpu = attn_plan(p, split, keys, &n_sub, &sub, &n_chunks, &chunk) * sizeof(float);
+    size_t cpu = attn_plan(p, split, keys, &n_sub, &sub, &n_chunks, &span) * sizeof(float);
     if (cpu > 0) /* and the chunk counters of a step of decode rows (attn_job.done) */
         cpu += (size_t)split * (size_t)p->n_kv_heads * sizeof(atomic_int);
 #ifdef KILN_HAVE_CUDA
