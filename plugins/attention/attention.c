@@ -404,11 +404,11 @@ static inline const float *cache_rows(const attn_job *j, int64_t base, int64_t n
  * gives every thread work in near-equal shares (chunk_begin); partial
  * results are merged after. Each chunk costs its own start (its first
  * tile's rows are not prefetched, its queries set up) and a share of the
- * merge: 8 chunks ran SmolLM2's decode attention 3-9% faster than 16
- * (bench/README-llm.md, ninth session). At most 16 (attn_merge16 holds a
- * chunk a lane). */
+ * merge: on two cores 4 chunks ran the decode attention of SmolLM2 and of
+ * the 1B 5-14% faster than 8, and 8 faster than 16 (bench/README-llm.md,
+ * ninth session). At most 16 (attn_merge16 holds a chunk a lane). */
 #define ATTN_SPLIT_TOKENS 8
-#define ATTN_SPLITS 8
+#define ATTN_SPLITS 4
 #define ATTN_MIN_CHUNK 32
 _Static_assert(ATTN_SPLITS <= 16, "attn_merge16 takes up to 16 chunks");
 
