@@ -197,8 +197,9 @@ typedef struct attn_job {
      * each of the ahead_tasks tasks */
     plugin_ahead ahead;
     int64_t ahead_tasks;
-    /* f32 rows appended to an f16 cache by vcvtps2ph (AVX-512 builds) */
-    int vec_append;
+    /* the AVX-512 kernels may run: built in, the CPU has them and
+     * KILN_ATTENTION_ISA is not "c" (read once a call) */
+    int avx512;
 } attn_job;
 
 static void attn_merge(void *arg, int64_t begin, int64_t end);
@@ -264,7 +265,7 @@ static void attn_append(void *arg, int64_t begin, int64_t end)
             int64_t src = t * j->kv_ld + h * p->head_dim;
             int64_t kdst = cache_index(j, s, pos, 0, h), vdst = cache_index(j, s, pos, 1, h);
 #ifdef PLUGIN_AVX512
-            if (j->vec_append) { /* an f16 cache of f32 rows */
+            if (j->avx512 && j->t == KILN_DTYPE_F32 && j->ct == KILN_DTYPE_F16) { /* vcvtps2ph */
                 attn_f32_to_f16((uint16_t *)j->cache + kdst, (const float *)j->k + src, p->head_dim);
                 attn_f32_to_f16((uint16_t *)j->cache + vdst, (const float *)j->v + src, p->head_dim);
                 continue;
@@ -992,10 +993,8 @@ static int64_t attn_tile_count(attn_job *j, int64_t tokens)
 {
     const attn_params *p = j->p;
     int64_t group = p->n_heads / p->n_kv_heads;
-    const char *isa = getenv("KILN_ATTENTION_ISA");
     if (j->t != KILN_DTYPE_F32 || (j->ct != KILN_DTYPE_F32 && j->ct != KILN_DTYPE_F16 && j->ct != KILN_DTYPE_U8) ||
-        group > ATTN_LANES ||
-        (p->head_dim != 64 && p->head_dim != 128) || (isa && strcmp(isa, "c") == 0) || !plugin_has_avx512())
+        group > ATTN_LANES || (p->head_dim != 64 && p->head_dim != 128) || !j->avx512)
         return 0;
     int64_t per = ATTN_LANES / group, tiles = 0;
     j->rows_only = 1;
@@ -1121,8 +1120,7 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
         return s;
 #ifdef PLUGIN_AVX512
     const char *isa = getenv("KILN_ATTENTION_ISA");
-    job.vec_append = t == KILN_DTYPE_F32 && job.ct == KILN_DTYPE_F16 && !(isa && strcmp(isa, "c") == 0) &&
-                     plugin_has_avx512();
+    job.avx512 = !(isa && strcmp(isa, "c") == 0) && plugin_has_avx512();
 #endif
     host->parallel_for(stream, tokens, attn_append, &job);
     int64_t max_keys = 1;
