@@ -765,18 +765,37 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
             const int next = k0 + n < k_end; \
             for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
                 const void *kp = (const char *)j->cache + cache_index(j, s, k0, 0, kvh) * ATTN_ES(K); \
-                /* the next tile's K rows asked for as this one's are read (its V \
-                 * rows in the V pass): a block's runs are too short for the \
-                 * hardware prefetcher */ \
+                /* the next tile's K rows asked of L1 as this one's are read (its \
+                 * V rows in the V pass), and the K and V rows of the tile after \
+                 * it of L2: a block's runs are too short for the hardware \
+                 * prefetcher (3-5% less time with the cache in DRAM than the \
+                 * next tile alone, bench/README-llm.md) */ \
                 const char *kn = \
                     next ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ATTN_ES(K) : NULL; \
+                const int64_t k2 = k0 + n + ATTN_LANES; \
+                const char *kn2 = \
+                    k2 < k_end ? (const char *)j->cache + cache_index(j, s, k2, 0, kvh) * ATTN_ES(K) : NULL; \
+                const char *vn2 = \
+                    k2 < k_end ? (const char *)j->cache + cache_index(j, s, k2, 1, kvh) * ATTN_ES(K) : NULL; \
                 const float *kr = kbuf; \
-                if ((K) == 0 && n == ATTN_LANES) \
+                if ((K) == 0 && n == ATTN_LANES) { /* f32 rows read in place */ \
                     kr = kp; \
-                else { \
+                    for (int64_t off = 0; off < ATTN_LANES * (HD) * 4; off += 64) { \
+                        if (kn) \
+                            _mm_prefetch(kn + off, _MM_HINT_T0); \
+                        if (kn2) { \
+                            _mm_prefetch(kn2 + off, _MM_HINT_T1); \
+                            _mm_prefetch(vn2 + off, _MM_HINT_T1); \
+                        } \
+                    } \
+                } else { \
                     for (int64_t e = 0; e < n * (HD); e += 16) { \
                         if (kn && (e * ATTN_ES(K)) % 64 == 0) \
                             _mm_prefetch(kn + e * ATTN_ES(K), _MM_HINT_T0); \
+                        if (kn2 && (e * ATTN_ES(K)) % 64 == 0) { \
+                            _mm_prefetch(kn2 + e * ATTN_ES(K), _MM_HINT_T1); \
+                            _mm_prefetch(vn2 + e * ATTN_ES(K), _MM_HINT_T1); \
+                        } \
                         _mm512_store_ps(kbuf + e, ATTN_LOAD16(K, kp, e)); \
                     } \
                     /* the padding rows' scores are masked, but read: keep them defined */ \
