@@ -762,21 +762,22 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
             n = n < k_end - k0 ? n : k_end - k0; \
             n = n < ATTN_LANES ? n : ATTN_LANES; \
             const __mmask16 real = (__mmask16)((1u << n) - 1u); \
-            const int next = k0 + n < k_end; \
+            /* this tile's, the next one's and the one after's rows of kv head 0's \
+             * K (a tile lies in one block: one table lookup a tile) */ \
+            const int64_t k2 = k0 + n + ATTN_LANES, kvstep = bs * (HD) * ATTN_ES(K); \
+            const char *t0 = (const char *)j->cache + cache_index(j, s, k0, 0, 0) * ATTN_ES(K); \
+            const char *t1 = k0 + n < k_end ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, 0) * ATTN_ES(K) : NULL; \
+            const char *t2 = k2 < k_end ? (const char *)j->cache + cache_index(j, s, k2, 0, 0) * ATTN_ES(K) : NULL; \
             for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
-                const void *kp = (const char *)j->cache + cache_index(j, s, k0, 0, kvh) * ATTN_ES(K); \
+                const void *kp = t0 + kvh * kvstep; \
                 /* the next tile's K rows asked of L1 as this one's are read (its \
                  * V rows in the V pass), and the K and V rows of the tile after \
                  * it of L2: a block's runs are too short for the hardware \
                  * prefetcher (3-5% less time with the cache in DRAM than the \
                  * next tile alone, bench/README-llm.md) */ \
-                const char *kn = \
-                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, kvh) * ATTN_ES(K) : NULL; \
-                const int64_t k2 = k0 + n + ATTN_LANES; \
-                const char *kn2 = \
-                    k2 < k_end ? (const char *)j->cache + cache_index(j, s, k2, 0, kvh) * ATTN_ES(K) : NULL; \
-                const char *vn2 = \
-                    k2 < k_end ? (const char *)j->cache + cache_index(j, s, k2, 1, kvh) * ATTN_ES(K) : NULL; \
+                const char *kn = t1 ? t1 + kvh * kvstep : NULL; \
+                const char *kn2 = t2 ? t2 + kvh * kvstep : NULL; \
+                const char *vn2 = t2 ? t2 + (p->n_kv_heads + kvh) * kvstep : NULL; \
                 const float *kr = kbuf; \
                 if ((K) == 0 && n == ATTN_LANES) { /* f32 rows read in place */ \
                     kr = kp; \
@@ -831,9 +832,8 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
             } \
             /* the values after every kv head's keys: a block is read front to back */ \
             for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
-                const void *vp = (const char *)j->cache + cache_index(j, s, k0, 1, kvh) * ATTN_ES(K); \
-                const char *vn = \
-                    next ? (const char *)j->cache + cache_index(j, s, k0 + n, 1, kvh) * ATTN_ES(K) : NULL; \
+                const void *vp = t0 + (p->n_kv_heads + kvh) * kvstep; \
+                const char *vn = t1 ? t1 + (p->n_kv_heads + kvh) * kvstep : NULL; \
                 int ahead = a1 > a0 && kvh == kv0; /* the weights ahead: once a row of the tile */ \
                 for (int64_t dh = 0; dh < (HD); dh += 64) \
                     for (int64_t g0 = (kvh - kv0) * G; g0 < (kvh - kv0 + 1) * G; g0 += ATTN_VHEADS) { \
