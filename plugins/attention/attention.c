@@ -191,6 +191,11 @@ typedef struct attn_job {
      * whose last merges them (NULL: attn_merge runs after) */
     int64_t row_kv, rows_only;
     atomic_int *done;
+    /* a step of decode rows: the next layers' weights, asked of L2 while
+     * the attention computes (the memory idles otherwise), a share for
+     * each of the ahead_tasks tasks */
+    plugin_ahead ahead;
+    int64_t ahead_tasks;
 } attn_job;
 
 static void attn_merge(void *arg, int64_t begin, int64_t end);
@@ -611,6 +616,13 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
         } \
         const int64_t keys = position_of(j, s, t) + 1; \
         const int64_t k_end = keys < (c + 1) * j->chunk ? keys : (c + 1) * j->chunk; \
+        const int64_t kv_tasks = (p->n_kv_heads + j->row_kv - 1) / j->row_kv; \
+        /* this task's share of the weights ahead, spread over its keys */ \
+        int64_t a0 = 0, a1 = 0, kb = c * j->chunk; \
+        if (j->ahead.total && k_end > kb) { \
+            const int64_t task = (t * kv_tasks + kv0 / j->row_kv) * j->n_chunks + c; \
+            a0 = j->ahead.total * task / j->ahead_tasks, a1 = j->ahead.total * (task + 1) / j->ahead_tasks; \
+        } \
         for (int64_t k0 = c * j->chunk; k0 < k_end;) { \
             int64_t n = bs - k0 % bs; \
             n = n < k_end - k0 ? n : k_end - k0; \
@@ -670,6 +682,9 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
                         if (vpn && gb == 0) \
                             for (int64_t off = 0; off < (HD) * ATTN_ES(K); off += 64) \
                                 _mm_prefetch(vpn + i * (HD) * ATTN_ES(K) + off, _MM_HINT_T0); \
+                        if (a1 > a0 && gb == 0 && kvh == kv0) \
+                            plugin_ahead_fetch(&j->ahead, a0 + (a1 - a0) * (k0 - kb + i) / (k_end - kb), \
+                                               a0 + (a1 - a0) * (k0 - kb + i + 1) / (k_end - kb)); \
                         __m512 x[NV]; \
                         UNROLLED_FOR (v, NV) \
                             x[v] = ATTN_LOAD16(K, vp, i * (HD) + 16 * v); \
@@ -702,7 +717,6 @@ PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
         } \
         /* the last chunk of these heads to finish merges them (the add \
          * orders the other chunks' partial results before the merge's reads) */ \
-        const int64_t kv_tasks = (p->n_kv_heads + j->row_kv - 1) / j->row_kv; \
         if (j->done && atomic_fetch_add(&j->done[t * kv_tasks + kv0 / j->row_kv], 1) == j->n_chunks - 1) \
             attn_merge((void *)j, t * p->n_heads + h0, t * p->n_heads + h0 + H); \
     }
@@ -969,7 +983,9 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
                     NULL,
                     1,
                     0,
-                    NULL};
+                    NULL,
+                    {{NULL}, {0}, 0, 0},
+                    0};
     kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
     if (s != KILN_OK)
         return s;
@@ -983,6 +999,13 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
         attn_plan(p, ATTN_SPLIT_TOKENS + 1, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.chunk);
 #ifdef ATTN_AVX512
     int64_t tile_tasks = attn_tile_count(&job, tokens);
+    if (tile_tasks > 0 && job.rows_only) {
+        /* the bytes ahead: KILN_CPU_AHEAD_KB, else about what the memory
+         * brings in while a small model's attention computes */
+        const char *e = getenv("KILN_CPU_AHEAD_KB");
+        plugin_ahead_get(host, stream, (e && *e ? atoll(e) : 0) << 10, &job.ahead);
+        job.ahead_tasks = tile_tasks * job.n_chunks;
+    }
     if (tile_tasks > 0 && job.part && job.rows_only) {
         /* decode rows only: each group's last chunk merges (one pass over
          * the pool fewer a layer); the counters follow the partial results */

@@ -1,6 +1,7 @@
 /* The kiln_host_api table: everything a plugin may call on the host. */
 #include "plugin/plugin_internal.h"
 
+#include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/expr.h"
@@ -65,6 +66,12 @@ static void host_parallel_for(void *stream, int64_t n, kiln_parallel_fn fn, void
     kiln_threadpool_run((kiln_threadpool *)stream, n, fn, arg);
 }
 
+static int32_t host_upcoming_constants(void *stream, int64_t budget, const void **ptr, int64_t *bytes, int32_t max)
+{
+    (void)stream;
+    return kiln_exec_upcoming_constants(budget, ptr, bytes, max);
+}
+
 static const kiln_host_api host_api = {
     .struct_size = sizeof(kiln_host_api),
     .abi_version = KILN_PLUGIN_ABI_VERSION,
@@ -80,6 +87,7 @@ static const kiln_host_api host_api = {
     .bf16_to_float = kiln_bf16_to_float,
     .float_to_bf16 = kiln_float_to_bf16,
     .ggml_dequantize = kiln_ggml_dequantize,
+    .upcoming_constants = host_upcoming_constants,
 };
 
 const kiln_host_api *kiln_host(void) { return &host_api; }

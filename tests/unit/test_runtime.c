@@ -616,8 +616,72 @@ static void test_constant_output(void)
     kiln_registry_destroy(reg);
 }
 
+/* host->upcoming_constants from a plugin's enqueue: the constants of the
+ * layers after it, in the order they run, a small one (a bias) skipped,
+ * cut at the budget. */
+static void test_upcoming_constants(void)
+{
+    char lib[4096];
+    kiln_registry *reg = registry_with(test_library("libtest_upcoming.so", lib, sizeof lib));
+    enum { UK = 1024, UM = 8 };
+    float *w1 = calloc(UK * UM, sizeof(float)), *w2 = calloc(UM * UK, sizeof(float)), bias[UM] = {0};
+    w1[0] = 7.0f, w2[0] = 9.0f, bias[0] = 5.0f;
+    const int64_t budgets[3] = {1 << 20, 40000, 1000};
+    for (int bi = 0; bi < 3 && w1 && w2; bi++) {
+        kiln_network *net = NULL;
+        CHECK_OK(kiln_network_create(reg, &net));
+        kiln_dims xd = {.rank = 2, .d = {1, UK}}, w1d = {.rank = 2, .d = {UK, UM}}, bd = {.rank = 1, .d = {UM}},
+                  w2d = {.rank = 2, .d = {UM, UK}};
+        kiln_tensor x, u, c1, c2, cb, y;
+        int32_t n_out;
+        kiln_field f = {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "budget", KILN_FIELD_I64, 1, &budgets[bi]};
+        CHECK_OK(kiln_network_add_input(net, "x", KILN_DTYPE_F32, &xd, &x));
+        CHECK_OK(kiln_network_add_plugin(net, "up", "TestUpcoming", "1", "test", &f, 1, &x, 1, &u, 1, &n_out));
+        CHECK_OK(kiln_network_add_constant(net, "w1", KILN_DTYPE_F32, &w1d, w1, &c1));
+        CHECK_OK(kiln_network_add_constant(net, "b", KILN_DTYPE_F32, &bd, bias, &cb));
+        CHECK_OK(kiln_network_add_constant(net, "w2", KILN_DTYPE_F32, &w2d, w2, &c2));
+        CHECK_OK(kiln_network_add_matmul(net, "mm1", x, 0, c1, 0, &y));
+        CHECK_OK(kiln_network_add_binary(net, "add", KILN_BINARY_ADD, y, cb, &y));
+        CHECK_OK(kiln_network_add_matmul(net, "mm2", y, 0, c2, 0, &y));
+        CHECK_OK(kiln_network_mark_output(net, u, "u"));
+        CHECK_OK(kiln_network_mark_output(net, y, "y"));
+        kiln_build_config config;
+        kiln_build_config_init(&config);
+        kiln_buffer buf = {0};
+        CHECK_OK(kiln_build(net, &config, &buf));
+        kiln_network_destroy(net);
+        kiln_engine *e = NULL;
+        kiln_context *ctx = NULL;
+        if (buf.data)
+            CHECK_OK(kiln_engine_load_memory(reg, buf.data, buf.size, &e));
+        kiln_buffer_free(&buf);
+        if (e)
+            CHECK_OK(kiln_context_create(e, &ctx));
+        const float *uo = NULL;
+        if (ctx) {
+            CHECK_OK(kiln_context_enqueue(ctx, NULL));
+            CHECK_OK(kiln_context_tensor_address(ctx, "u", (void **)&uo));
+        }
+        if (uo) {
+            const float size = (float)(UK * UM * sizeof(float)); /* 32 KiB each; the bias's 32 bytes are skipped */
+            if (bi == 0) {
+                CHECK(uo[0] == 2 && uo[1] == 7.0f && uo[2] == size && uo[3] == 9.0f && uo[4] == size);
+            } else if (bi == 1) {
+                CHECK(uo[0] == 2 && uo[1] == 7.0f && uo[2] == size && uo[3] == 9.0f && uo[4] == 40000.0f - size);
+            } else {
+                CHECK(uo[0] == 1 && uo[1] == 7.0f && uo[2] == 1000.0f);
+            }
+        }
+        kiln_context_destroy(ctx);
+        kiln_engine_destroy(e);
+    }
+    free(w1), free(w2);
+    kiln_registry_destroy(reg);
+}
+
 static const test_case_ tests[] = {
     TEST(test_run_matches_naive),
+    TEST(test_upcoming_constants),
     TEST(test_threads_share_engine),
     TEST(test_context_pool_does_not_grow),
     TEST(test_shape_errors),
