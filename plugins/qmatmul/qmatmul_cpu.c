@@ -1158,9 +1158,9 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline __m512i bcast4
 
 /* Bytes of panels asked for ahead of the column being read (every line):
  * into L1 a few columns ahead, and into L2 QMM_PANEL_FAR bytes ahead,
- * far enough to cover DRAM's latency (two threads read from DRAM at
- * 0.79 of a plain read's rate with the near requests alone, 0.91-0.98
- * with both; 8-24 KiB measured alike). */
+ * far enough to cover DRAM's latency: two threads read from DRAM at
+ * 0.78-0.88 of a plain read's rate with the near requests alone, at
+ * 0.94-1.02 with both (medians by format; 8-32 KiB measured alike). */
 #define QMM_PANEL_AHEAD 2048
 #define QMM_PANEL_FAR 16384
 
