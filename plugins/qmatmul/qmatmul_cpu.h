@@ -173,7 +173,7 @@ void kiln_qmm_panel_rows(const qmm_format *f, const uint8_t *w, size_t wrow, int
  * quantized activations (kiln_qmm_quantize_row). */
 typedef void (*qmm_panel_fn)(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k, const void *xq, float *y);
 /* The panel GEMV for f, or NULL: formats without panels, isa "c" or
- * "avx2", f32 activations, or a CPU without AVX-512 VNNI. Q6_K's builds
+ * "avx2", f32 activations, or a CPU without AVX-512 VNNI. Q6_K's GEMV builds
  * its 6-bit values with GFNI where the CPU has it (not with isa "avx512").
  * The panels are read from DRAM ahead of the kernel twice: every line of
  * the next columns into L1 and, QMM_PANEL_FAR (16 KiB) ahead, into L2. */
