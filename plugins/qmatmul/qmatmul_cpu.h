@@ -175,8 +175,9 @@ typedef void (*qmm_panel_fn)(const uint8_t *w, size_t wrow, int64_t n_panels, in
 /* The panel GEMV for f, or NULL: formats without panels, isa "c" or
  * "avx2", f32 activations, or a CPU without AVX-512 VNNI. Q6_K's GEMV builds
  * its 6-bit values with GFNI where the CPU has it (not with isa "avx512").
- * The panels are read from DRAM ahead of the kernel twice: every line of
- * the next columns into L1 and, QMM_PANEL_FAR (16 KiB) ahead, into L2. */
+ * Each line of the panels is asked for twice before the kernel reads it:
+ * into L1 with the next columns, and into L2 16 KiB ahead (QMM_PANEL_FAR
+ * in qmatmul_cpu.c). */
 qmm_panel_fn kiln_qmm_panel_pick(const qmm_format *f, const char *isa, int f32_act);
 
 #endif
