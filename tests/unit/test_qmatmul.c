@@ -14,7 +14,9 @@
  *  - each SIMD kernel set against the portable C one on the same input;
  *  - Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights in the row-panel layout (kiln_qmm_panel_pack,
  *    what CPU engines hold) through the same checks on every path: the
- *    panel GEMV, the GEMM and the row kernels reading them as stored. */
+ *    panel GEMV, the GEMM and the row kernels reading them as stored;
+ *  - the panel GEMVs against the portable C kernel at the inputs' extremes
+ *    (the largest integer sums), with and without GFNI. */
 #include "test.h"
 
 #include <kiln/plugin.h>
