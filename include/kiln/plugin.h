@@ -286,14 +286,14 @@ typedef struct kiln_host_api {
      * 2026-12-01; older hosts' tables end before it). */
     kiln_status (*ggml_dequantize)(uint32_t type, const void *src, int64_t n, float *dst);
 
-    /* On the CPU backend, from enqueue: the constants (weights) that the
-     * layers after this one read, in the order they run, the first
-     * `budget` bytes of them in all, as up to `max` ranges ptr[i], bytes[i];
-     * returns how many (0 on another backend). A layer bound by its
-     * arithmetic rather than by memory (attention) can ask the caches for
-     * them while it computes, so that the memory-bound layers after it
-     * find them there instead of waiting on DRAM. Present when
-     * struct_size covers it (kiln 0.1 after 2026-12-02). */
+    /* From enqueue: the constants (weights) that the layers after this one
+     * read, in the order they run, the first `budget` bytes of them in
+     * all, as up to `max` ranges ptr[i], bytes[i] in the backend's memory
+     * (device pointers on CUDA); returns how many. A layer that leaves the
+     * memory idle (an attention bound by its arithmetic or its latency)
+     * can ask the caches for them meanwhile, so that the memory-bound
+     * layers after it find them there. Present when struct_size covers it
+     * (kiln 0.1 after 2026-12-02). */
     int32_t (*upcoming_constants)(void *stream, int64_t budget, const void **ptr, int64_t *bytes, int32_t max);
 } kiln_host_api;
 

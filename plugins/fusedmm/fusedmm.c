@@ -35,11 +35,7 @@
  *
  * Inputs:  x [..., k]; w [n, k]; norm_weight [k] when norm = 1;
  *          residual [..., n] with the residual epilogue, positions i32
- *          [tokens] with rope; then, with prefetch = 1, `ahead`: a later
- *          layer's weight (any shape, a float dtype), never read here but
- *          asked of L2 by the CUDA GEMV while it waits on the kernel
- *          before it (the O projection's wait on the attention leaves the
- *          memory idle). It changes no result. w f32, f16 or bf16 and norm_weight of
+ *          [tokens] with rope. w f32, f16 or bf16 and norm_weight of
  *          w's dtype; x of w's dtype, or f32 with norm = 1 (the f32
  *          residual stream of a bf16 engine); the residual of w's dtype
  *          or f32.
@@ -50,29 +46,27 @@
  *          required > 0 with norm); epilogue (string: none, residual,
  *          swiglu, rope; default none; swiglu needs n even); with rope,
  *          kiln/RoPE's fields (n = (n_heads + 2 n_kv_heads) head_dim);
- *          output_dtype (string: default, or f32 with epilogue none);
- *          prefetch (i32, 0 or 1; default 0).
- * Blob v3: n, k, norm, epilogue (i32), epsilon (f32), kiln/RoPE's blob
- *          (rope/rope_params.h; zeros without rope), y's dtype (i32; -1:
- *          the default), prefetch (i32). v2 lacks the last (0), v1 the
- *          last two.
+ *          output_dtype (string: default, or f32 with epilogue none).
+ * Blob v2: n, k, norm, epilogue (i32), epsilon (f32), kiln/RoPE's blob
+ *          (rope/rope_params.h; zeros without rope), then y's dtype
+ *          (i32; -1: the default). v1 lacks the last: the default.
  * Workspace: kiln_fusedmm_workspace (plugin_cuda.h). */
 #include <math.h>
 #include <stddef.h>
+#include <stdlib.h>
 
 #include "plugin_cuda.h"
 #include "plugin_util.h"
 #include "rope/rope_params.h"
 
 #define NAME "FusedMatMul"
-#define BLOB_VERSION 3u
+#define BLOB_VERSION 2u
 
 typedef struct fusedmm_params {
     int32_t n, k, norm, epilogue;
     float epsilon;
     rope_params rope;
     int32_t output_dtype; /* KILN_DTYPE_F32 (epilogue none), or -1: the default */
-    int32_t prefetch;     /* 1: the last input is `ahead` */
 } fusedmm_params;
 
 typedef struct fusedmm {
@@ -100,8 +94,6 @@ static kiln_status fusedmm_new(const fusedmm_params *p, kiln_plugin **out)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": output dtype %d with epilogue %d (only an f32 y, with epilogue none)",
                           p->output_dtype, p->epilogue);
-    if (p->prefetch != 0 && p->prefetch != 1)
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"prefetch\" is %d (0 or 1)", p->prefetch);
     if (p->epilogue == KILN_FUSEDMM_ROPE) {
         kiln_status st = rope_params_check(host, NAME, &p->rope);
         if (st != KILN_OK)
@@ -126,14 +118,11 @@ static kiln_status fusedmm_new(const fusedmm_params *p, kiln_plugin **out)
 
 static int32_t fusedmm_num_outputs(const kiln_plugin *self) { return 1; }
 
-/* x, w, then norm_weight (norm), then residual or positions (rope, the
- * epilogue's operand, at fusedmm_operand), then ahead (prefetch) */
+/* x, w, then norm_weight (norm), then residual or positions (rope) */
 static int32_t fusedmm_n_inputs(const fusedmm_params *p)
 {
-    return 2 + p->norm + (p->epilogue == KILN_FUSEDMM_RESIDUAL || p->epilogue == KILN_FUSEDMM_ROPE) + p->prefetch;
+    return 2 + p->norm + (p->epilogue == KILN_FUSEDMM_RESIDUAL || p->epilogue == KILN_FUSEDMM_ROPE);
 }
-
-static int32_t fusedmm_operand(const fusedmm_params *p) { return 2 + p->norm; }
 
 static int64_t fusedmm_width(const fusedmm_params *p) { return p->epilogue == KILN_FUSEDMM_SWIGLU ? p->n / 2 : p->n; }
 
@@ -154,11 +143,11 @@ static kiln_status fusedmm_output_shapes(const kiln_plugin *self, const kiln_sha
         return host->fail(KILN_ERROR_SHAPE, NAME ": w must be [%d, %d]%s", p->n, p->k,
                           p->norm ? " and norm_weight [k]" : "");
     if (p->epilogue == KILN_FUSEDMM_RESIDUAL) {
-        const kiln_shape_expr *r = &in[fusedmm_operand(p)];
+        const kiln_shape_expr *r = &in[n_in - 1];
         if (r->rank != in[0].rank || (host->expr_is_constant(eb, r->d[r->rank - 1], &v) && v != p->n))
             return host->fail(KILN_ERROR_SHAPE, NAME ": residual must be [..., %d] of x's rank", p->n);
     }
-    if (p->epilogue == KILN_FUSEDMM_ROPE && in[fusedmm_operand(p)].rank != 1)
+    if (p->epilogue == KILN_FUSEDMM_ROPE && in[n_in - 1].rank != 1)
         return host->fail(KILN_ERROR_SHAPE, NAME ": positions must be [tokens]");
     out[0] = in[0];
     out[0].d[in[0].rank - 1] = host->expr_constant(eb, fusedmm_width(p));
@@ -169,7 +158,7 @@ static kiln_status fusedmm_output_dtypes(const kiln_plugin *self, const kiln_dty
                                          int32_t n_out)
 {
     const fusedmm_params *p = &((const fusedmm *)self)->p;
-    out[0] = p->epilogue == KILN_FUSEDMM_RESIDUAL ? in[fusedmm_operand(p)]
+    out[0] = p->epilogue == KILN_FUSEDMM_RESIDUAL ? in[n_in - 1]
              : p->output_dtype >= 0               ? (kiln_dtype)p->output_dtype
                                                   : in[1];
     return KILN_OK;
@@ -192,17 +181,14 @@ static int32_t fusedmm_supports(const kiln_plugin *self, kiln_backend backend, c
     if (!backend_ok || n_in != fusedmm_n_inputs(p) || n_out != 1 || !plugin_is_float(d[1].dtype))
         return 0;
     const kiln_dtype t = d[1].dtype, y = d[n_in].dtype;
-    const kiln_tensor_desc *op = &d[fusedmm_operand(p)];
     if (d[0].dtype != t && !(p->norm && d[0].dtype == KILN_DTYPE_F32))
         return 0;
     if (p->norm && d[2].dtype != t)
         return 0;
-    if (p->prefetch && !plugin_is_float(d[n_in - 1].dtype))
-        return 0;
-    if (p->epilogue == KILN_FUSEDMM_ROPE && op->dtype != KILN_DTYPE_I32)
+    if (p->epilogue == KILN_FUSEDMM_ROPE && d[n_in - 1].dtype != KILN_DTYPE_I32)
         return 0;
     if (p->epilogue == KILN_FUSEDMM_RESIDUAL)
-        return (y == t || y == KILN_DTYPE_F32) && op->dtype == y;
+        return (y == t || y == KILN_DTYPE_F32) && d[n_in - 1].dtype == y;
     return y == (p->output_dtype >= 0 ? (kiln_dtype)p->output_dtype : t);
 }
 
@@ -292,18 +278,16 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
     const fusedmm_params *p = &((const fusedmm *)self)->p;
     const kiln_dims *xd = &in_desc[0].dims;
     int64_t rows = xd->rank >= 1 && xd->d[xd->rank - 1] == p->k ? plugin_desc_count(&in_desc[0]) / p->k : -1;
-    const int32_t oi = fusedmm_operand(p);
     if (n_in != fusedmm_n_inputs(p) || rows < 0 || plugin_desc_count(&in_desc[1]) != (int64_t)p->n * p->k ||
         (p->norm && plugin_desc_count(&in_desc[2]) != p->k) ||
-        (p->epilogue == KILN_FUSEDMM_RESIDUAL && plugin_desc_count(&in_desc[oi]) != rows * p->n) ||
-        (p->epilogue == KILN_FUSEDMM_ROPE && plugin_desc_count(&in_desc[oi]) != rows) ||
+        (p->epilogue == KILN_FUSEDMM_RESIDUAL && plugin_desc_count(&in_desc[n_in - 1]) != rows * p->n) ||
+        (p->epilogue == KILN_FUSEDMM_ROPE && plugin_desc_count(&in_desc[n_in - 1]) != rows) ||
         plugin_desc_count(&out_desc[0]) != rows * fusedmm_width(p))
         return host->fail(KILN_ERROR_SHAPE,
                           NAME ": x's last dim must be k = %d, w [%d, %d]; residual, positions and y of x's rows", p->k,
                           p->n, p->k);
     const kiln_dtype xt = in_desc[0].dtype, t = in_desc[1].dtype, yt = out_desc[0].dtype;
-    const int has_operand = p->epilogue == KILN_FUSEDMM_RESIDUAL || p->epilogue == KILN_FUSEDMM_ROPE;
-    const void *nw = p->norm ? in[2] : NULL, *res = has_operand ? in[oi] : NULL;
+    const void *nw = p->norm ? in[2] : NULL, *res = fusedmm_n_inputs(p) > 2 + p->norm ? in[n_in - 1] : NULL;
     if (rows == 0)
         return KILN_OK;
     if (!workspace)
@@ -327,9 +311,16 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         a.rows = rows, a.n = p->n, a.k = p->k, a.epilogue = p->epilogue, a.dtype = (int32_t)t;
         a.x_dtype = (int32_t)xt, a.y_dtype = (int32_t)yt;
         a.epsilon = p->epsilon;
-        if (p->prefetch) {
-            a.ahead = in[n_in - 1];
-            a.ahead_bytes = plugin_desc_count(&in_desc[n_in - 1]) * (int64_t)plugin_float_size(in_desc[n_in - 1].dtype);
+        /* the square residual GEMV, a decoder's O projection, waits on the
+         * attention: its blocks can ask L2 for the next weights meanwhile
+         * (KILN_FUSEDMM_AHEAD_MB; off by default, not yet measured) */
+        const char *ahead_mb = getenv("KILN_FUSEDMM_AHEAD_MB");
+        if (ahead_mb && *ahead_mb && p->epilogue == KILN_FUSEDMM_RESIDUAL && !p->norm && p->n == p->k && rows <= 8) {
+            plugin_ahead next;
+            plugin_ahead_get(host, stream, atoll(ahead_mb) << 20, &next);
+            for (int32_t i = 0; i < next.count && !a.ahead; i++)
+                if (next.n[i] >= (1 << 16))
+                    a.ahead = next.p[i], a.ahead_bytes = next.n[i];
         }
         int e = kiln_fusedmm_cuda(&a, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_fusedmm_cuda_error(e)) : KILN_OK;
@@ -415,16 +406,14 @@ static kiln_status fusedmm_create(const kiln_plugin_creator *c, const kiln_field
     else
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": field \"output_dtype\" is \"%s\"; expected default or f32", want);
-    p.prefetch = plugin_field_i32(f, n, "prefetch", 0);
     return fusedmm_new(&p, out);
 }
 
 static kiln_status fusedmm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                        kiln_plugin **out)
 {
-    /* v1: without output_dtype; v2: without prefetch */
-    static const size_t sizes[BLOB_VERSION] = {offsetof(fusedmm_params, output_dtype),
-                                               offsetof(fusedmm_params, prefetch), sizeof(fusedmm_params)};
+    /* v1: without output_dtype */
+    static const size_t sizes[BLOB_VERSION] = {offsetof(fusedmm_params, output_dtype), sizeof(fusedmm_params)};
     fusedmm_params p;
     memset(&p, 0, sizeof p);
     p.output_dtype = -1;
@@ -459,9 +448,6 @@ static const kiln_field_spec fusedmm_fields[] = {
                           "rope: llama3 original context length"),
     PLUGIN_FIELD_OPTIONAL("output_dtype", KILN_FIELD_STRING, "default",
                           "dtype of y: default (the residual's, else w's) or f32 (epilogue none: unrounded sums)"),
-    PLUGIN_FIELD_OPTIONAL("prefetch", KILN_FIELD_I32, &zero_i32,
-                          "1: a last input `ahead` (a later layer's weight) that the CUDA GEMV asks L2 for while it "
-                          "waits; no effect on y"),
 };
 
 static const kiln_plugin_creator fusedmm_creator = {

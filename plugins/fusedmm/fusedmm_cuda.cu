@@ -342,24 +342,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
-/* The prefetch of a launch: `ahead` up to KILN_FUSEDMM_AHEAD_MB, and the
- * block's own rows with KILN_FUSEDMM_PREFETCH_OWN=1; both only in a form
- * that names an `ahead` (the O projection's). Off by default until it is
- * measured on a GPU (bench/README.md says where it stands). */
+/* The prefetch of a launch: `ahead` (the enqueue chose it and its size),
+ * and with KILN_FUSEDMM_PREFETCH_OWN=1 the block's own rows too. */
 fmm_prefetch prefetch_of(const kiln_fusedmm_cuda_args *a)
 {
-    static const int64_t limit = [] {
-        const char *e = getenv("KILN_FUSEDMM_AHEAD_MB");
-        return (e && *e ? atoll(e) : 0) << 20;
-    }();
-    static const int own = [] {
-        const char *e = getenv("KILN_FUSEDMM_PREFETCH_OWN");
-        return e && *e ? atoi(e) != 0 : 0;
-    }();
     fmm_prefetch pf = {(const char *)a->ahead, 0, 0};
     if (a->ahead && (uintptr_t)a->ahead % 16 == 0) {
-        pf.ahead_bytes = (a->ahead_bytes < limit ? a->ahead_bytes : limit) / 16 * 16;
-        pf.own = own;
+        const char *e = getenv("KILN_FUSEDMM_PREFETCH_OWN");
+        pf.ahead_bytes = a->ahead_bytes / 16 * 16;
+        pf.own = e && *e && atoi(e) != 0;
     }
     return pf;
 }

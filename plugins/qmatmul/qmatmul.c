@@ -12,8 +12,9 @@
  * path instead (the weights dequantized exactly as the GGUF reader does and
  * multiplied by x in f32), which the CUDA kernels implement and which the
  * GPU op tests use as their reference. F16 and BF16 weights always take
- * f32 activations, converted in registers. KILN_QMATMUL_ISA=c|avx2 forces
- * a kernel set (tests run each).
+ * f32 activations, converted in registers. KILN_QMATMUL_ISA=c|avx2|avx512
+ * forces a kernel set (tests run each; avx512: VNNI without the kernels
+ * that need VBMI or GFNI).
  *
  * Many rows of x (prefill) run as a tiled GEMM. With AVX-512 VNNI
  * (kiln_qmm_gemm_pick): the rows of x are quantized once, in parallel, in

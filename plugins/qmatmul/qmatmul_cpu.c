@@ -1156,8 +1156,13 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline __m512i bcast4
     return _mm512_set1_epi32(v);
 }
 
-/* Bytes of panels asked for ahead of the column being read (every line). */
+/* Bytes of panels asked for ahead of the column being read (every line):
+ * into L1 a few columns ahead, and into L2 QMM_PANEL_FAR bytes ahead,
+ * far enough to cover DRAM's latency: two threads read from DRAM at
+ * 0.78-0.88 of a plain read's rate with the near requests alone, at
+ * 0.94-1.02 with both (medians by format; 8-32 KiB measured alike). */
 #define QMM_PANEL_AHEAD 2048
+#define QMM_PANEL_FAR 16384
 
 /* 16 rows a panel, one lane a row: per block column the four quant
  * vectors' low and high nibbles against x's quant bytes 0..15 and 16..31
@@ -1176,8 +1181,10 @@ __attribute__((target(VNNI_TARGET), always_inline)) static inline __m512i bcast4
             __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; \
             __m512 accm[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}; \
             for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * (BB)) { \
-                UNROLLED_FOR (o, (QMM_PANEL_ROWS * (BB) + 63) / 64) \
+                UNROLLED_FOR (o, (QMM_PANEL_ROWS * (BB) + 63) / 64) { \
                     _mm_prefetch((const char *)c + QMM_PANEL_AHEAD + 64 * o, _MM_HINT_T0); \
+                    _mm_prefetch((const char *)c + QMM_PANEL_FAR + 64 * o, _MM_HINT_T1); \
+                } \
                 __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512(); \
                 UNROLLED_FOR (s, 4) { \
                     __m512i q = _mm512_loadu_si512((const void *)(c + 64 * s)); \
@@ -1222,8 +1229,10 @@ __attribute__((target(VNNI_TARGET))) static void panel_q8_0(const uint8_t *w, si
         const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow;
         __m512 acc[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
         for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 34) {
-            UNROLLED_FOR (o, 9)
+            UNROLLED_FOR (o, 9) {
                 _mm_prefetch((const char *)c + QMM_PANEL_AHEAD + 64 * o, _MM_HINT_T0);
+                _mm_prefetch((const char *)c + QMM_PANEL_FAR + 64 * o, _MM_HINT_T1);
+            }
             __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
             UNROLLED_FOR (v, 4) {
                 s0 = _mm512_dpbusd_epi32(s0, _mm512_xor_si512(_mm512_loadu_si512((const void *)(c + 64 * v)), flip),
@@ -1246,12 +1255,27 @@ __attribute__((target(VNNI_TARGET))) static void panel_q8_0(const uint8_t *w, si
  * twelve scale bytes, then their d and dmin. Per sub-block j of 32 values
  * an exact integer sum S_j a lane, then Σ sc_j · S_j and Σ m_j · (its
  * sums of x) in integers, scaled once: llama.cpp's arithmetic, as the
- * one-row kernel. */
+ * one-row kernel. A high nibble is taken as 16 times its value (the byte
+ * and 0xF0: one instruction, no shift), its sub-block's products summed
+ * apart and divided by 16 at the column's end (exact: every term is a
+ * multiple of 16). The mins meet x's sums by vpdpbusd: each sum of 32 x
+ * (|s| <= 32 · 127) split as 128 · hi + lo, two int8 with lo >= 0. */
 __attribute__((target(VNNI_TARGET))) static void panel_q4_k(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k,
                                                             const void *xq, float *y)
 {
     const qmm_q8k *x = xq;
     const int32_t nb = k / 256;
+    /* per block: lo of sub-blocks 0-3, 4-7, then hi of 0-3, 4-7, four int8 a word */
+    int32_t xs[QMM_PANEL_ROW_BYTES / 144][4];
+    for (int32_t b = 0; b < nb; b++) {
+        int8_t t[16];
+        for (int j = 0; j < 8; j++) {
+            int s = x[b].bsums[2 * j] + x[b].bsums[2 * j + 1];
+            t[j] = (int8_t)(s & 127);
+            t[8 + j] = (int8_t)((s - (s & 127)) / 128);
+        }
+        memcpy(xs[b], t, 16);
+    }
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     for (int64_t p = 0; p < n_panels; p++) {
         const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow;
@@ -1263,27 +1287,29 @@ __attribute__((target(VNNI_TARGET))) static void panel_q4_k(const uint8_t *w, si
             __m512i cc = _mm512_loadu_si512((const void *)(c + 2176));
             __m512i sc[2], mn[2];
             q4k_panel_scales(a, bm, cc, sc, mn);
-            __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+            __m512i isum = _mm512_setzero_si512(), isum16 = _mm512_setzero_si512();
             UNROLLED_FOR (g, 4) {
                 /* the next column, a quarter of its 36 lines a sub-block pair */
-                UNROLLED_FOR (l, 9)
+                UNROLLED_FOR (l, 9) {
                     _mm_prefetch((const char *)c + QMM_PANEL_ROWS * 144 + 576 * g + 64 * l, _MM_HINT_T0);
+                    _mm_prefetch((const char *)c + QMM_PANEL_FAR + 576 * g + 64 * l, _MM_HINT_T1);
+                }
                 __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
                 UNROLLED_FOR (i, 8) {
                     __m512i q = _mm512_loadu_si512((const void *)(c + 64 * (8 * g + i)));
                     lo = _mm512_dpbusd_epi32(lo, _mm512_and_si512(q, m4), bcast4(xb->q + 64 * g + 4 * i));
-                    hi = _mm512_dpbusd_epi32(hi, _mm512_and_si512(_mm512_srli_epi16(q, 4), m4),
-                                             bcast4(xb->q + 64 * g + 32 + 4 * i));
+                    hi = _mm512_dpbusd_epi32(hi, _mm512_andnot_si512(m4, q), bcast4(xb->q + 64 * g + 32 + 4 * i));
                 }
                 /* sub-blocks 2g and 2g + 1: scale bytes 2g, 2g + 1 of the low or high four */
                 isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(lo, LANE_BYTE(sc[g / 2], 2 * (g % 2))));
-                isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(hi, LANE_BYTE(sc[g / 2], 2 * (g % 2) + 1)));
-                int32_t s0 = xb->bsums[4 * g] + xb->bsums[4 * g + 1], s1 = xb->bsums[4 * g + 2] + xb->bsums[4 * g + 3];
-                msum =
-                    _mm512_add_epi32(msum, _mm512_madd_epi16(LANE_BYTE(mn[g / 2], 2 * (g % 2)), _mm512_set1_epi32(s0)));
-                msum = _mm512_add_epi32(
-                    msum, _mm512_madd_epi16(LANE_BYTE(mn[g / 2], 2 * (g % 2) + 1), _mm512_set1_epi32(s1)));
+                isum16 = _mm512_add_epi32(isum16, _mm512_mullo_epi32(hi, LANE_BYTE(sc[g / 2], 2 * (g % 2) + 1)));
             }
+            isum = _mm512_add_epi32(isum, _mm512_srai_epi32(isum16, 4));
+            __m512i mlo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mn[0], _mm512_set1_epi32(xs[b][0]));
+            __m512i mhi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), mn[0], _mm512_set1_epi32(xs[b][2]));
+            mlo = _mm512_dpbusd_epi32(mlo, mn[1], _mm512_set1_epi32(xs[b][1]));
+            mhi = _mm512_dpbusd_epi32(mhi, mn[1], _mm512_set1_epi32(xs[b][3]));
+            __m512i msum = _mm512_add_epi32(mlo, _mm512_slli_epi32(mhi, 7));
             __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 2240)));
             __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 2272)));
             __m512 dx = _mm512_set1_ps(xb->d);
@@ -1294,58 +1320,89 @@ __attribute__((target(VNNI_TARGET))) static void panel_q4_k(const uint8_t *w, si
     }
 }
 
+/* GF(2) affine matrix (vgf2p8affineqb) moving bit `from` of each byte to
+ * bit `to`: row `to` of the matrix is byte 7 - to of the qword. */
+#define GF_BIT(from, to) ((1ull << (from)) << (8 * (7 - (to))))
+#define GF_AFFINE(v, m) _mm512_gf2p8affine_epi64_epi8(v, _mm512_set1_epi64((long long)(m)), 0)
+#define GFNI_TARGET VNNI_TARGET ",gfni"
+
+/* q6k_panel_values with GFNI: each value one bit-matrix move (any bits of
+ * a byte to any others, the rest zero) and one vpternlogd, where shifts
+ * and masks take four instructions; 9 instructions for the four values
+ * instead of 17. */
+__attribute__((target(GFNI_TARGET), always_inline)) static inline void q6k_panel_values_gfni(__m512i l0, __m512i l1,
+                                                                                             __m512i qh, __m512i v[4])
+{
+    const __m512i m4 = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const uint64_t high_nibble = GF_BIT(4, 0) | GF_BIT(5, 1) | GF_BIT(6, 2) | GF_BIT(7, 3);
+    /* vpternlogd: (a & c) | b is 0xEC, a | (b & c) is 0xF8 */
+    v[0] = _mm512_ternarylogic_epi32(l0, GF_AFFINE(qh, GF_BIT(0, 4) | GF_BIT(1, 5)), m4, 0xEC);
+    v[1] = _mm512_ternarylogic_epi32(l1, GF_AFFINE(qh, GF_BIT(2, 4) | GF_BIT(3, 5)), m4, 0xEC);
+    v[2] = _mm512_ternarylogic_epi32(GF_AFFINE(l0, high_nibble), qh, m30, 0xF8);
+    v[3] = _mm512_ternarylogic_epi32(GF_AFFINE(l1, high_nibble), _mm512_srli_epi16(qh, 2), m30, 0xF8);
+}
+
 /* Q6_K in panels: a block column is 32 vectors of the low 4 bits (vector
  * 16h + i: bytes 4i.. of ql0 = ql[64h..], 16h + 8 + i: of ql1 = ql[64h +
  * 32..]), 16 of the high 2 bits (8h + i: bytes 4i.. of qh[32h..]), four of
  * the sixteen int8 scales, then the rows' d. Half h, i: four vectors of
  * 6-bit values (ql0/ql1 low and high nibbles with qh's bit pairs, as the
  * one-row kernel) at values 128h + 32v + 4i, sub-block 8h + 2v + i / 4.
- * The offset 32 comes off as 32 · (x's sum by 16) per sub-block. */
-__attribute__((target(VNNI_TARGET))) static void panel_q6_k(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k,
-                                                            const void *xq, float *y)
-{
-    const qmm_q8k *x = xq;
-    const int32_t nb = k / 256;
-    for (int64_t p = 0; p < n_panels; p++) {
-        const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow;
-        __m512 acc = _mm512_setzero_ps();
-        for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 210) {
-            const qmm_q8k *xb = x + b;
-            __m512i isum = _mm512_setzero_si512();
-            UNROLLED_FOR (h, 2) {
-                /* the next column, half of its 53 lines a half */
-                UNROLLED_FOR (l, 27)
-                    _mm_prefetch((const char *)c + QMM_PANEL_ROWS * 210 + 1728 * h + 64 * l, _MM_HINT_T0);
-                __m512i sj[8];
-                UNROLLED_FOR (j, 8)
-                    sj[j] = _mm512_setzero_si512();
-                UNROLLED_FOR (i, 8) {
-                    __m512i l0 = _mm512_loadu_si512((const void *)(c + 64 * (16 * h + i)));
-                    __m512i l1 = _mm512_loadu_si512((const void *)(c + 64 * (16 * h + 8 + i)));
-                    __m512i qh = _mm512_loadu_si512((const void *)(c + 2048 + 64 * (8 * h + i)));
-                    __m512i v[4];
-                    q6k_panel_values(l0, l1, qh, v);
-                    UNROLLED_FOR (t, 4)
-                        sj[2 * t + i / 4] =
-                            _mm512_dpbusd_epi32(sj[2 * t + i / 4], v[t], bcast4(xb->q + 128 * h + 32 * t + 4 * i));
-                }
-                /* sub-block 8h + j: (S_j - 32 · Σ x) · sc_j, sc_j byte j % 4 of scale vector 2h + j / 4 */
-                UNROLLED_FOR (j, 8) {
-                    __m512i sv = _mm512_loadu_si512((const void *)(c + 3072 + 64 * (2 * h + j / 4)));
-                    __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sv, 24 - 8 * (j % 4)), 24);
-                    __m512i sx = _mm512_sub_epi32(sj[j], _mm512_set1_epi32(32 * xb->bsums[8 * h + j]));
-                    isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sx, sc));
-                }
-            }
-            __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 3328)));
-            acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(xb->d)), acc);
-        }
-        _mm512_storeu_ps(y + p * QMM_PANEL_ROWS, acc);
+ * The offset 32 comes off by starting each sub-block's sum at -32 · (x's
+ * sum by 16). VALUES: q6k_panel_values, or its GFNI form. */
+#define PANEL_Q6K_FN(NAME, TARGET, VALUES) \
+    __attribute__((target(TARGET))) static void NAME(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k, \
+                                                     const void *xq, float *y) \
+    { \
+        const qmm_q8k *x = xq; \
+        const int32_t nb = k / 256; \
+        int32_t off[QMM_PANEL_ROW_BYTES / 210][16]; /* -32 · x's sums by 16 */ \
+        for (int32_t b = 0; b < nb; b++) \
+            for (int j = 0; j < 16; j++) \
+                off[b][j] = -32 * x[b].bsums[j]; \
+        for (int64_t p = 0; p < n_panels; p++) { \
+            const uint8_t *c = w + (size_t)p * QMM_PANEL_ROWS * wrow; \
+            __m512 acc = _mm512_setzero_ps(); \
+            for (int32_t b = 0; b < nb; b++, c += QMM_PANEL_ROWS * 210) { \
+                const qmm_q8k *xb = x + b; \
+                __m512i isum = _mm512_setzero_si512(); \
+                UNROLLED_FOR (h, 2) { \
+                    /* the next column, half of its 53 lines a half */ \
+                    UNROLLED_FOR (l, 27) { \
+                        _mm_prefetch((const char *)c + QMM_PANEL_ROWS * 210 + 1728 * h + 64 * l, _MM_HINT_T0); \
+                        _mm_prefetch((const char *)c + QMM_PANEL_FAR + 1728 * h + 64 * l, _MM_HINT_T1); \
+                    } \
+                    __m512i sj[8]; \
+                    UNROLLED_FOR (j, 8) \
+                        sj[j] = _mm512_set1_epi32(off[b][8 * h + j]); \
+                    UNROLLED_FOR (i, 8) { \
+                        __m512i v[4]; \
+                        VALUES(_mm512_loadu_si512((const void *)(c + 64 * (16 * h + i))), \
+                               _mm512_loadu_si512((const void *)(c + 64 * (16 * h + 8 + i))), \
+                               _mm512_loadu_si512((const void *)(c + 2048 + 64 * (8 * h + i))), v); \
+                        UNROLLED_FOR (t, 4) \
+                            sj[2 * t + i / 4] = \
+                                _mm512_dpbusd_epi32(sj[2 * t + i / 4], v[t], bcast4(xb->q + 128 * h + 32 * t + 4 * i)); \
+                    } \
+                    /* sub-block 8h + j: its sum · sc_j, sc_j byte j % 4 of scale vector 2h + j / 4 */ \
+                    UNROLLED_FOR (j, 8) { \
+                        __m512i sv = _mm512_loadu_si512((const void *)(c + 3072 + 64 * (2 * h + j / 4))); \
+                        __m512i sc = _mm512_srai_epi32(_mm512_slli_epi32(sv, 24 - 8 * (j % 4)), 24); \
+                        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sj[j], sc)); \
+                    } \
+                } \
+                __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(c + 3328))); \
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(xb->d)), acc); \
+            } \
+            _mm512_storeu_ps(y + p * QMM_PANEL_ROWS, acc); \
+        } \
     }
-}
+
+PANEL_Q6K_FN(panel_q6_k, VNNI_TARGET, q6k_panel_values)
+PANEL_Q6K_FN(panel_q6_k_gfni, GFNI_TARGET, q6k_panel_values_gfni)
 
 /* What the CPU has, asked once (cpuid traps to the hypervisor in a VM):
- * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+BW+VNNI. F16C through cpuid leaf 1
+ * bit 0 AVX2+FMA+F16C, bit 1 AVX-512 VL+BW+VNNI, bit 2 that and GFNI. F16C through cpuid leaf 1
  * (ECX bit 29): clang's __builtin_cpu_supports does not know it. */
 static int cpu_features(void)
 {
@@ -1358,6 +1415,9 @@ static int cpu_features(void)
         f = avx2 | (avx2 && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vnni"))
                        << 1;
+        /* GFNI through cpuid leaf 7 (ECX bit 8), for the same reason */
+        if ((f & 2) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 8 & 1))
+            f |= 4;
         cached = f;
     }
     return f;
@@ -1394,7 +1454,7 @@ qmm_gemv4_fn kiln_qmm_gemv4_pick(const qmm_format *f, const char *isa, int f32_a
     static _Atomic int vbmi = -1;
     if (vbmi < 0)
         vbmi = (cpu_features() & 2) && __builtin_cpu_supports("avx512vbmi");
-    if (f32_act || !vbmi || strcmp(isa, "c") == 0 || strcmp(isa, "avx2") == 0)
+    if (f32_act || !vbmi || strcmp(isa, "c") == 0 || strcmp(isa, "avx2") == 0 || strcmp(isa, "avx512") == 0)
         return NULL;
     if (f->type == QMM_Q4_0)
         return gemv4_q4_0;
@@ -1418,7 +1478,7 @@ qmm_panel_fn kiln_qmm_panel_pick(const qmm_format *f, const char *isa, int f32_a
     if (f->type == QMM_Q4_K)
         return panel_q4_k;
     if (f->type == QMM_Q6_K)
-        return panel_q6_k;
+        return (cpu_features() & 4) && strcmp(isa, "avx512") != 0 ? panel_q6_k_gfni : panel_q6_k;
 #endif
     return NULL;
 }

@@ -71,8 +71,10 @@ typedef struct qmm_kernels {
 } qmm_kernels;
 
 /* The kernels for f: isa "c" the portable reference, "avx2" AVX2 without
- * VNNI, anything else the best the CPU has; f32_act nonzero: dequantize to
- * f32 and multiply f32 activations (the exact path). */
+ * VNNI, "avx512" AVX-512 VNNI without the kernels that also need VBMI or
+ * GFNI (what a CPU with VNNI alone runs), anything else the best the CPU
+ * has; f32_act nonzero: dequantize to f32 and multiply f32 activations
+ * (the exact path). */
 void kiln_qmm_kernels_pick(const qmm_format *f, const char *isa, int f32_act, qmm_kernels *out);
 
 /* ---- the tiled GEMM (many rows of x; AVX-512 VNNI) ----
@@ -133,8 +135,8 @@ static inline size_t kiln_qmm_gemv4_x_bytes(int32_t k) { return (size_t)((k / 32
 void kiln_qmm_gemv4_pack_x(const void *xq, int32_t k, void *out);
 /* y[r] = w_r · x for n_rows weight rows wrow bytes apart. */
 typedef void (*qmm_gemv4_fn)(const uint8_t *w, size_t wrow, int64_t n_rows, int32_t k, const void *xg, float *y);
-/* The GEMV for f, or NULL: formats other than Q4_0/Q4_1, isa "c" or
- * "avx2", f32 activations, or a CPU without AVX-512 VBMI and VNNI. */
+/* The GEMV for f, or NULL: formats other than Q4_0/Q4_1, isa "c", "avx2"
+ * or "avx512", f32 activations, or a CPU without AVX-512 VBMI and VNNI. */
 qmm_gemv4_fn kiln_qmm_gemv4_pick(const qmm_format *f, const char *isa, int f32_act);
 
 /* ---- the row-panel layout of Q4_0 and Q4_1 (CPU engines) ----
@@ -157,7 +159,7 @@ qmm_gemv4_fn kiln_qmm_gemv4_pick(const qmm_format *f, const char *isa, int f32_a
  * stack. */
 #define QMM_PANEL_ROW_BYTES 32768
 
-/* 1 where f has the panel layout (Q4_0, Q4_1). */
+/* 1 where f has the panel layout (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K). */
 int kiln_qmm_panel_format(const qmm_format *f);
 /* n rows of k values in the stored layout (w) into panels (out, as many
  * bytes); n a multiple of QMM_PANEL_ROWS. */
@@ -171,7 +173,11 @@ void kiln_qmm_panel_rows(const qmm_format *f, const uint8_t *w, size_t wrow, int
  * quantized activations (kiln_qmm_quantize_row). */
 typedef void (*qmm_panel_fn)(const uint8_t *w, size_t wrow, int64_t n_panels, int32_t k, const void *xq, float *y);
 /* The panel GEMV for f, or NULL: formats without panels, isa "c" or
- * "avx2", f32 activations, or a CPU without AVX-512 VNNI. */
+ * "avx2", f32 activations, or a CPU without AVX-512 VNNI. Q6_K's GEMV builds
+ * its 6-bit values with GFNI where the CPU has it (not with isa "avx512").
+ * Each line of the panels is asked for twice before the kernel reads it:
+ * into L1 with the next columns, and into L2 16 KiB ahead (QMM_PANEL_FAR
+ * in qmatmul_cpu.c). */
 qmm_panel_fn kiln_qmm_panel_pick(const qmm_format *f, const char *isa, int f32_act);
 
 #endif

@@ -81,6 +81,40 @@ static void *host_data(const kiln_exec_plan *p, const kiln_exec_host *host, int3
     return host->block + p->offsets[t];
 }
 
+/* The run and layer this thread is in, for kiln_exec_upcoming_constants. */
+static _Thread_local const kiln_exec_plan *running_plan;
+static _Thread_local const kiln_exec_host *running_host;
+static _Thread_local int32_t running_layer;
+
+int32_t kiln_exec_upcoming_constants(int64_t budget, const void **ptr, int64_t *bytes, int32_t max)
+{
+    const kiln_exec_plan *p = running_plan;
+    int32_t n = 0;
+    if (!p || !ptr || !bytes)
+        return 0;
+    const kiln_graph *g = p->graph;
+    for (int32_t l = running_layer + 1; l < g->n_layers && budget > 0 && n < max; l++) {
+        const kiln_layer *L = &g->layers[l];
+        if (L->op == KILN_OP_CONSTANT)
+            continue;
+        for (int32_t i = 0; i < L->n_inputs && budget > 0 && n < max; i++) {
+            const kiln_tensor_rec *r = &g->tensors[L->inputs[i]];
+            if (!(r->flags & KILN_TENSOR_CONSTANT) || r->data_size < 4096)
+                continue;
+            const void *d = host_data(p, running_host, L->inputs[i]);
+            int seen = !d;
+            for (int32_t k = 0; k < n; k++)
+                seen |= ptr[k] == d;
+            if (seen)
+                continue;
+            ptr[n] = d;
+            bytes[n] = (int64_t)r->data_size < budget ? (int64_t)r->data_size : budget;
+            budget -= bytes[n++];
+        }
+    }
+    return n;
+}
+
 kiln_status kiln_exec_run(kiln_exec_plan *p, const kiln_exec_host *host, const kiln_exec_hooks *h)
 {
     const kiln_graph *g = p->graph;
@@ -105,7 +139,10 @@ kiln_status kiln_exec_run(kiln_exec_plan *p, const kiln_exec_host *host, const k
                 .plugin = L->op == KILN_OP_PLUGIN ? p->plugins[L->p.plugin.index] : NULL,
                 .workspace = block + p->workspace_offset,
             };
-            KILN_TRY(h->run(h->user, &call));
+            running_plan = p, running_host = host, running_layer = l;
+            kiln_status st = h->run(h->user, &call);
+            running_plan = NULL;
+            KILN_TRY(st);
         }
         if (h->after)
             KILN_TRY(h->after(h->user, l));

@@ -69,6 +69,14 @@ void *kiln_exec_tensor_data(const kiln_exec_plan *p, int32_t t);
  * write it. */
 void *kiln_exec_io_address(const kiln_exec_plan *p, int32_t t);
 
+/* From a plugin's enqueue inside kiln_exec_run, on its thread (the host's
+ * upcoming_constants): up to `max` constants that the layers after the
+ * running one read, in the order they run (a constant read twice named
+ * once, those under 4 KiB skipped), *ptr[i] in the memory the layers read
+ * and *bytes[i], the first `budget` bytes in all; returns how many. 0
+ * outside a run or on another thread. */
+int32_t kiln_exec_upcoming_constants(int64_t budget, const void **ptr, int64_t *bytes, int32_t max);
+
 /* One layer to run, with its tensors resolved. */
 typedef struct kiln_exec_call {
     const kiln_graph *graph;

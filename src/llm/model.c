@@ -686,25 +686,22 @@ static int plain_weight(builder *b, const char *wname)
 
 /* y = epilogue(RMSNorm(x) · Wᵀ) (norm_hf non-NULL: HF norm `norm_hf`) or
  * y = residual + x · Wᵀ through kiln/FusedMatMul named `lname`; y in
- * `output_dtype` ("default" or "f32", FusedMatMul's field). A non-NULL
- * `ahead` is a later layer's weight for the GEMV to ask L2 for while it
- * waits (FusedMatMul's prefetch). */
+ * `output_dtype` ("default" or "f32", FusedMatMul's field). */
 static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, int64_t n, int64_t k,
                                 const char *norm_hf, const char *epilogue, const kiln_tensor *residual,
-                                const char *output_dtype, const kiln_tensor *ahead, kiln_tensor *y)
+                                const char *output_dtype, kiln_tensor *y)
 {
     const kiln_llm_config *c = &b->ck->config;
-    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL, prefetch = ahead != NULL;
+    int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[7] = {
+    kiln_field f[6] = {
         field_i32("n", &nn),
         field_i32("k", &kk),
         field_i32("norm", &norm),
         field_f32("epsilon", &eps),
         {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue},
-        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1, output_dtype},
-        field_i32("prefetch", &prefetch)};
-    kiln_tensor in[4] = {x, w};
+        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1, output_dtype}};
+    kiln_tensor in[3] = {x, w};
     int32_t n_in = 2;
     if (norm_hf) {
         char wname[160];
@@ -713,9 +710,7 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
     }
     if (residual)
         in[n_in++] = *residual;
-    if (ahead)
-        in[n_in++] = *ahead;
-    return plugin(b, lname, "FusedMatMul", f, 7, in, n_in, y);
+    return plugin(b, lname, "FusedMatMul", f, 6, in, n_in, y);
 }
 
 /* y = RMSNorm(x) with HF weight `hf`.weight; with residual non-NULL the
@@ -873,7 +868,7 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
         snprintf(cname, sizeof cname, "%s.self_attn.qkv_proj.weight", p);
         KILN_TRY(add_weights(b, wp, widths, 3, H, cname, &w));
         snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul", p);
-        KILN_TRY(fused_matmul(b, lname, *x, w, qd + 2 * kvd, H, norm, "none", NULL, "default", NULL, &qkv));
+        KILN_TRY(fused_matmul(b, lname, *x, w, qd + 2 * kvd, H, norm, "none", NULL, "default", &qkv));
         char bn[3][160];
         const char *bp[3] = {bn[0], bn[1], bn[2]};
         kiln_tensor bt;
@@ -894,27 +889,23 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
     snprintf(lname, sizeof lname, "%s.self_attn.attention", p);
     KILN_TRY(plugin(b, lname, "PagedAttention", f, 5, ain, 5, &a));
 
-    /* the gate/up weight first: the O projection's GEMV asks L2 for its
-     * start while it waits on the attention */
-    kiln_tensor gate_up;
-    snprintf(wn[0], sizeof wn[0], "%s.mlp.gate_proj.weight", p);
-    snprintf(wn[1], sizeof wn[1], "%s.mlp.up_proj.weight", p);
-    snprintf(cname, sizeof cname, "%s.mlp.gate_up_interleaved.weight", p);
-    KILN_TRY(add_weights_interleaved(b, wn[0], wn[1], I, H, cname, &gate_up));
-
     snprintf(wn[0], sizeof wn[0], "%s.self_attn.o_proj.weight", p);
     KILN_TRY(add_weight(b, wn[0], 2, H, qd, &w));
     snprintf(lname, sizeof lname, "%s.self_attn.o_proj.matmul_add", p);
-    KILN_TRY(fused_matmul(b, lname, a, w, H, qd, NULL, "residual", x, "default", &gate_up, x));
+    KILN_TRY(fused_matmul(b, lname, a, w, H, qd, NULL, "residual", x, "default", x));
 
+    snprintf(wn[0], sizeof wn[0], "%s.mlp.gate_proj.weight", p);
+    snprintf(wn[1], sizeof wn[1], "%s.mlp.up_proj.weight", p);
+    snprintf(cname, sizeof cname, "%s.mlp.gate_up_interleaved.weight", p);
+    KILN_TRY(add_weights_interleaved(b, wn[0], wn[1], I, H, cname, &w));
     snprintf(lname, sizeof lname, "%s.mlp.gate_up_proj.norm_matmul_swiglu", p);
     snprintf(norm, sizeof norm, "%s.post_attention_layernorm", p);
-    KILN_TRY(fused_matmul(b, lname, *x, gate_up, 2 * I, H, norm, "swiglu", NULL, "default", NULL, &m));
+    KILN_TRY(fused_matmul(b, lname, *x, w, 2 * I, H, norm, "swiglu", NULL, "default", &m));
 
     snprintf(wn[0], sizeof wn[0], "%s.mlp.down_proj.weight", p);
     KILN_TRY(add_weight(b, wn[0], 2, H, I, &w));
     snprintf(lname, sizeof lname, "%s.mlp.down_proj.matmul_add", p);
-    return fused_matmul(b, lname, m, w, H, I, NULL, "residual", x, "default", NULL, x);
+    return fused_matmul(b, lname, m, w, H, I, NULL, "residual", x, "default", x);
 }
 
 /* Whether layer `p` ("model.layers.N") is built by fused_layer: the build
@@ -1137,7 +1128,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
             lm = emb;
         else
             KILN_TRY(add_weight(b, "lm_head.weight", 2, c->vocab_size, c->hidden_size, &lm));
-        KILN_TRY(fused_matmul(b, "lm_head", x, lm, vocab, c->hidden_size, "model.norm", "none", NULL, "f32", NULL, &logits));
+        KILN_TRY(fused_matmul(b, "lm_head", x, lm, vocab, c->hidden_size, "model.norm", "none", NULL, "f32", &logits));
         return kiln_network_mark_output(b->net, logits, "logits");
     }
     KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h));

@@ -1,7 +1,7 @@
 /* The kiln_host_api table: everything a plugin may call on the host. */
 #include "plugin/plugin_internal.h"
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/expr.h"
@@ -69,7 +69,7 @@ static void host_parallel_for(void *stream, int64_t n, kiln_parallel_fn fn, void
 static int32_t host_upcoming_constants(void *stream, int64_t budget, const void **ptr, int64_t *bytes, int32_t max)
 {
     (void)stream;
-    return kiln_cpu_upcoming_constants(budget, ptr, bytes, max);
+    return kiln_exec_upcoming_constants(budget, ptr, bytes, max);
 }
 
 static const kiln_host_api host_api = {

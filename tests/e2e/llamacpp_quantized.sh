@@ -12,7 +12,8 @@
 #  - kiln's prompt ids equal llama.cpp's;
 #  - the native engine (8-bit activations: llama.cpp's arithmetic for these
 #    formats) gives llama.cpp's greedy tokens on the file as stored, with
-#    each kernel set (the best the CPU has, AVX2, portable C);
+#    each kernel set (the best the CPU has, AVX-512 VNNI without VBMI and
+#    GFNI, AVX2, portable C);
 #  - the f32 engine (weights dequantized by kiln at build time) and the
 #    native engine with KILN_QMATMUL_F32ACT=1 give llama.cpp's greedy tokens
 #    on its F32 dequantization.
@@ -95,6 +96,7 @@ print(",".join(sorted({v for k, v in t.items() if k.endswith(".weight") and v !=
   fi
   expect_ok "$file: build (f32)" "$KILN" build "$gguf" --dtype f32 -o "$f32" || continue
   compare "$file" generated_ids top2_logit_gaps 0.25 "$native"
+  compare "$file" generated_ids top2_logit_gaps 0.25 "$native" KILN_QMATMUL_ISA=avx512
   compare "$file" generated_ids top2_logit_gaps 0.25 "$native" KILN_QMATMUL_ISA=avx2
   compare "$file" generated_ids top2_logit_gaps 0.25 "$native" KILN_QMATMUL_ISA=c
   compare "$file" generated_ids_f32 top2_logit_gaps_f32 0.05 "$f32"

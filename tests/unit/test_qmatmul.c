@@ -14,7 +14,9 @@
  *  - each SIMD kernel set against the portable C one on the same input;
  *  - Q8_0, Q4_0, Q4_1, Q4_K and Q6_K weights in the row-panel layout (kiln_qmm_panel_pack,
  *    what CPU engines hold) through the same checks on every path: the
- *    panel GEMV, the GEMM and the row kernels reading them as stored. */
+ *    panel GEMV, the GEMM and the row kernels reading them as stored;
+ *  - the panel GEMVs against the portable C kernel at the inputs' extremes
+ *    (the largest integer sums), with and without GFNI. */
 #include "test.h"
 
 #include <kiln/plugin.h>
@@ -234,9 +236,9 @@ static void each_kernel(void (*body)(const kiln_plugin_creator *, void *), int f
     const kiln_plugin_creator *c = creator(&reg);
     kiln_threadpool *pool = NULL;
     CHECK_OK(kiln_threadpool_create(2, &pool));
-    const char *isas[3] = {"c", "avx2", "best"};
+    const char *isas[4] = {"c", "avx2", "avx512", "best"};
     setenv("KILN_QMATMUL_F32ACT", f32act ? "1" : "0", 1);
-    for (int i = 0; i < 3 && c; i++) {
+    for (int i = 0; i < 4 && c; i++) {
         /* the plugin reads the switches at each enqueue */
         setenv("KILN_QMATMUL_ISA", isas[i], 1);
         body(c, pool);
@@ -437,8 +439,8 @@ static void test_simd_vs_c(void)
         CHECK_OK(make(c, f->name, n, k, &p));
         setenv("KILN_QMATMUL_ISA", "c", 1);
         CHECK_OK(run(p, f, x, t, k, w, n, yc, NULL));
-        const char *isas[2] = {"avx2", "best"};
-        for (int s = 0; s < 2 && p; s++) {
+        const char *isas[3] = {"avx2", "avx512", "best"};
+        for (int s = 0; s < 3 && p; s++) {
             setenv("KILN_QMATMUL_ISA", isas[s], 1);
             CHECK_OK(run(p, f, x, t, k, w, n, ys, NULL));
             int ok = 1;
@@ -463,6 +465,91 @@ static void test_simd_vs_c(void)
         free(w);
     }
     kiln_registry_destroy(reg);
+}
+
+/* The panel GEMVs against the portable C kernel on the same quantized x,
+ * at the ends of every range: quant bytes random or all 0xFF, K sub-scales
+ * and mins random or all 63 (Q6_K's int8 scales random, all 127 or all
+ * -128), x random or all ±127 (the largest sums each integer step holds),
+ * 1 and 3 panels, k of 1, 3 and 32 blocks. The integer sums are equal, so
+ * y differs only by f32 rounding: within 1e-5 of B = Σ|x_q · dx| · (the
+ * largest |term| a value of its block can add), where a lost or wrapped
+ * integer sum would be off by about B. On each kernel set that has them:
+ * AVX-512 ("avx512", without GFNI) and the best. */
+static void test_panel_extremes(void)
+{
+    const char *isas[2] = {"avx512", "best"};
+    const int32_t ks[3] = {256, 768, 8192}, ns[2] = {16, 48};
+    for (size_t fi = 0; fi < N_FMTS; fi++) {
+        const fmt *f = &fmts[fi];
+        if (!panel_fmt(f->name))
+            continue;
+        const qmm_format *qf = kiln_qmm_format_named(f->name);
+        qmm_kernels ref;
+        kiln_qmm_kernels_pick(qf, "c", 0, &ref);
+        for (int trial = 0; trial < 12; trial++) {
+            const int32_t k = ks[trial % 3], n = ns[trial / 3 % 2];
+            const int fill = trial / 6; /* 0: random, 1: the extremes */
+            uint8_t *w = random_blocks(f, n, k), *pw = malloc((size_t)n * (size_t)(k / f->block) * f->block_bytes);
+            float *x = malloc(sizeof(float) * (size_t)k), *yr = malloc(sizeof(float) * (size_t)n),
+                  *y = malloc(sizeof(float) * (size_t)n);
+            void *xq = malloc(kiln_qmm_act_row_bytes(qf, k));
+            const size_t wrow = (size_t)(k / f->block) * f->block_bytes;
+            for (int32_t b = 0; b < n * (k / f->block) && fill; b++) {
+                uint8_t *p = w + (size_t)b * f->block_bytes;
+                int extreme_scale = b % 3; /* Q6_K: 127, -128 or random */
+                for (size_t j = 0; j < f->block_bytes; j++)
+                    if (j != (size_t)d_at(f) && j != (size_t)d_at(f) + 1 && (int)j != m_at(f) && (int)j != m_at(f) + 1)
+                        p[j] = 0xFF;
+                if (f->type == KILN_GGML_Q6_K)
+                    for (int j = 192; j < 208; j++)
+                        p[j] = extreme_scale == 0 ? 0x7F : extreme_scale == 1 ? 0x80 : (uint8_t)next_u32();
+            }
+            for (int32_t j = 0; j < k; j++)
+                x[j] = fill ? (j % 3 ? 1.0f : -1.0f) : uniform(-1, 1);
+            kiln_qmm_quantize_row(qf, ref.quant, x, k, xq);
+            kiln_qmm_panel_pack(qf, w, n, k, pw);
+            /* B from the dequantized weights' largest magnitude a block allows */
+            double bound = 0;
+            for (int32_t r = 0; r < n; r++) {
+                double br = 0;
+                for (int32_t b = 0; b < k / f->block; b++) {
+                    const uint8_t *p = w + (size_t)r * wrow + (size_t)b * f->block_bytes;
+                    float d = kiln_host()->half_to_float((uint16_t)(p[d_at(f)] | p[d_at(f) + 1] << 8));
+                    float m = m_at(f) >= 0 ? kiln_host()->half_to_float((uint16_t)(p[m_at(f)] | p[m_at(f) + 1] << 8)) : 0;
+                    double big = f->type == KILN_GGML_Q4_K   ? fabs(d) * 63 * 15 + fabs(m) * 63
+                                 : f->type == KILN_GGML_Q6_K ? fabs(d) * 128 * 32
+                                 : f->type == KILN_GGML_Q8_0 ? fabs(d) * 128
+                                                             : fabs(d) * 15 + fabs(m) + fabs(d) * 8;
+                    double sx = 0;
+                    for (int32_t j = b * f->block; j < (b + 1) * f->block; j++)
+                        sx += fabs(x[j]) * 1.01; /* x_q · dx is within half a step of x */
+                    br += big * sx;
+                }
+                bound = br > bound ? br : bound;
+                ref.one(qf->type, w + (size_t)r * wrow, xq, 0, k, &yr[r]);
+            }
+            for (int s = 0; s < 2; s++) {
+                qmm_panel_fn fn = kiln_qmm_panel_pick(qf, isas[s], 0);
+                if (!fn)
+                    continue;
+                fn(pw, wrow, n / 16, k, xq, y);
+                int ok = 1;
+                for (int32_t r = 0; r < n; r++)
+                    ok &= fabs((double)y[r] - yr[r]) <= 1e-5 * bound;
+                if (!ok)
+                    fprintf(stderr, "%s k %d n %d fill %d on %s: the panel GEMV differs from the C kernel\n", f->name,
+                            k, n, fill, isas[s]);
+                CHECK(ok);
+            }
+            free(xq);
+            free(y);
+            free(yr);
+            free(x);
+            free(pw);
+            free(w);
+        }
+    }
 }
 
 /* Every activation quantizer gives the portable one's bytes and scale:
@@ -711,6 +798,7 @@ static const test_case_ tests[] = {TEST(test_formulas),
                                    TEST(test_q8_activations),
                                    TEST(test_panels),
                                    TEST(test_simd_vs_c),
+                                   TEST(test_panel_extremes),
                                    TEST(test_quantizers),
                                    TEST(test_half_activations),
                                    TEST(test_blob_round_trip),

@@ -22,12 +22,6 @@ typedef struct kiln_cpu_args {
 /* Runs one layer. Errors (e.g. a gather index out of range) name the layer. */
 kiln_status kiln_cpu_run_layer(const kiln_cpu_args *args);
 
-/* From a plugin's enqueue on the CPU (the host's upcoming_constants): up
- * to `max` constants that the layers after the running one read, in the
- * order they run, *ptr[i] and *bytes[i] (the first `budget` bytes in all);
- * returns how many. 0 on another thread or outside a run. */
-int32_t kiln_cpu_upcoming_constants(int64_t budget, const void **ptr, int64_t *bytes, int32_t max);
-
 /* The CPU backend's table (cpu_runtime.c). */
 extern const kiln_backend_i kiln_backend_cpu;
 

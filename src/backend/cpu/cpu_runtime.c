@@ -46,42 +46,6 @@ typedef struct cpu_run {
     int32_t reference;
 } cpu_run;
 
-/* The plan and layer this thread is running, for
- * kiln_cpu_upcoming_constants (asked from a plugin's enqueue, on this
- * thread). */
-static _Thread_local const kiln_exec_plan *running_plan;
-static _Thread_local int32_t running_layer;
-
-int32_t kiln_cpu_upcoming_constants(int64_t budget, const void **ptr, int64_t *bytes, int32_t max)
-{
-    const kiln_exec_plan *p = running_plan;
-    int32_t n = 0;
-    if (!p || !ptr || !bytes)
-        return 0;
-    const kiln_graph *g = p->graph;
-    for (int32_t l = running_layer + 1; l < g->n_layers && budget > 0 && n < max; l++) {
-        const kiln_layer *L = &g->layers[l];
-        if (L->op == KILN_OP_CONSTANT)
-            continue;
-        for (int32_t i = 0; i < L->n_inputs && budget > 0 && n < max; i++) {
-            const kiln_tensor_rec *r = &g->tensors[L->inputs[i]];
-            /* a norm's weight is not worth a range; a constant read twice is named once */
-            if (!(r->flags & KILN_TENSOR_CONSTANT) || r->data_size < 4096)
-                continue;
-            const void *d = p->constants ? p->constants[L->inputs[i]] : r->data;
-            int seen = 0;
-            for (int32_t k = 0; k < n; k++)
-                seen |= ptr[k] == d;
-            if (seen || !d)
-                continue;
-            ptr[n] = d;
-            bytes[n] = (int64_t)r->data_size < budget ? (int64_t)r->data_size : budget;
-            budget -= bytes[n++];
-        }
-    }
-    return n;
-}
-
 static kiln_status run_layer(void *user, const kiln_exec_call *call)
 {
     const cpu_run *r = user;
@@ -97,10 +61,7 @@ static kiln_status run_layer(void *user, const kiln_exec_call *call)
     };
     double *ms = r->plan->layer_ms;
     double t0 = ms ? now_ms() : 0;
-    running_plan = r->plan, running_layer = call->index;
-    kiln_status st = kiln_cpu_run_layer(&args);
-    running_plan = NULL;
-    KILN_TRY(st);
+    KILN_TRY(kiln_cpu_run_layer(&args));
     if (ms)
         ms[call->index] = now_ms() - t0;
     return KILN_OK;
