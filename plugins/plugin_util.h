@@ -230,9 +230,9 @@ static inline kiln_status plugin_pod_read_blob(const kiln_host_api *h, const cha
 /* Bytes per element of a float dtype. */
 static inline size_t plugin_float_size(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 4 : 2; }
 
-/* The weights the layers after a compute-bound one read
- * (host->upcoming_constants), laid end to end, for that layer to ask the
- * caches for a slice at a time while it computes. */
+/* The weights the layers after a latency-bound one read
+ * (host->upcoming_constants), for that layer to ask the caches for them
+ * while the memory idles. */
 #define PLUGIN_AHEAD_RANGES 8
 typedef struct plugin_ahead {
     const char *p[PLUGIN_AHEAD_RANGES];
@@ -252,18 +252,6 @@ static inline void plugin_ahead_get(const kiln_host_api *h, void *stream, int64_
     a->count = h->upcoming_constants(stream, budget, (const void **)a->p, a->n, PLUGIN_AHEAD_RANGES);
     for (int32_t i = 0; i < a->count; i++)
         a->total += a->n[i];
-}
-
-/* Asks L2 (prefetcht1) for bytes [from, to) of the ranges end to end. */
-static inline void plugin_ahead_fetch(const plugin_ahead *a, int64_t from, int64_t to)
-{
-    int64_t base = 0;
-    for (int32_t i = 0; i < a->count && from < to; base += a->n[i], i++) {
-        const int64_t end = base + a->n[i] < to ? base + a->n[i] : to;
-        for (; from < end; from += 64)
-            __builtin_prefetch(a->p[i] + (from - base), 0, 2);
-        from = end > from ? end : from;
-    }
 }
 
 /* Registration of the built-ins (plugins/builtin.c). */

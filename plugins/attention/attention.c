@@ -192,11 +192,6 @@ typedef struct attn_job {
      * whose last merges them (NULL: a merge pass runs after) */
     int64_t row_kv, rows_only;
     atomic_int *done;
-    /* a step of decode rows: the next layers' weights, asked of L2 while
-     * the attention computes (the memory idles otherwise), a share for
-     * each of the ahead_tasks tasks */
-    plugin_ahead ahead;
-    int64_t ahead_tasks;
     /* the AVX-512 kernels may run: built in, the CPU has them and
      * KILN_ATTENTION_ISA is not "c" (read once a call) */
     int avx512;
@@ -693,9 +688,6 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
             if (vn) \
                 for (int64_t off = 0; off < (HD) * ATTN_ES(K); off += 64) \
                     _mm_prefetch(vn + i * (HD) * ATTN_ES(K) + off, _MM_HINT_T0); \
-            if (ahead) \
-                plugin_ahead_fetch(&j->ahead, a0 + (a1 - a0) * (k0 - kb + i) / (k_end - kb), \
-                                   a0 + (a1 - a0) * (k0 - kb + i + 1) / (k_end - kb)); \
             __m512 x[4]; \
             UNROLLED_FOR (v, 4) \
                 x[v] = ATTN_LOAD16(K, vp, i * (HD) + dh + 16 * v); \
@@ -751,13 +743,7 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
         const int64_t keys = position_of(j, s, t) + 1; \
         const int64_t k_end = keys < chunk_end(j, c) ? keys : chunk_end(j, c); \
         const int64_t kv_tasks = (p->n_kv_heads + j->row_kv - 1) / j->row_kv; \
-        /* this task's share of the weights ahead, spread over its keys */ \
-        int64_t a0 = 0, a1 = 0, kb = chunk_begin(j, c); \
-        if (j->ahead.total && k_end > kb) { \
-            const int64_t task = (t * kv_tasks + kv0 / j->row_kv) * j->n_chunks + c; \
-            a0 = j->ahead.total * task / j->ahead_tasks, a1 = j->ahead.total * (task + 1) / j->ahead_tasks; \
-        } \
-        for (int64_t k0 = kb; k0 < k_end;) { \
+        for (int64_t k0 = chunk_begin(j, c); k0 < k_end;) { \
             int64_t n = bs - k0 % bs; \
             n = n < k_end - k0 ? n : k_end - k0; \
             n = n < ATTN_LANES ? n : ATTN_LANES; \
@@ -834,7 +820,6 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
             for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
                 const void *vp = t0 + (p->n_kv_heads + kvh) * kvstep; \
                 const char *vn = t1 ? t1 + (p->n_kv_heads + kvh) * kvstep : NULL; \
-                int ahead = a1 > a0 && kvh == kv0; /* the weights ahead: once a row of the tile */ \
                 for (int64_t dh = 0; dh < (HD); dh += 64) \
                     for (int64_t g0 = (kvh - kv0) * G; g0 < (kvh - kv0 + 1) * G; g0 += ATTN_VHEADS) { \
                         int64_t nb = (kvh - kv0 + 1) * G - g0; \
@@ -846,7 +831,7 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
                         case 5: ATTN_VBLOCK(HD, K, 5); break; \
                         default: ATTN_VBLOCK(HD, K, 6); break; \
                         } \
-                        vn = NULL, ahead = 0; \
+                        vn = NULL; \
                     } \
             } \
             k0 += n; \
@@ -1131,8 +1116,6 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
                     1,
                     0,
                     NULL,
-                    {{NULL}, {0}, 0, 0},
-                    0,
                     0};
     kiln_status s = attention_check(&job, tokens, cache_desc->dims.d[0]);
     if (s != KILN_OK)
@@ -1151,13 +1134,6 @@ static kiln_status attention_run(const attention *a, kiln_dtype t, const void *q
         attn_plan(p, ATTN_SPLIT_TOKENS + 1, max_keys, &job.n_sub, &job.sub, &job.n_chunks, &job.span);
 #ifdef ATTN_AVX512
     int64_t tile_tasks = attn_tile_count(&job, tokens);
-    if (tile_tasks > 0 && job.rows_only) {
-        /* the bytes ahead: KILN_CPU_AHEAD_KB, else about what the memory
-         * brings in while a small model's attention computes */
-        const char *e = getenv("KILN_CPU_AHEAD_KB");
-        plugin_ahead_get(host, stream, (e && *e ? atoll(e) : 0) << 10, &job.ahead);
-        job.ahead_tasks = tile_tasks * job.n_chunks;
-    }
     if (tile_tasks > 0 && job.part && job.rows_only) {
         /* decode rows only: each group's last chunk merges (one pass over
          * the pool fewer a layer); the counters follow the partial results */
