@@ -11,11 +11,11 @@
 #include "core/error.h"
 #include "llm/jinja_internal.h"
 
-#define J_MAX_OUTPUT ((size_t)16 << 20)  /* rendered text */
-#define J_MAX_MEMORY ((size_t)256 << 20) /* values made while rendering */
-#define J_MAX_STEPS 1000000u             /* nodes evaluated and loop iterations */
-#define J_MAX_DEPTH 1000                 /* expression nesting while evaluating */
-#define J_MAX_RANGE 100000               /* range()'s length, as Jinja's sandbox */
+#define J_MAX_OUTPUT ((size_t)16 << 20) /* rendered text */
+#define J_MAX_MEMORY ((size_t)64 << 20) /* values made while rendering (the conversation included) */
+#define J_MAX_STEPS 1000000u            /* nodes evaluated and loop iterations */
+#define J_MAX_DEPTH 1000                /* expression nesting while evaluating */
+#define J_MAX_RANGE 100000              /* range()'s length, as Jinja's sandbox */
 
 typedef struct frame {
     jdict vars;
@@ -27,6 +27,7 @@ typedef struct R {
     jbuf *out;
     frame *top;
     uint64_t steps;
+    uint64_t work; /* bytes scanned, J_MAX_WORK at most */
     int depth;
     int line;
     char err[384];
@@ -48,6 +49,38 @@ static int rfail(R *r, const char *fmt, ...)
 }
 
 static int oom(R *r) { return rfail(r, "out of memory (more than %zu MiB of values)", J_MAX_MEMORY >> 20); }
+
+/* Counts `steps` more steps and checks both budgets: steps bound the nodes
+ * evaluated, work the bytes scanned inside them. */
+static int tick(R *r, uint64_t steps)
+{
+    if ((r->steps += steps) > J_MAX_STEPS)
+        return rfail(r, "more than %u steps", J_MAX_STEPS);
+    if (r->work > J_MAX_WORK)
+        return rfail(r, "more than %llu MiB of strings and values scanned", (unsigned long long)(J_MAX_WORK >> 20));
+    return OK;
+}
+
+/* The bytes an operation may scan in an operand: a string's length,
+ * J_WORK_PER_ITEM per element of a list or key of a dict. Deeper work (comparing nested values)
+ * is counted where it happens (jv_equal, order). */
+static uint64_t shallow(jv v)
+{
+    switch (v.t) {
+    case JV_STR: return v.u.s.n;
+    case JV_LIST: return J_WORK_PER_ITEM * (uint64_t)v.u.l->n;
+    case JV_DICT:
+    case JV_NS: return J_WORK_PER_ITEM * (uint64_t)v.u.d->n;
+    default: return 0;
+    }
+}
+
+/* Counts two operands as scanned by the operation about to run on them. */
+static int scan(R *r, jv a, jv b)
+{
+    r->work += shallow(a) + shallow(b);
+    return tick(r, 0);
+}
 
 static const char *type_name(jv v)
 {
@@ -82,9 +115,16 @@ static char *sdup(R *r, const char *s, size_t n)
 
 static size_t u8_len(const char *s, size_t n)
 {
-    size_t c = 0;
-    for (size_t i = 0; i < n; i++)
-        c += ((unsigned char)s[i] & 0xC0) != 0x80;
+    /* Code points are the bytes that are not continuations (10xxxxxx),
+     * counted eight at a time: long messages are measured often. */
+    size_t c = n, i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t x;
+        memcpy(&x, s + i, 8);
+        c -= (size_t)__builtin_popcountll(x & ~(x << 1) & 0x8080808080808080ull);
+    }
+    for (; i < n; i++)
+        c -= ((unsigned char)s[i] & 0xC0) == 0x80;
     return c;
 }
 
@@ -203,6 +243,12 @@ static int case_map(R *r, jv s, int mode, jv *out)
         return oom(r);
     int start = 1;
     for (size_t i = 0, len; i < s.u.s.n; i += len) {
+        if ((mode == 0 || mode == 1) && (unsigned char)o[i] < 0x80) { /* the common case, kept cheap */
+            char c = o[i];
+            o[i] = mode ? (c >= 'a' && c <= 'z' ? (char)(c - 0x20) : c) : (c >= 'A' && c <= 'Z' ? (char)(c + 0x20) : c);
+            len = 1;
+            continue;
+        }
         uint32_t c = u8_get((const unsigned char *)o + i, s.u.s.n - i, &len);
         if (c == 0xFFFFFFFFu) {
             if (mode == 3)
@@ -328,7 +374,7 @@ static int concat_str(R *r, jv a, jv b, jv *out)
 }
 
 /* Python's <, as ordering for numbers, strings and lists; -2 when the types do not order. */
-static int order(jv a, jv b, int depth)
+static int order(jv a, jv b, int depth, uint64_t *work)
 {
     if (numeric(a) && numeric(b)) {
         double x = dbl(a), y = dbl(b);
@@ -338,18 +384,44 @@ static int order(jv a, jv b, int depth)
     }
     if (a.t == JV_STR && b.t == JV_STR) {
         size_t n = a.u.s.n < b.u.s.n ? a.u.s.n : b.u.s.n;
+        *work += n;
         int c = memcmp(a.u.s.p, b.u.s.p, n);
         return c ? (c < 0 ? -1 : 1) : a.u.s.n < b.u.s.n ? -1 : a.u.s.n > b.u.s.n;
     }
     if (a.t == JV_LIST && b.t == JV_LIST && depth < 64) {
         for (size_t i = 0; i < a.u.l->n && i < b.u.l->n; i++) {
-            if (jv_equal(a.u.l->v[i], b.u.l->v[i]))
+            *work += J_WORK_PER_ITEM;
+            if (jv_equal(a.u.l->v[i], b.u.l->v[i], work))
                 continue;
-            return order(a.u.l->v[i], b.u.l->v[i], depth + 1);
+            return order(a.u.l->v[i], b.u.l->v[i], depth + 1, work);
         }
         return a.u.l->n < b.u.l->n ? -1 : a.u.l->n > b.u.l->n;
     }
     return -2;
+}
+
+/* memmem that counts its work in r->work: memchr for the needle's first
+ * byte, then a compare per candidate. A needle that nearly matches
+ * everywhere is stopped by the budget (answering "not found"; the caller's
+ * next tick() turns that into the error). Sanitizer builds also stay
+ * linear: their memmem checks the whole haystack on every call. */
+static const char *find(R *r, const char *h, size_t hn, const char *nd, size_t nn)
+{
+    if (!nn)
+        return h;
+    const char *p = h, *end = h + hn;
+    while ((size_t)(end - p) >= nn && r->work <= J_MAX_WORK) {
+        const char *c = memchr(p, (unsigned char)nd[0], (size_t)(end - p) - nn + 1);
+        if (!c) {
+            r->work += (uint64_t)(end - p);
+            return NULL;
+        }
+        r->work += (uint64_t)(c - p) + nn + 16; /* 16: a candidate's own cost */
+        if (!memcmp(c, nd, nn))
+            return c;
+        p = c + 1;
+    }
+    return NULL;
 }
 
 static int contains(R *r, jv hay, jv needle, int *out)
@@ -357,14 +429,13 @@ static int contains(R *r, jv hay, jv needle, int *out)
     if (hay.t == JV_STR) {
         if (needle.t != JV_STR)
             return rfail(r, "'in <string>' requires a string, not %s", type_name(needle));
-        *out = needle.u.s.n == 0 ||
-               (needle.u.s.n <= hay.u.s.n && memmem(hay.u.s.p, hay.u.s.n, needle.u.s.p, needle.u.s.n));
+        *out = needle.u.s.n == 0 || find(r, hay.u.s.p, hay.u.s.n, needle.u.s.p, needle.u.s.n) != NULL;
         return OK;
     }
     if (hay.t == JV_LIST) {
         *out = 0;
         for (size_t i = 0; i < hay.u.l->n && !*out; i++)
-            *out = jv_equal(hay.u.l->v[i], needle);
+            *out = jv_equal(hay.u.l->v[i], needle, &r->work);
         return OK;
     }
     if (hay.t == JV_DICT || hay.t == JV_NS) {
@@ -404,10 +475,12 @@ static int repeat(R *r, jv s, int64_t k, jv *out)
 
 static int binop(R *r, int op, jv a, jv b, jv *out)
 {
+    if (scan(r, a, b) != OK)
+        return ERR;
     if (op == J_OP_CONCAT)
         return concat_str(r, a, b, out);
     if (op == J_OP_EQ || op == J_OP_NE) {
-        *out = jv_bool(jv_equal(a, b) == (op == J_OP_EQ));
+        *out = jv_bool(jv_equal(a, b, &r->work) == (op == J_OP_EQ));
         return OK;
     }
     if (op == J_OP_IN || op == J_OP_NOTIN) {
@@ -418,7 +491,7 @@ static int binop(R *r, int op, jv a, jv b, jv *out)
         return OK;
     }
     if (op >= J_OP_LT && op <= J_OP_GE) {
-        int c = order(a, b, 0);
+        int c = order(a, b, 0, &r->work);
         if (c == -2)
             return rfail(r, "cannot compare %s with %s", type_name(a), type_name(b));
         *out = jv_bool(op == J_OP_LT ? c < 0 : op == J_OP_LE ? c <= 0 : op == J_OP_GT ? c > 0 : c >= 0);
@@ -533,6 +606,8 @@ static jv get_attr(jv obj, const char *s, size_t n)
 
 static int get_item(R *r, jv obj, jv key, jv *out)
 {
+    if (scan(r, obj.t == JV_LIST ? undef() : obj, key) != OK) /* a list is indexed, not scanned */
+        return ERR;
     if (obj.t == JV_UNDEF)
         return rfail(r, "subscript of an undefined value");
     if ((obj.t == JV_DICT || obj.t == JV_NS) && key.t == JV_STR) {
@@ -566,6 +641,8 @@ static int get_item(R *r, jv obj, jv key, jv *out)
 
 static int slice(R *r, jv obj, const jv *part, jv *out)
 {
+    if (scan(r, obj, undef()) != OK)
+        return ERR;
     if (obj.t != JV_LIST && obj.t != JV_STR)
         return rfail(r, "cannot slice a %s value", type_name(obj));
     int64_t v[3];
@@ -631,6 +708,14 @@ typedef struct args {
     size_t n;
 } args;
 
+/* Counts a call's receiver and arguments as scanned. */
+static int scan_args(R *r, jv v, const args *a)
+{
+    for (size_t i = 0; i < a->n; i++)
+        r->work += shallow(a->pos[i]);
+    return scan(r, v, undef());
+}
+
 static int ev(R *r, const jnode *n, jv *out);
 
 static int eval_args(R *r, const jnode *n, size_t first, args *a)
@@ -680,7 +765,7 @@ static int str_replace(R *r, jv s, jv from, jv to, int64_t count, jv *out)
         }
     } else {
         while (i < s.u.s.n && count != 0) {
-            const char *hit = memmem(s.u.s.p + i, s.u.s.n - i, from.u.s.p, from.u.s.n);
+            const char *hit = find(r, s.u.s.p + i, s.u.s.n - i, from.u.s.p, from.u.s.n);
             if (!hit)
                 break;
             jbuf_put(&b, s.u.s.p + i, (size_t)(hit - (s.u.s.p + i)));
@@ -710,7 +795,7 @@ static int str_split(R *r, jv s, const jv *sep, int64_t maxsplit, jv *out)
         if (sep && sep->t == JV_STR) {
             if (!sep->u.s.n)
                 return rfail(r, "split(): empty separator");
-            const char *hit = maxsplit != 0 ? memmem(p + i, n - i, sep->u.s.p, sep->u.s.n) : NULL;
+            const char *hit = maxsplit != 0 ? find(r, p + i, n - i, sep->u.s.p, sep->u.s.n) : NULL;
             a = i;
             b = hit ? (size_t)(hit - p) : n;
             next = hit ? b + sep->u.s.n : n + 1;
@@ -795,6 +880,8 @@ static int join(R *r, jv seq, jv sep, const jv *attr, jv *out)
 
 static int call_method(R *r, jv obj, const char *m, size_t mn, const args *a, jv *out, int *found)
 {
+    if (scan_args(r, obj, a) != OK)
+        return ERR;
     const jv *a0 = arg(a, 0, NULL), *a1 = arg(a, 1, NULL);
     *found = 1;
     if (obj.t == JV_STR) {
@@ -829,7 +916,7 @@ static int call_method(R *r, jv obj, const char *m, size_t mn, const args *a, jv
                 return ERR;
             int64_t c = 0, at = -1;
             for (size_t i = 0; i + a0->u.s.n <= obj.u.s.n;) {
-                const char *hit = memmem(obj.u.s.p + i, obj.u.s.n - i, a0->u.s.p, a0->u.s.n);
+                const char *hit = find(r, obj.u.s.p + i, obj.u.s.n - i, a0->u.s.p, a0->u.s.n);
                 if (!hit)
                     break;
                 if (at < 0)
@@ -875,8 +962,8 @@ static int namespace_of(R *r, const args *a, jv *out, int ns)
             if (a->pos[i].t != JV_DICT && a->pos[i].t != JV_NS)
                 return rfail(r, "%s() takes keyword arguments or a dict", ns ? "namespace" : "dict");
             for (size_t k = 0; k < a->pos[i].u.d->n; k++) {
-                if ((r->steps += d->n) > J_MAX_STEPS)
-                    return rfail(r, "more than %u steps", J_MAX_STEPS);
+                if (tick(r, d->n) != OK)
+                    return ERR;
                 if (!jdict_set(r->a, d, a->pos[i].u.d->k[k], a->pos[i].u.d->v[k]))
                     return oom(r);
             }
@@ -890,6 +977,8 @@ static int namespace_of(R *r, const args *a, jv *out, int ns)
 
 static int call_global(R *r, const char *fn, const args *a, jv *out)
 {
+    if (scan_args(r, undef(), a) != OK)
+        return ERR;
     const jv *a0 = arg(a, 0, NULL);
     if (!strcmp(fn, "raise_exception")) {
         if (a0 && a0->t == JV_STR)
@@ -993,6 +1082,8 @@ int kiln_jinja_has_test(const char *name, size_t n)
 
 static int run_test(R *r, const char *t, size_t tn, jv v, const args *a, int *res)
 {
+    if (scan_args(r, v, a) != OK)
+        return ERR;
     const jv *a0 = arg(a, 0, NULL);
     if (NAME_IS(t, tn, "defined") || NAME_IS(t, tn, "undefined"))
         *res = (v.t != JV_UNDEF) == (t[0] == 'd');
@@ -1024,7 +1115,7 @@ static int run_test(R *r, const char *t, size_t tn, jv v, const args *a, int *re
             return rfail(r, "test '%.*s' needs a string", (int)tn, t);
         if (case_map(r, v, t[0] == 'u', &m) != OK)
             return ERR;
-        *res = jv_equal(m, v);
+        *res = jv_equal(m, v, &r->work);
     } else if (NAME_IS(t, tn, "odd") || NAME_IS(t, tn, "even") || NAME_IS(t, tn, "divisibleby")) {
         int64_t d = t[0] == 'd' ? (a0 && (a0->t == JV_INT || a0->t == JV_BOOL) ? i64(*a0) : 0) : 2;
         if (v.t != JV_INT && v.t != JV_BOOL)
@@ -1083,8 +1174,8 @@ static int select_map(R *r, const char *f, size_t fn, jv v, const args *a, jv *o
     int keep_when = f[0] == 's';
     const jv *attr_kw = arg(a, 99, "attribute");
     for (size_t i = 0; i < in->n; i++) {
-        if (++r->steps > J_MAX_STEPS)
-            return rfail(r, "more than %u steps", J_MAX_STEPS);
+        if (tick(r, 1) != OK)
+            return ERR;
         jv x = in->v[i];
         if (is_map) {
             if (attr_kw) {
@@ -1172,6 +1263,8 @@ static int to_int(R *r, jv v, const jv *dflt, jv *out)
 
 static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv *out)
 {
+    if (scan_args(r, v, a) != OK)
+        return ERR;
     const jv *a0 = arg(a, 0, NULL);
     if (NAME_IS(f, fn, "default") || NAME_IS(f, fn, "d")) {
         const jv *bo = arg(a, 1, "boolean");
@@ -1239,13 +1332,13 @@ static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv 
             jlist *l = out->u.l;
             for (size_t i = 1; i < l->n; i++)
                 for (size_t j = i; j > 0; j--) {
-                    if (++r->steps > J_MAX_STEPS)
-                        return rfail(r, "more than %u steps", J_MAX_STEPS);
+                    if (tick(r, 1) != OK)
+                        return ERR;
                     jv ka, kb;
                     if (case_map(r, l->v[j - 1].u.l->v[0], 0, &ka) != OK ||
                         case_map(r, l->v[j].u.l->v[0], 0, &kb) != OK)
                         return ERR;
-                    if (order(ka, kb, 0) <= 0)
+                    if (order(ka, kb, 0, &r->work) <= 0)
                         break;
                     jv t = l->v[j];
                     l->v[j] = l->v[j - 1];
@@ -1287,11 +1380,11 @@ static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv 
         for (size_t i = 0; i < l->n; i++) {
             int seen = 0;
             for (size_t k = 0; k < o->n && !seen; k++)
-                seen = jv_equal(o->v[k], l->v[i]);
+                seen = jv_equal(o->v[k], l->v[i], &r->work);
             if (!seen)
                 o->v[o->n++] = l->v[i];
-            if ((r->steps += o->n) > J_MAX_STEPS)
-                return rfail(r, "more than %u steps", J_MAX_STEPS);
+            if (tick(r, o->n) != OK)
+                return ERR;
         }
         *out = list_val(o);
         return OK;
@@ -1310,7 +1403,7 @@ static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv 
         }
         *out = undef();
         for (size_t i = 0; i < l->n; i++) {
-            int c = out->t == JV_UNDEF ? 0 : order(l->v[i], *out, 0);
+            int c = out->t == JV_UNDEF ? 0 : order(l->v[i], *out, 0, &r->work);
             if (c == -2)
                 return rfail(r, "%.*s: values do not compare", (int)fn, f);
             if (out->t == JV_UNDEF || (f[1] == 'a' ? c > 0 : c < 0))
@@ -1360,8 +1453,8 @@ static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv 
 
 static int ev(R *r, const jnode *n, jv *out)
 {
-    if (++r->steps > J_MAX_STEPS)
-        return rfail(r, "more than %u steps", J_MAX_STEPS);
+    if (tick(r, 1) != OK)
+        return ERR;
     if (r->depth >= J_MAX_DEPTH)
         return rfail(r, "expression nested more than %d deep", J_MAX_DEPTH);
     r->depth++;
@@ -1395,9 +1488,7 @@ static int ev(R *r, const jnode *n, jv *out)
                 break;
             if (a.t != JV_STR)
                 st = rfail(r, "dict keys must be strings here, not %s", type_name(a));
-            else if ((r->steps += d->n) > J_MAX_STEPS) /* jdict_set scans the keys */
-                st = rfail(r, "more than %u steps", J_MAX_STEPS);
-            else if (!jdict_set(r->a, d, a, b))
+            else if ((st = tick(r, d->n)) == OK && !jdict_set(r->a, d, a, b)) /* jdict_set scans the keys */
                 st = oom(r);
         }
         *out = (jv){.t = JV_DICT, .u.d = d};
@@ -1408,7 +1499,7 @@ static int ev(R *r, const jnode *n, jv *out)
             break;
         if (a.t == JV_UNDEF)
             st = rfail(r, "'.%.*s' of an undefined value", (int)n->n, n->s);
-        else
+        else if ((st = scan(r, a.t == JV_DICT || a.t == JV_NS ? a : undef(), undef())) == OK) /* the keys */
             *out = get_attr(a, n->s, n->n);
         break;
     case E_ITEM:
@@ -1545,9 +1636,8 @@ static int exec_for(R *r, const jnode *n)
         kept->n = 0;
         for (size_t i = 0; i < items->n && st == OK; i++) {
             jv c;
-            if (++r->steps > J_MAX_STEPS)
-                st = rfail(r, "more than %u steps", J_MAX_STEPS);
-            else if ((st = bind_targets(r, n, items->v[i])) == OK && (st = ev(r, n->kids[2], &c)) == OK && jv_truthy(c))
+            if ((st = tick(r, 1)) == OK && (st = bind_targets(r, n, items->v[i])) == OK &&
+                (st = ev(r, n->kids[2], &c)) == OK && jv_truthy(c))
                 kept->v[kept->n++] = items->v[i];
         }
         items = kept;
@@ -1556,10 +1646,8 @@ static int exec_for(R *r, const jnode *n)
     if (!lp && st == OK)
         st = oom(r);
     for (size_t i = 0; i < items->n && st == OK; i++) {
-        if (++r->steps > J_MAX_STEPS) {
-            st = rfail(r, "more than %u steps", J_MAX_STEPS);
+        if ((st = tick(r, 1)) != OK)
             break;
-        }
         *lp = (jloop){(int64_t)i, (int64_t)items->n, i ? items->v[i - 1] : undef(),
                       i + 1 < items->n ? items->v[i + 1] : undef()};
         if ((st = bind_targets(r, n, items->v[i])) != OK ||
@@ -1579,8 +1667,8 @@ static int exec_for(R *r, const jnode *n)
 
 static int exec(R *r, const jnode *n)
 {
-    if (++r->steps > J_MAX_STEPS)
-        return rfail(r, "more than %u steps", J_MAX_STEPS);
+    if (tick(r, 1) != OK)
+        return ERR;
     r->line = n->line;
     jv v;
     switch (n->kind) {
@@ -1658,6 +1746,8 @@ kiln_status kiln_jinja_render(const kiln_jinja *t, const json_t *vars, char **ou
         st = exec(&r, t->root);
     if (st == BRK || st == CONT)
         st = rfail(&r, "break/continue outside a loop");
+    if (st == OK) /* a search cut short by the budget answers "not found": never let that through */
+        st = tick(&r, 0);
     kiln_status s = KILN_OK;
     if (st != OK) {
         s = kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "%s", r.err);

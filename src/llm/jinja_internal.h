@@ -72,7 +72,16 @@ jv jv_str(const char *p, size_t n);
 jv jv_int(int64_t i);
 jv jv_bool(int b);
 int jv_truthy(jv v);
-int jv_equal(jv a, jv b);
+/* Bytes of strings and values a render may scan (comparing, searching,
+ * measuring): a few seconds of work at most, so a template that loops over
+ * a large value fails with an error instead of running for hours. */
+#define J_MAX_WORK ((uint64_t)128 << 20)
+/* What visiting one element of a list or key of a dict counts as, in bytes. */
+#define J_WORK_PER_ITEM 64
+/* Python's ==. Adds the bytes it compares (J_WORK_PER_ITEM per element or key) to *work
+ * and gives up (answering unequal) once *work passes J_MAX_WORK; the caller
+ * turns that into an error. */
+int jv_equal(jv a, jv b, uint64_t *work);
 /* The dict value for a string key, or NULL. */
 jv *jdict_get(const jdict *d, const char *k, size_t n);
 /* Sets (or adds) a key; 0 on out of memory. */
@@ -89,7 +98,9 @@ typedef struct jbuf {
     int failed; /* 1: out of memory, 2: past max */
 } jbuf;
 void jbuf_put(jbuf *b, const char *s, size_t n);
-void jbuf_puts(jbuf *b, const char *s);
+/* Inline so that the length of a literal folds: values are written in
+ * many small pieces. */
+static inline void jbuf_puts(jbuf *b, const char *s) { jbuf_put(b, s, __builtin_strlen(s)); }
 
 /* str(v) as Python prints it (None, True, 1.5, ['a'], {'k': 1}). */
 void jv_write_str(jbuf *b, jv v);

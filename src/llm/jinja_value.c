@@ -79,9 +79,9 @@ static double as_double(jv v) { return v.t == JV_FLOAT ? v.u.f : v.t == JV_INT ?
  * unequal rather than recurse without bound. */
 #define J_MAX_COMPARE_DEPTH 256
 
-static int equal(jv a, jv b, int depth)
+static int equal(jv a, jv b, int depth, uint64_t *work)
 {
-    if (depth > J_MAX_COMPARE_DEPTH)
+    if (depth > J_MAX_COMPARE_DEPTH || *work > J_MAX_WORK)
         return 0;
     if (numeric(a) && numeric(b)) {
         if (a.t != JV_FLOAT && b.t != JV_FLOAT)
@@ -93,20 +93,27 @@ static int equal(jv a, jv b, int depth)
     switch (a.t) {
     case JV_UNDEF:
     case JV_NONE: return 1;
-    case JV_STR: return a.u.s.n == b.u.s.n && !memcmp(a.u.s.p, b.u.s.p, a.u.s.n);
+    case JV_STR:
+        if (a.u.s.n != b.u.s.n)
+            return 0;
+        *work += a.u.s.n;
+        return !memcmp(a.u.s.p, b.u.s.p, a.u.s.n);
     case JV_LIST:
         if (a.u.l->n != b.u.l->n)
             return 0;
-        for (size_t i = 0; i < a.u.l->n; i++)
-            if (!equal(a.u.l->v[i], b.u.l->v[i], depth + 1))
+        for (size_t i = 0; i < a.u.l->n; i++) {
+            *work += J_WORK_PER_ITEM;
+            if (!equal(a.u.l->v[i], b.u.l->v[i], depth + 1, work))
                 return 0;
+        }
         return 1;
     case JV_DICT:
         if (a.u.d->n != b.u.d->n)
             return 0;
         for (size_t i = 0; i < a.u.d->n; i++) {
+            *work += J_WORK_PER_ITEM * b.u.d->n; /* jdict_get scans the keys */
             jv *o = jdict_get(b.u.d, a.u.d->k[i].u.s.p, a.u.d->k[i].u.s.n);
-            if (!o || !equal(a.u.d->v[i], *o, depth + 1))
+            if (!o || !equal(a.u.d->v[i], *o, depth + 1, work))
                 return 0;
         }
         return 1;
@@ -114,7 +121,7 @@ static int equal(jv a, jv b, int depth)
     }
 }
 
-int jv_equal(jv a, jv b) { return equal(a, b, 0); }
+int jv_equal(jv a, jv b, uint64_t *work) { return equal(a, b, 0, work); }
 
 jv *jdict_get(const jdict *d, const char *k, size_t n)
 {
@@ -225,12 +232,14 @@ void jbuf_put(jbuf *b, const char *s, size_t n)
         b->p = p;
         b->cap = cap;
     }
-    memcpy(b->p + b->n, s, n);
+    if (n <= 8) /* the common small piece, without a call */
+        for (size_t i = 0; i < n; i++)
+            b->p[b->n + i] = s[i];
+    else
+        memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = '\0';
 }
-
-void jbuf_puts(jbuf *b, const char *s) { jbuf_put(b, s, strlen(s)); }
 
 /* Python's repr(float): the shortest digits that read back exactly,
  * positional from 1e-4 up to 1e16, otherwise an exponent. */
@@ -306,6 +315,8 @@ static void put_repr(jbuf *b, const char *s, size_t n)
 
 static void write_repr(jbuf *b, jv v, int depth)
 {
+    if (b->failed) /* a list holding itself twice, 64 deep, has 2^64 leaves: stop at the cap */
+        return;
     if (depth > 64) {
         jbuf_puts(b, "...");
         return;
@@ -352,30 +363,42 @@ void jv_write_str(jbuf *b, jv v)
     }
 }
 
+/* json.dumps of a string. Written through a small buffer: escapes are many
+ * and short, and a jbuf_put for each would be slow on long text. */
 static void put_json_string(jbuf *b, const char *s, size_t n)
 {
-    jbuf_puts(b, "\"");
-    for (size_t i = 0; i < n; i++) {
+    /* per byte: 0 as it is, 'u' as \u00XX, else the letter after a backslash */
+    static const char esc[256] = {
+        ['\b'] = 'b', ['\t'] = 't', ['\n'] = 'n', ['\f'] = 'f', ['\r'] = 'r', ['"'] = '"', ['\\'] = '\\',
+        [0] = 'u',    [1] = 'u',    [2] = 'u',    [3] = 'u',    [4] = 'u',    [5] = 'u',   [6] = 'u',
+        [7] = 'u',    [11] = 'u',   [14] = 'u',   [15] = 'u',   [16] = 'u',   [17] = 'u',  [18] = 'u',
+        [19] = 'u',   [20] = 'u',   [21] = 'u',   [22] = 'u',   [23] = 'u',   [24] = 'u',  [25] = 'u',
+        [26] = 'u',   [27] = 'u',   [28] = 'u',   [29] = 'u',   [30] = 'u',   [31] = 'u'};
+    static const char hex[] = "0123456789abcdef";
+    char t[512];
+    size_t k = 0;
+    t[k++] = '"';
+    for (size_t i = 0; i < n && !b->failed; i++) {
+        if (k > sizeof t - 8) {
+            jbuf_put(b, t, k);
+            k = 0;
+        }
         unsigned char c = (unsigned char)s[i];
-        char e[8];
-        switch (c) {
-        case '"': jbuf_puts(b, "\\\""); break;
-        case '\\': jbuf_puts(b, "\\\\"); break;
-        case '\n': jbuf_puts(b, "\\n"); break;
-        case '\r': jbuf_puts(b, "\\r"); break;
-        case '\t': jbuf_puts(b, "\\t"); break;
-        case '\b': jbuf_puts(b, "\\b"); break;
-        case '\f': jbuf_puts(b, "\\f"); break;
-        default:
-            if (c < 0x20) {
-                snprintf(e, sizeof e, "\\u%04x", c);
-                jbuf_puts(b, e);
-            } else {
-                jbuf_put(b, (const char *)&c, 1);
-            }
+        char e = esc[c];
+        if (!e) {
+            t[k++] = (char)c;
+        } else if (e != 'u') {
+            t[k++] = '\\';
+            t[k++] = e;
+        } else {
+            memcpy(t + k, "\\u00", 4);
+            t[k + 4] = hex[c >> 4];
+            t[k + 5] = hex[c & 15];
+            k += 6;
         }
     }
-    jbuf_puts(b, "\"");
+    t[k++] = '"';
+    jbuf_put(b, t, k);
 }
 
 static void newline_indent(jbuf *b, int indent, int level)
@@ -385,17 +408,21 @@ static void newline_indent(jbuf *b, int indent, int level)
         jbuf_puts(b, " ");
 }
 
-static int key_less(const jv *a, const jv *b)
+/* qsort order of two `const jv *` keys: by code point (UTF-8 byte order). */
+static int key_cmp(const void *pa, const void *pb)
 {
+    const jv *a = *(const jv *const *)pa, *b = *(const jv *const *)pb;
     size_t n = a->u.s.n < b->u.s.n ? a->u.s.n : b->u.s.n;
     int c = memcmp(a->u.s.p, b->u.s.p, n);
-    return c < 0 || (c == 0 && a->u.s.n < b->u.s.n);
+    return c ? c : (a->u.s.n > b->u.s.n) - (a->u.s.n < b->u.s.n);
 }
 
 int jv_write_json(jbuf *b, jv v, int indent, int sort_keys, int depth)
 {
     if (depth > 64)
         return 0;
+    if (b->failed) /* past the cap (the caller reports it): shared lists can have 2^64 leaves */
+        return 1;
     switch (v.t) {
     case JV_NONE: jbuf_puts(b, "null"); return 1;
     case JV_BOOL: jbuf_puts(b, v.u.b ? "true" : "false"); return 1;
@@ -428,28 +455,24 @@ int jv_write_json(jbuf *b, jv v, int indent, int sort_keys, int depth)
             return 1;
         }
         /* the order to write keys in: insertion, or sorted by code point (UTF-8 byte order) */
-        size_t *ord = jarena_alloc(b->a, d->n * sizeof *ord);
+        const jv **ord = jarena_alloc(b->a, d->n * sizeof *ord);
         if (!ord) {
             b->failed = 1;
             return 1;
         }
-        for (size_t i = 0; i < d->n; i++) {
-            size_t j = i;
-            while (sort_keys && j > 0 && key_less(&d->k[i], &d->k[ord[j - 1]])) {
-                ord[j] = ord[j - 1];
-                j--;
-            }
-            ord[j] = i;
-        }
+        for (size_t i = 0; i < d->n; i++)
+            ord[i] = &d->k[i];
+        if (sort_keys) /* keys are unique, so an unstable sort is exact */
+            qsort(ord, d->n, sizeof *ord, key_cmp);
         jbuf_puts(b, "{");
         for (size_t i = 0; i < d->n; i++) {
             if (i)
                 jbuf_puts(b, indent >= 0 ? "," : ", ");
             if (indent >= 0)
                 newline_indent(b, indent, depth + 1);
-            put_json_string(b, d->k[ord[i]].u.s.p, d->k[ord[i]].u.s.n);
+            put_json_string(b, ord[i]->u.s.p, ord[i]->u.s.n);
             jbuf_puts(b, ": ");
-            if (!jv_write_json(b, d->v[ord[i]], indent, sort_keys, depth + 1))
+            if (!jv_write_json(b, d->v[ord[i] - d->k], indent, sort_keys, depth + 1))
                 return 0;
         }
         if (indent >= 0)

@@ -1,7 +1,7 @@
 /* The Jinja interpreter's refusals and bounds: a template it cannot parse
  * fails naming the construct and the line; a hostile template stops at a
- * limit (steps, output, memory, nesting, range) with a message instead of
- * hanging or exhausting memory; runtime errors name their line. (What it
+ * limit (steps, bytes scanned, output, memory, nesting, range) with a
+ * message instead of hanging or exhausting memory; runtime errors name their line. (What it
  * renders is checked against transformers in test_jinja_reference.c.) */
 #include "test.h"
 
@@ -115,6 +115,46 @@ static void test_limits(void)
                            &out);
     CHECK(s == KILN_OK || s == KILN_ERROR_INVALID_ARGUMENT);
     free(out);
+    /* few steps, each scanning a large value: stopped by the bytes scanned, in
+     * well under a second, instead of running for minutes */
+    static const char *const scans[] = {
+        "{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s | length }}{% endfor %}",
+        "{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% if 'xy' in s %}{% endif %}{% endfor %}",
+        "{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s.count('x') }}{% endfor %}",
+        "{% set l = ['x' * 1000000] * 1000 %}{% for i in range(100000) %}{{ l == l }}{% endfor %}",
+        "{% set l = ['x' * 1000000] * 1000 %}{{ l | unique | list | length }}",
+        /* a needle that nearly matches at every byte: the search itself is bounded */
+        "{{ ('a' * 30000000).count('aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaab') }}",
+    };
+    for (size_t i = 0; i < sizeof scans / sizeof *scans; i++)
+        CHECK_FAILS(render(scans[i], NULL), KILN_ERROR_INVALID_ARGUMENT, "scanned");
+    /* (one making a new value each time runs out of memory first) */
+    CHECK_FAILS(
+        render("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{% set t = s | upper %}{% endfor %}", NULL),
+        KILN_ERROR_INVALID_ARGUMENT, "out of memory");
+    /* ...while a long conversation (4 MB of text) renders through a template
+     * that measures and searches every message */
+    {
+        json_t *msgs = json_array();
+        char *text = malloc(1 << 20);
+        memset(text, 'w', (1 << 20) - 1);
+        text[(1 << 20) - 1] = '\0';
+        for (int m = 0; m < 4; m++)
+            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", m % 2 ? "assistant" : "user", "content", text));
+        json_t *vars = json_pack("{s:o}", "messages", msgs);
+        kiln_jinja *t = NULL;
+        const char *src = "{% for m in messages %}{% if '<tool_call>' not in m.content and m.content | length > 0 %}"
+                          "<{{ m.role }}>{{ m.content | trim }}{% endif %}{% endfor %}";
+        CHECK_OK(kiln_jinja_parse(src, strlen(src), &t));
+        char *o = NULL;
+        size_t len = 0;
+        CHECK_OK(kiln_jinja_render(t, vars, &o, &len));
+        CHECK(len == 4 * ((1u << 20) - 1) + 2 * strlen("<user>") + 2 * strlen("<assistant>"));
+        free(o);
+        kiln_jinja_free(t);
+        json_decref(vars);
+        free(text);
+    }
     /* a left-nested chain of 3000 additions: past the evaluation depth, refused */
     static char chain[16384];
     size_t n = (size_t)snprintf(chain, sizeof chain, "{{ 1");
