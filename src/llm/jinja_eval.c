@@ -1080,10 +1080,10 @@ int kiln_jinja_has_test(const char *name, size_t n)
     return 0;
 }
 
+/* Tests charge nothing themselves: the type tests look at a tag, and the
+ * rest go through binop, case_map's memory and jv_equal, which count. */
 static int run_test(R *r, const char *t, size_t tn, jv v, const args *a, int *res)
 {
-    if (scan_args(r, v, a) != OK)
-        return ERR;
     const jv *a0 = arg(a, 0, NULL);
     if (NAME_IS(t, tn, "defined") || NAME_IS(t, tn, "undefined"))
         *res = (v.t != JV_UNDEF) == (t[0] == 'd');
@@ -1263,7 +1263,14 @@ static int to_int(R *r, jv v, const jv *dflt, jv *out)
 
 static int apply_filter(R *r, const char *f, size_t fn, jv v, const args *a, jv *out)
 {
-    if (scan_args(r, v, a) != OK)
+    /* The operand counts as scanned but where the filter only looks at a
+     * list's size or ends, or passes it through: templates ask for
+     * `messages | length` inside their loop over a long conversation. */
+    int glance =
+        NAME_IS(f, fn, "default") || NAME_IS(f, fn, "d") ||
+        ((v.t == JV_LIST || v.t == JV_DICT || v.t == JV_NS) &&
+         (NAME_IS(f, fn, "length") || NAME_IS(f, fn, "count") || NAME_IS(f, fn, "first") || NAME_IS(f, fn, "last")));
+    if (scan_args(r, glance ? undef() : v, a) != OK)
         return ERR;
     const jv *a0 = arg(a, 0, NULL);
     if (NAME_IS(f, fn, "default") || NAME_IS(f, fn, "d")) {

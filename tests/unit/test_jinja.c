@@ -155,6 +155,27 @@ static void test_limits(void)
         json_decref(vars);
         free(text);
     }
+    /* ...and so does a conversation of 5000 short messages through a template
+     * that asks for the list's length and each content's type in its loop
+     * (a glance, not a scan: counting the list each time would pass the budget) */
+    {
+        json_t *msgs = json_array();
+        for (int m = 0; m < 5000; m++)
+            json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", m % 2 ? "assistant" : "user", "content", "ok"));
+        json_t *vars = json_pack("{s:o}", "messages", msgs);
+        kiln_jinja *t = NULL;
+        const char *src = "{% for m in messages %}{% if m.content is string and messages | length > 0 and "
+                          "(messages | first) is defined %}{{ m.content }}{% endif %}"
+                          "{% if loop.index0 == messages | length - 1 %}.{% endif %}{% endfor %}";
+        CHECK_OK(kiln_jinja_parse(src, strlen(src), &t));
+        char *o = NULL;
+        size_t len = 0;
+        CHECK_OK(kiln_jinja_render(t, vars, &o, &len));
+        CHECK(len == 5000 * 2 + 1);
+        free(o);
+        kiln_jinja_free(t);
+        json_decref(vars);
+    }
     /* a left-nested chain of 3000 additions: past the evaluation depth, refused */
     static char chain[16384];
     size_t n = (size_t)snprintf(chain, sizeof chain, "{{ 1");
