@@ -588,27 +588,32 @@ PLUGIN_AVX512_FN static inline int64_t attn_tile_rows(const attn_job *j, int64_t
     return n;
 }
 
-/* Sixteen vectors to one: lane i of the result is the sum of v[i]'s
- * lanes. A tree of unpacks and 128-bit shuffles, 45 instructions where
- * sixteen horizontal sums would take about twice as many. */
-PLUGIN_AVX512_FN static inline __m512 attn_sum16(const __m512 *v)
-{
-    __m512 a[8], b[4], c[2];
-    /* pairs: [x0+x2, y0+y2, x1+x3, y1+y3] in each 128-bit lane */
-    UNROLLED_FOR (i, 8)
-        a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    /* quads: [x, y, z, w] per 128-bit lane, each a lane's sum of four */
-    UNROLLED_FOR (i, 4) {
-        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
-        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
-        b[i] = _mm512_add_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
+/* Sixteen vectors to one: lane i of the result is v[i]'s lanes folded by
+ * OP (attn_sum16: the sum, attn_max16: the largest). A tree of unpacks and
+ * 128-bit shuffles, 45 instructions where sixteen horizontal folds would
+ * take about twice as many. One body, two instances, so that each keeps
+ * its one instruction per step. */
+#define ATTN_FOLD16(NAME, OP) \
+    PLUGIN_AVX512_FN static inline __m512 NAME(const __m512 *v) \
+    { \
+        __m512 a[8], b[4], c[2]; \
+        /* pairs: [x0 OP x2, y0 OP y2, x1 OP x3, y1 OP y3] in each 128-bit lane */ \
+        UNROLLED_FOR (i, 8) \
+            a[i] = OP(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1])); \
+        /* quads: [x, y, z, w] per 128-bit lane, each a lane's fold of four */ \
+        UNROLLED_FOR (i, 4) { \
+            __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1])); \
+            __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1])); \
+            b[i] = OP(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi)); \
+        } \
+        /* across the 128-bit lanes: even with odd ones, twice */ \
+        UNROLLED_FOR (i, 2) \
+            c[i] = OP(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88), \
+                      _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD)); \
+        return OP(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD)); \
     }
-    /* across the 128-bit lanes: even with odd ones, twice */
-    UNROLLED_FOR (i, 2)
-        c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-}
+ATTN_FOLD16(attn_sum16, _mm512_add_ps)
+ATTN_FOLD16(attn_max16, _mm512_max_ps)
 
 /* attn_merge on AVX-512, for up to 16 chunks and a head_dim that is a
  * multiple of 16: each (token, query head)'s chunk maxima and sums in one
@@ -653,24 +658,6 @@ static void attn_merge16_tasks(void *arg, int64_t begin, int64_t end) { attn_mer
      : (K) == 2 ? attn_e4m3x16((const uint8_t *)(base) + (e)) \
                 : _mm512_loadu_ps((const float *)(base) + (e)))
 
-/* Sixteen vectors to one: lane i of the result is the largest of v[i]'s
- * lanes (attn_sum16's tree with max for add). */
-PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
-{
-    __m512 a[8], b[4], c[2];
-    UNROLLED_FOR (i, 8)
-        a[i] = _mm512_max_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    UNROLLED_FOR (i, 4) {
-        __m512d lo = _mm512_unpacklo_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
-        __m512d hi = _mm512_unpackhi_pd(_mm512_castps_pd(a[2 * i]), _mm512_castps_pd(a[2 * i + 1]));
-        b[i] = _mm512_max_ps(_mm512_castpd_ps(lo), _mm512_castpd_ps(hi));
-    }
-    UNROLLED_FOR (i, 2)
-        c[i] = _mm512_max_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                             _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
-    return _mm512_max_ps(_mm512_shuffle_f32x4(c[0], c[1], 0x88), _mm512_shuffle_f32x4(c[0], c[1], 0xDD));
-}
-
 /* Heads whose outputs a V pass holds in registers: NB heads of 64 dims (4
  * vectors each) and the row's 4 vectors, at most 28 of the 32 registers. */
 #define ATTN_VHEADS 6
@@ -686,8 +673,8 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
                 o[b][v] = _mm512_mul_ps(_mm512_load_ps(os[g0 + b] + dh + 16 * v), _mm512_set1_ps(cs[g0 + b])); \
         for (int64_t i = 0; i < n; i++) { \
             if (vn) \
-                for (int64_t off = 0; off < (HD) * ATTN_ES(K); off += 64) \
-                    _mm_prefetch(vn + i * (HD) * ATTN_ES(K) + off, _MM_HINT_T0); \
+                for (int64_t off = 0; off < (HD)*ATTN_ES(K); off += 64) \
+                    _mm_prefetch(vn + i * (HD)*ATTN_ES(K) + off, _MM_HINT_T0); \
             __m512 x[4]; \
             UNROLLED_FOR (v, 4) \
                 x[v] = ATTN_LOAD16(K, vp, i * (HD) + dh + 16 * v); \
@@ -750,9 +737,10 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
             const __mmask16 real = (__mmask16)((1u << n) - 1u); \
             /* this tile's, the next one's and the one after's rows of kv head 0's \
              * K (a tile lies in one block: one table lookup a tile) */ \
-            const int64_t k2 = k0 + n + ATTN_LANES, kvstep = bs * (HD) * ATTN_ES(K); \
+            const int64_t k2 = k0 + n + ATTN_LANES, kvstep = bs * (HD)*ATTN_ES(K); \
             const char *t0 = (const char *)j->cache + cache_index(j, s, k0, 0, 0) * ATTN_ES(K); \
-            const char *t1 = k0 + n < k_end ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, 0) * ATTN_ES(K) : NULL; \
+            const char *t1 = \
+                k0 + n < k_end ? (const char *)j->cache + cache_index(j, s, k0 + n, 0, 0) * ATTN_ES(K) : NULL; \
             const char *t2 = k2 < k_end ? (const char *)j->cache + cache_index(j, s, k2, 0, 0) * ATTN_ES(K) : NULL; \
             for (int64_t kvh = kv0; kvh < kv0 + nkv; kvh++) { \
                 const void *kp = t0 + kvh * kvstep; \
@@ -767,7 +755,7 @@ PLUGIN_AVX512_FN static inline __m512 attn_max16(const __m512 *v)
                 const float *kr = kbuf; \
                 if ((K) == 0 && n == ATTN_LANES) { /* f32 rows read in place */ \
                     kr = kp; \
-                    for (int64_t off = 0; off < ATTN_LANES * (HD) * 4; off += 64) { \
+                    for (int64_t off = 0; off < ATTN_LANES * (HD)*4; off += 64) { \
                         if (kn) \
                             _mm_prefetch(kn + off, _MM_HINT_T0); \
                         if (kn2) { \
@@ -1181,7 +1169,8 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
         if (in_desc[meta].dtype != in_desc[0].dtype && in_desc[meta].dtype != KILN_DTYPE_U8)
-            return host->fail(KILN_ERROR_UNSUPPORTED, NAME ": on CUDA the kv_cache must have the dtype of q or be u8 (FP8)");
+            return host->fail(KILN_ERROR_UNSUPPORTED,
+                              NAME ": on CUDA the kv_cache must have the dtype of q or be u8 (FP8)");
         size_t es = plugin_float_size(in_desc[0].dtype);
         const char *q = in[0];
         kiln_attention_cuda_args a = {.q = q,
@@ -1221,12 +1210,12 @@ static kiln_status attention_enqueue(kiln_plugin *self, kiln_backend backend, co
     if (p->packed_qkv) {
         const char *qkv = in[0];
         size_t es = plugin_float_size(in_desc[0].dtype);
-        return attention_run((const attention *)self, in_desc[0].dtype, qkv, qkv + q_width * es, qkv + (q_width + kv_width) * es,
-                             q_width + 2 * kv_width, q_width + 2 * kv_width, tokens, &in_desc[1], cache, &in_desc[2],
-                             in[2], in[3], in[4], out[0], workspace, stream);
+        return attention_run((const attention *)self, in_desc[0].dtype, qkv, qkv + q_width * es,
+                             qkv + (q_width + kv_width) * es, q_width + 2 * kv_width, q_width + 2 * kv_width, tokens,
+                             &in_desc[1], cache, &in_desc[2], in[2], in[3], in[4], out[0], workspace, stream);
     }
-    return attention_run((const attention *)self, in_desc[0].dtype, in[0], in[1], in[2], q_width, kv_width, tokens, &in_desc[3], cache,
-                         &in_desc[4], in[4], in[5], in[6], out[0], workspace, stream);
+    return attention_run((const attention *)self, in_desc[0].dtype, in[0], in[1], in[2], q_width, kv_width, tokens,
+                         &in_desc[3], cache, &in_desc[4], in[4], in[5], in[6], out[0], workspace, stream);
 }
 
 /* Split partial results of decode steps: the CPU's (attn_plan) and, in
