@@ -32,6 +32,8 @@
 #include "core/scalar.h"
 #include "core/threadpool.h"
 
+#include "bench_util.h"
+
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float next_f(void)
 {
@@ -39,32 +41,6 @@ static float next_f(void)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return (float)((int64_t)(rng % 2001) - 1000) / 1000.0f;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static kiln_tensor_desc desc(kiln_dtype t, int rank, const int64_t *d)
-{
-    kiln_tensor_desc r;
-    memset(&r, 0, sizeof r);
-    r.struct_size = sizeof r;
-    r.abi_version = KILN_PLUGIN_ABI_VERSION;
-    r.dtype = t;
-    r.dims.rank = rank;
-    for (int i = 0; i < rank; i++)
-        r.dims.d[i] = d[i];
-    return r;
 }
 
 static kiln_field fi32(const char *name, const int32_t *v)
@@ -115,8 +91,9 @@ static int run_shape(const kiln_plugin_creator *c, kiln_threadpool *pool, const 
     const size_t es = ct == KILN_DTYPE_F16 ? 2 : 4;
     int64_t dq[2] = {1, width}, dc[5] = {blocks, 2, sh->nkv, bs, sh->hd}, dt[2] = {1, blocks}, ds[1] = {1},
             dqs[1] = {2}, dout[2] = {1, (int64_t)sh->nh * sh->hd};
-    kiln_tensor_desc d[6] = {desc(KILN_DTYPE_F32, 2, dq), desc(ct, 5, dc),          desc(KILN_DTYPE_I32, 2, dt),
-                             desc(KILN_DTYPE_I32, 1, ds), desc(KILN_DTYPE_I32, 1, dqs), desc(KILN_DTYPE_F32, 2, dout)};
+    kiln_tensor_desc d[6] = {desc(KILN_DTYPE_F32, 2, dq),  desc(ct, 5, dc),
+                             desc(KILN_DTYPE_I32, 2, dt),  desc(KILN_DTYPE_I32, 1, ds),
+                             desc(KILN_DTYPE_I32, 1, dqs), desc(KILN_DTYPE_F32, 2, dout)};
     size_t ws_size = p->ops->workspace_size(p, d, 5, d + 5, 1);
     void *ws = malloc(ws_size ? ws_size : 1);
     float *qkv = malloc(sizeof(float) * (size_t)(L * width)), *out = malloc(sizeof(float) * (size_t)dout[1]);
@@ -204,7 +181,8 @@ int main(int argc, char **argv)
             for (char *save = NULL, *v = strtok_r(eq + 1, ",", &save); v && nv < 8; v = strtok_r(NULL, ",", &save))
                 var_values[nv++] = v;
             nv = nv ? nv : 1;
-        } else if (!strcmp(argv[i], "--ct") && i + 1 < argc && (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "f32")))
+        } else if (!strcmp(argv[i], "--ct") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "f32")))
             ct = !strcmp(argv[++i], "f16") ? KILN_DTYPE_F16 : KILN_DTYPE_F32;
         else {
             fprintf(stderr, "usage: attention_cpu_bench [--threads N] [--reps N] [--ctx N (1-65536)] [--ct f16|f32] "
@@ -234,7 +212,8 @@ int main(int argc, char **argv)
     static const shape shapes[2] = {{"smollm2", 9, 3, 64, 30}, {"1b", 32, 8, 64, 16}};
     printf("threads %d, isa %s; ms a decode step (all layers' attention), median (p25-p75), and cache GB/s\n",
            kiln_threadpool_size(pool), getenv("KILN_ATTENTION_ISA") ? getenv("KILN_ATTENTION_ISA") : "best");
-    printf("shape keys cache variant | l2: ms (p25-p75) GB/s [xratio to the first variant, paired] | hot: ... | cold: ...\n");
+    printf("shape keys cache variant | l2: ms (p25-p75) GB/s [xratio to the first variant, paired] | hot: ... | cold: "
+           "...\n");
     int rc = 0;
     for (int s = 0; s < 2 && !rc; s++)
         rc = run_shape(c, pool, &shapes[s], ctx, ct, reps, evbuf, ev_n);

@@ -27,6 +27,8 @@
 #include "core/threadpool.h"
 #include "llm/gguf.h"
 
+#include "bench_util.h"
+
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static uint64_t next_u64(void)
 {
@@ -34,19 +36,6 @@ static uint64_t next_u64(void)
     rng ^= rng >> 7;
     rng ^= rng << 17;
     return rng;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* n rows of k values of `type`: random bytes, then every f16 scale (and
@@ -81,19 +70,6 @@ static uint8_t *random_weights(uint32_t type, int64_t n, int64_t k, size_t *byte
     return w;
 }
 
-static kiln_tensor_desc desc(kiln_dtype t, int64_t d0, int64_t d1)
-{
-    kiln_tensor_desc d;
-    memset(&d, 0, sizeof d);
-    d.struct_size = sizeof d;
-    d.abi_version = KILN_PLUGIN_ABI_VERSION;
-    d.dtype = t;
-    d.dims.rank = 2;
-    d.dims.d[0] = d0;
-    d.dims.d[1] = d1;
-    return d;
-}
-
 /* Median seconds of one QuantMatMul call, rows x k by n x k. */
 static int time_qmm(const kiln_plugin_creator *c, kiln_threadpool *pool, uint32_t type, int64_t rows, int64_t n,
                     int64_t k, int reps, double *sec, size_t *wbytes)
@@ -110,8 +86,9 @@ static int time_qmm(const kiln_plugin_creator *c, kiln_threadpool *pool, uint32_
     }
     uint8_t *w = random_weights(type, n, k, wbytes);
     float *x = malloc(sizeof(float) * (size_t)(rows * k)), *y = malloc(sizeof(float) * (size_t)(rows * n));
-    kiln_tensor_desc d[3] = {desc(KILN_DTYPE_F32, rows, k), desc(KILN_DTYPE_U8, n, (int64_t)(*wbytes / (size_t)n)),
-                             desc(KILN_DTYPE_F32, rows, n)};
+    kiln_tensor_desc d[3] = {desc(KILN_DTYPE_F32, 2, (int64_t[]){rows, k}),
+                             desc(KILN_DTYPE_U8, 2, (int64_t[]){n, (int64_t)(*wbytes / (size_t)n)}),
+                             desc(KILN_DTYPE_F32, 2, (int64_t[]){rows, n})};
     size_t wsz = p->ops->workspace_size(p, d, 2, d + 2, 1);
     void *ws = malloc(wsz ? wsz : 1);
     int rc = 1;
@@ -190,11 +167,12 @@ int main(int argc, char **argv)
     const int64_t k = 4096, pre_rows = 512, pre_n = 4096;
     openblas_set_num_threads(kiln_threadpool_size(pool));
     double blas = time_sgemm(pre_rows, pre_n, k, reps);
-    printf("threads %d, isa %s, f32 activations %s; decode: 1 row, ~%.0f MiB of weights, k %lld; prefill: %lld x %lld x "
-           "%lld\n",
-           kiln_threadpool_size(pool), getenv("KILN_QMATMUL_ISA") ? getenv("KILN_QMATMUL_ISA") : "best",
-           getenv("KILN_QMATMUL_F32ACT") ? getenv("KILN_QMATMUL_F32ACT") : "0", decode_mib, (long long)k, (long long)pre_rows,
-           (long long)pre_n, (long long)k);
+    printf(
+        "threads %d, isa %s, f32 activations %s; decode: 1 row, ~%.0f MiB of weights, k %lld; prefill: %lld x %lld x "
+        "%lld\n",
+        kiln_threadpool_size(pool), getenv("KILN_QMATMUL_ISA") ? getenv("KILN_QMATMUL_ISA") : "best",
+        getenv("KILN_QMATMUL_F32ACT") ? getenv("KILN_QMATMUL_F32ACT") : "0", decode_mib, (long long)k,
+        (long long)pre_rows, (long long)pre_n, (long long)k);
     printf("%-6s %8s %14s %16s\n", "format", "bits/w", "decode GB/s", "prefill GFLOP/s");
     printf("%-6s %8s %14s %16.1f\n", "sgemm", "32.0", "-", 2.0 * pre_rows * pre_n * k / blas / 1e9);
     char buf[256];
