@@ -137,12 +137,6 @@ typedef struct kiln_fusedmm_cuda_args {
     int32_t x_dtype; /* dtype, or f32 with the norm prologue (a residual stream in f32) */
     int32_t y_dtype; /* dtype, or f32 with the residual epilogue (the residual's too) or none */
     float epsilon;
-    /* The GEMV (1..8 rows) asks L2 for up to ahead_bytes of `ahead` (a
-     * later layer's weight, 16-byte aligned; NULL: none) before it waits
-     * on the kernel before it: the O projection waits on the attention,
-     * during which the memory idles. */
-    const void *ahead;
-    int64_t ahead_bytes;
 } kiln_fusedmm_cuda_args;
 
 /* Sets up the process's cuBLASLt handle for the prefill GEMM once; 0 when

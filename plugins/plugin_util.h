@@ -230,30 +230,6 @@ static inline kiln_status plugin_pod_read_blob(const kiln_host_api *h, const cha
 /* Bytes per element of a float dtype. */
 static inline size_t plugin_float_size(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 4 : 2; }
 
-/* The weights the layers after a latency-bound one read
- * (host->upcoming_constants), for that layer to ask the caches for them
- * while the memory idles. */
-#define PLUGIN_AHEAD_RANGES 8
-typedef struct plugin_ahead {
-    const char *p[PLUGIN_AHEAD_RANGES];
-    int64_t n[PLUGIN_AHEAD_RANGES];
-    int32_t count;
-    int64_t total; /* bytes in all; 0: nothing to fetch */
-} plugin_ahead;
-
-/* Up to `budget` bytes of what is coming (none where the host is older
- * than the call or is not the CPU's). */
-static inline void plugin_ahead_get(const kiln_host_api *h, void *stream, int64_t budget, plugin_ahead *a)
-{
-    memset(a, 0, sizeof *a);
-    if (budget <= 0 || h->struct_size < offsetof(kiln_host_api, upcoming_constants) + sizeof h->upcoming_constants ||
-        !h->upcoming_constants)
-        return;
-    a->count = h->upcoming_constants(stream, budget, (const void **)a->p, a->n, PLUGIN_AHEAD_RANGES);
-    for (int32_t i = 0; i < a->count; i++)
-        a->total += a->n[i];
-}
-
 /* Registration of the built-ins (plugins/builtin.c). */
 kiln_status kiln_rmsnorm_register(const kiln_host_api *host, kiln_registry *reg);
 kiln_status kiln_rope_register(const kiln_host_api *host, kiln_registry *reg);

@@ -311,17 +311,6 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         a.rows = rows, a.n = p->n, a.k = p->k, a.epilogue = p->epilogue, a.dtype = (int32_t)t;
         a.x_dtype = (int32_t)xt, a.y_dtype = (int32_t)yt;
         a.epsilon = p->epsilon;
-        /* the square residual GEMV, a decoder's O projection, waits on the
-         * attention: its blocks can ask L2 for the next weights meanwhile
-         * (KILN_FUSEDMM_AHEAD_MB; off by default, not yet measured) */
-        const char *ahead_mb = getenv("KILN_FUSEDMM_AHEAD_MB");
-        if (ahead_mb && *ahead_mb && p->epilogue == KILN_FUSEDMM_RESIDUAL && !p->norm && p->n == p->k && rows <= 8) {
-            plugin_ahead next;
-            plugin_ahead_get(host, stream, atoll(ahead_mb) << 20, &next);
-            for (int32_t i = 0; i < next.count && !a.ahead; i++)
-                if (next.n[i] >= (1 << 16))
-                    a.ahead = next.p[i], a.ahead_bytes = next.n[i];
-        }
         int e = kiln_fusedmm_cuda(&a, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_fusedmm_cuda_error(e)) : KILN_OK;
     }

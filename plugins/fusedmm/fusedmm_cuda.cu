@@ -98,17 +98,6 @@ struct no_rope {
 template <int EPI>
 using rope_arg = typename std::conditional<EPI == KILN_FUSEDMM_ROPE, kiln_fusedmm_rope, no_rope>::type;
 
-/* What a GEMV block asks L2 for before its wait (kcu_prefetch_l2): its
- * own rows of w past the loads it has issued (own), and its share of
- * `ahead`, a later layer's weight. Issued where the kernel before is
- * latency-bound (the O projection's wait on the attention), these bytes
- * come in while the memory would idle. */
-struct fmm_prefetch {
-    const char *ahead;
-    int64_t ahead_bytes;
-    int32_t own;
-};
-
 /* Weight rows a block computes (ROWS) and 16-byte loads of each row a lane
  * keeps in flight (UNROLL). The residual form has gemv.cu's shape (2 rows,
  * 4 loads). The norm forms add per block a pass over x for the sum of
@@ -151,7 +140,7 @@ template <int DT, int S, int E> __device__ __forceinline__ void load_x(const cha
 template <int DT, int S, int M, int NORM, int EPI, int ROWS, int UNROLL>
 __global__ void __launch_bounds__(kWarps * 32)
     fmm_gemv_kernel(const void *x, const void *w, const void *nw, const void *res, void *y, int32_t n, int32_t k,
-                    float eps, int ydt, const rope_arg<EPI> rope, const fmm_prefetch pf)
+                    float eps, int ydt, const rope_arg<EPI> rope)
 {
     constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* elements per 16-byte vector */
     constexpr int ES = 16 / E;                      /* bytes per element */
@@ -181,16 +170,6 @@ __global__ void __launch_bounds__(kWarps * 32)
             buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + kk * ES) : make_uint4(0, 0, 0, 0);
         if constexpr (NORM)
             nbuf[u] = kk < k1 ? __ldg((const uint4 *)(nb + kk * ES)) : make_uint4(0, 0, 0, 0);
-    }
-    if (threadIdx.x == 0 && (pf.own || pf.ahead_bytes > 0)) {
-        if (pf.own) {
-            const int64_t end = row0 + ROWS < n ? row0 + ROWS : n;
-            kcu_prefetch_l2(wr[0], (end - row0) * (int64_t)k * ES);
-        }
-        const int64_t per = ((pf.ahead_bytes + gridDim.x - 1) / gridDim.x + 15) / 16 * 16;
-        const int64_t at = (int64_t)blockIdx.x * per;
-        if (at < pf.ahead_bytes)
-            kcu_prefetch_l2(pf.ahead + at, pf.ahead_bytes - at < per ? pf.ahead_bytes - at : per);
     }
     kcu_after_prior(x, res, n, k);
 
@@ -342,19 +321,6 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
-/* The prefetch of a launch: `ahead` (the enqueue chose it and its size),
- * and with KILN_FUSEDMM_PREFETCH_OWN=1 the block's own rows too. */
-fmm_prefetch prefetch_of(const kiln_fusedmm_cuda_args *a)
-{
-    fmm_prefetch pf = {(const char *)a->ahead, 0, 0};
-    if (a->ahead && (uintptr_t)a->ahead % 16 == 0) {
-        const char *e = getenv("KILN_FUSEDMM_PREFETCH_OWN");
-        pf.ahead_bytes = a->ahead_bytes / 16 * 16;
-        pf.own = e && *e && atoi(e) != 0;
-    }
-    return pf;
-}
-
 template <int DT, int S, int M, int NORM, int EPI>
 cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
@@ -367,8 +333,7 @@ cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     }
     return kcu_launch_cfg(fmm_gemv_kernel<DT, S, M, NORM, EPI, shape::rows, shape::unroll>,
                           dim3((unsigned)((a->n + shape::rows - 1) / shape::rows)), dim3(kWarps * 32), s, a->x, a->w,
-                          a->norm_weight, res, a->y, a->n, a->k, a->epsilon, (int)a->y_dtype, rope,
-                          prefetch_of(a));
+                          a->norm_weight, res, a->y, a->n, a->k, a->epsilon, (int)a->y_dtype, rope);
 }
 
 /* The four forms a decoder layer uses; the others take the GEMM path. */

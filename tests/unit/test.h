@@ -68,10 +68,15 @@ typedef struct {
 #fn, fn \
     }
 /* Runs the cases, one "ok"/"FAIL" line each, then the count of checks
- * (also from the GPU tests' own main, which set up a device first). */
+ * (also from the GPU tests' own main, which set up a device first).
+ * KILN_TEST_ONLY=NAME runs only the cases whose name contains NAME (a
+ * quick rerun of one case under other settings). */
 static inline void test_run_cases(const test_case_ *cases, size_t n)
 {
+    const char *only = getenv("KILN_TEST_ONLY");
     for (size_t i = 0; i < n; i++) {
+        if (only && *only && !strstr(cases[i].name, only))
+            continue;
         int before = test_failures_;
         cases[i].fn();
         printf("%s %s\n", test_failures_ == before ? "ok  " : "FAIL", cases[i].name);

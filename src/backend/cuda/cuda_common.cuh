@@ -75,23 +75,6 @@ __device__ __forceinline__ uint4 kcu_load_stream(const void *p)
     return v;
 }
 
-/* Asks L2 to fetch `bytes` from p (16-byte aligned, a multiple of 16)
- * without waiting for them: for weights a later kernel reads, issued
- * where the memory would otherwise idle. In pieces of 64 KiB. */
-__device__ __forceinline__ void kcu_prefetch_l2(const void *p, int64_t bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    const char *c = (const char *)p;
-    for (int64_t at = 0; at < bytes; at += 65536) {
-        const uint32_t n = (uint32_t)(bytes - at < 65536 ? bytes - at : 65536);
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(c + at), "r"(n) : "memory");
-    }
-#else
-    (void)p;
-    (void)bytes;
-#endif
-}
-
 /* Whether launches use PDL (kcu_set_pdl; cuda_elementwise.cu holds it). */
 extern int kcu_pdl;
 
