@@ -63,8 +63,11 @@ for model in $models; do
   esac
   engine=$build/bench/$model.engine
   # what a decode step must read: every tensor of the GGUF but an untied
-  # token embedding, of which it gathers one row; and the formats used
-  python3 - "$gguf" >"$tmp/$model.gguf.json" <<'PY'
+  # token embedding, of which it gathers one row, and the KV cache of the
+  # step's context (the prompt and half the generated tokens on average),
+  # in f16, the default of both engines (kiln bench's own floor counts it
+  # so too); and the formats used
+  python3 - "$gguf" $((prompt_len + gen_len / 2)) >"$tmp/$model.gguf.json" <<'PY'
 import json, struct, sys
 # A minimal GGUF header walk (the spec's layout), so that this needs no package.
 f = open(sys.argv[1], "rb")
@@ -72,16 +75,20 @@ def u32(): return struct.unpack("<I", f.read(4))[0]
 def u64(): return struct.unpack("<Q", f.read(8))[0]
 def string(): return f.read(u64()).decode("utf-8", "replace")
 sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-def skip(t):
-    if t == 8: string()
-    elif t == 9:
+formats = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 10: "<Q", 11: "<q"}
+def value(t):
+    if t == 8: return string()
+    if t == 9:
         st, n = u32(), u64()
-        for _ in range(n): skip(st)
-    else: f.read(sizes[t])
+        for _ in range(n): value(st)
+        return None
+    raw = f.read(sizes[t])
+    return struct.unpack(formats[t], raw)[0] if t in formats else None
 assert f.read(4) == b"GGUF"
 u32(); n_t, n_kv = u64(), u64()
+meta = {}
 for _ in range(n_kv):
-    string(); skip(u32())
+    key = string(); meta[key] = value(u32())
 # block elements and bytes of the ggml types a GGUF may hold here
 blocks = {0: (1, 4), 1: (1, 2), 30: (1, 2), 2: (32, 18), 3: (32, 20), 6: (32, 22), 7: (32, 24), 8: (32, 34),
           10: (256, 84), 11: (256, 110), 12: (256, 144), 13: (256, 176), 14: (256, 210)}
@@ -97,7 +104,12 @@ for _ in range(n_t):
 tied = "output.weight" not in tensors
 read = sum(b for k, (t, b) in tensors.items() if tied or k != "token_embd.weight")
 fmts = sorted({names[t] for k, (t, b) in tensors.items() if t in names and k != "token_embd.weight"})
-print(json.dumps({"read_bytes": read, "formats": fmts}))
+arch = meta["general.architecture"]
+heads, layers = meta[arch + ".attention.head_count"], meta[arch + ".block_count"]
+head_dim = meta.get(arch + ".attention.key_length") or meta[arch + ".embedding_length"] // heads
+kv_token = layers * 2 * meta.get(arch + ".attention.head_count_kv", heads) * head_dim * 2
+print(json.dumps({"weight_bytes": read, "kv_bytes": kv_token * int(sys.argv[2]), "read_bytes": read + kv_token * int(sys.argv[2]),
+                  "formats": fmts}))
 PY
   native=1
   for fmt in $(python3 -c 'import json,sys; print(" ".join(json.load(open(sys.argv[1]))["formats"]))' "$tmp/$model.gguf.json"); do
@@ -151,7 +163,8 @@ for m in models:
     floor = bw["read_gbs"] * 1e9 / g["read_bytes"]
     name = {"smollm2": "SmolLM2-135M-Instruct Q4_1", "1b": "random 1B-shape Q4_K_M"}[m]
     threads = int(open(os.path.join(tmp, m + ".threads")).read())
-    print("\n%s (%.0f MB read per decode step; floor %.1f tok/s), %d threads" % (name, g["read_bytes"] / 1e6, floor, threads))
+    print("\n%s (%.0f MB read per decode step: %.0f MB of weights, %.1f MB of f16 KV cache at %d tokens; floor %.1f tok/s), %d threads"
+          % (name, g["read_bytes"] / 1e6, g["weight_bytes"] / 1e6, g["kv_bytes"] / 1e6, 512 + 64 // 2, floor, threads))
     rows = [("", "kiln", "llama.cpp" + (" " + p["version"] if p else ""), "kiln / llama.cpp")]
     def row(label, kv, pv, fmt, ratio=True):
         ks = fmt % kv if kv is not None else "not measured"
