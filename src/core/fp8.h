@@ -40,12 +40,14 @@ KILN_HD uint8_t kiln_f32_to_e4m3(float f)
         return s | 0x7E;
     if (a < 0.015625f) /* below 2^-6: subnormal steps of 2^-9 (8 steps reach 2^-6, code 0x08) */
         return s | (uint8_t)rintf(a * 512.0f);
-    int e;
-    frexpf(a, &e);                        /* a = m · 2^e, m in [0.5, 1): a in [2^(e-1), 2^e) */
-    int q = (int)rintf(ldexpf(a, 4 - e)); /* 8..16 steps of 2^(e-4) */
-    if (q == 16)
-        q = 8, e++;
-    int code = (e - 1 + 7) << 3 | (q - 8);
+    /* a in [2^e, 2^(e+1)), e in -6..8: its 23 mantissa bits rounded to 3,
+     * to nearest, ties to even, on the integer bits (the build quantizes
+     * billions of weights through this: frexpf and ldexpf were most of it);
+     * a carry out of the mantissa (q = 8) moves to the next exponent */
+    const uint32_t b = kiln_f32_to_bits(a), m = b & 0x7FFFFF, rem = m & 0xFFFFF;
+    const int e = (int)(b >> 23) - 127;
+    const uint32_t q = (m >> 20) + (rem > 0x80000 || (rem == 0x80000 && (m >> 20 & 1)));
+    const int code = ((e + 7) << 3) + (int)q;
     return (uint8_t)(s | (code > 0x7E ? 0x7E : code));
 }
 

@@ -3,11 +3,14 @@
 #include "llm/woq.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/error.h"
 #include "core/fp8.h"
+#include "core/threadpool.h"
 
 kiln_status kiln_woq_alloc(kiln_woq_weight *w, int32_t bits, int32_t group, int64_t n, int64_t k, const char *what)
 {
@@ -53,15 +56,35 @@ static void set_q4(kiln_woq_weight *w, int64_t r, int64_t i, int v)
     *b = (uint8_t)(i & 1 ? (*b & 0x0F) | v << 4 : (*b & 0xF0) | v);
 }
 
-kiln_status kiln_woq_quantize(const float *src, int64_t n, int64_t k, int32_t bits, int32_t group, const char *what,
-                              kiln_woq_weight *out)
+/* Rows quantize independently, so a build spreads them over the process's
+ * thread pool (an 8B checkpoint's seven billion weights took minutes on
+ * one core); the lowest row holding a NaN or an infinity is reported. */
+typedef struct quant_job {
+    const float *src;
+    int64_t k;
+    int32_t bits, group;
+    kiln_woq_weight *w;           /* kiln_woq_quantize */
+    uint8_t *codes;               /* kiln_fp8_quantize */
+    float *scales;
+    _Atomic int64_t bad;          /* the lowest such row, or INT64_MAX */
+} quant_job;
+
+static void note_bad(quant_job *j, int64_t r)
 {
-    kiln_woq_weight w;
-    KILN_TRY(kiln_woq_alloc(&w, bits, group, n, k, what));
-    const int64_t ng = k / group;
-    for (int64_t r = 0; r < n; r++)
+    int64_t cur = atomic_load(&j->bad);
+    while (r < cur && !atomic_compare_exchange_weak(&j->bad, &cur, r)) {
+    }
+}
+
+static void woq_rows(void *arg, int64_t begin, int64_t end)
+{
+    quant_job *j = arg;
+    kiln_woq_weight *wp = j->w;
+    const int64_t k = j->k, ng = k / j->group;
+    const int32_t group = j->group, bits = j->bits;
+    for (int64_t r = begin; r < end; r++)
         for (int64_t g = 0; g < ng; g++) {
-            const float *x = src + r * k + g * group;
+            const float *x = j->src + r * k + g * group;
             float lo = 0, hi = 0;
             int finite = 1;
             for (int32_t i = 0; i < group; i++) {
@@ -70,31 +93,46 @@ kiln_status kiln_woq_quantize(const float *src, int64_t n, int64_t k, int32_t bi
                 finite &= isfinite(x[i]) != 0;
             }
             if (!finite) {
-                kiln_woq_free(&w);
-                return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)r);
+                note_bad(j, r);
+                break;
             }
             /* w / s divided, not multiplied by 1 / s: the rounded
              * reciprocal moves values that sit on a half (a group with
              * max = -min has z = 7.5) to the other side */
             if (bits == 8) {
                 float amax = -lo > hi ? -lo : hi, s = amax / 127.0f;
-                w.scales[r * ng + g] = s;
+                wp->scales[r * ng + g] = s;
                 for (int32_t i = 0; i < group; i++) {
                     float q = s > 0 ? roundf(x[i] / s) : 0.0f;
-                    w.q[r * k + g * group + i] = (uint8_t)(int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
+                    wp->q[r * k + g * group + i] = (uint8_t)(int8_t)(q > 127 ? 127 : q < -127 ? -127 : q);
                 }
                 continue;
             }
             float s = (hi - lo) / 15.0f;
             float zf = s > 0 ? roundf(-lo / s) : 0.0f;
             int z = zf > 15 ? 15 : zf < 0 ? 0 : (int)zf;
-            w.scales[r * ng + g] = s;
-            w.zeros[r * ng + g] = (uint8_t)z;
+            wp->scales[r * ng + g] = s;
+            wp->zeros[r * ng + g] = (uint8_t)z;
             for (int32_t i = 0; i < group; i++) {
                 float q = (s > 0 ? roundf(x[i] / s) : 0.0f) + (float)z;
-                set_q4(&w, r, g * group + i, q > 15 ? 15 : q < 0 ? 0 : (int)q);
+                set_q4(wp, r, g * group + i, q > 15 ? 15 : q < 0 ? 0 : (int)q);
             }
         }
+}
+
+kiln_status kiln_woq_quantize(const float *src, int64_t n, int64_t k, int32_t bits, int32_t group, const char *what,
+                              kiln_woq_weight *out)
+{
+    kiln_woq_weight w;
+    KILN_TRY(kiln_woq_alloc(&w, bits, group, n, k, what));
+    quant_job j = {.src = src, .k = k, .bits = bits, .group = group, .w = &w};
+    atomic_init(&j.bad, INT64_MAX);
+    kiln_threadpool_run(kiln_threadpool_global(), n, woq_rows, &j);
+    int64_t bad = atomic_load(&j.bad);
+    if (bad != INT64_MAX) {
+        kiln_woq_free(&w);
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)bad);
+    }
     *out = w;
     return KILN_OK;
 }
@@ -186,20 +224,34 @@ void kiln_woq_dequantize(const kiln_woq_weight *w, float *dst)
         }
 }
 
-kiln_status kiln_fp8_quantize(const float *w, int64_t n, int64_t k, const char *what, uint8_t *codes, float *scales)
+static void fp8_rows(void *arg, int64_t begin, int64_t end)
 {
-    for (int64_t r = 0; r < n; r++) {
-        const float *x = w + r * k;
+    quant_job *j = arg;
+    const int64_t k = j->k;
+    for (int64_t r = begin; r < end; r++) {
+        const float *x = j->src + r * k;
         float a = 0;
-        for (int64_t i = 0; i < k; i++) {
-            if (!isfinite(x[i]))
-                return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)r);
+        int64_t i = 0;
+        for (; i < k && isfinite(x[i]); i++)
             a = fabsf(x[i]) > a ? fabsf(x[i]) : a;
+        if (i < k) {
+            note_bad(j, r);
+            continue;
         }
         float inv = a > 0 ? KILN_E4M3_MAX / a : 0.0f;
-        scales[r] = a / KILN_E4M3_MAX;
-        for (int64_t i = 0; i < k; i++)
-            codes[r * k + i] = kiln_f32_to_e4m3(x[i] * inv);
+        j->scales[r] = a / KILN_E4M3_MAX;
+        for (i = 0; i < k; i++)
+            j->codes[r * k + i] = kiln_f32_to_e4m3(x[i] * inv);
     }
+}
+
+kiln_status kiln_fp8_quantize(const float *w, int64_t n, int64_t k, const char *what, uint8_t *codes, float *scales)
+{
+    quant_job j = {.src = w, .k = k, .codes = codes, .scales = scales};
+    atomic_init(&j.bad, INT64_MAX);
+    kiln_threadpool_run(kiln_threadpool_global(), n, fp8_rows, &j);
+    int64_t bad = atomic_load(&j.bad);
+    if (bad != INT64_MAX)
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)bad);
     return KILN_OK;
 }

@@ -67,6 +67,17 @@ static void test_rtn(void)
     CHECK_FAILS(kiln_woq_quantize(w, n, k, 4, 64, "wnan", &q), KILN_ERROR_FORMAT, "NaN");
     free(w);
     free(d);
+    /* rows are quantized in parallel: the lowest bad row is the one named */
+    const int64_t rows = 64;
+    float *big = calloc((size_t)(rows * k), sizeof(float)), sc[64];
+    uint8_t *codes = malloc((size_t)(rows * k));
+    big[40 * k + 9] = INFINITY;
+    big[17 * k + 200] = NAN;
+    CHECK_FAILS(kiln_woq_quantize(big, rows, k, 8, (int32_t)k, "rows", &q), KILN_ERROR_FORMAT, "row 17 holds");
+    CHECK_FAILS(kiln_woq_quantize(big, rows, k, 4, 64, "rows", &q), KILN_ERROR_FORMAT, "row 17 holds");
+    CHECK_FAILS(kiln_fp8_quantize(big, rows, k, "rows", codes, sc), KILN_ERROR_FORMAT, "row 17 holds");
+    free(big);
+    free(codes);
 }
 
 static int q4(const kiln_woq_weight *w, int64_t r, int64_t i)
