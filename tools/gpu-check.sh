@@ -16,33 +16,14 @@ set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-deps="$root/.gpu-deps"
 build="$root/build-gpu"
 logs="${OUT:-$build}/logs"
 mkdir -p "$logs"
 start=$(date +%s)
 jobs=$(nproc)
-
-# tools/gpu-deps.sh also packs the folder (40 MB) as .gpu-deps.tar.xz (6 MB),
-# the lighter thing to carry.
-if [ ! -d "$deps/lib/pkgconfig" ] && [ -f "$root/.gpu-deps.tar.xz" ]; then
-    tar xJf "$root/.gpu-deps.tar.xz" -C "$root"
-fi
-if [ ! -d "$deps/lib/pkgconfig" ]; then
-    echo "gpu-check: $deps is missing: run tools/gpu-deps.sh on the CPU machine and carry .gpu-deps" >&2
-    exit 2
-fi
-# Link names, in case the copy that came here dropped symlinks.
-for n in jansson xxhash pcre2-8 openblas; do
-    if [ ! -e "$deps/lib/lib$n.so" ]; then
-        so=$(cd "$deps/lib" && ls "lib$n.so."* 2>/dev/null | head -n1)
-        [ -n "$so" ] && ln -sf "$so" "$deps/lib/lib$n.so"
-    fi
-done
-export PKG_CONFIG_PATH="$deps/lib/pkgconfig"
-export LD_LIBRARY_PATH="$deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export PATH="/usr/local/cuda/bin:$PATH"
-command -v pkg-config >/dev/null 2>&1 || export PATH="$PATH:$deps/bin"
+KILN_GPU_LOGS=$logs
+# the carried dependencies, the paths and kiln_gpu_build
+. "$root/tools/gpu-env.sh" || exit 2
 
 declare -a rows=()
 status=0
@@ -57,19 +38,7 @@ want() { case " ${KILN_GPU_STAGES:-tests llm bench} " in *" $1 "*) return 0 ;; e
 
 # ---- configure and build ------------------------------------------------------------
 echo "gpu-check: configure + build ($jobs jobs), logs in $logs"
-# Release at -O2: the level CI checks -Werror at (GCC's -O3 warns about
-# more, e.g. maybe-uninitialized, and a warning must not stop the check).
-# CMAKE_CUDA_ARCHITECTURES too, so nvcc's own default never applies.
-if ! cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_C_FLAGS="-Wno-error=maybe-uninitialized" \
-        -DKILN_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_ARCHITECTURES=90 >"$logs/configure.log" 2>&1; then
-    tail -n 30 "$logs/configure.log"
-    echo "gpu-check: configure FAILED"
-    exit 1
-fi
-grep -q "CUDA backend ON" "$logs/configure.log" || echo "gpu-check: warning: CUDA backend is OFF (no nvcc?)"
-if ! ninja -C "$build" -j "$jobs" >"$logs/build.log" 2>&1; then
-    grep -E "error|FAILED" "$logs/build.log" | head -n 30
+if ! kiln_gpu_build; then
     echo "gpu-check: build FAILED"
     exit 1
 fi

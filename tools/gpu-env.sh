@@ -1,0 +1,52 @@
+# Sourced on the GPU machine, from the repository root, by tools/gpu-check.sh
+# and by one-off device calls: unpacks the carried .gpu-deps.tar.xz (made by
+# tools/gpu-deps.sh) where .gpu-deps is missing, puts its libraries and
+# pkg-config files and CUDA on the paths, and defines
+#   kiln_gpu_build [TARGET...]   configure build-gpu (Release, sm_90) and
+#                                build the targets (all without any); logs
+#                                in $KILN_GPU_LOGS/build.log
+# so that a measurement on the lent machine is
+#   . tools/gpu-env.sh && kiln_gpu_build kiln_cli kiln_bench && build-gpu/bin/kiln ...
+# Returns 2 (from the source) when the dependencies are not there.
+kiln_root=$(pwd)
+kiln_deps="$kiln_root/.gpu-deps"
+if [ ! -d "$kiln_deps/lib/pkgconfig" ] && [ -f "$kiln_root/.gpu-deps.tar.xz" ]; then
+    tar xJf "$kiln_root/.gpu-deps.tar.xz" -C "$kiln_root"
+fi
+if [ ! -d "$kiln_deps/lib/pkgconfig" ]; then
+    echo "gpu-env: $kiln_deps is missing: run tools/gpu-deps.sh on the CPU machine and carry .gpu-deps.tar.xz" >&2
+    return 2
+fi
+# Link names, in case the copy that came here dropped symlinks.
+for kiln_lib in jansson xxhash pcre2-8 openblas; do
+    if [ ! -e "$kiln_deps/lib/lib$kiln_lib.so" ]; then
+        kiln_so=$(cd "$kiln_deps/lib" && ls "lib$kiln_lib.so."* 2>/dev/null | head -n1)
+        [ -n "$kiln_so" ] && ln -sf "$kiln_so" "$kiln_deps/lib/lib$kiln_lib.so"
+    fi
+done
+export PKG_CONFIG_PATH="$kiln_deps/lib/pkgconfig"
+export LD_LIBRARY_PATH="$kiln_deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="/usr/local/cuda/bin:$PATH"
+command -v pkg-config >/dev/null 2>&1 || export PATH="$PATH:$kiln_deps/bin"
+export KILN_BUILD_DIR="$kiln_root/build-gpu"
+: "${KILN_GPU_LOGS:=${OUT:-$KILN_BUILD_DIR}/logs}"
+mkdir -p "$KILN_GPU_LOGS"
+
+# Release at -O2: the level CI checks -Werror at (GCC's -O3 warns about
+# more, e.g. maybe-uninitialized, and a warning must not stop the check).
+# CMAKE_CUDA_ARCHITECTURES too, so nvcc's own default never applies.
+kiln_gpu_build() {
+    if ! cmake -S "$kiln_root" -B "$KILN_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_C_FLAGS="-Wno-error=maybe-uninitialized" \
+            -DKILN_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_ARCHITECTURES=90 >"$KILN_GPU_LOGS/configure.log" 2>&1; then
+        tail -n 30 "$KILN_GPU_LOGS/configure.log"
+        echo "gpu-env: configure FAILED" >&2
+        return 1
+    fi
+    grep -q "CUDA backend ON" "$KILN_GPU_LOGS/configure.log" || echo "gpu-env: warning: CUDA backend is OFF (no nvcc?)" >&2
+    if ! ninja -C "$KILN_BUILD_DIR" -j "$(nproc)" "$@" >"$KILN_GPU_LOGS/build.log" 2>&1; then
+        grep -E "error|FAILED" "$KILN_GPU_LOGS/build.log" | head -n 30
+        echo "gpu-env: build FAILED" >&2
+        return 1
+    fi
+}
