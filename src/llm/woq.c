@@ -57,16 +57,16 @@ static void set_q4(kiln_woq_weight *w, int64_t r, int64_t i, int v)
 }
 
 /* Rows quantize independently, so a build spreads them over the process's
- * thread pool (an 8B checkpoint's seven billion weights took minutes on
- * one core); the lowest row holding a NaN or an infinity is reported. */
+ * thread pool (an 8B checkpoint has seven billion weights); the lowest
+ * row holding a NaN or an infinity is reported. */
 typedef struct quant_job {
     const float *src;
     int64_t k;
     int32_t bits, group;
-    kiln_woq_weight *w;           /* kiln_woq_quantize */
-    uint8_t *codes;               /* kiln_fp8_quantize */
+    kiln_woq_weight *w; /* kiln_woq_quantize */
+    uint8_t *codes;     /* kiln_fp8_quantize */
     float *scales;
-    _Atomic int64_t bad;          /* the lowest such row, or INT64_MAX */
+    _Atomic int64_t bad; /* the lowest such row, or INT64_MAX */
 } quant_job;
 
 static void note_bad(quant_job *j, int64_t r)
