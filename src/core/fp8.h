@@ -42,8 +42,9 @@ KILN_HD uint8_t kiln_f32_to_e4m3(float f)
         return s | (uint8_t)rintf(a * 512.0f);
     /* a in [2^e, 2^(e+1)), e in -6..8: its 23 mantissa bits rounded to 3,
      * to nearest, ties to even, on the integer bits (the build quantizes
-     * billions of weights through this: frexpf and ldexpf were most of it);
-     * a carry out of the mantissa (q = 8) moves to the next exponent */
+     * billions of weights through this; frexpf and ldexpf took about a
+     * third of its time); a carry out of the mantissa (q = 8) moves to the
+     * next exponent */
     const uint32_t b = kiln_f32_to_bits(a), m = b & 0x7FFFFF, rem = m & 0xFFFFF;
     const int e = (int)(b >> 23) - 127;
     const uint32_t q = (m >> 20) + (rem > 0x80000 || (rem == 0x80000 && (m >> 20 & 1)));
