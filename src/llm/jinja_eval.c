@@ -171,15 +171,21 @@ static size_t ws_before(const char *s, size_t n)
     return 0;
 }
 
-/* str.strip/lstrip/rstrip: whitespace, or any byte of `chars` (ASCII sets). */
+/* str.strip/lstrip/rstrip: whitespace, or any byte of `chars` (ASCII
+ * sets), looked up in a table: a search of `chars` per byte made a long
+ * set over a long string cost their product (a fuzzer's template took
+ * seconds within the work budget, which counts the string once). */
 static jv strip(jv s, int left, int right, const jv *chars)
 {
     const char *p = s.u.s.p;
     size_t n = s.u.s.n, k;
     if (chars && chars->t == JV_STR) {
-        while (left && n && memchr(chars->u.s.p, *p, chars->u.s.n))
+        unsigned char in[256] = {0};
+        for (size_t i = 0; i < chars->u.s.n; i++)
+            in[(unsigned char)chars->u.s.p[i]] = 1;
+        while (left && n && in[(unsigned char)*p])
             p++, n--;
-        while (right && n && memchr(chars->u.s.p, p[n - 1], chars->u.s.n))
+        while (right && n && in[(unsigned char)p[n - 1]])
             n--;
     } else {
         while (left && n && (k = ws_at(p, n)))
