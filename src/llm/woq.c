@@ -76,6 +76,18 @@ static void note_bad(quant_job *j, int64_t r)
     }
 }
 
+/* Runs fn over the job's n rows on the pool; the error names the lowest
+ * row that held a NaN or an infinity. */
+static kiln_status quant_run(quant_job *j, int64_t n, kiln_parallel_fn fn, const char *what)
+{
+    atomic_init(&j->bad, INT64_MAX);
+    kiln_threadpool_run(kiln_threadpool_global(), n, fn, j);
+    int64_t bad = atomic_load(&j->bad);
+    if (bad != INT64_MAX)
+        return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)bad);
+    return KILN_OK;
+}
+
 static void woq_rows(void *arg, int64_t begin, int64_t end)
 {
     quant_job *j = arg;
@@ -126,12 +138,10 @@ kiln_status kiln_woq_quantize(const float *src, int64_t n, int64_t k, int32_t bi
     kiln_woq_weight w;
     KILN_TRY(kiln_woq_alloc(&w, bits, group, n, k, what));
     quant_job j = {.src = src, .k = k, .bits = bits, .group = group, .w = &w};
-    atomic_init(&j.bad, INT64_MAX);
-    kiln_threadpool_run(kiln_threadpool_global(), n, woq_rows, &j);
-    int64_t bad = atomic_load(&j.bad);
-    if (bad != INT64_MAX) {
+    kiln_status st = quant_run(&j, n, woq_rows, what);
+    if (st != KILN_OK) {
         kiln_woq_free(&w);
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)bad);
+        return st;
     }
     *out = w;
     return KILN_OK;
@@ -248,10 +258,5 @@ static void fp8_rows(void *arg, int64_t begin, int64_t end)
 kiln_status kiln_fp8_quantize(const float *w, int64_t n, int64_t k, const char *what, uint8_t *codes, float *scales)
 {
     quant_job j = {.src = w, .k = k, .codes = codes, .scales = scales};
-    atomic_init(&j.bad, INT64_MAX);
-    kiln_threadpool_run(kiln_threadpool_global(), n, fp8_rows, &j);
-    int64_t bad = atomic_load(&j.bad);
-    if (bad != INT64_MAX)
-        return kiln_fail(KILN_ERROR_FORMAT, "%s: row %lld holds a NaN or infinity", what, (long long)bad);
-    return KILN_OK;
+    return quant_run(&j, n, fp8_rows, what);
 }
