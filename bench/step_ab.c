@@ -13,26 +13,15 @@
  * With --instances the engine is opened twice, under NAME=A and NAME=B
  * (settings read when an engine opens), and their steps alternate. Each
  * request is greedy, ignores EOS and has a fixed pseudo-random prompt; the
- * prefill steps are not counted. Uses only <kiln/kiln.h>. */
+ * prefill steps are not counted. Uses the public API (<kiln/kiln.h>) and
+ * bench_util.h's clock. */
 #include <kiln/kiln.h>
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
+#include "bench_util.h"
 
 static void on_finish(void *user, kiln_llm_result *result)
 {
