@@ -21,23 +21,9 @@ expect_ok "kiln bench --throughput --help" "$KILN" bench --throughput --help
 expect_stdout "the help prints usage" "^usage: kiln bench ENGINE --throughput"
 expect_ok "build llama f32, 32 sequences a step" "$KILN" build "$DATA/llama" -o "$E" --max-seq-len 128 --max-batch 32
 
-check() { # WHAT PYTHON-CONDITIONS: evaluates them on the JSON in $OUT
-  local what=$1
-  shift
-  echo "case: $what"
-  if python3 - "$OUT" "$@" <<'PY'; then PASSED=$((PASSED + 1)); else fail "$what: $(cat "$OUT")"; fi
-import json, sys
-r = json.load(open(sys.argv[1]))
-for cond in sys.argv[2:]:
-    if not eval(cond, dict(r=r)):
-        print("failed:", cond, file=sys.stderr)
-        sys.exit(1)
-PY
-}
-
 expect_ok "all at once, a tiny cache" "$KILN" bench "$E" --throughput --requests 40 --input-len 24 --output-len 100 \
   --kv-cache-mb 1 --json
-check "figures, counts and preemptions" \
+check_json "figures, counts and preemptions" \
   'r["requests"] == 40 and r["prompt_tokens"] == 40 * 24 and r["output_tokens"] == 40 * 100' \
   'all(r[k] > 0 for k in ["duration_s", "output_tok_s", "total_tok_s", "requests_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "steps"])' \
   'abs(r["output_tok_s"] * r["duration_s"] - 4000) < 1 and abs(r["total_tok_s"] * r["duration_s"] - 4960) < 1' \
@@ -48,18 +34,18 @@ check "figures, counts and preemptions" \
 
 expect_ok "no-evict admission, the same tiny cache" "$KILN" bench "$E" --throughput --requests 40 --input-len 24 \
   --output-len 100 --kv-cache-mb 1 --no-evict --json
-check "nothing preempted" 'r["admission"] == "no-evict" and r["preemptions"] == 0 and r["output_tokens"] == 4000'
+check_json "nothing preempted" 'r["admission"] == "no-evict" and r["preemptions"] == 0 and r["output_tokens"] == 4000'
 
 expect_ok "a shared prefix" "$KILN" bench "$E" --throughput --requests 12 --input-len 30 --output-len 8 \
   --prefix-len 20 --json
-check "the prefix is reused" 'r["prefix_hit_tokens"] >= 11 * 16 and r["prefix_len"] == 20'
+check_json "the prefix is reused" 'r["prefix_hit_tokens"] >= 11 * 16 and r["prefix_len"] == 20'
 expect_ok "the same without prefix caching" "$KILN" bench "$E" --throughput --requests 12 --input-len 30 \
   --output-len 8 --prefix-len 20 --no-prefix-caching --json
-check "no prefix hits" 'r["prefix_hit_tokens"] == 0 and r["prefix_caching"] is False'
+check_json "no prefix hits" 'r["prefix_hit_tokens"] == 0 and r["prefix_caching"] is False'
 
 expect_ok "spread lengths, Poisson arrivals" "$KILN" bench "$E" --throughput --requests 30 --input-len 40 \
   --output-len 20 --input-dist uniform --output-dist normal --spread 0.5 --rate 500 --json
-check "spread and arrivals" 'r["input_dist"] == "uniform" and r["output_dist"] == "normal" and r["rate"] == 500' \
+check_json "spread and arrivals" 'r["input_dist"] == "uniform" and r["output_dist"] == "normal" and r["rate"] == 500' \
   'r["output_tokens"] > 0 and r["prompt_tokens"] > 0 and r["output_tok_s"] > 0'
 expect_ok "text output" "$KILN" bench "$E" --throughput --requests 4 --input-len 8 --output-len 4
 expect_stdout "the text names output throughput" "output throughput: .* tok/s"

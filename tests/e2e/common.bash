@@ -47,6 +47,22 @@ expect_ok() {
   return 0
 }
 
+# check_json WHAT PYTHON-CONDITIONS...: every condition (a Python
+# expression over r, the JSON object in $OUT) holds.
+check_json() {
+  local what=$1
+  shift
+  echo "case: $what"
+  if python3 - "$OUT" "$@" <<'PY'; then PASSED=$((PASSED + 1)); else fail "$what: $(cat "$OUT")"; fi
+import json, sys
+r = json.load(open(sys.argv[1]))
+for cond in sys.argv[2:]:
+    if not eval(cond, dict(r=r)):
+        print("failed:", cond, file=sys.stderr)
+        sys.exit(1)
+PY
+}
+
 # expect_error CODE WHAT 'KEYWORD|KEYWORD...' CMD...: exit status exactly
 # CODE (so a crash, >= 128, never passes), stderr exactly one line
 # starting "kiln: error:" and containing every keyword.

@@ -11,29 +11,15 @@ E=$TMP/llama.engine
 expect_ok "step_ab --help" "$AB" --help
 expect_ok "build llama f32" "$KILN" build "$KILN_SOURCE_DIR/tests/data/llm/llama" -o "$E" --max-seq-len 128
 
-check() { # WHAT PYTHON-CONDITIONS on the JSON in $OUT
-  local what=$1
-  shift
-  echo "case: $what"
-  if python3 - "$OUT" "$@" <<'PY'; then PASSED=$((PASSED + 1)); else fail "$what: $(cat "$OUT")"; fi
-import json, sys
-r = json.load(open(sys.argv[1]))
-for cond in sys.argv[2:]:
-    if not eval(cond, dict(r=r)):
-        print("failed:", cond, file=sys.stderr)
-        sys.exit(1)
-PY
-}
-
 # 3 requests of 20 tokens: 20 steps each (the prompt's, then 19 decodes),
 # the first two not counted
 expect_ok "one engine, the variable set before each step" \
   "$AB" "$E" --env KILN_STEP_AB_TEST=a,b --prompt-len 12 --gen-len 20 --requests 3 --block 2 --json
-check "counts and ratios (one engine)" "r['steps'] == 3 * 18" "r['instances'] == 0" "r['step_ms_a'] > 0" \
+check_json "counts and ratios (one engine)" "r['steps'] == 3 * 18" "r['instances'] == 0" "r['step_ms_a'] > 0" \
   "r['step_ms_b'] > 0" "0 < r['block_ratio_p25'] <= r['block_ratio_median'] <= r['block_ratio_p75']" \
   "r['variable'] == 'KILN_STEP_AB_TEST' and r['a'] == 'a' and r['b'] == 'b'"
 expect_ok "two instances" "$AB" "$E" --env KILN_STEP_AB_TEST=a,b --prompt-len 12 --gen-len 20 --requests 3 --instances --json
-check "counts (two instances)" "r['steps'] == 2 * 3 * 18" "r['instances'] == 1" "r['blocks'] > 0"
+check_json "counts (two instances)" "r['steps'] == 2 * 3 * 18" "r['instances'] == 1" "r['blocks'] > 0"
 
 bad() { # WHAT KEYWORD ARGS...: status 2, stderr's first line "step_ab: error:" with KEYWORD
   local what=$1 key=$2
