@@ -1,7 +1,7 @@
 /* attention_bench: kiln/PagedAttention on the GPU at the Llama-3.1-8B shape
  * (32 query heads, 8 kv heads, head_dim 128, bf16, KV blocks of 16 tokens).
  *
- *   attention_bench [--reps N] [--sweep]
+ *   attention_bench [--reps N] [--sweep] [--prefill]
  *
  * Decode (one new token per sequence): batch 1 at contexts 136 (also with
  * a table sized for an 8448-token engine: the splits planned for it, as a
@@ -31,10 +31,11 @@
  * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
  * ("graph", as the engine replays decode). Inputs rotate among copies
  * whose caches together exceed the L2 cache, so a small case is not timed
- * out of L2. With --sweep, kat_pipe runs again at KILN_ATTENTION_PIPE_CTAS
+ * out of L2. --prefill times the prefill cases alone. With --sweep, kat_pipe runs again at KILN_ATTENTION_PIPE_CTAS
  * = 128, 264 and 1056 (the CTAs it aims for when splitting; default 528).
- * Prefill of one 512- and one 2048-token prompt: causal
- * attention FLOPs (4 * heads * head_dim per query-key pair at or before
+ * Prefill of one 512-, 2048- and 8192-token prompt, each with kat_prefill's
+ * default 64-row CTAs and its 128-row ones (KILN_ATTENTION_PREFILL_MT=2):
+ * causal attention FLOPs (4 * heads * head_dim per query-key pair at or before
  * the query) per second. Every figure is the median of --reps (default 50)
  * runs timed with CUDA events after warm-up. Needs a GPU (exits 77 without
  * one). */
@@ -54,7 +55,7 @@
 
 static cudaStream_t stream;
 static cudaEvent_t ev0, ev1;
-static int reps = 50, sweep;
+static int reps = 50, sweep, prefill_only;
 
 static int cmp_float(const void *a, const void *b)
 {
@@ -336,10 +337,12 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 5) {
             reps = atoi(argv[++i]);
+        } else if (strcmp(argv[i], "--prefill") == 0) {
+            prefill_only = 1;
         } else if (strcmp(argv[i], "--sweep") == 0) {
             sweep = 1;
         } else {
-            fprintf(stderr, "usage: attention_bench [--reps N (>= 5)] [--sweep]\n");
+            fprintf(stderr, "usage: attention_bench [--reps N (>= 5)] [--sweep] [--prefill]\n");
             return 2;
         }
     }
@@ -381,23 +384,32 @@ int main(int argc, char **argv)
         {"512 sequences, 1000..2000", 512, 1000, 2000, 0},
         {"1024 sequences, 128..256", 1024, 128, 256, 0},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !prefill_only; i++)
         bench_decode(dev, reg, &cases[i], copy_bw);
     printf("(TB/s and of copy bw from the graph time)\n");
     printf("\n%-26s %10s %12s %9s\n", "prefill (one prompt)", "time us", "GFLOP", "TFLOP/s");
-    const int64_t lens[2] = {512, 2048};
-    for (int i = 0; i < 2; i++) {
-        attn_job j;
-        const int32_t len = (int32_t)lens[i];
-        attn_setup(&j, dev, reg, 1, lens[i], &len, (len + BS - 1) / BS);
-        float ms = time_ms(run_attn, &j);
-        double pairs = (double)lens[i] * (double)(lens[i] + 1) / 2.0;
-        double flop = 4.0 * NH * HD * pairs;
-        char name[64];
-        snprintf(name, sizeof name, "%lld tokens", (long long)lens[i]);
-        printf("%-26s %10.1f %12.2f %9.1f\n", name, ms * 1e3, flop / 1e9, flop / (ms * 1e-3) / 1e12);
-        attn_free(&j);
-    }
+    const int64_t lens[3] = {512, 2048, 8192};
+    /* kat_prefill's default 64-row CTAs, and its 128-row ones (KILN_ATTENTION_PREFILL_MT=2) */
+    const char *mts[2] = {NULL, "2"};
+    for (int i = 0; i < 3; i++)
+        for (int v = 0; v < 2; v++) {
+            attn_job j;
+            const int32_t len = (int32_t)lens[i];
+            if (mts[v])
+                setenv("KILN_ATTENTION_PREFILL_MT", mts[v], 1);
+            else
+                unsetenv("KILN_ATTENTION_PREFILL_MT");
+            attn_setup(&j, dev, reg, 1, lens[i], &len, (len + BS - 1) / BS);
+            float ms = time_ms(run_attn, &j);
+            double pairs = (double)lens[i] * (double)(lens[i] + 1) / 2.0;
+            double flop = 4.0 * NH * HD * pairs;
+            char name[64];
+            snprintf(name, sizeof name, "%lld tokens%s%s", (long long)lens[i], mts[v] ? ", rows/warp x" : "",
+                     mts[v] ? mts[v] : "");
+            printf("%-26s %10.1f %12.2f %9.1f\n", name, ms * 1e3, flop / 1e9, flop / (ms * 1e-3) / 1e12);
+            attn_free(&j);
+        }
+    unsetenv("KILN_ATTENTION_PREFILL_MT");
     cudaEventDestroy(ev0);
     cudaEventDestroy(ev1);
     cudaStreamDestroy(stream);

@@ -72,6 +72,7 @@
 #include <cuda_bf16.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -153,10 +154,20 @@ __device__ __forceinline__ kat_tok kat_token(const kiln_attention_cuda_args &a, 
  * -1 when the table names a block outside the cache. */
 __device__ __forceinline__ int64_t kat_krow(const kiln_attention_cuda_args &a, int64_t s, int64_t pos, int64_t kvh)
 {
-    int64_t block = a.table[s * a.max_blocks + pos / a.block_size];
+    /* the block and the row in it by a 32-bit division where pos fits (a
+     * 64-bit one is a long software routine, and kat_prefill takes a row a
+     * key) */
+    int64_t bi, r;
+    if (pos >= 0 && pos <= INT32_MAX) {
+        const int32_t p32 = (int32_t)pos, q = p32 / a.block_size;
+        bi = q, r = p32 - q * a.block_size;
+    } else {
+        bi = pos / a.block_size, r = pos % a.block_size;
+    }
+    int64_t block = a.table[s * a.max_blocks + bi];
     if (block < 0 || block >= a.n_blocks)
         return -1;
-    return (((block * 2) * a.n_kv_heads + kvh) * a.block_size + pos % a.block_size) * a.head_dim;
+    return (((block * 2) * a.n_kv_heads + kvh) * a.block_size + r) * a.head_dim;
 }
 
 __device__ __forceinline__ int64_t kat_vdelta(const kiln_attention_cuda_args &a)
@@ -769,8 +780,21 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_combine(kiln_attention_cuda_a
 
 /* ---- 2a. prefill: flash attention on tensor cores ----------------------------------- */
 
-#define KAT_BQ 64 /* query rows per CTA: 16 per warp */
-#define KAT_BK 64 /* keys per tile */
+/* A kat_prefill CTA takes 64 * MT query rows (16 * MT a warp: MT m-tiles
+ * of 16 that share every K and V fragment the warp reads from shared
+ * memory) and keys in tiles of kat_prefill_bk<MT, D>::value. MT = 2 halves
+ * the shared-memory reads per mma (FlashAttention-2's 128-row blocks) at
+ * 255 registers; it is not the default (kat_launch_prefill says why). What
+ * held the kernel (ncu, 2,048 tokens at the 8B shape: issue slots 35% busy,
+ * 0.5 eligible warps a scheduler at 2 CTAs an SM, the integer pipe the
+ * busiest, 40% of the stalls on fixed-latency dependencies) was integer
+ * work and dependency chains around the mma: a 64-bit division a key for
+ * its cache row (kat_krow), the loads' address arithmetic, 64-bit causal
+ * masks, and the row maxima and sums as serial chains; without them the
+ * kernel took 285 us instead of 344. */
+template <int MT, int D> struct kat_prefill_bk {
+    static constexpr int value = MT == 2 && D == 128 ? 32 : 64;
+};
 
 template <int DT> struct kat_mma;
 template <> struct kat_mma<KILN_DTYPE_F16> {
@@ -858,9 +882,10 @@ __device__ __forceinline__ void kat_ldmatrix_t(uint32_t *r, const void *smem)
 }
 
 /* Which (sequence, tile) CTA x takes: tiles numbered sequence by sequence
- * (ceil(n_new * gq / KAT_BQ) each), found by a block-wide prefix sum over
+ * (ceil(n_new * gq / bq) each), found by a block-wide prefix sum over
  * the sequences. Returns the sequence, or -1 when x is past the last tile. */
-__device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, int64_t gq, int64_t *tile_out)
+__device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, int64_t gq, int64_t bq,
+                                 int64_t *tile_out)
 {
     __shared__ int64_t s_warp[KAT_THREADS / 32];
     __shared__ int64_t s_found[2];
@@ -870,7 +895,7 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
     for (int64_t s = lo; s < hi; s++) {
         int64_t n = (int64_t)a.qstart[s + 1] - a.qstart[s];
         n = n < 0 ? 0 : n > a.tokens ? a.tokens : n;
-        cnt += (n * gq + KAT_BQ - 1) / KAT_BQ;
+        cnt += (n * gq + bq - 1) / bq;
     }
     if (threadIdx.x == 0)
         s_found[0] = -1;
@@ -892,7 +917,7 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
     for (int64_t s = lo; s < hi; s++) {
         int64_t n = (int64_t)a.qstart[s + 1] - a.qstart[s];
         n = n < 0 ? 0 : n > a.tokens ? a.tokens : n;
-        int64_t nt = (n * gq + KAT_BQ - 1) / KAT_BQ;
+        int64_t nt = (n * gq + bq - 1) / bq;
         if (x >= base && x < base + nt) {
             s_found[0] = s;
             s_found[1] = x - base;
@@ -911,15 +936,16 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
  * per head. F8: the cache holds E4M3 codes, widened to DT on their way
  * into shared memory (kat_prefill_load). Warp w owns rows 16w..16w+15 of the tile; in the mma fragments
  * lane l holds rows l/4 and l/4 + 8 and columns 2(l%4), +1. */
-template <int DT, int D, bool F8>
+template <int DT, int D, bool F8, int MT>
 __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
 {
     constexpr int LDS = D + 8; /* smem row pitch (elements): 16-byte rows, no bank conflicts */
     constexpr int KC = D / 16; /* k-steps of QK^T */
     constexpr int ND = D / 8;  /* n-tiles of the output */
-    __shared__ __align__(16) uint16_t sK[KAT_BK * LDS];
-    __shared__ __align__(16) uint16_t sV[KAT_BK * LDS];
-    __shared__ int64_t s_off[2][KAT_BK]; /* K row offsets of the keys of tiles kt (kt & 1) and kt + 1 */
+    constexpr int BQ = 64 * MT, BK = kat_prefill_bk<MT, D>::value;
+    __shared__ __align__(16) uint16_t sK[BK * LDS];
+    __shared__ __align__(16) uint16_t sV[BK * LDS];
+    __shared__ int64_t s_off[2][BK]; /* K row offsets of the keys of tiles kt (kt & 1) and kt + 1 */
     __shared__ int s_bad;
 
     kcu_after_prior();
@@ -927,14 +953,14 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
         s_bad = 0; /* published by kat_find_tile's barriers */
     int64_t tile_in_seq;
     const int64_t gq = a.n_heads / a.n_kv_heads, kvh = blockIdx.y;
-    const int64_t s = kat_find_tile(a, blockIdx.x, gq, &tile_in_seq);
+    const int64_t s = kat_find_tile(a, blockIdx.x, gq, BQ, &tile_in_seq);
     if (s < 0)
         return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tig = lane & 3;
     const int64_t first = a.qstart[s], n_new = (int64_t)a.qstart[s + 1] - first, len = a.seq_lens[s];
-    const int64_t n_qt = (n_new * gq + KAT_BQ - 1) / KAT_BQ;
-    const int64_t m0 = (n_qt - 1 - tile_in_seq) * KAT_BQ; /* first row; the longest tiles of a sequence first */
-    const int64_t rows = min((int64_t)KAT_BQ, n_new * gq - m0);
+    const int64_t n_qt = (n_new * gq + BQ - 1) / BQ;
+    const int64_t m0 = (n_qt - 1 - tile_in_seq) * BQ; /* first row; the longest tiles of a sequence first */
+    const int64_t rows = min((int64_t)BQ, n_new * gq - m0);
     const int64_t out_ld = (int64_t)a.n_heads * D;
     /* element offset of row m of the tile in a [tokens, n_heads * head_dim] tensor with rows ld apart */
 #define KAT_ROW(m, ld) ((first + (m0 + (m)) / gq) * (ld) + (kvh * gq + (m0 + (m)) % gq) * D)
@@ -946,23 +972,34 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
     }
     /* positions of the tile's first and last rows' tokens */
     const int64_t p_first = len - n_new + m0 / gq, p_last = len - n_new + (m0 + rows - 1) / gq;
-    const int ra = warp * 16 + gr, rb = ra + 8; /* this thread's two rows of the tile */
+    /* this thread's two rows of each m-tile mt: ra[mt] and rb[mt] = ra[mt] + 8 */
+    int ra[MT], rb[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        ra[mt] = mt * 64 + warp * 16 + gr, rb[mt] = ra[mt] + 8;
 
-    uint32_t qa[KC][4];
+    uint32_t qa[MT][KC][4];
 #pragma unroll
-    for (int kc = 0; kc < KC; kc++) {
-        const uint32_t *qr_a = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(ra, a.q_ld) + kc * 16);
-        const uint32_t *qr_b = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(rb, a.q_ld) + kc * 16);
-        qa[kc][0] = ra < rows ? qr_a[tig] : 0u;
-        qa[kc][1] = rb < rows ? qr_b[tig] : 0u;
-        qa[kc][2] = ra < rows ? qr_a[4 + tig] : 0u;
-        qa[kc][3] = rb < rows ? qr_b[4 + tig] : 0u;
-    }
-    float o[ND][4];
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-    for (int n = 0; n < ND; n++)
-        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+        for (int kc = 0; kc < KC; kc++) {
+            const uint32_t *qr_a = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(ra[mt], a.q_ld) + kc * 16);
+            const uint32_t *qr_b = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(rb[mt], a.q_ld) + kc * 16);
+            qa[mt][kc][0] = ra[mt] < rows ? qr_a[tig] : 0u;
+            qa[mt][kc][1] = rb[mt] < rows ? qr_b[tig] : 0u;
+            qa[mt][kc][2] = ra[mt] < rows ? qr_a[4 + tig] : 0u;
+            qa[mt][kc][3] = rb[mt] < rows ? qr_b[4 + tig] : 0u;
+        }
+    float o[MT][ND][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    float m_a[MT], m_b[MT], l_a[MT], l_b[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        m_a[mt] = m_b[mt] = -INFINITY, l_a[mt] = l_b[mt] = 0.0f;
     const float sl2 = a.scale * KAT_LOG2E;
     const int64_t vd = kat_vdelta(a);
 
@@ -971,31 +1008,34 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
      * waits for K(kt) while V(kt) may still fly. Rows past p_last and bad
      * blocks are zero-filled (garbage times a zero probability could be
      * NaN). */
-    const int64_t n_kt = (p_last + KAT_BK) / KAT_BK;
-    if (threadIdx.x < KAT_BK) {
+    const int64_t n_kt = (p_last + BK) / BK;
+    if (threadIdx.x < BK) {
         int64_t off = threadIdx.x <= p_last ? kat_krow(a, s, threadIdx.x, kvh) : -2;
         if (off == -1)
             s_bad = 1;
         s_off[0][threadIdx.x] = off;
     }
     __syncthreads();
-    for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
-        int r = c / (D / 8), col = (c % (D / 8)) * 8;
+    /* a thread's 16-byte pieces of a tile: column lc of rows lr, lr + LRS, ... */
+    constexpr int LRS = KAT_THREADS / (D / 8);
+    const int lr = threadIdx.x / (D / 8), lc = (threadIdx.x % (D / 8)) * 8;
+#pragma unroll
+    for (int r = lr; r < BK; r += LRS) {
         int64_t off = s_off[0][r];
-        kat_prefill_load<DT, F8>(&sK[r * LDS + col], a.cache, off >= 0 ? off + col : -1);
+        kat_prefill_load<DT, F8>(&sK[r * LDS + lc], a.cache, off >= 0 ? off + lc : -1);
     }
     kat_cp_commit();
     for (int64_t kt = 0; kt < n_kt; kt++) {
-        const int64_t k0 = kt * KAT_BK;
+        const int64_t k0 = kt * BK;
         const int cur = (int)(kt & 1);
-        for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
-            int r = c / (D / 8), col = (c % (D / 8)) * 8;
+#pragma unroll
+        for (int r = lr; r < BK; r += LRS) {
             int64_t off = s_off[cur][r];
-            kat_prefill_load<DT, F8>(&sV[r * LDS + col], a.cache, off >= 0 ? off + vd + col : -1);
+            kat_prefill_load<DT, F8>(&sV[r * LDS + lc], a.cache, off >= 0 ? off + vd + lc : -1);
         }
         kat_cp_commit();
-        if (kt + 1 < n_kt && threadIdx.x < KAT_BK) {
-            int64_t kp = k0 + KAT_BK + threadIdx.x, off = kp <= p_last ? kat_krow(a, s, kp, kvh) : -2;
+        if (kt + 1 < n_kt && threadIdx.x < BK) {
+            int64_t kp = k0 + BK + threadIdx.x, off = kp <= p_last ? kat_krow(a, s, kp, kvh) : -2;
             if (off == -1)
                 s_bad = 1;
             s_off[cur ^ 1][threadIdx.x] = off;
@@ -1003,103 +1043,145 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
         kat_cp_wait<1>();
         __syncthreads();
 
-        /* S = Q K^T for this warp's 16 rows and the tile's 64 keys */
-        float sc[KAT_BK / 8][4];
+        /* S = Q K^T for this warp's 16 * MT rows and the tile's BK keys: each K
+         * fragment read once for the MT m-tiles */
+        float sc[MT][BK / 8][4];
 #pragma unroll
-        for (int j = 0; j < KAT_BK / 8; j++) {
-            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
-            /* keys 8j..8j+7 by dims 16kc..16kc+31: the B fragments of k-steps kc and kc + 1 */
-            const uint16_t *kr = &sK[(j * 8 + (lane & 7)) * LDS + (lane >> 3) * 8];
+        for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
-            for (int kc = 0; kc < KC; kc += 2) {
+            for (int j = 0; j < BK / 8; j++)
+                sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.0f;
+        }
+        /* k-steps outside, key groups inside: consecutive mma are independent */
+#pragma unroll
+        for (int kc = 0; kc < KC; kc += 2)
+#pragma unroll
+            for (int j = 0; j < BK / 8; j++) {
+                /* keys 8j..8j+7 by dims 16kc..16kc+31: the B fragments of k-steps kc and kc + 1 */
                 uint32_t b[4];
-                kat_ldmatrix(b, kr + kc * 16);
-                kat_mma<DT>::run(sc[j], qa[kc], b[0], b[1]);
-                kat_mma<DT>::run(sc[j], qa[kc + 1], b[2], b[3]);
+                kat_ldmatrix(b, &sK[(j * 8 + (lane & 7)) * LDS + (lane >> 3) * 8 + kc * 16]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    kat_mma<DT>::run(sc[mt][j], qa[mt][kc], b[0], b[1]);
+                    kat_mma<DT>::run(sc[mt][j], qa[mt][kc + 1], b[2], b[3]);
+                }
             }
-        }
         /* scale, causal mask where the tile reaches past the first row's position */
-        const bool mask = k0 + KAT_BK - 1 > p_first;
-        const int64_t pa = len - n_new + (m0 + ra) / gq, pb = len - n_new + (m0 + rb) / gq;
-        float mx_a = -INFINITY, mx_b = -INFINITY;
+        const bool mask = k0 + BK - 1 > p_first;
+        uint32_t pf[MT][BK / 16][4];
 #pragma unroll
-        for (int j = 0; j < KAT_BK / 8; j++)
+        for (int mt = 0; mt < MT; mt++) {
+            /* positions relative to the tile in 32 bits (the tile's keys are
+             * k0 + 0..BK-1): a key is masked when its offset passes the row's */
+            const int64_t pa64 = len - n_new + (m0 + ra[mt]) / gq - k0, pb64 = len - n_new + (m0 + rb[mt]) / gq - k0;
+            const int pa = (int)min(pa64, (int64_t)BK), pb = (int)min(pb64, (int64_t)BK);
+            float mxa[BK / 8], mxb[BK / 8];
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int64_t key = k0 + j * 8 + tig * 2 + (e & 1);
-                float v = sc[j][e] * sl2;
-                if (mask && key > (e < 2 ? pa : pb))
-                    v = -INFINITY;
-                sc[j][e] = v;
-                if (e < 2)
-                    mx_a = fmaxf(mx_a, v);
-                else
-                    mx_b = fmaxf(mx_b, v);
+            for (int j = 0; j < BK / 8; j++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = j * 8 + tig * 2 + (e & 1);
+                    float v = sc[mt][j][e] * sl2;
+                    if (mask && key > (e < 2 ? pa : pb))
+                        v = -INFINITY;
+                    sc[mt][j][e] = v;
+                }
+                mxa[j] = fmaxf(sc[mt][j][0], sc[mt][j][1]);
+                mxb[j] = fmaxf(sc[mt][j][2], sc[mt][j][3]);
+            }
+            /* the maxima as a tree: a few dependent steps, not BK / 4 */
+#pragma unroll
+            for (int w = 1; w < BK / 8; w *= 2)
+#pragma unroll
+                for (int j = 0; j + w < BK / 8; j += 2 * w) {
+                    mxa[j] = fmaxf(mxa[j], mxa[j + w]);
+                    mxb[j] = fmaxf(mxb[j], mxb[j + w]);
+                }
+            float mx_a = mxa[0], mx_b = mxb[0];
+#pragma unroll
+            for (int off = 1; off < 4; off <<= 1) {
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+            }
+            const float mn_a = fmaxf(m_a[mt], mx_a), mn_b = fmaxf(m_b[mt], mx_b);
+            const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a, mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
+            const float c_a = exp2f(m_a[mt] - mu_a), c_b = exp2f(m_b[mt] - mu_b);
+            m_a[mt] = mn_a, m_b[mt] = mn_b;
+            l_a[mt] *= c_a, l_b[mt] *= c_b;
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                o[mt][n][0] *= c_a, o[mt][n][1] *= c_a;
+                o[mt][n][2] *= c_b, o[mt][n][3] *= c_b;
+            }
+            /* the tile's probability sums as a tree too, then one add to l */
+            float sa[BK / 8], sb[BK / 8];
+#pragma unroll
+            for (int j = 0; j < BK / 8; j++) {
+                float p0 = exp2f(sc[mt][j][0] - mu_a), p1 = exp2f(sc[mt][j][1] - mu_a);
+                float p2 = exp2f(sc[mt][j][2] - mu_b), p3 = exp2f(sc[mt][j][3] - mu_b);
+                sa[j] = p0 + p1, sb[j] = p2 + p3;
+                pf[mt][j / 2][(j & 1) * 2] = kat_mma<DT>::pack(p0, p1);
+                pf[mt][j / 2][(j & 1) * 2 + 1] = kat_mma<DT>::pack(p2, p3);
             }
 #pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-        }
-        const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
-        const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a, mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
-        const float c_a = exp2f(m_a - mu_a), c_b = exp2f(m_b - mu_b);
-        m_a = mn_a, m_b = mn_b;
-        l_a *= c_a, l_b *= c_b;
+            for (int w = 1; w < BK / 8; w *= 2)
 #pragma unroll
-        for (int n = 0; n < ND; n++) {
-            o[n][0] *= c_a, o[n][1] *= c_a;
-            o[n][2] *= c_b, o[n][3] *= c_b;
-        }
-        uint32_t pf[KAT_BK / 16][4];
-#pragma unroll
-        for (int j = 0; j < KAT_BK / 8; j++) {
-            float p0 = exp2f(sc[j][0] - mu_a), p1 = exp2f(sc[j][1] - mu_a);
-            float p2 = exp2f(sc[j][2] - mu_b), p3 = exp2f(sc[j][3] - mu_b);
-            l_a += p0 + p1, l_b += p2 + p3;
-            pf[j / 2][(j & 1) * 2] = kat_mma<DT>::pack(p0, p1);
-            pf[j / 2][(j & 1) * 2 + 1] = kat_mma<DT>::pack(p2, p3);
+                for (int j = 0; j + w < BK / 8; j += 2 * w) {
+                    sa[j] += sa[j + w];
+                    sb[j] += sb[j + w];
+                }
+            l_a[mt] += sa[0], l_b[mt] += sb[0];
         }
 
         kat_cp_wait<0>();
         __syncthreads(); /* V(kt) is in; every warp is done with sK */
         if (kt + 1 < n_kt) {
-            for (int c = threadIdx.x; c < KAT_BK * (D / 8); c += KAT_THREADS) {
-                int r = c / (D / 8), col = (c % (D / 8)) * 8;
+#pragma unroll
+            for (int r = lr; r < BK; r += LRS) {
                 int64_t off = s_off[cur ^ 1][r];
-                kat_prefill_load<DT, F8>(&sK[r * LDS + col], a.cache, off >= 0 ? off + col : -1);
+                kat_prefill_load<DT, F8>(&sK[r * LDS + lc], a.cache, off >= 0 ? off + lc : -1);
             }
             kat_cp_commit();
         }
-        /* O += P V: keys 16kk.. as the k dimension, V read transposed */
+        /* O += P V: keys 16kk.. as the k dimension, V read transposed, each
+         * fragment once for the MT m-tiles */
 #pragma unroll
-        for (int kk = 0; kk < KAT_BK / 16; kk++)
+        for (int kk = 0; kk < BK / 16; kk++)
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 uint32_t b[4];
                 int mi = lane >> 3, ri = lane & 7;
                 kat_ldmatrix_t(b, &sV[(kk * 16 + ri + (mi & 1) * 8) * LDS + np * 16 + (mi >> 1) * 8]);
-                kat_mma<DT>::run(o[2 * np], pf[kk], b[0], b[1]);
-                kat_mma<DT>::run(o[2 * np + 1], pf[kk], b[2], b[3]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    kat_mma<DT>::run(o[mt][2 * np], pf[mt][kk], b[0], b[1]);
+                    kat_mma<DT>::run(o[mt][2 * np + 1], pf[mt][kk], b[2], b[3]);
+                }
             }
         __syncthreads();
     }
 
-#pragma unroll
-    for (int off = 1; off < 4; off <<= 1) {
-        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
-        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
-    }
     const bool bad = s_bad != 0;
-    const float ia = bad ? kat_nan() : 1.0f / l_a, ib = bad ? kat_nan() : 1.0f / l_b;
     uint16_t *out = (uint16_t *)a.out;
 #pragma unroll
-    for (int n = 0; n < ND; n++) {
-        int col = n * 8 + tig * 2;
-        if (ra < rows)
-            *(uint32_t *)&out[KAT_ROW(ra, out_ld) + col] = kat_mma<DT>::pack(o[n][0] * ia, o[n][1] * ia);
-        if (rb < rows)
-            *(uint32_t *)&out[KAT_ROW(rb, out_ld) + col] = kat_mma<DT>::pack(o[n][2] * ib, o[n][3] * ib);
+    for (int mt = 0; mt < MT; mt++) {
+        float la = l_a[mt], lb = l_b[mt];
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            la += __shfl_xor_sync(0xffffffffu, la, off);
+            lb += __shfl_xor_sync(0xffffffffu, lb, off);
+        }
+        const float ia = bad ? kat_nan() : 1.0f / la, ib = bad ? kat_nan() : 1.0f / lb;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            int col = n * 8 + tig * 2;
+            if (ra[mt] < rows)
+                *(uint32_t *)&out[KAT_ROW(ra[mt], out_ld) + col] =
+                    kat_mma<DT>::pack(o[mt][n][0] * ia, o[mt][n][1] * ia);
+            if (rb[mt] < rows)
+                *(uint32_t *)&out[KAT_ROW(rb[mt], out_ld) + col] =
+                    kat_mma<DT>::pack(o[mt][n][2] * ib, o[mt][n][3] * ib);
+        }
     }
 #undef KAT_ROW
 }
@@ -1986,14 +2068,33 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
                           p.keys);
 }
 
-template <int DT>
-static cudaError_t kat_launch_prefill(const kiln_attention_cuda_args &a, int f8, dim3 grid, cudaStream_t st)
+template <int DT, int MT>
+static cudaError_t kat_launch_prefill_mt(const kiln_attention_cuda_args &a, int f8, dim3 grid, cudaStream_t st)
 {
     if (f8)
-        return a.head_dim == 64 ? kcu_launch_cfg(kat_prefill<DT, 64, true>, grid, dim3(KAT_THREADS), st, a)
-                                : kcu_launch_cfg(kat_prefill<DT, 128, true>, grid, dim3(KAT_THREADS), st, a);
-    return a.head_dim == 64 ? kcu_launch_cfg(kat_prefill<DT, 64, false>, grid, dim3(KAT_THREADS), st, a)
-                            : kcu_launch_cfg(kat_prefill<DT, 128, false>, grid, dim3(KAT_THREADS), st, a);
+        return a.head_dim == 64 ? kcu_launch_cfg(kat_prefill<DT, 64, true, MT>, grid, dim3(KAT_THREADS), st, a)
+                                : kcu_launch_cfg(kat_prefill<DT, 128, true, MT>, grid, dim3(KAT_THREADS), st, a);
+    return a.head_dim == 64 ? kcu_launch_cfg(kat_prefill<DT, 64, false, MT>, grid, dim3(KAT_THREADS), st, a)
+                            : kcu_launch_cfg(kat_prefill<DT, 128, false, MT>, grid, dim3(KAT_THREADS), st, a);
+}
+
+/* kat_prefill with m-tiles of 16 * MT rows a warp: MT = 1, or
+ * KILN_ATTENTION_PREFILL_MT=2 (read at each launch; a graph keeps its
+ * capture's). On the H200 the 128-row CTAs were slower end to end (8B
+ * prefill of 2,048 tokens 36.6k against 37.5k tok/s, of 8,192 in chunks of
+ * 2,048 26.7k against 27.5k) and faster only for one 8,192-token prompt
+ * (attention_bench: 3.24 against 3.36 ms): 255 registers with spills
+ * against 234, two CTAs an SM either way (bench/README.md, thirteenth
+ * session). */
+template <int DT> static cudaError_t kat_launch_prefill(const kiln_attention_cuda_args &a, int f8, cudaStream_t st)
+{
+    const char *e = getenv("KILN_ATTENTION_PREFILL_MT");
+    const int mt = e && strcmp(e, "2") == 0 ? 2 : 1;
+    /* at most sum(ceil(n_new * gq / BQ)) <= (T * gq + (BQ - 1) * min(S, T)) / BQ tiles */
+    const int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
+    const int64_t bq = 64 * mt, tiles = (a.tokens * gq + (bq - 1) * busy + bq - 1) / bq;
+    const dim3 grid((unsigned)tiles, (unsigned)a.n_kv_heads);
+    return mt == 2 ? kat_launch_prefill_mt<DT, 2>(a, f8, grid, st) : kat_launch_prefill_mt<DT, 1>(a, f8, grid, st);
 }
 
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)
@@ -2022,11 +2123,8 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
         return (int)e;
 
     if (prefill) {
-        /* at most sum(ceil(n_new * gq / BQ)) <= (T * gq + (BQ - 1) * min(S, T)) / BQ tiles */
-        int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
-        dim3 grid((unsigned)((a.tokens * gq + (KAT_BQ - 1) * busy + KAT_BQ - 1) / KAT_BQ), (unsigned)a.n_kv_heads);
-        return (int)(a.dtype == KILN_DTYPE_F16 ? kat_launch_prefill<KILN_DTYPE_F16>(a, f8, grid, st)
-                                               : kat_launch_prefill<KILN_DTYPE_BF16>(a, f8, grid, st));
+        return (int)(a.dtype == KILN_DTYPE_F16 ? kat_launch_prefill<KILN_DTYPE_F16>(a, f8, st)
+                                               : kat_launch_prefill<KILN_DTYPE_BF16>(a, f8, st));
     }
 
     if (fast && (kat_use_pipe() || f8)) /* kat_decode reads no FP8 cache */

@@ -545,6 +545,27 @@ static void test_chunked_prefill(void)
     run_all(&(step){"mixed step, MQA head_dim 64", 16, 1, 64, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
 }
 
+/* kat_prefill's CTAs of 64 and of 128 query rows (KILN_ATTENTION_PREFILL_MT
+ * 1, the default, and 2): the prefill and
+ * chunked prefill cases again under each, partial tiles of both sizes
+ * among them (100, 250, 1000 tokens by 4 heads; MQA 8 heads), and FP8. */
+static void test_prefill_tiles(void)
+{
+    static const char *const mts[2] = {"1", "2"};
+    for (int v = 0; v < 2; v++) {
+        setenv("KILN_ATTENTION_PREFILL_MT", mts[v], 1);
+        printf("  with KILN_ATTENTION_PREFILL_MT=%s\n", mts[v]);
+        test_prefill();
+        test_chunked_prefill();
+        cache_fp8 = 1;
+        static const int32_t n_new[4] = {100, 1, 64, 250}, fresh[4] = {100, 1, 64, 250};
+        run_all(&(step){"fp8: prefill 4 sequences", 32, 8, 128, 16, 0, 0, 0, 4, n_new, fresh});
+        run_all(&(step){"fp8: prefill, head_dim 64 MQA", 8, 1, 64, 16, 0, 0, 0, 4, n_new, fresh});
+        cache_fp8 = 0;
+    }
+    unsetenv("KILN_ATTENTION_PREFILL_MT");
+}
+
 /* ---- FP8 cache ------------------------------------------------------------------------ */
 
 /* The cache as E4M3 codes: every kernel that reads or writes it, against
@@ -668,7 +689,8 @@ static void test_bad_block(void)
 static const test_case_ tests[] = {
     TEST(test_decode_long),     TEST(test_decode_batch),  TEST(test_decode_heads),        TEST(test_decode_generic),
     TEST(test_decode_many),     TEST(test_decode_groups), TEST(test_decode_split_kernel), TEST(test_prefill),
-    TEST(test_chunked_prefill), TEST(test_bad_block),     TEST(test_decode_variants),     TEST(test_fp8_cache),
+    TEST(test_chunked_prefill), TEST(test_prefill_tiles), TEST(test_bad_block),           TEST(test_decode_variants),
+    TEST(test_fp8_cache),
 };
 
 int main(void)
