@@ -934,8 +934,9 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
  * head) pairs, token-major, so the query heads of a group share every K/V
  * tile and a decode sequence in a mixed step costs one K/V pass, not one
  * per head. F8: the cache holds E4M3 codes, widened to DT on their way
- * into shared memory (kat_prefill_load). Warp w owns rows 16w..16w+15 of the tile; in the mma fragments
- * lane l holds rows l/4 and l/4 + 8 and columns 2(l%4), +1. */
+ * into shared memory (kat_prefill_load). Warp w owns rows 64mt + 16w..64mt + 16w + 15 of the tile for
+ * each m-tile mt < MT; in the mma fragments lane l holds rows l/4 and l/4 + 8 of each and columns
+ * 2(l%4), +1. */
 template <int DT, int D, bool F8, int MT>
 __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
 {
