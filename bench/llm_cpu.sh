@@ -167,11 +167,11 @@ PY
     fi
     c2=$(cpu_ticks)
     "$tmp/membw" >"$tmp/$model.$round.membw1.json"
-    echo "$c0 $c1 $c2" >"$tmp/$model.$round.ticks"
-    # kept when neither engine's part of the round lost more than max_steal
-    if python3 -c 'import sys; v = list(map(int, sys.argv[2:])); m = float(sys.argv[1])
-s = [(v[i + 2] - v[i]) / max(v[i + 3] - v[i + 1], 1) for i in (0, 2)]
-sys.exit(0 if max(s) <= m else 1)' "$max_steal" $c0 $c1 $c2; then
+    # the share of the CPUs' time stolen during kiln's and llama.cpp's parts of the round
+    echo "$c0 $c1 $c2" | awk '{d1 = $4 - $2; d2 = $6 - $4; print ($3 - $1) / (d1 > 0 ? d1 : 1), ($5 - $3) / (d2 > 0 ? d2 : 1)}' \
+      >"$tmp/$model.$round.steal"
+    # kept when neither engine's part lost more than max_steal
+    if awk -v m="$max_steal" '{exit !($1 <= m && $2 <= m)}' "$tmp/$model.$round.steal"; then
       kept=$((kept + 1))
     else
       echo "kiln: $model round $round: the hypervisor took over $max_steal of the CPUs' time: measuring again" >&2
@@ -180,7 +180,7 @@ sys.exit(0 if max(s) <= m else 1)' "$max_steal" $c0 $c1 $c2; then
 done
 
 python3 - "$tmp" "$runs" "$models" "$max_steal" <<'PY'
-import glob, json, os, statistics, sys
+import json, os, statistics, sys
 tmp, runs, models, max_steal = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), float(sys.argv[4])
 def load(path):
     return json.load(open(path)) if os.path.isfile(path) else None
@@ -192,14 +192,12 @@ for m in models:
     rs = []
     for r in range(1, 3 * runs + 1):
         base = os.path.join(tmp, "%s.%d." % (m, r))
-        if not os.path.isfile(base + "ticks"):
+        if not os.path.isfile(base + "steal"):
             break
-        c = list(map(int, open(base + "ticks").read().split()))
-        steal = [(c[i + 2] - c[i]) / max(c[i + 3] - c[i + 1], 1) for i in (0, 2)]
+        steal = list(map(float, open(base + "steal").read().split()))
         bw = [load(base + "membw%d.json" % i) for i in (0, 1)]
         rs.append({"round": r, "kiln": load(base + "kiln.json"), "peer": load(base + "peer.json"),
-                   "steal": steal, "read_gbs": max(b["read_gbs"] for b in bw), "copy_gbs": max(b["copy_gbs"] for b in bw),
-                   "readings": [b["read_gbs"] for b in bw]})
+                   "steal": steal, "read_gbs": max(b["read_gbs"] for b in bw), "readings": [b["read_gbs"] for b in bw]})
     # the rounds that count: the kept ones (all of them when too few were quiet: the least stolen)
     quiet = [x for x in rs if max(x["steal"]) <= max_steal]
     rounds[m] = quiet if len(quiet) >= runs else sorted(rs, key=lambda x: max(x["steal"]))[:runs]
