@@ -51,7 +51,9 @@
  *   3. kat_combine, when G > 1 splits ran outside a cluster (kat_generic,
  *      kat_pipe with G > 16 (KILN_ATTENTION_PIPE_CAP=0) or
  *      KILN_ATTENTION_CLUSTER=0): merges the
- *      per-split partial (max, sum, output) from the workspace.
+ *      per-split partial (max, sum, output) from the workspace; after
+ *      kat_pipe it reads the step's metadata before its wait, as kat_pipe
+ *      does.
  * G is chosen on the host from shapes alone (tokens, max_blocks, heads),
  * never from seq_lens or query_start, so a step can be captured in a CUDA
  * graph; splits past a sequence's tiles (kat_pipe: past what its length
@@ -102,6 +104,7 @@ __device__ __forceinline__ void kat_wait_prior()
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    ktl_waited();
 }
 
 /* ---- metadata ----------------------------------------------------------------------- */
@@ -232,6 +235,7 @@ __device__ __forceinline__ float kat_block_sum(float v, float *red)
  * element of `es` bytes at a time. */
 __global__ void __launch_bounds__(KAT_THREADS) kat_write(kiln_attention_cuda_args a, int32_t es, int32_t vec)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     int64_t t = blockIdx.x;
     kat_tok k = kat_token(a, t);
@@ -430,6 +434,7 @@ template <int DT, int D, int HG>
 __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
     kat_decode(kiln_attention_cuda_args a, int32_t fused, int32_t cluster)
 {
+    KTL_SCOPE(0);
     typedef kat_shape<DT, D> L;
     constexpr int PER = L::PER, LPR = L::LPR, VPL = L::VPL, RPW = L::RPW, RPS = L::RPS, TILE = L::TILE, NS = L::NS;
     __shared__ float s_p[2][HG][TILE]; /* scores, then probabilities; double-buffered by tile */
@@ -661,6 +666,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? 3 : 2)
  * tile; thread d accumulates dims d, d + 128, ... */
 __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kiln_attention_cuda_args a)
 {
+    KTL_SCOPE(0);
     __shared__ float s_q[KAT_GENERIC_DIMS * KAT_THREADS];
     __shared__ float s_p[KAT_GENERIC_TILE];
     __shared__ int64_t s_off[KAT_GENERIC_TILE];
@@ -746,15 +752,28 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_generic(kiln_attention_cuda_a
 /* ---- 3. combine the splits --------------------------------------------------------- */
 
 /* Grid: x = token, y = query head. The splits that ran for a token are the
- * first min(G, tiles) (tiles of `tile` keys); thread i weighs split i. */
-__global__ void __launch_bounds__(KAT_THREADS) kat_combine(kiln_attention_cuda_args a, int32_t G, int32_t tile)
+ * first min(G, tiles) (tiles of `tile` keys); thread i weighs split i.
+ * With `early` (kat_pipe's KAT_PIPE_EARLY, whose reasoning applies) the
+ * step's metadata is read before the wait on the kernel before, and the
+ * first KAT_COMBINE_AHEAD partial outputs of each thread's element are
+ * loaded beside the (max, sum) pairs: one round trip after the wait
+ * instead of three. */
+#define KAT_COMBINE_AHEAD 8
+__global__ void __launch_bounds__(KAT_THREADS)
+    kat_combine(kiln_attention_cuda_args a, int32_t G, int32_t tile, int32_t early)
 {
+    KTL_SCOPE(0);
     __shared__ float s_w[KAT_MAX_SPLITS];
     __shared__ float s_red[4];
-    kcu_after_prior();
     const int D = a.head_dim;
     const int64_t t = blockIdx.x, row = t * a.n_heads + blockIdx.y;
+    if (early)
+        kat_launch_dependents();
+    else
+        kcu_after_prior();
     kat_tok k = kat_token(a, t);
+    if (early)
+        kat_wait_prior();
     if (!k.valid) {
         for (int d = threadIdx.x; d < D; d += KAT_THREADS)
             kcu_store_float(a.out, a.dtype, row * D + d, kat_nan());
@@ -764,6 +783,10 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_combine(kiln_attention_cuda_a
     const int n = (int)min((int64_t)G, n_tiles);
     kat_parts parts = kat_parts_of(a, G);
     const int i = threadIdx.x;
+    float ahead[KAT_COMBINE_AHEAD];
+#pragma unroll
+    for (int j = 0; j < KAT_COMBINE_AHEAD; j++)
+        ahead[j] = j < n && i < D ? parts.o[(row * G + j) * D + i] : 0.0f;
     float mi = i < n ? parts.ml[(row * G + i) * 2] : -INFINITY;
     float li = i < n ? parts.ml[(row * G + i) * 2 + 1] : 0.0f;
     float M = kat_block_max(mi, s_red);
@@ -772,7 +795,12 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_combine(kiln_attention_cuda_a
     float total = kat_block_sum(li * w, s_red);
     for (int d = threadIdx.x; d < D; d += KAT_THREADS) {
         float o = 0.0f;
-        for (int j = 0; j < n; j++)
+        int j = 0;
+        if (d == i) /* the first pass: its first partials are loaded */
+#pragma unroll
+            for (; j < KAT_COMBINE_AHEAD; j++)
+                o = fmaf(s_w[j], ahead[j], o); /* s_w[j] and ahead[j] are 0 past n */
+        for (; j < n; j++)
             o = fmaf(s_w[j], parts.o[(row * G + j) * D + d], o);
         kcu_store_float(a.out, a.dtype, row * D + d, o / total);
     }
@@ -940,6 +968,7 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
 template <int DT, int D, bool F8, int MT>
 __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
 {
+    KTL_SCOPE(0);
     constexpr int LDS = D + 8; /* smem row pitch (elements): 16-byte rows, no bank conflicts */
     constexpr int KC = D / 16; /* k-steps of QK^T */
     constexpr int ND = D / 8;  /* n-tiles of the output */
@@ -1304,6 +1333,7 @@ template <int DT, int D, int HG, int S, bool F8>
 __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 4 : 3) : 2)
     kat_pipe(kiln_attention_cuda_args a, int32_t fused_in, int32_t cluster, int32_t split_keys, int32_t opts)
 {
+    KTL_SCOPE(0);
     typedef kat_pipe_shape<DT, D, F8> L;
     constexpr int PER = L::PER, NV = L::NV, LPR = L::LPR, RPW = L::RPW, ROWS = L::ROWS, NP = L::NP, VB = L::VB;
     constexpr int CES = F8 ? 1 : 16 / PER; /* bytes of a cache element */
@@ -1440,11 +1470,34 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
             kat_cp_async<VB>(sv + r * VB, vs, n);
         }
     };
-#pragma unroll
+    /* This loop, the one over this step's rows and the stage loop stay
+     * rolled: the code after the wait runs once a step, its instructions
+     * fetched from L2 (ncu: a quarter of the stall cycles on instruction
+     * fetch when issue() was inlined once a stage, 7.5 K instructions in
+     * all), and at a short context each runs a few times at most. */
+#pragma unroll 1
     for (int j = 0; j < S - 1; j++) {
         if (j < n_my)
             issue(j, early);
         kat_cp_commit(); /* empty groups keep the count: stage j is group j */
+    }
+    /* the fused cache write: lane u of the first 2 * NV threads of split 0
+     * writes vector u of the new key's k (then v) row. Its cache row comes
+     * from the table, a step input, so it is found before the wait; the
+     * row is loaded right after it and stored only after the merge below,
+     * so that no warp waits on that load (nothing in this kernel reads the
+     * row back from the cache: keys from n_old on come from k and v) */
+    char *fw_dst = NULL;
+    const uint4 *fw_src = NULL;
+    if (fused && k.valid && z == 0 && blockIdx.y % n_hg == 0 && threadIdx.x < 2 * NV) {
+        const int64_t dst = kat_krow(a, k.s, k.pos, kvh);
+        if (dst >= 0) {
+            const int kind = threadIdx.x / NV, u = threadIdx.x % NV;
+            fw_src = (const uint4 *)((const char *)(kind ? a.v : a.k) +
+                                     (t * (kind ? a.v_ld : a.k_ld) + (int64_t)kvh * D) * (16 / PER)) +
+                     u;
+            fw_dst = (char *)a.cache + ((dst + kind * kat_vdelta(a)) * (16 / PER)) + u * 16;
+        }
     }
     if (early)
         kat_wait_prior();
@@ -1454,15 +1507,8 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
                 kat_type<DT>::store(a.out, row0 * D + i, kat_nan());
         return;
     }
-    if (fused && z == 0 && blockIdx.y % n_hg == 0) {
-        int64_t dst = kat_krow(a, k.s, k.pos, kvh);
-        if (dst >= 0 && threadIdx.x < 2 * NV) {
-            int kind = threadIdx.x / NV, u = threadIdx.x % NV;
-            const uint4 *src = (const uint4 *)((const char *)(kind ? a.v : a.k) +
-                                               (t * (kind ? a.v_ld : a.k_ld) + (int64_t)kvh * D) * (16 / PER));
-            ((uint4 *)((char *)a.cache + (dst + kind * kat_vdelta(a)) * (16 / PER)))[u] = src[u];
-        }
-    }
+    const uint4 fw = fw_src ? *fw_src : make_uint4(0, 0, 0, 0);
+    ktl_mark(0);
     if (z >= ge) { /* no keys, nothing issued: in a cluster that merges it only joins the barriers */
         if (cluster && ge > 1) {
             cg::this_cluster().sync();
@@ -1489,9 +1535,10 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
      * loaded by the lane that reads them back: its own stores come before
      * its reads, so no cp.async group needs to cover them */
     if (early)
+#pragma unroll 1
         for (int j = 0; j < S - 1 && j < n_my; j++) {
             unsigned char *sk = mine + (j % S) * KAT_PIPE_STAGE_BYTES, *sv = sk + KAT_PIPE_STAGE_BYTES / 2;
-#pragma unroll
+#pragma unroll 1
             for (int i = 0; i < NP; i++) {
                 const int64_t kp = stage_key(j) + i * RPW + sub;
                 if (kp < k.n_old || kp >= k1)
@@ -1503,7 +1550,9 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
                 kat_copy<VB>(sv + r * VB, vs, n);
             }
         }
+    ktl_mark(1);
     const float sl2 = a.scale * KAT_LOG2E;
+#pragma unroll 1
     for (int j = 0; j < n_my; j++) {
         if (j + S - 1 < n_my)
             issue(j + S - 1, false); /* into the slot stage j - 1 used: this lane is done with it */
@@ -1566,6 +1615,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
         }
     }
     kat_cp_wait<0>();
+    ktl_mark(2);
 
     /* merge the lane groups of the warp, then the warps (through the
      * pipeline's shared memory, free now) */
@@ -1612,6 +1662,9 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
             s_lw[warp][g] = l[g];
         }
     bad = __syncthreads_or(bad);
+    if (fw_dst)
+        *(uint4 *)fw_dst = fw;
+    ktl_mark(3);
     if (threadIdx.x < HG) {
         const int g = threadIdx.x;
         float M = s_mw[0][g];
@@ -1624,6 +1677,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
         s_l[g] = bad ? kat_nan() : lg;
     }
     float *s_out = s_o + W * HG * D;
+#pragma unroll 1
     for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
         const int g = i / D;
         float M = s_mw[0][g];
@@ -1643,6 +1697,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
     /* one split (of one, or the only one of its cluster that took keys,
      * the others having left without a barrier): the output as it is */
     kat_parts parts = kat_parts_of(a, G);
+#pragma unroll 1
     for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
         const int g = i / D, d = i % D;
         const int64_t row = row0 + g;
@@ -2066,7 +2121,7 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
     if (e != cudaSuccess || p.g == 1)
         return e;
     return kcu_launch_cfg(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), dim3(KAT_THREADS), st, a, p.g,
-                          p.keys);
+                          p.keys, (int32_t)(p.opts & KAT_PIPE_EARLY));
 }
 
 template <int DT, int MT>
@@ -2167,7 +2222,7 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
     if (e != cudaSuccess || g == 1)
         return (int)e;
     return (int)kcu_launch_cfg(kat_combine, dim3((unsigned)a.tokens, (unsigned)a.n_heads), dim3(KAT_THREADS), st, a, g,
-                               tile);
+                               tile, (int32_t)0);
 }
 
 extern "C" const char *kiln_attention_cuda_error(int code) { return cudaGetErrorString((cudaError_t)code); }

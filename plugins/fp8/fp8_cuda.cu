@@ -43,6 +43,7 @@ std::once_flag fp8_lt_once;
 template <int XT>
 __global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
 {
+    KTL_SCOPE(0);
     __shared__ float red[8];
     kcu_after_prior(x, xq, k, 0);
     const int64_t r = blockIdx.x;
@@ -128,6 +129,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     fp8_gemv_kernel(const void *__restrict__ x, const float *__restrict__ sx_in, const uint8_t *__restrict__ w,
                     const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k)
 {
+    KTL_SCOPE(0);
     constexpr int E = 16, STEP = 32 * E;
     __shared__ float part[kWarps][M][R];
     __shared__ float red[kWarps][M];
@@ -312,6 +314,7 @@ template <int XT>
 __global__ void __launch_bounds__(256)
     fp8_scale_kernel(const float *d, const float *sx, const float *sw, void *y, int64_t rows, int32_t n)
 {
+    KTL_SCOPE(0);
     kcu_after_prior(d, y, rows, n);
     const int64_t total = rows * n;
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < total; i += (int64_t)gridDim.x * 256)

@@ -142,6 +142,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     fmm_gemv_kernel(const void *x, const void *w, const void *nw, const void *res, void *y, int32_t n, int32_t k,
                     float eps, int ydt, const rope_arg<EPI> rope)
 {
+    KTL_SCOPE(k);
     constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* elements per 16-byte vector */
     constexpr int ES = 16 / E;                      /* bytes per element */
     constexpr int STEP = 32 * E;
@@ -373,6 +374,7 @@ template <int DT>
 __global__ void __launch_bounds__(256)
     fmm_rope_kernel(const void *t, const int32_t *pos, void *y, int64_t rows, int32_t n, const kiln_fusedmm_rope rope)
 {
+    KTL_SCOPE(0);
     kcu_after_prior(t, pos, rows, n);
     const int64_t pairs = rows * (n / 2);
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < pairs; i += (int64_t)gridDim.x * 256) {
@@ -386,6 +388,7 @@ __global__ void __launch_bounds__(256)
  * product), t the GEMM's result in DT. */
 template <int DT> __global__ void __launch_bounds__(256) fmm_swiglu_kernel(const void *t, void *y, int64_t count)
 {
+    KTL_SCOPE(0);
     kcu_after_prior(t, y, count, DT);
     for (int64_t i = (int64_t)blockIdx.x * 256 + threadIdx.x; i < count; i += (int64_t)gridDim.x * 256)
         kcu_store_float(y, DT, i, silu_times(DT, kcu_load_float(t, DT, 2 * i), kcu_load_float(t, DT, 2 * i + 1)));

@@ -150,6 +150,7 @@ template <int TYPE, int XT>
 __global__ void __launch_bounds__(QMM_WARPS * 32)
     qmm_gemv_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k)
 {
+    KTL_SCOPE(0);
     constexpr int BB = qmm_fmt<TYPE>::bytes;
     __shared__ __align__(16) uint8_t stage[QMM_WARPS][QMM_COLS][32 * BB];
     __shared__ float part[QMM_WARPS][QMM_COLS][QMM_GROUP];
@@ -226,6 +227,7 @@ template <int TYPE, int XT>
 __global__ void __launch_bounds__(256)
     qmm_tiled_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k)
 {
+    KTL_SCOPE(0);
     constexpr int BB = qmm_fmt<TYPE>::bytes, QV = qmm_fmt<TYPE>::values;
     __shared__ float xs[32][QMM_TILE + 4], ws[32][QMM_TILE + 4];
     kcu_after_prior(x, w, rows, n);
@@ -281,6 +283,7 @@ template <int TYPE, int XT>
 __global__ void __launch_bounds__(128)
     qmm_kgemv_kernel(const void *x, const uint8_t *w, void *y, int64_t rows, int n, int k)
 {
+    KTL_SCOPE(0);
     constexpr int BB = qmm_fmt<TYPE>::bytes;
     kcu_after_prior(x, w, rows, n);
     const int lane = threadIdx.x & 31, nb = k / 256;

@@ -15,6 +15,7 @@ __global__ void __launch_bounds__(RMS_THREADS)
     rmsnorm_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int t, int rt, int yt, int wt,
                    int64_t rows, int64_t h, float eps)
 {
+    KTL_SCOPE(0);
     __shared__ float part[RMS_THREADS / 32];
     kcu_after_prior(x, w, rows, t);
     for (int64_t row = blockIdx.x; row < rows; row += gridDim.x) {
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(RMS_THREADS)
     rmsnorm_vec_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int wt, int wvec,
                        int64_t rows, int64_t h, float eps)
 {
+    KTL_SCOPE(0);
     /* values per vector: one 16-byte vector of y (and of the residual) */
     constexpr int E = YT == KILN_DTYPE_F32 ? 4 : 8;
     __shared__ float part[RMS_THREADS / 32];

@@ -17,6 +17,7 @@
 
 __global__ void __launch_bounds__(ROPE_THREADS) rope_kernel(const kiln_rope_cuda_args a, int32_t groups)
 {
+    KTL_SCOPE(0);
     kcu_after_prior(a.x, a.pos, a.tokens, a.dtype);
     const int t = a.dtype, half = a.rotary_dim / 2, per = ROPE_THREADS / half;
     const int64_t width = (int64_t)a.row_heads * a.head_dim;

@@ -188,6 +188,7 @@ __device__ __forceinline__ int sample_row_penalized(const sample_args &a, int32_
  * memory latency over 64 blocks instead of 32 over one. */
 __global__ void __launch_bounds__(SAMPLE_THREADS) sample_scan_kernel(const sample_args a, int32_t parts)
 {
+    KTL_SCOPE(0);
     __shared__ sample_smem tmp;
     kcu_after_prior();
     const int32_t s = blockIdx.y, V = a.V;
@@ -240,6 +241,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_scan_kernel(const sampl
 
 __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_args a, int32_t parts)
 {
+    KTL_SCOPE(0);
     __shared__ sample_smem tmp;
     __shared__ int hist[256];
     __shared__ unsigned long long found;
@@ -473,6 +475,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS) sample_kernel(const sample_arg
  * over untempered keys and sorted in shared memory. */
 __global__ void __launch_bounds__(SAMPLE_THREADS) sample_logprob_kernel(const sample_args a)
 {
+    KTL_SCOPE(0);
     __shared__ sample_smem tmp;
     __shared__ int hist[256];
     __shared__ unsigned long long found;

@@ -19,6 +19,7 @@ __device__ __forceinline__ float swiglu_one(int t, float g, float u)
 __global__ void __launch_bounds__(SWIGLU_THREADS)
     swiglu_kernel(const void *gate, const void *up, void *y, int t, int64_t rows, int64_t width, int64_t ld)
 {
+    KTL_SCOPE(0);
     kcu_after_prior(gate, up, rows, t);
     int64_t n = rows * width;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -33,6 +34,7 @@ template <int DT>
 __global__ void __launch_bounds__(SWIGLU_THREADS)
     swiglu_vec_kernel(const uint4 *gate, const uint4 *up, uint4 *y, int64_t rows, int32_t wv, int64_t ldv)
 {
+    KTL_SCOPE(0);
     kcu_after_prior(gate, up, rows, wv);
     constexpr int PER = DT == KILN_DTYPE_F32 ? 4 : 8;
     for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)

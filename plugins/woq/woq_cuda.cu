@@ -173,6 +173,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                     const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
                     int32_t group)
 {
+    KTL_SCOPE(0);
     constexpr int E = woq_vec<BITS>::E, ROWS = woq_vec<BITS>::ROWS, STEP = 32 * E;
     __shared__ float part[kWarps][M][ROWS];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -479,6 +480,7 @@ __global__ void __launch_bounds__(kTcMaxWarps * 32)
                   const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
                   int32_t group, int32_t pf)
 {
+    KTL_SCOPE(0);
     using T = woq_tc<XT>;
     constexpr int CK = BITS == 4 ? 128 : 64, U = RT == 1 ? kTcInFlight : 2;
     __shared__ float part[kTcMaxWarps][RT * 4][32];
@@ -637,6 +639,7 @@ __global__ void __launch_bounds__(kPipeMaxSplit * 32, 1)
                     const uint8_t *__restrict__ zeros, void *__restrict__ y, int32_t m, int32_t n, int32_t k,
                     int32_t group)
 {
+    KTL_SCOPE(0);
     using T = woq_tc<XT>;
     constexpr int CK = BITS == 4 ? 128 : 64, S = kPipeStages / RT, RR = 16 * RT - SR; /* rows a tile */
     extern __shared__ uint4 woq_smem[];
@@ -779,6 +782,7 @@ __global__ void __launch_bounds__(256)
     woq_dequant_kernel(const uint8_t *__restrict__ q, const float *__restrict__ scales,
                        const uint8_t *__restrict__ zeros, void *__restrict__ w, int64_t vecs, int32_t k, int32_t group)
 {
+    KTL_SCOPE(0);
     constexpr int E = woq_vec<BITS>::E, CPV = E * (OT == KILN_DTYPE_F32 ? 4 : 2) / 16; /* 16-byte outputs a vector */
     __shared__ uint4 stage[8][32 * CPV];
     kcu_after_prior(q, w, vecs, k);

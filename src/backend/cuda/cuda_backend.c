@@ -82,10 +82,45 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
     return KILN_OK;
 }
 
+#ifdef KILN_CUDA_TIMELINE
+/* The kernel timeline's rings (timeline.cuh), one per .cu file, registered
+ * when the library loads and written to $KILN_TIMELINE when the first
+ * device is destroyed. */
+#include <stdio.h>
+static struct {
+    const char *module;
+    int (*dump)(FILE *f, const char *module);
+} timeline_rings[64];
+static int timeline_n;
+
+void kiln_cuda_timeline_add(const char *module, int (*dump)(FILE *f, const char *module))
+{
+    if (timeline_n < (int)(sizeof timeline_rings / sizeof timeline_rings[0]))
+        timeline_rings[timeline_n].module = module, timeline_rings[timeline_n++].dump = dump;
+}
+
+static void timeline_write(void)
+{
+    static int written; /* once a process: the rings outlive devices */
+    const char *path = getenv("KILN_TIMELINE");
+    FILE *f = !written && path && *path ? fopen(path, "w") : NULL;
+    if (!f)
+        return;
+    written = 1;
+    for (int i = 0; i < timeline_n; i++)
+        if (timeline_rings[i].dump(f, timeline_rings[i].module) != 0)
+            fprintf(stderr, "kiln: timeline of %s not read\n", timeline_rings[i].module);
+    fclose(f);
+}
+#endif
+
 void kiln_cuda_device_destroy(kiln_cuda_device *dev)
 {
     if (!dev)
         return;
+#ifdef KILN_CUDA_TIMELINE
+    timeline_write();
+#endif
     kiln_cuda_matmul_cache_destroy(dev);
     if (dev->lt)
         cublasLtDestroy(dev->lt);

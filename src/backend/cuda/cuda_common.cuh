@@ -12,6 +12,7 @@
 #define KILN_BACKEND_CUDA_COMMON_CUH
 
 #include "backend/cuda/cuda_internal.h"
+#include "backend/cuda/timeline.cuh"
 #include "core/scalar.h"
 
 #include <cuda_bf16.h>
@@ -44,6 +45,7 @@ __device__ __forceinline__ void kcu_after_prior()
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    ktl_waited();
 }
 
 /* The same, for a kernel whose first loads after the wait use the given
@@ -56,6 +58,7 @@ __device__ __forceinline__ void kcu_after_prior(const void *p, const void *q, in
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::"l"(p), "l"(q), "l"(n), "r"(m) : "memory");
+    ktl_waited();
 #else
     (void)p;
     (void)q;

@@ -22,6 +22,7 @@ extern "C" void kcu_set_pdl(int32_t on) { kcu_pdl = on != 0; }
  * serves bandwidth. */
 __global__ void kcu_ew_kernel(const kcu_ew_args a)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = a.start + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.count; i += stride) {
@@ -46,6 +47,7 @@ __global__ void kcu_ew_kernel(const kcu_ew_args a)
 
 __global__ void kcu_ew_int_kernel(const kcu_ew_args a, int is_binary, int op)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = a.start + (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < a.count; i += stride) {
@@ -220,6 +222,7 @@ template <typename T> __device__ __forceinline__ float kcu_scalar(const kcu_fast
 template <typename T, bool SV>
 __global__ void __launch_bounds__(KCU_THREADS, SV ? 3 : 4) kcu_fast_kernel(const kcu_fast_args a)
 {
+    KTL_SCOPE(0);
     constexpr int V = kcu_vec<T>::lanes, L = 2 * V;
     constexpr bool FAST = sizeof(T) == 2;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x, n = a.nvec;

@@ -5,6 +5,7 @@
 template <typename E>
 __global__ void kcu_copy_kernel(const E *src, E *dst, int64_t count, int64_t base, const kcu_map dm, const kcu_map sm)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < count; i += stride) {
@@ -18,6 +19,7 @@ __global__ void kcu_copy_kernel(const E *src, E *dst, int64_t count, int64_t bas
 template <typename E>
 __global__ void kcu_band_kernel(const E *src, E *dst, int64_t rows, int64_t width, int64_t pitch, int64_t col)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x, n = rows * width;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -28,6 +30,7 @@ template <typename E, typename I>
 __global__ void kcu_gather_kernel(const E *data, const I *idx, E *out, int64_t outer, int64_t n_idx, int64_t inner,
                                   int64_t dim, kcu_error_word *err, kcu_error_word *report, int layer)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x, n = outer * n_idx * inner;
     for (int64_t o = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; o < n; o += stride) {
@@ -109,6 +112,7 @@ extern "C" int kcu_launch_gather(const void *data, const void *idx, int32_t idx_
  * i32/i64 values); everything else goes through f32, as kiln_convert. */
 __global__ void kcu_cast_kernel(const void *src, int st, void *dst, int dt, int64_t n)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
     const int ints = kiln_dtype_is_int_or_bool(st) && kiln_dtype_is_int_or_bool(dt);

@@ -13,6 +13,7 @@ __device__ __forceinline__ float kcu_pick(int is_max, float b, float v)
  * result does not depend on the order. */
 __global__ void kcu_reduce_kernel(const kcu_reduce_args a)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     const int lane = threadIdx.x & 31;
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -54,6 +55,7 @@ extern "C" int kcu_launch_reduce(const kcu_reduce_args *a, int32_t sms, void *st
 __global__ void kcu_softmax_kernel(const void *in, int in_dtype, void *out, int out_dtype, int64_t lines, int64_t len,
                                    int64_t inner)
 {
+    KTL_SCOPE(0);
     kcu_after_prior();
     const int lane = threadIdx.x & 31;
     int64_t warp = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;

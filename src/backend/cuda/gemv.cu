@@ -62,6 +62,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const T *__restrict__ x, int64_t ldx, const T *__restrict__ w, TO *__restrict__ y, int64_t ldy,
                 int32_t n, int32_t k)
 {
+    KTL_SCOPE(k);
     constexpr int E = 16 / sizeof(T); /* elements per 16-byte vector */
     constexpr int STEP = 32 * E;      /* elements one warp covers per load */
     __shared__ float part[kWarps][M][ROWS];
