@@ -155,8 +155,10 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (reps < 1 || reps > 64)
-        reps = 5;
+    if (reps < 1 || reps > 64) { /* the timings are kept in arrays of 64 */
+        fprintf(stderr, "qmatmul_bench: --reps must be 1..64, not %d\n", reps);
+        return 2;
+    }
     kiln_registry *reg = NULL;
     kiln_threadpool *pool = NULL;
     if (kiln_registry_create(&reg) != KILN_OK || kiln_threadpool_create(threads, &pool) != KILN_OK) {
