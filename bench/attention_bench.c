@@ -1,7 +1,7 @@
 /* attention_bench: kiln/PagedAttention on the GPU at the Llama-3.1-8B shape
  * (32 query heads, 8 kv heads, head_dim 128, bf16, KV blocks of 16 tokens).
  *
- *   attention_bench [--reps N] [--sweep] [--prefill]
+ *   attention_bench [--reps N] [--sweep] [--prefill] [--variants a,b,...] [--cases TEXT]
  *
  * Decode (one new token per sequence): batch 1 at contexts 136 (also with
  * a table sized for an 8448-token engine: the splits planned for it, as a
@@ -31,7 +31,10 @@
  * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
  * ("graph", as the engine replays decode). Inputs rotate among copies
  * whose caches together exceed the L2 cache, so a small case is not timed
- * out of L2. --prefill times the prefill cases alone. With --sweep, kat_pipe runs again at KILN_ATTENTION_PIPE_CTAS
+ * out of L2. --prefill times the prefill cases alone. --variants
+ * runs only the named variants (e.g. pipe,nocl) and --cases only the decode
+ * cases whose name contains TEXT (e.g. "sequences"): a whole run takes
+ * minutes, more than a short device call has. With --sweep, kat_pipe runs again at KILN_ATTENTION_PIPE_CTAS
  * = 128, 264 and 1056 (the CTAs it aims for when splitting; default 528).
  * Prefill of one 512-, 2048- and 8192-token prompt, each with kat_prefill's
  * default 64-row CTAs and its 128-row ones (KILN_ATTENTION_PREFILL_MT=2):
@@ -56,6 +59,21 @@
 static cudaStream_t stream;
 static cudaEvent_t ev0, ev1;
 static int reps = 50, sweep, prefill_only;
+static const char *only_variants, *only_cases; /* --variants, --cases (NULL: all) */
+
+/* Whether `name` is one of the comma-separated names of `list`. */
+static int listed(const char *list, const char *name)
+{
+    const size_t n = strlen(name);
+    for (const char *p = list; p && *p;) {
+        const char *end = strchr(p, ',');
+        const size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0)
+            return 1;
+        p = end ? end + 1 : NULL;
+    }
+    return 0;
+}
 
 static int cmp_float(const void *a, const void *b)
 {
@@ -316,7 +334,9 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
     }
     const int64_t mb = dc->mb ? dc->mb : (longest + BS - 1) / BS;
     const double bytes = tokens * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
-    for (int k = 0; k < (sweep ? N_VARIANTS : N_VARIANTS - 3); k++) {
+    for (int k = 0; k < (sweep || only_variants ? N_VARIANTS : N_VARIANTS - 3); k++) {
+        if (only_variants && !listed(only_variants, variants[k].name))
+            continue;
         for (int i = 0; i < 8 && variants[k].env[i]; i += 2)
             setenv(variants[k].env[i], variants[k].env[i + 1], 1);
         attn_job j;
@@ -341,8 +361,27 @@ int main(int argc, char **argv)
             prefill_only = 1;
         } else if (strcmp(argv[i], "--sweep") == 0) {
             sweep = 1;
+        } else if (strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
+            only_variants = argv[++i];
+        } else if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
+            only_cases = argv[++i];
         } else {
-            fprintf(stderr, "usage: attention_bench [--reps N (>= 5)] [--sweep] [--prefill]\n");
+            fprintf(stderr, "usage: attention_bench [--reps N (>= 5)] [--sweep] [--prefill] [--variants a,b,...] "
+                            "[--cases TEXT]\n");
+            return 2;
+        }
+    }
+    if (only_variants) { /* a name no variant has is a typo, not an empty run */
+        int want = 1, have = 0;
+        for (const char *c = only_variants; *c; c++)
+            want += *c == ',';
+        for (int k = 0; k < N_VARIANTS; k++)
+            have += listed(only_variants, variants[k].name);
+        if (have != want) {
+            fprintf(stderr, "attention_bench: --variants %s names a variant that is not one of:", only_variants);
+            for (int k = 0; k < N_VARIANTS; k++)
+                fprintf(stderr, " %s", variants[k].name);
+            fprintf(stderr, "\n");
             return 2;
         }
     }
@@ -385,7 +424,8 @@ int main(int argc, char **argv)
         {"1024 sequences, 128..256", 1024, 128, 256, 0},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0] && !prefill_only; i++)
-        bench_decode(dev, reg, &cases[i], copy_bw);
+        if (!only_cases || strstr(cases[i].name, only_cases))
+            bench_decode(dev, reg, &cases[i], copy_bw);
     printf("(TB/s and of copy bw from the graph time)\n");
     printf("\n%-26s %10s %12s %9s\n", "prefill (one prompt)", "time us", "GFLOP", "TFLOP/s");
     const int64_t lens[3] = {512, 2048, 8192};
