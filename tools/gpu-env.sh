@@ -2,11 +2,12 @@
 # and by one-off device calls: unpacks the carried .gpu-deps.tar.xz (made by
 # tools/gpu-deps.sh) where .gpu-deps is missing, puts its libraries and
 # pkg-config files and CUDA on the paths, and defines
-#   kiln_gpu_build [TARGET...]   configure build-gpu (Release, sm_90, plus
-#                                $KILN_GPU_CMAKE_ARGS, e.g.
-#                                -DKILN_CUDA_TIMELINE=ON) and build the
-#                                targets (all without any); logs in
-#                                $KILN_GPU_LOGS/build.log
+#   kiln_gpu_build [TARGET...]   configure build-gpu (Release, sm_90, no
+#                                timeline, then $KILN_GPU_CMAKE_ARGS, e.g.
+#                                -DKILN_CUDA_TIMELINE=ON, which the cache
+#                                does not carry into the next build) and
+#                                build the targets (all without any); logs
+#                                in $KILN_GPU_LOGS/build.log
 # so that a measurement on the lent machine is
 #   . tools/gpu-env.sh && kiln_gpu_build kiln_cli kiln_bench && build-gpu/bin/kiln ...
 # Returns 2 (from the source) when the dependencies are not there.
@@ -40,7 +41,7 @@ mkdir -p "$KILN_GPU_LOGS"
 kiln_gpu_build() {
     if ! cmake -S "$kiln_root" -B "$KILN_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_C_FLAGS="-Wno-error=maybe-uninitialized" \
-            -DKILN_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_ARCHITECTURES=90 $KILN_GPU_CMAKE_ARGS \
+            -DKILN_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_CUDA_TIMELINE=OFF ${KILN_GPU_CMAKE_ARGS:-} \
             >"$KILN_GPU_LOGS/configure.log" 2>&1; then
         tail -n 30 "$KILN_GPU_LOGS/configure.log"
         echo "gpu-env: configure FAILED" >&2
