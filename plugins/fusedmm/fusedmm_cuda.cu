@@ -9,7 +9,10 @@
  *    interleaved gate, up) combines a pair of rows into silu(gate) * up,
  *    or (the weight's rotated pairs adjacent) rotates a pair as RoPE does.
  *    The intermediate tensors (the norm's output, gate/up) never reach
- *    memory.
+ *    memory. Where a warp's share of K is at most two loads a lane (K up
+ *    to 2,048 in 16 bits) and there are more rows than one wave of
+ *    blocks, at 1 or 2 rows of x, the same arithmetic runs in resident
+ *    blocks that loop over the rows (fmm_loop_kernel).
  *  - any other row count (prefill): RMSNorm into the workspace
  *    (rmsnorm_cuda.cu), cuBLASLt's GEMM (f32 accumulation, TN), the
  *    residual add in the GEMM's own epilogue (beta = 1: the product is not
@@ -22,6 +25,7 @@
 #include <mutex>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <type_traits>
 
 #include "plugin_cuda.h"
@@ -130,6 +134,90 @@ template <int DT, int S, int E> __device__ __forceinline__ void load_x(const cha
     }
 }
 
+/* 1 / sqrt(mean(x²) + eps) of each of the M rows of x (dtype S) over all
+ * of k, as rmsnorm.c, by the whole block; sq is the block's scratch. */
+template <int DT, int S, int M>
+__device__ __forceinline__ void norm_inv(const char *xb, int32_t k, float eps, float (*sq)[M], float *inv)
+{
+    constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    float ss[M];
+#pragma unroll
+    for (int m = 0; m < M; m++)
+        ss[m] = 0.0f;
+        /* unrolled so that a thread's loads of x (2 at k = 2048) are in
+     * flight together, not one L2 round trip after another */
+#pragma unroll 4
+    for (int64_t v = threadIdx.x; v < k / E; v += kWarps * 32)
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            float f[E];
+            load_x<DT, S, E>(xb, (int64_t)m * k + v * E, f);
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                ss[m] = __fadd_rn(ss[m], __fmul_rn(f[e], f[e]));
+        }
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        const float s = kcu_warp_sum(ss[m]);
+        if (lane == 0)
+            sq[wid][m] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < M; m++) {
+        float total = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kWarps; j++)
+            total += sq[j][m];
+        inv[m] = 1.0f / sqrtf(total / (float)k + eps);
+    }
+}
+
+/* The end of a block's ROWS rows from row0 on: the kWarps warps' partial
+ * sums in part, added and stored through the epilogue (ev: its operand,
+ * the residual or the row's position, loaded by the thread that stores). */
+template <int DT, int S, int M, int EPI, int ROWS>
+__device__ __forceinline__ void store_rows(const float (*part)[M][ROWS], int64_t row0, int32_t n, float ev, void *y,
+                                           int ydt, const rope_arg<EPI> &rope)
+{
+    if constexpr (EPI == KILN_FUSEDMM_ROPE || EPI == KILN_FUSEDMM_SWIGLU) {
+        /* rows r0 and r0 + 1: a rotated pair, or gate and up of the
+         * interleaved weight (n is even) */
+        constexpr int PAIRS = ROWS / 2;
+        if (threadIdx.x < M * PAIRS) {
+            const int m = threadIdx.x / PAIRS, p = threadIdx.x % PAIRS;
+            const int64_t r0 = row0 + 2 * p;
+            if (r0 < n) {
+                float a = 0.0f, b = 0.0f;
+#pragma unroll
+                for (int j = 0; j < kWarps; j++) {
+                    a += part[j][m][2 * p];
+                    b += part[j][m][2 * p + 1];
+                }
+                if constexpr (EPI == KILN_FUSEDMM_ROPE)
+                    rope_store<DT>(rope, ev, y, m, n, r0, kcu_round_float(DT, a), kcu_round_float(DT, b));
+                else
+                    kcu_store_float(y, DT, (int64_t)m * (n / 2) + r0 / 2,
+                                    silu_times(DT, kcu_round_float(DT, a), kcu_round_float(DT, b)));
+            }
+        }
+    } else if (threadIdx.x < M * ROWS) {
+        const int m = threadIdx.x / ROWS, r = threadIdx.x % ROWS;
+        if (row0 + r < n) {
+            float v = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kWarps; j++)
+                v += part[j][m][r];
+            const int64_t at = (int64_t)m * n + row0 + r;
+            if constexpr (EPI == KILN_FUSEDMM_RESIDUAL)
+                kcu_store_float(y, S, at, __fadd_rn(kcu_round_float(DT, v), ev));
+            else
+                kcu_store_float(y, ydt, at, v);
+        }
+    }
+}
+
 /* x [M, k], w [n, k], nw [k] (norm), res and y [M, n] (y [M, n / 2] with
  * SwiGLU), w and nw of dtype DT; x of dtype S with the norm (else DT), res
  * and y of dtype S with the residual epilogue (else y in DT, or in ydt
@@ -149,6 +237,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     constexpr int NU = NORM ? UNROLL : 1; /* vectors of the norm weight held */
     __shared__ float part[kWarps][M][ROWS];
     __shared__ float sq[kWarps][M];
+    (void)sq;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t row0 = (int64_t)blockIdx.x * ROWS;
     const int64_t kq = ((int64_t)k / E + kWarps - 1) / kWarps * E;
@@ -190,41 +279,12 @@ __global__ void __launch_bounds__(kWarps * 32)
     /* the RMSNorm statistics of each row over all of k, as rmsnorm.c; the
      * x vectors stay in L1 for the products below */
     float inv[M];
-#pragma unroll
-    for (int m = 0; m < M; m++)
-        inv[m] = 1.0f;
     if constexpr (NORM) {
-        float ss[M];
+        norm_inv<DT, S, M>(xb, k, eps, sq, inv);
+    } else {
 #pragma unroll
         for (int m = 0; m < M; m++)
-            ss[m] = 0.0f;
-            /* unrolled so that a thread's loads of x (2 at k = 2048) are in
-         * flight together, not one L2 round trip after another */
-#pragma unroll 4
-        for (int64_t v = threadIdx.x; v < k / E; v += kWarps * 32)
-#pragma unroll
-            for (int m = 0; m < M; m++) {
-                float f[E];
-                load_x<DT, NORM ? S : DT, E>(xb, (int64_t)m * k + v * E, f);
-#pragma unroll
-                for (int e = 0; e < E; e++)
-                    ss[m] = __fadd_rn(ss[m], __fmul_rn(f[e], f[e]));
-            }
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            const float s = kcu_warp_sum(ss[m]);
-            if (lane == 0)
-                sq[wid][m] = s;
-        }
-        __syncthreads();
-#pragma unroll
-        for (int m = 0; m < M; m++) {
-            float total = 0.0f;
-#pragma unroll
-            for (int j = 0; j < kWarps; j++)
-                total += sq[j][m];
-            inv[m] = 1.0f / sqrtf(total / (float)k + eps);
-        }
+            inv[m] = 1.0f;
     }
 
     float acc[M][ROWS];
@@ -285,41 +345,248 @@ __global__ void __launch_bounds__(kWarps * 32)
                 part[wid][m][r] = v;
         }
     __syncthreads();
-    if constexpr (EPI == KILN_FUSEDMM_ROPE || EPI == KILN_FUSEDMM_SWIGLU) {
-        /* rows r0 and r0 + 1: a rotated pair, or gate and up of the
-         * interleaved weight (n is even) */
-        constexpr int PAIRS = ROWS / 2;
-        if (threadIdx.x < M * PAIRS) {
-            const int m = threadIdx.x / PAIRS, p = threadIdx.x % PAIRS;
-            const int64_t r0 = row0 + 2 * p;
-            if (r0 < n) {
-                float a = 0.0f, b = 0.0f;
+    store_rows<DT, S, M, EPI, ROWS>(part, row0, n, ev, y, ydt, rope);
+}
+
+/* The 16-byte vector of E values of dtype DT (each already a value of DT). */
+template <int DT> __device__ __forceinline__ uint4 pack(const float *f)
+{
+    uint32_t u[4];
 #pragma unroll
-                for (int j = 0; j < kWarps; j++) {
-                    a += part[j][m][2 * p];
-                    b += part[j][m][2 * p + 1];
-                }
-                if constexpr (EPI == KILN_FUSEDMM_ROPE)
-                    rope_store<DT>(rope, ev, y, m, n, r0, kcu_round_float(DT, a), kcu_round_float(DT, b));
-                else
-                    kcu_store_float(y, DT, (int64_t)m * (n / 2) + r0 / 2,
-                                    silu_times(DT, kcu_round_float(DT, a), kcu_round_float(DT, b)));
-            }
-        }
-    } else if (threadIdx.x < M * ROWS) {
-        const int m = threadIdx.x / ROWS, r = threadIdx.x % ROWS;
-        if (row0 + r < n) {
-            float v = 0.0f;
-#pragma unroll
-            for (int j = 0; j < kWarps; j++)
-                v += part[j][m][r];
-            const int64_t at = (int64_t)m * n + row0 + r;
-            if constexpr (EPI == KILN_FUSEDMM_RESIDUAL)
-                kcu_store_float(y, S, at, __fadd_rn(kcu_round_float(DT, v), ev));
-            else
-                kcu_store_float(y, ydt, at, v);
+    for (int i = 0; i < 4; i++) {
+        if constexpr (DT == KILN_DTYPE_BF16) {
+            u[i] = (__float_as_uint(f[2 * i]) >> 16) | (__float_as_uint(f[2 * i + 1]) & 0xffff0000u);
+        } else if constexpr (DT == KILN_DTYPE_F16) {
+            const __half2 h = __floats2half2_rn(f[2 * i], f[2 * i + 1]);
+            u[i] = *reinterpret_cast<const uint32_t *>(&h);
+        } else {
+            u[i] = __float_as_uint(f[i]);
         }
     }
+    return make_uint4(u[0], u[1], u[2], u[3]);
+}
+
+/* fmm_gemv_kernel's products and epilogues with resident blocks, where
+ * each warp's quarter of k is at most NX = 2 steps (k up to 2,048 in 16
+ * bits: the 1B's gate/up, o projection and head): a grid of at most one
+ * wave of blocks, each computing group after group of ROWS rows (groups
+ * blockIdx.x, + gridDim.x, ...). At such a k a block of fmm_gemv_kernel
+ * issues all of its loads at once and then only computes, and its slot
+ * streams nothing until the next block starts. Here the ring of UNROLL
+ * loads a row runs on across groups: the slot a step frees is refilled
+ * with the step UNROLL ahead, in the next group once this group's steps
+ * run out, so the next rows are in flight while this group's sums are
+ * reduced and stored. Each lane loads its own NX vectors of x once a
+ * block, normalizes them with the norm (as RMSNorm stores its output) and
+ * keeps them in registers, packed in DT. No shared memory beyond
+ * fmm_gemv_kernel's: a first form kept x there and cost the 8B 6% of its
+ * step (measured; our reading is that its blocks no longer started beside
+ * the other kernels' on an SM). Measured on the H200 (1B decode,
+ * bench/README.md, fifteenth session): the norm forms so +0.7%; the
+ * residual form capped at 3 blocks an SM (loop_cap), so that the gate/up
+ * kernel after the o projection finds room on every SM and issues its
+ * first loads before the o projection ends, +1.7% more. */
+template <int DT, int S, int M, int NORM, int EPI, int ROWS, int UNROLL, int NX>
+__global__ void __launch_bounds__(kWarps * 32, 4)
+    fmm_loop_kernel(const void *x, const void *w, const void *nw, const void *res, void *y, int32_t n, int32_t k,
+                    float eps, int ydt, const rope_arg<EPI> rope)
+{
+    KTL_SCOPE(k);
+    constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8; /* elements per 16-byte vector */
+    constexpr int ES = 16 / E;                      /* bytes per element */
+    constexpr int STEP = 32 * E;
+    static_assert(NX % UNROLL == 0, "the ring's slots repeat every group");
+    __shared__ float part[2][kWarps][M][ROWS];
+    __shared__ float sq[kWarps][M];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int32_t groups = (n + ROWS - 1) / ROWS;
+    const int64_t kq = ((int64_t)k / E + kWarps - 1) / kWarps * E;
+    const int64_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
+    /* byte offsets in 32 bits (the launch checks that w has under 4 GB):
+     * fewer registers than 64-bit row pointers */
+    const uint32_t row_bytes = (uint32_t)k * ES, lane_bytes = (uint32_t)(k0 + lane * E) * ES;
+
+    /* step s of group g into slot u: rows past n read the last row
+     * (loaded, never stored), groups past the end nothing */
+    uint4 buf[UNROLL][ROWS];
+    auto fill = [&](int u, int32_t g, int s) {
+        const bool in = g < groups && k0 + (int64_t)s * STEP + lane * E < k1;
+        const uint32_t at = lane_bytes + (uint32_t)(s * STEP * ES);
+#pragma unroll
+        for (int r = 0; r < ROWS; r++) {
+            const uint32_t row = min((uint32_t)g * ROWS + r, (uint32_t)n - 1);
+            buf[u][r] = in ? kcu_load_stream((const char *)w + (row * row_bytes + at)) : make_uint4(0, 0, 0, 0);
+        }
+    };
+    int32_t g = blockIdx.x;
+    /* the first group's first steps before the wait: w does not depend on
+     * the previous kernel */
+#pragma unroll
+    for (int u = 0; u < UNROLL; u++)
+        fill(u, g, u);
+    kcu_after_prior(x, res, n, k);
+
+    float ev = 0.0f; /* the rope form's position, the same for every group */
+    if constexpr (EPI == KILN_FUSEDMM_ROPE) {
+        if (threadIdx.x < M * (ROWS / 2))
+            ev = (float)((const int32_t *)res)[threadIdx.x / (ROWS / 2)];
+    }
+    float inv[M];
+    if constexpr (NORM)
+        norm_inv<DT, S, M>((const char *)x, k, eps, sq, inv);
+    (void)sq;
+    /* this lane's x vectors (x in DT without the norm), normalized as
+     * RMSNorm stores its output: the normalized value rounded, times the
+     * weight, rounded */
+    uint4 xr[NX][M];
+#pragma unroll
+    for (int s = 0; s < NX; s++) {
+        const int64_t kk = k0 + (int64_t)s * STEP + lane * E;
+        float nf[E];
+        if constexpr (NORM)
+            unpack<DT>(kk < k1 ? __ldg((const uint4 *)((const char *)nw + kk * ES)) : make_uint4(0, 0, 0, 0), nf);
+#pragma unroll
+        for (int m = 0; m < M; m++) {
+            xr[s][m] = make_uint4(0, 0, 0, 0); /* past k1: zeros, as the weights there */
+            if (kk < k1) {
+                if constexpr (NORM) {
+                    float f[E];
+                    load_x<DT, S, E>((const char *)x, (int64_t)m * k + kk, f);
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        f[e] = kcu_round_float(DT, __fmul_rn(kcu_round_float(S, __fmul_rn(f[e], inv[m])), nf[e]));
+                    xr[s][m] = pack<DT>(f);
+                } else {
+                    xr[s][m] = __ldg((const uint4 *)((const char *)x + ((int64_t)m * k + kk) * ES));
+                }
+            }
+        }
+    }
+
+    for (int par = 0; g < groups; g += gridDim.x, par ^= 1) {
+        if constexpr (EPI == KILN_FUSEDMM_RESIDUAL) { /* loaded now, used after the products */
+            const int64_t r = (int64_t)g * ROWS + threadIdx.x % ROWS;
+            if (threadIdx.x < M * ROWS && r < n)
+                ev = kcu_load_float(res, S, (int64_t)(threadIdx.x / ROWS) * n + r);
+        }
+        float acc[M][ROWS];
+#pragma unroll
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++)
+                acc[m][r] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < NX; s++) {
+            constexpr int U = UNROLL;
+            const int u = s % U;
+            /* steps past k1 hold zeros in both x and w */
+            float xf[M][E];
+#pragma unroll
+            for (int m = 0; m < M; m++)
+                unpack<DT>(xr[s][m], xf[m]);
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                float wf[E];
+                unpack<DT>(buf[u][r], wf);
+#pragma unroll
+                for (int m = 0; m < M; m++)
+#pragma unroll
+                    for (int e = 0; e < E; e++)
+                        acc[m][r] = fmaf(xf[m][e], wf[e], acc[m][r]);
+            }
+            /* refill the slot with the step UNROLL ahead: in this group,
+             * or the next group's */
+            if (s + U < NX)
+                fill(u, g, s + U);
+            else
+                fill(u, g + gridDim.x, s + U - NX);
+        }
+#pragma unroll
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int r = 0; r < ROWS; r++) {
+                const float v = kcu_warp_sum(acc[m][r]);
+                if (lane == 0)
+                    part[par][wid][m][r] = v;
+            }
+        /* one barrier a group: part alternates, and a warp writes this
+         * parity again only after the barrier of the next group, which the
+         * threads that read it now reach after reading */
+        __syncthreads();
+        store_rows<DT, S, M, EPI, ROWS>(part[par], (int64_t)g * ROWS, n, ev, y, ydt, rope);
+    }
+}
+
+/* The grid of fmm_loop_kernel for `groups` groups of rows, or 0 for
+ * fmm_gemv_kernel. A wave is as many blocks as fit on the SMs, or cap_sm
+ * an SM where that is fewer. KILN_FMM_LOOP: unset, the loop wherever the
+ * groups outnumber one wave (a launch of one wave or less gains nothing
+ * from it); "0" never; "all" always, one wave; N >= 1 always, at most N
+ * blocks (the op tests: many groups a block). */
+template <typename K> int32_t loop_blocks(K kernel, int &per_sm, int32_t groups, int cap_sm)
+{
+    long cap = -1; /* -1: automatic, 0: one wave */
+    const char *e = getenv("KILN_FMM_LOOP");
+    if (e && strcmp(e, "0") == 0)
+        return 0;
+    if (e && strcmp(e, "all") == 0) {
+        cap = 0;
+    } else if (e && *e) {
+        char *end;
+        const long v = strtol(e, &end, 10);
+        if (end != e && !*end && v >= 1)
+            cap = v;
+    }
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    /* blocks an SM, once a kernel (the register count decides it) */
+    if (per_sm == 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0) != cudaSuccess)
+        per_sm = -1;
+    (void)cudaGetLastError();
+    if (per_sm < 1)
+        return 0;
+    const int64_t wave = (int64_t)sms * (cap_sm > 0 && cap_sm < per_sm ? cap_sm : per_sm);
+    if (cap < 0)
+        return groups > wave ? (int32_t)wave : 0;
+    const int64_t b = cap == 0 || cap > wave ? wave : cap;
+    return (int32_t)(b < groups ? b : groups);
+}
+
+/* fmm_loop_kernel with NX steps a warp (the warp's quarter of k in
+ * steps, rounded up to the ring), when the launch takes it: -1 if not.
+ * cap_sm > 0 caps the blocks an SM. */
+template <int DT, int S, int M, int NORM, int EPI, int ROWS, int UNROLL, int NX>
+int loop_launch(const kiln_fusedmm_cuda_args *a, const void *res, const rope_arg<EPI> &rope, int32_t groups, int cap_sm,
+                cudaStream_t s)
+{
+    static int per_sm = 0;
+    if ((uint64_t)a->n * (uint64_t)a->k * (DT == KILN_DTYPE_F32 ? 4 : 2) >= ((uint64_t)1 << 32))
+        return -1; /* the kernel's offsets are 32-bit */
+    const int32_t blocks = loop_blocks(fmm_loop_kernel<DT, S, M, NORM, EPI, ROWS, UNROLL, NX>, per_sm, groups, cap_sm);
+    if (blocks < 1)
+        return -1;
+    return (int)kcu_launch_cfg(fmm_loop_kernel<DT, S, M, NORM, EPI, ROWS, UNROLL, NX>, dim3(blocks), dim3(kWarps * 32),
+                               s, a->x, a->w, a->norm_weight, res, a->y, a->n, a->k, a->epsilon, (int)a->y_dtype, rope);
+}
+
+/* Blocks an SM of fmm_loop_kernel: KILN_FMM_LOOP_RESIDUAL=N (0..16) for
+ * the residual form (the o and down projections), 3 by default, so that
+ * the next kernel's blocks find room beside it and issue their first
+ * loads while it runs (0: fmm_gemv_kernel); KILN_FMM_LOOP_NORM=N for the
+ * norm forms, by default as many as fit (0). Measured at 1B (tok/s, two
+ * runs each): residual 3 (default) 1,234-1,235, 2 1,223, 4 1,217, 1
+ * 1,187; norm capped at 3 1,188, at 2 1,115; fmm_gemv_kernel alone
+ * 1,206. */
+int loop_cap(const char *name, int fallback)
+{
+    const char *e = getenv(name);
+    char *end;
+    const long v = e && *e ? strtol(e, &end, 10) : -1;
+    return e && *e && !*end && v >= 0 && v <= 16 ? (int)v : fallback;
 }
 
 template <int DT, int S, int M, int NORM, int EPI>
@@ -332,9 +599,26 @@ cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
         rope = a->rope;
         res = a->positions;
     }
-    return kcu_launch_cfg(fmm_gemv_kernel<DT, S, M, NORM, EPI, shape::rows, shape::unroll>,
-                          dim3((unsigned)((a->n + shape::rows - 1) / shape::rows)), dim3(kWarps * 32), s, a->x, a->w,
-                          a->norm_weight, res, a->y, a->n, a->k, a->epsilon, (int)a->y_dtype, rope);
+    const int32_t groups = (int32_t)((a->n + shape::rows - 1) / shape::rows);
+    if constexpr (M <= 2) {
+        /* two steps a warp (k up to 2,048 in 16 bits): x in 8 registers a
+         * row of x. Four (k = 4,096) took 200 registers, or spilled at
+         * the 128 that keep 4 blocks an SM. The residual form takes 4 rows
+         * a block and 2 loads a row in flight (8, 2 with the norm). */
+        constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8;
+        const int64_t steps = ((a->k / E + kWarps - 1) / kWarps * E + 32 * E - 1) / (32 * E);
+        const int cap = NORM ? loop_cap("KILN_FMM_LOOP_NORM", 0) : loop_cap("KILN_FMM_LOOP_RESIDUAL", 3);
+        if (steps <= 2 && (NORM || cap)) {
+            constexpr int R = NORM ? shape::rows : 4;
+            const int e =
+                loop_launch<DT, S, M, NORM, EPI, R, 2, 2>(a, res, rope, (int32_t)((a->n + R - 1) / R), cap, s);
+            if (e >= 0)
+                return (cudaError_t)e;
+        }
+    }
+    return kcu_launch_cfg(fmm_gemv_kernel<DT, S, M, NORM, EPI, shape::rows, shape::unroll>, dim3(groups),
+                          dim3(kWarps * 32), s, a->x, a->w, a->norm_weight, res, a->y, a->n, a->k, a->epsilon,
+                          (int)a->y_dtype, rope);
 }
 
 /* The four forms a decoder layer uses; the others take the GEMM path. */

@@ -989,6 +989,44 @@ static void test_fused_matmul(void)
         }
 }
 
+/* The norm forms through fmm_norm_loop_kernel (resident blocks, group
+ * after group of rows, the ring of weight loads running on into the next
+ * group): KILN_FMM_LOOP=7 gives a launch at most 7 blocks, so each block
+ * takes many groups and some one more than others. The kernel takes 1 or
+ * 2 rows of x and up to two steps a warp: k = 2,048 (the 1B's; f32
+ * weights need four steps there and fall back to fmm_gemv_kernel, as do
+ * 4 and 8 rows of x), 576 (a quarter of the lanes' vectors past k) and
+ * 1,000 (the last warp's quarter shorter); n with a last group of half
+ * its rows. The residual form here at most 2 blocks an SM (its default: 3). */
+static void test_fused_matmul_loop(void)
+{
+    setenv("KILN_FMM_LOOP", "7", 1);
+    static const int64_t rows[] = {1, 2, 4, 8};
+    static const int32_t ks[] = {2048, 576, 1000};
+    for (size_t ti = 0; ti < 3; ti++) {
+        const kiln_dtype t = float_types[ti];
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+            for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+                check_fused_matmul(t, t, 4100, ks[ki], 1, "swiglu", rows[ri], 0);
+                check_fused_matmul(t, t == KILN_DTYPE_F32 ? t : KILN_DTYPE_F32, 260, ks[ki], 1, "none", rows[ri], 1);
+                if (t != KILN_DTYPE_F32)
+                    check_fused_matmul(t, KILN_DTYPE_F32, 1028, ks[ki], 1, "none", rows[ri], 0);
+            }
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++)
+            check_fused_rope(t, ri % 2, ri % 2 ? 64 : 128, ri % 2 ? "none" : "llama3", rows[ri]);
+        /* the residual form (KILN_FMM_LOOP_RESIDUAL: at most N blocks an SM) */
+        setenv("KILN_FMM_LOOP_RESIDUAL", "2", 1);
+        for (size_t ki = 0; ki < sizeof ks / sizeof ks[0]; ki++)
+            for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+                check_fused_matmul(t, t, 1030, ks[ki], 0, "residual", rows[ri], 0);
+                if (t != KILN_DTYPE_F32)
+                    check_fused_matmul(t, KILN_DTYPE_F32, 1030, ks[ki], 0, "residual", rows[ri], 0);
+            }
+        unsetenv("KILN_FMM_LOOP_RESIDUAL");
+    }
+    unsetenv("KILN_FMM_LOOP");
+}
+
 /* Every plugin once more, each launch captured into a graph and replayed. */
 static void test_graph_capture(void)
 {
@@ -1113,8 +1151,9 @@ static void test_graph_capture(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_rmsnorm),   TEST(test_rmsnorm_mixed), TEST(test_rope), TEST(test_swiglu),       TEST(test_qmatmul),
-    TEST(test_qmatmul_k), TEST(test_woq),           TEST(test_fp8),  TEST(test_fused_matmul), TEST(test_graph_capture)};
+    TEST(test_rmsnorm),      TEST(test_rmsnorm_mixed),     TEST(test_rope),         TEST(test_swiglu),
+    TEST(test_qmatmul),      TEST(test_qmatmul_k),         TEST(test_woq),          TEST(test_fp8),
+    TEST(test_fused_matmul), TEST(test_fused_matmul_loop), TEST(test_graph_capture)};
 
 int main(void)
 {
