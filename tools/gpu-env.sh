@@ -8,6 +8,14 @@
 #                                does not carry into the next build) and
 #                                build the targets (all without any); logs
 #                                in $KILN_GPU_LOGS/build.log
+#   kiln_gpu_checkpoint 1b|8b DIR  start writing a random checkpoint of the
+#                                Llama-3.2-1B or Llama-3.1-8B shape into
+#                                DIR/ck in the background (the 8B's takes a
+#                                minute or two: start it before the build)
+#   kiln_gpu_engine 1b|8b DIR    wait for it and build DIR/e.engine (bf16,
+#                                --max-tokens 2048; the 8B also
+#                                --max-seq-len 8448, room for an 8,192-token
+#                                prompt), with build-gpu/bin/kiln
 # so that a measurement on the lent machine is
 #   . tools/gpu-env.sh && kiln_gpu_build kiln_cli kiln_bench && build-gpu/bin/kiln ...
 # Returns 2 (from the source) when the dependencies are not there.
@@ -51,6 +59,35 @@ kiln_gpu_build() {
     if ! ninja -C "$KILN_BUILD_DIR" -j "$(nproc)" "$@" >"$KILN_GPU_LOGS/build.log" 2>&1; then
         grep -E "error|FAILED" "$KILN_GPU_LOGS/build.log" | head -n 30
         echo "gpu-env: build FAILED" >&2
+        return 1
+    fi
+}
+
+kiln_gpu_checkpoint() {
+    local shape
+    case "$1" in
+        1b) shape=llama-3.2-1b ;;
+        8b) shape=llama-3.1-8b ;;
+        *) echo "gpu-env: the model is 1b or 8b, not $1" >&2; return 2 ;;
+    esac
+    mkdir -p "$2"
+    python3 "$kiln_root/tools/make_random_checkpoint.py" "$2/ck" --model "$shape" >"$KILN_GPU_LOGS/checkpoint-$1.log" 2>&1 &
+    kiln_gpu_ck_pid=$!
+}
+
+kiln_gpu_engine() {
+    local extra=""
+    [ "$1" = 8b ] && extra="--max-seq-len 8448"
+    if ! wait "$kiln_gpu_ck_pid"; then
+        tail -n 5 "$KILN_GPU_LOGS/checkpoint-$1.log"
+        echo "gpu-env: the random checkpoint FAILED" >&2
+        return 1
+    fi
+    # shellcheck disable=SC2086
+    if ! "$KILN_BUILD_DIR/bin/kiln" build "$2/ck" --backend cuda --dtype bf16 --max-tokens 2048 $extra \
+            -o "$2/e.engine" >"$KILN_GPU_LOGS/engine-$1.log" 2>&1; then
+        tail -n 5 "$KILN_GPU_LOGS/engine-$1.log"
+        echo "gpu-env: kiln build FAILED" >&2
         return 1
     fi
 }

@@ -23,8 +23,7 @@ cd "$root" || exit 2
 model=${1:-1b}
 [ $# -gt 0 ] && shift
 case "$model" in
-    1b) shape=llama-3.2-1b extra="" ;;
-    8b) shape=llama-3.1-8b extra="--max-seq-len 8448" ;;
+    1b|8b) ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "gpu-timeline: the model is 1b or 8b, not $model" >&2; exit 2 ;;
 esac
@@ -36,14 +35,10 @@ export KILN_GPU_LOGS=$logs
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-python3 tools/make_random_checkpoint.py "$work/ck" --model "$shape" >"$logs/checkpoint.log" 2>&1 &
-ck=$!
+kiln_gpu_checkpoint "$model" "$work" || exit 2
 KILN_GPU_CMAKE_ARGS=-DKILN_CUDA_TIMELINE=ON kiln_gpu_build kiln_cli || exit 1
-wait "$ck" || { tail -n 5 "$logs/checkpoint.log"; exit 1; }
+kiln_gpu_engine "$model" "$work" || exit 1
 kiln=build-gpu/bin/kiln
-# shellcheck disable=SC2086
-"$kiln" build "$work/ck" --backend cuda --dtype bf16 --max-tokens 2048 $extra -o "$work/e.engine" \
-    >"$logs/engine.log" 2>&1 || { tail -n 5 "$logs/engine.log"; exit 1; }
 
 run=0
 for setting in "" "$@"; do
