@@ -134,6 +134,25 @@ template <int DT, int S, int E> __device__ __forceinline__ void load_x(const cha
     }
 }
 
+/* acc[m][r] += x row m · w row r over one 16-byte vector of each w row
+ * (xf: the M rows' E values there, as floats). */
+template <int DT, int M, int ROWS>
+__device__ __forceinline__ void dot_rows(const float (*xf)[DT == KILN_DTYPE_F32 ? 4 : 8], const uint4 *w,
+                                         float (*acc)[ROWS])
+{
+    constexpr int E = DT == KILN_DTYPE_F32 ? 4 : 8;
+#pragma unroll
+    for (int r = 0; r < ROWS; r++) {
+        float wf[E];
+        unpack<DT>(w[r], wf);
+#pragma unroll
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                acc[m][r] = fmaf(xf[m][e], wf[e], acc[m][r]);
+    }
+}
+
 /* 1 / sqrt(mean(x²) + eps) of each of the M rows of x (dtype S) over all
  * of k, as rmsnorm.c, by the whole block; sq is the block's scratch. */
 template <int DT, int S, int M>
@@ -315,16 +334,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                             xf[m][e] =
                                 kcu_round_float(DT, __fmul_rn(kcu_round_float(S, __fmul_rn(xf[m][e], inv[m])), nf[e]));
                 }
-#pragma unroll
-                for (int r = 0; r < ROWS; r++) {
-                    float wf[E];
-                    unpack<DT>(buf[u][r], wf);
-#pragma unroll
-                    for (int m = 0; m < M; m++)
-#pragma unroll
-                        for (int e = 0; e < E; e++)
-                            acc[m][r] = fmaf(xf[m][e], wf[e], acc[m][r]);
-                }
+                dot_rows<DT, M, ROWS>(xf, buf[u], acc);
             }
             /* refill this slot with the vector UNROLL loads ahead */
             const int64_t next = kk + (int64_t)UNROLL * STEP;
@@ -484,16 +494,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4)
 #pragma unroll
             for (int m = 0; m < M; m++)
                 unpack<DT>(xr[s][m], xf[m]);
-#pragma unroll
-            for (int r = 0; r < ROWS; r++) {
-                float wf[E];
-                unpack<DT>(buf[u][r], wf);
-#pragma unroll
-                for (int m = 0; m < M; m++)
-#pragma unroll
-                    for (int e = 0; e < E; e++)
-                        acc[m][r] = fmaf(xf[m][e], wf[e], acc[m][r]);
-            }
+            dot_rows<DT, M, ROWS>(xf, buf[u], acc);
             /* refill the slot with the step UNROLL ahead: in this group,
              * or the next group's */
             if (s + U < NX)
