@@ -22,6 +22,7 @@
  * read an f32 x and the residual form adds into an f32 residual and
  * writes f32 (the kernels' S, "stream", dtype; cuBLASLt's C and D in f32
  * with bf16/f16 A and B, one of its documented type combinations). */
+#include <atomic>
 #include <mutex>
 #include <stdio.h>
 #include <stdlib.h>
@@ -524,7 +525,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4)
  * groups outnumber one wave (a launch of one wave or less gains nothing
  * from it); "0" never; "all" always, one wave; N >= 1 always, at most N
  * blocks (the op tests: many groups a block). */
-template <typename K> int32_t loop_blocks(K kernel, int &per_sm, int32_t groups, int cap_sm)
+template <typename K> int32_t loop_blocks(K kernel, std::atomic<int> &known, int32_t groups, int cap_sm)
 {
     long cap = -1; /* -1: automatic, 0: one wave */
     const char *e = getenv("KILN_FMM_LOOP");
@@ -545,9 +546,14 @@ template <typename K> int32_t loop_blocks(K kernel, int &per_sm, int32_t groups,
         return 0;
     }
     /* blocks an SM, once a kernel (the register count decides it) */
-    if (per_sm == 0 && cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0) != cudaSuccess)
-        per_sm = -1;
-    (void)cudaGetLastError();
+    int per_sm = known.load(std::memory_order_relaxed);
+    if (per_sm == 0) {
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kWarps * 32, 0) != cudaSuccess) {
+            (void)cudaGetLastError(); /* this query's own error: fmm_gemv_kernel instead */
+            per_sm = -1;
+        }
+        known.store(per_sm, std::memory_order_relaxed); /* engines on other threads find the same */
+    }
     if (per_sm < 1)
         return 0;
     const int64_t wave = (int64_t)sms * (cap_sm > 0 && cap_sm < per_sm ? cap_sm : per_sm);
@@ -564,7 +570,7 @@ template <int DT, int S, int M, int NORM, int EPI, int ROWS, int UNROLL, int NX>
 int loop_launch(const kiln_fusedmm_cuda_args *a, const void *res, const rope_arg<EPI> &rope, int32_t groups, int cap_sm,
                 cudaStream_t s)
 {
-    static int per_sm = 0;
+    static std::atomic<int> per_sm{0};
     if ((uint64_t)a->n * (uint64_t)a->k * (DT == KILN_DTYPE_F32 ? 4 : 2) >= ((uint64_t)1 << 32))
         return -1; /* the kernel's offsets are 32-bit */
     const int32_t blocks = loop_blocks(fmm_loop_kernel<DT, S, M, NORM, EPI, ROWS, UNROLL, NX>, per_sm, groups, cap_sm);
