@@ -989,7 +989,7 @@ static void test_fused_matmul(void)
         }
 }
 
-/* The norm forms through fmm_norm_loop_kernel (resident blocks, group
+/* FusedMatMul's GEMV through fmm_loop_kernel (resident blocks, group
  * after group of rows, the ring of weight loads running on into the next
  * group): KILN_FMM_LOOP=7 gives a launch at most 7 blocks, so each block
  * takes many groups and some one more than others. The kernel takes 1 or
@@ -997,7 +997,10 @@ static void test_fused_matmul(void)
  * weights need four steps there and fall back to fmm_gemv_kernel, as do
  * 4 and 8 rows of x), 576 (a quarter of the lanes' vectors past k) and
  * 1,000 (the last warp's quarter shorter); n with a last group of half
- * its rows. The residual form here at most 2 blocks an SM (its default: 3). */
+ * its rows. The residual form here at most 2 blocks an SM (its default: 3).
+ * Last, the launch's own choice (KILN_FMM_LOOP unset) at the 1B's k: 700
+ * and 500 groups against the H200's waves of 528 and 396 blocks (4 and 3
+ * an SM), one or two groups a block. */
 static void test_fused_matmul_loop(void)
 {
     setenv("KILN_FMM_LOOP", "7", 1);
@@ -1025,6 +1028,8 @@ static void test_fused_matmul_loop(void)
         unsetenv("KILN_FMM_LOOP_RESIDUAL");
     }
     unsetenv("KILN_FMM_LOOP");
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 8 * 700, 2048, 1, "swiglu", 1, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 4 * 500, 2048, 0, "residual", 1, 0);
 }
 
 /* Every plugin once more, each launch captured into a graph and replayed. */
