@@ -21,8 +21,9 @@
  * table read per key (KILN_ATTENTION_PIPE_STAGE_BLOCK=0), `k32` and `k256`
  * with splits of at least 32 and 256 keys (KILN_ATTENTION_PIPE_SPLIT_KEYS),
  * `cap8` and `cap16` with the splits capped at 8 and 16 (KILN_ATTENTION_PIPE_CAP),
- * `s3` with 3 pipeline stages a warp instead of 4, so 4 CTAs fit an SM
- * (KILN_ATTENTION_PIPE_STAGES=3), `nocl` with the splits merged by
+ * `s3` and `s4` with 3 and 4 pipeline stages a warp (KILN_ATTENTION_PIPE_STAGES;
+ * by default 3, so that 4 CTAs fit an SM, where many sequences fill the
+ * grid, else 4), `nocl` with the splits merged by
  * kat_combine instead of in a thread-block cluster
  * (KILN_ATTENTION_CLUSTER=0), `prev` the previous default (all four
  * choices undone) and `split` the older kat_decode
@@ -301,6 +302,7 @@ static const variant variants[] = {
     {"cap8", {"KILN_ATTENTION_PIPE_CAP", "8"}},
     {"cap16", {"KILN_ATTENTION_PIPE_CAP", "16"}},
     {"s3", {"KILN_ATTENTION_PIPE_STAGES", "3"}},
+    {"s4", {"KILN_ATTENTION_PIPE_STAGES", "4"}},
     {"nocl", {"KILN_ATTENTION_CLUSTER", "0"}},
     {"prev",
      {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS", "256",

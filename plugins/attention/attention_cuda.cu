@@ -868,7 +868,8 @@ __device__ __forceinline__ void kat_cp_commit() { asm volatile("cp.async.commit_
  * and a conversion from E4M3 codes (F8; exact: f16 and bf16 hold every
  * E4M3 value), whose store the kernel's barriers publish as they do the
  * cp.async groups' data. */
-template <int DT, bool F8> __device__ __forceinline__ void kat_prefill_load(uint16_t *dst, const void *cache, int64_t off)
+template <int DT, bool F8>
+__device__ __forceinline__ void kat_prefill_load(uint16_t *dst, const void *cache, int64_t off)
 {
     if (!F8) {
         kat_cp_async16(dst, off >= 0 ? (const uint16_t *)cache + off : cache, off >= 0 ? 16 : 0);
@@ -2048,18 +2049,28 @@ static int32_t kat_pipe_keys(const kiln_attention_cuda_args &a)
     return (keys + stage - 1) / stage * stage;
 }
 
-/* The cp.async stages of each kat_pipe warp: KAT_PIPE_STAGES, or
- * KILN_ATTENTION_PIPE_STAGES=3 (KAT_PIPE_STAGES_FEW) for groups of up to 4
- * query heads: 48 KB of shared memory a CTA instead of 64 and at most 128
- * registers a thread (no spills at sm_90), so 4 CTAs fit an SM instead of
- * 3. Many short sequences (1024 of 128..256 keys: every sequence one CTA
- * of 4-8 warp stages a warp) are bound by instruction latency with 12 warps
- * an SM, not by memory: 16 hide more of it, with the same 144 KB of loads
- * in flight per SM. */
-static int32_t kat_pipe_stages(void)
+/* The cp.async stages of each kat_pipe warp: KAT_PIPE_STAGES_FEW (3) for
+ * groups of up to 4 query heads (kat_launch_pipe_any) when the step's
+ * (token, head group) CTAs alone are at least two grids of the split
+ * target (many sequences: continuous batching), else KAT_PIPE_STAGES (4);
+ * KILN_ATTENTION_PIPE_STAGES=3 or 4 forces either. 3 stages are 48 KB of
+ * shared memory a CTA instead of 64 and at most 128 registers a thread (no
+ * spills at sm_90), so 4 CTAs fit an SM instead of 3. Many short
+ * sequences (1024 of 128..256 keys: every sequence one CTA of 4-8 warp
+ * stages a warp) are bound by instruction latency with 12 warps an SM, not
+ * by memory: 16 hide more of it, with the same 144 KB of loads in flight
+ * per SM. attention_bench on the H200 (graph time, sixteenth session):
+ * 1024 sequences of 128..256 keys 313 us against 338, 512 of 1000..2000
+ * 867 against 896; a few long sequences keep 4 (their splits are the
+ * grid, and deeper pipelines serve them). */
+static int32_t kat_pipe_stages(const kiln_attention_cuda_args &a, int64_t ctas)
 {
     const char *e = getenv("KILN_ATTENTION_PIPE_STAGES");
-    return e && strcmp(e, "3") == 0 ? KAT_PIPE_STAGES_FEW : KAT_PIPE_STAGES;
+    if (e && strcmp(e, "3") == 0)
+        return KAT_PIPE_STAGES_FEW;
+    if (e && strcmp(e, "4") == 0)
+        return KAT_PIPE_STAGES;
+    return (int64_t)a.tokens * ctas >= 2 * kat_pipe_target() ? KAT_PIPE_STAGES_FEW : KAT_PIPE_STAGES;
 }
 
 /* The most splits kat_pipe's grid plans where clusters run:
@@ -2097,7 +2108,7 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
     p.keys = kat_pipe_keys(a);
     p.g = kat_pipe_grid_splits(a.tokens, ctas, a.max_blocks * a.block_size, kat_pipe_target(), p.keys);
     p.fused = fused;
-    p.stages = kat_pipe_stages();
+    p.stages = kat_pipe_stages(a, ctas);
     p.opts = (kat_env_off("KILN_ATTENTION_PIPE_EARLY") ? 0 : KAT_PIPE_EARLY) |
              (kat_env_off("KILN_ATTENTION_PIPE_STAGE_BLOCK") ? 0 : KAT_PIPE_STAGE_BLOCK);
     p.cluster = p.g > 1 && kat_use_cluster();

@@ -1381,8 +1381,8 @@ __attribute__((target(GFNI_TARGET), always_inline)) static inline void q6k_panel
                                _mm512_loadu_si512((const void *)(c + 64 * (16 * h + 8 + i))), \
                                _mm512_loadu_si512((const void *)(c + 2048 + 64 * (8 * h + i))), v); \
                         UNROLLED_FOR (t, 4) \
-                            sj[2 * t + i / 4] = \
-                                _mm512_dpbusd_epi32(sj[2 * t + i / 4], v[t], bcast4(xb->q + 128 * h + 32 * t + 4 * i)); \
+                            sj[2 * t + i / 4] = _mm512_dpbusd_epi32(sj[2 * t + i / 4], v[t], \
+                                                                    bcast4(xb->q + 128 * h + 32 * t + 4 * i)); \
                     } \
                     /* sub-block 8h + j: its sum · sc_j, sc_j byte j % 4 of scale vector 2h + j / 4 */ \
                     UNROLLED_FOR (j, 8) { \

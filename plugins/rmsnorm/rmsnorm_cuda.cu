@@ -174,12 +174,12 @@ extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void
     /* the vector kernel's pairs: x in y's dtype, or an f32 x (the residual
      * stream) with a bf16 or f16 y; the residual in y's dtype */
     const int pair = x_dtype == y_dtype || (x_dtype == KILN_DTYPE_F32 && y_dtype != KILN_DTYPE_F32);
-    if (pair && (!residual || residual_dtype == y_dtype) && h % e == 0 &&
-        h / e <= (int64_t)RMS_THREADS * RMS_MAX_VEC && addr % 16 == 0) {
+    if (pair && (!residual || residual_dtype == y_dtype) && h % e == 0 && h / e <= (int64_t)RMS_THREADS * RMS_MAX_VEC &&
+        addr % 16 == 0) {
 #define RMS_VEC(XT, YT) \
     if (x_dtype == XT && y_dtype == YT) \
-        return (int)kcu_launch_cfg(rmsnorm_vec_kernel<XT, YT>, dim3(blocks), dim3(RMS_THREADS), st, x, residual, weight, \
-                                   sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
+        return (int)kcu_launch_cfg(rmsnorm_vec_kernel<XT, YT>, dim3(blocks), dim3(RMS_THREADS), st, x, residual, \
+                                   weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
         RMS_VEC(KILN_DTYPE_BF16, KILN_DTYPE_BF16)
         RMS_VEC(KILN_DTYPE_F16, KILN_DTYPE_F16)
         RMS_VEC(KILN_DTYPE_F32, KILN_DTYPE_F32)

@@ -387,7 +387,9 @@ static void test_decode_long(void)
 }
 
 /* Many sequences in one decode step, as continuous batching forms them:
- * the tokens alone fill the GPU, so every sequence is one split. */
+ * the tokens alone fill the GPU, so every sequence is one split, and
+ * kat_pipe runs 3 pipeline stages a warp (kat_pipe_stages); once more
+ * with the 4 that fewer sequences get (KILN_ATTENTION_PIPE_STAGES=4). */
 static void test_decode_many(void)
 {
     static int32_t n_new[1024], lens[1024];
@@ -397,6 +399,9 @@ static void test_decode_many(void)
     }
     lens[3] = 1;
     run_all(&(step){"decode 1024 sequences of 128..256", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
+    setenv("KILN_ATTENTION_PIPE_STAGES", "4", 1);
+    run_all(&(step){"decode 1024 sequences of 128..256, 4 stages", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
+    unsetenv("KILN_ATTENTION_PIPE_STAGES");
     for (int i = 0; i < 300; i++)
         lens[i] = 1000 + (int32_t)(rng_next() % 1001);
     run_all(&(step){"decode 300 sequences of 1000..2000", 32, 8, 128, 16, 0, 0, 0, 300, n_new, lens});

@@ -21,7 +21,9 @@
  * or column of y is far outside; with f32 x it dequantizes exactly and
  * keeps the f32 tolerance), Fp8MatMul (the
  * per-token quantization, the GEMV up to 8 rows, cuBLASLt's FP8 GEMM past
- * it and the GEMV over row groups where n is not a multiple of 4; f32
+ * it with the scales in its epilogue and with KILN_FP8_GEMM=f32's f32
+ * result and scale kernel, and the GEMV over row groups where n is not a
+ * multiple of 4; f32
  * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32),
  * FusedMatMul (every prologue and epilogue, RoPE's half-split and
  * interleaved pairs, partial rotary, the GEMV at 1, 2, 4, 8 rows
@@ -809,16 +811,21 @@ static void test_fp8(void)
         buf w, s;
         random_fp8(n, k, &w, &s);
         /* decode rows through the one-kernel GEMV (the default) and the
-         * quantize-then-GEMV pair (KILN_FP8_GEMV=split) */
+         * quantize-then-GEMV pair (KILN_FP8_GEMV=split); past 8 rows the
+         * GEMM with its scales in cuBLASLt's epilogue (the default) and
+         * with the f32 result and the scale kernel (KILN_FP8_GEMM=f32) */
+        const size_t nts = sizeof ts / sizeof ts[0];
         for (size_t ti = 0; ti < 3; ti++)
-            for (size_t ri = 0; ri < sizeof ts / sizeof ts[0] + 4; ri++) {
+            for (size_t ri = 0; ri < nts + 7; ri++) {
                 kiln_dtype t = float_types[ti];
-                const int split = ri >= sizeof ts / sizeof ts[0];
-                int64_t rows = split ? ts[ri - sizeof ts / sizeof ts[0]] : ts[ri];
+                const int split = ri >= nts && ri < nts + 4, f32 = ri >= nts + 4;
+                int64_t rows = split ? ts[ri - nts] : f32 ? ts[ri - nts] : ts[ri];
                 if (n * (int64_t)k > 4096 * 4096 && rows > 8)
                     continue; /* the large shape is a decode shape */
                 if (split)
                     setenv("KILN_FP8_GEMV", "split", 1);
+                if (f32)
+                    setenv("KILN_FP8_GEMM", "f32", 1);
                 buf in[3] = {buf_random(t, rows, k, -2, 2), w, s};
                 buf out = buf_output(t, rows, n);
                 kiln_tensor_desc d[4] = {in[0].desc, w.desc, s.desc, out.desc};
@@ -830,9 +837,12 @@ static void test_fp8(void)
                 }
                 char what[96];
                 snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d%s", dtype_name(t), (long long)rows, n, k,
-                         split ? ", KILN_FP8_GEMV=split" : "");
+                         split ? ", KILN_FP8_GEMV=split"
+                         : f32 ? ", KILN_FP8_GEMM=f32"
+                               : "");
                 run_both_ws(what, p, in, 3, &out, 1, ws_host, ws_dev);
                 unsetenv("KILN_FP8_GEMV");
+                unsetenv("KILN_FP8_GEMM");
                 free(ws_host);
                 cudaFree(ws_dev);
                 buf_free(&in[0]);

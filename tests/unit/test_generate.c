@@ -776,10 +776,10 @@ static int open_kv_engine(int32_t kv_cache, tiny *t)
 }
 
 typedef struct top5 {
-    size_t at;      /* the position whose logits are wanted */
-    int32_t tok;    /* the token to look for */
+    size_t at;   /* the position whose logits are wanted */
+    int32_t tok; /* the token to look for */
     int32_t vocab;
-    int rank;       /* how many logits exceed tok's: 0 = argmax */
+    int rank; /* how many logits exceed tok's: 0 = argmax */
 } top5;
 
 static void rank_of(void *user, size_t position, const float *logits)

@@ -646,8 +646,8 @@ static void check_attention_decode_isa(int32_t nh, int32_t nkv, int32_t hd, int6
             /* f16's edges in the rows appended: 65520 rounds up to inf,
              * 65519 down to 65504; 2^-25 is a tie to 0, 3 * 2^-25 to the
              * subnormal 2^-23; NaN stays NaN; -0 keeps its sign */
-            static const float edge[] = {65520.0f, -65519.0f, 0x1p-25f, 3 * 0x1p-25f, 0x1.0p-14f, -0.0f, 1e-30f,
-                                         1.00048828125f, 2049.0f, 1e9f};
+            static const float edge[] = {65520.0f, -65519.0f, 0x1p-25f,       3 * 0x1p-25f, 0x1.0p-14f,
+                                         -0.0f,    1e-30f,    1.00048828125f, 2049.0f,      1e9f};
             for (int64_t i = 0; i < T * kw; i++) {
                 k[i] = i % 11 == 10 ? NAN : edge[i % 10];
                 v[i] = edge[(i + 3) % 10] * (i % 2 ? -1.0f : 1.0f);
@@ -666,7 +666,7 @@ static void check_attention_decode_isa(int32_t nh, int32_t nkv, int32_t hd, int6
  * last tile, whole chunks and odd lengths, each cache dtype. */
 static void test_attention_decode_isa(void)
 {
-    static const int32_t shapes[][3] = {{16, 16, 64}, {9, 3, 64}, {32, 8, 64}, {15, 3, 64}, {16, 2, 64},
+    static const int32_t shapes[][3] = {{16, 16, 64}, {9, 3, 64},  {32, 8, 64},  {15, 3, 64},  {16, 2, 64},
                                         {16, 1, 64},  {8, 8, 128}, {12, 4, 128}, {32, 8, 128}, {16, 2, 128}};
     static const int64_t lens[] = {0, 14, 47, 540, 1001};
     static const kiln_dtype cts[] = {KILN_DTYPE_F16, KILN_DTYPE_F32, KILN_DTYPE_U8};

@@ -516,7 +516,8 @@ static void test_panel_extremes(void)
                 for (int32_t b = 0; b < k / f->block; b++) {
                     const uint8_t *p = w + (size_t)r * wrow + (size_t)b * f->block_bytes;
                     float d = kiln_host()->half_to_float((uint16_t)(p[d_at(f)] | p[d_at(f) + 1] << 8));
-                    float m = m_at(f) >= 0 ? kiln_host()->half_to_float((uint16_t)(p[m_at(f)] | p[m_at(f) + 1] << 8)) : 0;
+                    float m =
+                        m_at(f) >= 0 ? kiln_host()->half_to_float((uint16_t)(p[m_at(f)] | p[m_at(f) + 1] << 8)) : 0;
                     double big = f->type == KILN_GGML_Q4_K   ? fabs(d) * 63 * 15 + fabs(m) * 63
                                  : f->type == KILN_GGML_Q6_K ? fabs(d) * 128 * 32
                                  : f->type == KILN_GGML_Q8_0 ? fabs(d) * 128

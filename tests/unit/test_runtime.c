@@ -680,17 +680,10 @@ static void test_upcoming_constants(void)
 }
 
 static const test_case_ tests[] = {
-    TEST(test_run_matches_naive),
-    TEST(test_upcoming_constants),
-    TEST(test_threads_share_engine),
-    TEST(test_context_pool_does_not_grow),
-    TEST(test_shape_errors),
-    TEST(test_missing_plugins_reported_together),
-    TEST(test_cuda_engine_refused_here),
-    TEST(test_bad_images),
-    TEST(test_describe_json),
-    TEST(test_plugin_workspace),
-    TEST(test_constant_output),
+    TEST(test_run_matches_naive),          TEST(test_upcoming_constants), TEST(test_threads_share_engine),
+    TEST(test_context_pool_does_not_grow), TEST(test_shape_errors),       TEST(test_missing_plugins_reported_together),
+    TEST(test_cuda_engine_refused_here),   TEST(test_bad_images),         TEST(test_describe_json),
+    TEST(test_plugin_workspace),           TEST(test_constant_output),
 };
 
 TEST_MAIN(tests)
