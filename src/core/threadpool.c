@@ -83,8 +83,7 @@ static void job_work(job *j)
         long long size = (j->n - b) / j->div;
         size = size < 1 ? 1 : size;
         /* on failure b is the counter's current value: try again from it */
-        if (atomic_compare_exchange_weak_explicit(&j->next, &b, b + size, memory_order_relaxed,
-                                                  memory_order_relaxed)) {
+        if (atomic_compare_exchange_weak_explicit(&j->next, &b, b + size, memory_order_relaxed, memory_order_relaxed)) {
             j->fn(j->arg, b, b + size);
             b = atomic_load_explicit(&j->next, memory_order_relaxed);
         }

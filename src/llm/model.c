@@ -104,8 +104,8 @@ typedef struct builder {
     const kiln_llm_build_options *opt;
     int64_t n_weights, done_weights;
     char name[160];
-    char expanded[64]; /* formats expanded for want of a CUDA kernel */
-    int fuse;          /* decoder layers of plain weights as kiln/FusedMatMul (fused_layer) */
+    char expanded[64];   /* formats expanded for want of a CUDA kernel */
+    int fuse;            /* decoder layers of plain weights as kiln/FusedMatMul (fused_layer) */
     kiln_dtype kv_dtype; /* the KV cache's (kiln_llm_build_options.kv_cache resolved) */
     kiln_dtype stream;   /* the residual stream's: f32 (the dtype with KILN_LLM_RESIDUAL=dtype) */
 } builder;
@@ -1080,7 +1080,9 @@ static kiln_status quant_embedding(builder *b, kiln_tensor tokens, kiln_tensor *
     }
     int32_t n = (int32_t)c->vocab_size, k = (int32_t)c->hidden_size;
     kiln_field fields[4] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "format", KILN_FIELD_STRING, 1, name},
-                            field_i32("n", &n), field_i32("k", &k), field_i32("panels", panels)};
+                            field_i32("n", &n),
+                            field_i32("k", &k),
+                            field_i32("panels", panels)};
     kiln_tensor in[2] = {*table, tokens};
     KILN_TRY(plugin(b, "embed", "QuantGather", fields, *panels ? 4 : 3, in, 2, x));
     if (b->stream != KILN_DTYPE_F32)
@@ -1098,7 +1100,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
     step_inputs in;
     KILN_TRY(add_inputs(b, max_blocks, &in));
     kiln_tensor emb, x, table;
-    int lm_fmt = -1;        /* tied and kept quantized: the QuantMatMul format of table */
+    int lm_fmt = -1;       /* tied and kept quantized: the QuantMatMul format of table */
     int32_t lm_panels = 0; /* ... and table in its row panels */
     KILN_TRY(quant_embedding(b, in.tokens, &x, &table, &lm_fmt, &lm_panels));
     if (x.id < 0) {
@@ -1138,8 +1140,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
      * own where the checkpoint stores one. */
     if (lm_fmt >= 0) {
         KILN_TRY(quant_layer(b, kiln_ggml_type_name(quant_formats[lm_fmt].type), table, vocab, c->hidden_size, h,
-                             lm_panels,
-                             "lm_head", &logits));
+                             lm_panels, "lm_head", &logits));
         b->done_weights++;
         done = 1;
     } else {

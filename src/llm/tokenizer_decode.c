@@ -90,7 +90,7 @@ static kiln_status decode_token(kiln_tokenizer_stream *s, bool first)
         case TOK_DEC_STRIP: {
             if (fused)
                 continue; /* the whole-text strip, done by the stream */
-            if (!b->len) /* an empty piece (its p may be NULL): nothing to strip */
+            if (!b->len)  /* an empty piece (its p may be NULL): nothing to strip */
                 break;
             size_t a = 0, e = b->len;
             for (uint32_t k = 0; k < d->start && has_prefix(b->p + a, e - a, d->a, d->a_len); k++)

@@ -59,9 +59,8 @@ static const char build_llm_help[] =
     "  -h, --help            show this help\n";
 
 static const char *const llm_valued[] = {
-    "-o",           "--output",        "--dtype",     "--max-batch", "--max-seq-len",
-    "--max-tokens", "--block-size",    "--tokenizer", "--plugins",   "--backend",
-    "--weights",    "--weights-group", "--kv-dtype",  NULL};
+    "-o",          "--output",  "--dtype",   "--max-batch", "--max-seq-len",   "--max-tokens", "--block-size",
+    "--tokenizer", "--plugins", "--backend", "--weights",   "--weights-group", "--kv-dtype",   NULL};
 
 static int ends_with(const char *s, const char *suffix)
 {

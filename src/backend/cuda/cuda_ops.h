@@ -29,7 +29,7 @@ struct kiln_cuda_device {
      * cost alone was not measured) */
     kcu_error_word *report;     /* host address */
     kcu_error_word *report_dev; /* its device alias */
-    struct mm_cache *mm; /* cuBLASLt plans by problem (cuda_matmul.c) */
+    struct mm_cache *mm;        /* cuBLASLt plans by problem (cuda_matmul.c) */
 };
 
 static inline const char *layer_name(const kiln_cuda_args *a)
