@@ -338,43 +338,6 @@ __global__ void __launch_bounds__(256)
         kcu_store_float(y, XT, i, __fmul_rn(__fmul_rn(d[i], sx[i / n]), sw[i % n]));
 }
 
-/* cuBLASLt: D [rows, n] (row-major, f32) = Xq · Wᵀ, computed column-major as
- * Dᵀ [n, rows] = op(W)ᵀ · Xqᵀ with W [k, n] column-major transposed. Returns
- * a cuBLAS status (0: launched), or -1 when cuBLASLt has no kernel. */
-int fp8_gemm(const uint8_t *xq, const uint8_t *w, float *d, int64_t rows, int32_t n, int32_t k, void *lt_ws,
-             cudaStream_t s)
-{
-    cublasLtMatmulDescOpaque_t desc;
-    cublasLtMatrixLayoutOpaque_t la, lb, lc;
-    cublasLtMatmulPreferenceOpaque_t pref;
-    const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
-    const size_t ws = KILN_FP8_LT_WORKSPACE;
-    cublasStatus_t st = cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatrixLayoutInit(&la, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)n, k);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatrixLayoutInit(&lb, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)rows, k);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatrixLayoutInit(&lc, CUDA_R_32F, (uint64_t)n, (uint64_t)rows, n);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceInit(&pref);
-    if (st == CUBLAS_STATUS_SUCCESS)
-        st = cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-    if (st != CUBLAS_STATUS_SUCCESS)
-        return (int)st;
-    cublasLtMatmulHeuristicResult_t algo;
-    int found = 0;
-    st = cublasLtMatmulAlgoGetHeuristic(fp8_lt, &desc, &la, &lb, &lc, &lc, &pref, 1, &algo, &found);
-    if (st != CUBLAS_STATUS_SUCCESS || found < 1)
-        return -1;
-    const float one = 1.0f, zero = 0.0f;
-    return (int)cublasLtMatmul(fp8_lt, &desc, &one, w, &la, xq, &lb, &zero, d, &lc, d, &lc, &algo.algo, lt_ws, ws, s);
-}
-
 /* KILN_FP8_GEMM=f32 keeps the f32 result and the scale kernel past the
  * GEMV's rows, to time both; read at each launch (a graph keeps its
  * capture's). */
@@ -389,11 +352,11 @@ cudaDataType_t fp8_cuda_type(int xt)
     return xt == KILN_DTYPE_BF16 ? CUDA_R_16BF : xt == KILN_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
 }
 
-/* The algorithm cuBLASLt's heuristic gives the scaled GEMM of one shape,
- * kept so that eager prefill steps (dozens of these GEMMs a step, rows
- * varying with the batch) ask it once per shape rather than at every
- * launch. found < 0: the heuristic offered none (remembered too). Full:
- * the heuristic runs again for shapes not in it. */
+/* The algorithm cuBLASLt's heuristic gives the GEMM of one shape and
+ * form, kept so that eager prefill steps (dozens of these GEMMs a step,
+ * rows varying with the batch) ask it once per shape rather than at
+ * every launch. found < 0: the heuristic offered none (remembered too).
+ * Full: the heuristic runs again for shapes not in it. */
 struct fp8_plan {
     int64_t rows;
     int32_t n, k, dtype, device, found;
@@ -404,31 +367,34 @@ fp8_plan fp8_plans[kPlans];
 int fp8_n_plans;
 std::mutex fp8_plans_lock;
 
-/* cuBLASLt: y [rows, n] (row-major, `dt`) = diag(sx) · Xq · Wᵀ · diag(sw),
- * computed column-major as yᵀ [n, rows] = op(W)ᵀ · Xqᵀ with W [k, n]
- * column-major transposed: W's scales are the outer vector of op(A)'s n
- * rows, x's of B's `rows` columns. Returns a cuBLAS status (0: launched),
- * or -1 when cuBLASLt has no kernel of this form. */
-int fp8_gemm_vec(const uint8_t *xq, const uint8_t *w, const float *sx, const float *sw, void *y, cudaDataType_t dt,
-                 int64_t rows, int32_t n, int32_t k, void *lt_ws, cudaStream_t s)
+/* cuBLASLt: y [rows, n] (row-major, `dt`) = Xq · Wᵀ, computed column-major
+ * as yᵀ [n, rows] = op(W)ᵀ · Xqᵀ with W [k, n] column-major transposed (the
+ * TN layout Hopper's FP8 kernels take). With sx and sw y is diag(sx) · Xq
+ * · Wᵀ · diag(sw): W's scales are the outer vector of op(A)'s n rows, x's
+ * of B's `rows` columns (cuBLASLt 12.9's outer-vector scaling); without
+ * them (the f32 result) it is the plain product. Returns a cuBLAS status
+ * (0: launched), or -1 when cuBLASLt has no kernel of this form. */
+int fp8_lt_matmul(const uint8_t *xq, const uint8_t *w, const float *sx, const float *sw, void *y, cudaDataType_t dt,
+                  int64_t rows, int32_t n, int32_t k, void *lt_ws, cudaStream_t s)
 {
     cublasLtMatmulDescOpaque_t desc;
     cublasLtMatrixLayoutOpaque_t la, lb, lc;
     const cublasOperation_t opa = CUBLAS_OP_T, opb = CUBLAS_OP_N;
     const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
     const size_t ws = KILN_FP8_LT_WORKSPACE;
+    const bool scaled = sx && sw;
     cublasStatus_t st = cublasLtMatmulDescInit(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb);
-    if (st == CUBLAS_STATUS_SUCCESS)
+    if (st == CUBLAS_STATUS_SUCCESS && scaled)
         st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &vec, sizeof vec);
-    if (st == CUBLAS_STATUS_SUCCESS)
+    if (st == CUBLAS_STATUS_SUCCESS && scaled)
         st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &vec, sizeof vec);
-    if (st == CUBLAS_STATUS_SUCCESS)
+    if (st == CUBLAS_STATUS_SUCCESS && scaled)
         st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw);
-    if (st == CUBLAS_STATUS_SUCCESS)
+    if (st == CUBLAS_STATUS_SUCCESS && scaled)
         st = cublasLtMatmulDescSetAttribute(&desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx);
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatrixLayoutInit(&la, CUDA_R_8F_E4M3, (uint64_t)k, (uint64_t)n, k);
@@ -437,16 +403,18 @@ int fp8_gemm_vec(const uint8_t *xq, const uint8_t *w, const float *sx, const flo
     if (st == CUBLAS_STATUS_SUCCESS)
         st = cublasLtMatrixLayoutInit(&lc, dt, (uint64_t)n, (uint64_t)rows, n);
     if (st != CUBLAS_STATUS_SUCCESS)
-        return st == CUBLAS_STATUS_INVALID_VALUE ? -1 : (int)st; /* a cuBLASLt without the attribute */
+        return scaled && st == CUBLAS_STATUS_INVALID_VALUE ? -1 : (int)st; /* a cuBLASLt without the attribute */
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess)
         return -1;
-    fp8_plan plan = {rows, n, k, (int32_t)dt, device, 0, {}};
+    /* the plain product's plans are told apart by a negative dtype */
+    const int32_t form = scaled ? (int32_t)dt : -1 - (int32_t)dt;
+    fp8_plan plan = {rows, n, k, form, device, 0, {}};
     {
         std::lock_guard<std::mutex> g(fp8_plans_lock);
         for (int i = 0; i < fp8_n_plans && !plan.found; i++) {
             const fp8_plan &c = fp8_plans[i];
-            if (c.rows == rows && c.n == n && c.k == k && c.dtype == (int32_t)dt && c.device == device)
+            if (c.rows == rows && c.n == n && c.k == k && c.dtype == form && c.device == device)
                 plan = c;
         }
     }
@@ -486,7 +454,7 @@ int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t r
         return (int)e;
     if (rows > KILN_FP8_GEMV_MAX_ROWS && n % 4 == 0 && fp8_use_vec()) {
         void *lt_ws = ws + kiln_fp8_workspace_result(rows, k);
-        int st = fp8_gemm_vec(xq, w, sx, sw, y, fp8_cuda_type(XT), rows, n, k, lt_ws, s);
+        int st = fp8_lt_matmul(xq, w, sx, sw, y, fp8_cuda_type(XT), rows, n, k, lt_ws, s);
         if (st >= 0)
             return st ? 10000 + st : 0;
         /* -1: no kernel of that form here: the f32 result and fp8_scale_kernel */
@@ -494,7 +462,7 @@ int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t r
     if (rows > KILN_FP8_GEMV_MAX_ROWS && n % 4 == 0) {
         float *d = (float *)(ws + kiln_fp8_workspace_result(rows, k));
         void *lt_ws = (char *)d + kiln_fp8_align((size_t)(rows * n) * sizeof(float));
-        int st = fp8_gemm(xq, w, d, rows, n, k, lt_ws, s);
+        int st = fp8_lt_matmul(xq, w, NULL, NULL, d, CUDA_R_32F, rows, n, k, lt_ws, s);
         if (st > 0)
             return 10000 + st;
         if (st == 0) {
