@@ -153,6 +153,15 @@ if [ -x "$build/bin/attention_bench" ]; then
         row "attention benchmark" "FAIL (exit $?, attention-bench.txt)"
     fi
 fi
+
+# the FP8 decode GEMV's work in parts: informational, its table in the log
+if [ -x "$build/bin/fp8_gemv_anatomy" ]; then
+    if "$build/bin/fp8_gemv_anatomy" >"$logs/fp8-gemv-anatomy.txt" 2>&1; then
+        row "fp8 GEMV anatomy" "ran (fp8-gemv-anatomy.txt)"
+    else
+        row "fp8 GEMV anatomy" "FAIL (exit $?, fp8-gemv-anatomy.txt)"
+    fi
+fi
 fi
 
 echo
