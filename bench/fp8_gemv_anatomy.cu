@@ -30,10 +30,9 @@
  * bandwidth of a 1 GiB device-to-device copy measured in the same run
  * (read + written bytes), as kiln_bench counts it.
  * Build: part of the CUDA build (bench/CMakeLists.txt). */
-#include <cuda_fp16.h>
+#include "backend/cuda/cuda_common.cuh"
+
 #include <cuda_fp8.h>
-#include <cuda_runtime.h>
-#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -53,22 +52,6 @@ namespace
 constexpr int kWarps = 4;
 constexpr int kCopies = 3, kLaunches = 20, kReplays = 7;
 
-__device__ __forceinline__ uint4 load_stream(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 /* Each warp's per-row partial sums, summed over the block's warps into y. */
 template <int R> __device__ __forceinline__ void finish(float (&acc)[R], float *y, int64_t row0, int n)
 {
@@ -76,13 +59,14 @@ template <int R> __device__ __forceinline__ void finish(float (&acc)[R], float *
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < R; r++) {
-        const float v = warp_sum(acc[r]);
+        const float v = kcu_warp_sum(acc[r]);
         if (lane == 0)
             part[wid][r] = v;
     }
     __syncthreads();
     if (threadIdx.x < R && row0 + threadIdx.x < n)
-        y[row0 + threadIdx.x] = part[0][threadIdx.x] + part[1][threadIdx.x] + part[2][threadIdx.x] + part[3][threadIdx.x];
+        y[row0 + threadIdx.x] =
+            part[0][threadIdx.x] + part[1][threadIdx.x] + part[2][threadIdx.x] + part[3][threadIdx.x];
 }
 
 enum { XOR, FMA, HFMA2 };
@@ -121,8 +105,8 @@ __device__ __forceinline__ void consume(const uint4 &v, const float (&xf)[16], c
 }
 
 template <int MODE, int R, int U>
-__global__ void __launch_bounds__(kWarps * 32) rows_kernel(const uint8_t *__restrict__ w, float *__restrict__ y, int n,
-                                                           int k, float xs)
+__global__ void __launch_bounds__(kWarps * 32)
+    rows_kernel(const uint8_t *__restrict__ w, float *__restrict__ y, int n, int k, float xs)
 {
     constexpr int E = 16, STEP = 32 * E;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -139,7 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32) rows_kernel(const uint8_t *__rest
         const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
 #pragma unroll
         for (int r = 0; r < R; r++)
-            buf[u][r] = kk < k1 ? load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+            buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
     }
     float xf[16];
     __half2 xh[8];
@@ -165,7 +149,7 @@ __global__ void __launch_bounds__(kWarps * 32) rows_kernel(const uint8_t *__rest
             const int64_t next = kk + (int64_t)U * STEP;
 #pragma unroll
             for (int r = 0; r < R; r++)
-                buf[u][r] = next < k1 ? load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
+                buf[u][r] = next < k1 ? kcu_load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
         }
     }
     if (MODE == XOR)
@@ -182,8 +166,8 @@ __device__ __forceinline__ void cp16(void *smem, const void *gmem, bool valid)
 }
 
 template <int R, int U>
-__global__ void __launch_bounds__(kWarps * 32) ring_kernel(const uint8_t *__restrict__ w, float *__restrict__ y, int n,
-                                                           int k)
+__global__ void __launch_bounds__(kWarps * 32)
+    ring_kernel(const uint8_t *__restrict__ w, float *__restrict__ y, int n, int k)
 {
     constexpr int E = 16, STEP = 32 * E;
     __shared__ __align__(16) uint4 ring[kWarps][U][R][32];
@@ -232,8 +216,8 @@ __global__ void __launch_bounds__(kWarps * 32) ring_kernel(const uint8_t *__rest
 }
 
 template <bool MMA, int S>
-__global__ void __launch_bounds__(kWarps * 32) mma_kernel(const uint8_t *__restrict__ w, float *__restrict__ y, int n,
-                                                          int k, uint32_t xq)
+__global__ void __launch_bounds__(kWarps * 32)
+    mma_kernel(const uint8_t *__restrict__ w, float *__restrict__ y, int n, int k, uint32_t xq)
 {
     constexpr int E = 16, STAGE = 4 * E;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, c = lane & 3;
@@ -250,7 +234,7 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const uint8_t *__restr
         const int64_t kk = k0 + (int64_t)u * STAGE + c * E;
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            buf[u][h] = kk < k1 ? load_stream(wr[h] + kk) : make_uint4(0, 0, 0, 0);
+            buf[u][h] = kk < k1 ? kcu_load_stream(wr[h] + kk) : make_uint4(0, 0, 0, 0);
     }
     const uint32_t b = g == 0 ? xq ^ (uint32_t)lane : 0u; /* x's codes: one row of B */
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -281,7 +265,7 @@ __global__ void __launch_bounds__(kWarps * 32) mma_kernel(const uint8_t *__restr
             const int64_t next = kk + (int64_t)S * STAGE;
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                buf[u][h] = next < k1 ? load_stream(wr[h] + next) : make_uint4(0, 0, 0, 0);
+                buf[u][h] = next < k1 ? kcu_load_stream(wr[h] + next) : make_uint4(0, 0, 0, 0);
         }
     }
     float out[16];
@@ -427,31 +411,24 @@ int main(int argc, char **argv)
         ROWS(HFMA2, 2, 4, "rows-hfma2 2 4");
 #undef ROWS
         row("ring-xor 8 2",
-            time_us([&](uint8_t *p, cudaStream_t s) { ring_kernel<8, 2><<<(n + 7) / 8, kWarps * 32, 0, s>>>(p, y, n, k); },
-                    w));
+            time_us(
+                [&](uint8_t *p, cudaStream_t s) { ring_kernel<8, 2><<<(n + 7) / 8, kWarps * 32, 0, s>>>(p, y, n, k); },
+                w));
         row("ring-xor 2 4",
-            time_us([&](uint8_t *p, cudaStream_t s) { ring_kernel<2, 4><<<(n + 1) / 2, kWarps * 32, 0, s>>>(p, y, n, k); },
-                    w));
-        row("mma-xor 4", time_us(
-                             [&](uint8_t *p, cudaStream_t s) {
-                                 mma_kernel<false, 4><<<(n + 15) / 16, kWarps * 32, 0, s>>>(p, y, n, k, 0x38383838u);
-                             },
-                             w));
-        row("mma-xor 8", time_us(
-                             [&](uint8_t *p, cudaStream_t s) {
-                                 mma_kernel<false, 8><<<(n + 15) / 16, kWarps * 32, 0, s>>>(p, y, n, k, 0x38383838u);
-                             },
-                             w));
-        row("mma 4", time_us(
-                         [&](uint8_t *p, cudaStream_t s) {
-                             mma_kernel<true, 4><<<(n + 15) / 16, kWarps * 32, 0, s>>>(p, y, n, k, 0x38383838u);
-                         },
-                         w));
-        row("mma 8", time_us(
-                         [&](uint8_t *p, cudaStream_t s) {
-                             mma_kernel<true, 8><<<(n + 15) / 16, kWarps * 32, 0, s>>>(p, y, n, k, 0x38383838u);
-                         },
-                         w));
+            time_us(
+                [&](uint8_t *p, cudaStream_t s) { ring_kernel<2, 4><<<(n + 1) / 2, kWarps * 32, 0, s>>>(p, y, n, k); },
+                w));
+#define MMA(ON, S, NAME) \
+    row(NAME, time_us( \
+                  [&](uint8_t *p, cudaStream_t s) { \
+                      mma_kernel<ON, S><<<(n + 15) / 16, kWarps * 32, 0, s>>>(p, y, n, k, 0x38383838u); \
+                  }, \
+                  w))
+        MMA(false, 4, "mma-xor 4");
+        MMA(false, 8, "mma-xor 8");
+        MMA(true, 4, "mma 4");
+        MMA(true, 8, "mma 8");
+#undef MMA
         for (int i = 0; i < kCopies; i++)
             CHECK(cudaFree(w[i]));
     }
