@@ -173,18 +173,23 @@ static void replace(const node *n, json_t *with)
         json_object_set_new(n->parent, n->key, with);
 }
 
+/* old + d with two's-complement wrap-around: a number near the limits
+ * stays a number near the limits, and the mutator itself never overflows
+ * (UBSan stops the run at a signed overflow, wherever it happens). */
+static json_int_t wrap_add(json_int_t old, unsigned long long d) { return (json_int_t)((unsigned long long)old + d); }
+
 static json_int_t new_integer(rng *r, json_int_t old, const nodes *all)
 {
     switch (next(r) % 12) {
     case 0: return 0;
     case 1: return -1;
     case 2: return 1;
-    case 3: return old + 1;
-    case 4: return old - 1;
-    case 5: return old * 2;
+    case 3: return wrap_add(old, 1);
+    case 4: return wrap_add(old, ~0ull);                   /* old - 1 */
+    case 5: return wrap_add(old, (unsigned long long)old); /* old * 2 */
     case 6: return old / 2;
-    case 7: return old + 256;
-    case 8: return old + 2;
+    case 7: return wrap_add(old, 256);
+    case 8: return wrap_add(old, 2);
     case 9: return (json_int_t)1 << (next(r) % 63);
     case 10: return INT32_MAX;
     default: {
