@@ -88,6 +88,18 @@ __device__ __forceinline__ void fp8_unpack(const uint4 &v, float *f)
     }
 }
 
+/* 16 E4M3 codes as 8 f16 pairs (exact), each times `scale` (a power of
+ * two: exact too). */
+__device__ __forceinline__ void fp8_unpack_h2(const uint4 &v, __half2 scale, __half2 *h)
+{
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[e / 2] >> (16 * (e & 1))), __NV_E4M3);
+        h[e] = __hmul2(*reinterpret_cast<const __half2 *>(&r), scale);
+    }
+}
+
 /* 16 elements of x (dtype XT) from element i (a multiple of 16, the row
  * 16-byte aligned) as floats: two or four 16-byte loads. */
 template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, int64_t i, float *f)
@@ -230,14 +242,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                             fp8_unpack(c, xf[i]);
                             continue;
                         }
-                        const uint32_t cu[4] = {c.x, c.y, c.z, c.w};
-#pragma unroll
-                        for (int e = 0; e < E / 2; e++) {
-                            __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(
-                                (__nv_fp8x2_storage_t)(cu[e / 2] >> (16 * (e & 1))), __NV_E4M3);
-                            xh[H2 ? i : 0][e] =
-                                __hmul2(*reinterpret_cast<const __half2 *>(&hr), __float2half2_rn(0.00390625f));
-                        }
+                        fp8_unpack_h2(c, __float2half2_rn(0.00390625f), xh[H2 ? i : 0]);
                         continue;
                     }
                     fp8_load_x16<XT>(x, (int64_t)i * k + kk, xf[i]);
@@ -259,14 +264,8 @@ __global__ void __launch_bounds__(kWarps * 32)
                 }
 #pragma unroll
                 for (int r = 0; r < R && H2; r++) {
-                    const uint32_t wu[4] = {buf[u][r].x, buf[u][r].y, buf[u][r].z, buf[u][r].w};
                     __half2 wh[E / 2];
-#pragma unroll
-                    for (int e = 0; e < E / 2; e++) {
-                        __half2_raw hr =
-                            __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(wu[e / 2] >> (16 * (e & 1))), __NV_E4M3);
-                        wh[e] = *reinterpret_cast<const __half2 *>(&hr);
-                    }
+                    fp8_unpack_h2(buf[u][r], __float2half2_rn(1.0f), wh);
 #pragma unroll
                     for (int i = 0; i < M; i++)
                         if (i < m) {
