@@ -16,7 +16,7 @@
  *          w: u8 (E4M3 codes), [N, K].
  *          w_scale: f32, [N].
  * Output:  y: dtype of x, [..., N].
- * Fields:  n, k (i32), k a multiple of 16.
+ * Fields:  n, k (i32), k a multiple of 16 (at most 2^30).
  * Blob v1: two int32: n, k.
  * Workspace: the quantized rows of x and their scales, and for more rows
  * than the GEMV takes the GEMM's f32 result and cuBLASLt's scratch. */
@@ -43,9 +43,10 @@ static const kiln_plugin_ops fp8_ops;
 
 static kiln_status fp8_new(const fp8_params *p, kiln_plugin **out)
 {
-    if (p->n <= 0 || p->k <= 0 || p->k % 16 != 0)
-        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": n = %d and k = %d must be positive, k a multiple of 16",
-                          p->n, p->k);
+    /* k <= 2^30: the CUDA GEMV keeps its k offsets in 32 bits */
+    if (p->n <= 0 || p->k <= 0 || p->k % 16 != 0 || p->k > (1 << 30))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": n = %d and k = %d must be positive, k a multiple of 16 and at most 2^30", p->n, p->k);
     fp8mm *f = calloc(1, sizeof *f);
     if (!f)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");

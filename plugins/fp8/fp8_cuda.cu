@@ -88,18 +88,6 @@ __device__ __forceinline__ void fp8_unpack(const uint4 &v, float *f)
     }
 }
 
-/* 16 E4M3 codes as 8 f16 pairs (exact), each times `scale` (a power of
- * two: exact too). */
-__device__ __forceinline__ void fp8_unpack_h2(const uint4 &v, __half2 scale, __half2 *h)
-{
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int e = 0; e < 8; e++) {
-        __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[e / 2] >> (16 * (e & 1))), __NV_E4M3);
-        h[e] = __hmul2(*reinterpret_cast<const __half2 *>(&r), scale);
-    }
-}
-
 /* 16 elements of x (dtype XT) from element i (a multiple of 16, the row
  * 16-byte aligned) as floats: two or four 16-byte loads. */
 template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, int64_t i, float *f)
@@ -140,14 +128,8 @@ template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, in
  * E4M3 as it multiplies — the CPU's f32 operations (fp8.c), the rounding
  * by the hardware's saturating round-to-nearest-even conversion — shared
  * by the R rows. Without FUSED x holds fp8_quantize_kernel's codes and sx
- * its scales. With H2 (KILN_FP8_GEMV=hfma2; written in the nineteenth
- * session for bench/fp8_gemv_anatomy's question, not yet measured) the
- * products are f16x2 multiply-adds: x's E4M3 values times 2^-8 (exact,
- * and no product of two E4M3 values then overflows f16), 8 products a
- * partial sum in f16, the partial sums added in f32 and the 2^8 given
- * back with the scales: half the instructions a weight, at a cost of
- * about 3.5e-4 of ‖y‖ (bench/README.md's simulation). */
-template <int XT, int M, int R, bool FUSED, bool H2>
+ * its scales. */
+template <int XT, int M, int R, bool FUSED>
 __global__ void __launch_bounds__(kWarps * 32)
     fp8_gemv_kernel(const void *__restrict__ x, const float *__restrict__ sx_in, const uint8_t *__restrict__ w,
                     const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k)
@@ -158,19 +140,22 @@ __global__ void __launch_bounds__(kWarps * 32)
     __shared__ float red[kWarps][M];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t row0 = (int64_t)blockIdx.x * R;
-    const int64_t kq = ((int64_t)k / E + kWarps - 1) / kWarps * E;
-    const int64_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
+    /* 32-bit k offsets (k is an int32): one compare a bound check */
+    const int32_t kq = (k / E + kWarps - 1) / kWarps * E;
+    const int32_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
+    /* each row's pointer to this lane's next group of kUnroll loads: the
+     * loads take it plus a constant offset (no address arithmetic a load) */
     const uint8_t *wr[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
-        wr[r] = w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k;
+        wr[r] = w + (row0 + r < n ? row0 + r : n - 1) * (int64_t)k + k0 + lane * E;
     uint4 buf[kUnroll][R];
 #pragma unroll
     for (int u = 0; u < kUnroll; u++) {
-        const int64_t kk = k0 + (int64_t)u * STEP + lane * E;
+        const int32_t kk = k0 + u * STEP + lane * E;
 #pragma unroll
         for (int r = 0; r < R; r++)
-            buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
+            buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + u * STEP) : make_uint4(0, 0, 0, 0);
     }
     kcu_after_prior(x, y, k, n);
 
@@ -222,27 +207,20 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int r = 0; r < R; r++)
             acc[i][r] = 0.0f;
-    for (int64_t base = k0; base < k1; base += (int64_t)kUnroll * STEP) {
+    for (int32_t base = k0; base < k1; base += kUnroll * STEP) {
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
-            const int64_t kk = base + (int64_t)u * STEP + lane * E;
+            const int32_t kk = base + u * STEP + lane * E;
             if (kk < k1) {
-                /* x's E4M3 values (exact floats; with H2 times 2^-8 in
-                 * f16 pairs), shared by the R rows */
+                /* x's E4M3 values (exact floats), shared by the R rows */
                 float xf[M][E];
-                __half2 xh[H2 ? M : 1][E / 2];
 #pragma unroll
                 for (int i = 0; i < M; i++) {
                     if (i >= m)
                         continue;
                     if (!FUSED) {
-                        const uint4 c =
-                            __ldg(reinterpret_cast<const uint4 *>((const uint8_t *)x + (int64_t)i * k + kk));
-                        if (!H2) {
-                            fp8_unpack(c, xf[i]);
-                            continue;
-                        }
-                        fp8_unpack_h2(c, __float2half2_rn(0.00390625f), xh[H2 ? i : 0]);
+                        fp8_unpack(__ldg(reinterpret_cast<const uint4 *>((const uint8_t *)x + (int64_t)i * k + kk)),
+                                   xf[i]);
                         continue;
                     }
                     fp8_load_x16<XT>(x, (int64_t)i * k + kk, xf[i]);
@@ -252,32 +230,13 @@ __global__ void __launch_bounds__(kWarps * 32)
                             make_float2(__fmul_rn(xf[i][e], inv[i]), __fmul_rn(xf[i][e + 1], inv[i])), __NV_SATFINITE,
                             __NV_E4M3);
                         __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3);
-                        if (H2) {
-                            xh[H2 ? i : 0][e / 2] =
-                                __hmul2(*reinterpret_cast<const __half2 *>(&hr), __float2half2_rn(0.00390625f));
-                            continue;
-                        }
                         const float2 v = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
                         xf[i][e] = v.x;
                         xf[i][e + 1] = v.y;
                     }
                 }
 #pragma unroll
-                for (int r = 0; r < R && H2; r++) {
-                    __half2 wh[E / 2];
-                    fp8_unpack_h2(buf[u][r], __float2half2_rn(1.0f), wh);
-#pragma unroll
-                    for (int i = 0; i < M; i++)
-                        if (i < m) {
-                            __half2 ps = __float2half2_rn(0.0f);
-#pragma unroll
-                            for (int e = 0; e < E / 2; e++)
-                                ps = __hfma2(wh[e], xh[H2 ? i : 0][e], ps);
-                            acc[i][r] += __low2float(ps) + __high2float(ps);
-                        }
-                }
-#pragma unroll
-                for (int r = 0; r < R && !H2; r++) {
+                for (int r = 0; r < R; r++) {
                     float wf[E];
                     fp8_unpack(buf[u][r], wf);
 #pragma unroll
@@ -288,11 +247,16 @@ __global__ void __launch_bounds__(kWarps * 32)
                                 acc[i][r] = fmaf(xf[i][e], wf[e], acc[i][r]);
                 }
             }
-            const int64_t next = kk + (int64_t)kUnroll * STEP;
+            /* past k1 the slot keeps its old words: the product above skips
+             * them (no zeroing: 4 moves a row and load fewer) */
+            if (kk + kUnroll * STEP < k1)
 #pragma unroll
-            for (int r = 0; r < R; r++)
-                buf[u][r] = next < k1 ? kcu_load_stream(wr[r] + next) : make_uint4(0, 0, 0, 0);
+                for (int r = 0; r < R; r++)
+                    buf[u][r] = kcu_load_stream(wr[r] + (u + kUnroll) * STEP);
         }
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            wr[r] += kUnroll * STEP;
     }
 #pragma unroll
     for (int i = 0; i < M; i++)
@@ -310,8 +274,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
             for (int j = 0; j < kWarps; j++)
                 v += part[j][i][r];
-            if (H2)
-                v *= 256.0f; /* x was scaled by 2^-8: exact */
             kcu_store_float(y, XT, (int64_t)i * n + row0 + r, __fmul_rn(__fmul_rn(v, sx[i]), sw[row0 + r]));
         }
     }
@@ -320,7 +282,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 /* m (1..KILN_FP8_GEMV_MAX_ROWS) rows of x through fp8_gemv_kernel with
  * FUSED: 8 weight rows a block for one or two rows of x, 4 past that
  * (registers). */
-template <int XT, bool H2>
+template <int XT>
 cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, void *y, int32_t m, int32_t n, int32_t k,
                            cudaStream_t s)
 {
@@ -328,32 +290,26 @@ cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, voi
         return kcu_launch_cfg(kernel, dim3((unsigned)(((int64_t)n + rows_a_block - 1) / rows_a_block)),
                               dim3(kWarps * 32), s, x, (const float *)NULL, w, sw, y, m, n, k);
     };
-    return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, true, H2>, 8)
-           : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, true, H2>, 8)
-           : m <= 4 ? launch(fp8_gemv_kernel<XT, 4, 4, true, H2>, 4)
-                    : launch(fp8_gemv_kernel<XT, 8, 4, true, H2>, 4);
+    return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, true>, 8)
+           : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, true>, 8)
+           : m <= 4 ? launch(fp8_gemv_kernel<XT, 4, 4, true>, 4)
+                    : launch(fp8_gemv_kernel<XT, 8, 4, true>, 4);
 }
 
-/* KILN_FP8_GEMV (read at each launch; a graph keeps its capture's):
- * "split" keeps the decode path of two kernels (quantize, then GEMV) to
- * time both; "hfma2" multiplies in f16x2 (fp8_gemv_kernel's H2);
- * "split,hfma2" both. */
-bool fp8_gemv_env(const char *what)
+/* KILN_FP8_GEMV=split keeps the decode path of two kernels (quantize, then
+ * GEMV) to time both; read at each launch (a graph keeps its capture's). */
+bool fp8_use_fused(void)
 {
     const char *e = getenv("KILN_FP8_GEMV");
-    return e && strstr(e, what);
+    return !(e && strcmp(e, "split") == 0);
 }
 
 template <int XT, int M>
 cudaError_t fp8_gemv(const uint8_t *xq, const float *sx, const uint8_t *w, const float *sw, void *y, int32_t m,
                      int32_t n, int32_t k, cudaStream_t s)
 {
-    const dim3 grid((unsigned)(((int64_t)n + kRows - 1) / kRows)), block(kWarps * 32);
-    if (fp8_gemv_env("hfma2"))
-        return kcu_launch_cfg(fp8_gemv_kernel<XT, M, kRows, false, true>, grid, block, s, (const void *)xq, sx, w, sw,
-                              y, m, n, k);
-    return kcu_launch_cfg(fp8_gemv_kernel<XT, M, kRows, false, false>, grid, block, s, (const void *)xq, sx, w, sw, y,
-                          m, n, k);
+    return kcu_launch_cfg(fp8_gemv_kernel<XT, M, kRows, false>, dim3((unsigned)(((int64_t)n + kRows - 1) / kRows)),
+                          dim3(kWarps * 32), s, (const void *)xq, sx, w, sw, y, m, n, k);
 }
 
 /* Rows [0, rows) in groups of up to 8 through the GEMV; y's rows are n
@@ -497,9 +453,8 @@ template <int XT>
 int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t rows, int32_t n, int32_t k, char *ws,
             cudaStream_t s)
 {
-    if (rows <= KILN_FP8_GEMV_MAX_ROWS && (uintptr_t)x % 16 == 0 && !fp8_gemv_env("split"))
-        return (int)(fp8_gemv_env("hfma2") ? fp8_gemv_fused<XT, true>(x, w, sw, y, (int32_t)rows, n, k, s)
-                                           : fp8_gemv_fused<XT, false>(x, w, sw, y, (int32_t)rows, n, k, s));
+    if (rows <= KILN_FP8_GEMV_MAX_ROWS && (uintptr_t)x % 16 == 0 && fp8_use_fused())
+        return (int)fp8_gemv_fused<XT>(x, w, sw, y, (int32_t)rows, n, k, s);
     uint8_t *xq = (uint8_t *)ws;
     float *sx = (float *)(ws + kiln_fp8_workspace_scales(rows, k));
     cudaError_t e = kcu_launch_cfg(fp8_quantize_kernel<XT>, dim3((unsigned)rows), dim3(256), s, x, xq, sx, k);
