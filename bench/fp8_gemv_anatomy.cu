@@ -24,6 +24,13 @@
  *                   warp load, S loads a lane and row in flight; xor-ed
  *   mma S           the same through mma.sync m16n8k32 E4M3 against x's
  *                   codes held in registers
+ *   fma 8 2 +PARTS  rows-fma 8 2 with fp8_gemv_kernel's other parts added
+ *                   one at a time (rows_kernel's PARTS: x's codes from
+ *                   global memory, the PDL launch and wait, the max |x|
+ *                   prologue, the fused quantization of x), up to the
+ *                   whole of the real kernel's work (the twentieth
+ *                   session's question: which of them costs its 0.78 /
+ *                   0.59 against rows-fma's 0.95 / 0.86)
  *
  * Time: a CUDA graph of 20 launches over 3 copies of W (more bytes than
  * the 50 MB L2), median of 7 replays; the floor is W's bytes at the
@@ -104,9 +111,57 @@ __device__ __forceinline__ void consume(const uint4 &v, const float (&xf)[16], c
     acc[r] += f.x + f.y;
 }
 
-template <int MODE, int R, int U>
-__global__ void __launch_bounds__(kWarps * 32)
-    rows_kernel(const uint8_t *__restrict__ w, float *__restrict__ y, int n, int k, float xs)
+/* The real kernel's parts, added to rows-fma one at a time (PARTS):
+ * XG     x's E4M3 codes loaded from global memory each step (k bytes, as
+ *        fp8_gemv_kernel without FUSED reads them), not held in registers
+ * PDL    launched with programmatic dependent launch, waiting after the
+ *        first loads (griddepcontrol), as every kiln kernel is
+ * PRO    the FUSED prologue: max |x| over a bf16 x of k elements by the
+ *        block, then its E4M3 scale
+ * XQ     the FUSED x path: 16 bf16 of x loaded each step, times the scale
+ *        and rounded to E4M3 and back (needs PRO) */
+enum { XG = 1, PDL = 2, PRO = 4, XQ = 8 };
+
+/* x's 16 elements at kk for the products: from global codes (XG), from
+ * bf16 quantized by inv (XQ), else the register copy. */
+template <int PARTS>
+__device__ __forceinline__ void x_step(const void *x, int64_t kk, float inv, const float (&reg)[16], float (&xf)[16])
+{
+    if (PARTS & XG) {
+        const uint4 c = __ldg(reinterpret_cast<const uint4 *>((const uint8_t *)x + kk));
+        const uint32_t u[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            __half2_raw p = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[e / 2] >> (16 * (e & 1))), __NV_E4M3);
+            const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&p));
+            xf[2 * e] = f.x, xf[2 * e + 1] = f.y;
+        }
+    } else if (PARTS & XQ) {
+        const uint4 *p = reinterpret_cast<const uint4 *>((const __nv_bfloat16 *)x + kk);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint4 v = __ldg(p + j);
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u[h]));
+                const __nv_fp8x2_storage_t q = __nv_cvt_float2_to_fp8x2(
+                    make_float2(__fmul_rn(f.x, inv), __fmul_rn(f.y, inv)), __NV_SATFINITE, __NV_E4M3);
+                __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3);
+                const float2 g = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+                xf[8 * j + 2 * h] = g.x, xf[8 * j + 2 * h + 1] = g.y;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 16; e++)
+            xf[e] = reg[e];
+    }
+}
+
+template <int MODE, int R, int U, int PARTS = 0>
+__global__ void __launch_bounds__(kWarps * 32) rows_kernel(const uint8_t *__restrict__ w, float *__restrict__ y, int n,
+                                                           int k, float xs, const void *__restrict__ x)
 {
     constexpr int E = 16, STEP = 32 * E;
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -125,6 +180,42 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int r = 0; r < R; r++)
             buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + kk) : make_uint4(0, 0, 0, 0);
     }
+    if (PARTS & PDL) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    }
+    float inv = 1.0f;
+    if (PARTS & PRO) {
+        __shared__ float red[kWarps];
+        float a = 0.0f;
+#pragma unroll 4
+        for (int64_t j = (int64_t)threadIdx.x * 16; j < k; j += kWarps * 32 * 16) {
+            float f[16];
+            const uint4 *p = reinterpret_cast<const uint4 *>((const __nv_bfloat16 *)x + j);
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                const uint4 v = __ldg(p + q);
+                const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u[h]));
+                    f[8 * q + 2 * h] = g.x, f[8 * q + 2 * h + 1] = g.y;
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 16; e++)
+                a = fmaxf(a, fabsf(f[e]));
+        }
+        for (int o = 16; o > 0; o >>= 1)
+            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        if (lane == 0)
+            red[wid] = a;
+        __syncthreads();
+        a = fmaxf(fmaxf(red[0], red[1]), fmaxf(red[2], red[3]));
+        inv = a > 0.0f ? __fdiv_rn(448.0f, a) : 0.0f;
+    }
     float xf[16];
     __half2 xh[8];
 #pragma unroll
@@ -142,10 +233,13 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int64_t kk = base + (int64_t)u * STEP + lane * E;
-            if (kk < k1)
+            if (kk < k1) {
+                float xs16[16];
+                x_step<PARTS>(x, kk, inv, xf, xs16);
 #pragma unroll
                 for (int r = 0; r < R; r++)
-                    consume<MODE, R>(buf[u][r], xf, xh, acc, h, r);
+                    consume<MODE, R>(buf[u][r], xs16, xh, acc, h, r);
+            }
             const int64_t next = kk + (int64_t)U * STEP;
 #pragma unroll
             for (int r = 0; r < R; r++)
@@ -380,6 +474,14 @@ int main(int argc, char **argv)
     const int shapes[][2] = {{28672, 4096}, {4096, 14336}};
     float *y;
     CHECK(cudaMalloc(&y, 28672 * sizeof(float)));
+    /* x for the PARTS rows: 14,336 bf16 values and as many E4M3 codes
+     * (the fill skips the bytes that would make a NaN or an infinity of
+     * either) */
+    uint8_t *xb, *xc;
+    CHECK(cudaMalloc(&xb, 14336 * 2));
+    CHECK(cudaMalloc(&xc, 14336));
+    fill_kernel<<<64, 256>>>(xc, 14336, 0x1234567u);
+    fill_kernel<<<64, 256>>>(xb, 14336 * 2, 0x7654321u);
     for (const auto &sh : shapes) {
         const int n = sh[0], k = sh[1];
         const size_t bytes = (size_t)n * (size_t)k;
@@ -398,7 +500,7 @@ int main(int argc, char **argv)
 #define ROWS(MODE, R, U, NAME) \
     row(NAME, time_us( \
                   [&](uint8_t *p, cudaStream_t s) { \
-                      rows_kernel<MODE, R, U><<<(n + R - 1) / R, kWarps * 32, 0, s>>>(p, y, n, k, 0.001f); \
+                      rows_kernel<MODE, R, U><<<(n + R - 1) / R, kWarps * 32, 0, s>>>(p, y, n, k, 0.001f, xb); \
                   }, \
                   w))
         ROWS(XOR, 8, 2, "rows-xor 8 2");
@@ -410,6 +512,26 @@ int main(int argc, char **argv)
         ROWS(HFMA2, 8, 2, "rows-hfma2 8 2");
         ROWS(HFMA2, 2, 4, "rows-hfma2 2 4");
 #undef ROWS
+        /* rows-fma 8 2 with the real kernel's parts (rows_kernel's PARTS):
+         * PDL launches go through kcu_launch_cfg as kiln's own do */
+#define PARTS(P, NAME) \
+    row(NAME, time_us( \
+                  [&](uint8_t *p, cudaStream_t s) { \
+                      const void *xp = ((P)&XG) ? (const void *)xc : (const void *)xb; \
+                      if ((P)&PDL) \
+                          CHECK(kcu_launch_cfg(rows_kernel<FMA, 8, 2, (P)>, dim3((unsigned)((n + 7) / 8)), \
+                                               dim3(kWarps * 32), s, (const uint8_t *)p, y, n, k, 0.001f, xp)); \
+                      else \
+                          rows_kernel<FMA, 8, 2, (P)><<<(n + 7) / 8, kWarps * 32, 0, s>>>(p, y, n, k, 0.001f, xp); \
+                  }, \
+                  w))
+        PARTS(XG, "fma 8 2 +xg");
+        PARTS(PDL, "fma 8 2 +pdl");
+        PARTS(PRO, "fma 8 2 +pro");
+        PARTS(PRO | XQ, "fma 8 2 +pro+xq");
+        PARTS(XG | PDL, "fma 8 2 +xg+pdl");
+        PARTS(PRO | XQ | PDL, "fma 8 2 +pro+xq+pdl");
+#undef PARTS
         row("ring-xor 8 2",
             time_us(
                 [&](uint8_t *p, cudaStream_t s) { ring_kernel<8, 2><<<(n + 7) / 8, kWarps * 32, 0, s>>>(p, y, n, k); },
@@ -433,5 +555,7 @@ int main(int argc, char **argv)
             CHECK(cudaFree(w[i]));
     }
     CHECK(cudaFree(y));
+    CHECK(cudaFree(xb));
+    CHECK(cudaFree(xc));
     return 0;
 }
