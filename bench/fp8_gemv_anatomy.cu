@@ -122,6 +122,22 @@ __device__ __forceinline__ void consume(const uint4 &v, const float (&xf)[16], c
  *        and rounded to E4M3 and back (needs PRO) */
 enum { XG = 1, PDL = 2, PRO = 4, XQ = 8 };
 
+/* 16 bf16 elements of x from element i (16-byte aligned) as floats. */
+__device__ __forceinline__ void load_bf16x16(const void *x, int64_t i, float (&f)[16])
+{
+    const uint4 *p = reinterpret_cast<const uint4 *>((const __nv_bfloat16 *)x + i);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const uint4 v = __ldg(p + j);
+        const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u[h]));
+            f[8 * j + 2 * h] = g.x, f[8 * j + 2 * h + 1] = g.y;
+        }
+    }
+}
+
 /* x's 16 elements at kk for the products: from global codes (XG), from
  * bf16 quantized by inv (XQ), else the register copy. */
 template <int PARTS>
@@ -137,20 +153,15 @@ __device__ __forceinline__ void x_step(const void *x, int64_t kk, float inv, con
             xf[2 * e] = f.x, xf[2 * e + 1] = f.y;
         }
     } else if (PARTS & XQ) {
-        const uint4 *p = reinterpret_cast<const uint4 *>((const __nv_bfloat16 *)x + kk);
+        float f[16];
+        load_bf16x16(x, kk, f);
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const uint4 v = __ldg(p + j);
-            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u[h]));
-                const __nv_fp8x2_storage_t q = __nv_cvt_float2_to_fp8x2(
-                    make_float2(__fmul_rn(f.x, inv), __fmul_rn(f.y, inv)), __NV_SATFINITE, __NV_E4M3);
-                __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3);
-                const float2 g = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
-                xf[8 * j + 2 * h] = g.x, xf[8 * j + 2 * h + 1] = g.y;
-            }
+        for (int e = 0; e < 16; e += 2) {
+            const __nv_fp8x2_storage_t q = __nv_cvt_float2_to_fp8x2(
+                make_float2(__fmul_rn(f[e], inv), __fmul_rn(f[e + 1], inv)), __NV_SATFINITE, __NV_E4M3);
+            __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(q, __NV_E4M3);
+            const float2 g = __half22float2(*reinterpret_cast<const __half2 *>(&hr));
+            xf[e] = g.x, xf[e + 1] = g.y;
         }
     } else {
 #pragma unroll
@@ -193,17 +204,7 @@ __global__ void __launch_bounds__(kWarps * 32) rows_kernel(const uint8_t *__rest
 #pragma unroll 4
         for (int64_t j = (int64_t)threadIdx.x * 16; j < k; j += kWarps * 32 * 16) {
             float f[16];
-            const uint4 *p = reinterpret_cast<const uint4 *>((const __nv_bfloat16 *)x + j);
-#pragma unroll
-            for (int q = 0; q < 2; q++) {
-                const uint4 v = __ldg(p + q);
-                const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    const float2 g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u[h]));
-                    f[8 * q + 2 * h] = g.x, f[8 * q + 2 * h + 1] = g.y;
-                }
-            }
+            load_bf16x16(x, j, f);
 #pragma unroll
             for (int e = 0; e < 16; e++)
                 a = fmaxf(a, fabsf(f[e]));
