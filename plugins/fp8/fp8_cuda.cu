@@ -129,20 +129,23 @@ template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, in
  * by the hardware's saturating round-to-nearest-even conversion — shared
  * by the R rows. Without FUSED x holds fp8_quantize_kernel's codes and sx
  * its scales. */
-template <int XT, int M, int R, bool FUSED>
+template <int XT, int M, int R, bool FUSED, int KS = kWarps>
 __global__ void __launch_bounds__(kWarps * 32)
     fp8_gemv_kernel(const void *__restrict__ x, const float *__restrict__ sx_in, const uint8_t *__restrict__ w,
                     const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k)
 {
     KTL_SCOPE(0);
-    constexpr int E = 16, STEP = 32 * E;
+    constexpr int E = 16, STEP = 32 * E, G = kWarps / KS;
     __shared__ float part[kWarps][M][R];
     __shared__ float red[kWarps][M];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    const int64_t row0 = (int64_t)blockIdx.x * R;
+    /* KS warps share R rows, each a KS-th of k; a block holds G = 4 / KS
+     * such groups (KILN_FP8_GEMV=ks2 / ks1 at one row: each warp more of
+     * k, so its loads run ahead of its products for more steps) */
+    const int64_t row0 = ((int64_t)blockIdx.x * G + wid / KS) * R;
     /* 32-bit k offsets (k is an int32): one compare a bound check */
-    const int32_t kq = (k / E + kWarps - 1) / kWarps * E;
-    const int32_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
+    const int32_t kq = (k / E + KS - 1) / KS * E;
+    const int32_t k0 = (wid % KS) * kq, k1 = k0 + kq < k ? k0 + kq : k;
     /* each row's pointer to this lane's next group of kUnroll loads: the
      * loads take it plus a constant offset (no address arithmetic a load) */
     const uint8_t *wr[R];
@@ -267,14 +270,15 @@ __global__ void __launch_bounds__(kWarps * 32)
                 part[wid][i][r] = v;
         }
     __syncthreads();
-    for (int t = threadIdx.x; t < M * R; t += kWarps * 32) {
-        const int i = t / R, r = t % R;
-        if (i < m && row0 + r < n) {
+    for (int t = threadIdx.x; t < G * M * R; t += kWarps * 32) {
+        const int g = t / (M * R), i = t / R % M, r = t % R;
+        const int64_t row = ((int64_t)blockIdx.x * G + g) * R + r;
+        if (i < m && row < n) {
             float v = 0.0f;
 #pragma unroll
-            for (int j = 0; j < kWarps; j++)
-                v += part[j][i][r];
-            kcu_store_float(y, XT, (int64_t)i * n + row0 + r, __fmul_rn(__fmul_rn(v, sx[i]), sw[row0 + r]));
+            for (int j = 0; j < KS; j++)
+                v += part[g * KS + j][i][r];
+            kcu_store_float(y, XT, (int64_t)i * n + row, __fmul_rn(__fmul_rn(v, sx[i]), sw[row]));
         }
     }
 }
@@ -290,6 +294,11 @@ cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, voi
         return kcu_launch_cfg(kernel, dim3((unsigned)(((int64_t)n + rows_a_block - 1) / rows_a_block)),
                               dim3(kWarps * 32), s, x, (const float *)NULL, w, sw, y, m, n, k);
     };
+    const char *e = getenv("KILN_FP8_GEMV");
+    if (m == 1 && e && !strcmp(e, "ks2"))
+        return launch(fp8_gemv_kernel<XT, 1, 8, true, 2>, 16);
+    if (m == 1 && e && !strcmp(e, "ks1"))
+        return launch(fp8_gemv_kernel<XT, 1, 8, true, 1>, 32);
     return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, true>, 8)
            : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, true>, 8)
            : m <= 4 ? launch(fp8_gemv_kernel<XT, 4, 4, true>, 4)
@@ -297,7 +306,10 @@ cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, voi
 }
 
 /* KILN_FP8_GEMV=split keeps the decode path of two kernels (quantize, then
- * GEMV) to time both; read at each launch (a graph keeps its capture's). */
+ * GEMV) to time both; ks2 / ks1 give the one-row GEMV 2 or 1 warps a row
+ * group instead of 4 (fp8_gemv_kernel's KS; written in the twentieth
+ * session for the next device call, not yet measured); read at each
+ * launch (a graph keeps its capture's). */
 bool fp8_use_fused(void)
 {
     const char *e = getenv("KILN_FP8_GEMV");

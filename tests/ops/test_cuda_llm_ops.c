@@ -20,8 +20,9 @@
  * several times inside 1e-2 (1e-3), while a wrong weight, scale, zero
  * or column of y is far outside; with f32 x it dequantizes exactly and
  * keeps the f32 tolerance), Fp8MatMul (the
- * per-token quantization, the GEMV up to 8 rows, one kernel or after a
- * quantizing one (KILN_FP8_GEMV=split), cuBLASLt's FP8 GEMM past
+ * per-token quantization, the GEMV up to 8 rows, one kernel (4, 2 or 1
+ * warps a row group) or after a quantizing one (KILN_FP8_GEMV=split),
+ * cuBLASLt's FP8 GEMM past
  * it with the scales in its epilogue and with KILN_FP8_GEMM=f32's f32
  * result and scale kernel, and the GEMV over row groups where n is not a
  * multiple of 4; f32
@@ -811,20 +812,25 @@ static void test_fp8(void)
             continue;
         buf w, s;
         random_fp8(n, k, &w, &s);
-        /* decode rows through the one-kernel GEMV (the default) and the
-         * quantize-then-GEMV pair (KILN_FP8_GEMV=split); past 8 rows the
-         * GEMM with its scales in cuBLASLt's epilogue (the default) and
-         * with the f32 result and the scale kernel (KILN_FP8_GEMM=f32) */
-        const size_t nts = sizeof ts / sizeof ts[0];
+        /* decode rows through the one-kernel GEMV (the default), the
+         * quantize-then-GEMV pair (KILN_FP8_GEMV=split) and the one-row
+         * GEMV with 2 or 1 warps a row group (ks2, ks1; 1, 2, 5, 8 rows
+         * each); past 8 rows the GEMM with its scales in cuBLASLt's
+         * epilogue (the default) and with the f32 result and the scale
+         * kernel (KILN_FP8_GEMM=f32) */
+        static const char *const gemv_variants[] = {"split", "ks2", "ks1"};
+        const size_t nts = sizeof ts / sizeof ts[0], nv = sizeof gemv_variants / sizeof gemv_variants[0];
         for (size_t ti = 0; ti < 3; ti++)
-            for (size_t ri = 0; ri < nts + 7; ri++) {
+            for (size_t ri = 0; ri < nts + 4 * nv + 3; ri++) {
                 kiln_dtype t = float_types[ti];
-                const int split = ri >= nts && ri < nts + 4, f32 = ri >= nts + 4;
-                int64_t rows = split ? ts[ri - nts] : f32 ? ts[ri - nts] : ts[ri];
+                const size_t e = ri - nts;
+                const char *gemv = ri >= nts && e < 4 * nv ? gemv_variants[e / 4] : NULL;
+                const int f32 = ri >= nts + 4 * nv;
+                int64_t rows = ri < nts ? ts[ri] : gemv ? ts[e % 4] : ts[4 + e - 4 * nv];
                 if (n * (int64_t)k > 4096 * 4096 && rows > 8)
                     continue; /* the large shape is a decode shape */
-                if (split)
-                    setenv("KILN_FP8_GEMV", "split", 1);
+                if (gemv)
+                    setenv("KILN_FP8_GEMV", gemv, 1);
                 if (f32)
                     setenv("KILN_FP8_GEMM", "f32", 1);
                 buf in[3] = {buf_random(t, rows, k, -2, 2), w, s};
@@ -837,10 +843,11 @@ static void test_fp8(void)
                     exit(1);
                 }
                 char what[96];
-                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d%s", dtype_name(t), (long long)rows, n, k,
-                         split ? ", KILN_FP8_GEMV=split"
+                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d%s%s", dtype_name(t), (long long)rows, n, k,
+                         gemv  ? ", KILN_FP8_GEMV="
                          : f32 ? ", KILN_FP8_GEMM=f32"
-                               : "");
+                               : "",
+                         gemv ? gemv : "");
                 run_both_ws(what, p, in, 3, &out, 1, ws_host, ws_dev);
                 unsetenv("KILN_FP8_GEMV");
                 unsetenv("KILN_FP8_GEMM");
