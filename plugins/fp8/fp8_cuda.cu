@@ -129,7 +129,7 @@ template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, in
  * by the hardware's saturating round-to-nearest-even conversion — shared
  * by the R rows. Without FUSED x holds fp8_quantize_kernel's codes and sx
  * its scales. */
-template <int XT, int M, int R, bool FUSED, int KS = kWarps, bool LATE_SW = false>
+template <int XT, int M, int R, bool FUSED, int KS = kWarps, bool EARLY_SW = false>
 __global__ void __launch_bounds__(kWarps * 32)
     fp8_gemv_kernel(const void *__restrict__ x, const float *__restrict__ sx_in, const uint8_t *__restrict__ w,
                     const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k)
@@ -160,17 +160,17 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int r = 0; r < R; r++)
             buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + u * STEP) : make_uint4(0, 0, 0, 0);
     }
-    /* this thread's element of y (one a thread at most) and its weight
-     * scale, loaded before the wait: an engine constant, so it need not
-     * wait for the previous kernel, and its L2 round trip no longer ends
-     * every block (LATE_SW, KILN_FP8_GEMV=swlate at one row: loaded in
-     * the epilogue, as before the twentieth session) */
+    /* this thread's element of y (one a thread at most); with EARLY_SW
+     * (KILN_FP8_GEMV=swearly at one row) its weight scale is loaded here,
+     * before the wait: an engine constant, so it need not wait for the
+     * previous kernel, and its L2 round trip would no longer end every
+     * block; by default it is loaded in the epilogue */
     static_assert(G * M * R <= kWarps * 32, "one element of y a thread");
     const int eg = threadIdx.x / (M * R), ei = threadIdx.x / R % M, er = threadIdx.x % R;
     const int64_t erow = ((int64_t)blockIdx.x * G + eg) * R + er;
     const bool eout = threadIdx.x < G * M * R && erow < n;
     float esw = 0.0f;
-    if (!LATE_SW && eout)
+    if (EARLY_SW && eout)
         esw = sw[erow];
     kcu_after_prior(x, y, k, n);
 
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
         for (int j = 0; j < KS; j++)
             v += part[eg * KS + j][ei][er];
-        kcu_store_float(y, XT, (int64_t)ei * n + erow, __fmul_rn(__fmul_rn(v, sx[ei]), LATE_SW ? sw[erow] : esw));
+        kcu_store_float(y, XT, (int64_t)ei * n + erow, __fmul_rn(__fmul_rn(v, sx[ei]), EARLY_SW ? esw : sw[erow]));
     }
 }
 
@@ -307,7 +307,7 @@ cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, voi
         return launch(fp8_gemv_kernel<XT, 1, 8, true, 2>, 16);
     if (m == 1 && e && !strcmp(e, "ks1"))
         return launch(fp8_gemv_kernel<XT, 1, 8, true, 1>, 32);
-    if (m == 1 && e && !strcmp(e, "swlate"))
+    if (m == 1 && e && !strcmp(e, "swearly"))
         return launch(fp8_gemv_kernel<XT, 1, 8, true, kWarps, true>, 8);
     return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, true>, 8)
            : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, true>, 8)
@@ -317,10 +317,10 @@ cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, voi
 
 /* KILN_FP8_GEMV=split keeps the decode path of two kernels (quantize, then
  * GEMV) to time both; ks2 / ks1 give the one-row GEMV 2 or 1 warps a row
- * group instead of 4 (fp8_gemv_kernel's KS), swlate loads its weight
- * scales after the loop as before (LATE_SW; all three written in the
- * twentieth session for the next device call, not yet measured); read
- * at each launch (a graph keeps its capture's). */
+ * group instead of 4 (fp8_gemv_kernel's KS), swearly loads its weight
+ * scales before the wait for the previous kernel (EARLY_SW; all three
+ * written in the twentieth session for the next device call, not yet
+ * measured); read at each launch (a graph keeps its capture's). */
 bool fp8_use_fused(void)
 {
     const char *e = getenv("KILN_FP8_GEMV");

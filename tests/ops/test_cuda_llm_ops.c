@@ -815,11 +815,11 @@ static void test_fp8(void)
         /* decode rows through the one-kernel GEMV (the default), the
          * quantize-then-GEMV pair (KILN_FP8_GEMV=split), the one-row GEMV
          * with 2 or 1 warps a row group (ks2, ks1) and with its weight
-         * scales loaded late (swlate; 1, 2, 5, 8 rows each); past 8 rows
+         * scales loaded early (swearly; 1, 2, 5, 8 rows each); past 8 rows
          * the GEMM with its scales in cuBLASLt's
          * epilogue (the default) and with the f32 result and the scale
          * kernel (KILN_FP8_GEMM=f32) */
-        static const char *const gemv_variants[] = {"split", "ks2", "ks1", "swlate"};
+        static const char *const gemv_variants[] = {"split", "ks2", "ks1", "swearly"};
         const size_t nts = sizeof ts / sizeof ts[0], nv = sizeof gemv_variants / sizeof gemv_variants[0];
         for (size_t ti = 0; ti < 3; ti++)
             for (size_t ri = 0; ri < nts + 4 * nv + 3; ri++) {
