@@ -816,9 +816,8 @@ static void test_fp8(void)
          * quantize-then-GEMV pair (KILN_FP8_GEMV=split), the one-row GEMV
          * with 2 or 1 warps a row group (ks2, ks1) and with its weight
          * scales loaded early (swearly; 1, 2, 5, 8 rows each); past 8 rows
-         * the GEMM with its scales in cuBLASLt's
-         * epilogue (the default) and with the f32 result and the scale
-         * kernel (KILN_FP8_GEMM=f32) */
+         * the GEMM with its scales in cuBLASLt's epilogue (the default)
+         * and with the f32 result and the scale kernel (KILN_FP8_GEMM=f32) */
         static const char *const gemv_variants[] = {"split", "ks2", "ks1", "swearly"};
         const size_t nts = sizeof ts / sizeof ts[0], nv = sizeof gemv_variants / sizeof gemv_variants[0];
         for (size_t ti = 0; ti < 3; ti++)
