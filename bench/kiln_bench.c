@@ -914,9 +914,8 @@ int main(int argc, char **argv)
             quant_ab_row(copy_bw, QB_INT4, woq_ab[i].n, woq_ab[i].k, "KILN_WOQ_GEMV_SUMROW", woq_sr[v]);
     }
     /* Fp8MatMul's decode: one kernel (the default) against quantize then
-     * GEMV (KILN_FP8_GEMV=split), 2 or 1 warps a row group (ks2, ks1) and
-     * the weight scales loaded before the wait (swearly) */
-    static const char *const fp8_gemv[] = {"fused", "split", "ks2", "ks1", "swearly"};
+     * GEMV (KILN_FP8_GEMV=split) */
+    static const char *const fp8_gemv[] = {"fused", "split"};
     for (size_t i = 0; i < 2; i++)
         for (size_t v = 0; v < sizeof fp8_gemv / sizeof fp8_gemv[0]; v++)
             quant_ab_row(copy_bw, QB_FP8, i ? 4096 : 28672, i ? 14336 : 4096, "KILN_FP8_GEMV", fp8_gemv[v]);

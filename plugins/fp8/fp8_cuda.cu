@@ -118,6 +118,90 @@ template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, in
     }
 }
 
+/* fp8_quantize_kernel in 16-byte pieces (x 16-byte aligned; k is a multiple of 16):
+ * a thread holds up to V pieces of 16 elements in registers, so x is read
+ * once, and writes each piece's 16 codes in one store. The conversion is
+ * the hardware's saturating round-to-nearest-even (fp8_gemv_kernel's, the
+ * same codes as kiln_f32_to_e4m3 for every value of |x| · 448 / max |x|).
+ * The scalar kernel above, one element a load, ran at about a quarter of
+ * the memory's bandwidth at 1,024 rows (ncu: 14 us at k = 4,096, 42 us at
+ * 14,336), a tenth of an 8B FP8 decode step at that batch. */
+template <int XT, int V>
+__global__ void __launch_bounds__(256) fp8_quantize_vec_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
+{
+    KTL_SCOPE(0);
+    __shared__ float red[8];
+    kcu_after_prior(x, xq, k, 0);
+    const int64_t r = blockIdx.x;
+    const int32_t pieces = k / 16;
+    float f[V][16];
+    float a = 0.0f;
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        if ((int32_t)threadIdx.x + v * 256 < pieces) {
+            fp8_load_x16<XT>(x, r * k + ((int64_t)threadIdx.x + v * 256) * 16, f[v]);
+#pragma unroll
+            for (int e = 0; e < 16; e++)
+                a = fmaxf(a, fabsf(f[v][e]));
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+    if ((threadIdx.x & 31) == 0)
+        red[threadIdx.x >> 5] = a;
+    __syncthreads();
+    a = red[0];
+    for (int i = 1; i < 8; i++)
+        a = fmaxf(a, red[i]);
+    const float inv = a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
+    if (threadIdx.x == 0)
+        sx[r] = __fdiv_rn(a, KILN_E4M3_MAX);
+#pragma unroll
+    for (int v = 0; v < V; v++) {
+        if ((int32_t)threadIdx.x + v * 256 < pieces) {
+            uint32_t q[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const __nv_fp8x2_storage_t lo =
+                    __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[v][4 * i], inv), __fmul_rn(f[v][4 * i + 1], inv)),
+                                             __NV_SATFINITE, __NV_E4M3);
+                const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
+                    make_float2(__fmul_rn(f[v][4 * i + 2], inv), __fmul_rn(f[v][4 * i + 3], inv)), __NV_SATFINITE,
+                    __NV_E4M3);
+                q[i] = (uint32_t)lo | (uint32_t)hi << 16;
+            }
+            *reinterpret_cast<uint4 *>(xq + r * k + ((int64_t)threadIdx.x + v * 256) * 16) =
+                make_uint4(q[0], q[1], q[2], q[3]);
+        }
+    }
+}
+
+/* KILN_FP8_QUANT=scalar keeps fp8_quantize_kernel for every k, to time
+ * both; read at each launch (a graph keeps its capture's). */
+bool fp8_quantize_scalar(void)
+{
+    const char *e = getenv("KILN_FP8_QUANT");
+    return e && strcmp(e, "scalar") == 0;
+}
+
+/* Quantizes x's rows into xq and sx: the 16-byte kernel where x is aligned
+ * and a row fits in its registers (k <= 32,768), else the scalar one. */
+template <int XT>
+cudaError_t fp8_quantize(const void *x, uint8_t *xq, float *sx, int64_t rows, int32_t k, cudaStream_t s)
+{
+    const dim3 grid((unsigned)rows), block(256);
+    const int32_t per = (k / 16 + 255) / 256; /* pieces a thread */
+    if ((uintptr_t)x % 16 != 0 || (uintptr_t)xq % 16 != 0 || per > 8 || fp8_quantize_scalar())
+        return kcu_launch_cfg(fp8_quantize_kernel<XT>, grid, block, s, x, xq, sx, k);
+    if (per <= 1)
+        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 1>, grid, block, s, x, xq, sx, k);
+    if (per <= 2)
+        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 2>, grid, block, s, x, xq, sx, k);
+    if (per <= 4)
+        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 4>, grid, block, s, x, xq, sx, k);
+    return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 8>, grid, block, s, x, xq, sx, k);
+}
+
 /* The decode GEMV: m (<= M) rows of x against R weight rows a block, y =
  * Σ xq · wq · sx · sw. With FUSED (the default for decode rows) x is the
  * layer's input and the kernel quantizes it itself: one kernel instead of
@@ -129,23 +213,24 @@ template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, in
  * by the hardware's saturating round-to-nearest-even conversion — shared
  * by the R rows. Without FUSED x holds fp8_quantize_kernel's codes and sx
  * its scales. */
-template <int XT, int M, int R, bool FUSED, int KS = kWarps, bool EARLY_SW = false>
+template <int XT, int M, int R, bool FUSED>
 __global__ void __launch_bounds__(kWarps * 32)
     fp8_gemv_kernel(const void *__restrict__ x, const float *__restrict__ sx_in, const uint8_t *__restrict__ w,
                     const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k)
 {
     KTL_SCOPE(0);
-    constexpr int E = 16, STEP = 32 * E, G = kWarps / KS;
+    constexpr int E = 16, STEP = 32 * E;
     __shared__ float part[kWarps][M][R];
     __shared__ float red[kWarps][M];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    /* KS warps share R rows, each a KS-th of k; a block holds G = 4 / KS
-     * such groups (KILN_FP8_GEMV=ks2 / ks1 at one row: each warp more of
-     * k, so its loads run ahead of its products for more steps) */
-    const int64_t row0 = ((int64_t)blockIdx.x * G + wid / KS) * R;
+    /* the block's warps share its R rows, each a quarter of k (one or two
+     * warps a group of 8 rows, each more of k, measured slower on the H200:
+     * 0.744 / 0.739 of copy at 28672x4096 against 0.786, 0.558 / 0.402 at
+     * 4096x14336 against 0.602) */
+    const int64_t row0 = (int64_t)blockIdx.x * R;
     /* 32-bit k offsets (k is an int32): one compare a bound check */
-    const int32_t kq = (k / E + KS - 1) / KS * E;
-    const int32_t k0 = (wid % KS) * kq, k1 = k0 + kq < k ? k0 + kq : k;
+    const int32_t kq = (k / E + kWarps - 1) / kWarps * E;
+    const int32_t k0 = wid * kq, k1 = k0 + kq < k ? k0 + kq : k;
     /* each row's pointer to this lane's next group of kUnroll loads: the
      * loads take it plus a constant offset (no address arithmetic a load) */
     const uint8_t *wr[R];
@@ -160,18 +245,16 @@ __global__ void __launch_bounds__(kWarps * 32)
         for (int r = 0; r < R; r++)
             buf[u][r] = kk < k1 ? kcu_load_stream(wr[r] + u * STEP) : make_uint4(0, 0, 0, 0);
     }
-    /* this thread's element of y (one a thread at most); with EARLY_SW
-     * (KILN_FP8_GEMV=swearly at one row) its weight scale is loaded here,
-     * before the wait: an engine constant, so it need not wait for the
-     * previous kernel, and its L2 round trip would no longer end every
-     * block; by default it is loaded in the epilogue */
-    static_assert(G * M * R <= kWarps * 32, "one element of y a thread");
-    const int eg = threadIdx.x / (M * R), ei = threadIdx.x / R % M, er = threadIdx.x % R;
-    const int64_t erow = ((int64_t)blockIdx.x * G + eg) * R + er;
-    const bool eout = threadIdx.x < G * M * R && erow < n;
-    float esw = 0.0f;
-    if (EARLY_SW && eout)
-        esw = sw[erow];
+    /* this thread's element of y (one a thread at most) and its weight
+     * scale, loaded before the wait: an engine constant, so it need not
+     * wait for the previous kernel, and its L2 round trip no longer ends
+     * every block (H200, 8B FP8 decode 357.3 tok/s against 352.3 with the
+     * load in the epilogue) */
+    static_assert(M * R <= kWarps * 32, "one element of y a thread");
+    const int ei = threadIdx.x / R, er = threadIdx.x % R;
+    const int64_t erow = row0 + er;
+    const bool eout = threadIdx.x < M * R && erow < n;
+    const float esw = eout ? sw[erow] : 0.0f;
     kcu_after_prior(x, y, k, n);
 
     /* each row's scale, as fp8_quantize_kernel computes it */
@@ -285,9 +368,9 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (eout && ei < m) {
         float v = 0.0f;
 #pragma unroll
-        for (int j = 0; j < KS; j++)
-            v += part[eg * KS + j][ei][er];
-        kcu_store_float(y, XT, (int64_t)ei * n + erow, __fmul_rn(__fmul_rn(v, sx[ei]), EARLY_SW ? esw : sw[erow]));
+        for (int j = 0; j < kWarps; j++)
+            v += part[j][ei][er];
+        kcu_store_float(y, XT, (int64_t)ei * n + erow, __fmul_rn(__fmul_rn(v, sx[ei]), esw));
     }
 }
 
@@ -302,13 +385,6 @@ cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, voi
         return kcu_launch_cfg(kernel, dim3((unsigned)(((int64_t)n + rows_a_block - 1) / rows_a_block)),
                               dim3(kWarps * 32), s, x, (const float *)NULL, w, sw, y, m, n, k);
     };
-    const char *e = getenv("KILN_FP8_GEMV");
-    if (m == 1 && e && !strcmp(e, "ks2"))
-        return launch(fp8_gemv_kernel<XT, 1, 8, true, 2>, 16);
-    if (m == 1 && e && !strcmp(e, "ks1"))
-        return launch(fp8_gemv_kernel<XT, 1, 8, true, 1>, 32);
-    if (m == 1 && e && !strcmp(e, "swearly"))
-        return launch(fp8_gemv_kernel<XT, 1, 8, true, kWarps, true>, 8);
     return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, true>, 8)
            : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, true>, 8)
            : m <= 4 ? launch(fp8_gemv_kernel<XT, 4, 4, true>, 4)
@@ -316,11 +392,7 @@ cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, voi
 }
 
 /* KILN_FP8_GEMV=split keeps the decode path of two kernels (quantize, then
- * GEMV) to time both; ks2 / ks1 give the one-row GEMV 2 or 1 warps a row
- * group instead of 4 (fp8_gemv_kernel's KS), swearly loads its weight
- * scales before the wait for the previous kernel (EARLY_SW; all three
- * written in the twentieth session for the next device call, not yet
- * measured); read at each launch (a graph keeps its capture's). */
+ * GEMV) to time both; read at each launch (a graph keeps its capture's). */
 bool fp8_use_fused(void)
 {
     const char *e = getenv("KILN_FP8_GEMV");
@@ -480,7 +552,7 @@ int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t r
         return (int)fp8_gemv_fused<XT>(x, w, sw, y, (int32_t)rows, n, k, s);
     uint8_t *xq = (uint8_t *)ws;
     float *sx = (float *)(ws + kiln_fp8_workspace_scales(rows, k));
-    cudaError_t e = kcu_launch_cfg(fp8_quantize_kernel<XT>, dim3((unsigned)rows), dim3(256), s, x, xq, sx, k);
+    cudaError_t e = fp8_quantize<XT>(x, xq, sx, rows, k, s);
     if (e != cudaSuccess)
         return (int)e;
     if (rows > KILN_FP8_GEMV_MAX_ROWS && n % 4 == 0 && fp8_use_vec()) {

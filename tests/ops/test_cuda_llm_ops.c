@@ -382,10 +382,9 @@ static void test_rmsnorm_mixed(void)
 
 /* ---- RoPE ----------------------------------------------------------------------------------- */
 
-static void check_rope(const char *scaling, int32_t interleaved, int32_t rotary_dim, int32_t n_kv_heads, kiln_dtype t,
-                       int64_t tokens, int in_place)
+static void check_rope_heads(const char *scaling, int32_t interleaved, int32_t rotary_dim, int32_t n_heads,
+                             int32_t n_kv_heads, int32_t head_dim, kiln_dtype t, int64_t tokens, int in_place)
 {
-    const int32_t n_heads = 6, head_dim = 64;
     const float theta = 500000.0f, factor = 8.0f;
     kiln_field f[8] = {fi32("n_heads", &n_heads),       fi32("head_dim", &head_dim),       ff32("theta", &theta),
                        fi32("rotary_dim", &rotary_dim), fi32("interleaved", &interleaved), fstr("scaling", scaling),
@@ -400,8 +399,10 @@ static void check_rope(const char *scaling, int32_t interleaved, int32_t rotary_
     buf_upload(&in[1]);
     buf out = buf_output(t, tokens, width);
     char what[128];
-    snprintf(what, sizeof what, "RoPE %s interleaved %d rotary %d n_kv_heads %d %s T %lld%s", scaling, interleaved,
-             rotary_dim, n_kv_heads, dtype_name(t), (long long)tokens, in_place ? " in place" : "");
+    const char *scalar = getenv("KILN_ROPE");
+    snprintf(what, sizeof what, "RoPE %s interleaved %d rotary %d heads %d/%d x %d %s T %lld%s%s", scaling, interleaved,
+             rotary_dim, n_heads, n_kv_heads, head_dim, dtype_name(t), (long long)tokens, in_place ? " in place" : "",
+             scalar ? ", KILN_ROPE=scalar" : "");
     if (in_place) {
         /* y is x: the device output is a copy of the input */
         memcpy(out.host, in[0].host, in[0].bytes);
@@ -416,6 +417,12 @@ static void check_rope(const char *scaling, int32_t interleaved, int32_t rotary_
     buf_free(&in[1]);
     buf_free(&out);
     p->ops->destroy(p);
+}
+
+static void check_rope(const char *scaling, int32_t interleaved, int32_t rotary_dim, int32_t n_kv_heads, kiln_dtype t,
+                       int64_t tokens, int in_place)
+{
+    check_rope_heads(scaling, interleaved, rotary_dim, 6, n_kv_heads, 64, t, tokens, in_place);
 }
 
 static void test_rope(void)
@@ -436,6 +443,19 @@ static void test_rope(void)
     check_rope("llama3", 0, 64, 4, KILN_DTYPE_BF16, 33, 0);
     check_rope("linear", 1, 48, 4, KILN_DTYPE_F16, 1, 0);
     check_rope("none", 0, 64, 4, KILN_DTYPE_F32, 9, 1);
+    /* the 8B's heads (40 rotated: more than the 16-byte kernel's 16 heads
+     * a pass at head_dim 128 in 16 bits, 8 a pass in f32), and the scalar
+     * kernel (KILN_ROPE=scalar) on the same shapes */
+    for (int scalar = 0; scalar < 2; scalar++) {
+        if (scalar)
+            setenv("KILN_ROPE", "scalar", 1);
+        check_rope_heads("llama3", 0, 128, 32, 8, 128, KILN_DTYPE_BF16, 33, 0);
+        check_rope_heads("llama3", 0, 128, 32, 8, 128, KILN_DTYPE_BF16, 1, 0);
+        check_rope_heads("none", 1, 64, 32, 8, 128, KILN_DTYPE_F16, 9, 0);
+        check_rope_heads("linear", 0, 128, 32, 8, 128, KILN_DTYPE_F32, 5, 1);
+        check_rope("linear", 1, 48, 4, KILN_DTYPE_F16, 3, 0);
+        unsetenv("KILN_ROPE");
+    }
 }
 
 /* ---- SwiGLU --------------------------------------------------------------------------------- */
@@ -800,9 +820,24 @@ static void random_fp8(int32_t n, int32_t k, buf *w, buf *s)
 static void test_fp8(void)
 {
     /* n a multiple of 4 (cuBLASLt's GEMM past 8 rows) and not (the GEMV
-     * over row groups) */
-    const int32_t shapes[][2] = {{16, 64}, {5, 48}, {256, 2048}, {100, 4096}, {33, 4096}, {1000, 14336}, {12, 28672}};
+     * over row groups); k past 32,768 (40,000): the quantization's scalar
+     * kernel, 8,192 and 28,672: its 16-byte kernel with 2 and 8 pieces a
+     * thread */
+    const int32_t shapes[][2] = {{16, 64},   {5, 48},       {256, 2048}, {100, 4096}, {40, 8192},
+                                 {33, 4096}, {1000, 14336}, {12, 28672}, {8, 40000}};
     const int64_t ts[] = {1, 2, 5, 8, 9, 64, 300};
+    const int nts = (int)(sizeof ts / sizeof ts[0]);
+    /* decode rows through the one-kernel GEMV (the default) and the
+     * quantize-then-GEMV pair (KILN_FP8_GEMV=split, 1, 2, 5, 8 rows); past
+     * 8 rows the GEMM with its scales in cuBLASLt's epilogue (the
+     * default), with the f32 result and the scale kernel
+     * (KILN_FP8_GEMM=f32) and with the scalar quantization kernel
+     * (KILN_FP8_QUANT=scalar) */
+    static const struct {
+        const char *env, *value;
+        int first; /* the first of ts the variant runs */
+    } variants[] = {{"KILN_FP8_GEMV", "split", 0}, {"KILN_FP8_GEMM", "f32", 4}, {"KILN_FP8_QUANT", "scalar", 4}};
+    const int nv = (int)(sizeof variants / sizeof variants[0]);
     tol_floor = 1e-3;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int32_t n = shapes[si][0], k = shapes[si][1];
@@ -812,49 +847,37 @@ static void test_fp8(void)
             continue;
         buf w, s;
         random_fp8(n, k, &w, &s);
-        /* decode rows through the one-kernel GEMV (the default), the
-         * quantize-then-GEMV pair (KILN_FP8_GEMV=split), the one-row GEMV
-         * with 2 or 1 warps a row group (ks2, ks1) and with its weight
-         * scales loaded early (swearly; 1, 2, 5, 8 rows each); past 8 rows
-         * the GEMM with its scales in cuBLASLt's epilogue (the default)
-         * and with the f32 result and the scale kernel (KILN_FP8_GEMM=f32) */
-        static const char *const gemv_variants[] = {"split", "ks2", "ks1", "swearly"};
-        const size_t nts = sizeof ts / sizeof ts[0], nv = sizeof gemv_variants / sizeof gemv_variants[0];
         for (size_t ti = 0; ti < 3; ti++)
-            for (size_t ri = 0; ri < nts + 4 * nv + 3; ri++) {
-                kiln_dtype t = float_types[ti];
-                const size_t e = ri - nts;
-                const char *gemv = ri >= nts && e < 4 * nv ? gemv_variants[e / 4] : NULL;
-                const int f32 = ri >= nts + 4 * nv;
-                int64_t rows = ri < nts ? ts[ri] : gemv ? ts[e % 4] : ts[4 + e - 4 * nv];
-                if (n * (int64_t)k > 4096 * 4096 && rows > 8)
-                    continue; /* the large shape is a decode shape */
-                if (gemv)
-                    setenv("KILN_FP8_GEMV", gemv, 1);
-                if (f32)
-                    setenv("KILN_FP8_GEMM", "f32", 1);
-                buf in[3] = {buf_random(t, rows, k, -2, 2), w, s};
-                buf out = buf_output(t, rows, n);
-                kiln_tensor_desc d[4] = {in[0].desc, w.desc, s.desc, out.desc};
-                size_t wsz = p->ops->workspace_size(p, d, 3, d + 3, 1);
-                void *ws_host = malloc(wsz ? wsz : 1), *ws_dev = NULL;
-                if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
-                    fprintf(stderr, "cannot allocate the workspace\n");
-                    exit(1);
+            for (int vi = -1; vi < nv; vi++) {
+                const int from = vi < 0 ? 0 : variants[vi].first, to = vi < 0 || from + 4 > nts ? nts : from + 4;
+                for (int ri = from; ri < to; ri++) {
+                    kiln_dtype t = float_types[ti];
+                    int64_t rows = ts[ri];
+                    if (n * (int64_t)k > 4096 * 4096 && rows > 8)
+                        continue; /* the large shape is a decode shape */
+                    if (vi >= 0)
+                        setenv(variants[vi].env, variants[vi].value, 1);
+                    buf in[3] = {buf_random(t, rows, k, -2, 2), w, s};
+                    buf out = buf_output(t, rows, n);
+                    kiln_tensor_desc d[4] = {in[0].desc, w.desc, s.desc, out.desc};
+                    size_t wsz = p->ops->workspace_size(p, d, 3, d + 3, 1);
+                    void *ws_host = malloc(wsz ? wsz : 1), *ws_dev = NULL;
+                    if (cudaMalloc(&ws_dev, wsz ? wsz : 1) != cudaSuccess) {
+                        fprintf(stderr, "cannot allocate the workspace\n");
+                        exit(1);
+                    }
+                    char what[112];
+                    snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d%s%s%s%s", dtype_name(t), (long long)rows,
+                             n, k, vi >= 0 ? ", " : "", vi >= 0 ? variants[vi].env : "", vi >= 0 ? "=" : "",
+                             vi >= 0 ? variants[vi].value : "");
+                    run_both_ws(what, p, in, 3, &out, 1, ws_host, ws_dev);
+                    if (vi >= 0)
+                        unsetenv(variants[vi].env);
+                    free(ws_host);
+                    cudaFree(ws_dev);
+                    buf_free(&in[0]);
+                    buf_free(&out);
                 }
-                char what[96];
-                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d%s%s", dtype_name(t), (long long)rows, n, k,
-                         gemv  ? ", KILN_FP8_GEMV="
-                         : f32 ? ", KILN_FP8_GEMM=f32"
-                               : "",
-                         gemv ? gemv : "");
-                run_both_ws(what, p, in, 3, &out, 1, ws_host, ws_dev);
-                unsetenv("KILN_FP8_GEMV");
-                unsetenv("KILN_FP8_GEMM");
-                free(ws_host);
-                cudaFree(ws_dev);
-                buf_free(&in[0]);
-                buf_free(&out);
             }
         buf_free(&w);
         buf_free(&s);
@@ -905,9 +928,9 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k
         exit(1);
     }
     char what[160];
-    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s norm %d %s T %lld n %d k %d", dtype_name(t),
+    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s norm %d %s T %lld n %d k %d%s", dtype_name(t),
              st != t ? " (f32 stream)" : "", f32_out ? " (f32 y)" : "", use_graph ? " in a graph" : "", norm, epilogue,
-             (long long)rows, n, k);
+             (long long)rows, n, k, getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=scalar" : "");
     /* an f32 y holds a product rounded (GEMV) or not (cuBLASLt's
      * epilogue) to t: t's tolerance */
     const double floor_was = tol_floor;
@@ -959,8 +982,9 @@ static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_d
         exit(1);
     }
     char what[128];
-    snprintf(what, sizeof what, "FusedMatMul rope %s%s interleaved %d rotary %d %s T %lld", dtype_name(t),
-             use_graph ? " in a graph" : "", interleaved, rotary_dim, scaling, (long long)rows);
+    snprintf(what, sizeof what, "FusedMatMul rope %s%s interleaved %d rotary %d %s T %lld%s", dtype_name(t),
+             use_graph ? " in a graph" : "", interleaved, rotary_dim, scaling, (long long)rows,
+             getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=scalar" : "");
     run_both_ws(what, p, in, 4, &y, 1, wh, wd);
     free(wh);
     cudaFree(wd);
@@ -1005,6 +1029,15 @@ static void test_fused_matmul(void)
                                        0);
             }
         }
+    /* past the GEMV's rows the epilogues run in 16-byte vectors where they
+     * can (above); their one-element kernels (KILN_FMM_EPILOGUE=scalar) */
+    setenv("KILN_FMM_EPILOGUE", "scalar", 1);
+    for (size_t ti = 0; ti < 3; ti++) {
+        check_fused_matmul(float_types[ti], float_types[ti], 256, 2048, 1, "swiglu", 64, 0);
+        check_fused_rope(float_types[ti], 0, 128, "llama3", 64);
+        check_fused_rope(float_types[ti], 1, 64, "none", 9);
+    }
+    unsetenv("KILN_FMM_EPILOGUE");
 }
 
 /* FusedMatMul's GEMV through fmm_loop_kernel (resident blocks, group
