@@ -761,12 +761,18 @@ __global__ void __launch_bounds__(256) fmm_rope_vec_kernel(const void *t, const 
     }
 }
 
-/* KILN_FMM_EPILOGUE=scalar keeps the one-element kernels for every shape,
- * to time both; read at each launch (a graph keeps its capture's). */
-bool fmm_epilogue_scalar(void)
+/* The 16-byte epilogues from 128 rows on; below, where a step is latency,
+ * the one-element kernels (a sine and cosine, or an exponential, a thread
+ * instead of four or eight in a chain: at one token kiln/RoPE's 16-byte
+ * kernel cost the 8B FP8 decode 2%). KILN_FMM_EPILOGUE=scalar or vec
+ * takes that one for every shape (to time both, and for the op tests);
+ * read at each launch (a graph keeps its capture's). */
+bool fmm_epilogue_vec(int64_t rows)
 {
     const char *e = getenv("KILN_FMM_EPILOGUE");
-    return e && strcmp(e, "scalar") == 0;
+    if (e && strcmp(e, "scalar") == 0)
+        return false;
+    return rows >= 128 || (e && strcmp(e, "vec") == 0);
 }
 
 /* The heuristic's algorithm by problem: prefill runs the same few shapes
@@ -892,7 +898,7 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
         return 0;
     const int64_t count = a->rows * (a->n / 2);
     const int per = DT == KILN_DTYPE_F32 ? 4 : 8;
-    if (!fmm_epilogue_scalar() && (((uintptr_t)t | (uintptr_t)a->y) & 15) == 0) {
+    if (fmm_epilogue_vec(a->rows) && (((uintptr_t)t | (uintptr_t)a->y) & 15) == 0) {
         const int rope = a->epilogue == KILN_FUSEDMM_ROPE;
         const int64_t vecs = rope ? a->rows * (a->n / per) : count / per, blocks = (vecs + 255) / 256;
         const dim3 grid((unsigned)(blocks < 132 * 16 ? blocks : 132 * 16));

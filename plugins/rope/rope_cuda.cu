@@ -64,7 +64,8 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_kernel(const kiln_rope_cuda
  * once for all of them. Without IL (pairs j and j + half) a vector of
  * each half holds PER pairs, with IL (pairs 2j and 2j + 1) one vector
  * PER / 2. When y is not x the block then copies what is not rotated, a
- * vector a thread. The same roundings as rope_kernel. The scalar kernel,
+ * vector a thread. Below 256 tokens grid.y splits each token's heads
+ * (and the copy) over that many blocks. The same roundings as rope_kernel. The scalar kernel,
  * one element a load and a sine and cosine per head, ran at about a
  * sixth of the memory's bandwidth at 1,024 tokens of the 8B (ncu: 44 us
  * for 12.6 MB in and out). */
@@ -75,12 +76,12 @@ __global__ void __launch_bounds__(ROPE_VEC_THREADS) rope_vec_kernel(const kiln_r
     kcu_after_prior(a.x, a.pos, a.tokens, a.dtype);
     constexpr int PER = DT == KILN_DTYPE_F32 ? 4 : 8, P = IL ? PER / 2 : PER, ES = 16 / PER;
     const int half = a.rotary_dim / 2, C = (IL ? a.rotary_dim : half) / PER;
-    const int c = threadIdx.x % C, hl = threadIdx.x / C, HL = ROPE_VEC_THREADS / C;
+    const int c = threadIdx.x % C, hl = threadIdx.x / C, HL = ROPE_VEC_THREADS / C, hy = (int)blockIdx.y;
     const int64_t width = (int64_t)a.row_heads * a.head_dim;
     const char *x = (const char *)a.x;
     char *y = (char *)a.y;
     for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
-        if (hl < HL && hl < a.rotated_heads) {
+        if (hl < HL && hl + hy * HL < a.rotated_heads) {
             const float pos = (float)a.pos[tok];
             float cs[P], sn[P];
 #pragma unroll
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(ROPE_VEC_THREADS) rope_vec_kernel(const kiln_r
                 cs[p] = kcu_round_float(DT, cs[p]);
                 sn[p] = kcu_round_float(DT, sn[p]);
             }
-            for (int h = hl; h < a.rotated_heads; h += HL) {
+            for (int h = hl + hy * HL; h < a.rotated_heads; h += HL * (int)gridDim.y) {
                 const int64_t at0 = tok * width + (int64_t)h * a.head_dim + c * PER, at1 = IL ? at0 : at0 + half;
                 const uint4 u0 = __ldg((const uint4 *)(x + at0 * ES)),
                             u1 = IL ? u0 : __ldg((const uint4 *)(x + at1 * ES));
@@ -121,7 +122,7 @@ __global__ void __launch_bounds__(ROPE_VEC_THREADS) rope_vec_kernel(const kiln_r
             const int kv = (a.head_dim - a.rotary_dim) / PER;
             const int64_t n_rot = (int64_t)a.rotated_heads * kv,
                           n = n_rot + (int64_t)(a.row_heads - a.rotated_heads) * (a.head_dim / PER);
-            for (int64_t i = threadIdx.x; i < n; i += ROPE_VEC_THREADS) {
+            for (int64_t i = threadIdx.x + hy * ROPE_VEC_THREADS; i < n; i += ROPE_VEC_THREADS * gridDim.y) {
                 const int64_t off = i < n_rot ? (i / kv) * a.head_dim + a.rotary_dim + (i % kv) * PER
                                               : (int64_t)a.rotated_heads * a.head_dim + (i - n_rot) * PER;
                 *(uint4 *)(y + (tok * width + off) * ES) = __ldg((const uint4 *)(x + (tok * width + off) * ES));
@@ -130,20 +131,34 @@ __global__ void __launch_bounds__(ROPE_VEC_THREADS) rope_vec_kernel(const kiln_r
     }
 }
 
-/* KILN_ROPE=scalar keeps rope_kernel for every shape, to time both; read
- * at each launch (a graph keeps its capture's). */
-static bool rope_scalar(void)
+/* Which kernel: the 16-byte one from ROPE_VEC_MIN_TOKENS tokens on, the
+ * scalar one below, where a step is latency, not bytes, and the scalar
+ * kernel's one sine and cosine a thread (against eight in a chain) wins:
+ * 8B FP8 decode on the H200 358.5 tok/s with it against 350.5 with the
+ * 16-byte kernel at one token. KILN_ROPE=scalar or vec takes that one for
+ * every shape the 16-byte kernel can run (to time both, and for the op
+ * tests); read at each launch (a graph keeps its capture's). */
+#define ROPE_VEC_MIN_TOKENS 128
+
+static bool rope_use_vec(int64_t tokens)
 {
     const char *e = getenv("KILN_ROPE");
-    return e && strcmp(e, "scalar") == 0;
+    if (e && strcmp(e, "scalar") == 0)
+        return false;
+    return tokens >= ROPE_VEC_MIN_TOKENS || (e && strcmp(e, "vec") == 0);
 }
 
-template <int DT>
-static cudaError_t rope_vec_launch(const kiln_rope_cuda_args *a, unsigned blocks, int copy, cudaStream_t s)
+template <int DT> static cudaError_t rope_vec_launch(const kiln_rope_cuda_args *a, int copy, cudaStream_t s)
 {
-    return a->interleaved
-               ? kcu_launch_cfg(rope_vec_kernel<DT, true>, dim3(blocks), dim3(ROPE_VEC_THREADS), s, *a, copy)
-               : kcu_launch_cfg(rope_vec_kernel<DT, false>, dim3(blocks), dim3(ROPE_VEC_THREADS), s, *a, copy);
+    /* few tokens (decode): the heads over grid.y too, a pass of HL heads a
+     * block, so a token's passes run side by side instead of one after
+     * another in one block */
+    const int per = DT == KILN_DTYPE_F32 ? 4 : 8;
+    const int hl = ROPE_VEC_THREADS / ((a->interleaved ? a->rotary_dim : a->rotary_dim / 2) / per);
+    const unsigned ny = a->tokens >= 256 ? 1u : (unsigned)((a->rotated_heads + hl - 1) / hl);
+    const dim3 grid((unsigned)(a->tokens < 65535 ? a->tokens : 65535), ny > 0 ? ny : 1u);
+    return a->interleaved ? kcu_launch_cfg(rope_vec_kernel<DT, true>, grid, dim3(ROPE_VEC_THREADS), s, *a, copy)
+                          : kcu_launch_cfg(rope_vec_kernel<DT, false>, grid, dim3(ROPE_VEC_THREADS), s, *a, copy);
 }
 
 extern "C" int kiln_rope_cuda(const kiln_rope_cuda_args *a, void *stream)
@@ -153,13 +168,12 @@ extern "C" int kiln_rope_cuda(const kiln_rope_cuda_args *a, void *stream)
         return a->tokens <= 0 ? 0 : (int)cudaErrorInvalidValue;
     const int copy_vec = a->x != a->y;
     const int vper = a->dtype == KILN_DTYPE_F32 ? 4 : 8, vrot = a->interleaved ? a->rotary_dim : half;
-    if (!rope_scalar() && (((uintptr_t)a->x | (uintptr_t)a->y) & 15) == 0 && a->head_dim % vper == 0 &&
+    if (rope_use_vec(a->tokens) && (((uintptr_t)a->x | (uintptr_t)a->y) & 15) == 0 && a->head_dim % vper == 0 &&
         vrot % vper == 0 && vrot / vper <= ROPE_VEC_THREADS) {
-        const unsigned blocks = (unsigned)(a->tokens < 65535 ? a->tokens : 65535);
         switch (a->dtype) {
-        case KILN_DTYPE_F32: return (int)rope_vec_launch<KILN_DTYPE_F32>(a, blocks, copy_vec, (cudaStream_t)stream);
-        case KILN_DTYPE_F16: return (int)rope_vec_launch<KILN_DTYPE_F16>(a, blocks, copy_vec, (cudaStream_t)stream);
-        case KILN_DTYPE_BF16: return (int)rope_vec_launch<KILN_DTYPE_BF16>(a, blocks, copy_vec, (cudaStream_t)stream);
+        case KILN_DTYPE_F32: return (int)rope_vec_launch<KILN_DTYPE_F32>(a, copy_vec, (cudaStream_t)stream);
+        case KILN_DTYPE_F16: return (int)rope_vec_launch<KILN_DTYPE_F16>(a, copy_vec, (cudaStream_t)stream);
+        case KILN_DTYPE_BF16: return (int)rope_vec_launch<KILN_DTYPE_BF16>(a, copy_vec, (cudaStream_t)stream);
         default: break;
         }
     }

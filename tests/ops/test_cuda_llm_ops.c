@@ -399,10 +399,10 @@ static void check_rope_heads(const char *scaling, int32_t interleaved, int32_t r
     buf_upload(&in[1]);
     buf out = buf_output(t, tokens, width);
     char what[128];
-    const char *scalar = getenv("KILN_ROPE");
-    snprintf(what, sizeof what, "RoPE %s interleaved %d rotary %d heads %d/%d x %d %s T %lld%s%s", scaling, interleaved,
-             rotary_dim, n_heads, n_kv_heads, head_dim, dtype_name(t), (long long)tokens, in_place ? " in place" : "",
-             scalar ? ", KILN_ROPE=scalar" : "");
+    const char *mode = getenv("KILN_ROPE");
+    snprintf(what, sizeof what, "RoPE %s interleaved %d rotary %d heads %d/%d x %d %s T %lld%s%s%s", scaling,
+             interleaved, rotary_dim, n_heads, n_kv_heads, head_dim, dtype_name(t), (long long)tokens,
+             in_place ? " in place" : "", mode ? ", KILN_ROPE=" : "", mode ? mode : "");
     if (in_place) {
         /* y is x: the device output is a copy of the input */
         memcpy(out.host, in[0].host, in[0].bytes);
@@ -425,33 +425,38 @@ static void check_rope(const char *scaling, int32_t interleaved, int32_t rotary_
     check_rope_heads(scaling, interleaved, rotary_dim, 6, n_kv_heads, 64, t, tokens, in_place);
 }
 
+/* Every case with the kernel the launch picks (the scalar one under 128
+ * tokens, the 16-byte one from there), then with each forced
+ * (KILN_ROPE=vec, =scalar). */
 static void test_rope(void)
 {
+    static const char *const modes[] = {NULL, "vec", "scalar"};
     const char *scalings[] = {"none", "linear", "llama3"};
-    for (int s = 0; s < 3; s++)
-        for (int32_t inter = 0; inter < 2; inter++)
-            for (size_t ti = 0; ti < 3; ti++)
-                for (size_t ri = 0; ri < 2; ri++) {
-                    check_rope(scalings[s], inter, 64, 0, float_types[ti], token_counts[ri], 0);
-                    check_rope(scalings[s], inter, 32, 2, float_types[ti], token_counts[ri], 0);
-                }
-    check_rope("llama3", 0, 64, 2, KILN_DTYPE_BF16, 7, 1);
-    check_rope("none", 1, 48, 0, KILN_DTYPE_F32, 5, 1);
-    /* more rotated heads than one block's group (256 threads / 32 pairs =
-     * 8 heads): two groups, and the copy slice for the v heads / the dims
-     * past rotary_dim */
-    check_rope("llama3", 0, 64, 4, KILN_DTYPE_BF16, 33, 0);
-    check_rope("linear", 1, 48, 4, KILN_DTYPE_F16, 1, 0);
-    check_rope("none", 0, 64, 4, KILN_DTYPE_F32, 9, 1);
-    /* the 8B's heads (40 rotated: more than the 16-byte kernel's 16 heads
-     * a pass at head_dim 128 in 16 bits, 8 a pass in f32), and the scalar
-     * kernel (KILN_ROPE=scalar) on the same shapes */
-    for (int scalar = 0; scalar < 2; scalar++) {
-        if (scalar)
-            setenv("KILN_ROPE", "scalar", 1);
+    for (int mi = 0; mi < 3; mi++) {
+        if (modes[mi])
+            setenv("KILN_ROPE", modes[mi], 1);
+        for (int s = 0; s < 3; s++)
+            for (int32_t inter = 0; inter < 2; inter++)
+                for (size_t ti = 0; ti < 3; ti++)
+                    for (size_t ri = 0; ri < 2; ri++) {
+                        check_rope(scalings[s], inter, 64, 0, float_types[ti], token_counts[ri], 0);
+                        check_rope(scalings[s], inter, 32, 2, float_types[ti], token_counts[ri], 0);
+                    }
+        check_rope("llama3", 0, 64, 2, KILN_DTYPE_BF16, 7, 1);
+        check_rope("none", 1, 48, 0, KILN_DTYPE_F32, 5, 1);
+        /* more rotated heads than one block's group (256 threads / 32 pairs =
+         * 8 heads): two groups, and the copy slice for the v heads / the dims
+         * past rotary_dim */
+        check_rope("llama3", 0, 64, 4, KILN_DTYPE_BF16, 33, 0);
+        check_rope("linear", 1, 48, 4, KILN_DTYPE_F16, 1, 0);
+        check_rope("none", 0, 64, 4, KILN_DTYPE_F32, 9, 1);
+        /* the 8B's heads (40 rotated: more than the 16-byte kernel's 16
+         * heads a pass at head_dim 128 in 16 bits, 8 a pass in f32; under
+         * 256 tokens the passes in blocks of their own, from 256 on in one) */
         check_rope_heads("llama3", 0, 128, 32, 8, 128, KILN_DTYPE_BF16, 33, 0);
+        check_rope_heads("llama3", 0, 128, 32, 8, 128, KILN_DTYPE_BF16, 300, 0);
         check_rope_heads("llama3", 0, 128, 32, 8, 128, KILN_DTYPE_BF16, 1, 0);
-        check_rope_heads("none", 1, 64, 32, 8, 128, KILN_DTYPE_F16, 9, 0);
+        check_rope_heads("none", 1, 64, 32, 8, 128, KILN_DTYPE_F16, 130, 0);
         check_rope_heads("linear", 0, 128, 32, 8, 128, KILN_DTYPE_F32, 5, 1);
         check_rope("linear", 1, 48, 4, KILN_DTYPE_F16, 3, 0);
         unsetenv("KILN_ROPE");
@@ -928,9 +933,10 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k
         exit(1);
     }
     char what[160];
-    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s norm %d %s T %lld n %d k %d%s", dtype_name(t),
+    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s norm %d %s T %lld n %d k %d%s%s", dtype_name(t),
              st != t ? " (f32 stream)" : "", f32_out ? " (f32 y)" : "", use_graph ? " in a graph" : "", norm, epilogue,
-             (long long)rows, n, k, getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=scalar" : "");
+             (long long)rows, n, k, getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
+             getenv("KILN_FMM_EPILOGUE") ? getenv("KILN_FMM_EPILOGUE") : "");
     /* an f32 y holds a product rounded (GEMV) or not (cuBLASLt's
      * epilogue) to t: t's tolerance */
     const double floor_was = tol_floor;
@@ -982,9 +988,10 @@ static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_d
         exit(1);
     }
     char what[128];
-    snprintf(what, sizeof what, "FusedMatMul rope %s%s interleaved %d rotary %d %s T %lld%s", dtype_name(t),
+    snprintf(what, sizeof what, "FusedMatMul rope %s%s interleaved %d rotary %d %s T %lld%s%s", dtype_name(t),
              use_graph ? " in a graph" : "", interleaved, rotary_dim, scaling, (long long)rows,
-             getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=scalar" : "");
+             getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
+             getenv("KILN_FMM_EPILOGUE") ? getenv("KILN_FMM_EPILOGUE") : "");
     run_both_ws(what, p, in, 4, &y, 1, wh, wd);
     free(wh);
     cudaFree(wd);
@@ -1029,13 +1036,22 @@ static void test_fused_matmul(void)
                                        0);
             }
         }
-    /* past the GEMV's rows the epilogues run in 16-byte vectors where they
-     * can (above); their one-element kernels (KILN_FMM_EPILOGUE=scalar) */
-    setenv("KILN_FMM_EPILOGUE", "scalar", 1);
-    for (size_t ti = 0; ti < 3; ti++) {
-        check_fused_matmul(float_types[ti], float_types[ti], 256, 2048, 1, "swiglu", 64, 0);
-        check_fused_rope(float_types[ti], 0, 128, "llama3", 64);
-        check_fused_rope(float_types[ti], 1, 64, "none", 9);
+    /* past the GEMV's rows the epilogues run one element a thread under
+     * 128 rows (above) and in 16-byte vectors from 128 on; each kernel
+     * forced (KILN_FMM_EPILOGUE=vec, =scalar) at both sides of that, and
+     * odd sizes in vectors (swiglu: a vector across two rows of y) */
+    static const char *const modes[] = {"vec", "scalar"};
+    for (int mi = 0; mi < 2; mi++) {
+        setenv("KILN_FMM_EPILOGUE", modes[mi], 1);
+        for (size_t ti = 0; ti < 3; ti++) {
+            const kiln_dtype t = float_types[ti];
+            check_fused_matmul(t, t, 256, 2048, 1, "swiglu", 64, 0);
+            check_fused_matmul(t, t, 256, 2048, 1, "swiglu", 130, 0);
+            check_fused_matmul(t, t, 34, 36, 1, "swiglu", 8, 0);
+            check_fused_rope(t, 0, 128, "llama3", 64);
+            check_fused_rope(t, 0, 128, "llama3", 130);
+            check_fused_rope(t, 1, 64, "none", 9);
+        }
     }
     unsetenv("KILN_FMM_EPILOGUE");
 }
