@@ -25,9 +25,10 @@
  * by default 3, so that 4 CTAs fit an SM, where many sequences fill the
  * grid, else 4), `nocl` with the splits merged by
  * kat_combine instead of in a thread-block cluster
- * (KILN_ATTENTION_CLUSTER=0), `prev` the previous default (all four
- * choices undone) and `split` the older kat_decode
- * (KILN_ATTENTION_DECODE=split). Two times: one
+ * (KILN_ATTENTION_CLUSTER=0), `w1` with a warp a CTA where a step runs
+ * one split (KILN_ATTENTION_PIPE_WARPS=1: the many-sequence cases), `prev`
+ * the previous default (all four choices undone) and `split` the older
+ * kat_decode (KILN_ATTENTION_DECODE=split). Two times: one
  * launch between two events ("launch", includes the host's launch cost
  * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
  * ("graph", as the engine replays decode). Inputs rotate among copies
@@ -304,6 +305,7 @@ static const variant variants[] = {
     {"s3", {"KILN_ATTENTION_PIPE_STAGES", "3"}},
     {"s4", {"KILN_ATTENTION_PIPE_STAGES", "4"}},
     {"nocl", {"KILN_ATTENTION_CLUSTER", "0"}},
+    {"w1", {"KILN_ATTENTION_PIPE_WARPS", "1"}},
     {"prev",
      {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS", "256",
       "KILN_ATTENTION_PIPE_CAP", "0"}},

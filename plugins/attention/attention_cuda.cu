@@ -1330,8 +1330,10 @@ template <int HG, int N> __device__ __forceinline__ float kat_reduce_scatter(flo
  * once at the end. `fused` and the handling of
  * inconsistent metadata are kat_decode's. The output: written directly
  * (G == 1), merged in the cluster (`cluster`), or partials for kat_combine. */
-template <int DT, int D, int HG, int S, bool F8>
-__global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 4 : 3) : 2)
+template <int DT, int D, int HG, int S, bool F8, int NW = KAT_THREADS / 32>
+__global__ void __launch_bounds__(NW * 32, NW == 1   ? (HG <= 4 ? 16 : 8)
+                                           : HG <= 4 ? (S < KAT_PIPE_STAGES ? 4 : 3)
+                                                     : 2)
     kat_pipe(kiln_attention_cuda_args a, int32_t fused_in, int32_t cluster, int32_t split_keys, int32_t opts)
 {
     KTL_SCOPE(0);
@@ -1341,7 +1343,11 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
     /* an FP8 cache is written by kat_write and read back rounded, new keys
      * too (as the CPU reads them), so never fused */
     const int32_t fused = F8 ? 0 : fused_in;
-    constexpr int W = KAT_THREADS / 32;
+    /* NW warps a CTA: 4 by default; 1 (KILN_ATTENTION_PIPE_WARPS=1, one
+     * split only) gives each (token, head group) a warp of its own, with
+     * no barrier and no merge between warps, for many short sequences */
+    constexpr int W = NW, THREADS = NW * 32, CTA_ROWS = ROWS * NW;
+    static_assert(THREADS >= 2 * NV, "the fused cache write takes a thread a vector of k and of v");
     extern __shared__ __align__(16) unsigned char kat_smem[];
     __shared__ float s_mw[W][HG], s_lw[W][HG], s_m[HG], s_l[HG];
 
@@ -1381,9 +1387,9 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
     const int64_t n_old = fused ? k.n_old : nk; /* keys from here on come from the inputs */
     const int ge = kat_pipe_splits(nk, G, split_keys);
     /* this split's keys [k0, k1): its even share of whole CTA stages */
-    const int64_t stages = (nk + L::CTA_ROWS - 1) / L::CTA_ROWS, zc = z < ge ? z : ge;
-    const int64_t k0 = ge ? min(zc * stages / ge * L::CTA_ROWS, nk) : 0;
-    const int64_t k1 = ge ? min((zc + (z < ge)) * stages / ge * L::CTA_ROWS, nk) : 0;
+    const int64_t stages = (nk + CTA_ROWS - 1) / CTA_ROWS, zc = z < ge ? z : ge;
+    const int64_t k0 = ge ? min(zc * stages / ge * CTA_ROWS, nk) : 0;
+    const int64_t k1 = ge ? min((zc + (z < ge)) * stages / ge * CTA_ROWS, nk) : 0;
     const int64_t n_st = (k1 - k0 + ROWS - 1) / ROWS; /* warp stages of the split */
     const int n_my = (int)(n_st > warp ? (n_st - warp + W - 1) / W : 0);
     const int sub = lane / LPR, lv = lane % LPR;
@@ -1504,7 +1510,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
         kat_wait_prior();
     if (!k.valid) { /* a whole cluster leaves here together */
         if (G == 1 || (cluster && z == 0))
-            for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS)
+            for (int i = threadIdx.x; i < ng * D; i += THREADS)
                 kat_type<DT>::store(a.out, row0 * D + i, kat_nan());
         return;
     }
@@ -1679,7 +1685,7 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
     }
     float *s_out = s_o + W * HG * D;
 #pragma unroll 1
-    for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
+    for (int i = threadIdx.x; i < ng * D; i += THREADS) {
         const int g = i / D;
         float M = s_mw[0][g];
         for (int w = 1; w < W; w++)
@@ -1692,14 +1698,14 @@ __global__ void __launch_bounds__(KAT_THREADS, HG <= 4 ? (S < KAT_PIPE_STAGES ? 
     }
     __syncthreads();
     if (cluster && ge > 1) {
-        kat_cluster_combine<DT, D>(a, s_out, s_m, s_l, ng, row0, KAT_THREADS, ge);
+        kat_cluster_combine<DT, D>(a, s_out, s_m, s_l, ng, row0, THREADS, ge);
         return;
     }
     /* one split (of one, or the only one of its cluster that took keys,
      * the others having left without a barrier): the output as it is */
     kat_parts parts = kat_parts_of(a, G);
 #pragma unroll 1
-    for (int i = threadIdx.x; i < ng * D; i += KAT_THREADS) {
+    for (int i = threadIdx.x; i < ng * D; i += THREADS) {
         const int g = i / D, d = i % D;
         const int64_t row = row0 + g;
         if (G == 1 || cluster) {
@@ -1868,16 +1874,16 @@ static cudaError_t kat_launch_decode_dt(const kiln_attention_cuda_args &a, int h
  * clusters of g when `cluster`; the kernel's fused, split_keys and opts;
  * its pipeline's stages. */
 struct kat_pipe_plan {
-    int32_t g, fused, cluster, keys, opts, stages;
+    int32_t g, fused, cluster, keys, opts, stages, warps;
 };
 
 /* Launches kat_pipe<DT, D, HG, S, F8> for plan p (cudaErrorNotSupported
  * when the device cannot place its clusters). */
-template <int DT, int D, int HG, int S, bool F8>
+template <int DT, int D, int HG, int S, bool F8, int NW = KAT_THREADS / 32>
 static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const kat_pipe_plan &p, cudaStream_t st)
 {
     const int32_t g = p.g, cluster = p.cluster;
-    const size_t smem = (size_t)S * KAT_PIPE_STAGE_BYTES * (KAT_THREADS / 32);
+    const size_t smem = (size_t)S * KAT_PIPE_STAGE_BYTES * NW;
     const int n_hg = (a.n_heads / a.n_kv_heads + HG - 1) / HG;
     /* once per device: the pipeline's shared memory is past the default 48 KB */
     static int8_t smem_ok[KAT_MAX_DEVICES];
@@ -1886,7 +1892,8 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
     if (e != cudaSuccess)
         return e;
     if (dev < 0 || dev >= KAT_MAX_DEVICES || !smem_ok[dev]) {
-        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S, F8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S, F8, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)smem);
         if (e != cudaSuccess)
             return e;
         if (dev >= 0 && dev < KAT_MAX_DEVICES)
@@ -1906,7 +1913,7 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
     }
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = dim3((unsigned)a.tokens, (unsigned)(a.n_kv_heads * n_hg), (unsigned)g);
-    cfg.blockDim = dim3(KAT_THREADS);
+    cfg.blockDim = dim3(NW * 32);
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = attr;
@@ -1916,24 +1923,31 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
         if (!ok[g]) {
             e = cudaSuccess;
             if (g > 8)
-                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S, F8>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+                e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S, F8, NW>, cudaFuncAttributeNonPortableClusterSizeAllowed,
+                                         1);
             int clusters = 0;
             cudaLaunchConfig_t probe = cfg;
             probe.stream = NULL;
             if (e == cudaSuccess)
-                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG, S, F8>, &probe);
+                e = cudaOccupancyMaxActiveClusters(&clusters, kat_pipe<DT, D, HG, S, F8, NW>, &probe);
             ok[g] = e == cudaSuccess && clusters > 0 ? 1 : -1;
             (void)cudaGetLastError();
         }
         if (ok[g] < 0)
             return cudaErrorNotSupported;
     }
-    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG, S, F8>, a, p.fused, cluster, p.keys, p.opts);
+    return cudaLaunchKernelEx(&cfg, kat_pipe<DT, D, HG, S, F8, NW>, a, p.fused, cluster, p.keys, p.opts);
 }
 
 template <int DT, int D, bool F8>
 static cudaError_t kat_launch_pipe(const kiln_attention_cuda_args &a, int hg, const kat_pipe_plan &p, cudaStream_t st)
 {
+    /* a warp a CTA (kat_run_pipe plans it with 3 stages, groups of up to 4
+     * heads, and where one warp can write the new key's row) */
+    if constexpr (DT != KILN_DTYPE_F32 || D == 64)
+        if (p.warps == 1 && hg != 8)
+            return hg == 1 ? kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES_FEW, F8, 1>(a, p, st)
+                           : kat_launch_pipe_hg<DT, D, 4, KAT_PIPE_STAGES_FEW, F8, 1>(a, p, st);
     const int few = p.stages == KAT_PIPE_STAGES_FEW; /* groups of 8 heads keep 4 stages: registers allow 2 CTAs */
     if (hg == 1)
         return few ? kat_launch_pipe_hg<DT, D, 1, KAT_PIPE_STAGES_FEW, F8>(a, p, st)
@@ -2073,6 +2087,25 @@ static int32_t kat_pipe_stages(const kiln_attention_cuda_args &a, int64_t ctas)
     return (int64_t)a.tokens * ctas >= 2 * kat_pipe_target() ? KAT_PIPE_STAGES_FEW : KAT_PIPE_STAGES;
 }
 
+/* Warps of a kat_pipe CTA: 4, or 1 with KILN_ATTENTION_PIPE_WARPS=1 where
+ * the step runs one split (many sequences), a group of at most 4 query
+ * heads, and not f32 at head_dim 128 (the fused cache write's 64 vectors).
+ * With 4 warps a CTA, 1,024 sequences of 128..256 keys read their KV at
+ * 0.6 of the copy bandwidth (313 us a layer) and at about 10 keys took
+ * 117 us (ncu, an 8B FP8 decode step at batch 1,024): each warp has one
+ * or two stages of 8 keys, so the CTA's fixed chain (metadata, q, the
+ * merge of its warps, two barriers) is most of its time. A warp of its
+ * own takes all of a sequence's stages, the chain paid once a sequence.
+ * Written in the twenty-first session, after its device time: op tests
+ * and attention_bench's `w1` row run it, the H200 has not yet. Read at
+ * each launch (a graph keeps its capture's). */
+static int32_t kat_pipe_warps(const kiln_attention_cuda_args &a, int hg, int32_t g)
+{
+    const char *e = getenv("KILN_ATTENTION_PIPE_WARPS");
+    const int f32_128 = a.cache_dtype != KILN_DTYPE_U8 && a.dtype == KILN_DTYPE_F32 && a.head_dim == 128;
+    return e && strcmp(e, "1") == 0 && g == 1 && hg != 8 && !f32_128 ? 1 : KAT_THREADS / 32;
+}
+
 /* The most splits kat_pipe's grid plans where clusters run:
  * KAT_MAX_CLUSTER, or KILN_ATTENTION_PIPE_CAP (2..16; 0: no cap). A
  * cluster is placed only when its CTAs fit in one GPC at once, which may
@@ -2116,6 +2149,9 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
     if (p.cluster && cap && p.g > cap)
         p.g = cap;
     p.cluster = p.cluster && p.g <= KAT_MAX_CLUSTER;
+    p.warps = kat_pipe_warps(a, hg, p.g);
+    if (p.warps == 1)
+        p.stages = KAT_PIPE_STAGES_FEW;
     cudaError_t e = cudaErrorNotSupported;
     if (p.cluster) {
         e = kat_launch_pipe_any(a, hg, p, st);

@@ -407,6 +407,20 @@ static void test_decode_many(void)
     run_all(&(step){"decode 300 sequences of 1000..2000", 32, 8, 128, 16, 0, 0, 0, 300, n_new, lens});
     run_step(&(step){"decode 300 sequences of 1000..2000 (graph)", 32, 8, 128, 16, 0, 0, 1, 300, n_new, lens},
              KILN_DTYPE_BF16);
+    /* a warp a CTA (KILN_ATTENTION_PIPE_WARPS=1): the same, and 1,024
+     * sequences of 1..12 keys (a step early in a large batch) */
+    setenv("KILN_ATTENTION_PIPE_WARPS", "1", 1);
+    run_all(&(step){"decode 300 sequences of 1000..2000, a warp a CTA", 32, 8, 128, 16, 0, 0, 0, 300, n_new, lens});
+    run_step(
+        &(step){"decode 300 sequences of 1000..2000, a warp a CTA (graph)", 32, 8, 128, 16, 0, 0, 1, 300, n_new, lens},
+        KILN_DTYPE_BF16);
+    for (int i = 0; i < 1024; i++)
+        lens[i] = 128 + (int32_t)(rng_next() % 129);
+    run_all(&(step){"decode 1024 sequences of 128..256, a warp a CTA", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
+    for (int i = 0; i < 1024; i++)
+        lens[i] = 1 + (int32_t)(rng_next() % 12);
+    run_all(&(step){"decode 1024 sequences of 1..12, a warp a CTA", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
+    unsetenv("KILN_ATTENTION_PIPE_WARPS");
 }
 
 /* GQA groups of 1, 4 and 8 query heads per kv head at both fast head
@@ -429,8 +443,8 @@ static void test_decode_groups(void)
  * warp stage (KILN_ATTENTION_PIPE_STAGE_BLOCK), the fewest keys a split
  * takes (KILN_ATTENTION_PIPE_SPLIT_KEYS; 16 makes one f32 CTA stage a
  * split), the grid's splits capped (KILN_ATTENTION_PIPE_CAP: 16, 2, none),
- * no cluster at all, and 3 pipeline stages instead of 4
- * (KILN_ATTENTION_PIPE_STAGES). Short contexts in tables sized for 8448 tokens
+ * no cluster at all, 3 pipeline stages instead of 4
+ * (KILN_ATTENTION_PIPE_STAGES), and a warp a CTA (KILN_ATTENTION_PIPE_WARPS). Short contexts in tables sized for 8448 tokens
  * (the 8B engine's: many splits planned, one to a few run, the others only
  * join the merge or leave), new keys inside the first stages (read after
  * the wait), from the k and v inputs or, with k and v off 16-byte
@@ -448,6 +462,10 @@ static void test_decode_variants(void)
         {"KILN_ATTENTION_PIPE_CAP", "2"},
         {"KILN_ATTENTION_PIPE_STAGES", "3"},
         {"KILN_ATTENTION_CLUSTER", "0"},
+        /* a warp a CTA where a step runs one split: the CTA target at its
+         * smallest makes one split of nearly every case here */
+        {"KILN_ATTENTION_PIPE_WARPS", "1", "KILN_ATTENTION_PIPE_CTAS", "8"},
+        {"KILN_ATTENTION_PIPE_WARPS", "1", "KILN_ATTENTION_PIPE_CTAS", "8", "KILN_ATTENTION_PIPE_EARLY", "0"},
         {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS",
          "256", "KILN_ATTENTION_PIPE_CAP", "0"},
     };
@@ -609,6 +627,12 @@ static void test_fp8_cache(void)
     run_all(&(step){"fp8: decode batch 3, splits of 256 keys, uncapped", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
     unsetenv("KILN_ATTENTION_PIPE_SPLIT_KEYS");
     unsetenv("KILN_ATTENTION_PIPE_CAP");
+    setenv("KILN_ATTENTION_PIPE_WARPS", "1", 1); /* with one split: a warp a CTA */
+    setenv("KILN_ATTENTION_PIPE_CTAS", "8", 1);
+    run_all(&(step){"fp8: decode batch 3, a warp a CTA", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    run_all(&(step){"fp8: decode batch 5, a warp a CTA, MHA", 8, 8, 64, 16, 0, 0, 0, 5, ones, lens5});
+    unsetenv("KILN_ATTENTION_PIPE_WARPS");
+    unsetenv("KILN_ATTENTION_PIPE_CTAS");
     table_blocks = 8448 / 16; /* short contexts in an 8B engine's tables: splits that only join the merge */
     static const int32_t len136[1] = {136};
     run_all(&(step){"fp8: decode batch 1, 136 of 8448", 32, 8, 128, 16, 0, 0, 0, 1, ones, len136});
