@@ -31,6 +31,13 @@
  *                   whole of the real kernel's work (the twentieth
  *                   session's question: which of them costs its 0.78 /
  *                   0.59 against rows-fma's 0.95 / 0.86)
+ *   kernel fused    the plugin's own decode path (kiln_fp8_matmul_cuda, one
+ *   kernel split    row of bf16 x, y in bf16) in this harness, by default
+ *                   and with KILN_FP8_GEMV=split: the twenty-first
+ *                   session's fullest PARTS row read 0.92 / 0.76 where
+ *                   kiln_bench read the kernel at 0.79 / 0.60, so these
+ *                   rows say whether the rest is in the kernel or in how
+ *                   the two benches time it
  *
  * Time: a CUDA graph of 20 launches over 3 copies of W (more bytes than
  * the 50 MB L2), median of 7 replays; the floor is W's bytes at the
@@ -38,6 +45,7 @@
  * (read + written bytes), as kiln_bench counts it.
  * Build: part of the CUDA build (bench/CMakeLists.txt). */
 #include "backend/cuda/cuda_common.cuh"
+#include "plugin_cuda.h"
 
 #include <cuda_fp8.h>
 #include <stdio.h>
@@ -383,6 +391,13 @@ __global__ void fill_kernel(uint8_t *w, size_t bytes, uint32_t seed)
     }
 }
 
+__global__ void fill_scale_kernel(float *p, int n, float v)
+{
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        p[i] = v;
+}
+
 double copy_gbs(void)
 {
     const size_t bytes = (size_t)1 << 30;
@@ -533,6 +548,35 @@ int main(int argc, char **argv)
         PARTS(XG | PDL, "fma 8 2 +xg+pdl");
         PARTS(PRO | XQ | PDL, "fma 8 2 +pro+xq+pdl");
 #undef PARTS
+        /* the plugin's decode path itself, W's per-row scales 0.01 */
+        {
+            float *sw;
+            void *ybf, *ws;
+            const size_t wsz = kiln_fp8_workspace(1, n, k);
+            CHECK(cudaMalloc(&sw, (size_t)n * sizeof(float)));
+            CHECK(cudaMalloc(&ybf, (size_t)n * 2));
+            CHECK(cudaMalloc(&ws, wsz));
+            fill_scale_kernel<<<(n + 255) / 256, 256>>>(sw, n, 0.01f);
+            CHECK(cudaGetLastError());
+            for (int split = 0; split < 2; split++) {
+                if (split)
+                    setenv("KILN_FP8_GEMV", "split", 1);
+                row(split ? "kernel split" : "kernel fused",
+                    time_us(
+                        [&](uint8_t *p, cudaStream_t s) {
+                            const int e = kiln_fp8_matmul_cuda(xb, p, sw, ybf, KILN_DTYPE_BF16, 1, n, k, ws, wsz, s);
+                            if (e) {
+                                fprintf(stderr, "fp8_gemv_anatomy: kiln_fp8_matmul_cuda: %s\n", kiln_fp8_cuda_error(e));
+                                exit(1);
+                            }
+                        },
+                        w));
+                unsetenv("KILN_FP8_GEMV");
+            }
+            CHECK(cudaFree(sw));
+            CHECK(cudaFree(ybf));
+            CHECK(cudaFree(ws));
+        }
         row("ring-xor 8 2",
             time_us(
                 [&](uint8_t *p, cudaStream_t s) { ring_kernel<8, 2><<<(n + 7) / 8, kWarps * 32, 0, s>>>(p, y, n, k); },
