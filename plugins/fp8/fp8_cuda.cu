@@ -45,16 +45,12 @@ std::once_flag fp8_lt_once;
 
 /* 1. quantization ------------------------------------------------------------------------- */
 
-template <int XT>
-__global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
+/* A row's scale from each thread's max |x| (a block of 256 threads):
+ * the block's max a, *sx = a / 448 (thread 0), and 448 / a returned (0
+ * for a row of zeros): fp8.c's f32 operations. */
+__device__ __forceinline__ float fp8_row_scale(float a, float *sx)
 {
-    KTL_SCOPE(0);
     __shared__ float red[8];
-    kcu_after_prior(x, xq, k, 0);
-    const int64_t r = blockIdx.x;
-    float a = 0.0f;
-    for (int32_t i = threadIdx.x; i < k; i += 256)
-        a = fmaxf(a, fabsf(kcu_load_float(x, XT, r * k + i)));
     for (int o = 16; o > 0; o >>= 1)
         a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
     if ((threadIdx.x & 31) == 0)
@@ -63,9 +59,21 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_
     a = red[0];
     for (int i = 1; i < 8; i++)
         a = fmaxf(a, red[i]);
-    const float inv = a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
     if (threadIdx.x == 0)
-        sx[r] = __fdiv_rn(a, KILN_E4M3_MAX);
+        *sx = __fdiv_rn(a, KILN_E4M3_MAX);
+    return a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
+}
+
+template <int XT>
+__global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
+{
+    KTL_SCOPE(0);
+    kcu_after_prior(x, xq, k, 0);
+    const int64_t r = blockIdx.x;
+    float a = 0.0f;
+    for (int32_t i = threadIdx.x; i < k; i += 256)
+        a = fmaxf(a, fabsf(kcu_load_float(x, XT, r * k + i)));
+    const float inv = fp8_row_scale(a, sx + r);
     for (int32_t i = threadIdx.x; i < k; i += 256)
         xq[r * k + i] = kiln_f32_to_e4m3(__fmul_rn(kcu_load_float(x, XT, r * k + i), inv));
 }
@@ -130,7 +138,6 @@ template <int XT, int V>
 __global__ void __launch_bounds__(256) fp8_quantize_vec_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
 {
     KTL_SCOPE(0);
-    __shared__ float red[8];
     kcu_after_prior(x, xq, k, 0);
     const int64_t r = blockIdx.x;
     const int32_t pieces = k / 16;
@@ -145,17 +152,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_vec_kernel(const void *x, ui
                 a = fmaxf(a, fabsf(f[v][e]));
         }
     }
-    for (int o = 16; o > 0; o >>= 1)
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = a;
-    __syncthreads();
-    a = red[0];
-    for (int i = 1; i < 8; i++)
-        a = fmaxf(a, red[i]);
-    const float inv = a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
-    if (threadIdx.x == 0)
-        sx[r] = __fdiv_rn(a, KILN_E4M3_MAX);
+    const float inv = fp8_row_scale(a, sx + r);
 #pragma unroll
     for (int v = 0; v < V; v++) {
         if ((int32_t)threadIdx.x + v * 256 < pieces) {
