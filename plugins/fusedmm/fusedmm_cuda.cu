@@ -32,6 +32,7 @@
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
+#include "rope/rope_math.cuh"
 
 #include <cublasLt.h>
 
@@ -84,12 +85,9 @@ __device__ __forceinline__ void rope_store(const kiln_fusedmm_rope &rope, float 
         const int i = (int)(o / 2), half = rope.rotary_dim / 2;
         a = h * rope.head_dim + (rope.interleaved ? 2 * i : i);
         b = h * rope.head_dim + (rope.interleaved ? 2 * i + 1 : i + half);
-        float s, c;
-        sincosf(__fmul_rn(pos, rope.inv_freq[i]), &s, &c);
-        c = kcu_round_float(DT, c);
-        s = kcu_round_float(DT, s);
-        const float y0 = __fsub_rn(kcu_round_float(DT, __fmul_rn(p0, c)), kcu_round_float(DT, __fmul_rn(p1, s)));
-        const float y1 = __fadd_rn(kcu_round_float(DT, __fmul_rn(p1, c)), kcu_round_float(DT, __fmul_rn(p0, s)));
+        float s, c, y0, y1;
+        rope_cos_sin(DT, pos, rope.inv_freq[i], &c, &s);
+        rope_rotate(DT, p0, p1, c, s, &y0, &y1);
         p0 = y0, p1 = y1;
     }
     kcu_store_float(y, DT, m * n + a, p0);
@@ -737,13 +735,9 @@ __global__ void __launch_bounds__(256) fmm_rope_vec_kernel(const void *t, const 
         uint2 lo, hi;
 #pragma unroll
         for (int q = 0; q < P; q++) {
-            const float p0 = kiln_elem_load_f32(&u, DT, 2 * q), p1 = kiln_elem_load_f32(&u, DT, 2 * q + 1);
-            float sn, cs;
-            sincosf(__fmul_rn(p, rope.inv_freq[i0 + q]), &sn, &cs);
-            cs = kcu_round_float(DT, cs);
-            sn = kcu_round_float(DT, sn);
-            const float y0 = __fsub_rn(kcu_round_float(DT, __fmul_rn(p0, cs)), kcu_round_float(DT, __fmul_rn(p1, sn)));
-            const float y1 = __fadd_rn(kcu_round_float(DT, __fmul_rn(p1, cs)), kcu_round_float(DT, __fmul_rn(p0, sn)));
+            float sn, cs, y0, y1;
+            rope_cos_sin(DT, p, rope.inv_freq[i0 + q], &cs, &sn);
+            rope_rotate(DT, kiln_elem_load_f32(&u, DT, 2 * q), kiln_elem_load_f32(&u, DT, 2 * q + 1), cs, sn, &y0, &y1);
             if (rope.interleaved) {
                 kiln_elem_store_f32(&il, DT, 2 * q, y0);
                 kiln_elem_store_f32(&il, DT, 2 * q + 1, y1);

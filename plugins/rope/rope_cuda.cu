@@ -15,6 +15,7 @@
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
+#include "rope/rope_math.cuh"
 
 #define ROPE_THREADS 256
 #define ROPE_VEC_THREADS 128
@@ -45,14 +46,9 @@ __global__ void __launch_bounds__(ROPE_THREADS) rope_kernel(const kiln_rope_cuda
     for (int64_t tok = blockIdx.x; tok < a.tokens; tok += gridDim.x) {
         const int64_t base = tok * width + (int64_t)h * a.head_dim;
         const int64_t ia = base + (a.interleaved ? 2 * j : j), ib = base + (a.interleaved ? 2 * j + 1 : j + half);
-        float x0 = kcu_load_float(a.x, t, ia), x1 = kcu_load_float(a.x, t, ib);
-        float angle = __fmul_rn((float)a.pos[tok], inv);
-        float s, c;
-        sincosf(angle, &s, &c);
-        c = kcu_round_float(t, c);
-        s = kcu_round_float(t, s);
-        float y0 = __fsub_rn(kcu_round_float(t, __fmul_rn(x0, c)), kcu_round_float(t, __fmul_rn(x1, s)));
-        float y1 = __fadd_rn(kcu_round_float(t, __fmul_rn(x1, c)), kcu_round_float(t, __fmul_rn(x0, s)));
+        float x0 = kcu_load_float(a.x, t, ia), x1 = kcu_load_float(a.x, t, ib), c, s, y0, y1;
+        rope_cos_sin(t, (float)a.pos[tok], inv, &c, &s);
+        rope_rotate(t, x0, x1, c, s, &y0, &y1);
         kcu_store_float(a.y, t, ia, y0);
         kcu_store_float(a.y, t, ib, y1);
     }
@@ -85,11 +81,8 @@ __global__ void __launch_bounds__(ROPE_VEC_THREADS) rope_vec_kernel(const kiln_r
             const float pos = (float)a.pos[tok];
             float cs[P], sn[P];
 #pragma unroll
-            for (int p = 0; p < P; p++) {
-                sincosf(__fmul_rn(pos, a.inv_freq[c * P + p]), &sn[p], &cs[p]);
-                cs[p] = kcu_round_float(DT, cs[p]);
-                sn[p] = kcu_round_float(DT, sn[p]);
-            }
+            for (int p = 0; p < P; p++)
+                rope_cos_sin(DT, pos, a.inv_freq[c * P + p], &cs[p], &sn[p]);
             for (int h = hl + hy * HL; h < a.rotated_heads; h += HL * (int)gridDim.y) {
                 const int64_t at0 = tok * width + (int64_t)h * a.head_dim + c * PER, at1 = IL ? at0 : at0 + half;
                 const uint4 u0 = __ldg((const uint4 *)(x + at0 * ES)),
@@ -99,11 +92,9 @@ __global__ void __launch_bounds__(ROPE_VEC_THREADS) rope_vec_kernel(const kiln_r
                 for (int p = 0; p < P; p++) {
                     /* the pair's elements: e0 of u0 and e1 of u1 */
                     const int e0 = IL ? 2 * p : p, e1 = IL ? 2 * p + 1 : p;
-                    const float x0 = kiln_elem_load_f32(&u0, DT, e0), x1 = kiln_elem_load_f32(&u1, DT, e1);
-                    const float y0 =
-                        __fsub_rn(kcu_round_float(DT, __fmul_rn(x0, cs[p])), kcu_round_float(DT, __fmul_rn(x1, sn[p])));
-                    const float y1 =
-                        __fadd_rn(kcu_round_float(DT, __fmul_rn(x1, cs[p])), kcu_round_float(DT, __fmul_rn(x0, sn[p])));
+                    float y0, y1;
+                    rope_rotate(DT, kiln_elem_load_f32(&u0, DT, e0), kiln_elem_load_f32(&u1, DT, e1), cs[p], sn[p], &y0,
+                                &y1);
                     if (IL) {
                         kiln_elem_store_f32(&o0, DT, e0, y0);
                         kiln_elem_store_f32(&o0, DT, e1, y1);
