@@ -18,10 +18,12 @@ extern "C" {
 /* RMSNorm over `rows` rows of h; with residual non-NULL (AddRMSNorm),
  * sum = x + residual is stored first (in x's dtype) and normalized. x
  * and sum, the residual, y and the weight each have their own dtype (an
- * f32 residual stream with bf16 layer outputs and norms). */
+ * f32 residual stream with bf16 layer outputs and norms). With q non-NULL
+ * (quantize = fp8) y leaves as E4M3 codes q [rows, h] and q_scale [rows],
+ * and y is scratch of rows * h values of y_dtype. */
 int kiln_rmsnorm_cuda(const void *x, const void *residual, const void *weight, void *sum, void *y, int32_t x_dtype,
                       int32_t residual_dtype, int32_t y_dtype, int32_t weight_dtype, int64_t rows, int64_t h,
-                      float epsilon, void *stream);
+                      float epsilon, uint8_t *q, float *q_scale, void *stream);
 
 #define ROPE_MAX_PAIRS 256
 
@@ -40,9 +42,11 @@ typedef struct kiln_rope_cuda_args {
 int kiln_rope_cuda(const kiln_rope_cuda_args *a, void *stream);
 
 /* y[r, c] = silu(gate[r * ld + c]) * up[r * ld + c], c < width; y rows
- * are `width` long. */
+ * are `width` long. With q non-NULL (quantize = fp8) y leaves as E4M3
+ * codes q [rows, width] and q_scale [rows], and y is scratch of
+ * rows * width values of `dtype`. */
 int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, int64_t rows, int64_t width, int64_t ld,
-                     void *stream);
+                     uint8_t *q, float *q_scale, void *stream);
 
 /* y [rows, n] = x [rows, k] · Wᵀ with W in ggml block format `type`
  * (8 Q8_0, 2 Q4_0, 3 Q4_1), rows of k / 32 blocks; x and y of `dtype`. */
@@ -81,6 +85,17 @@ int kiln_fp8_cuda_init(void);
  * Returns 0, a cudaError_t, or a cuBLAS status + 10000. */
 int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_scale, void *y, int32_t dtype, int64_t rows,
                          int32_t n, int32_t k, void *workspace, size_t workspace_size, void *stream);
+
+/* The same with x given as E4M3 codes xq [rows, k] and their scales
+ * x_scale f32 [rows] (Fp8MatMul's fourth input); y of `y_dtype`. */
+int kiln_fp8_matmul_q8_cuda(const void *xq, const void *x_scale, const void *w, const void *w_scale, void *y,
+                            int32_t y_dtype, int64_t rows, int32_t n, int32_t k, void *workspace, size_t workspace_size,
+                            void *stream);
+
+/* Rows of x [rows, k] (`dtype`) as Fp8MatMul quantizes them: codes q
+ * [rows, k], scales [rows]. Returns 0 or a cudaError_t. */
+int kiln_fp8_quantize_cuda(const void *x, int32_t dtype, uint8_t *q, float *scale, int64_t rows, int32_t k,
+                           void *stream);
 
 /* Text of a code kiln_fp8_matmul_cuda or kiln_fp8_cuda_init returned. */
 const char *kiln_fp8_cuda_error(int code);

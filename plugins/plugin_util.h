@@ -227,6 +227,27 @@ static inline kiln_status plugin_pod_read_blob(const kiln_host_api *h, const cha
     return KILN_OK;
 }
 
+/* A float dtype named by a plugin field: f32, f16 or bf16; -1 for `dflt`
+ * (the field's word for "as the input", e.g. "input"); -2 for any other
+ * name (the caller reports it). */
+static inline int32_t plugin_float_dtype_named(const char *name, const char *dflt)
+{
+    if (strcmp(name, dflt) == 0)
+        return -1;
+    return strcmp(name, "f32") == 0    ? KILN_DTYPE_F32
+           : strcmp(name, "f16") == 0  ? KILN_DTYPE_F16
+           : strcmp(name, "bf16") == 0 ? KILN_DTYPE_BF16
+                                       : -2;
+}
+
+/* The quantize field of RMSNorm, AddRMSNorm and SwiGLU: "none" (0) or
+ * "fp8" (1: y as E4M3 codes and a scale a row, kiln/Fp8MatMul's x); -1 for
+ * any other word. */
+static inline int32_t plugin_quantize_named(const char *name)
+{
+    return strcmp(name, "none") == 0 ? 0 : strcmp(name, "fp8") == 0 ? 1 : -1;
+}
+
 /* Bytes per element of a float dtype. */
 static inline size_t plugin_float_size(kiln_dtype t) { return t == KILN_DTYPE_F32 ? 4 : 2; }
 

@@ -15,11 +15,20 @@
  * Inputs:  x: f32, f16 or bf16, [..., K].
  *          w: u8 (E4M3 codes), [N, K].
  *          w_scale: f32, [N].
- * Output:  y: dtype of x, [..., N].
- * Fields:  n, k (i32), k a multiple of 16 (at most 2^30).
- * Blob v1: two int32: n, k.
+ *          x_scale (optional): f32, [..., 1]; with it x is already
+ *          quantized: u8 E4M3 codes with a scale a row, as RMSNorm,
+ *          AddRMSNorm and SwiGLU write them with quantize = fp8 (the
+ *          quantization then rides on the kernel that wrote x: no pass of
+ *          its own over x, and the decode GEMV has no max |x| prologue).
+ * Output:  y: [..., N], dtype output_dtype (default x's; required when x
+ *          is u8).
+ * Fields:  n, k (i32), k a multiple of 16 (at most 2^30); output_dtype
+ *          (string: input, f32, f16 or bf16; default input).
+ * Blob v2: three int32: n, k, y's dtype (-1: x's). v1 (n, k) reads as y
+ *          in x's dtype.
  * Workspace: the quantized rows of x and their scales, and for more rows
  * than the GEMV takes the GEMM's f32 result and cuBLASLt's scratch. */
+#include <stddef.h>
 #include <stdint.h>
 
 #include "core/fp8.h"
@@ -27,10 +36,11 @@
 #include "plugin_util.h"
 
 #define NAME "Fp8MatMul"
-#define BLOB_VERSION 1u
+#define BLOB_VERSION 2u
 
 typedef struct fp8_params {
     int32_t n, k;
+    int32_t output_dtype; /* kiln_dtype of y; -1: x's */
 } fp8_params;
 
 typedef struct fp8mm {
@@ -47,6 +57,9 @@ static kiln_status fp8_new(const fp8_params *p, kiln_plugin **out)
     if (p->n <= 0 || p->k <= 0 || p->k % 16 != 0 || p->k > (1 << 30))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": n = %d and k = %d must be positive, k a multiple of 16 and at most 2^30", p->n, p->k);
+    if (p->output_dtype != -1 && !plugin_is_float((kiln_dtype)p->output_dtype))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": output dtype %d is not f32, f16 or bf16",
+                          p->output_dtype);
     fp8mm *f = calloc(1, sizeof *f);
     if (!f)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -64,9 +77,19 @@ static kiln_status fp8_output_shapes(const kiln_plugin *self, const kiln_shape_e
                                      kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
 {
     const fp8_params *p = &((const fp8mm *)self)->p;
-    if (n_in != 3 || in[0].rank < 1 || in[1].rank != 2 || in[2].rank != 1)
-        return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., K], w [N, K] and w_scale [N]");
-    int64_t v;
+    if (n_in < 3 || n_in > 4 || in[0].rank < 1 || in[1].rank != 2 || in[2].rank != 1 ||
+        (n_in == 4 && in[3].rank != in[0].rank))
+        return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., K], w [N, K], w_scale [N] and optionally x_scale "
+                                                 "[..., 1]");
+    int64_t v, u;
+    for (int32_t i = 0; n_in == 4 && i < in[0].rank; i++) {
+        const int last = i == in[0].rank - 1;
+        if (host->expr_is_constant(eb, in[3].d[i], &v) &&
+            (last ? v != 1 : host->expr_is_constant(eb, in[0].d[i], &u) && u != v))
+            return host->fail(KILN_ERROR_SHAPE,
+                              NAME ": x_scale must be x's shape with a last dim of 1 (dim %d is %lld)", i,
+                              (long long)v);
+    }
     if (host->expr_is_constant(eb, in[0].d[in[0].rank - 1], &v) && v != p->k)
         return host->fail(KILN_ERROR_SHAPE, NAME ": x has %lld columns, k is %d", (long long)v, p->k);
     if ((host->expr_is_constant(eb, in[1].d[0], &v) && v != p->n) ||
@@ -81,7 +104,11 @@ static kiln_status fp8_output_shapes(const kiln_plugin *self, const kiln_shape_e
 static kiln_status fp8_output_dtypes(const kiln_plugin *self, const kiln_dtype *in, int32_t n_in, kiln_dtype *out,
                                      int32_t n_out)
 {
-    out[0] = in[0];
+    const fp8_params *p = &((const fp8mm *)self)->p;
+    if (in[0] == KILN_DTYPE_U8 && p->output_dtype < 0)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": x is E4M3 codes (u8): field \"output_dtype\" must say y's dtype");
+    out[0] = p->output_dtype >= 0 ? (kiln_dtype)p->output_dtype : in[0];
     return KILN_OK;
 }
 
@@ -98,8 +125,13 @@ static int32_t fp8_supports(const kiln_plugin *self, kiln_backend backend, const
         backend_ok = 1;
     }
 #endif
-    return backend_ok && n_in == 3 && n_out == 1 && plugin_is_float(d[0].dtype) && d[1].dtype == KILN_DTYPE_U8 &&
-           d[2].dtype == KILN_DTYPE_F32 && d[3].dtype == d[0].dtype;
+    const fp8_params *p = &((const fp8mm *)self)->p;
+    const kiln_dtype y = d[n_in].dtype;
+    const int x_ok =
+        n_in == 3 ? plugin_is_float(d[0].dtype) : d[0].dtype == KILN_DTYPE_U8 && d[3].dtype == KILN_DTYPE_F32;
+    return backend_ok && (n_in == 3 || n_in == 4) && n_out == 1 && x_ok && d[1].dtype == KILN_DTYPE_U8 &&
+           d[2].dtype == KILN_DTYPE_F32 && plugin_is_float(y) &&
+           y == (p->output_dtype >= 0 ? (kiln_dtype)p->output_dtype : d[0].dtype);
 }
 
 static size_t fp8_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
@@ -115,9 +147,8 @@ typedef struct fp8_job {
     int64_t rows;
     const uint8_t *xq, *w;
     const float *sx, *sw;
-    const void *x;
     void *y;
-    kiln_dtype t;
+    kiln_dtype t; /* y's */
 } fp8_job;
 
 /* Output columns [begin, end) for every row. */
@@ -146,38 +177,47 @@ static kiln_status fp8_enqueue(kiln_plugin *self, kiln_backend backend, const ki
 {
     const fp8_params *p = &((const fp8mm *)self)->p;
     const kiln_dims *xd = &in_desc[0].dims;
-    if (n_in != 3 || xd->rank < 1 || xd->d[xd->rank - 1] != p->k ||
+    if ((n_in != 3 && n_in != 4) || xd->rank < 1 || xd->d[xd->rank - 1] != p->k ||
         plugin_desc_count(&in_desc[1]) != (int64_t)p->n * p->k || plugin_desc_count(&in_desc[2]) != p->n)
         return host->fail(KILN_ERROR_SHAPE, NAME ": x's last dim must be k = %d, w [%d, %d], w_scale [%d]", p->k, p->n,
                           p->k, p->n);
-    kiln_dtype t = in_desc[0].dtype;
-    int64_t rows = plugin_desc_count(&in_desc[0]) / p->k;
+    const kiln_dtype xt = in_desc[0].dtype, yt = out_desc[0].dtype;
+    const int64_t rows = plugin_desc_count(&in_desc[0]) / p->k;
+    if (n_in == 4 && plugin_desc_count(&in_desc[3]) != rows)
+        return host->fail(KILN_ERROR_SHAPE, NAME ": x has %lld rows but x_scale %lld values", (long long)rows,
+                          (long long)plugin_desc_count(&in_desc[3]));
     if (rows == 0)
         return KILN_OK;
     if (!workspace)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": no workspace for the quantized activations");
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
-        int e = kiln_fp8_matmul_cuda(in[0], in[1], in[2], out[0], (int32_t)t, rows, p->n, p->k, workspace,
-                                     kiln_fp8_workspace(rows, p->n, p->k), stream);
+        const size_t ws = kiln_fp8_workspace(rows, p->n, p->k);
+        int e = n_in == 4 ? kiln_fp8_matmul_q8_cuda(in[0], in[3], in[1], in[2], out[0], (int32_t)yt, rows, p->n, p->k,
+                                                    workspace, ws, stream)
+                          : kiln_fp8_matmul_cuda(in[0], in[1], in[2], out[0], (int32_t)xt, rows, p->n, p->k, workspace,
+                                                 ws, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_fp8_cuda_error(e)) : KILN_OK;
     }
 #endif
-    /* the workspace starts with the quantized rows, then their scales */
-    uint8_t *xq = workspace;
-    float *sx = (float *)((char *)workspace + kiln_fp8_workspace_scales(rows, p->k));
-    for (int64_t r = 0; r < rows; r++) {
-        float a = 0;
-        for (int64_t i = 0; i < p->k; i++) {
-            float v = fabsf(plugin_load(host, in[0], t, r * p->k + i));
-            a = v > a ? v : a;
+    const uint8_t *xq = in[0];
+    const float *sx = n_in == 4 ? in[3] : NULL;
+    if (n_in == 3) {
+        /* the workspace starts with the quantized rows, then their scales */
+        uint8_t *q = workspace;
+        float *s = (float *)((char *)workspace + kiln_fp8_workspace_scales(rows, p->k));
+        float *row = malloc((size_t)p->k * sizeof *row);
+        if (!row)
+            return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
+        for (int64_t r = 0; r < rows; r++) {
+            for (int64_t i = 0; i < p->k; i++)
+                row[i] = plugin_load(host, in[0], xt, r * p->k + i);
+            s[r] = kiln_fp8_quantize_row(row, p->k, q + r * p->k);
         }
-        float inv = a > 0 ? KILN_E4M3_MAX / a : 0.0f;
-        sx[r] = a / KILN_E4M3_MAX;
-        for (int64_t i = 0; i < p->k; i++)
-            xq[r * p->k + i] = kiln_f32_to_e4m3(plugin_load(host, in[0], t, r * p->k + i) * inv);
+        free(row);
+        xq = q, sx = s;
     }
-    fp8_job job = {p, rows, xq, in[1], sx, in[2], in[0], out[0], t};
+    fp8_job job = {p, rows, xq, in[1], sx, in[2], out[0], yt};
     host->parallel_for(stream, p->n, fp8_range, &job);
     return KILN_OK;
 }
@@ -212,24 +252,31 @@ static const kiln_plugin_ops fp8_ops = {
 
 static kiln_status fp8_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
 {
-    fp8_params p = {plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0)};
+    const kiln_field *of = plugin_field(f, n, "output_dtype");
+    const char *want = of ? of->data : "input";
+    fp8_params p = {plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0),
+                    plugin_float_dtype_named(want, "input")};
+    if (p.output_dtype == -2)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": field \"output_dtype\" is \"%s\"; expected input, f32, f16 or bf16", want);
     return fp8_new(&p, out);
 }
 
 static kiln_status fp8_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                    kiln_plugin **out)
 {
-    kiln_status s = plugin_pod_check_blob(host, NAME, BLOB_VERSION, version, size, sizeof(fp8_params));
-    if (s != KILN_OK)
-        return s;
-    fp8_params p;
-    memcpy(&p, blob, sizeof p);
-    return fp8_new(&p, out);
+    /* v1: n and k; y in x's dtype */
+    static const size_t sizes[BLOB_VERSION] = {offsetof(fp8_params, output_dtype), sizeof(fp8_params)};
+    fp8_params p = {0, 0, -1};
+    kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, sizes, version, blob, size, &p);
+    return s != KILN_OK ? s : fp8_new(&p, out);
 }
 
 static const kiln_field_spec fp8_fields[] = {
     PLUGIN_FIELD_REQUIRED("n", KILN_FIELD_I32, "output features (rows of w)"),
     PLUGIN_FIELD_REQUIRED("k", KILN_FIELD_I32, "input features, a multiple of 16"),
+    PLUGIN_FIELD_OPTIONAL("output_dtype", KILN_FIELD_STRING, "input",
+                          "dtype of y: input (x's), f32, f16 or bf16; required when x is E4M3 codes"),
 };
 
 static const kiln_plugin_creator fp8_creator = {

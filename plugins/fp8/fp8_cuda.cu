@@ -28,6 +28,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "core/fp8.h"
+#include "fp8_quant.cuh"
 
 #include <cublasLt.h>
 #include <cuda_fp8.h>
@@ -37,32 +38,12 @@ namespace
 
 constexpr int kWarps = 4;
 constexpr int kUnroll = 2;
-constexpr int kRows = 2; /* weight rows per GEMV block */
 
 cublasLtHandle_t fp8_lt;
 int fp8_lt_status = -1;
 std::once_flag fp8_lt_once;
 
 /* 1. quantization ------------------------------------------------------------------------- */
-
-/* A row's scale from each thread's max |x| (a block of 256 threads):
- * the block's max a, *sx = a / 448 (thread 0), and 448 / a returned (0
- * for a row of zeros): fp8.c's f32 operations. */
-__device__ __forceinline__ float fp8_row_scale(float a, float *sx)
-{
-    __shared__ float red[8];
-    for (int o = 16; o > 0; o >>= 1)
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = a;
-    __syncthreads();
-    a = red[0];
-    for (int i = 1; i < 8; i++)
-        a = fmaxf(a, red[i]);
-    if (threadIdx.x == 0)
-        *sx = __fdiv_rn(a, KILN_E4M3_MAX);
-    return a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
-}
 
 template <int XT>
 __global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
@@ -156,19 +137,8 @@ __global__ void __launch_bounds__(256) fp8_quantize_vec_kernel(const void *x, ui
 #pragma unroll
     for (int v = 0; v < V; v++) {
         if ((int32_t)threadIdx.x + v * 256 < pieces) {
-            uint32_t q[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const __nv_fp8x2_storage_t lo =
-                    __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[v][4 * i], inv), __fmul_rn(f[v][4 * i + 1], inv)),
-                                             __NV_SATFINITE, __NV_E4M3);
-                const __nv_fp8x2_storage_t hi = __nv_cvt_float2_to_fp8x2(
-                    make_float2(__fmul_rn(f[v][4 * i + 2], inv), __fmul_rn(f[v][4 * i + 3], inv)), __NV_SATFINITE,
-                    __NV_E4M3);
-                q[i] = (uint32_t)lo | (uint32_t)hi << 16;
-            }
-            *reinterpret_cast<uint4 *>(xq + r * k + ((int64_t)threadIdx.x + v * 256) * 16) =
-                make_uint4(q[0], q[1], q[2], q[3]);
+            *reinterpret_cast<uint4 *>(xq + r * k + ((int64_t)threadIdx.x + v * 256) * 16) = make_uint4(
+                fp8_pack4(f[v], inv), fp8_pack4(f[v] + 4, inv), fp8_pack4(f[v] + 8, inv), fp8_pack4(f[v] + 12, inv));
         }
     }
 }
@@ -188,7 +158,7 @@ cudaError_t fp8_quantize(const void *x, uint8_t *xq, float *sx, int64_t rows, in
 {
     const dim3 grid((unsigned)rows), block(256);
     const int32_t per = (k / 16 + 255) / 256; /* pieces a thread */
-    if ((uintptr_t)x % 16 != 0 || (uintptr_t)xq % 16 != 0 || per > 8 || fp8_quantize_scalar())
+    if ((uintptr_t)x % 16 != 0 || (uintptr_t)xq % 16 != 0 || k % 16 != 0 || per > 8 || fp8_quantize_scalar())
         return kcu_launch_cfg(fp8_quantize_kernel<XT>, grid, block, s, x, xq, sx, k);
     if (per <= 1)
         return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 1>, grid, block, s, x, xq, sx, k);
@@ -371,21 +341,22 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
 }
 
-/* m (1..KILN_FP8_GEMV_MAX_ROWS) rows of x through fp8_gemv_kernel with
- * FUSED: 8 weight rows a block for one or two rows of x, 4 past that
- * (registers). */
-template <int XT>
-cudaError_t fp8_gemv_fused(const void *x, const uint8_t *w, const float *sw, void *y, int32_t m, int32_t n, int32_t k,
-                           cudaStream_t s)
+/* m (1..KILN_FP8_GEMV_MAX_ROWS) rows of x through fp8_gemv_kernel: 8
+ * weight rows a block for one or two rows of x, 4 past that (registers).
+ * FUSED: x is the layer's input, quantized by the kernel; else x holds
+ * E4M3 codes and sx their scales. */
+template <int XT, bool FUSED>
+cudaError_t fp8_gemv(const void *x, const float *sx, const uint8_t *w, const float *sw, void *y, int32_t m, int32_t n,
+                     int32_t k, cudaStream_t s)
 {
     auto launch = [&](auto kernel, int rows_a_block) {
         return kcu_launch_cfg(kernel, dim3((unsigned)(((int64_t)n + rows_a_block - 1) / rows_a_block)),
-                              dim3(kWarps * 32), s, x, (const float *)NULL, w, sw, y, m, n, k);
+                              dim3(kWarps * 32), s, x, sx, w, sw, y, m, n, k);
     };
-    return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, true>, 8)
-           : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, true>, 8)
-           : m <= 4 ? launch(fp8_gemv_kernel<XT, 4, 4, true>, 4)
-                    : launch(fp8_gemv_kernel<XT, 8, 4, true>, 4);
+    return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, FUSED>, 8)
+           : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, FUSED>, 8)
+           : m <= 4 ? launch(fp8_gemv_kernel<XT, 4, 4, FUSED>, 4)
+                    : launch(fp8_gemv_kernel<XT, 8, 4, FUSED>, 4);
 }
 
 /* KILN_FP8_GEMV=split keeps the decode path of two kernels (quantize, then
@@ -394,14 +365,6 @@ bool fp8_use_fused(void)
 {
     const char *e = getenv("KILN_FP8_GEMV");
     return !(e && strcmp(e, "split") == 0);
-}
-
-template <int XT, int M>
-cudaError_t fp8_gemv(const uint8_t *xq, const float *sx, const uint8_t *w, const float *sw, void *y, int32_t m,
-                     int32_t n, int32_t k, cudaStream_t s)
-{
-    return kcu_launch_cfg(fp8_gemv_kernel<XT, M, kRows, false>, dim3((unsigned)(((int64_t)n + kRows - 1) / kRows)),
-                          dim3(kWarps * 32), s, (const void *)xq, sx, w, sw, y, m, n, k);
 }
 
 /* Rows [0, rows) in groups of up to 8 through the GEMV; y's rows are n
@@ -415,10 +378,7 @@ cudaError_t fp8_gemv_rows(const uint8_t *xq, const float *sx, const uint8_t *w, 
         const int32_t m = (int32_t)(rows - r0 < KILN_FP8_GEMV_MAX_ROWS ? rows - r0 : KILN_FP8_GEMV_MAX_ROWS);
         const uint8_t *xr = xq + r0 * k;
         void *yr = (char *)y + (size_t)(r0 * n) * es;
-        cudaError_t e = m == 1   ? fp8_gemv<XT, 1>(xr, sx + r0, w, sw, yr, m, n, k, s)
-                        : m == 2 ? fp8_gemv<XT, 2>(xr, sx + r0, w, sw, yr, m, n, k, s)
-                        : m <= 4 ? fp8_gemv<XT, 4>(xr, sx + r0, w, sw, yr, m, n, k, s)
-                                 : fp8_gemv<XT, 8>(xr, sx + r0, w, sw, yr, m, n, k, s);
+        cudaError_t e = fp8_gemv<XT, false>(xr, sx + r0, w, sw, yr, m, n, k, s);
         if (e != cudaSuccess)
             return e;
     }
@@ -541,17 +501,13 @@ int fp8_lt_matmul(const uint8_t *xq, const uint8_t *w, const float *sx, const fl
     return (int)cublasLtMatmul(fp8_lt, &desc, &one, w, &la, xq, &lb, &zero, y, &lc, y, &lc, &plan.algo, lt_ws, ws, s);
 }
 
+/* y = the product of x's E4M3 rows xq (scales sx) and W: cuBLASLt's GEMM
+ * past the GEMV's rows (with its scaling epilogue, else the f32 result and
+ * fp8_scale_kernel), the GEMV for the rest. */
 template <int XT>
-int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t rows, int32_t n, int32_t k, char *ws,
-            cudaStream_t s)
+int fp8_run_q8(const uint8_t *xq, const float *sx, const uint8_t *w, const float *sw, void *y, int64_t rows, int32_t n,
+               int32_t k, char *ws, cudaStream_t s)
 {
-    if (rows <= KILN_FP8_GEMV_MAX_ROWS && (uintptr_t)x % 16 == 0 && fp8_use_fused())
-        return (int)fp8_gemv_fused<XT>(x, w, sw, y, (int32_t)rows, n, k, s);
-    uint8_t *xq = (uint8_t *)ws;
-    float *sx = (float *)(ws + kiln_fp8_workspace_scales(rows, k));
-    cudaError_t e = fp8_quantize<XT>(x, xq, sx, rows, k, s);
-    if (e != cudaSuccess)
-        return (int)e;
     if (rows > KILN_FP8_GEMV_MAX_ROWS && n % 4 == 0 && fp8_use_vec()) {
         void *lt_ws = ws + kiln_fp8_workspace_result(rows, k);
         int st = fp8_lt_matmul(xq, w, sx, sw, y, fp8_cuda_type(XT), rows, n, k, lt_ws, s);
@@ -572,6 +528,18 @@ int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t r
         }
     }
     return (int)fp8_gemv_rows<XT>(xq, sx, w, sw, y, rows, n, k, s);
+}
+
+template <int XT>
+int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t rows, int32_t n, int32_t k, char *ws,
+            cudaStream_t s)
+{
+    if (rows <= KILN_FP8_GEMV_MAX_ROWS && (uintptr_t)x % 16 == 0 && fp8_use_fused())
+        return (int)fp8_gemv<XT, true>(x, NULL, w, sw, y, (int32_t)rows, n, k, s);
+    uint8_t *xq = (uint8_t *)ws;
+    float *sx = (float *)(ws + kiln_fp8_workspace_scales(rows, k));
+    cudaError_t e = fp8_quantize<XT>(x, xq, sx, rows, k, s);
+    return e != cudaSuccess ? (int)e : fp8_run_q8<XT>(xq, sx, w, sw, y, rows, n, k, ws, s);
 }
 
 } /* namespace */
@@ -602,6 +570,43 @@ extern "C" int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_
     case KILN_DTYPE_F16: return fp8_run<KILN_DTYPE_F16>(x, wb, sw, y, rows, n, k, ws, s);
     case KILN_DTYPE_BF16: return fp8_run<KILN_DTYPE_BF16>(x, wb, sw, y, rows, n, k, ws, s);
     default: return fp8_run<KILN_DTYPE_F32>(x, wb, sw, y, rows, n, k, ws, s);
+    }
+}
+
+extern "C" int kiln_fp8_matmul_q8_cuda(const void *xq, const void *x_scale, const void *w, const void *w_scale, void *y,
+                                       int32_t y_dtype, int64_t rows, int32_t n, int32_t k, void *workspace,
+                                       size_t workspace_size, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    if (rows <= 0 || n <= 0)
+        return 0;
+    int e = kiln_fp8_cuda_init();
+    if (e)
+        return e;
+    /* the GEMV's 16-byte loads of x's codes and of W */
+    if (!workspace || workspace_size < kiln_fp8_workspace(rows, n, k) || ((uintptr_t)w | (uintptr_t)xq) % 16 ||
+        rows > INT32_MAX)
+        return (int)cudaErrorInvalidValue;
+    const uint8_t *xb = (const uint8_t *)xq, *wb = (const uint8_t *)w;
+    const float *sx = (const float *)x_scale, *sw = (const float *)w_scale;
+    char *ws = (char *)workspace;
+    switch (y_dtype) {
+    case KILN_DTYPE_F16: return fp8_run_q8<KILN_DTYPE_F16>(xb, sx, wb, sw, y, rows, n, k, ws, s);
+    case KILN_DTYPE_BF16: return fp8_run_q8<KILN_DTYPE_BF16>(xb, sx, wb, sw, y, rows, n, k, ws, s);
+    default: return fp8_run_q8<KILN_DTYPE_F32>(xb, sx, wb, sw, y, rows, n, k, ws, s);
+    }
+}
+
+extern "C" int kiln_fp8_quantize_cuda(const void *x, int32_t dtype, uint8_t *q, float *scale, int64_t rows, int32_t k,
+                                      void *stream)
+{
+    if (rows <= 0)
+        return 0;
+    cudaStream_t s = (cudaStream_t)stream;
+    switch (dtype) {
+    case KILN_DTYPE_F16: return (int)fp8_quantize<KILN_DTYPE_F16>(x, q, scale, rows, k, s);
+    case KILN_DTYPE_BF16: return (int)fp8_quantize<KILN_DTYPE_BF16>(x, q, scale, rows, k, s);
+    default: return (int)fp8_quantize<KILN_DTYPE_F32>(x, q, scale, rows, k, s);
     }
 }
 

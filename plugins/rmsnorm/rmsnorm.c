@@ -10,8 +10,16 @@
  *          (the residual stream of a bf16 or f16 LLM engine, docs/llm.md)
  *          with a bf16 y is rounded once, at the store.
  * Fields:  epsilon (f32, required); output_dtype (string: input, f32,
- *          f16 or bf16; default input, x's dtype).
- * Blob v2: epsilon as f32, then y's dtype as i32 (-1: x's). v1 (epsilon
+ *          f16 or bf16; default input, x's dtype); quantize (string:
+ *          none or fp8; default none).
+ * With quantize = fp8, y (its values rounded to output_dtype as above) is
+ * not stored: its rows leave as kiln/Fp8MatMul's pre-quantized x, two
+ * outputs in its place, the E4M3 codes (u8, y's shape) and a scale a row
+ * (f32, y's shape with a last dim of 1), quantized as Fp8MatMul quantizes
+ * an x (kiln_fp8_quantize_row). The FP8 engine's norms feed its matmuls
+ * so, and its quantization costs no pass over y of its own.
+ * Blob v3: epsilon as f32, then y's dtype as i32 (-1: x's), then quantize
+ *          as i32 (0 none, 1 fp8). v2 lacks quantize (none); v1 (epsilon
  *          alone, engines built before output_dtype) reads as y in x's
  *          dtype.
  *
@@ -23,19 +31,23 @@
  * in f32 and adds each layer's bf16 output into it.
  *
  * Inputs:  x, residual [..., H] (same shape; float dtypes), weight [H].
- * Outputs: sum (shape and dtype of x), y (shape of x, dtype output_dtype).
+ * Outputs: sum (shape and dtype of x), y (shape of x, dtype output_dtype;
+ *          with quantize = fp8 its codes and scales).
  * Fields and blob: as RMSNorm.
  *
  * The CUDA kernels (rmsnorm_cuda.cu) follow the same arithmetic.
  */
 #include <math.h>
+#include <stdlib.h>
+
+#include "core/fp8.h"
 
 #include "plugin_util.h"
 #include "plugin_cuda.h"
 
 #define NAME "RMSNorm"
 #define ADD_NAME "AddRMSNorm"
-#define BLOB_VERSION 2u
+#define BLOB_VERSION 3u
 
 static const kiln_host_api *host;
 
@@ -44,13 +56,14 @@ typedef struct rmsnorm {
     struct {
         float epsilon;
         int32_t output_dtype; /* kiln_dtype of y; -1: x's */
+        int32_t quantize;     /* 1: y as E4M3 codes and row scales */
     } p;
     int32_t add; /* AddRMSNorm: inputs x, residual, weight; outputs sum, y */
 } rmsnorm;
 
 static const kiln_plugin_ops rmsnorm_ops;
 
-static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t add, kiln_plugin **out)
+static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t quantize, int32_t add, kiln_plugin **out)
 {
     if (!(epsilon > 0.0f) || !isfinite(epsilon))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: field \"epsilon\" must be a positive number, got %g",
@@ -58,6 +71,9 @@ static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t add,
     if (output_dtype != -1 && !plugin_is_float((kiln_dtype)output_dtype))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: output dtype %d is not f32, f16 or bf16",
                           add ? ADD_NAME : NAME, output_dtype);
+    if (quantize != 0 && quantize != 1)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: quantize %d is not 0 (none) or 1 (fp8)",
+                          add ? ADD_NAME : NAME, quantize);
     rmsnorm *r = calloc(1, sizeof *r);
     if (!r)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -66,12 +82,17 @@ static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t add,
     r->base.ops = &rmsnorm_ops;
     r->p.epsilon = epsilon;
     r->p.output_dtype = output_dtype;
+    r->p.quantize = quantize;
     r->add = add;
     *out = &r->base;
     return KILN_OK;
 }
 
-static int32_t rmsnorm_num_outputs(const kiln_plugin *self) { return ((const rmsnorm *)self)->add ? 2 : 1; }
+static int32_t rmsnorm_num_outputs(const kiln_plugin *self)
+{
+    const rmsnorm *r = (const rmsnorm *)self;
+    return 1 + r->add + r->p.quantize;
+}
 
 static kiln_status rmsnorm_output_shapes(const kiln_plugin *self, const kiln_shape_expr *in, int32_t n_in,
                                          kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
@@ -93,8 +114,11 @@ static kiln_status rmsnorm_output_shapes(const kiln_plugin *self, const kiln_sha
                               (long long)a, (long long)b);
     }
     out[0] = in[0];
-    if (add)
-        out[1] = in[0];
+    out[add] = in[0];
+    if (((const rmsnorm *)self)->p.quantize) {
+        out[add + 1] = in[0];
+        out[add + 1].d[in[0].rank - 1] = host->expr_constant(eb, 1);
+    }
     return KILN_OK;
 }
 
@@ -109,7 +133,9 @@ static kiln_status rmsnorm_output_dtypes(const kiln_plugin *self, const kiln_dty
 {
     const rmsnorm *r = (const rmsnorm *)self;
     out[0] = in[0];
-    out[r->add] = rmsnorm_y_dtype(r, in[0]);
+    out[r->add] = r->p.quantize ? KILN_DTYPE_U8 : rmsnorm_y_dtype(r, in[0]);
+    if (r->p.quantize)
+        out[r->add + 1] = KILN_DTYPE_F32;
     return KILN_OK;
 }
 
@@ -122,12 +148,15 @@ static int32_t rmsnorm_supports(const kiln_plugin *self, kiln_backend backend, c
 #ifdef KILN_HAVE_CUDA
     backend_ok = backend_ok || backend == KILN_BACKEND_CUDA;
 #endif
-    if (!backend_ok || n_in != 2 + add || n_out != 1 + add)
+    if (!backend_ok || n_in != 2 + add || n_out != 1 + add + r->p.quantize)
         return 0;
     for (int32_t i = 0; i < n_in; i++)
         if (!plugin_is_float(d[i].dtype))
             return 0;
     /* inputs x, [residual,] weight; outputs [sum,] y */
+    if (r->p.quantize)
+        return (!add || d[n_in].dtype == d[0].dtype) && plugin_is_float(rmsnorm_y_dtype(r, d[0].dtype)) &&
+               d[n_in + add].dtype == KILN_DTYPE_U8 && d[n_in + add + 1].dtype == KILN_DTYPE_F32;
     return (!add || d[n_in].dtype == d[0].dtype) && d[n_in + add].dtype == rmsnorm_y_dtype(r, d[0].dtype);
 }
 
@@ -135,8 +164,10 @@ typedef struct rmsnorm_job {
     const rmsnorm *r;
     kiln_dtype xt, rt, wt, yt; /* x and sum, residual, weight, y */
     const void *x, *res, *w;   /* res: NULL without the add */
-    void *sum, *y;
+    void *sum, *y;             /* y: E4M3 codes with quantize */
+    float *y_scale;            /* quantize: a scale a row */
     int64_t h;
+    int failed; /* quantize: no memory for a row's values */
 } rmsnorm_job;
 
 static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
@@ -148,6 +179,12 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
     const void *src = j->res ? j->sum : j->x;
     const int all_f32 =
         xt == KILN_DTYPE_F32 && (!j->res || rt == KILN_DTYPE_F32) && wt == KILN_DTYPE_F32 && yt == KILN_DTYPE_F32;
+    /* quantize: a row of y's values (rounded to y's dtype), then its codes */
+    float *yrow = NULL;
+    if (j->y_scale && !(yrow = malloc((size_t)j->h * sizeof *yrow))) {
+        ((rmsnorm_job *)arg)->failed = 1;
+        return;
+    }
     for (int64_t row = begin; row < end; row++) {
         int64_t base = row * j->h;
         float part[8] = {0}, buf[64];
@@ -155,7 +192,7 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
             /* the same arithmetic without a conversion per element: one
              * decode step runs two of these per layer */
             const float *x = (const float *)j->x + base, *w = j->w;
-            float *s = j->res ? (float *)j->sum + base : NULL, *y = (float *)j->y + base;
+            float *s = j->res ? (float *)j->sum + base : NULL, *y = yrow ? yrow : (float *)j->y + base;
             if (s) {
                 const float *r = (const float *)j->res + base;
                 for (int64_t i = 0; i < j->h; i++)
@@ -166,6 +203,8 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
             float inv = 1.0f / sqrtf(plugin_sum_squares_total(part) / (float)j->h + j->r->p.epsilon);
             for (int64_t i = 0; i < j->h; i++)
                 y[i] = x[i] * inv * w[i];
+            if (yrow)
+                j->y_scale[row] = kiln_fp8_quantize_row(yrow, j->h, (uint8_t *)j->y + base);
             continue;
         }
         for (int64_t i0 = 0; i0 < j->h; i0 += 64) {
@@ -184,9 +223,15 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
             /* Round the normalized value to x's dtype first, as HF does. */
             float n = plugin_load(host, src, xt, base + i) * inv;
             n = plugin_round(host, xt, n);
-            plugin_store(host, j->y, yt, base + i, n * plugin_load(host, j->w, wt, i));
+            if (yrow)
+                yrow[i] = plugin_round(host, yt, n * plugin_load(host, j->w, wt, i));
+            else
+                plugin_store(host, j->y, yt, base + i, n * plugin_load(host, j->w, wt, i));
         }
+        if (yrow)
+            j->y_scale[row] = kiln_fp8_quantize_row(yrow, j->h, (uint8_t *)j->y + base);
     }
+    free(yrow);
 }
 
 static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, const kiln_tensor_desc *in_desc,
@@ -204,10 +249,18 @@ static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, cons
     if (add && plugin_desc_count(&in_desc[1]) != rows * h)
         return host->fail(KILN_ERROR_SHAPE, ADD_NAME ": x has %lld elements but residual has %lld",
                           (long long)(rows * h), (long long)plugin_desc_count(&in_desc[1]));
+    const int32_t q = r->p.quantize;
+    const kiln_dtype yt = rmsnorm_y_dtype(r, x->dtype);
+    if (q && h && !workspace)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: no workspace for y before its quantization",
+                          add ? ADD_NAME : NAME);
 #ifdef KILN_HAVE_CUDA
     if (backend == KILN_BACKEND_CUDA) {
-        int e = kiln_rmsnorm_cuda(in[0], add ? in[1] : NULL, in[1 + add], add ? out[0] : NULL, out[add], x->dtype,
-                                  in_desc[add].dtype, out_desc[add].dtype, w->dtype, rows, h, r->p.epsilon, stream);
+        /* with quantize, y itself goes to the workspace only where the
+         * kernel cannot quantize it in registers */
+        int e = kiln_rmsnorm_cuda(in[0], add ? in[1] : NULL, in[1 + add], add ? out[0] : NULL, q ? workspace : out[add],
+                                  x->dtype, in_desc[add].dtype, yt, w->dtype, rows, h, r->p.epsilon,
+                                  q ? out[add] : NULL, q ? out[add + 1] : NULL, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, "%s: kernel launch failed (cuda error %d)", add ? ADD_NAME : NAME, e)
                  : KILN_OK;
     }
@@ -216,15 +269,26 @@ static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, cons
                        x->dtype,
                        in_desc[add].dtype,
                        w->dtype,
-                       out_desc[add].dtype,
+                       yt,
                        in[0],
                        add ? in[1] : NULL,
                        in[1 + add],
                        add ? out[0] : NULL,
                        out[add],
-                       h};
+                       q ? out[add + 1] : NULL,
+                       h,
+                       0};
     host->parallel_for(stream, rows, rmsnorm_rows, &job);
-    return KILN_OK;
+    return job.failed ? host->fail(KILN_ERROR_OUT_OF_MEMORY, "%s: out of memory", add ? ADD_NAME : NAME) : KILN_OK;
+}
+
+/* With quantize on CUDA: y in its dtype, where the kernel that cannot
+ * quantize in registers (rows past 8,192 values) stores it first. */
+static size_t rmsnorm_workspace_size(const kiln_plugin *self, const kiln_tensor_desc *in, int32_t n_in,
+                                     const kiln_tensor_desc *out, int32_t n_out)
+{
+    const rmsnorm *r = (const rmsnorm *)self;
+    return r->p.quantize ? (size_t)plugin_desc_count(&in[0]) * plugin_float_size(rmsnorm_y_dtype(r, in[0].dtype)) : 0;
 }
 
 static kiln_status rmsnorm_serialize(const kiln_plugin *self, void *buf, size_t *size)
@@ -249,6 +313,7 @@ static const kiln_plugin_ops rmsnorm_ops = {
     .output_shapes = rmsnorm_output_shapes,
     .output_dtypes = rmsnorm_output_dtypes,
     .supports = rmsnorm_supports,
+    .workspace_size = rmsnorm_workspace_size,
     .enqueue = rmsnorm_enqueue,
     .serialize = rmsnorm_serialize,
     .clone = rmsnorm_clone,
@@ -258,37 +323,39 @@ static const kiln_plugin_ops rmsnorm_ops = {
 /* user_data of the AddRMSNorm creator is non-NULL. */
 static kiln_status rmsnorm_create(const kiln_plugin_creator *c, const kiln_field *f, int32_t n, kiln_plugin **out)
 {
-    static const struct {
-        const char *name;
-        int32_t dtype;
-    } names[] = {{"input", -1}, {"f32", KILN_DTYPE_F32}, {"f16", KILN_DTYPE_F16}, {"bf16", KILN_DTYPE_BF16}};
-    const kiln_field *of = plugin_field(f, n, "output_dtype");
-    const char *want = of ? of->data : "input";
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        if (strcmp(want, names[i].name) == 0)
-            return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), names[i].dtype, c->user_data != NULL, out);
-    return host->fail(KILN_ERROR_INVALID_ARGUMENT,
-                      "%s: field \"output_dtype\" is \"%s\"; expected input, f32, f16 or bf16", c->name, want);
+    const kiln_field *of = plugin_field(f, n, "output_dtype"), *qf = plugin_field(f, n, "quantize");
+    const char *want = of ? of->data : "input", *qw = qf ? qf->data : "none";
+    const int32_t dtype = plugin_float_dtype_named(want, "input"), q = plugin_quantize_named(qw);
+    if (dtype == -2)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          "%s: field \"output_dtype\" is \"%s\"; expected input, f32, f16 or bf16", c->name, want);
+    if (q < 0)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: field \"quantize\" is \"%s\"; expected none or fp8",
+                          c->name, qw);
+    return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), dtype, q, c->user_data != NULL, out);
 }
 
 static kiln_status rmsnorm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                        kiln_plugin **out)
 {
-    /* v1 holds epsilon alone: y in x's dtype */
-    static const size_t sizes[BLOB_VERSION] = {sizeof(float), sizeof(float) + sizeof(int32_t)};
+    /* v1 holds epsilon alone: y in x's dtype; v2 adds y's dtype */
+    static const size_t sizes[BLOB_VERSION] = {sizeof(float), sizeof(float) + sizeof(int32_t),
+                                               sizeof(float) + 2 * sizeof(int32_t)};
     struct {
         float epsilon;
-        int32_t output_dtype;
-    } p = {0.0f, -1};
+        int32_t output_dtype, quantize;
+    } p = {0.0f, -1, 0};
     kiln_status s = plugin_pod_read_blob(host, c->name, BLOB_VERSION, sizes, version, blob, size, &p);
     if (s != KILN_OK)
         return s;
-    return rmsnorm_new(p.epsilon, p.output_dtype, c->user_data != NULL, out);
+    return rmsnorm_new(p.epsilon, p.output_dtype, p.quantize, c->user_data != NULL, out);
 }
 
 static const kiln_field_spec rmsnorm_fields[] = {
     PLUGIN_FIELD_REQUIRED("epsilon", KILN_FIELD_F32, "added to the mean square before the square root"),
     PLUGIN_FIELD_OPTIONAL("output_dtype", KILN_FIELD_STRING, "input", "dtype of y: input (x's), f32, f16 or bf16"),
+    PLUGIN_FIELD_OPTIONAL("quantize", KILN_FIELD_STRING, "none",
+                          "none, or fp8: y as E4M3 codes and a scale a row (kiln/Fp8MatMul's x)"),
 };
 
 static const kiln_plugin_creator rmsnorm_creator = {

@@ -8,6 +8,7 @@
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
+#include "fp8/fp8_quant.cuh"
 
 #define RMS_THREADS 256
 
@@ -85,10 +86,14 @@ template <int T, int E> __device__ __forceinline__ void rms_store(void *p, int64
     }
 }
 
-template <int XT, int YT>
+/* Q8 (quantize = fp8): y's values, rounded to YT, stay in registers and
+ * leave as E4M3 codes q and a scale a row (fp8_quant.cuh), as kiln/Fp8MatMul
+ * would quantize the stored y: one pass over the row instead of the norm's
+ * store and the quantization's load and store. */
+template <int XT, int YT, bool Q8>
 __global__ void __launch_bounds__(RMS_THREADS)
     rmsnorm_vec_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int wt, int wvec,
-                       int64_t rows, int64_t h, float eps)
+                       int64_t rows, int64_t h, float eps, uint8_t *q, float *q_scale)
 {
     KTL_SCOPE(0);
     /* values per vector: one 16-byte vector of y (and of the residual) */
@@ -143,18 +148,47 @@ __global__ void __launch_bounds__(RMS_THREADS)
             total += part[k];
         __syncthreads(); /* part is reused by the next row */
         const float inv = 1.0f / sqrtf(total / (float)h + eps);
+        if constexpr (Q8) {
+            float a = 0.0f;
 #pragma unroll
-        for (int j = 0; j < RMS_MAX_VEC; j++) {
-            const int64_t k = threadIdx.x + (int64_t)j * RMS_THREADS;
-            if (k < nvec) {
-                uint4 o;
+            for (int j = 0; j < RMS_MAX_VEC; j++) {
+                const int64_t k = threadIdx.x + (int64_t)j * RMS_THREADS;
+                if (k < nvec) {
 #pragma unroll
-                for (int e = 0; e < E; e++) {
-                    const float n = kcu_round_float(XT, __fmul_rn(v[j][e], inv));
-                    const float wf = wvec ? kcu_load_float(&wr[j], YT, e) : kcu_load_float(w, wt, k * E + e);
-                    kcu_store_float(&o, YT, e, __fmul_rn(n, wf));
+                    for (int e = 0; e < E; e++) {
+                        const float n = kcu_round_float(XT, __fmul_rn(v[j][e], inv));
+                        const float wf = wvec ? kcu_load_float(&wr[j], YT, e) : kcu_load_float(w, wt, k * E + e);
+                        v[j][e] = kcu_round_float(YT, __fmul_rn(n, wf));
+                        a = fmaxf(a, fabsf(v[j][e]));
+                    }
                 }
-                ((uint4 *)y + row * nvec)[k] = o;
+            }
+            const float qi = fp8_row_scale(a, q_scale + row);
+#pragma unroll
+            for (int j = 0; j < RMS_MAX_VEC; j++) {
+                const int64_t k = threadIdx.x + (int64_t)j * RMS_THREADS;
+                if (k < nvec) {
+                    uint8_t *qr = q + row * h + k * E;
+                    if constexpr (E == 8)
+                        *reinterpret_cast<uint2 *>(qr) = make_uint2(fp8_pack4(v[j], qi), fp8_pack4(v[j] + 4, qi));
+                    else
+                        *reinterpret_cast<uint32_t *>(qr) = fp8_pack4(v[j], qi);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < RMS_MAX_VEC; j++) {
+                const int64_t k = threadIdx.x + (int64_t)j * RMS_THREADS;
+                if (k < nvec) {
+                    uint4 o;
+#pragma unroll
+                    for (int e = 0; e < E; e++) {
+                        const float n = kcu_round_float(XT, __fmul_rn(v[j][e], inv));
+                        const float wf = wvec ? kcu_load_float(&wr[j], YT, e) : kcu_load_float(w, wt, k * E + e);
+                        kcu_store_float(&o, YT, e, __fmul_rn(n, wf));
+                    }
+                    ((uint4 *)y + row * nvec)[k] = o;
+                }
             }
         }
     }
@@ -162,14 +196,14 @@ __global__ void __launch_bounds__(RMS_THREADS)
 
 extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void *weight, void *sum, void *y,
                                  int32_t x_dtype, int32_t residual_dtype, int32_t y_dtype, int32_t weight_dtype,
-                                 int64_t rows, int64_t h, float epsilon, void *stream)
+                                 int64_t rows, int64_t h, float epsilon, uint8_t *q, float *q_scale, void *stream)
 {
     if (rows <= 0)
         return 0;
     unsigned blocks = (unsigned)(rows < 65535 ? rows : 65535);
     cudaStream_t st = (cudaStream_t)stream;
     const int64_t e = y_dtype == KILN_DTYPE_F32 ? 4 : 8;
-    const uintptr_t addr = (uintptr_t)x | (uintptr_t)residual | (uintptr_t)sum | (uintptr_t)y;
+    const uintptr_t addr = (uintptr_t)x | (uintptr_t)residual | (uintptr_t)sum | (q ? (uintptr_t)q : (uintptr_t)y);
     const int wvec = weight_dtype == y_dtype && (uintptr_t)weight % 16 == 0;
     /* the vector kernel's pairs: x in y's dtype, or an f32 x (the residual
      * stream) with a bf16 or f16 y; the residual in y's dtype */
@@ -178,8 +212,12 @@ extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void
         addr % 16 == 0) {
 #define RMS_VEC(XT, YT) \
     if (x_dtype == XT && y_dtype == YT) \
-        return (int)kcu_launch_cfg(rmsnorm_vec_kernel<XT, YT>, dim3(blocks), dim3(RMS_THREADS), st, x, residual, \
-                                   weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon);
+        return q ? (int)kcu_launch_cfg(rmsnorm_vec_kernel<XT, YT, true>, dim3(blocks), dim3(RMS_THREADS), st, x, \
+                                       residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon, q, \
+                                       q_scale) \
+                 : (int)kcu_launch_cfg(rmsnorm_vec_kernel<XT, YT, false>, dim3(blocks), dim3(RMS_THREADS), st, x, \
+                                       residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon, \
+                                       (uint8_t *)NULL, (float *)NULL);
         RMS_VEC(KILN_DTYPE_BF16, KILN_DTYPE_BF16)
         RMS_VEC(KILN_DTYPE_F16, KILN_DTYPE_F16)
         RMS_VEC(KILN_DTYPE_F32, KILN_DTYPE_F32)
@@ -187,6 +225,12 @@ extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void
         RMS_VEC(KILN_DTYPE_F32, KILN_DTYPE_F16)
 #undef RMS_VEC
     }
-    return (int)kcu_launch_cfg(rmsnorm_kernel, dim3(blocks), dim3(RMS_THREADS), st, x, residual, weight, sum, y,
-                               (int)x_dtype, (int)residual_dtype, (int)y_dtype, (int)weight_dtype, rows, h, epsilon);
+    /* elsewhere y is stored (with q: in the caller's scratch) and then quantized */
+    const int err =
+        (int)kcu_launch_cfg(rmsnorm_kernel, dim3(blocks), dim3(RMS_THREADS), st, x, residual, weight, sum, y,
+                            (int)x_dtype, (int)residual_dtype, (int)y_dtype, (int)weight_dtype, rows, h, epsilon);
+    if (err || !q)
+        return err;
+    return h > INT32_MAX ? (int)cudaErrorInvalidValue
+                         : kiln_fp8_quantize_cuda(y, y_dtype, q, q_scale, rows, (int32_t)h, stream);
 }

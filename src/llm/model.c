@@ -108,6 +108,7 @@ typedef struct builder {
     int fuse;            /* decoder layers of plain weights as kiln/FusedMatMul (fused_layer) */
     kiln_dtype kv_dtype; /* the KV cache's (kiln_llm_build_options.kv_cache resolved) */
     kiln_dtype stream;   /* the residual stream's: f32 (the dtype with KILN_LLM_RESIDUAL=dtype) */
+    int fp8_in;          /* FP8 layers take their x quantized by the norm or SwiGLU before them */
 } builder;
 
 static void progress(builder *b, const char *what)
@@ -452,10 +453,12 @@ static kiln_status add_concat(builder *b, const char *name, kiln_dtype t, int64_
 /* y = x·Wᵀ through kiln/Fp8MatMul named `lname`, with W the weights
  * `wname[0..n)` ([out_dim[i], in_dim] each) quantized to E4M3 per output
  * channel and stacked by rows into the constants `cname` (codes) and
- * `cname`.scale. *done = 0 when in_dim is not a multiple of 16. */
+ * `cname`.scale. With xs non-NULL, x is already quantized: E4M3 codes
+ * with the row scales *xs (Fp8MatMul's fourth input), y in the engine
+ * dtype. *done = 0 when in_dim is not a multiple of 16. */
 static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_t *out_dim, int32_t n_parts,
-                              const char *cname, const char *lname, kiln_tensor x, int64_t in_dim, kiln_tensor *y,
-                              int *done)
+                              const char *cname, const char *lname, kiln_tensor x, const kiln_tensor *xs,
+                              int64_t in_dim, kiln_tensor *y, int *done)
 {
     *done = 0;
     if (in_dim % 16 != 0)
@@ -476,7 +479,9 @@ static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_
         if (st == KILN_OK)
             st = kiln_fp8_quantize(f, out_dim[i], in_dim, wname[i], codes + (size_t)at * (size_t)in_dim, scales + at);
     }
-    kiln_tensor in[3] = {x};
+    kiln_tensor in[4] = {x};
+    if (xs)
+        in[3] = *xs;
     char name[200];
     kiln_dims d = dims2(rows, in_dim);
     if (st == KILN_OK)
@@ -486,9 +491,12 @@ static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_
     if (st == KILN_OK)
         st = kiln_network_add_constant(b->net, name, KILN_DTYPE_F32, &d, scales, &in[2]);
     int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
-    kiln_field fields[2] = {field_i32("n", &nn), field_i32("k", &k)};
+    kiln_field fields[3] = {field_i32("n", &nn),
+                            field_i32("k", &k),
+                            {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1,
+                             kiln_dtype_name(b->opt->dtype)}};
     if (st == KILN_OK)
-        st = plugin(b, lname, "Fp8MatMul", fields, 2, in, 3, y);
+        st = plugin(b, lname, "Fp8MatMul", fields, xs ? 3 : 2, in, xs ? 4 : 3, y);
     if (st == KILN_OK) {
         list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, "fp8");
         *done = 1;
@@ -515,7 +523,7 @@ static kiln_status woq_matmul(builder *b, const char *const *wname, const int64_
     if (rtn && b->opt->weights == KILN_LLM_WEIGHTS_FP8) {
         /* a checkpoint's own int4 weights stay as stored */
         if (!b->ck->read_woq || b->ck->read_woq(b->ck->weight_user, wname[0], &w[0]) != KILN_OK)
-            return fp8_matmul(b, wname, out_dim, n_parts, cname, lname, x, in_dim, y, done);
+            return fp8_matmul(b, wname, out_dim, n_parts, cname, lname, x, NULL, in_dim, y, done);
         kiln_woq_free(&w[0]);
     }
     kiln_status st = KILN_OK;
@@ -568,8 +576,18 @@ out:
 }
 
 /* y = x·Wᵀ (+ bias) for an HF Linear named `hf` ("model.layers.0.self_attn.q_proj"). */
-static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out_dim, int64_t in_dim, int bias,
-                          kiln_tensor *y)
+/* x quantized to E4M3 (codes, scales *xs) reached a matmul that is not
+ * kiln/Fp8MatMul: fp8_layer promised it would be. */
+static kiln_status fp8_input_lost(const char *lname)
+{
+    return kiln_fail(KILN_ERROR_INTERNAL, "LLM build: layer \"%s\" got E4M3 activations but is not an FP8 matmul",
+                     lname);
+}
+
+/* y = x·Wᵀ (+ bias) with W the HF Linear `hf`; with xs non-NULL x is
+ * E4M3 codes with the row scales *xs (fp8_layer). */
+static kiln_status linear(builder *b, const char *hf, kiln_tensor x, const kiln_tensor *xs, int64_t out_dim,
+                          int64_t in_dim, int bias, kiln_tensor *y)
 {
     char wname[160], lname[176];
     kiln_tensor w;
@@ -577,7 +595,13 @@ static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out
     snprintf(wname, sizeof wname, "%s.weight", hf);
     snprintf(lname, sizeof lname, "%s.matmul", hf);
     const char *wn = wname;
-    KILN_TRY(quant_matmul(b, &wn, &out_dim, 1, wname, lname, x, in_dim, y, &done));
+    if (xs) {
+        KILN_TRY(fp8_matmul(b, &wn, &out_dim, 1, wname, lname, x, xs, in_dim, y, &done));
+        if (!done)
+            return fp8_input_lost(lname);
+    } else {
+        KILN_TRY(quant_matmul(b, &wn, &out_dim, 1, wname, lname, x, in_dim, y, &done));
+    }
     if (!done)
         KILN_TRY(woq_matmul(b, &wn, &out_dim, 1, wname, lname, x, in_dim, 1, y, &done));
     if (!done) {
@@ -601,7 +625,8 @@ static kiln_status linear(builder *b, const char *hf, kiln_tensor x, int64_t out
  * native build keeps some parts quantized in different formats (or some
  * quantized and some not): those stay separate matmuls. */
 static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t *out_dim, int32_t n, const char *fused,
-                                kiln_tensor x, int64_t in_dim, int bias, kiln_tensor *y, int *done)
+                                kiln_tensor x, const kiln_tensor *xs, int64_t in_dim, int bias, kiln_tensor *y,
+                                int *done)
 {
     char wnames[3][160], bnames[3][160], cname[176], lname[176];
     const char *wn[3], *bn[3];
@@ -612,7 +637,13 @@ static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t
     }
     snprintf(cname, sizeof cname, "%s.weight", fused);
     snprintf(lname, sizeof lname, "%s.matmul", fused);
-    KILN_TRY(quant_matmul(b, wn, out_dim, n, cname, lname, x, in_dim, y, done));
+    if (xs) {
+        KILN_TRY(fp8_matmul(b, wn, out_dim, n, cname, lname, x, xs, in_dim, y, done));
+        if (!*done)
+            return fp8_input_lost(lname);
+    } else {
+        KILN_TRY(quant_matmul(b, wn, out_dim, n, cname, lname, x, in_dim, y, done));
+    }
     if (!*done)
         KILN_TRY(woq_matmul(b, wn, out_dim, n, cname, lname, x, in_dim, 1, y, done));
     if (!*done) {
@@ -716,8 +747,10 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
 /* y = RMSNorm(x) with HF weight `hf`.weight; with residual non-NULL the
  * residual add before it is fused in (kiln/AddRMSNorm): *x becomes x +
  * residual and y its norm. x is the residual stream, f32 whatever the
- * engine dtype; y is in the engine dtype. */
-static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kiln_tensor *residual, kiln_tensor *y)
+ * engine dtype; y is in the engine dtype, or with ys non-NULL E4M3 codes
+ * and their row scales *ys (quantize = fp8: the input of an FP8 layer). */
+static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kiln_tensor *residual, kiln_tensor *y,
+                           kiln_tensor *ys)
 {
     const kiln_llm_config *c = &b->ck->config;
     char wname[160];
@@ -725,17 +758,24 @@ static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kil
     snprintf(wname, sizeof wname, "%s.weight", hf);
     KILN_TRY(add_weight(b, wname, 1, c->hidden_size, 0, &w));
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[2] = {field_f32("epsilon", &eps),
+    kiln_field f[3] = {field_f32("epsilon", &eps),
                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1,
-                        kiln_dtype_name(b->opt->dtype)}};
+                        kiln_dtype_name(b->opt->dtype)},
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "quantize", KILN_FIELD_STRING, 1, "fp8"}};
+    const int32_t nf = ys ? 3 : 2, q = ys != NULL;
+    kiln_tensor out[3];
     if (!residual) {
         kiln_tensor in[2] = {*x, w};
-        return plugin(b, hf, "RMSNorm", f, 2, in, 2, y);
+        KILN_TRY(plugin_n(b, hf, "RMSNorm", f, nf, in, 2, out, 1 + q));
+        *y = out[0];
+    } else {
+        kiln_tensor in[3] = {*x, *residual, w};
+        KILN_TRY(plugin_n(b, hf, "AddRMSNorm", f, nf, in, 3, out, 2 + q));
+        *x = out[0];
+        *y = out[1];
     }
-    kiln_tensor in[3] = {*x, *residual, w}, out[2];
-    KILN_TRY(plugin_n(b, hf, "AddRMSNorm", f, 2, in, 3, out, 2));
-    *x = out[0];
-    *y = out[1];
+    if (ys)
+        *ys = out[1 + (residual != NULL)];
     return KILN_OK;
 }
 
@@ -925,6 +965,34 @@ static int layer_fuses(builder *b, const char *p)
     return 1;
 }
 
+/* Whether layer `p`'s q, k, v, gate, up and down projections all become
+ * kiln/Fp8MatMul (an FP8 build, weights neither kept in a GGUF block
+ * format nor stored int4, in_dims multiples of 16): then the norms and
+ * SwiGLU before them hand them E4M3 codes and row scales (b->fp8_in), and
+ * no matmul quantizes its x itself. */
+static int fp8_layer(builder *b, const char *p)
+{
+    static const char *const mats[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                       "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    const kiln_llm_config *c = &b->ck->config;
+    if (!b->fp8_in || b->opt->weights != KILN_LLM_WEIGHTS_FP8 || c->hidden_size % 16 || c->intermediate_size % 16)
+        return 0;
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        char wname[160];
+        const void *data;
+        size_t size;
+        kiln_woq_weight qw;
+        snprintf(wname, sizeof wname, "%s.%s.weight", p, mats[i]);
+        if (quant_format(b, wname, &data, &size) >= 0)
+            return 0;
+        if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, wname, &qw) == KILN_OK) {
+            kiln_woq_free(&qw);
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* One decoder layer. *x is the residual stream; *pending, when
  * *has_pending, is the previous layer's MLP output not yet added to it:
  * that add is fused with this layer's first norm, and this layer leaves
@@ -967,9 +1035,11 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
         *has_pending = 0;
         return fused_layer(b, p, in, cache, x);
     }
-    kiln_tensor h, qkv, a;
+    kiln_tensor h, hs, qkv, a;
+    const int q8 = fp8_layer(b, p);
+    const kiln_tensor *hq = q8 ? &hs : NULL; /* h's row scales: h is E4M3 codes */
     snprintf(n, sizeof n, "%s.input_layernorm", p);
-    KILN_TRY(rmsnorm(b, n, x, *has_pending ? pending : NULL, &h));
+    KILN_TRY(rmsnorm(b, n, x, *has_pending ? pending : NULL, &h, q8 ? &hs : NULL));
     *has_pending = 1;
     char qn[160], kn[160], vn[160], fused[160];
     snprintf(qn, sizeof qn, "%s.self_attn.q_proj", p);
@@ -979,7 +1049,7 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     const char *parts[3] = {qn, kn, vn};
     const int64_t widths[3] = {qd, kvd, kvd};
     int done;
-    KILN_TRY(fused_linear(b, parts, widths, 3, fused, h, H, c->qkv_bias, &qkv, &done));
+    KILN_TRY(fused_linear(b, parts, widths, 3, fused, h, hq, H, c->qkv_bias, &qkv, &done));
     kiln_field f[5] = {field_i32("n_heads", &c->n_heads), field_i32("n_kv_heads", &c->n_kv_heads),
                        field_i32("head_dim", &c->head_dim), field_i32("block_size", &o->block_size)};
     const int32_t one = 1;
@@ -992,9 +1062,9 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
         KILN_TRY(plugin(b, n, "PagedAttention", f, 5, ain, 5, &a));
     } else {
         kiln_tensor q, k, v;
-        KILN_TRY(linear(b, qn, h, qd, H, c->qkv_bias, &q));
-        KILN_TRY(linear(b, kn, h, kvd, H, c->qkv_bias, &k));
-        KILN_TRY(linear(b, vn, h, kvd, H, c->qkv_bias, &v));
+        KILN_TRY(linear(b, qn, h, hq, qd, H, c->qkv_bias, &q));
+        KILN_TRY(linear(b, kn, h, hq, kvd, H, c->qkv_bias, &k));
+        KILN_TRY(linear(b, vn, h, hq, kvd, H, c->qkv_bias, &v));
         snprintf(fused, sizeof fused, "%s.self_attn.q_rope", p);
         KILN_TRY(rope(b, fused, q, in->positions, c->n_heads, 0, &q));
         snprintf(fused, sizeof fused, "%s.self_attn.k_rope", p);
@@ -1003,30 +1073,35 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
         KILN_TRY(plugin(b, n, "PagedAttention", f, 4, ain, 7, &a));
     }
     snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
-    KILN_TRY(linear(b, n, a, H, qd, 0, &a));
+    KILN_TRY(linear(b, n, a, NULL, H, qd, 0, &a));
 
-    kiln_tensor gu, m;
+    kiln_tensor gu, m, ms;
     snprintf(n, sizeof n, "%s.post_attention_layernorm", p);
-    KILN_TRY(rmsnorm(b, n, x, &a, &h));
+    KILN_TRY(rmsnorm(b, n, x, &a, &h, q8 ? &hs : NULL));
     char gn[160], un[160];
     snprintf(gn, sizeof gn, "%s.mlp.gate_proj", p);
     snprintf(un, sizeof un, "%s.mlp.up_proj", p);
     snprintf(fused, sizeof fused, "%s.mlp.gate_up_proj", p);
     const char *mlp_parts[2] = {gn, un};
     const int64_t mlp_widths[2] = {c->intermediate_size, c->intermediate_size};
-    KILN_TRY(fused_linear(b, mlp_parts, mlp_widths, 2, fused, h, H, 0, &gu, &done));
+    KILN_TRY(fused_linear(b, mlp_parts, mlp_widths, 2, fused, h, hq, H, 0, &gu, &done));
     snprintf(n, sizeof n, "%s.mlp.swiglu", p);
+    /* in an FP8 layer SwiGLU hands the down projection E4M3 codes */
+    kiln_field sf[2] = {field_i32("packed", &one),
+                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "quantize", KILN_FIELD_STRING, 1, "fp8"}};
+    kiln_tensor so[2];
+    memset(so, 0, sizeof so);
     if (done) {
-        kiln_field packed = field_i32("packed", &one);
-        KILN_TRY(plugin(b, n, "SwiGLU", &packed, 1, &gu, 1, &m));
+        KILN_TRY(plugin_n(b, n, "SwiGLU", sf, 1 + q8, &gu, 1, so, 1 + q8));
     } else {
         kiln_tensor sin[2];
-        KILN_TRY(linear(b, gn, h, c->intermediate_size, H, 0, &sin[0]));
-        KILN_TRY(linear(b, un, h, c->intermediate_size, H, 0, &sin[1]));
-        KILN_TRY(plugin(b, n, "SwiGLU", NULL, 0, sin, 2, &m));
+        KILN_TRY(linear(b, gn, h, hq, c->intermediate_size, H, 0, &sin[0]));
+        KILN_TRY(linear(b, un, h, hq, c->intermediate_size, H, 0, &sin[1]));
+        KILN_TRY(plugin_n(b, n, "SwiGLU", sf + 1, q8, sin, 2, so, 1 + q8));
     }
+    m = so[0], ms = so[1];
     snprintf(n, sizeof n, "%s.mlp.down_proj", p);
-    return linear(b, n, m, H, c->intermediate_size, 0, pending);
+    return linear(b, n, m, q8 ? &ms : NULL, H, c->intermediate_size, 0, pending);
 }
 
 /* A native CPU engine keeps the token embedding as the checkpoint stores
@@ -1133,7 +1208,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
         KILN_TRY(fused_matmul(b, "lm_head", x, lm, vocab, c->hidden_size, "model.norm", "none", NULL, "f32", &logits));
         return kiln_network_mark_output(b->net, logits, "logits");
     }
-    KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h));
+    KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h, NULL));
     KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", h, in.last_token, 0, &h));
     /* Tied: the output projection reads the quantized embedding the gather
      * reads; or, when the gather reads f32 rows, a quantized copy of its
@@ -1264,6 +1339,11 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
      * for A/B runs (speed, and the logits of HF's own bf16 forward). */
     const char *res_env = getenv("KILN_LLM_RESIDUAL");
     b.stream = res_env && strcmp(res_env, "dtype") == 0 ? o.dtype : KILN_DTYPE_F32;
+    /* An FP8 layer's x is quantized by the norm or SwiGLU that writes it
+     * (fp8_layer); KILN_LLM_FP8_INPUT=matmul leaves it to each Fp8MatMul,
+     * as before, for A/B runs. */
+    const char *fp8_env = getenv("KILN_LLM_FP8_INPUT");
+    b.fp8_in = !(fp8_env && strcmp(fp8_env, "matmul") == 0);
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
         return kiln_fail(KILN_ERROR_NOT_FOUND,
                          "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");

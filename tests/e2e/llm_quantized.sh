@@ -13,7 +13,9 @@
 #    int8, below 1 for int4 in groups of 32 on this random model);
 #  - kiln build --dtype fp8 (E4M3 weights per channel, activations per
 #    token): LLMC lists fp8, and the logits stay within a mean KL of 0.3
-#    nats of the f32 engine's on this random model;
+#    nats of the f32 engine's on this random model; with the activations
+#    quantized by the norms and SwiGLU (the default) the logits are those
+#    of each Fp8MatMul quantizing its own x (KILN_LLM_FP8_INPUT=matmul);
 #  - a checkpoint kiln cannot read as stored is refused with its reason.
 set -u
 source "$(dirname "$0")/common.bash"
@@ -74,6 +76,13 @@ expect_ok "fp8 build" "$KILN" build "$D/llama" -o "$TMP/fp8.engine" --dtype fp8
 expect_stdout "fp8 listed" "f32 with matmul weights fp8,"
 expect_ok "fp8 perplexity" "$KILN" perplexity "$TMP/fp8.engine" "$TEXT" --window 128 --compare "$TMP/f32.engine" --json
 compare_json "fp8 against f32" 0.3 0.6
+# the FP8 layers' x quantized by the norms and SwiGLU that write it (the
+# default) against each Fp8MatMul quantizing its own: the same values
+KILN_LLM_FP8_INPUT=matmul expect_ok "fp8 build, x quantized by the matmuls" "$KILN" build "$D/llama" \
+  -o "$TMP/fp8m.engine" --dtype fp8
+expect_ok "fp8 perplexity against it" "$KILN" perplexity "$TMP/fp8.engine" "$TEXT" --window 128 \
+  --compare "$TMP/fp8m.engine" --json
+compare_json "fp8, x quantized by the norms, against by the matmuls" 1e-6 1.0 1e-6
 
 expect_error 2 "unknown --weights" "--weights|int3" "$KILN" build "$D/llama" -o "$TMP/x.engine" --weights int3
 expect_error 1 "int4 group not a multiple of 32" "group size 48" "$KILN" build "$D/llama" -o "$TMP/x.engine" \

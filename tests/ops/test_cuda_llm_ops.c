@@ -26,7 +26,9 @@
  * it with the scales in its epilogue and with KILN_FP8_GEMM=f32's f32
  * result and scale kernel, and the GEMV over row groups where n is not a
  * multiple of 4; f32
- * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32),
+ * within 1e-3, as Hopper's FP8 tensor cores add in fewer bits than f32;
+ * also on x given as E4M3 codes and row scales, as the FP8 engine's norms
+ * and SwiGLU write them with quantize = fp8, those checked code by code),
  * FusedMatMul (every prologue and epilogue, RoPE's half-split and
  * interleaved pairs, partial rotary, the GEMV at 1, 2, 4, 8 rows
  * and cuBLASLt past it or where the GEMV does not apply; with bf16/f16
@@ -52,6 +54,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
+#include "core/fp8.h"
 
 #include <cuda_runtime.h>
 #include <kiln/plugin.h>
@@ -186,6 +189,50 @@ static void compare(const char *what, const buf *o, double tol)
     free(g);
 }
 
+/* E4M3 rows (codes o, a scale a row in sc: RMSNorm, AddRMSNorm and
+ * SwiGLU with quantize = fp8) against the CPU's: each code equal or one
+ * step from it with the same sign (y's values may round to a neighbour
+ * where the sums of squares run in another order, and with them a row's
+ * max), and the dequantized rows within tol (relative, as compare). */
+static void compare_codes(const char *what, const buf *o, const buf *sc, double tol)
+{
+    const int64_t n = count(o), rows = count(sc), k = rows ? n / rows : 0;
+    uint8_t *g = malloc(o->bytes ? o->bytes : 1);
+    float *gs = malloc(sc->bytes ? sc->bytes : 1);
+    test_checks_ += 2;
+    if (cudaMemcpy(g, o->dev, o->bytes, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(gs, sc->dev, sc->bytes, cudaMemcpyDeviceToHost) != cudaSuccess) {
+        test_failures_++;
+        fprintf(stderr, "%s: copying the codes back failed\n", what);
+        free(g), free(gs);
+        return;
+    }
+    const uint8_t *c = o->host;
+    const float *cs = sc->host;
+    int64_t far = 0, first = -1;
+    double diff = 0, ref = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const int dc = (c[i] & 0x7F) - (g[i] & 0x7F);
+        if (g[i] != c[i] && ((g[i] ^ c[i]) & 0x80 || dc > 1 || dc < -1) && far++ == 0)
+            first = i;
+        const double v = (double)kiln_e4m3_to_f32(g[i]) * gs[i / k], r = (double)kiln_e4m3_to_f32(c[i]) * cs[i / k];
+        diff += (v - r) * (v - r);
+        ref += r * r;
+    }
+    const double rel = ref > 0 ? sqrt(diff / ref) : sqrt(diff);
+    if (far) {
+        test_failures_++;
+        fprintf(stderr,
+                "%s: %lld codes more than a step from the CPU's (first: element %lld, gpu 0x%02x, cpu 0x%02x)\n", what,
+                (long long)far, (long long)first, g[first], c[first]);
+    }
+    if (!(rel <= tol)) {
+        test_failures_++;
+        fprintf(stderr, "%s: dequantized rows' relative error %.3g > %g\n", what, rel, tol);
+    }
+    free(g), free(gs);
+}
+
 /* Runs the plugin on the CPU (host buffers, `ws` as workspace) and as a
  * plugin layer on the CUDA backend (device buffers, ws_dev as workspace),
  * then compares every output. */
@@ -261,8 +308,14 @@ static void run_both_ws(const char *what, kiln_plugin *p, buf *in, int32_t n_in,
         fprintf(stderr, "%s: GPU: %s\n", what, st != KILN_OK ? kiln_last_error() : cudaGetErrorString(e));
         return;
     }
-    for (int32_t i = 0; i < n_out; i++)
+    for (int32_t i = 0; i < n_out; i++) {
+        if (out[i].desc.dtype == KILN_DTYPE_U8 && i + 1 < n_out && out[i + 1].desc.dtype == KILN_DTYPE_F32) {
+            compare_codes(what, &out[i], &out[i + 1], 1e-2);
+            i++;
+            continue;
+        }
         compare(what, &out[i], tol_for(out[i].desc.dtype) > tol_floor ? tol_for(out[i].desc.dtype) : tol_floor);
+    }
 }
 
 /* run_both_ws for plugins that need no device workspace. */
@@ -891,6 +944,157 @@ static void test_fp8(void)
     tol_floor = 0;
 }
 
+/* ---- E4M3 activations handed to Fp8MatMul ---------------------------------------------------- */
+
+/* A device and a host workspace of `bytes` (at least 1). */
+static void workspaces(size_t bytes, void **host, void **dev)
+{
+    *host = malloc(bytes ? bytes : 1);
+    if (cudaMalloc(dev, bytes ? bytes : 1) != cudaSuccess) {
+        fprintf(stderr, "cannot allocate the workspace\n");
+        exit(1);
+    }
+}
+
+/* RMSNorm / AddRMSNorm with quantize = fp8, x of xt, y's values in yt. */
+static void check_norm_q8(int add, kiln_dtype xt, kiln_dtype yt, int64_t rows, int64_t h)
+{
+    const float eps = 1e-5f;
+    kiln_field f[3] = {ff32("epsilon", &eps), fstr("output_dtype", dtype_name(yt)), fstr("quantize", "fp8")};
+    kiln_plugin *p = make(add ? "AddRMSNorm" : "RMSNorm", f, 3);
+    if (!p)
+        return;
+    buf in[3] = {buf_random(xt, rows, h, -30, 30), buf_random(yt, rows, h, -3, 3), buf_random(yt, h, 0, 0.5f, 1.5f)};
+    buf out[3] = {buf_output(xt, rows, h), buf_output(KILN_DTYPE_U8, rows, h), buf_output(KILN_DTYPE_F32, rows, 1)};
+    buf nin[2] = {in[0], in[2]};
+    kiln_tensor_desc d[6] = {in[0].desc, in[add].desc, in[2].desc};
+    if (!add)
+        d[1] = in[2].desc;
+    for (int i = 0; i < 2 + add; i++)
+        d[2 + add + i] = out[i + !add].desc;
+    void *wh, *wd;
+    workspaces(p->ops->workspace_size(p, d, 2 + add, d + 2 + add, 2 + add), &wh, &wd);
+    char what[112];
+    snprintf(what, sizeof what, "%s %s -> %s quantize fp8 rows %lld h %lld", add ? "AddRMSNorm" : "RMSNorm",
+             dtype_name(xt), dtype_name(yt), (long long)rows, (long long)h);
+    run_both_ws(what, p, add ? in : nin, 2 + add, out + !add, 2 + add, wh, wd);
+    free(wh);
+    cudaFree(wd);
+    for (int i = 0; i < 3; i++) {
+        buf_free(&in[i]);
+        buf_free(&out[i]);
+    }
+    p->ops->destroy(p);
+}
+
+/* SwiGLU with quantize = fp8, apart or packed. */
+static void check_swiglu_q8(int packed, kiln_dtype t, int64_t rows, int64_t width)
+{
+    const int32_t pk = packed;
+    kiln_field f[2] = {fi32("packed", &pk), fstr("quantize", "fp8")};
+    kiln_plugin *p = make("SwiGLU", f, 2);
+    if (!p)
+        return;
+    buf in[2] = {buf_random(t, rows, packed ? 2 * width : width, -6, 6), buf_random(t, rows, width, -6, 6)};
+    buf out[2] = {buf_output(KILN_DTYPE_U8, rows, width), buf_output(KILN_DTYPE_F32, rows, 1)};
+    const int32_t ni = packed ? 1 : 2;
+    kiln_tensor_desc d[4] = {in[0].desc, in[1].desc};
+    d[ni] = out[0].desc, d[ni + 1] = out[1].desc;
+    void *wh, *wd;
+    workspaces(p->ops->workspace_size(p, d, ni, d + ni, 2), &wh, &wd);
+    char what[112];
+    snprintf(what, sizeof what, "SwiGLU%s %s quantize fp8 rows %lld width %lld", packed ? " packed" : "", dtype_name(t),
+             (long long)rows, (long long)width);
+    run_both_ws(what, p, in, ni, out, 2, wh, wd);
+    free(wh);
+    cudaFree(wd);
+    for (int i = 0; i < 2; i++) {
+        buf_free(&in[i]);
+        buf_free(&out[i]);
+    }
+    p->ops->destroy(p);
+}
+
+/* Fp8MatMul with x given as E4M3 codes and row scales (its fourth input),
+ * y in yt. */
+static void check_fp8_q8(kiln_dtype yt, int32_t n, int32_t k, int64_t rows)
+{
+    kiln_field f[3] = {fi32("n", &n), fi32("k", &k), fstr("output_dtype", dtype_name(yt))};
+    kiln_plugin *p = make("Fp8MatMul", f, 3);
+    if (!p)
+        return;
+    buf in[4];
+    random_fp8(n, k, &in[1], &in[2]);
+    in[0] = buf_new(KILN_DTYPE_U8, rows, k);
+    in[3] = buf_new(KILN_DTYPE_F32, rows, 1);
+    uint8_t *q = in[0].host;
+    for (size_t i = 0; i < in[0].bytes; i++) {
+        q[i] = (uint8_t)rng_next();
+        if ((q[i] & 0x7F) == 0x7F)
+            q[i] ^= 1;
+    }
+    for (int64_t r = 0; r < rows; r++)
+        ((float *)in[3].host)[r] = rng_float(0.001f, 0.05f);
+    buf_upload(&in[0]);
+    buf_upload(&in[3]);
+    buf y = buf_output(yt, rows, n);
+    kiln_tensor_desc d[5] = {in[0].desc, in[1].desc, in[2].desc, in[3].desc, y.desc};
+    void *wh, *wd;
+    workspaces(p->ops->workspace_size(p, d, 4, d + 4, 1), &wh, &wd);
+    char what[112];
+    snprintf(what, sizeof what, "Fp8MatMul on E4M3 x -> %s T %lld n %d k %d", dtype_name(yt), (long long)rows, n, k);
+    tol_floor = 1e-3;
+    run_both_ws(what, p, in, 4, &y, 1, wh, wd);
+    tol_floor = 0;
+    free(wh);
+    cudaFree(wd);
+    for (int i = 0; i < 4; i++)
+        buf_free(&in[i]);
+    buf_free(&y);
+    p->ops->destroy(p);
+}
+
+/* The FP8 engine's layers: norms and SwiGLU quantize the y they write
+ * (in registers: rows up to 8,192 values in 16 bits, 4,096 in f32 for
+ * the norm, 16,384 / 8,192 for SwiGLU; past that, and at widths not a
+ * multiple of a vector, y in the workspace and Fp8MatMul's quantization
+ * kernels), and Fp8MatMul takes the codes (the GEMV up to 8 rows, the GEMM
+ * past it). Each also inside a graph. */
+static void test_fp8_input(void)
+{
+    const int64_t hs[] = {7, 2048, 4096, 12288}, ws_[] = {333, 8192, 14336, 20000};
+    const kiln_dtype pairs[][2] = {{KILN_DTYPE_F32, KILN_DTYPE_BF16},
+                                   {KILN_DTYPE_F32, KILN_DTYPE_F16},
+                                   {KILN_DTYPE_BF16, KILN_DTYPE_BF16},
+                                   {KILN_DTYPE_F32, KILN_DTYPE_F32}};
+    for (int g = 0; g < 2; g++) {
+        use_graph = g;
+        for (int add = 0; add < 2; add++)
+            for (size_t pi = 0; pi < 4; pi++)
+                for (size_t hi = 0; hi < 4; hi++)
+                    for (size_t ri = 0; ri < 2; ri++)
+                        if (!g || (pi == 0 && hi == 2))
+                            check_norm_q8(add, pairs[pi][0], pairs[pi][1], token_counts[ri], hs[hi]);
+        for (int packed = 0; packed < 2; packed++)
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t wi = 0; wi < 4; wi++)
+                    for (size_t ri = 0; ri < 2; ri++)
+                        if (!g || (packed && ti == 2 && wi == 2))
+                            check_swiglu_q8(packed, float_types[ti], token_counts[ri], ws_[wi]);
+        const int32_t shapes[][2] = {{256, 2048}, {33, 4096}, {1000, 14336}, {12, 28672}};
+        const int64_t ts[] = {1, 2, 5, 8, 9, 64, 300};
+        for (size_t si = 0; si < 4; si++)
+            for (size_t ti = 0; ti < 3; ti++)
+                for (size_t ri = 0; ri < sizeof ts / sizeof ts[0]; ri++) {
+                    if ((int64_t)shapes[si][0] * shapes[si][1] > 4096 * 4096 && ts[ri] > 8)
+                        continue; /* the large shapes are decode shapes */
+                    if (!g || (si == 0 && ti == 2 && (ts[ri] == 1 || ts[ri] == 64)))
+                        check_fp8_q8(float_types[ti], shapes[si][0], shapes[si][1], ts[ri]);
+                }
+    }
+    use_graph = 0;
+}
+
 /* ---- FusedMatMul ---------------------------------------------------------------------------- */
 
 /* One FusedMatMul case: the GEMV at 1, 2, 4 and 8 rows (the RMSNorm with
@@ -1222,10 +1426,18 @@ static void test_graph_capture(void)
     use_graph = 0;
 }
 
-static const test_case_ tests[] = {
-    TEST(test_rmsnorm),      TEST(test_rmsnorm_mixed),     TEST(test_rope),         TEST(test_swiglu),
-    TEST(test_qmatmul),      TEST(test_qmatmul_k),         TEST(test_woq),          TEST(test_fp8),
-    TEST(test_fused_matmul), TEST(test_fused_matmul_loop), TEST(test_graph_capture)};
+static const test_case_ tests[] = {TEST(test_rmsnorm),
+                                   TEST(test_rmsnorm_mixed),
+                                   TEST(test_rope),
+                                   TEST(test_swiglu),
+                                   TEST(test_qmatmul),
+                                   TEST(test_qmatmul_k),
+                                   TEST(test_woq),
+                                   TEST(test_fp8),
+                                   TEST(test_fp8_input),
+                                   TEST(test_fused_matmul),
+                                   TEST(test_fused_matmul_loop),
+                                   TEST(test_graph_capture)};
 
 int main(void)
 {

@@ -414,6 +414,198 @@ static void test_fp8_plugin(void)
     kiln_registry_destroy(reg);
 }
 
-static const test_case_ tests[] = {TEST(test_rtn),    TEST(test_rtn_reference), TEST(test_layouts),
-                                   TEST(test_plugin), TEST(test_e4m3),          TEST(test_fp8_plugin)};
+static kiln_field fstr(const char *name, const char *v)
+{
+    return (kiln_field){sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, name, KILN_FIELD_STRING, 1, v};
+}
+
+static kiln_plugin *make(const char *name, const kiln_field *f, int32_t n)
+{
+    const kiln_plugin_creator *c = kiln_registry_find(reg, name, "1", "kiln", NULL);
+    kiln_plugin *p = NULL;
+    CHECK(c != NULL);
+    if (c)
+        CHECK_OK(kiln_plugin_create(c, f, n, &p));
+    return p;
+}
+
+/* Whether plugin p on the CPU gives the same bytes in out[i] (bytes[i]
+ * each) as in ref[i]. */
+static int same_bytes(void *const *out, void *const *ref, const size_t *bytes, int n)
+{
+    int same = 1;
+    for (int i = 0; i < n; i++)
+        same &= memcmp(out[i], ref[i], bytes[i]) == 0;
+    return same;
+}
+
+/* E4M3 activations handed over by the kernel that writes them (quantize =
+ * fp8 of RMSNorm, AddRMSNorm and SwiGLU; Fp8MatMul's x_scale input): the
+ * same bytes as the unquantized plugin's y quantized row by row as
+ * Fp8MatMul quantizes its x (kiln_fp8_quantize_row), and Fp8MatMul on
+ * those codes the same y as Fp8MatMul on x. The FP8 engine's layers so
+ * compute exactly what they computed with each matmul quantizing its x. */
+static void test_fp8_input(void)
+{
+    const kiln_host_api *h = kiln_host();
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_OK(kiln_threadpool_create(2, &pool));
+    const int64_t rows = 5, k = 96;
+    const float eps = 1e-5f;
+    float *x = malloc(sizeof(float) * rows * k * 2), *res = malloc(sizeof(float) * rows * k),
+          *wn = malloc(sizeof(float) * k), *sum = malloc(sizeof(float) * rows * k),
+          *sum_ref = malloc(sizeof(float) * rows * k), *yf = malloc(sizeof(float) * rows * k * 2),
+          *sx = malloc(sizeof(float) * rows), *sx_ref = malloc(sizeof(float) * rows);
+    uint16_t *yb = malloc(2 * (size_t)rows * k), *wb = malloc(2 * (size_t)k);
+    uint8_t *q = malloc((size_t)(rows * k)), *q_ref = malloc((size_t)(rows * k));
+    void *ws = malloc((size_t)(rows * k) * 4);
+    for (int64_t i = 0; i < rows * k * 2; i++)
+        x[i] = uniform(-30, 30);
+    for (int64_t i = 0; i < rows * k; i++)
+        res[i] = uniform(-3, 3);
+    for (int64_t i = 0; i < k; i++)
+        wb[i] = h->float_to_bf16(wn[i] = uniform(0.5f, 1.5f));
+    for (int add = 0; add < 2; add++) {
+        /* x and sum f32, y bf16 (the engine's norms), then all f32 */
+        for (int yt16 = 0; yt16 < 2; yt16++) {
+            const kiln_dtype yt = yt16 ? KILN_DTYPE_BF16 : KILN_DTYPE_F32;
+            kiln_field f[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epsilon", KILN_FIELD_F32, 1, &eps},
+                               fstr("output_dtype", yt16 ? "bf16" : "f32"),
+                               fstr("quantize", "fp8")};
+            const char *name = add ? "AddRMSNorm" : "RMSNorm";
+            kiln_plugin *plain = make(name, f, 2), *quant = make(name, f, 3);
+            if (!plain || !quant)
+                break;
+            kiln_tensor_desc d[6] = {desc2(KILN_DTYPE_F32, rows, k), desc2(KILN_DTYPE_F32, rows, k), desc2(yt, k, 1),
+                                     desc2(KILN_DTYPE_F32, rows, k)};
+            d[2].dims.rank = 1;
+            const int32_t ni = 2 + add;
+            const void *in[3] = {x, res, yt16 ? (const void *)wb : wn};
+            if (!add)
+                in[1] = in[2], d[1] = d[2];
+            /* outputs: [sum,] y  and  [sum,] codes, scales */
+            kiln_tensor_desc dp[2] = {d[3], desc2(yt, rows, k)},
+                             dq[3] = {d[3], desc2(KILN_DTYPE_U8, rows, k), desc2(KILN_DTYPE_F32, rows, 1)};
+            void *op[2] = {sum_ref, yt16 ? (void *)yb : yf}, *oq[3] = {sum, q, sx};
+            kiln_tensor_desc din[6];
+            for (int i = 0; i < ni; i++)
+                din[i] = d[i];
+            for (int i = 0; i < 1 + add; i++)
+                din[ni + i] = dp[i + !add];
+            CHECK_OK(
+                plain->ops->enqueue(plain, KILN_BACKEND_CPU, din, in, ni, din + ni, op + !add, 1 + add, NULL, pool));
+            for (int i = 0; i < 2 + add; i++)
+                din[ni + i] = dq[i + !add];
+            CHECK(quant->ops->supports(quant, KILN_BACKEND_CPU, din, ni, 2 + add));
+            CHECK_OK(quant->ops->enqueue(quant, KILN_BACKEND_CPU, din, in, ni, din + ni, oq + !add, 2 + add, ws, pool));
+            for (int64_t r = 0; r < rows; r++) {
+                float row[96];
+                for (int64_t i = 0; i < k; i++)
+                    row[i] = yt16 ? h->bf16_to_float(yb[r * k + i]) : yf[r * k + i];
+                sx_ref[r] = kiln_fp8_quantize_row(row, k, q_ref + r * k);
+            }
+            void *got[3] = {q, sx, sum}, *want[3] = {q_ref, sx_ref, sum_ref};
+            const size_t bytes[3] = {(size_t)(rows * k), sizeof(float) * rows, sizeof(float) * rows * k};
+            CHECK(same_bytes(got, want, bytes, 2 + add));
+            plain->ops->destroy(plain);
+            quant->ops->destroy(quant);
+        }
+    }
+    /* SwiGLU packed, bf16: gate then up in each row of 2k */
+    {
+        const int32_t one = 1;
+        kiln_field f[2] = {fi32("packed", &one), fstr("quantize", "fp8")};
+        kiln_plugin *plain = make("SwiGLU", f, 1), *quant = make("SwiGLU", f, 2);
+        uint16_t *gu = malloc(2 * (size_t)rows * k * 2);
+        for (int64_t i = 0; i < rows * k * 2; i++)
+            gu[i] = h->float_to_bf16(x[i] / 8);
+        kiln_tensor_desc d[3] = {desc2(KILN_DTYPE_BF16, rows, 2 * k), desc2(KILN_DTYPE_BF16, rows, k)},
+                         dq[3] = {d[0], desc2(KILN_DTYPE_U8, rows, k), desc2(KILN_DTYPE_F32, rows, 1)};
+        const void *in[1] = {gu};
+        void *op[1] = {yb}, *oq[2] = {q, sx};
+        if (plain && quant) {
+            CHECK_OK(plain->ops->enqueue(plain, KILN_BACKEND_CPU, d, in, 1, d + 1, op, 1, NULL, pool));
+            CHECK(quant->ops->supports(quant, KILN_BACKEND_CPU, dq, 1, 2));
+            CHECK_OK(quant->ops->enqueue(quant, KILN_BACKEND_CPU, dq, in, 1, dq + 1, oq, 2, ws, pool));
+            for (int64_t r = 0; r < rows; r++) {
+                float row[96];
+                for (int64_t i = 0; i < k; i++)
+                    row[i] = h->bf16_to_float(yb[r * k + i]);
+                sx_ref[r] = kiln_fp8_quantize_row(row, k, q_ref + r * k);
+            }
+            void *got[2] = {q, sx}, *want[2] = {q_ref, sx_ref};
+            const size_t bytes[2] = {(size_t)(rows * k), sizeof(float) * rows};
+            CHECK(same_bytes(got, want, bytes, 2));
+        }
+        free(gu);
+        if (plain)
+            plain->ops->destroy(plain);
+        if (quant)
+            quant->ops->destroy(quant);
+    }
+    /* Fp8MatMul on the codes and scales of x against Fp8MatMul on x */
+    {
+        int32_t n = 24, kk = (int32_t)k;
+        kiln_field f[3] = {fi32("n", &n), fi32("k", &kk), fstr("output_dtype", "bf16")};
+        kiln_plugin *on_x = make("Fp8MatMul", f, 2), *on_q = make("Fp8MatMul", f, 3);
+        uint8_t *w = malloc((size_t)n * k);
+        float *sw = malloc(sizeof(float) * n);
+        uint16_t *xb = malloc(2 * (size_t)rows * k), *y1 = malloc(2 * (size_t)rows * n),
+                 *y2 = malloc(2 * (size_t)rows * n);
+        for (int64_t i = 0; i < (int64_t)n * k; i++)
+            w[i] = (uint8_t)(next() & 0x7E);
+        for (int64_t i = 0; i < n; i++)
+            sw[i] = uniform(0.001f, 0.01f);
+        for (int64_t r = 0; r < rows; r++) {
+            float row[96];
+            for (int64_t i = 0; i < k; i++)
+                row[i] = h->bf16_to_float(xb[r * k + i] = h->float_to_bf16(x[r * k + i]));
+            sx[r] = kiln_fp8_quantize_row(row, k, q + r * k);
+        }
+        kiln_tensor_desc d[4] = {desc2(KILN_DTYPE_BF16, rows, k), desc2(KILN_DTYPE_U8, n, k),
+                                 desc2(KILN_DTYPE_F32, n, 1), desc2(KILN_DTYPE_BF16, rows, n)},
+                         dq[5] = {desc2(KILN_DTYPE_U8, rows, k), d[1], d[2], desc2(KILN_DTYPE_F32, rows, 1), d[3]};
+        d[2].dims.rank = dq[2].dims.rank = 1;
+        const void *in[3] = {xb, w, sw}, *inq[4] = {q, w, sw, sx};
+        void *o1[1] = {y1}, *o2[1] = {y2};
+        void *mws = on_x ? malloc(on_x->ops->workspace_size(on_x, d, 3, d + 3, 1)) : NULL;
+        if (on_x && on_q && mws) {
+            CHECK_OK(on_x->ops->enqueue(on_x, KILN_BACKEND_CPU, d, in, 3, d + 3, o1, 1, mws, pool));
+            CHECK(on_q->ops->supports(on_q, KILN_BACKEND_CPU, dq, 4, 1));
+            CHECK_OK(on_q->ops->enqueue(on_q, KILN_BACKEND_CPU, dq, inq, 4, dq + 4, o2, 1, mws, pool));
+            CHECK(memcmp(y1, y2, 2 * (size_t)rows * n) == 0);
+            /* codes without output_dtype: y's dtype is unknown */
+            kiln_dtype it[4] = {KILN_DTYPE_U8, KILN_DTYPE_U8, KILN_DTYPE_F32, KILN_DTYPE_F32}, ot[1];
+            CHECK_FAILS(on_x->ops->output_dtypes(on_x, it, 4, ot, 1), KILN_ERROR_INVALID_ARGUMENT, "output_dtype");
+            /* the wrong number of scales */
+            dq[3] = desc2(KILN_DTYPE_F32, rows - 1, 1);
+            CHECK_FAILS(on_q->ops->enqueue(on_q, KILN_BACKEND_CPU, dq, inq, 4, dq + 4, o2, 1, mws, pool),
+                        KILN_ERROR_SHAPE, "x_scale");
+        }
+        free(mws), free(w), free(sw), free(xb), free(y1), free(y2);
+        if (on_x)
+            on_x->ops->destroy(on_x);
+        if (on_q)
+            on_q->ops->destroy(on_q);
+    }
+    /* fields a user may get wrong */
+    kiln_plugin *p = NULL;
+    kiln_field bad[2] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epsilon", KILN_FIELD_F32, 1, &eps},
+                         fstr("quantize", "int4")};
+    CHECK_FAILS(kiln_plugin_create(kiln_registry_find(reg, "RMSNorm", "1", "kiln", NULL), bad, 2, &p),
+                KILN_ERROR_INVALID_ARGUMENT, "expected none or fp8");
+    CHECK_FAILS(kiln_plugin_create(kiln_registry_find(reg, "SwiGLU", "1", "kiln", NULL), bad + 1, 1, &p),
+                KILN_ERROR_INVALID_ARGUMENT, "expected none or fp8");
+    int32_t n = 16, kk = 32;
+    kiln_field bf[3] = {fi32("n", &n), fi32("k", &kk), fstr("output_dtype", "fp4")};
+    CHECK_FAILS(kiln_plugin_create(kiln_registry_find(reg, "Fp8MatMul", "1", "kiln", NULL), bf, 3, &p),
+                KILN_ERROR_INVALID_ARGUMENT, "expected input, f32, f16 or bf16");
+    free(x), free(res), free(wn), free(sum), free(sum_ref), free(yf), free(sx), free(sx_ref), free(yb), free(wb);
+    free(q), free(q_ref), free(ws);
+    kiln_threadpool_destroy(pool);
+    kiln_registry_destroy(reg);
+}
+
+static const test_case_ tests[] = {TEST(test_rtn),  TEST(test_rtn_reference), TEST(test_layouts),  TEST(test_plugin),
+                                   TEST(test_e4m3), TEST(test_fp8_plugin),    TEST(test_fp8_input)};
 TEST_MAIN(tests)
