@@ -239,10 +239,10 @@ static void compare_codes(const char *what, const buf *o, const buf *sc, double 
 static void run_both_ws(const char *what, kiln_plugin *p, buf *in, int32_t n_in, buf *out, int32_t n_out, void *ws,
                         void *ws_dev)
 {
-    kiln_tensor_desc d[8];
+    kiln_tensor_desc d[9];
     const void *hin[6];
-    void *hout[2];
-    kiln_exec_tensor din[6], dout[2];
+    void *hout[3];
+    kiln_exec_tensor din[6], dout[3];
     for (int32_t i = 0; i < n_in; i++) {
         d[i] = in[i].desc;
         hin[i] = in[i].host;
@@ -1056,13 +1056,14 @@ static void check_fp8_q8(kiln_dtype yt, int32_t n, int32_t k, int64_t rows)
 
 /* The FP8 engine's layers: norms and SwiGLU quantize the y they write
  * (in registers: rows up to 8,192 values in 16 bits, 4,096 in f32 for
- * the norm, 16,384 / 8,192 for SwiGLU; past that, and at widths not a
- * multiple of a vector, y in the workspace and Fp8MatMul's quantization
- * kernels), and Fp8MatMul takes the codes (the GEMV up to 8 rows, the GEMM
+ * the norm; SwiGLU's rows over clusters of 1 (width 200) to 8 blocks (all
+ * widths here but 333); at widths not a multiple of a vector, and rows
+ * past the norm's registers, y in the workspace and Fp8MatMul's
+ * quantization kernels), and Fp8MatMul takes the codes (the GEMV up to 8 rows, the GEMM
  * past it). Each also inside a graph. */
 static void test_fp8_input(void)
 {
-    const int64_t hs[] = {7, 2048, 4096, 12288}, ws_[] = {333, 8192, 14336, 20000};
+    const int64_t hs[] = {7, 2048, 4096, 12288}, ws_[] = {333, 8192, 14336, 20000, 200};
     const kiln_dtype pairs[][2] = {{KILN_DTYPE_F32, KILN_DTYPE_BF16},
                                    {KILN_DTYPE_F32, KILN_DTYPE_F16},
                                    {KILN_DTYPE_BF16, KILN_DTYPE_BF16},
@@ -1077,7 +1078,7 @@ static void test_fp8_input(void)
                             check_norm_q8(add, pairs[pi][0], pairs[pi][1], token_counts[ri], hs[hi]);
         for (int packed = 0; packed < 2; packed++)
             for (size_t ti = 0; ti < 3; ti++)
-                for (size_t wi = 0; wi < 4; wi++)
+                for (size_t wi = 0; wi < 5; wi++)
                     for (size_t ri = 0; ri < 2; ri++)
                         if (!g || (packed && ti == 2 && wi == 2))
                             check_swiglu_q8(packed, float_types[ti], token_counts[ri], ws_[wi]);
