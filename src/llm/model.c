@@ -1169,6 +1169,26 @@ static kiln_status quant_embedding(builder *b, kiln_tensor tokens, kiln_tensor *
     return KILN_OK;
 }
 
+/* Whether the output projection `lm_src` stays a constant in the engine
+ * dtype: in a dtype build plain_weight's test; in a quantized one (int8,
+ * int4, fp8) the head is kept unless --quantize-lm-head, or stored
+ * quantized in the checkpoint. */
+static int head_plain(builder *b, const char *lm_src)
+{
+    if (b->opt->weights == KILN_LLM_WEIGHTS_DTYPE)
+        return plain_weight(b, lm_src);
+    const void *data;
+    size_t size;
+    kiln_woq_weight qw;
+    if (b->opt->weights_lm_head || quant_format(b, lm_src, &data, &size) >= 0)
+        return 0;
+    if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, lm_src, &qw) == KILN_OK) {
+        kiln_woq_free(&qw);
+        return 0;
+    }
+    return 1;
+}
+
 static kiln_status build(builder *b, int32_t max_blocks)
 {
     const kiln_llm_config *c = &b->ck->config;
@@ -1195,12 +1215,22 @@ static kiln_status build(builder *b, int32_t max_blocks)
     int done = 0;
     const char *lm_src = c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const int64_t vocab = c->vocab_size;
-    if (b->fuse && !has_pending && lm_fmt < 0 && plain_weight(b, lm_src)) {
+    if (b->fuse && lm_fmt < 0 && head_plain(b, lm_src)) {
         /* The final norm and the output projection as one FusedMatMul over
          * the last tokens' rows of the f32 stream, writing f32 logits: the
          * unfused head rounds them to the dtype first, which cost 0.5
-         * points of argmax agreement with the f32 engine (docs/llm.md). */
+         * points of argmax agreement with the f32 engine (docs/llm.md).
+         * After unfused layers (FP8, int8, int4: their matmuls are not
+         * FusedMatMul) the last MLP output is still to be added: only the
+         * last tokens' rows of it, in f32 as AddRMSNorm adds them. */
         KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", x, in.last_token, 0, &x));
+        if (has_pending) {
+            kiln_tensor m;
+            KILN_TRY(kiln_network_add_gather(b->net, "last_tokens_mlp", pending, in.last_token, 0, &m));
+            if (b->stream != b->opt->dtype)
+                KILN_TRY(kiln_network_add_cast(b->net, "last_tokens_mlp_f32", m, b->stream, &m));
+            KILN_TRY(kiln_network_add_binary(b->net, "last_tokens_residual_add", KILN_BINARY_ADD, x, m, &x));
+        }
         if (c->tied_embeddings)
             lm = emb;
         else
