@@ -109,6 +109,7 @@ typedef struct builder {
     kiln_dtype kv_dtype; /* the KV cache's (kiln_llm_build_options.kv_cache resolved) */
     kiln_dtype stream;   /* the residual stream's: f32 (the dtype with KILN_LLM_RESIDUAL=dtype) */
     int fp8_in;          /* FP8 layers take their x quantized by the norm or SwiGLU before them */
+    int fuse_head;       /* the final norm and the output projection as one FusedMatMul */
 } builder;
 
 static void progress(builder *b, const char *what)
@@ -1215,7 +1216,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
     int done = 0;
     const char *lm_src = c->tied_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
     const int64_t vocab = c->vocab_size;
-    if (b->fuse && lm_fmt < 0 && head_plain(b, lm_src)) {
+    if (b->fuse_head && lm_fmt < 0 && head_plain(b, lm_src)) {
         /* The final norm and the output projection as one FusedMatMul over
          * the last tokens' rows of the f32 stream, writing f32 logits: the
          * unfused head rounds them to the dtype first, which cost 0.5
@@ -1374,6 +1375,14 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
      * as before, for A/B runs. */
     const char *fp8_env = getenv("KILN_LLM_FP8_INPUT");
     b.fp8_in = !(fp8_env && strcmp(fp8_env, "matmul") == 0);
+    /* The head is fused where the layers are and their weights stay in
+     * the dtype. In a quantized build (layers unfused) the fused head was
+     * slower on the H200: 1B FP8 decode 1,281 against 1,304 tok/s with the
+     * plain matmul and cast (bench/README.md, twenty-second session);
+     * KILN_LLM_FUSE_HEAD=0 or 1 overrides either, for such A/B runs. */
+    const char *head_env = getenv("KILN_LLM_FUSE_HEAD");
+    b.fuse_head = head_env && (head_env[0] == '0' || head_env[0] == '1') ? head_env[0] == '1'
+                                                                          : b.fuse && o.weights == KILN_LLM_WEIGHTS_DTYPE;
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
         return kiln_fail(KILN_ERROR_NOT_FOUND,
                          "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");
