@@ -550,19 +550,29 @@ extern "C" int kiln_fp8_cuda_init(void)
     return fp8_lt_status == 0 ? 0 : 10000 + fp8_lt_status;
 }
 
+/* The entry points' common part: -1 when there is nothing to do, else 0
+ * to go on or the error. `bases`: the pointers the GEMV loads 16 bytes at
+ * a time from, or-ed (k is a multiple of 16, so only the bases matter). */
+static int fp8_entry(int64_t rows, int32_t n, int32_t k, const void *workspace, size_t workspace_size, uintptr_t bases)
+{
+    if (rows <= 0 || n <= 0)
+        return -1;
+    int e = kiln_fp8_cuda_init();
+    if (e)
+        return e;
+    if (!workspace || workspace_size < kiln_fp8_workspace(rows, n, k) || bases % 16 || rows > INT32_MAX)
+        return (int)cudaErrorInvalidValue;
+    return 0;
+}
+
 extern "C" int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_scale, void *y, int32_t dtype,
                                     int64_t rows, int32_t n, int32_t k, void *workspace, size_t workspace_size,
                                     void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    if (rows <= 0 || n <= 0)
-        return 0;
-    int e = kiln_fp8_cuda_init();
+    const int e = fp8_entry(rows, n, k, workspace, workspace_size, (uintptr_t)w);
     if (e)
-        return e;
-    /* the GEMV's 16-byte loads: k is a multiple of 16, so only the bases matter */
-    if (!workspace || workspace_size < kiln_fp8_workspace(rows, n, k) || (uintptr_t)w % 16 || rows > INT32_MAX)
-        return (int)cudaErrorInvalidValue;
+        return e < 0 ? 0 : e;
     const uint8_t *wb = (const uint8_t *)w;
     const float *sw = (const float *)w_scale;
     char *ws = (char *)workspace;
@@ -578,15 +588,9 @@ extern "C" int kiln_fp8_matmul_q8_cuda(const void *xq, const void *x_scale, cons
                                        size_t workspace_size, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
-    if (rows <= 0 || n <= 0)
-        return 0;
-    int e = kiln_fp8_cuda_init();
+    const int e = fp8_entry(rows, n, k, workspace, workspace_size, (uintptr_t)w | (uintptr_t)xq);
     if (e)
-        return e;
-    /* the GEMV's 16-byte loads of x's codes and of W */
-    if (!workspace || workspace_size < kiln_fp8_workspace(rows, n, k) || ((uintptr_t)w | (uintptr_t)xq) % 16 ||
-        rows > INT32_MAX)
-        return (int)cudaErrorInvalidValue;
+        return e < 0 ? 0 : e;
     const uint8_t *xb = (const uint8_t *)xq, *wb = (const uint8_t *)w;
     const float *sx = (const float *)x_scale, *sw = (const float *)w_scale;
     char *ws = (char *)workspace;
