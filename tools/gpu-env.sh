@@ -2,7 +2,9 @@
 # and by one-off device calls: unpacks the carried .gpu-deps.tar.xz (made by
 # tools/gpu-deps.sh) where .gpu-deps is missing, puts its libraries and
 # pkg-config files and CUDA on the paths, and defines
-#   kiln_gpu_build [TARGET...]   configure build-gpu (Release, sm_90, no
+#   kiln_gpu_build [TARGET...]   (nothing when a carried .gpu-build.tar.xz
+#                                from tools/gpu-prebuild.sh holds every
+#                                TARGET) configure build-gpu (Release, sm_90, no
 #                                timeline, then $KILN_GPU_CMAKE_ARGS, e.g.
 #                                -DKILN_CUDA_TIMELINE=ON, which the cache
 #                                does not carry into the next build) and
@@ -40,13 +42,45 @@ export LD_LIBRARY_PATH="$kiln_deps/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/usr/local/cuda/bin:$PATH"
 command -v pkg-config >/dev/null 2>&1 || export PATH="$PATH:$kiln_deps/bin"
 export KILN_BUILD_DIR="$kiln_root/build-gpu"
+# A build made on the CPU machine (tools/gpu-prebuild.sh), carried as
+# .gpu-build.tar.xz: unpacked once; its programs find libkiln.so here.
+# (tools/gpu-prebuild.sh itself sets KILN_GPU_NO_UNPACK: it makes the pack)
+if [ -z "${KILN_GPU_NO_UNPACK:-}" ] && [ -f "$kiln_root/.gpu-build.tar.xz" ] && [ ! -f "$KILN_BUILD_DIR/PREBUILT" ]; then
+    tar xJf "$kiln_root/.gpu-build.tar.xz" -C "$kiln_root"
+fi
+export LD_LIBRARY_PATH="$KILN_BUILD_DIR/lib:$LD_LIBRARY_PATH"
 : "${KILN_GPU_LOGS:=${OUT:-$KILN_BUILD_DIR}/logs}"
 mkdir -p "$KILN_GPU_LOGS"
 
 # Release at -O2: the level CI checks -Werror at (GCC's -O3 warns about
 # more, e.g. maybe-uninitialized, and a warning must not stop the check).
 # CMAKE_CUDA_ARCHITECTURES too, so nvcc's own default never applies.
+# kiln_gpu_target_file DIR TARGET: the program TARGET builds, relative to
+# the build folder DIR (kiln_cli is bin/kiln; the others are named as
+# their target, under bin or tests).
+kiln_gpu_target_file() {
+    local t=$2
+    [ "$t" = kiln_cli ] && t=kiln
+    for f in "bin/$t" "tests/$t"; do
+        [ -f "$1/$f" ] && { echo "$f"; return 0; }
+    done
+    return 1
+}
+
 kiln_gpu_build() {
+    # a carried prebuilt build (tools/gpu-prebuild.sh) that has every
+    # target asked for: nothing to build
+    if [ -f "$KILN_BUILD_DIR/PREBUILT" ] && [ $# -gt 0 ]; then
+        local t missing=0
+        for t in "$@"; do
+            kiln_gpu_target_file "$KILN_BUILD_DIR" "$t" >/dev/null || missing=1
+        done
+        if [ $missing = 0 ]; then
+            echo "gpu-env: prebuilt on the CPU machine: $(cat "$KILN_BUILD_DIR/PREBUILT")"
+            return 0
+        fi
+        echo "gpu-env: the prebuilt build lacks some of $*: building" >&2
+    fi
     if ! cmake -S "$kiln_root" -B "$KILN_BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DCMAKE_C_FLAGS_RELEASE="-O2 -DNDEBUG" -DCMAKE_C_FLAGS="-Wno-error=maybe-uninitialized" \
             -DKILN_CUDA_ARCHITECTURES=90 -DCMAKE_CUDA_ARCHITECTURES=90 -DKILN_CUDA_TIMELINE=OFF ${KILN_GPU_CMAKE_ARGS:-} \
