@@ -266,6 +266,8 @@ static void test_add_rmsnorm_mixed(void)
         CHECK(!add->ops->supports(add, KILN_BACKEND_CPU, d, 3, 2));
         /* a v1 blob (epsilon alone) loads as y in x's dtype */
         check_blob(add, "AddRMSNorm", 1, sizeof(float));
+        /* a v2 blob (before quantize) loads as quantize none: one output fewer */
+        check_blob(add, "AddRMSNorm", 2, sizeof(float) + sizeof(int32_t));
         const kiln_plugin_creator *c = kiln_registry_find(reg, "AddRMSNorm", "1", "kiln", NULL);
         kiln_plugin *v1 = NULL;
         CHECK_OK(c->deserialize(c, 1, &eps, sizeof eps, &v1));
@@ -393,8 +395,11 @@ static void test_swiglu_packed(void)
             }
             CHECK(close);
         }
-        if (ti == 0)
+        if (ti == 0) {
             check_blob(packed, "SwiGLU", 1, 0);
+            check_blob(packed, "SwiGLU", 2, sizeof(int32_t));
+            CHECK(packed->ops->num_outputs(packed) == 1);
+        }
         free(gu), free(g), free(u), free(ya), free(yp);
     }
     if (apart)

@@ -476,6 +476,19 @@ static void test_fp8_input(void)
             kiln_plugin *plain = make(name, f, 2), *quant = make(name, f, 3);
             if (!plain || !quant)
                 break;
+            /* quantize is in the blob: the plugin loaded back has its outputs */
+            {
+                const kiln_plugin_creator *rc = kiln_registry_find(reg, name, "1", "kiln", NULL);
+                unsigned char blob[64];
+                size_t bsz = sizeof blob;
+                kiln_plugin *back = NULL;
+                CHECK_OK(quant->ops->serialize(quant, blob, &bsz));
+                CHECK_OK(rc->deserialize(rc, rc->blob_version, blob, bsz, &back));
+                if (back) {
+                    CHECK(back->ops->num_outputs(back) == 2 + add);
+                    back->ops->destroy(back);
+                }
+            }
             kiln_tensor_desc d[6] = {desc2(KILN_DTYPE_F32, rows, k), desc2(KILN_DTYPE_F32, rows, k), desc2(yt, k, 1),
                                      desc2(KILN_DTYPE_F32, rows, k)};
             d[2].dims.rank = 1;
@@ -577,6 +590,28 @@ static void test_fp8_input(void)
             /* codes without output_dtype: y's dtype is unknown */
             kiln_dtype it[4] = {KILN_DTYPE_U8, KILN_DTYPE_U8, KILN_DTYPE_F32, KILN_DTYPE_F32}, ot[1];
             CHECK_FAILS(on_x->ops->output_dtypes(on_x, it, 4, ot, 1), KILN_ERROR_INVALID_ARGUMENT, "output_dtype");
+            /* the blob round-trips with y's dtype; a v1 blob (n, k) reads
+             * as y in x's dtype */
+            const kiln_plugin_creator *fc = kiln_registry_find(reg, "Fp8MatMul", "1", "kiln", NULL);
+            unsigned char blob[64];
+            size_t bsz = sizeof blob;
+            CHECK_OK(on_q->ops->serialize(on_q, blob, &bsz));
+            CHECK(bsz == 3 * sizeof(int32_t));
+            kiln_plugin *back = NULL;
+            kiln_dtype bt[4] = {KILN_DTYPE_F16, KILN_DTYPE_U8, KILN_DTYPE_F32, KILN_DTYPE_F32};
+            CHECK_OK(fc->deserialize(fc, 2, blob, bsz, &back));
+            if (back) {
+                CHECK_OK(back->ops->output_dtypes(back, bt, 3, ot, 1));
+                CHECK(ot[0] == KILN_DTYPE_BF16);
+                back->ops->destroy(back);
+            }
+            CHECK_OK(fc->deserialize(fc, 1, blob, 2 * sizeof(int32_t), &back));
+            if (back) {
+                CHECK_OK(back->ops->output_dtypes(back, bt, 3, ot, 1));
+                CHECK(ot[0] == KILN_DTYPE_F16);
+                back->ops->destroy(back);
+            }
+            CHECK_FAILS(fc->deserialize(fc, 3, blob, bsz, &back), KILN_ERROR_VERSION, "newer");
             /* the wrong number of scales */
             dq[3] = desc2(KILN_DTYPE_F32, rows - 1, 1);
             CHECK_FAILS(on_q->ops->enqueue(on_q, KILN_BACKEND_CPU, dq, inq, 4, dq + 4, o2, 1, mws, pool),
