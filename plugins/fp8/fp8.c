@@ -127,8 +127,9 @@ static int32_t fp8_supports(const kiln_plugin *self, kiln_backend backend, const
 #endif
     const fp8_params *p = &((const fp8mm *)self)->p;
     const kiln_dtype y = d[n_in].dtype;
-    const int x_ok =
-        n_in == 3 ? plugin_is_float(d[0].dtype) : d[0].dtype == KILN_DTYPE_U8 && d[3].dtype == KILN_DTYPE_F32;
+    /* the CUDA kernels that quantize x themselves write y in x's dtype */
+    const int x_ok = n_in == 3 ? plugin_is_float(d[0].dtype) && (backend != KILN_BACKEND_CUDA || y == d[0].dtype)
+                               : d[0].dtype == KILN_DTYPE_U8 && d[3].dtype == KILN_DTYPE_F32;
     return backend_ok && (n_in == 3 || n_in == 4) && n_out == 1 && x_ok && d[1].dtype == KILN_DTYPE_U8 &&
            d[2].dtype == KILN_DTYPE_F32 && plugin_is_float(y) &&
            y == (p->output_dtype >= 0 ? (kiln_dtype)p->output_dtype : d[0].dtype);
