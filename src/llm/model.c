@@ -304,6 +304,23 @@ static int quant_format(builder *b, const char *wname, const void **data, size_t
     return -1;
 }
 
+/* Whether checkpoint weight `wname` stays as the checkpoint stores it: in
+ * a ggml block format QuantMatMul reads (a native build), or as int4 /
+ * int8 words (AWQ, GPTQ) for WeightOnlyMatMul. */
+static int stored_quantized(builder *b, const char *wname)
+{
+    const void *data;
+    size_t size;
+    kiln_woq_weight qw;
+    if (quant_format(b, wname, &data, &size) >= 0)
+        return 1;
+    if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, wname, &qw) == KILN_OK) {
+        kiln_woq_free(&qw);
+        return 1;
+    }
+    return 0;
+}
+
 /* y = x·Wᵀ through kiln/QuantMatMul named `lname`, W the constant w of
  * `rows` rows of `in_dim` values in block format `fmt` (panels: in the
  * row-panel layout, qmatmul_cpu.h). */
@@ -648,17 +665,9 @@ static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t
     if (!*done)
         KILN_TRY(woq_matmul(b, wn, out_dim, n, cname, lname, x, in_dim, 1, y, done));
     if (!*done) {
-        const void *data;
-        size_t size;
-        kiln_woq_weight qw;
-        for (int32_t i = 0; i < n; i++) {
-            if (quant_format(b, wn[i], &data, &size) >= 0)
+        for (int32_t i = 0; i < n; i++)
+            if (stored_quantized(b, wn[i]))
                 return KILN_OK;
-            if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, wn[i], &qw) == KILN_OK) {
-                kiln_woq_free(&qw);
-                return KILN_OK;
-            }
-        }
         kiln_tensor w;
         KILN_TRY(add_weights(b, wn, out_dim, n, in_dim, cname, &w));
         KILN_TRY(kiln_network_add_matmul(b->net, lname, x, 0, w, 1, y));
@@ -704,16 +713,7 @@ static kiln_status add_weights_interleaved(builder *b, const char *gate, const c
  * dtype (not QuantMatMul, WeightOnlyMatMul or Fp8MatMul). */
 static int plain_weight(builder *b, const char *wname)
 {
-    const void *data;
-    size_t size;
-    kiln_woq_weight qw;
-    if (b->opt->weights != KILN_LLM_WEIGHTS_DTYPE || quant_format(b, wname, &data, &size) >= 0)
-        return 0;
-    if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, wname, &qw) == KILN_OK) {
-        kiln_woq_free(&qw);
-        return 0;
-    }
-    return 1;
+    return b->opt->weights == KILN_LLM_WEIGHTS_DTYPE && !stored_quantized(b, wname);
 }
 
 /* y = epilogue(RMSNorm(x) · Wᵀ) (norm_hf non-NULL: HF norm `norm_hf`) or
@@ -980,16 +980,9 @@ static int fp8_layer(builder *b, const char *p)
         return 0;
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         char wname[160];
-        const void *data;
-        size_t size;
-        kiln_woq_weight qw;
         snprintf(wname, sizeof wname, "%s.%s.weight", p, mats[i]);
-        if (quant_format(b, wname, &data, &size) >= 0)
+        if (stored_quantized(b, wname))
             return 0;
-        if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, wname, &qw) == KILN_OK) {
-            kiln_woq_free(&qw);
-            return 0;
-        }
     }
     return 1;
 }
@@ -1178,16 +1171,7 @@ static int head_plain(builder *b, const char *lm_src)
 {
     if (b->opt->weights == KILN_LLM_WEIGHTS_DTYPE)
         return plain_weight(b, lm_src);
-    const void *data;
-    size_t size;
-    kiln_woq_weight qw;
-    if (b->opt->weights_lm_head || quant_format(b, lm_src, &data, &size) >= 0)
-        return 0;
-    if (b->ck->read_woq && b->ck->read_woq(b->ck->weight_user, lm_src, &qw) == KILN_OK) {
-        kiln_woq_free(&qw);
-        return 0;
-    }
-    return 1;
+    return !b->opt->weights_lm_head && !stored_quantized(b, lm_src);
 }
 
 static kiln_status build(builder *b, int32_t max_blocks)
@@ -1381,8 +1365,9 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
      * plain matmul and cast (bench/README.md, twenty-second session);
      * KILN_LLM_FUSE_HEAD=0 or 1 overrides either, for such A/B runs. */
     const char *head_env = getenv("KILN_LLM_FUSE_HEAD");
-    b.fuse_head = head_env && (head_env[0] == '0' || head_env[0] == '1') ? head_env[0] == '1'
-                                                                          : b.fuse && o.weights == KILN_LLM_WEIGHTS_DTYPE;
+    b.fuse_head = head_env && (head_env[0] == '0' || head_env[0] == '1')
+                      ? head_env[0] == '1'
+                      : b.fuse && o.weights == KILN_LLM_WEIGHTS_DTYPE;
     if (!c->tied_embeddings && !has_weight(&b, "lm_head.weight"))
         return kiln_fail(KILN_ERROR_NOT_FOUND,
                          "checkpoint has no tensor \"lm_head.weight\" and does not tie embeddings");
