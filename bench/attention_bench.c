@@ -2,6 +2,7 @@
  * (32 query heads, 8 kv heads, head_dim 128, bf16, KV blocks of 16 tokens).
  *
  *   attention_bench [--reps N] [--sweep] [--prefill] [--variants a,b,...] [--cases TEXT]
+ *                   [--prefill-variants a,b,...]
  *
  * Decode (one new token per sequence): batch 1 at contexts 136 (also with
  * a table sized for an 8448-token engine: the splits planned for it, as a
@@ -34,12 +35,16 @@
  * ("graph", as the engine replays decode). Inputs rotate among copies
  * whose caches together exceed the L2 cache, so a small case is not timed
  * out of L2. --prefill times the prefill cases alone. --variants
- * runs only the named variants (e.g. pipe,nocl) and --cases only the decode
- * cases whose name contains TEXT (e.g. "sequences"): a whole run takes
+ * runs only the named decode variants (e.g. pipe,nocl), --prefill-variants
+ * the named prefill ones, and --cases only the cases whose name contains
+ * TEXT (e.g. "sequences", "2048 tokens"): a whole run takes
  * minutes, more than a short device call has. With --sweep, kat_pipe runs again at KILN_ATTENTION_PIPE_CTAS
  * = 128, 264 and 1056 (the CTAs it aims for when splitting; default 528).
- * Prefill of one 512-, 2048- and 8192-token prompt, each with kat_prefill's
- * default 64-row CTAs and its 128-row ones (KILN_ATTENTION_PREFILL_MT=2):
+ * Prefill of one 512-, 2048- and 8192-token prompt and of 64 prompts of
+ * 128, each with kat_prefill's default (the form chosen by shape) and its
+ * variants: `narrow` and `wide` (KILN_ATTENTION_PREFILL), and `prev` (the
+ * narrow form in the grid order before 2026-12-04,
+ * KILN_ATTENTION_PREFILL_ORDER=head):
  * causal attention FLOPs (4 * heads * head_dim per query-key pair at or before
  * the query) per second. Every figure is the median of --reps (default 50)
  * runs timed with CUDA events after warm-up. Needs a GPU (exits 77 without
@@ -61,7 +66,7 @@
 static cudaStream_t stream;
 static cudaEvent_t ev0, ev1;
 static int reps = 50, sweep, prefill_only;
-static const char *only_variants, *only_cases; /* --variants, --cases (NULL: all) */
+static const char *only_variants, *only_cases, *only_prefill; /* --variants, --cases, --prefill-variants (NULL: all) */
 
 /* Whether `name` is one of the comma-separated names of `list`. */
 static int listed(const char *list, const char *name)
@@ -367,11 +372,13 @@ int main(int argc, char **argv)
             sweep = 1;
         } else if (strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
             only_variants = argv[++i];
+        } else if (strcmp(argv[i], "--prefill-variants") == 0 && i + 1 < argc) {
+            only_prefill = argv[++i];
         } else if (strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
             only_cases = argv[++i];
         } else {
             fprintf(stderr, "usage: attention_bench [--reps N (>= 5)] [--sweep] [--prefill] [--variants a,b,...] "
-                            "[--cases TEXT]\n");
+                            "[--cases TEXT] [--prefill-variants a,b,...]\n");
             return 2;
         }
     }
@@ -431,29 +438,43 @@ int main(int argc, char **argv)
         if (!only_cases || strstr(cases[i].name, only_cases))
             bench_decode(dev, reg, &cases[i], copy_bw);
     printf("(TB/s and of copy bw from the graph time)\n");
-    printf("\n%-26s %10s %12s %9s\n", "prefill (one prompt)", "time us", "GFLOP", "TFLOP/s");
-    const int64_t lens[3] = {512, 2048, 8192};
-    /* kat_prefill's default 64-row CTAs, and its 128-row ones (KILN_ATTENTION_PREFILL_MT=2) */
-    const char *mts[2] = {NULL, "2"};
-    for (int i = 0; i < 3; i++)
-        for (int v = 0; v < 2; v++) {
+    printf("\n%-30s %10s %12s %9s\n", "prefill", "time us", "GFLOP", "TFLOP/s");
+    /* one prompt of 512, 2,048 and 8,192 tokens, and 64 prompts of 128 (a
+     * step of `kiln bench --throughput`'s prefill at 128 input tokens) */
+    const int64_t n_seqs[4] = {1, 1, 1, 64}, lens[4] = {512, 2048, 8192, 128};
+    /* kat_prefill's default, and its variants: KILN_ATTENTION_PREFILL (the
+     * kernel) and KILN_ATTENTION_PREFILL_ORDER (its grid's order) */
+    static const struct {
+        const char *name, *kernel, *order;
+    } pv[] = {{"default", NULL, NULL}, {"narrow", "narrow", NULL}, {"wide", "wide", NULL}, {"prev", "narrow", "head"}};
+    for (int i = 0; i < 4; i++)
+        for (int v = 0; v < (int)(sizeof pv / sizeof pv[0]); v++) {
             attn_job j;
-            const int32_t len = (int32_t)lens[i];
-            if (mts[v])
-                setenv("KILN_ATTENTION_PREFILL_MT", mts[v], 1);
-            else
-                unsetenv("KILN_ATTENTION_PREFILL_MT");
-            attn_setup(&j, dev, reg, 1, lens[i], &len, (len + BS - 1) / BS);
-            float ms = time_ms(run_attn, &j);
-            double pairs = (double)lens[i] * (double)(lens[i] + 1) / 2.0;
-            double flop = 4.0 * NH * HD * pairs;
+            int32_t len[64];
             char name[64];
-            snprintf(name, sizeof name, "%lld tokens%s%s", (long long)lens[i], mts[v] ? ", rows/warp x" : "",
-                     mts[v] ? mts[v] : "");
-            printf("%-26s %10.1f %12.2f %9.1f\n", name, ms * 1e3, flop / 1e9, flop / (ms * 1e-3) / 1e12);
+            snprintf(name, sizeof name, "%s%lld tokens, %s", n_seqs[i] > 1 ? "64 x " : "", (long long)lens[i],
+                     pv[v].name);
+            if ((only_cases && !strstr(name, only_cases)) || (only_prefill && !listed(only_prefill, pv[v].name)))
+                continue;
+            for (int s = 0; s < n_seqs[i]; s++)
+                len[s] = (int32_t)lens[i];
+            if (pv[v].kernel)
+                setenv("KILN_ATTENTION_PREFILL", pv[v].kernel, 1);
+            else
+                unsetenv("KILN_ATTENTION_PREFILL");
+            if (pv[v].order)
+                setenv("KILN_ATTENTION_PREFILL_ORDER", pv[v].order, 1);
+            else
+                unsetenv("KILN_ATTENTION_PREFILL_ORDER");
+            attn_setup(&j, dev, reg, n_seqs[i], lens[i], len, (lens[i] + BS - 1) / BS);
+            float ms = time_ms(run_attn, &j);
+            double pairs = (double)n_seqs[i] * (double)lens[i] * (double)(lens[i] + 1) / 2.0;
+            double flop = 4.0 * NH * HD * pairs;
+            printf("%-30s %10.1f %12.2f %9.1f\n", name, ms * 1e3, flop / 1e9, flop / (ms * 1e-3) / 1e12);
             attn_free(&j);
         }
-    unsetenv("KILN_ATTENTION_PREFILL_MT");
+    unsetenv("KILN_ATTENTION_PREFILL_ORDER");
+    unsetenv("KILN_ATTENTION_PREFILL");
     cudaEventDestroy(ev0);
     cudaEventDestroy(ev1);
     cudaStreamDestroy(stream);

@@ -71,6 +71,7 @@
 #include "core/fp8.h"
 
 #include <cooperative_groups.h>
+#include <type_traits>
 #include <cuda_bf16.h>
 
 #include <math.h>
@@ -808,22 +809,15 @@ __global__ void __launch_bounds__(KAT_THREADS)
 
 /* ---- 2a. prefill: flash attention on tensor cores ----------------------------------- */
 
-/* A kat_prefill CTA takes 64 * MT query rows (16 * MT a warp: MT m-tiles
- * of 16 that share every K and V fragment the warp reads from shared
- * memory) and keys in tiles of kat_prefill_bk<MT, D>::value. MT = 2 halves
- * the shared-memory reads per mma (FlashAttention-2's 128-row blocks) at
- * 255 registers; it is not the default (kat_launch_prefill says why). What
- * held the kernel (ncu, 2,048 tokens at the 8B shape: issue slots 35% busy,
+/* kat_prefill (the narrow form) takes 64 query rows a CTA, 16 a warp, and
+ * keys in tiles of 64; kat_prefill_wide (below) 128 rows, for long prompts.
+ * What held it (ncu, 2,048 tokens at the 8B shape: issue slots 35% busy,
  * 0.5 eligible warps a scheduler at 2 CTAs an SM, the integer pipe the
  * busiest, 40% of the stalls on fixed-latency dependencies) was integer
  * work and dependency chains around the mma: a 64-bit division a key for
  * its cache row (kat_krow), the loads' address arithmetic, 64-bit causal
  * masks, and the row maxima and sums as serial chains; without them the
  * kernel took 285 us instead of 344. */
-template <int MT, int D> struct kat_prefill_bk {
-    static constexpr int value = MT == 2 && D == 128 ? 32 : 64;
-};
-
 template <int DT> struct kat_mma;
 template <> struct kat_mma<KILN_DTYPE_F16> {
     static __device__ __forceinline__ void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
@@ -958,22 +952,24 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
     return s_found[0];
 }
 
-/* Grid: x = tile (an upper bound of the tiles over all sequences), y = kv
- * head. The rows of a sequence are its (new token, query head of the kv
- * head) pairs, token-major, so the query heads of a group share every K/V
- * tile and a decode sequence in a mixed step costs one K/V pass, not one
- * per head. F8: the cache holds E4M3 codes, widened to DT on their way
- * into shared memory (kat_prefill_load). Warp w owns rows 64mt + 16w..64mt + 16w + 15 of the tile for
- * each m-tile mt < MT; in the mma fragments lane l holds rows l/4 and l/4 + 8 of each and columns
- * 2(l%4), +1. */
-template <int DT, int D, bool F8, int MT>
-__global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a)
+/* Grid: tiles (an upper bound of the tiles over all sequences) by kv
+ * heads, tile-major in one dimension (by_tile; kat_prefill_grid says
+ * why), or x = tile and y = kv head. The rows of a sequence are its (new
+ * token, query head of the kv head) pairs, token-major, so the query heads
+ * of a group share every K/V tile and a decode sequence in a mixed step
+ * costs one K/V pass, not one per head. F8: the cache holds E4M3 codes,
+ * widened to DT on their way into shared memory (kat_prefill_load). Warp
+ * w owns rows 16w..16w + 15 of the tile (MT = 1 m-tile; the loops over
+ * m-tiles are kat_prefill_wide's); in the mma fragments lane l holds rows
+ * l/4 and l/4 + 8 and columns 2(l%4), +1. */
+template <int DT, int D, bool F8>
+__global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a, int32_t by_tile)
 {
     KTL_SCOPE(0);
     constexpr int LDS = D + 8; /* smem row pitch (elements): 16-byte rows, no bank conflicts */
     constexpr int KC = D / 16; /* k-steps of QK^T */
     constexpr int ND = D / 8;  /* n-tiles of the output */
-    constexpr int BQ = 64 * MT, BK = kat_prefill_bk<MT, D>::value;
+    constexpr int MT = 1, BQ = 64, BK = 64;
     __shared__ __align__(16) uint16_t sK[BK * LDS];
     __shared__ __align__(16) uint16_t sV[BK * LDS];
     __shared__ int64_t s_off[2][BK]; /* K row offsets of the keys of tiles kt (kt & 1) and kt + 1 */
@@ -983,8 +979,11 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
     if (threadIdx.x == 0)
         s_bad = 0; /* published by kat_find_tile's barriers */
     int64_t tile_in_seq;
-    const int64_t gq = a.n_heads / a.n_kv_heads, kvh = blockIdx.y;
-    const int64_t s = kat_find_tile(a, blockIdx.x, gq, BQ, &tile_in_seq);
+    /* by_tile: a 1-d grid, tile-major, so the longest tiles of every kv
+     * head start first (else x = tile, y = kv head) */
+    const int64_t gq = a.n_heads / a.n_kv_heads;
+    const int64_t kvh = by_tile ? blockIdx.x % a.n_kv_heads : blockIdx.y;
+    const int64_t s = kat_find_tile(a, by_tile ? blockIdx.x / a.n_kv_heads : blockIdx.x, gq, BQ, &tile_in_seq);
     if (s < 0)
         return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tig = lane & 3;
@@ -1191,6 +1190,294 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
             }
         __syncthreads();
     }
+
+    const bool bad = s_bad != 0;
+    uint16_t *out = (uint16_t *)a.out;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float la = l_a[mt], lb = l_b[mt];
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            la += __shfl_xor_sync(0xffffffffu, la, off);
+            lb += __shfl_xor_sync(0xffffffffu, lb, off);
+        }
+        const float ia = bad ? kat_nan() : 1.0f / la, ib = bad ? kat_nan() : 1.0f / lb;
+#pragma unroll
+        for (int n = 0; n < ND; n++) {
+            int col = n * 8 + tig * 2;
+            if (ra[mt] < rows)
+                *(uint32_t *)&out[KAT_ROW(ra[mt], out_ld) + col] =
+                    kat_mma<DT>::pack(o[mt][n][0] * ia, o[mt][n][1] * ia);
+            if (rb[mt] < rows)
+                *(uint32_t *)&out[KAT_ROW(rb[mt], out_ld) + col] =
+                    kat_mma<DT>::pack(o[mt][n][2] * ib, o[mt][n][3] * ib);
+        }
+    }
+#undef KAT_ROW
+}
+
+/* kat_prefill_wide's layout: Q's tile and two stages of K and V tiles in
+ * dynamic shared memory, rows D + 8 elements apart (16-byte aligned,
+ * ldmatrix without bank conflicts). */
+template <int D, int MT, int BK> struct kat_prefill_cfg {
+    static constexpr int LDS = D + 8;
+    static constexpr int BQ = 64 * MT;
+    static constexpr size_t SMEM = (size_t)(BQ + 4 * BK) * LDS * 2;
+};
+
+/* The wide form, for long prompts (kat_launch_prefill chooses): 128 query
+ * rows a CTA, two m-tiles of 16 a warp that share every K and V fragment
+ * read from shared memory (FlashAttention-2's block), keys in tiles of 64.
+ * Grid and rows as kat_prefill's; warp w owns rows 64mt + 16w..64mt + 16w
+ * + 15 for each m-tile mt < MT.
+ *
+ * The keys come through two stages of shared memory: the loads of tile
+ * kt + 1 are issued as tile kt's work starts, so they have the whole of it
+ * (Q K^T, softmax, P V) to land, and K and V are separate cp.async groups,
+ * so Q K^T waits only for K. Q is read from shared memory by ldmatrix at
+ * each k-step, not held in registers (64 registers that two m-tiles
+ * cannot spare). Tiles wholly at or before the first row's position run
+ * without the causal mask (a separate instantiation of the tile's body),
+ * and the scale is folded into the exponent (one FFMA a score: scale > 0
+ * is the plugin's contract). F8: as kat_prefill (those loads are not
+ * asynchronous; the barriers publish them). At head_dim 128 ptxas spills
+ * about 190 bytes a thread (255 registers); it is still the faster form
+ * from about a thousand tokens a sequence (bench/README.md, twenty-third
+ * session). */
+template <int DT, int D, bool F8, int MT = 2, int BK = 64>
+__global__ void __launch_bounds__(KAT_THREADS, 2) kat_prefill_wide(kiln_attention_cuda_args a, int32_t by_tile)
+{
+    KTL_SCOPE(0);
+    typedef kat_prefill_cfg<D, MT, BK> C;
+    constexpr int LDS = C::LDS, BQ = C::BQ;
+    constexpr int KC = D / 16; /* k-steps of QK^T */
+    constexpr int ND = D / 8;  /* n-tiles of the output */
+    extern __shared__ __align__(16) unsigned char kat_psmem[];
+    uint16_t *const sQ = (uint16_t *)kat_psmem;
+    uint16_t *const sKV = sQ + BQ * LDS; /* stage st: K at sKV + 2 st BK LDS, V BK LDS after it */
+    __shared__ int64_t s_off[2][BK];     /* K row offsets of the keys of tiles kt (kt & 1) and kt + 1 */
+    __shared__ int s_bad;
+
+    kcu_after_prior();
+    if (threadIdx.x == 0)
+        s_bad = 0; /* published by kat_find_tile's barriers */
+    int64_t tile_in_seq;
+    /* by_tile: a 1-d grid, tile-major, so the longest tiles of every kv
+     * head start first (else x = tile, y = kv head) */
+    const int64_t gq = a.n_heads / a.n_kv_heads;
+    const int64_t kvh = by_tile ? blockIdx.x % a.n_kv_heads : blockIdx.y;
+    const int64_t s = kat_find_tile(a, by_tile ? blockIdx.x / a.n_kv_heads : blockIdx.x, gq, BQ, &tile_in_seq);
+    if (s < 0)
+        return;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tig = lane & 3;
+    const int64_t first = a.qstart[s], n_new = (int64_t)a.qstart[s + 1] - first, len = a.seq_lens[s];
+    const int64_t n_qt = (n_new * gq + BQ - 1) / BQ;
+    const int64_t m0 = (n_qt - 1 - tile_in_seq) * BQ; /* first row; the longest tiles of a sequence first */
+    const int64_t rows = min((int64_t)BQ, n_new * gq - m0);
+    const int64_t out_ld = (int64_t)a.n_heads * D;
+    /* element offset of row m of the tile in a [tokens, n_heads * head_dim] tensor with rows ld apart */
+#define KAT_ROW(m, ld) ((first + (m0 + (m)) / gq) * (ld) + (kvh * gq + (m0 + (m)) % gq) * D)
+    if (first < 0 || first + n_new > a.tokens || len < n_new || len > a.max_blocks * a.block_size) {
+        if (first >= 0 && first + n_new <= a.tokens)
+            for (int i = threadIdx.x; i < rows * D; i += KAT_THREADS)
+                kat_type<DT>::store(a.out, KAT_ROW(i / D, out_ld) + i % D, kat_nan());
+        return;
+    }
+    /* positions of the tile's first and last rows' tokens */
+    const int64_t p_first = len - n_new + m0 / gq, p_last = len - n_new + (m0 + rows - 1) / gq;
+    /* this thread's two rows of each m-tile mt: ra[mt] and rb[mt] = ra[mt] + 8, and their positions */
+    int ra[MT], rb[MT];
+    int64_t pos_a[MT], pos_b[MT];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        ra[mt] = mt * 64 + warp * 16 + gr, rb[mt] = ra[mt] + 8;
+        pos_a[mt] = len - n_new + (m0 + ra[mt]) / gq, pos_b[mt] = len - n_new + (m0 + rb[mt]) / gq;
+    }
+
+    /* a thread's 16-byte pieces of a tile: column lc of rows lr, lr + LRS, ... */
+    constexpr int LRS = KAT_THREADS / (D / 8);
+    const int lr = threadIdx.x / (D / 8), lc = (threadIdx.x % (D / 8)) * 8;
+    const int64_t vd = kat_vdelta(a);
+    const int64_t n_kt = (p_last + BK) / BK;
+    const int64_t n_plain = (p_first + 1) / BK; /* tiles every row sees whole: no mask */
+    /* the K row offsets of tile kt's keys into slot kt & 1 (threads < BK) */
+    auto offsets = [&](int64_t kt) {
+        if (threadIdx.x < BK) {
+            const int64_t kp = kt * BK + threadIdx.x, off = kp <= p_last ? kat_krow(a, s, kp, kvh) : -2;
+            if (off == -1)
+                s_bad = 1;
+            s_off[kt & 1][threadIdx.x] = off;
+        }
+    };
+    /* tile kt's K (v = 0) or V (v = 1) into its stage, one cp.async group */
+    auto load = [&](int64_t kt, int v) {
+        uint16_t *dst = sKV + ((kt & 1) * 2 + v) * BK * LDS;
+        const int64_t add = v ? vd + lc : lc;
+#pragma unroll
+        for (int r = lr; r < BK; r += LRS) {
+            const int64_t off = s_off[kt & 1][r];
+            kat_prefill_load<DT, F8>(&dst[r * LDS + lc], a.cache, off >= 0 ? off + add : -1);
+        }
+        kat_cp_commit();
+    };
+    offsets(0);
+    if (n_kt > 1)
+        offsets(1);
+    __syncthreads();
+    /* Q's tile (rows past `rows` zero), then K and V of tile 0: groups {Q, K0}, {V0} */
+    for (int r = lr; r < BQ; r += LRS)
+        kat_cp_async16(&sQ[r * LDS + lc], r < rows ? (const uint16_t *)a.q + KAT_ROW(r, a.q_ld) + lc : a.q,
+                       r < rows ? 16 : 0);
+    load(0, 0);
+    load(0, 1);
+
+    float o[MT][ND][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int n = 0; n < ND; n++)
+            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
+    float m_a[MT], m_b[MT], l_a[MT], l_b[MT]; /* running maxima in the log2 domain (scaled), sums */
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+        m_a[mt] = m_b[mt] = -INFINITY, l_a[mt] = l_b[mt] = 0.0f;
+    const float sl2 = a.scale * KAT_LOG2E;
+
+    auto tile = [&](int64_t kt, auto masked) {
+        constexpr bool MASK = decltype(masked)::value;
+        const int64_t k0 = kt * BK;
+        const uint16_t *sK = sKV + (kt & 1) * 2 * BK * LDS, *sV = sK + BK * LDS;
+        const bool next = kt + 1 < n_kt;
+        /* pending: {K(kt)}, {V(kt)}: K(kt) in, and every warp is past P V of
+         * tile kt - 1, so the other stage is free */
+        kat_cp_wait<1>();
+        __syncthreads();
+        if (next) {
+            load(kt + 1, 0);
+            load(kt + 1, 1);
+        }
+        if (kt + 2 < n_kt)
+            offsets(kt + 2); /* slot kt & 1: tile kt's loads were issued a tile ago */
+
+        /* S = Q K^T for this warp's 16 * MT rows and the tile's BK keys */
+        float sc[MT][BK / 8][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int j = 0; j < BK / 8; j++)
+                sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.0f;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc += 2) {
+            /* the A fragments of k-steps kc and kc + 1 of each m-tile */
+            uint32_t qf[MT][2][4];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    kat_ldmatrix(qf[mt][h], &sQ[(mt * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LDS +
+                                                (kc + h) * 16 + (lane >> 4) * 8]);
+#pragma unroll
+            for (int j = 0; j < BK / 8; j++) {
+                /* keys 8j..8j+7 by dims 16kc..16kc+31: the B fragments of k-steps kc and kc + 1 */
+                uint32_t b[4];
+                kat_ldmatrix(b, &sK[(j * 8 + (lane & 7)) * LDS + (lane >> 3) * 8 + kc * 16]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    kat_mma<DT>::run(sc[mt][j], qf[mt][0], b[0], b[1]);
+                    kat_mma<DT>::run(sc[mt][j], qf[mt][1], b[2], b[3]);
+                }
+            }
+        }
+        /* online softmax on the raw scores: max first, then one FFMA and
+         * one exp2 a score */
+        uint32_t pf[MT][BK / 16][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            if (MASK) {
+                /* a key is masked when its offset in the tile passes the row's position's */
+                const int pa = (int)min(pos_a[mt] - k0, (int64_t)BK), pb = (int)min(pos_b[mt] - k0, (int64_t)BK);
+#pragma unroll
+                for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        if (j * 8 + tig * 2 + (e & 1) > (e < 2 ? pa : pb))
+                            sc[mt][j][e] = -INFINITY;
+            }
+            float mxa[BK / 8], mxb[BK / 8];
+#pragma unroll
+            for (int j = 0; j < BK / 8; j++) {
+                mxa[j] = fmaxf(sc[mt][j][0], sc[mt][j][1]);
+                mxb[j] = fmaxf(sc[mt][j][2], sc[mt][j][3]);
+            }
+#pragma unroll
+            for (int w = 1; w < BK / 8; w *= 2)
+#pragma unroll
+                for (int j = 0; j + w < BK / 8; j += 2 * w) {
+                    mxa[j] = fmaxf(mxa[j], mxa[j + w]);
+                    mxb[j] = fmaxf(mxb[j], mxb[j + w]);
+                }
+            float mx_a = mxa[0], mx_b = mxb[0];
+#pragma unroll
+            for (int off = 1; off < 4; off <<= 1) {
+                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+            }
+            const float mn_a = fmaxf(m_a[mt], mx_a * sl2), mn_b = fmaxf(m_b[mt], mx_b * sl2);
+            const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a, mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
+            const float c_a = exp2f(m_a[mt] - mu_a), c_b = exp2f(m_b[mt] - mu_b);
+            m_a[mt] = mn_a, m_b[mt] = mn_b;
+            l_a[mt] *= c_a, l_b[mt] *= c_b;
+#pragma unroll
+            for (int n = 0; n < ND; n++) {
+                o[mt][n][0] *= c_a, o[mt][n][1] *= c_a;
+                o[mt][n][2] *= c_b, o[mt][n][3] *= c_b;
+            }
+            float sa[BK / 8], sb[BK / 8];
+#pragma unroll
+            for (int j = 0; j < BK / 8; j++) {
+                const float p0 = exp2f(fmaf(sc[mt][j][0], sl2, -mu_a)), p1 = exp2f(fmaf(sc[mt][j][1], sl2, -mu_a));
+                const float p2 = exp2f(fmaf(sc[mt][j][2], sl2, -mu_b)), p3 = exp2f(fmaf(sc[mt][j][3], sl2, -mu_b));
+                sa[j] = p0 + p1, sb[j] = p2 + p3;
+                pf[mt][j / 2][(j & 1) * 2] = kat_mma<DT>::pack(p0, p1);
+                pf[mt][j / 2][(j & 1) * 2 + 1] = kat_mma<DT>::pack(p2, p3);
+            }
+#pragma unroll
+            for (int w = 1; w < BK / 8; w *= 2)
+#pragma unroll
+                for (int j = 0; j + w < BK / 8; j += 2 * w) {
+                    sa[j] += sa[j + w];
+                    sb[j] += sb[j + w];
+                }
+            l_a[mt] += sa[0], l_b[mt] += sb[0];
+        }
+
+        /* pending: {V(kt)} and, with a next tile, {K(kt+1)}, {V(kt+1)} */
+        if (next)
+            kat_cp_wait<2>();
+        else
+            kat_cp_wait<0>();
+        __syncthreads();
+        /* O += P V: keys 16kk.. as the k dimension, V read transposed, each
+         * fragment once for the MT m-tiles */
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++)
+#pragma unroll
+            for (int np = 0; np < D / 16; np++) {
+                uint32_t b[4];
+                const int mi = lane >> 3, ri = lane & 7;
+                kat_ldmatrix_t(b, &sV[(kk * 16 + ri + (mi & 1) * 8) * LDS + np * 16 + (mi >> 1) * 8]);
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) {
+                    kat_mma<DT>::run(o[mt][2 * np], pf[mt][kk], b[0], b[1]);
+                    kat_mma<DT>::run(o[mt][2 * np + 1], pf[mt][kk], b[2], b[3]);
+                }
+            }
+    };
+    int64_t kt = 0;
+    for (; kt < n_plain; kt++)
+        tile(kt, std::false_type());
+    for (; kt < n_kt; kt++)
+        tile(kt, std::true_type());
 
     const bool bad = s_bad != 0;
     uint16_t *out = (uint16_t *)a.out;
@@ -1879,6 +2166,22 @@ struct kat_pipe_plan {
 
 /* Launches kat_pipe<DT, D, HG, S, F8> for plan p (cudaErrorNotSupported
  * when the device cannot place its clusters). */
+/* Lets `kernel` take `bytes` of dynamic shared memory (past the default
+ * 48 KB), once per device: ok[] remembers the devices where it is set. */
+template <typename K> static cudaError_t kat_allow_smem(K kernel, size_t bytes, int8_t *ok)
+{
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess)
+        return e;
+    if (dev >= 0 && dev < KAT_MAX_DEVICES && ok[dev])
+        return cudaSuccess;
+    e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess && dev >= 0 && dev < KAT_MAX_DEVICES)
+        ok[dev] = 1;
+    return e;
+}
+
 template <int DT, int D, int HG, int S, bool F8, int NW = KAT_THREADS / 32>
 static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const kat_pipe_plan &p, cudaStream_t st)
 {
@@ -1887,18 +2190,9 @@ static cudaError_t kat_launch_pipe_hg(const kiln_attention_cuda_args &a, const k
     const int n_hg = (a.n_heads / a.n_kv_heads + HG - 1) / HG;
     /* once per device: the pipeline's shared memory is past the default 48 KB */
     static int8_t smem_ok[KAT_MAX_DEVICES];
-    int dev = 0;
-    cudaError_t e = cudaGetDevice(&dev);
+    cudaError_t e = kat_allow_smem(kat_pipe<DT, D, HG, S, F8, NW>, smem, smem_ok);
     if (e != cudaSuccess)
         return e;
-    if (dev < 0 || dev >= KAT_MAX_DEVICES || !smem_ok[dev]) {
-        e = cudaFuncSetAttribute(kat_pipe<DT, D, HG, S, F8, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)smem);
-        if (e != cudaSuccess)
-            return e;
-        if (dev >= 0 && dev < KAT_MAX_DEVICES)
-            smem_ok[dev] = 1;
-    }
     cudaLaunchAttribute attr[2];
     int n = 0;
     if (kcu_pdl) {
@@ -2171,33 +2465,59 @@ static cudaError_t kat_run_pipe(const kiln_attention_cuda_args &a, int32_t fused
                           p.keys, (int32_t)(p.opts & KAT_PIPE_EARLY));
 }
 
-template <int DT, int MT>
-static cudaError_t kat_launch_prefill_mt(const kiln_attention_cuda_args &a, int f8, dim3 grid, cudaStream_t st)
+/* The grid of a prefill launch: at most sum(ceil(n_new * gq / BQ)) <=
+ * (T * gq + (BQ - 1) * min(S, T)) / BQ tiles, by kv head. Tile-major in
+ * one dimension, so the CTAs start in the order of their tiles and the
+ * longest tiles of every kv head come first (a whole kv head's tiles,
+ * longest to shortest, before the next head's left the longest ones of the
+ * last heads to a late wave: one prompt of 2,048 tokens, narrow form, 245
+ * against 286 us on the H200); KILN_ATTENTION_PREFILL_ORDER=head gives
+ * that order back (x = tile, y = kv head), to compare. */
+static dim3 kat_prefill_grid(const kiln_attention_cuda_args &a, int64_t bq, int32_t *by_tile)
 {
-    if (f8)
-        return a.head_dim == 64 ? kcu_launch_cfg(kat_prefill<DT, 64, true, MT>, grid, dim3(KAT_THREADS), st, a)
-                                : kcu_launch_cfg(kat_prefill<DT, 128, true, MT>, grid, dim3(KAT_THREADS), st, a);
-    return a.head_dim == 64 ? kcu_launch_cfg(kat_prefill<DT, 64, false, MT>, grid, dim3(KAT_THREADS), st, a)
-                            : kcu_launch_cfg(kat_prefill<DT, 128, false, MT>, grid, dim3(KAT_THREADS), st, a);
+    const int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
+    const int64_t tiles = (a.tokens * gq + (bq - 1) * busy + bq - 1) / bq;
+    const char *e = getenv("KILN_ATTENTION_PREFILL_ORDER");
+    *by_tile = !(e && !strcmp(e, "head"));
+    return *by_tile ? dim3((unsigned)(tiles * a.n_kv_heads)) : dim3((unsigned)tiles, (unsigned)a.n_kv_heads);
 }
 
-/* kat_prefill with m-tiles of 16 * MT rows a warp: MT = 1, or
- * KILN_ATTENTION_PREFILL_MT=2 (read at each launch; a graph keeps its
- * capture's). On the H200 the 128-row CTAs were slower end to end (8B
- * prefill of 2,048 tokens 36.6k against 37.5k tok/s, of 8,192 in chunks of
- * 2,048 26.7k against 27.5k) and faster only for one 8,192-token prompt
- * (attention_bench: 3.24 against 3.36 ms): 255 registers with spills
- * against 234, two CTAs an SM either way (bench/README.md, thirteenth
- * session). */
+#define KAT_WIDE_TOKENS 1024 /* new tokens a sequence from which kat_prefill_wide runs (head_dim 128) */
+
+/* The prefill's form: kat_prefill_wide where the step's sequences have
+ * KAT_WIDE_TOKENS new tokens each on average at head_dim 128, else
+ * kat_prefill (H200, 8B shape, attention_bench: one prompt of 512 tokens
+ * 42 against 61 us, of 2,048 245 against 218, of 8,192 3,347 against
+ * 2,546; 64 prompts of 128 193 against 299). From shapes only, as the
+ * decode plans are. KILN_ATTENTION_PREFILL=narrow or wide forces one
+ * (read at each launch). */
+template <int DT, int D, bool F8>
+static cudaError_t kat_launch_prefill_d(const kiln_attention_cuda_args &a, cudaStream_t st)
+{
+    const char *env = getenv("KILN_ATTENTION_PREFILL");
+    const bool wide = env && !strcmp(env, "wide")     ? true
+                      : env && !strcmp(env, "narrow") ? false
+                                                      : D == 128 && a.tokens >= KAT_WIDE_TOKENS * a.n_seqs;
+    int32_t by_tile;
+    if (!wide) {
+        const dim3 grid = kat_prefill_grid(a, 64, &by_tile);
+        return kcu_launch_cfg(kat_prefill<DT, D, F8>, grid, dim3(KAT_THREADS), st, a, by_tile);
+    }
+    typedef kat_prefill_cfg<D, 2, 64> C;
+    static int8_t smem_ok[KAT_MAX_DEVICES];
+    cudaError_t e = kat_allow_smem(kat_prefill_wide<DT, D, F8>, C::SMEM, smem_ok);
+    if (e != cudaSuccess)
+        return e;
+    const dim3 grid = kat_prefill_grid(a, C::BQ, &by_tile);
+    return kcu_launch_smem(kat_prefill_wide<DT, D, F8>, grid, dim3(KAT_THREADS), C::SMEM, st, a, by_tile);
+}
+
 template <int DT> static cudaError_t kat_launch_prefill(const kiln_attention_cuda_args &a, int f8, cudaStream_t st)
 {
-    const char *e = getenv("KILN_ATTENTION_PREFILL_MT");
-    const int mt = e && strcmp(e, "2") == 0 ? 2 : 1;
-    /* at most sum(ceil(n_new * gq / BQ)) <= (T * gq + (BQ - 1) * min(S, T)) / BQ tiles */
-    const int64_t busy = a.n_seqs < a.tokens ? a.n_seqs : a.tokens, gq = a.n_heads / a.n_kv_heads;
-    const int64_t bq = 64 * mt, tiles = (a.tokens * gq + (bq - 1) * busy + bq - 1) / bq;
-    const dim3 grid((unsigned)tiles, (unsigned)a.n_kv_heads);
-    return mt == 2 ? kat_launch_prefill_mt<DT, 2>(a, f8, grid, st) : kat_launch_prefill_mt<DT, 1>(a, f8, grid, st);
+    if (f8)
+        return a.head_dim == 64 ? kat_launch_prefill_d<DT, 64, true>(a, st)
+                                : kat_launch_prefill_d<DT, 128, true>(a, st);
+    return a.head_dim == 64 ? kat_launch_prefill_d<DT, 64, false>(a, st) : kat_launch_prefill_d<DT, 128, false>(a, st);
 }
 
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)

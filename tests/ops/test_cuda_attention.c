@@ -552,6 +552,9 @@ static void test_prefill(void)
     run_all(&(step){"prefill head_dim 16", 4, 2, 16, 16, 0, 0, 0, 4, n_new, fresh});
     static const int32_t one_new[1] = {1000}, one_len[1] = {1000};
     run_all(&(step){"prefill 1000 tokens", 32, 8, 128, 16, 0, 0, 0, 1, one_new, one_len});
+    /* from 1,024 new tokens a sequence at head_dim 128 the wide form runs by default */
+    static const int32_t long_new[1] = {1100}, long_len[1] = {1100};
+    run_all(&(step){"prefill 1100 tokens", 32, 8, 128, 16, 0, 0, 0, 1, long_new, long_len});
     run_step(&(step){"prefill (graph)", 32, 8, 128, 16, 0, 0, 1, 4, n_new, fresh}, KILN_DTYPE_F16);
 }
 
@@ -562,22 +565,27 @@ static void test_chunked_prefill(void)
     run_all(&(step){"chunked prefill, block 7, 12 per kv head", 24, 2, 64, 7, 0, 0, 0, 3, n_new, lens});
     run_all(&(step){"chunked prefill unaligned q", 8, 2, 64, 16, 0, 1, 0, 3, n_new, lens});
     run_all(&(step){"chunked prefill unaligned k, v", 8, 2, 64, 16, 0, 2, 0, 3, n_new, lens});
+    static const int32_t chunk_new[1] = {1030}, chunk_len[1] = {2000};
+    run_all(&(step){"chunked prefill of 1030 onto 970, MQA", 8, 1, 128, 16, 0, 0, 0, 1, chunk_new, chunk_len});
     /* decodes beside a prompt: more tokens than sequences, so the prefill kernel takes them all */
     static const int32_t mixed_new[5] = {1, 1, 1, 40, 1}, mixed_lens[5] = {1, 5000, 300, 40, 17};
     run_all(&(step){"mixed step: 4 decodes and a prompt", 32, 8, 128, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
     run_all(&(step){"mixed step, MQA head_dim 64", 16, 1, 64, 16, 0, 0, 0, 5, mixed_new, mixed_lens});
 }
 
-/* kat_prefill's CTAs of 64 and of 128 query rows (KILN_ATTENTION_PREFILL_MT
- * 1, the default, and 2): the prefill and
- * chunked prefill cases again under each, partial tiles of both sizes
- * among them (100, 250, 1000 tokens by 4 heads; MQA 8 heads), and FP8. */
+/* kat_prefill's two forms (KILN_ATTENTION_PREFILL=narrow: 64 rows a CTA;
+ * wide: 128) and both grid orders (KILN_ATTENTION_PREFILL_ORDER=head): the
+ * prefill and chunked prefill cases again under each, partial tiles of
+ * both sizes among them (100, 250, 1000 tokens by 4 heads; MQA 8 heads),
+ * and FP8. */
 static void test_prefill_tiles(void)
 {
-    static const char *const mts[2] = {"1", "2"};
-    for (int v = 0; v < 2; v++) {
-        setenv("KILN_ATTENTION_PREFILL_MT", mts[v], 1);
-        printf("  with KILN_ATTENTION_PREFILL_MT=%s\n", mts[v]);
+    static const char *const vs[4] = {"narrow", "wide", "narrow", "wide"};
+    for (int v = 0; v < 4; v++) {
+        if (v >= 2)
+            setenv("KILN_ATTENTION_PREFILL_ORDER", "head", 1);
+        setenv("KILN_ATTENTION_PREFILL", vs[v], 1);
+        printf("  with KILN_ATTENTION_PREFILL=%s%s\n", vs[v], v >= 2 ? ", KILN_ATTENTION_PREFILL_ORDER=head" : "");
         test_prefill();
         test_chunked_prefill();
         cache_fp8 = 1;
@@ -586,7 +594,8 @@ static void test_prefill_tiles(void)
         run_all(&(step){"fp8: prefill, head_dim 64 MQA", 8, 1, 64, 16, 0, 0, 0, 4, n_new, fresh});
         cache_fp8 = 0;
     }
-    unsetenv("KILN_ATTENTION_PREFILL_MT");
+    unsetenv("KILN_ATTENTION_PREFILL");
+    unsetenv("KILN_ATTENTION_PREFILL_ORDER");
 }
 
 /* ---- FP8 cache ------------------------------------------------------------------------ */

@@ -100,9 +100,11 @@ static inline cudaError_t kcu_launch(void (*kernel)(P...), unsigned blocks, cuda
     return cudaLaunchKernelEx(&cfg, kernel, args...);
 }
 
-/* kcu_launch with any grid and block shape (plugin kernels). */
+/* kcu_launch with any grid and block shape and `smem` bytes of dynamic
+ * shared memory (plugin kernels). */
 template <typename... P, typename... A>
-static inline cudaError_t kcu_launch_cfg(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A... args)
+static inline cudaError_t kcu_launch_smem(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                                          A... args)
 {
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -110,11 +112,18 @@ static inline cudaError_t kcu_launch_cfg(void (*kernel)(P...), dim3 grid, dim3 b
     cudaLaunchConfig_t cfg = {};
     cfg.gridDim = grid;
     cfg.blockDim = block;
-    cfg.dynamicSmemBytes = 0;
+    cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
     cfg.attrs = attr;
     cfg.numAttrs = kcu_pdl ? 1 : 0;
     return cudaLaunchKernelEx(&cfg, kernel, args...);
+}
+
+/* The same with no dynamic shared memory. */
+template <typename... P, typename... A>
+static inline cudaError_t kcu_launch_cfg(void (*kernel)(P...), dim3 grid, dim3 block, cudaStream_t stream, A... args)
+{
+    return kcu_launch_smem(kernel, grid, block, 0, stream, args...);
 }
 
 /* ---- element access (src/core/scalar.h) ---------------------------------------------- */
