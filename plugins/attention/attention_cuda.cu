@@ -817,7 +817,11 @@ __global__ void __launch_bounds__(KAT_THREADS)
  * work and dependency chains around the mma: a 64-bit division a key for
  * its cache row (kat_krow), the loads' address arithmetic, 64-bit causal
  * masks, and the row maxima and sums as serial chains; without them the
- * kernel took 285 us instead of 344. */
+ * kernel took 285 us instead of 344. It now runs 3 CTAs an SM (168
+ * registers, 64 bytes of spill loads a thread at head_dim 128) instead of
+ * 2 (226 registers): 12 warps an SM to hide those chains (H200: 2,048
+ * tokens 228 against 249 us, 64 prompts of 128 166 against 190; 512
+ * tokens 46 against 44). */
 template <int DT> struct kat_mma;
 template <> struct kat_mma<KILN_DTYPE_F16> {
     static __device__ __forceinline__ void run(float *c, const uint32_t *a, uint32_t b0, uint32_t b1)
@@ -952,6 +956,177 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
     return s_found[0];
 }
 
+/* ---- the prefill kernels' common parts ---- */
+
+/* The tile a prefill CTA takes: its sequence s, kv head, first row m0 (of
+ * the sequence's n_new * gq rows, token-major) and rows, and the
+ * positions of its first and last rows' tokens. */
+struct kat_ptile {
+    int64_t s, kvh, gq, first, n_new, len, m0, rows, p_first, p_last;
+    /* element offset of row m in a [tokens, n_heads * d] tensor with rows ld apart */
+    __device__ __forceinline__ int64_t row(int64_t m, int64_t ld, int64_t d) const
+    {
+        return (first + (m0 + m) / gq) * ld + (kvh * gq + (m0 + m) % gq) * d;
+    }
+    /* the position of row m's token in its sequence */
+    __device__ __forceinline__ int64_t pos(int64_t m) const { return len - n_new + (m0 + m) / gq; }
+};
+
+/* Finds this CTA's tile of BQ rows (grid as kat_prefill_grid makes it;
+ * by_tile: one dimension, tile-major, else x = tile, y = kv head); the
+ * longest tiles of a sequence come first. False when there is nothing to
+ * do: past the last tile, or inconsistent metadata, whose rows get NaN. */
+template <int DT, int D>
+__device__ bool kat_prefill_begin(const kiln_attention_cuda_args &a, int32_t by_tile, int64_t bq, kat_ptile &t)
+{
+    int64_t tile_in_seq;
+    t.gq = a.n_heads / a.n_kv_heads;
+    t.kvh = by_tile ? blockIdx.x % a.n_kv_heads : blockIdx.y;
+    t.s = kat_find_tile(a, by_tile ? blockIdx.x / a.n_kv_heads : blockIdx.x, t.gq, bq, &tile_in_seq);
+    if (t.s < 0)
+        return false;
+    t.first = a.qstart[t.s], t.n_new = (int64_t)a.qstart[t.s + 1] - t.first, t.len = a.seq_lens[t.s];
+    const int64_t n_qt = (t.n_new * t.gq + bq - 1) / bq;
+    t.m0 = (n_qt - 1 - tile_in_seq) * bq;
+    t.rows = min(bq, t.n_new * t.gq - t.m0);
+    if (t.first < 0 || t.first + t.n_new > a.tokens || t.len < t.n_new || t.len > a.max_blocks * a.block_size) {
+        if (t.first >= 0 && t.first + t.n_new <= a.tokens)
+            for (int i = threadIdx.x; i < t.rows * D; i += KAT_THREADS)
+                kat_type<DT>::store(a.out, t.row(i / D, (int64_t)a.n_heads * D, D) + i % D, kat_nan());
+        return false;
+    }
+    t.p_first = t.pos(0), t.p_last = t.pos(t.rows - 1);
+    return true;
+}
+
+/* The causal mask on one m-tile's scores of a tile of BK keys from k0: a
+ * key is masked when its offset in the tile passes the row's position's
+ * (rows pos_a and pos_b: lane rows l/4 and l/4 + 8; 32-bit offsets). */
+template <int BK>
+__device__ __forceinline__ void kat_prefill_mask(float (&sc)[BK / 8][4], int64_t pos_a, int64_t pos_b, int64_t k0,
+                                                 int tig)
+{
+    const int pa = (int)min(pos_a - k0, (int64_t)BK), pb = (int)min(pos_b - k0, (int64_t)BK);
+#pragma unroll
+    for (int j = 0; j < BK / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            if (j * 8 + tig * 2 + (e & 1) > (e < 2 ? pa : pb))
+                sc[j][e] = -INFINITY;
+}
+
+/* One m-tile's online softmax over a tile of raw scores (masked keys
+ * -inf): the max first, as trees (a few dependent steps, not BK / 4), then
+ * one FFMA and one exp2 a score (the scale sl2 > 0, the plugin's contract,
+ * folded into the exponent); running maxima m in the log2 domain and sums
+ * l of the thread's two rows, the accumulators o rescaled, and the
+ * probabilities packed for P V. */
+template <int DT, int BK, int ND>
+__device__ __forceinline__ void kat_prefill_softmax(float (&sc)[BK / 8][4], float sl2, float &m_a, float &m_b,
+                                                    float &l_a, float &l_b, float (&o)[ND][4],
+                                                    uint32_t (&pf)[BK / 16][4])
+{
+    float mxa[BK / 8], mxb[BK / 8];
+#pragma unroll
+    for (int j = 0; j < BK / 8; j++) {
+        mxa[j] = fmaxf(sc[j][0], sc[j][1]);
+        mxb[j] = fmaxf(sc[j][2], sc[j][3]);
+    }
+#pragma unroll
+    for (int w = 1; w < BK / 8; w *= 2)
+#pragma unroll
+        for (int j = 0; j + w < BK / 8; j += 2 * w) {
+            mxa[j] = fmaxf(mxa[j], mxa[j + w]);
+            mxb[j] = fmaxf(mxb[j], mxb[j + w]);
+        }
+    float mx_a = mxa[0], mx_b = mxb[0];
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+    }
+    const float mn_a = fmaxf(m_a, mx_a * sl2), mn_b = fmaxf(m_b, mx_b * sl2);
+    const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a, mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
+    const float c_a = exp2f(m_a - mu_a), c_b = exp2f(m_b - mu_b);
+    m_a = mn_a, m_b = mn_b;
+    l_a *= c_a, l_b *= c_b;
+#pragma unroll
+    for (int n = 0; n < ND; n++) {
+        o[n][0] *= c_a, o[n][1] *= c_a;
+        o[n][2] *= c_b, o[n][3] *= c_b;
+    }
+    float sa[BK / 8], sb[BK / 8];
+#pragma unroll
+    for (int j = 0; j < BK / 8; j++) {
+        const float p0 = exp2f(fmaf(sc[j][0], sl2, -mu_a)), p1 = exp2f(fmaf(sc[j][1], sl2, -mu_a));
+        const float p2 = exp2f(fmaf(sc[j][2], sl2, -mu_b)), p3 = exp2f(fmaf(sc[j][3], sl2, -mu_b));
+        sa[j] = p0 + p1, sb[j] = p2 + p3;
+        pf[j / 2][(j & 1) * 2] = kat_mma<DT>::pack(p0, p1);
+        pf[j / 2][(j & 1) * 2 + 1] = kat_mma<DT>::pack(p2, p3);
+    }
+#pragma unroll
+    for (int w = 1; w < BK / 8; w *= 2)
+#pragma unroll
+        for (int j = 0; j + w < BK / 8; j += 2 * w) {
+            sa[j] += sa[j + w];
+            sb[j] += sb[j + w];
+        }
+    l_a += sa[0], l_b += sb[0];
+}
+
+/* O += P V for MT m-tiles: keys 16kk.. as the k dimension, V (rows LDS
+ * elements apart in shared memory) read transposed, each fragment once for
+ * the MT m-tiles. */
+template <int DT, int D, int BK, int MT, int LDS>
+__device__ __forceinline__ void kat_prefill_pv(const uint16_t *sV, int lane, const uint32_t (&pf)[MT][BK / 16][4],
+                                               float (&o)[MT][D / 8][4])
+{
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; kk++)
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) {
+            uint32_t b[4];
+            const int mi = lane >> 3, ri = lane & 7;
+            kat_ldmatrix_t(b, &sV[(kk * 16 + ri + (mi & 1) * 8) * LDS + np * 16 + (mi >> 1) * 8]);
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) {
+                kat_mma<DT>::run(o[mt][2 * np], pf[mt][kk], b[0], b[1]);
+                kat_mma<DT>::run(o[mt][2 * np + 1], pf[mt][kk], b[2], b[3]);
+            }
+        }
+}
+
+/* The output rows of MT m-tiles (lane rows ra[mt] and rb[mt]): o over the
+ * row sums l (summed over the row's four lanes), NaN for a bad block. */
+template <int DT, int D, int MT>
+__device__ __forceinline__ void kat_prefill_store(const kiln_attention_cuda_args &a, const kat_ptile &t,
+                                                  const float (&o)[MT][D / 8][4], const float *l_a, const float *l_b,
+                                                  const int *ra, const int *rb, bool bad, int tig)
+{
+    uint16_t *out = (uint16_t *)a.out;
+    const int64_t out_ld = (int64_t)a.n_heads * D;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        float la = l_a[mt], lb = l_b[mt];
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            la += __shfl_xor_sync(0xffffffffu, la, off);
+            lb += __shfl_xor_sync(0xffffffffu, lb, off);
+        }
+        const float ia = bad ? kat_nan() : 1.0f / la, ib = bad ? kat_nan() : 1.0f / lb;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            const int col = n * 8 + tig * 2;
+            if (ra[mt] < t.rows)
+                *(uint32_t *)&out[t.row(ra[mt], out_ld, D) + col] =
+                    kat_mma<DT>::pack(o[mt][n][0] * ia, o[mt][n][1] * ia);
+            if (rb[mt] < t.rows)
+                *(uint32_t *)&out[t.row(rb[mt], out_ld, D) + col] =
+                    kat_mma<DT>::pack(o[mt][n][2] * ib, o[mt][n][3] * ib);
+        }
+    }
+}
+
 /* Grid: tiles (an upper bound of the tiles over all sequences) by kv
  * heads, tile-major in one dimension (by_tile; kat_prefill_grid says
  * why), or x = tile and y = kv head. The rows of a sequence are its (new
@@ -963,7 +1138,7 @@ __device__ int64_t kat_find_tile(const kiln_attention_cuda_args &a, int64_t x, i
  * m-tiles are kat_prefill_wide's); in the mma fragments lane l holds rows
  * l/4 and l/4 + 8 and columns 2(l%4), +1. */
 template <int DT, int D, bool F8>
-__global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_args a, int32_t by_tile)
+__global__ void __launch_bounds__(KAT_THREADS, 3) kat_prefill(kiln_attention_cuda_args a, int32_t by_tile)
 {
     KTL_SCOPE(0);
     constexpr int LDS = D + 8; /* smem row pitch (elements): 16-byte rows, no bank conflicts */
@@ -978,58 +1153,29 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
     kcu_after_prior();
     if (threadIdx.x == 0)
         s_bad = 0; /* published by kat_find_tile's barriers */
-    int64_t tile_in_seq;
-    /* by_tile: a 1-d grid, tile-major, so the longest tiles of every kv
-     * head start first (else x = tile, y = kv head) */
-    const int64_t gq = a.n_heads / a.n_kv_heads;
-    const int64_t kvh = by_tile ? blockIdx.x % a.n_kv_heads : blockIdx.y;
-    const int64_t s = kat_find_tile(a, by_tile ? blockIdx.x / a.n_kv_heads : blockIdx.x, gq, BQ, &tile_in_seq);
-    if (s < 0)
+    kat_ptile t;
+    if (!kat_prefill_begin<DT, D>(a, by_tile, BQ, t))
         return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tig = lane & 3;
-    const int64_t first = a.qstart[s], n_new = (int64_t)a.qstart[s + 1] - first, len = a.seq_lens[s];
-    const int64_t n_qt = (n_new * gq + BQ - 1) / BQ;
-    const int64_t m0 = (n_qt - 1 - tile_in_seq) * BQ; /* first row; the longest tiles of a sequence first */
-    const int64_t rows = min((int64_t)BQ, n_new * gq - m0);
-    const int64_t out_ld = (int64_t)a.n_heads * D;
-    /* element offset of row m of the tile in a [tokens, n_heads * head_dim] tensor with rows ld apart */
-#define KAT_ROW(m, ld) ((first + (m0 + (m)) / gq) * (ld) + (kvh * gq + (m0 + (m)) % gq) * D)
-    if (first < 0 || first + n_new > a.tokens || len < n_new || len > a.max_blocks * a.block_size) {
-        if (first >= 0 && first + n_new <= a.tokens)
-            for (int i = threadIdx.x; i < rows * D; i += KAT_THREADS)
-                kat_type<DT>::store(a.out, KAT_ROW(i / D, out_ld) + i % D, kat_nan());
-        return;
-    }
-    /* positions of the tile's first and last rows' tokens */
-    const int64_t p_first = len - n_new + m0 / gq, p_last = len - n_new + (m0 + rows - 1) / gq;
-    /* this thread's two rows of each m-tile mt: ra[mt] and rb[mt] = ra[mt] + 8 */
-    int ra[MT], rb[MT];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-        ra[mt] = mt * 64 + warp * 16 + gr, rb[mt] = ra[mt] + 8;
+    /* this thread's two rows: ra and rb = ra + 8 */
+    const int ra[MT] = {warp * 16 + gr}, rb[MT] = {warp * 16 + gr + 8};
+    const int64_t pos_a = t.pos(ra[0]), pos_b = t.pos(rb[0]);
 
-    uint32_t qa[MT][KC][4];
+    uint32_t qa[KC][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int kc = 0; kc < KC; kc++) {
-            const uint32_t *qr_a = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(ra[mt], a.q_ld) + kc * 16);
-            const uint32_t *qr_b = (const uint32_t *)((const uint16_t *)a.q + KAT_ROW(rb[mt], a.q_ld) + kc * 16);
-            qa[mt][kc][0] = ra[mt] < rows ? qr_a[tig] : 0u;
-            qa[mt][kc][1] = rb[mt] < rows ? qr_b[tig] : 0u;
-            qa[mt][kc][2] = ra[mt] < rows ? qr_a[4 + tig] : 0u;
-            qa[mt][kc][3] = rb[mt] < rows ? qr_b[4 + tig] : 0u;
-        }
+    for (int kc = 0; kc < KC; kc++) {
+        const uint32_t *qr_a = (const uint32_t *)((const uint16_t *)a.q + t.row(ra[0], a.q_ld, D) + kc * 16);
+        const uint32_t *qr_b = (const uint32_t *)((const uint16_t *)a.q + t.row(rb[0], a.q_ld, D) + kc * 16);
+        qa[kc][0] = ra[0] < t.rows ? qr_a[tig] : 0u;
+        qa[kc][1] = rb[0] < t.rows ? qr_b[tig] : 0u;
+        qa[kc][2] = ra[0] < t.rows ? qr_a[4 + tig] : 0u;
+        qa[kc][3] = rb[0] < t.rows ? qr_b[4 + tig] : 0u;
+    }
     float o[MT][ND][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int n = 0; n < ND; n++)
-            o[mt][n][0] = o[mt][n][1] = o[mt][n][2] = o[mt][n][3] = 0.0f;
-    float m_a[MT], m_b[MT], l_a[MT], l_b[MT];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-        m_a[mt] = m_b[mt] = -INFINITY, l_a[mt] = l_b[mt] = 0.0f;
+    for (int n = 0; n < ND; n++)
+        o[0][n][0] = o[0][n][1] = o[0][n][2] = o[0][n][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a[MT] = {0.0f}, l_b[MT] = {0.0f};
     const float sl2 = a.scale * KAT_LOG2E;
     const int64_t vd = kat_vdelta(a);
 
@@ -1038,9 +1184,9 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
      * waits for K(kt) while V(kt) may still fly. Rows past p_last and bad
      * blocks are zero-filled (garbage times a zero probability could be
      * NaN). */
-    const int64_t n_kt = (p_last + BK) / BK;
+    const int64_t n_kt = (t.p_last + BK) / BK;
     if (threadIdx.x < BK) {
-        int64_t off = threadIdx.x <= p_last ? kat_krow(a, s, threadIdx.x, kvh) : -2;
+        int64_t off = threadIdx.x <= t.p_last ? kat_krow(a, t.s, threadIdx.x, t.kvh) : -2;
         if (off == -1)
             s_bad = 1;
         s_off[0][threadIdx.x] = off;
@@ -1065,7 +1211,7 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
         }
         kat_cp_commit();
         if (kt + 1 < n_kt && threadIdx.x < BK) {
-            int64_t kp = k0 + BK + threadIdx.x, off = kp <= p_last ? kat_krow(a, s, kp, kvh) : -2;
+            int64_t kp = k0 + BK + threadIdx.x, off = kp <= t.p_last ? kat_krow(a, t.s, kp, t.kvh) : -2;
             if (off == -1)
                 s_bad = 1;
             s_off[cur ^ 1][threadIdx.x] = off;
@@ -1073,16 +1219,12 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
         kat_cp_wait<1>();
         __syncthreads();
 
-        /* S = Q K^T for this warp's 16 * MT rows and the tile's BK keys: each K
-         * fragment read once for the MT m-tiles */
-        float sc[MT][BK / 8][4];
+        /* S = Q K^T for this warp's 16 rows and the tile's BK keys; k-steps
+         * outside, key groups inside: consecutive mma are independent */
+        float sc[BK / 8][4];
 #pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-            for (int j = 0; j < BK / 8; j++)
-                sc[mt][j][0] = sc[mt][j][1] = sc[mt][j][2] = sc[mt][j][3] = 0.0f;
-        }
-        /* k-steps outside, key groups inside: consecutive mma are independent */
+        for (int j = 0; j < BK / 8; j++)
+            sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;
 #pragma unroll
         for (int kc = 0; kc < KC; kc += 2)
 #pragma unroll
@@ -1090,78 +1232,14 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
                 /* keys 8j..8j+7 by dims 16kc..16kc+31: the B fragments of k-steps kc and kc + 1 */
                 uint32_t b[4];
                 kat_ldmatrix(b, &sK[(j * 8 + (lane & 7)) * LDS + (lane >> 3) * 8 + kc * 16]);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    kat_mma<DT>::run(sc[mt][j], qa[mt][kc], b[0], b[1]);
-                    kat_mma<DT>::run(sc[mt][j], qa[mt][kc + 1], b[2], b[3]);
-                }
+                kat_mma<DT>::run(sc[j], qa[kc], b[0], b[1]);
+                kat_mma<DT>::run(sc[j], qa[kc + 1], b[2], b[3]);
             }
-        /* scale, causal mask where the tile reaches past the first row's position */
-        const bool mask = k0 + BK - 1 > p_first;
+        /* the causal mask where the tile reaches past the first row's position */
+        if (k0 + BK - 1 > t.p_first)
+            kat_prefill_mask<BK>(sc, pos_a, pos_b, k0, tig);
         uint32_t pf[MT][BK / 16][4];
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++) {
-            /* positions relative to the tile in 32 bits (the tile's keys are
-             * k0 + 0..BK-1): a key is masked when its offset passes the row's */
-            const int64_t pa64 = len - n_new + (m0 + ra[mt]) / gq - k0, pb64 = len - n_new + (m0 + rb[mt]) / gq - k0;
-            const int pa = (int)min(pa64, (int64_t)BK), pb = (int)min(pb64, (int64_t)BK);
-            float mxa[BK / 8], mxb[BK / 8];
-#pragma unroll
-            for (int j = 0; j < BK / 8; j++) {
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int key = j * 8 + tig * 2 + (e & 1);
-                    float v = sc[mt][j][e] * sl2;
-                    if (mask && key > (e < 2 ? pa : pb))
-                        v = -INFINITY;
-                    sc[mt][j][e] = v;
-                }
-                mxa[j] = fmaxf(sc[mt][j][0], sc[mt][j][1]);
-                mxb[j] = fmaxf(sc[mt][j][2], sc[mt][j][3]);
-            }
-            /* the maxima as a tree: a few dependent steps, not BK / 4 */
-#pragma unroll
-            for (int w = 1; w < BK / 8; w *= 2)
-#pragma unroll
-                for (int j = 0; j + w < BK / 8; j += 2 * w) {
-                    mxa[j] = fmaxf(mxa[j], mxa[j + w]);
-                    mxb[j] = fmaxf(mxb[j], mxb[j + w]);
-                }
-            float mx_a = mxa[0], mx_b = mxb[0];
-#pragma unroll
-            for (int off = 1; off < 4; off <<= 1) {
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-            }
-            const float mn_a = fmaxf(m_a[mt], mx_a), mn_b = fmaxf(m_b[mt], mx_b);
-            const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a, mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
-            const float c_a = exp2f(m_a[mt] - mu_a), c_b = exp2f(m_b[mt] - mu_b);
-            m_a[mt] = mn_a, m_b[mt] = mn_b;
-            l_a[mt] *= c_a, l_b[mt] *= c_b;
-#pragma unroll
-            for (int n = 0; n < ND; n++) {
-                o[mt][n][0] *= c_a, o[mt][n][1] *= c_a;
-                o[mt][n][2] *= c_b, o[mt][n][3] *= c_b;
-            }
-            /* the tile's probability sums as a tree too, then one add to l */
-            float sa[BK / 8], sb[BK / 8];
-#pragma unroll
-            for (int j = 0; j < BK / 8; j++) {
-                float p0 = exp2f(sc[mt][j][0] - mu_a), p1 = exp2f(sc[mt][j][1] - mu_a);
-                float p2 = exp2f(sc[mt][j][2] - mu_b), p3 = exp2f(sc[mt][j][3] - mu_b);
-                sa[j] = p0 + p1, sb[j] = p2 + p3;
-                pf[mt][j / 2][(j & 1) * 2] = kat_mma<DT>::pack(p0, p1);
-                pf[mt][j / 2][(j & 1) * 2 + 1] = kat_mma<DT>::pack(p2, p3);
-            }
-#pragma unroll
-            for (int w = 1; w < BK / 8; w *= 2)
-#pragma unroll
-                for (int j = 0; j + w < BK / 8; j += 2 * w) {
-                    sa[j] += sa[j + w];
-                    sb[j] += sb[j + w];
-                }
-            l_a[mt] += sa[0], l_b[mt] += sb[0];
-        }
+        kat_prefill_softmax<DT, BK, ND>(sc, sl2, m_a, m_b, l_a[0], l_b[0], o[0], pf[0]);
 
         kat_cp_wait<0>();
         __syncthreads(); /* V(kt) is in; every warp is done with sK */
@@ -1173,47 +1251,10 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_prefill(kiln_attention_cuda_a
             }
             kat_cp_commit();
         }
-        /* O += P V: keys 16kk.. as the k dimension, V read transposed, each
-         * fragment once for the MT m-tiles */
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-#pragma unroll
-            for (int np = 0; np < D / 16; np++) {
-                uint32_t b[4];
-                int mi = lane >> 3, ri = lane & 7;
-                kat_ldmatrix_t(b, &sV[(kk * 16 + ri + (mi & 1) * 8) * LDS + np * 16 + (mi >> 1) * 8]);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    kat_mma<DT>::run(o[mt][2 * np], pf[mt][kk], b[0], b[1]);
-                    kat_mma<DT>::run(o[mt][2 * np + 1], pf[mt][kk], b[2], b[3]);
-                }
-            }
+        kat_prefill_pv<DT, D, BK, MT, LDS>(sV, lane, pf, o);
         __syncthreads();
     }
-
-    const bool bad = s_bad != 0;
-    uint16_t *out = (uint16_t *)a.out;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        float la = l_a[mt], lb = l_b[mt];
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            la += __shfl_xor_sync(0xffffffffu, la, off);
-            lb += __shfl_xor_sync(0xffffffffu, lb, off);
-        }
-        const float ia = bad ? kat_nan() : 1.0f / la, ib = bad ? kat_nan() : 1.0f / lb;
-#pragma unroll
-        for (int n = 0; n < ND; n++) {
-            int col = n * 8 + tig * 2;
-            if (ra[mt] < rows)
-                *(uint32_t *)&out[KAT_ROW(ra[mt], out_ld) + col] =
-                    kat_mma<DT>::pack(o[mt][n][0] * ia, o[mt][n][1] * ia);
-            if (rb[mt] < rows)
-                *(uint32_t *)&out[KAT_ROW(rb[mt], out_ld) + col] =
-                    kat_mma<DT>::pack(o[mt][n][2] * ib, o[mt][n][3] * ib);
-        }
-    }
-#undef KAT_ROW
+    kat_prefill_store<DT, D, MT>(a, t, o, l_a, l_b, ra, rb, s_bad != 0, tig);
 }
 
 /* kat_prefill_wide's layout: Q's tile and two stages of K and V tiles in
@@ -1261,49 +1302,29 @@ __global__ void __launch_bounds__(KAT_THREADS, 2) kat_prefill_wide(kiln_attentio
     kcu_after_prior();
     if (threadIdx.x == 0)
         s_bad = 0; /* published by kat_find_tile's barriers */
-    int64_t tile_in_seq;
-    /* by_tile: a 1-d grid, tile-major, so the longest tiles of every kv
-     * head start first (else x = tile, y = kv head) */
-    const int64_t gq = a.n_heads / a.n_kv_heads;
-    const int64_t kvh = by_tile ? blockIdx.x % a.n_kv_heads : blockIdx.y;
-    const int64_t s = kat_find_tile(a, by_tile ? blockIdx.x / a.n_kv_heads : blockIdx.x, gq, BQ, &tile_in_seq);
-    if (s < 0)
+    kat_ptile t;
+    if (!kat_prefill_begin<DT, D>(a, by_tile, BQ, t))
         return;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tig = lane & 3;
-    const int64_t first = a.qstart[s], n_new = (int64_t)a.qstart[s + 1] - first, len = a.seq_lens[s];
-    const int64_t n_qt = (n_new * gq + BQ - 1) / BQ;
-    const int64_t m0 = (n_qt - 1 - tile_in_seq) * BQ; /* first row; the longest tiles of a sequence first */
-    const int64_t rows = min((int64_t)BQ, n_new * gq - m0);
-    const int64_t out_ld = (int64_t)a.n_heads * D;
-    /* element offset of row m of the tile in a [tokens, n_heads * head_dim] tensor with rows ld apart */
-#define KAT_ROW(m, ld) ((first + (m0 + (m)) / gq) * (ld) + (kvh * gq + (m0 + (m)) % gq) * D)
-    if (first < 0 || first + n_new > a.tokens || len < n_new || len > a.max_blocks * a.block_size) {
-        if (first >= 0 && first + n_new <= a.tokens)
-            for (int i = threadIdx.x; i < rows * D; i += KAT_THREADS)
-                kat_type<DT>::store(a.out, KAT_ROW(i / D, out_ld) + i % D, kat_nan());
-        return;
-    }
-    /* positions of the tile's first and last rows' tokens */
-    const int64_t p_first = len - n_new + m0 / gq, p_last = len - n_new + (m0 + rows - 1) / gq;
     /* this thread's two rows of each m-tile mt: ra[mt] and rb[mt] = ra[mt] + 8, and their positions */
     int ra[MT], rb[MT];
     int64_t pos_a[MT], pos_b[MT];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         ra[mt] = mt * 64 + warp * 16 + gr, rb[mt] = ra[mt] + 8;
-        pos_a[mt] = len - n_new + (m0 + ra[mt]) / gq, pos_b[mt] = len - n_new + (m0 + rb[mt]) / gq;
+        pos_a[mt] = t.pos(ra[mt]), pos_b[mt] = t.pos(rb[mt]);
     }
 
     /* a thread's 16-byte pieces of a tile: column lc of rows lr, lr + LRS, ... */
     constexpr int LRS = KAT_THREADS / (D / 8);
     const int lr = threadIdx.x / (D / 8), lc = (threadIdx.x % (D / 8)) * 8;
     const int64_t vd = kat_vdelta(a);
-    const int64_t n_kt = (p_last + BK) / BK;
-    const int64_t n_plain = (p_first + 1) / BK; /* tiles every row sees whole: no mask */
+    const int64_t n_kt = (t.p_last + BK) / BK;
+    const int64_t n_plain = (t.p_first + 1) / BK; /* tiles every row sees whole: no mask */
     /* the K row offsets of tile kt's keys into slot kt & 1 (threads < BK) */
     auto offsets = [&](int64_t kt) {
         if (threadIdx.x < BK) {
-            const int64_t kp = kt * BK + threadIdx.x, off = kp <= p_last ? kat_krow(a, s, kp, kvh) : -2;
+            const int64_t kp = kt * BK + threadIdx.x, off = kp <= t.p_last ? kat_krow(a, t.s, kp, t.kvh) : -2;
             if (off == -1)
                 s_bad = 1;
             s_off[kt & 1][threadIdx.x] = off;
@@ -1326,8 +1347,8 @@ __global__ void __launch_bounds__(KAT_THREADS, 2) kat_prefill_wide(kiln_attentio
     __syncthreads();
     /* Q's tile (rows past `rows` zero), then K and V of tile 0: groups {Q, K0}, {V0} */
     for (int r = lr; r < BQ; r += LRS)
-        kat_cp_async16(&sQ[r * LDS + lc], r < rows ? (const uint16_t *)a.q + KAT_ROW(r, a.q_ld) + lc : a.q,
-                       r < rows ? 16 : 0);
+        kat_cp_async16(&sQ[r * LDS + lc], r < t.rows ? (const uint16_t *)a.q + t.row(r, a.q_ld, D) + lc : a.q,
+                       r < t.rows ? 16 : 0);
     load(0, 0);
     load(0, 1);
 
@@ -1344,7 +1365,6 @@ __global__ void __launch_bounds__(KAT_THREADS, 2) kat_prefill_wide(kiln_attentio
     const float sl2 = a.scale * KAT_LOG2E;
 
     auto tile = [&](int64_t kt, auto masked) {
-        constexpr bool MASK = decltype(masked)::value;
         const int64_t k0 = kt * BK;
         const uint16_t *sK = sKV + (kt & 1) * 2 * BK * LDS, *sV = sK + BK * LDS;
         const bool next = kt + 1 < n_kt;
@@ -1388,67 +1408,12 @@ __global__ void __launch_bounds__(KAT_THREADS, 2) kat_prefill_wide(kiln_attentio
                 }
             }
         }
-        /* online softmax on the raw scores: max first, then one FFMA and
-         * one exp2 a score */
         uint32_t pf[MT][BK / 16][4];
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
-            if (MASK) {
-                /* a key is masked when its offset in the tile passes the row's position's */
-                const int pa = (int)min(pos_a[mt] - k0, (int64_t)BK), pb = (int)min(pos_b[mt] - k0, (int64_t)BK);
-#pragma unroll
-                for (int j = 0; j < BK / 8; j++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        if (j * 8 + tig * 2 + (e & 1) > (e < 2 ? pa : pb))
-                            sc[mt][j][e] = -INFINITY;
-            }
-            float mxa[BK / 8], mxb[BK / 8];
-#pragma unroll
-            for (int j = 0; j < BK / 8; j++) {
-                mxa[j] = fmaxf(sc[mt][j][0], sc[mt][j][1]);
-                mxb[j] = fmaxf(sc[mt][j][2], sc[mt][j][3]);
-            }
-#pragma unroll
-            for (int w = 1; w < BK / 8; w *= 2)
-#pragma unroll
-                for (int j = 0; j + w < BK / 8; j += 2 * w) {
-                    mxa[j] = fmaxf(mxa[j], mxa[j + w]);
-                    mxb[j] = fmaxf(mxb[j], mxb[j + w]);
-                }
-            float mx_a = mxa[0], mx_b = mxb[0];
-#pragma unroll
-            for (int off = 1; off < 4; off <<= 1) {
-                mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-                mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-            }
-            const float mn_a = fmaxf(m_a[mt], mx_a * sl2), mn_b = fmaxf(m_b[mt], mx_b * sl2);
-            const float mu_a = mn_a == -INFINITY ? 0.0f : mn_a, mu_b = mn_b == -INFINITY ? 0.0f : mn_b;
-            const float c_a = exp2f(m_a[mt] - mu_a), c_b = exp2f(m_b[mt] - mu_b);
-            m_a[mt] = mn_a, m_b[mt] = mn_b;
-            l_a[mt] *= c_a, l_b[mt] *= c_b;
-#pragma unroll
-            for (int n = 0; n < ND; n++) {
-                o[mt][n][0] *= c_a, o[mt][n][1] *= c_a;
-                o[mt][n][2] *= c_b, o[mt][n][3] *= c_b;
-            }
-            float sa[BK / 8], sb[BK / 8];
-#pragma unroll
-            for (int j = 0; j < BK / 8; j++) {
-                const float p0 = exp2f(fmaf(sc[mt][j][0], sl2, -mu_a)), p1 = exp2f(fmaf(sc[mt][j][1], sl2, -mu_a));
-                const float p2 = exp2f(fmaf(sc[mt][j][2], sl2, -mu_b)), p3 = exp2f(fmaf(sc[mt][j][3], sl2, -mu_b));
-                sa[j] = p0 + p1, sb[j] = p2 + p3;
-                pf[mt][j / 2][(j & 1) * 2] = kat_mma<DT>::pack(p0, p1);
-                pf[mt][j / 2][(j & 1) * 2 + 1] = kat_mma<DT>::pack(p2, p3);
-            }
-#pragma unroll
-            for (int w = 1; w < BK / 8; w *= 2)
-#pragma unroll
-                for (int j = 0; j + w < BK / 8; j += 2 * w) {
-                    sa[j] += sa[j + w];
-                    sb[j] += sb[j + w];
-                }
-            l_a[mt] += sa[0], l_b[mt] += sb[0];
+            if (decltype(masked)::value)
+                kat_prefill_mask<BK>(sc[mt], pos_a[mt], pos_b[mt], k0, tig);
+            kat_prefill_softmax<DT, BK, ND>(sc[mt], sl2, m_a[mt], m_b[mt], l_a[mt], l_b[mt], o[mt], pf[mt]);
         }
 
         /* pending: {V(kt)} and, with a next tile, {K(kt+1)}, {V(kt+1)} */
@@ -1457,51 +1422,14 @@ __global__ void __launch_bounds__(KAT_THREADS, 2) kat_prefill_wide(kiln_attentio
         else
             kat_cp_wait<0>();
         __syncthreads();
-        /* O += P V: keys 16kk.. as the k dimension, V read transposed, each
-         * fragment once for the MT m-tiles */
-#pragma unroll
-        for (int kk = 0; kk < BK / 16; kk++)
-#pragma unroll
-            for (int np = 0; np < D / 16; np++) {
-                uint32_t b[4];
-                const int mi = lane >> 3, ri = lane & 7;
-                kat_ldmatrix_t(b, &sV[(kk * 16 + ri + (mi & 1) * 8) * LDS + np * 16 + (mi >> 1) * 8]);
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++) {
-                    kat_mma<DT>::run(o[mt][2 * np], pf[mt][kk], b[0], b[1]);
-                    kat_mma<DT>::run(o[mt][2 * np + 1], pf[mt][kk], b[2], b[3]);
-                }
-            }
+        kat_prefill_pv<DT, D, BK, MT, LDS>(sV, lane, pf, o);
     };
     int64_t kt = 0;
     for (; kt < n_plain; kt++)
         tile(kt, std::false_type());
     for (; kt < n_kt; kt++)
         tile(kt, std::true_type());
-
-    const bool bad = s_bad != 0;
-    uint16_t *out = (uint16_t *)a.out;
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++) {
-        float la = l_a[mt], lb = l_b[mt];
-#pragma unroll
-        for (int off = 1; off < 4; off <<= 1) {
-            la += __shfl_xor_sync(0xffffffffu, la, off);
-            lb += __shfl_xor_sync(0xffffffffu, lb, off);
-        }
-        const float ia = bad ? kat_nan() : 1.0f / la, ib = bad ? kat_nan() : 1.0f / lb;
-#pragma unroll
-        for (int n = 0; n < ND; n++) {
-            int col = n * 8 + tig * 2;
-            if (ra[mt] < rows)
-                *(uint32_t *)&out[KAT_ROW(ra[mt], out_ld) + col] =
-                    kat_mma<DT>::pack(o[mt][n][0] * ia, o[mt][n][1] * ia);
-            if (rb[mt] < rows)
-                *(uint32_t *)&out[KAT_ROW(rb[mt], out_ld) + col] =
-                    kat_mma<DT>::pack(o[mt][n][2] * ib, o[mt][n][3] * ib);
-        }
-    }
-#undef KAT_ROW
+    kat_prefill_store<DT, D, MT>(a, t, o, l_a, l_b, ra, rb, s_bad != 0, tig);
 }
 
 /* ---- 2d. decode, pipelined: whole rows of K and V through shared memory --------------- */
@@ -2486,11 +2414,11 @@ static dim3 kat_prefill_grid(const kiln_attention_cuda_args &a, int64_t bq, int3
 
 /* The prefill's form: kat_prefill_wide where the step's sequences have
  * KAT_WIDE_TOKENS new tokens each on average at head_dim 128, else
- * kat_prefill (H200, 8B shape, attention_bench: one prompt of 512 tokens
- * 42 against 61 us, of 2,048 245 against 218, of 8,192 3,347 against
- * 2,546; 64 prompts of 128 193 against 299). From shapes only, as the
- * decode plans are. KILN_ATTENTION_PREFILL=narrow or wide forces one
- * (read at each launch). */
+ * kat_prefill (H200, 8B shape, attention_bench, narrow against wide: one
+ * prompt of 512 tokens 46 against 61 us, of 2,048 228 against 219, of
+ * 8,192 2,842 against 2,545; 64 prompts of 128 166 against 301). From
+ * shapes only, as the decode plans are. KILN_ATTENTION_PREFILL=narrow or
+ * wide forces one (read at each launch). */
 template <int DT, int D, bool F8>
 static cudaError_t kat_launch_prefill_d(const kiln_attention_cuda_args &a, cudaStream_t st)
 {

@@ -574,18 +574,20 @@ static void test_chunked_prefill(void)
 }
 
 /* kat_prefill's two forms (KILN_ATTENTION_PREFILL=narrow: 64 rows a CTA;
- * wide: 128) and both grid orders (KILN_ATTENTION_PREFILL_ORDER=head): the
- * prefill and chunked prefill cases again under each, partial tiles of
- * both sizes among them (100, 250, 1000 tokens by 4 heads; MQA 8 heads),
- * and FP8. */
+ * wide: 128) and both grid orders
+ * (KILN_ATTENTION_PREFILL_ORDER=head): the prefill and chunked prefill
+ * cases again under each, partial tiles of both sizes among them (100, 250,
+ * 1000 tokens by 4 heads; MQA 8 heads), and FP8. */
 static void test_prefill_tiles(void)
 {
-    static const char *const vs[4] = {"narrow", "wide", "narrow", "wide"};
+    static const char *const vs[4][2] = {{"narrow", NULL}, {"wide", NULL}, {"narrow", "head"}, {"wide", "head"}};
     for (int v = 0; v < 4; v++) {
-        if (v >= 2)
-            setenv("KILN_ATTENTION_PREFILL_ORDER", "head", 1);
-        setenv("KILN_ATTENTION_PREFILL", vs[v], 1);
-        printf("  with KILN_ATTENTION_PREFILL=%s%s\n", vs[v], v >= 2 ? ", KILN_ATTENTION_PREFILL_ORDER=head" : "");
+        setenv("KILN_ATTENTION_PREFILL", vs[v][0], 1);
+        if (vs[v][1])
+            setenv("KILN_ATTENTION_PREFILL_ORDER", vs[v][1], 1);
+        else
+            unsetenv("KILN_ATTENTION_PREFILL_ORDER");
+        printf("  with KILN_ATTENTION_PREFILL=%s%s\n", vs[v][0], vs[v][1] ? ", KILN_ATTENTION_PREFILL_ORDER=head" : "");
         test_prefill();
         test_chunked_prefill();
         cache_fp8 = 1;
