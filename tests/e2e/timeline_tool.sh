@@ -7,10 +7,13 @@
 set -euo pipefail
 src=${KILN_SOURCE_DIR:?KILN_SOURCE_DIR is not set}
 build=${KILN_BUILD_DIR:?KILN_BUILD_DIR is not set}
-line() { grep -n "KTL_SCOPE" "$src/$1" | sed -n "${2}p" | cut -d: -f1; }
-gemv=$(line plugins/fusedmm/fusedmm_cuda.cu 1)    # fmm_gemv_kernel
-pipe=$(line plugins/attention/attention_cuda.cu 6) # kat_pipe
-gather=$(line src/backend/cuda/cuda_movement.cu 3) # kcu_gather_kernel
+# line FILE KERNEL: the KTL_SCOPE line of KERNEL's definition (the first
+# after its name followed by "("), so kernels added above it move nothing
+line() { awk -v n="$2" '$0 ~ "(^|[ )])" n "\\(" {f=1} f && /KTL_SCOPE/ {print NR; exit}' "$src/$1"; }
+gemv=$(line plugins/fusedmm/fusedmm_cuda.cu fmm_gemv_kernel)
+pipe=$(line plugins/attention/attention_cuda.cu kat_pipe)
+gather=$(line src/backend/cuda/cuda_movement.cu kcu_gather_kernel)
+[ -n "$gemv" ] && [ -n "$pipe" ] && [ -n "$gather" ] || { echo "FAIL: a kernel's KTL_SCOPE line was not found"; exit 1; }
 trace=$build/timeline_tool.txt
 # per step s (ns from s * 100,000): fmm_gemv (4 blocks) starts 0, waits 2000,
 # ends 10000; kat_pipe (2 blocks) 9000 / 11000 / 15000; kcu_gather (1 block)
