@@ -934,17 +934,8 @@ template <int XT, int BITS, int RT, bool SR>
 cudaError_t woq_pipe_run(const void *x, const uint8_t *q, const float *scales, const uint8_t *zeros, void *y, int32_t m,
                          int32_t n, int32_t k, int32_t group, int64_t tiles, int split, cudaStream_t s)
 {
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)tiles);
-    cfg.blockDim = dim3((unsigned)split * 32);
-    cfg.dynamicSmemBytes = woq_pipe_smem(split, RT);
-    cfg.stream = s;
-    cfg.attrs = attr;
-    cfg.numAttrs = kcu_pdl ? 1 : 0;
-    return cudaLaunchKernelEx(&cfg, woq_pipe_kernel<XT, BITS, RT, SR>, x, q, scales, zeros, y, m, n, k, group);
+    return kcu_launch_smem(woq_pipe_kernel<XT, BITS, RT, SR>, dim3((unsigned)tiles), dim3((unsigned)split * 32),
+                           woq_pipe_smem(split, RT), s, x, q, scales, zeros, y, m, n, k, group);
 }
 
 /* The pipelined GEMV with its tile and k split (woq_pipe_split): one
