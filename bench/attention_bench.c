@@ -2,7 +2,7 @@
  * (32 query heads, 8 kv heads, head_dim 128, bf16, KV blocks of 16 tokens).
  *
  *   attention_bench [--reps N] [--sweep] [--prefill] [--variants a,b,...] [--cases TEXT]
- *                   [--prefill-variants a,b,...]
+ *                   [--prefill-variants a,b,...] [--fp8]
  *
  * Decode (one new token per sequence): batch 1 at contexts 136 (also with
  * a table sized for an 8448-token engine: the splits planned for it, as a
@@ -28,8 +28,9 @@
  * kat_combine instead of in a thread-block cluster
  * (KILN_ATTENTION_CLUSTER=0), `w1` with a warp a CTA where a step runs
  * one split (KILN_ATTENTION_PIPE_WARPS=1: the many-sequence cases), `prev`
- * the previous default (all four choices undone) and `split` the older
- * kat_decode (KILN_ATTENTION_DECODE=split). Two times: one
+ * the previous default (all four choices undone), `split` the older
+ * kat_decode (KILN_ATTENTION_DECODE=split) and `mma` the decode on the
+ * tensor cores, kat_dmma (KILN_ATTENTION_DECODE=mma). Two times: one
  * launch between two events ("launch", includes the host's launch cost
  * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
  * ("graph", as the engine replays decode). Inputs rotate among copies
@@ -48,7 +49,8 @@
  * causal attention FLOPs (4 * heads * head_dim per query-key pair at or before
  * the query) per second. Every figure is the median of --reps (default 50)
  * runs timed with CUDA events after warm-up. Needs a GPU (exits 77 without
- * one). */
+ * one). --fp8 runs every case on an E4M3 cache (`--kv-dtype fp8`: kat_write
+ * then writes the new rows, and KV bytes are one a value). */
 #include <cuda_runtime_api.h>
 #include <kiln/kiln.h>
 #include <kiln/registry.h>
@@ -65,7 +67,7 @@
 
 static cudaStream_t stream;
 static cudaEvent_t ev0, ev1;
-static int reps = 50, sweep, prefill_only;
+static int reps = 50, sweep, prefill_only, fp8_cache;         /* --fp8: an E4M3 cache (--kv-dtype fp8) */
 static const char *only_variants, *only_cases, *only_prefill; /* --variants, --cases, --prefill-variants (NULL: all) */
 
 /* Whether `name` is one of the comma-separated names of `list`. */
@@ -229,7 +231,7 @@ static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, i
     for (int64_t s = 0; s < S; s++)
         nb += (lens[s] + BS - 1) / BS;
     const int64_t T = S * n_new;
-    const size_t cache_bytes = (size_t)(nb * 2 * NKV * BS * HD) * 2;
+    const size_t cache_bytes = (size_t)(nb * 2 * NKV * BS * HD) * (fp8_cache ? 1 : 2);
     j->n_rot = (int)(((size_t)256 << 20) / cache_bytes + 1);
     j->n_rot = j->n_rot > MAX_ROT ? MAX_ROT : j->n_rot;
     j->rot = 0;
@@ -250,7 +252,9 @@ static void attn_setup(attn_job *j, kiln_cuda_device *dev, kiln_registry *reg, i
         in[0] = (kiln_exec_tensor){dev_alloc((size_t)(T * NH * HD) * 2, 1), KILN_DTYPE_BF16, dq};
         in[1] = (kiln_exec_tensor){dev_alloc((size_t)(T * NKV * HD) * 2, 1), KILN_DTYPE_BF16, dk};
         in[2] = (kiln_exec_tensor){dev_alloc((size_t)(T * NKV * HD) * 2, 1), KILN_DTYPE_BF16, dk};
-        in[3] = (kiln_exec_tensor){dev_alloc(cache_bytes, 1), KILN_DTYPE_BF16, dc};
+        in[3] = (kiln_exec_tensor){dev_alloc(cache_bytes, !fp8_cache), fp8_cache ? KILN_DTYPE_U8 : KILN_DTYPE_BF16, dc};
+        if (fp8_cache) /* codes of 0.5 and 0.5625 (random bf16 bytes would hold NaN codes) */
+            CU(cudaMemset(in[3].data, 0x30 | (r & 1), cache_bytes));
         in[4] = (kiln_exec_tensor){dev_alloc((size_t)(S * mb) * 4, 0), KILN_DTYPE_I32, dt};
         in[5] = (kiln_exec_tensor){dev_alloc((size_t)S * 4, 0), KILN_DTYPE_I32, ds};
         in[6] = (kiln_exec_tensor){dev_alloc((size_t)(S + 1) * 4, 0), KILN_DTYPE_I32, dqs};
@@ -315,6 +319,7 @@ static const variant variants[] = {
      {"KILN_ATTENTION_PIPE_EARLY", "0", "KILN_ATTENTION_PIPE_STAGE_BLOCK", "0", "KILN_ATTENTION_PIPE_SPLIT_KEYS", "256",
       "KILN_ATTENTION_PIPE_CAP", "0"}},
     {"split", {"KILN_ATTENTION_DECODE", "split"}},
+    {"mma", {"KILN_ATTENTION_DECODE", "mma"}},
     {"p128", {"KILN_ATTENTION_PIPE_CTAS", "128"}},
     {"p264", {"KILN_ATTENTION_PIPE_CTAS", "264"}},
     {"p1056", {"KILN_ATTENTION_PIPE_CTAS", "1056"}},
@@ -342,7 +347,7 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
         tokens += lens[s];
     }
     const int64_t mb = dc->mb ? dc->mb : (longest + BS - 1) / BS;
-    const double bytes = tokens * NKV * HD * 2 /* k and v */ * 2 /* bf16 */;
+    const double bytes = tokens * NKV * HD * 2 /* k and v */ * (fp8_cache ? 1 : 2) /* E4M3 or bf16 */;
     for (int k = 0; k < (sweep || only_variants ? N_VARIANTS : N_VARIANTS - 3); k++) {
         if (only_variants && !listed(only_variants, variants[k].name))
             continue;
@@ -368,6 +373,8 @@ int main(int argc, char **argv)
             reps = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--prefill") == 0) {
             prefill_only = 1;
+        } else if (strcmp(argv[i], "--fp8") == 0) {
+            fp8_cache = 1;
         } else if (strcmp(argv[i], "--sweep") == 0) {
             sweep = 1;
         } else if (strcmp(argv[i], "--variants") == 0 && i + 1 < argc) {
@@ -378,7 +385,7 @@ int main(int argc, char **argv)
             only_cases = argv[++i];
         } else {
             fprintf(stderr, "usage: attention_bench [--reps N (>= 5)] [--sweep] [--prefill] [--variants a,b,...] "
-                            "[--cases TEXT] [--prefill-variants a,b,...]\n");
+                            "[--cases TEXT] [--prefill-variants a,b,...] [--fp8]\n");
             return 2;
         }
     }
@@ -419,8 +426,9 @@ int main(int argc, char **argv)
     cudaFree(cp.src);
     cudaFree(cp.dst);
 
-    printf("kiln/PagedAttention, Llama-3.1-8B shape: %d query / %d kv heads, head_dim %d, bf16, block %d; sm_%d\n", NH,
-           NKV, HD, BS, (int)arch);
+    printf("kiln/PagedAttention, Llama-3.1-8B shape: %d query / %d kv heads, head_dim %d, bf16, %s cache, block %d; "
+           "sm_%d\n",
+           NH, NKV, HD, fp8_cache ? "E4M3" : "bf16", BS, (int)arch);
     printf("device copy (cudaMemcpyAsync D2D 1 GiB, read + written): %.2f TB/s\n\n", copy_bw / 1e12);
     printf("%-34s %-7s %10s %10s %12s %9s %11s\n", "decode (one new token each)", "kernel", "launch us", "graph us",
            "KV read MB", "TB/s", "of copy bw");

@@ -69,6 +69,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "core/fp8.h"
+#include "fp8/fp8_quant.cuh"
 
 #include <cooperative_groups.h>
 #include <type_traits>
@@ -243,6 +244,32 @@ __global__ void __launch_bounds__(KAT_THREADS) kat_write(kiln_attention_cuda_arg
     if (!k.valid)
         return;
     const int64_t D = a.head_dim, vd = kat_vdelta(a);
+    if (a.cache_dtype == KILN_DTYPE_U8 && vec) {
+        /* FP8, 16-byte rows of f16/bf16: 8 values a thread, converted by the
+         * hardware's saturating round-to-nearest-even, which gives
+         * kiln_f32_to_e4m3's codes (the quantizers of fp8_quant.cuh convert
+         * the same way, and their op tests compare bytes with the CPU) */
+        uint8_t *c = (uint8_t *)a.cache;
+        const int32_t per_row = (int32_t)(D / 8), total = per_row * (int32_t)a.n_kv_heads;
+        for (int32_t i = threadIdx.x; i < total; i += blockDim.x) {
+            const int32_t h = i / per_row, u = i - h * per_row;
+            const int64_t dst = kat_krow(a, k.s, k.pos, h);
+            if (dst < 0)
+                return;
+            const uint4 kx = ((const uint4 *)((const char *)a.k + (t * a.k_ld + h * D) * es))[u];
+            const uint4 vx = ((const uint4 *)((const char *)a.v + (t * a.v_ld + h * D) * es))[u];
+            float f[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                f[e] = kiln_elem_load_f32(&kx, a.dtype, e);
+            *(uint2 *)(c + dst + 8 * u) = make_uint2(fp8_pack4(f, 1.0f), fp8_pack4(f + 4, 1.0f));
+#pragma unroll
+            for (int e = 0; e < 8; e++)
+                f[e] = kiln_elem_load_f32(&vx, a.dtype, e);
+            *(uint2 *)(c + dst + vd + 8 * u) = make_uint2(fp8_pack4(f, 1.0f), fp8_pack4(f + 4, 1.0f));
+        }
+        return;
+    }
     if (a.cache_dtype == KILN_DTYPE_U8) { /* FP8: each value rounded to E4M3 (core/fp8.h) */
         uint8_t *c = (uint8_t *)a.cache;
         for (int64_t i = threadIdx.x; i < D * a.n_kv_heads; i += blockDim.x) {
@@ -2092,6 +2119,249 @@ struct kat_pipe_plan {
     int32_t g, fused, cluster, keys, opts, stages, warps;
 };
 
+/* ---- 2b. decode of many sequences on the tensor cores ----------------------------------- */
+
+#define KAT_DMMA_BK 16 /* keys of a warp's tile */
+
+/* kat_dmma's shared memory: each warp's S stages of a K tile and a V tile
+ * (BK rows of RB bytes, PITCH apart: 16 more than a row, so that the
+ * fragment reads below meet no bank conflict in the E4M3 form). */
+template <int D, bool F8> struct kat_dmma_cfg {
+    static constexpr int RB = F8 ? D : 2 * D;
+    static constexpr int PITCH = RB + 16;
+    static constexpr int S = F8 ? 3 : 2;
+    static constexpr int STAGE = 2 * KAT_DMMA_BK * PITCH;
+    static constexpr size_t SMEM = (size_t)(KAT_THREADS / 32) * S * STAGE;
+    static_assert(SMEM >= (size_t)(KAT_THREADS / 32) * 16 * (2 + D) * 4, "kat_dmma's merge area");
+};
+
+/* Two E4M3 codes (the first in the low byte of c) as a pair of DT values,
+ * the first in the lower half: exact for f16 and bf16. */
+template <int DT> __device__ __forceinline__ uint32_t kat_e4m3x2_pair(uint32_t c)
+{
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(c & 0xffffu), __NV_E4M3);
+    if constexpr (DT == KILN_DTYPE_F16)
+        return (uint32_t)h.x | (uint32_t)h.y << 16;
+    const float2 f = __half22float2(*(const __half2 *)&h);
+    return kat_mma<KILN_DTYPE_BF16>::pack(f.x, f.y);
+}
+
+/* A decode step (each token attends its sequence's keys 0..pos, all in the
+ * cache: kat_write ran before) with a CTA per (token, kv head). The kv
+ * head's gq query heads are the rows of one m-tile (rows past gq zero);
+ * warp w takes the 16-key tiles w, w + 4, ... through S stages of
+ * cp.async, and the four warps' softmax states merge at the end. Each
+ * thread's fragments are whole 16-byte pieces of shared memory: a dot
+ * product does not care which dimension a fragment position stands for
+ * as long as Q and K agree, so thread (gr, tig) takes dimensions
+ * [tig D/4, (tig + 1) D/4) of Q row gr (and gr + 8) and of its K row,
+ * k-step kc being 4kc..4kc + 3 of them; in P V, column n of n-tile nt is
+ * dimension n D/8 + nt, so a thread's V fragments are the D/8 dimensions
+ * from gr D/8 of keys 2tig, 2tig + 1, 2tig + 8 and 2tig + 9. F8: E4M3
+ * codes widened in registers (to DT for Q K^T; to f16 for P V, exact for
+ * the codes and finer than bf16 for probabilities in [0, 1]). */
+template <int DT, int D, bool F8> __global__ void __launch_bounds__(KAT_THREADS, 3) kat_dmma(kiln_attention_cuda_args a)
+{
+    KTL_SCOPE(0);
+    typedef kat_dmma_cfg<D, F8> C;
+    constexpr int BK = KAT_DMMA_BK, KC = D / 16, ND = D / 8, CPR = C::RB / 16, NWARP = KAT_THREADS / 32;
+    constexpr int PDT = F8 ? KILN_DTYPE_F16 : DT; /* P V's inputs */
+    constexpr int ES = F8 ? 1 : 2;                /* bytes of a cache element */
+    extern __shared__ __align__(16) unsigned char kat_dsmem[];
+    kcu_after_prior();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gr = lane >> 2, tig = lane & 3;
+    const int gq = a.n_heads / a.n_kv_heads, kvh = blockIdx.y;
+    const int64_t t = blockIdx.x, row0 = t * a.n_heads + (int64_t)kvh * gq;
+    const kat_tok k = kat_token(a, t);
+    if (!k.valid) {
+        for (int i = threadIdx.x; i < gq * D; i += KAT_THREADS)
+            kat_type<DT>::store(a.out, row0 * D + i, kat_nan());
+        return;
+    }
+    const int64_t nk = k.pos + 1;
+    const int n_tiles = (int)((nk + BK - 1) / BK), n_my = n_tiles > warp ? (n_tiles - warp + NWARP - 1) / NWARP : 0;
+    unsigned char *mine = kat_dsmem + (size_t)warp * C::S * C::STAGE;
+    const int32_t *table = a.table + k.s * a.max_blocks;
+    const char *cache = (const char *)a.cache;
+    const int64_t vd = kat_vdelta(a) * ES; /* bytes from a K row to its V row */
+    const bool one_block = a.block_size % BK == 0;
+    int bad = 0;
+    /* cp.async of the warp's tile j (keys from (warp + 4j) BK) into slot j % S */
+    auto issue = [&](int j) {
+        unsigned char *sk = mine + (j % C::S) * C::STAGE, *sv = sk + BK * C::PITCH;
+        const int64_t kb = (int64_t)(warp + NWARP * j) * BK;
+        int64_t base = -1; /* the tile's first row, where one block holds the whole tile */
+        if (one_block) {
+            const int32_t blk = __ldg(&table[(int32_t)(kb / a.block_size)]);
+            if (blk >= 0 && blk < a.n_blocks)
+                base = (((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)(kb % a.block_size)) * D * ES;
+            else
+                bad = 1;
+        }
+#pragma unroll
+        for (int i = 0; i < BK * CPR / 32; i++) {
+            const int c = lane + 32 * i, r = c / CPR, cc = c % CPR;
+            const int64_t kp = kb + r;
+            int64_t off = -1;
+            if (kp < nk) {
+                if (one_block) {
+                    off = base >= 0 ? base + (int64_t)r * C::RB : -1;
+                } else {
+                    off = kat_krow(a, k.s, kp, kvh);
+                    if (off < 0)
+                        bad = 1;
+                    else
+                        off *= ES;
+                }
+            }
+            const int n = off >= 0 ? 16 : 0;
+            const char *src = off >= 0 ? cache + off + cc * 16 : cache;
+            kat_cp_async16(sk + r * C::PITCH + cc * 16, src, n);
+            kat_cp_async16(sv + r * C::PITCH + cc * 16, off >= 0 ? src + vd : cache, n);
+        }
+    };
+#pragma unroll 1
+    for (int j = 0; j < C::S - 1; j++) {
+        if (j < n_my)
+            issue(j);
+        kat_cp_commit(); /* empty groups keep the count: tile j is group j */
+    }
+    /* Q rows gr and gr + 8, this thread's D/4 dimensions (zeros past gq) */
+    uint32_t qa[KC][4];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = gr + 8 * h;
+        const uint4 *qp =
+            (const uint4 *)((const uint16_t *)a.q + t * a.q_ld + ((int64_t)kvh * gq + r) * D + tig * (D / 4));
+#pragma unroll
+        for (int i = 0; i < D / 32; i++) {
+            const uint4 u = r < gq ? qp[i] : make_uint4(0, 0, 0, 0);
+            qa[2 * i][h] = u.x, qa[2 * i][2 + h] = u.y;
+            qa[2 * i + 1][h] = u.z, qa[2 * i + 1][2 + h] = u.w;
+        }
+    }
+    float o[ND][4];
+#pragma unroll
+    for (int n = 0; n < ND; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+    const float sl2 = a.scale * KAT_LOG2E;
+#pragma unroll 1
+    for (int j = 0; j < n_my; j++) {
+        if (j + C::S - 1 < n_my)
+            issue(j + C::S - 1); /* into the slot tile j - 1 used: every lane is done with it */
+        kat_cp_commit();
+        kat_cp_wait<C::S - 1>();
+        __syncwarp(); /* the other lanes' copies of tile j are visible */
+        const unsigned char *sk = mine + (j % C::S) * C::STAGE, *sv = sk + BK * C::PITCH;
+        const int64_t kb = (int64_t)(warp + NWARP * j) * BK;
+        /* S = Q K^T: n-tile jj is keys 8jj..8jj + 7, this thread's row gr of it */
+        float sc[2][4];
+#pragma unroll
+        for (int jj = 0; jj < 2; jj++) {
+            uint32_t kw[2 * KC]; /* pairs of dimensions (2p, 2p + 1) of the thread's D/4 */
+            const unsigned char *kr = sk + (jj * 8 + gr) * C::PITCH + tig * (C::RB / 4);
+#pragma unroll
+            for (int i = 0; i < C::RB / 64; i++) {
+                const uint4 u = *(const uint4 *)(kr + 16 * i);
+                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    if constexpr (F8) {
+                        kw[8 * i + 2 * q] = kat_e4m3x2_pair<DT>(w[q]);
+                        kw[8 * i + 2 * q + 1] = kat_e4m3x2_pair<DT>(w[q] >> 16);
+                    } else {
+                        kw[4 * i + q] = w[q];
+                    }
+                }
+            }
+            sc[jj][0] = sc[jj][1] = sc[jj][2] = sc[jj][3] = 0.0f;
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++)
+                kat_mma<DT>::run(sc[jj], qa[kc], kw[2 * kc], kw[2 * kc + 1]);
+        }
+        if (kb + BK > nk) /* keys past the sequence (the last tile) */
+#pragma unroll
+            for (int jj = 0; jj < 2; jj++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (kb + jj * 8 + 2 * tig + (e & 1) >= nk)
+                        sc[jj][e] = -INFINITY;
+        uint32_t pf[1][4];
+        kat_prefill_softmax<PDT, BK, ND>(sc, sl2, m_a, m_b, l_a, l_b, o, pf);
+        /* O += P V: keys 2tig, 2tig + 1, 2tig + 8, 2tig + 9, dimensions gr D/8 .. */
+        constexpr int VW = C::RB / 32; /* 32-bit words of a thread's piece of a V row */
+        uint32_t v[4][VW];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const unsigned char *vp = sv + (2 * tig + (r & 1) + 8 * (r >> 1)) * C::PITCH + gr * (C::RB / 8);
+            if constexpr (VW % 4 == 0) {
+#pragma unroll
+                for (int i = 0; i < VW / 4; i++) {
+                    const uint4 u = *(const uint4 *)(vp + 16 * i);
+                    v[r][4 * i] = u.x, v[r][4 * i + 1] = u.y, v[r][4 * i + 2] = u.z, v[r][4 * i + 3] = u.w;
+                }
+            } else {
+                const uint2 u = *(const uint2 *)vp;
+                v[r][0] = u.x, v[r][VW - 1] = u.y;
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < ND; nt++) {
+            uint32_t b0, b1;
+            if constexpr (F8) {
+                const int w = nt / 4, by = nt % 4, sel = by | (4 + by) << 4;
+                b0 = kat_e4m3x2_pair<KILN_DTYPE_F16>(__byte_perm(v[0][w], v[1][w], sel));
+                b1 = kat_e4m3x2_pair<KILN_DTYPE_F16>(__byte_perm(v[2][w], v[3][w], sel));
+            } else {
+                const int w = nt / 2, sel = nt % 2 ? 0x7632 : 0x5410;
+                b0 = __byte_perm(v[0][w], v[1][w], sel);
+                b1 = __byte_perm(v[2][w], v[3][w], sel);
+            }
+            kat_mma<PDT>::run(o[nt], pf[0], b0, b1);
+        }
+        __syncwarp(); /* every lane is done with the slot before it is refilled */
+    }
+    kat_cp_wait<0>();
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+    }
+    /* merge the warps: (m, l) of 16 rows, then the rows < gq of o */
+    __syncthreads(); /* every warp is done with its stages */
+    float *s_ml = (float *)kat_dsmem, *s_o = s_ml + NWARP * 16 * 2;
+    if (tig == 0) {
+        s_ml[(warp * 16 + gr) * 2] = m_a, s_ml[(warp * 16 + gr) * 2 + 1] = l_a;
+        s_ml[(warp * 16 + gr + 8) * 2] = m_b, s_ml[(warp * 16 + gr + 8) * 2 + 1] = l_b;
+    }
+#pragma unroll
+    for (int nt = 0; nt < ND; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = gr + 8 * (e >> 1);
+            if (r < gq)
+                s_o[(warp * gq + r) * D + (2 * tig + (e & 1)) * ND + nt] = o[nt][e];
+        }
+    bad = __syncthreads_or(bad);
+    for (int i = threadIdx.x; i < gq * D; i += KAT_THREADS) {
+        const int r = i / D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < NWARP; w++)
+            M = fmaxf(M, s_ml[(w * 16 + r) * 2]);
+        const float Mu = M == -INFINITY ? 0.0f : M;
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NWARP; w++) {
+            const float f = exp2f(s_ml[(w * 16 + r) * 2] - Mu);
+            L = fmaf(s_ml[(w * 16 + r) * 2 + 1], f, L);
+            O = fmaf(s_o[(w * gq + r) * D + i % D], f, O);
+        }
+        kat_type<DT>::store(a.out, row0 * D + i, bad ? kat_nan() : O / L);
+    }
+}
+
 /* Launches kat_pipe<DT, D, HG, S, F8> for plan p (cudaErrorNotSupported
  * when the device cannot place its clusters). */
 /* Lets `kernel` take `bytes` of dynamic shared memory (past the default
@@ -2248,6 +2518,18 @@ static int kat_use_pipe(void)
 {
     const char *e = getenv("KILN_ATTENTION_DECODE");
     return !(e && strcmp(e, "split") == 0);
+}
+
+/* Whether a step runs kat_dmma: the fast kernels' layouts, f16/bf16
+ * activations, one token a sequence, 2 to 16 query heads a kv head, and
+ * KILN_ATTENTION_DECODE=mma (else kat_pipe); read at each launch. */
+static int kat_use_dmma(const kiln_attention_cuda_args &a, int fast)
+{
+    const int64_t gq = a.n_heads / a.n_kv_heads;
+    if (!fast || a.dtype == KILN_DTYPE_F32 || a.tokens != a.n_seqs || gq < 2 || gq > 16)
+        return 0;
+    const char *e = getenv("KILN_ATTENTION_DECODE");
+    return e && strcmp(e, "mma") == 0;
 }
 
 /* The CTAs kat_pipe aims for when it splits: KAT_PIPE_CTAS, or
@@ -2448,6 +2730,26 @@ template <int DT> static cudaError_t kat_launch_prefill(const kiln_attention_cud
     return a.head_dim == 64 ? kat_launch_prefill_d<DT, 64, false>(a, st) : kat_launch_prefill_d<DT, 128, false>(a, st);
 }
 
+/* kat_dmma over the step's tokens by kv heads. */
+template <int DT, int D, bool F8>
+static cudaError_t kat_launch_dmma_d(const kiln_attention_cuda_args &a, cudaStream_t st)
+{
+    typedef kat_dmma_cfg<D, F8> C;
+    static int8_t smem_ok[KAT_MAX_DEVICES];
+    cudaError_t e = kat_allow_smem(kat_dmma<DT, D, F8>, C::SMEM, smem_ok);
+    if (e != cudaSuccess)
+        return e;
+    return kcu_launch_smem(kat_dmma<DT, D, F8>, dim3((unsigned)a.tokens, (unsigned)a.n_kv_heads), dim3(KAT_THREADS),
+                           C::SMEM, st, a);
+}
+
+template <int DT> static cudaError_t kat_launch_dmma(const kiln_attention_cuda_args &a, int f8, cudaStream_t st)
+{
+    if (f8)
+        return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, true>(a, st) : kat_launch_dmma_d<DT, 128, true>(a, st);
+    return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, false>(a, st) : kat_launch_dmma_d<DT, 128, false>(a, st);
+}
+
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)
 {
     const kiln_attention_cuda_args &a = *ap;
@@ -2465,11 +2767,12 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
     const int fast = (D == 64 || D == 128) && cache16 && kat_aligned(a.q, a.q_ld, es) && ((uintptr_t)a.out & 3) == 0 &&
                      !(f8 && a.dtype == KILN_DTYPE_F32);
     const int prefill = fast && a.dtype != KILN_DTYPE_F32 && a.tokens > a.n_seqs;
-    const int32_t fused = fast && !prefill && kv16 && !f8; /* kat_decode writes the cache itself */
+    const int dmma = !prefill && kat_use_dmma(a, fast);
+    const int32_t fused = fast && !prefill && !dmma && kv16 && !f8; /* kat_pipe writes the cache itself */
     cudaError_t e = cudaSuccess;
     if (!fused)
         e = kcu_launch_cfg(kat_write, dim3((unsigned)a.tokens), dim3(KAT_THREADS), st, a, (int32_t)es,
-                           (int32_t)(cache16 && kv16 && !f8));
+                           (int32_t)(cache16 && kv16 && (!f8 || es == 2)));
     if (e != cudaSuccess)
         return (int)e;
 
@@ -2478,6 +2781,9 @@ extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *str
                                                : kat_launch_prefill<KILN_DTYPE_BF16>(a, f8, st));
     }
 
+    if (dmma)
+        return (int)(a.dtype == KILN_DTYPE_F16 ? kat_launch_dmma<KILN_DTYPE_F16>(a, f8, st)
+                                               : kat_launch_dmma<KILN_DTYPE_BF16>(a, f8, st));
     if (fast && (kat_use_pipe() || f8)) /* kat_decode reads no FP8 cache */
         return (int)kat_run_pipe(a, fused, st);
     int32_t g, tile;

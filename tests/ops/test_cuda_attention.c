@@ -11,7 +11,8 @@
  *     many sequences in one step: 300 of 1000..2000 tokens and 1024 of
  *     128..256 tokens (no split); GQA groups of 1, 4 and 8 at head_dim 64
  *     and 128; all of it with the pipelined kernel (kat_pipe, the
- *     default) and a part again with KILN_ATTENTION_DECODE=split (kat_decode);
+ *     default), a part again with KILN_ATTENTION_DECODE=split (kat_decode)
+ *     and with KILN_ATTENTION_DECODE=mma (kat_dmma, on the tensor cores);
  *     short and long contexts in tables sized for 8448 tokens under each of
  *     kat_pipe's settings (cached keys loaded before the wait on the
  *     previous kernel or after it, block-table reads per stage or per key,
@@ -494,6 +495,49 @@ static void test_decode_variants(void)
     }
 }
 
+/* The decode on the tensor cores (KILN_ATTENTION_DECODE=mma: kat_dmma, a
+ * CTA per token and kv head, the group's query heads as m-tile rows), on
+ * a cache in the activations' dtype and in FP8: many sequences, long and
+ * short ones, groups of 2 to 16 query heads at both fast head dims, block
+ * sizes that do and do not hold a whole 16-key tile (16, 32, 7, 1), k and
+ * v off 16-byte alignment, a graph replay; MHA and f32 fall back to
+ * kat_pipe. */
+static void test_decode_mma(void)
+{
+    setenv("KILN_ATTENTION_DECODE", "mma", 1);
+    static int32_t n_new[1024], lens[1024];
+    for (int i = 0; i < 1024; i++) {
+        n_new[i] = 1;
+        lens[i] = 128 + (int32_t)(rng_next() % 129);
+    }
+    lens[3] = 1;
+    lens[9] = 16;
+    lens[10] = 17;
+    static const int32_t len3[3] = {1, 9001, 77}, lens4[4] = {4099, 1, 333, 17}, lens5[5] = {1, 700, 129, 3000, 64};
+    for (int f8 = 0; f8 < 2; f8++) {
+        cache_fp8 = f8;
+        run_all(&(step){"mma: decode 1024 sequences of 128..256", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
+        run_all(&(step){"mma: decode batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+        static const int32_t dims[2] = {64, 128}, groups[5] = {2, 4, 8, 12, 16};
+        for (int d = 0; d < 2; d++)
+            for (int g = 0; g < 5; g++) {
+                char name[64];
+                snprintf(name, sizeof name, "mma: decode %d per kv head", groups[g]);
+                run_all(&(step){name, 4 * groups[g], 4, dims[d], 16, 0, 0, 0, 4, ones, lens4});
+            }
+        run_all(&(step){"mma: decode, block 32", 32, 8, 128, 32, 0, 0, 0, 5, ones, lens5});
+        run_all(&(step){"mma: decode, block 7", 16, 4, 64, 7, 0, 0, 0, 5, ones, lens5});
+        run_all(&(step){"mma: decode 8 per kv head, block 1", 16, 2, 128, 1, 0, 0, 0, 5, ones, lens5});
+        run_all(&(step){"mma: decode, unaligned k, v", 8, 2, 128, 16, 0, 2, 0, 4, ones, lens4});
+        run_all(&(step){"mma: decode, packed qkv", 32, 8, 64, 16, 1, 0, 0, 4, ones, lens4});
+        run_all(&(step){"mma: decode MHA (kat_pipe)", 8, 8, 64, 16, 0, 0, 0, 5, ones, lens5});
+        run_step(&(step){"mma: decode 1024 sequences (graph)", 32, 8, 128, 16, 0, 0, 1, 1024, n_new, lens},
+                 KILN_DTYPE_BF16);
+    }
+    cache_fp8 = 0;
+    unsetenv("KILN_ATTENTION_DECODE");
+}
+
 /* The previous decode kernel (kat_decode), kept selectable to time both. */
 static void test_decode_split_kernel(void)
 {
@@ -730,7 +774,7 @@ static const test_case_ tests[] = {
     TEST(test_decode_long),     TEST(test_decode_batch),  TEST(test_decode_heads),        TEST(test_decode_generic),
     TEST(test_decode_many),     TEST(test_decode_groups), TEST(test_decode_split_kernel), TEST(test_prefill),
     TEST(test_chunked_prefill), TEST(test_prefill_tiles), TEST(test_bad_block),           TEST(test_decode_variants),
-    TEST(test_fp8_cache),
+    TEST(test_fp8_cache),       TEST(test_decode_mma),
 };
 
 int main(void)
