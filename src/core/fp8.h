@@ -24,12 +24,11 @@ KILN_HD float kiln_e4m3_to_f32(uint8_t c)
 }
 
 /* f rounded to the nearest E4M3 value, ties to even, saturating to ±448
- * (NaN stays NaN). The device runs this same code rather than
- * cvt.rn.satfinite.e4m3x2.f32, so that GPU caches and activations hold
- * the host's codes by construction. With the instruction, the f32
- * FP8-cache prefill op test differed from the CPU by 4.5e-5 (relative)
- * where every other f32 case agrees to 1e-6 (bench/README.md, seventh
- * session); that this change removes it is not yet checked on a GPU. */
+ * (NaN stays NaN): the codes of the hardware's cvt.rn.satfinite.e4m3x2,
+ * which the CUDA quantizers (fp8_quant.cuh) and the FP8 cache write of
+ * f16/bf16 rows use (their op tests compare bytes with this function);
+ * the device runs this code itself where it converts one value at a time
+ * (the cache write of f32 or unaligned rows). */
 KILN_HD uint8_t kiln_f32_to_e4m3(float f)
 {
     if (isnan(f))
