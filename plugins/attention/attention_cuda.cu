@@ -1048,7 +1048,7 @@ __device__ __forceinline__ void kat_prefill_mask(float (&sc)[BK / 8][4], int64_t
  * folded into the exponent); running maxima m in the log2 domain and sums
  * l of the thread's two rows, the accumulators o rescaled, and the
  * probabilities packed for P V. */
-template <int DT, int BK, int ND>
+template <int DT, int BK, int ND, bool LAZY = false>
 __device__ __forceinline__ void kat_prefill_softmax(float (&sc)[BK / 8][4], float sl2, float &m_a, float &m_b,
                                                     float &l_a, float &l_b, float (&o)[ND][4],
                                                     uint32_t (&pf)[BK / 16][4])
@@ -1077,11 +1077,15 @@ __device__ __forceinline__ void kat_prefill_softmax(float (&sc)[BK / 8][4], floa
     const float c_a = exp2f(m_a - mu_a), c_b = exp2f(m_b - mu_b);
     m_a = mn_a, m_b = mn_b;
     l_a *= c_a, l_b *= c_b;
+    /* LAZY (tiles of few keys, where rescaling o costs as much as the
+     * tile's mma): only when some row of the warp has a new maximum; a
+     * factor of exactly 1 leaves o as it is */
+    if (!LAZY || __any_sync(0xffffffffu, c_a != 1.0f || c_b != 1.0f))
 #pragma unroll
-    for (int n = 0; n < ND; n++) {
-        o[n][0] *= c_a, o[n][1] *= c_a;
-        o[n][2] *= c_b, o[n][3] *= c_b;
-    }
+        for (int n = 0; n < ND; n++) {
+            o[n][0] *= c_a, o[n][1] *= c_a;
+            o[n][2] *= c_b, o[n][3] *= c_b;
+        }
     float sa[BK / 8], sb[BK / 8];
 #pragma unroll
     for (int j = 0; j < BK / 8; j++) {
@@ -2178,46 +2182,46 @@ template <int DT, int D, bool F8> __global__ void __launch_bounds__(KAT_THREADS,
             kat_type<DT>::store(a.out, row0 * D + i, kat_nan());
         return;
     }
-    const int64_t nk = k.pos + 1;
-    const int n_tiles = (int)((nk + BK - 1) / BK), n_my = n_tiles > warp ? (n_tiles - warp + NWARP - 1) / NWARP : 0;
+    /* 32-bit key positions: the launch asks that a table's keys fit */
+    const int32_t nk = (int32_t)k.pos + 1;
+    const int n_tiles = (nk + BK - 1) / BK, n_my = n_tiles > warp ? (n_tiles - warp + NWARP - 1) / NWARP : 0;
     unsigned char *mine = kat_dsmem + (size_t)warp * C::S * C::STAGE;
     const int32_t *table = a.table + k.s * a.max_blocks;
     const char *cache = (const char *)a.cache;
     const int64_t vd = kat_vdelta(a) * ES; /* bytes from a K row to its V row */
-    const bool one_block = a.block_size % BK == 0;
+    const int32_t bs = (int32_t)a.block_size;
+    const bool one_block = bs % BK == 0;
+    /* this lane's 16-byte pieces of a tile: column cc of rows r0, r0 + RSTEP, ... */
+    constexpr int RSTEP = 32 / CPR, NPC = BK / RSTEP;
+    const int r0 = lane / CPR, cc = lane % CPR;
     int bad = 0;
     /* cp.async of the warp's tile j (keys from (warp + 4j) BK) into slot j % S */
     auto issue = [&](int j) {
-        unsigned char *sk = mine + (j % C::S) * C::STAGE, *sv = sk + BK * C::PITCH;
-        const int64_t kb = (int64_t)(warp + NWARP * j) * BK;
-        int64_t base = -1; /* the tile's first row, where one block holds the whole tile */
-        if (one_block) {
-            const int32_t blk = __ldg(&table[(int32_t)(kb / a.block_size)]);
-            if (blk >= 0 && blk < a.n_blocks)
-                base = (((int64_t)blk * 2 * a.n_kv_heads + kvh) * a.block_size + (int32_t)(kb % a.block_size)) * D * ES;
-            else
-                bad = 1;
-        }
+        unsigned char *dk = mine + (j % C::S) * C::STAGE + r0 * C::PITCH + cc * 16, *dv = dk + BK * C::PITCH;
+        const int32_t kb = (warp + NWARP * j) * BK;
+        if (one_block) { /* the tile lies in one block: one table read, rows RB bytes apart */
+            const int32_t blk = __ldg(&table[kb / bs]);
+            const bool ok = blk >= 0 && blk < a.n_blocks;
+            bad |= !ok;
+            const char *src =
+                cache + (((int64_t)blk * 2 * a.n_kv_heads + kvh) * bs + kb % bs) * (D * ES) + r0 * C::RB + cc * 16;
 #pragma unroll
-        for (int i = 0; i < BK * CPR / 32; i++) {
-            const int c = lane + 32 * i, r = c / CPR, cc = c % CPR;
-            const int64_t kp = kb + r;
-            int64_t off = -1;
-            if (kp < nk) {
-                if (one_block) {
-                    off = base >= 0 ? base + (int64_t)r * C::RB : -1;
-                } else {
-                    off = kat_krow(a, k.s, kp, kvh);
-                    if (off < 0)
-                        bad = 1;
-                    else
-                        off *= ES;
-                }
+            for (int i = 0; i < NPC; i++) {
+                const bool in = ok && kb + r0 + i * RSTEP < nk;
+                kat_cp_async16(dk + i * RSTEP * C::PITCH, in ? src + i * RSTEP * C::RB : cache, in ? 16 : 0);
+                kat_cp_async16(dv + i * RSTEP * C::PITCH, in ? src + i * RSTEP * C::RB + vd : cache, in ? 16 : 0);
             }
-            const int n = off >= 0 ? 16 : 0;
-            const char *src = off >= 0 ? cache + off + cc * 16 : cache;
-            kat_cp_async16(sk + r * C::PITCH + cc * 16, src, n);
-            kat_cp_async16(sv + r * C::PITCH + cc * 16, off >= 0 ? src + vd : cache, n);
+            return;
+        }
+#pragma unroll 1
+        for (int i = 0; i < NPC; i++) { /* a table read a row */
+            const int32_t kp = kb + r0 + i * RSTEP;
+            int64_t off = kp < nk ? kat_krow(a, k.s, kp, kvh) : -1;
+            bad |= kp < nk && off < 0;
+            const bool in = off >= 0;
+            const char *src = in ? cache + off * ES + cc * 16 : cache;
+            kat_cp_async16(dk + i * RSTEP * C::PITCH, src, in ? 16 : 0);
+            kat_cp_async16(dv + i * RSTEP * C::PITCH, in ? src + vd : cache, in ? 16 : 0);
         }
     };
 #pragma unroll 1
@@ -2254,7 +2258,7 @@ template <int DT, int D, bool F8> __global__ void __launch_bounds__(KAT_THREADS,
         kat_cp_wait<C::S - 1>();
         __syncwarp(); /* the other lanes' copies of tile j are visible */
         const unsigned char *sk = mine + (j % C::S) * C::STAGE, *sv = sk + BK * C::PITCH;
-        const int64_t kb = (int64_t)(warp + NWARP * j) * BK;
+        const int32_t kb = (warp + NWARP * j) * BK;
         /* S = Q K^T: n-tile jj is keys 8jj..8jj + 7, this thread's row gr of it */
         float sc[2][4];
 #pragma unroll
@@ -2288,7 +2292,7 @@ template <int DT, int D, bool F8> __global__ void __launch_bounds__(KAT_THREADS,
                     if (kb + jj * 8 + 2 * tig + (e & 1) >= nk)
                         sc[jj][e] = -INFINITY;
         uint32_t pf[1][4];
-        kat_prefill_softmax<PDT, BK, ND>(sc, sl2, m_a, m_b, l_a, l_b, o, pf);
+        kat_prefill_softmax<PDT, BK, ND, true>(sc, sl2, m_a, m_b, l_a, l_b, o, pf);
         /* O += P V: keys 2tig, 2tig + 1, 2tig + 8, 2tig + 9, dimensions gr D/8 .. */
         constexpr int VW = C::RB / 32; /* 32-bit words of a thread's piece of a V row */
         uint32_t v[4][VW];
@@ -2521,12 +2525,14 @@ static int kat_use_pipe(void)
 }
 
 /* Whether a step runs kat_dmma: the fast kernels' layouts, f16/bf16
- * activations, one token a sequence, 2 to 16 query heads a kv head, and
- * KILN_ATTENTION_DECODE=mma (else kat_pipe); read at each launch. */
+ * activations, as many tokens as sequences, 2 to 16 query heads a kv
+ * head, tables of fewer than 2^31 keys, and KILN_ATTENTION_DECODE=mma
+ * (else kat_pipe); read at each launch. */
 static int kat_use_dmma(const kiln_attention_cuda_args &a, int fast)
 {
     const int64_t gq = a.n_heads / a.n_kv_heads;
-    if (!fast || a.dtype == KILN_DTYPE_F32 || a.tokens != a.n_seqs || gq < 2 || gq > 16)
+    if (!fast || a.dtype == KILN_DTYPE_F32 || a.tokens != a.n_seqs || gq < 2 || gq > 16 ||
+        a.max_blocks * a.block_size > INT32_MAX - KAT_DMMA_BK) /* its key positions are 32-bit */
         return 0;
     const char *e = getenv("KILN_ATTENTION_DECODE");
     return e && strcmp(e, "mma") == 0;
