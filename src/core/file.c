@@ -59,7 +59,7 @@ kiln_status kiln_file_open_read(const char *path, int *fd, size_t *size)
 
 kiln_status kiln_file_fopen_read(const char *path, FILE **f, size_t *size)
 {
-    int fd = -1; /* set on success; the -1 keeps GCC -O3 from a maybe-uninitialized warning */
+    int fd;
     KILN_TRY(kiln_file_open_read(path, &fd, size));
     FILE *s = fdopen(fd, "rb");
     if (!s) {
