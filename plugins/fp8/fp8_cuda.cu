@@ -407,6 +407,14 @@ bool fp8_use_vec(void)
     return !(e && strcmp(e, "f32") == 0);
 }
 
+/* KILN_FP8_GEMM_PIECES=0 runs the GEMM of a wide weight over all rows at
+ * once instead of in pieces of 2,048; read at each launch. */
+bool fp8_use_pieces(void)
+{
+    const char *e = getenv("KILN_FP8_GEMM_PIECES");
+    return !(e && strcmp(e, "0") == 0);
+}
+
 cudaDataType_t fp8_cuda_type(int xt)
 {
     return xt == KILN_DTYPE_BF16 ? CUDA_R_16BF : xt == KILN_DTYPE_F16 ? CUDA_R_16F : CUDA_R_32F;
@@ -510,10 +518,21 @@ int fp8_run_q8(const uint8_t *xq, const float *sx, const uint8_t *w, const float
 {
     if (rows > KILN_FP8_GEMV_MAX_ROWS && n % 4 == 0 && fp8_use_vec()) {
         void *lt_ws = ws + kiln_fp8_workspace_result(rows, k);
-        int st = fp8_lt_matmul(xq, w, sx, sw, y, fp8_cuda_type(XT), rows, n, k, lt_ws, s);
+        /* wide weights in pieces of 2,048 rows: cuBLASLt's one algorithm
+         * for them runs 6-8% slower past 2,048 rows (H200, 28672x4096: 1,374
+         * TFLOP/s at 2,048 rows, 1,295 at 4,096, 1,267 at 8,192; the
+         * narrower 8B shapes hold or gain: bench/README.md, twenty-fourth
+         * session); KILN_FP8_GEMM_PIECES=0 runs them whole */
+        const int64_t piece = n >= 16384 && fp8_use_pieces() ? 2048 : rows;
+        const size_t ys = (size_t)n * (XT == KILN_DTYPE_F32 ? 4 : 2);
+        int st = 0;
+        for (int64_t r = 0; r < rows && st == 0; r += piece)
+            st = fp8_lt_matmul(xq + r * k, w, sx + r, sw, (char *)y + (size_t)r * ys, fp8_cuda_type(XT),
+                               rows - r < piece ? rows - r : piece, n, k, lt_ws, s);
         if (st >= 0)
             return st ? 10000 + st : 0;
-        /* -1: no kernel of that form here: the f32 result and fp8_scale_kernel */
+        /* -1: no kernel of that form here (the first piece: nothing ran):
+         * the f32 result and fp8_scale_kernel */
     }
     if (rows > KILN_FP8_GEMV_MAX_ROWS && n % 4 == 0) {
         float *d = (float *)(ws + kiln_fp8_workspace_result(rows, k));

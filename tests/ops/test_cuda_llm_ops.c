@@ -875,6 +875,8 @@ static void random_fp8(int32_t n, int32_t k, buf *w, buf *s)
     buf_upload(s);
 }
 
+static void workspaces(size_t bytes, void **host, void **dev);
+
 static void test_fp8(void)
 {
     /* n a multiple of 4 (cuBLASLt's GEMM past 8 rows) and not (the GEMV
@@ -940,6 +942,44 @@ static void test_fp8(void)
         buf_free(&w);
         buf_free(&s);
         p->ops->destroy(p);
+    }
+    /* a wide weight (n >= 16,384) past 2,048 rows: the GEMM in pieces of
+     * 2,048 rows and a remainder (the default), and whole
+     * (KILN_FP8_GEMM_PIECES=0) */
+    {
+        int32_t n = 16384, k = 64;
+        kiln_field f[2] = {fi32("n", &n), fi32("k", &k)};
+        kiln_plugin *p = make("Fp8MatMul", f, 2);
+        buf w, s;
+        if (p)
+            random_fp8(n, k, &w, &s);
+        const int64_t wide_rows[2] = {2148, 4103};
+        for (int ri = 0; p && ri < 2; ri++)
+            for (int whole = 0; whole < 2; whole++) {
+                const kiln_dtype t = ri ? KILN_DTYPE_F32 : KILN_DTYPE_BF16;
+                if (whole)
+                    setenv("KILN_FP8_GEMM_PIECES", "0", 1);
+                buf in[3] = {buf_random(t, wide_rows[ri], k, -2, 2), w, s};
+                buf out = buf_output(t, wide_rows[ri], n);
+                kiln_tensor_desc d[4] = {in[0].desc, w.desc, s.desc, out.desc};
+                size_t wsz = p->ops->workspace_size(p, d, 3, d + 3, 1);
+                void *ws_host = NULL, *ws_dev = NULL;
+                workspaces(wsz, &ws_host, &ws_dev);
+                char what[112];
+                snprintf(what, sizeof what, "Fp8MatMul %s T %lld n %d k %d%s", dtype_name(t), (long long)wide_rows[ri],
+                         n, k, whole ? ", KILN_FP8_GEMM_PIECES=0" : ", in pieces");
+                run_both_ws(what, p, in, 3, &out, 1, ws_host, ws_dev);
+                unsetenv("KILN_FP8_GEMM_PIECES");
+                free(ws_host);
+                cudaFree(ws_dev);
+                buf_free(&in[0]);
+                buf_free(&out);
+            }
+        if (p) {
+            buf_free(&w);
+            buf_free(&s);
+            p->ops->destroy(p);
+        }
     }
     tol_floor = 0;
 }
