@@ -424,18 +424,25 @@ static void test_decode_many(void)
     unsetenv("KILN_ATTENTION_PIPE_WARPS");
 }
 
-/* GQA groups of 1, 4 and 8 query heads per kv head at both fast head
- * dims, lengths long and short, odd against the block size. */
-static void test_decode_groups(void)
+/* Decode of 4 kv heads with each of the n groups of query heads a kv
+ * head at both fast head dims, lengths long and short, odd against the
+ * block size; `prefix` names the cases. */
+static void run_groups(const char *prefix, const int32_t *groups, int n)
 {
-    static const int32_t lens[4] = {4099, 1, 333, 17};
-    static const int32_t dims[2] = {64, 128}, groups[3] = {1, 4, 8};
+    static const int32_t lens[4] = {4099, 1, 333, 17}, dims[2] = {64, 128};
     for (int d = 0; d < 2; d++)
-        for (int g = 0; g < 3; g++) {
+        for (int g = 0; g < n; g++) {
             char name[64];
-            snprintf(name, sizeof name, "decode %d per kv head", groups[g]);
+            snprintf(name, sizeof name, "%sdecode %d per kv head", prefix, groups[g]);
             run_all(&(step){name, 4 * groups[g], 4, dims[d], 16, 0, 0, 0, 4, ones, lens});
         }
+}
+
+/* GQA groups of 1, 4 and 8 query heads per kv head. */
+static void test_decode_groups(void)
+{
+    static const int32_t groups[3] = {1, 4, 8};
+    run_groups("", groups, 3);
 }
 
 /* kat_pipe's choices, each undone alone and all together, as
@@ -518,13 +525,8 @@ static void test_decode_mma(void)
         cache_fp8 = f8;
         run_all(&(step){"mma: decode 1024 sequences of 128..256", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
         run_all(&(step){"mma: decode batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
-        static const int32_t dims[2] = {64, 128}, groups[5] = {2, 4, 8, 12, 16};
-        for (int d = 0; d < 2; d++)
-            for (int g = 0; g < 5; g++) {
-                char name[64];
-                snprintf(name, sizeof name, "mma: decode %d per kv head", groups[g]);
-                run_all(&(step){name, 4 * groups[g], 4, dims[d], 16, 0, 0, 0, 4, ones, lens4});
-            }
+        static const int32_t groups[5] = {2, 4, 8, 12, 16};
+        run_groups("mma: ", groups, 5);
         run_all(&(step){"mma: decode, block 32", 32, 8, 128, 32, 0, 0, 0, 5, ones, lens5});
         run_all(&(step){"mma: decode, block 7", 16, 4, 64, 7, 0, 0, 0, 5, ones, lens5});
         run_all(&(step){"mma: decode 8 per kv head, block 1", 16, 2, 128, 1, 0, 0, 0, 5, ones, lens5});
@@ -653,17 +655,11 @@ static void test_prefill_tiles(void)
 static void test_fp8_cache(void)
 {
     cache_fp8 = 1;
-    static const int32_t len3[3] = {1, 9001, 77}, len1[1] = {8300}, lens4[4] = {4099, 1, 333, 17};
-    static const int32_t lens5[5] = {1, 700, 129, 3000, 64};
+    static const int32_t len3[3] = {1, 9001, 77}, len1[1] = {8300}, lens5[5] = {1, 700, 129, 3000, 64};
     run_all(&(step){"fp8: decode batch 3, lengths 1/9001/77", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
     run_step(&(step){"fp8: decode batch 1 (graph)", 32, 8, 128, 16, 0, 0, 1, 1, ones, len1}, KILN_DTYPE_BF16);
-    static const int32_t dims[2] = {64, 128}, groups[3] = {1, 4, 8};
-    for (int d = 0; d < 2; d++)
-        for (int g = 0; g < 3; g++) {
-            char name[64];
-            snprintf(name, sizeof name, "fp8: decode %d per kv head", groups[g]);
-            run_all(&(step){name, 4 * groups[g], 4, dims[d], 16, 0, 0, 0, 4, ones, lens4});
-        }
+    static const int32_t groups[3] = {1, 4, 8};
+    run_groups("fp8: ", groups, 3);
     run_all(&(step){"fp8: decode MQA, block 7", 8, 1, 64, 7, 0, 0, 0, 5, ones, lens5});
     run_all(&(step){"fp8: decode packed qkv", 32, 8, 128, 16, 1, 0, 0, 5, ones, lens5});
     run_all(&(step){"fp8: decode unaligned q", 8, 2, 128, 16, 0, 1, 0, 5, ones, lens5});
