@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# Same-call A/B of kiln settings on the GPU machine: writes a random
+# checkpoint of a real shape, builds the engine a benchmark needs (the
+# recipes the issues' targets use), then runs the benchmark once per
+# variant, the variants alternated for --runs rounds, and prints a table
+# of its figure. Variants are environment settings read at run time (the
+# KILN_* switches the plugins document), so one build serves them all.
+#
+#   bash tools/gpu-ab.sh [--model 8b|1b] [--dtype fp8|bf16] [--runs N]
+#                        BENCH VARIANT...
+#
+# BENCH (figure; engine):
+#   prefill2048   prefill tok/s of one 2,048-token prompt (--max-tokens 2048
+#                 --max-seq-len 8448)
+#   decode        decode tok/s and fraction of the floor, batch 1, 128 + 256
+#                 (--max-tokens 2048 --max-seq-len 8448)
+#   throughput    output tok/s of 1,024 requests of 128 in / 128 out (FP8:
+#                 also --kv-dtype fp8; --max-batch 1024 --max-seq-len 2048
+#                 --max-tokens 8192)
+#   long          output tok/s of 1,000 requests of 1,000 in / 1,000 out (the
+#                 throughput engine)
+# VARIANT: `default`, or NAME=VALUE[,NAME=VALUE...] (e.g.
+#   KILN_ATTENTION_DECODE=mma). The model is 8b by default, the dtype fp8.
+# Needs the build (tools/gpu-env.sh: a carried .gpu-build.tar.xz with
+# kiln_cli, or a build here); logs and the JSON of every run go under
+# $OUT (or build-gpu/logs). Exit 0 when every run gave its figure.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root" || exit 2
+model=8b dtype=fp8 runs=2
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --model) model=$2; shift 2 ;;
+        --dtype) dtype=$2; shift 2 ;;
+        --runs) runs=$2; shift 2 ;;
+        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+        *) break ;;
+    esac
+done
+bench=${1:-}
+[ $# -gt 0 ] && shift
+case "$model/$dtype/$runs" in
+    1b/fp8/*|1b/bf16/*|8b/fp8/*|8b/bf16/*) ;;
+    *) echo "gpu-ab: --model 1b|8b, --dtype fp8|bf16 (got $model, $dtype)" >&2; exit 2 ;;
+esac
+[[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "gpu-ab: --runs takes a positive count, not $runs" >&2; exit 2; }
+engine_args=(--dtype "$dtype" --max-tokens 2048 --max-seq-len 8448)
+case "$bench" in
+    prefill2048) bench_args=(--prompt-len 2048 --gen-len 2 --reps 3); figure=prefill_tok_s ;;
+    decode) bench_args=(--prompt-len 128 --gen-len 256 --reps 3); figure=decode_tok_s ;;
+    throughput|long)
+        engine_args=(--dtype "$dtype" --max-batch 1024 --max-seq-len 2048 --max-tokens 8192)
+        [ "$dtype" = fp8 ] && engine_args+=(--kv-dtype fp8)
+        if [ "$bench" = throughput ]; then
+            bench_args=(--throughput --requests 1024 --input-len 128 --output-len 128)
+        else
+            bench_args=(--throughput --requests 1000 --input-len 1000 --output-len 1000)
+        fi
+        figure=output_tok_s ;;
+    *) echo "gpu-ab: BENCH is prefill2048, decode, throughput or long, not '$bench' (--help)" >&2; exit 2 ;;
+esac
+[ $# -gt 0 ] || set -- default
+for v in "$@"; do
+    [ "$v" = default ] || [[ "$v" =~ ^[A-Z_][A-Z0-9_]*=[^,]*(,[A-Z_][A-Z0-9_]*=[^,]*)*$ ]] ||
+        { echo "gpu-ab: a variant is 'default' or NAME=VALUE[,NAME=VALUE...], not '$v'" >&2; exit 2; }
+done
+
+logs="${OUT:-$root/build-gpu}/logs"
+mkdir -p "$logs"
+export KILN_GPU_LOGS=$logs
+# shellcheck source=tools/gpu-env.sh
+. "$root/tools/gpu-env.sh" || exit 2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+kiln_gpu_checkpoint "$model" "$work" || exit 2
+kiln_gpu_build kiln_cli || exit 1
+kiln=build-gpu/bin/kiln
+# kiln_gpu_checkpoint (tools/gpu-env.sh) sets kiln_gpu_ck_pid
+# shellcheck disable=SC2154
+wait "$kiln_gpu_ck_pid" || { tail -n 5 "$logs/checkpoint-$model.log"; echo "gpu-ab: the checkpoint FAILED" >&2; exit 1; }
+echo "gpu-ab: kiln build ${engine_args[*]}"
+"$kiln" build "$work/ck" --backend cuda "${engine_args[@]}" -o "$work/e.engine" >"$logs/ab-engine.log" 2>&1 ||
+    { tail -n 5 "$logs/ab-engine.log"; echo "gpu-ab: kiln build FAILED" >&2; exit 1; }
+
+rc=0
+table=""
+for r in $(seq 1 "$runs"); do
+    for v in "$@"; do
+        settings=()
+        [ "$v" = default ] || IFS=, read -r -a settings <<<"$v"
+        out="$logs/ab-$bench-$(echo "$v" | tr -c 'A-Za-z0-9=_\n' '_')-$r.json"
+        if ! env "${settings[@]}" "$kiln" bench "$work/e.engine" "${bench_args[@]}" --json >"$out" 2>"$out.err"; then
+            echo "gpu-ab: $v, run $r FAILED"; tail -n 3 "$out.err"; rc=1; continue
+        fi
+        line=$(python3 - "$out" "$figure" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+f = sys.argv[2]
+extra = ""
+if "floor_fraction" in d and f == "decode_tok_s":
+    extra = " (%.3f of the floor)" % d["floor_fraction"]
+elif "itl_ms_p50" in d and f == "output_tok_s":
+    extra = " (ITL p50 %.2f ms, TTFT p50 %.0f ms)" % (d["itl_ms_p50"], d["ttft_ms_p50"])
+elif "ttft_ms" in d:
+    extra = " (TTFT %.1f ms)" % d["ttft_ms"]
+print("%.1f%s" % (d[f], extra))
+PY
+        ) || { echo "gpu-ab: $v, run $r: no $figure in $out"; rc=1; continue; }
+        table+="$(printf '%-48s %3d  %s' "$v" "$r" "$line")"$'\n'
+    done
+done
+echo
+echo "$model $dtype $bench ($figure), engine: ${engine_args[*]}"
+printf '%-48s %3s  %s\n' variant run "$figure"
+printf '%s' "$table" | sort -s -k1,1
+exit $rc
