@@ -462,6 +462,13 @@ typedef struct kiln_llm_scheduler_stats {
     uint64_t finished, cancelled, failed;
     uint64_t steps_ahead;  /* steps enqueued before the host had the tokens they continue (run_ahead) */
     uint64_t dropped_rows; /* rows of those steps whose request had ended meanwhile */
+    /* Where the stepping time goes (appended 2026-12-04): steps of one
+     * token a row (decode) and the others (prompt tokens in them), and the
+     * microseconds of each kind: a step's time runs from the later of the
+     * previous step's end and its own enqueue to its end, so the host's
+     * packing between steps and idle time are in neither. */
+    uint64_t decode_steps;
+    uint64_t decode_us, prompt_step_us;
 } kiln_llm_scheduler_stats;
 
 /* A snapshot taken at the end of the last step (counters since start);

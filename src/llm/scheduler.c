@@ -101,6 +101,11 @@ struct kiln_llm_scheduler {
     sched_seq **ahead_rows;
     int32_t *ahead_lens;
     int32_t ahead_S, ahead_B;
+    /* kiln_llm_now_ms of the last step's end and of the enqueue of the
+     * step run next (a step run ahead: of its own), for the stats' step
+     * times */
+    double last_end_ms, enqueue_ms, ahead_enqueue_ms;
+    int one_token_rows; /* the step run next has one token a row */
     kiln_llm_scheduler_stats stats;
     pthread_t thread;
     int has_thread;
@@ -757,6 +762,15 @@ static void take_tokens(kiln_llm_scheduler *sc, sched_seq **rows, int32_t S, con
     /* The step's tokens all exist from its end on: one clock read a step, not
      * one a token. */
     const double t = kiln_llm_now_ms();
+    const double from = sc->enqueue_ms > sc->last_end_ms ? sc->enqueue_ms : sc->last_end_ms;
+    const uint64_t us = t > from ? (uint64_t)((t - from) * 1e3 + 0.5) : 0;
+    sc->last_end_ms = t;
+    if (sc->one_token_rows) {
+        sc->stats.decode_steps++;
+        sc->stats.decode_us += us;
+    } else {
+        sc->stats.prompt_step_us += us;
+    }
     for (int32_t s = 0; s < S; s++) {
         sched_seq *q = rows[s];
         if (!q)
@@ -833,6 +847,7 @@ static kiln_status run_ahead(kiln_llm_scheduler *sc, int32_t S, int32_t B, int *
         sc->ahead_lens[s] = sc->lens[s] + 1;
     }
     sc->ahead = 1;
+    sc->ahead_enqueue_ms = kiln_llm_now_ms();
     sc->stats.steps_ahead++;
     sc->ahead_S = S;
     sc->ahead_B = B;
@@ -887,6 +902,8 @@ static kiln_status run_packed(kiln_llm_scheduler *sc, int32_t S, int32_t T)
     if (B)
         kiln_llm_step_pad(llm, S, B);
     memcpy(sc->lens, h->seq_lens, sizeof *sc->lens * (size_t)S);
+    sc->enqueue_ms = kiln_llm_now_ms();
+    sc->one_token_rows = T == S;
     kiln_status st = kiln_llm_step_enqueue(llm, B ? B : T, B ? B : S, B != 0, need_logits, need_logprobs, 0, h->next);
     return finish_step(sc, S, B, T == S && !need_logits && !need_logprobs, st);
 }
@@ -905,6 +922,8 @@ static kiln_status finish_ahead(kiln_llm_scheduler *sc)
     sc->ahead_lens = lens;
     h->next_ahead = next;
     sc->ahead = 0;
+    sc->enqueue_ms = sc->ahead_enqueue_ms;
+    sc->one_token_rows = 1;
     return finish_step(sc, sc->ahead_S, sc->ahead_B, 1, KILN_OK);
 }
 

@@ -3,7 +3,8 @@
 # (tests/data/llm), a few dozen requests:
 #  - every figure present and positive; the token counts are exactly the
 #    requests times the fixed lengths, and the tok/s figures agree with
-#    them over the reported duration;
+#    them over the reported duration; the decode steps are some but not
+#    all, and the steps' times add up to no more than the duration;
 #  - a 1 MB KV cache (128 blocks) for 40 requests of 124 tokens (8 blocks
 #    each) with 32 sequences a step: the cache runs full and requests are
 #    preempted, yet every request generates all its tokens;
@@ -30,7 +31,9 @@ check_json "figures, counts and preemptions" \
   'abs(r["requests_s"] * r["duration_s"] - 40) < 1e-6' \
   'r["ttft_ms_p50"] <= r["ttft_ms_p99"] <= r["ttft_ms_max"] and r["itl_ms_p50"] <= r["itl_ms_p99"]' \
   'r["kv_blocks_total"] == 128 and r["kv_blocks_peak"] == 128 and r["kv_peak_fraction"] == 1.0' \
-  'r["preemptions"] > 0 and r["prefix_hit_tokens"] == 0 and r["max_batch"] == 32'
+  'r["preemptions"] > 0 and r["prefix_hit_tokens"] == 0 and r["max_batch"] == 32' \
+  '0 < r["decode_steps"] < r["steps"] and r["decode_step_s"] > 0 and r["prompt_step_s"] > 0' \
+  'r["decode_step_s"] + r["prompt_step_s"] <= r["duration_s"] * 1.01 + 1e-3'
 
 expect_ok "no-evict admission, the same tiny cache" "$KILN" bench "$E" --throughput --requests 40 --input-len 24 \
   --output-len 100 --kv-cache-mb 1 --no-evict --json
@@ -49,6 +52,7 @@ check_json "spread and arrivals" 'r["input_dist"] == "uniform" and r["output_dis
   'r["output_tokens"] > 0 and r["prompt_tokens"] > 0 and r["output_tok_s"] > 0'
 expect_ok "text output" "$KILN" bench "$E" --throughput --requests 4 --input-len 8 --output-len 4
 expect_stdout "the text names output throughput" "output throughput: .* tok/s"
+expect_stdout "the text splits the step time" "step time: .* decode steps .* with prompt tokens"
 
 expect_error 2 "a bad distribution" '--input-dist must be fixed, uniform or normal' \
   "$KILN" bench "$E" --throughput --input-dist poisson

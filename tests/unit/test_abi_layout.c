@@ -345,8 +345,11 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_scheduler_stats, failed, 88);
     CHECK_OFFSET(kiln_llm_scheduler_stats, steps_ahead, 96);
     CHECK_OFFSET(kiln_llm_scheduler_stats, dropped_rows, 104);
-    CHECK_SIZE(kiln_llm_scheduler_stats, 112);
-    CHECK_ENDS_AT(kiln_llm_scheduler_stats, dropped_rows);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, decode_steps, 112);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, decode_us, 120);
+    CHECK_OFFSET(kiln_llm_scheduler_stats, prompt_step_us, 128);
+    CHECK_SIZE(kiln_llm_scheduler_stats, 136);
+    CHECK_ENDS_AT(kiln_llm_scheduler_stats, prompt_step_us);
 }
 
 /* Enum values cross the boundary too (and are stored in engine files). */

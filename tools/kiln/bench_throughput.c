@@ -206,6 +206,11 @@ static int print_report(const tp_options *o, const tp_report *r)
                100 * peak);
         printf("  steps %llu, preemptions %llu, prefix-cache hits %llu tokens\n", (unsigned long long)s->steps,
                (unsigned long long)s->preemptions, (unsigned long long)s->prefix_hit_tokens);
+        const unsigned long long prompt_steps = (unsigned long long)(s->steps - s->decode_steps);
+        printf("  step time:          %llu decode steps %.3f s (%.3f ms each), %llu with prompt tokens %.3f s\n",
+               (unsigned long long)s->decode_steps, s->decode_us * 1e-6,
+               s->decode_steps ? s->decode_us * 1e-3 / (double)s->decode_steps : 0.0, prompt_steps,
+               s->prompt_step_us * 1e-6);
         return CLI_OK;
     }
     json_t *j = json_object();
@@ -240,6 +245,9 @@ static int print_report(const tp_options *o, const tp_report *r)
     json_object_set_new(j, "steps", json_integer((json_int_t)s->steps));
     json_object_set_new(j, "preemptions", json_integer((json_int_t)s->preemptions));
     json_object_set_new(j, "prefix_hit_tokens", json_integer((json_int_t)s->prefix_hit_tokens));
+    json_object_set_new(j, "decode_steps", json_integer((json_int_t)s->decode_steps));
+    json_object_set_new(j, "decode_step_s", json_real(s->decode_us * 1e-6));
+    json_object_set_new(j, "prompt_step_s", json_real(s->prompt_step_us * 1e-6));
     char *text = json_dumps(j, JSON_COMPACT);
     json_decref(j);
     if (!text)
@@ -373,6 +381,9 @@ static int throughput(kiln_llm *llm, const tp_options *o, tp_report *rep)
             rep->stats.steps -= before.steps;
             rep->stats.preemptions -= before.preemptions;
             rep->stats.prefix_hit_tokens -= before.prefix_hit_tokens;
+            rep->stats.decode_steps -= before.decode_steps;
+            rep->stats.decode_us -= before.decode_us;
+            rep->stats.prompt_step_us -= before.prompt_step_us;
         }
         free(itl);
     }
