@@ -100,7 +100,8 @@ extra = ""
 if "floor_fraction" in d and f == "decode_tok_s":
     extra = " (%.3f of the floor)" % d["floor_fraction"]
 elif "itl_ms_p50" in d and f == "output_tok_s":
-    extra = " (ITL p50 %.2f ms, TTFT p50 %.0f ms)" % (d["itl_ms_p50"], d["ttft_ms_p50"])
+    extra = " (ITL p50 %.2f ms, TTFT p50 %.0f ms; decode steps %.2f s, with prompt tokens %.2f s)" % (
+        d["itl_ms_p50"], d["ttft_ms_p50"], d.get("decode_step_s", 0), d.get("prompt_step_s", 0))
 elif "ttft_ms" in d:
     extra = " (TTFT %.1f ms)" % d["ttft_ms"]
 print("%.1f%s" % (d[f], extra))
