@@ -2164,7 +2164,8 @@ template <int DT> __device__ __forceinline__ uint32_t kat_e4m3x2_pair(uint32_t c
  * from gr D/8 of keys 2tig, 2tig + 1, 2tig + 8 and 2tig + 9. F8: E4M3
  * codes widened in registers (to DT for Q K^T; to f16 for P V, exact for
  * the codes and finer than bf16 for probabilities in [0, 1]). */
-template <int DT, int D, bool F8> __global__ void __launch_bounds__(KAT_THREADS, 3) kat_dmma(kiln_attention_cuda_args a)
+template <int DT, int D, bool F8>
+__global__ void __launch_bounds__(KAT_THREADS, 3) kat_dmma(kiln_attention_cuda_args a, int32_t allow_q16)
 {
     KTL_SCOPE(0);
     typedef kat_dmma_cfg<D, F8> C;
@@ -2244,6 +2245,33 @@ template <int DT, int D, bool F8> __global__ void __launch_bounds__(KAT_THREADS,
             qa[2 * i + 1][h] = u.z, qa[2 * i + 1][2 + h] = u.w;
         }
     }
+    /* An E4M3 cache under bf16 activations: Q K^T in f16 (K's codes widen
+     * to f16 in one instruction a pair, to bf16 in four), Q converted once:
+     * exact for every bf16 value of magnitude 2^-14 ..< 65,504, within
+     * 2^-25 below that (f16's subnormals), and not taken when a Q value of
+     * the warp (the same Q rows in every warp of the CTA) reaches 65,504
+     * or is NaN, or with KILN_ATTENTION_DMMA_Q16=0 (allow_q16 0) */
+    constexpr bool Q16 = F8 && DT == KILN_DTYPE_BF16;
+    bool q16 = false;
+    if constexpr (Q16) {
+        bool big = false;
+#pragma unroll
+        for (int kc = 0; kc < KC; kc++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&qa[kc][e]);
+                big |= !(fabsf(f.x) < 65504.0f) || !(fabsf(f.y) < 65504.0f);
+            }
+        q16 = allow_q16 && !__any_sync(0xffffffffu, big);
+        if (q16)
+#pragma unroll
+            for (int kc = 0; kc < KC; kc++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float2 f = __bfloat1622float2(*(const __nv_bfloat162 *)&qa[kc][e]);
+                    qa[kc][e] = kat_mma<KILN_DTYPE_F16>::pack(f.x, f.y);
+                }
+    }
     float o[ND][4];
 #pragma unroll
     for (int n = 0; n < ND; n++)
@@ -2259,31 +2287,39 @@ template <int DT, int D, bool F8> __global__ void __launch_bounds__(KAT_THREADS,
         __syncwarp(); /* the other lanes' copies of tile j are visible */
         const unsigned char *sk = mine + (j % C::S) * C::STAGE, *sv = sk + BK * C::PITCH;
         const int32_t kb = (warp + NWARP * j) * BK;
-        /* S = Q K^T: n-tile jj is keys 8jj..8jj + 7, this thread's row gr of it */
+        /* S = Q K^T: n-tile jj is keys 8jj..8jj + 7, this thread's row gr of
+         * it; K widened to QT (DT, or f16 where Q was made f16 above) */
         float sc[2][4];
+        auto qk = [&](auto qt) {
+            constexpr int QT = decltype(qt)::value;
 #pragma unroll
-        for (int jj = 0; jj < 2; jj++) {
-            uint32_t kw[2 * KC]; /* pairs of dimensions (2p, 2p + 1) of the thread's D/4 */
-            const unsigned char *kr = sk + (jj * 8 + gr) * C::PITCH + tig * (C::RB / 4);
+            for (int jj = 0; jj < 2; jj++) {
+                uint32_t kw[2 * KC]; /* pairs of dimensions (2p, 2p + 1) of the thread's D/4 */
+                const unsigned char *kr = sk + (jj * 8 + gr) * C::PITCH + tig * (C::RB / 4);
 #pragma unroll
-            for (int i = 0; i < C::RB / 64; i++) {
-                const uint4 u = *(const uint4 *)(kr + 16 * i);
-                const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+                for (int i = 0; i < C::RB / 64; i++) {
+                    const uint4 u = *(const uint4 *)(kr + 16 * i);
+                    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    if constexpr (F8) {
-                        kw[8 * i + 2 * q] = kat_e4m3x2_pair<DT>(w[q]);
-                        kw[8 * i + 2 * q + 1] = kat_e4m3x2_pair<DT>(w[q] >> 16);
-                    } else {
-                        kw[4 * i + q] = w[q];
+                    for (int q = 0; q < 4; q++) {
+                        if constexpr (F8) {
+                            kw[8 * i + 2 * q] = kat_e4m3x2_pair<QT>(w[q]);
+                            kw[8 * i + 2 * q + 1] = kat_e4m3x2_pair<QT>(w[q] >> 16);
+                        } else {
+                            kw[4 * i + q] = w[q];
+                        }
                     }
                 }
-            }
-            sc[jj][0] = sc[jj][1] = sc[jj][2] = sc[jj][3] = 0.0f;
+                sc[jj][0] = sc[jj][1] = sc[jj][2] = sc[jj][3] = 0.0f;
 #pragma unroll
-            for (int kc = 0; kc < KC; kc++)
-                kat_mma<DT>::run(sc[jj], qa[kc], kw[2 * kc], kw[2 * kc + 1]);
-        }
+                for (int kc = 0; kc < KC; kc++)
+                    kat_mma<QT>::run(sc[jj], qa[kc], kw[2 * kc], kw[2 * kc + 1]);
+            }
+        };
+        if (Q16 && q16)
+            qk(std::integral_constant<int, KILN_DTYPE_F16>{});
+        else
+            qk(std::integral_constant<int, DT>{});
         if (kb + BK > nk) /* keys past the sequence (the last tile) */
 #pragma unroll
             for (int jj = 0; jj < 2; jj++)
@@ -2745,8 +2781,11 @@ static cudaError_t kat_launch_dmma_d(const kiln_attention_cuda_args &a, cudaStre
     cudaError_t e = kat_allow_smem(kat_dmma<DT, D, F8>, C::SMEM, smem_ok);
     if (e != cudaSuccess)
         return e;
+    /* KILN_ATTENTION_DMMA_Q16=0: Q K^T in bf16 under an FP8 cache too (read at each launch) */
+    const char *env = getenv("KILN_ATTENTION_DMMA_Q16");
+    const int32_t allow_q16 = !(env && strcmp(env, "0") == 0);
     return kcu_launch_smem(kat_dmma<DT, D, F8>, dim3((unsigned)a.tokens, (unsigned)a.n_kv_heads), dim3(KAT_THREADS),
-                           C::SMEM, st, a);
+                           C::SMEM, st, a, allow_q16);
 }
 
 template <int DT> static cudaError_t kat_launch_dmma(const kiln_attention_cuda_args &a, int f8, cudaStream_t st)

@@ -508,7 +508,8 @@ static void test_decode_variants(void)
  * short ones, groups of 2 to 16 query heads at both fast head dims, block
  * sizes that do and do not hold a whole 16-key tile (16, 32, 7, 1), k and
  * v off 16-byte alignment, a graph replay; MHA and f32 fall back to
- * kat_pipe. */
+ * kat_pipe. Under an FP8 cache with bf16 activations Q K^T runs in f16
+ * (KILN_ATTENTION_DMMA_Q16=0: in bf16, also checked). */
 static void test_decode_mma(void)
 {
     setenv("KILN_ATTENTION_DECODE", "mma", 1);
@@ -536,6 +537,12 @@ static void test_decode_mma(void)
         run_step(&(step){"mma: decode 1024 sequences (graph)", 32, 8, 128, 16, 0, 0, 1, 1024, n_new, lens},
                  KILN_DTYPE_BF16);
     }
+    /* Q K^T in bf16 under the FP8 cache, as when a Q value passes f16's range */
+    cache_fp8 = 1;
+    setenv("KILN_ATTENTION_DMMA_Q16", "0", 1);
+    run_all(&(step){"mma: decode batch 3, Q K^T in bf16", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    run_all(&(step){"mma: decode 8 per kv head, block 1, Q K^T in bf16", 16, 2, 64, 1, 0, 0, 0, 5, ones, lens5});
+    unsetenv("KILN_ATTENTION_DMMA_Q16");
     cache_fp8 = 0;
     unsetenv("KILN_ATTENTION_DECODE");
 }
