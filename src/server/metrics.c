@@ -135,6 +135,12 @@ char *kiln_metrics_render(kiln_metrics *m, const kiln_llm_scheduler_stats *s, co
     metric(&pg, "kiln_steps_total", "counter", "Engine steps run.", model, (double)s->steps);
     metric(&pg, "kiln_preemptions_total", "counter", "Requests preempted when the KV cache ran dry.", model,
            (double)s->preemptions);
+    metric(&pg, "kiln_decode_steps_total", "counter", "Engine steps of one token a request.", model,
+           (double)s->decode_steps);
+    put(&pg, "# HELP kiln_step_seconds_total Time in engine steps, by kind: decode (one token a request) or "
+             "prompt (prompt tokens in the step).\n# TYPE kiln_step_seconds_total counter\n");
+    put(&pg, "kiln_step_seconds_total{model=\"%s\",kind=\"decode\"} %.6f\n", model, s->decode_us * 1e-6);
+    put(&pg, "kiln_step_seconds_total{model=\"%s\",kind=\"prompt\"} %.6f\n", model, s->prompt_step_us * 1e-6);
     metric(&pg, "kiln_prefix_cache_hit_tokens_total", "counter", "Prompt tokens whose KV was reused from the cache.",
            model, (double)s->prefix_hit_tokens);
     metric(&pg, "kiln_prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", model,

@@ -175,9 +175,13 @@ echo "case: /metrics"
 curl -s "$SERVE_URL/metrics" >"$TMP/metrics"
 for m in kiln_requests_running kiln_requests_waiting kiln_kv_cache_usage_ratio kiln_prefix_cache_hit_tokens_total \
   kiln_prompt_tokens_total kiln_generation_tokens_total kiln_time_to_first_token_seconds_bucket \
-  kiln_inter_token_latency_seconds_count kiln_client_disconnects_total; do
+  kiln_inter_token_latency_seconds_count kiln_client_disconnects_total kiln_decode_steps_total \
+  kiln_step_seconds_total; do
   grep -q "^$m{" "$TMP/metrics" || fail "/metrics lacks $m"
 done
+grep -Eq '^kiln_step_seconds_total\{model="[^"]*",kind="decode"\} [0-9.]+$' "$TMP/metrics" &&
+  grep -Eq '^kiln_step_seconds_total\{model="[^"]*",kind="prompt"\} [0-9.]*[1-9][0-9.]*$' "$TMP/metrics" ||
+  fail "/metrics: kiln_step_seconds_total lacks its decode and prompt series (or no prompt step time)"
 PASSED=$((PASSED + 1))
 serve_stop
 echo "case: SIGTERM with nothing in flight exits 0"
