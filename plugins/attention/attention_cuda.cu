@@ -2316,10 +2316,14 @@ __global__ void __launch_bounds__(KAT_THREADS, 3) kat_dmma(kiln_attention_cuda_a
                     kat_mma<QT>::run(sc[jj], qa[kc], kw[2 * kc], kw[2 * kc + 1]);
             }
         };
-        if (Q16 && q16)
-            qk(std::integral_constant<int, KILN_DTYPE_F16>{});
-        else
+        if constexpr (Q16) {
+            if (q16)
+                qk(std::integral_constant<int, KILN_DTYPE_F16>{});
+            else
+                qk(std::integral_constant<int, DT>{});
+        } else {
             qk(std::integral_constant<int, DT>{});
+        }
         if (kb + BK > nk) /* keys past the sequence (the last tile) */
 #pragma unroll
             for (int jj = 0; jj < 2; jj++)
