@@ -75,12 +75,8 @@ trap 'rm -rf "$work"' EXIT
 kiln_gpu_checkpoint "$model" "$work" || exit 2
 kiln_gpu_build kiln_cli || exit 1
 kiln=build-gpu/bin/kiln
-# kiln_gpu_checkpoint (tools/gpu-env.sh) sets kiln_gpu_ck_pid
-# shellcheck disable=SC2154
-wait "$kiln_gpu_ck_pid" || { tail -n 5 "$logs/checkpoint-$model.log"; echo "gpu-ab: the checkpoint FAILED" >&2; exit 1; }
 echo "gpu-ab: kiln build ${engine_args[*]}"
-"$kiln" build "$work/ck" --backend cuda "${engine_args[@]}" -o "$work/e.engine" >"$logs/ab-engine.log" 2>&1 ||
-    { tail -n 5 "$logs/ab-engine.log"; echo "gpu-ab: kiln build FAILED" >&2; exit 1; }
+kiln_gpu_engine "$model" "$work" "${engine_args[@]}" || exit 1
 
 rc=0
 table=""

@@ -14,10 +14,12 @@
 #                                Llama-3.2-1B or Llama-3.1-8B shape into
 #                                DIR/ck in the background (the 8B's takes a
 #                                minute or two: start it before the build)
-#   kiln_gpu_engine 1b|8b DIR    wait for it and build DIR/e.engine (bf16,
-#                                --max-tokens 2048; the 8B also
-#                                --max-seq-len 8448, room for an 8,192-token
-#                                prompt), with build-gpu/bin/kiln
+#   kiln_gpu_engine 1b|8b DIR [BUILD ARG...]
+#                                wait for it and build DIR/e.engine with
+#                                build-gpu/bin/kiln: with the BUILD ARGs
+#                                (kiln build's options), else bf16,
+#                                --max-tokens 2048 (the 8B also --max-seq-len
+#                                8448, room for an 8,192-token prompt)
 # so that a measurement on the lent machine is
 #   . tools/gpu-env.sh && kiln_gpu_build kiln_cli kiln_bench && build-gpu/bin/kiln ...
 # Returns 2 (from the source) when the dependencies are not there.
@@ -110,17 +112,21 @@ kiln_gpu_checkpoint() {
 }
 
 kiln_gpu_engine() {
-    local extra=""
-    [ "$1" = 8b ] && extra="--max-seq-len 8448"
+    local model=$1 dir=$2
+    shift 2
+    local args=("$@")
+    if [ ${#args[@]} -eq 0 ]; then
+        args=(--dtype bf16 --max-tokens 2048)
+        [ "$model" = 8b ] && args+=(--max-seq-len 8448)
+    fi
     if ! wait "$kiln_gpu_ck_pid"; then
-        tail -n 5 "$KILN_GPU_LOGS/checkpoint-$1.log"
+        tail -n 5 "$KILN_GPU_LOGS/checkpoint-$model.log"
         echo "gpu-env: the random checkpoint FAILED" >&2
         return 1
     fi
-    # shellcheck disable=SC2086
-    if ! "$KILN_BUILD_DIR/bin/kiln" build "$2/ck" --backend cuda --dtype bf16 --max-tokens 2048 $extra \
-            -o "$2/e.engine" >"$KILN_GPU_LOGS/engine-$1.log" 2>&1; then
-        tail -n 5 "$KILN_GPU_LOGS/engine-$1.log"
+    if ! "$KILN_BUILD_DIR/bin/kiln" build "$dir/ck" --backend cuda "${args[@]}" \
+            -o "$dir/e.engine" >"$KILN_GPU_LOGS/engine-$model.log" 2>&1; then
+        tail -n 5 "$KILN_GPU_LOGS/engine-$model.log"
         echo "gpu-env: kiln build FAILED" >&2
         return 1
     fi
