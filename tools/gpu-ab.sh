@@ -65,11 +65,9 @@ for v in "$@"; do
         { echo "gpu-ab: a variant is 'default' or NAME=VALUE[,NAME=VALUE...], not '$v'" >&2; exit 2; }
 done
 
-logs="${OUT:-$root/build-gpu}/logs"
-mkdir -p "$logs"
-export KILN_GPU_LOGS=$logs
 # shellcheck source=tools/gpu-env.sh
 . "$root/tools/gpu-env.sh" || exit 2
+logs=$KILN_GPU_LOGS # gpu-env's: $OUT/logs, or build-gpu/logs
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 kiln_gpu_checkpoint "$model" "$work" || exit 2
