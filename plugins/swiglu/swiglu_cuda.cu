@@ -10,6 +10,7 @@
 #include "fp8/fp8_quant.cuh"
 
 #include <cooperative_groups.h>
+#include <stdlib.h>
 
 namespace cg = cooperative_groups;
 
@@ -128,13 +129,32 @@ __global__ void __launch_bounds__(SWIGLU_THREADS)
     }
 }
 
-/* swiglu_q8_kernel over clusters of as many blocks as a row has 256
- * vectors (at most 8, the portable cluster size), V vectors a thread. */
+/* Blocks a row: as many as the row has 256 vectors (at most 8, the
+ * portable cluster size), so that a decode step's one row spreads over 8
+ * SMs. KILN_SWIGLU_Q8_BLOCKS=N (1..8) takes N instead, where N blocks of
+ * 8 vectors a thread cover the row: at thousands of rows (a prefill) the
+ * clusters' two barriers a row may cost more than they spread (ncu of an
+ * 8B FP8 prefill of 2,048 tokens: 2.6x the kernel's bytes at the copy
+ * rate), which a block a row, with no cluster barrier and up to 16 loads a
+ * thread in flight, would not pay. Not yet measured: bench/README.md. */
+static int32_t swiglu_q8_blocks(int32_t wv)
+{
+    const int32_t fit = (wv + SWIGLU_THREADS - 1) / SWIGLU_THREADS,
+                  least = (wv + 8 * SWIGLU_THREADS - 1) / (8 * SWIGLU_THREADS);
+    const char *e = getenv("KILN_SWIGLU_Q8_BLOCKS");
+    const int32_t want = e && *e ? (int32_t)atoi(e) : 0;
+    if (want >= 1 && want <= 8)
+        return want > least ? (want < fit ? want : fit) : least;
+    return fit < 8 ? fit : 8;
+}
+
+/* swiglu_q8_kernel over clusters of swiglu_q8_blocks blocks, V vectors a
+ * thread. */
 template <int DT>
 static cudaError_t swiglu_q8_launch(const uint4 *g, const uint4 *u, uint8_t *q, float *q_scale, int64_t rows,
                                     int32_t wv, int64_t ldv, cudaStream_t st)
 {
-    const int32_t nb = (wv + SWIGLU_THREADS - 1) / SWIGLU_THREADS < 8 ? (wv + SWIGLU_THREADS - 1) / SWIGLU_THREADS : 8;
+    const int32_t nb = swiglu_q8_blocks(wv);
     const int32_t per = (wv + nb * SWIGLU_THREADS - 1) / (nb * SWIGLU_THREADS);
     cudaLaunchAttribute attr[2];
     int n = 0;

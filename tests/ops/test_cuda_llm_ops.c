@@ -1122,6 +1122,18 @@ static void test_fp8_input(void)
                     for (size_t ri = 0; ri < 2; ri++)
                         if (!g || (packed && ti == 2 && wi == 2))
                             check_swiglu_q8(packed, float_types[ti], token_counts[ri], ws_[wi]);
+        /* the row's blocks forced (KILN_SWIGLU_Q8_BLOCKS): a block a row
+         * with up to 8 vectors a thread, and clusters the width alone
+         * would not choose */
+        for (int nb = 1; nb <= 3 && !g; nb++) {
+            char v[4];
+            snprintf(v, sizeof v, "%d", nb);
+            setenv("KILN_SWIGLU_Q8_BLOCKS", v, 1);
+            for (size_t wi = 0; wi < 5; wi++)
+                for (size_t ri = 0; ri < 2; ri++)
+                    check_swiglu_q8(1, KILN_DTYPE_BF16, token_counts[ri], ws_[wi]);
+            unsetenv("KILN_SWIGLU_Q8_BLOCKS");
+        }
         const int32_t shapes[][2] = {{256, 2048}, {33, 4096}, {1000, 14336}, {12, 28672}};
         const int64_t ts[] = {1, 2, 5, 8, 9, 64, 300};
         for (size_t si = 0; si < 4; si++)

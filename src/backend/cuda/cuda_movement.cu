@@ -132,3 +132,54 @@ extern "C" int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, in
     return (int)kcu_launch(kcu_cast_kernel, kcu_blocks(n, sms, 4), (cudaStream_t)stream, src, (int)src_dtype, dst,
                            (int)dst_dtype, n);
 }
+
+/* ---- L2 prefetch ------------------------------------------------------------------------ */
+
+#define KCU_PREFETCH_CHUNK ((int64_t)32 << 10)
+#define KCU_PREFETCH_THREADS 32
+
+/* Each thread asks for some 32 KB chunks of the ranges, chunk c going to
+ * block c % gridDim.x so that every SM's copy engine takes a share. The
+ * prefetches come before the wait on the previous kernel, against the rule
+ * of kcu_after_prior: they only read constants, which no kernel writes,
+ * and change no memory. The wait comes last, so that this kernel ends only
+ * after the one before it: the next kernel, waiting on this one, waits on
+ * both. */
+__global__ void __launch_bounds__(KCU_PREFETCH_THREADS) kcu_l2_prefetch_kernel(const kcu_prefetch_args a)
+{
+    KTL_SCOPE(0);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    const int64_t threads = (int64_t)gridDim.x * KCU_PREFETCH_THREADS;
+    int64_t c = (int64_t)threadIdx.x * gridDim.x + blockIdx.x, first = 0;
+    for (int r = 0; r < a.n; r++) {
+        const int64_t chunks = ((int64_t)a.bytes[r] + KCU_PREFETCH_CHUNK - 1) / KCU_PREFETCH_CHUNK;
+        for (; c < first + chunks; c += threads) {
+            const int64_t off = (c - first) * KCU_PREFETCH_CHUNK, left = (int64_t)a.bytes[r] - off;
+            /* whole 16-byte pieces only: never past the range's end */
+            const uint32_t size = (uint32_t)((left < KCU_PREFETCH_CHUNK ? left : KCU_PREFETCH_CHUNK) & ~(int64_t)15);
+            if (size)
+                asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"((const char *)a.p[r] + off), "r"(size)
+                             : "memory");
+        }
+        first += chunks;
+    }
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+    ktl_waited();
+}
+
+extern "C" int kcu_launch_l2_prefetch(const kcu_prefetch_args *a, int32_t sms, void *stream)
+{
+    int64_t chunks = 0;
+    for (int32_t r = 0; r < a->n; r++) {
+        if ((uintptr_t)a->p[r] % 16)
+            return (int)cudaErrorMisalignedAddress;
+        chunks += ((int64_t)a->bytes[r] + KCU_PREFETCH_CHUNK - 1) / KCU_PREFETCH_CHUNK;
+    }
+    if (!kcu_pdl || chunks == 0)
+        return cudaSuccess;
+    const int64_t cap = sms > 0 ? sms : 132;
+    return (int)kcu_launch_cfg(kcu_l2_prefetch_kernel, dim3((unsigned)(chunks < cap ? chunks : cap)),
+                               dim3(KCU_PREFETCH_THREADS), (cudaStream_t)stream, *a);
+}
