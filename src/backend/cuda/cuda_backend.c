@@ -50,6 +50,9 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
     int sms = 0;
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d->ordinal);
+    int l2 = 0;
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, d->ordinal);
     if (e == cudaSuccess)
         e = cudaMalloc(&d->lt_workspace, KILN_CUDA_CUBLASLT_WORKSPACE);
     if (e == cudaSuccess)
@@ -72,6 +75,7 @@ kiln_status kiln_cuda_device_create(kiln_cuda_device **out)
         }
     }
     d->sms = sms;
+    d->l2_bytes = l2;
     if (st == KILN_OK)
         st = kiln_cuda_matmul_cache_create(d);
     if (st != KILN_OK) {

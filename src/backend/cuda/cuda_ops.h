@@ -19,7 +19,8 @@
 struct kiln_cuda_device {
     int ordinal;
     int32_t arch, sms;
-    int32_t gemv; /* small-m matmuls through kcu_gemv */
+    int64_t l2_bytes; /* the L2 cache's size */
+    int32_t gemv;     /* small-m matmuls through kcu_gemv */
     cublasLtHandle_t lt;
     void *lt_workspace;  /* KILN_CUDA_CUBLASLT_WORKSPACE bytes */
     kcu_error_word *err; /* device memory: claimed with an atomic by the first error */

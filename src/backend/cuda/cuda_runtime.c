@@ -400,9 +400,9 @@ typedef struct launch {
 
 /* ---- weights into L2 during the attention ------------------------------------------- */
 
-/* KILN_L2_PREFETCH=MB (unset or 0: off) brings, after each PagedAttention
- * layer of a step of at most KILN_L2_PREFETCH_ROWS tokens (64), up to MB
- * MiB of the weights of the layers after it (in their order, until the
+/* KILN_L2_PREFETCH=MB (unset or 0: off; `auto`: half the L2 cache) brings,
+ * after each PagedAttention layer of a step of at most
+ * KILN_L2_PREFETCH_ROWS tokens (64), up to MB MiB of the weights of the layers after it (in their order, until the
  * next attention) into the L2 cache, by a kernel that runs beside the
  * attention. In a decode step the attention reads a little KV cache while
  * the memory's bandwidth idles (8.8 us a layer at 8B, 6 at 1B: bench/
@@ -453,12 +453,14 @@ static void prefetch_ranges(const kiln_exec_plan *p, int32_t layer, uint64_t bud
 
 static kiln_status prefetch_after(const kiln_backend_context *c, const kiln_exec_call *call, cudaStream_t stream)
 {
-    const int64_t mb = env_i64("KILN_L2_PREFETCH", 0);
-    if (mb <= 0 || !is_attention(call->graph, call->layer) || call->layer->n_outputs < 1 ||
+    const char *v = getenv("KILN_L2_PREFETCH");
+    const int64_t bytes =
+        v && strcmp(v, "auto") == 0 ? c->engine->device->l2_bytes / 2 : env_i64("KILN_L2_PREFETCH", 0) << 20;
+    if (bytes <= 0 || !is_attention(call->graph, call->layer) || call->layer->n_outputs < 1 ||
         call->outputs[0].dims.rank < 1 || call->outputs[0].dims.d[0] > env_i64("KILN_L2_PREFETCH_ROWS", 64))
         return KILN_OK;
     kcu_prefetch_args a;
-    prefetch_ranges(c->plan, call->index, (uint64_t)mb << 20, &a);
+    prefetch_ranges(c->plan, call->index, (uint64_t)bytes, &a);
     cudaError_t e = (cudaError_t)kcu_launch_l2_prefetch(&a, c->engine->device->sms, stream);
     if (e != cudaSuccess)
         return kiln_fail(KILN_ERROR_BACKEND, "layer \"%s\": the L2 prefetch after it failed: %s", call->layer->name,
