@@ -402,13 +402,17 @@ typedef struct launch {
 
 /* KILN_L2_PREFETCH=MB (unset or 0: off; `auto`: half the L2 cache) brings,
  * after each PagedAttention layer of a step of at most
- * KILN_L2_PREFETCH_ROWS tokens (64), up to MB MiB of the weights of the layers after it (in their order, until the
- * next attention) into the L2 cache, by a kernel that runs beside the
- * attention. In a decode step the attention reads a little KV cache while
+ * KILN_L2_PREFETCH_ROWS tokens (64), up to MB MiB of the weights of the
+ * layers after it (in their order, until the next attention) into the L2
+ * cache, by a kernel that runs beside the attention. In a decode step the attention reads a little KV cache while
  * the memory's bandwidth idles (8.8 us a layer at 8B, 6 at 1B: bench/
  * README.md, twelfth and fourteenth sessions); the projections after it
  * then find their first weights in L2. Every weight still crosses the
- * memory once a step: the bytes move earlier, not fewer. */
+ * memory once a step: the bytes move earlier, not fewer.
+ * KILN_L2_PREFETCH_AT=every does it after every layer of such a step, up
+ * to MB MiB ahead and across attentions, for the other moments the memory
+ * idles (a kernel's blocks waiting for the previous one's to leave), at
+ * the price of a node a layer in the chain. */
 static int is_attention(const kiln_graph *g, const kiln_layer *L)
 {
     if (L->op != KILN_OP_PLUGIN)
@@ -425,14 +429,15 @@ static int64_t env_i64(const char *name, int64_t fallback)
 }
 
 /* The constants of the layers after `layer`, in order, until `budget`
- * bytes, the next attention layer or KCU_PREFETCH_RANGES ranges. */
-static void prefetch_ranges(const kiln_exec_plan *p, int32_t layer, uint64_t budget, kcu_prefetch_args *a)
+ * bytes, KCU_PREFETCH_RANGES ranges or (unless `across`) the next
+ * attention layer. */
+static void prefetch_ranges(const kiln_exec_plan *p, int32_t layer, uint64_t budget, int across, kcu_prefetch_args *a)
 {
     const kiln_graph *g = p->graph;
     a->n = 0;
     for (int32_t l = layer + 1; l < g->n_layers && budget >= 16 && a->n < KCU_PREFETCH_RANGES; l++) {
         const kiln_layer *L = &g->layers[l];
-        if (is_attention(g, L))
+        if (!across && is_attention(g, L))
             break;
         if (L->op == KILN_OP_CONSTANT)
             continue;
@@ -456,11 +461,13 @@ static kiln_status prefetch_after(const kiln_backend_context *c, const kiln_exec
     const char *v = getenv("KILN_L2_PREFETCH");
     const int64_t bytes =
         v && strcmp(v, "auto") == 0 ? c->engine->device->l2_bytes / 2 : env_i64("KILN_L2_PREFETCH", 0) << 20;
-    if (bytes <= 0 || !is_attention(call->graph, call->layer) || call->layer->n_outputs < 1 ||
+    const char *at = getenv("KILN_L2_PREFETCH_AT");
+    const int every = at && strcmp(at, "every") == 0;
+    if (bytes <= 0 || !(every || is_attention(call->graph, call->layer)) || call->layer->n_outputs < 1 ||
         call->outputs[0].dims.rank < 1 || call->outputs[0].dims.d[0] > env_i64("KILN_L2_PREFETCH_ROWS", 64))
         return KILN_OK;
     kcu_prefetch_args a;
-    prefetch_ranges(c->plan, call->index, (uint64_t)bytes, &a);
+    prefetch_ranges(c->plan, call->index, (uint64_t)bytes, every, &a);
     cudaError_t e = (cudaError_t)kcu_launch_l2_prefetch(&a, c->engine->device->sms, stream);
     if (e != cudaSuccess)
         return kiln_fail(KILN_ERROR_BACKEND, "layer \"%s\": the L2 prefetch after it failed: %s", call->layer->name,
