@@ -191,7 +191,14 @@ struct kiln_backend_context {
     unsigned char *host_block; /* host copy of the block for reference runs */
     void **host_io;            /* host copies of the I/O tensors for reference runs */
     size_t *host_io_bytes;
+    /* the L2 prefetch's settings (KILN_L2_PREFETCH*, read at creation):
+     * bytes after a layer (0: off), the most tokens of a step it runs in,
+     * and whether after every layer or after attentions only */
+    int64_t l2_bytes, l2_rows;
+    int32_t l2_every;
 };
+
+static void read_l2_prefetch(kiln_backend_context *c);
 
 static void drop_graphs(kiln_backend_context *c)
 {
@@ -279,6 +286,7 @@ static kiln_status cuda_context_create(kiln_backend_engine *e, kiln_exec_plan *p
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory creating a cuda context");
     c->plan = plan;
     c->engine = e;
+    read_l2_prefetch(c);
     kiln_status s = context_init(c);
     if (s != KILN_OK) {
         cuda_context_destroy(c);
@@ -412,7 +420,8 @@ typedef struct launch {
  * KILN_L2_PREFETCH_AT=every does it after every layer of such a step, up
  * to MB MiB ahead and across attentions, for the other moments the memory
  * idles (a kernel's blocks waiting for the previous one's to leave), at
- * the price of a node a layer in the chain. */
+ * the price of a node a layer in the chain. Read when a context is
+ * created (its graphs are captured with what it read). */
 static int is_attention(const kiln_graph *g, const kiln_layer *L)
 {
     if (L->op != KILN_OP_PLUGIN)
@@ -456,18 +465,24 @@ static void prefetch_ranges(const kiln_exec_plan *p, int32_t layer, uint64_t bud
     }
 }
 
+static void read_l2_prefetch(kiln_backend_context *c)
+{
+    const char *v = getenv("KILN_L2_PREFETCH"), *at = getenv("KILN_L2_PREFETCH_AT");
+    const int64_t mb = env_i64("KILN_L2_PREFETCH", 0);
+    c->l2_bytes = v && strcmp(v, "auto") == 0         ? c->engine->device->l2_bytes / 2
+                  : mb > 0 && mb < ((int64_t)1 << 20) ? mb << 20
+                                                      : 0;
+    c->l2_rows = env_i64("KILN_L2_PREFETCH_ROWS", 64);
+    c->l2_every = at && strcmp(at, "every") == 0;
+}
+
 static kiln_status prefetch_after(const kiln_backend_context *c, const kiln_exec_call *call, cudaStream_t stream)
 {
-    const char *v = getenv("KILN_L2_PREFETCH");
-    const int64_t bytes =
-        v && strcmp(v, "auto") == 0 ? c->engine->device->l2_bytes / 2 : env_i64("KILN_L2_PREFETCH", 0) << 20;
-    const char *at = getenv("KILN_L2_PREFETCH_AT");
-    const int every = at && strcmp(at, "every") == 0;
-    if (bytes <= 0 || !(every || is_attention(call->graph, call->layer)) || call->layer->n_outputs < 1 ||
-        call->outputs[0].dims.rank < 1 || call->outputs[0].dims.d[0] > env_i64("KILN_L2_PREFETCH_ROWS", 64))
+    if (c->l2_bytes <= 0 || !(c->l2_every || is_attention(call->graph, call->layer)) || call->layer->n_outputs < 1 ||
+        call->outputs[0].dims.rank < 1 || call->outputs[0].dims.d[0] > c->l2_rows)
         return KILN_OK;
     kcu_prefetch_args a;
-    prefetch_ranges(c->plan, call->index, (uint64_t)bytes, every, &a);
+    prefetch_ranges(c->plan, call->index, (uint64_t)c->l2_bytes, c->l2_every, &a);
     cudaError_t e = (cudaError_t)kcu_launch_l2_prefetch(&a, c->engine->device->sms, stream);
     if (e != cudaSuccess)
         return kiln_fail(KILN_ERROR_BACKEND, "layer \"%s\": the L2 prefetch after it failed: %s", call->layer->name,
