@@ -468,7 +468,7 @@ static void prefetch_ranges(const kiln_exec_plan *p, int32_t layer, uint64_t bud
 static void read_l2_prefetch(kiln_backend_context *c)
 {
     const char *v = getenv("KILN_L2_PREFETCH"), *at = getenv("KILN_L2_PREFETCH_AT");
-    const int64_t mb = env_i64("KILN_L2_PREFETCH", 0);
+    const int64_t mb = v && *v ? strtoll(v, NULL, 10) : 0;
     c->l2_bytes = v && strcmp(v, "auto") == 0         ? c->engine->device->l2_bytes / 2
                   : mb > 0 && mb < ((int64_t)1 << 20) ? mb << 20
                                                       : 0;
