@@ -412,9 +412,10 @@ typedef struct launch {
  * after each PagedAttention layer of a step of at most
  * KILN_L2_PREFETCH_ROWS tokens (64), up to MB MiB of the weights of the
  * layers after it (in their order, until the next attention) into the L2
- * cache, by a kernel that runs beside the attention. In a decode step the attention reads a little KV cache while
- * the memory's bandwidth idles (8.8 us a layer at 8B, 6 at 1B: bench/
- * README.md, twelfth and fourteenth sessions); the projections after it
+ * cache, by a kernel that runs beside the attention. In a decode step
+ * the attention reads a little KV cache while the memory's bandwidth
+ * idles (8.8 us a layer at 8B, 6 at 1B: bench/README.md, twelfth and
+ * fourteenth sessions); the projections after it
  * then find their first weights in L2. Every weight still crosses the
  * memory once a step: the bytes move earlier, not fewer.
  * KILN_L2_PREFETCH_AT=every does it after every layer of such a step, up
