@@ -129,6 +129,28 @@ static inline size_t kiln_fusedmm_workspace(int64_t rows, int64_t n, int64_t k, 
     return kiln_fusedmm_workspace_lt(rows, n, k, es) + KILN_FUSEDMM_LT_WORKSPACE;
 }
 
+/* With E4M3 weights (field weights = fp8) the workspace also holds, each
+ * 256-aligned after the above, the prefill path's quantized rows of x
+ * [rows, k] (codes), their scales f32 [rows], and Fp8MatMul's workspace
+ * (kiln_fp8_workspace: its GEMM's result and scratch). The CPU reference
+ * uses the first part (x as f32 rows) and the codes and scales. */
+static inline size_t kiln_fusedmm_fp8_workspace_codes(int64_t rows, int64_t n, int64_t k, size_t es)
+{
+    return kiln_fusedmm_workspace(rows, n, k, es);
+}
+static inline size_t kiln_fusedmm_fp8_workspace_scales(int64_t rows, int64_t n, int64_t k, size_t es)
+{
+    return kiln_fusedmm_fp8_workspace_codes(rows, n, k, es) + kiln_fusedmm_align((size_t)(rows * k));
+}
+static inline size_t kiln_fusedmm_fp8_workspace_matmul(int64_t rows, int64_t n, int64_t k, size_t es)
+{
+    return kiln_fusedmm_fp8_workspace_scales(rows, n, k, es) + kiln_fusedmm_align((size_t)rows * sizeof(float));
+}
+static inline size_t kiln_fusedmm_fp8_workspace(int64_t rows, int64_t n, int64_t k, size_t es)
+{
+    return kiln_fusedmm_fp8_workspace_matmul(rows, n, k, es) + kiln_fp8_workspace(rows, n, k);
+}
+
 /* The rope epilogue's rotation, passed to the kernels by value: the first
  * rotated_heads heads of a row are rotated (as kiln/RoPE). */
 typedef struct kiln_fusedmm_rope {
@@ -138,7 +160,8 @@ typedef struct kiln_fusedmm_rope {
 
 typedef struct kiln_fusedmm_cuda_args {
     const void *x;            /* [rows, k] */
-    const void *w;            /* [n, k] */
+    const void *w;            /* [n, k]: of dtype, or E4M3 codes with w_scale */
+    const float *w_scale;     /* [n]: W's per-channel scales (weights = fp8), or NULL */
     const void *norm_weight;  /* [k], or NULL: no RMSNorm prologue */
     const void *residual;     /* [rows, n] with KILN_FUSEDMM_RESIDUAL */
     const int32_t *positions; /* [rows] with KILN_FUSEDMM_ROPE */
@@ -148,7 +171,8 @@ typedef struct kiln_fusedmm_cuda_args {
     size_t workspace_size;
     int64_t rows;
     int32_t n, k, epilogue;
-    int32_t dtype;   /* w's and norm_weight's (f32, f16, bf16), the product's */
+    int32_t dtype;   /* w's and norm_weight's (f32, f16, bf16), the product's; with E4M3
+                      * weights norm_weight's, or x's without the norm */
     int32_t x_dtype; /* dtype, or f32 with the norm prologue (a residual stream in f32) */
     int32_t y_dtype; /* dtype, or f32 with the residual epilogue (the residual's too) or none */
     float epsilon;

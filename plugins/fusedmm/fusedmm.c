@@ -27,13 +27,23 @@
  *                         (interleaved = 0; with interleaved = 1 they are
  *                         2j and 2j + 1 already); y is in the usual order.
  *
+ * With weights = fp8, W is E4M3 codes with an f32 scale per output
+ * channel (kiln/Fp8MatMul's W) and the product is Fp8MatMul's: each row of
+ * the (normalized) x, rounded to the dtype t as above, is quantized with
+ * its own scale (kiln_fp8_quantize_row) and p = (Σ xq · wq) · sx · sw,
+ * summed in f32 and rounded to t; the epilogues are as above. t is then
+ * norm_weight's dtype, or x's without the norm. An FP8 decoder layer so
+ * computes what the unfused one (RMSNorm or SwiGLU with quantize = fp8,
+ * Fp8MatMul, RoPE, the residual add in the next AddRMSNorm) computes.
+ *
  * So the result is that of RMSNorm, MatMul, then SwiGLU or an add, up to
  * the order of the f32 sums. This CPU code is the reference (a plain
  * column-parallel loop, not a fast CPU path: CPU engines are built
  * unfused); the CUDA kernels (fusedmm_cuda.cu) run one GEMV for 1, 2, 4
  * or 8 rows and the unfused kernels with cuBLASLt's GEMM otherwise.
  *
- * Inputs:  x [..., k]; w [n, k]; norm_weight [k] when norm = 1;
+ * Inputs:  x [..., k]; w [n, k]; w_scale f32 [n] with weights = fp8 (w
+ *          then u8 codes); norm_weight [k] when norm = 1;
  *          residual [..., n] with the residual epilogue, positions i32
  *          [tokens] with rope. w f32, f16 or bf16 and norm_weight of
  *          w's dtype; x of w's dtype, or f32 with norm = 1 (the f32
@@ -46,27 +56,32 @@
  *          required > 0 with norm); epilogue (string: none, residual,
  *          swiglu, rope; default none; swiglu needs n even); with rope,
  *          kiln/RoPE's fields (n = (n_heads + 2 n_kv_heads) head_dim);
- *          output_dtype (string: default, or f32 with epilogue none).
- * Blob v2: n, k, norm, epilogue (i32), epsilon (f32), kiln/RoPE's blob
- *          (rope/rope_params.h; zeros without rope), then y's dtype
- *          (i32; -1: the default). v1 lacks the last: the default.
+ *          output_dtype (string: default, or f32 with epilogue none);
+ *          weights (string: dtype, the default, or fp8; k a multiple of
+ *          16 with fp8).
+ * Blob v3: n, k, norm, epilogue (i32), epsilon (f32), kiln/RoPE's blob
+ *          (rope/rope_params.h; zeros without rope), y's dtype (i32; -1:
+ *          the default), weights (i32: 0 dtype, 1 fp8). v2 lacks the last
+ *          (dtype), v1 the last two (the default y).
  * Workspace: kiln_fusedmm_workspace (plugin_cuda.h). */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 
+#include "core/fp8.h"
 #include "plugin_cuda.h"
 #include "plugin_util.h"
 #include "rope/rope_params.h"
 
 #define NAME "FusedMatMul"
-#define BLOB_VERSION 2u
+#define BLOB_VERSION 3u
 
 typedef struct fusedmm_params {
     int32_t n, k, norm, epilogue;
     float epsilon;
     rope_params rope;
     int32_t output_dtype; /* KILN_DTYPE_F32 (epilogue none), or -1: the default */
+    int32_t fp8;          /* 1: w is E4M3 codes with per-channel scales (weights = fp8) */
 } fusedmm_params;
 
 typedef struct fusedmm {
@@ -94,6 +109,10 @@ static kiln_status fusedmm_new(const fusedmm_params *p, kiln_plugin **out)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": output dtype %d with epilogue %d (only an f32 y, with epilogue none)",
                           p->output_dtype, p->epilogue);
+    /* k <= 2^30: the CUDA GEMV keeps its k offsets in 32 bits */
+    if ((p->fp8 != 0 && p->fp8 != 1) || (p->fp8 && (p->k % 16 != 0 || p->k > (1 << 30))))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": weights fp8 (%d) needs k = %d a multiple of 16 and at most 2^30", p->fp8, p->k);
     if (p->epilogue == KILN_FUSEDMM_ROPE) {
         kiln_status st = rope_params_check(host, NAME, &p->rope);
         if (st != KILN_OK)
@@ -118,10 +137,21 @@ static kiln_status fusedmm_new(const fusedmm_params *p, kiln_plugin **out)
 
 static int32_t fusedmm_num_outputs(const kiln_plugin *self) { return 1; }
 
-/* x, w, then norm_weight (norm), then residual or positions (rope) */
+/* x, w, then w_scale (fp8), then norm_weight (norm), then residual or
+ * positions (rope) */
 static int32_t fusedmm_n_inputs(const fusedmm_params *p)
 {
-    return 2 + p->norm + (p->epilogue == KILN_FUSEDMM_RESIDUAL || p->epilogue == KILN_FUSEDMM_ROPE);
+    return 2 + p->fp8 + p->norm + (p->epilogue == KILN_FUSEDMM_RESIDUAL || p->epilogue == KILN_FUSEDMM_ROPE);
+}
+
+/* Where norm_weight is among the inputs (with norm = 1). */
+static int32_t fusedmm_norm_at(const fusedmm_params *p) { return 2 + p->fp8; }
+
+/* The product's dtype t: w's, or with E4M3 weights norm_weight's (x's
+ * without the norm). */
+static kiln_dtype fusedmm_t(const fusedmm_params *p, const kiln_dtype *in)
+{
+    return !p->fp8 ? in[1] : p->norm ? in[fusedmm_norm_at(p)] : in[0];
 }
 
 static int64_t fusedmm_width(const fusedmm_params *p) { return p->epilogue == KILN_FUSEDMM_SWIGLU ? p->n / 2 : p->n; }
@@ -130,8 +160,10 @@ static kiln_status fusedmm_output_shapes(const kiln_plugin *self, const kiln_sha
                                          kiln_shape_expr *out, int32_t n_out, kiln_expr_builder *eb)
 {
     const fusedmm_params *p = &((const fusedmm *)self)->p;
-    if (n_in != fusedmm_n_inputs(p) || in[0].rank < 1 || in[1].rank != 2 || (p->norm && in[2].rank != 1))
-        return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., K], w [N, K]%s%s",
+    const int32_t na = fusedmm_norm_at(p);
+    if (n_in != fusedmm_n_inputs(p) || in[0].rank < 1 || in[1].rank != 2 || (p->fp8 && in[2].rank != 1) ||
+        (p->norm && in[na].rank != 1))
+        return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., K], w [N, K]%s%s%s", p->fp8 ? ", w_scale [N]" : "",
                           p->norm ? ", norm_weight [K]" : "",
                           p->epilogue == KILN_FUSEDMM_RESIDUAL ? ", residual [..., N]" : "");
     int64_t v;
@@ -139,8 +171,9 @@ static kiln_status fusedmm_output_shapes(const kiln_plugin *self, const kiln_sha
         return host->fail(KILN_ERROR_SHAPE, NAME ": x has %lld columns, k is %d", (long long)v, p->k);
     if ((host->expr_is_constant(eb, in[1].d[0], &v) && v != p->n) ||
         (host->expr_is_constant(eb, in[1].d[1], &v) && v != p->k) ||
-        (p->norm && host->expr_is_constant(eb, in[2].d[0], &v) && v != p->k))
-        return host->fail(KILN_ERROR_SHAPE, NAME ": w must be [%d, %d]%s", p->n, p->k,
+        (p->fp8 && host->expr_is_constant(eb, in[2].d[0], &v) && v != p->n) ||
+        (p->norm && host->expr_is_constant(eb, in[na].d[0], &v) && v != p->k))
+        return host->fail(KILN_ERROR_SHAPE, NAME ": w must be [%d, %d]%s%s", p->n, p->k, p->fp8 ? ", w_scale [n]" : "",
                           p->norm ? " and norm_weight [k]" : "");
     if (p->epilogue == KILN_FUSEDMM_RESIDUAL) {
         const kiln_shape_expr *r = &in[n_in - 1];
@@ -160,7 +193,7 @@ static kiln_status fusedmm_output_dtypes(const kiln_plugin *self, const kiln_dty
     const fusedmm_params *p = &((const fusedmm *)self)->p;
     out[0] = p->epilogue == KILN_FUSEDMM_RESIDUAL ? in[n_in - 1]
              : p->output_dtype >= 0               ? (kiln_dtype)p->output_dtype
-                                                  : in[1];
+                                                  : fusedmm_t(p, in);
     return KILN_OK;
 }
 
@@ -178,12 +211,18 @@ static int32_t fusedmm_supports(const kiln_plugin *self, kiln_backend backend, c
         backend_ok = 1;
     }
 #endif
-    if (!backend_ok || n_in != fusedmm_n_inputs(p) || n_out != 1 || !plugin_is_float(d[1].dtype))
+    if (!backend_ok || n_in != fusedmm_n_inputs(p) || n_out != 1)
         return 0;
-    const kiln_dtype t = d[1].dtype, y = d[n_in].dtype;
+    kiln_dtype dt[8];
+    for (int32_t i = 0; i < 8; i++)
+        dt[i] = i < n_in ? d[i].dtype : KILN_DTYPE_F32;
+    const kiln_dtype t = fusedmm_t(p, dt), y = d[n_in].dtype;
+    if (!plugin_is_float(t) || (p->fp8 && (d[1].dtype != KILN_DTYPE_U8 || d[2].dtype != KILN_DTYPE_F32)) ||
+        (!p->fp8 && d[1].dtype != t))
+        return 0;
     if (d[0].dtype != t && !(p->norm && d[0].dtype == KILN_DTYPE_F32))
         return 0;
-    if (p->norm && d[2].dtype != t)
+    if (p->norm && d[fusedmm_norm_at(p)].dtype != t)
         return 0;
     if (p->epilogue == KILN_FUSEDMM_ROPE && d[n_in - 1].dtype != KILN_DTYPE_I32)
         return 0;
@@ -196,7 +235,11 @@ static size_t fusedmm_workspace_size(const kiln_plugin *self, const kiln_tensor_
                                      const kiln_tensor_desc *out, int32_t n_out)
 {
     const fusedmm_params *p = &((const fusedmm *)self)->p;
-    return kiln_fusedmm_workspace(plugin_desc_count(&in[0]) / p->k, p->n, p->k, plugin_float_size(in[1].dtype));
+    const int64_t rows = plugin_desc_count(&in[0]) / p->k;
+    if (p->fp8)
+        return kiln_fusedmm_fp8_workspace(rows, p->n, p->k,
+                                          plugin_float_size(in[p->norm ? fusedmm_norm_at(p) : 0].dtype));
+    return kiln_fusedmm_workspace(rows, p->n, p->k, plugin_float_size(in[1].dtype));
 }
 
 typedef struct fusedmm_job {
@@ -208,14 +251,25 @@ typedef struct fusedmm_job {
     void *y;
     kiln_dtype t, yt; /* w's, y's (and the residual's) */
     kiln_dtype pt;    /* the product's: t, or f32 for an f32 y without epilogue */
+    /* E4M3 weights: xf holds the E4M3 values of x's rows, sx their
+     * scales, sw W's; lut every code's value */
+    const float *sx, *sw;
+    float lut[256];
 } fusedmm_job;
 
-/* The product of row r of xf with row c of w, rounded to pt. */
+/* The product of row r of xf with row c of w, rounded to pt (with E4M3
+ * weights times the two scales first, as kiln/Fp8MatMul). */
 static float fusedmm_dot(const fusedmm_job *j, int64_t r, int64_t c)
 {
     const int64_t k = j->p->k;
     const float *xr = j->xf + r * k;
     float acc = 0.0f;
+    if (j->p->fp8) {
+        const uint8_t *wr = (const uint8_t *)j->w + c * k;
+        for (int64_t i = 0; i < k; i++)
+            acc += xr[i] * j->lut[wr[i]];
+        return plugin_round(host, j->pt, acc * j->sx[r] * j->sw[c]);
+    }
     for (int64_t i = 0; i < k; i++)
         acc += xr[i] * plugin_load(host, j->w, j->t, c * k + i);
     return plugin_round(host, j->pt, acc);
@@ -278,16 +332,21 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
     const fusedmm_params *p = &((const fusedmm *)self)->p;
     const kiln_dims *xd = &in_desc[0].dims;
     int64_t rows = xd->rank >= 1 && xd->d[xd->rank - 1] == p->k ? plugin_desc_count(&in_desc[0]) / p->k : -1;
+    const int32_t na = fusedmm_norm_at(p);
     if (n_in != fusedmm_n_inputs(p) || rows < 0 || plugin_desc_count(&in_desc[1]) != (int64_t)p->n * p->k ||
-        (p->norm && plugin_desc_count(&in_desc[2]) != p->k) ||
+        (p->fp8 && plugin_desc_count(&in_desc[2]) != p->n) || (p->norm && plugin_desc_count(&in_desc[na]) != p->k) ||
         (p->epilogue == KILN_FUSEDMM_RESIDUAL && plugin_desc_count(&in_desc[n_in - 1]) != rows * p->n) ||
         (p->epilogue == KILN_FUSEDMM_ROPE && plugin_desc_count(&in_desc[n_in - 1]) != rows) ||
         plugin_desc_count(&out_desc[0]) != rows * fusedmm_width(p))
         return host->fail(KILN_ERROR_SHAPE,
-                          NAME ": x's last dim must be k = %d, w [%d, %d]; residual, positions and y of x's rows", p->k,
-                          p->n, p->k);
-    const kiln_dtype xt = in_desc[0].dtype, t = in_desc[1].dtype, yt = out_desc[0].dtype;
-    const void *nw = p->norm ? in[2] : NULL, *res = fusedmm_n_inputs(p) > 2 + p->norm ? in[n_in - 1] : NULL;
+                          NAME ": x's last dim must be k = %d, w [%d, %d]%s; residual, positions and y of x's rows",
+                          p->k, p->n, p->k, p->fp8 ? ", w_scale [n]" : "");
+    kiln_dtype dt[8];
+    for (int32_t i = 0; i < 8; i++)
+        dt[i] = i < n_in ? in_desc[i].dtype : KILN_DTYPE_F32;
+    const kiln_dtype xt = in_desc[0].dtype, t = fusedmm_t(p, dt), yt = out_desc[0].dtype;
+    const void *nw = p->norm ? in[na] : NULL, *res = n_in > na + p->norm ? in[n_in - 1] : NULL;
+    const float *sw = p->fp8 ? in[2] : NULL;
     if (rows == 0)
         return KILN_OK;
     if (!workspace)
@@ -296,7 +355,7 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
     if (backend == KILN_BACKEND_CUDA) {
         kiln_fusedmm_cuda_args a;
         memset(&a, 0, sizeof a);
-        a.x = in[0], a.w = in[1], a.norm_weight = nw, a.y = out[0];
+        a.x = in[0], a.w = in[1], a.w_scale = sw, a.norm_weight = nw, a.y = out[0];
         if (p->epilogue == KILN_FUSEDMM_ROPE) {
             const fusedmm *f = (const fusedmm *)self;
             a.positions = res;
@@ -307,7 +366,8 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
             a.residual = res;
         }
         a.workspace = workspace;
-        a.workspace_size = kiln_fusedmm_workspace(rows, p->n, p->k, plugin_float_size(t));
+        a.workspace_size = p->fp8 ? kiln_fusedmm_fp8_workspace(rows, p->n, p->k, plugin_float_size(t))
+                                  : kiln_fusedmm_workspace(rows, p->n, p->k, plugin_float_size(t));
         a.rows = rows, a.n = p->n, a.k = p->k, a.epilogue = p->epilogue, a.dtype = (int32_t)t;
         a.x_dtype = (int32_t)xt, a.y_dtype = (int32_t)yt;
         a.epsilon = p->epsilon;
@@ -331,7 +391,33 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         for (int64_t i = 0; i < p->k; i++)
             xr[i] = plugin_round(host, t, plugin_round(host, xt, xr[i] * inv) * plugin_load(host, nw, t, i));
     }
-    fusedmm_job job = {(const fusedmm *)self, p, rows, xf, in[1], res, out[0], t, yt, p->output_dtype >= 0 ? yt : t};
+    fusedmm_job job = {.f = (const fusedmm *)self,
+                       .p = p,
+                       .rows = rows,
+                       .xf = xf,
+                       .w = in[1],
+                       .res = res,
+                       .y = out[0],
+                       .t = t,
+                       .yt = yt,
+                       .pt = p->output_dtype >= 0 ? yt : t};
+    if (p->fp8) {
+        /* each row of x (as the norm rounds it to t, or as given) as
+         * kiln/Fp8MatMul quantizes it: its E4M3 values, exact in f32, in
+         * place, and its scale */
+        const size_t es = plugin_float_size(t);
+        uint8_t *q = (uint8_t *)workspace + kiln_fusedmm_fp8_workspace_codes(rows, p->n, p->k, es);
+        float *sx = (float *)((char *)workspace + kiln_fusedmm_fp8_workspace_scales(rows, p->n, p->k, es));
+        for (int c = 0; c < 256; c++)
+            job.lut[c] = kiln_e4m3_to_f32((uint8_t)c);
+        for (int64_t r = 0; r < rows; r++) {
+            float *xr = xf + r * p->k;
+            sx[r] = kiln_fp8_quantize_row(xr, p->k, q + r * p->k);
+            for (int64_t i = 0; i < p->k; i++)
+                xr[i] = job.lut[q[r * p->k + i]];
+        }
+        job.sx = sx, job.sw = sw;
+    }
     host->parallel_for(stream, p->epilogue == KILN_FUSEDMM_ROPE ? p->n / 2 : fusedmm_width(p), fusedmm_range, &job);
     return KILN_OK;
 }
@@ -395,14 +481,21 @@ static kiln_status fusedmm_create(const kiln_plugin_creator *c, const kiln_field
     else
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": field \"output_dtype\" is \"%s\"; expected default or f32", want);
+    const kiln_field *wf = plugin_field(f, n, "weights");
+    const char *wk = wf ? wf->data : "dtype";
+    if (strcmp(wk, "fp8") == 0)
+        p.fp8 = 1;
+    else if (strcmp(wk, "dtype") != 0)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"weights\" is \"%s\"; expected dtype or fp8", wk);
     return fusedmm_new(&p, out);
 }
 
 static kiln_status fusedmm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                        kiln_plugin **out)
 {
-    /* v1: without output_dtype */
-    static const size_t sizes[BLOB_VERSION] = {offsetof(fusedmm_params, output_dtype), sizeof(fusedmm_params)};
+    /* v1: without output_dtype, v2 without fp8 */
+    static const size_t sizes[BLOB_VERSION] = {offsetof(fusedmm_params, output_dtype), offsetof(fusedmm_params, fp8),
+                                               sizeof(fusedmm_params)};
     fusedmm_params p;
     memset(&p, 0, sizeof p);
     p.output_dtype = -1;
@@ -437,6 +530,8 @@ static const kiln_field_spec fusedmm_fields[] = {
                           "rope: llama3 original context length"),
     PLUGIN_FIELD_OPTIONAL("output_dtype", KILN_FIELD_STRING, "default",
                           "dtype of y: default (the residual's, else w's) or f32 (epilogue none: unrounded sums)"),
+    PLUGIN_FIELD_OPTIONAL("weights", KILN_FIELD_STRING, "dtype",
+                          "dtype (w of the product's dtype) or fp8 (w E4M3 codes, then w_scale f32 [n]; W8A8)"),
 };
 
 static const kiln_plugin_creator fusedmm_creator = {
@@ -450,7 +545,8 @@ static const kiln_plugin_creator fusedmm_creator = {
     .blob_version = BLOB_VERSION,
     .create = fusedmm_create,
     .deserialize = fusedmm_deserialize,
-    .description = "x·Wᵀ with an RMSNorm prologue and a residual-add, SwiGLU or RoPE epilogue folded in",
+    .description = "x·Wᵀ (W in the dtype or FP8 E4M3) with an RMSNorm prologue and a residual-add, SwiGLU or RoPE "
+                   "epilogue folded in",
 };
 
 kiln_status kiln_fusedmm_register(const kiln_host_api *h, kiln_registry *reg)

@@ -19,6 +19,7 @@
 
 #include <math.h>
 
+#include "core/fp8.h"
 #include "core/threadpool.h"
 #include "llm/gguf.h"
 #include "qmatmul/qmatmul_cpu.h"
@@ -992,34 +993,55 @@ static const char *dtype_field(kiln_dtype t)
     return t == KILN_DTYPE_F32 ? "f32" : t == KILN_DTYPE_F16 ? "f16" : "bf16";
 }
 
+/* E4M3 codes and per-row scales of w [n, k] (given in t), quantized as
+ * kiln/Fp8MatMul's weights are (max |w| of a row / 448). */
+static void quantize_fp8_rows(const void *w, kiln_dtype t, int32_t n, int32_t k, uint8_t *codes, float *scales)
+{
+    float *row = malloc((size_t)k * sizeof *row);
+    for (int32_t r = 0; r < n && row; r++) {
+        for (int32_t i = 0; i < k; i++)
+            row[i] = load(w, t, (int64_t)r * k + i);
+        scales[r] = kiln_fp8_quantize_row(row, k, codes + (size_t)r * (size_t)k);
+    }
+    free(row);
+}
+
 /* w in t; x in st with the norm (else t), the residual and y in st with
  * the residual add: st is t, or f32 (a bf16/f16 engine's residual
  * stream); f32_out (epilogue none): y in f32, the sums unrounded (an
- * LLM's logits) */
-static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const char *epilogue, int64_t rows,
-                               int f32_out)
+ * LLM's logits). fp8: the plugin gets w as E4M3 codes and row scales
+ * (weights = fp8), and the reference product is kiln/Fp8MatMul's of the
+ * (normalized) x rounded to t. */
+static void check_fused_matmul_w(kiln_dtype t, kiln_dtype st, int32_t norm, const char *epilogue, int64_t rows,
+                                 int f32_out, int fp8)
 {
-    const int32_t n = 10, k = 24;
+    const int32_t n = 10, k = fp8 ? 32 : 24;
     const float eps = 1e-5f;
     const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
     const int64_t width = swiglu ? n / 2 : n;
     const kiln_dtype xt = norm ? st : t, yt = residual ? st : f32_out ? KILN_DTYPE_F32 : t;
     /* the product as the reference stores it: rounded to t, or not */
     const kiln_dtype pt = f32_out ? KILN_DTYPE_F32 : t;
-    kiln_field f[6] = {fi32("n", &n),
+    kiln_field f[7] = {fi32("n", &n),
                        fi32("k", &k),
                        fi32("norm", &norm),
                        ff32("epsilon", &eps),
                        fstr("epilogue", epilogue),
-                       fstr("output_dtype", f32_out ? "f32" : "default")};
+                       fstr("output_dtype", f32_out ? "f32" : "default"),
+                       fstr("weights", "fp8")};
     kiln_field fn[2] = {ff32("epsilon", &eps), fstr("output_dtype", dtype_field(t))};
-    kiln_plugin *p = make("FusedMatMul", f, 6), *rms = make("RMSNorm", fn, 2), *sw = make("SwiGLU", NULL, 0);
+    kiln_field fq[3] = {fi32("n", &n), fi32("k", &k), fstr("output_dtype", dtype_field(pt))};
+    kiln_plugin *p = make("FusedMatMul", f, 6 + fp8), *rms = make("RMSNorm", fn, 2), *sw = make("SwiGLU", NULL, 0),
+                *q8 = fp8 ? make("Fp8MatMul", fq, 3) : NULL;
     size_t es = esize(t);
     void *x = random_buf(xt, rows * k), *w = random_buf(t, (int64_t)n * k), *nw = random_buf(t, k);
+    uint8_t *codes = malloc((size_t)(n * k));
+    float *scales = malloc((size_t)n * sizeof(float));
+    quantize_fp8_rows(w, t, n, k, codes, scales);
     void *res = random_buf(yt, rows * n), *h = malloc((size_t)(rows * k) * es),
          *prod = malloc((size_t)(rows * n) * esize(pt));
     void *ref = malloc((size_t)(rows * width) * esize(yt)), *y = malloc((size_t)(rows * width) * esize(yt));
-    if (p && rms && sw) {
+    if (p && rms && sw && (q8 || !fp8)) {
         /* the reference: h = RMSNorm(x) (or x), prod = h · wᵀ */
         if (norm) {
             kiln_tensor_desc dn[3] = {DESC(xt, rows, k), DESC(t, k), DESC(t, rows, k)};
@@ -1029,13 +1051,24 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const 
         } else {
             memcpy(h, x, (size_t)(rows * k) * es);
         }
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t c = 0; c < n; c++) {
-                float acc = 0.0f;
-                for (int64_t i = 0; i < k; i++)
-                    acc += load(h, t, r * k + i) * load(w, t, c * k + i);
-                store(prod, pt, r * n + c, acc);
-            }
+        if (fp8) {
+            kiln_tensor_desc dq[4] = {DESC(t, rows, k), DESC(KILN_DTYPE_U8, n, k), DESC(KILN_DTYPE_F32, n),
+                                      DESC(pt, rows, n)};
+            const void *in_q[3] = {h, codes, scales};
+            void *out_q[1] = {prod};
+            CHECK(q8->ops->supports(q8, KILN_BACKEND_CPU, dq, 3, 1));
+            void *qws = malloc(q8->ops->workspace_size(q8, dq, 3, dq + 3, 1));
+            CHECK_OK(q8->ops->enqueue(q8, KILN_BACKEND_CPU, dq, in_q, 3, dq + 3, out_q, 1, qws, pool));
+            free(qws);
+        } else {
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < n; c++) {
+                    float acc = 0.0f;
+                    for (int64_t i = 0; i < k; i++)
+                        acc += load(h, t, r * k + i) * load(w, t, c * k + i);
+                    store(prod, pt, r * n + c, acc);
+                }
+        }
         if (swiglu) {
             /* rows 2i and 2i + 1 of w are gate_i and up_i: even and odd columns */
             void *g = malloc((size_t)(rows * width) * es), *u = malloc((size_t)(rows * width) * es);
@@ -1053,16 +1086,20 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const 
             for (int64_t i = 0; i < rows * n; i++)
                 store(ref, yt, i, load(prod, pt, i) + (residual ? load(res, yt, i) : 0.0f));
         }
-        kiln_tensor_desc d[5];
-        const void *in[4] = {x, w};
+        kiln_tensor_desc d[6];
+        const void *in[5] = {x, w};
         int32_t n_in = 2;
         d[0] = DESC(xt, rows, k), d[1] = DESC(t, n, k);
+        if (fp8) {
+            in[1] = codes, d[1] = DESC(KILN_DTYPE_U8, n, k);
+            d[n_in] = DESC(KILN_DTYPE_F32, n), in[n_in++] = scales;
+        }
         if (norm)
             d[n_in] = DESC(t, k), in[n_in++] = nw;
         if (residual)
             d[n_in] = DESC(yt, rows, n), in[n_in++] = res;
         d[n_in] = DESC(yt, rows, width);
-        kiln_dtype dt[4] = {d[0].dtype, d[1].dtype, d[2].dtype, d[3].dtype}, out_t;
+        kiln_dtype dt[5] = {d[0].dtype, d[1].dtype, d[2].dtype, d[3].dtype, d[4].dtype}, out_t;
         CHECK_OK(p->ops->output_dtypes(p, dt, n_in, &out_t, 1));
         CHECK(out_t == yt);
         void *out[1] = {y};
@@ -1090,8 +1127,22 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const 
         if (residual) {
             d[n_in - 1] = DESC(yt, rows, n - 1);
             CHECK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, n_in, d + n_in, out, 1, y, pool) == KILN_ERROR_SHAPE);
+            d[n_in - 1] = DESC(yt, rows, n);
+        }
+        /* E4M3 weights: w of another dtype than u8, a scale of another
+         * dtype than f32 or of the wrong length are refused */
+        if (fp8) {
+            d[1] = DESC(t, n, k);
+            CHECK(!p->ops->supports(p, KILN_BACKEND_CPU, d, n_in, 1));
+            d[1] = DESC(KILN_DTYPE_U8, n, k), d[2] = DESC(KILN_DTYPE_I32, n);
+            CHECK(!p->ops->supports(p, KILN_BACKEND_CPU, d, n_in, 1));
+            d[2] = DESC(KILN_DTYPE_F32, n - 1);
+            CHECK(p->ops->enqueue(p, KILN_BACKEND_CPU, d, in, n_in, d + n_in, out, 1, y, pool) == KILN_ERROR_SHAPE);
         }
     }
+    if (q8)
+        q8->ops->destroy(q8);
+    free(codes), free(scales);
     if (p)
         p->ops->destroy(p);
     if (rms)
@@ -1179,6 +1230,13 @@ static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_d
     free(x), free(w), free(nw), free(wp), free(h), free(prod), free(ref), free(y);
 }
 
+static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t norm, const char *epilogue, int64_t rows,
+                               int f32_out)
+{
+    check_fused_matmul_w(t, st, norm, epilogue, rows, f32_out, 0);
+    check_fused_matmul_w(t, st, norm, epilogue, rows, f32_out, 1);
+}
+
 static void test_fused_matmul(void)
 {
     for (int ti = 0; ti < 3; ti++)
@@ -1215,13 +1273,20 @@ static void test_fused_matmul(void)
     CHECK_FAILS(kiln_plugin_create(c, od, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "output dtype");
     od[2] = fstr("epilogue", "none"), od[3] = fstr("output_dtype", "bf16");
     CHECK_FAILS(kiln_plugin_create(c, od, 4, &p), KILN_ERROR_INVALID_ARGUMENT, "output_dtype");
-    /* a v1 blob (before output_dtype: 4 bytes shorter) loads */
+    /* weights: dtype or fp8, and fp8 only with k a multiple of 16 */
+    kiln_field wf[3] = {fi32("n", &n), fi32("k", &k), fstr("weights", "int4")};
+    CHECK_FAILS(kiln_plugin_create(c, wf, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "weights");
+    wf[2] = fstr("weights", "fp8");
+    CHECK_FAILS(kiln_plugin_create(c, wf, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "multiple of 16");
+    /* a v2 blob (before weights) and a v1 blob (before output_dtype: 4 and
+     * 8 bytes shorter) load */
     od[3] = fstr("output_dtype", "f32");
     CHECK_OK(kiln_plugin_create(c, od, 4, &p));
     size_t size = 0;
     if (p) {
         CHECK_OK(p->ops->serialize(p, NULL, &size));
-        check_blob(p, "FusedMatMul", 1, size - sizeof(int32_t));
+        check_blob(p, "FusedMatMul", 2, size - sizeof(int32_t));
+        check_blob(p, "FusedMatMul", 1, size - 2 * sizeof(int32_t));
         p->ops->destroy(p);
     }
 }
