@@ -110,6 +110,7 @@ typedef struct builder {
     kiln_dtype stream;   /* the residual stream's: f32 (the dtype with KILN_LLM_RESIDUAL=dtype) */
     int fp8_in;          /* FP8 layers take their x quantized by the norm or SwiGLU before them */
     int fuse_head;       /* the final norm and the output projection as one FusedMatMul */
+    int fuse_fp8;        /* FP8 decoder layers as kiln/FusedMatMul with E4M3 weights (fused_layer) */
 } builder;
 
 static void progress(builder *b, const char *what)
@@ -200,27 +201,41 @@ static kiln_status rope_pair_rows(builder *b, unsigned char *w, size_t row)
     return KILN_OK;
 }
 
-/* add_weights, with the rows reordered by rope_pair_rows when rope_pairs. */
-static kiln_status add_weights_permuted(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
-                                        const char *cname, int rope_pairs, kiln_tensor *out)
+/* The weights of add_weights_permuted read in dtype t into a new buffer
+ * *out (the caller frees it); *total: its rows. */
+static kiln_status read_weights_permuted(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
+                                         const char *cname, int rope_pairs, kiln_dtype t, void **out, int64_t *total)
 {
-    int64_t total = 0;
+    *total = 0;
     for (int32_t i = 0; i < n; i++)
-        total += rows[i];
-    size_t es = dtype_size(b->opt->dtype), row = (size_t)(d1 ? d1 : 1) * es; /* dims bounded by validation */
-    size_t bytes = (size_t)total * row;
+        *total += rows[i];
+    size_t es = dtype_size(t), row = (size_t)(d1 ? d1 : 1) * es; /* dims bounded by validation */
+    size_t bytes = (size_t)*total * row;
     void *buf = malloc(bytes > 0 ? bytes : 1);
     if (!buf)
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)", cname, bytes);
     kiln_status st = KILN_OK;
     for (int32_t i = 0, at = 0; i < n && st == KILN_OK; at += (int32_t)rows[i], i++)
-        st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, b->opt->dtype, (char *)buf + (size_t)at * row,
+        st = read_weight_into(b, hf[i], d1 ? 2 : 1, rows[i], d1, t, (char *)buf + (size_t)at * row,
                               (size_t)rows[i] * row);
     if (st == KILN_OK && rope_pairs)
         st = rope_pair_rows(b, buf, row);
+    if (st != KILN_OK)
+        free(buf);
+    else
+        *out = buf;
+    return st;
+}
+
+/* add_weights, with the rows reordered by rope_pair_rows when rope_pairs. */
+static kiln_status add_weights_permuted(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int64_t d1,
+                                        const char *cname, int rope_pairs, kiln_tensor *out)
+{
+    void *buf = NULL;
+    int64_t total;
+    KILN_TRY(read_weights_permuted(b, hf, rows, n, d1, cname, rope_pairs, b->opt->dtype, &buf, &total));
     kiln_dims dims = d1 ? dims2(total, d1) : dims1(total);
-    if (st == KILN_OK)
-        st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
+    kiln_status st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
     if (st != KILN_OK)
         free(buf);
     return st;
@@ -468,6 +483,40 @@ static kiln_status add_concat(builder *b, const char *name, kiln_dtype t, int64_
     return st;
 }
 
+/* E4M3 codes [rows, k] and their per-row scales as the constants `cname`
+ * (u8) and `cname`.scale (f32): kiln/Fp8MatMul's W, or FusedMatMul's
+ * with weights = fp8. */
+static kiln_status add_fp8_constants(builder *b, const char *cname, const uint8_t *codes, const float *scales,
+                                     int64_t rows, int64_t k, kiln_tensor *w, kiln_tensor *w_scale)
+{
+    char name[200];
+    kiln_dims d = dims2(rows, k);
+    KILN_TRY(kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &d, codes, w));
+    snprintf(name, sizeof name, "%s.scale", cname);
+    d = dims1(rows);
+    KILN_TRY(kiln_network_add_constant(b->net, name, KILN_DTYPE_F32, &d, scales, w_scale));
+    list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, "fp8");
+    return KILN_OK;
+}
+
+/* f32 weight rows f [rows, k] quantized to E4M3 per row (as fp8_matmul
+ * quantizes) into the constants of add_fp8_constants. */
+static kiln_status add_fp8_weight(builder *b, const char *cname, const float *f, int64_t rows, int64_t k,
+                                  kiln_tensor *w, kiln_tensor *w_scale)
+{
+    uint8_t *codes = malloc((size_t)(rows * k));
+    float *scales = malloc((size_t)rows * sizeof(float));
+    kiln_status st =
+        codes && scales ? KILN_OK : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\"", cname);
+    if (st == KILN_OK)
+        st = kiln_fp8_quantize(f, rows, k, cname, codes, scales);
+    if (st == KILN_OK)
+        st = add_fp8_constants(b, cname, codes, scales, rows, k, w, w_scale);
+    free(codes);
+    free(scales);
+    return st;
+}
+
 /* y = x·Wᵀ through kiln/Fp8MatMul named `lname`, with W the weights
  * `wname[0..n)` ([out_dim[i], in_dim] each) quantized to E4M3 per output
  * channel and stacked by rows into the constants `cname` (codes) and
@@ -500,14 +549,8 @@ static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_
     kiln_tensor in[4] = {x};
     if (xs)
         in[3] = *xs;
-    char name[200];
-    kiln_dims d = dims2(rows, in_dim);
     if (st == KILN_OK)
-        st = kiln_network_add_constant(b->net, cname, KILN_DTYPE_U8, &d, codes, &in[1]);
-    snprintf(name, sizeof name, "%s.scale", cname);
-    d = dims1(rows);
-    if (st == KILN_OK)
-        st = kiln_network_add_constant(b->net, name, KILN_DTYPE_F32, &d, scales, &in[2]);
+        st = add_fp8_constants(b, cname, codes, scales, rows, in_dim, &in[1], &in[2]);
     int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
     kiln_field fields[3] = {field_i32("n", &nn),
                             field_i32("k", &k),
@@ -515,10 +558,8 @@ static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_
                              kiln_dtype_name(b->opt->dtype)}};
     if (st == KILN_OK)
         st = plugin(b, lname, "Fp8MatMul", fields, xs ? 3 : 2, in, xs ? 4 : 3, y);
-    if (st == KILN_OK) {
-        list_add(b->ck->config.quantized, sizeof b->ck->config.quantized, "fp8");
+    if (st == KILN_OK)
         *done = 1;
-    }
     free(codes);
     free(scales);
     free(f);
@@ -685,25 +726,37 @@ static kiln_status fused_linear(builder *b, const char *const *hf, const int64_t
 
 /* Weights `gate` and `up` ([rows, d1] each) as one constant `cname`
  * [2 * rows, d1] whose rows alternate: row 2i is gate's row i, row 2i + 1
- * up's (kiln/FusedMatMul's SwiGLU epilogue finds a pair in one block). */
-static kiln_status add_weights_interleaved(builder *b, const char *gate, const char *up, int64_t rows, int64_t d1,
-                                           const char *cname, kiln_tensor *out)
+ * up's (kiln/FusedMatMul's SwiGLU epilogue finds a pair in one block);
+ * read_weights_interleaved reads them so, in dtype t, into a new buffer. */
+static kiln_status read_weights_interleaved(builder *b, const char *gate, const char *up, int64_t rows, int64_t d1,
+                                            const char *cname, kiln_dtype t, void **out)
 {
-    size_t es = dtype_size(b->opt->dtype), row = (size_t)d1 * es, part = (size_t)rows * row;
+    size_t es = dtype_size(t), row = (size_t)d1 * es, part = (size_t)rows * row;
     unsigned char *buf = malloc(2 * part), *tmp = malloc(part);
     kiln_status st = buf && tmp ? KILN_OK
                                 : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for tensor \"%s\" (%zu bytes)",
                                             cname, 2 * part);
     const char *src[2] = {gate, up};
     for (int h = 0; h < 2 && st == KILN_OK; h++) {
-        st = read_weight_into(b, src[h], 2, rows, d1, b->opt->dtype, tmp, part);
+        st = read_weight_into(b, src[h], 2, rows, d1, t, tmp, part);
         for (int64_t r = 0; r < rows && st == KILN_OK; r++)
             memcpy(buf + (size_t)(2 * r + h) * row, tmp + (size_t)r * row, row);
     }
     free(tmp);
+    if (st != KILN_OK)
+        free(buf);
+    else
+        *out = buf;
+    return st;
+}
+
+static kiln_status add_weights_interleaved(builder *b, const char *gate, const char *up, int64_t rows, int64_t d1,
+                                           const char *cname, kiln_tensor *out)
+{
+    void *buf = NULL;
+    KILN_TRY(read_weights_interleaved(b, gate, up, rows, d1, cname, b->opt->dtype, &buf));
     kiln_dims dims = dims2(2 * rows, d1);
-    if (st == KILN_OK)
-        st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
+    kiln_status st = kiln_network_add_constant_take(b->net, cname, b->opt->dtype, &dims, buf, out);
     if (st != KILN_OK)
         free(buf);
     return st;
@@ -718,23 +771,28 @@ static int plain_weight(builder *b, const char *wname)
 
 /* y = epilogue(RMSNorm(x) · Wᵀ) (norm_hf non-NULL: HF norm `norm_hf`) or
  * y = residual + x · Wᵀ through kiln/FusedMatMul named `lname`; y in
- * `output_dtype` ("default" or "f32", FusedMatMul's field). */
-static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, int64_t n, int64_t k,
-                                const char *norm_hf, const char *epilogue, const kiln_tensor *residual,
-                                const char *output_dtype, kiln_tensor *y)
+ * `output_dtype` ("default" or "f32", FusedMatMul's field). With w_scale
+ * non-NULL, w is E4M3 codes and *w_scale their row scales (weights =
+ * fp8). */
+static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, const kiln_tensor *w_scale,
+                                int64_t n, int64_t k, const char *norm_hf, const char *epilogue,
+                                const kiln_tensor *residual, const char *output_dtype, kiln_tensor *y)
 {
     const kiln_llm_config *c = &b->ck->config;
     int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[6] = {
+    kiln_field f[7] = {
         field_i32("n", &nn),
         field_i32("k", &kk),
         field_i32("norm", &norm),
         field_f32("epsilon", &eps),
         {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue},
-        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1, output_dtype}};
-    kiln_tensor in[3] = {x, w};
+        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1, output_dtype},
+        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "weights", KILN_FIELD_STRING, 1, "fp8"}};
+    kiln_tensor in[5] = {x, w};
     int32_t n_in = 2;
+    if (w_scale)
+        in[n_in++] = *w_scale;
     if (norm_hf) {
         char wname[160];
         snprintf(wname, sizeof wname, "%s.weight", norm_hf);
@@ -742,7 +800,7 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
     }
     if (residual)
         in[n_in++] = *residual;
-    return plugin(b, lname, "FusedMatMul", f, 6, in, n_in, y);
+    return plugin(b, lname, "FusedMatMul", f, 6 + (w_scale != NULL), in, n_in, y);
 }
 
 /* y = RMSNorm(x) with HF weight `hf`.weight; with residual non-NULL the
@@ -795,9 +853,9 @@ static kiln_status rope_layer(builder *b, const char *name, const char *plugin_n
     const char *scaling = r->scaling == KILN_LLM_ROPE_LLAMA3   ? "llama3"
                           : r->scaling == KILN_LLM_ROPE_LINEAR ? "linear"
                                                                : "none";
-    kiln_field f[16];
+    kiln_field f[18];
     int32_t nf = 0;
-    for (int32_t i = 0; i < n_pre && i < 5; i++)
+    for (int32_t i = 0; i < n_pre && i < 6; i++)
         f[nf++] = pre[i];
     f[nf++] = field_i32("n_heads", &n_heads);
     if (n_kv_heads > 0)
@@ -829,22 +887,28 @@ static kiln_status rope(builder *b, const char *name, kiln_tensor x, kiln_tensor
 /* qkv = RoPE(RMSNorm(x) · Wᵀ) through kiln/FusedMatMul's rope epilogue,
  * w the stacked [Wq; Wk; Wv] with its rotated pairs adjacent
  * (rope_pair_rows). */
-static kiln_status fused_qkv_rope(builder *b, const char *lname, kiln_tensor x, kiln_tensor w, int64_t n, int64_t k,
-                                  const char *norm_hf, kiln_tensor positions, kiln_tensor *qkv)
+static kiln_status fused_qkv_rope(builder *b, const char *lname, kiln_tensor x, kiln_tensor w,
+                                  const kiln_tensor *w_scale, int64_t n, int64_t k, const char *norm_hf,
+                                  kiln_tensor positions, kiln_tensor *qkv)
 {
     const kiln_llm_config *c = &b->ck->config;
     int32_t nn = (int32_t)n, kk = (int32_t)k, norm = 1;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[5] = {field_i32("n", &nn),
+    kiln_field f[6] = {field_i32("n", &nn),
                        field_i32("k", &kk),
                        field_i32("norm", &norm),
                        field_f32("epsilon", &eps),
-                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, "rope"}};
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, "rope"},
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "weights", KILN_FIELD_STRING, 1, "fp8"}};
     char wname[160];
-    kiln_tensor in[4] = {x, w, {0}, positions};
+    kiln_tensor in[5] = {x, w};
+    int32_t n_in = 2;
+    if (w_scale)
+        in[n_in++] = *w_scale;
     snprintf(wname, sizeof wname, "%s.weight", norm_hf);
-    KILN_TRY(add_weight(b, wname, 1, k, 0, &in[2]));
-    return rope_layer(b, lname, "FusedMatMul", f, 5, in, 4, c->n_heads, c->n_kv_heads, qkv);
+    KILN_TRY(add_weight(b, wname, 1, k, 0, &in[n_in++]));
+    in[n_in++] = positions;
+    return rope_layer(b, lname, "FusedMatMul", f, 5 + (w_scale != NULL), in, n_in, c->n_heads, c->n_kv_heads, qkv);
 }
 
 typedef struct step_inputs {
@@ -879,11 +943,36 @@ static kiln_status add_inputs(builder *b, int32_t max_blocks, step_inputs *in)
     return KILN_OK;
 }
 
+/* A fused layer's matrix `cname`, [d1 columns]: the rows
+ * read_weights_permuted gives (gate NULL: hf[0..n), rope_pairs) or
+ * read_weights_interleaved (gate, up; rows[0] each), as a constant in the
+ * engine dtype, or with ws non-NULL as E4M3 codes with row scales *ws
+ * (quantized from f32 as kiln/Fp8MatMul's weights are: a row's scale does
+ * not depend on where the row goes). */
+static kiln_status fused_weight(builder *b, const char *const *hf, const int64_t *rows, int32_t n, int rope_pairs,
+                                const char *gate, const char *up, int64_t d1, const char *cname, kiln_tensor *w,
+                                kiln_tensor *ws)
+{
+    if (!ws)
+        return gate ? add_weights_interleaved(b, gate, up, rows[0], d1, cname, w)
+                    : add_weights_permuted(b, hf, rows, n, d1, cname, rope_pairs, w);
+    void *f = NULL;
+    int64_t total = 2 * rows[0];
+    KILN_TRY(gate ? read_weights_interleaved(b, gate, up, rows[0], d1, cname, KILN_DTYPE_F32, &f)
+                  : read_weights_permuted(b, hf, rows, n, d1, cname, rope_pairs, KILN_DTYPE_F32, &f, &total));
+    kiln_status st = add_fp8_weight(b, cname, f, total, d1, w, ws);
+    free(f);
+    return st;
+}
+
 /* The decoder layer of plain weights as four kiln/FusedMatMul layers
  * around RoPE and attention: each norm rides on the matmul after it, each
  * residual add on the matmul before it (the O and down projections write
- * the updated residual stream *x), SwiGLU on the gate/up matmul. */
-static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in, kiln_tensor cache, kiln_tensor *x)
+ * the updated residual stream *x), SwiGLU on the gate/up matmul. With fp8
+ * the four matrices are E4M3 codes with per-channel scales (FusedMatMul's
+ * weights = fp8; layer_fuses_fp8). */
+static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in, kiln_tensor cache, kiln_tensor *x,
+                               int fp8)
 {
     const kiln_llm_config *c = &b->ck->config;
     const kiln_llm_build_options *o = b->opt;
@@ -897,19 +986,21 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
         snprintf(hf[i], sizeof hf[i], "%s.self_attn.%s", p, parts[i]);
         snprintf(wn[i], sizeof wn[i], "%s.weight", hf[i]);
     }
-    kiln_tensor w, qkv, a, m;
+    kiln_tensor w, wsc, qkv, a, m;
+    kiln_tensor *ws = fp8 ? &wsc : NULL; /* the E4M3 weights' scales */
     snprintf(norm, sizeof norm, "%s.input_layernorm", p);
     if (!c->qkv_bias) {
         /* RoPE in the GEMV's epilogue: a rotated pair's rows side by side */
         snprintf(cname, sizeof cname, "%s.self_attn.qkv_rope_pairs.weight", p);
-        KILN_TRY(add_weights_permuted(b, wp, widths, 3, H, cname, 1, &w));
+        KILN_TRY(fused_weight(b, wp, widths, 3, 1, NULL, NULL, H, cname, &w, ws));
         snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul_rope", p);
-        KILN_TRY(fused_qkv_rope(b, lname, *x, w, qd + 2 * kvd, H, norm, in->positions, &qkv));
+        KILN_TRY(fused_qkv_rope(b, lname, *x, w, ws, qd + 2 * kvd, H, norm, in->positions, &qkv));
     } else {
+        /* (not with fp8: layer_fuses_fp8) */
         snprintf(cname, sizeof cname, "%s.self_attn.qkv_proj.weight", p);
         KILN_TRY(add_weights(b, wp, widths, 3, H, cname, &w));
         snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul", p);
-        KILN_TRY(fused_matmul(b, lname, *x, w, qd + 2 * kvd, H, norm, "none", NULL, "default", &qkv));
+        KILN_TRY(fused_matmul(b, lname, *x, w, NULL, qd + 2 * kvd, H, norm, "none", NULL, "default", &qkv));
         char bn[3][160];
         const char *bp[3] = {bn[0], bn[1], bn[2]};
         kiln_tensor bt;
@@ -931,22 +1022,22 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
     KILN_TRY(plugin(b, lname, "PagedAttention", f, 5, ain, 5, &a));
 
     snprintf(wn[0], sizeof wn[0], "%s.self_attn.o_proj.weight", p);
-    KILN_TRY(add_weight(b, wn[0], 2, H, qd, &w));
+    KILN_TRY(fused_weight(b, wp, &H, 1, 0, NULL, NULL, qd, wn[0], &w, ws));
     snprintf(lname, sizeof lname, "%s.self_attn.o_proj.matmul_add", p);
-    KILN_TRY(fused_matmul(b, lname, a, w, H, qd, NULL, "residual", x, "default", x));
+    KILN_TRY(fused_matmul(b, lname, a, w, ws, H, qd, NULL, "residual", x, "default", x));
 
     snprintf(wn[0], sizeof wn[0], "%s.mlp.gate_proj.weight", p);
     snprintf(wn[1], sizeof wn[1], "%s.mlp.up_proj.weight", p);
     snprintf(cname, sizeof cname, "%s.mlp.gate_up_interleaved.weight", p);
-    KILN_TRY(add_weights_interleaved(b, wn[0], wn[1], I, H, cname, &w));
+    KILN_TRY(fused_weight(b, NULL, &I, 2, 0, wn[0], wn[1], H, cname, &w, ws));
     snprintf(lname, sizeof lname, "%s.mlp.gate_up_proj.norm_matmul_swiglu", p);
     snprintf(norm, sizeof norm, "%s.post_attention_layernorm", p);
-    KILN_TRY(fused_matmul(b, lname, *x, w, 2 * I, H, norm, "swiglu", NULL, "default", &m));
+    KILN_TRY(fused_matmul(b, lname, *x, w, ws, 2 * I, H, norm, "swiglu", NULL, "default", &m));
 
     snprintf(wn[0], sizeof wn[0], "%s.mlp.down_proj.weight", p);
-    KILN_TRY(add_weight(b, wn[0], 2, H, I, &w));
+    KILN_TRY(fused_weight(b, wp, &H, 1, 0, NULL, NULL, I, wn[0], &w, ws));
     snprintf(lname, sizeof lname, "%s.mlp.down_proj.matmul_add", p);
-    return fused_matmul(b, lname, m, w, H, I, NULL, "residual", x, "default", x);
+    return fused_matmul(b, lname, m, w, ws, H, I, NULL, "residual", x, "default", x);
 }
 
 /* Whether layer `p` ("model.layers.N") is built by fused_layer: the build
@@ -961,6 +1052,27 @@ static int layer_fuses(builder *b, const char *p)
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         snprintf(wname, sizeof wname, "%s.%s.weight", p, mats[i]);
         if (!plain_weight(b, wname))
+            return 0;
+    }
+    return 1;
+}
+
+/* Whether layer `p` is built by fused_layer with E4M3 weights: an FP8
+ * build that fuses, with KILN_LLM_FUSE_FP8=1 (b->fuse_fp8; not yet
+ * measured on the GPU, so not the default), no q/k/v biases, every
+ * matrix's in_dim a multiple of 16 and none kept in a GGUF block format. */
+static int layer_fuses_fp8(builder *b, const char *p)
+{
+    static const char *const mats[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                       "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
+    const kiln_llm_config *c = &b->ck->config;
+    if (!b->fuse || !b->fuse_fp8 || b->opt->weights != KILN_LLM_WEIGHTS_FP8 || c->qkv_bias || c->hidden_size % 16 ||
+        c->intermediate_size % 16 || (int64_t)c->n_heads * c->head_dim % 16)
+        return 0;
+    for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
+        char wname[160];
+        snprintf(wname, sizeof wname, "%s.%s.weight", p, mats[i]);
+        if (stored_quantized(b, wname))
             return 0;
     }
     return 1;
@@ -1016,7 +1128,8 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     mx.d[0] = KILN_LLM_MAX_KV_BLOCKS;
     KILN_TRY(kiln_network_set_profile_shape(net, 0, n, &mn, &mn, &mx));
 
-    if (layer_fuses(b, p)) {
+    const int fuse_fp8 = layer_fuses_fp8(b, p);
+    if (fuse_fp8 || layer_fuses(b, p)) {
         if (*has_pending) {
             kiln_tensor m = *pending;
             if (b->stream != o->dtype) {
@@ -1027,7 +1140,7 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
             KILN_TRY(kiln_network_add_binary(net, n, KILN_BINARY_ADD, *x, m, x));
         }
         *has_pending = 0;
-        return fused_layer(b, p, in, cache, x);
+        return fused_layer(b, p, in, cache, x, fuse_fp8);
     }
     kiln_tensor h, hs, qkv, a;
     const int q8 = fp8_layer(b, p);
@@ -1220,7 +1333,8 @@ static kiln_status build(builder *b, int32_t max_blocks)
             lm = emb;
         else
             KILN_TRY(add_weight(b, "lm_head.weight", 2, c->vocab_size, c->hidden_size, &lm));
-        KILN_TRY(fused_matmul(b, "lm_head", x, lm, vocab, c->hidden_size, "model.norm", "none", NULL, "f32", &logits));
+        KILN_TRY(
+            fused_matmul(b, "lm_head", x, lm, NULL, vocab, c->hidden_size, "model.norm", "none", NULL, "f32", &logits));
         return kiln_network_mark_output(b->net, logits, "logits");
     }
     KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h, NULL));
@@ -1364,6 +1478,10 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
      * slower on the H200: 1B FP8 decode 1,281 against 1,304 tok/s with the
      * plain matmul and cast (bench/README.md, twenty-second session);
      * KILN_LLM_FUSE_HEAD=0 or 1 overrides either, for such A/B runs. */
+    /* FP8 layers fused (fused_layer with E4M3 weights) with
+     * KILN_LLM_FUSE_FP8=1: opt-in until measured on the GPU. */
+    const char *fuse_fp8_env = getenv("KILN_LLM_FUSE_FP8");
+    b.fuse_fp8 = fuse_fp8_env && strcmp(fuse_fp8_env, "1") == 0;
     const char *head_env = getenv("KILN_LLM_FUSE_HEAD");
     b.fuse_head = head_env && (head_env[0] == '0' || head_env[0] == '1')
                       ? head_env[0] == '1'

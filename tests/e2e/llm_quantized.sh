@@ -15,7 +15,9 @@
 #    token): LLMC lists fp8, and the logits stay within a mean KL of 0.3
 #    nats of the f32 engine's on this random model; with the activations
 #    quantized by the norms and SwiGLU (the default) the logits are those
-#    of each Fp8MatMul quantizing its own x (KILN_LLM_FP8_INPUT=matmul);
+#    of each Fp8MatMul quantizing its own x (KILN_LLM_FP8_INPUT=matmul),
+#    and so are those of the layers fused into FusedMatMul over E4M3
+#    weights (KILN_LLM_FUSE=1 KILN_LLM_FUSE_FP8=1);
 #  - a checkpoint kiln cannot read as stored is refused with its reason.
 set -u
 source "$(dirname "$0")/common.bash"
@@ -90,6 +92,17 @@ KILN_LLM_FUSE_HEAD=1 expect_ok "fp8 build, the head fused" "$KILN" build "$D/lla
 expect_ok "fp8 perplexity, the head fused" "$KILN" perplexity "$TMP/fp8f.engine" "$TEXT" --window 128 \
   --compare "$TMP/fp8.engine" --json
 compare_json "fp8, the head fused, against unfused" 1e-6 1.0 1e-6
+
+# the FP8 layers fused (KILN_LLM_FUSE_FP8=1, not yet the default; on the
+# CPU with KILN_LLM_FUSE=1): each norm, RoPE, SwiGLU and residual add
+# inside a FusedMatMul over E4M3 weights, the same values
+KILN_LLM_FUSE=1 KILN_LLM_FUSE_FP8=1 expect_ok "fp8 build, the layers fused" "$KILN" build "$D/llama" \
+  -o "$TMP/fp8fl.engine" --dtype fp8
+expect_ok "fused fp8 engine has FusedMatMul layers" "$KILN" inspect "$TMP/fp8fl.engine"
+expect_stdout "fused fp8 qkv layer" "self_attn.qkv_proj.norm_matmul_rope"
+expect_ok "fp8 perplexity, the layers fused" "$KILN" perplexity "$TMP/fp8fl.engine" "$TEXT" --window 128 \
+  --compare "$TMP/fp8.engine" --json
+compare_json "fp8, the layers fused, against unfused" 1e-6 1.0 1e-6
 
 expect_error 2 "unknown --weights" "--weights|int3" "$KILN" build "$D/llama" -o "$TMP/x.engine" --weights int3
 expect_error 1 "int4 group not a multiple of 32" "group size 48" "$KILN" build "$D/llama" -o "$TMP/x.engine" \
