@@ -61,52 +61,6 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_
 
 /* 2. GEMV ----------------------------------------------------------------------------------- */
 
-/* 16 E4M3 codes as floats. */
-__device__ __forceinline__ void fp8_unpack(const uint4 &v, float *f)
-{
-    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[i] >> (16 * h)), __NV_E4M3);
-            float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&r));
-            f[4 * i + 2 * h] = p.x;
-            f[4 * i + 2 * h + 1] = p.y;
-        }
-    }
-}
-
-/* 16 elements of x (dtype XT) from element i (a multiple of 16, the row
- * 16-byte aligned) as floats: two or four 16-byte loads. */
-template <int XT> __device__ __forceinline__ void fp8_load_x16(const void *x, int64_t i, float *f)
-{
-    if constexpr (XT == KILN_DTYPE_F32) {
-        const float4 *p = reinterpret_cast<const float4 *>((const float *)x + i);
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const float4 v = __ldg(p + j);
-            f[4 * j] = v.x, f[4 * j + 1] = v.y, f[4 * j + 2] = v.z, f[4 * j + 3] = v.w;
-        }
-    } else {
-        const uint4 *p = reinterpret_cast<const uint4 *>((const uint16_t *)x + i);
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const uint4 v = __ldg(p + j);
-            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float2 q;
-                if constexpr (XT == KILN_DTYPE_BF16)
-                    q = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u[h]));
-                else
-                    q = __half22float2(*reinterpret_cast<const __half2 *>(&u[h]));
-                f[8 * j + 2 * h] = q.x, f[8 * j + 2 * h + 1] = q.y;
-            }
-        }
-    }
-}
-
 /* fp8_quantize_kernel in 16-byte pieces (x 16-byte aligned; k is a multiple of 16):
  * a thread holds up to V pieces of 16 elements in registers, so x is read
  * once, and writes each piece's 16 codes in one store. The conversion is

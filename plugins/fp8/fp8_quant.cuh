@@ -3,11 +3,16 @@
  * form): a = max |x|, scale a / 448, codes e4m3(x · (448 / a)), all 0 for a
  * row of zeros. Shared by the kernels that write such rows: Fp8MatMul's own
  * quantization, and RMSNorm, AddRMSNorm and SwiGLU with quantize = fp8,
- * which quantize the y they hold in registers instead of storing it. */
+ * which quantize the y they hold in registers instead of storing it.
+ * Also the GEMVs' loads of E4M3 weights and of x as floats (Fp8MatMul's,
+ * and FusedMatMul's over E4M3 weights). */
 #ifndef KILN_PLUGINS_FP8_QUANT_CUH
 #define KILN_PLUGINS_FP8_QUANT_CUH
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include <kiln/types.h>
 
 #include "core/fp8.h"
 
@@ -42,6 +47,52 @@ static __device__ __forceinline__ uint32_t fp8_pack4(const float *f, float inv)
     const __nv_fp8x2_storage_t hi =
         __nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(f[2], inv), __fmul_rn(f[3], inv)), __NV_SATFINITE, __NV_E4M3);
     return (uint32_t)lo | (uint32_t)hi << 16;
+}
+
+/* 16 E4M3 codes as floats. */
+static __device__ __forceinline__ void fp8_unpack(const uint4 &v, float *f)
+{
+    const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            __half2_raw r = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[i] >> (16 * h)), __NV_E4M3);
+            float2 p = __half22float2(*reinterpret_cast<const __half2 *>(&r));
+            f[4 * i + 2 * h] = p.x;
+            f[4 * i + 2 * h + 1] = p.y;
+        }
+    }
+}
+
+/* 16 elements of x (dtype XT) from element i (a multiple of 16, the row
+ * 16-byte aligned) as floats: two or four 16-byte loads. */
+template <int XT> static __device__ __forceinline__ void fp8_load_x16(const void *x, int64_t i, float *f)
+{
+    if constexpr (XT == KILN_DTYPE_F32) {
+        const float4 *p = reinterpret_cast<const float4 *>((const float *)x + i);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const float4 v = __ldg(p + j);
+            f[4 * j] = v.x, f[4 * j + 1] = v.y, f[4 * j + 2] = v.z, f[4 * j + 3] = v.w;
+        }
+    } else {
+        const uint4 *p = reinterpret_cast<const uint4 *>((const uint16_t *)x + i);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const uint4 v = __ldg(p + j);
+            const uint32_t u[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float2 q;
+                if constexpr (XT == KILN_DTYPE_BF16)
+                    q = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&u[h]));
+                else
+                    q = __half22float2(*reinterpret_cast<const __half2 *>(&u[h]));
+                f[8 * j + 2 * h] = q.x, f[8 * j + 2 * h + 1] = q.y;
+            }
+        }
+    }
 }
 
 #endif

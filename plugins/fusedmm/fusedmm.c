@@ -208,6 +208,8 @@ static int32_t fusedmm_supports(const kiln_plugin *self, kiln_backend backend, c
      * enqueue reports it when a GEMM is needed */
     if (backend == KILN_BACKEND_CUDA) {
         (void)kiln_fusedmm_cuda_init();
+        if (p->fp8)
+            (void)kiln_fp8_cuda_init(); /* the prefill path's FP8 GEMM */
         backend_ok = 1;
     }
 #endif

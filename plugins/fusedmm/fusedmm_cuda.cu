@@ -29,6 +29,7 @@
 #include <string.h>
 #include <type_traits>
 
+#include "fusedmm_epilogue.cuh"
 #include "plugin_cuda.h"
 
 #include "backend/cuda/cuda_common.cuh"
@@ -44,12 +45,6 @@ constexpr int kWarps = 4;
 cublasLtHandle_t fmm_lt;
 int fmm_lt_status = -1;
 std::once_flag fmm_lt_once;
-
-__device__ __forceinline__ float silu_times(int t, float g, float u)
-{
-    const float s = kcu_round_float(t, __fdiv_rn(g, __fadd_rn(1.0f, expf(-g))));
-    return __fmul_rn(s, u);
-}
 
 /* 1. the fused GEMV ------------------------------------------------------------------------ */
 
@@ -71,35 +66,6 @@ template <int DT> __device__ __forceinline__ void unpack(const uint4 &v, float *
         }
     }
 }
-
-/* The rotation of the pair (a, b) = (p0, p1) of row m (at position pos)
- * as kiln/RoPE computes it: pair i of head h, stored at its place in the
- * packed row. */
-template <int DT>
-__device__ __forceinline__ void rope_store(const kiln_fusedmm_rope &rope, float pos, void *y, int64_t m, int64_t n,
-                                           int64_t row0, float p0, float p1)
-{
-    const int64_t h = row0 / rope.head_dim, o = row0 % rope.head_dim;
-    int64_t a = row0, b = row0 + 1;
-    if (h < rope.rotated_heads && o < rope.rotary_dim) {
-        const int i = (int)(o / 2), half = rope.rotary_dim / 2;
-        a = h * rope.head_dim + (rope.interleaved ? 2 * i : i);
-        b = h * rope.head_dim + (rope.interleaved ? 2 * i + 1 : i + half);
-        float s, c, y0, y1;
-        rope_cos_sin(DT, pos, rope.inv_freq[i], &c, &s);
-        rope_rotate(DT, p0, p1, c, s, &y0, &y1);
-        p0 = y0, p1 = y1;
-    }
-    kcu_store_float(y, DT, m * n + a, p0);
-    kcu_store_float(y, DT, m * n + b, p1);
-}
-
-struct no_rope {
-};
-
-/* The rotation reaches the kernel by value only in the rope form. */
-template <int EPI>
-using rope_arg = typename std::conditional<EPI == KILN_FUSEDMM_ROPE, kiln_fusedmm_rope, no_rope>::type;
 
 /* Weight rows a block computes (ROWS) and 16-byte loads of each row a lane
  * keeps in flight (UNROLL). The residual form has gemv.cu's shape (2 rows,
@@ -866,6 +832,8 @@ int lt_gemm(int32_t dt, int32_t ddt, const void *src, const void *w, const void 
                                KILN_FUSEDMM_LT_WORKSPACE, s);
 }
 
+template <int DT> int epilogue_path(const kiln_fusedmm_cuda_args *a, const void *t, cudaStream_t s);
+
 template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 {
     char *ws = (char *)a->workspace;
@@ -890,6 +858,12 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
         return st < 0 ? KILN_FUSEDMM_NO_ALGO : 10000 + st;
     if (direct)
         return 0;
+    return epilogue_path<DT>(a, t, s);
+}
+
+/* RoPE or SwiGLU from t, the GEMM's result in DT, into a->y. */
+template <int DT> int epilogue_path(const kiln_fusedmm_cuda_args *a, const void *t, cudaStream_t s)
+{
     const int64_t count = a->rows * (a->n / 2);
     const int per = DT == KILN_DTYPE_F32 ? 4 : 8;
     if (fmm_epilogue_vec(a->rows) && (((uintptr_t)t | (uintptr_t)a->y) & 15) == 0) {
@@ -912,6 +886,15 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
 }
 
 } /* namespace */
+
+int fmm_epilogue_launch(const kiln_fusedmm_cuda_args *a, const void *t, cudaStream_t s)
+{
+    switch (a->dtype) {
+    case KILN_DTYPE_F16: return epilogue_path<KILN_DTYPE_F16>(a, t, s);
+    case KILN_DTYPE_BF16: return epilogue_path<KILN_DTYPE_BF16>(a, t, s);
+    default: return epilogue_path<KILN_DTYPE_F32>(a, t, s);
+    }
+}
 
 extern "C" int kiln_fusedmm_cuda_init(void)
 {
@@ -936,6 +919,8 @@ extern "C" int kiln_fusedmm_cuda(const kiln_fusedmm_cuda_args *a, void *stream)
     cudaStream_t s = (cudaStream_t)stream;
     if (a->rows <= 0 || a->n <= 0)
         return 0;
+    if (a->w_scale)
+        return fmm_fp8_cuda(a, s);
     const int64_t e = a->dtype == KILN_DTYPE_F32 ? 4 : 8;
     const uintptr_t addr = (uintptr_t)a->x | (uintptr_t)a->w | (uintptr_t)a->norm_weight;
     /* the GEMV's forms: the norm before no epilogue or SwiGLU, the residual add without it */

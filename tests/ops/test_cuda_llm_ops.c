@@ -33,7 +33,8 @@
  * interleaved pairs, partial rotary, the GEMV at 1, 2, 4, 8 rows
  * and cuBLASLt past it or where the GEMV does not apply; with bf16/f16
  * weights also an f32 x into the norm and an f32 residual and y, the
- * f32 outputs then within the weights' dtype's tolerance).
+ * f32 outputs then within the weights' dtype's tolerance; and over E4M3
+ * weights, test_fused_matmul_fp8).
  * f32, f16 and bf16; odd sizes; T = 1 and T = 512.
  *
  * test_graph_capture runs each plugin again inside a CUDA graph capture
@@ -1159,6 +1160,12 @@ static void test_fp8_input(void)
 
 /* ---- FusedMatMul ---------------------------------------------------------------------------- */
 
+/* 1: the FusedMatMul cases below take W as E4M3 codes with row scales
+ * (weights = fp8; random_fp8) instead of values of t */
+static int fused_fp8;
+
+static void random_fp8(int32_t n, int32_t k, buf *w, buf *s);
+
 /* One FusedMatMul case: the GEMV at 1, 2, 4 and 8 rows (the RMSNorm with
  * no epilogue or with SwiGLU, the residual add without the norm), the
  * unfused kernels with cuBLASLt at any other row count or form. w in t;
@@ -1171,24 +1178,29 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k
     const float eps = 1e-5f;
     const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
     const kiln_dtype xt = norm ? st : t, yt = residual ? st : f32_out ? KILN_DTYPE_F32 : t;
-    kiln_field f[6] = {fi32("n", &n),
+    kiln_field f[7] = {fi32("n", &n),
                        fi32("k", &k),
                        fi32("norm", &norm),
                        ff32("epsilon", &eps),
                        fstr("epilogue", epilogue),
-                       fstr("output_dtype", f32_out ? "f32" : "default")};
-    kiln_plugin *p = make("FusedMatMul", f, 6);
+                       fstr("output_dtype", f32_out ? "f32" : "default"),
+                       fstr("weights", "fp8")};
+    kiln_plugin *p = make("FusedMatMul", f, 6 + fused_fp8);
     if (!p)
         return;
     const float wr = 1.0f / sqrtf((float)k);
-    buf in[4] = {buf_random(xt, rows, k, -2, 2), buf_random(t, n, k, -wr, wr)};
+    buf in[5] = {buf_random(xt, rows, k, -2, 2)};
     int32_t n_in = 2;
+    if (fused_fp8)
+        random_fp8(n, k, &in[1], &in[n_in++]);
+    else
+        in[1] = buf_random(t, n, k, -wr, wr);
     if (norm)
         in[n_in++] = buf_random(t, k, 0, 0.5f, 1.5f);
     if (residual)
         in[n_in++] = buf_random(yt, rows, n, -1, 1);
     buf y = buf_output(yt, rows, swiglu ? n / 2 : n);
-    kiln_tensor_desc d[5];
+    kiln_tensor_desc d[6];
     for (int32_t i = 0; i < n_in; i++)
         d[i] = in[i].desc;
     d[n_in] = y.desc;
@@ -1198,16 +1210,20 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k
         fprintf(stderr, "cannot allocate the workspace\n");
         exit(1);
     }
-    char what[160];
-    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s norm %d %s T %lld n %d k %d%s%s", dtype_name(t),
-             st != t ? " (f32 stream)" : "", f32_out ? " (f32 y)" : "", use_graph ? " in a graph" : "", norm, epilogue,
-             (long long)rows, n, k, getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
+    char what[176];
+    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s%s norm %d %s T %lld n %d k %d%s%s", dtype_name(t),
+             fused_fp8 ? " (E4M3 W)" : "", st != t ? " (f32 stream)" : "", f32_out ? " (f32 y)" : "",
+             use_graph ? " in a graph" : "", norm, epilogue, (long long)rows, n, k,
+             getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
              getenv("KILN_FMM_EPILOGUE") ? getenv("KILN_FMM_EPILOGUE") : "");
     /* an f32 y holds a product rounded (GEMV) or not (cuBLASLt's
-     * epilogue) to t: t's tolerance */
+     * epilogue) to t: t's tolerance; E4M3 weights at least Fp8MatMul's
+     * (test_fp8: the FP8 tensor cores add in fewer bits than f32) */
     const double floor_was = tol_floor;
     if (tol_for(t) > tol_floor)
         tol_floor = tol_for(t);
+    if (fused_fp8 && tol_floor < 1e-3)
+        tol_floor = 1e-3;
     run_both_ws(what, p, in, n_in, &y, 1, wh, wd);
     tol_floor = floor_was;
     free(wh);
@@ -1223,11 +1239,12 @@ static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_d
 {
     const int32_t nh = 8, nkv = 2, hd = 128, k = 1024, n = (nh + 2 * nkv) * hd, one = 1;
     const float eps = 1e-5f, theta = 500000.0f, factor = 8.0f;
-    kiln_field f[13] = {fi32("n", &n),
+    kiln_field f[14] = {fi32("n", &n),
                         fi32("k", &k),
                         fi32("norm", &one),
                         ff32("epsilon", &eps),
                         fstr("epilogue", "rope"),
+                        fstr("weights", fused_fp8 ? "fp8" : "dtype"),
                         fi32("n_heads", &nh),
                         fi32("n_kv_heads", &nkv),
                         fi32("head_dim", &hd),
@@ -1236,32 +1253,46 @@ static void check_fused_rope(kiln_dtype t, int32_t interleaved, int32_t rotary_d
                         fi32("interleaved", &interleaved),
                         fstr("scaling", scaling),
                         ff32("factor", &factor)};
-    kiln_plugin *p = make("FusedMatMul", f, 13);
+    kiln_plugin *p = make("FusedMatMul", f, 14);
     if (!p)
         return;
     const float wr = 1.0f / sqrtf((float)k);
-    buf in[4] = {buf_random(t, rows, k, -2, 2), buf_random(t, n, k, -wr, wr), buf_random(t, k, 0, 0.5f, 1.5f),
-                 buf_new(KILN_DTYPE_I32, rows, 0)};
+    buf in[5] = {buf_random(t, rows, k, -2, 2)};
+    int32_t n_in = 2;
+    if (fused_fp8)
+        random_fp8(n, k, &in[1], &in[n_in++]);
+    else
+        in[1] = buf_random(t, n, k, -wr, wr);
+    in[n_in++] = buf_random(t, k, 0, 0.5f, 1.5f);
+    buf *pos = &in[n_in++];
+    *pos = buf_new(KILN_DTYPE_I32, rows, 0);
     for (int64_t r = 0; r < rows; r++)
-        ((int32_t *)in[3].host)[r] = (int32_t)((r * 977 + 3) % 8192);
-    buf_upload(&in[3]);
+        ((int32_t *)pos->host)[r] = (int32_t)((r * 977 + 3) % 8192);
+    buf_upload(pos);
     buf y = buf_output(t, rows, n);
-    kiln_tensor_desc d[5] = {in[0].desc, in[1].desc, in[2].desc, in[3].desc, y.desc};
-    size_t wsz = p->ops->workspace_size(p, d, 4, d + 4, 1);
+    kiln_tensor_desc d[6];
+    for (int32_t i = 0; i < n_in; i++)
+        d[i] = in[i].desc;
+    d[n_in] = y.desc;
+    size_t wsz = p->ops->workspace_size(p, d, n_in, d + n_in, 1);
     void *wh = malloc(wsz), *wd = NULL;
     if (cudaMalloc(&wd, wsz) != cudaSuccess) {
         fprintf(stderr, "cannot allocate the workspace\n");
         exit(1);
     }
-    char what[128];
-    snprintf(what, sizeof what, "FusedMatMul rope %s%s interleaved %d rotary %d %s T %lld%s%s", dtype_name(t),
-             use_graph ? " in a graph" : "", interleaved, rotary_dim, scaling, (long long)rows,
-             getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
+    char what[144];
+    snprintf(what, sizeof what, "FusedMatMul rope %s%s%s interleaved %d rotary %d %s T %lld%s%s", dtype_name(t),
+             fused_fp8 ? " (E4M3 W)" : "", use_graph ? " in a graph" : "", interleaved, rotary_dim, scaling,
+             (long long)rows, getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
              getenv("KILN_FMM_EPILOGUE") ? getenv("KILN_FMM_EPILOGUE") : "");
-    run_both_ws(what, p, in, 4, &y, 1, wh, wd);
+    const double floor_was = tol_floor;
+    if (fused_fp8 && tol_floor < 1e-3)
+        tol_floor = 1e-3;
+    run_both_ws(what, p, in, n_in, &y, 1, wh, wd);
+    tol_floor = floor_was;
     free(wh);
     cudaFree(wd);
-    for (int i = 0; i < 4; i++)
+    for (int32_t i = 0; i < n_in; i++)
         buf_free(&in[i]);
     buf_free(&y);
     p->ops->destroy(p);
@@ -1320,6 +1351,60 @@ static void test_fused_matmul(void)
         }
     }
     unsetenv("KILN_FMM_EPILOGUE");
+}
+
+/* FusedMatMul over E4M3 weights (weights = fp8, fusedmm_fp8_cuda.cu):
+ * the GEMV at 1, 2, 4 and 8 rows in each of a layer's forms (the norm
+ * with no epilogue, SwiGLU or RoPE, over the f32 stream or x in the
+ * dtype; the residual add into an f32 stream or one in the dtype), bf16
+ * and f16 (an f32 engine takes the GEMM path at every row count); the
+ * GEMM path (the norm's or Fp8MatMul's quantization, cuBLASLt's FP8 GEMM,
+ * the epilogue kernels or the residual add) at 9, 64 and 130 rows, and
+ * in a graph; the decode GEMVs at the 8B's layer shapes (k = 4,096 and
+ * 14,336). The weights are random E4M3 codes (any finite value) with
+ * scales of 0.001-0.01; tolerance as Fp8MatMul's, at least 1e-3. */
+static void test_fused_matmul_fp8(void)
+{
+    fused_fp8 = 1;
+    static const struct {
+        int32_t norm;
+        const char *epilogue;
+    } forms[] = {{1, "none"}, {1, "swiglu"}, {0, "residual"}};
+    const int64_t rows[] = {1, 2, 4, 8, 9, 64, 130};
+    for (size_t ti = 0; ti < 3; ti++) {
+        const kiln_dtype t = float_types[ti];
+        for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri++) {
+            for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++) {
+                check_fused_matmul(t, t, 256, 2048, forms[fi].norm, forms[fi].epilogue, rows[ri], 0);
+                if (t != KILN_DTYPE_F32)
+                    check_fused_matmul(t, KILN_DTYPE_F32, 256, 2048, forms[fi].norm, forms[fi].epilogue, rows[ri], 0);
+            }
+            /* an f32 y without an epilogue, the norm without one */
+            check_fused_matmul(t, t == KILN_DTYPE_F32 ? t : KILN_DTYPE_F32, 256, 2048, 1, "none", rows[ri], 1);
+            /* k whose warps' quarters end inside a lane's 16 codes, and n
+             * with a last block of fewer rows than it computes */
+            check_fused_matmul(t, t, 36, 1040, 1, "swiglu", rows[ri], 0);
+            check_fused_matmul(t, t, 20, 1040, 0, "residual", rows[ri], 0);
+            check_fused_rope(t, 0, 128, "llama3", rows[ri]);
+            check_fused_rope(t, 1, 64, "none", rows[ri]);
+        }
+    }
+    /* the 8B's decode layers: qkv (with RoPE) and gate/up over the f32
+     * stream, o and down adding into it */
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 6144, 4096, 1, "none", 1, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 28672, 4096, 1, "swiglu", 1, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 4096, 4096, 0, "residual", 1, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 4096, 14336, 0, "residual", 1, 0);
+    check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 4096, 14336, 0, "residual", 8, 0);
+    /* in a graph: the GEMV (1 row) and the GEMM path (64 rows) */
+    use_graph = 1;
+    for (int64_t r = 1; r <= 64; r += 63) {
+        check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 256, 2048, 1, "swiglu", r, 0);
+        check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 256, 2048, 0, "residual", r, 0);
+        check_fused_rope(KILN_DTYPE_BF16, 0, 128, "llama3", r);
+    }
+    use_graph = 0;
+    fused_fp8 = 0;
 }
 
 /* FusedMatMul's GEMV through fmm_loop_kernel (resident blocks, group
@@ -1498,6 +1583,7 @@ static const test_case_ tests[] = {TEST(test_rmsnorm),
                                    TEST(test_fp8),
                                    TEST(test_fp8_input),
                                    TEST(test_fused_matmul),
+                                   TEST(test_fused_matmul_fp8),
                                    TEST(test_fused_matmul_loop),
                                    TEST(test_graph_capture)};
 
