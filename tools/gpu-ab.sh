@@ -4,7 +4,10 @@
 # recipes the issues' targets use), then runs the benchmark once per
 # variant, the variants alternated for --runs rounds, and prints a table
 # of its figure. Variants are environment settings read at run time (the
-# KILN_* switches the plugins document), so one build serves them all.
+# KILN_* switches the plugins document), so one build serves them all;
+# those the LLM build reads (KILN_LLM_FUSE, KILN_LLM_FUSE_FP8,
+# KILN_LLM_FUSE_HEAD, KILN_LLM_FP8_INPUT, KILN_LLM_RESIDUAL) are set when
+# that variant's own engine is built instead.
 #
 #   bash tools/gpu-ab.sh [--model 8b|1b] [--dtype fp8|bf16] [--runs N]
 #                        BENCH VARIANT...
@@ -76,14 +79,41 @@ kiln=build-gpu/bin/kiln
 echo "gpu-ab: kiln build ${engine_args[*]}"
 kiln_gpu_engine "$model" "$work" "${engine_args[@]}" || exit 1
 
+# a variant's settings: those of the build (build_set) and the rest (run_set)
+split_settings() {
+    build_set=() run_set=()
+    local all=() s
+    [ "$1" = default ] || IFS=, read -r -a all <<<"$1"
+    for s in "${all[@]}"; do
+        if [[ "$s" =~ ^KILN_LLM_(FUSE|FUSE_FP8|FUSE_HEAD|FP8_INPUT|RESIDUAL)= ]]; then
+            build_set+=("$s")
+        else
+            run_set+=("$s")
+        fi
+    done
+}
+# the engine of a variant with build settings: built once, beside e.engine
+engine_of() {
+    split_settings "$1"
+    [ ${#build_set[@]} -eq 0 ] && { echo "$work/e.engine"; return 0; }
+    local e
+    e="$work/e-$(printf '%s_' "${build_set[@]}" | tr -c 'A-Za-z0-9_\n' '_').engine"
+    if [ ! -f "$e" ]; then
+        echo "gpu-ab: kiln build with ${build_set[*]}" >&2
+        env "${build_set[@]}" "$kiln" build "$work/ck" --backend cuda "${engine_args[@]}" -o "$e" \
+            >"$logs/engine-$(basename "$e").log" 2>&1 || { tail -n 5 "$logs/engine-$(basename "$e").log" >&2; return 1; }
+    fi
+    echo "$e"
+}
+
 rc=0
 table=""
 for r in $(seq 1 "$runs"); do
     for v in "$@"; do
-        settings=()
-        [ "$v" = default ] || IFS=, read -r -a settings <<<"$v"
+        engine=$(engine_of "$v") || { echo "gpu-ab: $v: its engine did not build"; rc=1; continue; }
+        split_settings "$v"
         out="$logs/ab-$bench-$(echo "$v" | tr -c 'A-Za-z0-9=_\n' '_')-$r.json"
-        if ! env "${settings[@]}" "$kiln" bench "$work/e.engine" "${bench_args[@]}" --json >"$out" 2>"$out.err"; then
+        if ! env "${run_set[@]}" "$kiln" bench "$engine" "${bench_args[@]}" --json >"$out" 2>"$out.err"; then
             echo "gpu-ab: $v, run $r FAILED"; tail -n 3 "$out.err"; rc=1; continue
         fi
         line=$(python3 - "$out" "$figure" <<'PY'
