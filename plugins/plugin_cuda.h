@@ -92,6 +92,16 @@ int kiln_fp8_matmul_q8_cuda(const void *xq, const void *x_scale, const void *w, 
                             int32_t y_dtype, int64_t rows, int32_t n, int32_t k, void *workspace, size_t workspace_size,
                             void *stream);
 
+/* y [rows, n] = residual + the product of kiln_fp8_matmul_q8_cuda, both
+ * of y_dtype, the add in cuBLASLt's epilogue (beta = 1; y may be the
+ * residual), for FusedMatMul's residual form past the GEMV's rows.
+ * Returns KILN_FP8_NO_ADD (nothing launched) where that GEMM has no
+ * kernel or the rows are the GEMV's: the caller adds itself. */
+#define KILN_FP8_NO_ADD 20001
+int kiln_fp8_matmul_q8_add_cuda(const void *xq, const void *x_scale, const void *w, const void *w_scale,
+                                const void *residual, void *y, int32_t y_dtype, int64_t rows, int32_t n, int32_t k,
+                                void *workspace, size_t workspace_size, void *stream);
+
 /* Rows of x [rows, k] (`dtype`) as Fp8MatMul quantizes them: codes q
  * [rows, k], scales [rows]. Returns 0 or a cudaError_t. */
 int kiln_fp8_quantize_cuda(const void *x, int32_t dtype, uint8_t *q, float *scale, int64_t rows, int32_t k,

@@ -405,10 +405,12 @@ std::mutex fp8_plans_lock;
  * TN layout Hopper's FP8 kernels take). With sx and sw y is diag(sx) · Xq
  * · Wᵀ · diag(sw): W's scales are the outer vector of op(A)'s n rows, x's
  * of B's `rows` columns (cuBLASLt 12.9's outer-vector scaling); without
- * them (the f32 result) it is the plain product. Returns a cuBLAS status
- * (0: launched), or -1 when cuBLASLt has no kernel of this form. */
-int fp8_lt_matmul(const uint8_t *xq, const uint8_t *w, const float *sx, const float *sw, void *y, cudaDataType_t dt,
-                  int64_t rows, int32_t n, int32_t k, void *lt_ws, cudaStream_t s)
+ * them (the f32 result) it is the plain product. With c non-NULL (of y's
+ * type and layout) y = c + that, added by cuBLASLt's epilogue (beta = 1:
+ * a residual add). Returns a cuBLAS status (0: launched), or -1 when
+ * cuBLASLt has no kernel of this form. */
+int fp8_lt_matmul(const uint8_t *xq, const uint8_t *w, const float *sx, const float *sw, const void *c, void *y,
+                  cudaDataType_t dt, int64_t rows, int32_t n, int32_t k, void *lt_ws, cudaStream_t s)
 {
     cublasLtMatmulDescOpaque_t desc;
     cublasLtMatrixLayoutOpaque_t la, lb, lc;
@@ -444,8 +446,8 @@ int fp8_lt_matmul(const uint8_t *xq, const uint8_t *w, const float *sx, const fl
     if (cudaGetDevice(&device) != cudaSuccess)
         return -1;
     /* the plain product's plans are told apart by a negative dtype, the
-     * fast accumulation's by a bit above the dtypes */
-    const int32_t form = (scaled ? (int32_t)dt : -1 - (int32_t)dt) ^ (fast ? 1 << 20 : 0);
+     * fast accumulation's and the residual add's by bits above the dtypes */
+    const int32_t form = (scaled ? (int32_t)dt : -1 - (int32_t)dt) ^ (fast ? 1 << 20 : 0) ^ (c ? 1 << 21 : 0);
     fp8_plan plan = {rows, n, k, form, device, 0, {}};
     {
         std::lock_guard<std::mutex> g(fp8_plans_lock);
@@ -474,8 +476,9 @@ int fp8_lt_matmul(const uint8_t *xq, const uint8_t *w, const float *sx, const fl
     }
     if (plan.found < 0)
         return -1;
-    const float one = 1.0f, zero = 0.0f;
-    return (int)cublasLtMatmul(fp8_lt, &desc, &one, w, &la, xq, &lb, &zero, y, &lc, y, &lc, &plan.algo, lt_ws, ws, s);
+    const float one = 1.0f, beta = c ? 1.0f : 0.0f;
+    return (int)cublasLtMatmul(fp8_lt, &desc, &one, w, &la, xq, &lb, &beta, c ? c : y, &lc, y, &lc, &plan.algo, lt_ws,
+                               ws, s);
 }
 
 /* y = the product of x's E4M3 rows xq (scales sx) and W: cuBLASLt's GEMM
@@ -496,7 +499,7 @@ int fp8_run_q8(const uint8_t *xq, const float *sx, const uint8_t *w, const float
         const size_t ys = (size_t)n * (XT == KILN_DTYPE_F32 ? 4 : 2);
         int st = 0;
         for (int64_t r = 0; r < rows && st == 0; r += piece)
-            st = fp8_lt_matmul(xq + r * k, w, sx + r, sw, (char *)y + (size_t)r * ys, fp8_cuda_type(XT),
+            st = fp8_lt_matmul(xq + r * k, w, sx + r, sw, NULL, (char *)y + (size_t)r * ys, fp8_cuda_type(XT),
                                rows - r < piece ? rows - r : piece, n, k, lt_ws, s);
         if (st >= 0)
             return st ? 10000 + st : 0;
@@ -506,7 +509,7 @@ int fp8_run_q8(const uint8_t *xq, const float *sx, const uint8_t *w, const float
     if (rows > KILN_FP8_GEMV_MAX_ROWS && n % 4 == 0) {
         float *d = (float *)(ws + kiln_fp8_workspace_result(rows, k));
         void *lt_ws = (char *)d + kiln_fp8_align((size_t)(rows * n) * sizeof(float));
-        int st = fp8_lt_matmul(xq, w, NULL, NULL, d, CUDA_R_32F, rows, n, k, lt_ws, s);
+        int st = fp8_lt_matmul(xq, w, NULL, NULL, NULL, d, CUDA_R_32F, rows, n, k, lt_ws, s);
         if (st > 0)
             return 10000 + st;
         if (st == 0) {
@@ -587,6 +590,25 @@ extern "C" int kiln_fp8_matmul_q8_cuda(const void *xq, const void *x_scale, cons
     case KILN_DTYPE_BF16: return fp8_run_q8<KILN_DTYPE_BF16>(xb, sx, wb, sw, y, rows, n, k, ws, s);
     default: return fp8_run_q8<KILN_DTYPE_F32>(xb, sx, wb, sw, y, rows, n, k, ws, s);
     }
+}
+
+extern "C" int kiln_fp8_matmul_q8_add_cuda(const void *xq, const void *x_scale, const void *w, const void *w_scale,
+                                           const void *residual, void *y, int32_t y_dtype, int64_t rows, int32_t n,
+                                           int32_t k, void *workspace, size_t workspace_size, void *stream)
+{
+    cudaStream_t s = (cudaStream_t)stream;
+    const int e = fp8_entry(rows, n, k, workspace, workspace_size, (uintptr_t)w | (uintptr_t)xq);
+    if (e)
+        return e < 0 ? 0 : e;
+    if (rows <= KILN_FP8_GEMV_MAX_ROWS || n % 4 != 0 || !fp8_use_vec())
+        return KILN_FP8_NO_ADD;
+    /* one GEMM over all rows: the residual's pieces would need their own
+     * plans, and the adds are narrow (n below 16,384) in a decoder layer */
+    const size_t ws_at = kiln_fp8_workspace_result(rows, k);
+    const int st =
+        fp8_lt_matmul((const uint8_t *)xq, (const uint8_t *)w, (const float *)x_scale, (const float *)w_scale, residual,
+                      y, fp8_cuda_type(y_dtype), rows, n, k, (char *)workspace + ws_at, s);
+    return st < 0 ? KILN_FP8_NO_ADD : st ? 10000 + st : 0;
 }
 
 extern "C" int kiln_fp8_quantize_cuda(const void *x, int32_t dtype, uint8_t *q, float *scale, int64_t rows, int32_t k,

@@ -17,8 +17,12 @@
  *  - any other row count (prefill): RMSNorm with quantize = fp8 (or
  *    Fp8MatMul's quantization of x) into the workspace, Fp8MatMul's GEMM
  *    (cuBLASLt, the scales in its epilogue) into the product in the dtype,
- *    then RoPE or SwiGLU (fusedmm_cuda.cu's kernels) or the residual add. */
+ *    then RoPE or SwiGLU (fusedmm_cuda.cu's kernels); the residual add in
+ *    the GEMM's epilogue too (beta = 1) where cuBLASLt has that form,
+ *    else a kernel after it (KILN_FMM_FP8_ADD=kernel: always). */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "fp8/fp8_quant.cuh"
 #include "fusedmm_epilogue.cuh"
@@ -338,6 +342,15 @@ __global__ void __launch_bounds__(256) fmm8_add_kernel(const void *t, const void
         kcu_store_float(y, S, i, __fadd_rn(kcu_load_float(t, DT, i), kcu_load_float(res, S, i)));
 }
 
+/* KILN_FMM_FP8_ADD=kernel keeps the residual add of the GEMM path in a
+ * kernel of its own (to time both, and for the op tests); read at each
+ * launch (a graph keeps its capture's). */
+bool fp8_add_in_gemm(void)
+{
+    const char *e = getenv("KILN_FMM_FP8_ADD");
+    return !(e && strcmp(e, "kernel") == 0);
+}
+
 /* Any row count: x quantized into the workspace (by the norm, or as
  * Fp8MatMul quantizes it), Fp8MatMul's product, then the epilogue. */
 template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
@@ -352,6 +365,15 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
                            : kiln_fp8_quantize_cuda(a->x, a->x_dtype, q, sx, a->rows, a->k, s);
     if (e)
         return e;
+    /* the residual add in the GEMM's epilogue (beta = 1; the product not
+     * rounded to DT before the add, as in the GEMM path over weights in
+     * the dtype) where cuBLASLt has that form, else a kernel after it */
+    if (a->epilogue == KILN_FUSEDMM_RESIDUAL && fp8_add_in_gemm()) {
+        e = kiln_fp8_matmul_q8_add_cuda(q, sx, a->w, a->w_scale, a->residual, a->y, a->y_dtype, a->rows, a->n, a->k,
+                                        fws, kiln_fp8_workspace(a->rows, a->n, a->k), s);
+        if (e != KILN_FP8_NO_ADD)
+            return e;
+    }
     /* the product straight into y without an epilogue (in y's dtype) */
     const int direct = a->epilogue == KILN_FUSEDMM_NONE;
     void *t = direct ? a->y : ws + kiln_fusedmm_workspace_t(a->rows, a->k);

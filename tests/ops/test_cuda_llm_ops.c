@@ -1211,11 +1211,12 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k
         exit(1);
     }
     char what[176];
-    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s%s norm %d %s T %lld n %d k %d%s%s", dtype_name(t),
+    snprintf(what, sizeof what, "FusedMatMul %s%s%s%s%s norm %d %s T %lld n %d k %d%s%s%s", dtype_name(t),
              fused_fp8 ? " (E4M3 W)" : "", st != t ? " (f32 stream)" : "", f32_out ? " (f32 y)" : "",
              use_graph ? " in a graph" : "", norm, epilogue, (long long)rows, n, k,
              getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
-             getenv("KILN_FMM_EPILOGUE") ? getenv("KILN_FMM_EPILOGUE") : "");
+             getenv("KILN_FMM_EPILOGUE") ? getenv("KILN_FMM_EPILOGUE") : "",
+             getenv("KILN_FMM_FP8_ADD") ? ", KILN_FMM_FP8_ADD=kernel" : "");
     /* an f32 y holds a product rounded (GEMV) or not (cuBLASLt's
      * epilogue) to t: t's tolerance; E4M3 weights at least Fp8MatMul's
      * (test_fp8: the FP8 tensor cores add in fewer bits than f32) */
@@ -1359,7 +1360,8 @@ static void test_fused_matmul(void)
  * dtype; the residual add into an f32 stream or one in the dtype), bf16
  * and f16 (an f32 engine takes the GEMM path at every row count); the
  * GEMM path (the norm's or Fp8MatMul's quantization, cuBLASLt's FP8 GEMM,
- * the epilogue kernels or the residual add) at 9, 64 and 130 rows, and
+ * the epilogue kernels; the residual add in cuBLASLt's epilogue, and in a
+ * kernel of its own with KILN_FMM_FP8_ADD=kernel) at 9, 64 and 130 rows, and
  * in a graph; the decode GEMVs at the 8B's layer shapes (k = 4,096 and
  * 14,336). The weights are random E4M3 codes (any finite value) with
  * scales of 0.001-0.01; tolerance as Fp8MatMul's, at least 1e-3. */
@@ -1396,6 +1398,16 @@ static void test_fused_matmul_fp8(void)
     check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 4096, 4096, 0, "residual", 1, 0);
     check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 4096, 14336, 0, "residual", 1, 0);
     check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 4096, 14336, 0, "residual", 8, 0);
+    /* the GEMM path's residual add in a kernel after the GEMM (by default
+     * in cuBLASLt's epilogue where it has that form) */
+    setenv("KILN_FMM_FP8_ADD", "kernel", 1);
+    for (size_t ti = 0; ti < 3; ti++)
+        for (int64_t r = 9; r <= 130; r = r == 9 ? 64 : r * 2 + 2) {
+            check_fused_matmul(float_types[ti], float_types[ti], 256, 2048, 0, "residual", r, 0);
+            if (float_types[ti] != KILN_DTYPE_F32)
+                check_fused_matmul(float_types[ti], KILN_DTYPE_F32, 256, 2048, 0, "residual", r, 0);
+        }
+    unsetenv("KILN_FMM_FP8_ADD");
     /* in a graph: the GEMV (1 row) and the GEMM path (64 rows) */
     use_graph = 1;
     for (int64_t r = 1; r <= 64; r += 63) {
