@@ -185,24 +185,6 @@ int kcu_launch_gather(const void *data, const void *idx, int32_t idx_is_i64, voi
 int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, int32_t dst_dtype, int64_t n, int32_t sms,
                     void *stream);
 
-/* ---- L2 prefetch ------------------------------------------------------------------ */
-
-/* Byte ranges of constants (weights) to bring into the L2 cache while the
- * kernels before them on the stream run. */
-#define KCU_PREFETCH_RANGES 8
-typedef struct kcu_prefetch_args {
-    int32_t n;
-    const void *p[KCU_PREFETCH_RANGES];
-    uint64_t bytes[KCU_PREFETCH_RANGES];
-} kcu_prefetch_args;
-
-/* Launches a kernel that asks for the ranges in L2 (bulk prefetches, sm_90)
- * and then waits on the kernel before it, so that the kernel after it still
- * sees the one before complete. Launched only with PDL, where it runs
- * beside that earlier kernel; returns 0 without a launch otherwise, or
- * when there is nothing to fetch. */
-int kcu_launch_l2_prefetch(const kcu_prefetch_args *a, int32_t sms, void *stream);
-
 #ifdef __cplusplus
 }
 #endif

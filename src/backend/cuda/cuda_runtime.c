@@ -191,14 +191,7 @@ struct kiln_backend_context {
     unsigned char *host_block; /* host copy of the block for reference runs */
     void **host_io;            /* host copies of the I/O tensors for reference runs */
     size_t *host_io_bytes;
-    /* the L2 prefetch's settings (KILN_L2_PREFETCH*, read at creation):
-     * bytes after a layer (0: off), the most tokens of a step it runs in,
-     * and whether after every layer or after attentions only */
-    int64_t l2_bytes, l2_rows;
-    int32_t l2_every;
 };
-
-static void read_l2_prefetch(kiln_backend_context *c);
 
 static void drop_graphs(kiln_backend_context *c)
 {
@@ -286,7 +279,6 @@ static kiln_status cuda_context_create(kiln_backend_engine *e, kiln_exec_plan *p
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory creating a cuda context");
     c->plan = plan;
     c->engine = e;
-    read_l2_prefetch(c);
     kiln_status s = context_init(c);
     if (s != KILN_OK) {
         cuda_context_destroy(c);
@@ -406,91 +398,6 @@ typedef struct launch {
     int capturing;
 } launch;
 
-/* ---- weights into L2 during the attention ------------------------------------------- */
-
-/* KILN_L2_PREFETCH=MB (unset or 0: off; `auto`: half the L2 cache) brings,
- * after each PagedAttention layer of a step of at most
- * KILN_L2_PREFETCH_ROWS tokens (64), up to MB MiB of the weights of the
- * layers after it (in their order, until the next attention) into the L2
- * cache, by a kernel that runs beside the attention. In a decode step
- * the attention reads a little KV cache while the memory's bandwidth
- * idles (8.8 us a layer at 8B, 6 at 1B: bench/README.md, twelfth and
- * fourteenth sessions); the projections after it
- * then find their first weights in L2. Every weight still crosses the
- * memory once a step: the bytes move earlier, not fewer.
- * KILN_L2_PREFETCH_AT=every does it after every layer of such a step, up
- * to MB MiB ahead and across attentions, for the other moments the memory
- * idles (a kernel's blocks waiting for the previous one's to leave), at
- * the price of a node a layer in the chain. Read when a context is
- * created (its graphs are captured with what it read). */
-static int is_attention(const kiln_graph *g, const kiln_layer *L)
-{
-    if (L->op != KILN_OP_PLUGIN)
-        return 0;
-    const kiln_plugin_rec *r = &g->plugins[L->p.plugin.index];
-    return r->name && r->plugin_namespace && strcmp(r->name, "PagedAttention") == 0 &&
-           strcmp(r->plugin_namespace, "kiln") == 0;
-}
-
-static int64_t env_i64(const char *name, int64_t fallback)
-{
-    const char *v = getenv(name);
-    return v && *v ? strtoll(v, NULL, 10) : fallback;
-}
-
-/* The constants of the layers after `layer`, in order, until `budget`
- * bytes, KCU_PREFETCH_RANGES ranges or (unless `across`) the next
- * attention layer. */
-static void prefetch_ranges(const kiln_exec_plan *p, int32_t layer, uint64_t budget, int across, kcu_prefetch_args *a)
-{
-    const kiln_graph *g = p->graph;
-    a->n = 0;
-    for (int32_t l = layer + 1; l < g->n_layers && budget >= 16 && a->n < KCU_PREFETCH_RANGES; l++) {
-        const kiln_layer *L = &g->layers[l];
-        if (!across && is_attention(g, L))
-            break;
-        if (L->op == KILN_OP_CONSTANT)
-            continue;
-        for (int32_t i = 0; i < L->n_inputs && budget >= 16 && a->n < KCU_PREFETCH_RANGES; i++) {
-            const int32_t t = L->inputs[i];
-            size_t bytes = 0;
-            const void *data = kiln_exec_tensor_data(p, t);
-            if (!(g->tensors[t].flags & KILN_TENSOR_CONSTANT) || !data || (uintptr_t)data % 16 ||
-                kiln_dims_bytes(&p->dims[t], g->tensors[t].dtype, &bytes) != KILN_OK || bytes < 16)
-                continue;
-            const uint64_t take = (uint64_t)bytes < budget ? (uint64_t)bytes : budget & ~(uint64_t)15;
-            a->p[a->n] = data;
-            a->bytes[a->n++] = take;
-            budget -= take;
-        }
-    }
-}
-
-static void read_l2_prefetch(kiln_backend_context *c)
-{
-    const char *v = getenv("KILN_L2_PREFETCH"), *at = getenv("KILN_L2_PREFETCH_AT");
-    const int64_t mb = v && *v ? strtoll(v, NULL, 10) : 0;
-    c->l2_bytes = v && strcmp(v, "auto") == 0         ? c->engine->device->l2_bytes / 2
-                  : mb > 0 && mb < ((int64_t)1 << 20) ? mb << 20
-                                                      : 0;
-    c->l2_rows = env_i64("KILN_L2_PREFETCH_ROWS", 64);
-    c->l2_every = at && strcmp(at, "every") == 0;
-}
-
-static kiln_status prefetch_after(const kiln_backend_context *c, const kiln_exec_call *call, cudaStream_t stream)
-{
-    if (c->l2_bytes <= 0 || !(c->l2_every || is_attention(call->graph, call->layer)) || call->layer->n_outputs < 1 ||
-        call->outputs[0].dims.rank < 1 || call->outputs[0].dims.d[0] > c->l2_rows)
-        return KILN_OK;
-    kcu_prefetch_args a;
-    prefetch_ranges(c->plan, call->index, (uint64_t)c->l2_bytes, c->l2_every, &a);
-    cudaError_t e = (cudaError_t)kcu_launch_l2_prefetch(&a, c->engine->device->sms, stream);
-    if (e != cudaSuccess)
-        return kiln_fail(KILN_ERROR_BACKEND, "layer \"%s\": the L2 prefetch after it failed: %s", call->layer->name,
-                         cudaGetErrorString(e));
-    return KILN_OK;
-}
-
 static kiln_status launch_layer(void *user, const kiln_exec_call *call)
 {
     const launch *ln = user;
@@ -508,8 +415,6 @@ static kiln_status launch_layer(void *user, const kiln_exec_call *call)
     };
     nvtxRangePushA(L->name);
     kiln_status st = kiln_cuda_run_layer(&args);
-    if (st == KILN_OK)
-        st = prefetch_after(ln->c, call, ln->stream);
     nvtxRangePop();
     cudaError_t err = cudaGetLastError();
     if (st != KILN_OK)
