@@ -421,7 +421,8 @@ static void test_generation(void)
             CHECK(graphs);
             printf("%-10s f32: cuda = cpu greedy %s, batch of 8 = alone %s, graphs = no graphs %s; "
                    "%d graphs captured in %.1f ms, %zu launches per decode step\n",
-                   families[f], cuda_cpu ? "yes" : "NO", invariant ? "yes" : "NO", graphs ? "yes" : "NO", (int)info->n_graphs, info->graph_capture_ms, info->graph_nodes);
+                   families[f], cuda_cpu ? "yes" : "NO", invariant ? "yes" : "NO", graphs ? "yes" : "NO",
+                   (int)info->n_graphs, info->graph_capture_ms, info->graph_nodes);
             free_results(ref);
             free_results(alone);
             free_results(batch);

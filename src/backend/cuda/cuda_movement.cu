@@ -132,4 +132,3 @@ extern "C" int kcu_launch_cast(const void *src, int32_t src_dtype, void *dst, in
     return (int)kcu_launch(kcu_cast_kernel, kcu_blocks(n, sms, 4), (cudaStream_t)stream, src, (int)src_dtype, dst,
                            (int)dst_dtype, n);
 }
-
