@@ -564,7 +564,8 @@ int main(int argc, char **argv)
                 row(split ? "kernel split" : "kernel fused",
                     time_us(
                         [&](uint8_t *p, cudaStream_t s) {
-                            const int e = kiln_fp8_matmul_cuda(xb, p, sw, ybf, KILN_DTYPE_BF16, 1, n, k, ws, wsz, s);
+                            const int e =
+                                kiln_fp8_matmul_cuda(xb, p, sw, ybf, KILN_DTYPE_BF16, 1, n, k, 0.0f, ws, wsz, s);
                             if (e) {
                                 fprintf(stderr, "fp8_gemv_anatomy: kiln_fp8_matmul_cuda: %s\n", kiln_fp8_cuda_error(e));
                                 exit(1);

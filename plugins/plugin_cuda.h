@@ -20,10 +20,11 @@ extern "C" {
  * and sum, the residual, y and the weight each have their own dtype (an
  * f32 residual stream with bf16 layer outputs and norms). With q non-NULL
  * (quantize = fp8) y leaves as E4M3 codes q [rows, h] and q_scale [rows],
- * and y is scratch of rows * h values of y_dtype. */
+ * and y is scratch of rows * h values of y_dtype; amax > 0 is a static
+ * max |y| for every row (the field x_amax), 0 each row's own. */
 int kiln_rmsnorm_cuda(const void *x, const void *residual, const void *weight, void *sum, void *y, int32_t x_dtype,
                       int32_t residual_dtype, int32_t y_dtype, int32_t weight_dtype, int64_t rows, int64_t h,
-                      float epsilon, uint8_t *q, float *q_scale, void *stream);
+                      float epsilon, uint8_t *q, float *q_scale, float amax, void *stream);
 
 #define ROPE_MAX_PAIRS 256
 
@@ -44,9 +45,9 @@ int kiln_rope_cuda(const kiln_rope_cuda_args *a, void *stream);
 /* y[r, c] = silu(gate[r * ld + c]) * up[r * ld + c], c < width; y rows
  * are `width` long. With q non-NULL (quantize = fp8) y leaves as E4M3
  * codes q [rows, width] and q_scale [rows], and y is scratch of
- * rows * width values of `dtype`. */
+ * rows * width values of `dtype`; amax > 0 as for kiln_rmsnorm_cuda. */
 int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, int64_t rows, int64_t width, int64_t ld,
-                     uint8_t *q, float *q_scale, void *stream);
+                     uint8_t *q, float *q_scale, float amax, void *stream);
 
 /* y [rows, n] = x [rows, k] · Wᵀ with W in ggml block format `type`
  * (8 Q8_0, 2 Q4_0, 3 Q4_1), rows of k / 32 blocks; x and y of `dtype`. */
@@ -81,10 +82,11 @@ static inline size_t kiln_fp8_workspace(int64_t rows, int64_t n, int64_t k)
 int kiln_fp8_cuda_init(void);
 
 /* y [rows, n] = Fp8MatMul(x [rows, k]; w E4M3 [n, k], w_scale f32 [n]);
- * x and y of `dtype`; `workspace` of kiln_fp8_workspace(rows, n, k) bytes.
+ * x and y of `dtype`; `workspace` of kiln_fp8_workspace(rows, n, k) bytes;
+ * amax > 0: a static max |x| for every row (the field x_amax).
  * Returns 0, a cudaError_t, or a cuBLAS status + 10000. */
 int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_scale, void *y, int32_t dtype, int64_t rows,
-                         int32_t n, int32_t k, void *workspace, size_t workspace_size, void *stream);
+                         int32_t n, int32_t k, float amax, void *workspace, size_t workspace_size, void *stream);
 
 /* The same with x given as E4M3 codes xq [rows, k] and their scales
  * x_scale f32 [rows] (Fp8MatMul's fourth input); y of `y_dtype`. */
@@ -103,8 +105,9 @@ int kiln_fp8_matmul_q8_add_cuda(const void *xq, const void *x_scale, const void 
                                 void *workspace, size_t workspace_size, void *stream);
 
 /* Rows of x [rows, k] (`dtype`) as Fp8MatMul quantizes them: codes q
- * [rows, k], scales [rows]. Returns 0 or a cudaError_t. */
-int kiln_fp8_quantize_cuda(const void *x, int32_t dtype, uint8_t *q, float *scale, int64_t rows, int32_t k,
+ * [rows, k], scales [rows] (amax as for kiln_fp8_matmul_cuda). Returns 0
+ * or a cudaError_t. */
+int kiln_fp8_quantize_cuda(const void *x, int32_t dtype, uint8_t *q, float *scale, int64_t rows, int32_t k, float amax,
                            void *stream);
 
 /* Text of a code kiln_fp8_matmul_cuda or kiln_fp8_cuda_init returned. */

@@ -91,6 +91,14 @@ typedef struct kiln_llm_build_options {
      * (docs/llm.md says why and where that limit lies). On CUDA the cache
      * is in dtype or FP8: another type is refused. */
     int32_t kv_cache;
+    /* KILN_LLM_WEIGHTS_FP8 only: a UTF-8 text file (NULL, default: every
+     * token's activations get their own scale when the layer runs). The
+     * model, unquantized, runs over its first calibrate_tokens tokens
+     * (default 2048) at build; each FP8 matmul input then gets one static
+     * scale, its max |x| over them / 448, values beyond saturating (`kiln
+     * build --dtype fp8 --calibrate FILE`; docs/llm.md). Borrowed. */
+    const char *calibrate;
+    int32_t calibrate_tokens;
 } kiln_llm_build_options;
 
 /* kiln_llm_build_options.weights */

@@ -23,11 +23,15 @@
  * Output:  y: [..., N], dtype output_dtype (default x's; required when x
  *          is u8).
  * Fields:  n, k (i32), k a multiple of 16 (at most 2^30); output_dtype
- *          (string: input, f32, f16 or bf16; default input).
- * Blob v2: three int32: n, k, y's dtype (-1: x's). v1 (n, k) reads as y
- *          in x's dtype.
+ *          (string: input, f32, f16 or bf16; default input); x_amax (f32,
+ *          default 0): a static max |x| for every row in place of a (from
+ *          a calibration text; values beyond it saturate to ±448), for an
+ *          x the plugin quantizes itself.
+ * Blob v3: three int32: n, k, y's dtype (-1: x's), then x_amax as f32.
+ *          v2 lacks x_amax (dynamic); v1 (n, k) reads as y in x's dtype.
  * Workspace: the quantized rows of x and their scales, and for more rows
  * than the GEMV takes the GEMM's f32 result and cuBLASLt's scratch. */
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -36,11 +40,12 @@
 #include "plugin_util.h"
 
 #define NAME "Fp8MatMul"
-#define BLOB_VERSION 2u
+#define BLOB_VERSION 3u
 
 typedef struct fp8_params {
     int32_t n, k;
     int32_t output_dtype; /* kiln_dtype of y; -1: x's */
+    float x_amax;         /* a static max |x| (0: each row's own) */
 } fp8_params;
 
 typedef struct fp8mm {
@@ -60,6 +65,9 @@ static kiln_status fp8_new(const fp8_params *p, kiln_plugin **out)
     if (p->output_dtype != -1 && !plugin_is_float((kiln_dtype)p->output_dtype))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": output dtype %d is not f32, f16 or bf16",
                           p->output_dtype);
+    if (!(p->x_amax >= 0.0f) || !isfinite(p->x_amax))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"x_amax\" must be a finite number >= 0, got %g",
+                          (double)p->x_amax);
     fp8mm *f = calloc(1, sizeof *f);
     if (!f)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -81,6 +89,10 @@ static kiln_status fp8_output_shapes(const kiln_plugin *self, const kiln_shape_e
         (n_in == 4 && in[3].rank != in[0].rank))
         return host->fail(KILN_ERROR_SHAPE, NAME ": expects x [..., K], w [N, K], w_scale [N] and optionally x_scale "
                                                  "[..., 1]");
+    if (n_in == 4 && p->x_amax > 0.0f)
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": field \"x_amax\" is for an x it quantizes itself, but x_scale is given (x already "
+                               "quantized)");
     int64_t v, u;
     for (int32_t i = 0; n_in == 4 && i < in[0].rank; i++) {
         const int last = i == in[0].rank - 1;
@@ -196,8 +208,8 @@ static kiln_status fp8_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         const size_t ws = kiln_fp8_workspace(rows, p->n, p->k);
         int e = n_in == 4 ? kiln_fp8_matmul_q8_cuda(in[0], in[3], in[1], in[2], out[0], (int32_t)yt, rows, p->n, p->k,
                                                     workspace, ws, stream)
-                          : kiln_fp8_matmul_cuda(in[0], in[1], in[2], out[0], (int32_t)xt, rows, p->n, p->k, workspace,
-                                                 ws, stream);
+                          : kiln_fp8_matmul_cuda(in[0], in[1], in[2], out[0], (int32_t)xt, rows, p->n, p->k, p->x_amax,
+                                                 workspace, ws, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_fp8_cuda_error(e)) : KILN_OK;
     }
 #endif
@@ -213,7 +225,7 @@ static kiln_status fp8_enqueue(kiln_plugin *self, kiln_backend backend, const ki
         for (int64_t r = 0; r < rows; r++) {
             for (int64_t i = 0; i < p->k; i++)
                 row[i] = plugin_load(host, in[0], xt, r * p->k + i);
-            s[r] = kiln_fp8_quantize_row(row, p->k, q + r * p->k);
+            s[r] = kiln_fp8_quantize_row(row, p->k, p->x_amax, q + r * p->k);
         }
         free(row);
         xq = q, sx = s;
@@ -256,7 +268,7 @@ static kiln_status fp8_create(const kiln_plugin_creator *c, const kiln_field *f,
     const kiln_field *of = plugin_field(f, n, "output_dtype");
     const char *want = of ? of->data : "input";
     fp8_params p = {plugin_field_i32(f, n, "n", 0), plugin_field_i32(f, n, "k", 0),
-                    plugin_float_dtype_named(want, "input")};
+                    plugin_float_dtype_named(want, "input"), plugin_field_f32(f, n, "x_amax", 0.0f)};
     if (p.output_dtype == -2)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": field \"output_dtype\" is \"%s\"; expected input, f32, f16 or bf16", want);
@@ -266,18 +278,23 @@ static kiln_status fp8_create(const kiln_plugin_creator *c, const kiln_field *f,
 static kiln_status fp8_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                    kiln_plugin **out)
 {
-    /* v1: n and k; y in x's dtype */
-    static const size_t sizes[BLOB_VERSION] = {offsetof(fp8_params, output_dtype), sizeof(fp8_params)};
-    fp8_params p = {0, 0, -1};
+    /* v1: n and k; y in x's dtype; v2 adds it, v3 x_amax */
+    static const size_t sizes[BLOB_VERSION] = {offsetof(fp8_params, output_dtype), offsetof(fp8_params, x_amax),
+                                               sizeof(fp8_params)};
+    fp8_params p = {0, 0, -1, 0.0f};
     kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, sizes, version, blob, size, &p);
     return s != KILN_OK ? s : fp8_new(&p, out);
 }
+
+static const float zero_f32 = 0.0f;
 
 static const kiln_field_spec fp8_fields[] = {
     PLUGIN_FIELD_REQUIRED("n", KILN_FIELD_I32, "output features (rows of w)"),
     PLUGIN_FIELD_REQUIRED("k", KILN_FIELD_I32, "input features, a multiple of 16"),
     PLUGIN_FIELD_OPTIONAL("output_dtype", KILN_FIELD_STRING, "input",
                           "dtype of y: input (x's), f32, f16 or bf16; required when x is E4M3 codes"),
+    PLUGIN_FIELD_OPTIONAL("x_amax", KILN_FIELD_F32, &zero_f32,
+                          "a static max |x| for every row (from calibration; 0: each row's own)"),
 };
 
 static const kiln_plugin_creator fp8_creator = {

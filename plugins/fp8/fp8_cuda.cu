@@ -46,7 +46,7 @@ std::once_flag fp8_lt_once;
 /* 1. quantization ------------------------------------------------------------------------- */
 
 template <int XT>
-__global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
+__global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_t *xq, float *sx, int32_t k, float amax)
 {
     KTL_SCOPE(0);
     kcu_after_prior(x, xq, k, 0);
@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_
     float a = 0.0f;
     for (int32_t i = threadIdx.x; i < k; i += 256)
         a = fmaxf(a, fabsf(kcu_load_float(x, XT, r * k + i)));
-    const float inv = fp8_row_scale(a, sx + r);
+    const float inv = fp8_row_scale(a, amax, sx + r);
     for (int32_t i = threadIdx.x; i < k; i += 256)
         xq[r * k + i] = kiln_f32_to_e4m3(__fmul_rn(kcu_load_float(x, XT, r * k + i), inv));
 }
@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(256) fp8_quantize_kernel(const void *x, uint8_
  * the memory's bandwidth at 1,024 rows (ncu: 14 us at k = 4,096, 42 us at
  * 14,336), a tenth of an 8B FP8 decode step at that batch. */
 template <int XT, int V>
-__global__ void __launch_bounds__(256) fp8_quantize_vec_kernel(const void *x, uint8_t *xq, float *sx, int32_t k)
+__global__ void __launch_bounds__(256)
+    fp8_quantize_vec_kernel(const void *x, uint8_t *xq, float *sx, int32_t k, float amax)
 {
     KTL_SCOPE(0);
     kcu_after_prior(x, xq, k, 0);
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(256) fp8_quantize_vec_kernel(const void *x, ui
                 a = fmaxf(a, fabsf(f[v][e]));
         }
     }
-    const float inv = fp8_row_scale(a, sx + r);
+    const float inv = fp8_row_scale(a, amax, sx + r);
 #pragma unroll
     for (int v = 0; v < V; v++) {
         if ((int32_t)threadIdx.x + v * 256 < pieces) {
@@ -106,21 +107,22 @@ bool fp8_quantize_scalar(void)
 }
 
 /* Quantizes x's rows into xq and sx: the 16-byte kernel where x is aligned
- * and a row fits in its registers (k <= 32,768), else the scalar one. */
+ * and a row fits in its registers (k <= 32,768), else the scalar one.
+ * amax > 0: a static max |x| for every row (Fp8MatMul's x_amax). */
 template <int XT>
-cudaError_t fp8_quantize(const void *x, uint8_t *xq, float *sx, int64_t rows, int32_t k, cudaStream_t s)
+cudaError_t fp8_quantize(const void *x, uint8_t *xq, float *sx, int64_t rows, int32_t k, float amax, cudaStream_t s)
 {
     const dim3 grid((unsigned)rows), block(256);
     const int32_t per = (k / 16 + 255) / 256; /* pieces a thread */
     if ((uintptr_t)x % 16 != 0 || (uintptr_t)xq % 16 != 0 || k % 16 != 0 || per > 8 || fp8_quantize_scalar())
-        return kcu_launch_cfg(fp8_quantize_kernel<XT>, grid, block, s, x, xq, sx, k);
+        return kcu_launch_cfg(fp8_quantize_kernel<XT>, grid, block, s, x, xq, sx, k, amax);
     if (per <= 1)
-        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 1>, grid, block, s, x, xq, sx, k);
+        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 1>, grid, block, s, x, xq, sx, k, amax);
     if (per <= 2)
-        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 2>, grid, block, s, x, xq, sx, k);
+        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 2>, grid, block, s, x, xq, sx, k, amax);
     if (per <= 4)
-        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 4>, grid, block, s, x, xq, sx, k);
-    return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 8>, grid, block, s, x, xq, sx, k);
+        return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 4>, grid, block, s, x, xq, sx, k, amax);
+    return kcu_launch_cfg(fp8_quantize_vec_kernel<XT, 8>, grid, block, s, x, xq, sx, k, amax);
 }
 
 /* The decode GEMV: m (<= M) rows of x against R weight rows a block, y =
@@ -137,10 +139,13 @@ cudaError_t fp8_quantize(const void *x, uint8_t *xq, float *sx, int64_t rows, in
 template <int XT, int M, int R, bool FUSED>
 __global__ void __launch_bounds__(kWarps * 32)
     fp8_gemv_kernel(const void *__restrict__ x, const float *__restrict__ sx_in, const uint8_t *__restrict__ w,
-                    const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k)
+                    const float *__restrict__ sw, void *__restrict__ y, int32_t m, int32_t n, int32_t k, float amax)
 {
     KTL_SCOPE(0);
     constexpr int E = 16, STEP = 32 * E;
+    /* FUSED with a static amax (Fp8MatMul's x_amax) takes no max |x| pass:
+     * the products start right after the wait */
+    const bool dyn = FUSED && !(amax > 0.0f);
     __shared__ float part[kWarps][M][R];
     __shared__ float red[kWarps][M];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -183,7 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int i = 0; i < M; i++) {
         float a = 0.0f;
-        if (FUSED && i < m) {
+        if (dyn && i < m) {
             /* 16 elements a thread a pass (k is a multiple of 16): at k =
              * 14,336 seven 16-byte loads in flight where one element a
              * load took 112 in a chain, all of it between the PDL wait
@@ -198,12 +203,12 @@ __global__ void __launch_bounds__(kWarps * 32)
                     a = fmaxf(a, fabsf(f[e]));
             }
         }
-        for (int o = 16; FUSED && o > 0; o >>= 1)
+        for (int o = 16; dyn && o > 0; o >>= 1)
             a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-        if (FUSED && lane == 0)
+        if (dyn && lane == 0)
             red[wid][i] = a;
     }
-    if (FUSED)
+    if (dyn)
         __syncthreads();
 #pragma unroll
     for (int i = 0; i < M; i++) {
@@ -212,10 +217,13 @@ __global__ void __launch_bounds__(kWarps * 32)
             sx[i] = i < m ? sx_in[i] : 0.0f;
             continue;
         }
-        float a = red[0][i];
+        float a = amax;
+        if (dyn) {
+            a = red[0][i];
 #pragma unroll
-        for (int j = 1; j < kWarps; j++)
-            a = fmaxf(a, red[j][i]);
+            for (int j = 1; j < kWarps; j++)
+                a = fmaxf(a, red[j][i]);
+        }
         inv[i] = a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
         sx[i] = __fdiv_rn(a, KILN_E4M3_MAX);
     }
@@ -301,11 +309,11 @@ __global__ void __launch_bounds__(kWarps * 32)
  * E4M3 codes and sx their scales. */
 template <int XT, bool FUSED>
 cudaError_t fp8_gemv(const void *x, const float *sx, const uint8_t *w, const float *sw, void *y, int32_t m, int32_t n,
-                     int32_t k, cudaStream_t s)
+                     int32_t k, float amax, cudaStream_t s)
 {
     auto launch = [&](auto kernel, int rows_a_block) {
         return kcu_launch_cfg(kernel, dim3((unsigned)(((int64_t)n + rows_a_block - 1) / rows_a_block)),
-                              dim3(kWarps * 32), s, x, sx, w, sw, y, m, n, k);
+                              dim3(kWarps * 32), s, x, sx, w, sw, y, m, n, k, amax);
     };
     return m == 1   ? launch(fp8_gemv_kernel<XT, 1, 8, FUSED>, 8)
            : m == 2 ? launch(fp8_gemv_kernel<XT, 2, 8, FUSED>, 8)
@@ -332,7 +340,7 @@ cudaError_t fp8_gemv_rows(const uint8_t *xq, const float *sx, const uint8_t *w, 
         const int32_t m = (int32_t)(rows - r0 < KILN_FP8_GEMV_MAX_ROWS ? rows - r0 : KILN_FP8_GEMV_MAX_ROWS);
         const uint8_t *xr = xq + r0 * k;
         void *yr = (char *)y + (size_t)(r0 * n) * es;
-        cudaError_t e = fp8_gemv<XT, false>(xr, sx + r0, w, sw, yr, m, n, k, s);
+        cudaError_t e = fp8_gemv<XT, false>(xr, sx + r0, w, sw, yr, m, n, k, 0.0f, s);
         if (e != cudaSuccess)
             return e;
     }
@@ -522,14 +530,14 @@ int fp8_run_q8(const uint8_t *xq, const float *sx, const uint8_t *w, const float
 }
 
 template <int XT>
-int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t rows, int32_t n, int32_t k, char *ws,
-            cudaStream_t s)
+int fp8_run(const void *x, const uint8_t *w, const float *sw, void *y, int64_t rows, int32_t n, int32_t k, float amax,
+            char *ws, cudaStream_t s)
 {
     if (rows <= KILN_FP8_GEMV_MAX_ROWS && (uintptr_t)x % 16 == 0 && fp8_use_fused())
-        return (int)fp8_gemv<XT, true>(x, NULL, w, sw, y, (int32_t)rows, n, k, s);
+        return (int)fp8_gemv<XT, true>(x, NULL, w, sw, y, (int32_t)rows, n, k, amax, s);
     uint8_t *xq = (uint8_t *)ws;
     float *sx = (float *)(ws + kiln_fp8_workspace_scales(rows, k));
-    cudaError_t e = fp8_quantize<XT>(x, xq, sx, rows, k, s);
+    cudaError_t e = fp8_quantize<XT>(x, xq, sx, rows, k, amax, s);
     return e != cudaSuccess ? (int)e : fp8_run_q8<XT>(xq, sx, w, sw, y, rows, n, k, ws, s);
 }
 
@@ -557,8 +565,8 @@ static int fp8_entry(int64_t rows, int32_t n, int32_t k, const void *workspace, 
 }
 
 extern "C" int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_scale, void *y, int32_t dtype,
-                                    int64_t rows, int32_t n, int32_t k, void *workspace, size_t workspace_size,
-                                    void *stream)
+                                    int64_t rows, int32_t n, int32_t k, float amax, void *workspace,
+                                    size_t workspace_size, void *stream)
 {
     cudaStream_t s = (cudaStream_t)stream;
     const int e = fp8_entry(rows, n, k, workspace, workspace_size, (uintptr_t)w);
@@ -568,9 +576,9 @@ extern "C" int kiln_fp8_matmul_cuda(const void *x, const void *w, const void *w_
     const float *sw = (const float *)w_scale;
     char *ws = (char *)workspace;
     switch (dtype) {
-    case KILN_DTYPE_F16: return fp8_run<KILN_DTYPE_F16>(x, wb, sw, y, rows, n, k, ws, s);
-    case KILN_DTYPE_BF16: return fp8_run<KILN_DTYPE_BF16>(x, wb, sw, y, rows, n, k, ws, s);
-    default: return fp8_run<KILN_DTYPE_F32>(x, wb, sw, y, rows, n, k, ws, s);
+    case KILN_DTYPE_F16: return fp8_run<KILN_DTYPE_F16>(x, wb, sw, y, rows, n, k, amax, ws, s);
+    case KILN_DTYPE_BF16: return fp8_run<KILN_DTYPE_BF16>(x, wb, sw, y, rows, n, k, amax, ws, s);
+    default: return fp8_run<KILN_DTYPE_F32>(x, wb, sw, y, rows, n, k, amax, ws, s);
     }
 }
 
@@ -612,15 +620,15 @@ extern "C" int kiln_fp8_matmul_q8_add_cuda(const void *xq, const void *x_scale, 
 }
 
 extern "C" int kiln_fp8_quantize_cuda(const void *x, int32_t dtype, uint8_t *q, float *scale, int64_t rows, int32_t k,
-                                      void *stream)
+                                      float amax, void *stream)
 {
     if (rows <= 0)
         return 0;
     cudaStream_t s = (cudaStream_t)stream;
     switch (dtype) {
-    case KILN_DTYPE_F16: return (int)fp8_quantize<KILN_DTYPE_F16>(x, q, scale, rows, k, s);
-    case KILN_DTYPE_BF16: return (int)fp8_quantize<KILN_DTYPE_BF16>(x, q, scale, rows, k, s);
-    default: return (int)fp8_quantize<KILN_DTYPE_F32>(x, q, scale, rows, k, s);
+    case KILN_DTYPE_F16: return (int)fp8_quantize<KILN_DTYPE_F16>(x, q, scale, rows, k, amax, s);
+    case KILN_DTYPE_BF16: return (int)fp8_quantize<KILN_DTYPE_BF16>(x, q, scale, rows, k, amax, s);
+    default: return (int)fp8_quantize<KILN_DTYPE_F32>(x, q, scale, rows, k, amax, s);
     }
 }
 

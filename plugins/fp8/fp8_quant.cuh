@@ -19,19 +19,25 @@
 /* The row's scale from each thread's max |x| (a block of 256 threads, one
  * row a block at a time): the block's max a, *sx = a / 448 (thread 0), and
  * 448 / a returned (0 for a row of zeros); fp8.c's f32 operations. Ends
- * with a barrier, so a block may take its next row at once. */
-static __device__ __forceinline__ float fp8_row_scale(float a, float *sx)
+ * with a barrier, so a block may take its next row at once. A static
+ * amax > 0 (the plugins' field x_amax: the same for every thread) stands
+ * for the block's max, with no reduction. */
+static __device__ __forceinline__ float fp8_row_scale(float a, float amax, float *sx)
 {
-    __shared__ float red[8];
-    for (int o = 16; o > 0; o >>= 1)
-        a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-    if ((threadIdx.x & 31) == 0)
-        red[threadIdx.x >> 5] = a;
-    __syncthreads();
-    a = red[0];
-    for (int i = 1; i < 8; i++)
-        a = fmaxf(a, red[i]);
-    __syncthreads(); /* red is rewritten by the next row */
+    if (amax > 0.0f) {
+        a = amax;
+    } else {
+        __shared__ float red[8];
+        for (int o = 16; o > 0; o >>= 1)
+            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+        if ((threadIdx.x & 31) == 0)
+            red[threadIdx.x >> 5] = a;
+        __syncthreads();
+        a = red[0];
+        for (int i = 1; i < 8; i++)
+            a = fmaxf(a, red[i]);
+        __syncthreads(); /* red is rewritten by the next row */
+    }
     if (threadIdx.x == 0)
         *sx = __fdiv_rn(a, KILN_E4M3_MAX);
     return a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;

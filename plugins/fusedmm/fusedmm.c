@@ -414,7 +414,7 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
             job.lut[c] = kiln_e4m3_to_f32((uint8_t)c);
         for (int64_t r = 0; r < rows; r++) {
             float *xr = xf + r * p->k;
-            sx[r] = kiln_fp8_quantize_row(xr, p->k, q + r * p->k);
+            sx[r] = kiln_fp8_quantize_row(xr, p->k, 0.0f, q + r * p->k);
             for (int64_t i = 0; i < p->k; i++)
                 xr[i] = job.lut[q[r * p->k + i]];
         }

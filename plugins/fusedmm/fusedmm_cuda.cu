@@ -841,7 +841,7 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     if (a->norm_weight) {
         void *xn = ws;
         int e = kiln_rmsnorm_cuda(a->x, NULL, a->norm_weight, NULL, xn, a->x_dtype, DT, DT, DT, a->rows, a->k,
-                                  a->epsilon, NULL, NULL, s);
+                                  a->epsilon, NULL, NULL, 0.0f, s);
         if (e)
             return e;
         src = xn;

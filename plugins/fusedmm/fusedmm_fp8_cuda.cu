@@ -361,8 +361,8 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     float *sx = (float *)(ws + kiln_fusedmm_fp8_workspace_scales(a->rows, a->n, a->k, es));
     void *fws = ws + kiln_fusedmm_fp8_workspace_matmul(a->rows, a->n, a->k, es);
     int e = a->norm_weight ? kiln_rmsnorm_cuda(a->x, NULL, a->norm_weight, NULL, ws, a->x_dtype, DT, DT, DT, a->rows,
-                                               a->k, a->epsilon, q, sx, s)
-                           : kiln_fp8_quantize_cuda(a->x, a->x_dtype, q, sx, a->rows, a->k, s);
+                                               a->k, a->epsilon, q, sx, 0.0f, s)
+                           : kiln_fp8_quantize_cuda(a->x, a->x_dtype, q, sx, a->rows, a->k, 0.0f, s);
     if (e)
         return e;
     /* the residual add in the GEMM's epilogue (beta = 1; the product not

@@ -11,15 +11,18 @@
  *          with a bf16 y is rounded once, at the store.
  * Fields:  epsilon (f32, required); output_dtype (string: input, f32,
  *          f16 or bf16; default input, x's dtype); quantize (string:
- *          none or fp8; default none).
+ *          none or fp8; default none); x_amax (f32, default 0).
  * With quantize = fp8, y (its values rounded to output_dtype as above) is
  * not stored: its rows leave as kiln/Fp8MatMul's pre-quantized x, two
  * outputs in its place, the E4M3 codes (u8, y's shape) and a scale a row
  * (f32, y's shape with a last dim of 1), quantized as Fp8MatMul quantizes
  * an x (kiln_fp8_quantize_row). The FP8 engine's norms feed its matmuls
- * so, and its quantization costs no pass over y of its own.
- * Blob v3: epsilon as f32, then y's dtype as i32 (-1: x's), then quantize
- *          as i32 (0 none, 1 fp8). v2 lacks quantize (none); v1 (epsilon
+ * so, and its quantization costs no pass over y of its own. x_amax > 0
+ * is a static scale (from a calibration text): every row is quantized as
+ * if its max |y| were x_amax, values beyond it saturating.
+ * Blob v4: epsilon as f32, then y's dtype as i32 (-1: x's), then quantize
+ *          as i32 (0 none, 1 fp8), then x_amax as f32. v3 lacks x_amax
+ *          (dynamic); v2 also quantize (none); v1 (epsilon
  *          alone, engines built before output_dtype) reads as y in x's
  *          dtype.
  *
@@ -47,7 +50,7 @@
 
 #define NAME "RMSNorm"
 #define ADD_NAME "AddRMSNorm"
-#define BLOB_VERSION 3u
+#define BLOB_VERSION 4u
 
 static const kiln_host_api *host;
 
@@ -57,13 +60,15 @@ typedef struct rmsnorm {
         float epsilon;
         int32_t output_dtype; /* kiln_dtype of y; -1: x's */
         int32_t quantize;     /* 1: y as E4M3 codes and row scales */
+        float x_amax;         /* quantize: a static max |y| (0: each row's own) */
     } p;
     int32_t add; /* AddRMSNorm: inputs x, residual, weight; outputs sum, y */
 } rmsnorm;
 
 static const kiln_plugin_ops rmsnorm_ops;
 
-static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t quantize, int32_t add, kiln_plugin **out)
+static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t quantize, float x_amax, int32_t add,
+                               kiln_plugin **out)
 {
     if (!(epsilon > 0.0f) || !isfinite(epsilon))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: field \"epsilon\" must be a positive number, got %g",
@@ -74,6 +79,10 @@ static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t quan
     if (quantize != 0 && quantize != 1)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: quantize %d is not 0 (none) or 1 (fp8)",
                           add ? ADD_NAME : NAME, quantize);
+    if (!(x_amax >= 0.0f) || !isfinite(x_amax) || (x_amax > 0.0f && !quantize))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          "%s: field \"x_amax\" must be a finite number >= 0, and 0 without quantize = fp8 (got %g)",
+                          add ? ADD_NAME : NAME, (double)x_amax);
     rmsnorm *r = calloc(1, sizeof *r);
     if (!r)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -83,6 +92,7 @@ static kiln_status rmsnorm_new(float epsilon, int32_t output_dtype, int32_t quan
     r->p.epsilon = epsilon;
     r->p.output_dtype = output_dtype;
     r->p.quantize = quantize;
+    r->p.x_amax = x_amax;
     r->add = add;
     *out = &r->base;
     return KILN_OK;
@@ -204,7 +214,7 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
             for (int64_t i = 0; i < j->h; i++)
                 y[i] = x[i] * inv * w[i];
             if (yrow)
-                j->y_scale[row] = kiln_fp8_quantize_row(yrow, j->h, (uint8_t *)j->y + base);
+                j->y_scale[row] = kiln_fp8_quantize_row(yrow, j->h, j->r->p.x_amax, (uint8_t *)j->y + base);
             continue;
         }
         for (int64_t i0 = 0; i0 < j->h; i0 += 64) {
@@ -229,7 +239,7 @@ static void rmsnorm_rows(void *arg, int64_t begin, int64_t end)
                 plugin_store(host, j->y, yt, base + i, n * plugin_load(host, j->w, wt, i));
         }
         if (yrow)
-            j->y_scale[row] = kiln_fp8_quantize_row(yrow, j->h, (uint8_t *)j->y + base);
+            j->y_scale[row] = kiln_fp8_quantize_row(yrow, j->h, j->r->p.x_amax, (uint8_t *)j->y + base);
     }
     free(yrow);
 }
@@ -260,7 +270,7 @@ static kiln_status rmsnorm_enqueue(kiln_plugin *self, kiln_backend backend, cons
          * kernel cannot quantize it in registers */
         int e = kiln_rmsnorm_cuda(in[0], add ? in[1] : NULL, in[1 + add], add ? out[0] : NULL, q ? workspace : out[add],
                                   x->dtype, in_desc[add].dtype, yt, w->dtype, rows, h, r->p.epsilon,
-                                  q ? out[add] : NULL, q ? out[add + 1] : NULL, stream);
+                                  q ? out[add] : NULL, q ? out[add + 1] : NULL, r->p.x_amax, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, "%s: kernel launch failed (cuda error %d)", add ? ADD_NAME : NAME, e)
                  : KILN_OK;
     }
@@ -332,7 +342,8 @@ static kiln_status rmsnorm_create(const kiln_plugin_creator *c, const kiln_field
     if (q < 0)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, "%s: field \"quantize\" is \"%s\"; expected none or fp8",
                           c->name, qw);
-    return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), dtype, q, c->user_data != NULL, out);
+    const float amax = plugin_field_f32(f, n, "x_amax", 0.0f);
+    return rmsnorm_new(plugin_field_f32(f, n, "epsilon", 0.0f), dtype, q, amax, c->user_data != NULL, out);
 }
 
 static kiln_status rmsnorm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
@@ -340,22 +351,28 @@ static kiln_status rmsnorm_deserialize(const kiln_plugin_creator *c, uint32_t ve
 {
     /* v1 holds epsilon alone: y in x's dtype; v2 adds y's dtype */
     static const size_t sizes[BLOB_VERSION] = {sizeof(float), sizeof(float) + sizeof(int32_t),
-                                               sizeof(float) + 2 * sizeof(int32_t)};
+                                               sizeof(float) + 2 * sizeof(int32_t),
+                                               2 * sizeof(float) + 2 * sizeof(int32_t)};
     struct {
         float epsilon;
         int32_t output_dtype, quantize;
-    } p = {0.0f, -1, 0};
+        float x_amax;
+    } p = {0.0f, -1, 0, 0.0f};
     kiln_status s = plugin_pod_read_blob(host, c->name, BLOB_VERSION, sizes, version, blob, size, &p);
     if (s != KILN_OK)
         return s;
-    return rmsnorm_new(p.epsilon, p.output_dtype, p.quantize, c->user_data != NULL, out);
+    return rmsnorm_new(p.epsilon, p.output_dtype, p.quantize, p.x_amax, c->user_data != NULL, out);
 }
+
+static const float zero_f32 = 0.0f;
 
 static const kiln_field_spec rmsnorm_fields[] = {
     PLUGIN_FIELD_REQUIRED("epsilon", KILN_FIELD_F32, "added to the mean square before the square root"),
     PLUGIN_FIELD_OPTIONAL("output_dtype", KILN_FIELD_STRING, "input", "dtype of y: input (x's), f32, f16 or bf16"),
     PLUGIN_FIELD_OPTIONAL("quantize", KILN_FIELD_STRING, "none",
                           "none, or fp8: y as E4M3 codes and a scale a row (kiln/Fp8MatMul's x)"),
+    PLUGIN_FIELD_OPTIONAL("x_amax", KILN_FIELD_F32, &zero_f32,
+                          "quantize: a static max |y| for every row (from calibration; 0: each row's own)"),
 };
 
 static const kiln_plugin_creator rmsnorm_creator = {

@@ -93,7 +93,7 @@ template <int T, int E> __device__ __forceinline__ void rms_store(void *p, int64
 template <int XT, int YT, bool Q8>
 __global__ void __launch_bounds__(RMS_THREADS)
     rmsnorm_vec_kernel(const void *x, const void *res, const void *w, void *sum, void *y, int wt, int wvec,
-                       int64_t rows, int64_t h, float eps, uint8_t *q, float *q_scale)
+                       int64_t rows, int64_t h, float eps, uint8_t *q, float *q_scale, float amax)
 {
     KTL_SCOPE(0);
     /* values per vector: one 16-byte vector of y (and of the residual) */
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(RMS_THREADS)
                     }
                 }
             }
-            const float qi = fp8_row_scale(a, q_scale + row);
+            const float qi = fp8_row_scale(a, amax, q_scale + row);
 #pragma unroll
             for (int j = 0; j < RMS_MAX_VEC; j++) {
                 const int64_t k = threadIdx.x + (int64_t)j * RMS_THREADS;
@@ -196,7 +196,8 @@ __global__ void __launch_bounds__(RMS_THREADS)
 
 extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void *weight, void *sum, void *y,
                                  int32_t x_dtype, int32_t residual_dtype, int32_t y_dtype, int32_t weight_dtype,
-                                 int64_t rows, int64_t h, float epsilon, uint8_t *q, float *q_scale, void *stream)
+                                 int64_t rows, int64_t h, float epsilon, uint8_t *q, float *q_scale, float amax,
+                                 void *stream)
 {
     if (rows <= 0)
         return 0;
@@ -214,10 +215,10 @@ extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void
     if (x_dtype == XT && y_dtype == YT) \
         return q ? (int)kcu_launch_cfg(rmsnorm_vec_kernel<XT, YT, true>, dim3(blocks), dim3(RMS_THREADS), st, x, \
                                        residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon, q, \
-                                       q_scale) \
+                                       q_scale, amax) \
                  : (int)kcu_launch_cfg(rmsnorm_vec_kernel<XT, YT, false>, dim3(blocks), dim3(RMS_THREADS), st, x, \
                                        residual, weight, sum, y, (int)weight_dtype, wvec, rows, h, epsilon, \
-                                       (uint8_t *)NULL, (float *)NULL);
+                                       (uint8_t *)NULL, (float *)NULL, 0.0f);
         RMS_VEC(KILN_DTYPE_BF16, KILN_DTYPE_BF16)
         RMS_VEC(KILN_DTYPE_F16, KILN_DTYPE_F16)
         RMS_VEC(KILN_DTYPE_F32, KILN_DTYPE_F32)
@@ -232,5 +233,5 @@ extern "C" int kiln_rmsnorm_cuda(const void *x, const void *residual, const void
     if (err || !q)
         return err;
     return h > INT32_MAX ? (int)cudaErrorInvalidValue
-                         : kiln_fp8_quantize_cuda(y, y_dtype, q, q_scale, rows, (int32_t)h, stream);
+                         : kiln_fp8_quantize_cuda(y, y_dtype, q, q_scale, rows, (int32_t)h, amax, stream);
 }

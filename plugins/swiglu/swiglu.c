@@ -13,9 +13,12 @@
  *          E4M3 codes (u8, y's shape) and a scale a row (f32, y's shape
  *          with a last dim of 1), as Fp8MatMul quantizes an x
  *          (kiln_fp8_quantize_row): the FP8 engine's down projection reads
- *          them, and the quantization costs no pass over y of its own.
- * Blob v3: packed, then quantize (0 none, 1 fp8), as i32; v2 (packed
- *          alone) reads as quantize none, v1 (empty) as packed = 0 too.
+ *          them, and the quantization costs no pass over y of its own;
+ *          x_amax (f32, default 0): with quantize, a static max |y| for
+ *          every row (from a calibration text; values beyond saturate).
+ * Blob v4: packed, then quantize (0 none, 1 fp8), as i32, then x_amax as
+ *          f32; v3 lacks x_amax (dynamic), v2 (packed alone) reads as
+ *          quantize none, v1 (empty) as packed = 0 too.
  *
  * The CUDA kernel (swiglu_cuda.cu) follows the same arithmetic.
  */
@@ -28,7 +31,7 @@
 #include "plugin_util.h"
 
 #define NAME "SwiGLU"
-#define BLOB_VERSION 3u
+#define BLOB_VERSION 4u
 
 static const kiln_host_api *host;
 
@@ -36,20 +39,26 @@ typedef struct swiglu {
     kiln_plugin base;
     struct {
         int32_t packed, quantize;
+        float x_amax; /* quantize: a static max |y| (0: each row's own) */
     } p;
 } swiglu;
 
 /* Blob bytes of each schema version (v1 is empty). */
-static const size_t blob_sizes[BLOB_VERSION] = {0, sizeof(int32_t), 2 * sizeof(int32_t)};
+static const size_t blob_sizes[BLOB_VERSION] = {0, sizeof(int32_t), 2 * sizeof(int32_t),
+                                                2 * sizeof(int32_t) + sizeof(float)};
 
 static const kiln_plugin_ops swiglu_ops;
 
-static kiln_status swiglu_new(int32_t packed, int32_t quantize, kiln_plugin **out)
+static kiln_status swiglu_new(int32_t packed, int32_t quantize, float x_amax, kiln_plugin **out)
 {
     if (packed != 0 && packed != 1)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"packed\" is %d; expected 0 or 1", packed);
     if (quantize != 0 && quantize != 1)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": quantize %d is not 0 (none) or 1 (fp8)", quantize);
+    if (!(x_amax >= 0.0f) || !isfinite(x_amax) || (x_amax > 0.0f && !quantize))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": field \"x_amax\" must be a finite number >= 0, and 0 without quantize = fp8 (got %g)",
+                          (double)x_amax);
     swiglu *p = calloc(1, sizeof *p);
     if (!p)
         return host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory");
@@ -58,6 +67,7 @@ static kiln_status swiglu_new(int32_t packed, int32_t quantize, kiln_plugin **ou
     p->base.ops = &swiglu_ops;
     p->p.packed = packed;
     p->p.quantize = quantize;
+    p->p.x_amax = x_amax;
     *out = &p->base;
     return KILN_OK;
 }
@@ -135,6 +145,7 @@ typedef struct swiglu_job {
     const void *gate, *up;
     void *y;        /* with quantize: E4M3 codes */
     float *y_scale; /* quantize: a scale a row */
+    float x_amax;   /* quantize: the static max |y|, or 0 */
     int64_t width, ld;
     int failed; /* quantize: no memory for a row's values */
 } swiglu_job;
@@ -159,7 +170,7 @@ static void swiglu_rows(void *arg, int64_t begin, int64_t end)
                 plugin_store(host, j->y, j->t, r * j->width + c, y);
         }
         if (yrow)
-            j->y_scale[r] = kiln_fp8_quantize_row(yrow, j->width, (uint8_t *)j->y + r * j->width);
+            j->y_scale[r] = kiln_fp8_quantize_row(yrow, j->width, j->x_amax, (uint8_t *)j->y + r * j->width);
     }
     free(yrow);
 }
@@ -210,6 +221,7 @@ static kiln_status swiglu_enqueue(kiln_plugin *self, kiln_backend backend, const
         rows = width ? n / width : 0, up = in[1];
     }
     const int32_t q = ((const swiglu *)self)->p.quantize;
+    const float amax = ((const swiglu *)self)->p.x_amax;
     if (q && rows > 0 && width > 0 && !workspace)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": no workspace for y before its quantization");
 #ifdef KILN_HAVE_CUDA
@@ -217,11 +229,11 @@ static kiln_status swiglu_enqueue(kiln_plugin *self, kiln_backend backend, const
         /* with quantize, y itself goes to the workspace only where the
          * kernel cannot quantize it in registers */
         int e = kiln_swiglu_cuda(gate, up, q ? workspace : out[0], (int32_t)in_desc[0].dtype, rows, width, ld,
-                                 q ? out[0] : NULL, q ? out[1] : NULL, stream);
+                                 q ? out[0] : NULL, q ? out[1] : NULL, amax, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": kernel launch failed (cuda error %d)", e) : KILN_OK;
     }
 #endif
-    swiglu_job job = {in_desc[0].dtype, gate, up, out[0], q ? out[1] : NULL, width, ld, 0};
+    swiglu_job job = {in_desc[0].dtype, gate, up, out[0], q ? out[1] : NULL, amax, width, ld, 0};
     if (q) {
         host->parallel_for(stream, rows, swiglu_rows, &job);
         return job.failed ? host->fail(KILN_ERROR_OUT_OF_MEMORY, NAME ": out of memory") : KILN_OK;
@@ -280,7 +292,7 @@ static kiln_status swiglu_create(const kiln_plugin_creator *c, const kiln_field 
     const int32_t q = plugin_quantize_named(qw);
     if (q < 0)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"quantize\" is \"%s\"; expected none or fp8", qw);
-    return swiglu_new(plugin_field_i32(f, n, "packed", 0), q, out);
+    return swiglu_new(plugin_field_i32(f, n, "packed", 0), q, plugin_field_f32(f, n, "x_amax", 0.0f), out);
 }
 
 static kiln_status swiglu_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
@@ -288,17 +300,21 @@ static kiln_status swiglu_deserialize(const kiln_plugin_creator *c, uint32_t ver
 {
     struct {
         int32_t packed, quantize;
-    } p = {0, 0};
+        float x_amax;
+    } p = {0, 0, 0.0f};
     kiln_status s = plugin_pod_read_blob(host, NAME, BLOB_VERSION, blob_sizes, version, blob, size, &p);
-    return s != KILN_OK ? s : swiglu_new(p.packed, p.quantize, out);
+    return s != KILN_OK ? s : swiglu_new(p.packed, p.quantize, p.x_amax, out);
 }
 
 static const int32_t zero_i32 = 0;
+static const float zero_f32 = 0.0f;
 
 static const kiln_field_spec swiglu_fields[] = {
     PLUGIN_FIELD_OPTIONAL("packed", KILN_FIELD_I32, &zero_i32, "1: one input [..., 2*I], gate then up in each row"),
     PLUGIN_FIELD_OPTIONAL("quantize", KILN_FIELD_STRING, "none",
                           "none, or fp8: y as E4M3 codes and a scale a row (kiln/Fp8MatMul's x)"),
+    PLUGIN_FIELD_OPTIONAL("x_amax", KILN_FIELD_F32, &zero_f32,
+                          "quantize: a static max |y| for every row (from calibration; 0: each row's own)"),
 };
 
 static const kiln_plugin_creator swiglu_creator = {

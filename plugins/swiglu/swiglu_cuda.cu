@@ -65,11 +65,12 @@ __global__ void __launch_bounds__(SWIGLU_THREADS)
  * 14,336 SwiGLUs (an exp and a division each) on one SM: on the H200 the
  * 8B FP8 decode was 1.7% slower than with the unquantized kernel's 7
  * blocks (352.8 against 359.0 tok/s). wv: vectors a row of y (at most
- * V * 8 * SWIGLU_THREADS); ldv as above. */
+ * V * 8 * SWIGLU_THREADS); ldv as above. A static amax > 0 (the field
+ * x_amax) is every row's max |y|: no reduction and no cluster barrier. */
 template <int DT, int V>
 __global__ void __launch_bounds__(SWIGLU_THREADS)
     swiglu_q8_kernel(const uint4 *gate, const uint4 *up, uint8_t *q, float *q_scale, int64_t rows, int32_t wv,
-                     int64_t ldv)
+                     int64_t ldv, float amax)
 {
     KTL_SCOPE(0);
     kcu_after_prior(gate, up, rows, wv);
@@ -96,22 +97,26 @@ __global__ void __launch_bounds__(SWIGLU_THREADS)
                 }
             }
         }
-        for (int o = 16; o > 0; o >>= 1)
-            a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
-        if ((threadIdx.x & 31) == 0)
-            red[threadIdx.x >> 5] = a;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            float m = red[0];
-            for (int i = 1; i < SWIGLU_THREADS / 32; i++)
-                m = fmaxf(m, red[i]);
-            block_max = m;
+        if (amax > 0.0f) { /* the same in every block of the grid */
+            a = amax;
+        } else {
+            for (int o = 16; o > 0; o >>= 1)
+                a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, o));
+            if ((threadIdx.x & 31) == 0)
+                red[threadIdx.x >> 5] = a;
+            __syncthreads();
+            if (threadIdx.x == 0) {
+                float m = red[0];
+                for (int i = 1; i < SWIGLU_THREADS / 32; i++)
+                    m = fmaxf(m, red[i]);
+                block_max = m;
+            }
+            cl.sync(); /* every block's max written */
+            a = 0.0f;
+            for (int32_t b = 0; b < nb; b++)
+                a = fmaxf(a, *cl.map_shared_rank(&block_max, b));
+            cl.sync(); /* every block's max read: the next row may rewrite them */
         }
-        cl.sync(); /* every block's max written */
-        a = 0.0f;
-        for (int32_t b = 0; b < nb; b++)
-            a = fmaxf(a, *cl.map_shared_rank(&block_max, b));
-        cl.sync(); /* every block's max read: the next row may rewrite them */
         if (t0 == 0)
             q_scale[r] = __fdiv_rn(a, KILN_E4M3_MAX);
         const float qi = a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
@@ -152,7 +157,7 @@ static int32_t swiglu_q8_blocks(int32_t wv)
  * thread. */
 template <int DT>
 static cudaError_t swiglu_q8_launch(const uint4 *g, const uint4 *u, uint8_t *q, float *q_scale, int64_t rows,
-                                    int32_t wv, int64_t ldv, cudaStream_t st)
+                                    int32_t wv, int64_t ldv, float amax, cudaStream_t st)
 {
     const int32_t nb = swiglu_q8_blocks(wv);
     const int32_t per = (wv + nb * SWIGLU_THREADS - 1) / (nb * SWIGLU_THREADS);
@@ -172,10 +177,10 @@ static cudaError_t swiglu_q8_launch(const uint4 *g, const uint4 *u, uint8_t *q, 
     cfg.stream = st;
     cfg.attrs = attr;
     cfg.numAttrs = (unsigned)n;
-    return per <= 1   ? cudaLaunchKernelEx(&cfg, swiglu_q8_kernel<DT, 1>, g, u, q, q_scale, rows, wv, ldv)
-           : per <= 2 ? cudaLaunchKernelEx(&cfg, swiglu_q8_kernel<DT, 2>, g, u, q, q_scale, rows, wv, ldv)
-           : per <= 4 ? cudaLaunchKernelEx(&cfg, swiglu_q8_kernel<DT, 4>, g, u, q, q_scale, rows, wv, ldv)
-                      : cudaLaunchKernelEx(&cfg, swiglu_q8_kernel<DT, 8>, g, u, q, q_scale, rows, wv, ldv);
+    return per <= 1   ? cudaLaunchKernelEx(&cfg, swiglu_q8_kernel<DT, 1>, g, u, q, q_scale, rows, wv, ldv, amax)
+           : per <= 2 ? cudaLaunchKernelEx(&cfg, swiglu_q8_kernel<DT, 2>, g, u, q, q_scale, rows, wv, ldv, amax)
+           : per <= 4 ? cudaLaunchKernelEx(&cfg, swiglu_q8_kernel<DT, 4>, g, u, q, q_scale, rows, wv, ldv, amax)
+                      : cudaLaunchKernelEx(&cfg, swiglu_q8_kernel<DT, 8>, g, u, q, q_scale, rows, wv, ldv, amax);
 }
 
 /* SwiGLU into y, then (q non-NULL) y quantized into q and q_scale. */
@@ -183,7 +188,7 @@ static int swiglu_store(const void *gate, const void *up, void *y, int32_t dtype
                         int64_t ld, cudaStream_t st);
 
 extern "C" int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32_t dtype, int64_t rows, int64_t width,
-                                int64_t ld, uint8_t *q, float *q_scale, void *stream)
+                                int64_t ld, uint8_t *q, float *q_scale, float amax, void *stream)
 {
     if (rows * width <= 0)
         return 0;
@@ -196,17 +201,18 @@ extern "C" int kiln_swiglu_cuda(const void *gate, const void *up, void *y, int32
             const uint4 *g = (const uint4 *)gate, *u = (const uint4 *)up;
             switch (dtype) {
             case KILN_DTYPE_F32:
-                return (int)swiglu_q8_launch<KILN_DTYPE_F32>(g, u, q, q_scale, rows, (int32_t)wv, ld / per, st);
+                return (int)swiglu_q8_launch<KILN_DTYPE_F32>(g, u, q, q_scale, rows, (int32_t)wv, ld / per, amax, st);
             case KILN_DTYPE_F16:
-                return (int)swiglu_q8_launch<KILN_DTYPE_F16>(g, u, q, q_scale, rows, (int32_t)wv, ld / per, st);
-            default: return (int)swiglu_q8_launch<KILN_DTYPE_BF16>(g, u, q, q_scale, rows, (int32_t)wv, ld / per, st);
+                return (int)swiglu_q8_launch<KILN_DTYPE_F16>(g, u, q, q_scale, rows, (int32_t)wv, ld / per, amax, st);
+            default:
+                return (int)swiglu_q8_launch<KILN_DTYPE_BF16>(g, u, q, q_scale, rows, (int32_t)wv, ld / per, amax, st);
             }
         }
         /* elsewhere y is stored (in the caller's scratch) and then quantized */
         int e = swiglu_store(gate, up, y, dtype, rows, width, ld, st);
         if (e || width > INT32_MAX)
             return e ? e : (int)cudaErrorInvalidValue;
-        return kiln_fp8_quantize_cuda(y, dtype, q, q_scale, rows, (int32_t)width, stream);
+        return kiln_fp8_quantize_cuda(y, dtype, q, q_scale, rows, (int32_t)width, amax, stream);
     }
     return swiglu_store(gate, up, y, dtype, rows, width, ld, st);
 }

@@ -54,12 +54,17 @@ KILN_HD uint8_t kiln_f32_to_e4m3(float f)
 /* A row of activations quantized as kiln/Fp8MatMul quantizes its x (and
  * RMSNorm, AddRMSNorm and SwiGLU their y with quantize = fp8): a = max
  * |x|, q = e4m3(x · (448 / a)), all 0 when a = 0; returns the row's scale
- * a / 448. The CPU reference of every one of them. */
-static inline float kiln_fp8_quantize_row(const float *x, int64_t k, uint8_t *q)
+ * a / 448. The CPU reference of every one of them. With a static amax > 0
+ * (the field x_amax, from a calibration text: docs/llm.md) a is amax for
+ * every row instead, and values beyond ±amax saturate to ±448. */
+static inline float kiln_fp8_quantize_row(const float *x, int64_t k, float amax, uint8_t *q)
 {
-    float a = 0.0f;
-    for (int64_t i = 0; i < k; i++)
-        a = fabsf(x[i]) > a ? fabsf(x[i]) : a;
+    float a = amax;
+    if (!(amax > 0.0f)) {
+        a = 0.0f;
+        for (int64_t i = 0; i < k; i++)
+            a = fabsf(x[i]) > a ? fabsf(x[i]) : a;
+    }
     const float inv = a > 0.0f ? KILN_E4M3_MAX / a : 0.0f;
     for (int64_t i = 0; i < k; i++)
         q[i] = kiln_f32_to_e4m3(x[i] * inv);

@@ -60,7 +60,14 @@ kiln_status kiln_llm_build(const char *checkpoint, const kiln_llm_build_options 
     if (o.native < 0)
         o.native = is_gguf;
     kiln_registry *reg = NULL;
-    kiln_status s = kiln_registry_create(&reg);
+    kiln_status s = KILN_OK;
+    if (o.calibrate) {
+        int32_t n = 0;
+        s = kiln_llm_calibrate(ck, &o, output, &n);
+        ck->config.calibration_tokens = n;
+    }
+    if (s == KILN_OK)
+        s = kiln_registry_create(&reg);
     if (s == KILN_OK)
         s = kiln_llm_build_engine_file(ck, &o, reg, NULL, output);
     kiln_registry_destroy(reg);

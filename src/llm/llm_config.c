@@ -103,6 +103,8 @@ kiln_status kiln_llm_config_to_json(const kiln_llm_config *cfg, char **json, siz
     set(o, "dtype", json_string(dtype_name(cfg->dtype)), &ok);
     if (cfg->quantized[0])
         set(o, "quantized_weights", json_string(cfg->quantized), &ok);
+    if (cfg->calibration_tokens > 0)
+        set(o, "calibration_tokens", json_integer(cfg->calibration_tokens), &ok);
     set(o, "max_position_embeddings", json_integer(cfg->max_position_embeddings), &ok);
     set(o, "max_seq_len", json_integer(cfg->max_seq_len), &ok);
     set(o, "max_batch", json_integer(cfg->max_batch), &ok);
@@ -263,6 +265,9 @@ static kiln_status parse(json_t *o, kiln_llm_config *c)
             return kiln_fail(KILN_ERROR_FORMAT, "LLMC: quantized_weights \"%.40s\" is too long", s);
         strcpy(c->quantized, s);
     }
+    /* absent in engines without static activation scales */
+    if (json_object_get(o, "calibration_tokens"))
+        KILN_TRY(get_i32(o, "calibration_tokens", 1, INT32_MAX, &c->calibration_tokens));
     KILN_TRY(get_int(o, "max_position_embeddings", 0, INT64_MAX, &c->max_position_embeddings));
     KILN_TRY(get_i32(o, "max_seq_len", 1, big, &c->max_seq_len));
     KILN_TRY(get_i32(o, "max_batch", 1, big, &c->max_batch));

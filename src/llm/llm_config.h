@@ -81,6 +81,9 @@ typedef struct kiln_llm_config {
     /* ggml formats the matmul weights were kept in ("Q4_K,Q6_K", read by
      * kiln/QuantMatMul); empty when every weight is in dtype. */
     char quantized[64];
+    /* FP8 builds: tokens of the calibration text behind the activations'
+     * static scales (kiln_llm_build_options.calibrate); 0: per-token. */
+    int32_t calibration_tokens;
 } kiln_llm_config;
 
 /* Zeroes *cfg and sets the neutral defaults (bos -1, no eos, no template,

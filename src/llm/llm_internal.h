@@ -141,4 +141,11 @@ kiln_status kiln_llm_capture_graphs(kiln_llm *llm);
  * or its ids checked against the vocabulary. *ids malloc'd. */
 kiln_status kiln_llm_request_prompt(const kiln_llm *llm, const kiln_llm_request *req, int32_t **ids, size_t *n);
 
+/* ---- scoring (score.c) ------------------------------------------------------------------ */
+
+/* kiln_llm_score over a calibration engine (model.h, kiln_checkpoint.probe):
+ * amax[i] receives the largest value of its output "calib.<i>", i <
+ * n_probes, over the n tokens; the logits are not read. */
+kiln_status kiln_llm_score_probe(kiln_llm *llm, const int32_t *ids, size_t n, int32_t n_probes, float *amax);
+
 #endif

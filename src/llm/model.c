@@ -21,6 +21,7 @@ void kiln_llm_checkpoint_free(kiln_llm_checkpoint *ck)
     free(ck->chat_template);
     free(ck->bos_token);
     free(ck->eos_token);
+    free(ck->act_amax);
     free(ck);
 }
 
@@ -55,6 +56,7 @@ void kiln_llm_build_options_init(kiln_llm_build_options *opt)
     opt->max_batch = 8;
     opt->block_size = 16;
     opt->backend = KILN_BACKEND_CPU;
+    opt->calibrate_tokens = 2048;
 }
 
 kiln_status kiln_llm_config_validate(const kiln_llm_config *c)
@@ -111,6 +113,7 @@ typedef struct builder {
     int fp8_in;          /* FP8 layers take their x quantized by the norm or SwiGLU before them */
     int fuse_head;       /* the final norm and the output projection as one FusedMatMul */
     int fuse_fp8;        /* FP8 decoder layers as kiln/FusedMatMul with E4M3 weights (fused_layer) */
+    float x_amax;        /* the static max |x| of the next Fp8MatMul that quantizes its x (0: per token) */
 } builder;
 
 static void progress(builder *b, const char *what)
@@ -552,12 +555,21 @@ static kiln_status fp8_matmul(builder *b, const char *const *wname, const int64_
     if (st == KILN_OK)
         st = add_fp8_constants(b, cname, codes, scales, rows, in_dim, &in[1], &in[2]);
     int32_t nn = (int32_t)rows, k = (int32_t)in_dim;
-    kiln_field fields[3] = {field_i32("n", &nn),
-                            field_i32("k", &k),
-                            {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1,
-                             kiln_dtype_name(b->opt->dtype)}};
+    const float amax = b->x_amax;
+    kiln_field fields[3] = {field_i32("n", &nn), field_i32("k", &k)};
+    /* y's dtype for pre-quantized codes; else a static scale, if any */
+    int32_t nf = 2;
+    if (xs)
+        fields[nf++] = (kiln_field){sizeof(kiln_field),
+                                    KILN_PLUGIN_ABI_VERSION,
+                                    "output_dtype",
+                                    KILN_FIELD_STRING,
+                                    1,
+                                    kiln_dtype_name(b->opt->dtype)};
+    else if (amax > 0.0f)
+        fields[nf++] = field_f32("x_amax", &amax);
     if (st == KILN_OK)
-        st = plugin(b, lname, "Fp8MatMul", fields, xs ? 3 : 2, in, xs ? 4 : 3, y);
+        st = plugin(b, lname, "Fp8MatMul", fields, nf, in, xs ? 4 : 3, y);
     if (st == KILN_OK)
         *done = 1;
     free(codes);
@@ -807,9 +819,10 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
  * residual add before it is fused in (kiln/AddRMSNorm): *x becomes x +
  * residual and y its norm. x is the residual stream, f32 whatever the
  * engine dtype; y is in the engine dtype, or with ys non-NULL E4M3 codes
- * and their row scales *ys (quantize = fp8: the input of an FP8 layer). */
+ * and their row scales *ys (quantize = fp8: the input of an FP8 layer),
+ * with amax > 0 a static scale (calibration). */
 static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kiln_tensor *residual, kiln_tensor *y,
-                           kiln_tensor *ys)
+                           kiln_tensor *ys, float amax)
 {
     const kiln_llm_config *c = &b->ck->config;
     char wname[160];
@@ -817,11 +830,12 @@ static kiln_status rmsnorm(builder *b, const char *hf, kiln_tensor *x, const kil
     snprintf(wname, sizeof wname, "%s.weight", hf);
     KILN_TRY(add_weight(b, wname, 1, c->hidden_size, 0, &w));
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[3] = {field_f32("epsilon", &eps),
+    kiln_field f[4] = {field_f32("epsilon", &eps),
                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1,
                         kiln_dtype_name(b->opt->dtype)},
-                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "quantize", KILN_FIELD_STRING, 1, "fp8"}};
-    const int32_t nf = ys ? 3 : 2, q = ys != NULL;
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "quantize", KILN_FIELD_STRING, 1, "fp8"},
+                       field_f32("x_amax", &amax)};
+    const int32_t nf = ys ? 3 + (amax > 0.0f) : 2, q = ys != NULL;
     kiln_tensor out[3];
     if (!residual) {
         kiln_tensor in[2] = {*x, w};
@@ -1066,8 +1080,9 @@ static int layer_fuses_fp8(builder *b, const char *p)
     static const char *const mats[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                        "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
     const kiln_llm_config *c = &b->ck->config;
-    if (!b->fuse || !b->fuse_fp8 || b->opt->weights != KILN_LLM_WEIGHTS_FP8 || c->qkv_bias || c->hidden_size % 16 ||
-        c->intermediate_size % 16 || (int64_t)c->n_heads * c->head_dim % 16)
+    /* (static activation scales are the unfused FP8 layers' alone) */
+    if (!b->fuse || !b->fuse_fp8 || b->opt->weights != KILN_LLM_WEIGHTS_FP8 || b->ck->act_amax || c->qkv_bias ||
+        c->hidden_size % 16 || c->intermediate_size % 16 || (int64_t)c->n_heads * c->head_dim % 16)
         return 0;
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         char wname[160];
@@ -1097,6 +1112,30 @@ static int fp8_layer(builder *b, const char *p)
             return 0;
     }
     return 1;
+}
+
+/* In a calibration build (ck->probe) the max |x| of each row of x, the
+ * input of layer l's FP8 site `site` in an FP8 build, as the f32 output
+ * "calib.<l * KILN_LLM_CALIB_SITES + site>" [tokens, 1]; else nothing. */
+static kiln_status probe(builder *b, int32_t l, int site, kiln_tensor x)
+{
+    if (!b->ck->probe)
+        return KILN_OK;
+    kiln_dtype t;
+    int32_t rank;
+    KILN_TRY(kiln_network_tensor_info(b->net, x, &t, &rank));
+    const int id = (int)(l * KILN_LLM_CALIB_SITES + site);
+    char n[64];
+    snprintf(n, sizeof n, "calib.%d.abs", id);
+    KILN_TRY(kiln_network_add_unary(b->net, n, KILN_UNARY_ABS, x, &x));
+    snprintf(n, sizeof n, "calib.%d.max", id);
+    KILN_TRY(kiln_network_add_reduce(b->net, n, KILN_REDUCE_MAX, x, 1u << (rank - 1), 1, &x));
+    if (t != KILN_DTYPE_F32) {
+        snprintf(n, sizeof n, "calib.%d.f32", id);
+        KILN_TRY(kiln_network_add_cast(b->net, n, x, KILN_DTYPE_F32, &x));
+    }
+    snprintf(n, sizeof n, "calib.%d", id);
+    return kiln_network_mark_output(b->net, x, n);
 }
 
 /* One decoder layer. *x is the residual stream; *pending, when
@@ -1145,9 +1184,15 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     kiln_tensor h, hs, qkv, a;
     const int q8 = fp8_layer(b, p);
     const kiln_tensor *hq = q8 ? &hs : NULL; /* h's row scales: h is E4M3 codes */
+    /* the static maxima of the layer's FP8 inputs (calibration), or 0s */
+    float am[KILN_LLM_CALIB_SITES] = {0};
+    if (b->ck->act_amax && o->weights == KILN_LLM_WEIGHTS_FP8)
+        memcpy(am, b->ck->act_amax + (size_t)l * KILN_LLM_CALIB_SITES, sizeof am);
     snprintf(n, sizeof n, "%s.input_layernorm", p);
-    KILN_TRY(rmsnorm(b, n, x, *has_pending ? pending : NULL, &h, q8 ? &hs : NULL));
+    KILN_TRY(rmsnorm(b, n, x, *has_pending ? pending : NULL, &h, q8 ? &hs : NULL, am[KILN_LLM_CALIB_QKV]));
+    KILN_TRY(probe(b, l, KILN_LLM_CALIB_QKV, h));
     *has_pending = 1;
+    b->x_amax = am[KILN_LLM_CALIB_QKV]; /* for Fp8MatMuls that quantize h themselves */
     char qn[160], kn[160], vn[160], fused[160];
     snprintf(qn, sizeof qn, "%s.self_attn.q_proj", p);
     snprintf(kn, sizeof kn, "%s.self_attn.k_proj", p);
@@ -1179,12 +1224,16 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
         kiln_tensor ain[7] = {q, k, v, cache, in->block_table, in->seq_lens, in->query_start};
         KILN_TRY(plugin(b, n, "PagedAttention", f, 4, ain, 7, &a));
     }
+    KILN_TRY(probe(b, l, KILN_LLM_CALIB_O, a));
+    b->x_amax = am[KILN_LLM_CALIB_O];
     snprintf(n, sizeof n, "%s.self_attn.o_proj", p);
     KILN_TRY(linear(b, n, a, NULL, H, qd, 0, &a));
 
     kiln_tensor gu, m, ms;
     snprintf(n, sizeof n, "%s.post_attention_layernorm", p);
-    KILN_TRY(rmsnorm(b, n, x, &a, &h, q8 ? &hs : NULL));
+    KILN_TRY(rmsnorm(b, n, x, &a, &h, q8 ? &hs : NULL, am[KILN_LLM_CALIB_GATE_UP]));
+    KILN_TRY(probe(b, l, KILN_LLM_CALIB_GATE_UP, h));
+    b->x_amax = am[KILN_LLM_CALIB_GATE_UP];
     char gn[160], un[160];
     snprintf(gn, sizeof gn, "%s.mlp.gate_proj", p);
     snprintf(un, sizeof un, "%s.mlp.up_proj", p);
@@ -1194,21 +1243,28 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     KILN_TRY(fused_linear(b, mlp_parts, mlp_widths, 2, fused, h, hq, H, 0, &gu, &done));
     snprintf(n, sizeof n, "%s.mlp.swiglu", p);
     /* in an FP8 layer SwiGLU hands the down projection E4M3 codes */
-    kiln_field sf[2] = {field_i32("packed", &one),
-                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "quantize", KILN_FIELD_STRING, 1, "fp8"}};
+    const float down_amax = am[KILN_LLM_CALIB_DOWN];
+    kiln_field sf[3] = {field_i32("packed", &one),
+                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "quantize", KILN_FIELD_STRING, 1, "fp8"},
+                        field_f32("x_amax", &down_amax)};
+    const int32_t nq = q8 ? 1 + (down_amax > 0.0f) : 0; /* quantize and x_amax */
     kiln_tensor so[2];
     memset(so, 0, sizeof so);
     if (done) {
-        KILN_TRY(plugin_n(b, n, "SwiGLU", sf, 1 + q8, &gu, 1, so, 1 + q8));
+        KILN_TRY(plugin_n(b, n, "SwiGLU", sf, 1 + nq, &gu, 1, so, 1 + q8));
     } else {
         kiln_tensor sin[2];
         KILN_TRY(linear(b, gn, h, hq, c->intermediate_size, H, 0, &sin[0]));
         KILN_TRY(linear(b, un, h, hq, c->intermediate_size, H, 0, &sin[1]));
-        KILN_TRY(plugin_n(b, n, "SwiGLU", sf + 1, q8, sin, 2, so, 1 + q8));
+        KILN_TRY(plugin_n(b, n, "SwiGLU", sf + 1, nq, sin, 2, so, 1 + q8));
     }
     m = so[0], ms = so[1];
+    KILN_TRY(probe(b, l, KILN_LLM_CALIB_DOWN, m));
+    b->x_amax = down_amax;
     snprintf(n, sizeof n, "%s.mlp.down_proj", p);
-    return linear(b, n, m, q8 ? &ms : NULL, H, c->intermediate_size, 0, pending);
+    kiln_status st = linear(b, n, m, q8 ? &ms : NULL, H, c->intermediate_size, 0, pending);
+    b->x_amax = 0.0f;
+    return st;
 }
 
 /* A native CPU engine keeps the token embedding as the checkpoint stores
@@ -1337,7 +1393,7 @@ static kiln_status build(builder *b, int32_t max_blocks)
             fused_matmul(b, "lm_head", x, lm, NULL, vocab, c->hidden_size, "model.norm", "none", NULL, "f32", &logits));
         return kiln_network_mark_output(b->net, logits, "logits");
     }
-    KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h, NULL));
+    KILN_TRY(rmsnorm(b, "model.norm", &x, has_pending ? &pending : NULL, &h, NULL, 0.0f));
     KILN_TRY(kiln_network_add_gather(b->net, "last_tokens", h, in.last_token, 0, &h));
     /* Tied: the output projection reads the quantized embedding the gather
      * reads; or, when the gather reads f32 rows, a quantized copy of its
@@ -1463,6 +1519,9 @@ kiln_status kiln_llm_build_network(kiln_llm_checkpoint *ck, const kiln_llm_build
     const char *fuse_env = getenv("KILN_LLM_FUSE");
     b.fuse =
         fuse_env && (fuse_env[0] == '0' || fuse_env[0] == '1') ? fuse_env[0] == '1' : o.backend == KILN_BACKEND_CUDA;
+    /* a calibration build reads the unfused layers' intermediate tensors */
+    if (ck->probe)
+        b.fuse = 0;
     /* The residual stream is f32 (docs/llm.md); KILN_LLM_RESIDUAL=dtype
      * keeps it in the engine dtype, as HF transformers' bf16 models do,
      * for A/B runs (speed, and the logits of HF's own bf16 forward). */

@@ -51,7 +51,34 @@ typedef struct kiln_llm_checkpoint {
     char *chat_template;
     char *bos_token;
     char *eos_token;
+    /* Static activation scales of an FP8 build (calibration, calibrate.c):
+     * the max |x| of each FP8 matmul input, KILN_LLM_CALIB_SITES a layer
+     * in the order of kiln_llm_calib_site; NULL: per-token scales. Owned. */
+    float *act_amax;
+    /* A calibration build (calibrate.c): weights in the dtype, layers
+     * unfused, and each site's max |x| a row as the f32 output
+     * "calib.<layer * KILN_LLM_CALIB_SITES + site>" ([tokens, 1]). */
+    int probe;
 } kiln_llm_checkpoint;
+
+/* The inputs of a decoder layer's FP8 matmuls, whose activation scales a
+ * calibration fixes. */
+enum kiln_llm_calib_site {
+    KILN_LLM_CALIB_QKV = 0, /* the input norm's output */
+    KILN_LLM_CALIB_O,       /* the attention's output */
+    KILN_LLM_CALIB_GATE_UP, /* the post-attention norm's output */
+    KILN_LLM_CALIB_DOWN,    /* SwiGLU's output */
+    KILN_LLM_CALIB_SITES
+};
+
+/* Static activation maxima for an FP8 build of `ck` (o->weights FP8,
+ * o->calibrate a text file): a calibration engine (ck->probe) is built
+ * beside `output` (output + ".calib", removed after), the first
+ * o->calibrate_tokens tokens of the text are run through it teacher-forced,
+ * and ck->act_amax receives each site's max |x| over them.
+ * *n_tokens: the tokens used. */
+kiln_status kiln_llm_calibrate(kiln_llm_checkpoint *ck, const kiln_llm_build_options *o, const char *output,
+                               int32_t *n_tokens);
 
 /* Copies the chat template (len bytes) and the token texts (NUL-terminated;
  * each may be NULL: absent) into ck, replacing what it had. */

@@ -30,6 +30,10 @@ typedef struct score_state {
     int32_t *seq;  /* [chunk, SAMPLE_SEQ] */
     float *logits; /* [chunk, vocab] */
     void *zeros;   /* one layer's KV cache of zeros */
+    /* a calibration engine's outputs "calib.<i>", i < n_probes ([chunk]
+     * each, in probe), maxed into amax[i] (kiln_llm_score_probe) */
+    int32_t n_probes;
+    float *probe, *amax;
 } score_state;
 
 static void score_state_free(score_state *st)
@@ -43,6 +47,7 @@ static void score_state_free(score_state *st)
     free(st->seq);
     free(st->logits);
     free(st->zeros);
+    free(st->probe);
 }
 
 /* The step's inputs (4-byte elements): shapes first (a copy needs every
@@ -95,8 +100,9 @@ static kiln_status score_setup(kiln_llm *llm, size_t n, score_state *st)
     st->zeros = calloc(1, layer_bytes);
     st->params = calloc((size_t)chunk * (size_t)llm->n_params, sizeof *st->params);
     st->seq = calloc((size_t)chunk * SAMPLE_SEQ, sizeof *st->seq);
+    st->probe = st->n_probes ? malloc((size_t)chunk * sizeof *st->probe) : NULL;
     if (!st->tokens || !st->positions || !st->last || !st->block_table || !st->logits || !st->zeros || !st->params ||
-        !st->seq)
+        !st->seq || (st->n_probes && !st->probe))
         return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory scoring %zu tokens", n);
     for (int64_t r = 0; r < chunk; r++) {
         st->seq[r * SAMPLE_SEQ + 2] = -1;
@@ -153,10 +159,20 @@ static kiln_status score_step(kiln_llm *llm, score_state *st, const int32_t *ids
     KILN_TRY(kiln_context_enqueue(st->ctx, NULL));
     KILN_TRY(kiln_context_copy_output(st->ctx, "logits", st->logits,
                                       (size_t)c * (size_t)llm->cfg.vocab_size * sizeof *st->logits));
-    return kiln_context_synchronize(st->ctx);
+    KILN_TRY(kiln_context_synchronize(st->ctx));
+    for (int32_t i = 0; i < st->n_probes; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "calib.%d", (int)i);
+        KILN_TRY(kiln_context_copy_output(st->ctx, name, st->probe, (size_t)c * sizeof *st->probe));
+        KILN_TRY(kiln_context_synchronize(st->ctx));
+        for (int32_t j = 0; j < c; j++)
+            st->amax[i] = st->probe[j] > st->amax[i] ? st->probe[j] : st->amax[i];
+    }
+    return KILN_OK;
 }
 
-kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm_logits_fn on_logits, void *user)
+static kiln_status score_run(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm_logits_fn on_logits, void *user,
+                             int32_t n_probes, float *amax)
 {
     if (!llm || !ids || !on_logits || n == 0)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_llm_score: llm, ids (n >= 1) and on_logits are required");
@@ -172,6 +188,7 @@ kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm
                              (int)ids[i], (int)c->vocab_size);
     score_state st;
     memset(&st, 0, sizeof st);
+    st.n_probes = n_probes, st.amax = amax;
     kiln_status s = score_setup(llm, n, &st);
     for (size_t from = 0; s == KILN_OK && from < n; from += (size_t)st.chunk) {
         int32_t step = n - from < (size_t)st.chunk ? (int32_t)(n - from) : st.chunk;
@@ -181,6 +198,20 @@ kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm
     }
     score_state_free(&st);
     return s;
+}
+
+kiln_status kiln_llm_score(kiln_llm *llm, const int32_t *ids, size_t n, kiln_llm_logits_fn on_logits, void *user)
+{
+    return score_run(llm, ids, n, on_logits, user, 0, NULL);
+}
+
+static void ignore_logits(void *user, size_t position, const float *logits) {}
+
+kiln_status kiln_llm_score_probe(kiln_llm *llm, const int32_t *ids, size_t n, int32_t n_probes, float *amax)
+{
+    for (int32_t i = 0; i < n_probes; i++)
+        amax[i] = 0.0f;
+    return score_run(llm, ids, n, ignore_logits, NULL, n_probes, amax);
 }
 
 /* ---- the engine and its weights --------------------------------------------------------------------------- */

@@ -18,6 +18,8 @@
 #    of each Fp8MatMul quantizing its own x (KILN_LLM_FP8_INPUT=matmul),
 #    and so are those of the layers fused into FusedMatMul over E4M3
 #    weights (KILN_LLM_FUSE=1 KILN_LLM_FUSE_FP8=1);
+#  - kiln build --dtype fp8 --calibrate TEXT (static activation scales):
+#    layer 0's scale recomputed from the checkpoint, logits near f32's;
 #  - a checkpoint kiln cannot read as stored is refused with its reason.
 set -u
 source "$(dirname "$0")/common.bash"
@@ -103,6 +105,51 @@ expect_stdout "fused fp8 qkv layer" "self_attn.qkv_proj.norm_matmul_rope"
 expect_ok "fp8 perplexity, the layers fused" "$KILN" perplexity "$TMP/fp8fl.engine" "$TEXT" --window 128 \
   --compare "$TMP/fp8.engine" --json
 compare_json "fp8, the layers fused, against unfused" 1e-6 1.0 1e-6
+
+# static activation scales from a calibration text (--calibrate): the
+# summary says so; layer 0's qkv scale is the max |RMSNorm(embedding)|
+# over the text's first 256 tokens, recomputed here from the safetensors
+# file (in double, by Python) and compared with what the build logged; the
+# logits stay as close to f32 as the per-token engine's
+expect_ok "fp8 build, calibrated" "$KILN" build "$D/llama" -o "$TMP/fp8c.engine" --dtype fp8 --calibrate "$TEXT" \
+  --verbose
+expect_stdout "calibrated summary" "activation scales from 256 calibration tokens"
+cp "$ERR" "$TMP/calib.log"
+expect_ok "ids of the text" "$KILN" tokenize "$TMP/f32.engine" "$(cat "$TEXT")"
+echo "case: layer 0's qkv scale is max |RMSNorm(embedding)| over the calibration tokens"
+if python3 - "$D/llama" "$OUT" "$TMP/calib.log" <<'PY'; then PASSED=$((PASSED + 1)); else fail "calibrated qkv scale"; fi
+import json, math, re, struct, sys
+d, ids, log = sys.argv[1], json.load(open(sys.argv[2]))[:256], open(sys.argv[3]).read()
+cfg = json.load(open(d + "/config.json"))
+f = open(d + "/model.safetensors", "rb")
+n = struct.unpack("<Q", f.read(8))[0]
+head = json.loads(f.read(n))
+def tensor(name):
+    t = head[name]
+    assert t["dtype"] == "F32"
+    a, b = t["data_offsets"]
+    f.seek(8 + n + a)
+    return struct.unpack("<%df" % ((b - a) // 4), f.read(b - a))
+emb, w, h = tensor("model.embed_tokens.weight"), tensor("model.layers.0.input_layernorm.weight"), cfg["hidden_size"]
+want = 0.0
+for t in ids:
+    x = emb[t * h:(t + 1) * h]
+    inv = 1.0 / math.sqrt(sum(v * v for v in x) / h + cfg["rms_norm_eps"])
+    want = max(want, max(abs(v * inv * w[i]) for i, v in enumerate(x)))
+got = float(re.search(r"layer 0, static max \|x\| of qkv ([0-9.e+-]+)", log).group(1))
+print(f"  layer 0 qkv: kiln {got:.9g}, recomputed {want:.9g}")
+sys.exit(0 if abs(got - want) <= 1e-5 * want else 1)
+PY
+expect_ok "fp8 calibrated perplexity" "$KILN" perplexity "$TMP/fp8c.engine" "$TEXT" --window 128 \
+  --compare "$TMP/f32.engine" --json
+compare_json "fp8 calibrated against f32" 0.3 0.6
+expect_error 2 "--calibrate without fp8" "--calibrate|--dtype fp8" "$KILN" build "$D/llama" -o "$TMP/x.engine" \
+  --calibrate "$TEXT"
+expect_error 1 "missing calibration text" "calibration text|no-such.txt" "$KILN" build "$D/llama" -o "$TMP/x.engine" \
+  --dtype fp8 --calibrate "$TMP/no-such.txt"
+: >"$TMP/empty.txt"
+expect_error 1 "empty calibration text" "calibration text has" "$KILN" build "$D/llama" -o "$TMP/x.engine" \
+  --dtype fp8 --calibrate "$TMP/empty.txt"
 
 expect_error 2 "unknown --weights" "--weights|int3" "$KILN" build "$D/llama" -o "$TMP/x.engine" --weights int3
 expect_error 1 "int4 group not a multiple of 32" "group size 48" "$KILN" build "$D/llama" -o "$TMP/x.engine" \

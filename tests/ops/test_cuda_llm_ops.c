@@ -1006,12 +1006,14 @@ static void workspaces(size_t bytes, void **host, void **dev)
     }
 }
 
-/* RMSNorm / AddRMSNorm with quantize = fp8, x of xt, y's values in yt. */
-static void check_norm_q8(int add, kiln_dtype xt, kiln_dtype yt, int64_t rows, int64_t h)
+/* RMSNorm / AddRMSNorm with quantize = fp8, x of xt, y's values in yt;
+ * amax > 0: a static scale (field x_amax; y's values pass it, saturating). */
+static void check_norm_q8(int add, kiln_dtype xt, kiln_dtype yt, int64_t rows, int64_t h, float amax)
 {
     const float eps = 1e-5f;
-    kiln_field f[3] = {ff32("epsilon", &eps), fstr("output_dtype", dtype_name(yt)), fstr("quantize", "fp8")};
-    kiln_plugin *p = make(add ? "AddRMSNorm" : "RMSNorm", f, 3);
+    kiln_field f[4] = {ff32("epsilon", &eps), fstr("output_dtype", dtype_name(yt)), fstr("quantize", "fp8"),
+                       ff32("x_amax", &amax)};
+    kiln_plugin *p = make(add ? "AddRMSNorm" : "RMSNorm", f, amax > 0.0f ? 4 : 3);
     if (!p)
         return;
     buf in[3] = {buf_random(xt, rows, h, -30, 30), buf_random(yt, rows, h, -3, 3), buf_random(yt, h, 0, 0.5f, 1.5f)};
@@ -1025,8 +1027,8 @@ static void check_norm_q8(int add, kiln_dtype xt, kiln_dtype yt, int64_t rows, i
     void *wh, *wd;
     workspaces(p->ops->workspace_size(p, d, 2 + add, d + 2 + add, 2 + add), &wh, &wd);
     char what[112];
-    snprintf(what, sizeof what, "%s %s -> %s quantize fp8 rows %lld h %lld", add ? "AddRMSNorm" : "RMSNorm",
-             dtype_name(xt), dtype_name(yt), (long long)rows, (long long)h);
+    snprintf(what, sizeof what, "%s %s -> %s quantize fp8 rows %lld h %lld amax %g", add ? "AddRMSNorm" : "RMSNorm",
+             dtype_name(xt), dtype_name(yt), (long long)rows, (long long)h, (double)amax);
     run_both_ws(what, p, add ? in : nin, 2 + add, out + !add, 2 + add, wh, wd);
     free(wh);
     cudaFree(wd);
@@ -1037,12 +1039,12 @@ static void check_norm_q8(int add, kiln_dtype xt, kiln_dtype yt, int64_t rows, i
     p->ops->destroy(p);
 }
 
-/* SwiGLU with quantize = fp8, apart or packed. */
-static void check_swiglu_q8(int packed, kiln_dtype t, int64_t rows, int64_t width)
+/* SwiGLU with quantize = fp8, apart or packed; amax > 0 as check_norm_q8. */
+static void check_swiglu_q8(int packed, kiln_dtype t, int64_t rows, int64_t width, float amax)
 {
     const int32_t pk = packed;
-    kiln_field f[2] = {fi32("packed", &pk), fstr("quantize", "fp8")};
-    kiln_plugin *p = make("SwiGLU", f, 2);
+    kiln_field f[3] = {fi32("packed", &pk), fstr("quantize", "fp8"), ff32("x_amax", &amax)};
+    kiln_plugin *p = make("SwiGLU", f, amax > 0.0f ? 3 : 2);
     if (!p)
         return;
     buf in[2] = {buf_random(t, rows, packed ? 2 * width : width, -6, 6), buf_random(t, rows, width, -6, 6)};
@@ -1053,8 +1055,8 @@ static void check_swiglu_q8(int packed, kiln_dtype t, int64_t rows, int64_t widt
     void *wh, *wd;
     workspaces(p->ops->workspace_size(p, d, ni, d + ni, 2), &wh, &wd);
     char what[112];
-    snprintf(what, sizeof what, "SwiGLU%s %s quantize fp8 rows %lld width %lld", packed ? " packed" : "", dtype_name(t),
-             (long long)rows, (long long)width);
+    snprintf(what, sizeof what, "SwiGLU%s %s quantize fp8 rows %lld width %lld amax %g", packed ? " packed" : "",
+             dtype_name(t), (long long)rows, (long long)width, (double)amax);
     run_both_ws(what, p, in, ni, out, 2, wh, wd);
     free(wh);
     cudaFree(wd);
@@ -1062,6 +1064,36 @@ static void check_swiglu_q8(int packed, kiln_dtype t, int64_t rows, int64_t widt
         buf_free(&in[i]);
         buf_free(&out[i]);
     }
+    p->ops->destroy(p);
+}
+
+/* Fp8MatMul quantizing its x with a static scale (x_amax 1.5, x in
+ * [-2, 2]: some values saturate). */
+static void check_fp8_static(kiln_dtype t, int32_t n, int32_t k, int64_t rows)
+{
+    const float amax = 1.5f;
+    kiln_field f[3] = {fi32("n", &n), fi32("k", &k), ff32("x_amax", &amax)};
+    kiln_plugin *p = make("Fp8MatMul", f, 3);
+    if (!p)
+        return;
+    buf in[3];
+    random_fp8(n, k, &in[1], &in[2]);
+    in[0] = buf_random(t, rows, k, -2, 2);
+    buf y = buf_output(t, rows, n);
+    kiln_tensor_desc d[4] = {in[0].desc, in[1].desc, in[2].desc, y.desc};
+    void *wh, *wd;
+    workspaces(p->ops->workspace_size(p, d, 3, d + 3, 1), &wh, &wd);
+    char what[112];
+    snprintf(what, sizeof what, "Fp8MatMul x_amax %g %s T %lld n %d k %d", (double)amax, dtype_name(t), (long long)rows,
+             n, k);
+    tol_floor = 1e-3;
+    run_both_ws(what, p, in, 3, &y, 1, wh, wd);
+    tol_floor = 0;
+    free(wh);
+    cudaFree(wd);
+    for (int i = 0; i < 3; i++)
+        buf_free(&in[i]);
+    buf_free(&y);
     p->ops->destroy(p);
 }
 
@@ -1125,13 +1157,13 @@ static void test_fp8_input(void)
                 for (size_t hi = 0; hi < 4; hi++)
                     for (size_t ri = 0; ri < 2; ri++)
                         if (!g || (pi == 0 && hi == 2))
-                            check_norm_q8(add, pairs[pi][0], pairs[pi][1], token_counts[ri], hs[hi]);
+                            check_norm_q8(add, pairs[pi][0], pairs[pi][1], token_counts[ri], hs[hi], 0.0f);
         for (int packed = 0; packed < 2; packed++)
             for (size_t ti = 0; ti < 3; ti++)
                 for (size_t wi = 0; wi < 5; wi++)
                     for (size_t ri = 0; ri < 2; ri++)
                         if (!g || (packed && ti == 2 && wi == 2))
-                            check_swiglu_q8(packed, float_types[ti], token_counts[ri], ws_[wi]);
+                            check_swiglu_q8(packed, float_types[ti], token_counts[ri], ws_[wi], 0.0f);
         /* the row's blocks forced (KILN_SWIGLU_Q8_BLOCKS): a block a row
          * with up to 8 vectors a thread, and clusters the width alone
          * would not choose */
@@ -1141,8 +1173,17 @@ static void test_fp8_input(void)
             setenv("KILN_SWIGLU_Q8_BLOCKS", v, 1);
             for (size_t wi = 0; wi < 5; wi++)
                 for (size_t ri = 0; ri < 2; ri++)
-                    check_swiglu_q8(1, KILN_DTYPE_BF16, token_counts[ri], ws_[wi]);
+                    check_swiglu_q8(1, KILN_DTYPE_BF16, token_counts[ri], ws_[wi], 0.0f);
             unsetenv("KILN_SWIGLU_Q8_BLOCKS");
+        }
+        /* static scales (calibration): y's values pass them and saturate */
+        for (size_t ri = 0; ri < 2; ri++) {
+            check_norm_q8(1, KILN_DTYPE_F32, KILN_DTYPE_BF16, token_counts[ri], 4096, 1.5f);
+            check_norm_q8(0, KILN_DTYPE_F32, KILN_DTYPE_BF16, token_counts[ri], 7, 1.5f);
+            check_swiglu_q8(1, KILN_DTYPE_BF16, token_counts[ri], 14336, 10.0f);
+            check_swiglu_q8(1, KILN_DTYPE_BF16, token_counts[ri], 333, 10.0f);
+            for (int32_t k = 2048; k <= 14336 && !g; k *= 7)
+                check_fp8_static(KILN_DTYPE_BF16, 256, k, token_counts[ri]);
         }
         const int32_t shapes[][2] = {{256, 2048}, {33, 4096}, {1000, 14336}, {12, 28672}};
         const int64_t ts[] = {1, 2, 5, 8, 9, 64, 300};

@@ -1001,7 +1001,7 @@ static void quantize_fp8_rows(const void *w, kiln_dtype t, int32_t n, int32_t k,
     for (int32_t r = 0; r < n && row; r++) {
         for (int32_t i = 0; i < k; i++)
             row[i] = load(w, t, (int64_t)r * k + i);
-        scales[r] = kiln_fp8_quantize_row(row, k, codes + (size_t)r * (size_t)k);
+        scales[r] = kiln_fp8_quantize_row(row, k, 0.0f, codes + (size_t)r * (size_t)k);
     }
     free(row);
 }

@@ -515,7 +515,7 @@ static void test_fp8_input(void)
                 float row[96];
                 for (int64_t i = 0; i < k; i++)
                     row[i] = yt16 ? h->bf16_to_float(yb[r * k + i]) : yf[r * k + i];
-                sx_ref[r] = kiln_fp8_quantize_row(row, k, q_ref + r * k);
+                sx_ref[r] = kiln_fp8_quantize_row(row, k, 0.0f, q_ref + r * k);
             }
             void *got[3] = {q, sx, sum}, *want[3] = {q_ref, sx_ref, sum_ref};
             const size_t bytes[3] = {(size_t)(rows * k), sizeof(float) * rows, sizeof(float) * rows * k};
@@ -544,7 +544,7 @@ static void test_fp8_input(void)
                 float row[96];
                 for (int64_t i = 0; i < k; i++)
                     row[i] = h->bf16_to_float(yb[r * k + i]);
-                sx_ref[r] = kiln_fp8_quantize_row(row, k, q_ref + r * k);
+                sx_ref[r] = kiln_fp8_quantize_row(row, k, 0.0f, q_ref + r * k);
             }
             void *got[2] = {q, sx}, *want[2] = {q_ref, sx_ref};
             const size_t bytes[2] = {(size_t)(rows * k), sizeof(float) * rows};
@@ -573,7 +573,7 @@ static void test_fp8_input(void)
             float row[96];
             for (int64_t i = 0; i < k; i++)
                 row[i] = h->bf16_to_float(xb[r * k + i] = h->float_to_bf16(x[r * k + i]));
-            sx[r] = kiln_fp8_quantize_row(row, k, q + r * k);
+            sx[r] = kiln_fp8_quantize_row(row, k, 0.0f, q + r * k);
         }
         kiln_tensor_desc d[4] = {desc2(KILN_DTYPE_BF16, rows, k), desc2(KILN_DTYPE_U8, n, k),
                                  desc2(KILN_DTYPE_F32, n, 1), desc2(KILN_DTYPE_BF16, rows, n)},
@@ -596,10 +596,10 @@ static void test_fp8_input(void)
             unsigned char blob[64];
             size_t bsz = sizeof blob;
             CHECK_OK(on_q->ops->serialize(on_q, blob, &bsz));
-            CHECK(bsz == 3 * sizeof(int32_t));
+            CHECK(bsz == 3 * sizeof(int32_t) + sizeof(float)); /* n, k, y's dtype, x_amax */
             kiln_plugin *back = NULL;
             kiln_dtype bt[4] = {KILN_DTYPE_F16, KILN_DTYPE_U8, KILN_DTYPE_F32, KILN_DTYPE_F32};
-            CHECK_OK(fc->deserialize(fc, 2, blob, bsz, &back));
+            CHECK_OK(fc->deserialize(fc, 2, blob, bsz - sizeof(float), &back)); /* before x_amax */
             if (back) {
                 CHECK_OK(back->ops->output_dtypes(back, bt, 3, ot, 1));
                 CHECK(ot[0] == KILN_DTYPE_BF16);
@@ -611,7 +611,7 @@ static void test_fp8_input(void)
                 CHECK(ot[0] == KILN_DTYPE_F16);
                 back->ops->destroy(back);
             }
-            CHECK_FAILS(fc->deserialize(fc, 3, blob, bsz, &back), KILN_ERROR_VERSION, "newer");
+            CHECK_FAILS(fc->deserialize(fc, 4, blob, bsz, &back), KILN_ERROR_VERSION, "newer");
             /* the wrong number of scales */
             dq[3] = desc2(KILN_DTYPE_F32, rows - 1, 1);
             CHECK_FAILS(on_q->ops->enqueue(on_q, KILN_BACKEND_CPU, dq, inq, 4, dq + 4, o2, 1, mws, pool),
@@ -641,6 +641,173 @@ static void test_fp8_input(void)
     kiln_registry_destroy(reg);
 }
 
-static const test_case_ tests[] = {TEST(test_rtn),  TEST(test_rtn_reference), TEST(test_layouts),  TEST(test_plugin),
-                                   TEST(test_e4m3), TEST(test_fp8_plugin),    TEST(test_fp8_input)};
+
+/* A static activation scale (field x_amax, from calibration) on each
+ * plugin that quantizes activations: every row's scale is x_amax / 448,
+ * a value within ±x_amax becomes its nearest E4M3 step of that scale
+ * (relative error at most 2^-4, checked against the value itself, not
+ * against kiln_fp8_quantize_row), and a value beyond saturates to ±448
+ * (code 0x7E, 0xFE). The field survives the blob; bad values are refused. */
+static int static_codes_ok(const float *y, const uint8_t *q, const float *sx, int64_t rows, int64_t k, float amax)
+{
+    int bad = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        bad += sx[r] != amax / 448.0f;
+        for (int64_t i = 0; i < k; i++) {
+            const float v = y[r * k + i], got = kiln_e4m3_to_f32(q[r * k + i]) * sx[r];
+            if (fabsf(v) > amax)
+                bad += (q[r * k + i] & 0x7F) != 0x7E || (v < 0) != ((q[r * k + i] & 0x80) != 0);
+            else
+                bad += fabsf(got - v) > fabsf(v) / 16.0f + amax / 448.0f * 0x1p-9f;
+        }
+    }
+    return bad == 0;
+}
+
+static void test_fp8_static(void)
+{
+    CHECK_OK(kiln_registry_create(&reg));
+    CHECK_OK(kiln_threadpool_create(2, &pool));
+    enum { rows = 4, k = 64 };
+    const float eps = 1e-5f, amax = 1.25f;
+    static float x[rows * 2 * k], wn[k], y[rows * k], sx[rows], sx2[rows];
+    static uint8_t q[rows * k], q2[rows * k];
+    static float ws[rows * 2 * k];
+    for (int64_t i = 0; i < rows * 2 * k; i++)
+        x[i] = uniform(-3, 3);
+    for (int64_t i = 0; i < k; i++)
+        wn[i] = uniform(0.5f, 1.5f);
+    /* RMSNorm: y = x / rms(x) · w has values past 1.25 in every row */
+    {
+        kiln_field f[4] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epsilon", KILN_FIELD_F32, 1, &eps},
+                           fstr("output_dtype", "f32"),
+                           fstr("quantize", "fp8"),
+                           {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "x_amax", KILN_FIELD_F32, 1, &amax}};
+        kiln_plugin *plain = make("RMSNorm", f, 2), *quant = make("RMSNorm", f, 4);
+        kiln_tensor_desc d[4] = {desc2(KILN_DTYPE_F32, rows, k), desc2(KILN_DTYPE_F32, k, 1),
+                                 desc2(KILN_DTYPE_U8, rows, k), desc2(KILN_DTYPE_F32, rows, 1)};
+        d[1].dims.rank = 1;
+        kiln_tensor_desc dp[3] = {d[0], d[1], desc2(KILN_DTYPE_F32, rows, k)};
+        const void *in[2] = {x, wn};
+        void *op[1] = {y}, *oq[2] = {q, sx};
+        if (plain && quant) {
+            CHECK_OK(plain->ops->enqueue(plain, KILN_BACKEND_CPU, dp, in, 2, dp + 2, op, 1, NULL, pool));
+            CHECK_OK(quant->ops->enqueue(quant, KILN_BACKEND_CPU, d, in, 2, d + 2, oq, 2, ws, pool));
+            CHECK(static_codes_ok(y, q, sx, rows, k, amax));
+            /* the field is in the blob */
+            const kiln_plugin_creator *rc = kiln_registry_find(reg, "RMSNorm", "1", "kiln", NULL);
+            unsigned char blob[64];
+            size_t bsz = sizeof blob;
+            kiln_plugin *back = NULL;
+            CHECK_OK(quant->ops->serialize(quant, blob, &bsz));
+            CHECK(bsz == 2 * sizeof(float) + 2 * sizeof(int32_t));
+            CHECK_OK(rc->deserialize(rc, rc->blob_version, blob, bsz, &back));
+            if (back) {
+                void *ob[2] = {q2, sx2};
+                CHECK_OK(back->ops->enqueue(back, KILN_BACKEND_CPU, d, in, 2, d + 2, ob, 2, ws, pool));
+                CHECK(memcmp(q, q2, sizeof q) == 0 && memcmp(sx, sx2, sizeof sx) == 0);
+                back->ops->destroy(back);
+            }
+            /* a v3 blob (before x_amax) quantizes each row by its own max */
+            CHECK_OK(rc->deserialize(rc, 3, blob, bsz - sizeof(float), &back));
+            if (back) {
+                void *ob[2] = {q2, sx2};
+                CHECK_OK(back->ops->enqueue(back, KILN_BACKEND_CPU, d, in, 2, d + 2, ob, 2, ws, pool));
+                float m = 0.0f;
+                for (int64_t i = 0; i < k; i++)
+                    m = fabsf(y[i]) > m ? fabsf(y[i]) : m;
+                CHECK(sx2[0] == m / 448.0f);
+                back->ops->destroy(back);
+            }
+        }
+        if (plain)
+            plain->ops->destroy(plain);
+        if (quant)
+            quant->ops->destroy(quant);
+    }
+    /* SwiGLU packed, f32 */
+    {
+        const int32_t one = 1;
+        kiln_field f[3] = {fi32("packed", &one),
+                           fstr("quantize", "fp8"),
+                           {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "x_amax", KILN_FIELD_F32, 1, &amax}};
+        kiln_plugin *plain = make("SwiGLU", f, 1), *quant = make("SwiGLU", f, 3);
+        kiln_tensor_desc d[2] = {desc2(KILN_DTYPE_F32, rows, 2 * k), desc2(KILN_DTYPE_F32, rows, k)},
+                         dq[3] = {d[0], desc2(KILN_DTYPE_U8, rows, k), desc2(KILN_DTYPE_F32, rows, 1)};
+        const void *in[1] = {x};
+        void *op[1] = {y}, *oq[2] = {q, sx};
+        if (plain && quant) {
+            CHECK_OK(plain->ops->enqueue(plain, KILN_BACKEND_CPU, d, in, 1, d + 1, op, 1, NULL, pool));
+            CHECK_OK(quant->ops->enqueue(quant, KILN_BACKEND_CPU, dq, in, 1, dq + 1, oq, 2, ws, pool));
+            CHECK(static_codes_ok(y, q, sx, rows, k, amax));
+        }
+        if (plain)
+            plain->ops->destroy(plain);
+        if (quant)
+            quant->ops->destroy(quant);
+    }
+    /* Fp8MatMul quantizing its own x: the same y as on the codes and
+     * scales of x quantized statically */
+    {
+        int32_t n = 8, kk = k;
+        kiln_field f[3] = {fi32("n", &n),
+                           fi32("k", &kk),
+                           {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "x_amax", KILN_FIELD_F32, 1, &amax}};
+        kiln_field fq[3] = {fi32("n", &n), fi32("k", &kk), fstr("output_dtype", "f32")};
+        kiln_plugin *on_x = make("Fp8MatMul", f, 3), *on_q = make("Fp8MatMul", fq, 3);
+        static uint8_t w[8 * k];
+        static float sw[8], y1[rows * 8], y2[rows * 8];
+        for (int64_t i = 0; i < 8 * k; i++)
+            w[i] = (uint8_t)(next() & 0x7E);
+        for (int64_t i = 0; i < 8; i++)
+            sw[i] = uniform(0.001f, 0.01f);
+        for (int64_t r = 0; r < rows; r++)
+            sx[r] = kiln_fp8_quantize_row(x + r * k, k, amax, q + r * k);
+        CHECK(static_codes_ok(x, q, sx, rows, k, amax));
+        kiln_tensor_desc d[4] = {desc2(KILN_DTYPE_F32, rows, k), desc2(KILN_DTYPE_U8, 8, k),
+                                 desc2(KILN_DTYPE_F32, 8, 1), desc2(KILN_DTYPE_F32, rows, 8)},
+                         dq[5] = {desc2(KILN_DTYPE_U8, rows, k), d[1], d[2], desc2(KILN_DTYPE_F32, rows, 1), d[3]};
+        d[2].dims.rank = dq[2].dims.rank = 1;
+        const void *in[3] = {x, w, sw}, *inq[4] = {q, w, sw, sx};
+        void *o1[1] = {y1}, *o2[1] = {y2};
+        void *mws = on_x ? malloc(on_x->ops->workspace_size(on_x, d, 3, d + 3, 1)) : NULL;
+        if (on_x && on_q && mws) {
+            CHECK_OK(on_x->ops->enqueue(on_x, KILN_BACKEND_CPU, d, in, 3, d + 3, o1, 1, mws, pool));
+            CHECK_OK(on_q->ops->enqueue(on_q, KILN_BACKEND_CPU, dq, inq, 4, dq + 4, o2, 1, mws, pool));
+            CHECK(memcmp(y1, y2, sizeof y1) == 0);
+        }
+        free(mws);
+        if (on_x)
+            on_x->ops->destroy(on_x);
+        if (on_q)
+            on_q->ops->destroy(on_q);
+    }
+    /* fields a user may get wrong */
+    kiln_plugin *p = NULL;
+    const float neg = -1.0f;
+    kiln_field bad[3] = {{sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epsilon", KILN_FIELD_F32, 1, &eps},
+                         fstr("quantize", "fp8"),
+                         {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "x_amax", KILN_FIELD_F32, 1, &neg}};
+    CHECK_FAILS(kiln_plugin_create(kiln_registry_find(reg, "RMSNorm", "1", "kiln", NULL), bad, 3, &p),
+                KILN_ERROR_INVALID_ARGUMENT, "x_amax");
+    CHECK_FAILS(kiln_plugin_create(kiln_registry_find(reg, "SwiGLU", "1", "kiln", NULL), bad + 1, 2, &p),
+                KILN_ERROR_INVALID_ARGUMENT, "x_amax");
+    /* without quantize = fp8 there is nothing to scale */
+    bad[1] = bad[2];
+    bad[1].data = &amax;
+    CHECK_FAILS(kiln_plugin_create(kiln_registry_find(reg, "RMSNorm", "1", "kiln", NULL), bad, 2, &p),
+                KILN_ERROR_INVALID_ARGUMENT, "without quantize");
+    int32_t n = 16, kk = 32;
+    kiln_field bf[3] = {fi32("n", &n),
+                        fi32("k", &kk),
+                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "x_amax", KILN_FIELD_F32, 1, &neg}};
+    CHECK_FAILS(kiln_plugin_create(kiln_registry_find(reg, "Fp8MatMul", "1", "kiln", NULL), bf, 3, &p),
+                KILN_ERROR_INVALID_ARGUMENT, "x_amax");
+    kiln_threadpool_destroy(pool);
+    kiln_registry_destroy(reg);
+}
+
+static const test_case_ tests[] = {TEST(test_rtn),       TEST(test_rtn_reference), TEST(test_layouts),
+                                   TEST(test_plugin),    TEST(test_e4m3),          TEST(test_fp8_plugin),
+                                   TEST(test_fp8_input), TEST(test_fp8_static)};
 TEST_MAIN(tests)

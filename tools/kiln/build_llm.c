@@ -35,6 +35,12 @@ static const char build_llm_help[] =
     "                        matmuls in FP8 E4M3 (weights scaled per output channel at\n"
     "                        build, activations per token when run, kiln/Fp8MatMul),\n"
     "                        the rest bf16 on cuda, f32 on the cpu\n"
+    "  --calibrate FILE      with --dtype fp8: static activation scales instead of one a\n"
+    "                        token: the model, unquantized, runs over the text's first\n"
+    "                        --calibrate-tokens tokens at build, and each FP8 matmul\n"
+    "                        input gets its max |x| there / 448 (values beyond saturate)\n"
+    "  --calibrate-tokens N  tokens of the calibration text used (default 2048, at most\n"
+    "                        --max-seq-len)\n"
     "  --weights W           int8: decoder matmul weights quantized at build to int8,\n"
     "                        a scale per output channel (or per --weights-group\n"
     "                        values); int4: int4 with a scale and zero point per\n"
@@ -58,9 +64,22 @@ static const char build_llm_help[] =
     "  --verbose             log what each build pass did\n"
     "  -h, --help            show this help\n";
 
-static const char *const llm_valued[] = {
-    "-o",          "--output",  "--dtype",   "--max-batch", "--max-seq-len",   "--max-tokens", "--block-size",
-    "--tokenizer", "--plugins", "--backend", "--weights",   "--weights-group", "--kv-dtype",   NULL};
+static const char *const llm_valued[] = {"-o",
+                                         "--output",
+                                         "--dtype",
+                                         "--max-batch",
+                                         "--max-seq-len",
+                                         "--max-tokens",
+                                         "--block-size",
+                                         "--tokenizer",
+                                         "--plugins",
+                                         "--backend",
+                                         "--weights",
+                                         "--weights-group",
+                                         "--kv-dtype",
+                                         "--calibrate",
+                                         "--calibrate-tokens",
+                                         NULL};
 
 static int ends_with(const char *s, const char *suffix)
 {
@@ -125,15 +144,20 @@ static void print_summary(const char *out, kiln_backend backend)
     kiln_free(text);
     const char *quantized = json_string_value(json_object_get(c, "quantized_weights"));
     const char *ct = json_string_value(json_object_get(c, "chat_template"));
+    const long long calib = cli_json_int(c, "calibration_tokens");
     struct stat sb;
     long long bytes = stat(out, &sb) == 0 ? (long long)sb.st_size : -1;
-    printf("built %s for %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %s%s%s, max %lld tokens x %lld "
-           "sequences, chat template %s, %lld bytes\n",
-           out, kiln_backend_name(backend), cli_json_str(c, "architecture"), cli_json_int(c, "n_layers"),
-           cli_json_int(c, "hidden_size"), cli_json_int(c, "n_heads"), cli_json_int(c, "n_kv_heads"),
-           cli_json_int(c, "vocab_size"), cli_json_str(c, "dtype"), quantized ? " with matmul weights " : "",
-           quantized ? quantized : "", cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"), ct ? ct : "none",
-           bytes);
+    char scales[96] = "";
+    if (calib > 0)
+        snprintf(scales, sizeof scales, " (activation scales from %lld calibration tokens)", calib);
+    printf(
+        "built %s for %s: %s, %lld layers, hidden %lld, %lld/%lld heads, vocab %lld, %s%s%s%s, max %lld tokens x %lld "
+        "sequences, chat template %s, %lld bytes\n",
+        out, kiln_backend_name(backend), cli_json_str(c, "architecture"), cli_json_int(c, "n_layers"),
+        cli_json_int(c, "hidden_size"), cli_json_int(c, "n_heads"), cli_json_int(c, "n_kv_heads"),
+        cli_json_int(c, "vocab_size"), cli_json_str(c, "dtype"), quantized ? " with matmul weights " : "",
+        quantized ? quantized : "", scales, cli_json_int(c, "max_seq_len"), cli_json_int(c, "max_batch"),
+        ct ? ct : "none", bytes);
     json_decref(c);
 }
 
@@ -192,6 +216,11 @@ int cli_build_llm(int argc, char **argv)
         } else if (!strcmp(o, "--weights-group")) {
             if ((status = parse_i32(o, val, &opt.weights_group)) != CLI_OK)
                 goto done;
+        } else if (!strcmp(o, "--calibrate")) {
+            opt.calibrate = val;
+        } else if (!strcmp(o, "--calibrate-tokens")) {
+            if ((status = parse_i32(o, val, &opt.calibrate_tokens)) != CLI_OK)
+                goto done;
         } else if (!strcmp(o, "--quantize-lm-head")) {
             opt.weights_lm_head = 1;
         } else if (!strcmp(o, "--max-batch")) {
@@ -239,6 +268,10 @@ int cli_build_llm(int argc, char **argv)
     if ((status = cli_check_output("build", out)) != CLI_OK)
         goto done;
     const char *src = a.positional[0];
+    if (opt.calibrate && opt.weights != KILN_LLM_WEIGHTS_FP8) {
+        status = cli_usage("build", "--calibrate sets static scales for FP8 activations: it needs --dtype fp8");
+        goto done;
+    }
     if (ends_with(src, ".bin") && !opt.tokenizer) {
         status = cli_usage("build", "a llama2.c checkpoint needs --tokenizer tokenizer.bin");
         goto done;
