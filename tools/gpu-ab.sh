@@ -7,7 +7,9 @@
 # KILN_* switches the plugins document), so one build serves them all;
 # those the LLM build reads (KILN_LLM_FUSE, KILN_LLM_FUSE_FP8,
 # KILN_LLM_FUSE_HEAD, KILN_LLM_FP8_INPUT, KILN_LLM_RESIDUAL) are set when
-# that variant's own engine is built instead.
+# that variant's own engine is built instead, as is KILN_AB_CALIBRATE=1's
+# (an FP8 engine with static activation scales: kiln build --calibrate on
+# tests/data/text/declaration_of_independence.txt).
 #
 #   bash tools/gpu-ab.sh [--model 8b|1b] [--dtype fp8|bf16] [--runs N]
 #                        BENCH VARIANT...
@@ -85,7 +87,7 @@ split_settings() {
     local all=() s
     [ "$1" = default ] || IFS=, read -r -a all <<<"$1"
     for s in "${all[@]}"; do
-        if [[ "$s" =~ ^KILN_LLM_(FUSE|FUSE_FP8|FUSE_HEAD|FP8_INPUT|RESIDUAL)= ]]; then
+        if [[ "$s" =~ ^KILN_(LLM_(FUSE|FUSE_FP8|FUSE_HEAD|FP8_INPUT|RESIDUAL)|AB_CALIBRATE)= ]]; then
             build_set+=("$s")
         else
             run_set+=("$s")
@@ -100,7 +102,10 @@ engine_of() {
     e="$work/e-$(printf '%s_' "${build_set[@]}" | tr -c 'A-Za-z0-9_\n' '_').engine"
     if [ ! -f "$e" ]; then
         echo "gpu-ab: kiln build with ${build_set[*]}" >&2
-        env "${build_set[@]}" "$kiln" build "$work/ck" --backend cuda "${engine_args[@]}" -o "$e" \
+        local calib=()
+        [[ " ${build_set[*]} " == *" KILN_AB_CALIBRATE=1 "* ]] &&
+            calib=(--calibrate "$root/tests/data/text/declaration_of_independence.txt")
+        env "${build_set[@]}" "$kiln" build "$work/ck" --backend cuda "${engine_args[@]}" "${calib[@]}" -o "$e" \
             >"$logs/engine-$(basename "$e").log" 2>&1 || { tail -n 5 "$logs/engine-$(basename "$e").log" >&2; return 1; }
     fi
     echo "$e"
