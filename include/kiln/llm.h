@@ -99,6 +99,7 @@ typedef struct kiln_llm_build_options {
      * build --dtype fp8 --calibrate FILE`; docs/llm.md). Borrowed. */
     const char *calibrate;
     int32_t calibrate_tokens;
+    int32_t reserved2; /* 0 */
 } kiln_llm_build_options;
 
 /* kiln_llm_build_options.weights */

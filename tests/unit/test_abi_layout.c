@@ -191,8 +191,11 @@ static void test_llm(void)
     CHECK_OFFSET(kiln_llm_build_options, weights_group, 68);
     CHECK_OFFSET(kiln_llm_build_options, weights_lm_head, 72);
     CHECK_OFFSET(kiln_llm_build_options, kv_cache, 76);
-    CHECK_SIZE(kiln_llm_build_options, 80);
-    CHECK_ENDS_AT(kiln_llm_build_options, kv_cache);
+    CHECK_OFFSET(kiln_llm_build_options, calibrate, 80);
+    CHECK_OFFSET(kiln_llm_build_options, calibrate_tokens, 88);
+    CHECK_OFFSET(kiln_llm_build_options, reserved2, 92);
+    CHECK_SIZE(kiln_llm_build_options, 96);
+    CHECK_ENDS_AT(kiln_llm_build_options, reserved2);
     CHECK_INIT(kiln_llm_build_options, kiln_llm_build_options_init);
 
     CHECK_OFFSET(kiln_llm_options, struct_size, 0);
