@@ -189,6 +189,7 @@ typedef struct kiln_fusedmm_cuda_args {
     int32_t x_dtype; /* dtype, or f32 with the norm prologue (a residual stream in f32) */
     int32_t y_dtype; /* dtype, or f32 with the residual epilogue (the residual's too) or none */
     float epsilon;
+    float x_amax; /* weights = fp8: a static max |x| (the field x_amax), 0: each row's own */
 } kiln_fusedmm_cuda_args;
 
 /* Sets up the process's cuBLASLt handle for the prefill GEMM once; 0 when

@@ -30,7 +30,9 @@
  * With weights = fp8, W is E4M3 codes with an f32 scale per output
  * channel (kiln/Fp8MatMul's W) and the product is Fp8MatMul's: each row of
  * the (normalized) x, rounded to the dtype t as above, is quantized with
- * its own scale (kiln_fp8_quantize_row) and p = (Σ xq · wq) · sx · sw,
+ * its own scale (kiln_fp8_quantize_row; with x_amax > 0 every row with
+ * the static max x_amax, values beyond saturating: a calibrated build)
+ * and p = (Σ xq · wq) · sx · sw,
  * summed in f32 and rounded to t; the epilogues are as above. t is then
  * norm_weight's dtype, or x's without the norm. An FP8 decoder layer so
  * computes what the unfused one (RMSNorm or SwiGLU with quantize = fp8,
@@ -58,11 +60,12 @@
  *          kiln/RoPE's fields (n = (n_heads + 2 n_kv_heads) head_dim);
  *          output_dtype (string: default, or f32 with epilogue none);
  *          weights (string: dtype, the default, or fp8; k a multiple of
- *          16 with fp8).
- * Blob v3: n, k, norm, epilogue (i32), epsilon (f32), kiln/RoPE's blob
+ *          16 with fp8); x_amax (f32, default 0: per row; fp8 only).
+ * Blob v4: n, k, norm, epilogue (i32), epsilon (f32), kiln/RoPE's blob
  *          (rope/rope_params.h; zeros without rope), y's dtype (i32; -1:
- *          the default), weights (i32: 0 dtype, 1 fp8). v2 lacks the last
- *          (dtype), v1 the last two (the default y).
+ *          the default), weights (i32: 0 dtype, 1 fp8), x_amax (f32). v3
+ *          lacks the last (per row), v2 also weights (dtype), v1 also y's
+ *          dtype (the default y).
  * Workspace: kiln_fusedmm_workspace (plugin_cuda.h). */
 #include <math.h>
 #include <stddef.h>
@@ -74,7 +77,7 @@
 #include "rope/rope_params.h"
 
 #define NAME "FusedMatMul"
-#define BLOB_VERSION 3u
+#define BLOB_VERSION 4u
 
 typedef struct fusedmm_params {
     int32_t n, k, norm, epilogue;
@@ -82,6 +85,7 @@ typedef struct fusedmm_params {
     rope_params rope;
     int32_t output_dtype; /* KILN_DTYPE_F32 (epilogue none), or -1: the default */
     int32_t fp8;          /* 1: w is E4M3 codes with per-channel scales (weights = fp8) */
+    float x_amax;         /* fp8: a static max |x| for every row (0: each row's own) */
 } fusedmm_params;
 
 typedef struct fusedmm {
@@ -113,6 +117,10 @@ static kiln_status fusedmm_new(const fusedmm_params *p, kiln_plugin **out)
     if ((p->fp8 != 0 && p->fp8 != 1) || (p->fp8 && (p->k % 16 != 0 || p->k > (1 << 30))))
         return host->fail(KILN_ERROR_INVALID_ARGUMENT,
                           NAME ": weights fp8 (%d) needs k = %d a multiple of 16 and at most 2^30", p->fp8, p->k);
+    if (!(p->x_amax >= 0.0f) || !isfinite(p->x_amax) || (p->x_amax > 0.0f && !p->fp8))
+        return host->fail(KILN_ERROR_INVALID_ARGUMENT,
+                          NAME ": field \"x_amax\" must be a finite number >= 0, and 0 without weights = fp8 (got %g)",
+                          (double)p->x_amax);
     if (p->epilogue == KILN_FUSEDMM_ROPE) {
         kiln_status st = rope_params_check(host, NAME, &p->rope);
         if (st != KILN_OK)
@@ -373,6 +381,7 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
         a.rows = rows, a.n = p->n, a.k = p->k, a.epilogue = p->epilogue, a.dtype = (int32_t)t;
         a.x_dtype = (int32_t)xt, a.y_dtype = (int32_t)yt;
         a.epsilon = p->epsilon;
+        a.x_amax = p->x_amax;
         int e = kiln_fusedmm_cuda(&a, stream);
         return e ? host->fail(KILN_ERROR_BACKEND, NAME ": %s", kiln_fusedmm_cuda_error(e)) : KILN_OK;
     }
@@ -414,7 +423,7 @@ static kiln_status fusedmm_enqueue(kiln_plugin *self, kiln_backend backend, cons
             job.lut[c] = kiln_e4m3_to_f32((uint8_t)c);
         for (int64_t r = 0; r < rows; r++) {
             float *xr = xf + r * p->k;
-            sx[r] = kiln_fp8_quantize_row(xr, p->k, 0.0f, q + r * p->k);
+            sx[r] = kiln_fp8_quantize_row(xr, p->k, p->x_amax, q + r * p->k);
             for (int64_t i = 0; i < p->k; i++)
                 xr[i] = job.lut[q[r * p->k + i]];
         }
@@ -489,15 +498,16 @@ static kiln_status fusedmm_create(const kiln_plugin_creator *c, const kiln_field
         p.fp8 = 1;
     else if (strcmp(wk, "dtype") != 0)
         return host->fail(KILN_ERROR_INVALID_ARGUMENT, NAME ": field \"weights\" is \"%s\"; expected dtype or fp8", wk);
+    p.x_amax = plugin_field_f32(f, n, "x_amax", 0.0f);
     return fusedmm_new(&p, out);
 }
 
 static kiln_status fusedmm_deserialize(const kiln_plugin_creator *c, uint32_t version, const void *blob, size_t size,
                                        kiln_plugin **out)
 {
-    /* v1: without output_dtype, v2 without fp8 */
+    /* v1: without output_dtype, v2 without fp8, v3 without x_amax */
     static const size_t sizes[BLOB_VERSION] = {offsetof(fusedmm_params, output_dtype), offsetof(fusedmm_params, fp8),
-                                               sizeof(fusedmm_params)};
+                                               offsetof(fusedmm_params, x_amax), sizeof(fusedmm_params)};
     fusedmm_params p;
     memset(&p, 0, sizeof p);
     p.output_dtype = -1;
@@ -534,6 +544,8 @@ static const kiln_field_spec fusedmm_fields[] = {
                           "dtype of y: default (the residual's, else w's) or f32 (epilogue none: unrounded sums)"),
     PLUGIN_FIELD_OPTIONAL("weights", KILN_FIELD_STRING, "dtype",
                           "dtype (w of the product's dtype) or fp8 (w E4M3 codes, then w_scale f32 [n]; W8A8)"),
+    PLUGIN_FIELD_OPTIONAL("x_amax", KILN_FIELD_F32, &zero_f32,
+                          "weights fp8: a static max |x| for every row (from calibration; 0: each row's own)"),
 };
 
 static const kiln_plugin_creator fusedmm_creator = {

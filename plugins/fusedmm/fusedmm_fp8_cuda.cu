@@ -6,8 +6,10 @@
  *    wait, each thread's weight scale loaded before it too) with the rest
  *    of the layer inside. Each block first takes each x row's statistics
  *    over all of k (x from L2): with the norm the sum of squares, then the
- *    max |h| of the normalized row h as RMSNorm rounds it, else max |x|;
- *    then it rounds h (or x) times 448 / max to E4M3 as it multiplies, as
+ *    max |h| of the normalized row h as RMSNorm rounds it, else max |x|
+ *    (no max pass with a static x_amax from calibration: the sums of
+ *    squares alone); then it rounds h (or x) times 448 / max to E4M3 as
+ *    it multiplies, as
  *    Fp8MatMul's fused GEMV does, and applies the epilogue (RoPE of a
  *    rotated pair, SwiGLU of a gate/up pair, or the residual add) to the
  *    scaled sums. An FP8 decoder layer is so four of these and the
@@ -74,7 +76,7 @@ template <int DT, int S, int M, int R, int NORM, int EPI>
 __global__ void __launch_bounds__(kWarps * 32)
     fmm8_gemv_kernel(const void *__restrict__ x, const uint8_t *__restrict__ w, const float *__restrict__ sw,
                      const void *__restrict__ nw, const void *res, void *y, int32_t n, int32_t k, float eps, int ydt,
-                     const rope_arg<EPI> rope)
+                     float amax, const rope_arg<EPI> rope)
 {
     KTL_SCOPE(0);
     constexpr int E = 16, STEP = 32 * E;
@@ -152,9 +154,11 @@ __global__ void __launch_bounds__(kWarps * 32)
         }
     }
 
-    /* each row's max |h| (|x| without the norm), as Fp8MatMul takes it */
+    /* each row's max |h| (|x| without the norm), as Fp8MatMul takes it;
+     * none with a static amax (the field x_amax, the same for every block) */
+    const bool dyn = !(amax > 0.0f);
 #pragma unroll
-    for (int m = 0; m < M; m++) {
+    for (int m = 0; m < M && dyn; m++) {
         float a = 0.0f;
 #pragma unroll 4
         for (int32_t j = threadIdx.x * E; j < k; j += kWarps * 32 * E) {
@@ -174,14 +178,18 @@ __global__ void __launch_bounds__(kWarps * 32)
         if (lane == 0)
             red[wid][m] = a;
     }
-    __syncthreads();
+    if (dyn)
+        __syncthreads();
     float qinv[M];
 #pragma unroll
     for (int m = 0; m < M; m++) {
-        float a = red[0][m];
+        float a = amax;
+        if (dyn) {
+            a = red[0][m];
 #pragma unroll
-        for (int j = 1; j < kWarps; j++)
-            a = fmaxf(a, red[j][m]);
+            for (int j = 1; j < kWarps; j++)
+                a = fmaxf(a, red[j][m]);
+        }
         qinv[m] = a > 0.0f ? __fdiv_rn(KILN_E4M3_MAX, a) : 0.0f;
     }
 
@@ -263,10 +271,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     if (!eout)
         return;
     /* row em's x scale, max / 448, as Fp8MatMul's */
-    float a = red[0][em];
+    float a = amax;
+    if (dyn) {
+        a = red[0][em];
 #pragma unroll
-    for (int j = 1; j < kWarps; j++)
-        a = fmaxf(a, red[j][em]);
+        for (int j = 1; j < kWarps; j++)
+            a = fmaxf(a, red[j][em]);
+    }
     const float sx = __fdiv_rn(a, KILN_E4M3_MAX);
     const int c0 = PAIRS ? 2 * ep : ep;
     float v0 = 0.0f, v1 = 0.0f;
@@ -307,7 +318,7 @@ cudaError_t gemv_launch(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     const dim3 grid((unsigned)(((int64_t)a->n + R - 1) / R));
     return kcu_launch_cfg(fmm8_gemv_kernel<DT, S, M, R, NORM, EPI>, grid, dim3(kWarps * 32), s, a->x,
                           (const uint8_t *)a->w, a->w_scale, a->norm_weight, res, a->y, a->n, a->k, a->epsilon,
-                          (int)a->y_dtype, rope);
+                          (int)a->y_dtype, a->x_amax, rope);
 }
 
 /* The four forms a decoder layer uses (the caller checked the form). */
@@ -361,8 +372,8 @@ template <int DT> int gemm_path(const kiln_fusedmm_cuda_args *a, cudaStream_t s)
     float *sx = (float *)(ws + kiln_fusedmm_fp8_workspace_scales(a->rows, a->n, a->k, es));
     void *fws = ws + kiln_fusedmm_fp8_workspace_matmul(a->rows, a->n, a->k, es);
     int e = a->norm_weight ? kiln_rmsnorm_cuda(a->x, NULL, a->norm_weight, NULL, ws, a->x_dtype, DT, DT, DT, a->rows,
-                                               a->k, a->epsilon, q, sx, 0.0f, s)
-                           : kiln_fp8_quantize_cuda(a->x, a->x_dtype, q, sx, a->rows, a->k, 0.0f, s);
+                                               a->k, a->epsilon, q, sx, a->x_amax, s)
+                           : kiln_fp8_quantize_cuda(a->x, a->x_dtype, q, sx, a->rows, a->k, a->x_amax, s);
     if (e)
         return e;
     /* the residual add in the GEMM's epilogue (beta = 1; the product not

@@ -793,14 +793,15 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
     const kiln_llm_config *c = &b->ck->config;
     int32_t nn = (int32_t)n, kk = (int32_t)k, norm = norm_hf != NULL;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[7] = {
+    kiln_field f[8] = {
         field_i32("n", &nn),
         field_i32("k", &kk),
         field_i32("norm", &norm),
         field_f32("epsilon", &eps),
         {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, epilogue},
         {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "output_dtype", KILN_FIELD_STRING, 1, output_dtype},
-        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "weights", KILN_FIELD_STRING, 1, "fp8"}};
+        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "weights", KILN_FIELD_STRING, 1, "fp8"},
+        field_f32("x_amax", &b->x_amax)};
     kiln_tensor in[5] = {x, w};
     int32_t n_in = 2;
     if (w_scale)
@@ -812,7 +813,8 @@ static kiln_status fused_matmul(builder *b, const char *lname, kiln_tensor x, ki
     }
     if (residual)
         in[n_in++] = *residual;
-    return plugin(b, lname, "FusedMatMul", f, 6 + (w_scale != NULL), in, n_in, y);
+    /* E4M3 weights: weights = fp8, and a static scale (b->x_amax) if any */
+    return plugin(b, lname, "FusedMatMul", f, 6 + (w_scale != NULL) + (w_scale && b->x_amax > 0.0f), in, n_in, y);
 }
 
 /* y = RMSNorm(x) with HF weight `hf`.weight; with residual non-NULL the
@@ -867,9 +869,9 @@ static kiln_status rope_layer(builder *b, const char *name, const char *plugin_n
     const char *scaling = r->scaling == KILN_LLM_ROPE_LLAMA3   ? "llama3"
                           : r->scaling == KILN_LLM_ROPE_LINEAR ? "linear"
                                                                : "none";
-    kiln_field f[18];
+    kiln_field f[20]; /* up to 8 of the caller's, then up to 11 of RoPE's */
     int32_t nf = 0;
-    for (int32_t i = 0; i < n_pre && i < 6; i++)
+    for (int32_t i = 0; i < n_pre && i < 8; i++)
         f[nf++] = pre[i];
     f[nf++] = field_i32("n_heads", &n_heads);
     if (n_kv_heads > 0)
@@ -908,12 +910,13 @@ static kiln_status fused_qkv_rope(builder *b, const char *lname, kiln_tensor x, 
     const kiln_llm_config *c = &b->ck->config;
     int32_t nn = (int32_t)n, kk = (int32_t)k, norm = 1;
     float eps = (float)c->rms_norm_eps;
-    kiln_field f[6] = {field_i32("n", &nn),
+    kiln_field f[7] = {field_i32("n", &nn),
                        field_i32("k", &kk),
                        field_i32("norm", &norm),
                        field_f32("epsilon", &eps),
                        {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "epilogue", KILN_FIELD_STRING, 1, "rope"},
-                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "weights", KILN_FIELD_STRING, 1, "fp8"}};
+                       {sizeof(kiln_field), KILN_PLUGIN_ABI_VERSION, "weights", KILN_FIELD_STRING, 1, "fp8"},
+                       field_f32("x_amax", &b->x_amax)};
     char wname[160];
     kiln_tensor in[5] = {x, w};
     int32_t n_in = 2;
@@ -922,7 +925,8 @@ static kiln_status fused_qkv_rope(builder *b, const char *lname, kiln_tensor x, 
     snprintf(wname, sizeof wname, "%s.weight", norm_hf);
     KILN_TRY(add_weight(b, wname, 1, k, 0, &in[n_in++]));
     in[n_in++] = positions;
-    return rope_layer(b, lname, "FusedMatMul", f, 5 + (w_scale != NULL), in, n_in, c->n_heads, c->n_kv_heads, qkv);
+    return rope_layer(b, lname, "FusedMatMul", f, 5 + (w_scale != NULL) + (w_scale && b->x_amax > 0.0f), in, n_in,
+                      c->n_heads, c->n_kv_heads, qkv);
 }
 
 typedef struct step_inputs {
@@ -984,9 +988,10 @@ static kiln_status fused_weight(builder *b, const char *const *hf, const int64_t
  * residual add on the matmul before it (the O and down projections write
  * the updated residual stream *x), SwiGLU on the gate/up matmul. With fp8
  * the four matrices are E4M3 codes with per-channel scales (FusedMatMul's
- * weights = fp8; layer_fuses_fp8). */
+ * weights = fp8; layer_fuses_fp8), and am their inputs' static maxima
+ * (calibration; 0s: per row). */
 static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in, kiln_tensor cache, kiln_tensor *x,
-                               int fp8)
+                               int fp8, const float *am)
 {
     const kiln_llm_config *c = &b->ck->config;
     const kiln_llm_build_options *o = b->opt;
@@ -1008,7 +1013,9 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
         snprintf(cname, sizeof cname, "%s.self_attn.qkv_rope_pairs.weight", p);
         KILN_TRY(fused_weight(b, wp, widths, 3, 1, NULL, NULL, H, cname, &w, ws));
         snprintf(lname, sizeof lname, "%s.self_attn.qkv_proj.norm_matmul_rope", p);
+        b->x_amax = am[KILN_LLM_CALIB_QKV];
         KILN_TRY(fused_qkv_rope(b, lname, *x, w, ws, qd + 2 * kvd, H, norm, in->positions, &qkv));
+        b->x_amax = 0.0f;
     } else {
         /* (not with fp8: layer_fuses_fp8) */
         snprintf(cname, sizeof cname, "%s.self_attn.qkv_proj.weight", p);
@@ -1038,6 +1045,7 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
     snprintf(wn[0], sizeof wn[0], "%s.self_attn.o_proj.weight", p);
     KILN_TRY(fused_weight(b, wp, &H, 1, 0, NULL, NULL, qd, wn[0], &w, ws));
     snprintf(lname, sizeof lname, "%s.self_attn.o_proj.matmul_add", p);
+    b->x_amax = am[KILN_LLM_CALIB_O];
     KILN_TRY(fused_matmul(b, lname, a, w, ws, H, qd, NULL, "residual", x, "default", x));
 
     snprintf(wn[0], sizeof wn[0], "%s.mlp.gate_proj.weight", p);
@@ -1046,12 +1054,16 @@ static kiln_status fused_layer(builder *b, const char *p, const step_inputs *in,
     KILN_TRY(fused_weight(b, NULL, &I, 2, 0, wn[0], wn[1], H, cname, &w, ws));
     snprintf(lname, sizeof lname, "%s.mlp.gate_up_proj.norm_matmul_swiglu", p);
     snprintf(norm, sizeof norm, "%s.post_attention_layernorm", p);
+    b->x_amax = am[KILN_LLM_CALIB_GATE_UP];
     KILN_TRY(fused_matmul(b, lname, *x, w, ws, 2 * I, H, norm, "swiglu", NULL, "default", &m));
 
     snprintf(wn[0], sizeof wn[0], "%s.mlp.down_proj.weight", p);
     KILN_TRY(fused_weight(b, wp, &H, 1, 0, NULL, NULL, I, wn[0], &w, ws));
     snprintf(lname, sizeof lname, "%s.mlp.down_proj.matmul_add", p);
-    return fused_matmul(b, lname, m, w, ws, H, I, NULL, "residual", x, "default", x);
+    b->x_amax = am[KILN_LLM_CALIB_DOWN];
+    kiln_status st = fused_matmul(b, lname, m, w, ws, H, I, NULL, "residual", x, "default", x);
+    b->x_amax = 0.0f;
+    return st;
 }
 
 /* Whether layer `p` ("model.layers.N") is built by fused_layer: the build
@@ -1080,9 +1092,8 @@ static int layer_fuses_fp8(builder *b, const char *p)
     static const char *const mats[] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
                                        "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
     const kiln_llm_config *c = &b->ck->config;
-    /* (static activation scales are the unfused FP8 layers' alone) */
-    if (!b->fuse || !b->fuse_fp8 || b->opt->weights != KILN_LLM_WEIGHTS_FP8 || b->ck->act_amax || c->qkv_bias ||
-        c->hidden_size % 16 || c->intermediate_size % 16 || (int64_t)c->n_heads * c->head_dim % 16)
+    if (!b->fuse || !b->fuse_fp8 || b->opt->weights != KILN_LLM_WEIGHTS_FP8 || c->qkv_bias || c->hidden_size % 16 ||
+        c->intermediate_size % 16 || (int64_t)c->n_heads * c->head_dim % 16)
         return 0;
     for (size_t i = 0; i < sizeof mats / sizeof mats[0]; i++) {
         char wname[160];
@@ -1167,6 +1178,10 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
     mx.d[0] = KILN_LLM_MAX_KV_BLOCKS;
     KILN_TRY(kiln_network_set_profile_shape(net, 0, n, &mn, &mn, &mx));
 
+    /* the static maxima of the layer's FP8 inputs (calibration), or 0s */
+    float am[KILN_LLM_CALIB_SITES] = {0};
+    if (b->ck->act_amax && o->weights == KILN_LLM_WEIGHTS_FP8)
+        memcpy(am, b->ck->act_amax + (size_t)l * KILN_LLM_CALIB_SITES, sizeof am);
     const int fuse_fp8 = layer_fuses_fp8(b, p);
     if (fuse_fp8 || layer_fuses(b, p)) {
         if (*has_pending) {
@@ -1179,15 +1194,11 @@ static kiln_status add_layer(builder *b, int32_t l, const step_inputs *in, kiln_
             KILN_TRY(kiln_network_add_binary(net, n, KILN_BINARY_ADD, *x, m, x));
         }
         *has_pending = 0;
-        return fused_layer(b, p, in, cache, x, fuse_fp8);
+        return fused_layer(b, p, in, cache, x, fuse_fp8, am);
     }
     kiln_tensor h, hs, qkv, a;
     const int q8 = fp8_layer(b, p);
     const kiln_tensor *hq = q8 ? &hs : NULL; /* h's row scales: h is E4M3 codes */
-    /* the static maxima of the layer's FP8 inputs (calibration), or 0s */
-    float am[KILN_LLM_CALIB_SITES] = {0};
-    if (b->ck->act_amax && o->weights == KILN_LLM_WEIGHTS_FP8)
-        memcpy(am, b->ck->act_amax + (size_t)l * KILN_LLM_CALIB_SITES, sizeof am);
     snprintf(n, sizeof n, "%s.input_layernorm", p);
     KILN_TRY(rmsnorm(b, n, x, *has_pending ? pending : NULL, &h, q8 ? &hs : NULL, am[KILN_LLM_CALIB_QKV]));
     KILN_TRY(probe(b, l, KILN_LLM_CALIB_QKV, h));

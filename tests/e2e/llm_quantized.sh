@@ -143,6 +143,11 @@ PY
 expect_ok "fp8 calibrated perplexity" "$KILN" perplexity "$TMP/fp8c.engine" "$TEXT" --window 128 \
   --compare "$TMP/f32.engine" --json
 compare_json "fp8 calibrated against f32" 0.3 0.6
+KILN_LLM_FUSE=1 KILN_LLM_FUSE_FP8=1 expect_ok "fp8 build, calibrated, the layers fused" "$KILN" build "$D/llama" \
+  -o "$TMP/fp8cf.engine" --dtype fp8 --calibrate "$TEXT"
+expect_ok "fp8 perplexity, calibrated, fused against unfused" "$KILN" perplexity "$TMP/fp8cf.engine" "$TEXT" \
+  --window 128 --compare "$TMP/fp8c.engine" --json
+compare_json "fp8 calibrated, the layers fused, against unfused" 1e-6 1.0 1e-6
 expect_error 2 "--calibrate without fp8" "--calibrate|--dtype fp8" "$KILN" build "$D/llama" -o "$TMP/x.engine" \
   --calibrate "$TEXT"
 expect_error 1 "missing calibration text" "calibration text|no-such.txt" "$KILN" build "$D/llama" -o "$TMP/x.engine" \

@@ -1204,6 +1204,8 @@ static void test_fp8_input(void)
 /* 1: the FusedMatMul cases below take W as E4M3 codes with row scales
  * (weights = fp8; random_fp8) instead of values of t */
 static int fused_fp8;
+/* with fused_fp8: > 0, a static max |x| (the field x_amax) */
+static float fused_amax;
 
 static void random_fp8(int32_t n, int32_t k, buf *w, buf *s);
 
@@ -1219,14 +1221,15 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k
     const float eps = 1e-5f;
     const int swiglu = strcmp(epilogue, "swiglu") == 0, residual = strcmp(epilogue, "residual") == 0;
     const kiln_dtype xt = norm ? st : t, yt = residual ? st : f32_out ? KILN_DTYPE_F32 : t;
-    kiln_field f[7] = {fi32("n", &n),
+    kiln_field f[8] = {fi32("n", &n),
                        fi32("k", &k),
                        fi32("norm", &norm),
                        ff32("epsilon", &eps),
                        fstr("epilogue", epilogue),
                        fstr("output_dtype", f32_out ? "f32" : "default"),
-                       fstr("weights", "fp8")};
-    kiln_plugin *p = make("FusedMatMul", f, 6 + fused_fp8);
+                       fstr("weights", "fp8"),
+                       ff32("x_amax", &fused_amax)};
+    kiln_plugin *p = make("FusedMatMul", f, 6 + fused_fp8 + (fused_fp8 && fused_amax > 0.0f));
     if (!p)
         return;
     const float wr = 1.0f / sqrtf((float)k);
@@ -1253,9 +1256,9 @@ static void check_fused_matmul(kiln_dtype t, kiln_dtype st, int32_t n, int32_t k
     }
     char what[176];
     snprintf(what, sizeof what, "FusedMatMul %s%s%s%s%s norm %d %s T %lld n %d k %d%s%s%s", dtype_name(t),
-             fused_fp8 ? " (E4M3 W)" : "", st != t ? " (f32 stream)" : "", f32_out ? " (f32 y)" : "",
-             use_graph ? " in a graph" : "", norm, epilogue, (long long)rows, n, k,
-             getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
+             fused_fp8 ? (fused_amax > 0.0f ? " (E4M3 W, static x_amax)" : " (E4M3 W)") : "",
+             st != t ? " (f32 stream)" : "", f32_out ? " (f32 y)" : "", use_graph ? " in a graph" : "", norm, epilogue,
+             (long long)rows, n, k, getenv("KILN_FMM_EPILOGUE") ? ", KILN_FMM_EPILOGUE=" : "",
              getenv("KILN_FMM_EPILOGUE") ? getenv("KILN_FMM_EPILOGUE") : "",
              getenv("KILN_FMM_FP8_ADD") ? ", KILN_FMM_FP8_ADD=kernel" : "");
     /* an f32 y holds a product rounded (GEMV) or not (cuBLASLt's
@@ -1432,6 +1435,15 @@ static void test_fused_matmul_fp8(void)
             check_fused_rope(t, 1, 64, "none", rows[ri]);
         }
     }
+    /* a static scale (calibration; x in [-2, 2] normalized passes 1.0
+     * and saturates): no max pass in the GEMV, the static quantization
+     * past it */
+    fused_amax = 1.0f;
+    for (size_t ri = 0; ri < sizeof rows / sizeof rows[0]; ri += 3)
+        for (size_t fi = 0; fi < sizeof forms / sizeof forms[0]; fi++)
+            check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 256, 2048, forms[fi].norm, forms[fi].epilogue, rows[ri],
+                               0);
+    fused_amax = 0.0f;
     /* the 8B's decode layers: qkv (with RoPE) and gate/up over the f32
      * stream, o and down adding into it */
     check_fused_matmul(KILN_DTYPE_BF16, KILN_DTYPE_F32, 6144, 4096, 1, "none", 1, 0);

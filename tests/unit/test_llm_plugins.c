@@ -1278,15 +1278,16 @@ static void test_fused_matmul(void)
     CHECK_FAILS(kiln_plugin_create(c, wf, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "weights");
     wf[2] = fstr("weights", "fp8");
     CHECK_FAILS(kiln_plugin_create(c, wf, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "multiple of 16");
-    /* a v2 blob (before weights) and a v1 blob (before output_dtype: 4 and
-     * 8 bytes shorter) load */
+    /* a v3 blob (before x_amax), a v2 blob (before weights) and a v1 blob
+     * (before output_dtype: 4, 8 and 12 bytes shorter) load */
     od[3] = fstr("output_dtype", "f32");
     CHECK_OK(kiln_plugin_create(c, od, 4, &p));
     size_t size = 0;
     if (p) {
         CHECK_OK(p->ops->serialize(p, NULL, &size));
-        check_blob(p, "FusedMatMul", 2, size - sizeof(int32_t));
-        check_blob(p, "FusedMatMul", 1, size - 2 * sizeof(int32_t));
+        check_blob(p, "FusedMatMul", 3, size - sizeof(float));
+        check_blob(p, "FusedMatMul", 2, size - sizeof(float) - sizeof(int32_t));
+        check_blob(p, "FusedMatMul", 1, size - sizeof(float) - 2 * sizeof(int32_t));
         p->ops->destroy(p);
     }
 }
