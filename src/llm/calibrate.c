@@ -104,17 +104,27 @@ kiln_status kiln_llm_calibrate(kiln_llm_checkpoint *ck, const kiln_llm_build_opt
         po.kv_cache = KILN_LLM_KV_AUTO;
         po.max_batch = 1;
         po.calibrate = NULL;
-        if (o->progress)
-            o->progress(o->progress_user, 0.0, "building the calibration engine");
-        ck->probe = 1;
-        st = kiln_llm_build_engine_file(ck, &po, reg, NULL, path);
-        ck->probe = 0;
-        if (st == KILN_OK) {
+        for (int attempt = 0; attempt < 2; attempt++) {
             if (o->progress)
-                o->progress(o->progress_user, 0.0, "calibrating on the text");
-            st = run_probes(reg, path, text, len, o->calibrate_tokens, n_sites, amax, n_tokens);
+                o->progress(o->progress_user, 0.0, "building the calibration engine");
+            ck->probe = 1;
+            st = kiln_llm_build_engine_file(ck, &po, reg, NULL, path);
+            ck->probe = 0;
+            if (st == KILN_OK) {
+                if (o->progress)
+                    o->progress(o->progress_user, 0.0, "calibrating on the text");
+                st = run_probes(reg, path, text, len, o->calibrate_tokens, n_sites, amax, n_tokens);
+            }
+            unlink(path);
+            /* an engine for a GPU this machine lacks (a build for another
+             * machine): the unquantized model runs on the CPU instead */
+            if (st != KILN_ERROR_TARGET || po.backend == KILN_BACKEND_CPU)
+                break;
+            kiln_log(KILN_LOG_WARNING, "LLM build: no %s device here to calibrate on: the model runs on the CPU (f32)",
+                     kiln_backend_name(po.backend));
+            po.backend = KILN_BACKEND_CPU;
+            po.dtype = KILN_DTYPE_F32;
         }
-        unlink(path);
     }
     for (int32_t l = 0; st == KILN_OK && l < ck->config.n_layers; l++) {
         const float *a = amax + (size_t)l * KILN_LLM_CALIB_SITES;

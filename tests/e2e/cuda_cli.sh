@@ -4,7 +4,8 @@
 # without a GPU, says it used heuristic tactics; `kiln inspect` shows the architectures and tactics; `kiln exec`
 # of a cuda engine refuses in one line where no GPU is (and where one is,
 # runs it with --cuda-graph --check); --cuda-graph on a CPU engine is an
-# error; --profile reports every layer.
+# error; --profile reports every layer; an FP8 LLM engine for cuda
+# calibrates (--calibrate) with or without a GPU.
 source "$(dirname "$0")/common.bash"
 
 cat >"$TMP/net.json" <<'JSON'
@@ -70,5 +71,11 @@ expect_stdout "profile lists the matmul" '"name": "mm"'
 expect_stdout "profile lists the tanh" '"name": "act"'
 expect_ok "exec --profile text" "$KILN" exec "$TMP/cpu.engine" --profile
 expect_stdout "profile table" 'per-layer host time'
+
+# an FP8 engine for cuda with static activation scales builds here too:
+# without a GPU the calibration runs the unquantized model on the CPU
+expect_ok "calibrated fp8 build for cuda" "$KILN" build "$KILN_SOURCE_DIR/tests/data/llm/llama" --backend cuda \
+  --dtype fp8 --calibrate "$KILN_SOURCE_DIR/tests/data/text/declaration_of_independence.txt" -o "$TMP/fp8c.engine"
+expect_stdout "calibrated for cuda" 'for cuda: .*matmul weights fp8 \(activation scales from 256 calibration tokens\)'
 
 finish
