@@ -1278,6 +1278,12 @@ static void test_fused_matmul(void)
     CHECK_FAILS(kiln_plugin_create(c, wf, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "weights");
     wf[2] = fstr("weights", "fp8");
     CHECK_FAILS(kiln_plugin_create(c, wf, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "multiple of 16");
+    /* a static scale x_amax: finite, >= 0, and only over E4M3 weights */
+    const float amax = 2.0f, neg = -1.0f;
+    kiln_field af[4] = {fi32("n", &n), fi32("k", &k), ff32("x_amax", &amax), fstr("weights", "dtype")};
+    CHECK_FAILS(kiln_plugin_create(c, af, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "without weights = fp8");
+    af[2] = ff32("x_amax", &neg);
+    CHECK_FAILS(kiln_plugin_create(c, af, 3, &p), KILN_ERROR_INVALID_ARGUMENT, "x_amax");
     /* a v3 blob (before x_amax), a v2 blob (before weights) and a v1 blob
      * (before output_dtype: 4, 8 and 12 bytes shorter) load */
     od[3] = fstr("output_dtype", "f32");
