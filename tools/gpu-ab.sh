@@ -12,7 +12,11 @@
 # tests/data/text/declaration_of_independence.txt).
 #
 #   bash tools/gpu-ab.sh [--model 8b|1b] [--dtype fp8|bf16] [--runs N]
-#                        BENCH VARIANT...
+#                        BENCH[,BENCH...] VARIANT...
+#
+# Benches of one engine recipe (prefill2048 and decode; throughput and
+# long) may be given together: they share the checkpoint and the engines,
+# and each prints its own table.
 #
 # BENCH (figure; engine):
 #   prefill2048   prefill tok/s of one 2,048-token prompt (--max-tokens 2048
@@ -49,21 +53,34 @@ case "$model/$dtype/$runs" in
     *) echo "gpu-ab: --model 1b|8b, --dtype fp8|bf16 (got $model, $dtype)" >&2; exit 2 ;;
 esac
 [[ "$runs" =~ ^[1-9][0-9]*$ ]] || { echo "gpu-ab: --runs takes a positive count, not $runs" >&2; exit 2; }
-engine_args=(--dtype "$dtype" --max-tokens 2048 --max-seq-len 8448)
-case "$bench" in
-    prefill2048) bench_args=(--prompt-len 2048 --gen-len 2 --reps 3); figure=prefill_tok_s ;;
-    decode) bench_args=(--prompt-len 128 --gen-len 256 --reps 3); figure=decode_tok_s ;;
-    throughput|long)
-        engine_args=(--dtype "$dtype" --max-batch 1024 --max-seq-len 2048 --max-tokens 8192)
-        [ "$dtype" = fp8 ] && engine_args+=(--kv-dtype fp8)
-        if [ "$bench" = throughput ]; then
-            bench_args=(--throughput --requests 1024 --input-len 128 --output-len 128)
-        else
-            bench_args=(--throughput --requests 1000 --input-len 1000 --output-len 1000)
-        fi
-        figure=output_tok_s ;;
-    *) echo "gpu-ab: BENCH is prefill2048, decode, throughput or long, not '$bench' (--help)" >&2; exit 2 ;;
-esac
+# bench_setup BENCH: its engine_args, bench_args and figure
+bench_setup() {
+    engine_args=(--dtype "$dtype" --max-tokens 2048 --max-seq-len 8448)
+    case "$1" in
+        prefill2048) bench_args=(--prompt-len 2048 --gen-len 2 --reps 3); figure=prefill_tok_s ;;
+        decode) bench_args=(--prompt-len 128 --gen-len 256 --reps 3); figure=decode_tok_s ;;
+        throughput|long)
+            engine_args=(--dtype "$dtype" --max-batch 1024 --max-seq-len 2048 --max-tokens 8192)
+            [ "$dtype" = fp8 ] && engine_args+=(--kv-dtype fp8)
+            if [ "$1" = throughput ]; then
+                bench_args=(--throughput --requests 1024 --input-len 128 --output-len 128)
+            else
+                bench_args=(--throughput --requests 1000 --input-len 1000 --output-len 1000)
+            fi
+            figure=output_tok_s ;;
+        *) echo "gpu-ab: BENCH is prefill2048, decode, throughput or long, not '$1' (--help)" >&2; return 2 ;;
+    esac
+}
+# BENCH,BENCH...: benches of one engine recipe share the checkpoint and engines
+IFS=, read -r -a benches <<<"$bench"
+[ ${#benches[@]} -gt 0 ] || { bench_setup ""; exit 2; }
+first_engine=""
+for b in "${benches[@]}"; do
+    bench_setup "$b" || exit 2
+    [ -z "$first_engine" ] && first_engine="${engine_args[*]}"
+    [ "$first_engine" = "${engine_args[*]}" ] ||
+        { echo "gpu-ab: $bench: these benches need different engines (prefill2048 and decode share one, throughput and long another)" >&2; exit 2; }
+done
 [ $# -gt 0 ] || set -- default
 for v in "$@"; do
     [ "$v" = default ] || [[ "$v" =~ ^[A-Z_][A-Z0-9_]*=[^,]*(,[A-Z_][A-Z0-9_]*=[^,]*)*$ ]] ||
@@ -113,13 +130,15 @@ engine_of() {
 
 rc=0
 table=""
+for b in "${benches[@]}"; do
+bench_setup "$b"
 for r in $(seq 1 "$runs"); do
     for v in "$@"; do
         engine=$(engine_of "$v") || { echo "gpu-ab: $v: its engine did not build"; rc=1; continue; }
         split_settings "$v"
-        out="$logs/ab-$bench-$(echo "$v" | tr -c 'A-Za-z0-9=_\n' '_')-$r.json"
+        out="$logs/ab-$b-$(echo "$v" | tr -c 'A-Za-z0-9=_\n' '_')-$r.json"
         if ! env "${run_set[@]}" "$kiln" bench "$engine" "${bench_args[@]}" --json >"$out" 2>"$out.err"; then
-            echo "gpu-ab: $v, run $r FAILED"; tail -n 3 "$out.err"; rc=1; continue
+            echo "gpu-ab: $b, $v, run $r FAILED"; tail -n 3 "$out.err"; rc=1; continue
         fi
         line=$(python3 - "$out" "$figure" <<'PY'
 import json, sys
@@ -135,12 +154,14 @@ elif "ttft_ms" in d:
     extra = " (TTFT %.1f ms)" % d["ttft_ms"]
 print("%.1f%s" % (d[f], extra))
 PY
-        ) || { echo "gpu-ab: $v, run $r: no $figure in $out"; rc=1; continue; }
+        ) || { echo "gpu-ab: $b, $v, run $r: no $figure in $out"; rc=1; continue; }
         table+="$(printf '%-48s %3d  %s' "$v" "$r" "$line")"$'\n'
     done
 done
 echo
-echo "$model $dtype $bench ($figure), engine: ${engine_args[*]}"
+echo "$model $dtype $b ($figure), engine: ${engine_args[*]}"
 printf '%-48s %3s  %s\n' variant run "$figure"
 printf '%s' "$table" | sort -s -k1,1
+table=""
+done
 exit $rc
