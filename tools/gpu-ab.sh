@@ -128,19 +128,9 @@ engine_of() {
     echo "$e"
 }
 
-rc=0
-table=""
-for b in "${benches[@]}"; do
-bench_setup "$b"
-for r in $(seq 1 "$runs"); do
-    for v in "$@"; do
-        engine=$(engine_of "$v") || { echo "gpu-ab: $v: its engine did not build"; rc=1; continue; }
-        split_settings "$v"
-        out="$logs/ab-$b-$(echo "$v" | tr -c 'A-Za-z0-9=_\n' '_')-$r.json"
-        if ! env "${run_set[@]}" "$kiln" bench "$engine" "${bench_args[@]}" --json >"$out" 2>"$out.err"; then
-            echo "gpu-ab: $b, $v, run $r FAILED"; tail -n 3 "$out.err"; rc=1; continue
-        fi
-        line=$(python3 - "$out" "$figure" <<'PY'
+# figure_line JSON FIGURE: the figure of one run, with its context
+figure_line() {
+    python3 - "$1" "$2" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 f = sys.argv[2]
@@ -154,14 +144,27 @@ elif "ttft_ms" in d:
     extra = " (TTFT %.1f ms)" % d["ttft_ms"]
 print("%.1f%s" % (d[f], extra))
 PY
-        ) || { echo "gpu-ab: $b, $v, run $r: no $figure in $out"; rc=1; continue; }
-        table+="$(printf '%-48s %3d  %s' "$v" "$r" "$line")"$'\n'
+}
+
+rc=0
+for b in "${benches[@]}"; do
+    bench_setup "$b"
+    table=""
+    for r in $(seq 1 "$runs"); do
+        for v in "$@"; do
+            engine=$(engine_of "$v") || { echo "gpu-ab: $v: its engine did not build"; rc=1; continue; }
+            split_settings "$v"
+            out="$logs/ab-$b-$(echo "$v" | tr -c 'A-Za-z0-9=_\n' '_')-$r.json"
+            if ! env "${run_set[@]}" "$kiln" bench "$engine" "${bench_args[@]}" --json >"$out" 2>"$out.err"; then
+                echo "gpu-ab: $b, $v, run $r FAILED"; tail -n 3 "$out.err"; rc=1; continue
+            fi
+            line=$(figure_line "$out" "$figure") || { echo "gpu-ab: $b, $v, run $r: no $figure in $out"; rc=1; continue; }
+            table+="$(printf '%-48s %3d  %s' "$v" "$r" "$line")"$'\n'
+        done
     done
-done
-echo
-echo "$model $dtype $b ($figure), engine: ${engine_args[*]}"
-printf '%-48s %3s  %s\n' variant run "$figure"
-printf '%s' "$table" | sort -s -k1,1
-table=""
+    echo
+    echo "$model $dtype $b ($figure), engine: ${engine_args[*]}"
+    printf '%-48s %3s  %s\n' variant run "$figure"
+    printf '%s' "$table" | sort -s -k1,1
 done
 exit $rc
