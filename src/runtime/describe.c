@@ -261,9 +261,9 @@ static json_t *describe(const kiln_graph *g, const kiln_engine_header_info *info
     return root;
 }
 
-kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engine_header_info *info, char **out)
+/* root's text into *out; takes root */
+static kiln_status dump(json_t *root, char **out)
 {
-    json_t *root = describe(g, info);
     char *text = root ? json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(root);
     if (!text)
@@ -272,9 +272,22 @@ kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engi
     return KILN_OK;
 }
 
+kiln_status kiln_engine_describe_graph_json(const kiln_graph *g, const kiln_engine_header_info *info, char **out)
+{
+    return dump(describe(g, info), out);
+}
+
 kiln_status kiln_engine_describe_json(const kiln_engine *engine, char **out)
 {
     if (!engine || !out)
         return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_engine_describe_json: engine and out are required");
-    return kiln_engine_describe_graph_json(&engine->graph, &engine->info, out);
+    json_t *root = describe(&engine->graph, &engine->info);
+    /* A loaded engine knows what a context really takes: the plan's arena
+     * less the I/O tensors (sized to their current shapes when bound, and
+     * at their max shapes as large as an LLM's whole KV cache), plus the
+     * plugins' workspace. */
+    if (root)
+        json_object_set_new(json_object_get(root, "memory"), "context_bytes",
+                            json_integer((json_int_t)engine->pool.block_bytes));
+    return dump(root, out);
 }

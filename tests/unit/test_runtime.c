@@ -480,6 +480,11 @@ static void test_describe_json(void)
         CHECK(p0 && strstr(json_string_value(json_object_get(p0, "library")), "libkiln_scale_bias.so"));
         json_t *mem = json_object_get(root, "memory");
         CHECK((size_t)json_integer_value(json_object_get(mem, "arena_bytes")) == e->graph.arena_size);
+        /* a context: the arena less the I/O tensors (here x and y, planned
+         * inside it), plus the workspace */
+        size_t ctx_bytes = (size_t)json_integer_value(json_object_get(mem, "context_bytes"));
+        CHECK(ctx_bytes == e->pool.block_bytes);
+        CHECK(ctx_bytes >= e->graph.workspace_size && ctx_bytes < e->graph.arena_size + e->graph.workspace_size);
         CHECK(json_array_size(json_object_get(root, "layers")) == (size_t)e->graph.n_layers);
         json_t *prof = json_object_get(json_array_get(json_object_get(root, "profiles"), 0), "x");
         CHECK(json_integer_value(json_array_get(json_object_get(prof, "max"), 0)) == MAX_BATCH);

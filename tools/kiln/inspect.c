@@ -186,8 +186,15 @@ static void print_text(const char *path, json_t *root, kiln_registry *reg, const
     }
     printf("constants: %lld tensors, %lld bytes\n", n_const, const_bytes);
     json_t *mem = json_object_get(root, "memory");
-    printf("memory: arena %lld bytes, workspace %lld bytes\n", cli_json_int(mem, "arena_bytes"),
-           cli_json_int(mem, "workspace_bytes"));
+    if (json_object_get(mem, "context_bytes")) /* a loaded engine's */
+        printf("memory: a context takes %lld bytes (its tensors and a %lld-byte workspace; the I/O tensors are the "
+               "caller's, sized when bound: with them at their max shapes the plan's arena is %lld bytes)\n",
+               cli_json_int(mem, "context_bytes"), cli_json_int(mem, "workspace_bytes"),
+               cli_json_int(mem, "arena_bytes"));
+    else
+        printf("memory: arena %lld bytes with the I/O tensors at their max shapes (a context leaves them out), "
+               "workspace %lld bytes\n",
+               cli_json_int(mem, "arena_bytes"), cli_json_int(mem, "workspace_bytes"));
 
     json_t *plugins = json_object_get(root, "plugins");
     printf("plugins (%zu):\n", json_array_size(plugins));
