@@ -49,7 +49,10 @@ static kiln_status run_probes(kiln_registry *reg, const char *path, const char *
 {
     kiln_llm_options lo;
     kiln_llm_options_init(&lo);
-    lo.kv_cache_blocks = 0;
+    /* kiln_llm_score makes its own cache of the text's blocks: the llm's
+     * own (on a GPU, 0.9 of the free memory by default) would only take
+     * time to allocate and memory from whatever else runs there */
+    lo.kv_cache_blocks = 1;
     lo.no_cuda_graphs = 1;
     kiln_llm *llm = NULL;
     KILN_TRY(kiln_llm_open(reg, path, &lo, &llm));
