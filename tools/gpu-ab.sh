@@ -95,8 +95,15 @@ trap 'rm -rf "$work"' EXIT
 kiln_gpu_checkpoint "$model" "$work" || exit 2
 kiln_gpu_build kiln_cli || exit 1
 kiln=build-gpu/bin/kiln
+if ! wait "$kiln_gpu_ck_pid"; then
+    tail -n 5 "$logs/checkpoint-$model.log"
+    echo "gpu-ab: the random checkpoint FAILED" >&2
+    exit 1
+fi
+kiln_gpu_ck_pid=
 echo "gpu-ab: kiln build ${engine_args[*]}"
-kiln_gpu_engine "$model" "$work" "${engine_args[@]}" || exit 1
+kiln_gpu_engine "$model" "$work" "${engine_args[@]}" >"$work/default-build.out" 2>&1 &
+default_pid=$!
 
 # a variant's settings: those of the build (build_set) and the rest (run_set)
 split_settings() {
@@ -112,21 +119,40 @@ split_settings() {
     done
 }
 # the engine of a variant with build settings: built once, beside e.engine
+# (a build that failed is not tried again)
 engine_of() {
     split_settings "$1"
     [ ${#build_set[@]} -eq 0 ] && { echo "$work/e.engine"; return 0; }
     local e
     e="$work/e-$(printf '%s_' "${build_set[@]}" | tr -c 'A-Za-z0-9_\n' '_').engine"
+    [ -f "$e.failed" ] && return 1
     if [ ! -f "$e" ]; then
         echo "gpu-ab: kiln build with ${build_set[*]}" >&2
         local calib=()
         [[ " ${build_set[*]} " == *" KILN_AB_CALIBRATE=1 "* ]] &&
             calib=(--calibrate "$root/tests/data/text/declaration_of_independence.txt")
         env "${build_set[@]}" "$kiln" build "$work/ck" --backend cuda "${engine_args[@]}" "${calib[@]}" -o "$e" \
-            >"$logs/engine-$(basename "$e").log" 2>&1 || { tail -n 5 "$logs/engine-$(basename "$e").log" >&2; return 1; }
+            >"$logs/engine-$(basename "$e").log" 2>&1 ||
+            { tail -n 5 "$logs/engine-$(basename "$e").log" >&2; touch "$e.failed"; return 1; }
     fi
     echo "$e"
 }
+# The first variant with build settings builds its engine while the
+# default one builds in the background (both mostly host work: reading,
+# converting, writing); the others build one at a time when first run, so
+# that two calibrated builds never hold their unquantized calibration
+# engines (16 GB each at 8B) on the disk at once.
+for v in "$@"; do
+    split_settings "$v"
+    if [ ${#build_set[@]} -gt 0 ]; then
+        engine_of "$v" >/dev/null
+        break
+    fi
+done
+if ! wait "$default_pid"; then
+    cat "$work/default-build.out"
+    exit 1
+fi
 
 # figure_line JSON FIGURE: the figure of one run, with its context
 figure_line() {
@@ -160,6 +186,7 @@ for b in "${benches[@]}"; do
             fi
             line=$(figure_line "$out" "$figure") || { echo "gpu-ab: $b, $v, run $r: no $figure in $out"; rc=1; continue; }
             table+="$(printf '%-48s %3d  %s' "$v" "$r" "$line")"$'\n'
+            echo "gpu-ab: $b, $v, run $r: $line" # as it comes, for a call cut short
         done
     done
     echo

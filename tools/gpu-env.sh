@@ -119,11 +119,13 @@ kiln_gpu_engine() {
         args=(--dtype bf16 --max-tokens 2048)
         [ "$model" = 8b ] && args+=(--max-seq-len 8448)
     fi
-    if ! wait "$kiln_gpu_ck_pid"; then
+    # (a caller that waited for it itself empties kiln_gpu_ck_pid)
+    if [ -n "${kiln_gpu_ck_pid:-}" ] && ! wait "$kiln_gpu_ck_pid"; then
         tail -n 5 "$KILN_GPU_LOGS/checkpoint-$model.log"
         echo "gpu-env: the random checkpoint FAILED" >&2
         return 1
     fi
+    kiln_gpu_ck_pid=
     if ! "$KILN_BUILD_DIR/bin/kiln" build "$dir/ck" --backend cuda "${args[@]}" \
             -o "$dir/e.engine" >"$KILN_GPU_LOGS/engine-$model.log" 2>&1; then
         tail -n 5 "$KILN_GPU_LOGS/engine-$model.log"
