@@ -56,6 +56,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 #include "core/fp8.h"
+#include "core/threadpool.h"
 
 #include <cuda_runtime.h>
 #include <kiln/plugin.h>
@@ -67,6 +68,11 @@ static cudaStream_t stream;
 static kiln_registry *reg;
 static int use_graph;    /* run_both enqueues inside a stream capture, then replays it */
 static double tol_floor; /* > 0: the least tolerance run_both uses */
+/* the CPU reference's threads (its enqueue's stream; NULL: this thread).
+ * Set only around plugins whose CPU path splits independent outputs
+ * over threads and keeps no per-thread state in the workspace: Fp8MatMul,
+ * whose reference otherwise takes minutes of one core here. */
+static kiln_threadpool *cpu_pool;
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -275,7 +281,7 @@ static void run_both_ws(const char *what, kiln_plugin *p, buf *in, int32_t n_in,
         fprintf(stderr, "%s: the plugin does not take this case on CUDA\n", what);
         return;
     }
-    if (p->ops->enqueue(p, KILN_BACKEND_CPU, d, hin, n_in, d + n_in, hout, n_out, ws, NULL) != KILN_OK) {
+    if (p->ops->enqueue(p, KILN_BACKEND_CPU, d, hin, n_in, d + n_in, hout, n_out, ws, cpu_pool) != KILN_OK) {
         test_failures_++;
         fprintf(stderr, "%s: CPU: %s\n", what, kiln_last_error());
         return;
@@ -906,6 +912,7 @@ static void test_fp8(void)
                     {"KILN_FP8_QUANT", "scalar", 4, 0},
                     {"KILN_FP8_FAST_ACCUM", "1", 4, 1e-2}};
     const int nv = (int)(sizeof variants / sizeof variants[0]);
+    cpu_pool = kiln_threadpool_global();
     tol_floor = 1e-3;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         int32_t n = shapes[si][0], k = shapes[si][1];
@@ -992,6 +999,7 @@ static void test_fp8(void)
         }
     }
     tol_floor = 0;
+    cpu_pool = NULL;
 }
 
 /* ---- E4M3 activations handed to Fp8MatMul ---------------------------------------------------- */
@@ -1087,8 +1095,10 @@ static void check_fp8_static(kiln_dtype t, int32_t n, int32_t k, int64_t rows)
     snprintf(what, sizeof what, "Fp8MatMul x_amax %g %s T %lld n %d k %d", (double)amax, dtype_name(t), (long long)rows,
              n, k);
     tol_floor = 1e-3;
+    cpu_pool = kiln_threadpool_global();
     run_both_ws(what, p, in, 3, &y, 1, wh, wd);
     tol_floor = 0;
+    cpu_pool = NULL;
     free(wh);
     cudaFree(wd);
     for (int i = 0; i < 3; i++)
@@ -1126,8 +1136,10 @@ static void check_fp8_q8(kiln_dtype yt, int32_t n, int32_t k, int64_t rows)
     char what[112];
     snprintf(what, sizeof what, "Fp8MatMul on E4M3 x -> %s T %lld n %d k %d", dtype_name(yt), (long long)rows, n, k);
     tol_floor = 1e-3;
+    cpu_pool = kiln_threadpool_global();
     run_both_ws(what, p, in, 4, &y, 1, wh, wd);
     tol_floor = 0;
+    cpu_pool = NULL;
     free(wh);
     cudaFree(wd);
     for (int i = 0; i < 4; i++)
