@@ -596,25 +596,39 @@ static const char *token_name(json_t *v)
     return json_is_string(v) ? json_string_value(v) : NULL;
 }
 
+/* An optional JSON file of the checkpoint, DIR/NAME, that must hold an
+ * object: *path (the caller frees it) and f->root (the caller decrefs it;
+ * NULL when the file is absent, which is not an error). */
+static kiln_status load_optional_object(const char *dir, const char *name, char **path, jfile *f)
+{
+    f->root = NULL;
+    if (!(*path = kiln_llm_path_join(dir, name)))
+        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory");
+    char *text = NULL;
+    size_t len;
+    kiln_status st = kiln_llm_read_file(*path, &text, &len);
+    if (st == KILN_ERROR_NOT_FOUND)
+        return KILN_OK;
+    if (st == KILN_OK)
+        st = load_json(text, len, *path, f);
+    free(text);
+    if (st == KILN_OK && !json_is_object(f->root))
+        st = kiln_fail(KILN_ERROR_FORMAT, "%s: expected a JSON object", *path);
+    if (st != KILN_OK) {
+        json_decref(f->root);
+        f->root = NULL;
+    }
+    return st;
+}
+
 static kiln_status read_tokenizer_config(const char *dir, kiln_llm_checkpoint *ck, kiln_tokenizer *tok, int *bos,
                                          int *eos)
 {
     kiln_llm_config *c = &ck->config;
-    char *path = kiln_llm_path_join(dir, "tokenizer_config.json"), *text = NULL;
-    size_t len;
-    if (!path)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory");
-    kiln_status st = kiln_llm_read_file(path, &text, &len);
-    if (st == KILN_ERROR_NOT_FOUND) {
-        free(path);
-        return KILN_OK;
-    }
+    char *path = NULL;
     jfile f = {0};
-    if (st == KILN_OK)
-        st = load_json(text, len, path, &f);
-    if (st == KILN_OK && !json_is_object(f.root))
-        st = kiln_fail(KILN_ERROR_FORMAT, "%s: expected a JSON object", path);
-    if (st == KILN_OK) {
+    kiln_status st = load_optional_object(dir, "tokenizer_config.json", &path, &f);
+    if (st == KILN_OK && f.root) {
         json_t *ct = json_object_get(f.root, "chat_template");
         const char *tmpl = json_string_value(ct);
         if (json_is_array(ct)) /* [{"name": "default", "template": ...}, ...] */
@@ -635,7 +649,6 @@ static kiln_status read_tokenizer_config(const char *dir, kiln_llm_checkpoint *c
             *eos = id;
     }
     json_decref(f.root);
-    free(text);
     free(path);
     return st;
 }
@@ -662,21 +675,10 @@ static kiln_status read_chat_template_file(const char *dir, kiln_llm_checkpoint 
 
 static kiln_status read_generation_config(const char *dir, kiln_llm_config *c)
 {
-    char *path = kiln_llm_path_join(dir, "generation_config.json"), *text = NULL;
-    size_t len;
-    if (!path)
-        return kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory");
-    kiln_status st = kiln_llm_read_file(path, &text, &len);
-    if (st == KILN_ERROR_NOT_FOUND) {
-        free(path);
-        return KILN_OK;
-    }
+    char *path = NULL;
     jfile f = {0};
-    if (st == KILN_OK)
-        st = load_json(text, len, path, &f);
-    if (st == KILN_OK && !json_is_object(f.root))
-        st = kiln_fail(KILN_ERROR_FORMAT, "%s: expected a JSON object", path);
-    if (st == KILN_OK) {
+    kiln_status st = load_optional_object(dir, "generation_config.json", &path, &f);
+    if (st == KILN_OK && f.root) {
         json_t *e = json_object_get(f.root, "eos_token_id");
         if (json_is_number(e) || json_is_array(e)) {
             int32_t n = 0;
@@ -717,7 +719,6 @@ static kiln_status read_generation_config(const char *dir, kiln_llm_config *c)
             st = j_bool(&f, f.root, "do_sample", &g->do_sample, &g->has_do_sample);
     }
     json_decref(f.root);
-    free(text);
     free(path);
     return st;
 }

@@ -282,6 +282,30 @@ static void test_hf_directory_errors(void)
     put(dir, "generation_config.json", "{\"eos_token_id\": [3, 9999]}");
     CHECK_FAILS(kiln_llm_import_hf(dir, &ck), KILN_ERROR_FORMAT, "not a token id below vocab_size 320");
     CHECK(ck == NULL);
+    /* the two optional JSON files: not an object, not JSON, absent */
+    const char *optional[2] = {"generation_config.json", "tokenizer_config.json"};
+    for (int i = 0; i < 2; i++) {
+        char want[96];
+        put(dir, optional[i], "[1, 2]");
+        snprintf(want, sizeof want, "%s: expected a JSON object", optional[i]);
+        CHECK_FAILS(kiln_llm_import_hf(dir, &ck), KILN_ERROR_FORMAT, want);
+        put(dir, optional[i], "{\"bos_token\": ");
+        snprintf(want, sizeof want, "%s: invalid JSON at line 1", optional[i]);
+        CHECK_FAILS(kiln_llm_import_hf(dir, &ck), KILN_ERROR_FORMAT, want);
+        CHECK(ck == NULL);
+        snprintf(p, sizeof p, "%s/%s", dir, optional[i]);
+        unlink(p);
+    }
+    /* without them: EOS from config.json, no chat template */
+    CHECK_OK(kiln_llm_import_hf(dir, &ck));
+    CHECK(ck && ck->config.n_eos >= 1 && ck->config.chat_template == KILN_LLM_CHAT_NONE);
+    kiln_llm_checkpoint_free(ck);
+    ck = NULL;
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, DATA "llama/%s", optional[i]);
+        snprintf(q, sizeof q, "%s/%s", dir, optional[i]);
+        copy_file(p, q);
+    }
 }
 
 /* ---- GGUF ---------------------------------------------------------------- */
