@@ -75,6 +75,26 @@ static kiln_status run_probes(kiln_registry *reg, const char *path, const char *
     return st;
 }
 
+/* Rows a step of the calibration engine: 256, or fewer where the text,
+ * max_tokens or the engine's limits on KV blocks and logits
+ * (kiln_llm_build_network's checks) allow fewer. */
+static int32_t calibration_batch(const kiln_llm_checkpoint *ck, const kiln_llm_build_options *o)
+{
+    int64_t b = 256;
+    if (o->calibrate_tokens > 0 && o->calibrate_tokens < b)
+        b = o->calibrate_tokens;
+    if (o->max_tokens > 0 && o->max_tokens < b)
+        b = o->max_tokens;
+    if (o->max_seq_len > 0 && o->block_size > 0) {
+        int64_t per_seq = ((int64_t)o->max_seq_len + o->block_size - 1) / o->block_size;
+        if (per_seq > 0 && KILN_LLM_MAX_KV_BLOCKS / per_seq < b)
+            b = KILN_LLM_MAX_KV_BLOCKS / per_seq;
+    }
+    if (ck->config.vocab_size > 0 && KILN_LLM_MAX_LOGITS / ck->config.vocab_size < b)
+        b = KILN_LLM_MAX_LOGITS / ck->config.vocab_size;
+    return b < 1 ? 1 : (int32_t)b;
+}
+
 kiln_status kiln_llm_calibrate(kiln_llm_checkpoint *ck, const kiln_llm_build_options *o, const char *output,
                                int32_t *n_tokens)
 {
@@ -99,13 +119,18 @@ kiln_status kiln_llm_calibrate(kiln_llm_checkpoint *ck, const kiln_llm_build_opt
                                   : kiln_fail(KILN_ERROR_OUT_OF_MEMORY, "out of memory for the calibration");
     if (st == KILN_OK) {
         snprintf(path, plen, "%s.calib", output);
-        /* the model as it is: weights and KV cache in the dtype, one
-         * sequence, the progress bar's first half (the engine's build) */
+        /* the model as it is: weights and KV cache in the dtype, the
+         * progress bar's first half (the engine's build). Scoring runs the
+         * text in steps of max_batch tokens (the rows the step returns
+         * logits for), so the calibration engine takes up to 256 a step
+         * (one token a step made an 8B model's f32 fallback on the CPU
+         * read its 32 GB of weights for every token), within the
+         * engine's limits on KV blocks and logits. */
         kiln_llm_build_options po = *o;
         po.weights = KILN_LLM_WEIGHTS_DTYPE;
         po.weights_lm_head = 0;
         po.kv_cache = KILN_LLM_KV_AUTO;
-        po.max_batch = 1;
+        po.max_batch = calibration_batch(ck, o);
         po.calibrate = NULL;
         for (int attempt = 0; attempt < 2; attempt++) {
             if (o->progress)
