@@ -236,17 +236,20 @@ kiln_status kiln_builder_plan_memory(kiln_graph *g)
         g->arena_size = arena;
         /* The runtime keeps I/O tensors out of the arena (engine.c's
          * check_plan: the caller binds them, sized to their current
-         * shape), so the bytes a context takes are the arena less theirs;
-         * at their max shapes they can be huge (an LLM's KV cache). */
+         * shape), so a context takes the arena less theirs plus the
+         * workspace (planned by the pass before: the figure `kiln
+         * inspect` reads as context_bytes); at their max shapes the I/O
+         * tensors can be huge (an LLM's KV cache). */
         size_t io = 0;
         for (int32_t i = 0; i < n; i++)
             if (g->tensors[items[i].tensor].flags & (KILN_TENSOR_INPUT | KILN_TENSOR_OUTPUT))
                 io += items[i].size;
-        size_t inner = arena > io ? arena - io : 0;
+        size_t inner = (arena > io ? arena - io : 0) + g->workspace_size;
+        size_t whole = arena + g->workspace_size;
         kiln_log(KILN_LOG_INFO,
                  "memory plan: %d tensors; a context takes %zu bytes (%.2f MiB) besides the I/O tensors, "
                  "%zu bytes (%.2f MiB) with them at their max shapes; naive sum %zu bytes (%.2f MiB)",
-                 n, inner, (double)inner / (1024.0 * 1024.0), arena, (double)arena / (1024.0 * 1024.0), naive,
+                 n, inner, (double)inner / (1024.0 * 1024.0), whole, (double)whole / (1024.0 * 1024.0), naive,
                  (double)naive / (1024.0 * 1024.0));
     }
     free(items);
