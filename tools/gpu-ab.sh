@@ -95,12 +95,7 @@ trap 'rm -rf "$work"' EXIT
 kiln_gpu_checkpoint "$model" "$work" || exit 2
 kiln_gpu_build kiln_cli || exit 1
 kiln=build-gpu/bin/kiln
-if ! wait "$kiln_gpu_ck_pid"; then
-    tail -n 5 "$logs/checkpoint-$model.log"
-    echo "gpu-ab: the random checkpoint FAILED" >&2
-    exit 1
-fi
-kiln_gpu_ck_pid=
+kiln_gpu_checkpoint_wait "$model" || exit 1
 echo "gpu-ab: kiln build ${engine_args[*]}"
 kiln_gpu_engine "$model" "$work" "${engine_args[@]}" >"$work/default-build.out" 2>&1 &
 default_pid=$!

@@ -14,6 +14,7 @@
 #                                Llama-3.2-1B or Llama-3.1-8B shape into
 #                                DIR/ck in the background (the 8B's takes a
 #                                minute or two: start it before the build)
+#   kiln_gpu_checkpoint_wait 1b|8b  wait for it (once), saying so if it failed
 #   kiln_gpu_engine 1b|8b DIR [BUILD ARG...]
 #                                wait for it and build DIR/e.engine with
 #                                build-gpu/bin/kiln: with the BUILD ARGs
@@ -111,6 +112,18 @@ kiln_gpu_checkpoint() {
     kiln_gpu_ck_pid=$!
 }
 
+# kiln_gpu_checkpoint_wait 1b|8b: wait for the checkpoint kiln_gpu_checkpoint
+# started (once; later calls return at once)
+kiln_gpu_checkpoint_wait() {
+    if [ -n "${kiln_gpu_ck_pid:-}" ] && ! wait "$kiln_gpu_ck_pid"; then
+        tail -n 5 "$KILN_GPU_LOGS/checkpoint-$1.log"
+        echo "gpu-env: the random checkpoint FAILED" >&2
+        kiln_gpu_ck_pid=
+        return 1
+    fi
+    kiln_gpu_ck_pid=
+}
+
 kiln_gpu_engine() {
     local model=$1 dir=$2
     shift 2
@@ -119,13 +132,7 @@ kiln_gpu_engine() {
         args=(--dtype bf16 --max-tokens 2048)
         [ "$model" = 8b ] && args+=(--max-seq-len 8448)
     fi
-    # (a caller that waited for it itself empties kiln_gpu_ck_pid)
-    if [ -n "${kiln_gpu_ck_pid:-}" ] && ! wait "$kiln_gpu_ck_pid"; then
-        tail -n 5 "$KILN_GPU_LOGS/checkpoint-$model.log"
-        echo "gpu-env: the random checkpoint FAILED" >&2
-        return 1
-    fi
-    kiln_gpu_ck_pid=
+    kiln_gpu_checkpoint_wait "$model" || return 1
     if ! "$KILN_BUILD_DIR/bin/kiln" build "$dir/ck" --backend cuda "${args[@]}" \
             -o "$dir/e.engine" >"$KILN_GPU_LOGS/engine-$model.log" 2>&1; then
         tail -n 5 "$KILN_GPU_LOGS/engine-$model.log"
