@@ -30,6 +30,11 @@
 #                 throughput engine)
 # VARIANT: `default`, or NAME=VALUE[,NAME=VALUE...] (e.g.
 #   KILN_ATTENTION_DECODE=mma). The model is 8b by default, the dtype fp8.
+# KILN_AB_WORK=DIR keeps the checkpoint and the engines in DIR (made if
+#   missing) for the next call on a warm machine, which then skips writing
+#   the checkpoint (2 min at 8B) and the builds it already made; engines of
+#   another recipe are removed first (an 8B checkpoint and a few engines
+#   fill most of the machine's disk). Without it, a temporary folder.
 # Needs the build (tools/gpu-env.sh: a carried .gpu-build.tar.xz with
 # kiln_cli, or a build here); logs and the JSON of every run go under
 # $OUT (or build-gpu/logs). Exit 0 when every run gave its figure.
@@ -90,14 +95,33 @@ done
 # shellcheck source=tools/gpu-env.sh
 . "$root/tools/gpu-env.sh" || exit 2
 logs=$KILN_GPU_LOGS # gpu-env's: $OUT/logs, or build-gpu/logs
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-kiln_gpu_checkpoint "$model" "$work" || exit 2
+if [ -n "${KILN_AB_WORK:-}" ]; then
+    top="$KILN_AB_WORK/$model"
+    mkdir -p "$top" || exit 2
+else
+    top=$(mktemp -d)
+    trap 'rm -rf "$top"' EXIT
+fi
+# the engines of this recipe in $work, beside the checkpoint in $top/ck
+recipe=$(printf '%s_' "$dtype" "${engine_args[@]}" | tr -c 'A-Za-z0-9\n' '_')
+work="$top/$recipe"
+for d in "$top"/*/; do
+    [ "$d" = "$top/ck/" ] || [ "$d" = "$work/" ] || rm -rf "$d"
+done
+mkdir -p "$work"
+[ -f "$top/ck.done" ] || { rm -rf "$top/ck"; kiln_gpu_checkpoint "$model" "$top" || exit 2; }
 kiln_gpu_build kiln_cli || exit 1
 kiln=build-gpu/bin/kiln
 kiln_gpu_checkpoint_wait "$model" || exit 1
-echo "gpu-ab: kiln build ${engine_args[*]}"
-kiln_gpu_engine "$model" "$work" "${engine_args[@]}" >"$work/default-build.out" 2>&1 &
+touch "$top/ck.done"
+[ -e "$work/ck" ] || ln -s "$top/ck" "$work/ck"
+if [ -f "$work/e.engine" ]; then
+    echo "gpu-ab: kept $work/e.engine"
+    (exit 0) &
+else
+    echo "gpu-ab: kiln build ${engine_args[*]}"
+    kiln_gpu_engine "$model" "$work" "${engine_args[@]}" >"$work/default-build.out" 2>&1 &
+fi
 default_pid=$!
 
 # a variant's settings: those of the build (build_set) and the rest (run_set)
