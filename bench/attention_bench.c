@@ -9,13 +9,18 @@
  * decode step right after a short prompt runs them), 1024 and 8192, batch 64 at context 8192
  * (batch 1 also with a block table sized for 131072 tokens, as an engine
  * built for a long max context has it: the splits follow the actual
- * length), 512 sequences of lengths uniform in 1000..2000 and 1024 of
- * 128..256 (continuous batching's many mixed sequences). For each: the
+ * length), 32, 66 and 128 sequences of 256..2048 (around where the
+ * default turns from kat_pipe to kat_dmma: 66 sequences of 8 kv heads
+ * are kat_pipe's 528 CTAs), 512 sequences of lengths uniform in 1000..2000
+ * and 1024 of 128..256 (continuous batching's many mixed sequences). For each: the
  * step's time (cache write, attention, split combine) and the KV-cache
  * bytes it must read over that time, as a fraction of the device-to-device
  * copy bandwidth measured in the same run (bytes read + written). Each
  * case runs with every variant of the decode in `variants` below, one row
- * each: `pipe` the default (kat_pipe: cached keys' loads issued before the
+ * each: `default` the library's choice (kat_dmma where the sequences
+ * times kv heads reach kat_pipe's aim of CTAs, else kat_pipe), `pipe`
+ * kat_pipe at any batch (KILN_ATTENTION_DECODE=pipe, as every variant
+ * below that names no other kernel; cached keys' loads issued before the
  * wait on the previous kernel, one block-table read per warp stage, splits
  * of at least 64 keys, the grid's splits capped at a cluster's 16), `late`
  * without the early loads (KILN_ATTENTION_PIPE_EARLY=0), `rowtab` with a
@@ -304,6 +309,7 @@ typedef struct variant {
 } variant;
 
 static const variant variants[] = {
+    {"default", {NULL}},
     {"pipe", {NULL}},
     {"late", {"KILN_ATTENTION_PIPE_EARLY", "0"}},
     {"rowtab", {"KILN_ATTENTION_PIPE_STAGE_BLOCK", "0"}},
@@ -351,6 +357,9 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
     for (int k = 0; k < (sweep || only_variants ? N_VARIANTS : N_VARIANTS - 3); k++) {
         if (only_variants && !listed(only_variants, variants[k].name))
             continue;
+        /* every variant but `default` is kat_pipe's unless it names its kernel */
+        if (k > 0)
+            setenv("KILN_ATTENTION_DECODE", "pipe", 1);
         for (int i = 0; i < 8 && variants[k].env[i]; i += 2)
             setenv(variants[k].env[i], variants[k].env[i + 1], 1);
         attn_job j;
@@ -362,6 +371,7 @@ static void bench_decode(kiln_cuda_device *dev, kiln_registry *reg, const decode
         attn_free(&j);
         for (int i = 0; i < 8 && variants[k].env[i]; i += 2)
             unsetenv(variants[k].env[i]);
+        unsetenv("KILN_ATTENTION_DECODE");
     }
     free(lens);
 }
@@ -439,6 +449,9 @@ int main(int argc, char **argv)
         {"batch 1, context 8192", 1, 8192, 8192, 0},
         {"batch 1, 8192, table for 131072", 1, 8192, 8192, 131072 / BS},
         {"batch 64, context 8192", 64, 8192, 8192, 0},
+        {"32 sequences, 256..2048", 32, 256, 2048, 0},
+        {"66 sequences, 256..2048", 66, 256, 2048, 0},
+        {"128 sequences, 256..2048", 128, 256, 2048, 0},
         {"512 sequences, 1000..2000", 512, 1000, 2000, 0},
         {"1024 sequences, 128..256", 1024, 128, 256, 0},
     };

@@ -23,9 +23,13 @@
  *        head (a row: a new token and one query head of the group), keys
  *        in tiles of 64 read from the paged cache into shared memory,
  *        online softmax in registers; the score matrix never exists;
- *      - kat_pipe (head_dim 64 or 128, 16-byte aligned rows; the default
- *        decode): a CTA per (token, kv head, up to 8 query heads of it,
- *        split), so the query heads of one KV head share every K/V load.
+ *      - kat_dmma (the same layouts, 16-bit activations, a step whose
+ *        sequences times kv heads reach KAT_PIPE_CTAS; kat_use_dmma): a
+ *        CTA per (token, kv head), the head group's query heads as the
+ *        rows of a tensor-core m-tile, no splits;
+ *      - kat_pipe (head_dim 64 or 128, 16-byte aligned rows; the decode
+ *        of fewer sequences, and of f32 activations): a CTA per (token,
+ *        kv head, up to 8 query heads of it, split), so the query heads of one KV head share every K/V load.
  *        Each warp streams whole K and V rows of its keys into shared
  *        memory through a 4-stage cp.async pipeline (12 KB in flight per
  *        warp) and runs its own online softmax; warps merge at the end.
@@ -2566,8 +2570,17 @@ static int kat_use_pipe(void)
 
 /* Whether a step runs kat_dmma: the fast kernels' layouts, f16/bf16
  * activations, as many tokens as sequences, 2 to 16 query heads a kv
- * head, tables of fewer than 2^31 keys, and KILN_ATTENTION_DECODE=mma
- * (else kat_pipe); read at each launch. */
+ * head, tables of fewer than 2^31 keys, and a step whose sequences alone
+ * give kat_pipe's aim of CTAs (tokens x kv heads >= KAT_PIPE_CTAS: 66
+ * sequences at the 8B's 8 kv heads), where kat_pipe would not split and
+ * its dot products on the CUDA cores bound it by issue. Fewer sequences
+ * stay with kat_pipe, whose splits fill the GPU (kat_dmma has none: at
+ * batch 1 the 8B bf16 decode read 172.4 tok/s with it against 192.2 on
+ * an H100). At 1,024 sequences of 128..256 keys kat_dmma gained 2.5%
+ * (bf16) and 5.9% (FP8 cache) of the 8B's output tok/s, at ~280 of
+ * 1,000..2,000 keys 2.6% (bf16; bench/README.md, thirtieth session).
+ * KILN_ATTENTION_DECODE=mma takes it at any batch, =pipe (or =split)
+ * never; read at each launch (a graph keeps its capture's). */
 static int kat_use_dmma(const kiln_attention_cuda_args &a, int fast)
 {
     const int64_t gq = a.n_heads / a.n_kv_heads;
@@ -2575,7 +2588,11 @@ static int kat_use_dmma(const kiln_attention_cuda_args &a, int fast)
         a.max_blocks * a.block_size > INT32_MAX - KAT_DMMA_BK) /* its key positions are 32-bit */
         return 0;
     const char *e = getenv("KILN_ATTENTION_DECODE");
-    return e && strcmp(e, "mma") == 0;
+    if (e && strcmp(e, "mma") == 0)
+        return 1;
+    if (e && (strcmp(e, "pipe") == 0 || strcmp(e, "split") == 0))
+        return 0;
+    return a.tokens * a.n_kv_heads >= KAT_PIPE_CTAS;
 }
 
 /* The CTAs kat_pipe aims for when it splits: KAT_PIPE_CTAS, or

@@ -9,10 +9,12 @@
  *     KILN_ATTENTION_PIPE_CTAS at its largest (44 splits) and smallest
  *     (no split of 9001 keys);
  *     many sequences in one step: 300 of 1000..2000 tokens and 1024 of
- *     128..256 tokens (no split); GQA groups of 1, 4 and 8 at head_dim 64
- *     and 128; all of it with the pipelined kernel (kat_pipe, the
- *     default), a part again with KILN_ATTENTION_DECODE=split (kat_decode)
- *     and with KILN_ATTENTION_DECODE=mma (kat_dmma, on the tensor cores);
+ *     128..256 tokens (no split) by default (kat_dmma with 16-bit
+ *     activations: the sequences fill the GPU) and through kat_pipe; GQA
+ *     groups of 1, 4 and 8 at head_dim 64 and 128; all of it with the
+ *     pipelined kernel (kat_pipe, the default of fewer sequences), a part
+ *     again with KILN_ATTENTION_DECODE=split (kat_decode) and with
+ *     KILN_ATTENTION_DECODE=mma (kat_dmma, on the tensor cores, at any batch);
  *     short and long contexts in tables sized for 8448 tokens under each of
  *     kat_pipe's settings (cached keys loaded before the wait on the
  *     previous kernel or after it, block-table reads per stage or per key,
@@ -388,9 +390,11 @@ static void test_decode_long(void)
 }
 
 /* Many sequences in one decode step, as continuous batching forms them:
- * the tokens alone fill the GPU, so every sequence is one split, and
- * kat_pipe runs 3 pipeline stages a warp (kat_pipe_stages); once more
- * with the 4 that fewer sequences get (KILN_ATTENTION_PIPE_STAGES=4). */
+ * the tokens alone fill the GPU, so 16-bit activations take kat_dmma by
+ * default (kat_use_dmma) and f32 ones kat_pipe; then kat_pipe for all
+ * (KILN_ATTENTION_DECODE=pipe), where every sequence is one split and it
+ * runs 3 pipeline stages a warp (kat_pipe_stages); once more with the 4
+ * that fewer sequences get (KILN_ATTENTION_PIPE_STAGES=4). */
 static void test_decode_many(void)
 {
     static int32_t n_new[1024], lens[1024];
@@ -399,6 +403,8 @@ static void test_decode_many(void)
         lens[i] = 128 + (int32_t)(rng_next() % 129);
     }
     lens[3] = 1;
+    run_all(&(step){"decode 1024 sequences of 128..256 (default)", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
+    setenv("KILN_ATTENTION_DECODE", "pipe", 1);
     run_all(&(step){"decode 1024 sequences of 128..256", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
     setenv("KILN_ATTENTION_PIPE_STAGES", "4", 1);
     run_all(&(step){"decode 1024 sequences of 128..256, 4 stages", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
@@ -422,6 +428,15 @@ static void test_decode_many(void)
         lens[i] = 1 + (int32_t)(rng_next() % 12);
     run_all(&(step){"decode 1024 sequences of 1..12, a warp a CTA", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
     unsetenv("KILN_ATTENTION_PIPE_WARPS");
+    unsetenv("KILN_ATTENTION_DECODE");
+    /* the default again: 300 sequences of 1000..2000 (kat_dmma for 16-bit
+     * activations), and 64 of them, whose 512 CTAs stay with kat_pipe */
+    for (int i = 0; i < 300; i++)
+        lens[i] = 1000 + (int32_t)(rng_next() % 1001);
+    run_all(&(step){"decode 300 sequences of 1000..2000 (default)", 32, 8, 128, 16, 0, 0, 0, 300, n_new, lens});
+    run_step(&(step){"decode 300 sequences of 1000..2000 (default, graph)", 32, 8, 128, 16, 0, 0, 1, 300, n_new, lens},
+             KILN_DTYPE_BF16);
+    run_all(&(step){"decode 64 sequences of 1000..2000 (default)", 32, 8, 128, 16, 0, 0, 0, 64, n_new, lens});
 }
 
 /* Decode of 4 kv heads with each of the n groups of query heads a kv
