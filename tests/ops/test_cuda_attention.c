@@ -84,11 +84,47 @@ static void *dev_copy(const void *h, size_t bytes)
     return d;
 }
 
-static void fill(void *p, kiln_dtype t, int64_t n, float lo, float hi)
+/* A fill of n values: each a hash of a seed drawn from the test's
+ * generator and the value's index, so the pool's threads share it and the
+ * values do not depend on how the pool splits it (the many-sequence caches
+ * hold up to a billion values: filled on one core, they took most of the
+ * test's time). codes: E4M3 codes of magnitude up to 3.75 (0x47), either
+ * sign, no NaN, instead of t values in [lo, hi). */
+typedef struct fill_job {
+    void *p;
+    kiln_dtype t;
+    int codes;
+    float lo, hi;
+    uint64_t seed;
+} fill_job;
+
+static uint64_t mix64(uint64_t z)
 {
-    for (int64_t i = 0; i < n; i++)
-        kiln_store_f32(p, t, i, rng_float(lo, hi));
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
 }
+
+static void fill_range(void *arg, int64_t begin, int64_t end)
+{
+    const fill_job *j = arg;
+    for (int64_t i = begin; i < end; i++) {
+        const uint64_t r = mix64(j->seed + (uint64_t)i);
+        if (j->codes)
+            ((uint8_t *)j->p)[i] = (uint8_t)((r >> 20) % 0x48 | ((r >> 60) & 0x8) << 4);
+        else
+            kiln_store_f32(j->p, j->t, i, j->lo + (j->hi - j->lo) * (float)((r >> 40) * (1.0 / 16777216.0)));
+    }
+}
+
+static void fill_any(void *p, kiln_dtype t, int codes, int64_t n, float lo, float hi)
+{
+    fill_job j = {p, t, codes, lo, hi, rng_next()};
+    kiln_threadpool_run(pool, n, fill_range, &j);
+}
+
+static void fill(void *p, kiln_dtype t, int64_t n, float lo, float hi) { fill_any(p, t, 0, n, lo, hi); }
 
 static kiln_plugin *make_plugin(int32_t nh, int32_t nkv, int32_t hd, int32_t bs, int32_t packed)
 {
@@ -229,11 +265,7 @@ static void run_step(const step *c, kiln_dtype dt)
     }
     const int64_t cache_n = n_blocks * 2 * kvw * c->bs;
     void *h_cache = malloc((size_t)cache_n * ces), *g_cache = malloc((size_t)cache_n * ces);
-    if (cache_fp8) /* E4M3 codes of magnitude up to 3.75 (0x47), either sign, no NaN */
-        for (int64_t i = 0; i < cache_n; i++)
-            ((uint8_t *)h_cache)[i] = (uint8_t)((rng_next() >> 20) % 0x48 | ((rng_next() >> 30) & 0x80));
-    else
-        fill(h_cache, dt, cache_n, -1.0f, 1.0f);
+    fill_any(h_cache, dt, cache_fp8, cache_n, -1.0f, 1.0f);
     void *d_cache = dev_copy(h_cache, (size_t)cache_n * ces);
     void *d_table = dev_copy(table, (size_t)(c->S * max_blocks) * sizeof *table);
     void *d_lens = dev_copy(c->lens, (size_t)c->S * sizeof(int32_t));
