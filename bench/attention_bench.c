@@ -9,9 +9,10 @@
  * decode step right after a short prompt runs them), 1024 and 8192, batch 64 at context 8192
  * (batch 1 also with a block table sized for 131072 tokens, as an engine
  * built for a long max context has it: the splits follow the actual
- * length), 32, 66 and 128 sequences of 256..2048 (around where the
- * default turns from kat_pipe to kat_dmma: 66 sequences of 8 kv heads
- * are kat_pipe's 528 CTAs), 512 sequences of lengths uniform in 1000..2000
+ * length), 8, 16, 32, 66 and 128 sequences of 256..2048 (around where
+ * the default turns from kat_pipe to kat_dmma: 66 sequences of 8 kv heads
+ * are kat_pipe's 528 CTAs; kat_dmma was as fast or faster from 32 on an
+ * H100), 512 sequences of lengths uniform in 1000..2000
  * and 1024 of 128..256 (continuous batching's many mixed sequences). For each: the
  * step's time (cache write, attention, split combine) and the KV-cache
  * bytes it must read over that time, as a fraction of the device-to-device
@@ -449,6 +450,8 @@ int main(int argc, char **argv)
         {"batch 1, context 8192", 1, 8192, 8192, 0},
         {"batch 1, 8192, table for 131072", 1, 8192, 8192, 131072 / BS},
         {"batch 64, context 8192", 64, 8192, 8192, 0},
+        {"8 sequences, 256..2048", 8, 256, 2048, 0},
+        {"16 sequences, 256..2048", 16, 256, 2048, 0},
         {"32 sequences, 256..2048", 32, 256, 2048, 0},
         {"66 sequences, 256..2048", 66, 256, 2048, 0},
         {"128 sequences, 256..2048", 128, 256, 2048, 0},

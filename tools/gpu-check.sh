@@ -153,7 +153,7 @@ if [ -x "$build/bin/attention_bench" ]; then
         row "attention benchmark" "FAIL (exit $?, attention-bench.txt)"
     fi
     # the many-sequence decode cases again on an E4M3 cache (--kv-dtype fp8)
-    if "$build/bin/attention_bench" --fp8 --cases sequences --variants pipe,w1,mma \
+    if "$build/bin/attention_bench" --fp8 --cases sequences --variants default,pipe,w1,mma \
         >"$logs/attention-bench-fp8.txt" 2>&1; then
         row "attention benchmark, FP8 cache" "ran (attention-bench-fp8.txt)"
     else
