@@ -59,7 +59,7 @@ kiln_status kiln_file_open_read(const char *path, int *fd, size_t *size)
 
 kiln_status kiln_file_fopen_read(const char *path, FILE **f, size_t *size)
 {
-    int fd;
+    int fd = -1; /* set by kiln_file_open_read; GCC -O3 cannot see it (maybe-uninitialized) */
     KILN_TRY(kiln_file_open_read(path, &fd, size));
     FILE *s = fdopen(fd, "rb");
     if (!s) {

@@ -38,8 +38,8 @@ kiln_status kiln_engine_map_file(const char *path, void **data, size_t *size)
 kiln_status kiln_engine_image_open(const char *path, kiln_engine_image *img)
 {
     memset(img, 0, sizeof *img);
-    void *map;
-    size_t size;
+    void *map = NULL; /* set by kiln_engine_map_file (GCC -O3: maybe-uninitialized) */
+    size_t size = 0;
     KILN_TRY(kiln_engine_map_file(path, &map, &size));
     kiln_graph_init(&img->graph);
     kiln_status s = kiln_engine_read(map, size, 1, &img->graph, &img->info);

@@ -131,7 +131,7 @@ int cli_parse_range(const char *cmd, const char *opt, const char *text, long lon
 
 int cli_parse_count(const char *cmd, const char *opt, const char *text, long *out)
 {
-    long long v;
+    long long v = 0; /* set when cli_parse_range succeeds (GCC -O3: maybe-uninitialized) */
     int st = cli_parse_range(cmd, opt, text, 0, CLI_COUNT_MAX, &v);
     if (st == CLI_OK)
         *out = (long)v;
