@@ -9,7 +9,9 @@
 # KILN_LLM_FUSE_HEAD, KILN_LLM_FP8_INPUT, KILN_LLM_RESIDUAL) are set when
 # that variant's own engine is built instead, as is KILN_AB_CALIBRATE=1's
 # (an FP8 engine with static activation scales: kiln build --calibrate on
-# tests/data/text/declaration_of_independence.txt).
+# tests/data/text/declaration_of_independence.txt). KILN_AB_INSTANCES=N
+# runs the bench with --instances N (throughput and long: the engine opened
+# N times, their schedulers stepping at once).
 #
 #   bash tools/gpu-ab.sh [--model 8b|1b] [--dtype fp8|bf16] [--runs N]
 #                        BENCH[,BENCH...] VARIANT...
@@ -124,13 +126,16 @@ else
 fi
 default_pid=$!
 
-# a variant's settings: those of the build (build_set) and the rest (run_set)
+# a variant's settings: those of the build (build_set), the bench's own
+# options (run_args) and the rest (run_set)
 split_settings() {
-    build_set=() run_set=()
+    build_set=() run_set=() run_args=()
     local all=() s
     [ "$1" = default ] || IFS=, read -r -a all <<<"$1"
     for s in "${all[@]}"; do
-        if [[ "$s" =~ ^KILN_(LLM_(FUSE|FUSE_FP8|FUSE_HEAD|FP8_INPUT|RESIDUAL)|AB_CALIBRATE)= ]]; then
+        if [[ "$s" =~ ^KILN_AB_INSTANCES=(.*)$ ]]; then
+            run_args+=(--instances "${BASH_REMATCH[1]}")
+        elif [[ "$s" =~ ^KILN_(LLM_(FUSE|FUSE_FP8|FUSE_HEAD|FP8_INPUT|RESIDUAL)|AB_CALIBRATE)= ]]; then
             build_set+=("$s")
         else
             run_set+=("$s")
@@ -200,7 +205,7 @@ for b in "${benches[@]}"; do
             engine=$(engine_of "$v") || { echo "gpu-ab: $v: its engine did not build"; rc=1; continue; }
             split_settings "$v"
             out="$logs/ab-$b-$(echo "$v" | tr -c 'A-Za-z0-9=_\n' '_')-$r.json"
-            if ! env "${run_set[@]}" "$kiln" bench "$engine" "${bench_args[@]}" --json >"$out" 2>"$out.err"; then
+            if ! env "${run_set[@]}" "$kiln" bench "$engine" "${bench_args[@]}" "${run_args[@]}" --json >"$out" 2>"$out.err"; then
                 echo "gpu-ab: $b, $v, run $r FAILED"; tail -n 3 "$out.err"; rc=1; continue
             fi
             line=$(figure_line "$out" "$figure") || { echo "gpu-ab: $b, $v, run $r: no $figure in $out"; rc=1; continue; }

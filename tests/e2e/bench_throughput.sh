@@ -11,7 +11,11 @@
 #  - with --no-evict on the same cache nothing is preempted;
 #  - a shared 20-token prefix is reused (16-token blocks: at least one
 #    block of every request after the first), and not without caching;
-#  - spread lengths and Poisson arrivals run; bad options are refused.
+#  - spread lengths and Poisson arrivals run;
+#  - --instances 3: the engine opened three times, the requests dealt out
+#    among three schedulers stepping at once, every token counted once and
+#    the KV blocks summed (three 1 MB caches);
+#  - bad options are refused.
 set -u
 source "$(dirname "$0")/common.bash"
 
@@ -54,6 +58,14 @@ expect_ok "text output" "$KILN" bench "$E" --throughput --requests 4 --input-len
 expect_stdout "the text names output throughput" "output throughput: .* tok/s"
 expect_stdout "the text splits the step time" "step time: .* decode steps .* with prompt tokens"
 
+expect_ok "three instances" "$KILN" bench "$E" --throughput --requests 31 --input-len 24 --output-len 20 \
+  --kv-cache-mb 1 --instances 3 --json
+check_json "three instances, every token once" 'r["instances"] == 3 and r["output_tokens"] == 31 * 20' \
+  'r["prompt_tokens"] == 31 * 24 and r["kv_blocks_total"] == 3 * 128 and r["steps"] > 0'
+expect_ok "three instances, text" "$KILN" bench "$E" --throughput --requests 6 --input-len 8 --output-len 4 --instances 3
+expect_stdout "the text says so" "3 instances stepping at once"
+
+expect_error 2 "nine instances" '--instances must be in 1..8' "$KILN" bench "$E" --throughput --instances 9
 expect_error 2 "a bad distribution" '--input-dist must be fixed, uniform or normal' \
   "$KILN" bench "$E" --throughput --input-dist poisson
 expect_error 2 "a negative rate" '--rate must be a number' "$KILN" bench "$E" --throughput --rate -1

@@ -2,7 +2,13 @@
  * request-level scheduler (include/kiln/llm.h, docs/scheduling.md), like
  * trtllm-bench throughput: N requests of random prompt ids, with input and
  * output lengths fixed or spread, submitted all at once or at Poisson
- * arrival times from this thread while the scheduler steps on its own. */
+ * arrival times from this thread while the scheduler steps on its own.
+ * --instances N opens the engine N times and deals the requests out among
+ * their schedulers, which step at once (on a GPU each on its own stream):
+ * whether two step streams that overlap on one GPU serve more than one
+ * (an attention's memory-bound kernels beside the other's GEMMs) is a
+ * question this answers before a scheduler that shares the weights is
+ * built for it. */
 #include <jansson.h>
 #include <kiln/kiln.h>
 #include <kiln/llm.h>
@@ -45,7 +51,13 @@ static const char throughput_help[] =
     "  --no-prefix-caching      do not share KV blocks of equal prompt prefixes\n"
     "  --no-evict               admit only requests whose whole output fits beside the\n"
     "                           running ones' (never preempt; default: admit while the\n"
-    "                           prompt fits, preempt the newest when the cache runs dry)\n" CLI_LLM_MEMORY_HELP
+    "                           prompt fits, preempt the newest when the cache runs dry)\n"
+    "  --instances N            open the engine N times (1..8, default 1; each with its own\n"
+    "                           weights and, on a GPU, its own stream), request i to instance\n"
+    "                           i mod N, all stepping at once: totals over all of them, step\n"
+    "                           times and KV blocks summed. On a GPU each takes about 1/N of\n"
+    "                           the KV memory (instance k: --kv-cache-fraction / (N - k) of\n"
+    "                           the memory free when it opens); --kv-cache-mb is per instance\n" CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object\n"
     "  -h, --help               show this help\n";
@@ -55,7 +67,7 @@ enum { DIST_FIXED, DIST_UNIFORM, DIST_NORMAL };
 static const char *const dist_names[3] = {"fixed", "uniform", "normal"};
 
 typedef struct tp_options {
-    long requests, input_len, output_len, warmup, prefix_len;
+    long requests, input_len, output_len, warmup, prefix_len, instances;
     int input_dist, output_dist;
     double spread, rate;
     long seed;
@@ -139,9 +151,10 @@ static void tp_on_finish(void *user, kiln_llm_result *res)
     kiln_llm_result_free(res);
 }
 
-/* Submits reqs[0..n) at their arrival offsets (ms after t0, 0: at once)
- * and waits until every one has ended. */
-static int submit_all(kiln_llm_scheduler *sc, tp_run *run, tp_req *reqs, long n, const double *arrive, double t0)
+/* Submits reqs[0..n) at their arrival offsets (ms after t0, 0: at once),
+ * request i to scheduler i mod n_sc, and waits until every one has ended. */
+static int submit_all(kiln_llm_scheduler *const *sc, long n_sc, tp_run *run, tp_req *reqs, long n, const double *arrive,
+                      double t0)
 {
     kiln_llm_callbacks cb;
     kiln_llm_callbacks_init(&cb);
@@ -155,7 +168,7 @@ static int submit_all(kiln_llm_scheduler *sc, tp_run *run, tp_req *reqs, long n,
         }
         cb.user = &reqs[i];
         reqs[i].t_submit = bench_now_ms();
-        if (kiln_llm_submit(sc, &reqs[i].req, &cb, NULL) != KILN_OK) {
+        if (kiln_llm_submit(sc[i % n_sc], &reqs[i].req, &cb, NULL) != KILN_OK) {
             int st = cli_kiln_error();
             /* What was submitted still ends; wait for it before returning. */
             pthread_mutex_lock(&run->mu);
@@ -177,6 +190,7 @@ static int submit_all(kiln_llm_scheduler *sc, tp_run *run, tp_req *reqs, long n,
 typedef struct tp_report {
     const char *engine, *backend, *dtype;
     int32_t max_batch, max_tokens;
+    long instances;
     double duration_s, output_tok_s, total_tok_s, requests_s;
     double ttft_p50, ttft_p99, ttft_max, itl_p50, itl_p99;
     long prompt_tokens, output_tokens;
@@ -188,8 +202,11 @@ static int print_report(const tp_options *o, const tp_report *r)
     const kiln_llm_scheduler_stats *s = &r->stats;
     double peak = s->blocks_total ? (double)s->blocks_peak / s->blocks_total : 0;
     if (!o->json) {
-        printf("engine: %s (%s, %s), max_batch %d, max_tokens %d per step\n", r->engine, r->backend, r->dtype,
+        printf("engine: %s (%s, %s), max_batch %d, max_tokens %d per step", r->engine, r->backend, r->dtype,
                (int)r->max_batch, (int)r->max_tokens);
+        if (r->instances > 1)
+            printf(", %ld instances stepping at once", r->instances);
+        printf("\n");
         printf("%ld requests, input %ld (%s), output %ld (%s), %s, %s admission\n", o->requests, o->input_len,
                dist_names[o->input_dist], o->output_len, dist_names[o->output_dist],
                o->rate > 0 ? "Poisson arrivals" : "all at once", o->no_evict ? "no-evict" : "max-utilization");
@@ -206,6 +223,8 @@ static int print_report(const tp_options *o, const tp_report *r)
                100 * peak);
         printf("  steps %llu, preemptions %llu, prefix-cache hits %llu tokens\n", (unsigned long long)s->steps,
                (unsigned long long)s->preemptions, (unsigned long long)s->prefix_hit_tokens);
+        if (r->instances > 1)
+            printf("  (KV blocks, steps and step times: summed over the instances)\n");
         const unsigned long long prompt_steps = (unsigned long long)(s->steps - s->decode_steps);
         printf("  step time:          %llu decode steps %.3f s (%.3f ms each), %llu with prompt tokens %.3f s\n",
                (unsigned long long)s->decode_steps, s->decode_us * 1e-6,
@@ -219,6 +238,7 @@ static int print_report(const tp_options *o, const tp_report *r)
     json_object_set_new(j, "dtype", json_string(r->dtype));
     json_object_set_new(j, "max_batch", json_integer(r->max_batch));
     json_object_set_new(j, "max_tokens", json_integer(r->max_tokens));
+    json_object_set_new(j, "instances", json_integer(r->instances));
     json_object_set_new(j, "requests", json_integer(o->requests));
     json_object_set_new(j, "input_len", json_integer(o->input_len));
     json_object_set_new(j, "output_len", json_integer(o->output_len));
@@ -296,9 +316,38 @@ static void free_requests(tp_req *reqs, long n)
     free(reqs);
 }
 
-static int throughput(kiln_llm *llm, const tp_options *o, tp_report *rep)
+/* The counters of one scheduler added into *sum (the first: copied). */
+static void add_stats(kiln_llm_scheduler_stats *sum, const kiln_llm_scheduler_stats *s, int first)
 {
+    if (first) {
+        *sum = *s;
+        return;
+    }
+    sum->blocks_total += s->blocks_total;
+    sum->blocks_peak += s->blocks_peak;
+    sum->steps += s->steps;
+    sum->preemptions += s->preemptions;
+    sum->prefix_hit_tokens += s->prefix_hit_tokens;
+    sum->decode_steps += s->decode_steps;
+    sum->decode_us += s->decode_us;
+    sum->prompt_step_us += s->prompt_step_us;
+}
+
+/* All schedulers' counters summed. */
+static void stats_all(kiln_llm_scheduler *const *sc, long n, kiln_llm_scheduler_stats *sum)
+{
+    for (long k = 0; k < n; k++) {
+        kiln_llm_scheduler_stats s = {.struct_size = sizeof s};
+        kiln_llm_scheduler_stats_get(sc[k], &s);
+        add_stats(sum, &s, k == 0);
+    }
+}
+
+static int throughput(kiln_llm *const *llms, long n_inst, const tp_options *o, tp_report *rep)
+{
+    kiln_llm *llm = llms[0];
     const kiln_llm_info *info = kiln_llm_info_get(llm);
+    rep->instances = n_inst;
     rep->backend = kiln_backend_name(kiln_engine_backend(kiln_llm_engine(llm)));
     rep->dtype = kiln_dtype_name(info->dtype);
     rep->max_batch = info->max_batch;
@@ -328,21 +377,34 @@ static int throughput(kiln_llm *llm, const tp_options *o, tp_report *rep)
     so.prefix_caching = o->prefix_caching;
     so.admission = o->no_evict ? KILN_LLM_ADMIT_NO_EVICT : KILN_LLM_ADMIT_MAX_UTILIZATION;
     so.max_queue = (int32_t)(N > W ? N : W) + 1;
-    kiln_llm_scheduler *sc = NULL;
-    if (st == CLI_OK && kiln_llm_scheduler_start(llm, &so, &sc) != KILN_OK)
-        st = cli_kiln_error();
-    if (st == CLI_OK && W > 0)
-        st = submit_all(sc, &run, warm, W, NULL, bench_now_ms());
+    kiln_llm_scheduler *sc[8] = {NULL};
+    long n_sc = 0;
+    while (st == CLI_OK && n_sc < n_inst) {
+        if (kiln_llm_scheduler_start(llms[n_sc], &so, &sc[n_sc]) != KILN_OK)
+            st = cli_kiln_error();
+        else
+            n_sc++;
+    }
+    /* each instance warms up: W requests apiece */
+    for (long k = 0; st == CLI_OK && W > 0 && k < n_sc; k++) {
+        for (long i = 0; i < W; i++)
+            warm[i].tokens = 0, warm[i].finish = -1;
+        run.ended = 0;
+        st = submit_all(&sc[k], 1, &run, warm, W, NULL, bench_now_ms());
+    }
     kiln_llm_scheduler_stats before = {.struct_size = sizeof before};
-    kiln_llm_scheduler_stats_get(sc, &before);
+    if (n_sc)
+        stats_all(sc, n_sc, &before);
     double t0 = bench_now_ms();
     run.ended = 0;
     if (st == CLI_OK)
-        st = submit_all(sc, &run, reqs, N, o->rate > 0 ? arrive : NULL, t0);
+        st = submit_all(sc, n_sc, &run, reqs, N, o->rate > 0 ? arrive : NULL, t0);
     double end = t0;
     rep->stats.struct_size = sizeof rep->stats;
-    kiln_llm_scheduler_stats_get(sc, &rep->stats);
-    kiln_llm_scheduler_stop(sc, 0);
+    if (n_sc)
+        stats_all(sc, n_sc, &rep->stats);
+    for (long k = 0; k < n_sc; k++)
+        kiln_llm_scheduler_stop(sc[k], 0);
     if (st == CLI_OK) {
         size_t n_itl = 0;
         for (long i = 0; i < N; i++)
@@ -420,7 +482,8 @@ int cli_bench_throughput(int argc, char **argv)
 {
     static const char *const valued[] = {
         "--requests", "--input-len",  "--output-len", "--input-dist",        "--output-dist", "--spread", "--rate",
-        "--warmup",   "--prefix-len", "--seed",       CLI_LLM_MEMORY_VALUED, "--plugins",     NULL};
+        "--warmup",   "--prefix-len", "--seed",       CLI_LLM_MEMORY_VALUED, "--plugins",     "--instances",
+        NULL};
     cli_args a;
     cli_args_init(&a, "bench", argc, argv);
     const char *opt, *val;
@@ -434,6 +497,7 @@ int cli_bench_throughput(int argc, char **argv)
                     .warmup = 4,
                     .spread = 0.5,
                     .seed = 1,
+                    .instances = 1,
                     .prefix_caching = 1};
     int st = libs ? CLI_OK : cli_error("out of memory");
     while (st == CLI_OK && (opt = cli_args_next(&a, valued, &val))) {
@@ -453,6 +517,8 @@ int cli_bench_throughput(int argc, char **argv)
             st = cli_parse_count("bench", opt, val, &o.warmup);
         else if (!strcmp(opt, "--seed"))
             st = cli_parse_count("bench", opt, val, &o.seed);
+        else if (!strcmp(opt, "--instances"))
+            st = cli_parse_count("bench", opt, val, &o.instances);
         else if (!strcmp(opt, "--input-dist"))
             st = parse_dist(opt, val, &o.input_dist);
         else if (!strcmp(opt, "--output-dist"))
@@ -484,19 +550,36 @@ int cli_bench_throughput(int argc, char **argv)
         st = cli_usage("bench", "--input-len and --output-len must be >= 1");
     else if (st == CLI_OK && o.warmup > 10000)
         st = cli_usage("bench", "--warmup must be in 0..10000");
+    else if (st == CLI_OK && (o.instances < 1 || o.instances > 8))
+        st = cli_usage("bench", "--instances must be in 1..8");
     kiln_registry *reg = NULL;
-    kiln_llm *llm = NULL;
+    kiln_llm *llms[8] = {NULL};
+    long n_open = 0;
     if (st == CLI_OK && !help) {
         tp_report r;
         memset(&r, 0, sizeof r);
         r.engine = a.positional[0];
-        st = cli_llm_open(r.engine, libs, n_libs, &lo, &reg, &llm);
+        st = cli_registry(libs, n_libs, &reg);
+        /* instance k takes fraction / (N - k) of the memory free when it
+         * opens: about an equal share each (the weights of those after it
+         * come out of what remains) */
+        while (st == CLI_OK && n_open < o.instances) {
+            kiln_llm_options lk = lo;
+            lk.kv_cache_fraction = lo.kv_cache_fraction / (float)(o.instances - n_open);
+            if (kiln_llm_open(reg, r.engine, &lk, &llms[n_open]) == KILN_OK)
+                n_open++;
+            else if (o.instances == 1)
+                st = cli_kiln_error();
+            else
+                st = cli_error("instance %ld of %ld: %s", n_open + 1, o.instances, kiln_last_error());
+        }
         if (st == CLI_OK)
-            st = throughput(llm, &o, &r);
+            st = throughput(llms, n_open, &o, &r);
         if (st == CLI_OK)
             st = print_report(&o, &r);
     }
-    kiln_llm_close(llm);
+    for (long k = 0; k < n_open; k++)
+        kiln_llm_close(llms[k]);
     kiln_registry_destroy(reg);
     free(libs);
     cli_args_free(&a);
