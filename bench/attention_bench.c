@@ -36,7 +36,9 @@
  * one split (KILN_ATTENTION_PIPE_WARPS=1: the many-sequence cases), `prev`
  * the previous default (all four choices undone), `split` the older
  * kat_decode (KILN_ATTENTION_DECODE=split) and `mma` the decode on the
- * tensor cores, kat_dmma (KILN_ATTENTION_DECODE=mma). Two times: one
+ * tensor cores, kat_dmma (KILN_ATTENTION_DECODE=mma), and `mma4` its
+ * form fitted for 4 CTAs an SM (KILN_ATTENTION_DMMA_CTAS=4: an FP8 cache
+ * only; with a bf16 one the same kernel as `mma`). Two times: one
  * launch between two events ("launch", includes the host's launch cost
  * when the GPU outruns it), and a CUDA graph of 8 steps replayed, per step
  * ("graph", as the engine replays decode). Inputs rotate among copies
@@ -327,6 +329,7 @@ static const variant variants[] = {
       "KILN_ATTENTION_PIPE_CAP", "0"}},
     {"split", {"KILN_ATTENTION_DECODE", "split"}},
     {"mma", {"KILN_ATTENTION_DECODE", "mma"}},
+    {"mma4", {"KILN_ATTENTION_DECODE", "mma", "KILN_ATTENTION_DMMA_CTAS", "4"}},
     {"p128", {"KILN_ATTENTION_PIPE_CTAS", "128"}},
     {"p264", {"KILN_ATTENTION_PIPE_CTAS", "264"}},
     {"p1056", {"KILN_ATTENTION_PIPE_CTAS", "1056"}},

@@ -2167,9 +2167,12 @@ template <int DT> __device__ __forceinline__ uint32_t kat_e4m3x2_pair(uint32_t c
  * dimension n D/8 + nt, so a thread's V fragments are the D/8 dimensions
  * from gr D/8 of keys 2tig, 2tig + 1, 2tig + 8 and 2tig + 9. F8: E4M3
  * codes widened in registers (to DT for Q K^T; to f16 for P V, exact for
- * the codes and finer than bf16 for probabilities in [0, 1]). */
-template <int DT, int D, bool F8>
-__global__ void __launch_bounds__(KAT_THREADS, 3) kat_dmma(kiln_attention_cuda_args a, int32_t allow_q16)
+ * the codes and finer than bf16 for probabilities in [0, 1]). MINB: the
+ * CTAs an SM the registers are fitted for (3: 151-165 registers at head
+ * dim 128, no spills; 4, an FP8 cache's opt-in form: 128 registers with
+ * 24 bytes spilled, its 55 KB of shared memory fitting 4 CTAs). */
+template <int DT, int D, bool F8, int MINB = 3>
+__global__ void __launch_bounds__(KAT_THREADS, MINB) kat_dmma(kiln_attention_cuda_args a, int32_t allow_q16)
 {
     KTL_SCOPE(0);
     typedef kat_dmma_cfg<D, F8> C;
@@ -2793,27 +2796,40 @@ template <int DT> static cudaError_t kat_launch_prefill(const kiln_attention_cud
     return a.head_dim == 64 ? kat_launch_prefill_d<DT, 64, false>(a, st) : kat_launch_prefill_d<DT, 128, false>(a, st);
 }
 
-/* kat_dmma over the step's tokens by kv heads. */
-template <int DT, int D, bool F8>
+/* kat_dmma over the step's tokens by kv heads, its registers fitted for
+ * MINB CTAs an SM. */
+template <int DT, int D, bool F8, int MINB>
 static cudaError_t kat_launch_dmma_d(const kiln_attention_cuda_args &a, cudaStream_t st)
 {
     typedef kat_dmma_cfg<D, F8> C;
     static int8_t smem_ok[KAT_MAX_DEVICES];
-    cudaError_t e = kat_allow_smem(kat_dmma<DT, D, F8>, C::SMEM, smem_ok);
+    cudaError_t e = kat_allow_smem(kat_dmma<DT, D, F8, MINB>, C::SMEM, smem_ok);
     if (e != cudaSuccess)
         return e;
     /* KILN_ATTENTION_DMMA_Q16=0: Q K^T in bf16 under an FP8 cache too (read at each launch) */
     const char *env = getenv("KILN_ATTENTION_DMMA_Q16");
     const int32_t allow_q16 = !(env && strcmp(env, "0") == 0);
-    return kcu_launch_smem(kat_dmma<DT, D, F8>, dim3((unsigned)a.tokens, (unsigned)a.n_kv_heads), dim3(KAT_THREADS),
-                           C::SMEM, st, a, allow_q16);
+    return kcu_launch_smem(kat_dmma<DT, D, F8, MINB>, dim3((unsigned)a.tokens, (unsigned)a.n_kv_heads),
+                           dim3(KAT_THREADS), C::SMEM, st, a, allow_q16);
+}
+
+/* KILN_ATTENTION_DMMA_CTAS=4: an FP8 cache at head dim 128 through the
+ * form fitted for 4 CTAs an SM instead of 3 (a third more of the cache in
+ * flight at many short sequences, where kat_dmma read 59% of the copy
+ * bandwidth on an H100; not yet measured); read at each launch. */
+static int kat_dmma_four(void)
+{
+    const char *e = getenv("KILN_ATTENTION_DMMA_CTAS");
+    return e && strcmp(e, "4") == 0;
 }
 
 template <int DT> static cudaError_t kat_launch_dmma(const kiln_attention_cuda_args &a, int f8, cudaStream_t st)
 {
+    if (f8 && a.head_dim == 128 && kat_dmma_four())
+        return kat_launch_dmma_d<DT, 128, true, 4>(a, st);
     if (f8)
-        return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, true>(a, st) : kat_launch_dmma_d<DT, 128, true>(a, st);
-    return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, false>(a, st) : kat_launch_dmma_d<DT, 128, false>(a, st);
+        return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, true, 3>(a, st) : kat_launch_dmma_d<DT, 128, true, 3>(a, st);
+    return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, false, 3>(a, st) : kat_launch_dmma_d<DT, 128, false, 3>(a, st);
 }
 
 extern "C" int kiln_attention_cuda(const kiln_attention_cuda_args *ap, void *stream)

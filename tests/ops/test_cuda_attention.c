@@ -556,7 +556,8 @@ static void test_decode_variants(void)
  * sizes that do and do not hold a whole 16-key tile (16, 32, 7, 1), k and
  * v off 16-byte alignment, a graph replay; MHA and f32 fall back to
  * kat_pipe. Under an FP8 cache with bf16 activations Q K^T runs in f16
- * (KILN_ATTENTION_DMMA_Q16=0: in bf16, also checked). */
+ * (KILN_ATTENTION_DMMA_Q16=0: in bf16, also checked); the FP8 form fitted
+ * for 4 CTAs an SM (KILN_ATTENTION_DMMA_CTAS=4). */
 static void test_decode_mma(void)
 {
     setenv("KILN_ATTENTION_DECODE", "mma", 1);
@@ -586,6 +587,14 @@ static void test_decode_mma(void)
     }
     /* Q K^T in bf16 under the FP8 cache, as when a Q value passes f16's range */
     cache_fp8 = 1;
+    /* the FP8 form fitted for 4 CTAs an SM (KILN_ATTENTION_DMMA_CTAS=4) */
+    setenv("KILN_ATTENTION_DMMA_CTAS", "4", 1);
+    run_all(&(step){"mma: decode 1024 sequences, 4 CTAs an SM", 32, 8, 128, 16, 0, 0, 0, 1024, n_new, lens});
+    run_all(&(step){"mma: decode batch 3, 4 CTAs an SM", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
+    run_all(&(step){"mma: decode, block 7, 4 CTAs an SM", 32, 8, 128, 7, 0, 0, 0, 5, ones, lens5});
+    run_step(&(step){"mma: decode 1024 sequences, 4 CTAs an SM (graph)", 32, 8, 128, 16, 0, 0, 1, 1024, n_new, lens},
+             KILN_DTYPE_BF16);
+    unsetenv("KILN_ATTENTION_DMMA_CTAS");
     setenv("KILN_ATTENTION_DMMA_Q16", "0", 1);
     run_all(&(step){"mma: decode batch 3, Q K^T in bf16", 32, 8, 128, 16, 0, 0, 0, 3, ones, len3});
     run_all(&(step){"mma: decode 8 per kv head, block 1, Q K^T in bf16", 16, 2, 64, 1, 0, 0, 0, 5, ones, lens5});
