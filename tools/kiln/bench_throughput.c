@@ -55,9 +55,9 @@ static const char throughput_help[] =
     "  --instances N            open the engine N times (1..8, default 1; each with its own\n"
     "                           weights and, on a GPU, its own stream), request i to instance\n"
     "                           i mod N, all stepping at once: totals over all of them, step\n"
-    "                           times and KV blocks summed. On a GPU each takes about 1/N of\n"
-    "                           the KV memory (instance k: --kv-cache-fraction / (N - k) of\n"
-    "                           the memory free when it opens); --kv-cache-mb is per instance\n" CLI_LLM_MEMORY_HELP
+    "                           times and KV blocks summed. On a GPU each gets 1/N of\n"
+    "                           --kv-cache-fraction of the memory all N leave free;\n"
+    "                           --kv-cache-mb is per instance\n" CLI_LLM_MEMORY_HELP
     "  --plugins LIB            load a plugin library first (repeatable)\n"
     "  --json                   print one JSON object\n"
     "  -h, --help               show this help\n";
@@ -458,6 +458,37 @@ static int throughput(kiln_llm *const *llms, long n_inst, const tp_options *o, t
     return st;
 }
 
+/* The KV memory of each of n instances of a GPU engine, as
+ * lo->kv_cache_mb: kv_cache_fraction of the memory left free once all n
+ * hold their weights and step buffers (opened once with one KV block and
+ * no graphs to see it), split evenly. A CPU engine keeps its own default. */
+static int share_kv(kiln_registry *reg, const char *path, kiln_llm_options *lo, long n)
+{
+    kiln_llm *probe[8] = {NULL};
+    kiln_llm_options po = *lo;
+    po.kv_cache_blocks = 1;
+    po.no_cuda_graphs = 1;
+    int st = CLI_OK;
+    long k = 0;
+    size_t free_b = 0, total = 0;
+    for (; st == CLI_OK && k < n; k++)
+        if (kiln_llm_open(reg, path, &po, &probe[k]) != KILN_OK)
+            st = cli_error("instance %ld of %ld: %s", k + 1, n, kiln_last_error());
+    const kiln_engine *e = st == CLI_OK ? kiln_llm_engine(probe[n - 1]) : NULL;
+    int gpu = e && kiln_engine_backend(e) != KILN_BACKEND_CPU;
+    if (gpu && kiln_engine_memory_info(e, &free_b, &total) != KILN_OK)
+        st = cli_kiln_error();
+    for (long i = 0; i < n; i++)
+        kiln_llm_close(probe[i]);
+    if (st != CLI_OK || !gpu)
+        return st;
+    size_t each = (size_t)((double)free_b * lo->kv_cache_fraction / (double)n) >> 20;
+    if (each == 0)
+        return cli_error("%ld instances leave %zu MB of GPU memory free for their KV caches", n, free_b >> 20);
+    lo->kv_cache_mb = each;
+    return CLI_OK;
+}
+
 static int parse_dist(const char *opt, const char *val, int *out)
 {
     for (int d = 0; d < 3; d++)
@@ -560,13 +591,10 @@ int cli_bench_throughput(int argc, char **argv)
         memset(&r, 0, sizeof r);
         r.engine = a.positional[0];
         st = cli_registry(libs, n_libs, &reg);
-        /* instance k takes fraction / (N - k) of the memory free when it
-         * opens: about an equal share each (the weights of those after it
-         * come out of what remains) */
+        if (st == CLI_OK && o.instances > 1 && !lo.kv_cache_mb && !lo.kv_cache_blocks)
+            st = share_kv(reg, r.engine, &lo, o.instances);
         while (st == CLI_OK && n_open < o.instances) {
-            kiln_llm_options lk = lo;
-            lk.kv_cache_fraction = lo.kv_cache_fraction / (float)(o.instances - n_open);
-            if (kiln_llm_open(reg, r.engine, &lk, &llms[n_open]) == KILN_OK)
+            if (kiln_llm_open(reg, r.engine, &lo, &llms[n_open]) == KILN_OK)
                 n_open++;
             else if (o.instances == 1)
                 st = cli_kiln_error();
