@@ -214,7 +214,8 @@ for b in "${benches[@]}"; do
         done
     done
     echo
-    echo "$model $dtype $b ($figure), engine: ${engine_args[*]}"
+    dev=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("device", "?"))' "$out" 2>/dev/null)
+    echo "$model $dtype $b ($figure), engine: ${engine_args[*]}; device: ${dev:-?}"
     printf '%-48s %3s  %s\n' variant run "$figure"
     printf '%s' "$table" | sort -s -k1,1
 done

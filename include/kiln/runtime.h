@@ -139,6 +139,13 @@ KILN_API kiln_status kiln_context_layer_time(kiln_context *ctx, int32_t i, const
 KILN_API kiln_status kiln_backend_measure_copy_bandwidth(kiln_backend backend, size_t bytes, int32_t reps,
                                                          double *bytes_per_s);
 
+/* The name of the device a backend runs on, for a benchmark to print beside
+ * its figures: the current GPU's on CUDA ("NVIDIA H100 80GB HBM3"), the
+ * CPU's model on the CPU ("unknown CPU" where the system does not say).
+ * NUL-terminated in name[size], cut to fit. KILN_ERROR_TARGET when the
+ * backend is not available here. */
+KILN_API kiln_status kiln_backend_device_name(kiln_backend backend, char *name, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

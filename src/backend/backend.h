@@ -191,6 +191,9 @@ typedef struct kiln_backend_i {
      * for the call, the median of `reps` (1..64) timed runs after warm-up:
      * the ceiling kiln_backend_measure_copy_bandwidth reports. */
     kiln_status (*copy_bandwidth)(size_t bytes, int32_t reps, double *bytes_per_s);
+    /* The name of the device a benchmark ran on (CUDA: the current GPU's;
+     * the CPU: its model), NUL-terminated in name[size]. */
+    kiln_status (*device_name)(char *name, size_t size);
 
     /* ---- build time (optional) ---- */
     /* Nonzero when a device is present; *arch receives its architecture

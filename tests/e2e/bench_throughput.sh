@@ -30,6 +30,7 @@ expect_ok "all at once, a tiny cache" "$KILN" bench "$E" --throughput --requests
   --kv-cache-mb 1 --json
 check_json "figures, counts and preemptions" \
   'r["requests"] == 40 and r["prompt_tokens"] == 40 * 24 and r["output_tokens"] == 40 * 100' \
+  'len(r["device"]) > 0' \
   'all(r[k] > 0 for k in ["duration_s", "output_tok_s", "total_tok_s", "requests_s", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "steps"])' \
   'abs(r["output_tok_s"] * r["duration_s"] - 4000) < 1 and abs(r["total_tok_s"] * r["duration_s"] - 4960) < 1' \
   'abs(r["requests_s"] * r["duration_s"] - 40) < 1e-6' \

@@ -158,7 +158,7 @@ tied = json.load(open(os.path.join(d, "config.json"))).get("tie_word_embeddings"
 want = 4 * (params if tied else params - embed)
 print(o, "expected weight bytes per token", want)
 ok = (o["weight_bytes"] == 4 * params and o["weight_bytes_per_token"] == want and o["batch"] == 2
-      and o["gen_len"] == 12 and o["backend"] == "cpu" and o["dtype"] == "f32")
+      and o["gen_len"] == 12 and o["backend"] == "cpu" and o["dtype"] == "f32" and len(o["device"]) > 0)
 for k in ["prefill_tok_s", "decode_tok_s", "ttft_ms", "itl_ms_p50", "itl_ms_p99", "copy_bandwidth_gb_s",
           "decode_floor_tok_s", "floor_fraction", "open_ms", "peak_rss_mb", "kv_bytes_per_token"]:
     ok = ok and o[k] > 0
@@ -169,6 +169,7 @@ done
 
 expect_ok "bench, text output" "$KILN" bench "$TMP/llama.engine" --prompt-len 8 --gen-len 4 --reps 1 --copy-mb 16
 expect_stdout "the floor line" "decode floor: .* of the floor"
+expect_stdout "the device line" "^device: ."
 
 # ---- errors ----
 expect_error 1 "bench past the max sequence length" 'exceed the engine|max sequence length 128' \

@@ -351,7 +351,25 @@ static void test_copy_bandwidth(void)
         CHECK(s == KILN_ERROR_TARGET && gpu == -1);
 }
 
+/* The device a benchmark names: the CPU's model (never empty), cut to the
+ * room given; CUDA's where a GPU is present, else a target error. */
+static void test_device_name(void)
+{
+    char name[128], tiny[4];
+    CHECK_OK(kiln_backend_device_name(KILN_BACKEND_CPU, name, sizeof name));
+    CHECK(name[0] != 0 && strlen(name) < sizeof name);
+    CHECK_OK(kiln_backend_device_name(KILN_BACKEND_CPU, tiny, sizeof tiny));
+    CHECK(strlen(tiny) <= 3 && strncmp(tiny, name, strlen(tiny)) == 0);
+    CHECK_FAILS(kiln_backend_device_name(KILN_BACKEND_CPU, name, 0), KILN_ERROR_INVALID_ARGUMENT, "no room");
+    kiln_status s = kiln_backend_device_name(KILN_BACKEND_CUDA, name, sizeof name);
+    if (s == KILN_OK)
+        CHECK(strlen(name) > 0);
+    else
+        CHECK(s == KILN_ERROR_TARGET && name[0] == 0);
+}
+
 static const test_case_ tests[] = {TEST(test_score_matches_transformers), TEST(test_score_refusals),
-                                   TEST(test_weight_bytes), TEST(test_weight_bytes_native), TEST(test_copy_bandwidth)};
+                                   TEST(test_weight_bytes), TEST(test_weight_bytes_native), TEST(test_copy_bandwidth),
+                                   TEST(test_device_name)};
 
 TEST_MAIN(tests)

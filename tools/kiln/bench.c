@@ -151,6 +151,7 @@ typedef struct bench_report {
     double copy_bytes_per_s;
     double floor_step_ms, floor_tok_s, floor_fraction;
     double peak_rss_mb;
+    char device[128];    /* what it ran on (kiln_backend_device_name) */
     int32_t threads;     /* CPU: threads of a step; 0 on a GPU */
     int32_t *prompt_ids; /* owned: the prompts, request 0's first (its ids go into the JSON) */
 } bench_report;
@@ -159,6 +160,7 @@ static int print_report(const bench_report *r, int json)
 {
     if (!json) {
         printf("engine: %s (%s, %s)\n", r->engine, r->backend, r->dtype);
+        printf("device: %s\n", r->device);
         printf("batch %ld, prompt %ld tokens, %ld generated, %ld reps (medians; min-max)\n", r->batch, r->prompt_len,
                r->gen_len, r->reps);
         printf("  open:              %.0f ms (%d CUDA graphs captured in %.1f ms)\n", r->open_ms, (int)r->n_graphs,
@@ -181,6 +183,7 @@ static int print_report(const bench_report *r, int json)
     json_object_set_new(o, "engine", json_string(r->engine));
     json_object_set_new(o, "backend", json_string(r->backend));
     json_object_set_new(o, "dtype", json_string(r->dtype));
+    json_object_set_new(o, "device", json_string(r->device));
     json_object_set_new(o, "batch", json_integer(r->batch));
     json_object_set_new(o, "prompt_len", json_integer(r->prompt_len));
     json_object_set_new(o, "gen_len", json_integer(r->gen_len));
@@ -303,6 +306,8 @@ static int bench(kiln_llm *llm, double open_ms, long copy_mb, bench_report *r)
             s = kiln_backend_measure_copy_bandwidth(backend, (size_t)256 << 20, 10, &r->copy_bytes_per_s);
         if (s != KILN_OK)
             st = cli_kiln_error();
+        else if (kiln_backend_device_name(backend, r->device, sizeof r->device) != KILN_OK)
+            snprintf(r->device, sizeof r->device, "unknown");
     }
     if (st == CLI_OK) {
         /* One decode step reads the weights once and each sequence's cache,

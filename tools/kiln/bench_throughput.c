@@ -191,6 +191,7 @@ typedef struct tp_report {
     const char *engine, *backend, *dtype;
     int32_t max_batch, max_tokens;
     long instances;
+    char device[128]; /* what it ran on (kiln_backend_device_name) */
     double duration_s, output_tok_s, total_tok_s, requests_s;
     double ttft_p50, ttft_p99, ttft_max, itl_p50, itl_p99;
     long prompt_tokens, output_tokens;
@@ -206,7 +207,7 @@ static int print_report(const tp_options *o, const tp_report *r)
                (int)r->max_batch, (int)r->max_tokens);
         if (r->instances > 1)
             printf(", %ld instances stepping at once", r->instances);
-        printf("\n");
+        printf("\ndevice: %s\n", r->device);
         printf("%ld requests, input %ld (%s), output %ld (%s), %s, %s admission\n", o->requests, o->input_len,
                dist_names[o->input_dist], o->output_len, dist_names[o->output_dist],
                o->rate > 0 ? "Poisson arrivals" : "all at once", o->no_evict ? "no-evict" : "max-utilization");
@@ -236,6 +237,7 @@ static int print_report(const tp_options *o, const tp_report *r)
     json_object_set_new(j, "engine", json_string(r->engine));
     json_object_set_new(j, "backend", json_string(r->backend));
     json_object_set_new(j, "dtype", json_string(r->dtype));
+    json_object_set_new(j, "device", json_string(r->device));
     json_object_set_new(j, "max_batch", json_integer(r->max_batch));
     json_object_set_new(j, "max_tokens", json_integer(r->max_tokens));
     json_object_set_new(j, "instances", json_integer(r->instances));
@@ -348,7 +350,10 @@ static int throughput(kiln_llm *const *llms, long n_inst, const tp_options *o, t
     kiln_llm *llm = llms[0];
     const kiln_llm_info *info = kiln_llm_info_get(llm);
     rep->instances = n_inst;
-    rep->backend = kiln_backend_name(kiln_engine_backend(kiln_llm_engine(llm)));
+    const kiln_backend backend = kiln_engine_backend(kiln_llm_engine(llm));
+    rep->backend = kiln_backend_name(backend);
+    if (kiln_backend_device_name(backend, rep->device, sizeof rep->device) != KILN_OK)
+        snprintf(rep->device, sizeof rep->device, "unknown");
     rep->dtype = kiln_dtype_name(info->dtype);
     rep->max_batch = info->max_batch;
     rep->max_tokens = info->max_tokens;

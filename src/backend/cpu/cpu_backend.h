@@ -34,4 +34,8 @@ kiln_status kiln_cpu_exec(kiln_exec_plan *plan, const kiln_exec_host *host, int 
  * thread per online CPU; 256 MiB when bytes is 0. */
 kiln_status kiln_cpu_copy_bandwidth(size_t bytes, int32_t reps, double *bytes_per_s);
 
+/* The table's device_name (cpu_bandwidth.c): /proc/cpuinfo's first
+ * "model name" (another machine's word for it where there is none). */
+kiln_status kiln_cpu_device_name(char *name, size_t size);
+
 #endif

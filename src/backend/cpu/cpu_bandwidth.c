@@ -1,8 +1,10 @@
 /* The CPU backend's copy bandwidth (backend table member copy_bandwidth):
- * what a memory-bound step on the CPU is compared with. */
+ * what a memory-bound step on the CPU is compared with; and its device
+ * name (device_name), which a benchmark prints beside it. */
 #include "backend/cpu/cpu_backend.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -95,5 +97,32 @@ kiln_status kiln_cpu_copy_bandwidth(size_t bytes, int32_t reps, double *bytes_pe
     if (!(median > 0))
         return kiln_fail(KILN_ERROR_INTERNAL, "a host copy of %zu bytes took no measurable time", bytes);
     *bytes_per_s = 2.0 * (double)bytes / median;
+    return KILN_OK;
+}
+
+kiln_status kiln_cpu_device_name(char *name, size_t size)
+{
+    if (!name || size == 0)
+        return kiln_fail(KILN_ERROR_INVALID_ARGUMENT, "kiln_cpu_device_name: no room for the name");
+    snprintf(name, size, "unknown CPU");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return KILN_OK;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        /* x86: "model name"; some ARM kernels say only "Hardware" or "CPU part" */
+        if (strncmp(line, "model name", 10) != 0)
+            continue;
+        const char *v = strchr(line, ':');
+        if (!v)
+            continue;
+        v++;
+        while (*v == ' ' || *v == '\t')
+            v++;
+        size_t n = strcspn(v, "\n");
+        snprintf(name, size, "%.*s", (int)n, v);
+        break;
+    }
+    fclose(f);
     return KILN_OK;
 }

@@ -156,4 +156,5 @@ const kiln_backend_i kiln_backend_cpu = {
     .copy = cpu_copy,
     .copy_between = cpu_copy_between,
     .copy_bandwidth = kiln_cpu_copy_bandwidth,
+    .device_name = kiln_cpu_device_name,
 };

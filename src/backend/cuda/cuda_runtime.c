@@ -802,6 +802,18 @@ static kiln_status copy_probe_run(copy_probe *p, size_t bytes, int32_t reps, dou
     return KILN_OK;
 }
 
+static kiln_status cuda_device_name(char *name, size_t size)
+{
+    if (!kiln_cuda_available(NULL))
+        return kiln_fail(KILN_ERROR_TARGET, "no usable GPU to name");
+    int dev = 0;
+    struct cudaDeviceProp p;
+    CU(cudaGetDevice(&dev));
+    CU(cudaGetDeviceProperties(&p, dev));
+    snprintf(name, size, "%s", p.name);
+    return KILN_OK;
+}
+
 /* 1 GiB when bytes is 0, as bench/kiln_bench.c's device copy. */
 static kiln_status cuda_copy_bandwidth(size_t bytes, int32_t reps, double *bytes_per_s)
 {
@@ -845,6 +857,7 @@ const kiln_backend_i kiln_backend_cuda = {
     .set_profiling = cuda_set_profiling,
     .layer_times = cuda_layer_times,
     .copy_bandwidth = cuda_copy_bandwidth,
+    .device_name = cuda_device_name,
     .device_arch = cuda_device_arch,
     .tuner_create = cuda_tuner_create,
     .tuner_destroy = cuda_tuner_destroy,
