@@ -10,9 +10,9 @@
  * (batch 1 also with a block table sized for 131072 tokens, as an engine
  * built for a long max context has it: the splits follow the actual
  * length), 8, 16, 32, 66 and 128 sequences of 256..2048 (around where
- * the default turns from kat_pipe to kat_dmma: 66 sequences of 8 kv heads
- * are kat_pipe's 528 CTAs; kat_dmma was as fast or faster from 32 on an
- * H100), 512 sequences of lengths uniform in 1000..2000
+ * the default turns from kat_pipe to kat_dmma: 32 sequences of 8 kv heads,
+ * 256 CTAs; kat_dmma was as fast or faster from 32 on an H100, fewer not
+ * yet measured), 512 sequences of lengths uniform in 1000..2000
  * and 1024 of 128..256 (continuous batching's many mixed sequences). For each: the
  * step's time (cache write, attention, split combine) and the KV-cache
  * bytes it must read over that time, as a fraction of the device-to-device

@@ -24,7 +24,7 @@
  *        in tiles of 64 read from the paged cache into shared memory,
  *        online softmax in registers; the score matrix never exists;
  *      - kat_dmma (the same layouts, 16-bit activations, a step whose
- *        sequences times kv heads reach KAT_PIPE_CTAS; kat_use_dmma): a
+ *        sequences times kv heads reach 256; kat_use_dmma): a
  *        CTA per (token, kv head), the head group's query heads as the
  *        rows of a tensor-core m-tile, no splits;
  *      - kat_pipe (head_dim 64 or 128, 16-byte aligned rows; the decode
@@ -2573,17 +2573,21 @@ static int kat_use_pipe(void)
 
 /* Whether a step runs kat_dmma: the fast kernels' layouts, f16/bf16
  * activations, as many tokens as sequences, 2 to 16 query heads a kv
- * head, tables of fewer than 2^31 keys, and a step whose sequences alone
- * give kat_pipe's aim of CTAs (tokens x kv heads >= KAT_PIPE_CTAS: 66
- * sequences at the 8B's 8 kv heads), where kat_pipe would not split and
- * its dot products on the CUDA cores bound it by issue. Fewer sequences
- * stay with kat_pipe, whose splits fill the GPU (kat_dmma has none: at
- * batch 1 the 8B bf16 decode read 172.4 tok/s with it against 192.2 on
- * an H100). At 1,024 sequences of 128..256 keys kat_dmma gained 2.5%
- * (bf16) and 5.9% (FP8 cache) of the 8B's output tok/s, at ~280 of
- * 1,000..2,000 keys 2.6% (bf16; bench/README.md, thirtieth session).
- * KILN_ATTENTION_DECODE=mma takes it at any batch, =pipe (or =split)
- * never; read at each launch (a graph keeps its capture's). */
+ * head, tables of fewer than 2^31 keys, and a step of at least
+ * KAT_DMMA_MIN_CTAS sequences x kv heads (32 sequences at the 8B's 8 kv
+ * heads), where kat_pipe's dot products on the CUDA cores bound it by
+ * issue. Fewer sequences stay with kat_pipe, whose splits fill the GPU
+ * (kat_dmma has none: at batch 1 the 8B bf16 decode read 172.4 tok/s
+ * with it against 192.2 on an H100). On an H100 (bench/README.md,
+ * thirtieth session) the attention of 32 sequences of 256..2048 keys took
+ * 70.9 us with kat_dmma against 73.3 (bf16 cache) and 52.1 against 71.8
+ * (FP8 cache), of 66 sequences 125 against 143 and 79 against 120; the
+ * 8B's output tok/s gained 2.5% (bf16) and 5.9% (FP8 cache) at 1,024
+ * sequences of 128..256 keys and 2.6% at ~280 of 1,000..2,000 (bf16).
+ * Below 32 sequences it was not measured. KILN_ATTENTION_DECODE=mma
+ * takes it at any batch, =pipe (or =split) never; read at each launch (a
+ * graph keeps its capture's). */
+#define KAT_DMMA_MIN_CTAS 256
 static int kat_use_dmma(const kiln_attention_cuda_args &a, int fast)
 {
     const int64_t gq = a.n_heads / a.n_kv_heads;
@@ -2595,7 +2599,7 @@ static int kat_use_dmma(const kiln_attention_cuda_args &a, int fast)
         return 1;
     if (e && (strcmp(e, "pipe") == 0 || strcmp(e, "split") == 0))
         return 0;
-    return a.tokens * a.n_kv_heads >= KAT_PIPE_CTAS;
+    return a.tokens * a.n_kv_heads >= KAT_DMMA_MIN_CTAS;
 }
 
 /* The CTAs kat_pipe aims for when it splits: KAT_PIPE_CTAS, or

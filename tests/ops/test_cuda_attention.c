@@ -462,13 +462,15 @@ static void test_decode_many(void)
     unsetenv("KILN_ATTENTION_PIPE_WARPS");
     unsetenv("KILN_ATTENTION_DECODE");
     /* the default again: 300 sequences of 1000..2000 (kat_dmma for 16-bit
-     * activations), and 64 of them, whose 512 CTAs stay with kat_pipe */
+     * activations), 64 of them (512 CTAs: kat_dmma too), and 16 (128
+     * CTAs: kat_pipe) */
     for (int i = 0; i < 300; i++)
         lens[i] = 1000 + (int32_t)(rng_next() % 1001);
     run_all(&(step){"decode 300 sequences of 1000..2000 (default)", 32, 8, 128, 16, 0, 0, 0, 300, n_new, lens});
     run_step(&(step){"decode 300 sequences of 1000..2000 (default, graph)", 32, 8, 128, 16, 0, 0, 1, 300, n_new, lens},
              KILN_DTYPE_BF16);
     run_all(&(step){"decode 64 sequences of 1000..2000 (default)", 32, 8, 128, 16, 0, 0, 0, 64, n_new, lens});
+    run_all(&(step){"decode 16 sequences of 1000..2000 (default)", 32, 8, 128, 16, 0, 0, 0, 16, n_new, lens});
 }
 
 /* Decode of 4 kv heads with each of the n groups of query heads a kv
