@@ -26,6 +26,10 @@ serve_engine() {
 serve_start() {
   serve_engine
   SERVE_PORT=
+  # emptied here, not by the background job's redirection: the loop below
+  # may read the file before the job has opened it, and would find the
+  # previous server's port there (a connection refused, seen in CI)
+  : >"$TMP/serve.err"
   "$KILN" serve "$SERVE_ENGINE" --port 0 --model-name tiny "$@" >"$TMP/serve.out" 2>"$TMP/serve.err" &
   SERVE_PID=$!
   for _ in $(seq 1 400); do
