@@ -29,7 +29,8 @@
  *        rows of a tensor-core m-tile, no splits;
  *      - kat_pipe (head_dim 64 or 128, 16-byte aligned rows; the decode
  *        of fewer sequences, and of f32 activations): a CTA per (token,
- *        kv head, up to 8 query heads of it, split), so the query heads of one KV head share every K/V load.
+ *        kv head, up to 8 query heads of it, split), so the query heads
+ *        of one KV head share every K/V load.
  *        Each warp streams whole K and V rows of its keys into shared
  *        memory through a 4-stage cp.async pipeline (12 KB in flight per
  *        warp) and runs its own online softmax; warps merge at the end.
@@ -2832,7 +2833,8 @@ template <int DT> static cudaError_t kat_launch_dmma(const kiln_attention_cuda_a
     if (f8 && a.head_dim == 128 && kat_dmma_four())
         return kat_launch_dmma_d<DT, 128, true, 4>(a, st);
     if (f8)
-        return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, true, 3>(a, st) : kat_launch_dmma_d<DT, 128, true, 3>(a, st);
+        return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, true, 3>(a, st)
+                                : kat_launch_dmma_d<DT, 128, true, 3>(a, st);
     return a.head_dim == 64 ? kat_launch_dmma_d<DT, 64, false, 3>(a, st) : kat_launch_dmma_d<DT, 128, false, 3>(a, st);
 }
 

@@ -1707,20 +1707,11 @@ static void test_graph_capture(void)
     use_graph = 0;
 }
 
-static const test_case_ tests[] = {TEST(test_rmsnorm),
-                                   TEST(test_rmsnorm_mixed),
-                                   TEST(test_rope),
-                                   TEST(test_swiglu),
-                                   TEST(test_qmatmul),
-                                   TEST(test_qmatmul_k),
-                                   TEST(test_woq),
-                                   TEST(test_fp8),
-                                   TEST(test_fp8_accum),
-                                   TEST(test_fp8_input),
-                                   TEST(test_fused_matmul),
-                                   TEST(test_fused_matmul_fp8),
-                                   TEST(test_fused_matmul_loop),
-                                   TEST(test_graph_capture)};
+static const test_case_ tests[] = {
+    TEST(test_rmsnorm),           TEST(test_rmsnorm_mixed), TEST(test_rope),         TEST(test_swiglu),
+    TEST(test_qmatmul),           TEST(test_qmatmul_k),     TEST(test_woq),          TEST(test_fp8),
+    TEST(test_fp8_accum),         TEST(test_fp8_input),     TEST(test_fused_matmul), TEST(test_fused_matmul_fp8),
+    TEST(test_fused_matmul_loop), TEST(test_graph_capture)};
 
 int main(void)
 {

@@ -368,8 +368,8 @@ static void test_device_name(void)
         CHECK(s == KILN_ERROR_TARGET && name[0] == 0);
 }
 
-static const test_case_ tests[] = {TEST(test_score_matches_transformers), TEST(test_score_refusals),
-                                   TEST(test_weight_bytes), TEST(test_weight_bytes_native), TEST(test_copy_bandwidth),
-                                   TEST(test_device_name)};
+static const test_case_ tests[] = {
+    TEST(test_score_matches_transformers), TEST(test_score_refusals), TEST(test_weight_bytes),
+    TEST(test_weight_bytes_native),        TEST(test_copy_bandwidth), TEST(test_device_name)};
 
 TEST_MAIN(tests)

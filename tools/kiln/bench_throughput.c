@@ -517,9 +517,8 @@ static int parse_real(const char *opt, const char *val, double lo, double hi, do
 int cli_bench_throughput(int argc, char **argv)
 {
     static const char *const valued[] = {
-        "--requests", "--input-len",  "--output-len", "--input-dist",        "--output-dist", "--spread", "--rate",
-        "--warmup",   "--prefix-len", "--seed",       CLI_LLM_MEMORY_VALUED, "--plugins",     "--instances",
-        NULL};
+        "--requests", "--input-len",  "--output-len", "--input-dist",        "--output-dist", "--spread",    "--rate",
+        "--warmup",   "--prefix-len", "--seed",       CLI_LLM_MEMORY_VALUED, "--plugins",     "--instances", NULL};
     cli_args a;
     cli_args_init(&a, "bench", argc, argv);
     const char *opt, *val;
